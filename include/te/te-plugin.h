@@ -1,0 +1,289 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The plugin ABI of libte: what a transport or metadata plugin implements and
+ * what the host offers it. A plugin is one shared object that exports one
+ * symbol, te_plugin_entry(), returning a descriptor; TE_PLUGIN_DEFINE() writes
+ * it. The plugin does not link against libte: everything it needs from the
+ * host comes through the te_host table handed to it.
+ *
+ * Versioning: the host loads a plugin iff its magic matches, its ABI major
+ * equals the host's and its ABI minor is not newer than the host's. Every ops
+ * table and the host table begin with their size as built, so either side can
+ * tell whether an optional member exists: use TE_HAS_OP(table, member).
+ *
+ * Memory: strings and buffers a plugin returns to the host (reply bodies,
+ * JSON fragments, values) are allocated with malloc() and freed by the host
+ * with free(), and the other way round for what the host returns.
+ */
+#ifndef TE_TE_PLUGIN_H
+#define TE_TE_PLUGIN_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <errno.h>
+
+#include <te/te.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
+#define TE_PLUGIN_ABI_MAJOR 1
+#define TE_PLUGIN_ABI_MINOR 0
+#define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
+
+/* True when `tbl` was built with `member` and it is set. */
+#define TE_HAS_OP(tbl, member)                                                   \
+	((tbl)->size >= offsetof(__typeof__(*(tbl)), member) + sizeof((tbl)->member) && \
+	 (tbl)->member != NULL)
+
+#if defined(__GNUC__)
+#define TE_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TE_PRINTF(a, b)
+#endif
+
+/* RPC frame types of the handshake socket (wire-compat.md section 3). */
+enum te_rpc_type {
+	TE_RPC_CONNECTION = 0,
+	TE_RPC_METADATA = 1,
+	TE_RPC_NOTIFY = 2,
+	TE_RPC_PROBE = 3,
+};
+
+/* --------------------------------------------------------- shared structs */
+
+/* One request handed to a transport. The host owns it; it stays valid until
+ * the plugin's last complete() call for it. */
+typedef struct te_transfer {
+	uint32_t opcode;            /* TE_OP_READ or TE_OP_WRITE */
+	/* Number of complete() calls that finish this transfer. The host sets 1;
+	 * a plugin that splits the transfer sets it before its first complete(). */
+	uint32_t nr_slices;
+	void *local;                /* registered local memory */
+	uint64_t remote;            /* remote address, or file offset */
+	uint64_t length;            /* never 0: the host completes empty requests */
+	void *seg_ctx;              /* what segment_open() returned */
+	const char *local_location; /* location of the local buffer, e.g. "cpu:0" */
+	uintptr_t plugin_data[4];   /* free for the plugin */
+} te_transfer;
+
+/* A registered local buffer pinned against unregistration. */
+typedef struct te_buffer_pin {
+	void *addr;             /* the whole registered region */
+	uint64_t length;
+	const char *location;
+	unsigned flags;         /* TE_MEM_* */
+	void *priv;             /* host's */
+} te_buffer_pin;
+
+/* A buffer of a remote segment's descriptor. addr is 0 for file segments. */
+typedef struct te_buffer_desc {
+	uint64_t addr;
+	uint64_t length;
+	const char *name;
+} te_buffer_desc;
+
+/* A remote segment a transport is asked to serve. */
+typedef struct te_segment_info {
+	uint32_t size;
+	const char *name;       /* segment name */
+	const char *host;       /* peer's address (rpc_meta's ip_or_host_name, or the P2P name's host) */
+	uint16_t rpc_port;
+	const char *protocol;   /* the descriptor's "protocol" */
+	const char *descriptor; /* the whole descriptor, JSON */
+	const te_buffer_desc *buffers;
+	size_t n_buffers;
+} te_segment_info;
+
+typedef struct te_mem_info {
+	uint32_t size;
+	void *addr;
+	size_t length;
+	const char *location;   /* resolved: "cpu:N", "cuda:N", ... never "*" */
+	unsigned flags;         /* TE_MEM_* */
+} te_mem_info;
+
+/* Handles one received RPC frame of a registered type. `body` is the JSON
+ * (NUL-terminated, `len` bytes), `peer` the remote address as text. Writes a
+ * malloc()ed reply; returns 0, or a negative error to close the connection
+ * without a reply. Runs on a host thread; may block briefly. */
+typedef int (*te_rpc_handler)(void *user, const char *peer, const char *body, size_t len,
+			      char **reply, size_t *reply_len);
+
+/* ------------------------------------------------------------ host table */
+
+typedef struct te_host te_host;
+struct te_host {
+	uint32_t size;
+	uint32_t abi_minor;
+	void *priv; /* the host's; do not touch */
+
+	/* Log a line under this plugin's name. */
+	void (*log)(const te_host *h, int level, const char *fmt, ...) TE_PRINTF(3, 4);
+	/* Configuration: the engine option `te_name`, else the environment variable
+	 * `te_name`, else `mc_name` (may be NULL). NULL when unset. */
+	const char *(*config)(const te_host *h, const char *te_name, const char *mc_name);
+
+	/* ---- data path (transport plugins) ---- */
+	/* Reports one slice of `t` done: `bytes` moved, `error` 0 or negative
+	 * (-ETIMEDOUT ends the task as TIMEOUT, -ECANCELED as CANCELED, others
+	 * FAILED). Call exactly t->nr_slices times. Thread-safe, never blocks. */
+	void (*complete)(const te_host *h, te_transfer *t, uint64_t bytes, int error);
+	/* Non-zero once the transfer's batch was canceled: stop at a slice boundary
+	 * and complete the remaining slices with -ECANCELED. */
+	int (*canceled)(const te_host *h, const te_transfer *t);
+	/* Pins the registered local buffer that contains [addr, addr+len) whole and
+	 * has every flag in `need` (e.g. TE_MEM_REMOTE_ACCESS). TE_ERR_ADDRESS when
+	 * none does. Unregistering waits until the pin is released. */
+	int (*buffer_acquire)(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
+			      te_buffer_pin *pin);
+	void (*buffer_release)(const te_host *h, te_buffer_pin *pin);
+
+	/* ---- control plane ---- */
+	/* Routes received frames of `type` (Connection) to `fn`. One handler per
+	 * type; NULL removes it. Metadata and Probe belong to the host. */
+	int (*rpc_handle)(const te_host *h, int type, te_rpc_handler fn, void *user);
+	/* Sends one frame to the RPC port of segment `segment_name` and returns the
+	 * reply body (malloc()ed, NUL-terminated). timeout_ms <= 0: the defaults. */
+	int (*rpc_call)(const te_host *h, const char *segment_name, int type, const char *body,
+			size_t len, char **reply, size_t *reply_len, int timeout_ms);
+	/* The plugin's descriptor fields changed: publish the descriptor again. */
+	int (*republish)(const te_host *h);
+	/* This engine's segment name and the address peers reach it at. */
+	const char *(*local_name)(const te_host *h);
+	const char *(*local_address)(const te_host *h);
+};
+
+/* ------------------------------------------------------ transport plugins */
+
+enum te_transport_flags {
+	/* Serves memory segments: may be the descriptor's "protocol". */
+	TE_TRANSPORT_MEMORY = 1u << 0,
+	/* Serves file segments (buffers without addresses). */
+	TE_TRANSPORT_FILES = 1u << 1,
+};
+
+typedef struct te_transport_ops {
+	uint32_t size;
+	uint32_t flags; /* te_transport_flags */
+	/* Optional. Whether the transport can work on this machine (e.g. RDMA
+	 * devices exist): 0, or negative with a reason written to `why`. */
+	int (*probe)(const te_host *h, char *why, size_t why_len);
+	/* Required. One instance per engine. */
+	int (*create)(const te_host *h, const char *json_args, void **ctx);
+	/* Required. Must complete every outstanding transfer (with an error if it
+	 * has to) before returning. */
+	void (*destroy)(void *ctx);
+	/* Optional. A JSON object of top-level descriptor fields this transport
+	 * contributes (TCP: tcp_data_port; RDMA: devices, priority_matrix). */
+	int (*describe)(void *ctx, char **json_object);
+	/* Optional. Called for each registration (and each existing one when the
+	 * transport is installed later). May return a JSON object of fields merged
+	 * into that buffer's descriptor entry (RDMA: rkey, lkey, name). */
+	int (*mem_register)(void *ctx, const te_mem_info *mem, char **json_object);
+	int (*mem_unregister)(void *ctx, void *addr, size_t length);
+	/* Required. Accept (0) or decline (negative) serving a remote segment. */
+	int (*segment_open)(void *ctx, const te_segment_info *seg, void **seg_ctx);
+	void (*segment_close)(void *ctx, void *seg_ctx);
+	/* Required. Starts `n` transfers; completes each through host->complete(),
+	 * possibly before returning. No allocation or blocking I/O is expected
+	 * here: queue the work. */
+	int (*submit)(void *ctx, te_transfer *const *transfers, size_t n);
+	/* Optional. A human-readable report of what the plugin finds on this
+	 * machine (devices, topology), for te-info. Needs no instance. */
+	int (*report)(const te_host *h, char **text);
+} te_transport_ops;
+
+/* ------------------------------------------------------- metadata plugins */
+
+enum te_metadata_put_flags {
+	/* The key belongs to the calling engine: a store that can should tie it to
+	 * the engine's liveness (an etcd lease), so it vanishes if the engine dies. */
+	TE_META_OWNED = 1u << 0,
+};
+
+typedef struct te_metadata_ops {
+	uint32_t size;
+	uint32_t reserved;
+	/* NULL-terminated list of URL schemes served ("etcd", "redis", ...). */
+	const char *const *schemes;
+	/* Required. `conn` is the whole connection string. */
+	int (*open)(const te_host *h, const char *conn, void **ctx);
+	void (*close)(void *ctx);
+	/* Required. -ENOENT when the key does not exist. `*value` NUL-terminated. */
+	int (*get)(void *ctx, const char *key, char **value, size_t *len);
+	int (*put)(void *ctx, const char *key, const char *value, size_t len, unsigned flags);
+	/* Deleting a missing key is not an error. */
+	int (*remove)(void *ctx, const char *key);
+	/* Optional. Keys under `prefix`: a malloc()ed array of malloc()ed strings. */
+	int (*list)(void *ctx, const char *prefix, char ***keys, size_t *n);
+} te_metadata_ops;
+
+/* ------------------------------------------------------------- descriptor */
+
+typedef struct te_plugin_desc {
+	uint32_t magic;      /* TE_PLUGIN_MAGIC */
+	uint16_t abi_major;  /* TE_PLUGIN_ABI_MAJOR */
+	uint16_t abi_minor;  /* TE_PLUGIN_ABI_MINOR */
+	uint32_t size;       /* sizeof(te_plugin_desc) as built */
+	uint32_t kind;       /* TE_KIND_TRANSPORT or TE_KIND_METADATA */
+	const char *name;    /* [a-z0-9_-]{1,31}: "tcp", "etcd", ... */
+	const char *version;
+	const char *description;
+	const char *license;
+	const void *ops;     /* te_transport_ops or te_metadata_ops */
+	void *reserved[4];
+} te_plugin_desc;
+
+typedef const te_plugin_desc *(*te_plugin_entry_fn)(void);
+
+#define TE_PLUGIN_DEFINE(kind_, name_, version_, description_, license_, ops_)   \
+	__attribute__((visibility("default"))) const te_plugin_desc *te_plugin_entry(void); \
+	const te_plugin_desc *te_plugin_entry(void)                                 \
+	{                                                                           \
+		static const te_plugin_desc desc = {                                    \
+			.magic = TE_PLUGIN_MAGIC,                                           \
+			.abi_major = TE_PLUGIN_ABI_MAJOR,                                   \
+			.abi_minor = TE_PLUGIN_ABI_MINOR,                                   \
+			.size = sizeof(te_plugin_desc),                                     \
+			.kind = (kind_),                                                    \
+			.name = (name_),                                                    \
+			.version = (version_),                                              \
+			.description = (description_),                                     \
+			.license = (license_),                                              \
+			.ops = (ops_),                                                      \
+		};                                                                      \
+		return &desc;                                                           \
+	}
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Reads an unsigned option through host->config() (TE_ name, then MC_ name).
+ * Missing: `def`. Not a number or outside [min, max]: `def` and a warning. */
+static inline uint64_t te_host_config_u64(const te_host *h, const char *te_name, const char *mc_name,
+					  uint64_t def, uint64_t min, uint64_t max)
+{
+	const char *s = h->config(h, te_name, mc_name);
+	char *end = NULL;
+	unsigned long long v;
+
+	if (s == NULL || *s == '\0')
+		return def;
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || v < min || v > max) {
+		h->log(h, TE_LOG_WARN, "%s=%s is not a number in [%llu, %llu]; using %llu", te_name, s,
+		       (unsigned long long)min, (unsigned long long)max, (unsigned long long)def);
+		return def;
+	}
+	return (uint64_t)v;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TE_TE_PLUGIN_H */

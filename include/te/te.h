@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libte: a zero-copy, batched, asynchronous transfer engine.
+ *
+ * This header is the whole public API. It includes only standard C headers and
+ * promises a stable ABI within one major version: handles are opaque, the few
+ * plain structs never change layout (new needs get new functions, or a struct
+ * versioned by a leading `size` field), and every function returns 0 or a
+ * positive value on success and a negative error code on failure.
+ */
+#ifndef TE_TE_H
+#define TE_TE_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TE_API __attribute__((visibility("default")))
+#else
+#define TE_API
+#endif
+
+#define TE_ABI_MAJOR 1
+#define TE_ABI_MINOR 0
+
+/* ------------------------------------------------------------------ errors */
+
+/*
+ * Errors are negative numbers: -errno values (-EINVAL, -ENOMEM, -ENOENT,
+ * -EBUSY, -ETIMEDOUT, -EEXIST, -ENOTSUP, -ECONNREFUSED, ...) or libte's own
+ * codes below, which lie above errno's range. te_strerror() names both.
+ */
+enum {
+	TE_ERR_BASE = 4096,
+	TE_ERR_PLUGIN = -(TE_ERR_BASE + 1),      /* a plugin could not be loaded or failed */
+	TE_ERR_NO_TRANSPORT = -(TE_ERR_BASE + 2), /* no installed transport reaches the segment */
+	TE_ERR_METADATA = -(TE_ERR_BASE + 3),    /* the metadata store failed or holds bad data */
+	TE_ERR_PROTOCOL = -(TE_ERR_BASE + 4),    /* a peer broke the wire protocol */
+	TE_ERR_REJECTED = -(TE_ERR_BASE + 5),    /* a peer refused the request */
+	TE_ERR_BATCH_FULL = -(TE_ERR_BASE + 6),  /* more requests than the batch's capacity */
+	TE_ERR_ADDRESS = -(TE_ERR_BASE + 7),     /* memory not registered, or range outside a buffer */
+	TE_ERR_OVERLAP = -(TE_ERR_BASE + 8),     /* registration overlaps an existing one */
+	TE_ERR_SEGMENT = -(TE_ERR_BASE + 9),     /* unknown or closed segment id */
+	TE_ERR_BATCH = -(TE_ERR_BASE + 10),      /* unknown or freed batch id */
+};
+
+/* Text for an error code (negative) or 0. Never NULL; static storage. */
+TE_API const char *te_strerror(int err);
+
+/* "1.0.0": the library's version. */
+TE_API const char *te_version(void);
+
+/* ----------------------------------------------------------------- logging */
+
+enum te_log_level {
+	TE_LOG_ERROR = 0,
+	TE_LOG_WARN = 1,
+	TE_LOG_INFO = 2,
+	TE_LOG_DEBUG = 3,
+	TE_LOG_TRACE = 4,
+};
+
+/* Receives every log line at or below the current level. `domain` names the
+ * part of libte or the plugin that logged ("te", "tcp", "etcd", ...). */
+typedef void (*te_log_fn)(int level, const char *domain, const char *msg, void *user);
+
+/* NULL restores the default handler (stderr). Process-wide. */
+TE_API void te_set_log_handler(te_log_fn fn, void *user);
+/* The initial level is read from TE_LOG_LEVEL (or MC_LOG_LEVEL):
+ * error|warn|warning|info|debug|trace or 0..4; default warn. */
+TE_API void te_set_log_level(int level);
+TE_API int te_get_log_level(void);
+
+/* ------------------------------------------------------------------ engine */
+
+typedef struct te_engine te_engine;
+
+/* A key/value option for te_engine_create(). Known keys:
+ *   rpc_port         RPC/handshake port (default: the name's port, else a
+ *                    free one in TE_MIN_RPC_PORT..TE_MAX_RPC_PORT, 15000..17000)
+ *   ip_or_host_name  the address peers use to reach this engine
+ *                    (default: the host part of the local name)
+ *   auto_discovery   "1": install the best transport found (RDMA when devices
+ *                    exist, else TCP) at creation
+ *   transports       comma list of transports to install at creation
+ *   plugin_path      colon list of plugin directories searched before the
+ *                    default ones (like TE_PLUGIN_PATH)
+ * Unknown keys are kept and visible to plugins as configuration (a plugin
+ * reading TE_TCP_CONNS_PER_PEER sees an option of that name first, then the
+ * environment). */
+typedef struct te_option {
+	const char *key;
+	const char *value;
+} te_option;
+
+/*
+ * Creates an engine. `metadata` is a connection string: "P2PHANDSHAKE" (no
+ * store: peers exchange descriptors directly), "etcd://h:p[,h:p...]" or a bare
+ * "h:p", "redis://h:p", "http://h:p/path" (a metadata plugin must exist for the
+ * scheme). `local_name` names this engine's segment; with P2PHANDSHAKE it is
+ * "host" or "host:port" and becomes "host:<rpc port>". NULL means the machine's
+ * hostname.
+ */
+TE_API int te_engine_create(const char *metadata, const char *local_name,
+			    const te_option *options, size_t n_options, te_engine **out);
+/* Removes what the engine published, stops its threads, frees it. Tasks still
+ * in flight are failed first. NULL is accepted. */
+TE_API void te_engine_destroy(te_engine *engine);
+/* The engine's segment name (for P2PHANDSHAKE: "host:rpc_port"). */
+TE_API const char *te_engine_name(const te_engine *engine);
+/* The bound RPC port. */
+TE_API int te_engine_rpc_port(const te_engine *engine);
+
+/* --------------------------------------------------------------- transports */
+
+/* Installs the transport plugin `name` ("tcp", "rdma", "nvmeof", or a
+ * third-party one) with optional JSON arguments (e.g. an RDMA NIC priority
+ * matrix). Installing an installed transport again returns -EEXIST. */
+TE_API int te_transport_install(te_engine *engine, const char *name, const char *json_args);
+TE_API int te_transport_uninstall(te_engine *engine, const char *name);
+/* Installs the best transport available here: RDMA when it finds devices,
+ * else TCP. Returns 0 and writes the installed name (may be NULL). */
+TE_API int te_transport_auto(te_engine *engine, const char **installed);
+/* Writes up to `max` installed transport names; returns how many are installed. */
+TE_API int te_transport_list(const te_engine *engine, const char **names, size_t max);
+
+/* -------------------------------------------------------- memory registry */
+
+enum te_mem_flags {
+	TE_MEM_REMOTE_ACCESS = 1u << 0, /* peers may READ/WRITE this buffer */
+};
+
+/* Registers [addr, addr+length) with every installed transport (and the ones
+ * installed later). `location` is "cpu:N", "cuda:N", or "*" (detect the NUMA
+ * node with libnuma; unknown → "cpu:0" and a warning). Zero length, a NULL
+ * address and overlap with a registered region are refused. */
+TE_API int te_register_memory(te_engine *engine, void *addr, size_t length,
+			      const char *location, unsigned flags);
+/* Unregisters the region starting at `addr`. Waits for remote requests that
+ * are reading or writing it to finish. */
+TE_API int te_unregister_memory(te_engine *engine, void *addr);
+
+typedef struct te_memory_region {
+	void *addr;
+	size_t length;
+	const char *location;
+	unsigned flags;
+} te_memory_region;
+
+/* All or nothing: on failure nothing stays registered. Publishes once. */
+TE_API int te_register_memory_batch(te_engine *engine, const te_memory_region *regions, size_t n);
+TE_API int te_unregister_memory_batch(te_engine *engine, void *const *addrs, size_t n);
+
+/* ---------------------------------------------------------------- segments */
+
+typedef int32_t te_segment_id; /* 0 is the engine's own segment */
+#define TE_LOCAL_SEGMENT 0
+
+/* Opens a segment by name; returns its id (>= 0) or a negative error. Opening
+ * the engine's own name gives TE_LOCAL_SEGMENT. Opening a name twice returns
+ * the same id (and needs two closes). */
+TE_API te_segment_id te_segment_open(te_engine *engine, const char *name);
+/* As te_segment_open(), but forces the transport used for this segment. */
+TE_API te_segment_id te_segment_open_with(te_engine *engine, const char *name, const char *transport);
+TE_API int te_segment_close(te_engine *engine, te_segment_id segment);
+/* Fetches the descriptor again (e.g. after the peer registered memory). */
+TE_API int te_segment_refresh(te_engine *engine, te_segment_id segment);
+
+/* ----------------------------------------------------------------- batches */
+
+typedef uint64_t te_batch_id;
+#define TE_INVALID_BATCH UINT64_MAX
+
+enum te_opcode {
+	TE_OP_READ = 0,  /* segment → local memory */
+	TE_OP_WRITE = 1, /* local memory → segment */
+};
+
+/* One transfer. `remote` is an address in the target process for memory
+ * segments, a byte offset for file (NVMe-oF) segments. Layout fixed. */
+typedef struct te_request {
+	uint32_t opcode;
+	te_segment_id segment;
+	void *local;
+	uint64_t remote;
+	uint64_t length;
+} te_request;
+
+/* Task states; the numbers equal Mooncake's. */
+enum te_task_state {
+	TE_TASK_WAITING = 0,   /* submitted, moving */
+	TE_TASK_PENDING = 1,   /* accepted, not yet started */
+	TE_TASK_INVALID = 2,   /* refused at submit: see `error` */
+	TE_TASK_CANCELED = 3,
+	TE_TASK_COMPLETED = 4,
+	TE_TASK_TIMEOUT = 5,
+	TE_TASK_FAILED = 6,
+};
+
+typedef struct te_task_status {
+	int32_t state;        /* enum te_task_state */
+	int32_t error;        /* 0, or the negative error that ended the task */
+	uint64_t transferred; /* bytes moved so far (a lower bound while moving) */
+} te_task_status;
+
+/* Allocates a batch that holds up to `capacity` tasks over its lifetime. */
+TE_API int te_batch_alloc(te_engine *engine, size_t capacity, te_batch_id *out);
+/* Frees a batch; -EBUSY while any task is still in flight. */
+TE_API int te_batch_free(te_engine *engine, te_batch_id batch);
+/*
+ * Appends `n` requests as tasks (task ids continue from earlier submits to the
+ * same batch). A request with a bad opcode, unregistered local memory, an
+ * unknown segment or a range outside the segment becomes an INVALID task; the
+ * rest start. Returns the number of INVALID tasks (0: all started), or a
+ * negative error when nothing was appended (unknown batch, capacity exceeded).
+ */
+TE_API int te_submit(te_engine *engine, te_batch_id batch, const te_request *reqs, size_t n);
+TE_API int te_get_status(te_engine *engine, te_batch_id batch, size_t task, te_task_status *out);
+/* Summary: number of tasks submitted, and how many are still in flight;
+ * `*state` is COMPLETED when all tasks completed, FAILED/TIMEOUT/CANCELED/
+ * INVALID when every task ended and one ended so (the worst wins), WAITING
+ * otherwise. Any pointer may be NULL. */
+TE_API int te_batch_status(te_engine *engine, te_batch_id batch, size_t *submitted,
+			   size_t *in_flight, int32_t *state);
+/* Blocks (no busy polling) until no task of the batch is in flight.
+ * timeout_ms < 0 waits forever. 0 on success, -ETIMEDOUT. */
+TE_API int te_batch_wait(te_engine *engine, te_batch_id batch, int timeout_ms);
+/* Cancels the batch: tasks not yet started become CANCELED, running ones stop
+ * at their next slice boundary. Returns at once; te_batch_wait() to settle. */
+TE_API int te_batch_cancel(te_engine *engine, te_batch_id batch);
+/* Sends `msg` to the owner of `segment` once no task of the batch is in
+ * flight (at once if none is). */
+TE_API int te_batch_notify(te_engine *engine, te_batch_id batch, te_segment_id segment,
+			   const char *msg);
+
+/* ----------------------------------------------------------- notifications */
+
+#define TE_NOTIFY_MAX 4096 /* bytes of a notification's text, NUL excluded */
+
+/* Sends a short text to the owner of `segment` (the Notify frame). Blocks
+ * until the peer acknowledged it. */
+TE_API int te_notify_send(te_engine *engine, te_segment_id segment, const char *msg);
+
+typedef struct te_notification {
+	char *name; /* sender's segment name */
+	char *msg;
+} te_notification;
+
+/* Takes every queued received notification: an array of `*count` entries
+ * (NULL when none) to release with te_notifications_free(). */
+TE_API int te_notify_fetch(te_engine *engine, te_notification **out, size_t *count);
+TE_API void te_notifications_free(te_notification *list, size_t count);
+
+/* ---------------------------------------------------------- metadata store */
+
+/* Direct access to a metadata store through the same plugins an engine uses
+ * (for tools that register NVMe-oF segments or inspect a cluster). Keys are
+ * whole keys ("mooncake/ram/node1"). */
+typedef struct te_metadata te_metadata;
+
+TE_API int te_metadata_open(const char *conn, te_metadata **out);
+TE_API void te_metadata_close(te_metadata *md);
+/* -ENOENT when missing. `*value` is NUL-terminated; release with te_free(). */
+TE_API int te_metadata_get(te_metadata *md, const char *key, char **value, size_t *len);
+TE_API int te_metadata_put(te_metadata *md, const char *key, const char *value, size_t len);
+TE_API int te_metadata_remove(te_metadata *md, const char *key);
+/* The store key of a segment's descriptor: "mooncake/[<cluster>/]ram/<name>",
+ * or "mooncake/[<cluster>/]<name>" when the name contains '/'. Returns the
+ * length written (snprintf-like) or a negative error. */
+TE_API int te_metadata_segment_key(const char *name, char *buf, size_t size);
+/* "mooncake/[<cluster>/]rpc_meta/<name>" */
+TE_API int te_metadata_rpc_key(const char *name, char *buf, size_t size);
+
+/* Frees memory libte returned to the caller. */
+TE_API void te_free(void *p);
+
+/* ----------------------------------------------------------------- plugins */
+
+enum te_plugin_kind_id {
+	TE_KIND_TRANSPORT = 1,
+	TE_KIND_METADATA = 2,
+};
+
+/* What the loader found. Versioned by `size`: read fields only when
+ * `size > offsetof(te_plugin_info, field)`. */
+typedef struct te_plugin_info {
+	size_t size;
+	const char *path;
+	const char *name;        /* NULL when the file could not be read */
+	const char *version;
+	const char *description;
+	int kind;                /* enum te_plugin_kind_id, 0 when unknown */
+	unsigned abi_major, abi_minor;
+	int loaded;              /* 1: usable; 0: skipped, see `reason` */
+	const char *reason;
+} te_plugin_info;
+
+typedef void (*te_plugin_info_fn)(const te_plugin_info *info, void *user);
+typedef void (*te_plugin_dir_fn)(const char *dir, int exists, void *user);
+
+/* Scans the plugin directories (once per process; later calls report the
+ * same result) and calls `fn` for every file found. Returns the number of
+ * usable plugins. */
+TE_API int te_plugin_foreach(te_plugin_info_fn fn, void *user);
+/* Calls `fn` for each directory searched, in order. */
+TE_API int te_plugin_dirs(te_plugin_dir_fn fn, void *user);
+/* A transport plugin's report on this machine (devices, topology), or why it
+ * cannot work here. Release `*text` with te_free(). */
+TE_API int te_plugin_report(const char *name, char **text);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TE_TE_H */

@@ -1,0 +1,580 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Batches and the submit path. A batch is one allocation holding all its
+ * tasks, so submitting costs no allocation; a task moves through atomic
+ * counters only, and the batch's mutex is taken once per submit call and once
+ * when the batch drains (to wake waiters), never per slice.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+#define TE_MAX_BATCH (1u << 20)
+#define DISPATCH_CHUNK 64
+
+/* Batches are shared between the table and API calls in progress. */
+typedef struct batch_box {
+	atomic_int refs;
+	bool freed;
+	te_batch *b;
+} batch_box;
+
+static void box_unref(batch_box *box)
+{
+	if (atomic_fetch_sub_explicit(&box->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	te_batch *b = box->b;
+	g_mutex_clear(&b->lock);
+	g_cond_clear(&b->cond);
+	g_free(b->notify_msg);
+	g_free(b->notify_name);
+	g_free(b);
+	g_free(box);
+}
+
+static batch_box *batch_get(te_engine *e, te_batch_id id, const char *what)
+{
+	batch_box *box;
+
+	if (e == NULL) {
+		te_err("%s: NULL engine", what);
+		return NULL;
+	}
+	g_rw_lock_reader_lock(&e->batch_lock);
+	box = g_hash_table_lookup(e->batches, &id);
+	if (box != NULL)
+		atomic_fetch_add_explicit(&box->refs, 1, memory_order_relaxed);
+	g_rw_lock_reader_unlock(&e->batch_lock);
+	if (box == NULL)
+		te_err("%s: unknown batch id %llu", what, (unsigned long long)id);
+	return box;
+}
+
+void te_batches_init(te_engine *e)
+{
+	g_rw_lock_init(&e->batch_lock);
+	e->batches = g_hash_table_new_full(g_int64_hash, g_int64_equal, NULL, (GDestroyNotify)box_unref);
+	e->next_batch = 1;
+}
+
+void te_batches_clear(te_engine *e)
+{
+	g_rw_lock_writer_lock(&e->batch_lock);
+	g_hash_table_remove_all(e->batches);
+	g_rw_lock_writer_unlock(&e->batch_lock);
+	g_hash_table_unref(e->batches);
+	g_rw_lock_clear(&e->batch_lock);
+}
+
+static void cancel_one(gpointer k, gpointer v, gpointer u)
+{
+	(void)k;
+	(void)u;
+	atomic_store(&((batch_box *)v)->b->canceled, 1);
+}
+
+void te_batches_cancel_all(te_engine *e)
+{
+	g_rw_lock_reader_lock(&e->batch_lock);
+	g_hash_table_foreach(e->batches, cancel_one, NULL);
+	g_rw_lock_reader_unlock(&e->batch_lock);
+}
+
+int te_batch_alloc(te_engine *e, size_t capacity, te_batch_id *out)
+{
+	te_batch *b;
+	batch_box *box;
+
+	if (e == NULL || out == NULL) {
+		te_err("te_batch_alloc: NULL %s", e == NULL ? "engine" : "output pointer");
+		return -EINVAL;
+	}
+	*out = TE_INVALID_BATCH;
+	if (capacity == 0 || capacity > TE_MAX_BATCH) {
+		te_err("te_batch_alloc: capacity %zu outside [1, %u]", capacity, TE_MAX_BATCH);
+		return -EINVAL;
+	}
+	b = g_try_malloc0(sizeof *b + capacity * sizeof(te_task));
+	if (b == NULL)
+		return -ENOMEM;
+	b->engine = e;
+	b->capacity = capacity;
+	g_mutex_init(&b->lock);
+	g_cond_init(&b->cond);
+	box = g_new0(batch_box, 1);
+	atomic_init(&box->refs, 1);
+	box->b = b;
+	g_rw_lock_writer_lock(&e->batch_lock);
+	b->id = e->next_batch++;
+	g_hash_table_insert(e->batches, &b->id, box);
+	g_rw_lock_writer_unlock(&e->batch_lock);
+	*out = b->id;
+	return 0;
+}
+
+int te_batch_free(te_engine *e, te_batch_id id)
+{
+	batch_box *box = batch_get(e, id, "te_batch_free");
+	te_batch *b;
+
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	b = box->b;
+	g_mutex_lock(&b->lock);
+	if (atomic_load(&b->inflight) > 0 || box->freed) {
+		bool busy = !box->freed;
+		g_mutex_unlock(&b->lock);
+		box_unref(box);
+		if (busy)
+			te_err("te_batch_free: batch %llu still has %zu tasks in flight",
+			       (unsigned long long)id, atomic_load(&b->inflight));
+		return busy ? -EBUSY : TE_ERR_BATCH;
+	}
+	box->freed = true;
+	g_mutex_unlock(&b->lock);
+	g_rw_lock_writer_lock(&e->batch_lock);
+	g_hash_table_remove(e->batches, &id);
+	g_rw_lock_writer_unlock(&e->batch_lock);
+	box_unref(box);
+	return 0;
+}
+
+/* ------------------------------------------------------------ completion */
+
+static void send_notify_job(gpointer data, gpointer user);
+
+typedef struct notify_job {
+	te_engine *e;
+	char *segment;
+	char *msg;
+} notify_job;
+
+/* The last decrement happens under the batch lock, so te_batch_free (which
+ * checks under the same lock) cannot free the batch under a waker. */
+static void batch_task_done(te_batch *b)
+{
+	size_t old = atomic_load_explicit(&b->inflight, memory_order_relaxed);
+
+	while (old > 1)
+		if (atomic_compare_exchange_weak_explicit(&b->inflight, &old, old - 1,
+							  memory_order_acq_rel, memory_order_relaxed))
+			return;
+	g_mutex_lock(&b->lock);
+	if (atomic_fetch_sub_explicit(&b->inflight, 1, memory_order_acq_rel) == 1) {
+		g_cond_broadcast(&b->cond);
+		if (b->notify_msg != NULL) {
+			notify_job *j = g_new0(notify_job, 1);
+			j->e = b->engine;
+			j->segment = b->notify_name;
+			j->msg = b->notify_msg;
+			b->notify_msg = NULL;
+			b->notify_name = NULL;
+			g_thread_pool_push(b->engine->notify_pool, j, NULL);
+		}
+	}
+	g_mutex_unlock(&b->lock);
+}
+
+static int final_state(int error)
+{
+	switch (error) {
+	case 0: return TE_TASK_COMPLETED;
+	case -ETIMEDOUT: return TE_TASK_TIMEOUT;
+	case -ECANCELED: return TE_TASK_CANCELED;
+	default: return TE_TASK_FAILED;
+	}
+}
+
+static void task_finish(te_task *t, int state, bool from_completion)
+{
+	te_batch *b = t->batch;
+	te_engine *e = b->engine;
+	te_segver *sv = t->sv;
+	te_transport_inst *tp = t->tp;
+
+	t->sv = NULL;
+	atomic_store_explicit(&t->state, state, memory_order_release);
+	te_segver_unref(sv, from_completion);
+	if (tp != NULL)
+		atomic_fetch_sub_explicit(&tp->inflight, 1, memory_order_release);
+	batch_task_done(b);
+	/* Last touch of anything shared: engine destroy waits for this count. */
+	atomic_fetch_sub_explicit(&e->inflight, 1, memory_order_release);
+}
+
+void te_task_complete(te_task *t, uint64_t bytes, int error)
+{
+	if (bytes)
+		atomic_fetch_add_explicit(&t->transferred, bytes, memory_order_relaxed);
+	if (error) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&t->error, &expect, error);
+	}
+	unsigned done = atomic_fetch_add_explicit(&t->slices_done, 1, memory_order_acq_rel) + 1;
+	if (done == t->xfer.nr_slices)
+		task_finish(t, final_state(atomic_load(&t->error)), true);
+	else if (done > t->xfer.nr_slices)
+		te_err("task completed %u times for %u slices: transport bug", done, t->xfer.nr_slices);
+}
+
+static void task_reject(te_task *t, int state, int error)
+{
+	atomic_store(&t->error, error);
+	task_finish(t, state, false);
+}
+
+/* ---------------------------------------------------------------- submit */
+
+typedef struct dispatch {
+	te_transport_inst *tp;
+	te_transfer *pend[DISPATCH_CHUNK];
+	size_t n;
+} dispatch;
+
+static void flush(dispatch *d)
+{
+	if (d->n == 0)
+		return;
+	int rc = d->tp->ops->submit(d->tp->ctx, d->pend, d->n);
+	if (rc < 0) {
+		te_err("transport %s refused %zu transfers: %s", d->tp->hc.plugin->name, d->n,
+		       te_strerror(rc));
+		for (size_t i = 0; i < d->n; i++) {
+			te_task *t = (te_task *)d->pend[i];
+			t->xfer.nr_slices = 1;
+			atomic_store(&t->slices_done, 0);
+			te_task_complete(t, 0, rc);
+		}
+	}
+	d->n = 0;
+}
+
+static void queue_remote(dispatch *d, te_task *t)
+{
+	if (d->tp != t->tp) {
+		flush(d);
+		d->tp = t->tp;
+	}
+	d->pend[d->n++] = &t->xfer;
+	if (d->n == DISPATCH_CHUNK)
+		flush(d);
+}
+
+typedef struct seg_cache {
+	te_segment_id id;
+	te_segver *sv;
+} seg_cache;
+
+/* Validates a request and routes its task; returns the reject error or 0. */
+static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg_cache *sc,
+		 dispatch *d)
+{
+	te_region *lr;
+
+	if (r->opcode != TE_OP_READ && r->opcode != TE_OP_WRITE) {
+		te_err("submit: task %td: unknown opcode %u", t - b->tasks, r->opcode);
+		return -EINVAL;
+	}
+	if (r->local == NULL && r->length > 0) {
+		te_err("submit: task %td: NULL local address", t - b->tasks);
+		return TE_ERR_ADDRESS;
+	}
+	g_rw_lock_reader_lock(&e->mem.lock);
+	lr = r->length ? te_memreg_find_locked(&e->mem, (uintptr_t)r->local, r->length) : NULL;
+	if (lr != NULL)
+		t->xfer.local_location = lr->location;
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	if (r->length > 0 && lr == NULL) {
+		te_err("submit: task %td: local range %p+%llu is not inside one registered region",
+		       t - b->tasks, r->local, (unsigned long long)r->length);
+		return TE_ERR_ADDRESS;
+	}
+
+	if (r->segment == TE_LOCAL_SEGMENT) {
+		if (r->length == 0)
+			return 1;
+		g_rw_lock_reader_lock(&e->mem.lock);
+		bool ok = te_memreg_find_locked(&e->mem, r->remote, r->length) != NULL;
+		g_rw_lock_reader_unlock(&e->mem.lock);
+		if (!ok) {
+			te_err("submit: task %td: range 0x%llx+%llu is outside the local segment's buffers",
+			       t - b->tasks, (unsigned long long)r->remote, (unsigned long long)r->length);
+			return TE_ERR_ADDRESS;
+		}
+		te_local_submit(e, t);
+		return 0;
+	}
+
+	if (sc->id != r->segment) {
+		te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(r->segment));
+		sc->id = r->segment;
+		sc->sv = s ? s->cur : NULL;
+		if (s == NULL) {
+			te_err("submit: task %td: unknown segment id %d", t - b->tasks, r->segment);
+			sc->id = -1;
+			return TE_ERR_SEGMENT;
+		}
+	}
+	if (sc->sv == NULL) {
+		te_err("submit: task %td: segment %d has no transport", t - b->tasks, r->segment);
+		return TE_ERR_NO_TRANSPORT;
+	}
+	if (r->length == 0)
+		return 1;
+	if (!te_desc_contains(sc->sv->desc, r->remote, r->length)) {
+		te_err("submit: task %td: range 0x%llx+%llu is outside the buffers of segment %s",
+		       t - b->tasks, (unsigned long long)r->remote, (unsigned long long)r->length,
+		       sc->sv->desc->name);
+		return TE_ERR_ADDRESS;
+	}
+	t->sv = sc->sv;
+	atomic_fetch_add_explicit(&t->sv->refs, 1, memory_order_relaxed);
+	t->xfer.seg_ctx = sc->sv->seg_ctx;
+	t->tp = sc->sv->tp;
+	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
+	queue_remote(d, t);
+	return 0;
+}
+
+int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
+{
+	batch_box *box;
+	te_batch *b;
+	size_t base;
+	int invalid = 0;
+	bool canceled;
+
+	if (e != NULL && n > 0 && reqs == NULL) {
+		te_err("te_submit: NULL request array");
+		return -EINVAL;
+	}
+	box = batch_get(e, id, "te_submit");
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	if (n == 0) {
+		box_unref(box);
+		return 0;
+	}
+	b = box->b;
+	g_mutex_lock(&b->lock);
+	base = atomic_load(&b->count);
+	if (box->freed || n > b->capacity - base) {
+		bool freed = box->freed;
+		g_mutex_unlock(&b->lock);
+		box_unref(box);
+		if (freed)
+			return TE_ERR_BATCH;
+		te_err("te_submit: %zu requests exceed batch %llu's capacity (%zu of %zu used)", n,
+		       (unsigned long long)id, base, b->capacity);
+		return TE_ERR_BATCH_FULL;
+	}
+	atomic_store(&b->count, base + n);
+	atomic_fetch_add(&b->inflight, n);
+	atomic_fetch_add(&e->inflight, (long)n);
+	g_mutex_unlock(&b->lock);
+	canceled = atomic_load(&b->canceled);
+
+	dispatch d = { 0 };
+	seg_cache sc = { .id = -1 };
+	g_rw_lock_reader_lock(&e->data);
+	for (size_t i = 0; i < n; i++) {
+		te_task *t = &b->tasks[base + i];
+		const te_request *r = &reqs[i];
+		t->batch = b;
+		t->sv = NULL;
+		t->tp = NULL;
+		t->xfer = (te_transfer){
+			.opcode = r->opcode,
+			.nr_slices = 1,
+			.local = r->local,
+			.remote = r->remote,
+			.length = r->length,
+		};
+		atomic_store_explicit(&t->slices_done, 0, memory_order_relaxed);
+		atomic_store_explicit(&t->error, 0, memory_order_relaxed);
+		atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
+		atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
+		atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
+		if (canceled) {
+			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
+			continue;
+		}
+		int rc = route(e, b, t, r, &sc, &d);
+		if (rc > 0) {
+			task_finish(t, TE_TASK_COMPLETED, false); /* zero length */
+		} else if (rc < 0) {
+			task_reject(t, TE_TASK_INVALID, rc);
+			invalid++;
+		}
+	}
+	flush(&d);
+	g_rw_lock_reader_unlock(&e->data);
+	box_unref(box);
+	return invalid;
+}
+
+/* ---------------------------------------------------------------- status */
+
+int te_get_status(te_engine *e, te_batch_id id, size_t task, te_task_status *out)
+{
+	batch_box *box;
+	int rc = 0;
+
+	if (out == NULL) {
+		te_err("te_get_status: NULL output pointer");
+		return -EINVAL;
+	}
+	box = batch_get(e, id, "te_get_status");
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	te_batch *b = box->b;
+	if (task >= atomic_load(&b->count)) {
+		te_err("te_get_status: task %zu not submitted to batch %llu (%zu tasks)", task,
+		       (unsigned long long)id, atomic_load(&b->count));
+		rc = -ERANGE;
+	} else {
+		te_task *t = &b->tasks[task];
+		out->state = atomic_load_explicit(&t->state, memory_order_acquire);
+		out->error = atomic_load_explicit(&t->error, memory_order_relaxed);
+		out->transferred = atomic_load_explicit(&t->transferred, memory_order_relaxed);
+		if (out->state == TE_TASK_COMPLETED)
+			out->error = 0;
+	}
+	box_unref(box);
+	return rc;
+}
+
+static int severity(int state)
+{
+	switch (state) {
+	case TE_TASK_FAILED: return 5;
+	case TE_TASK_TIMEOUT: return 4;
+	case TE_TASK_INVALID: return 3;
+	case TE_TASK_CANCELED: return 2;
+	default: return 0;
+	}
+}
+
+int te_batch_status(te_engine *e, te_batch_id id, size_t *submitted, size_t *in_flight, int32_t *state)
+{
+	batch_box *box = batch_get(e, id, "te_batch_status");
+
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	te_batch *b = box->b;
+	size_t count = atomic_load(&b->count);
+	size_t infl = atomic_load(&b->inflight);
+	if (submitted)
+		*submitted = count;
+	if (in_flight)
+		*in_flight = infl;
+	if (state) {
+		int worst = TE_TASK_COMPLETED;
+		if (infl > 0) {
+			worst = TE_TASK_WAITING;
+		} else {
+			for (size_t i = 0; i < count; i++) {
+				int s = atomic_load(&b->tasks[i].state);
+				if (severity(s) > severity(worst))
+					worst = s;
+			}
+		}
+		*state = worst;
+	}
+	box_unref(box);
+	return 0;
+}
+
+int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
+{
+	batch_box *box = batch_get(e, id, "te_batch_wait");
+	int rc = 0;
+
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	te_batch *b = box->b;
+	gint64 end = timeout_ms >= 0 ? g_get_monotonic_time() + (gint64)timeout_ms * 1000 : 0;
+	g_mutex_lock(&b->lock);
+	while (atomic_load(&b->inflight) > 0) {
+		if (timeout_ms < 0) {
+			g_cond_wait(&b->cond, &b->lock);
+		} else if (!g_cond_wait_until(&b->cond, &b->lock, end) && atomic_load(&b->inflight) > 0) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	g_mutex_unlock(&b->lock);
+	box_unref(box);
+	return rc;
+}
+
+int te_batch_cancel(te_engine *e, te_batch_id id)
+{
+	batch_box *box = batch_get(e, id, "te_batch_cancel");
+
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	atomic_store(&box->b->canceled, 1);
+	box_unref(box);
+	return 0;
+}
+
+/* ---------------------------------------------------------- notification */
+
+static void send_notify_job(gpointer data, gpointer user)
+{
+	notify_job *j = data;
+	(void)user;
+	if (j->segment != NULL) {
+		int rc = te_notify_send_name(j->e, j->segment, j->msg);
+		if (rc < 0)
+			te_warn("batch notification to %s failed: %s", j->segment, te_strerror(rc));
+	}
+	g_free(j->segment);
+	g_free(j->msg);
+	g_free(j);
+}
+
+GThreadPool *te_notify_pool_new(void)
+{
+	return g_thread_pool_new(send_notify_job, NULL, 1, FALSE, NULL);
+}
+
+int te_batch_notify(te_engine *e, te_batch_id id, te_segment_id seg, const char *msg)
+{
+	batch_box *box;
+	char *name;
+	int rc = 0;
+
+	if (msg == NULL || strlen(msg) > TE_NOTIFY_MAX) {
+		te_err("te_batch_notify: message is %s", msg == NULL ? "NULL" : "longer than TE_NOTIFY_MAX");
+		return -EINVAL;
+	}
+	box = batch_get(e, id, "te_batch_notify");
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	name = te_segment_name(e, seg);
+	if (name == NULL) {
+		box_unref(box);
+		te_err("te_batch_notify: unknown segment id %d", seg);
+		return TE_ERR_SEGMENT;
+	}
+	te_batch *b = box->b;
+	g_mutex_lock(&b->lock);
+	if (b->notify_msg != NULL) {
+		rc = -EBUSY;
+		te_err("te_batch_notify: batch %llu already has a pending notification",
+		       (unsigned long long)id);
+	} else if (atomic_load(&b->inflight) > 0) {
+		b->notify_msg = g_strdup(msg);
+		b->notify_name = name;
+		name = NULL;
+		rc = 1;
+	}
+	g_mutex_unlock(&b->lock);
+	box_unref(box);
+	if (rc == 0)
+		rc = te_notify_send_name(e, name, msg);
+	g_free(name);
+	return rc < 0 ? rc : 0;
+}

@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Segment descriptors in Mooncake's JSON (wire-compat.md section 2): encoded
+ * compact with sorted keys from the engine's registry and the fields each
+ * transport contributes; decoded with every field checked, since the text
+ * comes from a peer or a shared store.
+ */
+#include <json-glib/json-glib.h>
+#include <string.h>
+
+#include "internal.h"
+
+void te_desc_free(te_desc *d)
+{
+	if (d == NULL)
+		return;
+	for (size_t i = 0; i < d->n_buffers; i++)
+		g_free(d->buffers[i].name);
+	g_free(d->buffers);
+	g_free(d->name);
+	g_free(d->protocol);
+	g_free(d->json);
+	g_free(d);
+}
+
+static bool get_u64(JsonObject *o, const char *member, uint64_t *out, bool *present)
+{
+	JsonNode *n = json_object_get_member(o, member);
+
+	*present = n != NULL;
+	if (n == NULL)
+		return true;
+	if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
+		return false;
+	gint64 v = json_node_get_int(n);
+	if (v < 0)
+		return false;
+	*out = (uint64_t)v;
+	return true;
+}
+
+static const char *get_str(JsonObject *o, const char *member)
+{
+	JsonNode *n = json_object_get_member(o, member);
+
+	if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING)
+		return NULL;
+	return json_node_get_string(n);
+}
+
+static gint cmp_buf(gconstpointer a, gconstpointer b)
+{
+	const te_desc_buffer *x = a, *y = b;
+	return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static int array_len(JsonObject *o, const char *member, gssize *len)
+{
+	JsonNode *n = json_object_get_member(o, member);
+
+	*len = -1;
+	if (n == NULL)
+		return 0;
+	if (!JSON_NODE_HOLDS_ARRAY(n))
+		return -1;
+	*len = json_array_get_length(json_node_get_array(n));
+	return 0;
+}
+
+#define BAD(...)                                                                 \
+	do {                                                                         \
+		te_warn("segment descriptor rejected: " __VA_ARGS__);                    \
+		goto fail;                                                               \
+	} while (0)
+
+int te_desc_decode(const char *json, size_t len, te_desc **out)
+{
+	JsonParser *parser = json_parser_new_immutable();
+	GError *err = NULL;
+	te_desc *d = NULL;
+	JsonObject *root;
+	JsonNode *bn;
+	const char *s;
+	uint64_t v;
+	bool present;
+	gssize ndev = -1;
+
+	*out = NULL;
+	if (json == NULL || len == 0 || len > TE_RPC_HARD_MAX_FRAME ||
+	    !json_parser_load_from_data(parser, json, (gssize)len, &err)) {
+		te_warn("segment descriptor rejected: not JSON (%s)", err ? err->message : "empty");
+		g_clear_error(&err);
+		g_object_unref(parser);
+		return TE_ERR_METADATA;
+	}
+	d = g_new0(te_desc, 1);
+	if (json_parser_get_root(parser) == NULL || !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)))
+		BAD("not a JSON object");
+	root = json_node_get_object(json_parser_get_root(parser));
+
+	s = get_str(root, "name");
+	if (s == NULL)
+		s = get_str(root, "server_name");
+	if (s == NULL || *s == '\0' || strlen(s) >= TE_MAX_NAME)
+		BAD("missing or bad \"name\"");
+	d->name = g_strdup(s);
+	s = get_str(root, "protocol");
+	if (s == NULL || *s == '\0' || strlen(s) > 64)
+		BAD("missing or bad \"protocol\" in %s", d->name);
+	d->protocol = g_strdup(s);
+	d->file_segment = strcmp(d->protocol, "nvmeof") == 0;
+
+	v = 0;
+	if (!get_u64(root, "tcp_data_port", &v, &present) || v > 65535)
+		BAD("bad \"tcp_data_port\" in %s", d->name);
+	d->tcp_data_port = (int)v;
+	v = 1; /* a missing field means protocol v1 */
+	if (!get_u64(root, "tcp_proto_version", &v, &present) || v > 255)
+		BAD("bad \"tcp_proto_version\" in %s", d->name);
+	d->tcp_proto_version = (int)v;
+	if (array_len(root, "devices", &ndev) < 0)
+		BAD("\"devices\" is not an array in %s", d->name);
+
+	bn = json_object_get_member(root, "buffers");
+	if (bn != NULL) {
+		JsonArray *arr;
+		if (!JSON_NODE_HOLDS_ARRAY(bn))
+			BAD("\"buffers\" is not an array in %s", d->name);
+		arr = json_node_get_array(bn);
+		d->n_buffers = json_array_get_length(arr);
+		d->buffers = g_new0(te_desc_buffer, d->n_buffers ? d->n_buffers : 1);
+		for (guint i = 0; i < d->n_buffers; i++) {
+			JsonNode *en = json_array_get_element(arr, i);
+			JsonObject *b;
+			te_desc_buffer *db = &d->buffers[i];
+			gssize nr, nl;
+
+			if (!JSON_NODE_HOLDS_OBJECT(en))
+				BAD("buffer %u is not an object in %s", i, d->name);
+			b = json_node_get_object(en);
+			if (!get_u64(b, "length", &db->length, &present) || !present || db->length == 0)
+				BAD("buffer %u of %s: missing or bad \"length\"", i, d->name);
+			if (!get_u64(b, "addr", &db->addr, &present))
+				BAD("buffer %u of %s: bad \"addr\"", i, d->name);
+			if (db->addr + db->length < db->addr)
+				BAD("buffer %u of %s: addr + length overflows", i, d->name);
+			s = get_str(b, "name");
+			if (d->file_segment) {
+				d->file_size += db->length;
+				if (d->file_size < db->length)
+					BAD("file segment %s: total length overflows", d->name);
+				db->name = g_strdup(s ? s : "");
+				continue;
+			}
+			if (!present || db->addr == 0)
+				BAD("buffer %u of %s: missing or zero \"addr\"", i, d->name);
+			if (s == NULL || *s == '\0')
+				BAD("buffer %u of %s: missing \"name\"", i, d->name);
+			db->name = g_strdup(s);
+			if (array_len(b, "rkey", &nr) < 0 || array_len(b, "lkey", &nl) < 0)
+				BAD("buffer %u of %s: rkey/lkey not arrays", i, d->name);
+			if ((nl >= 0 && nl != (ndev < 0 ? 0 : ndev)) ||
+			    (nr > 0 && nr != (ndev < 0 ? 0 : ndev)))
+				BAD("buffer %u of %s: %zd rkeys and %zd lkeys for %zd devices", i, d->name,
+				    nr, nl, ndev);
+		}
+		if (!d->file_segment && d->n_buffers > 1)
+			qsort(d->buffers, d->n_buffers, sizeof *d->buffers,
+			      (int (*)(const void *, const void *))cmp_buf);
+	}
+	d->json = g_strndup(json, len);
+	g_object_unref(parser);
+	*out = d;
+	return 0;
+fail:
+	g_object_unref(parser);
+	te_desc_free(d);
+	return TE_ERR_METADATA;
+}
+
+bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len)
+{
+	if (addr + len < addr)
+		return false;
+	if (d->file_segment)
+		return addr <= d->file_size && len <= d->file_size - addr;
+	/* binary search for the last buffer starting at or below addr */
+	size_t lo = 0, hi = d->n_buffers;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (d->buffers[mid].addr <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return false;
+	const te_desc_buffer *b = &d->buffers[lo - 1];
+	return addr - b->addr <= b->length && len <= b->length - (addr - b->addr);
+}
+
+/* ---------------------------------------------------------------- encode */
+
+/* Members collected in a sorted tree, so the object comes out with sorted keys. */
+static gint cmp_key(gconstpointer a, gconstpointer b, gpointer unused)
+{
+	(void)unused;
+	return strcmp(a, b);
+}
+
+static GTree *members_new(void)
+{
+	return g_tree_new_full(cmp_key, NULL, g_free, (GDestroyNotify)json_node_unref);
+}
+
+static void members_set(GTree *t, const char *key, JsonNode *n)
+{
+	g_tree_replace(t, g_strdup(key), n);
+}
+
+static gboolean add_member(gpointer key, gpointer value, gpointer data)
+{
+	json_object_set_member(data, key, json_node_ref(value));
+	return FALSE;
+}
+
+static JsonNode *members_to_node(GTree *t)
+{
+	JsonObject *o = json_object_new();
+	JsonNode *n = json_node_new(JSON_NODE_OBJECT);
+
+	g_tree_foreach(t, add_member, o);
+	json_node_take_object(n, o);
+	g_tree_unref(t);
+	return n;
+}
+
+static JsonNode *node_int(gint64 v)
+{
+	JsonNode *n = json_node_new(JSON_NODE_VALUE);
+	json_node_set_int(n, v);
+	return n;
+}
+
+static JsonNode *node_str(const char *s)
+{
+	JsonNode *n = json_node_new(JSON_NODE_VALUE);
+	json_node_set_string(n, s);
+	return n;
+}
+
+/* Sorts nested objects' keys too (plugin fragments may come unsorted). */
+static JsonNode *sorted_copy(JsonNode *n)
+{
+	if (JSON_NODE_HOLDS_OBJECT(n)) {
+		GTree *t = members_new();
+		JsonObjectIter it;
+		const gchar *k;
+		JsonNode *v;
+		json_object_iter_init(&it, json_node_get_object(n));
+		while (json_object_iter_next(&it, &k, &v))
+			members_set(t, k, sorted_copy(v));
+		return members_to_node(t);
+	}
+	if (JSON_NODE_HOLDS_ARRAY(n)) {
+		JsonArray *src = json_node_get_array(n), *dst = json_array_new();
+		JsonNode *out = json_node_new(JSON_NODE_ARRAY);
+		for (guint i = 0; i < json_array_get_length(src); i++)
+			json_array_add_element(dst, sorted_copy(json_array_get_element(src, i)));
+		json_node_take_array(out, dst);
+		return out;
+	}
+	return json_node_copy(n);
+}
+
+/* Merges a plugin's JSON object text into `t`. Bad text is logged, skipped. */
+static void merge_fragment(GTree *t, const char *text, const char *who)
+{
+	JsonParser *p;
+	JsonNode *root;
+	JsonObjectIter it;
+	const gchar *k;
+	JsonNode *v;
+
+	if (text == NULL || *text == '\0')
+		return;
+	p = json_parser_new_immutable();
+	if (!json_parser_load_from_data(p, text, -1, NULL) || (root = json_parser_get_root(p)) == NULL ||
+	    !JSON_NODE_HOLDS_OBJECT(root)) {
+		te_warn("transport %s contributed descriptor fields that are not a JSON object; ignored",
+			who);
+		g_object_unref(p);
+		return;
+	}
+	json_object_iter_init(&it, json_node_get_object(root));
+	while (json_object_iter_next(&it, &k, &v))
+		members_set(t, k, sorted_copy(v));
+	g_object_unref(p);
+}
+
+char *te_engine_encode_descriptor(te_engine *e)
+{
+	GTree *top = members_new();
+	JsonArray *bufs = json_array_new();
+	JsonNode *bufs_node = json_node_new(JSON_NODE_ARRAY);
+	JsonGenerator *gen;
+	const char *protocol = NULL;
+	char ts[64];
+	char *text;
+
+	for (guint i = 0; i < e->transports->len; i++) {
+		te_transport_inst *tp = g_ptr_array_index(e->transports, i);
+		if (protocol == NULL && (tp->ops->flags & TE_TRANSPORT_MEMORY))
+			protocol = tp->hc.plugin->name;
+	}
+	te_timestamp(ts, sizeof ts);
+	members_set(top, "name", node_str(e->name));
+	members_set(top, "protocol", node_str(protocol ? protocol : "tcp"));
+	members_set(top, "tcp_data_port", node_int(0));
+	members_set(top, "tcp_proto_version", node_int(2));
+	members_set(top, "timestamp", node_str(ts));
+	for (guint i = 0; i < e->transports->len; i++) {
+		te_transport_inst *tp = g_ptr_array_index(e->transports, i);
+		char *frag = NULL;
+		if (TE_HAS_OP(tp->ops, describe) && tp->ops->describe(tp->ctx, &frag) == 0)
+			merge_fragment(top, frag, tp->hc.plugin->name);
+		free(frag);
+	}
+
+	g_rw_lock_reader_lock(&e->mem.lock);
+	for (guint i = 0; i < e->mem.regions->len; i++) {
+		te_region *r = g_ptr_array_index(e->mem.regions, i);
+		GTree *b = members_new();
+		members_set(b, "addr", node_int((gint64)(uintptr_t)r->addr));
+		members_set(b, "length", node_int((gint64)r->length));
+		members_set(b, "name", node_str(e->name));
+		for (guint t = 0; t < e->transports->len; t++) {
+			te_transport_inst *tp = g_ptr_array_index(e->transports, t);
+			merge_fragment(b, g_hash_table_lookup(r->fields, tp), tp->hc.plugin->name);
+		}
+		json_array_add_element(bufs, members_to_node(b));
+	}
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	json_node_take_array(bufs_node, bufs);
+	members_set(top, "buffers", bufs_node);
+
+	JsonNode *root = members_to_node(top);
+	gen = json_generator_new();
+	json_generator_set_root(gen, root);
+	text = json_generator_to_data(gen, NULL);
+	g_object_unref(gen);
+	json_node_unref(root);
+	return text;
+}

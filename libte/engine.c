@@ -1,0 +1,488 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Engine life cycle, transports, publishing. */
+#include <string.h>
+
+#include "internal.h"
+
+#define DRAIN_TIMEOUT_MS 60000
+
+const char *te_engine_option(const te_engine *e, const char *key)
+{
+	return e && e->options ? g_hash_table_lookup(e->options, key) : NULL;
+}
+
+const char *te_engine_name(const te_engine *e)
+{
+	return e ? e->name : NULL;
+}
+
+int te_engine_rpc_port(const te_engine *e)
+{
+	return e ? e->rpc_port : -EINVAL;
+}
+
+/* Waits, bounded, until *counter is 0. Polls: the counter's last decrement is
+ * the last thing a completing thread does with the engine (see batch.c). */
+static bool drain(atomic_long *counter, const char *what)
+{
+	int64_t end = te_now_ms() + DRAIN_TIMEOUT_MS, warn = te_now_ms() + 5000;
+
+	while (atomic_load(counter) > 0) {
+		if (te_now_ms() > end) {
+			te_err("%s: %ld tasks still in flight after %d ms", what, atomic_load(counter),
+			       DRAIN_TIMEOUT_MS);
+			return false;
+		}
+		if (te_now_ms() > warn) {
+			te_warn("%s: waiting for %ld tasks in flight", what, atomic_load(counter));
+			warn += 5000;
+		}
+		g_usleep(1000);
+	}
+	return true;
+}
+
+static bool drain_int(atomic_int *counter, const char *what)
+{
+	int64_t end = te_now_ms() + DRAIN_TIMEOUT_MS;
+
+	while (atomic_load(counter) > 0) {
+		if (te_now_ms() > end) {
+			te_err("%s: still busy (%d) after %d ms", what, atomic_load(counter), DRAIN_TIMEOUT_MS);
+			return false;
+		}
+		g_usleep(1000);
+	}
+	return true;
+}
+
+/* ------------------------------------------------------------ publishing */
+
+static int publish_rpc_meta(te_engine *e)
+{
+	char key[TE_MAX_NAME + 64];
+	int rc = te_metadata_rpc_key(e->name, key, sizeof key);
+
+	if (rc < 0 || (size_t)rc >= sizeof key)
+		return -ENAMETOOLONG;
+	/* {"ip_or_host_name": ..., "rpc_port": ...}, keys sorted */
+	char *esc = g_strescape(e->address, NULL);
+	char *val = g_strdup_printf("{\"ip_or_host_name\":\"%s\",\"rpc_port\":%d}", esc, e->rpc_port);
+	g_free(esc);
+	rc = te_metadata_put_flags(e->md, key, val, strlen(val), TE_META_OWNED);
+	g_free(val);
+	return rc;
+}
+
+/* Called with ctl held. */
+int te_engine_publish(te_engine *e)
+{
+	char *desc = te_engine_encode_descriptor(e);
+	char key[TE_MAX_NAME + 64];
+	int rc = 0;
+
+	g_mutex_lock(&e->desc_lock);
+	g_free(e->desc_cache);
+	e->desc_cache = g_strdup(desc);
+	g_mutex_unlock(&e->desc_lock);
+	if (!e->md->p2p) {
+		rc = te_metadata_segment_key(e->name, key, sizeof key);
+		if (rc >= 0 && (size_t)rc < sizeof key)
+			rc = te_metadata_put_flags(e->md, key, desc, strlen(desc), TE_META_OWNED);
+		else
+			rc = -ENAMETOOLONG;
+		if (rc == 0 && !e->published)
+			rc = publish_rpc_meta(e);
+		if (rc == 0)
+			e->published = true;
+	}
+	g_free(desc);
+	return rc < 0 ? rc : 0;
+}
+
+static void unpublish(te_engine *e)
+{
+	char key[TE_MAX_NAME + 64];
+	int rc;
+
+	if (e->md == NULL || e->md->p2p || !e->published)
+		return;
+	rc = te_metadata_segment_key(e->name, key, sizeof key);
+	if (rc > 0 && (size_t)rc < sizeof key)
+		te_metadata_remove(e->md, key);
+	rc = te_metadata_rpc_key(e->name, key, sizeof key);
+	if (rc > 0 && (size_t)rc < sizeof key)
+		te_metadata_remove(e->md, key);
+	e->published = false;
+}
+
+/* ------------------------------------------------------------ transports */
+
+static te_transport_inst *find_transport(te_engine *e, const char *name)
+{
+	for (guint i = 0; i < e->transports->len; i++) {
+		te_transport_inst *tp = g_ptr_array_index(e->transports, i);
+		if (strcmp(tp->hc.plugin->name, name) == 0)
+			return tp;
+	}
+	return NULL;
+}
+
+static void clear_handlers_of(te_engine *e, const te_host_ctx *hc)
+{
+	g_rw_lock_writer_lock(&e->rpc_lock);
+	for (int i = 0; i < 4; i++)
+		if (e->handlers[i].owner == hc)
+			e->handlers[i] = (te_rpc_handler_slot){ 0 };
+	g_rw_lock_writer_unlock(&e->rpc_lock);
+}
+
+int te_transport_install(te_engine *e, const char *name, const char *args)
+{
+	const te_plugin *p;
+	te_transport_inst *tp;
+	int rc;
+
+	if (e == NULL || name == NULL || *name == '\0') {
+		te_err("te_transport_install: NULL engine or empty transport name");
+		return -EINVAL;
+	}
+	g_rec_mutex_lock(&e->ctl);
+	if (find_transport(e, name) != NULL) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_err("transport %s is already installed", name);
+		return -EEXIST;
+	}
+	p = te_plugin_find(TE_KIND_TRANSPORT, name);
+	if (p == NULL) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_err("no transport plugin named '%s' was found; te-info lists the plugin directories "
+		       "searched and what they hold", name);
+		return -ENOENT;
+	}
+	tp = g_new0(te_transport_inst, 1);
+	te_host_init(&tp->hc, e, p);
+	tp->ops = p->desc->ops;
+	rc = tp->ops->create(&tp->hc.host, args, &tp->ctx);
+	if (rc < 0) {
+		g_rec_mutex_unlock(&e->ctl);
+		clear_handlers_of(e, &tp->hc);
+		te_err("transport %s failed to start: %s", name, te_strerror(rc));
+		g_free(tp);
+		return rc;
+	}
+	/* Memory registered before the transport came. */
+	g_rw_lock_reader_lock(&e->mem.lock);
+	GPtrArray *regions = g_ptr_array_copy(e->mem.regions, NULL, NULL);
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	guint done = 0;
+	for (; done < regions->len && rc == 0; done++)
+		rc = te_region_attach(e, tp, g_ptr_array_index(regions, done));
+	if (rc < 0) {
+		for (guint i = 0; i + 1 < done; i++)
+			te_region_detach(e, tp, g_ptr_array_index(regions, i));
+		g_ptr_array_unref(regions);
+		clear_handlers_of(e, &tp->hc);
+		tp->ops->destroy(tp->ctx);
+		g_rec_mutex_unlock(&e->ctl);
+		g_free(tp);
+		return rc;
+	}
+	g_ptr_array_unref(regions);
+	g_ptr_array_add(e->transports, tp);
+	rc = te_engine_publish(e);
+	if (rc < 0)
+		te_warn("transport %s installed, but publishing the descriptor failed: %s", name,
+			te_strerror(rc));
+	g_rec_mutex_unlock(&e->ctl);
+	te_info("installed transport %s", name);
+	return 0;
+}
+
+static int uninstall(te_engine *e, te_transport_inst *tp)
+{
+	const char *name = tp->hc.plugin->name;
+
+	g_ptr_array_remove(e->transports, tp);
+	te_segments_detach_transport(e, tp);
+	if (!e->closing) {
+		int rc = te_engine_publish(e);
+		if (rc < 0)
+			te_warn("publishing the descriptor without %s failed: %s", name, te_strerror(rc));
+	}
+	/* Transfers already handed over finish on their own (bounded by the
+	 * transport's timeouts); versions of segments bound to it go with them. */
+	if (!drain_int(&tp->inflight, name) || !drain_int(&tp->segvers, name)) {
+		te_err("transport %s did not finish its transfers; leaving it loaded", name);
+		return -EBUSY;
+	}
+	g_rw_lock_reader_lock(&e->mem.lock);
+	for (guint i = 0; i < e->mem.regions->len; i++)
+		te_region_detach(e, tp, g_ptr_array_index(e->mem.regions, i));
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	tp->ops->destroy(tp->ctx);
+	clear_handlers_of(e, &tp->hc);
+	te_info("uninstalled transport %s", name);
+	g_free(tp);
+	return 0;
+}
+
+int te_transport_uninstall(te_engine *e, const char *name)
+{
+	te_transport_inst *tp;
+	int rc;
+
+	if (e == NULL || name == NULL) {
+		te_err("te_transport_uninstall: NULL engine or name");
+		return -EINVAL;
+	}
+	g_rec_mutex_lock(&e->ctl);
+	tp = find_transport(e, name);
+	if (tp == NULL) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_err("te_transport_uninstall: transport %s is not installed", name);
+		return -ENOENT;
+	}
+	rc = uninstall(e, tp);
+	g_rec_mutex_unlock(&e->ctl);
+	return rc;
+}
+
+int te_transport_auto(te_engine *e, const char **installed)
+{
+	const te_plugin *rdma = te_plugin_find(TE_KIND_TRANSPORT, "rdma");
+	bool force_tcp = te_env2("TE_FORCE_TCP", "MC_FORCE_TCP") != NULL;
+	bool force_hca = te_env2("TE_FORCE_HCA", "MC_FORCE_HCA") != NULL;
+	int rc;
+
+	if (e == NULL) {
+		te_err("te_transport_auto: NULL engine");
+		return -EINVAL;
+	}
+	if (installed)
+		*installed = NULL;
+	if (rdma != NULL && !force_tcp) {
+		const te_transport_ops *o = rdma->desc->ops;
+		char why[256] = "";
+		te_host_ctx hc;
+		te_host_init(&hc, e, rdma);
+		rc = TE_HAS_OP(o, probe) ? o->probe(&hc.host, why, sizeof why) : 0;
+		if (rc == 0) {
+			rc = te_transport_install(e, "rdma", NULL);
+			if (rc == 0 || rc == -EEXIST) {
+				if (installed)
+					*installed = "rdma";
+				return 0;
+			}
+		}
+		if (force_hca) {
+			te_err("auto-discovery: TE_FORCE_HCA is set but RDMA is unusable: %s",
+			       *why ? why : te_strerror(rc));
+			return TE_ERR_NO_TRANSPORT;
+		}
+		te_info("auto-discovery: RDMA unusable (%s); using TCP", *why ? why : te_strerror(rc));
+	} else if (force_hca) {
+		te_err("auto-discovery: TE_FORCE_HCA is set but there is no rdma plugin");
+		return TE_ERR_NO_TRANSPORT;
+	}
+	rc = te_transport_install(e, "tcp", NULL);
+	if (rc == 0 || rc == -EEXIST) {
+		if (installed)
+			*installed = "tcp";
+		return 0;
+	}
+	return rc;
+}
+
+int te_transport_list(const te_engine *e, const char **names, size_t max)
+{
+	te_engine *me = (te_engine *)e;
+	int n;
+
+	if (e == NULL || (names == NULL && max > 0)) {
+		te_err("te_transport_list: NULL engine or name array");
+		return -EINVAL;
+	}
+	g_rec_mutex_lock(&me->ctl);
+	n = (int)me->transports->len;
+	for (guint i = 0; i < me->transports->len && i < max; i++)
+		names[i] = ((te_transport_inst *)g_ptr_array_index(me->transports, i))->hc.plugin->name;
+	g_rec_mutex_unlock(&me->ctl);
+	return n;
+}
+
+/* -------------------------------------------------------------- create */
+
+static int install_from_options(te_engine *e)
+{
+	const char *list = te_engine_option(e, "transports");
+	const char *autod = te_engine_option(e, "auto_discovery");
+	int rc = 0;
+
+	if (list != NULL) {
+		gchar **names = g_strsplit(list, ",", -1);
+		for (gchar **n = names; *n != NULL && rc == 0; n++) {
+			const char *s = g_strstrip(*n);
+			if (*s != '\0')
+				rc = te_transport_install(e, s, NULL);
+		}
+		g_strfreev(names);
+	}
+	if (rc == 0 && autod != NULL && strcmp(autod, "0") != 0 && g_ascii_strcasecmp(autod, "false") != 0)
+		rc = te_transport_auto(e, NULL);
+	return rc;
+}
+
+int te_engine_create(const char *metadata, const char *local_name, const te_option *options,
+		     size_t n_options, te_engine **out)
+{
+	te_engine *e;
+	char *host = NULL;
+	int name_port = -1, port_wanted = 0, rc;
+
+	if (out == NULL) {
+		te_err("te_engine_create: NULL output pointer");
+		return -EINVAL;
+	}
+	*out = NULL;
+	if (metadata == NULL || *metadata == '\0') {
+		te_err("te_engine_create: empty metadata connection string (use \"P2PHANDSHAKE\" for none)");
+		return -EINVAL;
+	}
+	if (n_options > 0 && options == NULL) {
+		te_err("te_engine_create: %zu options but a NULL array", n_options);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < n_options; i++)
+		if (options[i].key == NULL || *options[i].key == '\0' || options[i].value == NULL) {
+			te_err("te_engine_create: option %zu has an empty key or a NULL value", i);
+			return -EINVAL;
+		}
+	if (local_name == NULL)
+		local_name = g_get_host_name();
+	if (*local_name == '\0' || strlen(local_name) >= TE_MAX_NAME - 8) {
+		te_err("te_engine_create: local name is empty or too long");
+		return -EINVAL;
+	}
+	/* Names with '/' would be stored as NVMe-oF keys. */
+	if (strchr(local_name, '/') != NULL) {
+		te_err("te_engine_create: local name '%s' must not contain '/'", local_name);
+		return -EINVAL;
+	}
+	rc = te_split_host_port(local_name, &host, &name_port);
+	if (rc < 0) {
+		te_err("te_engine_create: local name '%s' is not host or host:port", local_name);
+		return -EINVAL;
+	}
+
+	te_plugins_init();
+	e = g_new0(te_engine, 1);
+	g_rec_mutex_init(&e->ctl);
+	g_rw_lock_init(&e->data);
+	g_rw_lock_init(&e->rpc_lock);
+	g_mutex_init(&e->desc_lock);
+	g_mutex_init(&e->notify_lock);
+	g_queue_init(&e->notifications);
+	te_memreg_init(&e->mem);
+	e->transports = g_ptr_array_new();
+	e->segments = g_hash_table_new(g_direct_hash, g_direct_equal);
+	e->seg_by_name = g_hash_table_new(g_str_hash, g_str_equal);
+	e->options = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+	te_batches_init(e);
+	for (size_t i = 0; i < n_options; i++)
+		g_hash_table_replace(e->options, g_strdup(options[i].key), g_strdup(options[i].value));
+	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
+	e->notify_pool = te_notify_pool_new();
+	rc = te_local_init(e);
+	if (rc < 0)
+		goto fail;
+
+	rc = te_metadata_open_internal(metadata, e, &e->md);
+	if (rc < 0)
+		goto fail;
+
+	const char *opt = te_engine_option(e, "rpc_port");
+	if (opt != NULL) {
+		uint64_t v;
+		if (!te_parse_u64(opt, &v) || v == 0 || v > 65535) {
+			te_err("te_engine_create: option rpc_port=%s is not a port number", opt);
+			rc = -EINVAL;
+			goto fail;
+		}
+		port_wanted = (int)v;
+	} else if (name_port > 0) {
+		port_wanted = name_port;
+	}
+	rc = te_rpc_server_start(e, port_wanted, &e->rpc_port, &e->rpc);
+	if (rc < 0)
+		goto fail;
+	opt = te_engine_option(e, "ip_or_host_name");
+	e->address = g_strdup(opt ? opt : host);
+	if (e->md->p2p) {
+		/* The name is how peers reach us: host:rpc_port. */
+		e->name = strchr(host, ':') ? g_strdup_printf("[%s]:%d", host, e->rpc_port)
+					    : g_strdup_printf("%s:%d", host, e->rpc_port);
+	} else {
+		e->name = g_strdup(local_name);
+	}
+	e->handlers[TE_RPC_NOTIFY] = (te_rpc_handler_slot){ te_notify_rpc, e, e };
+
+	rc = install_from_options(e);
+	if (rc < 0)
+		goto fail;
+	g_rec_mutex_lock(&e->ctl);
+	rc = te_engine_publish(e);
+	g_rec_mutex_unlock(&e->ctl);
+	if (rc < 0) {
+		te_err("te_engine_create: publishing to %s failed: %s", metadata, te_strerror(rc));
+		goto fail;
+	}
+	te_info("engine %s up: rpc port %d, metadata %s", e->name, e->rpc_port, metadata);
+	g_free(host);
+	*out = e;
+	return 0;
+fail:
+	g_free(host);
+	te_engine_destroy(e);
+	return rc;
+}
+
+void te_engine_destroy(te_engine *e)
+{
+	if (e == NULL)
+		return;
+	e->closing = true;
+	te_batches_cancel_all(e);
+	drain(&e->inflight, "engine shutdown");
+	te_rpc_server_stop(e->rpc);
+	e->rpc = NULL;
+	unpublish(e);
+	te_segments_clear(e);
+	g_thread_pool_free(e->reaper, FALSE, TRUE);
+	g_thread_pool_free(e->notify_pool, FALSE, TRUE);
+	g_rec_mutex_lock(&e->ctl);
+	while (e->transports->len > 0) {
+		te_transport_inst *tp = g_ptr_array_index(e->transports, e->transports->len - 1);
+		if (uninstall(e, tp) < 0)
+			g_ptr_array_remove(e->transports, tp); /* leaked on purpose, see uninstall */
+	}
+	g_rec_mutex_unlock(&e->ctl);
+	te_local_fini(e);
+	te_metadata_close(e->md);
+	te_notify_clear(e);
+	te_batches_clear(e);
+	te_memreg_clear(&e->mem);
+	g_ptr_array_unref(e->transports);
+	g_hash_table_unref(e->segments);
+	g_hash_table_unref(e->seg_by_name);
+	g_hash_table_unref(e->options);
+	g_free(e->desc_cache);
+	g_free(e->name);
+	g_free(e->address);
+	g_rec_mutex_clear(&e->ctl);
+	g_rw_lock_clear(&e->data);
+	g_rw_lock_clear(&e->rpc_lock);
+	g_mutex_clear(&e->desc_lock);
+	g_mutex_clear(&e->notify_lock);
+	g_free(e);
+}

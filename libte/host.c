@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The services table libte hands each plugin instance. */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+static inline const te_host_ctx *ctx_of(const te_host *h)
+{
+	return (const te_host_ctx *)h->priv;
+}
+
+static void host_log(const te_host *h, int level, const char *fmt, ...)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	va_list ap;
+
+	va_start(ap, fmt);
+	te_logv(level, hc->plugin ? hc->plugin->name : "plugin", fmt, ap);
+	va_end(ap);
+}
+
+static const char *host_config(const te_host *h, const char *te_name, const char *mc_name)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	const char *v = NULL;
+
+	if (te_name == NULL)
+		return NULL;
+	if (hc->engine != NULL)
+		v = te_engine_option(hc->engine, te_name);
+	if (v == NULL)
+		v = te_env2(te_name, mc_name);
+	return v;
+}
+
+static void host_complete(const te_host *h, te_transfer *t, uint64_t bytes, int error)
+{
+	(void)h;
+	te_task_complete((te_task *)t, bytes, error);
+}
+
+static int host_canceled(const te_host *h, const te_transfer *t)
+{
+	(void)h;
+	const te_task *task = (const te_task *)t;
+	return atomic_load_explicit(&task->batch->canceled, memory_order_relaxed);
+}
+
+static int host_buffer_acquire(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
+			       te_buffer_pin *pin)
+{
+	const te_host_ctx *hc = ctx_of(h);
+
+	if (hc->engine == NULL || pin == NULL)
+		return -ENOTSUP;
+	return te_memreg_acquire(&hc->engine->mem, addr, len, need, pin);
+}
+
+static void host_buffer_release(const te_host *h, te_buffer_pin *pin)
+{
+	const te_host_ctx *hc = ctx_of(h);
+
+	if (hc->engine != NULL && pin != NULL)
+		te_memreg_release(&hc->engine->mem, pin);
+}
+
+static int host_rpc_handle(const te_host *h, int type, te_rpc_handler fn, void *user)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	te_engine *e = hc->engine;
+
+	if (e == NULL)
+		return -ENOTSUP;
+	if (type != TE_RPC_CONNECTION) {
+		host_log(h, TE_LOG_ERROR, "rpc_handle: frame type %d is handled by the host", type);
+		return -EINVAL;
+	}
+	g_rw_lock_writer_lock(&e->rpc_lock);
+	if (fn != NULL && e->handlers[type].fn != NULL && e->handlers[type].user != user) {
+		g_rw_lock_writer_unlock(&e->rpc_lock);
+		host_log(h, TE_LOG_ERROR, "rpc_handle: frame type %d already has a handler", type);
+		return -EBUSY;
+	}
+	e->handlers[type] = (te_rpc_handler_slot){ fn, fn ? user : NULL, fn ? hc : NULL };
+	g_rw_lock_writer_unlock(&e->rpc_lock);
+	return 0;
+}
+
+static int host_rpc_call(const te_host *h, const char *segment_name, int type, const char *body,
+			 size_t len, char **reply, size_t *reply_len, int timeout_ms)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	char *host = NULL;
+	int port = 0, rc;
+
+	if (hc->engine == NULL)
+		return -ENOTSUP;
+	if (segment_name == NULL || body == NULL || reply == NULL || reply_len == NULL ||
+	    type < 0 || type > TE_RPC_PROBE)
+		return -EINVAL;
+	rc = te_engine_resolve_rpc(hc->engine, segment_name, &host, &port);
+	if (rc < 0)
+		return rc;
+	rc = te_rpc_call_addr(host, port, type, body, len, reply, reply_len, timeout_ms);
+	g_free(host);
+	return rc;
+}
+
+static int host_republish(const te_host *h)
+{
+	const te_host_ctx *hc = ctx_of(h);
+
+	if (hc->engine == NULL)
+		return -ENOTSUP;
+	g_rec_mutex_lock(&hc->engine->ctl);
+	int rc = te_engine_publish(hc->engine);
+	g_rec_mutex_unlock(&hc->engine->ctl);
+	return rc;
+}
+
+static const char *host_local_name(const te_host *h)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	return hc->engine ? hc->engine->name : NULL;
+}
+
+static const char *host_local_address(const te_host *h)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	return hc->engine ? hc->engine->address : NULL;
+}
+
+void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
+{
+	memset(hc, 0, sizeof *hc);
+	hc->engine = engine;
+	hc->plugin = plugin;
+	hc->host = (te_host){
+		.size = sizeof(te_host),
+		.abi_minor = TE_PLUGIN_ABI_MINOR,
+		.priv = hc,
+		.log = host_log,
+		.config = host_config,
+		.complete = host_complete,
+		.canceled = host_canceled,
+		.buffer_acquire = host_buffer_acquire,
+		.buffer_release = host_buffer_release,
+		.rpc_handle = host_rpc_handle,
+		.rpc_call = host_rpc_call,
+		.republish = host_republish,
+		.local_name = host_local_name,
+		.local_address = host_local_address,
+	};
+}

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to libte: the structures shared by its modules. */
+#ifndef TE_INTERNAL_H
+#define TE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include <glib.h>
+
+#include "te/te.h"
+#include "te/te-plugin.h"
+
+#define TE_DOMAIN "te"
+#define TE_RPC_DEFAULT_MAX_FRAME (1u << 20)
+#define TE_RPC_HARD_MAX_FRAME (128u << 20)
+#define TE_MAX_NAME 256
+
+typedef struct te_transport_inst te_transport_inst;
+
+/* ---------------------------------------------------------------- log.c */
+void te_log(int level, const char *domain, const char *fmt, ...) TE_PRINTF(3, 4);
+void te_logv(int level, const char *domain, const char *fmt, va_list ap) TE_PRINTF(3, 0);
+bool te_log_enabled(int level);
+#define te_err(...) te_log(TE_LOG_ERROR, TE_DOMAIN, __VA_ARGS__)
+#define te_warn(...) te_log(TE_LOG_WARN, TE_DOMAIN, __VA_ARGS__)
+#define te_info(...) te_log(TE_LOG_INFO, TE_DOMAIN, __VA_ARGS__)
+#define te_dbg(...) te_log(TE_LOG_DEBUG, TE_DOMAIN, __VA_ARGS__)
+
+/* --------------------------------------------------------------- util.c */
+/* Splits "host", "host:port", "[v6]:port". port is -1 when absent. */
+int te_split_host_port(const char *s, char **host, int *port);
+/* Environment variable, ignored in setuid processes. */
+const char *te_secure_getenv(const char *name);
+/* TE_name, else MC_name. */
+const char *te_env2(const char *te_name, const char *mc_name);
+/* Parses a decimal/hex unsigned; false on junk or overflow. */
+bool te_parse_u64(const char *s, uint64_t *out);
+void te_timestamp(char *buf, size_t size);
+int64_t te_now_ms(void);
+
+/* -------------------------------------------------------------- plugin.c */
+typedef struct te_plugin {
+	char *path;
+	char *name;
+	char *reason; /* why not loaded */
+	void *handle;
+	const te_plugin_desc *desc;
+	unsigned abi_major, abi_minor;
+	int kind;
+	bool loaded;
+} te_plugin;
+
+void te_plugins_init(void);
+/* First loaded plugin of that kind and name, or NULL. */
+const te_plugin *te_plugin_find(int kind, const char *name);
+/* The metadata plugin serving URL scheme `scheme`, or NULL. */
+const te_plugin *te_plugin_find_scheme(const char *scheme);
+/* Transport plugins, loaded ones, in discovery order. */
+GPtrArray *te_plugin_transports(void);
+
+/* ---------------------------------------------------------------- host.c */
+/* Every te_host handed to a plugin points at one of these. */
+typedef struct te_host_ctx {
+	te_host host;
+	struct te_engine *engine; /* NULL for standalone uses (tools) */
+	const te_plugin *plugin;
+} te_host_ctx;
+
+void te_host_init(te_host_ctx *hc, struct te_engine *engine, const te_plugin *plugin);
+
+/* ------------------------------------------------------------ memory.c */
+typedef struct te_region {
+	void *addr;
+	size_t length;
+	char *location;
+	unsigned flags;
+	atomic_int pins;
+	bool dying;
+	GHashTable *fields; /* te_transport_inst* → JSON text from mem_register */
+} te_region;
+
+typedef struct te_memreg {
+	GRWLock lock;
+	GPtrArray *regions; /* sorted by addr */
+	GMutex pin_lock;
+	GCond pin_cond;
+} te_memreg;
+
+void te_memreg_init(te_memreg *m);
+void te_memreg_clear(te_memreg *m);
+/* The region wholly containing [addr, addr+len) (caller holds lock). */
+te_region *te_memreg_find_locked(te_memreg *m, uint64_t addr, uint64_t len);
+int te_memreg_acquire(te_memreg *m, uint64_t addr, uint64_t len, unsigned need, te_buffer_pin *pin);
+void te_memreg_release(te_memreg *m, te_buffer_pin *pin);
+int te_region_attach(struct te_engine *e, te_transport_inst *tp, te_region *r);
+void te_region_detach(struct te_engine *e, te_transport_inst *tp, te_region *r);
+int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
+
+/* --------------------------------------------------------- descriptor.c */
+typedef struct te_desc_buffer {
+	uint64_t addr;
+	uint64_t length;
+	char *name;
+} te_desc_buffer;
+
+typedef struct te_desc {
+	char *name;
+	char *protocol;
+	int tcp_data_port;
+	int tcp_proto_version;
+	te_desc_buffer *buffers; /* sorted by addr when addressed */
+	size_t n_buffers;
+	bool file_segment;  /* buffers without addresses, laid end to end */
+	uint64_t file_size; /* sum of lengths for file segments */
+	char *json;         /* the text it was decoded from */
+} te_desc;
+
+int te_desc_decode(const char *json, size_t len, te_desc **out);
+void te_desc_free(te_desc *d);
+/* True when [addr, addr+len) lies in one buffer (or inside a file segment). */
+bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len);
+char *te_engine_encode_descriptor(struct te_engine *e);
+
+/* ----------------------------------------------------------- metadata.c */
+struct te_metadata {
+	bool p2p;
+	te_host_ctx hc;
+	const te_metadata_ops *ops;
+	void *ctx;
+	char *conn;
+};
+/* The key prefix: "mooncake/" or "mooncake/<cluster>/". */
+const char *te_metadata_prefix(void);
+int te_metadata_open_internal(const char *conn, struct te_engine *engine, te_metadata **out);
+int te_metadata_put_flags(te_metadata *md, const char *key, const char *value, size_t len,
+			  unsigned flags);
+
+/* ------------------------------------------------------------------ rpc.c */
+typedef struct te_rpc_server te_rpc_server;
+typedef struct te_rpc_handler_slot {
+	te_rpc_handler fn;
+	void *user;
+	const void *owner; /* the te_host_ctx that registered it */
+} te_rpc_handler_slot;
+
+int te_rpc_server_start(struct te_engine *e, int port_wanted, int *port_out, te_rpc_server **out);
+void te_rpc_server_stop(te_rpc_server *s);
+/* One exchange: connect, send, receive the reply of the same type. */
+int te_rpc_call_addr(const char *host, int port, int type, const char *body, size_t len,
+		     char **reply, size_t *reply_len, int timeout_ms);
+size_t te_rpc_max_frame(void);
+
+/* ---------------------------------------------------------- transport */
+struct te_transport_inst {
+	te_host_ctx hc;
+	const te_transport_ops *ops;
+	void *ctx;
+	atomic_int inflight; /* tasks handed to it and not finished */
+	atomic_int segvers;  /* segment versions bound to it */
+};
+
+/* ------------------------------------------------------------ segment.c */
+typedef struct te_segver {
+	atomic_int refs;
+	struct te_engine *engine;
+	te_desc *desc;
+	char *host; /* peer address */
+	int rpc_port;
+	te_transport_inst *tp;
+	void *seg_ctx;
+	te_buffer_desc *infobufs;
+} te_segver;
+
+typedef struct te_segment {
+	char *name;
+	char *forced; /* forced transport name or NULL */
+	int opens;
+	te_segver *cur; /* NULL when no transport serves it now */
+} te_segment;
+
+void te_segver_unref(te_segver *sv, bool from_completion);
+void te_segver_reap(gpointer sv, gpointer unused); /* the reaper pool's function */
+/* Resolves a segment name to the peer's RPC address. */
+int te_engine_resolve_rpc(struct te_engine *e, const char *name, char **host, int *port);
+void te_segments_clear(struct te_engine *e);
+/* The name of an open segment (own name for 0), g_free()d by the caller. */
+char *te_segment_name(struct te_engine *e, te_segment_id id);
+void te_segments_detach_transport(struct te_engine *e, te_transport_inst *tp);
+
+/* -------------------------------------------------------------- batch.c */
+typedef struct te_task {
+	te_transfer xfer; /* first: plugins hold &xfer */
+	struct te_batch *batch;
+	te_segver *sv;
+	te_transport_inst *tp;
+	atomic_uint slices_done;
+	atomic_int state;
+	atomic_int error;
+	_Atomic uint64_t transferred;
+	atomic_uint chunk_next; /* local copies: next chunk to take */
+} te_task;
+
+typedef struct te_batch {
+	te_batch_id id;
+	struct te_engine *engine;
+	size_t capacity;
+	atomic_size_t count;
+	atomic_size_t inflight;
+	atomic_int canceled;
+	GMutex lock;
+	GCond cond;
+	char *notify_name; /* segment to notify when the batch drains */
+	char *notify_msg;
+	te_task tasks[];
+} te_batch;
+
+void te_task_complete(te_task *t, uint64_t bytes, int error);
+void te_batches_init(struct te_engine *e);
+void te_batches_clear(struct te_engine *e);
+void te_batches_cancel_all(struct te_engine *e);
+GThreadPool *te_notify_pool_new(void);
+
+/* -------------------------------------------------------------- local.c */
+int te_local_init(struct te_engine *e);
+void te_local_fini(struct te_engine *e);
+void te_local_submit(struct te_engine *e, te_task *t);
+
+/* ------------------------------------------------------------- notify.c */
+int te_notify_enqueue(struct te_engine *e, const char *name, const char *msg);
+int te_notify_send_name(struct te_engine *e, const char *segment_name, const char *msg);
+int te_notify_rpc(void *user, const char *peer, const char *body, size_t len, char **reply,
+		  size_t *reply_len);
+void te_notify_clear(struct te_engine *e);
+
+/* -------------------------------------------------------------- engine */
+struct te_engine {
+	char *name;
+	char *address;
+	int rpc_port;
+	GHashTable *options;
+	te_metadata *md;
+	te_rpc_server *rpc;
+
+	GRecMutex ctl; /* serialises control operations (install, register, open, publish) */
+	GRWLock data;  /* segment table and transport bindings, read by submit */
+	GPtrArray *transports; /* te_transport_inst* in install order */
+	te_memreg mem;
+
+	GHashTable *segments;    /* id → te_segment*; ids are never reused */
+	GHashTable *seg_by_name; /* name → id */
+	int next_segment;
+
+	GRWLock batch_lock;
+	GHashTable *batches; /* id → te_batch* */
+	uint64_t next_batch;
+	atomic_long inflight; /* tasks in flight engine-wide */
+
+	GRWLock rpc_lock; /* handlers; read while one runs */
+	te_rpc_handler_slot handlers[4];
+
+	GMutex desc_lock;
+	char *desc_cache; /* the descriptor as last published */
+
+	GMutex notify_lock;
+	GQueue notifications;
+
+	GThreadPool *copy_pool;
+	unsigned copy_threads;
+	uint64_t local_split; /* local copies from this size run on the workers */
+	GThreadPool *reaper;
+	GThreadPool *notify_pool;
+
+	bool published;
+	bool closing;
+};
+
+int te_engine_publish(struct te_engine *e);
+const char *te_engine_option(const struct te_engine *e, const char *key);
+
+#endif

@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The registry of local memory: a sorted array of regions behind a
+ * reader/writer lock. Lookups (every submit, every remote request a transport
+ * serves) take the read lock for a binary search; a remote request pins its
+ * region so that unregistering waits for it instead of freeing under it.
+ */
+#include <numa.h>
+#include <numaif.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static void region_free(te_region *r)
+{
+	if (r == NULL)
+		return;
+	g_free(r->location);
+	if (r->fields)
+		g_hash_table_unref(r->fields);
+	g_free(r);
+}
+
+void te_memreg_init(te_memreg *m)
+{
+	g_rw_lock_init(&m->lock);
+	g_mutex_init(&m->pin_lock);
+	g_cond_init(&m->pin_cond);
+	m->regions = g_ptr_array_new();
+}
+
+void te_memreg_clear(te_memreg *m)
+{
+	if (m->regions == NULL)
+		return;
+	for (guint i = 0; i < m->regions->len; i++)
+		region_free(g_ptr_array_index(m->regions, i));
+	g_ptr_array_unref(m->regions);
+	m->regions = NULL;
+	g_rw_lock_clear(&m->lock);
+	g_mutex_clear(&m->pin_lock);
+	g_cond_clear(&m->pin_cond);
+}
+
+/* Index of the last region starting at or below addr, or -1. */
+static gssize floor_index(te_memreg *m, uint64_t addr)
+{
+	gssize lo = 0, hi = (gssize)m->regions->len - 1, best = -1;
+
+	while (lo <= hi) {
+		gssize mid = lo + (hi - lo) / 2;
+		te_region *r = g_ptr_array_index(m->regions, mid);
+		if ((uint64_t)(uintptr_t)r->addr <= addr) {
+			best = mid;
+			lo = mid + 1;
+		} else {
+			hi = mid - 1;
+		}
+	}
+	return best;
+}
+
+te_region *te_memreg_find_locked(te_memreg *m, uint64_t addr, uint64_t len)
+{
+	gssize i = floor_index(m, addr);
+	te_region *r;
+	uint64_t start;
+
+	if (i < 0 || addr + len < addr)
+		return NULL;
+	r = g_ptr_array_index(m->regions, i);
+	start = (uint64_t)(uintptr_t)r->addr;
+	if (addr - start > r->length || len > r->length - (addr - start))
+		return NULL;
+	return r;
+}
+
+int te_memreg_acquire(te_memreg *m, uint64_t addr, uint64_t len, unsigned need, te_buffer_pin *pin)
+{
+	te_region *r;
+
+	g_rw_lock_reader_lock(&m->lock);
+	r = te_memreg_find_locked(m, addr, len);
+	if (r == NULL || (r->flags & need) != need) {
+		g_rw_lock_reader_unlock(&m->lock);
+		return TE_ERR_ADDRESS;
+	}
+	atomic_fetch_add_explicit(&r->pins, 1, memory_order_acquire);
+	g_rw_lock_reader_unlock(&m->lock);
+	pin->addr = r->addr;
+	pin->length = r->length;
+	pin->location = r->location;
+	pin->flags = r->flags;
+	pin->priv = r;
+	return 0;
+}
+
+void te_memreg_release(te_memreg *m, te_buffer_pin *pin)
+{
+	te_region *r = pin->priv;
+
+	if (r == NULL)
+		return;
+	pin->priv = NULL;
+	if (atomic_fetch_sub_explicit(&r->pins, 1, memory_order_release) == 1) {
+		/* Only an unregister in progress waits on this: wake it. */
+		g_mutex_lock(&m->pin_lock);
+		g_cond_broadcast(&m->pin_cond);
+		g_mutex_unlock(&m->pin_lock);
+	}
+}
+
+static bool location_valid(const char *loc)
+{
+	const char *colon;
+	uint64_t n;
+
+	if (loc == NULL || *loc == '\0' || strlen(loc) > 64)
+		return false;
+	if (strcmp(loc, "*") == 0)
+		return true;
+	colon = strchr(loc, ':');
+	if (colon == NULL || colon == loc)
+		return false;
+	for (const char *p = loc; p < colon; p++)
+		if (!g_ascii_isalnum(*p) && *p != '_')
+			return false;
+	return te_parse_u64(colon + 1, &n) && n < 65536;
+}
+
+int te_resolve_location(void *addr, size_t len, const char *loc, char **out)
+{
+	(void)len;
+	if (strcmp(loc, "*") != 0) {
+		*out = g_strdup(loc);
+		return 0;
+	}
+	if (numa_available() >= 0) {
+		long page = sysconf(_SC_PAGESIZE);
+		void *pg = (void *)((uintptr_t)addr & ~((uintptr_t)page - 1));
+		int status = -1;
+		if (move_pages(0, 1, &pg, NULL, &status, 0) == 0 && status >= 0) {
+			*out = g_strdup_printf("cpu:%d", status);
+			return 0;
+		}
+	}
+	te_warn("location '*': cannot tell the NUMA node of %p (memory not touched yet, or no "
+		"NUMA support); using cpu:0", addr);
+	*out = g_strdup("cpu:0");
+	return 0;
+}
+
+/* ------------------------------------------------------- public functions */
+
+static int check_region(const te_memory_region *r, size_t idx)
+{
+	if (r->addr == NULL) {
+		te_err("register memory #%zu: NULL address", idx);
+		return -EINVAL;
+	}
+	if (r->length == 0) {
+		te_err("register memory #%zu at %p: zero length", idx, r->addr);
+		return -EINVAL;
+	}
+	if ((uintptr_t)r->addr + r->length < (uintptr_t)r->addr) {
+		te_err("register memory #%zu at %p: length %zu wraps the address space", idx, r->addr,
+		       r->length);
+		return -EINVAL;
+	}
+	if (!location_valid(r->location)) {
+		te_err("register memory #%zu at %p: bad location '%s' (want cpu:N, cuda:N or *)", idx,
+		       r->addr, r->location ? r->location : "(null)");
+		return -EINVAL;
+	}
+	if (r->flags & ~(unsigned)TE_MEM_REMOTE_ACCESS) {
+		te_err("register memory #%zu at %p: unknown flags 0x%x", idx, r->addr, r->flags);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static bool overlaps(uintptr_t a, size_t al, uintptr_t b, size_t bl)
+{
+	return a < b + bl && b < a + al;
+}
+
+/* Hands a region to one transport; stores the buffer fields it returns. */
+int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
+{
+	char *fields = NULL;
+	te_mem_info mi = {
+		.size = sizeof mi,
+		.addr = r->addr,
+		.length = r->length,
+		.location = r->location,
+		.flags = r->flags,
+	};
+	(void)e;
+
+	if (!TE_HAS_OP(tp->ops, mem_register))
+		return 0;
+	int rc = tp->ops->mem_register(tp->ctx, &mi, &fields);
+	if (rc < 0) {
+		te_err("transport %s refused to register %p+%zu: %s", tp->hc.plugin->name, r->addr,
+		       r->length, te_strerror(rc));
+		free(fields);
+		return rc;
+	}
+	if (fields != NULL) {
+		g_hash_table_replace(r->fields, tp, g_strdup(fields));
+		free(fields);
+	}
+	return 0;
+}
+
+void te_region_detach(te_engine *e, te_transport_inst *tp, te_region *r)
+{
+	(void)e;
+	if (TE_HAS_OP(tp->ops, mem_unregister))
+		tp->ops->mem_unregister(tp->ctx, r->addr, r->length);
+	g_hash_table_remove(r->fields, tp);
+}
+
+static void region_remove_locked(te_memreg *m, te_region *r)
+{
+	g_ptr_array_remove(m->regions, r);
+}
+
+static gint cmp_region(gconstpointer a, gconstpointer b)
+{
+	const te_region *x = *(te_region *const *)a, *y = *(te_region *const *)b;
+	return (uintptr_t)x->addr < (uintptr_t)y->addr ? -1 : (uintptr_t)x->addr > (uintptr_t)y->addr;
+}
+
+/* Waits until no remote request holds the region, then lets transports go. */
+static void region_retire(te_engine *e, te_region *r)
+{
+	g_mutex_lock(&e->mem.pin_lock);
+	while (atomic_load(&r->pins) > 0)
+		g_cond_wait(&e->mem.pin_cond, &e->mem.pin_lock);
+	g_mutex_unlock(&e->mem.pin_lock);
+	for (guint i = 0; i < e->transports->len; i++)
+		te_region_detach(e, g_ptr_array_index(e->transports, i), r);
+	region_free(r);
+}
+
+int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t n)
+{
+	GPtrArray *added;
+	int rc = 0;
+
+	if (e == NULL || (regs == NULL && n > 0)) {
+		te_err("te_register_memory: NULL %s", e == NULL ? "engine" : "regions");
+		return -EINVAL;
+	}
+	if (n == 0)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		if ((rc = check_region(&regs[i], i)) < 0)
+			return rc;
+		for (size_t j = 0; j < i; j++)
+			if (overlaps((uintptr_t)regs[i].addr, regs[i].length, (uintptr_t)regs[j].addr,
+				     regs[j].length)) {
+				te_err("register memory: %p+%zu overlaps %p+%zu in the same call",
+				       regs[i].addr, regs[i].length, regs[j].addr, regs[j].length);
+				return TE_ERR_OVERLAP;
+			}
+	}
+
+	g_rec_mutex_lock(&e->ctl);
+	added = g_ptr_array_new();
+	g_rw_lock_writer_lock(&e->mem.lock);
+	for (size_t i = 0; i < n; i++) {
+		for (guint k = 0; k < e->mem.regions->len; k++) {
+			te_region *o = g_ptr_array_index(e->mem.regions, k);
+			if (overlaps((uintptr_t)regs[i].addr, regs[i].length, (uintptr_t)o->addr,
+				     o->length)) {
+				te_err("register memory: %p+%zu overlaps registered %p+%zu", regs[i].addr,
+				       regs[i].length, o->addr, o->length);
+				rc = TE_ERR_OVERLAP;
+				break;
+			}
+		}
+		if (rc < 0)
+			break;
+	}
+	if (rc == 0) {
+		for (size_t i = 0; i < n; i++) {
+			te_region *r = g_new0(te_region, 1);
+			r->addr = regs[i].addr;
+			r->length = regs[i].length;
+			r->flags = regs[i].flags;
+			r->fields = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+			te_resolve_location(r->addr, r->length, regs[i].location, &r->location);
+			g_ptr_array_add(e->mem.regions, r);
+			g_ptr_array_add(added, r);
+		}
+		g_ptr_array_sort(e->mem.regions, cmp_region);
+	}
+	g_rw_lock_writer_unlock(&e->mem.lock);
+
+	/* Transports register outside the registry lock: RDMA pins pages, slow. */
+	for (guint i = 0; rc == 0 && i < added->len; i++) {
+		te_region *r = g_ptr_array_index(added, i);
+		for (guint t = 0; rc == 0 && t < e->transports->len; t++)
+			rc = te_region_attach(e, g_ptr_array_index(e->transports, t), r);
+	}
+	if (rc < 0) {
+		g_rw_lock_writer_lock(&e->mem.lock);
+		for (guint i = 0; i < added->len; i++)
+			region_remove_locked(&e->mem, g_ptr_array_index(added, i));
+		g_rw_lock_writer_unlock(&e->mem.lock);
+		for (guint i = 0; i < added->len; i++)
+			region_retire(e, g_ptr_array_index(added, i));
+	} else {
+		for (guint i = 0; i < added->len; i++) {
+			te_region *r = g_ptr_array_index(added, i);
+			te_dbg("registered %p+%zu at %s%s", r->addr, r->length, r->location,
+			       (r->flags & TE_MEM_REMOTE_ACCESS) ? " (remote access)" : "");
+		}
+		int prc = te_engine_publish(e);
+		if (prc < 0)
+			te_warn("memory registered, but publishing the descriptor failed: %s",
+				te_strerror(prc));
+	}
+	g_ptr_array_unref(added);
+	g_rec_mutex_unlock(&e->ctl);
+	return rc;
+}
+
+int te_register_memory(te_engine *e, void *addr, size_t length, const char *location, unsigned flags)
+{
+	te_memory_region r = { addr, length, location, flags };
+	return te_register_memory_batch(e, &r, 1);
+}
+
+int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
+{
+	GPtrArray *gone;
+	int rc = 0;
+
+	if (e == NULL || (addrs == NULL && n > 0)) {
+		te_err("te_unregister_memory: NULL %s", e == NULL ? "engine" : "address list");
+		return -EINVAL;
+	}
+	if (n == 0)
+		return 0;
+	g_rec_mutex_lock(&e->ctl);
+	gone = g_ptr_array_new();
+	g_rw_lock_writer_lock(&e->mem.lock);
+	for (size_t i = 0; i < n; i++) {
+		gssize k = addrs[i] ? floor_index(&e->mem, (uintptr_t)addrs[i]) : -1;
+		te_region *r = k >= 0 ? g_ptr_array_index(e->mem.regions, k) : NULL;
+		if (r == NULL || r->addr != addrs[i] || g_ptr_array_find(gone, r, NULL)) {
+			te_err("unregister memory: %p is not the start of a registered region", addrs[i]);
+			rc = -ENOENT;
+			break;
+		}
+		g_ptr_array_add(gone, r);
+	}
+	if (rc == 0) {
+		for (guint i = 0; i < gone->len; i++) {
+			te_region *r = g_ptr_array_index(gone, i);
+			r->dying = true;
+			region_remove_locked(&e->mem, r);
+		}
+	}
+	g_rw_lock_writer_unlock(&e->mem.lock);
+	if (rc == 0) {
+		int prc = te_engine_publish(e);
+		if (prc < 0)
+			te_warn("memory unregistered, but publishing the descriptor failed: %s",
+				te_strerror(prc));
+		for (guint i = 0; i < gone->len; i++)
+			region_retire(e, g_ptr_array_index(gone, i));
+	}
+	g_ptr_array_unref(gone);
+	g_rec_mutex_unlock(&e->ctl);
+	return rc;
+}
+
+int te_unregister_memory(te_engine *e, void *addr)
+{
+	return te_unregister_memory_batch(e, &addr, 1);
+}

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Notifications: short texts sent to a segment's owner over the RPC socket
+ * (Notify frame) and queued on arrival until the application fetches them. */
+#include <json-glib/json-glib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define QUEUE_MAX 65536
+
+static void notification_free(te_notification *n)
+{
+	g_free(n->name);
+	g_free(n->msg);
+	g_free(n);
+}
+
+int te_notify_enqueue(te_engine *e, const char *name, const char *msg)
+{
+	te_notification *n = g_new0(te_notification, 1);
+
+	n->name = g_strdup(name);
+	n->msg = g_strdup(msg);
+	g_mutex_lock(&e->notify_lock);
+	if (g_queue_get_length(&e->notifications) >= QUEUE_MAX) {
+		/* An application that never fetches must not grow us without end. */
+		notification_free(g_queue_pop_head(&e->notifications));
+		te_warn("notification queue full (%d): dropped the oldest", QUEUE_MAX);
+	}
+	g_queue_push_tail(&e->notifications, n);
+	g_mutex_unlock(&e->notify_lock);
+	return 0;
+}
+
+void te_notify_clear(te_engine *e)
+{
+	g_mutex_lock(&e->notify_lock);
+	g_queue_clear_full(&e->notifications, (GDestroyNotify)notification_free);
+	g_mutex_unlock(&e->notify_lock);
+}
+
+static char *notify_json(const char *name, const char *msg)
+{
+	JsonBuilder *b = json_builder_new();
+	JsonGenerator *g = json_generator_new();
+	char *out;
+
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "name");
+	json_builder_add_string_value(b, name);
+	json_builder_set_member_name(b, "notify_msg");
+	json_builder_add_string_value(b, msg);
+	json_builder_end_object(b);
+	JsonNode *root = json_builder_get_root(b);
+	json_generator_set_root(g, root);
+	out = json_generator_to_data(g, NULL);
+	json_node_unref(root);
+	g_object_unref(g);
+	g_object_unref(b);
+	return out;
+}
+
+int te_notify_rpc(void *user, const char *peer, const char *body, size_t len, char **reply,
+		  size_t *reply_len)
+{
+	te_engine *e = user;
+	JsonParser *p = json_parser_new_immutable();
+	JsonNode *root, *nn, *mn;
+	int rc = TE_ERR_PROTOCOL;
+
+	if (!json_parser_load_from_data(p, body, (gssize)len, NULL) ||
+	    (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+		te_warn("notify from %s: body is not a JSON object", peer);
+		goto out;
+	}
+	nn = json_object_get_member(json_node_get_object(root), "name");
+	mn = json_object_get_member(json_node_get_object(root), "notify_msg");
+	if (nn == NULL || mn == NULL || json_node_get_value_type(nn) != G_TYPE_STRING ||
+	    json_node_get_value_type(mn) != G_TYPE_STRING) {
+		te_warn("notify from %s: \"name\" and \"notify_msg\" must be strings", peer);
+		goto out;
+	}
+	const char *msg = json_node_get_string(mn);
+	if (strlen(msg) > TE_NOTIFY_MAX) {
+		te_warn("notify from %s: message longer than %d bytes", peer, TE_NOTIFY_MAX);
+		goto out;
+	}
+	te_notify_enqueue(e, json_node_get_string(nn), msg);
+	char *r = notify_json("", "success");
+	*reply = strdup(r);
+	g_free(r);
+	*reply_len = *reply ? strlen(*reply) : 0;
+	rc = *reply ? 0 : -ENOMEM;
+out:
+	g_object_unref(p);
+	return rc;
+}
+
+int te_notify_send_name(te_engine *e, const char *segment_name, const char *msg)
+{
+	char *host = NULL, *body, *reply = NULL;
+	size_t reply_len = 0;
+	int port = 0, rc;
+
+	rc = te_engine_resolve_rpc(e, segment_name, &host, &port);
+	if (rc < 0)
+		return rc;
+	body = notify_json(e->name, msg);
+	rc = te_rpc_call_addr(host, port, TE_RPC_NOTIFY, body, strlen(body), &reply, &reply_len, 0);
+	g_free(body);
+	if (rc == 0 && (reply == NULL || strstr(reply, "\"success\"") == NULL)) {
+		te_warn("notify to %s: peer answered %.200s", segment_name, reply ? reply : "nothing");
+		rc = TE_ERR_REJECTED;
+	} else if (rc < 0) {
+		te_err("notify to %s (%s:%d) failed: %s", segment_name, host, port, te_strerror(rc));
+	}
+	free(reply);
+	g_free(host);
+	return rc;
+}
+
+int te_notify_send(te_engine *e, te_segment_id seg, const char *msg)
+{
+	char *name;
+	int rc;
+
+	if (e == NULL || msg == NULL) {
+		te_err("te_notify_send: NULL %s", e == NULL ? "engine" : "message");
+		return -EINVAL;
+	}
+	if (strlen(msg) > TE_NOTIFY_MAX) {
+		te_err("te_notify_send: message longer than %d bytes", TE_NOTIFY_MAX);
+		return -EMSGSIZE;
+	}
+	name = te_segment_name(e, seg);
+	if (name == NULL) {
+		te_err("te_notify_send: unknown segment id %d", seg);
+		return TE_ERR_SEGMENT;
+	}
+	rc = te_notify_send_name(e, name, msg);
+	g_free(name);
+	return rc;
+}
+
+int te_notify_fetch(te_engine *e, te_notification **out, size_t *count)
+{
+	if (e == NULL || out == NULL || count == NULL) {
+		te_err("te_notify_fetch: NULL argument");
+		return -EINVAL;
+	}
+	*out = NULL;
+	*count = 0;
+	g_mutex_lock(&e->notify_lock);
+	size_t n = g_queue_get_length(&e->notifications);
+	if (n > 0) {
+		te_notification *arr = calloc(n, sizeof *arr);
+		if (arr == NULL) {
+			g_mutex_unlock(&e->notify_lock);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < n; i++) {
+			te_notification *q = g_queue_pop_head(&e->notifications);
+			arr[i].name = strdup(q->name);
+			arr[i].msg = strdup(q->msg);
+			notification_free(q);
+		}
+		*out = arr;
+		*count = n;
+	}
+	g_mutex_unlock(&e->notify_lock);
+	return 0;
+}
+
+void te_notifications_free(te_notification *list, size_t count)
+{
+	if (list == NULL)
+		return;
+	for (size_t i = 0; i < count; i++) {
+		free(list[i].name);
+		free(list[i].msg);
+	}
+	free(list);
+}

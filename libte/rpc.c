@@ -1,0 +1,521 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The RPC/handshake socket (wire-compat.md section 3). A frame is a native
+ * u64 length (little-endian on every platform we run on, written as LE), a
+ * type byte and a JSON body. The server reads one frame per connection,
+ * answers with one frame of the same type, shuts its side down and waits for
+ * the peer to close. Every read has a deadline and every length a bound, so a
+ * stray HTTP or TLS probe, a slow or a hostile peer costs one closed
+ * connection and a log line.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define CONNECT_TIMEOUT_MS 5000
+#define CLIENT_RECV_TIMEOUT_MS 60000
+#define SERVER_FRAME_TIMEOUT_MS 10000
+#define SERVER_LINGER_MS 5000
+#define MAX_CONNECTIONS 64
+
+struct te_rpc_server {
+	te_engine *engine;
+	int fd;
+	int wake_fd;
+	GThread *thread;
+	GThreadPool *workers;
+	GMutex lock;
+	GHashTable *active; /* fd → fd, open connections */
+	bool stopping;
+};
+
+static GOnce max_frame_once = G_ONCE_INIT;
+
+static gpointer read_max_frame(gpointer unused)
+{
+	(void)unused;
+	const char *s = te_env2("TE_RPC_MAX_FRAME", "MC_RPC_MAX_FRAME");
+	uint64_t v = TE_RPC_DEFAULT_MAX_FRAME;
+
+	if (s != NULL && (!te_parse_u64(s, &v) || v < 64 || v > TE_RPC_HARD_MAX_FRAME)) {
+		te_warn("TE_RPC_MAX_FRAME=%s is outside [64, %u]; using %u", s, TE_RPC_HARD_MAX_FRAME,
+			TE_RPC_DEFAULT_MAX_FRAME);
+		v = TE_RPC_DEFAULT_MAX_FRAME;
+	}
+	return GSIZE_TO_POINTER((gsize)v);
+}
+
+size_t te_rpc_max_frame(void)
+{
+	return GPOINTER_TO_SIZE(g_once(&max_frame_once, read_max_frame, NULL));
+}
+
+/* ------------------------------------------------------------- socket I/O */
+
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+	for (;;) {
+		int64_t left = deadline - te_now_ms();
+		struct pollfd p = { .fd = fd, .events = events };
+		if (left <= 0)
+			return -ETIMEDOUT;
+		int rc = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+		if (rc > 0)
+			return 0;
+		if (rc == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+static int read_full(int fd, void *buf, size_t n, int64_t deadline)
+{
+	char *p = buf;
+
+	while (n > 0) {
+		ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+		if (r > 0) {
+			p += r;
+			n -= (size_t)r;
+			continue;
+		}
+		if (r == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int rc = wait_fd(fd, POLLIN, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n, int64_t deadline)
+{
+	const char *p = buf;
+
+	while (n > 0) {
+		ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int rc = wait_fd(fd, POLLOUT, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* Writes one frame. `type` < 0: an old-style frame without a type byte. */
+static int write_frame(int fd, int type, const char *body, size_t len, int64_t deadline)
+{
+	unsigned char hdr[9];
+	size_t hl = 8;
+	uint64_t total = len + (type >= 0 ? 1 : 0);
+
+	total = htole64(total);
+	memcpy(hdr, &total, 8);
+	if (type >= 0)
+		hdr[hl++] = (unsigned char)type;
+	int rc = write_full(fd, hdr, hl, deadline);
+	return rc < 0 ? rc : write_full(fd, body, len, deadline);
+}
+
+/* Reads one frame; the body comes back NUL-terminated without the type byte.
+ * *type is -1 for an old-style frame (treated as Connection by callers). */
+static int read_frame(int fd, int *type, char **body, size_t *len, int64_t deadline,
+		      const char *peer)
+{
+	uint64_t n;
+	char *buf;
+	int rc;
+
+	*body = NULL;
+	rc = read_full(fd, &n, 8, deadline);
+	if (rc < 0)
+		return rc;
+	n = le64toh(n);
+	if (n == 0 || n > te_rpc_max_frame()) {
+		te_warn("rpc: frame from %s claims %llu bytes (allowed 1..%zu); closing", peer,
+			(unsigned long long)n, te_rpc_max_frame());
+		return TE_ERR_PROTOCOL;
+	}
+	buf = g_malloc(n + 1);
+	rc = read_full(fd, buf, n, deadline);
+	if (rc < 0) {
+		g_free(buf);
+		return rc;
+	}
+	buf[n] = '\0';
+	if ((unsigned char)buf[0] <= TE_RPC_PROBE) {
+		*type = buf[0];
+		memmove(buf, buf + 1, n); /* moves the NUL too */
+		*len = n - 1;
+	} else {
+		*type = -1;
+		*len = n;
+	}
+	*body = buf;
+	return 0;
+}
+
+static void peer_name(const struct sockaddr_storage *ss, char *buf, size_t size)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	int port = 0;
+
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *a = (const void *)ss;
+		inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+		port = ntohs(a->sin_port);
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const void *)ss;
+		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+		port = ntohs(a->sin6_port);
+	}
+	snprintf(buf, size, "%s:%d", host, port);
+}
+
+/* ---------------------------------------------------------------- server */
+
+typedef struct conn_job {
+	int fd;
+	char peer[64];
+} conn_job;
+
+static int handle_builtin(te_engine *e, int type, const char *body, size_t len, char **reply,
+			  size_t *reply_len, const char *peer)
+{
+	(void)body;
+	(void)len;
+	if (type == TE_RPC_PROBE) {
+		*reply = strdup("{\"status\":\"success\"}");
+	} else { /* Metadata: answer with our descriptor */
+		/* The cached copy: encoding here would need the control lock, and two
+		 * engines opening each other at once would wait on each other. */
+		g_mutex_lock(&e->desc_lock);
+		*reply = e->desc_cache ? strdup(e->desc_cache) : NULL;
+		g_mutex_unlock(&e->desc_lock);
+		te_dbg("rpc: sent descriptor to %s", peer);
+	}
+	if (*reply == NULL)
+		return -ENOMEM;
+	*reply_len = strlen(*reply);
+	return 0;
+}
+
+static void serve_conn(gpointer data, gpointer user)
+{
+	conn_job *job = data;
+	te_rpc_server *s = user;
+	te_engine *e = s->engine;
+	int64_t deadline = te_now_ms() + SERVER_FRAME_TIMEOUT_MS;
+	char *body = NULL, *reply = NULL;
+	size_t len = 0, reply_len = 0;
+	int type = 0, rc;
+
+	rc = read_frame(job->fd, &type, &body, &len, deadline, job->peer);
+	if (rc < 0) {
+		if (rc != TE_ERR_PROTOCOL)
+			te_dbg("rpc: reading a frame from %s: %s", job->peer, te_strerror(rc));
+		goto out;
+	}
+	int kind = type < 0 ? TE_RPC_CONNECTION : type;
+	if (kind == TE_RPC_PROBE || kind == TE_RPC_METADATA) {
+		rc = handle_builtin(e, kind, body, len, &reply, &reply_len, job->peer);
+	} else {
+		g_rw_lock_reader_lock(&e->rpc_lock);
+		te_rpc_handler_slot slot = e->handlers[kind];
+		if (slot.fn == NULL) {
+			g_rw_lock_reader_unlock(&e->rpc_lock);
+			te_warn("rpc: %s frame from %s but nothing handles it; closing",
+				kind == TE_RPC_CONNECTION ? "Connection" : "Notify", job->peer);
+			goto out;
+		}
+		/* Held across the call: unregistering a handler waits for it. */
+		rc = slot.fn(slot.user, job->peer, body, len, &reply, &reply_len);
+		g_rw_lock_reader_unlock(&e->rpc_lock);
+	}
+	if (rc < 0 || reply == NULL) {
+		te_warn("rpc: request from %s refused: %s", job->peer, te_strerror(rc < 0 ? rc : -EINVAL));
+		goto out;
+	}
+	rc = write_frame(job->fd, type, reply, reply_len, te_now_ms() + SERVER_FRAME_TIMEOUT_MS);
+	if (rc < 0) {
+		te_dbg("rpc: reply to %s failed: %s", job->peer, te_strerror(rc));
+		goto out;
+	}
+	shutdown(job->fd, SHUT_WR);
+	/* Wait for the peer's close so it surely read the reply. */
+	char sink[256];
+	int64_t linger = te_now_ms() + SERVER_LINGER_MS;
+	while (wait_fd(job->fd, POLLIN, linger) == 0 && recv(job->fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+		;
+out:
+	g_free(body);
+	free(reply);
+	g_mutex_lock(&s->lock);
+	g_hash_table_remove(s->active, GINT_TO_POINTER(job->fd));
+	g_mutex_unlock(&s->lock);
+	close(job->fd);
+	g_free(job);
+}
+
+static gpointer accept_loop(gpointer data)
+{
+	te_rpc_server *s = data;
+	struct pollfd pf[2] = { { .fd = s->fd, .events = POLLIN }, { .fd = s->wake_fd, .events = POLLIN } };
+
+	for (;;) {
+		if (poll(pf, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			te_err("rpc: poll failed: %s", g_strerror(errno));
+			break;
+		}
+		if (pf[1].revents)
+			break;
+		if (!(pf[0].revents & POLLIN))
+			continue;
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof ss;
+		int fd = accept4(s->fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0) {
+			if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED)
+				te_warn("rpc: accept failed: %s", g_strerror(errno));
+			if (errno == EMFILE || errno == ENFILE)
+				g_usleep(10000);
+			continue;
+		}
+		conn_job *job = g_new0(conn_job, 1);
+		job->fd = fd;
+		peer_name(&ss, job->peer, sizeof job->peer);
+		g_mutex_lock(&s->lock);
+		bool full = g_hash_table_size(s->active) >= MAX_CONNECTIONS || s->stopping;
+		if (!full)
+			g_hash_table_add(s->active, GINT_TO_POINTER(fd));
+		g_mutex_unlock(&s->lock);
+		if (full) {
+			te_warn("rpc: too many open connections; closing the one from %s", job->peer);
+			close(fd);
+			g_free(job);
+			continue;
+		}
+		g_thread_pool_push(s->workers, job, NULL);
+	}
+	return NULL;
+}
+
+static int bind_port(int fd, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+
+	a.sin_addr.s_addr = htonl(INADDR_ANY);
+	return bind(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : -errno;
+}
+
+int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_server **out)
+{
+	te_rpc_server *s;
+	int fd, rc = -EADDRINUSE, one = 1;
+	uint64_t lo = 15000, hi = 17000, backlog = 128;
+	const char *v;
+
+	*out = NULL;
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if ((v = te_env2("TE_MIN_RPC_PORT", "MC_MIN_PRC_PORT")) && (!te_parse_u64(v, &lo) || lo > 65535))
+		lo = 15000;
+	if ((v = te_env2("TE_MAX_RPC_PORT", "MC_MAX_PRC_PORT")) && (!te_parse_u64(v, &hi) || hi > 65535))
+		hi = 17000;
+	if (hi < lo)
+		hi = lo;
+	if ((v = te_env2("TE_HANDSHAKE_LISTEN_BACKLOG", "MC_HANDSHAKE_LISTEN_BACKLOG")) &&
+	    (!te_parse_u64(v, &backlog) || backlog == 0 || backlog > 65535))
+		backlog = 128;
+
+	if (port_wanted > 0) {
+		rc = bind_port(fd, port_wanted);
+		if (rc == 0)
+			*port_out = port_wanted;
+	} else {
+		uint64_t span = hi - lo + 1;
+		uint64_t start = (uint64_t)g_random_int_range(0, (gint32)span);
+		for (uint64_t i = 0; i < span && rc < 0; i++) {
+			int p = (int)(lo + (start + i) % span);
+			rc = bind_port(fd, p);
+			if (rc == 0)
+				*port_out = p;
+			else if (rc != -EADDRINUSE)
+				break;
+		}
+	}
+	if (rc < 0) {
+		te_err("rpc: cannot bind port %s%d: %s", port_wanted > 0 ? "" : "in range from ",
+		       port_wanted > 0 ? port_wanted : (int)lo, te_strerror(rc));
+		close(fd);
+		return rc;
+	}
+	if (listen(fd, (int)backlog) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	s = g_new0(te_rpc_server, 1);
+	s->engine = e;
+	s->fd = fd;
+	s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	g_mutex_init(&s->lock);
+	s->active = g_hash_table_new(g_direct_hash, g_direct_equal);
+	s->workers = g_thread_pool_new(serve_conn, s, 16, FALSE, NULL);
+	s->thread = g_thread_new("te-rpc", accept_loop, s);
+	*out = s;
+	return 0;
+}
+
+static void shut_active(gpointer key, gpointer value, gpointer user)
+{
+	(void)value;
+	(void)user;
+	shutdown(GPOINTER_TO_INT(key), SHUT_RDWR);
+}
+
+void te_rpc_server_stop(te_rpc_server *s)
+{
+	uint64_t one = 1;
+
+	if (s == NULL)
+		return;
+	g_mutex_lock(&s->lock);
+	s->stopping = true;
+	g_mutex_unlock(&s->lock);
+	if (write(s->wake_fd, &one, sizeof one) < 0)
+		te_warn("rpc: cannot wake the accept thread: %s", g_strerror(errno));
+	g_thread_join(s->thread);
+	close(s->fd);
+	/* Connections in progress end quickly once their sockets are shut. */
+	g_mutex_lock(&s->lock);
+	g_hash_table_foreach(s->active, shut_active, NULL);
+	g_mutex_unlock(&s->lock);
+	g_thread_pool_free(s->workers, FALSE, TRUE);
+	close(s->wake_fd);
+	g_hash_table_unref(s->active);
+	g_mutex_clear(&s->lock);
+	g_free(s);
+}
+
+/* ---------------------------------------------------------------- client */
+
+static int connect_to(const char *host, int port, int64_t deadline, int *out)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res = NULL;
+	char ps[16];
+	int rc, last = -ECONNREFUSED;
+
+	snprintf(ps, sizeof ps, "%d", port);
+	rc = getaddrinfo(host, ps, &hints, &res);
+	if (rc != 0) {
+		te_warn("rpc: cannot resolve '%s': %s", host, gai_strerror(rc));
+		return -EHOSTUNREACH;
+	}
+	for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+		if (fd < 0) {
+			last = -errno;
+			continue;
+		}
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS) {
+			last = -errno;
+			close(fd);
+			continue;
+		}
+		rc = wait_fd(fd, POLLOUT, deadline);
+		if (rc == 0) {
+			int err = 0;
+			socklen_t el = sizeof err;
+			getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+			rc = err ? -err : 0;
+		}
+		if (rc == 0) {
+			int one = 1;
+			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+			freeaddrinfo(res);
+			*out = fd;
+			return 0;
+		}
+		last = rc;
+		close(fd);
+	}
+	freeaddrinfo(res);
+	return last;
+}
+
+int te_rpc_call_addr(const char *host, int port, int type, const char *body, size_t len,
+		     char **reply, size_t *reply_len, int timeout_ms)
+{
+	int fd = -1, rtype = 0, rc;
+	char peer[TE_MAX_NAME + 16];
+
+	*reply = NULL;
+	*reply_len = 0;
+	if (host == NULL || port <= 0 || port > 65535 || type < 0 || type > TE_RPC_PROBE)
+		return -EINVAL;
+	if (len + 1 > te_rpc_max_frame()) {
+		te_err("rpc: a %zu-byte request exceeds the frame limit %zu", len, te_rpc_max_frame());
+		return -EMSGSIZE;
+	}
+	snprintf(peer, sizeof peer, "%s:%d", host, port);
+	rc = connect_to(host, port, te_now_ms() + CONNECT_TIMEOUT_MS, &fd);
+	if (rc < 0) {
+		te_dbg("rpc: connect to %s failed: %s", peer, te_strerror(rc));
+		return rc;
+	}
+	int64_t deadline = te_now_ms() + (timeout_ms > 0 ? timeout_ms : CLIENT_RECV_TIMEOUT_MS);
+	rc = write_frame(fd, type, body, len, deadline);
+	if (rc == 0) {
+		char *r = NULL;
+		size_t rl = 0;
+		rc = read_frame(fd, &rtype, &r, &rl, deadline, peer);
+		if (rc == 0 && rtype != type) {
+			te_warn("rpc: %s answered a type %d frame with type %d", peer, type, rtype);
+			g_free(r);
+			rc = TE_ERR_PROTOCOL;
+		} else if (rc == 0) {
+			*reply = malloc(rl + 1);
+			if (*reply == NULL) {
+				rc = -ENOMEM;
+			} else {
+				memcpy(*reply, r, rl + 1);
+				*reply_len = rl;
+			}
+			g_free(r);
+		}
+	}
+	close(fd);
+	if (rc < 0)
+		te_dbg("rpc: exchange with %s failed: %s", peer, te_strerror(rc));
+	return rc;
+}

@@ -1,0 +1,467 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Remote segments. A segment id names a te_segment; its current version
+ * (te_segver) holds the decoded descriptor and the transport serving it.
+ * Tasks reference the version they were submitted against, so a refresh or a
+ * close never pulls a descriptor or a transport context from under a
+ * transfer: the old version is released when its last task finishes.
+ */
+#include <json-glib/json-glib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---------------------------------------------------------- versions */
+
+static void segver_release(te_segver *sv)
+{
+	if (sv->tp != NULL) {
+		if (TE_HAS_OP(sv->tp->ops, segment_close))
+			sv->tp->ops->segment_close(sv->tp->ctx, sv->seg_ctx);
+		atomic_fetch_sub(&sv->tp->segvers, 1);
+	}
+	te_desc_free(sv->desc);
+	g_free(sv->host);
+	g_free(sv->infobufs);
+	g_free(sv);
+}
+
+void te_segver_reap(gpointer data, gpointer user)
+{
+	(void)user;
+	segver_release(data);
+}
+
+void te_segver_unref(te_segver *sv, bool from_completion)
+{
+	if (sv == NULL || atomic_fetch_sub_explicit(&sv->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	/* Completions run on transport threads: closing the transport's segment
+	 * context from there could re-enter it, so hand the release over. */
+	if (from_completion)
+		g_thread_pool_push(sv->engine->reaper, sv, NULL);
+	else
+		segver_release(sv);
+}
+
+/* Binds a decoded descriptor to a transport: the forced one, else the one the
+ * descriptor names, else any installed one that accepts it. */
+static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_port,
+		      const char *forced, te_transport_inst *skip, te_segver **out)
+{
+	te_segver *sv = g_new0(te_segver, 1);
+	int rc = TE_ERR_NO_TRANSPORT, last = 0;
+
+	atomic_init(&sv->refs, 1);
+	sv->engine = e;
+	sv->desc = desc;
+	sv->host = g_strdup(host);
+	sv->rpc_port = rpc_port;
+	sv->infobufs = g_new0(te_buffer_desc, desc->n_buffers ? desc->n_buffers : 1);
+	for (size_t i = 0; i < desc->n_buffers; i++)
+		sv->infobufs[i] = (te_buffer_desc){ desc->buffers[i].addr, desc->buffers[i].length,
+						    desc->buffers[i].name };
+	te_segment_info info = {
+		.size = sizeof info,
+		.name = desc->name,
+		.host = sv->host,
+		.rpc_port = (uint16_t)rpc_port,
+		.protocol = desc->protocol,
+		.descriptor = desc->json,
+		.buffers = sv->infobufs,
+		.n_buffers = desc->n_buffers,
+	};
+	unsigned want = desc->file_segment ? TE_TRANSPORT_FILES : TE_TRANSPORT_MEMORY;
+
+	/* Two passes: the transport the descriptor names first, then the rest. */
+	for (int pass = 0; pass < 2 && rc < 0; pass++) {
+		for (guint i = 0; i < e->transports->len && rc < 0; i++) {
+			te_transport_inst *tp = g_ptr_array_index(e->transports, i);
+			const char *tn = tp->hc.plugin->name;
+			if (tp == skip)
+				continue;
+			if (forced != NULL) {
+				if (pass == 1 || strcmp(forced, tn) != 0)
+					continue;
+			} else if (pass == 0 ? strcmp(tn, desc->protocol) != 0
+					     : (strcmp(tn, desc->protocol) == 0 || !(tp->ops->flags & want))) {
+				continue;
+			}
+			last = tp->ops->segment_open(tp->ctx, &info, &sv->seg_ctx);
+			if (last == 0) {
+				sv->tp = tp;
+				atomic_fetch_add(&tp->segvers, 1);
+				rc = 0;
+			} else {
+				te_dbg("transport %s declined segment %s: %s", tn, desc->name, te_strerror(last));
+			}
+		}
+	}
+	if (rc < 0) {
+		if (forced)
+			te_err("segment %s: transport '%s' is not installed or cannot serve it%s%s", desc->name,
+			       forced, last ? ": " : "", last ? te_strerror(last) : "");
+		else
+			te_err("segment %s (protocol %s): no installed transport serves it", desc->name,
+			       desc->protocol);
+		sv->desc = NULL; /* the caller still owns it */
+		g_free(sv->host);
+		g_free(sv->infobufs);
+		g_free(sv);
+		return rc;
+	}
+	*out = sv;
+	return 0;
+}
+
+/* --------------------------------------------------------- resolution */
+
+static int parse_rpc_meta(const char *json, size_t len, char **host, int *port)
+{
+	JsonParser *p = json_parser_new_immutable();
+	JsonNode *root;
+	JsonObject *o;
+	int rc = TE_ERR_METADATA;
+
+	if (!json_parser_load_from_data(p, json, (gssize)len, NULL) ||
+	    (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root))
+		goto out;
+	o = json_node_get_object(root);
+	JsonNode *h = json_object_get_member(o, "ip_or_host_name");
+	JsonNode *pt = json_object_get_member(o, "rpc_port");
+	if (h == NULL || pt == NULL || json_node_get_value_type(h) != G_TYPE_STRING ||
+	    json_node_get_value_type(pt) != G_TYPE_INT64)
+		goto out;
+	gint64 pv = json_node_get_int(pt);
+	const char *hs = json_node_get_string(h);
+	if (pv <= 0 || pv > 65535 || hs == NULL || *hs == '\0' || strlen(hs) >= TE_MAX_NAME)
+		goto out;
+	*host = g_strdup(hs);
+	*port = (int)pv;
+	rc = 0;
+out:
+	g_object_unref(p);
+	return rc;
+}
+
+int te_engine_resolve_rpc(te_engine *e, const char *name, char **host, int *port)
+{
+	char key[TE_MAX_NAME + 64];
+	char *val = NULL;
+	size_t len = 0;
+	int rc;
+
+	*host = NULL;
+	if (e->md->p2p) {
+		rc = te_split_host_port(name, host, port);
+		if (rc < 0 || *port <= 0) {
+			g_free(*host);
+			*host = NULL;
+			te_err("P2PHANDSHAKE: segment name '%s' is not host:port", name);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	rc = te_metadata_rpc_key(name, key, sizeof key);
+	if (rc < 0 || (size_t)rc >= sizeof key)
+		return -ENAMETOOLONG;
+	rc = te_metadata_get(e->md, key, &val, &len);
+	if (rc < 0) {
+		if (rc == -ENOENT)
+			te_err("segment %s: no RPC endpoint published under %s", name, key);
+		return rc;
+	}
+	rc = parse_rpc_meta(val, len, host, port);
+	if (rc < 0)
+		te_err("segment %s: malformed value under %s in %s: %.200s", name, key, e->md->conn, val);
+	free(val);
+	return rc;
+}
+
+/* Fetches and decodes the descriptor of `name`, with the peer's RPC address. */
+static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char **host, int *port)
+{
+	char *val = NULL;
+	size_t len = 0;
+	int rc;
+
+	*desc = NULL;
+	*host = NULL;
+	*port = 0;
+	if (e->md->p2p) {
+		rc = te_engine_resolve_rpc(e, name, host, port);
+		if (rc < 0)
+			return rc;
+		g_mutex_lock(&e->desc_lock);
+		char *mine = g_strdup(e->desc_cache ? e->desc_cache : "{}");
+		g_mutex_unlock(&e->desc_lock);
+		rc = te_rpc_call_addr(*host, *port, TE_RPC_METADATA, mine, strlen(mine), &val, &len, 0);
+		g_free(mine);
+		if (rc < 0) {
+			te_err("segment %s: descriptor exchange failed: %s", name, te_strerror(rc));
+			goto fail;
+		}
+	} else {
+		char key[TE_MAX_NAME + 64];
+		rc = te_metadata_segment_key(name, key, sizeof key);
+		if (rc < 0 || (size_t)rc >= sizeof key) {
+			rc = -ENAMETOOLONG;
+			goto fail;
+		}
+		rc = te_metadata_get(e->md, key, &val, &len);
+		if (rc < 0) {
+			if (rc == -ENOENT)
+				te_err("segment %s: no descriptor under %s in %s", name, key, e->md->conn);
+			goto fail;
+		}
+		if (strchr(name, '/') == NULL) { /* RAM segments have an RPC endpoint */
+			rc = te_engine_resolve_rpc(e, name, host, port);
+			if (rc < 0)
+				goto fail;
+		}
+	}
+	rc = te_desc_decode(val, len, desc);
+	if (rc < 0)
+		te_err("segment %s: malformed descriptor from %s", name, e->md->p2p ? *host : e->md->conn);
+fail:
+	free(val);
+	if (rc < 0) {
+		g_free(*host);
+		*host = NULL;
+	}
+	return rc;
+}
+
+/* ------------------------------------------------------------- public */
+
+static bool check_name(const char *name, const char *what)
+{
+	if (name == NULL || *name == '\0' || strlen(name) >= TE_MAX_NAME) {
+		te_err("%s: segment name is %s", what, name == NULL ? "NULL" : *name ? "too long" : "empty");
+		return false;
+	}
+	return true;
+}
+
+te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *transport)
+{
+	te_desc *desc = NULL;
+	char *host = NULL;
+	int port = 0, rc;
+	te_segver *sv = NULL;
+
+	if (e == NULL) {
+		te_err("te_segment_open: NULL engine");
+		return -EINVAL;
+	}
+	if (!check_name(name, "te_segment_open"))
+		return -EINVAL;
+	if (strcmp(name, e->name) == 0)
+		return TE_LOCAL_SEGMENT;
+
+	g_rec_mutex_lock(&e->ctl);
+	gpointer idp = g_hash_table_lookup(e->seg_by_name, name);
+	if (idp != NULL) {
+		te_segment *s = g_hash_table_lookup(e->segments, idp);
+		s->opens++;
+		g_rec_mutex_unlock(&e->ctl);
+		return GPOINTER_TO_INT(idp);
+	}
+	g_rec_mutex_unlock(&e->ctl);
+
+	/* Network I/O without the control lock (see rpc.c on mutual opens). */
+	rc = fetch_descriptor(e, name, &desc, &host, &port);
+	if (rc < 0)
+		return rc;
+
+	g_rec_mutex_lock(&e->ctl);
+	idp = g_hash_table_lookup(e->seg_by_name, name);
+	if (idp != NULL) { /* opened meanwhile by another thread */
+		te_segment *s = g_hash_table_lookup(e->segments, idp);
+		s->opens++;
+		g_rec_mutex_unlock(&e->ctl);
+		te_desc_free(desc);
+		g_free(host);
+		return GPOINTER_TO_INT(idp);
+	}
+	rc = segver_new(e, desc, host, port, transport, NULL, &sv);
+	g_free(host);
+	if (rc < 0) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_desc_free(desc);
+		return rc;
+	}
+	if (e->next_segment >= INT32_MAX) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_segver_unref(sv, false);
+		return -ENOSPC;
+	}
+	te_segment *s = g_new0(te_segment, 1);
+	s->name = g_strdup(name);
+	s->forced = g_strdup(transport);
+	s->opens = 1;
+	s->cur = sv;
+	int id = ++e->next_segment;
+	g_rw_lock_writer_lock(&e->data);
+	g_hash_table_insert(e->segments, GINT_TO_POINTER(id), s);
+	g_hash_table_insert(e->seg_by_name, s->name, GINT_TO_POINTER(id));
+	g_rw_lock_writer_unlock(&e->data);
+	g_rec_mutex_unlock(&e->ctl);
+	te_info("opened segment %s as id %d via %s", name, id, sv->tp->hc.plugin->name);
+	return id;
+}
+
+te_segment_id te_segment_open(te_engine *e, const char *name)
+{
+	return te_segment_open_with(e, name, NULL);
+}
+
+static void segment_free(te_segment *s)
+{
+	g_free(s->name);
+	g_free(s->forced);
+	g_free(s);
+}
+
+int te_segment_close(te_engine *e, te_segment_id id)
+{
+	te_segment *s;
+	te_segver *old = NULL;
+
+	if (e == NULL) {
+		te_err("te_segment_close: NULL engine");
+		return -EINVAL;
+	}
+	if (id == TE_LOCAL_SEGMENT)
+		return 0;
+	g_rec_mutex_lock(&e->ctl);
+	s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s == NULL) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_err("te_segment_close: unknown segment id %d", id);
+		return TE_ERR_SEGMENT;
+	}
+	if (--s->opens > 0) {
+		g_rec_mutex_unlock(&e->ctl);
+		return 0;
+	}
+	g_rw_lock_writer_lock(&e->data);
+	g_hash_table_remove(e->seg_by_name, s->name);
+	g_hash_table_remove(e->segments, GINT_TO_POINTER(id));
+	g_rw_lock_writer_unlock(&e->data);
+	old = s->cur;
+	segment_free(s);
+	te_segver_unref(old, false);
+	g_rec_mutex_unlock(&e->ctl);
+	return 0;
+}
+
+int te_segment_refresh(te_engine *e, te_segment_id id)
+{
+	te_segment *s;
+	te_desc *desc = NULL;
+	te_segver *sv = NULL, *old;
+	char *name, *host = NULL;
+	int port = 0, rc;
+
+	if (e == NULL) {
+		te_err("te_segment_refresh: NULL engine");
+		return -EINVAL;
+	}
+	if (id == TE_LOCAL_SEGMENT)
+		return 0;
+	g_rec_mutex_lock(&e->ctl);
+	s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	name = s ? g_strdup(s->name) : NULL;
+	g_rec_mutex_unlock(&e->ctl);
+	if (name == NULL) {
+		te_err("te_segment_refresh: unknown segment id %d", id);
+		return TE_ERR_SEGMENT;
+	}
+	rc = fetch_descriptor(e, name, &desc, &host, &port);
+	g_free(name);
+	if (rc < 0)
+		return rc;
+
+	g_rec_mutex_lock(&e->ctl);
+	s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s == NULL) {
+		rc = TE_ERR_SEGMENT;
+	} else {
+		rc = segver_new(e, desc, host, port, s->forced, NULL, &sv);
+		if (rc == 0) {
+			g_rw_lock_writer_lock(&e->data);
+			old = s->cur;
+			s->cur = sv;
+			g_rw_lock_writer_unlock(&e->data);
+			te_segver_unref(old, false);
+		}
+	}
+	g_rec_mutex_unlock(&e->ctl);
+	if (rc < 0)
+		te_desc_free(desc);
+	g_free(host);
+	return rc;
+}
+
+/* Called with ctl held when `tp` is being uninstalled: rebinds its segments
+ * to another transport where one accepts them. */
+void te_segments_detach_transport(te_engine *e, te_transport_inst *tp)
+{
+	GHashTableIter it;
+	gpointer k, v;
+
+	g_hash_table_iter_init(&it, e->segments);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		te_segment *s = v;
+		te_segver *old = s->cur, *nsv = NULL;
+		if (old == NULL || old->tp != tp)
+			continue;
+		te_desc *copy = NULL;
+		if (s->forced == NULL && te_desc_decode(old->desc->json, strlen(old->desc->json), &copy) == 0 &&
+		    segver_new(e, copy, old->host, old->rpc_port, NULL, tp, &nsv) < 0) {
+			te_desc_free(copy);
+			nsv = NULL;
+		}
+		g_rw_lock_writer_lock(&e->data);
+		s->cur = nsv;
+		g_rw_lock_writer_unlock(&e->data);
+		if (nsv == NULL)
+			te_warn("segment %s has no transport left; te_segment_refresh() after installing one",
+				s->name);
+		te_segver_unref(old, false);
+	}
+}
+
+void te_segments_clear(te_engine *e)
+{
+	GHashTableIter it;
+	gpointer k, v;
+
+	g_rw_lock_writer_lock(&e->data);
+	g_hash_table_iter_init(&it, e->segments);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		te_segment *s = v;
+		te_segver *sv = s->cur;
+		g_hash_table_iter_remove(&it);
+		segment_free(s);
+		te_segver_unref(sv, false);
+	}
+	g_hash_table_remove_all(e->seg_by_name);
+	g_rw_lock_writer_unlock(&e->data);
+}
+
+char *te_segment_name(te_engine *e, te_segment_id id)
+{
+	char *name = NULL;
+
+	if (id == TE_LOCAL_SEGMENT)
+		return g_strdup(e->name);
+	g_rec_mutex_lock(&e->ctl);
+	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s != NULL)
+		name = g_strdup(s->name);
+	g_rec_mutex_unlock(&e->ctl);
+	return name;
+}

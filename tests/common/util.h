@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Helpers shared by libte's C tests. */
+#ifndef TE_TEST_UTIL_H
+#define TE_TEST_UTIL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <string.h>
+#include <time.h>
+
+#include <te/te.h>
+
+#include "check.h"
+
+/* Captures log lines so tests can check that errors name what was wrong. */
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static char cap_buf[65536];
+static size_t cap_len;
+
+static void cap_log(int level, const char *domain, const char *msg, void *user)
+{
+	(void)user;
+	pthread_mutex_lock(&cap_lock);
+	int n = snprintf(cap_buf + cap_len, sizeof cap_buf - cap_len, "%d %s %s\n", level, domain, msg);
+	if (n > 0 && (size_t)n < sizeof cap_buf - cap_len)
+		cap_len += (size_t)n;
+	pthread_mutex_unlock(&cap_lock);
+	if (getenv("TEST_VERBOSE"))
+		fprintf(stderr, "  log[%d %s] %s\n", level, domain, msg);
+}
+
+static inline void cap_start(void)
+{
+	pthread_mutex_lock(&cap_lock);
+	cap_len = 0;
+	cap_buf[0] = '\0';
+	pthread_mutex_unlock(&cap_lock);
+	te_set_log_handler(cap_log, NULL);
+}
+
+static inline int cap_has(const char *needle)
+{
+	pthread_mutex_lock(&cap_lock);
+	int r = strstr(cap_buf, needle) != NULL;
+	pthread_mutex_unlock(&cap_lock);
+	if (!r)
+		fprintf(stderr, "  (log lacks \"%s\"; it holds: %.400s)\n", needle, cap_buf);
+	return r;
+}
+
+static inline te_engine *p2p_engine(const char *transports)
+{
+	te_engine *e = NULL;
+	te_option opt[1] = { { "transports", transports } };
+	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", opt, transports ? 1 : 0, &e);
+	if (rc != 0)
+		fprintf(stderr, "engine create failed: %s\n", te_strerror(rc));
+	return e;
+}
+
+static inline long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+/* Submits one request and waits for it; returns the final state. */
+static inline int run_one(te_engine *e, uint32_t op, te_segment_id seg, void *local, uint64_t remote,
+			  uint64_t len, te_task_status *st)
+{
+	te_batch_id b;
+	te_request r = { op, seg, local, remote, len };
+	te_task_status s = { 0 };
+	if (te_batch_alloc(e, 1, &b) != 0)
+		return -1;
+	te_submit(e, b, &r, 1);
+	te_batch_wait(e, b, 30000);
+	te_get_status(e, b, 0, &s);
+	te_batch_free(e, b);
+	if (st)
+		*st = s;
+	return s.state;
+}
+
+#endif

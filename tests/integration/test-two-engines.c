@@ -1,0 +1,408 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Two engines in one process over P2PHANDSHAKE: descriptor exchange, Probe
+ * and malformed frames on the RPC socket, transfers through a transport
+ * plugin (the out-of-tree example, built in-tree here), notifications,
+ * in-flight behaviour (free while busy, wait timeouts, cancel, failures)
+ * through the "hold" test transport, and re-routing on uninstall.
+ */
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <endian.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+
+typedef size_t (*hold_count_fn)(void);
+typedef size_t (*hold_release_fn)(int);
+static hold_count_fn hold_count;
+static hold_release_fn hold_release;
+
+static void find_hold(void)
+{
+	char path[4096];
+	const char *dir = getenv("TEST_PLUGIN_DIR");
+	REQUIRE(dir != NULL);
+	te_plugin_foreach(NULL, NULL); /* makes libte load the plugins */
+	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL); /* loaded by libte already */
+	*(void **)&hold_count = dlsym(h, "te_test_hold_count");
+	*(void **)&hold_release = dlsym(h, "te_test_hold_release");
+	REQUIRE(hold_count && hold_release);
+}
+
+/* ----------------------------------------------------------- raw socket */
+
+static int connect_port(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		close(fd);
+		return -1;
+	}
+	struct timeval tv = { .tv_sec = 15 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return fd;
+}
+
+/* Sends raw bytes, returns what came back until the server closed. */
+static ssize_t exchange_raw(int port, const void *out, size_t n, char *in, size_t cap)
+{
+	int fd = connect_port(port);
+	if (fd < 0)
+		return -1;
+	if (n && send(fd, out, n, MSG_NOSIGNAL) != (ssize_t)n) {
+		close(fd);
+		return -1;
+	}
+	shutdown(fd, SHUT_WR);
+	size_t got = 0;
+	for (;;) {
+		ssize_t r = recv(fd, in + got, cap - got - 1, 0);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+		if (got + 1 >= cap)
+			break;
+	}
+	close(fd);
+	in[got] = '\0';
+	return (ssize_t)got;
+}
+
+static ssize_t frame(int port, int type, const char *json, char *in, size_t cap)
+{
+	size_t jl = strlen(json);
+	unsigned char *buf = malloc(9 + jl);
+	uint64_t len = htole64(jl + 1);
+	memcpy(buf, &len, 8);
+	buf[8] = (unsigned char)type;
+	memcpy(buf + 9, json, jl);
+	ssize_t r = exchange_raw(port, buf, 9 + jl, in, cap);
+	free(buf);
+	return r;
+}
+
+static bool probe_ok(int port)
+{
+	char in[256];
+	ssize_t r = frame(port, 3, "{}", in, sizeof in);
+	return r == 9 + (ssize_t)strlen("{\"status\":\"success\"}") && in[8] == 3 &&
+	       strcmp(in + 9, "{\"status\":\"success\"}") == 0;
+}
+
+static void test_probe_and_bad_frames(void)
+{
+	te_engine *a = p2p_engine(NULL);
+	REQUIRE(a != NULL);
+	int port = te_engine_rpc_port(a);
+	char in[65536];
+
+	CHECK(probe_ok(port));
+	/* The Metadata frame returns the descriptor, Mooncake's fields present. */
+	ssize_t r = frame(port, 1, "{}", in, sizeof in);
+	CHECK(r > 9 && in[8] == 1);
+	CHECK(strstr(in + 9, "\"name\":\"") != NULL);
+	CHECK(strstr(in + 9, "\"tcp_data_port\":0") != NULL);
+	CHECK(strstr(in + 9, "\"timestamp\":\"") != NULL);
+	CHECK(strstr(in + 9, "\"buffers\":[]") != NULL);
+
+	cap_start();
+	uint64_t zero = 0;
+	CHECK_EQ(exchange_raw(port, &zero, 8, in, sizeof in), 0);
+	uint64_t huge = htole64(1ull << 40);
+	CHECK_EQ(exchange_raw(port, &huge, 8, in, sizeof in), 0);
+	CHECK(cap_has("claims 1099511627776 bytes"));
+	const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	CHECK_EQ(exchange_raw(port, http, strlen(http), in, sizeof in), 0);
+	/* truncated: promises 100 bytes, sends 10, closes */
+	unsigned char trunc[18] = { 100 };
+	trunc[8] = 3;
+	CHECK_EQ(exchange_raw(port, trunc, sizeof trunc, in, sizeof in), 0);
+	/* Connection frame with nobody handling it, old-style (no type byte) too */
+	CHECK_EQ(frame(port, 0, "{}", in, sizeof in), 0);
+	CHECK(cap_has("nothing handles it"));
+	unsigned char old[8 + 2];
+	uint64_t ol = htole64(2);
+	memcpy(old, &ol, 8);
+	memcpy(old + 8, "{}", 2);
+	CHECK_EQ(exchange_raw(port, old, sizeof old, in, sizeof in), 0);
+	/* Notify with a body that is not the right JSON */
+	CHECK_EQ(frame(port, 2, "[1,2]", in, sizeof in), 0);
+	CHECK_EQ(frame(port, 2, "{\"name\":1,\"notify_msg\":\"x\"}", in, sizeof in), 0);
+	CHECK(cap_has("must be strings"));
+	/* a client that connects and says nothing must not block others */
+	int idle = connect_port(port);
+	CHECK(idle >= 0);
+	CHECK(probe_ok(port));
+	close(idle);
+	te_engine_destroy(a);
+}
+
+/* ------------------------------------------------------------ transfers */
+
+#define BUF (4u << 20)
+
+typedef struct pair {
+	te_engine *a, *b;
+	unsigned char *abuf, *bbuf;
+	te_segment_id seg; /* b as seen from a */
+} pair;
+
+static void pair_up(pair *p, const char *transports)
+{
+	p->a = p2p_engine(transports);
+	p->b = p2p_engine(transports);
+	REQUIRE(p->a && p->b);
+	p->abuf = aligned_alloc(4096, BUF);
+	p->bbuf = aligned_alloc(4096, BUF);
+	REQUIRE(te_register_memory(p->a, p->abuf, BUF, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(p->b, p->bbuf, BUF, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	p->seg = te_segment_open(p->a, te_engine_name(p->b));
+	REQUIRE(p->seg > 0);
+}
+
+static void pair_down(pair *p)
+{
+	CHECK_EQ(te_segment_close(p->a, p->seg), 0);
+	te_engine_destroy(p->a);
+	te_engine_destroy(p->b);
+	free(p->abuf);
+	free(p->bbuf);
+}
+
+static void test_memcpy_transfers(void)
+{
+	pair p;
+	te_task_status st;
+	pair_up(&p, "memcpy");
+
+	CHECK_EQ(te_segment_open(p.a, te_engine_name(p.b)), p.seg); /* same id again */
+	CHECK_EQ(te_segment_close(p.a, p.seg), 0);                  /* one of two closes */
+
+	size_t sizes[] = { 1, 3, 4096, 65535, 65536, 1u << 20, BUF - 17 };
+	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+		size_t n = sizes[i], off = i * 7 % 17;
+		fill_pattern(p.abuf, BUF, (unsigned)i);
+		memset(p.bbuf, 0, BUF);
+		CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf + off, (uintptr_t)(p.bbuf + 17 - off - (off > 0)), n, &st),
+			 TE_TASK_COMPLETED);
+		CHECK_EQ(st.transferred, n);
+		CHECK(memcmp(p.abuf + off, p.bbuf + 17 - off - (off > 0), n) == 0);
+		memset(p.abuf, 0, BUF);
+		CHECK_EQ(run_one(p.a, TE_OP_READ, p.seg, p.abuf + 5, (uintptr_t)(p.bbuf + 17 - off - (off > 0)), n, &st),
+			 TE_TASK_COMPLETED);
+		CHECK(memcmp(p.abuf + 5, p.bbuf + 17 - off - (off > 0), n) == 0);
+	}
+	/* outside b's buffers: INVALID, named in the log */
+	cap_start();
+	CHECK_EQ(run_one(p.a, TE_OP_READ, p.seg, p.abuf, (uintptr_t)(p.bbuf + BUF - 10), 11, &st),
+		 TE_TASK_INVALID);
+	CHECK_EQ(st.error, TE_ERR_ADDRESS);
+	CHECK(cap_has("outside the buffers of segment"));
+	/* b registers more memory; a sees it after a refresh */
+	unsigned char *more = malloc(8192);
+	CHECK_EQ(te_register_memory(p.b, more, 8192, "cpu:0", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(run_one(p.a, TE_OP_READ, p.seg, p.abuf, (uintptr_t)more, 8192, &st), TE_TASK_INVALID);
+	CHECK_EQ(te_segment_refresh(p.a, p.seg), 0);
+	memset(more, 0x5a, 8192);
+	CHECK_EQ(run_one(p.a, TE_OP_READ, p.seg, p.abuf, (uintptr_t)more, 8192, &st), TE_TASK_COMPLETED);
+	CHECK(p.abuf[0] == 0x5a && p.abuf[8191] == 0x5a);
+	CHECK_EQ(te_unregister_memory(p.b, more), 0);
+	free(more);
+
+	/* a batch of many requests to many offsets */
+	te_batch_id b;
+	enum { N = 512 };
+	te_request reqs[N];
+	fill_pattern(p.abuf, BUF, 99);
+	for (int i = 0; i < N; i++)
+		reqs[i] = (te_request){ TE_OP_WRITE, p.seg, p.abuf + i * 4096, (uintptr_t)(p.bbuf + (N - 1 - i) * 4096), 4096 };
+	REQUIRE(te_batch_alloc(p.a, N, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, reqs, N), 0);
+	CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
+	int32_t state;
+	CHECK_EQ(te_batch_status(p.a, b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	int bad = 0;
+	for (int i = 0; i < N; i++)
+		bad += memcmp(p.abuf + i * 4096, p.bbuf + (N - 1 - i) * 4096, 4096) != 0;
+	CHECK_EQ(bad, 0);
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+
+	/* a forced transport that is not installed */
+	CHECK(te_segment_open_with(p.b, te_engine_name(p.a), "hold") < 0);
+	pair_down(&p);
+}
+
+static void test_notifications(void)
+{
+	pair p;
+	te_notification *list = NULL;
+	size_t n = 0;
+	pair_up(&p, "hold");
+
+	CHECK_EQ(te_notify_send(p.a, p.seg, "hello from a"), 0);
+	CHECK_EQ(te_notify_fetch(p.b, &list, &n), 0);
+	REQUIRE(n == 1);
+	CHECK(strcmp(list[0].name, te_engine_name(p.a)) == 0);
+	CHECK(strcmp(list[0].msg, "hello from a") == 0);
+	te_notifications_free(list, n);
+
+	/* attached to a batch: sent once the batch drains, not before */
+	te_batch_id b;
+	te_request r = { TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 64 };
+	REQUIRE(te_batch_alloc(p.a, 2, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+	CHECK_EQ(te_batch_notify(p.a, b, p.seg, "batch done"), 0);
+	CHECK_EQ(te_batch_notify(p.a, b, p.seg, "again"), -EBUSY);
+	usleep(100000);
+	CHECK_EQ(te_notify_fetch(p.b, &list, &n), 0);
+	CHECK_EQ(n, 0);
+	CHECK_EQ(hold_release(0), 1);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	long long end = now_ms() + 5000;
+	do {
+		te_notify_fetch(p.b, &list, &n);
+		if (n == 0)
+			usleep(10000);
+	} while (n == 0 && now_ms() < end);
+	REQUIRE(n == 1);
+	CHECK(strcmp(list[0].msg, "batch done") == 0);
+	te_notifications_free(list, n);
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+	pair_down(&p);
+}
+
+static void test_in_flight(void)
+{
+	pair p;
+	te_task_status st;
+	te_batch_id b;
+	pair_up(&p, "hold");
+
+	te_request r[3] = {
+		{ TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 100 },
+		{ TE_OP_READ, p.seg, p.abuf + 100, (uintptr_t)p.bbuf + 200, 100 },
+		{ TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 0 }, /* zero length: done at once */
+	};
+	memset(p.abuf, 1, 100);
+	memset(p.bbuf + 200, 2, 100);
+	REQUIRE(te_batch_alloc(p.a, 8, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, r, 3), 0);
+	CHECK_EQ(hold_count(), 2);
+	CHECK_EQ(te_get_status(p.a, b, 0, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_WAITING);
+	CHECK_EQ(te_get_status(p.a, b, 2, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_COMPLETED);
+	size_t infl;
+	int32_t state;
+	CHECK_EQ(te_batch_status(p.a, b, NULL, &infl, &state), 0);
+	CHECK_EQ(infl, 2);
+	CHECK_EQ(state, TE_TASK_WAITING);
+	cap_start();
+	CHECK_EQ(te_batch_free(p.a, b), -EBUSY);
+	CHECK(cap_has("still has 2 tasks in flight"));
+	long long t0 = now_ms();
+	CHECK_EQ(te_batch_wait(p.a, b, 100), -ETIMEDOUT);
+	CHECK(now_ms() - t0 >= 90);
+	CHECK_EQ(hold_release(0), 2);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ(te_get_status(p.a, b, (size_t)i, &st), 0);
+		CHECK_EQ(st.state, TE_TASK_COMPLETED);
+		CHECK_EQ(st.transferred, 100);
+	}
+	CHECK(p.bbuf[99] == 1 && p.abuf[199] == 2);
+
+	/* failures map to FAILED and TIMEOUT with the error kept */
+	CHECK_EQ(te_submit(p.a, b, r, 1), 0);
+	CHECK_EQ(hold_release(-EIO), 1);
+	CHECK_EQ(te_submit(p.a, b, r, 1), 0);
+	CHECK_EQ(hold_release(-ETIMEDOUT), 1);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	CHECK_EQ(te_get_status(p.a, b, 3, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_FAILED);
+	CHECK_EQ(st.error, -EIO);
+	CHECK_EQ(te_get_status(p.a, b, 4, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_TIMEOUT);
+	CHECK_EQ(te_batch_status(p.a, b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_FAILED);
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+
+	/* cancel: running tasks stop at their next slice, later ones never start */
+	REQUIRE(te_batch_alloc(p.a, 8, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, r, 2), 0);
+	CHECK_EQ(te_batch_cancel(p.a, b), 0);
+	CHECK_EQ(te_submit(p.a, b, r, 1), 0);
+	CHECK_EQ(hold_count(), 2);
+	CHECK_EQ(hold_release(0), 2);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	for (int i = 0; i < 3; i++) {
+		CHECK_EQ(te_get_status(p.a, b, (size_t)i, &st), 0);
+		CHECK_EQ(st.state, TE_TASK_CANCELED);
+	}
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+	pair_down(&p);
+}
+
+static void test_uninstall_reroutes(void)
+{
+	pair p;
+	te_task_status st;
+	pair_up(&p, "memcpy,hold");
+	/* memcpy comes first: the descriptor names it, transfers finish at once */
+	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 10, &st), TE_TASK_COMPLETED);
+	CHECK_EQ(hold_count(), 0);
+	CHECK_EQ(te_transport_uninstall(p.a, "memcpy"), 0);
+	/* the open segment moved to "hold" */
+	te_batch_id b;
+	te_request r = { TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 10 };
+	REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+	CHECK_EQ(hold_count(), 1);
+	hold_release(0);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	CHECK_EQ(te_get_status(p.a, b, 0, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_COMPLETED);
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+	/* with no transport left the segment cannot be served */
+	CHECK_EQ(te_transport_uninstall(p.a, "hold"), 0);
+	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 10, &st), TE_TASK_INVALID);
+	CHECK_EQ(st.error, TE_ERR_NO_TRANSPORT);
+	CHECK_EQ(te_transport_install(p.a, "memcpy", NULL), 0);
+	CHECK_EQ(te_segment_refresh(p.a, p.seg), 0);
+	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 10, &st), TE_TASK_COMPLETED);
+	pair_down(&p);
+}
+
+static void test_unreachable_peer(void)
+{
+	te_engine *a = p2p_engine("memcpy"), *b = p2p_engine("memcpy");
+	REQUIRE(a && b);
+	char name[64];
+	snprintf(name, sizeof name, "%s", te_engine_name(b));
+	te_engine_destroy(b);
+	CHECK(te_segment_open(a, name) < 0);
+	te_engine_destroy(a);
+}
+
+int main(void)
+{
+	find_hold();
+	TEST_RUN(test_probe_and_bad_frames);
+	TEST_RUN(test_memcpy_transfers);
+	TEST_RUN(test_notifications);
+	TEST_RUN(test_in_flight);
+	TEST_RUN(test_uninstall_reroutes);
+	TEST_RUN(test_unreachable_peer);
+	return check_done();
+}

@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* te-info: what libte finds on this machine: plugin directories, plugins
+ * (loaded or why not), transport reports, NUMA nodes, network interfaces. */
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+
+#include <te/te.h>
+
+static void print_dir(const char *dir, int exists, void *user)
+{
+	(void)user;
+	printf("  %s%s\n", dir, exists ? "" : "  (missing)");
+}
+
+static const char *kind_name(int k)
+{
+	return k == TE_KIND_TRANSPORT ? "transport" : k == TE_KIND_METADATA ? "metadata" : "?";
+}
+
+static void print_plugin(const te_plugin_info *p, void *user)
+{
+	int *transports = user;
+
+	if (p->loaded) {
+		printf("  %-10s %-9s %-8s ABI %u.%u  %s\n", p->name, kind_name(p->kind),
+		       p->version ? p->version : "?", p->abi_major, p->abi_minor, p->path);
+		if (p->description)
+			printf("             %s\n", p->description);
+		if (p->kind == TE_KIND_TRANSPORT)
+			transports[0]++;
+	} else {
+		printf("  skipped    %s\n             %s\n", p->path, p->reason ? p->reason : "?");
+	}
+}
+
+static void report_transport(const te_plugin_info *p, void *user)
+{
+	char *text = NULL;
+	(void)user;
+
+	if (!p->loaded || p->kind != TE_KIND_TRANSPORT)
+		return;
+	printf("\n[%s]\n", p->name);
+	if (te_plugin_report(p->name, &text) == 0 && text != NULL) {
+		fputs(text, stdout);
+		if (*text && text[strlen(text) - 1] != '\n')
+			putchar('\n');
+	} else {
+		printf("  (no report)\n");
+	}
+	te_free(text);
+}
+
+static void print_numa(void)
+{
+	DIR *d = opendir("/sys/devices/system/node");
+	struct dirent *ent;
+	int n = 0;
+
+	printf("\nNUMA nodes:\n");
+	if (d != NULL) {
+		while ((ent = readdir(d)) != NULL) {
+			char path[512], cpus[256] = "";
+			if (strncmp(ent->d_name, "node", 4) != 0 || ent->d_name[4] < '0' || ent->d_name[4] > '9')
+				continue;
+			snprintf(path, sizeof path, "/sys/devices/system/node/%s/cpulist", ent->d_name);
+			FILE *f = fopen(path, "r");
+			if (f != NULL) {
+				if (fgets(cpus, sizeof cpus, f) == NULL)
+					cpus[0] = '\0';
+				fclose(f);
+			}
+			cpus[strcspn(cpus, "\n")] = '\0';
+			printf("  %s  cpus %s\n", ent->d_name, cpus);
+			n++;
+		}
+		closedir(d);
+	}
+	if (n == 0)
+		printf("  none reported (single node)\n");
+}
+
+static void print_ifaces(void)
+{
+	struct ifaddrs *ifa = NULL;
+
+	printf("\nNetwork interfaces:\n");
+	if (getifaddrs(&ifa) != 0) {
+		printf("  cannot list: getifaddrs failed\n");
+		return;
+	}
+	for (struct ifaddrs *i = ifa; i != NULL; i = i->ifa_next) {
+		char host[NI_MAXHOST];
+		if (i->ifa_addr == NULL ||
+		    (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6))
+			continue;
+		if (getnameinfo(i->ifa_addr,
+				i->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+								  : sizeof(struct sockaddr_in6),
+				host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0)
+			continue;
+		printf("  %-12s %-40s %s\n", i->ifa_name, host, (i->ifa_flags & IFF_UP) ? "up" : "down");
+	}
+	freeifaddrs(ifa);
+}
+
+int main(int argc, char **argv)
+{
+	int transports = 0;
+
+	if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+		printf("usage: te-info\n"
+		       "Lists libte's plugin directories, the plugins found in them (loaded, or why\n"
+		       "they were skipped), each transport's view of this machine (e.g. RDMA devices\n"
+		       "and NIC priority matrix), NUMA nodes and network interfaces.\n"
+		       "Environment: TE_PLUGIN_PATH (extra plugin directories, searched first),\n"
+		       "TE_PLUGINS (allow/deny list, e.g. tcp,^rdma), TE_LOG_LEVEL.\n");
+		return 0;
+	}
+	if (argc > 1) {
+		fprintf(stderr, "te-info: unknown argument '%s' (try --help)\n", argv[1]);
+		return 2;
+	}
+	printf("libte %s (ABI %d.%d)\n\nPlugin directories searched, in order:\n", te_version(),
+	       TE_ABI_MAJOR, TE_ABI_MINOR);
+	te_plugin_dirs(print_dir, NULL);
+	printf("\nPlugins:\n");
+	int usable = te_plugin_foreach(print_plugin, &transports);
+	if (usable == 0)
+		printf("  none usable\n");
+	te_plugin_foreach(report_transport, NULL);
+	print_numa();
+	print_ifaces();
+	return 0;
+}

@@ -465,3 +465,45 @@ char *te_segment_name(te_engine *e, te_segment_id id)
 	g_rec_mutex_unlock(&e->ctl);
 	return name;
 }
+
+int te_segment_buffers(te_engine *e, te_segment_id id, te_segment_buffer *out, size_t max)
+{
+	int n = 0;
+
+	if (e == NULL || (out == NULL && max > 0)) {
+		te_err("te_segment_buffers: NULL engine or output array");
+		return -EINVAL;
+	}
+	if (id == TE_LOCAL_SEGMENT) {
+		g_rw_lock_reader_lock(&e->mem.lock);
+		n = (int)e->mem.regions->len;
+		for (guint i = 0; i < e->mem.regions->len && i < max; i++) {
+			te_region *r = g_ptr_array_index(e->mem.regions, i);
+			out[i].addr = (uintptr_t)r->addr;
+			out[i].length = r->length;
+			g_strlcpy(out[i].name, r->location, sizeof out[i].name);
+		}
+		g_rw_lock_reader_unlock(&e->mem.lock);
+		return n;
+	}
+	g_rw_lock_reader_lock(&e->data);
+	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s == NULL || s->cur == NULL) {
+		g_rw_lock_reader_unlock(&e->data);
+		te_err("te_segment_buffers: unknown segment id %d", id);
+		return TE_ERR_SEGMENT;
+	}
+	const te_desc *d = s->cur->desc;
+	uint64_t off = 0;
+	n = (int)d->n_buffers;
+	for (size_t i = 0; i < d->n_buffers; i++) {
+		if (i < max) {
+			out[i].addr = d->file_segment ? off : d->buffers[i].addr;
+			out[i].length = d->buffers[i].length;
+			g_strlcpy(out[i].name, d->buffers[i].name ? d->buffers[i].name : "", sizeof out[i].name);
+		}
+		off += d->buffers[i].length;
+	}
+	g_rw_lock_reader_unlock(&e->data);
+	return n;
+}

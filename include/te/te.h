@@ -171,6 +171,20 @@ TE_API int te_segment_close(te_engine *engine, te_segment_id segment);
 /* Fetches the descriptor again (e.g. after the peer registered memory). */
 TE_API int te_segment_refresh(te_engine *engine, te_segment_id segment);
 
+/* A buffer of an open segment, as its descriptor lists it. For file
+ * (NVMe-oF) segments `addr` is the buffer's first byte offset in the files
+ * laid end to end. */
+typedef struct te_segment_buffer {
+	uint64_t addr;
+	uint64_t length;
+	char name[64]; /* location ("cpu:0") or segment name; cut to fit */
+} te_segment_buffer;
+
+/* Writes up to `max` buffers of `segment` (sorted by address) and returns
+ * how many it has. For TE_LOCAL_SEGMENT: the registered regions. */
+TE_API int te_segment_buffers(te_engine *engine, te_segment_id segment, te_segment_buffer *out,
+			      size_t max);
+
 /* ----------------------------------------------------------------- batches */
 
 typedef uint64_t te_batch_id;

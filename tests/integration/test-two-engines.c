@@ -185,6 +185,12 @@ static void test_memcpy_transfers(void)
 	te_task_status st;
 	pair_up(&p, "memcpy");
 
+	te_segment_buffer sb[4];
+	CHECK_EQ(te_segment_buffers(p.a, p.seg, sb, 4), 1);
+	CHECK(sb[0].addr == (uintptr_t)p.bbuf && sb[0].length == BUF);
+	CHECK_EQ(te_segment_buffers(p.a, TE_LOCAL_SEGMENT, sb, 4), 1);
+	CHECK(sb[0].addr == (uintptr_t)p.abuf && strcmp(sb[0].name, "cpu:0") == 0);
+	CHECK_EQ(te_segment_buffers(p.a, 999, sb, 4), TE_ERR_SEGMENT);
 	CHECK_EQ(te_segment_open(p.a, te_engine_name(p.b)), p.seg); /* same id again */
 	CHECK_EQ(te_segment_close(p.a, p.seg), 0);                  /* one of two closes */
 

@@ -49,6 +49,14 @@ static inline int cap_has(const char *needle)
 	return r;
 }
 
+static inline int cap_has_quiet(const char *needle)
+{
+	pthread_mutex_lock(&cap_lock);
+	int r = strstr(cap_buf, needle) != NULL;
+	pthread_mutex_unlock(&cap_lock);
+	return r;
+}
+
 static inline te_engine *p2p_engine(const char *transports)
 {
 	te_engine *e = NULL;

@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libte's internals, linked in directly: descriptor decoding of hostile input,
+ * descriptor encoding (sorted keys, merged plugin fields), host:port parsing
+ * and the memory registry's lookups and pins. */
+#include <json-glib/json-glib.h>
+
+#include "../../libte/internal.h"
+#include "../common/check.h"
+
+static int decode(const char *json, te_desc **d)
+{
+	return te_desc_decode(json, strlen(json), d);
+}
+
+static void test_decode_good(void)
+{
+	te_desc *d = NULL;
+	const char *ok =
+		"{\"buffers\":[{\"addr\":8192,\"length\":4096,\"name\":\"n\"},"
+		"{\"addr\":4096,\"length\":1024,\"name\":\"n\"}],\"name\":\"n\",\"protocol\":\"tcp\","
+		"\"tcp_data_port\":15123,\"tcp_proto_version\":2,\"timestamp\":\"x\"}";
+	REQUIRE(decode(ok, &d) == 0);
+	CHECK(strcmp(d->name, "n") == 0 && strcmp(d->protocol, "tcp") == 0);
+	CHECK_EQ(d->tcp_data_port, 15123);
+	CHECK_EQ(d->tcp_proto_version, 2);
+	CHECK_EQ(d->n_buffers, 2);
+	CHECK_EQ(d->buffers[0].addr, 4096); /* sorted */
+	CHECK(te_desc_contains(d, 4096, 1024));
+	CHECK(!te_desc_contains(d, 4096, 1025));
+	CHECK(te_desc_contains(d, 8192 + 4095, 1));
+	CHECK(!te_desc_contains(d, 8192 + 4095, 2));
+	CHECK(!te_desc_contains(d, 4095, 1));
+	CHECK(!te_desc_contains(d, 5120, 1)); /* the hole between buffers */
+	CHECK(!te_desc_contains(d, UINT64_MAX - 1, 4));
+	te_desc_free(d);
+
+	/* a missing tcp_proto_version means v1; no buffers is fine */
+	REQUIRE(decode("{\"name\":\"m\",\"protocol\":\"rdma\",\"devices\":[]}", &d) == 0);
+	CHECK_EQ(d->tcp_proto_version, 1);
+	CHECK_EQ(d->n_buffers, 0);
+	CHECK(!te_desc_contains(d, 0, 1));
+	te_desc_free(d);
+
+	/* RDMA: rkey/lkey arrays as long as devices; empty rkey for local-only */
+	REQUIRE(decode("{\"name\":\"r\",\"protocol\":\"rdma\",\"devices\":[{\"name\":\"a\"},{\"name\":\"b\"}],"
+		       "\"buffers\":[{\"addr\":1,\"length\":2,\"name\":\"cpu:0\",\"rkey\":[1,2],\"lkey\":[3,4]},"
+		       "{\"addr\":10,\"length\":2,\"name\":\"cpu:0\",\"rkey\":[],\"lkey\":[3,4]}]}",
+		       &d) == 0);
+	te_desc_free(d);
+
+	/* NVMe-oF: server_name, files laid end to end */
+	REQUIRE(decode("{\"server_name\":\"nvmeof/d\",\"protocol\":\"nvmeof\",\"buffers\":["
+		       "{\"length\":100,\"file_path\":\"/a\",\"local_path_map\":{}},"
+		       "{\"length\":50,\"file_path\":\"/b\"}]}", &d) == 0);
+	CHECK(d->file_segment);
+	CHECK_EQ(d->file_size, 150);
+	CHECK(te_desc_contains(d, 0, 150));
+	CHECK(te_desc_contains(d, 99, 2));
+	CHECK(!te_desc_contains(d, 100, 51));
+	te_desc_free(d);
+}
+
+static void test_decode_bad(void)
+{
+	const char *bad[] = {
+		"",
+		"not json",
+		"[1,2]",
+		"{\"protocol\":\"tcp\"}",                                  /* no name */
+		"{\"name\":\"\",\"protocol\":\"tcp\"}",                       /* empty name */
+		"{\"name\":5,\"protocol\":\"tcp\"}",
+		"{\"name\":\"n\"}",                                          /* no protocol */
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"tcp_data_port\":70000}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"tcp_data_port\":-1}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"tcp_data_port\":\"80\"}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":{}}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[1]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":0,\"length\":4,\"name\":\"n\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":4,\"length\":0,\"name\":\"n\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":4,\"length\":4}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":4,\"length\":4,\"name\":\"\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":-4,\"length\":4,\"name\":\"n\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":1.5,\"length\":4,\"name\":\"n\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":18446744073709551615,\"length\":4,\"name\":\"n\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"rdma\",\"devices\":[{}],\"buffers\":[{\"addr\":4,\"length\":4,\"name\":\"c\",\"rkey\":[1,2],\"lkey\":[1]}]}",
+		"{\"name\":\"n\",\"protocol\":\"rdma\",\"devices\":[{}],\"buffers\":[{\"addr\":4,\"length\":4,\"name\":\"c\",\"rkey\":[1],\"lkey\":[]}]}",
+		"{\"name\":\"n\",\"protocol\":\"rdma\",\"devices\":{},\"buffers\":[]}",
+		"{\"name\":\"n\",\"protocol\":\"nvmeof\",\"buffers\":[{\"file_path\":\"/a\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"nvmeof\",\"buffers\":[{\"length\":9223372036854775807},{\"length\":9223372036854775807},{\"length\":9223372036854775807}]}",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		te_desc *d = (te_desc *)1;
+		int rc = decode(bad[i], &d);
+		if (rc != TE_ERR_METADATA || d != NULL)
+			fprintf(stderr, "  accepted: %s\n", bad[i]);
+		CHECK_EQ(rc, TE_ERR_METADATA);
+		CHECK(d == NULL);
+	}
+	te_desc *d = NULL;
+	CHECK_EQ(te_desc_decode(NULL, 0, &d), TE_ERR_METADATA);
+}
+
+static void test_split(void)
+{
+	char *h = NULL;
+	int p = 0;
+	CHECK_EQ(te_split_host_port("node1", &h, &p), 0);
+	CHECK(strcmp(h, "node1") == 0 && p == -1);
+	g_free(h);
+	CHECK_EQ(te_split_host_port("10.0.0.1:15001", &h, &p), 0);
+	CHECK(strcmp(h, "10.0.0.1") == 0 && p == 15001);
+	g_free(h);
+	CHECK_EQ(te_split_host_port("[::1]:80", &h, &p), 0);
+	CHECK(strcmp(h, "::1") == 0 && p == 80);
+	g_free(h);
+	CHECK_EQ(te_split_host_port("fe80::1", &h, &p), 0);
+	CHECK(strcmp(h, "fe80::1") == 0 && p == -1);
+	g_free(h);
+	const char *bad[] = { "", ":80", "h:0", "h:65536", "h:-1", "h:8x", "h:", "[::1", "[]:1", "[::1]x" };
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		CHECK_EQ(te_split_host_port(bad[i], &h, &p), -EINVAL);
+		CHECK(h == NULL);
+	}
+	uint64_t v;
+	CHECK(te_parse_u64("0x10", &v) && v == 16);
+	CHECK(!te_parse_u64("-1", &v));
+	CHECK(!te_parse_u64("99999999999999999999", &v));
+	CHECK(!te_parse_u64(" 1", &v));
+}
+
+/* Encoding goes through a real engine: sorted keys, plugin fields merged. */
+static void test_encode(void)
+{
+	te_engine *e = NULL;
+	static char buf[100];
+	te_option opt = { "transports", "memcpy" };
+	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", &opt, 1, &e) == 0);
+	REQUIRE(te_register_memory(e, buf, sizeof buf, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	char *json = te_engine_encode_descriptor(e);
+	if (getenv("TEST_VERBOSE"))
+		fprintf(stderr, "%s\n", json);
+	/* keys in sorted order at the top level (after the buffers array) */
+	const char *order[] = { "\"buffers\"", "\"memcpy_pid\"", "\"name\"", "\"protocol\"",
+				"\"tcp_data_port\"", "\"tcp_proto_version\"", "\"timestamp\"" };
+	const char *prev = json;
+	for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+		const char *at = strstr(prev, order[i]);
+		CHECK(at != NULL);
+		if (at)
+			prev = at;
+	}
+	CHECK(strstr(json, "\"protocol\":\"memcpy\"") != NULL);
+	char want[128];
+	snprintf(want, sizeof want, "{\"addr\":%llu,\"length\":100,\"name\":\"%s\"}",
+		 (unsigned long long)(uintptr_t)buf, te_engine_name(e));
+	CHECK(strstr(json, want) != NULL);
+	/* and it decodes back */
+	te_desc *d = NULL;
+	CHECK_EQ(te_desc_decode(json, strlen(json), &d), 0);
+	CHECK(d && d->n_buffers == 1 && d->buffers[0].addr == (uintptr_t)buf);
+	te_desc_free(d);
+	g_free(json);
+
+	/* registry lookups and pins */
+	te_buffer_pin pin;
+	CHECK_EQ(te_memreg_acquire(&e->mem, (uintptr_t)buf + 10, 90, TE_MEM_REMOTE_ACCESS, &pin), 0);
+	CHECK(pin.addr == buf && pin.length == 100);
+	CHECK_EQ(atomic_load(&((te_region *)pin.priv)->pins), 1);
+	te_memreg_release(&e->mem, &pin);
+	CHECK_EQ(te_memreg_acquire(&e->mem, (uintptr_t)buf + 10, 91, 0, &pin), TE_ERR_ADDRESS);
+	CHECK_EQ(te_memreg_acquire(&e->mem, UINT64_MAX - 2, 5, 0, &pin), TE_ERR_ADDRESS);
+	static char priv[10];
+	REQUIRE(te_register_memory(e, priv, sizeof priv, "cpu:0", 0) == 0);
+	CHECK_EQ(te_memreg_acquire(&e->mem, (uintptr_t)priv, 1, TE_MEM_REMOTE_ACCESS, &pin), TE_ERR_ADDRESS);
+	CHECK_EQ(te_memreg_acquire(&e->mem, (uintptr_t)priv, 1, 0, &pin), 0);
+	te_memreg_release(&e->mem, &pin);
+	te_engine_destroy(e);
+}
+
+int main(void)
+{
+	te_set_log_level(TE_LOG_ERROR);
+	TEST_RUN(test_decode_good);
+	TEST_RUN(test_decode_bad);
+	TEST_RUN(test_split);
+	TEST_RUN(test_encode);
+	return check_done();
+}

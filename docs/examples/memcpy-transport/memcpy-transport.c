@@ -11,6 +11,7 @@
  *      memcpy-transport.c $(pkg-config --cflags --libs libte-plugin)
  * and drop it into a directory on TE_PLUGIN_PATH.
  */
+#define _POSIX_C_SOURCE 200809L /* strdup */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

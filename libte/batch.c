@@ -249,15 +249,26 @@ static void flush(dispatch *d)
 	d->n = 0;
 }
 
-static void queue_remote(dispatch *d, te_task *t)
+/* Hands a full chunk over without the registry lock: a transport's submit
+ * may look up buffers itself. */
+static void flush_unlocked(te_engine *e, dispatch *d)
+{
+	if (d->n == 0)
+		return;
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	flush(d);
+	g_rw_lock_reader_lock(&e->mem.lock);
+}
+
+static void queue_remote(te_engine *e, dispatch *d, te_task *t)
 {
 	if (d->tp != t->tp) {
-		flush(d);
+		flush_unlocked(e, d);
 		d->tp = t->tp;
 	}
 	d->pend[d->n++] = &t->xfer;
 	if (d->n == DISPATCH_CHUNK)
-		flush(d);
+		flush_unlocked(e, d);
 }
 
 typedef struct seg_cache {
@@ -265,7 +276,8 @@ typedef struct seg_cache {
 	te_segver *sv;
 } seg_cache;
 
-/* Validates a request and routes its task; returns the reject error or 0. */
+/* Validates a request and routes its task; returns the reject error, 1 for
+ * an empty request, or 0. Called with the data and registry locks held. */
 static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg_cache *sc,
 		 dispatch *d)
 {
@@ -279,11 +291,9 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 		te_err("submit: task %td: NULL local address", t - b->tasks);
 		return TE_ERR_ADDRESS;
 	}
-	g_rw_lock_reader_lock(&e->mem.lock);
 	lr = r->length ? te_memreg_find_locked(&e->mem, (uintptr_t)r->local, r->length) : NULL;
 	if (lr != NULL)
 		t->xfer.local_location = lr->location;
-	g_rw_lock_reader_unlock(&e->mem.lock);
 	if (r->length > 0 && lr == NULL) {
 		te_err("submit: task %td: local range %p+%llu is not inside one registered region",
 		       t - b->tasks, r->local, (unsigned long long)r->length);
@@ -293,10 +303,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	if (r->segment == TE_LOCAL_SEGMENT) {
 		if (r->length == 0)
 			return 1;
-		g_rw_lock_reader_lock(&e->mem.lock);
-		bool ok = te_memreg_find_locked(&e->mem, r->remote, r->length) != NULL;
-		g_rw_lock_reader_unlock(&e->mem.lock);
-		if (!ok) {
+		if (te_memreg_find_locked(&e->mem, r->remote, r->length) == NULL) {
 			te_err("submit: task %td: range 0x%llx+%llu is outside the local segment's buffers",
 			       t - b->tasks, (unsigned long long)r->remote, (unsigned long long)r->length);
 			return TE_ERR_ADDRESS;
@@ -332,7 +339,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	t->xfer.seg_ctx = sc->sv->seg_ctx;
 	t->tp = sc->sv->tp;
 	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
-	queue_remote(d, t);
+	queue_remote(e, d, t);
 	return 0;
 }
 
@@ -377,6 +384,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	dispatch d = { 0 };
 	seg_cache sc = { .id = -1 };
 	g_rw_lock_reader_lock(&e->data);
+	g_rw_lock_reader_lock(&e->mem.lock);
 	for (size_t i = 0; i < n; i++) {
 		te_task *t = &b->tasks[base + i];
 		const te_request *r = &reqs[i];
@@ -407,6 +415,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 			invalid++;
 		}
 	}
+	g_rw_lock_reader_unlock(&e->mem.lock);
 	flush(&d);
 	g_rw_lock_reader_unlock(&e->data);
 	box_unref(box);

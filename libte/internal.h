@@ -73,7 +73,7 @@ void te_host_init(te_host_ctx *hc, struct te_engine *engine, const te_plugin *pl
 typedef struct te_region {
 	void *addr;
 	size_t length;
-	char *location;
+	const char *location; /* interned */
 	unsigned flags;
 	atomic_int pins;
 	bool dying;

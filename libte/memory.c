@@ -17,7 +17,6 @@ static void region_free(te_region *r)
 {
 	if (r == NULL)
 		return;
-	g_free(r->location);
 	if (r->fields)
 		g_hash_table_unref(r->fields);
 	g_free(r);
@@ -293,7 +292,12 @@ int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t 
 			r->length = regs[i].length;
 			r->flags = regs[i].flags;
 			r->fields = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
-			te_resolve_location(r->addr, r->length, regs[i].location, &r->location);
+			char *loc = NULL;
+			te_resolve_location(r->addr, r->length, regs[i].location, &loc);
+			/* Interned: transfers in flight keep pointing at it after an
+			 * unregister (te_transfer.local_location). */
+			r->location = g_intern_string(loc);
+			g_free(loc);
 			g_ptr_array_add(e->mem.regions, r);
 			g_ptr_array_add(added, r);
 		}

@@ -147,6 +147,48 @@ static void test_probe_and_bad_frames(void)
 	te_engine_destroy(a);
 }
 
+/* Random frames: valid lengths with junk bodies and junk lengths; the engine
+ * answers what is well-formed, closes the rest, and stays up. */
+static void test_rpc_random(void)
+{
+	te_engine *a = p2p_engine(NULL);
+	REQUIRE(a != NULL);
+	int port = te_engine_rpc_port(a);
+	const char *bodies[] = { "{}", "{\"name\":\"x\",\"notify_msg\":\"y\"}", "[]", "null", "\"s\"",
+				 "{\"payload\":1}", "{\"name\":\"\\u0000\",\"notify_msg\":\"\"}", "" };
+	unsigned seed = 42;
+	char in[65536];
+	for (int i = 0; i < 200; i++) {
+		unsigned char out[300];
+		seed = seed * 1103515245u + 12345u;
+		size_t blen;
+		if (seed % 3 == 0) { /* random bytes after a random header */
+			blen = 8 + (seed >> 8) % 200;
+			for (size_t k = 0; k < blen; k++) {
+				seed = seed * 1103515245u + 12345u;
+				out[k] = (unsigned char)(seed >> 16);
+			}
+		} else { /* a plausible frame with some body */
+			const char *b = bodies[(seed >> 4) % 8];
+			size_t jl = strlen(b);
+			uint64_t len = htole64(jl + 1);
+			memcpy(out, &len, 8);
+			out[8] = (unsigned char)((seed >> 12) % 6); /* types 0..5 */
+			memcpy(out + 9, b, jl);
+			blen = 9 + jl;
+		}
+		exchange_raw(port, out, blen, in, sizeof in);
+	}
+	CHECK(probe_ok(port));
+	te_notification *list = NULL;
+	size_t n = 0;
+	CHECK_EQ(te_notify_fetch(a, &list, &n), 0);
+	for (size_t i = 0; i < n; i++)
+		CHECK(list[i].name != NULL && list[i].msg != NULL);
+	te_notifications_free(list, n);
+	te_engine_destroy(a);
+}
+
 /* ------------------------------------------------------------ transfers */
 
 #define BUF (4u << 20)
@@ -405,6 +447,7 @@ int main(void)
 {
 	find_hold();
 	TEST_RUN(test_probe_and_bad_frames);
+	TEST_RUN(test_rpc_random);
 	TEST_RUN(test_memcpy_transfers);
 	TEST_RUN(test_notifications);
 	TEST_RUN(test_in_flight);

@@ -177,11 +177,73 @@ static void test_encode(void)
 	te_engine_destroy(e);
 }
 
+/* Random mutations of valid descriptors: every outcome is a clean accept or
+ * a clean TE_ERR_METADATA (the sanitizers watch the rest). */
+static void test_decode_mutations(void)
+{
+	const char *seeds[] = {
+		"{\"buffers\":[{\"addr\":8192,\"length\":4096,\"name\":\"n\"}],\"name\":\"n\","
+		"\"protocol\":\"tcp\",\"tcp_data_port\":15123,\"tcp_proto_version\":2}",
+		"{\"name\":\"r\",\"protocol\":\"rdma\",\"devices\":[{\"name\":\"a\",\"lid\":1,"
+		"\"gid\":\"00:01\"}],\"priority_matrix\":{\"cpu:0\":[[\"a\"],[]]},"
+		"\"buffers\":[{\"addr\":1,\"length\":2,\"name\":\"cpu:0\",\"rkey\":[1],\"lkey\":[3]}]}",
+		"{\"server_name\":\"nvmeof/d\",\"protocol\":\"nvmeof\",\"buffers\":["
+		"{\"length\":100,\"file_path\":\"/a\",\"local_path_map\":{\"h\":\"/m\"}}]}",
+	};
+	const char alphabet[] = "{}[]\":,0123456789-.eE \\abnrtu";
+	GRand *rnd = g_rand_new_with_seed(12345);
+	int accepted = 0, rejected = 0, other = 0;
+	for (int iter = 0; iter < 30000; iter++) {
+		const char *seed = seeds[iter % 3];
+		size_t len = strlen(seed);
+		char *m = g_malloc(len + 16);
+		memcpy(m, seed, len + 1);
+		int edits = g_rand_int_range(rnd, 1, 6);
+		for (int k = 0; k < edits && len > 0; k++) {
+			size_t pos = (size_t)g_rand_int_range(rnd, 0, (gint32)len);
+			switch (g_rand_int_range(rnd, 0, 3)) {
+			case 0: /* replace */
+				m[pos] = alphabet[g_rand_int_range(rnd, 0, (gint32)sizeof alphabet - 1)];
+				break;
+			case 1: /* delete */
+				memmove(m + pos, m + pos + 1, len - pos);
+				len--;
+				break;
+			default: /* truncate */
+				m[pos] = '\0';
+				len = pos;
+				break;
+			}
+		}
+		te_desc *d = NULL;
+		int rc = te_desc_decode(m, len, &d);
+		if (rc == 0 && d != NULL) {
+			accepted++;
+			/* whatever was accepted is internally consistent */
+			for (size_t i = 0; i < d->n_buffers; i++)
+				if (!d->file_segment && (d->buffers[i].addr == 0 || d->buffers[i].length == 0))
+					other++;
+			te_desc_contains(d, 1, 1);
+			te_desc_free(d);
+		} else if (rc == TE_ERR_METADATA && d == NULL) {
+			rejected++;
+		} else {
+			other++;
+		}
+		g_free(m);
+	}
+	g_rand_free(rnd);
+	CHECK(accepted > 0);
+	CHECK(rejected > 0);
+	CHECK_EQ(other, 0);
+}
+
 int main(void)
 {
 	te_set_log_level(TE_LOG_ERROR);
 	TEST_RUN(test_decode_good);
 	TEST_RUN(test_decode_bad);
+	TEST_RUN(test_decode_mutations);
 	TEST_RUN(test_split);
 	TEST_RUN(test_encode);
 	return check_done();

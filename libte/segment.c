@@ -184,6 +184,7 @@ static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char
 {
 	char *val = NULL;
 	size_t len = 0;
+	char key[TE_MAX_NAME + 64] = "";
 	int rc;
 
 	*desc = NULL;
@@ -203,7 +204,6 @@ static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char
 			goto fail;
 		}
 	} else {
-		char key[TE_MAX_NAME + 64];
 		rc = te_metadata_segment_key(name, key, sizeof key);
 		if (rc < 0 || (size_t)rc >= sizeof key) {
 			rc = -ENAMETOOLONG;
@@ -222,8 +222,10 @@ static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char
 		}
 	}
 	rc = te_desc_decode(val, len, desc);
-	if (rc < 0)
-		te_err("segment %s: malformed descriptor from %s", name, e->md->p2p ? *host : e->md->conn);
+	if (rc < 0 && e->md->p2p)
+		te_err("segment %s: malformed descriptor from %s", name, *host);
+	else if (rc < 0)
+		te_err("segment %s: malformed descriptor under %s in %s: %.200s", name, key, e->md->conn, val);
 fail:
 	free(val);
 	if (rc < 0) {

@@ -6,7 +6,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y --no-install-recommends \
-  build-essential meson ninja-build pkg-config python3 ca-certificates binutils \
+  build-essential meson ninja-build pkg-config python3 ca-certificates openssl binutils \
   libglib2.0-dev libjson-glib-dev libnuma-dev libsoup-3.0-dev libhiredis-dev \
   libibverbs-dev rdma-core ibverbs-providers liburing-dev \
   etcd-server etcd-client redis-server iperf3 fio iproute2 procps

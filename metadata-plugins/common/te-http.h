@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A small blocking HTTP client for the metadata plugins (etcd, http), built on
+ * libsoup 3. Each client owns one I/O thread with its own main context and
+ * SoupSession: libsoup objects are touched only there, so any number of
+ * caller threads may issue requests at once, and every request is bounded by
+ * its own timeout (the I/O thread cancels it).
+ */
+#ifndef TE_MD_HTTP_H
+#define TE_MD_HTTP_H
+
+#include <stddef.h>
+
+typedef struct te_http te_http;
+
+typedef struct te_http_opts {
+	size_t max_reply;      /* largest reply body accepted (bytes) */
+	unsigned max_conns;    /* connections per host kept by the session */
+	const char *ca_file;   /* PEM file of trusted CAs for https, or NULL */
+} te_http_opts;
+
+/* Starts the client. On failure returns NULL and writes why to `err`
+ * (g_free()d by the caller). */
+te_http *te_http_new(const te_http_opts *opts, char **err);
+/* Stops the I/O thread. No request may be in progress. */
+void te_http_free(te_http *c);
+
+typedef struct te_http_reply {
+	int status;   /* HTTP status */
+	char *body;   /* g_malloc()ed, NUL-terminated (may hold NULs before) */
+	size_t len;
+} te_http_reply;
+
+/*
+ * One request: `method` to `url` with an optional body. Returns 0 when a
+ * response arrived (any status; see reply->status), else a negative errno:
+ * -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH (name did not resolve), -EMSGSIZE
+ * (reply larger than max_reply), -EINVAL (bad URL), -EPROTO (TLS or HTTP
+ * framing), -EIO (other). `*err` (may be NULL) receives a g_malloc()ed
+ * description of a failure. reply->body is g_free()d by the caller.
+ */
+int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
+		    const void *body, size_t len, int timeout_ms, te_http_reply *reply, char **err);
+
+/* Frees reply->body and clears it. */
+void te_http_reply_clear(te_http_reply *reply);
+
+#endif

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * HTTP metadata store: the REST protocol of Mooncake's demo server.
+ *   GET    <url>?key=<escaped key>   200 + value, 404 when missing
+ *   PUT    <url>?key=<escaped key>   body = value, 200 on success
+ *   DELETE <url>?key=<escaped key>   200 (404: already gone)
+ *   GET    <url>                     te-metadata-server only: JSON array of keys
+ * Anything but those statuses is an error. https works when GLib's TLS
+ * backend (glib-networking) is installed.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+
+#include <te/te-plugin.h>
+
+#include "../common/te-http.h"
+
+typedef struct hstore {
+	const te_host *h;
+	char *base;  /* the connection string without a fragment */
+	char sep;    /* '?' or '&': whether base already has a query */
+	int timeout_ms;
+	te_http *http;
+} hstore;
+
+static char *key_url(hstore *s, const char *key)
+{
+	char *esc = g_uri_escape_string(key, NULL, FALSE);
+	char *url = g_strdup_printf("%s%ckey=%s", s->base, s->sep, esc);
+	g_free(esc);
+	return url;
+}
+
+/* Runs one request; logs transport failures. */
+static int call(hstore *s, const char *method, const char *url, const char *key, const void *body,
+		size_t len, te_http_reply *r)
+{
+	char *err = NULL;
+	int rc = te_http_request(s->http, method, url, "application/json", body, len, s->timeout_ms, r,
+				 &err);
+	if (rc < 0)
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' failed: %s", s->base, method, key,
+			  err ? err : strerror(-rc));
+	g_free(err);
+	return rc;
+}
+
+static int refused(hstore *s, const char *method, const char *key, te_http_reply *r)
+{
+	s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' answered %d: %.200s", s->base, method, key,
+		  r->status, r->body ? r->body : "");
+	te_http_reply_clear(r);
+	return TE_ERR_METADATA;
+}
+
+static bool bad_key(hstore *s, const char *key, const char *what)
+{
+	if (key == NULL || *key == '\0') {
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s with an empty key", s->base, what);
+		return true;
+	}
+	return false;
+}
+
+static int http_get(void *ctx, const char *key, char **value, size_t *len)
+{
+	hstore *s = ctx;
+	te_http_reply r;
+
+	*value = NULL;
+	if (bad_key(s, key, "get"))
+		return -EINVAL;
+	char *url = key_url(s, key);
+	int rc = call(s, "GET", url, key, NULL, 0, &r);
+	g_free(url);
+	if (rc < 0)
+		return rc;
+	if (r.status == 404) {
+		te_http_reply_clear(&r);
+		return -ENOENT;
+	}
+	if (r.status != 200)
+		return refused(s, "GET", key, &r);
+	char *out = malloc(r.len + 1);
+	if (out == NULL) {
+		te_http_reply_clear(&r);
+		return -ENOMEM;
+	}
+	memcpy(out, r.body, r.len + 1);
+	*value = out;
+	if (len)
+		*len = r.len;
+	te_http_reply_clear(&r);
+	return 0;
+}
+
+static int http_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
+{
+	hstore *s = ctx;
+	te_http_reply r;
+
+	(void)flags; /* the REST protocol has no notion of liveness */
+	if (bad_key(s, key, "put"))
+		return -EINVAL;
+	if (value == NULL && len > 0) {
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: put '%s' with a NULL value", s->base, key);
+		return -EINVAL;
+	}
+	char *url = key_url(s, key);
+	int rc = call(s, "PUT", url, key, value ? value : "", len, &r);
+	g_free(url);
+	if (rc < 0)
+		return rc;
+	if (r.status != 200)
+		return refused(s, "PUT", key, &r);
+	te_http_reply_clear(&r);
+	return 0;
+}
+
+static int http_remove(void *ctx, const char *key)
+{
+	hstore *s = ctx;
+	te_http_reply r;
+
+	if (bad_key(s, key, "remove"))
+		return -EINVAL;
+	char *url = key_url(s, key);
+	int rc = call(s, "DELETE", url, key, NULL, 0, &r);
+	g_free(url);
+	if (rc < 0)
+		return rc;
+	if (r.status != 200 && r.status != 404)
+		return refused(s, "DELETE", key, &r);
+	te_http_reply_clear(&r);
+	return 0;
+}
+
+static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
+{
+	hstore *s = ctx;
+	te_http_reply r;
+	JsonParser *p = NULL;
+	GError *e = NULL;
+
+	*keys = NULL;
+	*n = 0;
+	if (prefix == NULL)
+		prefix = "";
+	char *esc = g_uri_escape_string(prefix, NULL, FALSE);
+	char *url = g_strdup_printf("%s%cprefix=%s", s->base, s->sep, esc);
+	g_free(esc);
+	int rc = call(s, "GET", url, prefix, NULL, 0, &r);
+	g_free(url);
+	if (rc < 0)
+		return rc;
+	if (r.status != 200) {
+		/* Servers that only know the three key calls answer 400 or 404. */
+		s->h->log(s->h, TE_LOG_INFO, "http store %s cannot list keys (answered %d)", s->base, r.status);
+		te_http_reply_clear(&r);
+		return -ENOTSUP;
+	}
+	p = json_parser_new();
+	if (!json_parser_load_from_data(p, r.body, (gssize)r.len, &e) ||
+	    !JSON_NODE_HOLDS_ARRAY(json_parser_get_root(p))) {
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: the key list is not a JSON array (%s): %.200s",
+			  s->base, e ? e->message : "other JSON", r.body);
+		if (e)
+			g_error_free(e);
+		g_object_unref(p);
+		te_http_reply_clear(&r);
+		return TE_ERR_METADATA;
+	}
+	JsonArray *a = json_node_get_array(json_parser_get_root(p));
+	guint count = json_array_get_length(a);
+	char **out = count ? calloc(count, sizeof *out) : NULL;
+	size_t got = 0;
+	rc = count && out == NULL ? -ENOMEM : 0;
+	for (guint i = 0; rc == 0 && i < count; i++) {
+		JsonNode *nd = json_array_get_element(a, i);
+		const char *k = JSON_NODE_HOLDS_VALUE(nd) && json_node_get_value_type(nd) == G_TYPE_STRING
+					? json_node_get_string(nd)
+					: NULL;
+		if (k == NULL || !g_str_has_prefix(k, prefix))
+			continue;
+		out[got] = strdup(k);
+		if (out[got] == NULL)
+			rc = -ENOMEM;
+		else
+			got++;
+	}
+	if (rc < 0) {
+		for (size_t i = 0; i < got; i++)
+			free(out[i]);
+		free(out);
+	} else {
+		*keys = out;
+		*n = got;
+	}
+	g_object_unref(p);
+	te_http_reply_clear(&r);
+	return rc;
+}
+
+static void http_close(void *ctx)
+{
+	hstore *s = ctx;
+
+	if (s == NULL)
+		return;
+	te_http_free(s->http);
+	g_free(s->base);
+	g_free(s);
+}
+
+static int http_open(const te_host *h, const char *conn, void **ctx)
+{
+	GError *e = NULL;
+	char *err = NULL;
+
+	*ctx = NULL;
+	GUri *u = conn ? g_uri_parse(conn, G_URI_FLAGS_ENCODED, &e) : NULL;
+	if (u == NULL) {
+		h->log(h, TE_LOG_ERROR, "http store: '%s' is not a URL: %s", conn ? conn : "(null)",
+		       e ? e->message : "NULL");
+		if (e)
+			g_error_free(e);
+		return -EINVAL;
+	}
+	const char *scheme = g_uri_get_scheme(u);
+	if ((g_ascii_strcasecmp(scheme, "http") != 0 && g_ascii_strcasecmp(scheme, "https") != 0) ||
+	    g_uri_get_host(u) == NULL || *g_uri_get_host(u) == '\0') {
+		h->log(h, TE_LOG_ERROR, "http store: '%s' needs an http:// or https:// URL with a host", conn);
+		g_uri_unref(u);
+		return -EINVAL;
+	}
+	hstore *s = g_new0(hstore, 1);
+	s->h = h;
+	GUri *nofrag = g_uri_build(g_uri_get_flags(u), scheme, g_uri_get_userinfo(u), g_uri_get_host(u),
+				   g_uri_get_port(u), g_uri_get_path(u), g_uri_get_query(u), NULL);
+	s->base = g_uri_to_string(nofrag);
+	s->sep = g_uri_get_query(u) != NULL ? '&' : '?';
+	g_uri_unref(nofrag);
+	g_uri_unref(u);
+
+	s->timeout_ms = (int)te_host_config_u64(h, "TE_HTTP_TIMEOUT_MS", NULL, 5000, 10, 600000);
+	te_http_opts o = {
+		.max_reply = te_host_config_u64(h, "TE_HTTP_MAX_REPLY", NULL, 64u << 20, 4096, 1ull << 32),
+		.max_conns = 8,
+		.ca_file = h->config(h, "TE_HTTP_CA_FILE", NULL),
+	};
+	s->http = te_http_new(&o, &err);
+	if (s->http == NULL) {
+		h->log(h, TE_LOG_ERROR, "http store %s: %s", s->base, err ? err : "HTTP client failed to start");
+		g_free(err);
+		http_close(s);
+		return -EINVAL;
+	}
+	*ctx = s;
+	return 0;
+}
+
+static const char *const http_schemes[] = { "http", "https", NULL };
+
+static const te_metadata_ops http_ops = {
+	.size = sizeof(te_metadata_ops),
+	.schemes = http_schemes,
+	.open = http_open,
+	.close = http_close,
+	.get = http_get,
+	.put = http_put,
+	.remove = http_remove,
+	.list = http_list,
+};
+
+TE_PLUGIN_DEFINE(TE_KIND_METADATA, "http", "1.0.0",
+		 "HTTP metadata store (GET/PUT/DELETE <url>?key=..., te-metadata-server or compatible)",
+		 "Apache-2.0", &http_ops)

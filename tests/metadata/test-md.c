@@ -1,0 +1,1112 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Metadata store tests against real servers (etcd, redis-server,
+ * te-metadata-server) that the test starts on free loopback ports in a
+ * temporary directory and stops at the end, even on failure.
+ *
+ *   test-md <case>     one case per meson test; see `cases` at the bottom
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <te/te-plugin.h>
+
+#include "md-harness.h"
+
+#define BUFSZ (1u << 20)
+
+/* ----------------------------------------------------- plugin, directly */
+
+/* The plugins' own ops with a host table of our own: for list(), which the
+ * public API does not expose, and for options read from the environment. */
+static void direct_log(const te_host *h, int level, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	(void)h;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	cap_log(level, "direct", msg, NULL);
+}
+
+static const char *direct_config(const te_host *h, const char *te_name, const char *mc_name)
+{
+	(void)h;
+	const char *v = te_name ? getenv(te_name) : NULL;
+	return v ? v : mc_name ? getenv(mc_name) : NULL;
+}
+
+static const te_host direct_host = {
+	.size = sizeof(te_host),
+	.abi_minor = TE_PLUGIN_ABI_MINOR,
+	.log = direct_log,
+	.config = direct_config,
+};
+
+static const te_metadata_ops *plugin_ops(const char *name)
+{
+	char path[4096];
+	const char *dirs = getenv("TE_PLUGIN_PATH");
+	REQUIRE(dirs != NULL);
+	char *copy = strdup(dirs), *save = NULL;
+	void *h = NULL;
+	for (char *d = strtok_r(copy, ":", &save); d && !h; d = strtok_r(NULL, ":", &save)) {
+		snprintf(path, sizeof path, "%s/libte-metadata-%s.so", d, name);
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	}
+	free(copy);
+	REQUIRE(h != NULL);
+	te_plugin_entry_fn entry;
+	*(void **)&entry = dlsym(h, TE_PLUGIN_ENTRY_SYMBOL);
+	REQUIRE(entry != NULL);
+	const te_plugin_desc *d = entry();
+	REQUIRE(d && d->kind == TE_KIND_METADATA && strcmp(d->name, name) == 0);
+	return d->ops;
+}
+
+static bool list_has(char **keys, size_t n, const char *k)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(keys[i], k) == 0)
+			return true;
+	return false;
+}
+
+static void free_list(char **keys, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(keys[i]);
+	free(keys);
+}
+
+/* list() through the plugin: keys under a prefix, and only those. */
+static void check_list(const char *plugin, const char *conn)
+{
+	const te_metadata_ops *o = plugin_ops(plugin);
+	void *ctx = NULL;
+	char **keys = NULL;
+	size_t n = 0;
+	char pre[64], k[128];
+
+	REQUIRE(o->open(&direct_host, conn, &ctx) == 0);
+	snprintf(pre, sizeof pre, "mooncake/list-%d/", (int)getpid());
+	for (int i = 0; i < 5; i++) {
+		snprintf(k, sizeof k, "%s%d", pre, i);
+		CHECK_EQ(o->put(ctx, k, "{}", 2, 0), 0);
+	}
+	CHECK_EQ(o->put(ctx, "mooncake/list-other", "{}", 2, 0), 0);
+	CHECK_EQ(o->list(ctx, pre, &keys, &n), 0);
+	CHECK_EQ(n, 5);
+	snprintf(k, sizeof k, "%s3", pre);
+	CHECK(list_has(keys, n, k));
+	CHECK(!list_has(keys, n, "mooncake/list-other"));
+	free_list(keys, n);
+	CHECK_EQ(o->list(ctx, "mooncake/list-nothing-here/", &keys, &n), 0);
+	CHECK_EQ(n, 0);
+	free_list(keys, n);
+	for (int i = 0; i < 5; i++) {
+		snprintf(k, sizeof k, "%s%d", pre, i);
+		CHECK_EQ(o->remove(ctx, k), 0);
+	}
+	CHECK_EQ(o->remove(ctx, "mooncake/list-other"), 0);
+	CHECK_EQ(o->list(ctx, pre, &keys, &n), 0);
+	CHECK_EQ(n, 0);
+	free_list(keys, n);
+	o->close(ctx);
+}
+
+/* ---------------------------------------------------------- store basics */
+
+typedef struct worker_arg {
+	te_metadata *md;
+	int id;
+	int failures;
+} worker_arg;
+
+static void *worker(void *p)
+{
+	worker_arg *w = p;
+	char key[96], val[96], *got = NULL;
+	size_t len;
+
+	for (int i = 0; i < 40; i++) {
+		snprintf(key, sizeof key, "mooncake/thr-%d/%d", (int)getpid(), w->id);
+		snprintf(val, sizeof val, "{\"thread\":%d,\"round\":%d}", w->id, i);
+		if (te_metadata_put(w->md, key, val, strlen(val)) != 0 ||
+		    te_metadata_get(w->md, key, &got, &len) != 0 || len != strlen(val) || strcmp(got, val) != 0)
+			w->failures++;
+		te_free(got);
+		got = NULL;
+	}
+	if (te_metadata_remove(w->md, key) != 0)
+		w->failures++;
+	return NULL;
+}
+
+/* Put, get, overwrite, remove, odd keys and values, a large value, many
+ * threads at once: what every store must do the same way. */
+static void check_store_basics(const char *conn)
+{
+	te_metadata *md = NULL;
+	char *v = NULL;
+	size_t len = 0;
+	const char *odd_key = "mooncake/ram/odd key+%&?=#/\xc3\xbc";
+	const char *odd_val = "{\"s\":\"quote \\\" nl \\n \xe2\x82\xac\",\"n\":[1,2,3]}\n";
+
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/ram/does-not-exist", &v, &len), -ENOENT);
+	CHECK(v == NULL);
+	CHECK_EQ(te_metadata_put(md, odd_key, odd_val, strlen(odd_val)), 0);
+	CHECK_EQ(te_metadata_get(md, odd_key, &v, &len), 0);
+	CHECK(v && len == strlen(odd_val) && strcmp(v, odd_val) == 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_put(md, odd_key, "{\"v\":2}", 7), 0);
+	CHECK_EQ(te_metadata_get(md, odd_key, &v, &len), 0);
+	CHECK(v && len == 7 && strcmp(v, "{\"v\":2}") == 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_remove(md, odd_key), 0);
+	CHECK_EQ(te_metadata_get(md, odd_key, &v, &len), -ENOENT);
+	CHECK_EQ(te_metadata_remove(md, odd_key), 0); /* missing: not an error */
+
+	/* 1 MiB value, every byte checked */
+	size_t big = 1u << 20;
+	char *bv = malloc(big + 1);
+	for (size_t i = 0; i < big; i++)
+		bv[i] = (char)('a' + (i * 7) % 26);
+	bv[big] = '\0';
+	CHECK_EQ(te_metadata_put(md, "mooncake/big", bv, big), 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/big", &v, &len), 0);
+	CHECK(v && len == big && memcmp(v, bv, big) == 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/big"), 0);
+	free(bv);
+
+	/* the same handle from 8 threads */
+	pthread_t t[8];
+	worker_arg w[8];
+	for (int i = 0; i < 8; i++) {
+		w[i] = (worker_arg){ md, i, 0 };
+		REQUIRE(pthread_create(&t[i], NULL, worker, &w[i]) == 0);
+	}
+	int fails = 0;
+	for (int i = 0; i < 8; i++) {
+		pthread_join(t[i], NULL);
+		fails += w[i].failures;
+	}
+	CHECK_EQ(fails, 0);
+	te_metadata_close(md);
+}
+
+/* An engine publishes rpc_meta and its descriptor in Mooncake's form, and
+ * removes both at shutdown. */
+static void check_engine_keys(const char *conn)
+{
+	te_engine *e = NULL;
+	te_metadata *md = NULL;
+	te_option opt[1] = { { "ip_or_host_name", "127.0.0.1" } };
+	char name[64], rkey[256], skey[256], *v = NULL, want[128];
+	size_t len;
+
+	snprintf(name, sizeof name, "keys-%d", (int)getpid());
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	REQUIRE(te_engine_create(conn, name, opt, 1, &e) == 0);
+	te_metadata_rpc_key(name, rkey, sizeof rkey);
+	te_metadata_segment_key(name, skey, sizeof skey);
+	CHECK_EQ(te_metadata_get(md, rkey, &v, &len), 0);
+	snprintf(want, sizeof want, "\"rpc_port\":%d", te_engine_rpc_port(e));
+	CHECK(v && strstr(v, want) && strstr(v, "\"ip_or_host_name\":\"127.0.0.1\""));
+	te_free(v);
+	CHECK_EQ(te_metadata_get(md, skey, &v, &len), 0);
+	snprintf(want, sizeof want, "\"name\":\"%s\"", name);
+	CHECK(v && strstr(v, want) && strstr(v, "\"buffers\":[]"));
+	te_free(v);
+	te_engine_destroy(e);
+	CHECK_EQ(te_metadata_get(md, rkey, &v, &len), -ENOENT);
+	CHECK_EQ(te_metadata_get(md, skey, &v, &len), -ENOENT);
+	te_metadata_close(md);
+}
+
+/* Values that are not JSON, or not the JSON expected, under an engine's keys:
+ * opening the segment fails with an error and a log line that names the key
+ * and the store; the engine goes on working. */
+static void check_malformed(const char *conn)
+{
+	te_engine *e = NULL;
+	te_metadata *md = NULL;
+	te_option opt[1] = { { "ip_or_host_name", "127.0.0.1" } };
+	char me[64], bogus[64], rkey[256], skey[256], need[300];
+
+	snprintf(me, sizeof me, "mal-%d", (int)getpid());
+	snprintf(bogus, sizeof bogus, "bogus-%d", (int)getpid());
+	te_metadata_rpc_key(bogus, rkey, sizeof rkey);
+	te_metadata_segment_key(bogus, skey, sizeof skey);
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	REQUIRE(te_engine_create(conn, me, opt, 1, &e) == 0);
+
+	cap_start();
+	CHECK_EQ(te_metadata_put(md, rkey, "{\"ip_or_host_name\":\"127.0.0.1\",\"rpc_port\":1}", 44), 0);
+	CHECK_EQ(te_metadata_put(md, skey, "{not json at all", 16), 0);
+	CHECK(te_segment_open(e, bogus) < 0);
+	snprintf(need, sizeof need, "malformed descriptor under %s in %s", skey, conn);
+	CHECK(cap_has(need));
+
+	CHECK_EQ(te_metadata_put(md, skey, "{\"name\":\"x\",\"protocol\":\"tcp\",\"buffers\":[]}", 41), 0);
+	CHECK_EQ(te_metadata_put(md, rkey, "[\"not\",\"an object\"", 18), 0);
+	CHECK(te_segment_open(e, bogus) < 0);
+	snprintf(need, sizeof need, "malformed value under %s in %s", rkey, conn);
+	CHECK(cap_has(need));
+
+	/* the engine still works: its own segment and the store */
+	CHECK_EQ(te_segment_open(e, me), TE_LOCAL_SEGMENT);
+	CHECK_EQ(te_metadata_remove(md, rkey), 0);
+	CHECK_EQ(te_metadata_remove(md, skey), 0);
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(e);
+	te_metadata_close(md);
+}
+
+/* A store that refuses connections, and one that never answers: clear,
+ * bounded failures. `timeout_env` is set to 300 ms for the second. */
+static void check_unreachable(const char *scheme_fmt, const char *timeout_env)
+{
+	char conn[128];
+	te_engine *e = NULL;
+	te_metadata *md = NULL;
+	char *v = NULL;
+	size_t len;
+
+	snprintf(conn, sizeof conn, scheme_fmt, free_port());
+	cap_start();
+	long long t0 = now_ms();
+	int rc = te_engine_create(conn, "nobody", NULL, 0, &e);
+	CHECK(rc < 0 && rc != -ENOENT && e == NULL);
+	CHECK(now_ms() - t0 < 15000);
+	CHECK(cap_has(conn));
+
+	int hole_port;
+	int hole = blackhole_listen(&hole_port);
+	snprintf(conn, sizeof conn, scheme_fmt, hole_port);
+	setenv(timeout_env, "300", 1);
+	if (te_metadata_open(conn, &md) == 0) { /* redis connects at open: it fails there */
+		t0 = now_ms();
+		CHECK_EQ(te_metadata_get(md, "mooncake/x", &v, &len), -ETIMEDOUT);
+		CHECK(now_ms() - t0 < 3000);
+		te_metadata_close(md);
+	} else {
+		CHECK(now_ms() - t0 < 3000);
+	}
+	t0 = now_ms();
+	rc = te_engine_create(conn, "nobody", NULL, 0, &e);
+	CHECK(rc == -ETIMEDOUT && e == NULL);
+	CHECK(now_ms() - t0 < 5000);
+	unsetenv(timeout_env);
+	close(hole);
+	te_set_log_handler(NULL, NULL);
+}
+
+/* ------------------------------------------------------ peers, transfers */
+
+typedef struct peer {
+	pid_t pid;
+	int in, out;
+	char name[64];
+} peer;
+
+static bool read_line(int fd, char *buf, size_t cap, int timeout_ms)
+{
+	size_t n = 0;
+	long long end = now_ms() + timeout_ms;
+
+	while (n + 1 < cap) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		long long left = end - now_ms();
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+			return false;
+		ssize_t r = read(fd, buf + n, 1);
+		if (r <= 0)
+			return false;
+		if (buf[n] == '\n') {
+			buf[n] = '\0';
+			return true;
+		}
+		n++;
+	}
+	return false;
+}
+
+/* Starts a target engine; `transport` "" installs none (for tests of keys
+ * only), NULL the default (tcp). */
+static bool peer_start_with(peer *p, const char *conn, const char *tag, unsigned seed, char *const env[],
+			    const char *transport)
+{
+	char size[32], seeds[16], line[256];
+
+	snprintf(p->name, sizeof p->name, "%s-%d", tag, (int)getpid());
+	snprintf(size, sizeof size, "%u", BUFSZ);
+	snprintf(seeds, sizeof seeds, "%u", seed);
+	char *argv[] = { getenv("TE_MD_PEER"), (char *)conn, p->name, size, seeds, (char *)transport, NULL };
+	REQUIRE(argv[0] != NULL);
+	p->pid = spawn(argv, env, NULL, &p->in, &p->out);
+	if (!read_line(p->out, line, sizeof line, 30000) || strncmp(line, "READY ", 6) != 0) {
+		fprintf(stderr, "  peer %s did not come up (said '%s')\n", p->name, line);
+		return false;
+	}
+	return true;
+}
+
+static bool peer_start(peer *p, const char *conn, const char *tag, unsigned seed, char *const env[])
+{
+	return peer_start_with(p, conn, tag, seed, env, NULL);
+}
+
+static bool peer_cmd(peer *p, const char *cmd, char *reply, size_t cap)
+{
+	size_t n = strlen(cmd);
+	if (write(p->in, cmd, n) != (ssize_t)n || write(p->in, "\n", 1) != 1)
+		return false;
+	return read_line(p->out, reply, cap, 30000);
+}
+
+/* Asks the peer to quit; its exit status (0 = clean) or -1. */
+static int peer_quit(peer *p)
+{
+	char line[64] = "";
+	peer_cmd(p, "quit", line, sizeof line);
+	int st = wait_child(p->pid, 30000);
+	close(p->in);
+	close(p->out);
+	if (st < 0) {
+		stop_child(p->pid, SIGKILL);
+		return -1;
+	}
+	return WIFEXITED(st) && strcmp(line, "BYE") == 0 ? WEXITSTATUS(st) : -1;
+}
+
+static void peer_kill(peer *p)
+{
+	stop_child(p->pid, SIGKILL);
+	close(p->in);
+	close(p->out);
+}
+
+static te_engine *initiator(const char *conn, char *const env[])
+{
+	te_engine *e = NULL;
+	te_option opt[2] = { { "ip_or_host_name", "127.0.0.1" }, { "transports", "tcp" } };
+	char name[64];
+
+	for (int i = 0; env && env[i]; i++)
+		putenv(env[i]);
+	snprintf(name, sizeof name, "init-%d", (int)getpid());
+	int rc = te_engine_create(conn, name, opt, 2, &e);
+	if (rc != 0)
+		fprintf(stderr, "  initiator on %s: %s\n", conn, te_strerror(rc));
+	return e;
+}
+
+/* Reads the peer's first buffer (pattern `seed`), writes pattern `seed2`
+ * over it, reads it back, and has the peer confirm what it holds. */
+static void transfer_round(te_engine *e, te_segment_id seg, peer *p, unsigned seed, unsigned seed2)
+{
+	te_segment_buffer sb[4];
+	unsigned char *local = aligned_alloc(4096, BUFSZ), *want = malloc(BUFSZ);
+	char line[64], cmd[64];
+
+	REQUIRE(te_register_memory(e, local, BUFSZ, "cpu:0", 0) == 0);
+	int nb = te_segment_buffers(e, seg, sb, 4);
+	CHECK(nb >= 1);
+	/* buffers come sorted by address: find the first registration */
+	for (int i = 1; i < nb && i < 4; i++)
+		if (sb[i].length == BUFSZ)
+			sb[0] = sb[i];
+	CHECK(nb >= 1 && sb[0].length == BUFSZ);
+	if (nb >= 1 && sb[0].length == BUFSZ) {
+		memset(local, 0, BUFSZ);
+		fill_pattern(want, BUFSZ, seed);
+		CHECK_EQ(run_one(e, TE_OP_READ, seg, local, sb[0].addr, BUFSZ, NULL), TE_TASK_COMPLETED);
+		CHECK(memcmp(local, want, BUFSZ) == 0);
+		fill_pattern(local, BUFSZ, seed2);
+		CHECK_EQ(run_one(e, TE_OP_WRITE, seg, local, sb[0].addr, BUFSZ, NULL), TE_TASK_COMPLETED);
+		memset(local, 0, BUFSZ);
+		CHECK_EQ(run_one(e, TE_OP_READ, seg, local, sb[0].addr + 4096, BUFSZ - 4096, NULL),
+			 TE_TASK_COMPLETED);
+		fill_pattern(want, BUFSZ, seed2);
+		CHECK(memcmp(local, want + 4096, BUFSZ - 4096) == 0);
+		snprintf(cmd, sizeof cmd, "check %u", seed2);
+		CHECK(peer_cmd(p, cmd, line, sizeof line) && strcmp(line, "OK") == 0);
+	}
+	CHECK_EQ(te_unregister_memory(e, local), 0);
+	free(local);
+	free(want);
+}
+
+/* Whether `name`'s rpc_meta and descriptor keys exist. 2 both, 0 none. */
+static int keys_of(te_metadata *md, const char *name)
+{
+	char k[256], *v = NULL;
+	size_t len;
+	int n = 0;
+
+	te_metadata_rpc_key(name, k, sizeof k);
+	if (te_metadata_get(md, k, &v, &len) == 0)
+		n++;
+	te_free(v);
+	v = NULL;
+	te_metadata_segment_key(name, k, sizeof k);
+	if (te_metadata_get(md, k, &v, &len) == 0)
+		n++;
+	te_free(v);
+	return n;
+}
+
+static bool have_tcp(void)
+{
+	char *text = NULL;
+	te_plugin_foreach(NULL, NULL);
+	int rc = te_plugin_report("tcp", &text);
+	te_free(text);
+	if (rc == -ENOENT)
+		fprintf(stderr, "  the tcp transport plugin was not found\n");
+	return rc != -ENOENT;
+}
+
+/* Two engines in two processes meet through the store at `conn` and move
+ * verified data over TCP; their keys are gone after shutdown. */
+static void two_engines(const char *conn, char *const peer_env[], char *const init_env[])
+{
+	peer p;
+	te_metadata *md = NULL;
+
+	REQUIRE(have_tcp());
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	REQUIRE(peer_start(&p, conn, "target", 7, peer_env));
+	CHECK_EQ(keys_of(md, p.name), 2);
+	te_engine *e = initiator(conn, init_env);
+	REQUIRE(e != NULL);
+	te_segment_id seg = te_segment_open(e, p.name);
+	CHECK(seg > 0);
+	if (seg > 0) {
+		transfer_round(e, seg, &p, 7, 8);
+		CHECK_EQ(te_segment_close(e, seg), 0);
+	}
+	char me[64];
+	snprintf(me, sizeof me, "%s", te_engine_name(e));
+	CHECK_EQ(keys_of(md, me), 2);
+	CHECK_EQ(peer_quit(&p), 0);
+	CHECK_EQ(keys_of(md, p.name), 0);
+	te_engine_destroy(e);
+	CHECK_EQ(keys_of(md, me), 0);
+	te_metadata_close(md);
+}
+
+/* ------------------------------------------------------------------ etcd */
+
+static etcd_member etcd1[1];
+static char etcd_conn[256];
+
+static void etcd_single(void)
+{
+	etcd_start(etcd1, 1, "single");
+	snprintf(etcd_conn, sizeof etcd_conn, "etcd://127.0.0.1:%d", etcd1[0].client_port);
+}
+
+/* The lease an etcd key is attached to ("0" when none), read raw. */
+static void etcd_key_lease(int port, const char *key, char *lease, size_t cap)
+{
+	char *k64 = NULL, body[4096], req[512];
+	/* base64 by hand: keys here are short ASCII */
+	static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t n = strlen(key), o = 0;
+	k64 = malloc(4 * (n / 3 + 2));
+	for (size_t i = 0; i < n; i += 3) {
+		unsigned v = (unsigned char)key[i] << 16 | (i + 1 < n ? (unsigned char)key[i + 1] << 8 : 0) |
+			     (i + 2 < n ? (unsigned char)key[i + 2] : 0);
+		k64[o++] = tbl[v >> 18 & 63];
+		k64[o++] = tbl[v >> 12 & 63];
+		k64[o++] = i + 1 < n ? tbl[v >> 6 & 63] : '=';
+		k64[o++] = i + 2 < n ? tbl[v & 63] : '=';
+	}
+	k64[o] = '\0';
+	snprintf(req, sizeof req, "{\"key\":\"%s\"}", k64);
+	free(k64);
+	snprintf(lease, cap, "none");
+	if (http_raw(port, "POST", "/v3/kv/range", NULL, req, strlen(req), body, sizeof body) != 200)
+		return;
+	const char *l = strstr(body, "\"lease\":\"");
+	if (strstr(body, "\"kvs\"") == NULL)
+		return;
+	if (l == NULL) {
+		snprintf(lease, cap, "0");
+		return;
+	}
+	l += 9;
+	size_t m = strcspn(l, "\"");
+	snprintf(lease, cap, "%.*s", (int)m, l);
+}
+
+static void case_etcd_basic(void)
+{
+	etcd_single();
+	check_store_basics(etcd_conn);
+	/* the bare host:port form means etcd too */
+	char bare[64];
+	snprintf(bare, sizeof bare, "127.0.0.1:%d", etcd1[0].client_port);
+	check_store_basics(bare);
+	check_engine_keys(etcd_conn);
+	check_malformed(etcd_conn);
+	check_list("etcd", etcd_conn);
+	check_unreachable("etcd://127.0.0.1:%d", "TE_ETCD_TIMEOUT_MS");
+
+	/* connection strings that are wrong, and a scheme nobody serves */
+	te_metadata *md = NULL;
+	te_engine *e = NULL;
+	CHECK_EQ(te_metadata_open("etcd://", &md), -EINVAL);
+	CHECK_EQ(te_metadata_open("etcd://host:99999", &md), -EINVAL);
+	CHECK_EQ(te_metadata_open("etcd://a b:1", &md), -EINVAL);
+	CHECK(te_engine_create("gopher://127.0.0.1:70", "x", NULL, 0, &e) < 0 && e == NULL);
+
+	/* Keys the engine owns are leased; keys put by hand are not. */
+	te_option opt[1] = { { "ip_or_host_name", "127.0.0.1" } };
+	REQUIRE(te_engine_create(etcd_conn, "leased", opt, 1, &e) == 0);
+	REQUIRE(te_metadata_open(etcd_conn, &md) == 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/plain", "{}", 2), 0);
+	char k[256], lease[64];
+	te_metadata_rpc_key("leased", k, sizeof k);
+	etcd_key_lease(etcd1[0].client_port, k, lease, sizeof lease);
+	CHECK(strcmp(lease, "0") != 0 && strcmp(lease, "none") != 0);
+	etcd_key_lease(etcd1[0].client_port, "mooncake/plain", lease, sizeof lease);
+	CHECK(strcmp(lease, "0") == 0);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/plain"), 0);
+	te_engine_destroy(e);
+	te_metadata_close(md);
+}
+
+static void case_etcd_engines(void)
+{
+	etcd_single();
+	two_engines(etcd_conn, NULL, NULL);
+}
+
+/* Three members; the one both engines talk to is killed mid-test. */
+static void case_etcd_cluster(void)
+{
+	etcd_member m[3];
+	char conn[256], only2[64], line[64];
+	peer p;
+	te_metadata *md2 = NULL;
+
+	REQUIRE(have_tcp());
+	etcd_start(m, 3, "cluster");
+	snprintf(conn, sizeof conn, "etcd://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", m[0].client_port,
+		 m[1].client_port, m[2].client_port);
+	snprintf(only2, sizeof only2, "etcd://127.0.0.1:%d", m[2].client_port);
+	REQUIRE(peer_start(&p, conn, "target", 11, NULL));
+	te_engine *e = initiator(conn, NULL);
+	REQUIRE(e != NULL);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0);
+	transfer_round(e, seg, &p, 11, 12);
+	CHECK_EQ(te_segment_close(e, seg), 0);
+
+	stop_child(m[0].pid, SIGKILL);
+	fprintf(stderr, "  member 0 (port %d) killed\n", m[0].client_port);
+
+	/* The target registers more memory: its descriptor is published again
+	 * through the surviving members. */
+	CHECK(peer_cmd(&p, "register 65536 99", line, sizeof line) && strcmp(line, "REG") == 0);
+	seg = te_segment_open(e, p.name); /* fetched through the survivors */
+	CHECK(seg > 0);
+	if (seg > 0) {
+		te_segment_buffer sb[4];
+		CHECK_EQ(te_segment_buffers(e, seg, sb, 4), 2);
+		transfer_round(e, seg, &p, 12, 13);
+		CHECK_EQ(te_segment_close(e, seg), 0);
+	}
+	REQUIRE(te_metadata_open(only2, &md2) == 0);
+	CHECK_EQ(keys_of(md2, p.name), 2);
+	CHECK_EQ(peer_quit(&p), 0);
+	CHECK_EQ(keys_of(md2, p.name), 0);
+	char me[64];
+	snprintf(me, sizeof me, "%s", te_engine_name(e));
+	te_engine_destroy(e);
+	CHECK_EQ(keys_of(md2, me), 0);
+	te_metadata_close(md2);
+}
+
+/* Polls until `name`'s keys are in state `want` (2 or 0); elapsed ms or -1. */
+static long long wait_keys(te_metadata *md, const char *name, int want, int timeout_ms)
+{
+	long long t0 = now_ms();
+	while (now_ms() - t0 < timeout_ms) {
+		if (keys_of(md, name) == want)
+			return now_ms() - t0;
+		usleep(100000);
+	}
+	return -1;
+}
+
+static void case_etcd_lease(void)
+{
+	static char ttl_env[] = "TE_ETCD_LEASE_TTL=2";
+	static char off_env[] = "TE_ETCD_LEASE=0";
+	char *leased[] = { ttl_env, NULL };
+	char *unleased[] = { ttl_env, off_env, NULL };
+	te_metadata *md = NULL;
+	peer p;
+	char k[256], lease[64], lease2[64];
+
+	etcd_single();
+	REQUIRE(te_metadata_open(etcd_conn, &md) == 0);
+
+	/* Alive for three TTLs: the keep-alives hold the keys. */
+	REQUIRE(peer_start_with(&p, etcd_conn, "leased", 1, leased, ""));
+	usleep(6000 * 1000);
+	CHECK_EQ(keys_of(md, p.name), 2);
+
+	/* Revoked behind the engine's back: it notices and puts them back. */
+	te_metadata_rpc_key(p.name, k, sizeof k);
+	etcd_key_lease(etcd1[0].client_port, k, lease, sizeof lease);
+	char body[128];
+	snprintf(body, sizeof body, "{\"ID\":\"%s\"}", lease);
+	CHECK_EQ(http_raw(etcd1[0].client_port, "POST", "/v3/lease/revoke", NULL, body, strlen(body), NULL, 0),
+		 200);
+	CHECK(wait_keys(md, p.name, 0, 2000) >= 0);
+	long long back = wait_keys(md, p.name, 2, 5000);
+	CHECK(back >= 0);
+	fprintf(stderr, "  keys back %lld ms after the lease was revoked\n", back);
+	etcd_key_lease(etcd1[0].client_port, k, lease2, sizeof lease2);
+	CHECK(strcmp(lease2, lease) != 0 && strcmp(lease2, "0") != 0);
+
+	/* kill -9: the keys vanish within the TTL. */
+	long long t0 = now_ms();
+	peer_kill(&p);
+	long long gone = wait_keys(md, p.name, 0, 10000);
+	gone = gone < 0 ? -1 : now_ms() - t0;
+	fprintf(stderr, "  keys of the killed engine gone after %lld ms (TTL 2 s)\n", gone);
+	CHECK(gone >= 0 && gone <= 2000 + 1000); /* TTL plus etcd's 500 ms expiry sweep */
+
+	/* With leases off the keys of a killed engine stay. */
+	REQUIRE(peer_start_with(&p, etcd_conn, "unleased", 2, unleased, ""));
+	te_metadata_rpc_key(p.name, k, sizeof k);
+	etcd_key_lease(etcd1[0].client_port, k, lease, sizeof lease);
+	CHECK(strcmp(lease, "0") == 0);
+	peer_kill(&p);
+	usleep(4000 * 1000);
+	CHECK_EQ(keys_of(md, p.name), 2);
+	te_metadata_rpc_key(p.name, k, sizeof k);
+	CHECK_EQ(te_metadata_remove(md, k), 0);
+	te_metadata_segment_key(p.name, k, sizeof k);
+	CHECK_EQ(te_metadata_remove(md, k), 0);
+	te_metadata_close(md);
+}
+
+/* ----------------------------------------------------------------- redis */
+
+static int redis_port;
+static char redis_conn[256];
+
+static pid_t redis_single(const char *const *extra)
+{
+	redis_port = free_port();
+	pid_t pid = redis_start(redis_port, tmp_path("redis"), extra);
+	snprintf(redis_conn, sizeof redis_conn, "redis://127.0.0.1:%d", redis_port);
+	return pid;
+}
+
+static void case_redis_basic(void)
+{
+	te_metadata *md = NULL;
+	char c[128];
+
+	redis_single(NULL);
+	check_store_basics(redis_conn);
+	check_engine_keys(redis_conn);
+	check_malformed(redis_conn);
+	check_list("redis", redis_conn);
+	check_unreachable("redis://127.0.0.1:%d", "TE_REDIS_TIMEOUT_MS");
+	snprintf(c, sizeof c, "redis://127.0.0.1:%d/abc", redis_port);
+	CHECK_EQ(te_metadata_open(c, &md), -EINVAL);
+	snprintf(c, sizeof c, "redis://127.0.0.1:%d/256", redis_port);
+	CHECK_EQ(te_metadata_open(c, &md), -EINVAL);
+	snprintf(c, sizeof c, "redis://127.0.0.1:%d?x=1", redis_port);
+	CHECK_EQ(te_metadata_open(c, &md), -EINVAL);
+}
+
+static void case_redis_auth(void)
+{
+	static const char *extra[] = { "--requirepass", "s3cret", NULL };
+	te_metadata *md = NULL, *md3 = NULL;
+	te_engine *e = NULL;
+	char c[160], *v = NULL, r[256];
+	size_t len;
+
+	redis_single(extra);
+	/* no password: refused, and the log says what is missing */
+	cap_start();
+	CHECK_EQ(te_engine_create(redis_conn, "x", NULL, 0, &e), -EACCES);
+	CHECK(cap_has("TE_REDIS_PASSWORD"));
+	/* wrong password, from the environment; the password is never logged */
+	setenv("TE_REDIS_PASSWORD", "wrong-pw", 1);
+	cap_start();
+	CHECK_EQ(te_metadata_open(redis_conn, &md), -EACCES);
+	CHECK(cap_has("authentication failed"));
+	CHECK(!strstr(cap_buf, "wrong-pw"));
+	/* right password, under both names */
+	setenv("TE_REDIS_PASSWORD", "s3cret", 1);
+	CHECK_EQ(te_metadata_open(redis_conn, &md), 0);
+	te_metadata_close(md);
+	unsetenv("TE_REDIS_PASSWORD");
+	setenv("MC_REDIS_PASSWORD", "s3cret", 1);
+	CHECK_EQ(te_metadata_open(redis_conn, &md), 0);
+	unsetenv("MC_REDIS_PASSWORD");
+
+	/* database 3 by URL, seen by database 3 by environment, not by 0 */
+	snprintf(c, sizeof c, "redis://:s3cret@127.0.0.1:%d/3", redis_port);
+	REQUIRE(te_metadata_open(c, &md3) == 0);
+	CHECK_EQ(te_metadata_put(md3, "mooncake/in-db3", "{}", 2), 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/in-db3", &v, &len), -ENOENT);
+	te_metadata_close(md);
+	setenv("TE_REDIS_PASSWORD", "s3cret", 1);
+	setenv("MC_REDIS_DB_INDEX", "3", 1);
+	REQUIRE(te_metadata_open(redis_conn, &md) == 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/in-db3", &v, &len), 0);
+	te_free(v);
+	te_metadata_close(md);
+	/* an index out of range falls back to 0, with a warning */
+	setenv("MC_REDIS_DB_INDEX", "300", 1);
+	cap_start();
+	REQUIRE(te_metadata_open(redis_conn, &md) == 0);
+	CHECK(cap_has("REDIS_DB_INDEX=300"));
+	CHECK_EQ(te_metadata_get(md, "mooncake/in-db3", &v, &len), -ENOENT);
+	te_metadata_close(md);
+	unsetenv("MC_REDIS_DB_INDEX");
+	unsetenv("TE_REDIS_PASSWORD");
+	CHECK_EQ(te_metadata_remove(md3, "mooncake/in-db3"), 0);
+	te_metadata_close(md3);
+
+	/* an ACL user, from the URL and from the environment */
+	CHECK(redis_raw(redis_port, r, sizeof r, 2, "AUTH", "s3cret") > 0 && strncmp(r, "+OK", 3) == 0);
+	int fd = connect_loopback(redis_port, 5000);
+	const char *acl2 = "*2\r\n$4\r\nAUTH\r\n$6\r\ns3cret\r\n"
+			   "*7\r\n$3\r\nACL\r\n$7\r\nSETUSER\r\n$5\r\nalice\r\n$2\r\non\r\n$4\r\n>pw1\r\n$5\r\n+@all\r\n$2\r\n~*\r\n";
+	REQUIRE(fd >= 0);
+	REQUIRE(send(fd, acl2, strlen(acl2), MSG_NOSIGNAL) == (ssize_t)strlen(acl2));
+	char got[256] = "";
+	size_t gl = 0;
+	while (gl < 10 && strstr(got, "+OK\r\n+OK") == NULL) {
+		ssize_t n = recv(fd, got + gl, sizeof got - gl - 1, 0);
+		if (n <= 0)
+			break;
+		gl += (size_t)n;
+		got[gl] = '\0';
+	}
+	close(fd);
+	CHECK(strstr(got, "+OK\r\n+OK") != NULL);
+	snprintf(c, sizeof c, "redis://alice:pw1@127.0.0.1:%d/2", redis_port);
+	CHECK_EQ(te_metadata_open(c, &md), 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/alice", "{}", 2), 0);
+	te_metadata_close(md);
+	snprintf(c, sizeof c, "redis://alice:nope@127.0.0.1:%d", redis_port);
+	CHECK_EQ(te_metadata_open(c, &md), -EACCES);
+	setenv("MC_REDIS_USERNAME", "alice", 1);
+	setenv("MC_REDIS_PASSWORD", "pw1", 1);
+	setenv("TE_REDIS_DB_INDEX", "2", 1);
+	REQUIRE(te_metadata_open(redis_conn, &md) == 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/alice", &v, &len), 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/alice"), 0);
+	te_metadata_close(md);
+	unsetenv("MC_REDIS_USERNAME");
+	unsetenv("MC_REDIS_PASSWORD");
+	unsetenv("TE_REDIS_DB_INDEX");
+	te_set_log_handler(NULL, NULL);
+}
+
+/* Password required and database 7: the target reads both from MC_ names,
+ * the initiator from the URL. */
+static void case_redis_engines(void)
+{
+	static const char *extra[] = { "--requirepass", "pa55", NULL };
+	static char pw[] = "MC_REDIS_PASSWORD=pa55", db[] = "MC_REDIS_DB_INDEX=7";
+	char *peer_env[] = { pw, db, NULL };
+	char conn[160], *v = NULL;
+	size_t len;
+	te_metadata *md0 = NULL;
+
+	redis_single(extra);
+	snprintf(conn, sizeof conn, "redis://:pa55@127.0.0.1:%d/7", redis_port);
+	two_engines(conn, peer_env, NULL);
+	/* nothing landed in database 0 */
+	snprintf(conn, sizeof conn, "redis://:pa55@127.0.0.1:%d/0", redis_port);
+	REQUIRE(te_metadata_open(conn, &md0) == 0);
+	char k[128];
+	snprintf(k, sizeof k, "mooncake/rpc_meta/target-%d", (int)getpid());
+	CHECK_EQ(te_metadata_get(md0, k, &v, &len), -ENOENT);
+	te_metadata_close(md0);
+}
+
+/* redis goes away and comes back; the same store handles carry on. */
+static void case_redis_restart(void)
+{
+	static const char *extra[] = { "--appendonly", "yes", "--appendfsync", "always", NULL };
+	te_metadata *md = NULL;
+	peer p;
+	char *v = NULL;
+	size_t len;
+
+	REQUIRE(have_tcp());
+	pid_t rp = redis_single(extra);
+	REQUIRE(te_metadata_open(redis_conn, &md) == 0);
+	REQUIRE(peer_start(&p, redis_conn, "target", 21, NULL));
+	te_engine *e = initiator(redis_conn, NULL);
+	REQUIRE(e != NULL);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0);
+	transfer_round(e, seg, &p, 21, 22);
+	CHECK_EQ(te_segment_close(e, seg), 0);
+
+	stop_child(rp, SIGTERM);
+	/* down: errors, quickly, not "not found" */
+	long long t0 = now_ms();
+	int rc = te_metadata_get(md, "mooncake/anything", &v, &len);
+	CHECK(rc < 0 && rc != -ENOENT);
+	CHECK(te_segment_open(e, p.name) < 0);
+	CHECK(now_ms() - t0 < 10000);
+
+	redis_start(redis_port, tmp_path("redis"), extra);
+	/* same handles, new connections */
+	CHECK_EQ(te_metadata_put(md, "mooncake/after-restart", "{}", 2), 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/after-restart", &v, &len), 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/after-restart"), 0);
+	seg = te_segment_open(e, p.name);
+	CHECK(seg > 0);
+	if (seg > 0) {
+		transfer_round(e, seg, &p, 22, 23);
+		CHECK_EQ(te_segment_close(e, seg), 0);
+	}
+	/* the target's connection was broken too: its removal must go through */
+	CHECK_EQ(peer_quit(&p), 0);
+	CHECK_EQ(keys_of(md, p.name), 0);
+	te_engine_destroy(e);
+	te_metadata_close(md);
+}
+
+/* ------------------------------------------------------------------ http */
+
+static int mds_port;
+static char http_conn[256];
+
+static pid_t http_single(const char *const *extra)
+{
+	mds_port = free_port();
+	snprintf(http_conn, sizeof http_conn, "http://127.0.0.1:%d/metadata", mds_port);
+	return mds_start(mds_port, extra);
+}
+
+static void case_http_basic(void)
+{
+	te_metadata *md = NULL;
+
+	http_single(NULL);
+	check_store_basics(http_conn);
+	check_engine_keys(http_conn);
+	check_malformed(http_conn);
+	check_list("http", http_conn);
+	check_unreachable("http://127.0.0.1:%d/metadata", "TE_HTTP_TIMEOUT_MS");
+	CHECK_EQ(te_metadata_open("http://", &md), -EINVAL);
+	CHECK_EQ(te_metadata_open("http:///metadata", &md), -EINVAL);
+}
+
+static void case_http_engines(void)
+{
+	http_single(NULL);
+	two_engines(http_conn, NULL, NULL);
+}
+
+/* Restarts with --persist, after SIGTERM and after SIGKILL: nothing lost. */
+static void case_http_persist(void)
+{
+	const char *file = tmp_path("store.json");
+	const char *extra[] = { "--persist", file, NULL };
+	te_metadata *md = NULL;
+	peer p;
+	char *v = NULL;
+	size_t len;
+
+	REQUIRE(have_tcp());
+	pid_t srv = http_single(extra);
+	REQUIRE(te_metadata_open(http_conn, &md) == 0);
+	REQUIRE(peer_start(&p, http_conn, "target", 31, NULL));
+	const char *bin = "{\"b\":\"\xff\xfe not UTF-8\"}";
+	CHECK_EQ(te_metadata_put(md, "mooncake/binary", bin, strlen(bin)), 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/gone", "{}", 2), 0);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/gone"), 0);
+
+	for (int round = 0; round < 2; round++) {
+		int sig = round == 0 ? SIGTERM : SIGKILL;
+		stop_child(srv, sig);
+		CHECK(te_metadata_get(md, "mooncake/binary", &v, &len) < 0);
+		srv = mds_start(mds_port, extra);
+		CHECK_EQ(keys_of(md, p.name), 2);
+		CHECK_EQ(te_metadata_get(md, "mooncake/binary", &v, &len), 0);
+		CHECK(v && len == strlen(bin) && memcmp(v, bin, len) == 0);
+		te_free(v);
+		CHECK_EQ(te_metadata_get(md, "mooncake/gone", &v, &len), -ENOENT);
+	}
+	te_engine *e = initiator(http_conn, NULL);
+	REQUIRE(e != NULL);
+	te_segment_id seg = te_segment_open(e, p.name);
+	CHECK(seg > 0);
+	if (seg > 0) {
+		transfer_round(e, seg, &p, 31, 32);
+		te_segment_close(e, seg);
+	}
+	CHECK_EQ(peer_quit(&p), 0);
+	CHECK_EQ(keys_of(md, p.name), 0);
+	te_engine_destroy(e);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/binary"), 0);
+	te_metadata_close(md);
+
+	/* a damaged store file: the server refuses to start over it */
+	stop_child(srv, SIGTERM);
+	FILE *f = fopen(file, "w");
+	REQUIRE(f != NULL);
+	fputs("{\"format\":\"te-metadata-server/1\",\"entries\":{\"k\":1}}", f);
+	fclose(f);
+	char *argv[] = { getenv("TE_METADATA_SERVER_BIN"), "--listen", "127.0.0.1:0", "--persist",
+			 (char *)file, NULL };
+	pid_t bad = spawn(argv, NULL, tmp_path("mds-bad.log"), NULL, NULL);
+	int st = wait_child(bad, 10000);
+	CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+}
+
+static void case_http_limits(void)
+{
+	static const char *extra[] = { "--max-body", "4096", "--max-key-length", "256", NULL };
+	te_metadata *md = NULL;
+	char body[4096];
+	char *big = malloc(5000), target[600];
+
+	http_single(extra);
+	memset(big, 'x', 5000);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k1", NULL, big, 4096, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k2", NULL, big, 4097, body, sizeof body), 413);
+	CHECK(strstr(body, "exceeds") != NULL);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k2", NULL, NULL, 0, NULL, 0), 404);
+	/* a PUT without a length cannot be bounded before reading it */
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k3", "Transfer-Encoding: chunked\r\n", NULL, 0, NULL, 0),
+		 411);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata", NULL, "{}", 2, NULL, 0), 400);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=", NULL, "{}", 2, NULL, 0), 400);
+	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata", NULL, NULL, 0, NULL, 0), 400);
+	CHECK_EQ(http_raw(mds_port, "POST", "/metadata?key=k1", NULL, "{}", 2, NULL, 0), 405);
+	CHECK_EQ(http_raw(mds_port, "GET", "/elsewhere", NULL, NULL, 0, NULL, 0), 404);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata/sub?key=k1", NULL, NULL, 0, NULL, 0), 404);
+	snprintf(target, sizeof target, "/metadata?key=%0300d", 7);
+	CHECK_EQ(http_raw(mds_port, "PUT", target, NULL, "{}", 2, NULL, 0), 400);
+	char resp[512];
+	CHECK(exchange(mds_port, "GARBAGE\r\n\r\n", 11, resp, sizeof resp, NULL) > 0 &&
+	      strncmp(resp, "HTTP/1.", 7) == 0 && strncmp(resp + 8, " 400 ", 5) == 0);
+	/* a huge announced body is refused at once, without being sent */
+	CHECK(exchange(mds_port, "PUT /metadata?key=h HTTP/1.1\r\nHost: a\r\nContent-Length: 100000000000\r\n\r\n", 71, resp,
+		       sizeof resp, "exceeds") > 0 &&
+	      strstr(resp, " 413 ") != NULL);
+	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata?key=k1", NULL, NULL, 0, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata?key=k1", NULL, NULL, 0, NULL, 0), 404);
+
+	/* the plugin reports the refusal */
+	REQUIRE(te_metadata_open(http_conn, &md) == 0);
+	cap_start();
+	big[4999] = '\0';
+	CHECK_EQ(te_metadata_put(md, "mooncake/too-big", big, 4999), TE_ERR_METADATA);
+	CHECK(cap_has("answered 413"));
+	CHECK(cap_has("mooncake/too-big"));
+	te_set_log_handler(NULL, NULL);
+	CHECK_EQ(te_metadata_put(md, "mooncake/a", "{}", 2), 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/b", "{}", 2), 0);
+
+	/* listing and health */
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata", NULL, NULL, 0, body, sizeof body), 200);
+	CHECK(strcmp(body, "[\"mooncake/a\",\"mooncake/b\"]") == 0);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?prefix=mooncake%2Fb", NULL, NULL, 0, body, sizeof body), 200);
+	CHECK(strcmp(body, "[\"mooncake/b\"]") == 0);
+	CHECK_EQ(http_raw(mds_port, "GET", "/health", NULL, NULL, 0, body, sizeof body), 200);
+	CHECK(strstr(body, "\"keys\":2") != NULL);
+	te_metadata_close(md);
+	free(big);
+}
+
+/* https: te-metadata-server with a self-signed certificate; the plugin
+ * trusts it only through TE_HTTP_CA_FILE. */
+static void case_http_tls(void)
+{
+	const char *cert = tmp_path("cert.pem"), *key = tmp_path("key.pem");
+	char *gen[] = { "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", (char *)key,
+			"-out", (char *)cert, "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+			"subjectAltName=IP:127.0.0.1", NULL };
+	pid_t g = spawn(gen, NULL, tmp_path("openssl.log"), NULL, NULL);
+	int st = wait_child(g, 60000);
+	REQUIRE(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	const char *extra[] = { "--tls-cert", cert, "--tls-key", key, NULL };
+	te_metadata *md = NULL;
+	char conn[128], *v = NULL;
+	size_t len;
+
+	mds_port = free_port();
+	mds_start(mds_port, extra);
+	snprintf(conn, sizeof conn, "https://127.0.0.1:%d/metadata", mds_port);
+
+	/* not trusted: a clear error, not "not found" */
+	cap_start();
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	int rc = te_metadata_get(md, "mooncake/x", &v, &len);
+	CHECK(rc < 0 && rc != -ENOENT);
+	CHECK(cap_has(conn));
+	te_metadata_close(md);
+
+	setenv("TE_HTTP_CA_FILE", "/nonexistent/ca.pem", 1);
+	CHECK_EQ(te_metadata_open(conn, &md), -EINVAL);
+	CHECK(cap_has("cannot read CA file"));
+	te_set_log_handler(NULL, NULL);
+
+	setenv("TE_HTTP_CA_FILE", cert, 1);
+	check_store_basics(conn);
+	check_engine_keys(conn);
+	unsetenv("TE_HTTP_CA_FILE");
+}
+
+/* ------------------------------------------------------------------ main */
+
+static const struct {
+	const char *name;
+	void (*fn)(void);
+} cases[] = {
+	{ "etcd-basic", case_etcd_basic },	   { "etcd-engines", case_etcd_engines },
+	{ "etcd-cluster", case_etcd_cluster },	   { "etcd-lease", case_etcd_lease },
+	{ "redis-basic", case_redis_basic },	   { "redis-auth", case_redis_auth },
+	{ "redis-engines", case_redis_engines },   { "redis-restart", case_redis_restart },
+	{ "http-basic", case_http_basic },	   { "http-engines", case_http_engines },
+	{ "http-persist", case_http_persist },	   { "http-limits", case_http_limits },
+	{ "http-tls", case_http_tls },
+};
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: test-md CASE\n");
+		return 2;
+	}
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		if (strcmp(argv[1], cases[i].name) != 0)
+			continue;
+		harness_init(cases[i].name);
+		fprintf(stderr, "temporary directory %s\n", tmp_root);
+		cases[i].fn();
+		fprintf(stderr, "%s %s\n", check_failures ? "FAIL" : "ok  ", cases[i].name);
+		return check_done();
+	}
+	fprintf(stderr, "test-md: unknown case %s\n", argv[1]);
+	return 2;
+}

@@ -1,0 +1,632 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * te-metadata-server: the HTTP metadata store that libte's http plugin (and
+ * Mooncake's http metadata client) talk to.
+ *
+ *   GET    <path>?key=K   200 + value | 404
+ *   PUT    <path>?key=K   body = value: 200 (413 too large, 411 without a length)
+ *   DELETE <path>?key=K   200 | 404
+ *   GET    <path>         200 + JSON array of the keys (optional ?prefix=P)
+ *   GET    /health        200 + {"status":"ok","keys":N}
+ *
+ * With --persist FILE every change is written to FILE (a new file, fsync'ed,
+ * renamed over the old one) before the reply, so a restart, even after
+ * kill -9, loses nothing that was acknowledged.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib-unix.h>
+#include <glib.h>
+#include <json-glib/json-glib.h>
+#include <libsoup/soup.h>
+
+#define PERSIST_FORMAT "te-metadata-server/1"
+
+typedef struct server {
+	GHashTable *kv; /* key → GBytes */
+	char *path;     /* URL path of the store, e.g. "/metadata" */
+	char *persist;
+	guint64 max_body;
+	guint max_keys;
+	guint max_key_len;
+	gboolean verbose;
+	GMainLoop *loop;
+} server;
+
+static void vlog(server *s, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+static void vlog(server *s, const char *fmt, ...)
+{
+	if (!s->verbose)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+/* ------------------------------------------------------------ persistence */
+
+static gboolean write_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return FALSE;
+		p += w;
+		n -= (size_t)w;
+	}
+	return TRUE;
+}
+
+/* The whole store as JSON: {"format":..., "entries":{key: value}, "binary":
+ * {key: base64}} (values that are not UTF-8 text go to "binary"). */
+static char *serialize(server *s, gsize *len)
+{
+	JsonBuilder *b = json_builder_new();
+	GHashTableIter it;
+	gpointer k, v;
+
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "format");
+	json_builder_add_string_value(b, PERSIST_FORMAT);
+	for (int pass = 0; pass < 2; pass++) {
+		json_builder_set_member_name(b, pass == 0 ? "entries" : "binary");
+		json_builder_begin_object(b);
+		g_hash_table_iter_init(&it, s->kv);
+		while (g_hash_table_iter_next(&it, &k, &v)) {
+			gsize n;
+			const char *d = g_bytes_get_data(v, &n);
+			gboolean text = g_utf8_validate(d ? d : "", (gssize)n, NULL);
+			if (text != (pass == 0))
+				continue;
+			json_builder_set_member_name(b, k);
+			if (text) {
+				char *t = g_strndup(d ? d : "", n);
+				json_builder_add_string_value(b, t);
+				g_free(t);
+			} else {
+				char *e = g_base64_encode((const guchar *)d, n);
+				json_builder_add_string_value(b, e);
+				g_free(e);
+			}
+		}
+		json_builder_end_object(b);
+	}
+	json_builder_end_object(b);
+	JsonGenerator *g = json_generator_new();
+	JsonNode *root = json_builder_get_root(b);
+	json_generator_set_root(g, root);
+	char *out = json_generator_to_data(g, len);
+	json_node_unref(root);
+	g_object_unref(g);
+	g_object_unref(b);
+	return out;
+}
+
+static gboolean persist_now(server *s, char **why)
+{
+	gsize len;
+	char *data, *tmp;
+	int fd;
+	gboolean ok;
+
+	if (s->persist == NULL)
+		return TRUE;
+	data = serialize(s, &len);
+	tmp = g_strdup_printf("%s.tmp", s->persist);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ok = fd >= 0 && write_all(fd, data, len) && fsync(fd) == 0;
+	int saved = errno;
+	if (fd >= 0 && close(fd) != 0 && ok) {
+		ok = FALSE;
+		saved = errno;
+	}
+	if (ok && rename(tmp, s->persist) != 0) {
+		ok = FALSE;
+		saved = errno;
+	}
+	if (ok) {
+		/* Make the rename itself durable. */
+		char *dir = g_path_get_dirname(s->persist);
+		int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd >= 0) {
+			fsync(dfd);
+			close(dfd);
+		}
+		g_free(dir);
+	} else {
+		*why = g_strdup_printf("writing %s failed: %s", s->persist, g_strerror(saved));
+		unlink(tmp);
+	}
+	g_free(tmp);
+	g_free(data);
+	return ok;
+}
+
+static gboolean load_members(server *s, JsonObject *o, const char *name, gboolean binary, GError **err)
+{
+	JsonNode *n = json_object_get_member(o, name);
+
+	if (n == NULL)
+		return TRUE;
+	if (!JSON_NODE_HOLDS_OBJECT(n)) {
+		g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL, "\"%s\" is not an object", name);
+		return FALSE;
+	}
+	JsonObject *m = json_node_get_object(n);
+	GList *members = json_object_get_members(m);
+	for (GList *l = members; l; l = l->next) {
+		JsonNode *v = json_object_get_member(m, l->data);
+		if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING) {
+			g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL, "value of \"%s\" is not a string",
+				    (const char *)l->data);
+			g_list_free(members);
+			return FALSE;
+		}
+		const char *t = json_node_get_string(v);
+		GBytes *b;
+		if (binary) {
+			gsize bl = 0;
+			guchar *raw = g_base64_decode(t, &bl);
+			b = g_bytes_new_take(raw, bl);
+		} else {
+			b = g_bytes_new(t, strlen(t));
+		}
+		g_hash_table_replace(s->kv, g_strdup(l->data), b);
+	}
+	g_list_free(members);
+	return TRUE;
+}
+
+static gboolean load(server *s, GError **err)
+{
+	JsonParser *p;
+	gboolean ok = FALSE;
+
+	if (s->persist == NULL || !g_file_test(s->persist, G_FILE_TEST_EXISTS))
+		return TRUE;
+	p = json_parser_new();
+	if (!json_parser_load_from_mapped_file(p, s->persist, err))
+		goto out;
+	JsonNode *root = json_parser_get_root(p);
+	JsonObject *o = root && JSON_NODE_HOLDS_OBJECT(root) ? json_node_get_object(root) : NULL;
+	JsonNode *fmt = o ? json_object_get_member(o, "format") : NULL;
+	if (fmt == NULL || !JSON_NODE_HOLDS_VALUE(fmt) || json_node_get_value_type(fmt) != G_TYPE_STRING ||
+	    strcmp(json_node_get_string(fmt), PERSIST_FORMAT) != 0) {
+		g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL, "not a %s file", PERSIST_FORMAT);
+		goto out;
+	}
+	ok = load_members(s, o, "entries", FALSE, err) && load_members(s, o, "binary", TRUE, err);
+out:
+	g_object_unref(p);
+	return ok;
+}
+
+/* ----------------------------------------------------------------- HTTP */
+
+static void reply(SoupServerMessage *msg, guint status, const char *ctype, const char *body, gsize len)
+{
+	soup_server_message_set_status(msg, status, NULL);
+	soup_server_message_set_response(msg, ctype, SOUP_MEMORY_COPY, body, len);
+}
+
+static void reply_text(SoupServerMessage *msg, guint status, const char *text)
+{
+	reply(msg, status, "text/plain", text, strlen(text));
+}
+
+/* A refusal sent on a connection taken over from libsoup: libsoup would read
+ * (and keep) the whole body before answering, which is what a body limit must
+ * avoid. The reply is short; the connection is closed after it. */
+typedef struct refusal {
+	SoupServerMessage *msg;
+	guint status;
+	char *text;
+} refusal;
+
+static gboolean send_refusal(gpointer data)
+{
+	refusal *r = data;
+	GIOStream *io = soup_server_message_steal_connection(r->msg);
+
+	if (io != NULL) {
+		char *resp = g_strdup_printf("HTTP/1.1 %u %s\r\nServer: te-metadata-server\r\n"
+					     "Content-Type: text/plain\r\nContent-Length: %zu\r\n"
+					     "Connection: close\r\n\r\n%s",
+					     r->status, soup_status_get_phrase(r->status), strlen(r->text), r->text);
+		GOutputStream *os = g_io_stream_get_output_stream(io);
+		/* Best effort, bounded by the socket's buffer: the client may be
+		 * blocked sending the body we refuse to read. */
+		g_pollable_output_stream_write_nonblocking(G_POLLABLE_OUTPUT_STREAM(os), resp, strlen(resp),
+							   NULL, NULL);
+		g_io_stream_close(io, NULL, NULL);
+		g_object_unref(io);
+		g_free(resp);
+	}
+	g_object_unref(r->msg);
+	g_free(r->text);
+	g_free(r);
+	return G_SOURCE_REMOVE;
+}
+
+static void refuse_early(SoupServerMessage *msg, guint status, char *text)
+{
+	refusal *r = g_new0(refusal, 1);
+
+	r->msg = g_object_ref(msg);
+	r->status = status;
+	r->text = text;
+	soup_server_message_pause(msg);
+	g_idle_add(send_refusal, r);
+}
+
+/* Early handler: runs once the headers are in, before the body is read, so
+ * an oversized or unbounded PUT is refused without reading it. */
+static void early_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
+			  gpointer data)
+{
+	server *s = data;
+	(void)srv;
+	(void)path;
+	(void)query;
+
+	if (strcmp(soup_server_message_get_method(msg), SOUP_METHOD_PUT) != 0)
+		return;
+	SoupMessageHeaders *h = soup_server_message_get_request_headers(msg);
+	SoupEncoding enc = soup_message_headers_get_encoding(h);
+	if (enc == SOUP_ENCODING_CHUNKED || enc == SOUP_ENCODING_EOF) {
+		vlog(s, "PUT refused: no Content-Length");
+		refuse_early(msg, SOUP_STATUS_LENGTH_REQUIRED, g_strdup("a PUT needs a Content-Length"));
+		return;
+	}
+	goffset n = soup_message_headers_get_content_length(h);
+	if ((guint64)n > s->max_body) {
+		char *t = g_strdup_printf("value of %lld bytes exceeds the limit of %llu", (long long)n,
+					  (unsigned long long)s->max_body);
+		vlog(s, "PUT refused: %s", t);
+		refuse_early(msg, SOUP_STATUS_REQUEST_ENTITY_TOO_LARGE, t);
+	}
+}
+
+static void list_keys(server *s, SoupServerMessage *msg, GHashTable *query)
+{
+	const char *prefix = query ? g_hash_table_lookup(query, "prefix") : NULL;
+	GList *keys = g_hash_table_get_keys(s->kv);
+	JsonBuilder *b = json_builder_new();
+
+	keys = g_list_sort(keys, (GCompareFunc)g_strcmp0);
+	json_builder_begin_array(b);
+	for (GList *l = keys; l; l = l->next)
+		if (prefix == NULL || g_str_has_prefix(l->data, prefix))
+			json_builder_add_string_value(b, l->data);
+	json_builder_end_array(b);
+	g_list_free(keys);
+	JsonGenerator *g = json_generator_new();
+	JsonNode *root = json_builder_get_root(b);
+	json_generator_set_root(g, root);
+	gsize len;
+	char *out = json_generator_to_data(g, &len);
+	reply(msg, SOUP_STATUS_OK, "application/json", out, len);
+	g_free(out);
+	json_node_unref(root);
+	g_object_unref(g);
+	g_object_unref(b);
+}
+
+static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
+			  gpointer data)
+{
+	server *s = data;
+	const char *method = soup_server_message_get_method(msg);
+	const char *key = query ? g_hash_table_lookup(query, "key") : NULL;
+	char *why = NULL;
+	(void)srv;
+
+	if (strcmp(path, s->path) != 0) {
+		reply_text(msg, SOUP_STATUS_NOT_FOUND, "no such path");
+		return;
+	}
+	if (key == NULL && strcmp(method, SOUP_METHOD_GET) == 0) {
+		list_keys(s, msg, query);
+		return;
+	}
+	if (strcmp(method, SOUP_METHOD_GET) != 0 && strcmp(method, SOUP_METHOD_PUT) != 0 &&
+	    strcmp(method, SOUP_METHOD_DELETE) != 0) {
+		soup_message_headers_replace(soup_server_message_get_response_headers(msg), "Allow",
+					     "GET, PUT, DELETE");
+		reply_text(msg, SOUP_STATUS_METHOD_NOT_ALLOWED, "method not allowed");
+		return;
+	}
+	if (key == NULL || *key == '\0') {
+		reply_text(msg, SOUP_STATUS_BAD_REQUEST, "missing or empty key parameter");
+		return;
+	}
+	if (strlen(key) > s->max_key_len || !g_utf8_validate(key, -1, NULL)) {
+		reply_text(msg, SOUP_STATUS_BAD_REQUEST, "key too long or not UTF-8");
+		return;
+	}
+	if (strcmp(method, SOUP_METHOD_GET) == 0) {
+		GBytes *v = g_hash_table_lookup(s->kv, key);
+		if (v == NULL) {
+			reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
+			return;
+		}
+		gsize n;
+		const char *d = g_bytes_get_data(v, &n);
+		reply(msg, SOUP_STATUS_OK, "application/json", d ? d : "", n);
+		return;
+	}
+	if (strcmp(method, SOUP_METHOD_PUT) == 0) {
+		SoupMessageBody *body = soup_server_message_get_request_body(msg);
+		GBytes *b = soup_message_body_flatten(body);
+		if (g_bytes_get_size(b) > s->max_body) { /* the early handler's check, once more */
+			g_bytes_unref(b);
+			reply_text(msg, SOUP_STATUS_REQUEST_ENTITY_TOO_LARGE, "value too large");
+			return;
+		}
+		GBytes *old = g_hash_table_lookup(s->kv, key);
+		if (old == NULL && g_hash_table_size(s->kv) >= s->max_keys) {
+			g_bytes_unref(b);
+			reply_text(msg, SOUP_STATUS_INSUFFICIENT_STORAGE, "too many keys");
+			return;
+		}
+		if (old)
+			g_bytes_ref(old);
+		g_hash_table_replace(s->kv, g_strdup(key), b);
+		if (!persist_now(s, &why)) {
+			/* Keep memory and file in agreement: undo. */
+			if (old)
+				g_hash_table_replace(s->kv, g_strdup(key), old);
+			else
+				g_hash_table_remove(s->kv, key);
+			g_printerr("te-metadata-server: %s\n", why);
+			reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, why);
+			g_free(why);
+			return;
+		}
+		if (old)
+			g_bytes_unref(old);
+		vlog(s, "PUT %s (%zu bytes)", key, g_bytes_get_size(b));
+		reply_text(msg, SOUP_STATUS_OK, "metadata updated");
+		return;
+	}
+	/* DELETE */
+	GBytes *old = g_hash_table_lookup(s->kv, key);
+	if (old == NULL) {
+		reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
+		return;
+	}
+	g_bytes_ref(old);
+	g_hash_table_remove(s->kv, key);
+	if (!persist_now(s, &why)) {
+		g_hash_table_replace(s->kv, g_strdup(key), old);
+		g_printerr("te-metadata-server: %s\n", why);
+		reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, why);
+		g_free(why);
+		return;
+	}
+	g_bytes_unref(old);
+	vlog(s, "DELETE %s", key);
+	reply_text(msg, SOUP_STATUS_OK, "metadata deleted");
+}
+
+static void health_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
+			   gpointer data)
+{
+	server *s = data;
+	(void)srv;
+	(void)query;
+
+	if (strcmp(path, "/health") != 0) {
+		reply_text(msg, SOUP_STATUS_NOT_FOUND, "no such path");
+		return;
+	}
+	if (strcmp(soup_server_message_get_method(msg), SOUP_METHOD_GET) != 0) {
+		reply_text(msg, SOUP_STATUS_METHOD_NOT_ALLOWED, "method not allowed");
+		return;
+	}
+	char *t = g_strdup_printf("{\"status\":\"ok\",\"keys\":%u}", g_hash_table_size(s->kv));
+	reply(msg, SOUP_STATUS_OK, "application/json", t, strlen(t));
+	g_free(t);
+}
+
+static void default_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
+			    gpointer data)
+{
+	(void)srv;
+	(void)path;
+	(void)query;
+	(void)data;
+	reply_text(msg, SOUP_STATUS_NOT_FOUND, "no such path");
+}
+
+static gboolean on_signal(gpointer data)
+{
+	g_main_loop_quit(data);
+	return G_SOURCE_REMOVE;
+}
+
+/* "host:port", "[v6]:port" or ":port". */
+static GSocketAddress *parse_listen(const char *s, GError **err)
+{
+	char *host = NULL;
+	const char *colon;
+
+	if (s[0] == '[') {
+		const char *rb = strchr(s, ']');
+		if (rb == NULL || rb[1] != ':')
+			goto bad;
+		host = g_strndup(s + 1, (gsize)(rb - s - 1));
+		colon = rb + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (colon == NULL)
+			goto bad;
+		host = g_strndup(s, (gsize)(colon - s));
+	}
+	char *end = NULL;
+	errno = 0;
+	long port = strtol(colon + 1, &end, 10);
+	if (errno || end == colon + 1 || *end || port < 0 || port > 65535)
+		goto bad;
+	GInetAddress *ia = *host ? g_inet_address_new_from_string(host) : g_inet_address_new_any(G_SOCKET_FAMILY_IPV4);
+	if (ia == NULL)
+		goto bad;
+	GSocketAddress *a = g_inet_socket_address_new(ia, (guint16)port);
+	g_object_unref(ia);
+	g_free(host);
+	return a;
+bad:
+	g_free(host);
+	g_set_error(err, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+		    "--listen '%s' is not ADDRESS:PORT (a numeric address, e.g. 0.0.0.0:8080)", s);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	server s = { 0 };
+	char *listen = NULL, *path = NULL, *port_file = NULL, *tls_cert = NULL, *tls_key = NULL;
+	gint64 max_body = 4 << 20, max_keys = 1000000, max_key_len = 4096;
+	GError *err = NULL;
+	GSocketAddress *addr = NULL;
+	SoupServer *srv = NULL;
+	int rc = 2;
+	GOptionEntry entries[] = {
+		{ "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
+		  "ADDRESS:PORT to listen on (default 127.0.0.1:8080; port 0 picks one)", "ADDR:PORT" },
+		{ "path", 'p', 0, G_OPTION_ARG_STRING, &path, "URL path of the store (default /metadata)", "PATH" },
+		{ "persist", 'f', 0, G_OPTION_ARG_FILENAME, &s.persist,
+		  "keep the store in FILE: loaded at start, rewritten on every change", "FILE" },
+		{ "max-body", 0, 0, G_OPTION_ARG_INT64, &max_body, "largest value accepted (default 4194304)",
+		  "BYTES" },
+		{ "max-keys", 0, 0, G_OPTION_ARG_INT64, &max_keys, "most keys held (default 1000000)", "N" },
+		{ "max-key-length", 0, 0, G_OPTION_ARG_INT64, &max_key_len, "longest key (default 4096)", "BYTES" },
+		{ "port-file", 0, 0, G_OPTION_ARG_FILENAME, &port_file,
+		  "write the bound port to FILE once listening", "FILE" },
+		{ "tls-cert", 0, 0, G_OPTION_ARG_FILENAME, &tls_cert,
+		  "serve https with this PEM certificate (chain)", "FILE" },
+		{ "tls-key", 0, 0, G_OPTION_ARG_FILENAME, &tls_key, "PEM private key of --tls-cert", "FILE" },
+		{ "verbose", 'v', 0, G_OPTION_ARG_NONE, &s.verbose, "log every change", NULL },
+		{ NULL, 0, 0, 0, NULL, NULL, NULL },
+	};
+	GOptionContext *oc = g_option_context_new("- HTTP metadata store for libte and Mooncake nodes");
+	g_option_context_add_main_entries(oc, entries, NULL);
+	gboolean parsed = g_option_context_parse(oc, &argc, &argv, &err);
+	g_option_context_free(oc);
+	if (!parsed) {
+		g_printerr("te-metadata-server: %s\n", err->message);
+		goto out;
+	}
+	if (argc > 1) {
+		g_printerr("te-metadata-server: unexpected argument '%s'\n", argv[1]);
+		goto out;
+	}
+	if (max_body < 0 || max_keys <= 0 || max_keys > G_MAXUINT || max_key_len <= 0 || max_key_len > 1 << 20) {
+		g_printerr("te-metadata-server: --max-body, --max-keys or --max-key-length out of range\n");
+		goto out;
+	}
+	s.max_body = (guint64)max_body;
+	s.max_keys = (guint)max_keys;
+	s.max_key_len = (guint)max_key_len;
+	s.path = g_strdup(path ? path : "/metadata");
+	if (s.path[0] != '/' || strcmp(s.path, "/health") == 0 || strcmp(s.path, "/") == 0) {
+		g_printerr("te-metadata-server: --path must start with '/' and be neither / nor /health\n");
+		goto out;
+	}
+	s.kv = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
+	rc = 1;
+	if (!load(&s, &err)) {
+		g_printerr("te-metadata-server: cannot load %s: %s (refusing to start over it)\n", s.persist,
+			   err->message);
+		goto out;
+	}
+	addr = parse_listen(listen ? listen : "127.0.0.1:8080", &err);
+	if (addr == NULL) {
+		g_printerr("te-metadata-server: %s\n", err->message);
+		rc = 2;
+		goto out;
+	}
+
+	GTlsCertificate *cert = NULL;
+	if ((tls_cert == NULL) != (tls_key == NULL)) {
+		g_printerr("te-metadata-server: --tls-cert and --tls-key go together\n");
+		rc = 2;
+		goto out;
+	}
+	if (tls_cert != NULL) {
+		cert = g_tls_certificate_new_from_files(tls_cert, tls_key, &err);
+		if (cert == NULL) {
+			g_printerr("te-metadata-server: cannot load %s / %s: %s\n", tls_cert, tls_key, err->message);
+			goto out;
+		}
+	}
+	srv = soup_server_new("server-header", "te-metadata-server", "tls-certificate", cert, NULL);
+	if (cert)
+		g_object_unref(cert);
+	soup_server_add_early_handler(srv, s.path, early_handler, &s, NULL);
+	soup_server_add_handler(srv, s.path, store_handler, &s, NULL);
+	soup_server_add_handler(srv, "/health", health_handler, &s, NULL);
+	soup_server_add_handler(srv, NULL, default_handler, &s, NULL);
+	if (!soup_server_listen(srv, addr, tls_cert ? SOUP_SERVER_LISTEN_HTTPS : 0, &err)) {
+		g_printerr("te-metadata-server: cannot listen on %s: %s\n", listen ? listen : "127.0.0.1:8080",
+			   err->message);
+		goto out;
+	}
+
+	GSList *uris = soup_server_get_uris(srv);
+	int port = uris ? g_uri_get_port(uris->data) : -1;
+	if (uris) {
+		char *u = g_uri_to_string(uris->data);
+		fprintf(stderr, "te-metadata-server: %zu keys, listening on %s (store at %s)\n",
+			(size_t)g_hash_table_size(s.kv), u, s.path);
+		g_free(u);
+	}
+	g_slist_free_full(uris, (GDestroyNotify)g_uri_unref);
+	if (port_file != NULL) {
+		char *t = g_strdup_printf("%d\n", port);
+		char *tmp = g_strdup_printf("%s.tmp", port_file);
+		/* Written aside and renamed: a reader never sees half a number. */
+		gboolean ok = g_file_set_contents(tmp, t, -1, &err) && rename(tmp, port_file) == 0;
+		g_free(tmp);
+		g_free(t);
+		if (!ok) {
+			g_printerr("te-metadata-server: cannot write %s: %s\n", port_file,
+				   err ? err->message : g_strerror(errno));
+			goto out;
+		}
+	}
+
+	s.loop = g_main_loop_new(NULL, FALSE);
+	g_unix_signal_add(SIGINT, on_signal, s.loop);
+	g_unix_signal_add(SIGTERM, on_signal, s.loop);
+	g_main_loop_run(s.loop);
+	soup_server_disconnect(srv);
+	g_main_loop_unref(s.loop);
+	rc = 0;
+out:
+	if (err)
+		g_error_free(err);
+	if (srv)
+		g_object_unref(srv);
+	if (addr)
+		g_object_unref(addr);
+	if (s.kv)
+		g_hash_table_unref(s.kv);
+	g_free(s.path);
+	g_free(s.persist);
+	g_free(listen);
+	g_free(path);
+	g_free(port_file);
+	g_free(tls_cert);
+	g_free(tls_key);
+	return rc;
+}

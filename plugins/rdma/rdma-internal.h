@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to the RDMA plugin: its structures and the functions its files share. */
+#ifndef TE_RDMA_INTERNAL_H
+#define TE_RDMA_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+#include <te/te-plugin.h>
+
+#include "rdma-verbs.h"
+
+#define RD_MAX_DEV 32        /* devices per engine, local or remote */
+#define RD_NAME_MAX 64       /* device names (IBV_SYSFS_NAME_MAX) */
+#define RD_PATH_MAX 320      /* "<segment name>@<device>" */
+#define RD_POLL_BATCH 32     /* completions taken per poll */
+#define RD_POST_BATCH 64     /* work requests posted per ibv_post_send */
+
+/* --------------------------------------------------------------- options */
+
+typedef struct rd_config {
+	unsigned num_cq_per_ctx;
+	unsigned num_comp_channels;
+	unsigned ib_port;
+	int gid_index;            /* -1: choose */
+	unsigned max_cqe;
+	unsigned max_ep_per_ctx;
+	unsigned num_qp_per_ep;
+	unsigned max_sge;
+	unsigned max_wr;
+	unsigned max_inline;
+	unsigned mtu;             /* bytes */
+	unsigned workers_per_ctx;
+	uint64_t slice_size;
+	unsigned retry_cnt;
+	unsigned fragment_ratio;
+	unsigned handshake_timeout_ms;
+	uint64_t ep_idle_ms;
+	uint64_t reclaim_interval_ms;
+	unsigned pair_fail_threshold;
+	uint64_t pair_pause_ms;
+	int parallel_reg;         /* -1 auto, 0 off, 1 on */
+	uint64_t parallel_reg_min;
+	bool fifo_store;          /* MC_ENDPOINT_STORE_TYPE=FIFO */
+	unsigned max_slices;      /* slices in flight per engine */
+	unsigned ready_grace_ms;  /* passive endpoints usable without ready_ack */
+} rd_config;
+
+/* -------------------------------------------------------------- topology */
+
+/* A location ("cpu:0", "cuda:1") and its NICs, as indices into a device list. */
+typedef struct rd_loc {
+	char *name;
+	int npref, navail;
+	int pref[RD_MAX_DEV];
+	int avail[RD_MAX_DEV];
+} rd_loc;
+
+typedef struct rd_hca {
+	char name[RD_NAME_MAX];
+	char pci[64];   /* PCI bus id, "" when unknown */
+	char *pci_path; /* sysfs path of the PCI function below <root>, or NULL */
+	int numa;       /* -1 when unknown */
+} rd_hca;
+
+typedef struct rd_topo {
+	rd_hca *hcas; /* canonical order: sorted by name */
+	int nhca;
+	rd_loc *locs;
+	int nloc;
+} rd_topo;
+
+void rd_topo_clear(rd_topo *t);
+/* Reads the PCI path and NUMA node of each named HCA under <root>/sys, sorts
+ * them, and builds the matrix: cpu:N prefers NICs on node N; cuda:N (NVIDIA
+ * GPUs found in sysfs, numbered in PCI order) prefers the nearest NICs by PCI
+ * path. Negative and a message in `err` on failure. */
+int rd_topo_discover(const char *root, char *const *names, int n, rd_topo *out, GString *err);
+/* A user matrix {"cpu:0": [["a"], ["b"]], ...}: its NICs become the device
+ * set (each must be in `known`, n_known of them; NULL known = trust). */
+int rd_topo_from_matrix(const char *root, JsonObject *matrix, char *const *known, int n_known,
+			rd_topo *out, GString *err);
+/* Parses a matrix object against a given device list (a peer's). */
+int rd_matrix_parse(JsonObject *matrix, char (*devs)[RD_NAME_MAX], int ndev, rd_loc **locs,
+		    int *nloc, GString *err);
+void rd_locs_free(rd_loc *locs, int n);
+const rd_loc *rd_loc_find(const rd_loc *locs, int n, const char *name);
+/* The matrix as a JSON node: {"cpu:0": [[...], [...]], ...} */
+JsonNode *rd_matrix_to_json(const rd_loc *locs, int n, char (*devs)[RD_NAME_MAX]);
+
+/* ------------------------------------------------------------- handshake */
+
+/* A Connection frame (wire-compat.md section 3). */
+typedef struct rd_hs {
+	char local_nic_path[RD_PATH_MAX];
+	char peer_nic_path[RD_PATH_MAX];
+	uint16_t local_lid;
+	uint8_t local_gid[16];
+	uint32_t qp_num[64];
+	int nqp;
+	bool ready_ack;
+	char reply_msg[256];
+} rd_hs;
+
+/* Compact JSON in Mooncake's field set; malloc()ed. */
+char *rd_hs_encode(const rd_hs *hs, size_t *len);
+/* Every field checked; negative and a reason in `err` when malformed. */
+int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err);
+/* "fe:80:00:...": 16 bytes as %02x joined by ':' (47 chars + NUL). */
+void rd_gid_format(const uint8_t gid[16], char out[48]);
+bool rd_gid_parse(const char *s, uint8_t gid[16]);
+/* Text for a negative errno or TE_ERR_* code. */
+const char *rd_strerror(int err);
+/* Splits "server@device"; false when either part is empty. */
+bool rd_nic_path_split(const char *path, char *server, size_t ssize, char *dev, size_t dsize);
+
+/* -------------------------------------------------------------- runtime */
+
+typedef struct rd_transport rd_transport;
+typedef struct rd_ctx rd_ctx;
+typedef struct rd_ep rd_ep;
+typedef struct rd_slice rd_slice;
+typedef struct rd_seg rd_seg;
+
+/* A local registered buffer: one MR per device. */
+typedef struct rd_mr {
+	void *addr;
+	size_t length;
+	char *location;
+	bool remote;
+	atomic_int refs; /* the table's, plus one per slice using it */
+	rd_transport *tr;
+	struct ibv_mr *mr[RD_MAX_DEV];
+	uint32_t lkey[RD_MAX_DEV];
+	uint32_t rkey[RD_MAX_DEV];
+} rd_mr;
+
+/* A remote buffer from a peer's descriptor. */
+typedef struct rd_rbuf {
+	uint64_t addr, length;
+	char *location;
+	uint32_t *rkey; /* NULL: not remote-accessible */
+} rd_rbuf;
+
+typedef struct rd_rdev {
+	char name[RD_NAME_MAX];
+	uint16_t lid;
+	uint8_t gid[16];
+	char nic_path[RD_PATH_MAX];
+} rd_rdev;
+
+/* What segment_open() returns: the peer's descriptor, decoded once. */
+struct rd_seg {
+	rd_transport *tr;
+	char *name;
+	int ndev;
+	rd_rdev *devs;
+	char (*devnames)[RD_NAME_MAX];
+	rd_loc *locs;
+	int nloc;
+	rd_rbuf *bufs; /* sorted by addr */
+	size_t nbuf;
+	atomic_uint *pair_fail;        /* [local dev * ndev + remote dev] */
+	_Atomic int64_t *pause_until;  /* ms, same indexing */
+};
+
+enum rd_ep_state {
+	EP_NEW,        /* in the pool, not connected; its owner is connecting */
+	EP_WAIT_ACK,   /* passive: connected, waiting for the peer's ready_ack */
+	EP_READY,
+	EP_DEAD,       /* failed, evicted or replaced: out of the pool */
+};
+
+struct rd_ep {
+	rd_ctx *ctx;
+	char *peer_nic_path;
+	atomic_int state;
+	bool passive;
+	atomic_int refs;      /* the pool's, posted slices', users' */
+	struct ibv_qp **qps;
+	int nqp;
+	atomic_int *depth;    /* outstanding requests per QP */
+	atomic_uint rr;
+	int cq;
+	atomic_int visited;   /* SIEVE */
+	_Atomic int64_t last_used;
+	int64_t connected_at;
+	rd_ep *prev, *next;   /* pool order, newest at head */
+	bool in_pool;
+	rd_slice *pending, *pending_tail; /* slices waiting for the handshake */
+};
+
+typedef struct rd_worker {
+	rd_ctx *ctx;
+	int index;
+	GThread *thread;
+	int wake_fd;
+	atomic_int sleeping;
+} rd_worker;
+
+struct rd_ctx {
+	rd_transport *tr;
+	int index;
+	char name[RD_NAME_MAX];
+	char nic_path[RD_PATH_MAX];
+	struct ibv_context *vctx;
+	struct ibv_pd *pd;
+	uint8_t port;
+	uint16_t lid;
+	uint8_t gid[16];
+	int gid_index;
+	enum ibv_mtu mtu;
+	uint8_t link_layer;
+	unsigned max_wr, max_sge, max_inline, max_cqe;
+
+	int nchan, ncq;
+	struct ibv_comp_channel **chans;
+	struct ibv_cq **cqs;
+	atomic_int *cq_out;    /* posted, not yet polled, per CQ */
+
+	atomic_bool active;
+	atomic_bool fatal;
+	int64_t down_since;
+
+	/* Slices waiting to be posted through this device. */
+	GMutex qlock;
+	rd_slice *qhead, *qtail;
+
+	rd_worker *workers;
+	int nworkers;
+	GThread *async_thread;
+	int async_wake;
+
+	/* The endpoint pool: peer NIC path -> endpoint, SIEVE order. */
+	GMutex ep_lock;
+	GHashTable *eps;
+	rd_ep *head, *tail, *hand;
+	unsigned nep;
+	atomic_uint ep_seq;
+
+	atomic_ullong slices_done;
+};
+
+struct rd_slice {
+	rd_slice *next;
+	te_transfer *t;
+	rd_mr *mr;
+	rd_seg *seg;
+	uint64_t local_addr, remote_addr;
+	uint32_t length;
+	uint32_t opcode;
+	const uint32_t *rkey; /* the remote buffer's, per remote device */
+	const rd_loc *lloc, *rloc;
+	uint32_t seq;         /* rotation of the path choice */
+	uint16_t attempts;
+	int16_t ldev, rdev;
+	uint64_t tried;       /* bit (ldev * nrdev + rdev) % 64 */
+	int last_error;
+	bool parked;          /* waited on an endpoint being connected */
+	rd_ep *ep;
+	int qp;
+	uint32_t index;       /* in the pool */
+};
+
+/* Test-visible counters. */
+typedef struct rd_counters {
+	atomic_ullong created, evicted, reclaimed, failed, retries, pauses, rejected;
+	GMutex lock;
+	unsigned n_evicted;
+	char evicted_paths[64][128];
+} rd_counters;
+
+struct rd_transport {
+	const te_host *host;
+	const rv_verbs *verbs;
+	rd_config cfg;
+	char *sysfs_root;
+	char *local_name;
+	rd_topo topo;
+	int nctx;
+	rd_ctx *ctx[RD_MAX_DEV];
+
+	/* Local registrations, sorted by address. */
+	GRWLock mr_lock;
+	GPtrArray *mrs;
+
+	/* Transfers submitted and not yet cut into slices. */
+	GMutex pend_lock;
+	GCond pend_cond;
+	te_transfer *pend_head, *pend_tail;
+	GThread *dispatcher;
+	atomic_bool stopping;
+
+	/* The slice pool: a lock-free stack of indices with an ABA tag. */
+	rd_slice *slices;
+	atomic_uint *free_next; /* the free list's links, by slice index */
+	unsigned nslices;
+	_Atomic uint64_t free_top;
+	GMutex pool_lock;
+	GCond pool_cond;
+	atomic_int pool_waiters;
+	atomic_uint route_seq;
+
+	GThread *reclaimer;
+	GMutex reclaim_lock;
+	GCond reclaim_cond;
+
+	rd_counters stats;
+	int64_t fail_log_sec; /* under stats.lock */
+	unsigned fail_log_count, fail_log_suppressed;
+};
+
+/* --------------------------------------------------------------- helpers */
+
+int64_t rd_now_ms(void);
+#define RD_LOG(tr, lvl, ...) ((tr)->host->log((tr)->host, (lvl), __VA_ARGS__))
+
+/* context.c */
+int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **out, GString *err);
+void rd_ctx_close(rd_ctx *c);
+int rd_ctx_start(rd_ctx *c);
+void rd_ctx_stop(rd_ctx *c);
+/* Takes the context out of service (down) or back in. */
+void rd_ctx_set_active(rd_ctx *c, bool active, const char *why);
+/* Re-reads the port; brings the context back when it is active again. */
+void rd_ctx_check_port(rd_ctx *c);
+void rd_ctx_kick(rd_ctx *c);
+void rd_ctx_enqueue(rd_ctx *c, rd_slice *head, rd_slice *tail, bool front);
+int rd_pick_gid(const rv_verbs *v, struct ibv_context *vctx, uint8_t port, int want, int *index,
+		uint8_t gid[16], GString *why);
+
+/* endpoint.c */
+void rd_ep_unref(rd_ep *ep);
+void rd_ep_fail(rd_ep *ep, int error, const char *why);
+/* Resolves the endpoint of each slice (all on this context). Slices whose
+ * endpoint is ready go to `ready` with a reference in s->ep; the others are
+ * parked on their endpoint. Endpoints created here are returned in `connect`
+ * (referenced, with the slice that asked for them) for the caller to connect
+ * outside any lock. Returns how many are ready. */
+int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect,
+		  rd_slice **connect_for, int *nconnect);
+int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev);
+int rd_ep_handle(void *user, const char *peer, const char *body, size_t len, char **reply,
+		 size_t *reply_len);
+void rd_ep_pool_clear(rd_ctx *c);
+/* Fails the pooled endpoint owning `qp` (an async QP error event). */
+void rd_ep_fail_qp(rd_ctx *c, struct ibv_qp *qp, const char *why);
+/* Moves every endpoint's QPs to the error state (shutdown). */
+void rd_ep_pool_flush(rd_ctx *c);
+void rd_ep_reclaim(rd_ctx *c, int64_t now);
+unsigned rd_ep_count(rd_ctx *c);
+
+/* transport.c */
+/* Routes a failed (or displaced) slice again, or fails it when no path is
+ * left; drops its endpoint reference. */
+void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why);
+gpointer rd_worker_thread(gpointer data);
+
+#endif

@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Test-only controls of the RDMA plugin, exported from
+ * libte-transport-rdma.so and found by tests with dlsym(). They steer the
+ * software verbs layer (TE_RDMA_SOFT=1) and read the plugin's counters.
+ * Nothing in production calls them.
+ */
+#ifndef TE_RDMA_TEST_H
+#define TE_RDMA_TEST_H
+
+#include <stdint.h>
+
+/* Per soft device (all instances of that name, whatever sysfs root). */
+typedef struct te_rdma_soft_counters {
+	uint64_t wrs;        /* work requests executed successfully */
+	uint64_t bytes;      /* bytes moved by them */
+	uint64_t errors;     /* work requests completed with an error (flushes excluded) */
+	uint64_t flushed;    /* work requests flushed from a QP in the error state */
+	uint64_t rx_wrs;     /* work requests this device served as the responder */
+} te_rdma_soft_counters;
+
+/* Port link up (1) or down (0): raises IBV_EVENT_PORT_ACTIVE/PORT_ERR on
+ * every open context, and work requests touching a down port fail with
+ * IBV_WC_RETRY_EXC_ERR. Returns 0, or -ENOENT for an unknown device. */
+typedef int (*te_rdma_soft_set_link_fn)(const char *dev, int up);
+/* IBV_EVENT_DEVICE_FATAL on every context of the device; the port goes down
+ * until te_rdma_soft_set_link(dev, 1). */
+typedef int (*te_rdma_soft_fatal_fn)(const char *dev);
+/* The next `n` work requests executed by the device complete with
+ * `wc_status` (an enum ibv_wc_status) instead of running. */
+typedef int (*te_rdma_soft_fail_next_fn)(const char *dev, unsigned n, int wc_status);
+/* Adds `usec` microseconds before each work request of the device (NULL:
+ * every device), so tests can act while a batch is in flight. */
+typedef int (*te_rdma_soft_set_latency_fn)(const char *dev, unsigned usec);
+typedef int (*te_rdma_soft_get_counters_fn)(const char *dev, te_rdma_soft_counters *out);
+
+/* The plugin instance of the engine named `engine` (its segment name). */
+#define TE_RDMA_STATS_MAX_DEV 8
+#define TE_RDMA_STATS_EVICTIONS 64
+typedef struct te_rdma_stats {
+	int n_devices;
+	char device[TE_RDMA_STATS_MAX_DEV][64];
+	uint64_t slices[TE_RDMA_STATS_MAX_DEV]; /* slices completed per local device */
+	int active[TE_RDMA_STATS_MAX_DEV];      /* 1 while the context is in service */
+	unsigned endpoints[TE_RDMA_STATS_MAX_DEV]; /* endpoints in each device's pool */
+	uint64_t endpoints_created;   /* handshakes completed, both directions */
+	uint64_t endpoints_evicted;   /* by the pool's cap */
+	uint64_t endpoints_reclaimed; /* idle */
+	uint64_t endpoints_failed;    /* removed after an error */
+	uint64_t slice_retries;
+	uint64_t pair_pauses;
+	uint64_t handshakes_rejected; /* as initiator: the peer set reply_msg */
+	/* Peer NIC paths of evicted endpoints, oldest first (the last 64). */
+	unsigned n_evicted;
+	char evicted[TE_RDMA_STATS_EVICTIONS][128];
+} te_rdma_stats;
+
+typedef int (*te_rdma_get_stats_fn)(const char *engine, te_rdma_stats *out);
+
+#endif

@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Fault handling, on two engines with two emulated NICs each and slowed-down
+ * devices so batches are in flight when a link changes:
+ *  - a local NIC taken down mid-batch: every task completes through the other
+ *    one; the NIC is out of service, and back in service once its link is up;
+ *  - a peer NIC taken down mid-batch: the paths to it fail, are paused, and
+ *    the tasks complete through the peer's other NIC;
+ *  - a device reporting a fatal error: out of service until its port is up;
+ *  - all local NICs down: tasks FAIL at once with -ENETDOWN and a clear log;
+ *  - all peer NICs down: tasks FAIL (peer unreachable, or handshakes refused
+ *    by the peer for NICs it took out of service), bounded in time;
+ *  - the peer engine gone altogether: tasks FAIL cleanly, bounded in time;
+ *  and after each fault, with the links back, transfers succeed again.
+ */
+#include <infiniband/verbs.h>
+
+#include "rdma-util.h"
+
+#define BUF (64u << 20)
+
+static te_engine *A, *B;
+static unsigned char *abuf, *bbuf;
+static te_segment_id SEG;
+
+static void setup(void)
+{
+	/* Short pauses so the recovery checks do not wait long. */
+	const char *opts[] = { "TE_RDMA_PATH_PAUSE_MS", "300", NULL };
+	A = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", opts);
+	B = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}", opts);
+	REQUIRE(A && B);
+	abuf = buf_new(BUF);
+	bbuf = buf_new(BUF);
+	REQUIRE(te_register_memory(A, abuf, BUF, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(B, bbuf, BUF, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
+	SEG = te_segment_open(A, te_engine_name(B));
+	REQUIRE(SEG > 0);
+}
+
+/* Submits `n` WRITEs of `len` bytes; returns the batch. */
+static te_batch_id start_batch(int n, size_t len, unsigned seed)
+{
+	te_request r[256];
+	te_batch_id b;
+
+	REQUIRE(n <= 256 && (size_t)n * len <= BUF);
+	fill_pattern(abuf, (size_t)n * len, seed);
+	memset(bbuf, 0, (size_t)n * len);
+	for (int i = 0; i < n; i++)
+		r[i] = (te_request){ TE_OP_WRITE, SEG, abuf + (size_t)i * len,
+				     (uintptr_t)(bbuf + (size_t)i * len), len };
+	REQUIRE(te_batch_alloc(A, (size_t)n, &b) == 0);
+	CHECK_EQ(te_submit(A, b, r, (size_t)n), 0);
+	return b;
+}
+
+/* Waits for the batch; counts tasks per final state; checks the data of
+ * the completed ones. */
+static void finish_batch(te_batch_id b, int n, size_t len, int *completed, int *failed, int *err)
+{
+	te_task_status st;
+
+	CHECK_EQ(te_batch_wait(A, b, 60000), 0);
+	*completed = *failed = 0;
+	*err = 0;
+	for (int i = 0; i < n; i++) {
+		CHECK_EQ(te_get_status(A, b, (size_t)i, &st), 0);
+		if (st.state == TE_TASK_COMPLETED) {
+			(*completed)++;
+			CHECK(memcmp(abuf + (size_t)i * len, bbuf + (size_t)i * len, len) == 0);
+			CHECK_EQ(st.transferred, len);
+		} else if (st.state == TE_TASK_FAILED) {
+			(*failed)++;
+			*err = st.error;
+		}
+	}
+	CHECK_EQ(te_batch_free(A, b), 0);
+}
+
+static bool works_again(void)
+{
+	int c, f, e;
+	te_batch_id b = start_batch(16, 256 << 10, 99);
+	finish_batch(b, 16, 256 << 10, &c, &f, &e);
+	return c == 16;
+}
+
+static void test_local_nic_down(void)
+{
+	int c, f, e;
+
+	CHECK_EQ(soft_set_latency(NULL, 1000), 0);
+	uint64_t s0 = slices_on(A, "mlx5_0"), s1 = slices_on(A, "mlx5_1");
+	te_batch_id b = start_batch(128, 512 << 10, 1); /* 1024 slices, ~0.5 s */
+	CHECK(WAIT_FOR(slices_on(A, "mlx5_0") > s0 + 32, 10000));
+	cap_start();
+	CHECK_EQ(soft_set_link("mlx5_0", 0), 0);
+	uint64_t at_down = slices_on(A, "mlx5_1");
+	finish_batch(b, 128, 512 << 10, &c, &f, &e);
+	CHECK_EQ(c, 128); /* every task, through the other NIC */
+	CHECK_EQ(f, 0);
+	CHECK(cap_has("mlx5_0: out of service: port")); /* by its event or a failed request */
+	CHECK_EQ(device_active(A, "mlx5_0"), 0);
+	CHECK(slices_on(A, "mlx5_1") > at_down + 64);
+	CHECK(slices_on(A, "mlx5_0") > s0 && slices_on(A, "mlx5_1") > s1);
+	/* While down, everything goes through mlx5_1. */
+	uint64_t d0 = slices_on(A, "mlx5_0");
+	CHECK(works_again());
+	CHECK_EQ(slices_on(A, "mlx5_0"), d0);
+
+	cap_start();
+	CHECK_EQ(soft_set_link("mlx5_0", 1), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_0") == 1, 5000));
+	CHECK(cap_has("mlx5_0: back in service"));
+	CHECK(works_again());
+	CHECK(slices_on(A, "mlx5_0") > d0); /* used again */
+	CHECK_EQ(soft_set_latency(NULL, 0), 0);
+}
+
+static void test_peer_nic_down(void)
+{
+	int c, f, e;
+	te_rdma_stats s0, s1;
+	te_rdma_soft_counters r2a, r2b, r3a, r3b;
+
+	REQUIRE(stats_of(A, &s0) == 0);
+	CHECK_EQ(soft_set_latency(NULL, 1000), 0);
+	te_batch_id b = start_batch(128, 512 << 10, 2);
+	CHECK(WAIT_FOR(slices_on(A, "mlx5_0") + slices_on(A, "mlx5_1") >
+			       s0.slices[0] + s0.slices[1] + 64,
+		       10000));
+	CHECK_EQ(soft_set_link("mlx5_2", 0), 0);
+	soft_counters("mlx5_2", &r2a);
+	soft_counters("mlx5_3", &r3a);
+	finish_batch(b, 128, 512 << 10, &c, &f, &e);
+	CHECK_EQ(c, 128);
+	CHECK_EQ(f, 0);
+	soft_counters("mlx5_2", &r2b);
+	soft_counters("mlx5_3", &r3b);
+	CHECK_EQ(r2b.rx_wrs, r2a.rx_wrs); /* nothing reached the down NIC */
+	CHECK(r3b.rx_wrs > r3a.rx_wrs + 64);
+	REQUIRE(stats_of(A, &s1) == 0);
+	CHECK(s1.slice_retries > s0.slice_retries);
+	CHECK(s1.endpoints_failed > s0.endpoints_failed);
+	/* Both of A's NICs stayed in service: the fault was the peer's. */
+	CHECK_EQ(device_active(A, "mlx5_0"), 1);
+	CHECK_EQ(device_active(A, "mlx5_1"), 1);
+	CHECK_EQ(soft_set_link("mlx5_2", 1), 0);
+	CHECK_EQ(soft_set_latency(NULL, 0), 0);
+	usleep(400000); /* any paused path resumes */
+	soft_counters("mlx5_2", &r2a);
+	CHECK(works_again());
+	soft_counters("mlx5_2", &r2b);
+	CHECK(r2b.rx_wrs > r2a.rx_wrs); /* the peer's NIC serves again */
+}
+
+static void test_fatal(void)
+{
+	cap_start();
+	CHECK_EQ(soft_fatal("mlx5_1"), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 0, 5000));
+	CHECK(cap_has("mlx5_1: out of service: device reported a fatal error"));
+	uint64_t d1 = slices_on(A, "mlx5_1");
+	CHECK(works_again());
+	CHECK_EQ(slices_on(A, "mlx5_1"), d1);
+	CHECK_EQ(soft_set_link("mlx5_1", 1), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 1, 5000));
+	CHECK(works_again());
+	CHECK(slices_on(A, "mlx5_1") > d1);
+}
+
+static void test_all_local_down(void)
+{
+	int c, f, e;
+
+	CHECK_EQ(soft_set_link("mlx5_0", 0), 0);
+	CHECK_EQ(soft_set_link("mlx5_1", 0), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_0") == 0 && device_active(A, "mlx5_1") == 0, 5000));
+	cap_start();
+	long long t0 = now_ms();
+	te_batch_id b = start_batch(32, 256 << 10, 3);
+	finish_batch(b, 32, 256 << 10, &c, &f, &e);
+	CHECK_EQ(f, 32);
+	CHECK_EQ(e, -ENETDOWN);
+	CHECK(now_ms() - t0 < 2000);
+	CHECK(cap_has("every local RDMA device is out of service"));
+	CHECK(bbuf[0] == 0);
+	CHECK_EQ(soft_set_link("mlx5_0", 1), 0);
+	CHECK_EQ(soft_set_link("mlx5_1", 1), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_0") == 1 && device_active(A, "mlx5_1") == 1, 5000));
+	CHECK(works_again());
+}
+
+static void test_all_peer_down(void)
+{
+	int c, f, e;
+	te_rdma_stats s0, s1;
+
+	REQUIRE(stats_of(A, &s0) == 0);
+	CHECK_EQ(soft_set_link("mlx5_2", 0), 0);
+	CHECK_EQ(soft_set_link("mlx5_3", 0), 0);
+	usleep(1100000); /* failure lines are rate-limited per second */
+	cap_start();
+	long long t0 = now_ms();
+	te_batch_id b = start_batch(32, 256 << 10, 4);
+	finish_batch(b, 32, 256 << 10, &c, &f, &e);
+	long long took = now_ms() - t0;
+	fprintf(stderr, "  all peer NICs down: %d failed in %lld ms\n", f, took);
+	CHECK_EQ(f, 32);
+	/* The last attempt either found the peer unreachable, or the peer
+	 * refused a new handshake on a NIC it has taken out of service. */
+	CHECK(e == -EHOSTUNREACH || e == TE_ERR_REJECTED);
+	CHECK(took < 10000);
+	CHECK(cap_has("every path failed, is paused, or retries are exhausted"));
+	REQUIRE(stats_of(A, &s1) == 0);
+	CHECK(s1.pair_pauses > s0.pair_pauses);
+	/* A's own NICs are fine. */
+	CHECK_EQ(device_active(A, "mlx5_0"), 1);
+	CHECK_EQ(soft_set_link("mlx5_2", 1), 0);
+	CHECK_EQ(soft_set_link("mlx5_3", 1), 0);
+	usleep(400000); /* past the pause */
+	CHECK(works_again());
+}
+
+static void test_peer_gone(void)
+{
+	te_task_status st;
+	te_engine *c = soft_engine("two-socket", "{\"devices\": [\"mlx5_3\"]}");
+	REQUIRE(c != NULL);
+	unsigned char *cb = buf_new(1 << 20);
+	REQUIRE(te_register_memory(c, cb, 1 << 20, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
+	te_segment_id seg = te_segment_open(A, te_engine_name(c));
+	REQUIRE(seg > 0);
+	fill_pattern(abuf, 1 << 20, 31);
+	CHECK_EQ(run_one(A, TE_OP_WRITE, seg, abuf, (uintptr_t)cb, 1 << 20, &st), TE_TASK_COMPLETED);
+	CHECK(memcmp(abuf, cb, 1 << 20) == 0);
+	/* The peer process ends: its QPs vanish, its RPC port closes. */
+	te_engine_destroy(c);
+	free(cb);
+	usleep(1100000); /* failure lines are rate-limited per second */
+	cap_start();
+	long long t0 = now_ms();
+	/* The cached descriptor still lists the buffer: the request is routed. */
+	te_segment_buffer sb;
+	REQUIRE(te_segment_buffers(A, seg, &sb, 1) == 1);
+	CHECK_EQ(run_one(A, TE_OP_WRITE, seg, abuf, sb.addr, 65536, &st), TE_TASK_FAILED);
+	CHECK(st.error == -ECONNREFUSED || st.error == -EHOSTUNREACH);
+	CHECK(now_ms() - t0 < 10000);
+	CHECK(cap_has("failed: slice at offset 0"));
+	CHECK_EQ(device_active(A, "mlx5_0"), 1); /* not a local fault */
+	CHECK_EQ(te_segment_close(A, seg), 0);
+	usleep(400000); /* past the pauses */
+	CHECK(works_again());
+}
+
+int main(void)
+{
+	find_controls();
+	setup();
+	TEST_RUN(test_local_nic_down);
+	TEST_RUN(test_peer_nic_down);
+	TEST_RUN(test_fatal);
+	TEST_RUN(test_all_local_down);
+	TEST_RUN(test_all_peer_down);
+	TEST_RUN(test_peer_gone);
+	te_segment_close(A, SEG);
+	te_engine_destroy(A);
+	te_engine_destroy(B);
+	free(abuf);
+	free(bbuf);
+	return check_done();
+}

@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to the NVMe-oF transport plugin. */
+#ifndef TE_NVMEOF_H
+#define TE_NVMEOF_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <glib.h>
+#include <liburing.h>
+
+#include <te/te-plugin.h>
+
+#define NV_DEFAULT_DEPTH 128u
+#define NV_MAX_DEPTH 4096u
+#define NV_DEFAULT_SLICE (1u << 20)
+#define NV_MIN_SLICE 4096u
+#define NV_MAX_SLICE (1u << 30) /* well below the kernel's ~2 GiB per read/write */
+#define NV_DEFAULT_WORKERS 2u
+#define NV_MAX_WORKERS 64u
+#define NV_DEFAULT_COALESCE_US 50u
+#define NV_MAX_COALESCE_US 10000u
+
+/* Error lines per file: the first few, then one in NV_LOG_EVERY. A failing
+ * device must not drown the log with one line per 4 KiB slice. */
+#define NV_LOG_FIRST 16u
+#define NV_LOG_EVERY 1024u
+
+typedef struct nv_ctx nv_ctx;
+
+/* One file of a segment: the buffer `index` of its descriptor. */
+typedef struct nv_file {
+	char *path;        /* resolved for this host */
+	uint64_t start;    /* first byte of this file in the segment */
+	uint64_t length;   /* as the descriptor declares */
+	uint64_t size;     /* as found at open (0 when unavailable) */
+	int fd;            /* buffered I/O; -1 when the file is unavailable */
+	int dfd;           /* O_DIRECT; -1 when direct I/O is impossible */
+	int err;           /* why fd is -1: a negative errno */
+	bool writable;
+	bool blockdev;
+	uint32_t mem_align; /* O_DIRECT alignment of memory, offset and length */
+	uint32_t off_align;
+	atomic_int direct;  /* cleared when the kernel refuses direct I/O at run time */
+	atomic_uint errors; /* error lines logged, for rate limiting */
+} nv_file;
+
+typedef struct nv_segment {
+	char *name;
+	nv_file *files;
+	size_t n_files;
+	uint64_t total; /* sum of the declared lengths */
+} nv_segment;
+
+/* One I/O in flight: a slice of a transfer within one file. */
+typedef struct nv_slot {
+	te_transfer *t;
+	nv_file *f;
+	char *buf;
+	uint64_t off;   /* file offset of the slice's first byte */
+	uint32_t len;
+	uint32_t done;  /* bytes moved so far (short reads/writes resubmit the rest) */
+	uint16_t retries;
+	bool direct;
+	bool write;
+} nv_slot;
+
+typedef struct nv_worker {
+	nv_ctx *ctx;
+	unsigned index;
+	GThread *thread;
+	struct io_uring ring;
+	bool ring_ok;
+	int efd;              /* submitters wake a sleeping worker through it */
+	uint64_t efd_val;
+	_Atomic(te_transfer *) inbox; /* pushed by submit(), taken whole by the worker */
+	atomic_int sleeping;  /* blocked in the kernel with free slots */
+	atomic_uint queued;   /* slices pushed since the worker last took the inbox */
+	atomic_uint want;     /* wake the sleeping worker once `queued` reaches this */
+	uint32_t freed;       /* slots freed by the last completions reaped */
+	atomic_int stop;
+	nv_slot *slots;
+	uint32_t *free_slots;
+	uint32_t n_free;
+	uint32_t depth;
+	te_transfer *head, *tail; /* transfers with slices not yet issued */
+	/* start-up handshake with create() */
+	GMutex start_lock;
+	GCond start_cond;
+	int start_rc;
+	bool started;
+} nv_worker;
+
+struct nv_ctx {
+	const te_host *host;
+	uint32_t depth;
+	uint64_t slice;
+	unsigned n_workers;
+	bool use_direct;
+	uint64_t coalesce_ns; /* longest wait to gather resubmissions into one batch */
+	bool dsync;
+	atomic_uint next_worker;
+	nv_worker *workers;
+};
+
+/* transfer->plugin_data slots, owned by the plugin while a transfer is in it */
+enum {
+	NV_PD_NEXT = 0,   /* te_transfer* link in the inbox / the worker's FIFO */
+	NV_PD_CURSOR = 1, /* bytes already handed to slots */
+	NV_PD_FILE = 2,   /* file index of the cursor */
+	NV_PD_ERROR = 3,  /* negative error to end the unissued slices with */
+};
+
+/* segment.c */
+int nv_segment_open(nv_ctx *c, const te_segment_info *seg, nv_segment **out);
+void nv_segment_close(nv_ctx *c, nv_segment *s);
+/* Index of the file holding segment byte `pos` (pos < s->total). */
+size_t nv_segment_find(const nv_segment *s, uint64_t pos);
+/* Number of slices [pos, pos+len) splits into, starting in file `fi`. */
+uint32_t nv_count_slices(const nv_segment *s, size_t fi, uint64_t pos, uint64_t len, uint64_t slice);
+/* Logs an error about a file, rate limited per file. */
+void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...) TE_PRINTF(4, 5);
+
+/* io.c */
+int nv_workers_start(nv_ctx *c);
+void nv_workers_stop(nv_ctx *c);
+/* Queues a chain of transfers (linked newest first through NV_PD_NEXT,
+ * `oldest` last) holding `slices` slices on a worker, and wakes it if it
+ * sleeps and waits for no more. */
+void nv_worker_push(nv_worker *w, te_transfer *newest, te_transfer *oldest, uint32_t slices);
+/* Whether an io_uring can be created here; fills `why` when not. */
+int nv_uring_probe(char *why, size_t why_len);
+
+#endif

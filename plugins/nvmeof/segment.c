@@ -1,0 +1,359 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * File segments: the descriptor `mooncake/nvmeof/<name>` lists files, each a
+ * buffer of the segment laid end to end. Each file is resolved to a path on
+ * this host (its local_path_map entry for our name, else file_path) and
+ * opened once, buffered and O_DIRECT, for the segment's lifetime. A file that
+ * cannot be opened does not fail the segment: transfers that touch it fail,
+ * with a log line naming it, and the others proceed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-glib/json-glib.h>
+
+#include "nvmeof.h"
+
+void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...)
+{
+	unsigned n = atomic_fetch_add_explicit(&f->errors, 1, memory_order_relaxed) + 1;
+	char msg[768];
+	va_list ap;
+
+	if (n > NV_LOG_FIRST && n % NV_LOG_EVERY != 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (n > NV_LOG_FIRST)
+		c->host->log(c->host, level, "%s (%u errors on this file so far)", msg, n);
+	else
+		c->host->log(c->host, level, "%s", msg);
+}
+
+/* ----------------------------------------------------------- descriptor */
+
+static bool json_u64(JsonObject *o, const char *member, uint64_t *out)
+{
+	JsonNode *n = json_object_get_member(o, member);
+
+	if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
+		return false;
+	gint64 v = json_node_get_int(n);
+	if (v <= 0)
+		return false;
+	*out = (uint64_t)v;
+	return true;
+}
+
+static const char *json_str(JsonNode *n)
+{
+	if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING)
+		return NULL;
+	return json_node_get_string(n);
+}
+
+static bool good_path(const char *p)
+{
+	return p != NULL && *p != '\0' && strlen(p) < PATH_MAX;
+}
+
+/* Fills s->files from the descriptor text; the paths only, nothing opened. */
+static int parse_descriptor(nv_ctx *c, const te_segment_info *seg, nv_segment *s)
+{
+	const te_host *h = c->host;
+	const char *me = h->local_name(h);
+	JsonParser *p = json_parser_new_immutable();
+	GError *err = NULL;
+	JsonNode *root, *bn;
+	JsonArray *arr;
+	int rc = TE_ERR_METADATA;
+
+	if (seg->descriptor == NULL ||
+	    !json_parser_load_from_data(p, seg->descriptor, -1, &err)) {
+		h->log(h, TE_LOG_ERROR, "segment %s: descriptor is not JSON: %s", s->name,
+		       err ? err->message : "missing");
+		g_clear_error(&err);
+		goto out;
+	}
+	root = json_parser_get_root(p);
+	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+		h->log(h, TE_LOG_ERROR, "segment %s: descriptor is not a JSON object", s->name);
+		goto out;
+	}
+	const char *proto = json_str(json_object_get_member(json_node_get_object(root), "protocol"));
+	if (proto == NULL || strcmp(proto, "nvmeof") != 0) {
+		/* A memory segment forced onto this transport: not ours to serve. */
+		h->log(h, TE_LOG_ERROR,
+		       "segment %s: protocol is \"%s\", not \"nvmeof\"; only file segments "
+		       "(mooncake/nvmeof/<name>) go through this transport",
+		       s->name, proto ? proto : "?");
+		rc = -ENOTSUP;
+		goto out;
+	}
+	bn = json_object_get_member(json_node_get_object(root), "buffers");
+	if (bn == NULL || !JSON_NODE_HOLDS_ARRAY(bn) ||
+	    json_array_get_length(arr = json_node_get_array(bn)) == 0) {
+		h->log(h, TE_LOG_ERROR, "segment %s: descriptor lists no files (\"buffers\" %s)", s->name,
+		       bn == NULL ? "missing" : JSON_NODE_HOLDS_ARRAY(bn) ? "empty" : "not an array");
+		goto out;
+	}
+	s->n_files = json_array_get_length(arr);
+	if (s->n_files != seg->n_buffers) {
+		h->log(h, TE_LOG_ERROR, "segment %s: descriptor has %zu files, the host decoded %zu",
+		       s->name, s->n_files, seg->n_buffers);
+		goto out;
+	}
+	s->files = g_new0(nv_file, s->n_files);
+	for (size_t i = 0; i < s->n_files; i++)
+		s->files[i].fd = s->files[i].dfd = -1;
+	for (size_t i = 0; i < s->n_files; i++) {
+		nv_file *f = &s->files[i];
+		JsonNode *en = json_array_get_element(arr, (guint)i);
+		JsonObject *b;
+		const char *path, *mapped = NULL;
+
+		if (!JSON_NODE_HOLDS_OBJECT(en)) {
+			h->log(h, TE_LOG_ERROR, "segment %s: buffer %zu is not an object", s->name, i);
+			goto out;
+		}
+		b = json_node_get_object(en);
+		if (!json_u64(b, "length", &f->length) || f->length != seg->buffers[i].length) {
+			h->log(h, TE_LOG_ERROR, "segment %s: buffer %zu: missing or bad \"length\"", s->name, i);
+			goto out;
+		}
+		path = json_str(json_object_get_member(b, "file_path"));
+		if (!good_path(path)) {
+			h->log(h, TE_LOG_ERROR, "segment %s: buffer %zu: missing or bad \"file_path\"", s->name,
+			       i);
+			goto out;
+		}
+		JsonNode *mn = json_object_get_member(b, "local_path_map");
+		if (mn != NULL && !JSON_NODE_HOLDS_NULL(mn)) {
+			if (!JSON_NODE_HOLDS_OBJECT(mn)) {
+				h->log(h, TE_LOG_ERROR, "segment %s: buffer %zu: \"local_path_map\" is not an object",
+				       s->name, i);
+				goto out;
+			}
+			JsonNode *mine = me ? json_object_get_member(json_node_get_object(mn), me) : NULL;
+			if (mine != NULL) {
+				mapped = json_str(mine);
+				if (!good_path(mapped)) {
+					h->log(h, TE_LOG_ERROR,
+					       "segment %s: buffer %zu: local_path_map entry for %s is not a path",
+					       s->name, i, me);
+					goto out;
+				}
+			}
+		}
+		f->path = g_strdup(mapped ? mapped : path);
+		f->start = s->total;
+		if (s->total + f->length < s->total) {
+			h->log(h, TE_LOG_ERROR, "segment %s: total length overflows", s->name);
+			goto out;
+		}
+		s->total += f->length;
+		h->log(h, TE_LOG_DEBUG, "segment %s: file %zu is %s (%s), %llu bytes at %llu", s->name, i,
+		       f->path, mapped ? "local_path_map" : "file_path", (unsigned long long)f->length,
+		       (unsigned long long)f->start);
+	}
+	rc = 0;
+out:
+	g_object_unref(p);
+	return rc;
+}
+
+/* ----------------------------------------------------------------- files */
+
+static void dio_alignment(nv_file *f)
+{
+	/* Conservative default: no device has a logical block above 4 KiB. */
+	f->mem_align = 4096;
+	f->off_align = 4096;
+#ifdef STATX_DIOALIGN
+	struct statx sx;
+	if (statx(f->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+	    (sx.stx_mask & STATX_DIOALIGN)) {
+		if (sx.stx_dio_mem_align == 0 || sx.stx_dio_offset_align == 0) {
+			f->mem_align = f->off_align = 0; /* the file system says: no direct I/O */
+			return;
+		}
+		f->mem_align = sx.stx_dio_mem_align;
+		f->off_align = sx.stx_dio_offset_align;
+		return;
+	}
+#endif
+	if (f->blockdev) {
+		int lbs = 0;
+		if (ioctl(f->fd, BLKSSZGET, &lbs) == 0 && lbs > 0 && (lbs & (lbs - 1)) == 0)
+			f->mem_align = f->off_align = (uint32_t)lbs;
+	}
+}
+
+/* Opens one file; on failure records why in f->err and leaves fd at -1. */
+static void open_file(nv_ctx *c, nv_segment *s, size_t i)
+{
+	const te_host *h = c->host;
+	nv_file *f = &s->files[i];
+	int extra = O_CLOEXEC | (c->dsync ? O_DSYNC : 0);
+	struct stat st;
+	int fd;
+
+	/* O_NONBLOCK so a FIFO put there by mistake cannot block the open. */
+	fd = open(f->path, O_RDWR | O_NONBLOCK | extra);
+	f->writable = fd >= 0;
+	if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM))
+		fd = open(f->path, O_RDONLY | O_NONBLOCK | extra);
+	if (fd < 0) {
+		f->err = -errno;
+		h->log(h, TE_LOG_WARN,
+		       "segment %s: file %zu (%s) cannot be opened: %s; transfers touching segment "
+		       "bytes [%llu, %llu) will fail",
+		       s->name, i, f->path, g_strerror(errno), (unsigned long long)f->start,
+		       (unsigned long long)(f->start + f->length));
+		return;
+	}
+	if (fstat(fd, &st) != 0) {
+		f->err = -errno;
+		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): fstat failed: %s", s->name, i, f->path,
+		       g_strerror(errno));
+		close(fd);
+		return;
+	}
+	if (!(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+		f->err = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+		h->log(h, TE_LOG_WARN,
+		       "segment %s: file %zu (%s) is not a regular file or a block device; transfers "
+		       "touching it will fail",
+		       s->name, i, f->path);
+		close(fd);
+		return;
+	}
+	/* io_uring honours O_NONBLOCK on regular files by failing with EAGAIN
+	 * instead of waiting for the disk: clear it. */
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+		f->err = -errno;
+		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): fcntl failed: %s", s->name, i, f->path,
+		       g_strerror(errno));
+		close(fd);
+		return;
+	}
+	f->fd = fd;
+	f->blockdev = S_ISBLK(st.st_mode);
+	f->size = (uint64_t)st.st_size;
+	if (f->blockdev) {
+		uint64_t bytes = 0;
+		f->size = ioctl(fd, BLKGETSIZE64, &bytes) == 0 ? bytes : 0;
+	}
+	if (f->size < f->length)
+		h->log(h, TE_LOG_WARN,
+		       "segment %s: file %zu (%s) holds %llu bytes but its descriptor declares %llu: "
+		       "reads past byte %llu of it will fail%s",
+		       s->name, i, f->path, (unsigned long long)f->size, (unsigned long long)f->length,
+		       (unsigned long long)f->size, f->blockdev ? ", and writes too" : "");
+	if (!f->writable)
+		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s) is read-only here; writes to it will fail",
+		       s->name, i, f->path);
+
+	if (!c->use_direct)
+		return;
+	dio_alignment(f);
+	if (f->mem_align == 0) {
+		h->log(h, TE_LOG_INFO, "segment %s: %s: the file system has no direct I/O; buffered I/O",
+		       s->name, f->path);
+		return;
+	}
+	int dfd = open(f->path, (f->writable ? O_RDWR : O_RDONLY) | O_DIRECT | extra);
+	struct stat dst;
+	if (dfd < 0) {
+		h->log(h, TE_LOG_INFO, "segment %s: %s: no O_DIRECT (%s); buffered I/O", s->name, f->path,
+		       g_strerror(errno));
+		return;
+	}
+	/* The path could have been replaced between the two opens. */
+	if (fstat(dfd, &dst) != 0 || dst.st_dev != st.st_dev || dst.st_ino != st.st_ino) {
+		h->log(h, TE_LOG_WARN, "segment %s: %s changed while being opened; buffered I/O only",
+		       s->name, f->path);
+		close(dfd);
+		return;
+	}
+	f->dfd = dfd;
+	atomic_store(&f->direct, 1);
+}
+
+void nv_segment_close(nv_ctx *c, nv_segment *s)
+{
+	(void)c;
+	if (s == NULL)
+		return;
+	for (size_t i = 0; s->files != NULL && i < s->n_files; i++) {
+		if (s->files[i].fd >= 0)
+			close(s->files[i].fd);
+		if (s->files[i].dfd >= 0)
+			close(s->files[i].dfd);
+		g_free(s->files[i].path);
+	}
+	g_free(s->files);
+	g_free(s->name);
+	g_free(s);
+}
+
+int nv_segment_open(nv_ctx *c, const te_segment_info *seg, nv_segment **out)
+{
+	nv_segment *s = g_new0(nv_segment, 1);
+	size_t usable = 0;
+	int rc;
+
+	s->name = g_strdup(seg->name ? seg->name : "?");
+	rc = parse_descriptor(c, seg, s);
+	if (rc < 0) {
+		nv_segment_close(c, s);
+		return rc;
+	}
+	for (size_t i = 0; i < s->n_files; i++) {
+		open_file(c, s, i);
+		usable += s->files[i].fd >= 0;
+	}
+	c->host->log(c->host, TE_LOG_INFO, "segment %s: %zu of %zu files open, %llu bytes", s->name,
+		     usable, s->n_files, (unsigned long long)s->total);
+	*out = s;
+	return 0;
+}
+
+size_t nv_segment_find(const nv_segment *s, uint64_t pos)
+{
+	size_t lo = 0, hi = s->n_files;
+
+	/* last file starting at or below pos */
+	while (hi - lo > 1) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (s->files[mid].start <= pos)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+uint32_t nv_count_slices(const nv_segment *s, size_t fi, uint64_t pos, uint64_t len, uint64_t slice)
+{
+	uint64_t n = 0, end = pos + len;
+
+	while (pos < end && fi < s->n_files) {
+		const nv_file *f = &s->files[fi];
+		uint64_t fend = f->start + f->length;
+		uint64_t piece = (fend < end ? fend : end) - pos;
+		n += (piece + slice - 1) / slice;
+		pos += piece;
+		fi++;
+	}
+	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}

@@ -1,0 +1,655 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Client connections: this engine's requests to one peer's data port.
+ *
+ * A connection pulls slices from its peer's backlog into a ring of wire
+ * requests, as long as it has fewer than `depth` requests and `window` bytes
+ * in flight. Replies come back in order, so one readv can scatter many of
+ * them: status frames into the ring, READ payloads straight into the
+ * registered destinations. Likewise one sendmsg carries many headers and
+ * WRITE payloads, straight from the registered sources.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "tcp-internal.h"
+
+#define ROUNDS 16 /* send/receive rounds per turn before yielding to other connections */
+
+enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2 };
+
+static inline tcp_slot *slot_at(tcp_cconn *cc, uint64_t i)
+{
+	return &cc->ring[i & (cc->peer->ctx->cfg.depth - 1)];
+}
+
+static inline const te_host *host_of(tcp_cconn *cc)
+{
+	return cc->peer->ctx->host;
+}
+
+static const char *op_name(unsigned op)
+{
+	return op == TE_OP_WRITE ? "WRITE" : "READ";
+}
+
+/* ----------------------------------------------------------- the backlog */
+
+/* Completes every slice still waiting in the peer's backlog and retry list. */
+void tcp_peer_fail_pending(tcp_peer *p, int err)
+{
+	const te_host *h = p->ctx->host;
+	uint64_t slice = p->ctx->cfg.slice;
+	te_transfer *t;
+	tcp_retry *retry;
+	size_t nretry;
+
+	g_mutex_lock(&p->lock);
+	t = p->bl_head;
+	p->bl_head = p->bl_tail = NULL;
+	retry = p->retry;
+	nretry = p->nretry;
+	p->retry = NULL;
+	p->nretry = p->cap_retry = 0;
+	p->bl_bytes = 0;
+	atomic_store(&p->has_work, 0);
+	g_mutex_unlock(&p->lock);
+
+	size_t n = 0;
+	for (size_t i = 0; i < nretry; i++, n++)
+		h->complete(h, retry[i].t, 0, err);
+	g_free(retry);
+	while (t != NULL) {
+		te_transfer *next = (te_transfer *)t->plugin_data[0];
+		uint64_t left = t->length - t->plugin_data[1];
+		uint64_t slices = (left + slice - 1) / slice;
+		/* `t` may be reused once its last slice completes: read first. */
+		for (uint64_t i = 0; i < slices; i++, n++)
+			h->complete(h, t, 0, err);
+		t = next;
+	}
+	if (n > 0)
+		TLOG(p->ctx, TE_LOG_WARN, "%zu queued requests to %s failed: %s", n, p->name, tcp_strerror(err));
+}
+
+static void prep(tcp_cconn *cc, tcp_slot *s)
+{
+	te_transfer *t = s->t;
+	bool v2 = cc->peer->version >= 2;
+
+	s->op = (uint8_t)t->opcode;
+	tcp_hdr_encode(s->hdr, s->len, t->remote + s->off, (uint8_t)(s->op | (v2 ? TCP_OP_V2 : 0)));
+	s->sent = 0;
+	s->stot = TCP_HDR_SIZE + (s->op == TE_OP_WRITE ? s->len : 0);
+	s->rcvd = 0;
+	s->rtot = (v2 ? TCP_STATUS_SIZE : 0) + (s->op == TE_OP_READ ? s->len : 0);
+	s->status = 0;
+}
+
+/* Takes slices from the peer's retry list and backlog into the ring. */
+static void pull(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+	tcp_ctx *c = p->ctx;
+	const te_host *h = c->host;
+	uint64_t room = c->cfg.depth - (cc->head - cc->tail);
+	uint64_t first = cc->head;
+	bool was_empty = cc->head == cc->tail;
+
+	if (room == 0 || cc->bytes >= c->cfg.window ||
+	    !atomic_load_explicit(&p->has_work, memory_order_acquire))
+		return;
+	g_mutex_lock(&p->lock);
+	/* A fair share of what is queued, so that one burst of requests keeps
+	 * every connection (and core) of the peer busy, not just the first to
+	 * wake up; at least one slice. */
+	uint64_t share = (p->bl_bytes + p->nconns - 1) / p->nconns, took = 0;
+	if (share < c->cfg.slice)
+		share = c->cfg.slice;
+	while (room > 0 && cc->bytes < c->cfg.window && took < share) {
+		te_transfer *t;
+		uint64_t off, len;
+		uint8_t tries = 0;
+		if (p->nretry > 0) {
+			tcp_retry *r = &p->retry[--p->nretry];
+			t = r->t;
+			off = r->off;
+			len = r->len;
+			tries = r->tries;
+		} else if (p->bl_head != NULL) {
+			t = p->bl_head;
+			off = t->plugin_data[1];
+			len = MIN(c->cfg.slice, t->length - off);
+			t->plugin_data[1] = off + len;
+			if (off + len == t->length) {
+				p->bl_head = (te_transfer *)t->plugin_data[0];
+				if (p->bl_head == NULL)
+					p->bl_tail = NULL;
+			}
+		} else {
+			break;
+		}
+		/* A canceled batch stops at a slice boundary. */
+		if (h->canceled(h, t)) {
+			p->bl_bytes -= len;
+			h->complete(h, t, 0, -ECANCELED);
+			continue;
+		}
+		p->bl_bytes -= len;
+		took += len;
+		tcp_slot *s = slot_at(cc, cc->head++);
+		s->t = t;
+		s->off = off;
+		s->len = len;
+		s->tries = tries;
+		room--;
+		cc->bytes += len;
+	}
+	atomic_store_explicit(&p->has_work, p->bl_head != NULL || p->nretry > 0, memory_order_release);
+	g_mutex_unlock(&p->lock);
+	for (uint64_t i = first; i < cc->head; i++)
+		prep(cc, slot_at(cc, i));
+	if (was_empty && cc->head != first)
+		cc->io.last_progress = tcp_now_ms(); /* the stall clock starts now */
+}
+
+/* ------------------------------------------------------------ failures */
+
+static void go_down(tcp_cconn *cc)
+{
+	if (cc->io.fd >= 0) {
+		close(cc->io.fd); /* also leaves the epoll set */
+		cc->io.fd = -1;
+	}
+	if (cc->state != CS_DOWN)
+		atomic_fetch_sub(&cc->peer->active, 1);
+	cc->state = CS_DOWN;
+	cc->io.rd = cc->io.wr = cc->io.hup = false;
+}
+
+/*
+ * Ends the connection. Requests on it complete with `err`, except after a
+ * rejection (`mode` FAIL_REJECT): the rejected one fails with TE_ERR_REJECTED
+ * and the ones behind it, which the peer never ran, go back to the peer for
+ * another connection. A peer-level failure with requests in flight fails the
+ * peer's backlog too: a peer that reset or stopped answering would only make
+ * queued requests wait for another timeout.
+ */
+static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *why)
+{
+	tcp_peer *p = cc->peer;
+	const te_host *h = host_of(cc);
+	size_t n = cc->head - cc->tail, nback = 0, nfail = 0;
+	/* An idle connection that breaks says little about the peer; one that
+	 * breaks with requests on it does. */
+	bool busy = n > 0;
+	tcp_retry *back = n ? g_new(tcp_retry, n) : NULL;
+	struct done { te_transfer *t; uint64_t bytes; int err; } *done = n ? g_new(struct done, n) : NULL;
+	size_t ndone = 0;
+
+	go_down(cc);
+	for (uint64_t i = cc->tail; i < cc->head; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		if (i == at) { /* the request the failure is about */
+			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err };
+			nfail++;
+		} else if (s->sent == s->stot && s->rcvd == s->rtot) {
+			done[ndone++] = (struct done){ s->t, s->len, 0 };
+		} else if (mode == FAIL_REJECT && i > at && s->tries + 1 < TCP_MAX_TRIES) {
+			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
+		} else {
+			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? -ECONNRESET : err };
+			nfail++;
+		}
+	}
+	cc->head = cc->snd = cc->rcv = cc->tail = 0;
+	cc->bytes = 0;
+	if (mode != FAIL_QUIET)
+		TLOG(p->ctx, TE_LOG_WARN, "connection %u to %s closed: %s; %zu requests failed%s", cc->idx,
+		     p->name, why, nfail, nback ? ", the ones behind the rejected one go again" : "");
+	/* The backlog goes before the completions below wake anyone up: what is
+	 * submitted after them must not be failed for this. */
+	if (mode == FAIL_PEER && busy)
+		tcp_peer_fail_pending(p, err);
+	if (nback > 0) {
+		g_mutex_lock(&p->lock);
+		if (p->nretry + nback > p->cap_retry) {
+			p->cap_retry = MAX(p->cap_retry * 2, p->nretry + nback);
+			p->retry = g_renew(tcp_retry, p->retry, p->cap_retry);
+		}
+		memcpy(p->retry + p->nretry, back, nback * sizeof *back);
+		p->nretry += nback;
+		for (size_t i = 0; i < nback; i++)
+			p->bl_bytes += back[i].len;
+		atomic_store(&p->has_work, 1);
+		g_mutex_unlock(&p->lock);
+		for (unsigned i = 0; i < p->nconns; i++)
+			tcp_kick(&p->conns[i].io, MAIL_WORK);
+	}
+	for (size_t i = 0; i < ndone; i++)
+		h->complete(h, done[i].t, done[i].bytes, done[i].err);
+	g_free(back);
+	g_free(done);
+}
+
+static void start_connect(tcp_cconn *cc);
+
+static void connect_failed(tcp_cconn *cc, int err, const char *what)
+{
+	tcp_peer *p = cc->peer;
+	char addr[80];
+
+	tcp_addr_name((struct sockaddr *)&p->addr[cc->addr_next % p->naddr], addr, sizeof addr);
+	TLOG(p->ctx, TE_LOG_WARN, "cannot connect to %s (%s): %s", p->name, addr, what);
+	go_down(cc);
+	cc->addr_next++;
+	/* The name may resolve to several addresses (::1 and 127.0.0.1 for
+	 * localhost): try each before giving up. */
+	if (++cc->addr_tries < p->naddr && !atomic_load(&p->ctx->stopping)) {
+		start_connect(cc);
+		return;
+	}
+	cc->addr_tries = 0;
+	/* Queued work fails only when no other connection can take it. */
+	if (atomic_load(&p->active) == 0)
+		tcp_peer_fail_pending(p, err);
+}
+
+void tcp_cconn_shutdown(tcp_cconn *cc, int err)
+{
+	const te_host *h = host_of(cc);
+
+	for (uint64_t i = cc->tail; i < cc->head; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		h->complete(h, s->t, 0, err);
+	}
+	cc->head = cc->snd = cc->rcv = cc->tail = 0;
+	cc->bytes = 0;
+	go_down(cc);
+}
+
+/* ----------------------------------------------------------- connecting */
+
+static void become_up(tcp_cconn *cc)
+{
+	cc->state = CS_UP;
+	cc->addr_tries = 0;
+	cc->io.wr = true;
+	cc->io.last_progress = tcp_now_ms();
+	TLOG(cc->peer->ctx, TE_LOG_DEBUG, "connection %u to %s is up", cc->idx, cc->peer->name);
+}
+
+static void start_connect(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+	tcp_ctx *c = p->ctx;
+	unsigned ai = cc->addr_next % p->naddr;
+	const struct sockaddr *sa = (const struct sockaddr *)&p->addr[ai];
+	int fd, rc;
+
+	if (cc->ring == NULL) {
+		cc->ring = g_try_new0(tcp_slot, c->cfg.depth);
+		if (cc->ring == NULL) {
+			tcp_peer_fail_pending(p, -ENOMEM);
+			return;
+		}
+	}
+	fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		int err = -errno;
+		TLOG(c, TE_LOG_ERROR, "socket: %s", g_strerror(errno));
+		if (atomic_load(&p->active) == 0)
+			tcp_peer_fail_pending(p, err);
+		return;
+	}
+	tcp_sockopts(c, fd);
+	cc->io.fd = fd;
+	cc->io.rd = cc->io.wr = cc->io.hup = false;
+	atomic_fetch_add(&p->active, 1);
+	cc->state = CS_CONNECTING;
+	int crc = connect(fd, sa, p->addrlen[ai]);
+	if (crc < 0 && errno != EINPROGRESS) {
+		int err = errno;
+		connect_failed(cc, -err, g_strerror(err));
+		return;
+	}
+	rc = tcp_io_register(&cc->io, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
+	if (rc < 0) {
+		connect_failed(cc, rc, "cannot add the socket to the epoll set");
+		return;
+	}
+	if (crc == 0)
+		become_up(cc);
+	else
+		cc->connect_deadline = tcp_now_ms() + c->cfg.connect_timeout_ms;
+}
+
+/* ---------------------------------------------------------------- send */
+
+/* 1: bytes moved, 0: nothing to do or would block, <0: error. */
+static int do_send(tcp_cconn *cc)
+{
+	struct iovec *iov = cc->io.thr->iov;
+	unsigned n = 0;
+	size_t total = 0;
+
+	for (uint64_t i = cc->snd; i < cc->head && n < TCP_IOV_MAX; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		if (s->sent == s->stot)
+			continue;
+		if (s->sent < TCP_HDR_SIZE) {
+			iov[n++] = (struct iovec){ s->hdr + s->sent, TCP_HDR_SIZE - s->sent };
+			total += TCP_HDR_SIZE - s->sent;
+		}
+		if (s->op == TE_OP_WRITE) {
+			uint64_t done = s->sent > TCP_HDR_SIZE ? s->sent - TCP_HDR_SIZE : 0;
+			iov[n++] = (struct iovec){ (char *)s->t->local + s->off + done, s->len - done };
+			total += s->len - done;
+		}
+	}
+	if (n == 0)
+		return 0;
+	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
+	ssize_t w;
+	do
+		w = sendmsg(cc->io.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+	while (w < 0 && errno == EINTR);
+	if (w < 0) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			cc->io.wr = false;
+			return 0;
+		}
+		return -errno;
+	}
+	if ((size_t)w < total)
+		cc->io.wr = false; /* the socket buffer is full: wait for EPOLLOUT */
+	cc->io.last_progress = tcp_now_ms();
+	uint64_t left = (uint64_t)w;
+	for (uint64_t i = cc->snd; left > 0 && i < cc->head; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		uint64_t take = MIN(s->stot - s->sent, left);
+		s->sent += take;
+		left -= take;
+	}
+	while (cc->snd < cc->head && slot_at(cc, cc->snd)->sent == slot_at(cc, cc->snd)->stot)
+		cc->snd++;
+	return 1;
+}
+
+/* ------------------------------------------------------------- receive */
+
+typedef struct rx_result {
+	int err;
+	int mode;
+	uint64_t at;
+	char why[160];
+} rx_result;
+
+/* Checks a status frame that just arrived for slot `i`. */
+static bool check_status(uint64_t i, tcp_slot *s, rx_result *res)
+{
+	uint64_t f = le64toh(s->status);
+	uint32_t code = (uint32_t)f;
+
+	res->at = i;
+	if ((uint32_t)(f >> 32) != TCP_STATUS_MAGIC) {
+		res->err = TE_ERR_PROTOCOL;
+		snprintf(res->why, sizeof res->why, "malformed status frame 0x%016llx for %s 0x%llx+%llu",
+			 (unsigned long long)f, op_name(s->op), (unsigned long long)(s->t->remote + s->off),
+			 (unsigned long long)s->len);
+		return false;
+	}
+	if (code == TCP_STATUS_REJECTED) {
+		res->err = TE_ERR_REJECTED;
+		res->mode = FAIL_REJECT;
+		snprintf(res->why, sizeof res->why,
+			 "the peer rejected %s 0x%llx+%llu (not inside one of its remote-accessible buffers)",
+			 op_name(s->op), (unsigned long long)(s->t->remote + s->off), (unsigned long long)s->len);
+		return false;
+	}
+	if (code != TCP_STATUS_OK) {
+		res->err = TE_ERR_PROTOCOL;
+		snprintf(res->why, sizeof res->why, "unknown status %u", code);
+		return false;
+	}
+	if (s->op == TE_OP_WRITE && s->sent < s->stot) {
+		res->err = TE_ERR_PROTOCOL;
+		snprintf(res->why, sizeof res->why, "WRITE acknowledged before its last byte was sent");
+		return false;
+	}
+	return true;
+}
+
+/* 1: bytes moved, 0: would block or idle, <0: failed (details in `res`). */
+static int do_recv(tcp_cconn *cc, rx_result *res)
+{
+	struct iovec *iov = cc->io.thr->iov;
+	bool v2 = cc->peer->version >= 2;
+	unsigned n = 0;
+	size_t total = 0;
+
+	while (cc->rcv < cc->head && slot_at(cc, cc->rcv)->rcvd == slot_at(cc, cc->rcv)->rtot)
+		cc->rcv++;
+	for (uint64_t i = cc->rcv; i < cc->head && n < TCP_IOV_MAX; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		if (s->rcvd == s->rtot)
+			continue;
+		uint64_t pre = v2 ? TCP_STATUS_SIZE : 0;
+		if (s->rcvd < pre) {
+			iov[n++] = (struct iovec){ (char *)&s->status + s->rcvd, pre - s->rcvd };
+			total += pre - s->rcvd;
+		}
+		if (s->op == TE_OP_READ) {
+			uint64_t done = s->rcvd > pre ? s->rcvd - pre : 0;
+			iov[n++] = (struct iovec){ (char *)s->t->local + s->off + done, s->len - done };
+			total += s->len - done;
+		}
+	}
+	ssize_t r;
+	if (n == 0) {
+		/* Nothing expected: only an EOF (an idle close) or junk can come. */
+		do
+			r = recv(cc->io.fd, cc->io.thr->scratch, 64, MSG_DONTWAIT);
+		while (r < 0 && errno == EINTR);
+		if (r < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				cc->io.rd = false;
+				return 0;
+			}
+			res->err = -errno;
+			snprintf(res->why, sizeof res->why, "%s", g_strerror(errno));
+			return -1;
+		}
+		if (r == 0) {
+			res->err = -ECONNRESET;
+			res->mode = cc->tail == cc->head ? FAIL_QUIET : FAIL_PEER;
+			snprintf(res->why, sizeof res->why, "the peer closed the connection");
+			return -1;
+		}
+		res->err = TE_ERR_PROTOCOL;
+		snprintf(res->why, sizeof res->why, "%zd bytes arrived that no request asked for", r);
+		return -1;
+	}
+	do
+		r = readv(cc->io.fd, iov, (int)n);
+	while (r < 0 && errno == EINTR);
+	if (r < 0) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			cc->io.rd = false;
+			return 0;
+		}
+		res->err = -errno;
+		snprintf(res->why, sizeof res->why, "%s", g_strerror(errno));
+		return -1;
+	}
+	if (r == 0) {
+		res->err = -ECONNRESET;
+		snprintf(res->why, sizeof res->why, "the peer closed the connection mid-transfer");
+		return -1;
+	}
+	if ((size_t)r < total && !cc->io.hup)
+		cc->io.rd = false; /* drained: the next arrival brings a new edge */
+	cc->io.last_progress = tcp_now_ms();
+	uint64_t left = (uint64_t)r;
+	for (uint64_t i = cc->rcv; left > 0 && i < cc->head; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		uint64_t before = s->rcvd;
+		uint64_t take = MIN(s->rtot - s->rcvd, left);
+		s->rcvd += take;
+		left -= take;
+		if (v2 && before < TCP_STATUS_SIZE && s->rcvd >= TCP_STATUS_SIZE && !check_status(i, s, res)) {
+			s->rcvd = 0; /* never to be taken for a finished request */
+			return -1;
+		}
+	}
+	return 1;
+}
+
+/* Completes finished requests, in order. */
+static void reap(tcp_cconn *cc)
+{
+	const te_host *h = host_of(cc);
+
+	while (cc->tail < cc->head) {
+		tcp_slot *s = slot_at(cc, cc->tail);
+		if (s->sent != s->stot || s->rcvd != s->rtot)
+			break;
+		cc->bytes -= s->len;
+		cc->tail++;
+		h->complete(h, s->t, s->len, 0);
+	}
+	if (cc->snd < cc->tail)
+		cc->snd = cc->tail;
+	if (cc->rcv < cc->tail)
+		cc->rcv = cc->tail;
+}
+
+/* ---------------------------------------------------------------- drive */
+
+void tcp_cconn_drive(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+
+	if (cc->state == CS_DOWN) {
+		if (!atomic_load(&p->has_work) || atomic_load(&p->ctx->stopping))
+			return;
+		start_connect(cc);
+	}
+	if (cc->state != CS_UP)
+		return;
+	for (int round = 0; round < ROUNDS; round++) {
+		rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
+		bool moved = false;
+		int rc;
+
+		pull(cc);
+		if (cc->io.wr && cc->snd < cc->head) {
+			rc = do_send(cc);
+			if (rc < 0) {
+				char why[128];
+				snprintf(why, sizeof why, "send failed: %s", g_strerror(-rc));
+				cconn_fail(cc, rc, FAIL_PEER, UINT64_MAX, why);
+				return;
+			}
+			moved |= rc > 0;
+		}
+		if (cc->io.rd) {
+			rc = do_recv(cc, &res);
+			if (rc < 0) {
+				reap(cc); /* what fully arrived before the failure still counts */
+				cconn_fail(cc, res.err, res.mode, res.at, res.why);
+				return;
+			}
+			moved |= rc > 0;
+		}
+		reap(cc);
+		if (!moved)
+			return;
+	}
+	tcp_io_ready(&cc->io); /* more to do: after the other connections had a turn */
+}
+
+void tcp_cconn_event(tcp_cconn *cc, uint32_t events)
+{
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		cc->io.rd = true;
+	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		cc->io.hup = true; /* read on to the EOF: no further edge will come */
+	if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+		cc->io.wr = true;
+	if (cc->state == CS_CONNECTING) {
+		if (!(events & (EPOLLOUT | EPOLLHUP | EPOLLERR)))
+			return;
+		int err = 0;
+		socklen_t el = sizeof err;
+		if (getsockopt(cc->io.fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+			err = errno;
+		if (err != 0) {
+			connect_failed(cc, -err, g_strerror(err));
+			return;
+		}
+		become_up(cc);
+	}
+	tcp_cconn_drive(cc);
+}
+
+void tcp_cconn_mail(tcp_cconn *cc, unsigned mail)
+{
+	tcp_io_list(cc->io.thr, &cc->io);
+	if (mail & MAIL_CLOSE) {
+		if (cc->head > cc->tail)
+			tcp_cconn_shutdown(cc, -ECANCELED);
+		go_down(cc);
+		g_free(cc->ring);
+		cc->ring = NULL;
+		tcp_io_bury(&cc->io);
+		return;
+	}
+	if (mail & MAIL_WORK)
+		tcp_cconn_drive(cc);
+}
+
+bool tcp_cconn_busy(const tcp_cconn *cc)
+{
+	return cc->state == CS_CONNECTING || cc->head > cc->tail;
+}
+
+void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	char why[128];
+
+	if (cc->state == CS_CONNECTING && now > cc->connect_deadline) {
+		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",
+			 (long long)c->cfg.connect_timeout_ms);
+		connect_failed(cc, -EHOSTUNREACH, why);
+	} else if (cc->state == CS_UP && cc->head > cc->tail &&
+		   now - cc->io.last_progress > c->cfg.timeout_ms) {
+		/* Not -ETIMEDOUT: that would end the tasks as TIMEOUT, and a peer
+		 * that stopped answering is a failure. */
+		snprintf(why, sizeof why, "no progress for %lld ms (TE_TCP_TIMEOUT_MS)",
+			 (long long)(now - cc->io.last_progress));
+		cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
+	}
+}
+
+/* Called once per connection at the end of the loop iteration that retired
+ * it; the last one frees the peer. */
+void tcp_peer_retire_conn(tcp_peer *p)
+{
+	if (atomic_fetch_sub(&p->live_conns, 1) != 1)
+		return;
+	tcp_ctx *c = p->ctx;
+	g_mutex_lock(&c->lock);
+	g_ptr_array_remove_fast(c->all_peers, p);
+	g_mutex_unlock(&c->lock);
+	tcp_peer_fail_pending(p, -ECANCELED); /* nothing should be left; safe if so */
+	g_mutex_clear(&p->lock);
+	g_free(p->key);
+	g_free(p);
+}

@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The TCP transport's private structures. The plugin runs a few I/O threads,
+ * each with its own epoll set, owning connections of two kinds: client
+ * connections (to a peer's data port, carrying this engine's requests) and
+ * server connections (accepted on our data port, serving a peer's requests).
+ *
+ * Data path without locks or allocation per request: a submit appends the
+ * transfers to the peer's backlog (an intrusive list threaded through the
+ * te_transfer's plugin_data, one mutex acquisition per submit call) and kicks
+ * the peer's connections; each connection's owning thread pulls slices from
+ * the backlog into its preallocated ring, writes headers and payloads with one
+ * sendmsg for many requests and reads the replies straight into the
+ * registered buffers.
+ */
+#ifndef TE_TCP_INTERNAL_H
+#define TE_TCP_INTERNAL_H
+
+#include <endian.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <glib.h>
+
+#include <te/te-plugin.h>
+
+/* ------------------------------------------------------------------- wire */
+
+#define TCP_HDR_SIZE 24
+#define TCP_STATUS_SIZE 8
+#define TCP_OP_MASK 0x7f
+#define TCP_OP_V2 0x80
+#define TCP_STATUS_MAGIC 0x4D435456u /* "MCTV" */
+#define TCP_STATUS_OK 0u
+#define TCP_STATUS_REJECTED 1u
+
+/* Header: size u64 LE, addr u64 LE, opcode u8, 7 bytes of zeros. */
+static inline void tcp_hdr_encode(uint8_t *h, uint64_t size, uint64_t addr, uint8_t opcode)
+{
+	uint64_t v = htole64(size);
+	memcpy(h, &v, 8);
+	v = htole64(addr);
+	memcpy(h + 8, &v, 8);
+	h[16] = opcode;
+	memset(h + 17, 0, 7);
+}
+
+static inline uint64_t tcp_status_frame(uint32_t code)
+{
+	return htole64(((uint64_t)TCP_STATUS_MAGIC << 32) | code);
+}
+
+/* ----------------------------------------------------------------- config */
+
+typedef struct tcp_config {
+	unsigned threads;        /* I/O threads */
+	unsigned conns_per_peer; /* client connections per peer */
+	uint64_t slice;          /* requests above this are split into wire requests */
+	unsigned depth;          /* wire requests in flight per connection (power of 2) */
+	uint64_t window;         /* bytes in flight per connection */
+	int64_t timeout_ms;      /* no progress for this long with work pending: fail */
+	int64_t connect_timeout_ms;
+	int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
+	unsigned max_inbound;    /* accepted connections at once */
+	unsigned port;           /* data port wanted, 0: any */
+	int proto;               /* protocol version we ask peers for and advertise */
+} tcp_config;
+
+#define TCP_MAX_CONNS_PER_PEER 16
+#define TCP_MAX_ADDRS 4
+#define TCP_IOV_MAX 256      /* iovecs per sendmsg/readv (IOV_MAX is 1024) */
+#define TCP_HBUF (64 * TCP_HDR_SIZE)
+#define TCP_MAX_TRIES 3      /* sends of one slice (requeued after a peer's reject) */
+#define TCP_LINGER_MS 2000   /* after a reject: wait this long for the peer to close */
+
+typedef struct tcp_ctx tcp_ctx;
+typedef struct tcp_thread tcp_thread;
+typedef struct tcp_io tcp_io;
+typedef struct tcp_peer tcp_peer;
+typedef struct tcp_cconn tcp_cconn;
+typedef struct tcp_sconn tcp_sconn;
+
+/* ------------------------------------------------------------ I/O objects */
+
+enum tcp_io_kind { IO_WAKE, IO_LISTEN, IO_CLIENT, IO_SERVER };
+
+/* Requests other threads post to a connection's owner (bits of `mail`). */
+enum tcp_mail {
+	MAIL_WORK = 1u << 0,  /* the peer's backlog grew */
+	MAIL_CLOSE = 1u << 1, /* the peer is going away */
+	MAIL_ADOPT = 1u << 2, /* a new accepted connection */
+};
+
+/* What every epoll-registered object starts with. */
+struct tcp_io {
+	int kind;
+	int fd;
+	tcp_thread *thr;
+	/* mailbox (any thread) */
+	_Atomic(tcp_io *) mail_next;
+	atomic_int queued;
+	atomic_uint mail;
+	/* owner thread only */
+	tcp_io *prev, *next;  /* the thread's list of connections */
+	tcp_io *ready_next;   /* the thread's list to service without an event */
+	bool in_ready;
+	bool in_list;
+	bool rd, wr;          /* readable / writable since the last EAGAIN */
+	bool hup;
+	int64_t last_progress;
+	char name[80];        /* peer address for logs */
+};
+
+struct tcp_thread {
+	tcp_ctx *ctx;
+	unsigned idx;
+	GThread *thread;
+	int ep;
+	tcp_io wake;                 /* eventfd */
+	_Atomic(tcp_io *) mailbox;   /* Treiber stack of kicked connections */
+	atomic_int sleeping;
+	atomic_int stop;
+	tcp_io *conns;               /* all connections owned */
+	unsigned n_conns;
+	tcp_io *ready;               /* to service again (fairness cap hit, backlog) */
+	int64_t next_scan;
+	unsigned rr;                 /* next thread for accepted connections (thread 0) */
+	struct iovec iov[TCP_IOV_MAX + 2];
+	char scratch[65536];         /* discarded bytes (lingering closes) */
+};
+
+/* -------------------------------------------------------------- client */
+
+/* One wire request in a client connection's ring. */
+typedef struct tcp_slot {
+	te_transfer *t;
+	uint64_t off, len;   /* the slice of t */
+	uint64_t stot, sent; /* bytes to send: header (+ payload for WRITE) */
+	uint64_t rtot, rcvd; /* bytes to receive: status (v2) (+ payload for READ) */
+	uint64_t status;     /* the status frame as received (LE) */
+	uint8_t hdr[TCP_HDR_SIZE];
+	uint8_t op;
+	uint8_t tries;
+	uint8_t err_pending; /* completed already (canceled before sending) */
+} tcp_slot;
+
+enum tcp_cstate { CS_DOWN, CS_CONNECTING, CS_UP };
+
+struct tcp_cconn {
+	tcp_io io;
+	tcp_peer *peer;
+	unsigned idx;
+	int state;
+	int64_t connect_deadline;
+	unsigned addr_next;  /* the peer address to try next */
+	unsigned addr_tries; /* addresses tried since the last success */
+	tcp_slot *ring;
+	uint64_t head, snd, rcv, tail; /* free-running indices */
+	uint64_t bytes; /* payload bytes in flight */
+};
+
+/* A slice put back for another try (after a peer rejected an earlier request
+ * on the same connection and closed it). */
+typedef struct tcp_retry {
+	te_transfer *t;
+	uint64_t off, len;
+	uint8_t tries;
+} tcp_retry;
+
+struct tcp_peer {
+	tcp_ctx *ctx;
+	char *key;                 /* host|port|version */
+	char name[80];             /* host:port for logs */
+	struct sockaddr_storage addr[TCP_MAX_ADDRS];
+	socklen_t addrlen[TCP_MAX_ADDRS];
+	unsigned naddr;
+	int version;               /* 1 or 2 */
+	int refs;                  /* segment opens (ctx->lock) */
+	atomic_int live_conns;     /* connections not yet retired by their thread */
+	GMutex lock;               /* backlog and retries */
+	te_transfer *bl_head, *bl_tail;
+	uint64_t bl_bytes;         /* bytes queued in the backlog and retries */
+	tcp_retry *retry;
+	size_t nretry, cap_retry;
+	atomic_int has_work;
+	atomic_int active;         /* connections connecting or up */
+	unsigned nconns;
+	tcp_cconn conns[];
+};
+
+/* ------------------------------------------------------------- server */
+
+typedef struct tcp_resp {
+	uint64_t status;      /* LE frame */
+	char *data;
+	uint64_t len;
+	uint64_t tot, sent;
+	bool has_status;
+	bool pinned;
+	te_buffer_pin pin;
+} tcp_resp;
+
+enum tcp_sstate { SS_OPEN, SS_FLUSH, SS_LINGER };
+
+struct tcp_sconn {
+	tcp_io io;
+	int state;
+	uint8_t hbuf[TCP_HBUF];
+	unsigned hlen;
+	bool bulk;            /* the last request was a READ: read headers in bulk */
+	/* the WRITE body being received */
+	bool in_body;
+	bool body_v2;
+	char *body;
+	uint64_t body_len, body_got;
+	te_buffer_pin body_pin;
+	int64_t linger_deadline;
+	tcp_resp *ring;
+	uint64_t head, snd;   /* free-running */
+};
+
+/* ------------------------------------------------------------ the context */
+
+struct tcp_ctx {
+	const te_host *host;
+	tcp_config cfg;
+	int listen_fd;
+	int port;
+	tcp_io listen_io;
+	tcp_thread *threads;
+	unsigned nthreads;
+	atomic_uint next_thread;   /* round robin for new peers */
+	GMutex lock;               /* peers table */
+	GHashTable *peers;         /* key → tcp_peer*, open ones */
+	GPtrArray *all_peers;      /* every peer not yet freed */
+	atomic_int inbound;        /* accepted connections open */
+	atomic_int stopping;
+};
+
+/* tcp-io.c */
+int tcp_threads_start(tcp_ctx *c);
+void tcp_threads_stop(tcp_ctx *c);
+void tcp_kick(tcp_io *io, unsigned mail);
+void tcp_io_ready(tcp_io *io);           /* owner thread: service again soon */
+int tcp_io_register(tcp_io *io, uint32_t events);
+void tcp_io_unlist(tcp_io *io);          /* owner thread: forget a connection */
+void tcp_io_list(tcp_thread *t, tcp_io *io);
+/* Owner thread: a connection closed for good; freed (server) or counted out
+ * of its peer (client) at the end of the thread's loop iteration. */
+void tcp_io_bury(tcp_io *io);
+int64_t tcp_now_ms(void);
+void tcp_sockopts(tcp_ctx *c, int fd);
+void tcp_addr_name(const struct sockaddr *sa, char *buf, size_t size);
+
+/* tcp-client.c */
+void tcp_cconn_mail(tcp_cconn *cc, unsigned mail);
+void tcp_cconn_event(tcp_cconn *cc, uint32_t events);
+void tcp_cconn_drive(tcp_cconn *cc);
+void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now);
+void tcp_cconn_shutdown(tcp_cconn *cc, int err);
+bool tcp_cconn_busy(const tcp_cconn *cc);
+void tcp_peer_fail_pending(tcp_peer *p, int err);
+void tcp_peer_retire_conn(tcp_peer *p);
+
+/* tcp-server.c */
+tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name);
+void tcp_sconn_event(tcp_sconn *sc, uint32_t events);
+void tcp_sconn_drive(tcp_sconn *sc);
+void tcp_sconn_check_timeout(tcp_sconn *sc, int64_t now);
+void tcp_sconn_close(tcp_sconn *sc, const char *why);
+bool tcp_sconn_busy(const tcp_sconn *sc);
+
+/* Names errno values and libte's own codes (the plugin cannot call te_strerror). */
+static inline const char *tcp_strerror(int err)
+{
+	switch (err) {
+	case TE_ERR_PROTOCOL: return "the peer broke the protocol";
+	case TE_ERR_REJECTED: return "the peer rejected a request";
+	case -ESHUTDOWN: return "the transport is shutting down";
+	case -ECANCELED: return "canceled";
+	default: return g_strerror(-err);
+	}
+}
+
+#define TLOG(c, lvl, ...) ((c)->host->log((c)->host, (lvl), __VA_ARGS__))
+
+#endif

@@ -1,0 +1,439 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * I/O threads. Each owns an epoll set (edge-triggered), the connections
+ * registered in it and a mailbox other threads post to: a lock-free stack of
+ * connections with request bits, plus an eventfd written only when the owner
+ * is about to sleep, so a busy thread is kicked without a system call.
+ *
+ * A connection is touched by its owner thread only, except for its mailbox
+ * fields. Connections closed during a loop iteration are finalized at the end
+ * of it (freed, or counted out of their peer), so a pointer still sitting in
+ * the iteration's epoll event array is never dangling.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tcp-internal.h"
+
+#define SCAN_MS 100
+#define EVENTS 64
+
+int64_t tcp_now_ms(void)
+{
+	struct timespec ts;
+
+	/* The coarse clock is a few ms coarse and costs no system call. */
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void tcp_addr_name(const struct sockaddr *sa, char *buf, size_t size)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	int port = 0;
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *a = (const void *)sa;
+		inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+		port = ntohs(a->sin_port);
+		snprintf(buf, size, "%s:%d", host, port);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const void *)sa;
+		if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
+			inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
+		else
+			inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+		port = ntohs(a->sin6_port);
+		snprintf(buf, size, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+	} else {
+		snprintf(buf, size, "?");
+	}
+}
+
+void tcp_sockopts(tcp_ctx *c, int fd)
+{
+	int one = 1;
+
+	/* Small requests and status frames must leave at once. */
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+		TLOG(c, TE_LOG_DEBUG, "TCP_NODELAY: %s", g_strerror(errno));
+	if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) < 0)
+		TLOG(c, TE_LOG_DEBUG, "SO_KEEPALIVE: %s", g_strerror(errno));
+	if (c->cfg.sockbuf > 0) {
+		int v = c->cfg.sockbuf;
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v) < 0 ||
+		    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v) < 0)
+			TLOG(c, TE_LOG_DEBUG, "socket buffer size %d: %s", v, g_strerror(errno));
+	}
+}
+
+/* ------------------------------------------------------------- mailbox */
+
+void tcp_kick(tcp_io *io, unsigned mail)
+{
+	tcp_thread *t = io->thr;
+
+	atomic_fetch_or(&io->mail, mail);
+	if (atomic_exchange(&io->queued, 1))
+		return; /* queued already; the owner reads the bits after unqueueing */
+	tcp_io *old = atomic_load(&t->mailbox);
+	do {
+		atomic_store_explicit(&io->mail_next, old, memory_order_relaxed);
+	} while (!atomic_compare_exchange_weak(&t->mailbox, &old, io));
+	/* Pairs with the owner's store of `sleeping` and load of the mailbox. */
+	if (atomic_load(&t->sleeping)) {
+		uint64_t one = 1;
+		if (write(t->wake.fd, &one, sizeof one) < 0 && errno != EAGAIN)
+			TLOG(t->ctx, TE_LOG_ERROR, "cannot wake I/O thread %u: %s", t->idx, g_strerror(errno));
+	}
+}
+
+void tcp_io_ready(tcp_io *io)
+{
+	tcp_thread *t = io->thr;
+
+	if (io->in_ready || io->fd < 0)
+		return;
+	io->in_ready = true;
+	io->ready_next = t->ready;
+	t->ready = io;
+}
+
+int tcp_io_register(tcp_io *io, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = io };
+
+	if (epoll_ctl(io->thr->ep, EPOLL_CTL_ADD, io->fd, &ev) < 0)
+		return -errno;
+	return 0;
+}
+
+void tcp_io_list(tcp_thread *t, tcp_io *io)
+{
+	if (io->in_list)
+		return;
+	io->in_list = true;
+	io->prev = NULL;
+	io->next = t->conns;
+	if (t->conns)
+		t->conns->prev = io;
+	t->conns = io;
+	t->n_conns++;
+}
+
+void tcp_io_unlist(tcp_io *io)
+{
+	tcp_thread *t = io->thr;
+
+	if (!io->in_list)
+		return;
+	if (io->prev)
+		io->prev->next = io->next;
+	else
+		t->conns = io->next;
+	if (io->next)
+		io->next->prev = io->prev;
+	io->prev = io->next = NULL;
+	io->in_list = false;
+	t->n_conns--;
+	/* Drop it from the ready list too. */
+	if (io->in_ready) {
+		tcp_io **pp = &t->ready;
+		while (*pp && *pp != io)
+			pp = &(*pp)->ready_next;
+		if (*pp)
+			*pp = io->ready_next;
+		io->in_ready = false;
+	}
+}
+
+/* ------------------------------------------------------------ the loop */
+
+/* Connections closed in this iteration, finalized at its end. */
+static __thread GPtrArray *tls_grave;
+
+static void finalize(tcp_io *io)
+{
+	if (io->kind == IO_SERVER)
+		g_free(io);
+	else if (io->kind == IO_CLIENT)
+		tcp_peer_retire_conn(((tcp_cconn *)io)->peer);
+}
+
+void tcp_io_bury(tcp_io *io)
+{
+	tcp_io_unlist(io);
+	if (tls_grave == NULL) {
+		/* Not on an I/O thread's iteration (shutdown): nothing can still hold it. */
+		finalize(io);
+		return;
+	}
+	g_ptr_array_add(tls_grave, io);
+}
+
+static void finalize_all(GPtrArray *g)
+{
+	for (guint i = 0; i < g->len; i++)
+		finalize(g_ptr_array_index(g, i));
+	g_ptr_array_set_size(g, 0);
+}
+
+static void accept_all(tcp_thread *t);
+
+static void handle_mail(tcp_thread *t)
+{
+	tcp_io *io = atomic_exchange(&t->mailbox, NULL);
+
+	while (io != NULL) {
+		tcp_io *next = atomic_load_explicit(&io->mail_next, memory_order_relaxed);
+		atomic_store(&io->queued, 0);
+		unsigned mail = atomic_exchange(&io->mail, 0);
+		if (io->kind == IO_CLIENT) {
+			tcp_cconn_mail((tcp_cconn *)io, mail);
+		} else if (io->kind == IO_SERVER && (mail & MAIL_ADOPT)) {
+			tcp_sconn *sc = (tcp_sconn *)io;
+			tcp_io_list(t, io);
+			int rc = tcp_io_register(io, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
+			if (rc < 0)
+				tcp_sconn_close(sc, "cannot add it to the epoll set");
+			else
+				tcp_sconn_drive(sc);
+		}
+		io = next;
+	}
+}
+
+static void scan(tcp_thread *t, int64_t now)
+{
+	for (tcp_io *io = t->conns, *next; io != NULL; io = next) {
+		next = io->next;
+		if (io->kind == IO_CLIENT)
+			tcp_cconn_check_timeout((tcp_cconn *)io, now);
+		else if (io->kind == IO_SERVER)
+			tcp_sconn_check_timeout((tcp_sconn *)io, now);
+	}
+}
+
+static void shutdown_all(tcp_thread *t)
+{
+	/* Adopt what is still in the mailbox so that nothing is left behind. */
+	tcp_io *io = atomic_exchange(&t->mailbox, NULL);
+	while (io != NULL) {
+		tcp_io *next = atomic_load_explicit(&io->mail_next, memory_order_relaxed);
+		atomic_store(&io->queued, 0);
+		atomic_store(&io->mail, 0);
+		if (io->kind == IO_SERVER)
+			tcp_io_list(t, io);
+		io = next;
+	}
+	while (t->conns != NULL) {
+		io = t->conns;
+		if (io->kind == IO_CLIENT) {
+			tcp_cconn_shutdown((tcp_cconn *)io, -ESHUTDOWN);
+			tcp_io_unlist(io); /* freed with its peer by the plugin */
+		} else {
+			tcp_sconn_close((tcp_sconn *)io, NULL);
+		}
+	}
+}
+
+static gpointer thread_main(gpointer data)
+{
+	tcp_thread *t = data;
+	struct epoll_event ev[EVENTS];
+	GPtrArray *g = g_ptr_array_sized_new(64);
+
+	tls_grave = g;
+	for (;;) {
+		handle_mail(t);
+		/* Connections that stopped short of EAGAIN (fairness cap) or that
+		 * have backlog to pull get another turn. */
+		tcp_io *r = t->ready;
+		t->ready = NULL;
+		while (r != NULL) {
+			tcp_io *next = r->ready_next;
+			r->in_ready = false;
+			if (r->fd >= 0) {
+				if (r->kind == IO_CLIENT)
+					tcp_cconn_drive((tcp_cconn *)r);
+				else if (r->kind == IO_SERVER)
+					tcp_sconn_drive((tcp_sconn *)r);
+			}
+			r = next;
+		}
+		finalize_all(g);
+		if (atomic_load(&t->stop))
+			break;
+
+		int timeout = t->n_conns > 0 || t->idx == 0 ? SCAN_MS : -1;
+		atomic_store(&t->sleeping, 1);
+		if (t->ready != NULL || atomic_load(&t->mailbox) != NULL)
+			timeout = 0;
+		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
+		atomic_store(&t->sleeping, 0);
+		if (n < 0 && errno != EINTR) {
+			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
+			g_usleep(10000);
+		}
+		for (int i = 0; i < n; i++) {
+			tcp_io *io = ev[i].data.ptr;
+			switch (io->kind) {
+			case IO_WAKE: {
+				uint64_t v;
+				while (read(io->fd, &v, sizeof v) > 0)
+					;
+				break;
+			}
+			case IO_LISTEN:
+				accept_all(t);
+				break;
+			case IO_CLIENT:
+				if (io->fd >= 0)
+					tcp_cconn_event((tcp_cconn *)io, ev[i].events);
+				break;
+			case IO_SERVER:
+				if (io->fd >= 0)
+					tcp_sconn_event((tcp_sconn *)io, ev[i].events);
+				break;
+			}
+		}
+		int64_t now = tcp_now_ms();
+		if (now >= t->next_scan) {
+			t->next_scan = now + SCAN_MS;
+			scan(t, now);
+			if (t->idx == 0 && t->ctx->listen_io.hup) { /* accepting was paused */
+				struct epoll_event lev = { .events = EPOLLIN, .data.ptr = &t->ctx->listen_io };
+				if (epoll_ctl(t->ep, EPOLL_CTL_MOD, t->ctx->listen_fd, &lev) == 0)
+					t->ctx->listen_io.hup = false;
+			}
+		}
+		finalize_all(g);
+	}
+	shutdown_all(t);
+	finalize_all(g);
+	tls_grave = NULL;
+	g_ptr_array_unref(g);
+	return NULL;
+}
+
+/* ----------------------------------------------------------- accepting */
+
+static void accept_all(tcp_thread *t)
+{
+	tcp_ctx *c = t->ctx;
+
+	for (;;) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof ss;
+		int fd = accept4(c->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			TLOG(c, TE_LOG_WARN, "accept on data port %d: %s; pausing accepts for %d ms", c->port,
+			     g_strerror(errno), SCAN_MS);
+			/* Level-triggered: stop listening until the next scan, or spin. */
+			struct epoll_event lev = { .events = 0, .data.ptr = &c->listen_io };
+			if (epoll_ctl(t->ep, EPOLL_CTL_MOD, c->listen_fd, &lev) == 0)
+				c->listen_io.hup = true;
+			return;
+		}
+		char name[80];
+		tcp_addr_name((struct sockaddr *)&ss, name, sizeof name);
+		if ((unsigned)atomic_load(&c->inbound) >= c->cfg.max_inbound) {
+			TLOG(c, TE_LOG_WARN, "refusing connection from %s: %u connections open (TE_TCP_MAX_INBOUND)",
+			     name, c->cfg.max_inbound);
+			close(fd);
+			continue;
+		}
+		tcp_sockopts(c, fd);
+		tcp_sconn *sc = tcp_sconn_new(c, fd, name);
+		if (sc == NULL) {
+			TLOG(c, TE_LOG_ERROR, "out of memory accepting %s", name);
+			close(fd);
+			continue;
+		}
+		atomic_fetch_add(&c->inbound, 1);
+		tcp_thread *owner = &c->threads[t->rr++ % c->nthreads];
+		sc->io.thr = owner;
+		TLOG(c, TE_LOG_DEBUG, "accepted %s on I/O thread %u", name, owner->idx);
+		tcp_kick(&sc->io, MAIL_ADOPT);
+	}
+}
+
+/* --------------------------------------------------------- start, stop */
+
+int tcp_threads_start(tcp_ctx *c)
+{
+	c->threads = g_new0(tcp_thread, c->nthreads);
+	for (unsigned i = 0; i < c->nthreads; i++)
+		c->threads[i].ep = c->threads[i].wake.fd = -1;
+	for (unsigned i = 0; i < c->nthreads; i++) {
+		tcp_thread *t = &c->threads[i];
+		t->ctx = c;
+		t->idx = i;
+		t->ep = epoll_create1(EPOLL_CLOEXEC);
+		t->wake.kind = IO_WAKE;
+		t->wake.thr = t;
+		t->wake.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (t->ep < 0 || t->wake.fd < 0)
+			return -errno;
+		int rc = tcp_io_register(&t->wake, EPOLLIN);
+		if (rc < 0)
+			return rc;
+	}
+	c->listen_io.kind = IO_LISTEN;
+	c->listen_io.fd = c->listen_fd;
+	c->listen_io.thr = &c->threads[0];
+	int rc = tcp_io_register(&c->listen_io, EPOLLIN);
+	if (rc < 0)
+		return rc;
+	for (unsigned i = 0; i < c->nthreads; i++) {
+		char name[24];
+		snprintf(name, sizeof name, "te-tcp-%u", i);
+		GError *err = NULL;
+		c->threads[i].thread = g_thread_try_new(name, thread_main, &c->threads[i], &err);
+		if (c->threads[i].thread == NULL) {
+			TLOG(c, TE_LOG_ERROR, "cannot start I/O thread: %s", err ? err->message : "?");
+			g_clear_error(&err);
+			return -EAGAIN;
+		}
+	}
+	return 0;
+}
+
+void tcp_threads_stop(tcp_ctx *c)
+{
+	if (c->threads == NULL)
+		return;
+	for (unsigned i = 0; i < c->nthreads; i++) {
+		tcp_thread *t = &c->threads[i];
+		atomic_store(&t->stop, 1);
+		if (t->wake.fd >= 0) {
+			uint64_t one = 1;
+			if (write(t->wake.fd, &one, sizeof one) < 0 && errno != EAGAIN)
+				TLOG(c, TE_LOG_ERROR, "cannot wake I/O thread %u: %s", i, g_strerror(errno));
+		}
+	}
+	for (unsigned i = 0; i < c->nthreads; i++) {
+		tcp_thread *t = &c->threads[i];
+		if (t->thread)
+			g_thread_join(t->thread);
+		if (t->ep >= 0)
+			close(t->ep);
+		if (t->wake.fd >= 0)
+			close(t->wake.fd);
+	}
+	g_free(c->threads);
+	c->threads = NULL;
+}

@@ -1,0 +1,446 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libte's TCP transport: Mooncake's TCP data protocol (wire-compat.md
+ * section 5) over persistent, pipelined connections. This file holds the
+ * plugin entry points, the configuration and the peers; tcp-io.c runs the
+ * I/O threads, tcp-client.c and tcp-server.c the two ends of a connection.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <json-glib/json-glib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tcp-internal.h"
+
+#define DEFAULT_SLICE (1u << 20)
+#define DEFAULT_DEPTH 256
+#define DEFAULT_WINDOW (8u << 20)
+#define DEFAULT_TIMEOUT_MS 30000
+#define DEFAULT_CONNECT_TIMEOUT_MS 5000
+#define DEFAULT_MAX_INBOUND 1024
+#define LISTEN_BACKLOG 1024
+
+/* ----------------------------------------------------------------- config */
+
+static unsigned ncpu(void)
+{
+	unsigned n = g_get_num_processors();
+	return n < 1 ? 1 : n;
+}
+
+static void read_config(const te_host *h, tcp_config *cfg)
+{
+	cfg->threads = (unsigned)te_host_config_u64(h, "TE_TCP_THREADS", NULL, MIN(ncpu(), 64), 1, 64);
+	cfg->conns_per_peer = (unsigned)te_host_config_u64(h, "TE_TCP_CONNS_PER_PEER", "MC_TCP_LANES_PER_PEER",
+							   MIN(ncpu(), TCP_MAX_CONNS_PER_PEER), 1,
+							   TCP_MAX_CONNS_PER_PEER);
+	cfg->slice = te_host_config_u64(h, "TE_TCP_SLICE_SIZE", NULL, DEFAULT_SLICE, 4096, 1u << 30);
+	unsigned depth = (unsigned)te_host_config_u64(h, "TE_TCP_QUEUE_DEPTH", NULL, DEFAULT_DEPTH, 1, 65536);
+	cfg->depth = 1;
+	while (cfg->depth < depth)
+		cfg->depth <<= 1;
+	cfg->window = te_host_config_u64(h, "TE_TCP_WINDOW", NULL, DEFAULT_WINDOW, 4096, 1u << 30);
+	/* Mooncake bounds the wait for a status frame in seconds; accept that
+	 * name when ours is not set. */
+	if (h->config(h, "TE_TCP_TIMEOUT_MS", NULL) == NULL &&
+	    h->config(h, "MC_TCP_STATUS_TIMEOUT_SEC", NULL) != NULL)
+		cfg->timeout_ms = (int64_t)te_host_config_u64(h, "MC_TCP_STATUS_TIMEOUT_SEC", NULL,
+							      DEFAULT_TIMEOUT_MS / 1000, 1, 3600) * 1000;
+	else
+		cfg->timeout_ms = (int64_t)te_host_config_u64(h, "TE_TCP_TIMEOUT_MS", NULL, DEFAULT_TIMEOUT_MS,
+							      100, 3600000);
+	cfg->connect_timeout_ms = (int64_t)te_host_config_u64(h, "TE_TCP_CONNECT_TIMEOUT_MS", NULL,
+								   DEFAULT_CONNECT_TIMEOUT_MS, 100, 600000);
+	cfg->sockbuf = (int)te_host_config_u64(h, "TE_TCP_SOCKBUF", NULL, 0, 0, 1u << 30);
+	cfg->max_inbound = (unsigned)te_host_config_u64(h, "TE_TCP_MAX_INBOUND", NULL, DEFAULT_MAX_INBOUND, 1,
+							1u << 20);
+	cfg->port = (unsigned)te_host_config_u64(h, "TE_TCP_PORT", NULL, 0, 0, 65535);
+	cfg->proto = (int)te_host_config_u64(h, "TE_TCP_PROTO", "MC_TCP_PROTO", 2, 1, 2);
+}
+
+/* --------------------------------------------------------------- listener */
+
+static int open_listener(tcp_ctx *c)
+{
+	int one = 1, zero = 0, fd, rc = 0;
+
+	/* Dual stack first (IPv4 peers arrive as mapped addresses), IPv4 else. */
+	fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd >= 0) {
+		struct sockaddr_in6 a = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)c->cfg.port),
+					  .sin6_addr = IN6ADDR_ANY_INIT };
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0 ||
+		    bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+			rc = -errno;
+			close(fd);
+			fd = -1;
+		}
+	}
+	if (fd < 0) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)c->cfg.port),
+					 .sin_addr.s_addr = htonl(INADDR_ANY) };
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+			rc = -errno;
+			close(fd);
+			TLOG(c, TE_LOG_ERROR, "cannot bind the data port %u: %s", c->cfg.port, g_strerror(-rc));
+			return rc;
+		}
+	}
+	if (listen(fd, LISTEN_BACKLOG) < 0) {
+		rc = -errno;
+		close(fd);
+		TLOG(c, TE_LOG_ERROR, "listen on the data port: %s", g_strerror(-rc));
+		return rc;
+	}
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	c->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						 : ((struct sockaddr_in *)&ss)->sin_port);
+	c->listen_fd = fd;
+	return 0;
+}
+
+/* ---------------------------------------------------------- create/destroy */
+
+static void free_peer(tcp_peer *p)
+{
+	for (unsigned i = 0; i < p->nconns; i++) {
+		if (p->conns[i].io.fd >= 0)
+			close(p->conns[i].io.fd);
+		g_free(p->conns[i].ring);
+	}
+	g_free(p->retry);
+	g_mutex_clear(&p->lock);
+	g_free(p->key);
+	g_free(p);
+}
+
+static void tcp_destroy(void *ctx)
+{
+	tcp_ctx *c = ctx;
+
+	if (c == NULL)
+		return;
+	atomic_store(&c->stopping, 1);
+	/* The threads fail what their connections still carry and close them. */
+	tcp_threads_stop(c);
+	if (c->listen_fd >= 0)
+		close(c->listen_fd);
+	if (c->all_peers != NULL) {
+		for (guint i = 0; i < c->all_peers->len; i++) {
+			tcp_peer *p = g_ptr_array_index(c->all_peers, i);
+			tcp_peer_fail_pending(p, -ESHUTDOWN);
+			free_peer(p);
+		}
+		g_ptr_array_unref(c->all_peers);
+	}
+	if (c->peers != NULL)
+		g_hash_table_unref(c->peers);
+	g_mutex_clear(&c->lock);
+	g_free(c);
+}
+
+static int tcp_create(const te_host *h, const char *args, void **out)
+{
+	tcp_ctx *c = g_new0(tcp_ctx, 1);
+	int rc;
+
+	c->host = h;
+	c->listen_fd = -1;
+	g_mutex_init(&c->lock);
+	c->peers = g_hash_table_new(g_str_hash, g_str_equal);
+	c->all_peers = g_ptr_array_new();
+	if (args != NULL && *args != '\0' && strcmp(args, "{}") != 0 && strcmp(args, "null") != 0)
+		TLOG(c, TE_LOG_WARN, "the tcp transport takes no arguments; ignoring '%.80s' (use TE_TCP_* "
+			"variables)", args);
+	read_config(h, &c->cfg);
+	c->nthreads = c->cfg.threads;
+	rc = open_listener(c);
+	if (rc < 0)
+		goto fail;
+	rc = tcp_threads_start(c);
+	if (rc < 0) {
+		TLOG(c, TE_LOG_ERROR, "cannot start the I/O threads: %s", g_strerror(-rc));
+		goto fail;
+	}
+	TLOG(c, TE_LOG_INFO,
+	     "data port %d, %u I/O threads, %u connections per peer, slices of %llu bytes, protocol v%d",
+	     c->port, c->nthreads, c->cfg.conns_per_peer, (unsigned long long)c->cfg.slice, c->cfg.proto);
+	*out = c;
+	return 0;
+fail:
+	tcp_destroy(c);
+	return rc;
+}
+
+static int tcp_describe(void *ctx, char **json)
+{
+	tcp_ctx *c = ctx;
+	char buf[96];
+
+	snprintf(buf, sizeof buf, "{\"tcp_data_port\":%d,\"tcp_proto_version\":%d}", c->port, c->cfg.proto);
+	*json = strdup(buf);
+	return *json ? 0 : -ENOMEM;
+}
+
+/* ---------------------------------------------------------------- segments */
+
+/* The descriptor's TCP fields: data port (required), protocol version (a
+ * missing field means 1). */
+static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version)
+{
+	JsonParser *p = json_parser_new_immutable();
+	JsonNode *root, *n;
+	int rc = -ENOTSUP;
+
+	*port = 0;
+	*version = 1;
+	if (seg->descriptor == NULL || !json_parser_load_from_data(p, seg->descriptor, -1, NULL) ||
+	    (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+		TLOG(c, TE_LOG_WARN, "segment %s: descriptor is not a JSON object", seg->name);
+		g_object_unref(p);
+		return -EINVAL;
+	}
+	JsonObject *o = json_node_get_object(root);
+	n = json_object_get_member(o, "tcp_data_port");
+	if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64) {
+		gint64 v = json_node_get_int(n);
+		if (v > 0 && v <= 65535) {
+			*port = (int)v;
+			rc = 0;
+		}
+	}
+	n = json_object_get_member(o, "tcp_proto_version");
+	if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
+	    json_node_get_int(n) >= 2)
+		*version = 2;
+	g_object_unref(p);
+	if (rc < 0)
+		TLOG(c, TE_LOG_DEBUG, "segment %s has no TCP data port", seg->name);
+	return rc;
+}
+
+static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int port, int version,
+			  const struct addrinfo *res)
+{
+	unsigned nconns = c->cfg.conns_per_peer;
+	tcp_peer *p = g_malloc0(sizeof *p + nconns * sizeof(tcp_cconn));
+
+	p->ctx = c;
+	p->key = g_strdup(key);
+	snprintf(p->name, sizeof p->name, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+	for (const struct addrinfo *ai = res; ai != NULL && p->naddr < TCP_MAX_ADDRS; ai = ai->ai_next) {
+		if (ai->ai_addrlen > sizeof p->addr[0])
+			continue;
+		memcpy(&p->addr[p->naddr], ai->ai_addr, ai->ai_addrlen);
+		p->addrlen[p->naddr++] = ai->ai_addrlen;
+	}
+	p->version = version;
+	g_mutex_init(&p->lock);
+	p->nconns = nconns;
+	atomic_init(&p->live_conns, (int)nconns);
+	unsigned base = atomic_fetch_add(&c->next_thread, 1);
+	for (unsigned i = 0; i < nconns; i++) {
+		tcp_cconn *cc = &p->conns[i];
+		cc->io.kind = IO_CLIENT;
+		cc->io.fd = -1;
+		cc->io.thr = &c->threads[(base + i) % c->nthreads];
+		g_strlcpy(cc->io.name, p->name, sizeof cc->io.name);
+		cc->peer = p;
+		cc->idx = i;
+		cc->state = CS_DOWN;
+	}
+	return p;
+}
+
+static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ctx)
+{
+	tcp_ctx *c = ctx;
+	int port, version, rc;
+	char ps[16];
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res = NULL;
+
+	rc = parse_descriptor(c, seg, &port, &version);
+	if (rc < 0)
+		return rc;
+	if (seg->host == NULL || *seg->host == '\0') {
+		TLOG(c, TE_LOG_ERROR, "segment %s: no host address to reach it at", seg->name);
+		return -EINVAL;
+	}
+	if (version > c->cfg.proto)
+		version = c->cfg.proto; /* TE_TCP_PROTO=1 forces the legacy framing */
+	snprintf(ps, sizeof ps, "%d", port);
+	/* Resolved once, here on the control path: I/O threads never block on DNS. */
+	rc = getaddrinfo(seg->host, ps, &hints, &res);
+	if (rc != 0 || res == NULL) {
+		TLOG(c, TE_LOG_ERROR, "segment %s: cannot resolve '%s': %s", seg->name, seg->host,
+		     rc == EAI_SYSTEM ? g_strerror(errno) : gai_strerror(rc));
+		if (res)
+			freeaddrinfo(res);
+		return -EHOSTUNREACH;
+	}
+	char *key = g_strdup_printf("%s|%d|%d", seg->host, port, version);
+	g_mutex_lock(&c->lock);
+	tcp_peer *p = g_hash_table_lookup(c->peers, key);
+	if (p == NULL) {
+		p = peer_new(c, key, seg->host, port, version, res);
+		g_hash_table_insert(c->peers, p->key, p);
+		g_ptr_array_add(c->all_peers, p);
+	}
+	p->refs++;
+	g_mutex_unlock(&c->lock);
+	freeaddrinfo(res);
+	g_free(key);
+	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d)", seg->name, p->name,
+	     p->version);
+	*seg_ctx = p;
+	return 0;
+}
+
+static void tcp_segment_close(void *ctx, void *seg_ctx)
+{
+	tcp_ctx *c = ctx;
+	tcp_peer *p = seg_ctx;
+	bool last;
+
+	if (p == NULL)
+		return;
+	g_mutex_lock(&c->lock);
+	last = --p->refs == 0;
+	if (last && g_hash_table_lookup(c->peers, p->key) == p)
+		g_hash_table_remove(c->peers, p->key);
+	g_mutex_unlock(&c->lock);
+	if (!last)
+		return;
+	/* Every transfer to it has completed (the host releases a segment only
+	 * then); the threads close its connections and the last one frees it,
+	 * possibly before this loop ends: nothing of `p` is read after the last
+	 * kick. */
+	unsigned n = p->nconns;
+	tcp_cconn *conns = p->conns;
+	for (unsigned i = 0; i < n; i++)
+		tcp_kick(&conns[i].io, MAIL_CLOSE);
+}
+
+/* ------------------------------------------------------------------ submit */
+
+static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
+{
+	tcp_ctx *c = ctx;
+	const te_host *h = c->host;
+	uint64_t slice = c->cfg.slice;
+	size_t i = 0;
+
+	if (atomic_load(&c->stopping))
+		return -ESHUTDOWN;
+	while (i < n) {
+		tcp_peer *p = ts[i]->seg_ctx;
+		te_transfer *first = NULL, *last = NULL;
+		uint64_t bytes = 0;
+
+		/* Runs of transfers to one peer are appended under one lock. */
+		for (; i < n && ts[i]->seg_ctx == p; i++) {
+			te_transfer *t = ts[i];
+			uint64_t slices = t->length / slice + (t->length % slice != 0);
+			if (slices > UINT32_MAX) {
+				h->log(h, TE_LOG_ERROR, "a %llu-byte request needs more than 2^32 slices of %llu bytes",
+				       (unsigned long long)t->length, (unsigned long long)slice);
+				t->nr_slices = 1;
+				h->complete(h, t, 0, -EINVAL);
+				continue;
+			}
+			/* Before it becomes visible to the I/O threads. */
+			t->nr_slices = (uint32_t)slices;
+			t->plugin_data[0] = 0;
+			t->plugin_data[1] = 0;
+			if (last)
+				last->plugin_data[0] = (uintptr_t)t;
+			else
+				first = t;
+			last = t;
+			bytes += t->length;
+		}
+		if (first == NULL)
+			continue;
+		g_mutex_lock(&p->lock);
+		if (p->bl_tail)
+			p->bl_tail->plugin_data[0] = (uintptr_t)first;
+		else
+			p->bl_head = first;
+		p->bl_tail = last;
+		p->bl_bytes += bytes;
+		atomic_store_explicit(&p->has_work, 1, memory_order_release);
+		g_mutex_unlock(&p->lock);
+		for (unsigned k = 0; k < p->nconns; k++)
+			tcp_kick(&p->conns[k].io, MAIL_WORK);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ report */
+
+static int tcp_probe(const te_host *h, char *why, size_t why_len)
+{
+	(void)h;
+	if (why_len > 0)
+		why[0] = '\0';
+	return 0; /* TCP works wherever sockets do */
+}
+
+static int tcp_report(const te_host *h, char **text)
+{
+	tcp_config cfg;
+
+	read_config(h, &cfg);
+	*text = g_strdup_printf(
+		"TCP transport (Mooncake TCP data protocol v2, v1 for legacy peers)\n"
+		"  I/O threads            %u (TE_TCP_THREADS)\n"
+		"  connections per peer   %u (TE_TCP_CONNS_PER_PEER)\n"
+		"  slice size             %llu bytes (TE_TCP_SLICE_SIZE)\n"
+		"  requests in flight     %u per connection (TE_TCP_QUEUE_DEPTH)\n"
+		"  bytes in flight        %llu per connection (TE_TCP_WINDOW)\n"
+		"  stall timeout          %lld ms (TE_TCP_TIMEOUT_MS)\n"
+		"  data port              %s (TE_TCP_PORT)\n",
+		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
+		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, cfg.port ? "fixed" : "any free one");
+	if (*text == NULL)
+		return -ENOMEM;
+	/* The host frees with free(): hand it a malloc()ed copy. */
+	char *m = strdup(*text);
+	g_free(*text);
+	*text = m;
+	return m ? 0 : -ENOMEM;
+}
+
+static const te_transport_ops tcp_ops = {
+	.size = sizeof(te_transport_ops),
+	.flags = TE_TRANSPORT_MEMORY,
+	.probe = tcp_probe,
+	.create = tcp_create,
+	.destroy = tcp_destroy,
+	.describe = tcp_describe,
+	.segment_open = tcp_segment_open,
+	.segment_close = tcp_segment_close,
+	.submit = tcp_submit,
+	.report = tcp_report,
+};
+
+TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "tcp", "1.0.0",
+		 "TCP transport speaking Mooncake's TCP data protocol", "Apache-2.0", &tcp_ops)

@@ -1,0 +1,410 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Server connections: a peer's requests against our registered memory.
+ *
+ * The stream is header, body, header, ... A WRITE body is read straight into
+ * the pinned destination, together with the next header in the same readv.
+ * READ headers, which carry no body, are read many at a time once the stream
+ * looks like reads; if a WRITE header turns up in such a bulk read, the few
+ * body bytes that came with it are copied out of the header buffer (at most
+ * TCP_HBUF bytes, only at a READ→WRITE switch). Replies go out in request
+ * order from a ring, many per sendmsg, READ data straight from the pinned
+ * source. Every range is pinned (host->buffer_acquire) while it is in use, so
+ * unregistering memory waits for the request instead of freeing under it.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tcp-internal.h"
+
+#define ROUNDS 16
+#define RX_BURST 64 /* receive calls before the replies go out */
+
+static inline tcp_resp *resp_at(tcp_sconn *sc, uint64_t i)
+{
+	return &sc->ring[i & (sc->io.thr->ctx->cfg.depth - 1)];
+}
+
+static inline tcp_ctx *ctx_of(tcp_sconn *sc)
+{
+	return sc->io.thr->ctx;
+}
+
+tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name)
+{
+	/* One allocation: the connection and its reply ring. */
+	tcp_sconn *sc = g_try_malloc0(sizeof *sc + c->cfg.depth * sizeof(tcp_resp));
+
+	if (sc == NULL)
+		return NULL;
+	sc->ring = (tcp_resp *)(sc + 1);
+	sc->io.kind = IO_SERVER;
+	sc->io.fd = fd;
+	sc->io.last_progress = tcp_now_ms();
+	g_strlcpy(sc->io.name, name, sizeof sc->io.name);
+	sc->state = SS_OPEN;
+	return sc;
+}
+
+void tcp_sconn_close(tcp_sconn *sc, const char *why)
+{
+	tcp_ctx *c = ctx_of(sc);
+	const te_host *h = c->host;
+
+	if (why != NULL)
+		TLOG(c, TE_LOG_WARN, "closing connection from %s: %s", sc->io.name, why);
+	if (sc->in_body) {
+		h->buffer_release(h, &sc->body_pin);
+		sc->in_body = false;
+	}
+	for (uint64_t i = sc->snd; i < sc->head; i++) {
+		tcp_resp *r = resp_at(sc, i);
+		if (r->pinned)
+			h->buffer_release(h, &r->pin);
+		r->pinned = false;
+	}
+	sc->snd = sc->head = 0;
+	if (sc->io.fd >= 0) {
+		close(sc->io.fd);
+		sc->io.fd = -1;
+		atomic_fetch_sub(&c->inbound, 1);
+	}
+	tcp_io_bury(&sc->io);
+}
+
+static const char *op_name(unsigned op)
+{
+	return op == TE_OP_WRITE ? "WRITE" : op == TE_OP_READ ? "READ" : "?";
+}
+
+static void push(tcp_sconn *sc, bool v2, uint32_t code, char *data, uint64_t len, const te_buffer_pin *pin)
+{
+	tcp_resp *r = resp_at(sc, sc->head++);
+
+	r->has_status = v2;
+	r->status = tcp_status_frame(code);
+	r->data = data;
+	r->len = len;
+	r->tot = (v2 ? TCP_STATUS_SIZE : 0) + len;
+	r->sent = 0;
+	r->pinned = pin != NULL;
+	if (pin)
+		r->pin = *pin;
+}
+
+static void finish_body(tcp_sconn *sc)
+{
+	const te_host *h = ctx_of(sc)->host;
+
+	/* Every byte is in place: the pin can go, then the acknowledgment. */
+	h->buffer_release(h, &sc->body_pin);
+	sc->in_body = false;
+	if (sc->body_v2)
+		push(sc, true, TCP_STATUS_OK, NULL, 0, NULL);
+}
+
+/* Parses the complete headers in hbuf while the reply ring has room. */
+static void parse(tcp_sconn *sc)
+{
+	tcp_ctx *c = ctx_of(sc);
+	const te_host *h = c->host;
+	unsigned pos = 0;
+
+	while (sc->state == SS_OPEN && !sc->in_body && sc->hlen - pos >= TCP_HDR_SIZE &&
+	       sc->head - sc->snd < c->cfg.depth) {
+		const uint8_t *p = sc->hbuf + pos;
+		uint64_t size, addr;
+		memcpy(&size, p, 8);
+		memcpy(&addr, p + 8, 8);
+		size = le64toh(size);
+		addr = le64toh(addr);
+		bool v2 = (p[16] & TCP_OP_V2) != 0;
+		unsigned op = p[16] & TCP_OP_MASK;
+		pos += TCP_HDR_SIZE;
+
+		if (op != TE_OP_READ && op != TE_OP_WRITE) {
+			TLOG(c, TE_LOG_WARN, "malformed request from %s: opcode 0x%02x; closing the connection",
+			     sc->io.name, p[16]);
+			sc->state = SS_FLUSH; /* earlier replies still go out, in order */
+			break;
+		}
+		te_buffer_pin pin = { 0 };
+		int rc = TE_ERR_ADDRESS;
+		if (size > 0 && addr + size >= addr)
+			rc = h->buffer_acquire(h, addr, size, TE_MEM_REMOTE_ACCESS, &pin);
+		if (rc < 0) {
+			TLOG(c, TE_LOG_WARN,
+			     "rejected %s 0x%llx+%llu from %s: %s; closing the connection", op_name(op),
+			     (unsigned long long)addr, (unsigned long long)size, sc->io.name,
+			     size == 0 ? "zero length"
+			     : addr + size < addr ? "the range wraps around"
+			     : "not inside one remote-accessible registered buffer");
+			if (v2)
+				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL);
+			sc->state = SS_FLUSH;
+			break;
+		}
+		if (op == TE_OP_READ) {
+			push(sc, v2, TCP_STATUS_OK, (char *)(uintptr_t)addr, size, &pin);
+			sc->bulk = true;
+			continue;
+		}
+		sc->in_body = true;
+		sc->body_v2 = v2;
+		sc->body = (char *)(uintptr_t)addr;
+		sc->body_len = size;
+		sc->body_pin = pin;
+		sc->bulk = false;
+		/* Body bytes that came with a bulk header read. */
+		uint64_t take = MIN((uint64_t)(sc->hlen - pos), size);
+		memcpy(sc->body, sc->hbuf + pos, take);
+		pos += (unsigned)take;
+		sc->body_got = take;
+		if (sc->body_got == sc->body_len)
+			finish_body(sc);
+	}
+	if (pos > 0) {
+		memmove(sc->hbuf, sc->hbuf + pos, sc->hlen - pos);
+		sc->hlen -= pos;
+	}
+}
+
+/* 1: progress, 0: nothing to do or would block, -1: closed. */
+static int send_replies(tcp_sconn *sc)
+{
+	tcp_ctx *c = ctx_of(sc);
+	const te_host *h = c->host;
+	struct iovec *iov = sc->io.thr->iov;
+	unsigned n = 0;
+	size_t total = 0;
+
+	for (uint64_t i = sc->snd; i < sc->head && n < TCP_IOV_MAX; i++) {
+		tcp_resp *r = resp_at(sc, i);
+		uint64_t hs = r->has_status ? TCP_STATUS_SIZE : 0;
+		if (r->sent < hs) {
+			iov[n++] = (struct iovec){ (char *)&r->status + r->sent, hs - r->sent };
+			total += hs - r->sent;
+		}
+		if (r->len > 0) {
+			uint64_t done = r->sent > hs ? r->sent - hs : 0;
+			iov[n++] = (struct iovec){ r->data + done, r->len - done };
+			total += r->len - done;
+		}
+	}
+	if (n == 0)
+		return 0;
+	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
+	ssize_t w;
+	do
+		w = sendmsg(sc->io.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+	while (w < 0 && errno == EINTR);
+	if (w < 0) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			sc->io.wr = false;
+			return 0;
+		}
+		char why[96];
+		snprintf(why, sizeof why, "sending replies failed: %s", g_strerror(errno));
+		tcp_sconn_close(sc, errno == EPIPE || errno == ECONNRESET ? NULL : why);
+		return -1;
+	}
+	if ((size_t)w < total)
+		sc->io.wr = false;
+	sc->io.last_progress = tcp_now_ms();
+	uint64_t left = (uint64_t)w;
+	while (sc->snd < sc->head) {
+		tcp_resp *r = resp_at(sc, sc->snd);
+		uint64_t take = MIN(r->tot - r->sent, left);
+		r->sent += take;
+		left -= take;
+		if (r->sent < r->tot)
+			break;
+		if (r->pinned)
+			h->buffer_release(h, &r->pin);
+		r->pinned = false;
+		sc->snd++;
+	}
+	return 1;
+}
+
+/* 1: progress, 0: would block or blocked by the reply ring, -1: closed. */
+static int receive(tcp_sconn *sc)
+{
+	tcp_ctx *c = ctx_of(sc);
+	struct iovec iov[2];
+	ssize_t r;
+
+	if (sc->in_body) {
+		int n = 1;
+		iov[0] = (struct iovec){ sc->body + sc->body_got, sc->body_len - sc->body_got };
+		if (sc->hlen < TCP_HDR_SIZE) /* the next header, in the same call */
+			iov[n++] = (struct iovec){ sc->hbuf + sc->hlen, TCP_HDR_SIZE - sc->hlen };
+		size_t want = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
+		do
+			r = readv(sc->io.fd, iov, n);
+		while (r < 0 && errno == EINTR);
+		if (r > 0) {
+			if ((size_t)r < want && !sc->io.hup)
+				sc->io.rd = false; /* drained: the next arrival brings a new edge */
+			uint64_t take = MIN((uint64_t)r, sc->body_len - sc->body_got);
+			sc->body_got += take;
+			sc->hlen += (unsigned)((uint64_t)r - take);
+			sc->io.last_progress = tcp_now_ms();
+			if (sc->body_got == sc->body_len)
+				finish_body(sc);
+			parse(sc);
+			return 1;
+		}
+	} else {
+		if (sc->head - sc->snd >= c->cfg.depth)
+			return 0; /* replies must drain first */
+		size_t want = sc->bulk ? TCP_HBUF - sc->hlen : TCP_HDR_SIZE - sc->hlen % TCP_HDR_SIZE;
+		if (want == 0)
+			return 0; /* a full header buffer waits for parse() */
+		do
+			r = recv(sc->io.fd, sc->hbuf + sc->hlen, want, MSG_DONTWAIT);
+		while (r < 0 && errno == EINTR);
+		if (r > 0) {
+			if ((size_t)r < want && !sc->io.hup)
+				sc->io.rd = false; /* drained: the next arrival brings a new edge */
+			sc->hlen += (unsigned)r;
+			sc->io.last_progress = tcp_now_ms();
+			parse(sc);
+			return 1;
+		}
+	}
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+		sc->io.rd = false;
+		return 0;
+	}
+	if (r < 0) {
+		char why[96];
+		snprintf(why, sizeof why, "receive failed: %s", g_strerror(errno));
+		tcp_sconn_close(sc, errno == ECONNRESET ? NULL : why);
+		return -1;
+	}
+	/* EOF */
+	if (sc->in_body) {
+		char why[128];
+		snprintf(why, sizeof why, "the peer closed the connection %llu bytes into a %llu-byte WRITE",
+			 (unsigned long long)sc->body_got, (unsigned long long)sc->body_len);
+		tcp_sconn_close(sc, why);
+	} else if (sc->hlen > 0) {
+		char why[96];
+		snprintf(why, sizeof why, "the peer closed the connection after %u bytes of a header",
+			 sc->hlen);
+		tcp_sconn_close(sc, why);
+	} else {
+		TLOG(c, TE_LOG_DEBUG, "%s closed its connection", sc->io.name);
+		tcp_sconn_close(sc, NULL);
+	}
+	return -1;
+}
+
+/* After a rejection: replies flushed, our side shut; discard until the peer
+ * closes (so the status frame is read, not lost to a reset) or time is up. */
+static void linger(tcp_sconn *sc)
+{
+	for (;;) {
+		ssize_t r = recv(sc->io.fd, sc->io.thr->scratch, sizeof sc->io.thr->scratch, MSG_DONTWAIT);
+		if (r > 0)
+			continue;
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			sc->io.rd = false;
+			return;
+		}
+		tcp_sconn_close(sc, NULL);
+		return;
+	}
+}
+
+void tcp_sconn_drive(tcp_sconn *sc)
+{
+	tcp_ctx *c = ctx_of(sc);
+
+	for (int round = 0; round < ROUNDS; round++) {
+		bool moved = false;
+		int rc;
+
+		/* Take in what has arrived first, then answer it all with one
+		 * sendmsg: one wakeup of the peer for many replies. */
+		if (sc->state == SS_OPEN && !sc->in_body && sc->hlen >= TCP_HDR_SIZE) {
+			/* Headers that waited for room in the reply ring. */
+			unsigned before = sc->hlen;
+			parse(sc);
+			moved |= sc->hlen != before;
+		}
+		for (int k = 0; k < RX_BURST && sc->state == SS_OPEN && sc->io.rd; k++) {
+			rc = receive(sc);
+			if (rc < 0)
+				return;
+			if (rc == 0)
+				break;
+			moved = true;
+		}
+		if (sc->snd < sc->head && sc->io.wr) {
+			rc = send_replies(sc);
+			if (rc < 0)
+				return;
+			moved |= rc > 0;
+		}
+		if (sc->state == SS_FLUSH && sc->snd == sc->head) {
+			if (sc->in_body) { /* cannot happen: a reject ends parsing first */
+				c->host->buffer_release(c->host, &sc->body_pin);
+				sc->in_body = false;
+			}
+			shutdown(sc->io.fd, SHUT_WR);
+			sc->state = SS_LINGER;
+			sc->linger_deadline = tcp_now_ms() + MIN((int64_t)TCP_LINGER_MS, c->cfg.timeout_ms);
+			sc->io.rd = true;
+		}
+		if (sc->state == SS_LINGER) {
+			if (sc->io.rd)
+				linger(sc);
+			return;
+		}
+		if (!moved)
+			return;
+	}
+	tcp_io_ready(&sc->io);
+}
+
+void tcp_sconn_event(tcp_sconn *sc, uint32_t events)
+{
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		sc->io.rd = true;
+	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		sc->io.hup = true; /* read on to the EOF: no further edge will come */
+	if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+		sc->io.wr = true;
+	tcp_sconn_drive(sc);
+}
+
+bool tcp_sconn_busy(const tcp_sconn *sc)
+{
+	return sc->in_body || sc->snd < sc->head || sc->hlen > 0 || sc->state != SS_OPEN;
+}
+
+void tcp_sconn_check_timeout(tcp_sconn *sc, int64_t now)
+{
+	tcp_ctx *c = ctx_of(sc);
+
+	if (sc->state == SS_LINGER) {
+		if (now > sc->linger_deadline)
+			tcp_sconn_close(sc, NULL);
+		return;
+	}
+	if (tcp_sconn_busy(sc) && now - sc->io.last_progress > c->cfg.timeout_ms) {
+		char why[128];
+		snprintf(why, sizeof why, "no progress for %lld ms in the middle of a request (TE_TCP_TIMEOUT_MS)",
+			 (long long)(now - sc->io.last_progress));
+		tcp_sconn_close(sc, why);
+	}
+}

@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Helpers of the NVMe-oF tests: a scratch directory with a file store
+ * (file://<dir>/store, or the store NV_METADATA names), files filled with
+ * known bytes, descriptors, engines. */
+#ifndef TE_NV_UTIL_H
+#define TE_NV_UTIL_H
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+
+static char nv_dir[4096];
+static char nv_conn[4300];
+
+static inline int nv_rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(p);
+}
+
+static inline void nv_cleanup(void)
+{
+	if (nv_dir[0] != '\0' && getenv("TEST_KEEP") == NULL)
+		nftw(nv_dir, nv_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A scratch directory on a disk file system (the build folder's, unless
+ * TEST_TMPDIR says otherwise), removed at exit. */
+static inline void nv_setup(void)
+{
+	const char *base = getenv("TEST_TMPDIR");
+	char store[4200];
+
+	if (base == NULL)
+		base = getenv("TMPDIR");
+	if (base == NULL)
+		base = "/var/tmp";
+	snprintf(nv_dir, sizeof nv_dir, "%s/te-nvmeof-XXXXXX", base);
+	REQUIRE(mkdtemp(nv_dir) != NULL);
+	atexit(nv_cleanup);
+	snprintf(store, sizeof store, "%s/store", nv_dir);
+	REQUIRE(mkdir(store, 0755) == 0);
+	/* a real store when a wrapper started one (with-store.sh), else the folder */
+	if (getenv("NV_METADATA") != NULL)
+		snprintf(nv_conn, sizeof nv_conn, "%s", getenv("NV_METADATA"));
+	else
+		snprintf(nv_conn, sizeof nv_conn, "file://%s", store);
+}
+
+/* "<dir>/<name>" in a rotating static buffer. */
+static inline const char *nv_path(const char *name)
+{
+	static char bufs[8][4200];
+	static int next;
+	char *b = bufs[next++ % 8];
+	snprintf(b, sizeof bufs[0], "%s/%s", nv_dir, name);
+	return b;
+}
+
+static inline void nv_write_file(const char *path, const unsigned char *data, size_t n)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	REQUIRE(fd >= 0);
+	for (size_t done = 0; done < n;) {
+		ssize_t w = write(fd, data + done, n - done);
+		REQUIRE(w > 0);
+		done += (size_t)w;
+	}
+	REQUIRE(fsync(fd) == 0);
+	close(fd);
+}
+
+/* Reads a file's first n bytes into a fresh buffer (free()). */
+static inline unsigned char *nv_read_file(const char *path, size_t n)
+{
+	unsigned char *b = malloc(n ? n : 1);
+	int fd = open(path, O_RDONLY);
+	REQUIRE(b != NULL && fd >= 0);
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = pread(fd, b + got, n - got, (off_t)got);
+		REQUIRE(r > 0);
+		got += (size_t)r;
+	}
+	close(fd);
+	return b;
+}
+
+/* Stores `json` as the descriptor of segment `name` ("nvmeof/x"). */
+static inline void nv_put_desc(const char *name, const char *json)
+{
+	te_metadata *md = NULL;
+	char key[512];
+	REQUIRE(te_metadata_open(nv_conn, &md) == 0);
+	REQUIRE(te_metadata_segment_key(name, key, sizeof key) > 0);
+	REQUIRE(te_metadata_put(md, key, json, strlen(json)) == 0);
+	te_metadata_close(md);
+}
+
+/* A descriptor of plain files: paths[i] with lengths[i], no mount paths. */
+static inline void nv_put_files(const char *name, const char *const *paths, const uint64_t *lengths, size_t n)
+{
+	char json[16384];
+	int o = snprintf(json, sizeof json, "{\"buffers\":[");
+	for (size_t i = 0; i < n; i++)
+		o += snprintf(json + o, sizeof json - (size_t)o,
+			      "%s{\"file_path\":\"%s\",\"length\":%llu,\"local_path_map\":{}}", i ? "," : "",
+			      paths[i], (unsigned long long)lengths[i]);
+	snprintf(json + o, sizeof json - (size_t)o, "],\"protocol\":\"nvmeof\",\"server_name\":\"storage1\"}");
+	nv_put_desc(name, json);
+}
+
+/* An engine named `name` on the test store with the nvmeof transport and
+ * extra options as key, value pairs ending with NULL. */
+static inline te_engine *nv_engine(const char *name, ...)
+{
+	te_option opts[16];
+	size_t n = 0;
+	va_list ap;
+	te_engine *e = NULL;
+
+	opts[n++] = (te_option){ "transports", "nvmeof" };
+	va_start(ap, name);
+	for (;;) {
+		const char *k = va_arg(ap, const char *);
+		if (k == NULL || n == 16)
+			break;
+		opts[n++] = (te_option){ k, va_arg(ap, const char *) };
+	}
+	va_end(ap);
+	int rc = te_engine_create(nv_conn, name, opts, n, &e);
+	if (rc != 0)
+		fprintf(stderr, "engine create failed: %s\n", te_strerror(rc));
+	return e;
+}
+
+/* Runs requests as one batch; returns how many did not complete. */
+static inline int nv_run(te_engine *e, const te_request *reqs, size_t n, int32_t *states)
+{
+	te_batch_id b;
+	int bad = 0;
+	REQUIRE(te_batch_alloc(e, n, &b) == 0);
+	te_submit(e, b, reqs, n);
+	CHECK_EQ(te_batch_wait(e, b, 60000), 0);
+	for (size_t i = 0; i < n; i++) {
+		te_task_status st = { 0 };
+		CHECK_EQ(te_get_status(e, b, i, &st), 0);
+		if (states)
+			states[i] = st.state;
+		if (st.state != TE_TASK_COMPLETED)
+			bad++;
+		else if (st.transferred != reqs[i].length)
+			bad++;
+	}
+	CHECK_EQ(te_batch_free(e, b), 0);
+	return bad;
+}
+
+static inline uint64_t nv_rand(uint64_t *s)
+{
+	/* xorshift64*: reproducible request mixes */
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+#endif

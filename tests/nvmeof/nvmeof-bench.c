@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * nvmeof-bench: throughput of READ or WRITE requests against an NVMe-oF file
+ * segment, driven like fio drives a file: a fixed number of requests always
+ * in flight (the queue depth), each one block, random or sequential offsets.
+ * Each in-flight slot is a batch of its own; the bench waits for the oldest
+ * slot and refills it, so the depth stays full.
+ *
+ *   nvmeof-bench -m CONN (--segment nvmeof/NAME | --file PATH) [options]
+ *     --op read|write   (read)      --bs BYTES     (4096)
+ *     --qd N            (32)        --pattern rand|seq (rand)
+ *     --runtime SEC     (10)        --name LOCAL   (this engine's name, "bench")
+ * --file registers a one-file segment for PATH in the store first and
+ * removes it afterwards. Prints one line:
+ *   RESULT <op> <bs> <qd> <pattern> <MiB/s> <IOPS> <seconds>
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <te/te.h>
+
+#define SLOT_TASKS 4096 /* tasks per slot batch before it is replaced */
+
+typedef struct slot {
+	te_batch_id batch;
+	size_t used;
+	unsigned char *buf;
+	uint64_t len;
+} slot;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t rnd_next(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+static int die(const char *what, int rc)
+{
+	fprintf(stderr, "nvmeof-bench: %s: %s\n", what, te_strerror(rc));
+	return 1;
+}
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: nvmeof-bench -m CONN (--segment nvmeof/NAME | --file PATH) [--op read|write]\n"
+			"       [--bs BYTES] [--qd N] [--threads N] [--pattern rand|seq] [--runtime SEC] [--name LOCAL]\n");
+	return 2;
+}
+
+static atomic_uint_fast64_t shared_next; /* the sequential stream's next block */
+
+typedef struct runner {
+	te_engine *e;
+	te_segment_id seg;
+	slot *slots;
+	unsigned first, step, qd;
+	uint64_t bs, blocks;
+	bool write, seq, poll;
+	double end;
+	uint64_t rs;
+	uint64_t ios, failed;
+	int rc;
+} runner;
+
+/* Keeps this thread's slots busy until the end time, then drains them. Each
+ * slot's request is waited for in turn and replaced at once. */
+static void *run(void *arg)
+{
+	runner *r = arg;
+	bool stopping = false, progress = true;
+
+	for (unsigned i = r->first;; i += r->step) {
+		if (i >= r->qd) {
+			i = r->first;
+			if (stopping)
+				break;
+			stopping = now_s() >= r->end;
+			if (!progress)
+				sched_yield();
+			progress = false;
+		}
+		slot *s = &r->slots[i];
+		if (s->used > 0) {
+			te_task_status st;
+			if (r->poll && !stopping) {
+				/* reap whichever slot is done, like fio reaps any completion */
+				size_t busy = 1;
+				te_batch_status(r->e, s->batch, NULL, &busy, NULL);
+				if (busy > 0)
+					continue;
+			} else if ((r->rc = te_batch_wait(r->e, s->batch, 60000)) < 0) {
+				return NULL;
+			}
+			progress = true;
+			te_get_status(r->e, s->batch, s->used - 1, &st);
+			if (st.state == TE_TASK_COMPLETED)
+				r->ios++;
+			else if (r->failed++ == 0)
+				fprintf(stderr, "nvmeof-bench: a request failed: %s\n", te_strerror(st.error));
+		}
+		if (stopping) {
+			s->used = 0;
+			continue;
+		}
+		if (s->used == SLOT_TASKS) {
+			te_batch_free(r->e, s->batch);
+			if ((r->rc = te_batch_alloc(r->e, SLOT_TASKS, &s->batch)) < 0)
+				return NULL;
+			s->used = 0;
+		}
+		uint64_t blk = r->seq ? atomic_fetch_add(&shared_next, 1) % r->blocks : rnd_next(&r->rs) % r->blocks;
+		te_request q = { r->write ? TE_OP_WRITE : TE_OP_READ, r->seg, s->buf, blk * r->bs, r->bs };
+		int rc = te_submit(r->e, s->batch, &q, 1);
+		if (rc != 0) {
+			r->rc = rc < 0 ? rc : -EINVAL;
+			return NULL;
+		}
+		s->used++;
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	const char *conn = NULL, *segname = NULL, *file = NULL, *name = "bench";
+	const char *op = "read", *pattern = "rand";
+	uint64_t bs = 4096;
+	unsigned qd = 32, threads = 2;
+	bool poll = false;
+	double runtime = 10;
+	char own_seg[128] = "", key[512];
+	te_metadata *md = NULL;
+	int rc;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (v == NULL)
+			return usage();
+		if (!strcmp(a, "-m") || !strcmp(a, "--metadata"))
+			conn = v;
+		else if (!strcmp(a, "--segment"))
+			segname = v;
+		else if (!strcmp(a, "--file"))
+			file = v;
+		else if (!strcmp(a, "--name"))
+			name = v;
+		else if (!strcmp(a, "--op"))
+			op = v;
+		else if (!strcmp(a, "--pattern"))
+			pattern = v;
+		else if (!strcmp(a, "--bs"))
+			bs = strtoull(v, NULL, 0);
+		else if (!strcmp(a, "--qd"))
+			qd = (unsigned)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--poll"))
+			poll = strcmp(v, "0") != 0;
+		else if (!strcmp(a, "--threads"))
+			threads = (unsigned)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--runtime"))
+			runtime = strtod(v, NULL);
+		else
+			return usage();
+		i++;
+	}
+	bool write = !strcmp(op, "write"), seq = !strcmp(pattern, "seq");
+	if (conn == NULL || (segname == NULL) == (file == NULL) || bs == 0 || qd == 0 || qd > 4096 ||
+	    runtime <= 0 || (!write && strcmp(op, "read")) || (!seq && strcmp(pattern, "rand")))
+		return usage();
+
+	if (file != NULL) {
+		struct stat st;
+		char json[8192];
+		if (stat(file, &st) != 0 || st.st_size <= 0) {
+			fprintf(stderr, "nvmeof-bench: %s: missing or empty\n", file);
+			return 1;
+		}
+		snprintf(own_seg, sizeof own_seg, "nvmeof/bench-%d", (int)getpid());
+		snprintf(json, sizeof json,
+			 "{\"buffers\":[{\"file_path\":\"%s\",\"length\":%lld,\"local_path_map\":{}}],"
+			 "\"protocol\":\"nvmeof\",\"server_name\":\"bench\"}",
+			 file, (long long)st.st_size);
+		if ((rc = te_metadata_open(conn, &md)) < 0)
+			return die("metadata store", rc);
+		if (te_metadata_segment_key(own_seg, key, sizeof key) < 0 ||
+		    (rc = te_metadata_put(md, key, json, strlen(json))) < 0)
+			return die("storing the descriptor", -EINVAL);
+		segname = own_seg;
+	}
+
+	te_option opt[] = { { "transports", "nvmeof" } };
+	te_engine *e = NULL;
+	if ((rc = te_engine_create(conn, name, opt, 1, &e)) < 0)
+		return die("engine", rc);
+	te_segment_id seg = te_segment_open(e, segname);
+	if (seg < 0)
+		return die(segname, seg);
+	te_segment_buffer sb[256];
+	int nb = te_segment_buffers(e, seg, sb, 256);
+	if (nb <= 0 || nb > 256)
+		return die("segment buffers", nb < 0 ? nb : -E2BIG);
+	uint64_t size = sb[nb - 1].addr + sb[nb - 1].length, blocks = size / bs;
+	if (blocks == 0) {
+		fprintf(stderr, "nvmeof-bench: segment %s (%llu bytes) is smaller than one block\n", segname,
+			(unsigned long long)size);
+		return 1;
+	}
+
+	unsigned char *mem = aligned_alloc(4096, ((size_t)qd * bs + 4095) & ~(size_t)4095);
+	if (mem == NULL)
+		return die("memory", -ENOMEM);
+	for (size_t i = 0; i < qd * bs; i++)
+		mem[i] = (unsigned char)(i * 131 + 7);
+	if ((rc = te_register_memory(e, mem, qd * bs, "*", 0)) < 0)
+		return die("register memory", rc);
+
+	slot *slots = calloc(qd, sizeof *slots);
+	for (unsigned i = 0; i < qd; i++) {
+		slots[i].buf = mem + (size_t)i * bs;
+		if ((rc = te_batch_alloc(e, SLOT_TASKS, &slots[i].batch)) < 0)
+			return die("batch", rc);
+	}
+	if (threads == 0 || threads > qd)
+		threads = qd;
+	runner *rn = calloc(threads, sizeof *rn);
+	pthread_t *th = calloc(threads, sizeof *th);
+	double t0 = now_s();
+	atomic_init(&shared_next, 0);
+	for (unsigned t = 0; t < threads; t++) {
+		/* thread t drives slots t, t + threads, ... */
+		rn[t] = (runner){ .e = e, .seg = seg, .slots = slots, .first = t, .step = threads, .qd = qd,
+				  .bs = bs, .blocks = blocks, .write = write, .seq = seq, .poll = poll, .end = t0 + runtime,
+				  .rs = 0x2545F4914F6CDD1Dull + t };
+		if (pthread_create(&th[t], NULL, run, &rn[t]) != 0)
+			return die("thread", -EAGAIN);
+	}
+	uint64_t ios = 0, bytes = 0, failed = 0;
+	for (unsigned t = 0; t < threads; t++) {
+		pthread_join(th[t], NULL);
+		ios += rn[t].ios;
+		failed += rn[t].failed;
+		if (rn[t].rc < 0)
+			return die("transfer", rn[t].rc);
+	}
+	bytes = ios * bs;
+	double t1 = now_s();
+	free(rn);
+	free(th);
+	double secs = t1 - t0;
+	printf("RESULT %s %llu %u %s %.1f %.0f %.2f\n", op, (unsigned long long)bs, qd, pattern,
+	       (double)bytes / secs / (1 << 20), (double)ios / secs, secs);
+	if (failed)
+		fprintf(stderr, "nvmeof-bench: %llu requests failed\n", (unsigned long long)failed);
+
+	for (unsigned i = 0; i < qd; i++)
+		te_batch_free(e, slots[i].batch);
+	te_segment_close(e, seg);
+	te_unregister_memory(e, mem);
+	te_engine_destroy(e);
+	if (md != NULL) {
+		te_metadata_remove(md, key);
+		te_metadata_close(md);
+	}
+	free(slots);
+	free(mem);
+	return failed ? 1 : 0;
+}

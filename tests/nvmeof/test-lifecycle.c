@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * NVMe-oF transfers under pressure and at the edges of their lifetime: a
+ * queue of depth 1 fed thousands of slices, several threads submitting at
+ * once over several workers, cancellation mid-batch, a refresh while
+ * transfers run, and engine shutdown with transfers in flight. Nothing may
+ * hang, every task must end in a final state, and completed data must be
+ * right.
+ */
+#include "nv-util.h"
+
+#define FILE_LEN (4u << 20)
+#define MEM (24u << 20)
+static unsigned char *mem;
+static unsigned char *model;
+
+static void make_segment(void)
+{
+	model = malloc(2 * FILE_LEN);
+	REQUIRE(model != NULL);
+	fill_pattern(model, 2 * FILE_LEN, 5);
+	nv_write_file(nv_path("a"), model, FILE_LEN);
+	nv_write_file(nv_path("b"), model + FILE_LEN, FILE_LEN);
+	const char *paths[] = { nv_path("a"), nv_path("b") };
+	const uint64_t lens[] = { FILE_LEN, FILE_LEN };
+	nv_put_files("nvmeof/two", paths, lens, 2);
+}
+
+static void test_depth_one(void)
+{
+	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "1", "TE_NVMEOF_SLICE_SIZE", "4096", NULL);
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, "nvmeof/two");
+	REQUIRE(seg > 0);
+	/* 2 x 4 MiB in 4 KiB slices through one slot, plus small odd ones */
+	te_request r[66];
+	r[0] = (te_request){ TE_OP_READ, seg, mem, 0, 2 * FILE_LEN };
+	r[1] = (te_request){ TE_OP_READ, seg, mem + 2 * FILE_LEN, 3, 2 * FILE_LEN - 6 };
+	for (int i = 2; i < 66; i++)
+		r[i] = (te_request){ TE_OP_READ, seg, mem + 4 * FILE_LEN + (size_t)i * 5000,
+				     FILE_LEN - 1000 + (uint64_t)i * 31, 4999 };
+	CHECK_EQ(nv_run(e, r, 66, NULL), 0);
+	int bad = 0;
+	for (int i = 0; i < 66; i++)
+		bad += memcmp(r[i].local, model + r[i].remote, r[i].length) != 0;
+	CHECK_EQ(bad, 0);
+	CHECK_EQ(te_segment_close(e, seg), 0);
+	CHECK_EQ(te_unregister_memory(e, mem), 0);
+	te_engine_destroy(e);
+}
+
+typedef struct submitter {
+	te_engine *e;
+	te_segment_id seg;
+	int index;
+	int bad;
+} submitter;
+
+static void *submit_thread(void *arg)
+{
+	submitter *s = arg;
+	uint64_t rnd = 1234567 + (uint64_t)s->index;
+	/* each thread reads into its own quarter of memory */
+	unsigned char *base = mem + (size_t)s->index * (MEM / 4);
+	for (int round = 0; round < 20; round++) {
+		te_request r[32];
+		size_t lo = 0;
+		for (int i = 0; i < 32; i++) {
+			uint64_t len = 1 + nv_rand(&rnd) % 65536;
+			uint64_t at = nv_rand(&rnd) % (2 * FILE_LEN - len);
+			r[i] = (te_request){ TE_OP_READ, s->seg, base + lo, at, len };
+			lo += (len + 4095) & ~4095ull;
+		}
+		s->bad += nv_run(s->e, r, 32, NULL);
+		for (int i = 0; i < 32; i++)
+			s->bad += memcmp(r[i].local, model + r[i].remote, r[i].length) != 0;
+	}
+	return NULL;
+}
+
+static void test_threads_and_workers(void)
+{
+	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_WORKERS", "3", "TE_NVMEOF_QUEUE_DEPTH", "16",
+				 "TE_NVMEOF_SLICE_SIZE", "16384", NULL);
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, "nvmeof/two");
+	REQUIRE(seg > 0);
+	pthread_t th[4];
+	submitter s[4];
+	for (int i = 0; i < 4; i++) {
+		s[i] = (submitter){ e, seg, i, 0 };
+		REQUIRE(pthread_create(&th[i], NULL, submit_thread, &s[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		CHECK_EQ(s[i].bad, 0);
+	}
+	CHECK_EQ(te_segment_close(e, seg), 0);
+	te_engine_destroy(e);
+}
+
+static void test_cancel(void)
+{
+	cap_start();
+	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "2", "TE_NVMEOF_SLICE_SIZE", "4096",
+				 "TE_NVMEOF_DIRECT", "0", NULL);
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, "nvmeof/two");
+	REQUIRE(seg > 0);
+	enum { N = 64 };
+	te_request r[N];
+	for (int i = 0; i < N; i++)
+		r[i] = (te_request){ TE_OP_READ, seg, mem + (size_t)(i % 2) * 2 * FILE_LEN, 0, 2 * FILE_LEN };
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(e, N, &b) == 0);
+	CHECK_EQ(te_submit(e, b, r, N), 0);
+	CHECK_EQ(te_batch_cancel(e, b), 0);
+	long long t0 = now_ms();
+	CHECK_EQ(te_batch_wait(e, b, 30000), 0);
+	CHECK(now_ms() - t0 < 30000);
+	int canceled = 0, completed = 0, other = 0;
+	for (int i = 0; i < N; i++) {
+		te_task_status st;
+		CHECK_EQ(te_get_status(e, b, i, &st), 0);
+		if (st.state == TE_TASK_CANCELED)
+			canceled++;
+		else if (st.state == TE_TASK_COMPLETED)
+			completed++;
+		else
+			other++;
+	}
+	/* 64 x 2048 slices through two slots cannot all finish before the cancel */
+	CHECK(canceled > 0);
+	CHECK_EQ(other, 0);
+	CHECK_EQ(canceled + completed, N);
+	CHECK_EQ(te_batch_free(e, b), 0);
+	CHECK(!cap_has("transport bug")); /* every slice completed exactly once */
+	/* the transport still works afterwards */
+	te_task_status st;
+	CHECK_EQ(run_one(e, TE_OP_READ, seg, mem, 100, 5000, &st), TE_TASK_COMPLETED);
+	CHECK(memcmp(mem, model + 100, 5000) == 0);
+	CHECK_EQ(te_segment_close(e, seg), 0);
+	te_engine_destroy(e);
+}
+
+static void test_refresh_while_running(void)
+{
+	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "4", "TE_NVMEOF_SLICE_SIZE", "8192", NULL);
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, "nvmeof/two");
+	REQUIRE(seg > 0);
+	te_request r[3] = {
+		{ TE_OP_READ, seg, mem, 0, 2 * FILE_LEN },
+		{ TE_OP_READ, seg, mem + 2 * FILE_LEN, 1, 2 * FILE_LEN - 1 },
+		{ TE_OP_READ, seg, mem + 4 * FILE_LEN, 7, FILE_LEN },
+	};
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(e, 6, &b) == 0);
+	CHECK_EQ(te_submit(e, b, r, 3), 0);
+	CHECK_EQ(te_segment_refresh(e, seg), 0); /* the old files stay open for these */
+	CHECK_EQ(te_submit(e, b, r, 3), 0);      /* these use the new ones */
+	CHECK_EQ(te_batch_wait(e, b, 60000), 0);
+	int32_t state;
+	CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	for (int i = 0; i < 3; i++)
+		CHECK(memcmp(r[i].local, model + r[i].remote, r[i].length) == 0);
+	CHECK_EQ(te_batch_free(e, b), 0);
+	/* closing with the segment never used again, and reopening */
+	CHECK_EQ(te_segment_close(e, seg), 0);
+	seg = te_segment_open(e, "nvmeof/two");
+	CHECK(seg > 0);
+	te_engine_destroy(e); /* closes it */
+}
+
+static void test_destroy_in_flight(void)
+{
+	for (int round = 0; round < 3; round++) {
+		te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "4", "TE_NVMEOF_SLICE_SIZE", "4096",
+					 "TE_NVMEOF_WORKERS", "2", NULL);
+		REQUIRE(e != NULL);
+		REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
+		te_segment_id seg = te_segment_open(e, "nvmeof/two");
+		REQUIRE(seg > 0);
+		te_request r[16];
+		for (int i = 0; i < 16; i++)
+			r[i] = (te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg,
+					     mem + (size_t)(i % 4) * FILE_LEN, (uint64_t)(i % 2) * FILE_LEN, FILE_LEN };
+		/* writes put back what the files hold, so the data stays the model */
+		memcpy(mem, model, FILE_LEN);
+		memcpy(mem + 2 * FILE_LEN, model, FILE_LEN);
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(e, 16, &b) == 0);
+		CHECK_EQ(te_submit(e, b, r, 16), 0);
+		long long t0 = now_ms();
+		te_engine_destroy(e); /* cancels, waits for the slices in flight, stops */
+		CHECK(now_ms() - t0 < 30000);
+	}
+	unsigned char *a = nv_read_file(nv_path("a"), FILE_LEN);
+	CHECK(memcmp(a, model, FILE_LEN) == 0);
+	free(a);
+}
+
+int main(void)
+{
+	nv_setup();
+	make_segment();
+	mem = aligned_alloc(4096, MEM);
+	REQUIRE(mem != NULL);
+	TEST_RUN(test_depth_one);
+	TEST_RUN(test_threads_and_workers);
+	TEST_RUN(test_cancel);
+	TEST_RUN(test_refresh_while_running);
+	TEST_RUN(test_destroy_in_flight);
+	free(mem);
+	free(model);
+	return check_done();
+}

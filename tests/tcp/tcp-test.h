@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Helpers shared by the TCP transport's tests: engines, buffers, raw sockets
+ * speaking the RPC and data protocols by hand, child processes. */
+#ifndef TE_TCP_TEST_H
+#define TE_TCP_TEST_H
+
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+
+/* The wire constants, spelled out here on purpose rather than taken from the
+ * plugin, so that the tests check the plugin against wire-compat.md. */
+#define W_HDR 24
+#define W_STATUS_OK 0x4D43545600000000ull
+#define W_STATUS_REJECTED 0x4D43545600000001ull
+
+static inline void *map_buf(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	REQUIRE(p != MAP_FAILED);
+	return p;
+}
+
+static inline te_engine *tcp_engine(const te_option *extra, size_t n_extra)
+{
+	te_option opt[8] = { { "transports", "tcp" } };
+	size_t n = 1;
+	te_engine *e = NULL;
+
+	for (size_t i = 0; i < n_extra && n < 8; i++)
+		opt[n++] = extra[i];
+	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", opt, n, &e);
+	if (rc != 0)
+		fprintf(stderr, "engine create failed: %s\n", te_strerror(rc));
+	return e;
+}
+
+/* ------------------------------------------------------------ raw sockets */
+
+static inline int tcp_connect_port(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		close(fd);
+		return -1;
+	}
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	return fd;
+}
+
+static inline bool send_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+		if (w <= 0) {
+			if (w < 0 && errno == EINTR)
+				continue;
+			return false;
+		}
+		c += w;
+		n -= (size_t)w;
+	}
+	return true;
+}
+
+/* Reads exactly n bytes within timeout_ms: n, 0 on EOF first, -1 on timeout
+ * or error (partial data is left in buf; *got tells how much). */
+static inline ssize_t recv_exact(int fd, void *buf, size_t n, int timeout_ms, size_t *got_out)
+{
+	char *p = buf;
+	size_t got = 0;
+	long long end = now_ms() + timeout_ms;
+	ssize_t rc = (ssize_t)n;
+
+	while (got < n) {
+		long long left = end - now_ms();
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) {
+			rc = -1;
+			break;
+		}
+		ssize_t r = recv(fd, p + got, n - got, 0);
+		if (r == 0) {
+			rc = 0;
+			break;
+		}
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -1;
+			break;
+		}
+		got += (size_t)r;
+	}
+	if (got_out)
+		*got_out = got;
+	return rc;
+}
+
+/* True when the peer closes within timeout_ms without sending anything. */
+static inline bool closed_quietly(int fd, int timeout_ms)
+{
+	char c;
+	size_t got = 0;
+	return recv_exact(fd, &c, 1, timeout_ms, &got) == 0 && got == 0;
+}
+
+/* True when nothing arrives for ms (and the connection stays open). */
+static inline bool silent_for(int fd, int ms)
+{
+	struct pollfd pf = { .fd = fd, .events = POLLIN };
+	return poll(&pf, 1, ms) == 0;
+}
+
+static inline void put_hdr(unsigned char *h, uint64_t size, uint64_t addr, uint8_t op)
+{
+	uint64_t v = htole64(size);
+	memcpy(h, &v, 8);
+	v = htole64(addr);
+	memcpy(h + 8, &v, 8);
+	h[16] = op;
+	memset(h + 17, 0, 7);
+}
+
+static inline uint64_t get_le64(const void *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return le64toh(v);
+}
+
+/* One RPC exchange by hand (wire-compat.md section 3); returns the reply
+ * body, malloc()ed, or NULL. */
+static inline char *rpc_exchange(int port, int type, const char *json)
+{
+	int fd = tcp_connect_port(port);
+	if (fd < 0)
+		return NULL;
+	size_t jl = strlen(json);
+	unsigned char hdr[9];
+	uint64_t len = htole64(jl + 1);
+	memcpy(hdr, &len, 8);
+	hdr[8] = (unsigned char)type;
+	char *out = NULL;
+	if (send_all(fd, hdr, 9) && send_all(fd, json, jl)) {
+		unsigned char rh[9];
+		if (recv_exact(fd, rh, 9, 5000, NULL) == 9 && rh[8] == type) {
+			uint64_t n = get_le64(rh);
+			if (n >= 1 && n < (1u << 20)) {
+				out = calloc(1, n);
+				if (out && recv_exact(fd, out, n - 1, 5000, NULL) != (ssize_t)(n - 1)) {
+					free(out);
+					out = NULL;
+				}
+			}
+		}
+	}
+	close(fd);
+	return out;
+}
+
+/* An integer member of a flat JSON text, or -1. */
+static inline long long json_int(const char *json, const char *key)
+{
+	char pat[96];
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	const char *p = json ? strstr(json, pat) : NULL;
+	return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* The data port an engine publishes, read from its descriptor over RPC. */
+static inline int data_port_of(te_engine *e)
+{
+	char *d = rpc_exchange(te_engine_rpc_port(e), 1, "{}");
+	long long p = json_int(d, "tcp_data_port");
+	free(d);
+	return (int)p;
+}
+
+/* ----------------------------------------------------------------- ports */
+
+/* A currently free TCP port (bind to 0, read it, close). */
+static inline int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t l = sizeof a;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+	    getsockname(fd, (struct sockaddr *)&a, &l) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+static inline int listen_any(int *port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t l = sizeof a;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	REQUIRE(fd >= 0);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+	REQUIRE(listen(fd, 16) == 0);
+	REQUIRE(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
+	*port = ntohs(a.sin_port);
+	return fd;
+}
+
+static inline int accept_timeout(int lfd, int ms)
+{
+	struct pollfd pf = { .fd = lfd, .events = POLLIN };
+	if (poll(&pf, 1, ms) <= 0)
+		return -1;
+	int fd = accept(lfd, NULL, NULL);
+	if (fd >= 0) {
+		int one = 1;
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	}
+	return fd;
+}
+
+/* ---------------------------------------------------------- child helper */
+
+typedef struct child {
+	pid_t pid;
+	int out;    /* its stdout */
+	int in;     /* its stdin: closing it asks it to stop */
+	char buf[8192];
+	size_t len; /* bytes in buf */
+	char line[512];
+} child;
+
+/* Starts `argv` with pipes on stdin and stdout; extra environment in `env`
+ * ("NAME=value", NULL-terminated, may be NULL). */
+static inline bool child_start(child *c, char *const argv[], char *const env[])
+{
+	int in[2], out[2];
+	memset(c, 0, sizeof *c);
+	if (pipe(in) != 0 || pipe(out) != 0)
+		return false;
+	c->pid = fork();
+	if (c->pid < 0)
+		return false;
+	if (c->pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		close(in[0]);
+		close(in[1]);
+		close(out[0]);
+		close(out[1]);
+		for (int i = 0; env && env[i]; i++)
+			putenv(env[i]);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	c->in = in[1];
+	c->out = out[0];
+	return true;
+}
+
+/* Reads lines until one starts with `prefix` (within timeout_ms). Reads the
+ * pipe itself, not through stdio, so that poll() sees what is unread. */
+static inline const char *child_expect(child *c, const char *prefix, int timeout_ms)
+{
+	long long end = now_ms() + timeout_ms;
+	for (;;) {
+		char *nl = memchr(c->buf, '\n', c->len);
+		if (nl != NULL) {
+			size_t n = (size_t)(nl - c->buf);
+			size_t k = n < sizeof c->line - 1 ? n : sizeof c->line - 1;
+			memcpy(c->line, c->buf, k);
+			c->line[k] = '\0';
+			memmove(c->buf, nl + 1, c->len - n - 1);
+			c->len -= n + 1;
+			if (strncmp(c->line, prefix, strlen(prefix)) == 0)
+				return c->line + strlen(prefix);
+			continue;
+		}
+		if (c->len == sizeof c->buf)
+			c->len = 0; /* a line too long to matter */
+		long long left = end - now_ms();
+		struct pollfd pf = { .fd = c->out, .events = POLLIN };
+		if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
+			return NULL;
+		ssize_t r = read(c->out, c->buf + c->len, sizeof c->buf - c->len);
+		if (r <= 0)
+			return NULL;
+		c->len += (size_t)r;
+	}
+}
+
+/* Stops the child: closes its stdin, then kills it if it lingers. */
+static inline int child_stop(child *c, int sig)
+{
+	int st = 0;
+	if (c->pid <= 0)
+		return -1;
+	if (sig)
+		kill(c->pid, sig);
+	if (c->in >= 0)
+		close(c->in);
+	c->in = -1;
+	for (int i = 0; i < 100; i++) {
+		if (waitpid(c->pid, &st, WNOHANG) == c->pid)
+			goto done;
+		usleep(50000);
+	}
+	kill(c->pid, SIGKILL);
+	waitpid(c->pid, &st, 0);
+done:
+	if (c->out >= 0)
+		close(c->out);
+	c->out = -1;
+	c->pid = -1;
+	return st;
+}
+
+#endif

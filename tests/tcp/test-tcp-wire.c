@@ -1,0 +1,644 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The TCP data protocol byte by byte (wire-compat.md section 5), from both
+ * sides: a client written by hand against a libte target, and a fake target
+ * written by hand that checks what a libte initiator sends and answers it,
+ * rightly and wrongly.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "tcp-test.h"
+
+/* =============================================== part A: libte as the target */
+
+#define RBUF (1u << 20)
+
+static te_engine *tgt;
+static unsigned char *rbuf; /* remote-accessible */
+static unsigned char *lbuf; /* registered, local only */
+static int dport;
+
+static int dconnect(void)
+{
+	int fd = tcp_connect_port(dport);
+	REQUIRE(fd >= 0);
+	return fd;
+}
+
+static void send_hdr(int fd, uint64_t size, uint64_t addr, uint8_t op)
+{
+	unsigned char h[W_HDR];
+	put_hdr(h, size, addr, op);
+	CHECK(send_all(fd, h, sizeof h));
+}
+
+static uint64_t recv_status(int fd)
+{
+	unsigned char s[8];
+	if (recv_exact(fd, s, 8, 3000, NULL) != 8)
+		return 0;
+	return get_le64(s);
+}
+
+static void test_status_bytes(void)
+{
+	int fd = dconnect();
+	unsigned char s[8], data[100];
+	fill_pattern(rbuf, RBUF, 1);
+	send_hdr(fd, 100, (uintptr_t)(rbuf + 5), 0x80);
+	CHECK_EQ(recv_exact(fd, s, 8, 3000, NULL), 8);
+	/* u64 LE: low 32 bits the status (0), high 32 bits "MCTV" 0x4D435456 */
+	static const unsigned char ok[8] = { 0, 0, 0, 0, 0x56, 0x54, 0x43, 0x4d };
+	CHECK(memcmp(s, ok, 8) == 0);
+	CHECK_EQ(recv_exact(fd, data, 100, 3000, NULL), 100);
+	CHECK(memcmp(data, rbuf + 5, 100) == 0);
+	CHECK(silent_for(fd, 100)); /* nothing more */
+	close(fd);
+}
+
+static void test_write_acked_after_body(void)
+{
+	int fd = dconnect();
+	unsigned char body[50];
+	fill_pattern(body, sizeof body, 2);
+	send_hdr(fd, 50, (uintptr_t)(rbuf + 1000), 0x81);
+	CHECK(send_all(fd, body, 25));
+	CHECK(silent_for(fd, 200)); /* no status before the last byte */
+	CHECK(send_all(fd, body + 25, 25));
+	CHECK_EQ(recv_status(fd), W_STATUS_OK);
+	CHECK(memcmp(rbuf + 1000, body, 50) == 0);
+	close(fd);
+}
+
+static void test_pipelined_in_order(void)
+{
+	int fd = dconnect();
+	unsigned char out[3 * W_HDR + 5], in[8 + 10 + 8 + 8 + 7];
+	const unsigned char w[5] = { 9, 8, 7, 6, 5 };
+	put_hdr(out, 10, (uintptr_t)(rbuf + 100), 0x80);
+	put_hdr(out + W_HDR, 5, (uintptr_t)(rbuf + 200), 0x81);
+	memcpy(out + 2 * W_HDR, w, 5);
+	put_hdr(out + 2 * W_HDR + 5, 7, (uintptr_t)(rbuf + 200), 0x80);
+	CHECK(send_all(fd, out, sizeof out)); /* all three in one segment */
+	CHECK_EQ(recv_exact(fd, in, sizeof in, 3000, NULL), (ssize_t)sizeof in);
+	CHECK(get_le64(in) == W_STATUS_OK);
+	CHECK(memcmp(in + 8, rbuf + 100, 10) == 0);
+	CHECK(get_le64(in + 18) == W_STATUS_OK);
+	CHECK(get_le64(in + 26) == W_STATUS_OK);
+	CHECK(memcmp(in + 34, w, 5) == 0); /* the READ ran after the WRITE */
+	close(fd);
+}
+
+static void test_v1_client(void)
+{
+	int fd = dconnect();
+	unsigned char data[64], w[16];
+	fill_pattern(rbuf, RBUF, 3);
+	send_hdr(fd, 64, (uintptr_t)(rbuf + 300), 0x00);
+	CHECK_EQ(recv_exact(fd, data, 64, 3000, NULL), 64); /* data only: no status frame */
+	CHECK(memcmp(data, rbuf + 300, 64) == 0);
+	fill_pattern(w, sizeof w, 4);
+	send_hdr(fd, 16, (uintptr_t)(rbuf + 400), 0x01);
+	CHECK(send_all(fd, w, 16));
+	CHECK(silent_for(fd, 150)); /* v1 WRITE: no reply at all */
+	send_hdr(fd, 16, (uintptr_t)(rbuf + 400), 0x00);
+	CHECK_EQ(recv_exact(fd, data, 16, 3000, NULL), 16);
+	CHECK(memcmp(data, w, 16) == 0);
+	close(fd);
+}
+
+static void test_padding_ignored(void)
+{
+	int fd = dconnect();
+	unsigned char h[W_HDR], data[8];
+	put_hdr(h, 8, (uintptr_t)(rbuf + 40), 0x80);
+	memset(h + 17, 0xff, 7);
+	CHECK(send_all(fd, h, sizeof h));
+	CHECK_EQ(recv_status(fd), W_STATUS_OK);
+	CHECK_EQ(recv_exact(fd, data, 8, 3000, NULL), 8);
+	CHECK(memcmp(data, rbuf + 40, 8) == 0);
+	close(fd);
+}
+
+/* A v2 request the target must refuse: status 1, then the connection ends. */
+static void expect_reject(uint64_t size, uint64_t addr, uint8_t op, const char *what)
+{
+	int fd = dconnect();
+	send_hdr(fd, size, addr, op);
+	uint64_t st = recv_status(fd);
+	if (st != W_STATUS_REJECTED)
+		fprintf(stderr, "  %s: status 0x%016llx\n", what, (unsigned long long)st);
+	CHECK(st == W_STATUS_REJECTED);
+	CHECK(closed_quietly(fd, 3000));
+	close(fd);
+}
+
+static void test_rejects(void)
+{
+	cap_start();
+	expect_reject(10, (uintptr_t)lbuf, 0x80, "not remote-accessible");
+	CHECK(cap_has("rejected READ 0x"));
+	CHECK(cap_has("from 127.0.0.1:")); /* the peer's address is in the log */
+	expect_reject(10, (uintptr_t)(rbuf + RBUF - 5), 0x81, "past the end");
+	expect_reject(0, (uintptr_t)rbuf, 0x80, "zero length");
+	CHECK(cap_has("zero length"));
+	expect_reject(0x20, 0xfffffffffffffff0ull, 0x80, "wraps");
+	expect_reject(1ull << 60, (uintptr_t)rbuf, 0x80, "huge size");
+	expect_reject(RBUF + 1, (uintptr_t)rbuf, 0x81, "one byte too many");
+	expect_reject(10, 0x1000, 0x80, "unregistered");
+
+	/* v1: no status, the connection just ends */
+	int fd = dconnect();
+	send_hdr(fd, 10, (uintptr_t)lbuf, 0x00);
+	CHECK(closed_quietly(fd, 3000));
+	close(fd);
+	/* an opcode that is neither READ nor WRITE */
+	fd = dconnect();
+	send_hdr(fd, 10, (uintptr_t)rbuf, 0x85);
+	CHECK(closed_quietly(fd, 3000));
+	CHECK(cap_has("opcode 0x85"));
+	close(fd);
+	/* the earlier, good requests on a connection are answered before it ends */
+	fd = dconnect();
+	unsigned char two[2 * W_HDR], in[8 + 4];
+	put_hdr(two, 4, (uintptr_t)rbuf, 0x80);
+	put_hdr(two + W_HDR, 4, (uintptr_t)lbuf, 0x80);
+	CHECK(send_all(fd, two, sizeof two));
+	CHECK_EQ(recv_exact(fd, in, sizeof in, 3000, NULL), (ssize_t)sizeof in);
+	CHECK(get_le64(in) == W_STATUS_OK);
+	CHECK_EQ(recv_status(fd), W_STATUS_REJECTED);
+	CHECK(closed_quietly(fd, 3000));
+	close(fd);
+	te_set_log_handler(NULL, NULL);
+}
+
+static void test_truncated_and_garbage(void)
+{
+	cap_start();
+	int fd = dconnect();
+	unsigned char ten[10] = { 0 };
+	send_hdr(fd, 1000, (uintptr_t)(rbuf + 64), 0x81);
+	CHECK(send_all(fd, ten, sizeof ten));
+	close(fd);
+	/* garbage that happens to be 24 bytes: a bad header */
+	fd = dconnect();
+	const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	CHECK(send_all(fd, junk, sizeof junk - 1));
+	unsigned char c;
+	size_t got = 0;
+	CHECK(recv_exact(fd, &c, 1, 3000, &got) <= 0); /* closed, maybe after a status */
+	close(fd);
+	usleep(100000);
+	CHECK(cap_has("10 bytes into a 1000-byte WRITE"));
+	te_set_log_handler(NULL, NULL);
+	/* the target is still serving */
+	fd = dconnect();
+	unsigned char data[4];
+	send_hdr(fd, 4, (uintptr_t)rbuf, 0x80);
+	CHECK_EQ(recv_status(fd), W_STATUS_OK);
+	CHECK_EQ(recv_exact(fd, data, 4, 3000, NULL), 4);
+	close(fd);
+}
+
+typedef struct unreg_job {
+	void *addr;
+	long long took;
+	int rc;
+} unreg_job;
+
+static void *unregister_thread(void *arg)
+{
+	unreg_job *j = arg;
+	long long t0 = now_ms();
+	j->rc = te_unregister_memory(tgt, j->addr);
+	j->took = now_ms() - t0;
+	return NULL;
+}
+
+/* TE_TCP_TIMEOUT_MS is 600 on this target. */
+static void test_stalls(void)
+{
+	/* A partial header: the connection is closed after the timeout. */
+	int fd = dconnect();
+	unsigned char h[W_HDR];
+	put_hdr(h, 4, (uintptr_t)rbuf, 0x80);
+	CHECK(send_all(fd, h, 10));
+	long long t0 = now_ms();
+	CHECK(closed_quietly(fd, 5000));
+	long long dt = now_ms() - t0;
+	CHECK(dt >= 500 && dt < 600 + 3000);
+	close(fd);
+
+	/* A WRITE stalled mid-body pins its buffer: unregistering waits for the
+	 * timeout to close the connection, then goes through. */
+	unsigned char *x = map_buf(65536);
+	REQUIRE(te_register_memory(tgt, x, 65536, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	fd = dconnect();
+	send_hdr(fd, 1000, (uintptr_t)x, 0x81);
+	CHECK(send_all(fd, x, 100));
+	usleep(50000); /* the target is now inside the body */
+	unreg_job j = { x, 0, -1 };
+	pthread_t th;
+	REQUIRE(pthread_create(&th, NULL, unregister_thread, &j) == 0);
+	pthread_join(th, NULL);
+	CHECK_EQ(j.rc, 0);
+	CHECK(j.took >= 300 && j.took < 600 + 3000);
+	CHECK(closed_quietly(fd, 1000));
+	close(fd);
+	/* and it is gone: a request there is rejected now */
+	expect_reject(8, (uintptr_t)x, 0x80, "unregistered meanwhile");
+	munmap(x, 65536);
+}
+
+static void part_a(void)
+{
+	te_option o = { "TE_TCP_TIMEOUT_MS", "600" };
+	tgt = tcp_engine(&o, 1);
+	REQUIRE(tgt != NULL);
+	rbuf = map_buf(RBUF);
+	lbuf = map_buf(65536);
+	REQUIRE(te_register_memory(tgt, rbuf, RBUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	REQUIRE(te_register_memory(tgt, lbuf, 65536, "cpu:0", 0) == 0);
+	dport = data_port_of(tgt);
+	REQUIRE(dport > 0);
+	TEST_RUN(test_status_bytes);
+	TEST_RUN(test_write_acked_after_body);
+	TEST_RUN(test_pipelined_in_order);
+	TEST_RUN(test_v1_client);
+	TEST_RUN(test_padding_ignored);
+	TEST_RUN(test_rejects);
+	TEST_RUN(test_truncated_and_garbage);
+	TEST_RUN(test_stalls);
+	te_engine_destroy(tgt);
+}
+
+/* ============================================ part B: libte as the initiator */
+
+#define FAKE_BASE 0x10000000ull
+#define FAKE_LEN (64ull << 20)
+
+typedef struct fake {
+	int rpc_lfd, rpc_port, data_lfd, data_port;
+	char desc[1024];
+	char name[64];
+	pthread_t th;
+	atomic_int stop;
+} fake;
+
+/* Answers Metadata frames with the fake descriptor. */
+static void *fake_rpc(void *arg)
+{
+	fake *f = arg;
+	while (!atomic_load(&f->stop)) {
+		int fd = accept_timeout(f->rpc_lfd, 100);
+		if (fd < 0)
+			continue;
+		unsigned char h[9];
+		if (recv_exact(fd, h, 9, 2000, NULL) == 9) {
+			uint64_t n = get_le64(h);
+			char *body = n > 0 && n < (1u << 20) ? malloc(n) : NULL;
+			if (body && recv_exact(fd, body, n - 1, 2000, NULL) == (ssize_t)(n - 1)) {
+				size_t dl = strlen(f->desc);
+				uint64_t len = htole64(dl + 1);
+				unsigned char rh[9];
+				memcpy(rh, &len, 8);
+				rh[8] = h[8];
+				send_all(fd, rh, 9);
+				send_all(fd, f->desc, dl);
+			}
+			free(body);
+		}
+		close(fd);
+	}
+	return NULL;
+}
+
+static void fake_start(fake *f, int version)
+{
+	memset(f, 0, sizeof *f);
+	f->rpc_lfd = listen_any(&f->rpc_port);
+	f->data_lfd = listen_any(&f->data_port);
+	snprintf(f->name, sizeof f->name, "127.0.0.1:%d", f->rpc_port);
+	char ver[40] = "";
+	if (version >= 2)
+		snprintf(ver, sizeof ver, ",\"tcp_proto_version\":%d", version);
+	snprintf(f->desc, sizeof f->desc,
+		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
+		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d%s,\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
+		 FAKE_BASE, FAKE_LEN, f->name, f->name, f->data_port, ver);
+	REQUIRE(pthread_create(&f->th, NULL, fake_rpc, f) == 0);
+}
+
+static void fake_stop(fake *f)
+{
+	atomic_store(&f->stop, 1);
+	pthread_join(f->th, NULL);
+	close(f->rpc_lfd);
+	close(f->data_lfd);
+}
+
+typedef struct init {
+	te_engine *e;
+	unsigned char *buf;
+	te_segment_id seg;
+	te_batch_id b;
+} init;
+
+#define IBUF (64u << 20)
+
+static void init_up(init *in, fake *f, const te_option *extra, size_t n)
+{
+	te_option o[6] = { { "TE_TCP_CONNS_PER_PEER", "1" } };
+	for (size_t i = 0; i < n; i++)
+		o[1 + i] = extra[i];
+	in->e = tcp_engine(o, 1 + n);
+	REQUIRE(in->e != NULL);
+	in->buf = map_buf(IBUF);
+	REQUIRE(te_register_memory(in->e, in->buf, IBUF, "cpu:0", 0) == 0);
+	in->seg = te_segment_open(in->e, f->name);
+	REQUIRE(in->seg > 0);
+}
+
+static void init_down(init *in)
+{
+	CHECK_EQ(te_segment_close(in->e, in->seg), 0);
+	te_engine_destroy(in->e);
+	munmap(in->buf, IBUF);
+}
+
+static void submit(init *in, const te_request *r, size_t n)
+{
+	REQUIRE(te_batch_alloc(in->e, n, &in->b) == 0);
+	CHECK_EQ(te_submit(in->e, in->b, r, n), 0);
+}
+
+static int task_state(init *in, size_t i, int *err)
+{
+	te_task_status st = { 0 };
+	te_get_status(in->e, in->b, i, &st);
+	if (err)
+		*err = st.error;
+	return st.state;
+}
+
+static void finish(init *in)
+{
+	CHECK_EQ(te_batch_wait(in->e, in->b, 10000), 0);
+	CHECK_EQ(te_batch_free(in->e, in->b), 0);
+}
+
+static void check_hdr(const unsigned char *h, uint64_t size, uint64_t addr, uint8_t op)
+{
+	static const unsigned char zero[7] = { 0 };
+	CHECK(get_le64(h) == size);
+	CHECK(get_le64(h + 8) == addr);
+	CHECK_EQ(h[16], op);
+	CHECK(memcmp(h + 17, zero, 7) == 0);
+}
+
+static void test_initiator_v2(void)
+{
+	fake f;
+	init in;
+	fake_start(&f, 2);
+	init_up(&in, &f, NULL, 0);
+	unsigned char h[W_HDR], data[100];
+
+	/* READ: header checked byte by byte, status then data back */
+	te_request r = { TE_OP_READ, in.seg, in.buf + 1, FAKE_BASE + 0x10, 100 };
+	submit(&in, &r, 1);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 100, FAKE_BASE + 0x10, 0x80);
+	uint64_t ok = htole64(W_STATUS_OK);
+	fill_pattern(data, sizeof data, 11);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, data, 100));
+	finish(&in);
+	CHECK(memcmp(in.buf + 1, data, 100) == 0);
+
+	/* WRITE: header and body arrive; COMPLETED only after our status */
+	fill_pattern(in.buf + 200, 64, 12);
+	te_request w = { TE_OP_WRITE, in.seg, in.buf + 200, FAKE_BASE + 0x100, 64 };
+	submit(&in, &w, 1);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR); /* same, persistent connection */
+	check_hdr(h, 64, FAKE_BASE + 0x100, 0x81);
+	CHECK_EQ(recv_exact(fd, data, 64, 3000, NULL), 64);
+	CHECK(memcmp(data, in.buf + 200, 64) == 0);
+	usleep(200000);
+	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_WAITING);
+	CHECK(send_all(fd, &ok, 8));
+	finish(&in);
+
+	/* junk while idle: the initiator drops the connection, the next request
+	 * comes on a new one */
+	CHECK(send_all(fd, "xyz", 3));
+	CHECK(closed_quietly(fd, 3000));
+	close(fd);
+	submit(&in, &r, 1);
+	fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, data, 100));
+	finish(&in);
+	close(fd);
+	init_down(&in);
+	fake_stop(&f);
+}
+
+/* Requests are pipelined and large ones split into slices. */
+static void test_initiator_pipelined_slices(void)
+{
+	fake f;
+	init in;
+	fake_start(&f, 2);
+	te_option o = { "TE_TCP_SLICE_SIZE", "65536" };
+	init_up(&in, &f, &o, 1);
+	te_request r[2] = { { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 3 * 65536 },
+			    { TE_OP_READ, in.seg, in.buf + (1u << 20), FAKE_BASE + (4u << 20), 10 } };
+	submit(&in, r, 2);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	unsigned char h[4 * W_HDR];
+	/* all four headers arrive before we answer anything */
+	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
+	for (int i = 0; i < 3; i++)
+		check_hdr(h + i * W_HDR, 65536, FAKE_BASE + (uint64_t)i * 65536, 0x80);
+	check_hdr(h + 3 * W_HDR, 10, FAKE_BASE + (4u << 20), 0x80);
+	unsigned char *data = malloc(3 * 65536 + 10);
+	REQUIRE(data != NULL);
+	fill_pattern(data, 3 * 65536 + 10, 13);
+	uint64_t ok = htole64(W_STATUS_OK);
+	for (int i = 0; i < 3; i++)
+		CHECK(send_all(fd, &ok, 8) && send_all(fd, data + i * 65536, 65536));
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, data + 3 * 65536, 10));
+	finish(&in);
+	CHECK(memcmp(in.buf, data, 3 * 65536) == 0);
+	CHECK(memcmp(in.buf + (1u << 20), data + 3 * 65536, 10) == 0);
+	free(data);
+	close(fd);
+	init_down(&in);
+	fake_stop(&f);
+}
+
+static void test_initiator_v1(void)
+{
+	fake f;
+	init in;
+	fake_start(&f, 1); /* no tcp_proto_version in the descriptor */
+	init_up(&in, &f, NULL, 0);
+	unsigned char h[W_HDR], data[100];
+	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 8, 100 };
+	submit(&in, &r, 1);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 100, FAKE_BASE + 8, 0x00);
+	fill_pattern(data, 100, 14);
+	CHECK(send_all(fd, data, 100)); /* v1: data, no status */
+	finish(&in);
+	CHECK(memcmp(in.buf, data, 100) == 0);
+
+	fill_pattern(in.buf + 512, 64, 15);
+	te_request w = { TE_OP_WRITE, in.seg, in.buf + 512, FAKE_BASE + 1024, 64 };
+	submit(&in, &w, 1);
+	/* v1 WRITE: complete once sent; the fake answers nothing */
+	CHECK_EQ(te_batch_wait(in.e, in.b, 3000), 0);
+	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(te_batch_free(in.e, in.b), 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 64, FAKE_BASE + 1024, 0x01);
+	CHECK_EQ(recv_exact(fd, data, 64, 3000, NULL), 64);
+	CHECK(memcmp(data, in.buf + 512, 64) == 0);
+	close(fd);
+	init_down(&in);
+	fake_stop(&f);
+}
+
+/* One READ the fake answers with `reply` (len bytes) and then closes. */
+static int fake_answer(init *in, fake *f, const void *reply, size_t len, int *err)
+{
+	te_request r = { TE_OP_READ, in->seg, in->buf, FAKE_BASE, 100 };
+	unsigned char h[W_HDR];
+	submit(in, &r, 1);
+	int fd = accept_timeout(f->data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	if (len)
+		CHECK(send_all(fd, reply, len));
+	if (reply != NULL)
+		close(fd);
+	CHECK_EQ(te_batch_wait(in->e, in->b, 10000), 0);
+	int st = task_state(in, 0, err);
+	CHECK_EQ(te_batch_free(in->e, in->b), 0);
+	if (reply == NULL)
+		close(fd);
+	return st;
+}
+
+static void test_initiator_errors(void)
+{
+	fake f;
+	init in;
+	int err = 0;
+	fake_start(&f, 2);
+	/* one slice for the 48 MiB WRITE below */
+	te_option o[2] = { { "TE_TCP_TIMEOUT_MS", "500" }, { "TE_TCP_SLICE_SIZE", "67108864" } };
+	init_up(&in, &f, o, 2);
+	cap_start();
+
+	uint64_t bad = htole64(0x1234567800000000ull);
+	CHECK_EQ(fake_answer(&in, &f, &bad, 8, &err), TE_TASK_FAILED);
+	CHECK_EQ(err, TE_ERR_PROTOCOL);
+	CHECK(cap_has("malformed status frame"));
+
+	uint64_t rej = htole64(W_STATUS_REJECTED);
+	CHECK_EQ(fake_answer(&in, &f, &rej, 8, &err), TE_TASK_FAILED);
+	CHECK_EQ(err, TE_ERR_REJECTED);
+	CHECK(cap_has("rejected READ"));
+
+	unsigned char half[8 + 50];
+	uint64_t ok = htole64(W_STATUS_OK);
+	memcpy(half, &ok, 8);
+	memset(half + 8, 1, 50);
+	CHECK_EQ(fake_answer(&in, &f, half, sizeof half, &err), TE_TASK_FAILED);
+	CHECK_EQ(err, -ECONNRESET);
+
+	/* silence: FAILED (not TIMEOUT) after TE_TCP_TIMEOUT_MS */
+	long long t0 = now_ms();
+	CHECK_EQ(fake_answer(&in, &f, NULL, 0, &err), TE_TASK_FAILED);
+	long long dt = now_ms() - t0;
+	CHECK(dt >= 400 && dt < 500 + 3000); /* timeout + check period + slack for a loaded machine */
+	CHECK(cap_has("no progress for"));
+
+	/* an acknowledgment before the body was sent is a protocol error */
+	enum { BIG = 48u << 20 };
+	te_request w = { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE, BIG };
+	unsigned char h[W_HDR];
+	submit(&in, &w, 1);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	CHECK(send_all(fd, &ok, 8)); /* without reading 48 MiB: cannot all be sent */
+	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
+	CHECK_EQ(task_state(&in, 0, &err), TE_TASK_FAILED);
+	CHECK_EQ(err, TE_ERR_PROTOCOL);
+	CHECK(cap_has("before its last byte"));
+	CHECK_EQ(te_batch_free(in.e, in.b), 0);
+	close(fd);
+	te_set_log_handler(NULL, NULL);
+	init_down(&in);
+	fake_stop(&f);
+}
+
+/* A rejection in the middle of a pipeline: the request behind it was never
+ * run by the peer and goes again on a new connection. */
+static void test_initiator_reject_midway(void)
+{
+	fake f;
+	init in;
+	int err = 0;
+	fake_start(&f, 2);
+	init_up(&in, &f, NULL, 0);
+	te_request r[3];
+	for (int i = 0; i < 3; i++)
+		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
+	submit(&in, r, 3);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	unsigned char h[3 * W_HDR], ten[10];
+	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
+	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
+	memset(ten, 7, sizeof ten);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10) && send_all(fd, &rej, 8));
+	close(fd);
+	fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 10, FAKE_BASE + 200, 0x80);
+	memset(ten, 9, sizeof ten);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
+	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(task_state(&in, 1, &err), TE_TASK_FAILED);
+	CHECK_EQ(err, TE_ERR_REJECTED);
+	CHECK_EQ(task_state(&in, 2, NULL), TE_TASK_COMPLETED);
+	CHECK(in.buf[0] == 7 && in.buf[200] == 9);
+	CHECK_EQ(te_batch_free(in.e, in.b), 0);
+	close(fd);
+	init_down(&in);
+	fake_stop(&f);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	part_a();
+	TEST_RUN(test_initiator_v2);
+	TEST_RUN(test_initiator_pipelined_slices);
+	TEST_RUN(test_initiator_v1);
+	TEST_RUN(test_initiator_errors);
+	TEST_RUN(test_initiator_reject_midway);
+	return check_done();
+}

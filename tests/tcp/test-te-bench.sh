@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# te-bench from the outside: flags, one-line errors and exit codes, the
+# closing lines, --json, --check (and that it catches corruption), the
+# progress line, two processes (target and initiator), bytes really crossing
+# loopback TCP, and a metadata server when one is installed.
+#   $1 te-bench   $2 folder of the "flip" test transport   $3 the source tree
+# Other transports and stores are tried when built: te-nvmeof-register and
+# te-metadata-server are looked for next to te-bench in the build tree.
+set -u
+bench=$1
+src=$3
+tools=$(dirname "$bench")/..
+register=$tools/te-nvmeof-register/te-nvmeof-register
+mds=$tools/te-metadata-server/te-metadata-server
+export TE_PLUGIN_PATH="$2${TE_PLUGIN_PATH:+:$TE_PLUGIN_PATH}"
+unset TE_LOG_LEVEL MC_LOG_LEVEL
+tmp=$(mktemp -d)
+failures=0
+pids=()
+
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; failures=$((failures + 1)); }
+
+# run NAME EXPECTED_RC ARGS...: output in $tmp/out and $tmp/err
+run() {
+	local name=$1 want=$2
+	shift 2
+	timeout 120 "$bench" "$@" >"$tmp/out" 2>"$tmp/err"
+	local rc=$?
+	if [ "$rc" != "$want" ]; then
+		bad "$name: exit $rc, expected $want"
+		sed 's/^/    out: /' "$tmp/out" | head -5
+		sed 's/^/    err: /' "$tmp/err" | head -5
+		return 1
+	fi
+	return 0
+}
+
+one_line_error() { # NAME PATTERN
+	local n
+	n=$(wc -l <"$tmp/err")
+	if [ "$n" != 1 ] || ! grep -q "^te-bench: $2" "$tmp/err"; then
+		bad "$1: wanted one line 'te-bench: $2...', got $n lines:"
+		sed 's/^/    err: /' "$tmp/err" | head -5
+		return 1
+	fi
+	ok "$1"
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- flags ------------------------------------------------------------------
+if run help 0 --help; then
+	missing=
+	for f in mode metadata_server local_server_name segment_id protocol device_name nic_priority_matrix \
+		auto_discovery operation batch_size block_size buffer_size duration threads report_unit \
+		report_precision check json quiet verbose help; do
+		grep -q -- "--$f " "$tmp/out" || missing="$missing $f"
+	done
+	[ -z "$missing" ] && ok "--help documents every flag" || bad "--help lacks:$missing"
+fi
+run bogus 1 --bogus=1 && one_line_error "unknown flag" "unknown flag '--bogus=1'"
+run badnum 1 --block_size=12x && one_line_error "bad number" "--block_size=12x is not a number"
+run zero 1 --batch_size=0 && one_line_error "out of range" "--batch_size=0 is not a number in \[1,"
+run badop 1 --operation=copy && one_line_error "bad operation" "--operation=copy: want read or write"
+run badunit 1 --report_unit=parsecs && one_line_error "bad unit" "--report_unit=parsecs"
+run noproto 1 --protocol=nosuch --duration=1 && one_line_error "unknown transport" "cannot install transport 'nosuch'"
+run unreachable 1 --segment_id=127.0.0.1:1 --duration=1 &&
+	one_line_error "unreachable target" "cannot open segment '127.0.0.1:1'"
+run badmeta 1 --metadata_server=gopher://x:1 --duration=1 && one_line_error "bad metadata string" "cannot start an engine"
+run p2pfile 1 --segment_id=nvmeof/disk0 --protocol=nvmeof && one_line_error "file segment without a store" \
+	"--segment_id=nvmeof/disk0 names a file (NVMe-oF) segment"
+
+# --- the default run's output, shortened ----------------------------------------
+if run loopback-write 0 --duration=1 --operation=write --block_size=65537 --check --quiet; then
+	if grep -Eq '^Test completed: duration [0-9]+\.[0-9]{2}, batch count [1-9][0-9]*, throughput [0-9]+\.[0-9]{2} GB/s$' "$tmp/out" &&
+		grep -Eq '^IOPS [1-9][0-9]* requests/s; latency per request p50 [0-9.]+ [mu]s, p99 [0-9.]+ [mu]s, p99\.9 [0-9.]+ [mu]s' "$tmp/out" &&
+		[ ! -s "$tmp/err" ]; then
+		ok "closing lines in Mooncake's form, then IOPS and latency; nothing on stderr with --quiet"
+	else
+		bad "closing lines"; sed 's/^/    /' "$tmp/out" "$tmp/err"
+	fi
+fi
+if run units 0 --duration=1 --report_unit=MiB --report_precision=3 --quiet --block_size=4096; then
+	grep -Eq 'throughput [0-9]+\.[0-9]{3} MiB/s$' "$tmp/out" && ok "--report_unit, --report_precision" || bad "units"
+fi
+if run progress 0 --duration=2 --block_size=4096; then
+	grep -Eq '^\[ +1 s\] [0-9.]+ GB/s, [0-9]+ requests/s$' "$tmp/err" && ok "a progress line each second on stderr" ||
+		{ bad "progress line"; cat "$tmp/err"; }
+fi
+
+# --json, and the bytes really crossed TCP on loopback (lo's counters grew by
+# at least as much as te-bench moved)
+rx0=$(cat /sys/class/net/lo/statistics/rx_bytes)
+if run json 0 --duration=1 --json --check --quiet --block_size=1048576 --batch_size=16; then
+	rx1=$(cat /sys/class/net/lo/statistics/rx_bytes)
+	if python3 - "$tmp/out" "$((rx1 - rx0))" <<'EOF'; then
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, lines
+d = json.loads(lines[0])
+for k in ("mode", "protocol", "operation", "block_size", "batch_size", "threads", "duration_s",
+          "batch_count", "requests", "bytes", "throughput", "report_unit", "iops", "latency_us", "check"):
+    assert k in d, k
+assert d["mode"] == "loopback" and d["protocol"] == "tcp" and d["check"] is True
+assert d["requests"] == d["batch_count"] * 16 and d["requests"] > 0
+assert d["bytes"] == d["requests"] * 1048576
+for p in ("p50", "p99", "p999", "max"):
+    assert d["latency_us"][p] > 0
+# with --check each measured READ batch also wrote the pattern: twice the bytes at least
+assert int(sys.argv[2]) >= 2 * d["bytes"], (sys.argv[2], d["bytes"])
+EOF
+		ok "--json: one object; the bytes crossed the loopback interface"
+	else
+		bad "--json"; cat "$tmp/out"
+	fi
+fi
+
+# --- --check catches a transport that corrupts data --------------------------------
+run flip 2 --protocol=flip --check --duration=2 --quiet && one_line_error "--check fails loudly" "DATA MISMATCH"
+run flip-unchecked 0 --protocol=flip --duration=1 --quiet && ok "without --check the corruption goes unseen"
+
+# --- two processes: target and initiator ----------------------------------------
+"$bench" --mode=target --local_server_name=127.0.0.1 --buffer_size=64M >"$tmp/target" 2>&1 &
+pids+=($!)
+name=
+for _ in $(seq 100); do
+	name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target")
+	[ -n "$name" ] && break
+	sleep 0.1
+done
+if [ -z "$name" ]; then
+	bad "target did not start"; cat "$tmp/target"
+elif run initiator 0 --segment_id="$name" --duration=1 --check --quiet --block_size=4096 --threads=2; then
+	grep -q "^te-bench: initiator read over tcp" "$tmp/out" && ok "initiator against a target process" ||
+		bad "initiator header"
+	kill "${pids[-1]}"
+	wait "${pids[-1]}" && ok "target stops cleanly on SIGTERM" || bad "target exit status"
+fi
+
+# --- a metadata server, when this machine has one -----------------------------------
+plugin_there() { # KIND NAME
+	local IFS=:
+	for d in $TE_PLUGIN_PATH; do [ -e "$d/libte-$1-$2.so" ] && return 0; done
+	return 1
+}
+if command -v etcd >/dev/null && plugin_there metadata etcd; then
+	cp=$(free_port); pp=$(free_port)
+	etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
+		--advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
+		--initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "default=http://127.0.0.1:$pp" \
+		--log-level error >"$tmp/etcd.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 50); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1',$cp),1)" 2>/dev/null && break
+		sleep 0.2
+	done
+	run etcd 0 --metadata_server="etcd://127.0.0.1:$cp" --duration=1 --check --quiet &&
+		ok "loopback through etcd://"
+else
+	echo "note: no etcd server or etcd plugin here; etcd:// not exercised"
+fi
+if command -v redis-server >/dev/null && plugin_there metadata redis; then
+	rp=$(free_port)
+	redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 50); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1',$rp),1)" 2>/dev/null && break
+		sleep 0.1
+	done
+	run redis 0 --metadata_server="redis://127.0.0.1:$rp" --duration=1 --check --quiet &&
+		ok "loopback through redis://"
+	# An NVMe-oF file segment: remote offsets start at 0 (from te_segment_buffers).
+	if [ -x "$register" ] && plugin_there transport nvmeof; then
+		truncate -s 64M "$tmp/disk0.img"
+		md="redis://127.0.0.1:$rp"
+		if "$register" -m "$md" register disk0 "$tmp/disk0.img" >/dev/null &&
+			"$register" -m "$md" mount disk0 "$tmp/disk0.img" "$tmp/disk0.img" --host te-bench-host >/dev/null; then
+			for op in write read; do
+				run "nvmeof-$op" 0 --metadata_server="$md" --protocol=nvmeof --segment_id=nvmeof/disk0 \
+					--local_server_name=te-bench-host --operation=$op --duration=1 --check --quiet \
+					--block_size=1M --batch_size=16 &&
+					grep -q "^te-bench: initiator $op over nvmeof" "$tmp/out" && ok "NVMe-oF file segment, $op"
+			done
+		else
+			bad "cannot register the NVMe-oF segment"
+		fi
+	fi
+else
+	echo "note: no redis server or redis plugin here; redis:// not exercised"
+fi
+
+if [ -x "$mds" ] && plugin_there metadata http; then
+	hp=$(free_port)
+	"$mds" --listen "127.0.0.1:$hp" >"$tmp/mds.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 50); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1',$hp),1)" 2>/dev/null && break
+		sleep 0.1
+	done
+	run http 0 --metadata_server="http://127.0.0.1:$hp/metadata" --duration=1 --check --quiet &&
+		ok "loopback through http://"
+else
+	echo "note: no te-metadata-server or http plugin here; http:// not exercised"
+fi
+
+# --- RDMA, through the plugin's software verbs layer and a sysfs fixture ------------
+fixture=$src/tests/rdma/fixtures/two-socket
+if plugin_there transport rdma && [ -d "$fixture/sys/class/infiniband" ]; then
+	export TE_RDMA_SOFT=1 TE_RDMA_SYSFS_ROOT="$fixture"
+	run rdma-read 0 --protocol=rdma --duration=1 --check --quiet &&
+		grep -q "loopback read over rdma" "$tmp/out" && ok "--protocol=rdma (software verbs)"
+	dev=$(ls "$fixture/sys/class/infiniband" | head -1)
+	run rdma-write 0 --protocol=rdma --device_name="$dev" --operation=write --duration=1 --check --quiet &&
+		ok "--protocol=rdma --device_name=$dev"
+	unset TE_RDMA_SOFT TE_RDMA_SYSFS_ROOT
+else
+	echo "note: no rdma plugin or fixture here; --protocol=rdma not exercised"
+fi
+
+echo "$failures failed"
+[ "$failures" = 0 ]

@@ -85,6 +85,7 @@ typedef struct te_memreg {
 	GPtrArray *regions; /* sorted by addr */
 	GMutex pin_lock;
 	GCond pin_cond;
+	atomic_int retiring; /* unregisters waiting for pins to drop */
 } te_memreg;
 
 void te_memreg_init(te_memreg *m);

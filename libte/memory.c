@@ -27,6 +27,7 @@ void te_memreg_init(te_memreg *m)
 	g_rw_lock_init(&m->lock);
 	g_mutex_init(&m->pin_lock);
 	g_cond_init(&m->pin_cond);
+	atomic_init(&m->retiring, 0);
 	m->regions = g_ptr_array_new();
 }
 
@@ -103,8 +104,11 @@ void te_memreg_release(te_memreg *m, te_buffer_pin *pin)
 	if (r == NULL)
 		return;
 	pin->priv = NULL;
-	if (atomic_fetch_sub_explicit(&r->pins, 1, memory_order_release) == 1) {
-		/* Only an unregister in progress waits on this: wake it. */
+	/* Only an unregister in progress waits on this: wake it, and only then,
+	 * as the wake is a system call and this runs once per remote request.
+	 * Sequentially consistent against region_retire's increment and load;
+	 * `r` may be gone once the count is down, so only `m` is read after. */
+	if (atomic_fetch_sub(&r->pins, 1) == 1 && atomic_load(&m->retiring) > 0) {
 		g_mutex_lock(&m->pin_lock);
 		g_cond_broadcast(&m->pin_cond);
 		g_mutex_unlock(&m->pin_lock);
@@ -237,8 +241,10 @@ static gint cmp_region(gconstpointer a, gconstpointer b)
 static void region_retire(te_engine *e, te_region *r)
 {
 	g_mutex_lock(&e->mem.pin_lock);
+	atomic_fetch_add(&e->mem.retiring, 1); /* before reading pins: see te_memreg_release */
 	while (atomic_load(&r->pins) > 0)
 		g_cond_wait(&e->mem.pin_cond, &e->mem.pin_lock);
+	atomic_fetch_sub(&e->mem.retiring, 1);
 	g_mutex_unlock(&e->mem.pin_lock);
 	for (guint i = 0; i < e->transports->len; i++)
 		te_region_detach(e, g_ptr_array_index(e->transports, i), r);

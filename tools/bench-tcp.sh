@@ -30,6 +30,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 iperf3 -s -p "$port" >"$tmp/iperf3-server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'exit 1' INT TERM
 sleep 0.5
 
 echo "# machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(uname -r)"
@@ -110,6 +111,8 @@ for (size, op, t), v in sorted(tb.items(), key=lambda kv: (kv[0][0], kv[0][1], k
 print()
 print("Each figure is the median of %d runs; the iperf3 column is the median of its runs at that size." %
       len(next(iter(iperf.values()))))
+print("iperf3 runs, GB/s: " + "; ".join("%s: %s" % (size_name(s), ", ".join("%.2f" % x for x in v))
+                                        for s, v in sorted(iperf.items())))
 if any(s > 1 << 20 for s in iperf):
     print("iperf3 writes at most 1 MiB at a time: blocks above 1 MiB are set beside its 1 MiB rate.")
 EOF

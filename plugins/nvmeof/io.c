@@ -91,8 +91,8 @@ static struct io_uring_sqe *get_sqe(nv_worker *w)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&w->ring);
 
-	/* The ring holds depth + 1 entries and at most that many are ever
-	 * outstanding, so this is only a safety net. */
+	/* The ring holds more entries than are ever outstanding, so this is
+	 * only a safety net. */
 	if (sqe == NULL && io_uring_submit(&w->ring) >= 0)
 		sqe = io_uring_get_sqe(&w->ring);
 	return sqe;
@@ -315,7 +315,9 @@ static int ring_setup(nv_worker *w)
 		struct io_uring_params p;
 		memset(&p, 0, sizeof p);
 		p.flags = flag_sets[i];
-		rc = io_uring_queue_init_params(w->depth + 1, &w->ring, &p);
+		/* a slot per slice, one for the eventfd poll, one for the timeout
+		 * liburing queues on kernels without IORING_FEAT_EXT_ARG */
+		rc = io_uring_queue_init_params(w->depth + 2, &w->ring, &p);
 		if (rc != -EINVAL)
 			break;
 	}
@@ -331,7 +333,6 @@ static gpointer worker_main(gpointer data)
 
 	g_mutex_lock(&w->start_lock);
 	w->start_rc = rc;
-	w->ring_ok = rc == 0;
 	w->started = true;
 	g_cond_signal(&w->start_cond);
 	g_mutex_unlock(&w->start_lock);
@@ -384,7 +385,6 @@ static gpointer worker_main(gpointer data)
 		reap(w);
 	}
 	io_uring_queue_exit(&w->ring);
-	w->ring_ok = false;
 	return NULL;
 }
 
@@ -443,7 +443,7 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 		c->host->log(c->host, TE_LOG_ERROR,
 			     "io_uring setup with %u entries failed: %s (is io_uring disabled by "
 			     "kernel.io_uring_disabled or a seccomp filter?)",
-			     w->depth + 1, g_strerror(-rc));
+			     w->depth + 2, g_strerror(-rc));
 		worker_free(w);
 		return rc;
 	}

@@ -71,7 +71,6 @@ typedef struct nv_worker {
 	unsigned index;
 	GThread *thread;
 	struct io_uring ring;
-	bool ring_ok;
 	int efd;              /* submitters wake a sleeping worker through it */
 	uint64_t efd_val;
 	_Atomic(te_transfer *) inbox; /* pushed by submit(), taken whole by the worker */

@@ -155,8 +155,10 @@ static int nv_submit(void *ctx, te_transfer *const *ts, size_t n)
 
 	if (n == 0)
 		return 0;
-	if (ts == NULL)
+	if (ts == NULL) {
+		c->host->log(c->host, TE_LOG_ERROR, "submit: %zu transfers but a NULL array", n);
 		return -EINVAL;
+	}
 	for (size_t i = 0; i < n; i++) {
 		te_transfer *t = ts[i];
 		int err = check_transfer(c, t);

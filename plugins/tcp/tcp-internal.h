@@ -146,7 +146,6 @@ typedef struct tcp_slot {
 	uint8_t hdr[TCP_HDR_SIZE];
 	uint8_t op;
 	uint8_t tries;
-	uint8_t err_pending; /* completed already (canceled before sending) */
 } tcp_slot;
 
 enum tcp_cstate { CS_DOWN, CS_CONNECTING, CS_UP };

@@ -1,15 +1,19 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# nvmeof-bench beside fio on the same file, block size, queue depth and direct
-# flag, interleaved round by round (fio, then libte) so drifting load hits
-# both alike; caches are dropped before every run. Prints every run, then the
-# medians and their ratio.
+# nvmeof-bench beside fio on the same file, block size, queue depth, direct
+# flag and buffer memory (2 MiB huge pages for both: fio --iomem=shmhuge),
+# interleaved round by round (fio, then libte) so drifting load hits both
+# alike; caches are dropped before every run. Prints every run, then the
+# medians and their ratio. Needs root (drop_caches, vm.nr_hugepages, which
+# it raises for the run and restores).
 #
 #   bench-vs-fio.sh BUILD_DIR FILE [ROUNDS [RUNTIME_S [QD]]]
 # Environment: CASES (default "randread:4k randwrite:4k read:1m write:1m"),
 #              MODES (default "block poll": nvmeof-bench waiting in te_batch_wait,
 #              or polling task status like Mooncake's transfer_engine_bench),
-#              BENCH_THREADS (nvmeof-bench --threads, default 2),
+#              THREADS_BLOCK, THREADS_POLL (nvmeof-bench --threads of each
+#              mode; default 2 and 1),
+#              HUGEPAGES (default 1; 0 = ordinary pages for both),
 #              QUIET_WAIT (seconds to wait, before each round, for the CPUs to be
 #              90% idle over 2 s; default 60, 0 = do not wait).
 set -eu
@@ -20,12 +24,21 @@ rounds=${3:-5}
 runtime=${4:-10}
 qd=${5:-32}
 cases=${CASES:-"randread:4k randwrite:4k read:1m write:1m"}
-threads=${BENCH_THREADS:-2}
+threads_block=${THREADS_BLOCK:-2}
+threads_poll=${THREADS_POLL:-1}
+huge=${HUGEPAGES:-1}
 modes=${MODES:-"block poll"}
 
 bench="$build/tests/nvmeof/nvmeof-bench"
 store=$(mktemp -d "${TMPDIR:-/tmp}/te-nvmeof-store-XXXXXX")
-trap 'rm -rf "$store"' EXIT INT TERM
+old_huge=$(cat /proc/sys/vm/nr_hugepages)
+trap 'rm -rf "$store"; echo "$old_huge" > /proc/sys/vm/nr_hugepages' EXIT INT TERM
+fio_mem=
+if [ "$huge" = 1 ]; then
+	# the largest buffer (qd x 1 MiB) in 2 MiB pages, plus slack
+	echo $((old_huge + qd / 2 + 8)) > /proc/sys/vm/nr_hugepages
+	fio_mem=--iomem=shmhuge
+fi
 export TE_PLUGIN_PATH="$build/tests/nvmeof:$build/plugins/nvmeof"
 size=$(stat -c %s "$file")
 
@@ -54,7 +67,7 @@ drop() {
 # MiB/s of one fio run
 fio_run() { # rw bs
 	fio --name=te --filename="$file" --rw="$1" --bs="$2" --iodepth="$qd" --direct=1 \
-	    --ioengine=io_uring --runtime="$runtime" --time_based --size="$size" \
+	    --ioengine=io_uring $fio_mem --runtime="$runtime" --time_based --size="$size" \
 	    --minimal 2>/dev/null |
 	awk -F';' '{printf "%.1f\n", ($7 + $48) / 1024}' # terse v3: read and write KiB/s
 }
@@ -66,8 +79,9 @@ te_run() { # rw bs mode
 	read) op=read pat=seq ;; write) op=write pat=seq ;;
 	esac
 	bytes=$(echo "$2" | sed 's/k$/*1024/; s/m$/*1048576/' | bc)
+	if [ "$3" = poll ]; then poll=1 threads=$threads_poll; else poll=0 threads=$threads_block; fi
 	"$bench" -m "file://$store" --file "$file" --op $op --pattern $pat --bs "$bytes" \
-		--qd "$qd" --threads "$threads" --runtime "$runtime" --poll $([ "$3" = poll ] && echo 1 || echo 0) |
+		--qd "$qd" --threads "$threads" --runtime "$runtime" --poll $poll --hugepages "$huge" |
 		awk '/^RESULT/ {print $6}'
 }
 

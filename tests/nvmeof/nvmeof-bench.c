@@ -3,13 +3,16 @@
  * nvmeof-bench: throughput of READ or WRITE requests against an NVMe-oF file
  * segment, driven like fio drives a file: a fixed number of requests always
  * in flight (the queue depth), each one block, random or sequential offsets.
- * Each in-flight slot is a batch of its own; the bench waits for the oldest
- * slot and refills it, so the depth stays full.
+ * Each in-flight slot is a batch of its own; a thread waits for its oldest
+ * slot (or, with --poll 1, checks its slots without sleeping, the way
+ * Mooncake's transfer_engine_bench polls task status) and refills it at once.
  *
  *   nvmeof-bench -m CONN (--segment nvmeof/NAME | --file PATH) [options]
- *     --op read|write   (read)      --bs BYTES     (4096)
+ *     --op read|write   (read)      --bs BYTES       (4096)
  *     --qd N            (32)        --pattern rand|seq (rand)
- *     --runtime SEC     (10)        --name LOCAL   (this engine's name, "bench")
+ *     --threads N       (2)         --poll 0|1       (0)
+ *     --hugepages 0|1   (0)         --runtime SEC    (10)
+ *     --name LOCAL      (this engine's name, "bench")
  * --file registers a one-file segment for PATH in the store first and
  * removes it afterwards. Prints one line:
  *   RESULT <op> <bs> <qd> <pattern> <MiB/s> <IOPS> <seconds>
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sched.h>
 #include <time.h>
@@ -61,7 +65,8 @@ static int die(const char *what, int rc)
 static int usage(void)
 {
 	fprintf(stderr, "usage: nvmeof-bench -m CONN (--segment nvmeof/NAME | --file PATH) [--op read|write]\n"
-			"       [--bs BYTES] [--qd N] [--threads N] [--pattern rand|seq] [--runtime SEC] [--name LOCAL]\n");
+			"       [--bs BYTES] [--qd N] [--threads N] [--poll 0|1] [--hugepages 0|1]\n"
+			"       [--pattern rand|seq] [--runtime SEC] [--name LOCAL]\n");
 	return 2;
 }
 
@@ -144,13 +149,14 @@ int main(int argc, char **argv)
 	const char *op = "read", *pattern = "rand";
 	uint64_t bs = 4096;
 	unsigned qd = 32, threads = 2;
-	bool poll = false;
+	bool poll = false, hugepages = false;
 	double runtime = 10;
 	char own_seg[128] = "", key[512];
 	te_metadata *md = NULL;
 	int rc;
 
-	for (int i = 1; i < argc; i++) {
+	/* every option takes a value: --name value */
+	for (int i = 1; i < argc; i += 2) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (v == NULL)
 			return usage();
@@ -170,6 +176,8 @@ int main(int argc, char **argv)
 			bs = strtoull(v, NULL, 0);
 		else if (!strcmp(a, "--qd"))
 			qd = (unsigned)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--hugepages"))
+			hugepages = strcmp(v, "0") != 0;
 		else if (!strcmp(a, "--poll"))
 			poll = strcmp(v, "0") != 0;
 		else if (!strcmp(a, "--threads"))
@@ -178,7 +186,6 @@ int main(int argc, char **argv)
 			runtime = strtod(v, NULL);
 		else
 			return usage();
-		i++;
 	}
 	bool write = !strcmp(op, "write"), seq = !strcmp(pattern, "seq");
 	if (conn == NULL || (segname == NULL) == (file == NULL) || bs == 0 || qd == 0 || qd > 4096 ||
@@ -223,9 +230,20 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
-	unsigned char *mem = aligned_alloc(4096, ((size_t)qd * bs + 4095) & ~(size_t)4095);
-	if (mem == NULL)
-		return die("memory", -ENOMEM);
+	/* Huge pages (like fio --iomem=shmhuge) keep a large block in one piece of
+	 * physical memory: with 4 KiB pages a 1 MiB block is 256 segments, more
+	 * than some devices take in one request, and the split then depends on
+	 * where the kernel happened to place the pages. */
+	size_t memlen = hugepages ? ((size_t)qd * bs + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1)
+				  : ((size_t)qd * bs + 4095) & ~(size_t)4095;
+	unsigned char *mem = hugepages ? mmap(NULL, memlen, PROT_READ | PROT_WRITE,
+					      MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0)
+				       : aligned_alloc(4096, memlen);
+	if (mem == NULL || mem == MAP_FAILED) {
+		fprintf(stderr, "nvmeof-bench: cannot allocate %zu bytes%s\n", memlen,
+			hugepages ? " of huge pages (vm.nr_hugepages)" : "");
+		return 1;
+	}
 	for (size_t i = 0; i < qd * bs; i++)
 		mem[i] = (unsigned char)(i * 131 + 7);
 	if ((rc = te_register_memory(e, mem, qd * bs, "*", 0)) < 0)
@@ -279,6 +297,9 @@ int main(int argc, char **argv)
 		te_metadata_close(md);
 	}
 	free(slots);
-	free(mem);
+	if (hugepages)
+		munmap(mem, memlen);
+	else
+		free(mem);
 	return failed ? 1 : 0;
 }

@@ -92,9 +92,9 @@ int main(int argc, char **argv)
 		}
 	}
 	CHECK_EQ(ok, PEERS);
-	/* Then all peers at once, 16 MiB each: two windows' worth (8 MiB), so
-	 * that every connection of every peer is up and busy. The reads land on
-	 * the same local bytes; only the memory is of interest here. */
+	/* Then all peers at once, 16 MiB each: more than one connection's share
+	 * and window, so that every connection of every peer is up and busy. The
+	 * reads land on the same local bytes; only the memory is of interest. */
 	te_request r[PEERS];
 	for (int i = 0; i < PEERS; i++)
 		r[i] = (te_request){ TE_OP_READ, seg[i], buf, addrs[i], TBYTES };

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the TCP table of docs/benchmarks.d/tcp.md on this machine:
+# Reproduces the TCP table of docs/benchmarks.md on this machine:
 # te-bench in loopback mode over TCP (read and write; 4 KiB, 64 KiB, 1 MiB and
 # 4 MiB blocks; 1 and 2 submitting threads) next to single-stream iperf3 over
 # loopback at the same write size, run alternately, medians of RUNS runs.

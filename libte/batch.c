@@ -276,8 +276,19 @@ typedef struct seg_cache {
 	te_segver *sv;
 } seg_cache;
 
-/* Validates a request and routes its task; returns the reject error, 1 for
- * an empty request, or 0. Called with the data and registry locks held. */
+#define ROUTE_EMPTY 1
+#define ROUTE_STALE 2 /* outside the cached descriptor: maybe the peer grew */
+#define MAX_STALE 64
+
+static void reject_range(te_task *t, const te_request *r, const char *segment)
+{
+	te_err("submit: task %td: range 0x%llx+%llu is outside the buffers of segment %s",
+	       t - t->batch->tasks, (unsigned long long)r->remote, (unsigned long long)r->length,
+	       segment);
+}
+
+/* Validates a request and routes its task; returns the reject error, 0, or
+ * ROUTE_EMPTY / ROUTE_STALE. Called with the data and registry locks held. */
 static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg_cache *sc,
 		 dispatch *d)
 {
@@ -302,7 +313,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 
 	if (r->segment == TE_LOCAL_SEGMENT) {
 		if (r->length == 0)
-			return 1;
+			return ROUTE_EMPTY;
 		if (te_memreg_find_locked(&e->mem, r->remote, r->length) == NULL) {
 			te_err("submit: task %td: range 0x%llx+%llu is outside the local segment's buffers",
 			       t - b->tasks, (unsigned long long)r->remote, (unsigned long long)r->length);
@@ -327,13 +338,9 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 		return TE_ERR_NO_TRANSPORT;
 	}
 	if (r->length == 0)
-		return 1;
-	if (!te_desc_contains(sc->sv->desc, r->remote, r->length)) {
-		te_err("submit: task %td: range 0x%llx+%llu is outside the buffers of segment %s",
-		       t - b->tasks, (unsigned long long)r->remote, (unsigned long long)r->length,
-		       sc->sv->desc->name);
-		return TE_ERR_ADDRESS;
-	}
+		return ROUTE_EMPTY;
+	if (!te_desc_contains(sc->sv->desc, r->remote, r->length))
+		return ROUTE_STALE;
 	t->sv = sc->sv;
 	atomic_fetch_add_explicit(&t->sv->refs, 1, memory_order_relaxed);
 	t->xfer.seg_ctx = sc->sv->seg_ctx;
@@ -383,6 +390,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 
 	dispatch d = { 0 };
 	seg_cache sc = { .id = -1 };
+	size_t stale[MAX_STALE], n_stale = 0;
 	g_rw_lock_reader_lock(&e->data);
 	g_rw_lock_reader_lock(&e->mem.lock);
 	for (size_t i = 0; i < n; i++) {
@@ -408,8 +416,14 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 			continue;
 		}
 		int rc = route(e, b, t, r, &sc, &d);
-		if (rc > 0) {
-			task_finish(t, TE_TASK_COMPLETED, false); /* zero length */
+		if (rc == ROUTE_STALE && n_stale < MAX_STALE) {
+			stale[n_stale++] = i; /* decided after a refresh, below */
+		} else if (rc == ROUTE_STALE) {
+			reject_range(t, r, sc.sv->desc->name);
+			task_reject(t, TE_TASK_INVALID, TE_ERR_ADDRESS);
+			invalid++;
+		} else if (rc == ROUTE_EMPTY) {
+			task_finish(t, TE_TASK_COMPLETED, false);
 		} else if (rc < 0) {
 			task_reject(t, TE_TASK_INVALID, rc);
 			invalid++;
@@ -418,6 +432,38 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	g_rw_lock_reader_unlock(&e->mem.lock);
 	flush(&d);
 	g_rw_lock_reader_unlock(&e->data);
+
+	if (n_stale > 0) {
+		/* The peer may have registered memory since its descriptor was
+		 * fetched: refresh (rate-limited per segment) and look again. */
+		for (size_t k = 0; k < n_stale; k++) {
+			te_segment_id id = reqs[stale[k]].segment;
+			bool seen = false;
+			for (size_t j = 0; j < k; j++)
+				seen |= reqs[stale[j]].segment == id;
+			if (!seen)
+				te_segment_refresh_stale(e, id);
+		}
+		seg_cache sc2 = { .id = -1 };
+		g_rw_lock_reader_lock(&e->data);
+		g_rw_lock_reader_lock(&e->mem.lock);
+		for (size_t k = 0; k < n_stale; k++) {
+			te_task *t = &b->tasks[base + stale[k]];
+			const te_request *r = &reqs[stale[k]];
+			int rc = route(e, b, t, r, &sc2, &d);
+			if (rc == ROUTE_STALE) {
+				reject_range(t, r, sc2.sv->desc->name);
+				rc = TE_ERR_ADDRESS;
+			}
+			if (rc < 0) {
+				task_reject(t, TE_TASK_INVALID, rc);
+				invalid++;
+			}
+		}
+		g_rw_lock_reader_unlock(&e->mem.lock);
+		flush(&d);
+		g_rw_lock_reader_unlock(&e->data);
+	}
 	box_unref(box);
 	return invalid;
 }

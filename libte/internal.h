@@ -178,6 +178,7 @@ typedef struct te_segment {
 	char *forced; /* forced transport name or NULL */
 	int opens;
 	te_segver *cur; /* NULL when no transport serves it now */
+	int64_t last_auto_refresh; /* te_now_ms() of the last refresh on a stale range */
 } te_segment;
 
 void te_segver_unref(te_segver *sv, bool from_completion);
@@ -185,6 +186,9 @@ void te_segver_reap(gpointer sv, gpointer unused); /* the reaper pool's function
 /* Resolves a segment name to the peer's RPC address. */
 int te_engine_resolve_rpc(struct te_engine *e, const char *name, char **host, int *port);
 void te_segments_clear(struct te_engine *e);
+/* Refreshes a segment whose descriptor a request fell outside of, at most
+ * once a second per segment. Not with locks held: it fetches. */
+void te_segment_refresh_stale(struct te_engine *e, te_segment_id id);
 /* The name of an open segment (own name for 0), g_free()d by the caller. */
 char *te_segment_name(struct te_engine *e, te_segment_id id);
 void te_segments_detach_transport(struct te_engine *e, te_transport_inst *tp);

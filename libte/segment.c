@@ -407,6 +407,26 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 	return rc;
 }
 
+#define STALE_REFRESH_MS 1000
+
+void te_segment_refresh_stale(te_engine *e, te_segment_id id)
+{
+	int64_t now = te_now_ms();
+	bool go = false;
+
+	g_rec_mutex_lock(&e->ctl);
+	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s != NULL && (s->last_auto_refresh == 0 || now - s->last_auto_refresh >= STALE_REFRESH_MS)) {
+		s->last_auto_refresh = now;
+		go = true;
+	}
+	g_rec_mutex_unlock(&e->ctl);
+	if (go) {
+		int rc = te_segment_refresh(e, id);
+		te_dbg("segment %d: refreshed for a range outside its descriptor: %s", id, te_strerror(rc));
+	}
+}
+
 /* Called with ctl held when `tp` is being uninstalled: rebinds its segments
  * to another transport where one accepts them. */
 void te_segments_detach_transport(te_engine *e, te_transport_inst *tp)

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../common/rpc-raw.h"
 #include "../common/util.h"
 
 typedef size_t (*hold_count_fn)(void);
@@ -37,64 +38,10 @@ static void find_hold(void)
 	REQUIRE(hold_count && hold_release);
 }
 
-/* ----------------------------------------------------------- raw socket */
-
-static int connect_port(int port)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-		close(fd);
-		return -1;
-	}
-	struct timeval tv = { .tv_sec = 15 };
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	return fd;
-}
-
-/* Sends raw bytes, returns what came back until the server closed. */
-static ssize_t exchange_raw(int port, const void *out, size_t n, char *in, size_t cap)
-{
-	int fd = connect_port(port);
-	if (fd < 0)
-		return -1;
-	if (n && send(fd, out, n, MSG_NOSIGNAL) != (ssize_t)n) {
-		close(fd);
-		return -1;
-	}
-	shutdown(fd, SHUT_WR);
-	size_t got = 0;
-	for (;;) {
-		ssize_t r = recv(fd, in + got, cap - got - 1, 0);
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-		if (got + 1 >= cap)
-			break;
-	}
-	close(fd);
-	in[got] = '\0';
-	return (ssize_t)got;
-}
-
-static ssize_t frame(int port, int type, const char *json, char *in, size_t cap)
-{
-	size_t jl = strlen(json);
-	unsigned char *buf = malloc(9 + jl);
-	uint64_t len = htole64(jl + 1);
-	memcpy(buf, &len, 8);
-	buf[8] = (unsigned char)type;
-	memcpy(buf + 9, json, jl);
-	ssize_t r = exchange_raw(port, buf, 9 + jl, in, cap);
-	free(buf);
-	return r;
-}
-
 static bool probe_ok(int port)
 {
 	char in[256];
-	ssize_t r = frame(port, 3, "{}", in, sizeof in);
+	ssize_t r = raw_frame(port, 3, "{}", in, sizeof in);
 	return r == 9 + (ssize_t)strlen("{\"status\":\"success\"}") && in[8] == 3 &&
 	       strcmp(in + 9, "{\"status\":\"success\"}") == 0;
 }
@@ -108,7 +55,7 @@ static void test_probe_and_bad_frames(void)
 
 	CHECK(probe_ok(port));
 	/* The Metadata frame returns the descriptor, Mooncake's fields present. */
-	ssize_t r = frame(port, 1, "{}", in, sizeof in);
+	ssize_t r = raw_frame(port, 1, "{}", in, sizeof in);
 	CHECK(r > 9 && in[8] == 1);
 	CHECK(strstr(in + 9, "\"name\":\"") != NULL);
 	CHECK(strstr(in + 9, "\"tcp_data_port\":0") != NULL);
@@ -128,7 +75,7 @@ static void test_probe_and_bad_frames(void)
 	trunc[8] = 3;
 	CHECK_EQ(exchange_raw(port, trunc, sizeof trunc, in, sizeof in), 0);
 	/* Connection frame with nobody handling it, old-style (no type byte) too */
-	CHECK_EQ(frame(port, 0, "{}", in, sizeof in), 0);
+	CHECK_EQ(raw_frame(port, 0, "{}", in, sizeof in), 0);
 	CHECK(cap_has("nothing handles it"));
 	unsigned char old[8 + 2];
 	uint64_t ol = htole64(2);
@@ -136,8 +83,8 @@ static void test_probe_and_bad_frames(void)
 	memcpy(old + 8, "{}", 2);
 	CHECK_EQ(exchange_raw(port, old, sizeof old, in, sizeof in), 0);
 	/* Notify with a body that is not the right JSON */
-	CHECK_EQ(frame(port, 2, "[1,2]", in, sizeof in), 0);
-	CHECK_EQ(frame(port, 2, "{\"name\":1,\"notify_msg\":\"x\"}", in, sizeof in), 0);
+	CHECK_EQ(raw_frame(port, 2, "[1,2]", in, sizeof in), 0);
+	CHECK_EQ(raw_frame(port, 2, "{\"name\":1,\"notify_msg\":\"x\"}", in, sizeof in), 0);
 	CHECK(cap_has("must be strings"));
 	/* a client that connects and says nothing must not block others */
 	int idle = connect_port(port);

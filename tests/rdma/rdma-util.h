@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../../plugins/rdma/rdma-test.h"
+#include "../common/rpc-raw.h"
 #include "../common/util.h"
 
 static te_rdma_soft_set_link_fn soft_set_link;
@@ -128,60 +129,6 @@ static inline int device_active(te_engine *e, const char *dev)
 	})
 
 /* ------------------------------------------------------------- raw frames */
-
-static inline int connect_port(int port)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-		close(fd);
-		return -1;
-	}
-	struct timeval tv = { .tv_sec = 15 };
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	return fd;
-}
-
-/* Sends one frame (type < 0: old style without a type byte) and returns the
- * whole answer until the server closes: 8-byte length, type, body. */
-static inline ssize_t raw_frame(int port, int type, const char *json, char *in, size_t cap)
-{
-	size_t jl = strlen(json), hl = type >= 0 ? 9 : 8;
-	unsigned char *buf = malloc(hl + jl);
-	uint64_t len = htole64(jl + (type >= 0 ? 1 : 0));
-	int fd = connect_port(port);
-	size_t got = 0;
-
-	if (fd < 0 || buf == NULL) {
-		free(buf);
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	memcpy(buf, &len, 8);
-	if (type >= 0)
-		buf[8] = (unsigned char)type;
-	memcpy(buf + hl, json, jl);
-	if (send(fd, buf, hl + jl, MSG_NOSIGNAL) != (ssize_t)(hl + jl)) {
-		free(buf);
-		close(fd);
-		return -1;
-	}
-	free(buf);
-	shutdown(fd, SHUT_WR);
-	for (;;) {
-		ssize_t r = recv(fd, in + got, cap - got - 1, 0);
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-		if (got + 1 >= cap)
-			break;
-	}
-	close(fd);
-	in[got] = '\0';
-	return (ssize_t)got;
-}
 
 /* The engine's descriptor, through a Metadata frame (malloc()ed). */
 static inline char *descriptor_of(te_engine *e)

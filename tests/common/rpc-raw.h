@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A raw client of the RPC/handshake socket, for tests that speak frames by
+ * hand: well-formed ones to check replies byte for byte, broken ones to check
+ * that the server only closes the connection. */
+#ifndef TE_TEST_RPC_RAW_H
+#define TE_TEST_RPC_RAW_H
+
+#include <arpa/inet.h>
+#include <endian.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+/* A connection to 127.0.0.1:port with a 15 s receive timeout, or -1. */
+static inline int connect_port(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		close(fd);
+		return -1;
+	}
+	struct timeval tv = { .tv_sec = 15 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return fd;
+}
+
+/* Sends raw bytes, shuts the sending side, and returns everything that came
+ * back until the server closed (NUL-terminated in `in`), or -1. */
+static inline ssize_t exchange_raw(int port, const void *out, size_t n, char *in, size_t cap)
+{
+	int fd = connect_port(port);
+	size_t got = 0;
+
+	if (fd < 0)
+		return -1;
+	if (n && send(fd, out, n, MSG_NOSIGNAL) != (ssize_t)n) {
+		close(fd);
+		return -1;
+	}
+	shutdown(fd, SHUT_WR);
+	for (;;) {
+		ssize_t r = recv(fd, in + got, cap - got - 1, 0);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+		if (got + 1 >= cap)
+			break;
+	}
+	close(fd);
+	in[got] = '\0';
+	return (ssize_t)got;
+}
+
+/* Sends one frame (type < 0: old style, without a type byte) and returns the
+ * whole answer: 8-byte length, type, body. */
+static inline ssize_t raw_frame(int port, int type, const char *json, char *in, size_t cap)
+{
+	size_t jl = strlen(json), hl = type >= 0 ? 9 : 8;
+	unsigned char *buf = malloc(hl + jl);
+	uint64_t len = htole64(jl + (type >= 0 ? 1 : 0));
+
+	if (buf == NULL)
+		return -1;
+	memcpy(buf, &len, 8);
+	if (type >= 0)
+		buf[8] = (unsigned char)type;
+	memcpy(buf + hl, json, jl);
+	ssize_t r = exchange_raw(port, buf, hl + jl, in, cap);
+	free(buf);
+	return r;
+}
+
+#endif

@@ -161,7 +161,8 @@ static void batch_task_done(te_batch *b)
 			return;
 	g_mutex_lock(&b->lock);
 	if (atomic_fetch_sub_explicit(&b->inflight, 1, memory_order_acq_rel) == 1) {
-		g_cond_broadcast(&b->cond);
+		if (b->waiters > 0) /* a broadcast is a system call even with nobody to wake */
+			g_cond_broadcast(&b->cond);
 		if (b->notify_msg != NULL) {
 			notify_job *j = g_new0(notify_job, 1);
 			j->e = b->engine;
@@ -550,6 +551,7 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 	te_batch *b = box->b;
 	gint64 end = timeout_ms >= 0 ? g_get_monotonic_time() + (gint64)timeout_ms * 1000 : 0;
 	g_mutex_lock(&b->lock);
+	b->waiters++;
 	while (atomic_load(&b->inflight) > 0) {
 		if (timeout_ms < 0) {
 			g_cond_wait(&b->cond, &b->lock);
@@ -558,6 +560,7 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 			break;
 		}
 	}
+	b->waiters--;
 	g_mutex_unlock(&b->lock);
 	box_unref(box);
 	return rc;

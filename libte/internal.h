@@ -215,6 +215,7 @@ typedef struct te_batch {
 	atomic_int canceled;
 	GMutex lock;
 	GCond cond;
+	unsigned waiters;  /* threads in te_batch_wait, under lock */
 	char *notify_name; /* segment to notify when the batch drains */
 	char *notify_msg;
 	te_task tasks[];

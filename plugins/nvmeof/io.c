@@ -1,14 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The I/O workers. Each worker thread owns one io_uring and is its only
- * submitter and reaper, so the ring needs no lock and its requests are tied
- * to a thread that outlives them. submit() hands transfers over through a
- * lock-free stack (the link lives in the transfer's plugin_data, so nothing
- * is allocated per request) and writes the worker's eventfd only when the
- * worker sleeps waiting for that much work. The worker cuts transfers into
- * slices, one per slot (the ring's queue depth), resubmits short reads and
- * writes for their remainder, and reports each slice through
- * host->complete().
+ * The I/O workers, one io_uring each. A worker cuts transfers into slices,
+ * one per slot (the ring's queue depth), resubmits short reads and writes for
+ * their remainder, and reports each slice through host->complete(), called
+ * without any lock held. Two ways to get requests into the ring:
+ *
+ * - caller submission (default): submit() queues the transfers and turns
+ *   what fits into free slots into SQEs, submitting them from the calling
+ *   thread, under the worker's lock (held only for that, never across a
+ *   wait). The worker only reaps, refills the slots its completions free
+ *   from the queue under the same lock, and sleeps in io_uring_enter() for
+ *   completions. No thread hand-off on the way in.
+ * - worker submission: the worker is the ring's only submitter and reaper,
+ *   so the ring needs no lock. submit() hands transfers over through a
+ *   lock-free stack and writes the worker's eventfd only when the worker
+ *   sleeps waiting for that much work.
+ *
+ * Either way the links live in the transfer's plugin_data, so nothing is
+ * allocated per request.
  */
 #include <errno.h>
 #include <poll.h>
@@ -21,7 +30,7 @@
 #include "nvmeof.h"
 
 #define NV_POLL_TAG (UINT64_MAX - 1) /* liburing keeps UINT64_MAX for itself */
-#define NV_MAX_RETRIES 64 /* EAGAIN/EINTR in a row on one slice */
+#define NV_MAX_RETRIES 64 /* EAGAIN/EINTR/ECANCELED in a row on one slice */
 
 static inline te_transfer *pd_next(const te_transfer *t)
 {
@@ -111,9 +120,11 @@ static void arm_wake(nv_worker *w)
 	io_uring_sqe_set_data64(sqe, NV_POLL_TAG);
 }
 
-/* Frees the slot and reports its slice. Touches nothing of the transfer after
- * complete(): that may have been its last slice. */
-static void slot_finish(nv_worker *w, uint32_t idx, int err)
+/* Frees the slot and reports its slice: at once, or (`defer`, the worker)
+ * into w->done for a complete() call once the lock is released. Touches
+ * nothing of the transfer after complete(): that may have been its last
+ * slice. */
+static void slot_finish(nv_worker *w, uint32_t idx, int err, bool defer)
 {
 	const te_host *h = w->ctx->host;
 	nv_slot *sl = &w->slots[idx];
@@ -125,17 +136,29 @@ static void slot_finish(nv_worker *w, uint32_t idx, int err)
 	sl->t = NULL;
 	w->free_slots[w->n_free++] = idx;
 	w->freed++;
-	h->complete(h, t, bytes, err);
+	if (defer)
+		w->done[w->n_done++] = (nv_done){ t, bytes, err };
+	else
+		h->complete(h, t, bytes, err);
 }
 
-static void slot_prep(nv_worker *w, uint32_t idx)
+static void flush_done(nv_worker *w)
+{
+	const te_host *h = w->ctx->host;
+
+	for (uint32_t i = 0; i < w->n_done; i++)
+		h->complete(h, w->done[i].t, w->done[i].bytes, w->done[i].err);
+	w->n_done = 0;
+}
+
+static void slot_prep(nv_worker *w, uint32_t idx, bool defer)
 {
 	nv_slot *sl = &w->slots[idx];
 	struct io_uring_sqe *sqe = get_sqe(w);
 
 	if (sqe == NULL) {
 		nv_file_log(w->ctx, sl->f, TE_LOG_ERROR, "%s: no io_uring submission entry free", sl->f->path);
-		slot_finish(w, idx, -EBUSY);
+		slot_finish(w, idx, -EBUSY, defer);
 		return;
 	}
 	int fd = sl->direct ? sl->f->dfd : sl->f->fd;
@@ -146,8 +169,9 @@ static void slot_prep(nv_worker *w, uint32_t idx)
 	io_uring_sqe_set_data64(sqe, idx);
 }
 
-/* Hands slices of the queued transfers to free slots. */
-static void issue(nv_worker *w)
+/* Hands slices of the queued transfers to free slots. `defer`: running on
+ * the worker (see slot_finish). */
+static void issue(nv_worker *w, bool defer)
 {
 	nv_ctx *c = w->ctx;
 	const te_host *h = c->host;
@@ -198,7 +222,7 @@ static void issue(nv_worker *w)
 		t->plugin_data[NV_PD_FILE] = fi;
 		if (cur == t->length)
 			fifo_pop(w);
-		slot_prep(w, idx);
+		slot_prep(w, idx, defer);
 	}
 }
 
@@ -239,13 +263,13 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 		sl->done += (uint32_t)res;
 		sl->retries = 0;
 		if (sl->done >= sl->len) {
-			slot_finish(w, idx, 0);
+			slot_finish(w, idx, 0, true);
 			return;
 		}
 		/* Short: resubmit the rest, buffered if it is no longer aligned. */
 		if (sl->direct && !aligned(f, sl->buf + sl->done, sl->off + sl->done, sl->len - sl->done))
 			sl->direct = false;
-		slot_prep(w, idx);
+		slot_prep(w, idx, true);
 		return;
 	}
 	if (res == 0) {
@@ -255,16 +279,19 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 				    "%llu bytes (its descriptor declares %llu)",
 				    f->path, sl->len - sl->done, (unsigned long long)(sl->off + sl->done),
 				    (unsigned long long)current_size(f), (unsigned long long)f->length);
-			slot_finish(w, idx, -ENODATA);
+			slot_finish(w, idx, -ENODATA, true);
 		} else {
 			nv_file_log(c, f, TE_LOG_ERROR, "write to %s at offset %llu made no progress", f->path,
 				    (unsigned long long)(sl->off + sl->done));
-			slot_finish(w, idx, -EIO);
+			slot_finish(w, idx, -EIO, true);
 		}
 		return;
 	}
-	if ((res == -EAGAIN || res == -EINTR) && ++sl->retries <= NV_MAX_RETRIES) {
-		slot_prep(w, idx);
+	/* The plugin never cancels an I/O in the kernel: ECANCELED means the
+	 * thread that submitted it exited (caller submission) and the kernel
+	 * dropped its queued work, so the worker submits it again. */
+	if ((res == -EAGAIN || res == -EINTR || res == -ECANCELED) && ++sl->retries <= NV_MAX_RETRIES) {
+		slot_prep(w, idx, true);
 		return;
 	}
 	if (sl->direct && (res == -EINVAL || res == -EOPNOTSUPP)) {
@@ -273,12 +300,12 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 			c->host->log(c->host, TE_LOG_WARN, "%s: direct I/O refused (%s); buffered I/O from now on",
 				     f->path, g_strerror(-res));
 		sl->direct = false;
-		slot_prep(w, idx);
+		slot_prep(w, idx, true);
 		return;
 	}
 	nv_file_log(c, f, TE_LOG_ERROR, "%s of %u bytes at offset %llu of %s failed: %s", op,
 		    sl->len - sl->done, (unsigned long long)(sl->off + sl->done), f->path, g_strerror(-res));
-	slot_finish(w, idx, res);
+	slot_finish(w, idx, res, true);
 }
 
 static void reap(nv_worker *w)
@@ -299,7 +326,10 @@ static void reap(nv_worker *w)
 static int ring_setup(nv_worker *w)
 {
 	/* Best first: completions run only when this thread asks (6.1+), then
-	 * without interrupting the thread (5.19+), then the plain ring. */
+	 * without interrupting the thread (5.19+), then the plain ring. With
+	 * caller submission the submitting threads run their requests'
+	 * completion work, and they must be interrupted for it while the worker
+	 * waits: the plain ring only. */
 	static const unsigned flag_sets[] = {
 #if defined(IORING_SETUP_SINGLE_ISSUER) && defined(IORING_SETUP_DEFER_TASKRUN)
 		IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
@@ -309,9 +339,10 @@ static int ring_setup(nv_worker *w)
 #endif
 		0,
 	};
+	size_t first = w->ctx->caller_submit ? sizeof flag_sets / sizeof *flag_sets - 1 : 0;
 	int rc = -EINVAL;
 
-	for (size_t i = 0; i < sizeof flag_sets / sizeof *flag_sets; i++) {
+	for (size_t i = first; i < sizeof flag_sets / sizeof *flag_sets; i++) {
 		struct io_uring_params p;
 		memset(&p, 0, sizeof p);
 		p.flags = flag_sets[i];
@@ -324,25 +355,18 @@ static int ring_setup(nv_worker *w)
 	return rc;
 }
 
-static gpointer worker_main(gpointer data)
+/* Worker submission: the worker is the ring's only user. */
+static void worker_loop(nv_worker *w)
 {
-	nv_worker *w = data;
 	const te_host *h = w->ctx->host;
 	unsigned enter_errors = 0;
-	int rc = ring_setup(w);
-
-	g_mutex_lock(&w->start_lock);
-	w->start_rc = rc;
-	w->started = true;
-	g_cond_signal(&w->start_cond);
-	g_mutex_unlock(&w->start_lock);
-	if (rc < 0)
-		return NULL;
+	int rc;
 
 	arm_wake(w);
 	for (;;) {
 		take_inbox(w);
-		issue(w);
+		issue(w, true);
+		flush_done(w); /* slices that found no SQE */
 		if (w->n_free == w->depth && w->head == NULL && atomic_load(&w->stop) &&
 		    atomic_load(&w->inbox) == NULL)
 			break;
@@ -383,7 +407,102 @@ static gpointer worker_main(gpointer data)
 			g_usleep(1000); /* do not spin on a persistent failure */
 		}
 		reap(w);
+		flush_done(w);
 	}
+}
+
+/* Submits what the SQ ring holds, under w->lock. Negative when entries stay
+ * queued (the kernel is short of resources): someone must retry. */
+static int flush_sq(nv_worker *w)
+{
+	if (io_uring_sq_ready(&w->ring) == 0)
+		return 0;
+	int rc = io_uring_submit(&w->ring);
+	if (rc >= 0 && io_uring_sq_ready(&w->ring) > 0)
+		rc = -EAGAIN;
+	return rc;
+}
+
+/* Caller submission: submitters and the worker share the submission side
+ * under w->lock; the worker alone reaps, and waits for completions with a
+ * bare io_uring_enter(GETEVENTS), which leaves the submission queue alone. */
+static void caller_loop(nv_worker *w)
+{
+	const te_host *h = w->ctx->host;
+	unsigned enter_errors = 0;
+
+	g_mutex_lock(&w->lock);
+	arm_wake(w);
+	int rc = flush_sq(w);
+	g_mutex_unlock(&w->lock);
+	for (;;) {
+		if (rc == 0 && io_uring_cq_ready(&w->ring) == 0) {
+			rc = io_uring_enter(w->ring.ring_fd, 0, 1, IORING_ENTER_GETEVENTS, NULL);
+			if (rc == -EINTR)
+				rc = 0;
+		}
+		if (rc < 0) {
+			/* Entries left queued, or a failed wait: pause rather than spin,
+			 * then retry. */
+			if (rc != -EAGAIN && rc != -EBUSY && enter_errors++ % NV_LOG_EVERY == 0)
+				h->log(h, TE_LOG_ERROR, "worker %u: io_uring_enter failed: %s", w->index,
+				       g_strerror(-rc));
+			g_usleep(1000);
+		}
+		g_mutex_lock(&w->lock);
+		reap(w);
+		issue(w, true);
+		rc = flush_sq(w);
+		bool idle = w->n_free == w->depth && w->head == NULL;
+		g_mutex_unlock(&w->lock);
+		flush_done(w);
+		if (idle && atomic_load(&w->stop))
+			break;
+	}
+}
+
+void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest)
+{
+	te_transfer *list = newest, *rev = NULL;
+
+	/* newest-first chain to oldest-first, before taking the lock */
+	while (list != NULL) {
+		te_transfer *next = pd_next(list);
+		list->plugin_data[NV_PD_NEXT] = (uintptr_t)rev;
+		rev = list;
+		list = next;
+	}
+	g_mutex_lock(&w->lock);
+	if (w->tail != NULL)
+		w->tail->plugin_data[NV_PD_NEXT] = (uintptr_t)oldest;
+	else
+		w->head = oldest;
+	w->tail = newest;
+	issue(w, false);
+	int rc = flush_sq(w);
+	g_mutex_unlock(&w->lock);
+	/* Entries the kernel did not take stay queued: the worker retries them. */
+	if (rc < 0 && eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
+		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
+				  g_strerror(errno));
+}
+
+static gpointer worker_main(gpointer data)
+{
+	nv_worker *w = data;
+	int rc = ring_setup(w);
+
+	g_mutex_lock(&w->start_lock);
+	w->start_rc = rc;
+	w->started = true;
+	g_cond_signal(&w->start_cond);
+	g_mutex_unlock(&w->start_lock);
+	if (rc < 0)
+		return NULL;
+	if (w->ctx->caller_submit)
+		caller_loop(w);
+	else
+		worker_loop(w);
 	io_uring_queue_exit(&w->ring);
 	return NULL;
 }
@@ -395,8 +514,11 @@ static void worker_free(nv_worker *w)
 	w->efd = -1;
 	g_free(w->slots);
 	g_free(w->free_slots);
+	g_free(w->done);
 	w->slots = NULL;
 	w->free_slots = NULL;
+	w->done = NULL;
+	g_mutex_clear(&w->lock);
 	g_mutex_clear(&w->start_lock);
 	g_cond_clear(&w->start_cond);
 }
@@ -410,6 +532,7 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 	w->index = index;
 	w->depth = c->depth;
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	g_mutex_init(&w->lock);
 	g_mutex_init(&w->start_lock);
 	g_cond_init(&w->start_cond);
 	if (w->efd < 0) {
@@ -420,6 +543,8 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 	}
 	w->slots = g_new0(nv_slot, w->depth);
 	w->free_slots = g_new(uint32_t, w->depth);
+	/* a pass frees at most every slot, and every refill of them may fail */
+	w->done = g_new(nv_done, 2 * (size_t)w->depth);
 	for (uint32_t i = 0; i < w->depth; i++)
 		w->free_slots[i] = w->depth - 1 - i;
 	w->n_free = w->depth;

@@ -53,6 +53,13 @@ typedef struct nv_segment {
 	uint64_t total; /* sum of the declared lengths */
 } nv_segment;
 
+/* A finished slice waiting for its complete() call, made without the lock. */
+typedef struct nv_done {
+	te_transfer *t;
+	uint64_t bytes;
+	int err;
+} nv_done;
+
 /* One I/O in flight: a slice of a transfer within one file. */
 typedef struct nv_slot {
 	te_transfer *t;
@@ -79,6 +86,11 @@ typedef struct nv_worker {
 	atomic_uint want;     /* wake the sleeping worker once `queued` reaches this */
 	uint32_t freed;       /* slots freed by the last completions reaped */
 	atomic_int stop;
+	/* Caller submission: the submission side (FIFO, free slots, SQ ring)
+	 * under this lock, held only while slices become SQEs and are submitted. */
+	GMutex lock;
+	nv_done *done;        /* completions of one reaping pass */
+	uint32_t n_done;
 	nv_slot *slots;
 	uint32_t *free_slots;
 	uint32_t n_free;
@@ -99,6 +111,7 @@ struct nv_ctx {
 	bool use_direct;
 	uint64_t coalesce_ns; /* longest wait to gather resubmissions into one batch */
 	bool dsync;
+	bool caller_submit; /* submit() puts SQEs into the ring itself */
 	atomic_uint next_worker;
 	nv_worker *workers;
 };
@@ -128,6 +141,9 @@ void nv_workers_stop(nv_ctx *c);
  * `oldest` last) holding `slices` slices on a worker, and wakes it if it
  * sleeps and waits for no more. */
 void nv_worker_push(nv_worker *w, te_transfer *newest, te_transfer *oldest, uint32_t slices);
+/* The same with caller submission: queues the chain and submits what fits
+ * into free slots from the calling thread. */
+void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest);
 /* Whether an io_uring can be created here; fills `why` when not. */
 int nv_uring_probe(char *why, size_t why_len);
 

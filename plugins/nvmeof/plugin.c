@@ -28,11 +28,21 @@ static void read_config(nv_ctx *c)
 		       (unsigned long long)(c->slice - c->slice % NV_MIN_SLICE));
 		c->slice -= c->slice % NV_MIN_SLICE;
 	}
-	/* Two workers by default: completions wake the application's waiting
-	 * threads, and two rings share that cost on machines with two cores or
-	 * more. */
+	/* Who puts requests into the ring: the submitting thread (no thread
+	 * hand-off on the way in) or the worker. */
+	const char *mode = h->config(h, "TE_NVMEOF_SUBMIT", NULL);
+	c->caller_submit = true;
+	if (mode != NULL && strcmp(mode, "worker") == 0)
+		c->caller_submit = false;
+	else if (mode != NULL && *mode != '\0' && strcmp(mode, "caller") != 0)
+		h->log(h, TE_LOG_WARN, "TE_NVMEOF_SUBMIT=%s is neither \"caller\" nor \"worker\"; using caller",
+		       mode);
+	/* With caller submission one worker only reaps: a second ring would
+	 * split each burst of completions over two threads to wake. With worker
+	 * submission two workers share the wake-ups on machines with two cores
+	 * or more. */
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	unsigned def_workers = cpus > 1 ? NV_DEFAULT_WORKERS : 1;
+	unsigned def_workers = !c->caller_submit && cpus > 1 ? NV_DEFAULT_WORKERS : 1;
 	c->n_workers = (unsigned)te_host_config_u64(h, "TE_NVMEOF_WORKERS", NULL, def_workers, 1,
 						    NV_MAX_WORKERS);
 	c->use_direct = te_host_config_u64(h, "TE_NVMEOF_DIRECT", NULL, 1, 0, 1) != 0;
@@ -60,8 +70,8 @@ static int nv_create(const te_host *h, const char *json_args, void **out)
 		g_free(c);
 		return rc;
 	}
-	h->log(h, TE_LOG_INFO, "nvmeof: %u worker(s), queue depth %u, slices of %llu bytes, %s%s",
-	       c->n_workers, c->depth, (unsigned long long)c->slice,
+	h->log(h, TE_LOG_INFO, "nvmeof: %s submission, %u worker(s), queue depth %u, slices of %llu bytes, %s%s",
+	       c->caller_submit ? "caller" : "worker", c->n_workers, c->depth, (unsigned long long)c->slice,
 	       c->use_direct ? "O_DIRECT when aligned" : "buffered I/O only", c->dsync ? ", O_DSYNC" : "");
 	*out = c;
 	return 0;
@@ -175,8 +185,11 @@ static int nv_submit(void *ctx, te_transfer *const *ts, size_t n)
 	}
 	if (newest != NULL) {
 		unsigned wi = atomic_fetch_add_explicit(&c->next_worker, 1, memory_order_relaxed);
-		nv_worker_push(&c->workers[wi % c->n_workers], newest, oldest,
-			       slices > UINT32_MAX ? UINT32_MAX : (uint32_t)slices);
+		nv_worker *w = &c->workers[wi % c->n_workers];
+		if (c->caller_submit)
+			nv_worker_submit(w, newest, oldest);
+		else
+			nv_worker_push(w, newest, oldest, slices > UINT32_MAX ? UINT32_MAX : (uint32_t)slices);
 	}
 	return 0;
 }
@@ -195,9 +208,9 @@ static int nv_report(const te_host *h, char **text)
 	read_config(&c);
 	g_string_append_printf(s,
 			       "  TE_NVMEOF_QUEUE_DEPTH=%u  TE_NVMEOF_SLICE_SIZE=%llu  TE_NVMEOF_WORKERS=%u\n"
-			       "  TE_NVMEOF_DIRECT=%d  TE_NVMEOF_DSYNC=%d  TE_NVMEOF_COALESCE_US=%llu\n",
-			       c.depth, (unsigned long long)c.slice, c.n_workers, c.use_direct, c.dsync,
-			       (unsigned long long)(c.coalesce_ns / 1000));
+			       "  TE_NVMEOF_SUBMIT=%s  TE_NVMEOF_DIRECT=%d  TE_NVMEOF_DSYNC=%d  TE_NVMEOF_COALESCE_US=%llu\n",
+			       c.depth, (unsigned long long)c.slice, c.n_workers, c.caller_submit ? "caller" : "worker",
+			       c.use_direct, c.dsync, (unsigned long long)(c.coalesce_ns / 1000));
 	*text = strdup(s->str);
 	g_string_free(s, TRUE);
 	return *text ? 0 : -ENOMEM;

@@ -12,7 +12,7 @@
 #              MODES (default "block poll": nvmeof-bench waiting in te_batch_wait,
 #              or polling task status like Mooncake's transfer_engine_bench),
 #              THREADS_BLOCK, THREADS_POLL (nvmeof-bench --threads of each
-#              mode; default 2 and 1),
+#              mode; default 1 and 1, like fio's one job),
 #              HUGEPAGES (default 1; 0 = ordinary pages for both),
 #              QUIET_WAIT (seconds to wait, before each round, for the CPUs to be
 #              90% idle over 2 s; default 60, 0 = do not wait).
@@ -24,7 +24,7 @@ rounds=${3:-5}
 runtime=${4:-10}
 qd=${5:-32}
 cases=${CASES:-"randread:4k randwrite:4k read:1m write:1m"}
-threads_block=${THREADS_BLOCK:-2}
+threads_block=${THREADS_BLOCK:-1}
 threads_poll=${THREADS_POLL:-1}
 huge=${HUGEPAGES:-1}
 modes=${MODES:-"block poll"}

@@ -3,14 +3,15 @@
  * nvmeof-bench: throughput of READ or WRITE requests against an NVMe-oF file
  * segment, driven like fio drives a file: a fixed number of requests always
  * in flight (the queue depth), each one block, random or sequential offsets.
- * Each in-flight slot is a batch of its own; a thread waits for its oldest
- * slot (or, with --poll 1, checks its slots without sleeping, the way
- * Mooncake's transfer_engine_bench polls task status) and refills it at once.
+ * Each in-flight slot is a batch of its own. A thread refills every slot whose
+ * request is done and then waits for its oldest request (te_batch_wait), or,
+ * with --poll 1, checks its slots again without sleeping, the way Mooncake's
+ * transfer_engine_bench polls task status.
  *
  *   nvmeof-bench -m CONN (--segment nvmeof/NAME | --file PATH) [options]
  *     --op read|write   (read)      --bs BYTES       (4096)
  *     --qd N            (32)        --pattern rand|seq (rand)
- *     --threads N       (2)         --poll 0|1       (0)
+ *     --threads N       (1)         --poll 0|1       (0)
  *     --hugepages 0|1   (0)         --runtime SEC    (10)
  *     --name LOCAL      (this engine's name, "bench")
  * --file registers a one-file segment for PATH in the store first and
@@ -36,9 +37,10 @@
 
 typedef struct slot {
 	te_batch_id batch;
-	size_t used;
+	size_t used;      /* tasks submitted to the batch */
+	bool busy;        /* its last request is in flight */
+	uint64_t seq;     /* submission order, to find the oldest */
 	unsigned char *buf;
-	uint64_t len;
 } slot;
 
 static double now_s(void)
@@ -85,60 +87,74 @@ typedef struct runner {
 	int rc;
 } runner;
 
-/* Keeps this thread's slots busy until the end time, then drains them. Each
- * slot's request is waited for in turn and replaced at once. */
+/* Starts the next request in slot `s`. */
+static int refill(runner *r, slot *s, uint64_t seq)
+{
+	int rc;
+
+	if (s->used == SLOT_TASKS) {
+		te_batch_free(r->e, s->batch);
+		if ((rc = te_batch_alloc(r->e, SLOT_TASKS, &s->batch)) < 0)
+			return rc;
+		s->used = 0;
+	}
+	uint64_t blk = r->seq ? atomic_fetch_add(&shared_next, 1) % r->blocks : rnd_next(&r->rs) % r->blocks;
+	te_request q = { r->write ? TE_OP_WRITE : TE_OP_READ, r->seg, s->buf, blk * r->bs, r->bs };
+	rc = te_submit(r->e, s->batch, &q, 1);
+	if (rc != 0)
+		return rc < 0 ? rc : -EINVAL;
+	s->used++;
+	s->busy = true;
+	s->seq = seq;
+	return 0;
+}
+
+/* Keeps this thread's slots busy until the end time, then drains them. Like
+ * fio reaping whatever completed, each sweep over the slots refills every one
+ * whose request is done (te_batch_status, no sleeping); a sweep that finds
+ * none done waits for the oldest request in flight (te_batch_wait), or, with
+ * --poll 1, sweeps again at once. */
 static void *run(void *arg)
 {
 	runner *r = arg;
-	bool stopping = false, progress = true;
+	uint64_t seq = 0;
 
-	for (unsigned i = r->first;; i += r->step) {
-		if (i >= r->qd) {
-			i = r->first;
-			if (stopping)
-				break;
-			stopping = now_s() >= r->end;
-			if (!progress)
-				sched_yield();
-			progress = false;
-		}
-		slot *s = &r->slots[i];
-		if (s->used > 0) {
-			te_task_status st;
-			if (r->poll && !stopping) {
-				/* reap whichever slot is done, like fio reaps any completion */
-				size_t busy = 1;
-				te_batch_status(r->e, s->batch, NULL, &busy, NULL);
-				if (busy > 0)
+	for (;;) {
+		bool stopping = now_s() >= r->end;
+		unsigned done = 0, busy = 0;
+		slot *oldest = NULL;
+		for (unsigned i = r->first; i < r->qd; i += r->step) {
+			slot *s = &r->slots[i];
+			if (s->busy) {
+				size_t in_flight = 1;
+				te_task_status st;
+				if ((r->rc = te_batch_status(r->e, s->batch, NULL, &in_flight, NULL)) < 0)
+					return NULL;
+				if (in_flight > 0) {
+					busy++;
+					if (oldest == NULL || s->seq < oldest->seq)
+						oldest = s;
 					continue;
-			} else if ((r->rc = te_batch_wait(r->e, s->batch, 60000)) < 0) {
-				return NULL;
+				}
+				s->busy = false;
+				done++;
+				te_get_status(r->e, s->batch, s->used - 1, &st);
+				if (st.state == TE_TASK_COMPLETED)
+					r->ios++;
+				else if (r->failed++ == 0)
+					fprintf(stderr, "nvmeof-bench: a request failed: %s\n", te_strerror(st.error));
 			}
-			progress = true;
-			te_get_status(r->e, s->batch, s->used - 1, &st);
-			if (st.state == TE_TASK_COMPLETED)
-				r->ios++;
-			else if (r->failed++ == 0)
-				fprintf(stderr, "nvmeof-bench: a request failed: %s\n", te_strerror(st.error));
-		}
-		if (stopping) {
-			s->used = 0;
-			continue;
-		}
-		if (s->used == SLOT_TASKS) {
-			te_batch_free(r->e, s->batch);
-			if ((r->rc = te_batch_alloc(r->e, SLOT_TASKS, &s->batch)) < 0)
+			if (!stopping && (r->rc = refill(r, s, seq++)) < 0)
 				return NULL;
-			s->used = 0;
 		}
-		uint64_t blk = r->seq ? atomic_fetch_add(&shared_next, 1) % r->blocks : rnd_next(&r->rs) % r->blocks;
-		te_request q = { r->write ? TE_OP_WRITE : TE_OP_READ, r->seg, s->buf, blk * r->bs, r->bs };
-		int rc = te_submit(r->e, s->batch, &q, 1);
-		if (rc != 0) {
-			r->rc = rc < 0 ? rc : -EINVAL;
+		if (busy == 0 && stopping)
+			break;
+		if (done > 0 || busy == 0)
+			continue;
+		if (r->poll && !stopping)
+			sched_yield(); /* let the transport's threads run on a busy machine */
+		else if ((r->rc = te_batch_wait(r->e, oldest->batch, 60000)) < 0)
 			return NULL;
-		}
-		s->used++;
 	}
 	return NULL;
 }
@@ -148,7 +164,7 @@ int main(int argc, char **argv)
 	const char *conn = NULL, *segname = NULL, *file = NULL, *name = "bench";
 	const char *op = "read", *pattern = "rand";
 	uint64_t bs = 4096;
-	unsigned qd = 32, threads = 2;
+	unsigned qd = 32, threads = 1;
 	bool poll = false, hugepages = false;
 	double runtime = 10;
 	char own_seg[128] = "", key[512];

@@ -254,6 +254,11 @@ static void test_report(void)
 	CHECK_EQ(te_plugin_report("nvmeof", &text), 0);
 	CHECK(text != NULL && strstr(text, "io_uring: available") != NULL);
 	CHECK(text != NULL && strstr(text, "TE_NVMEOF_QUEUE_DEPTH=128") != NULL);
+	/* the submission mode in effect: caller unless the environment says worker */
+	const char *mode = getenv("TE_NVMEOF_SUBMIT");
+	char want[64];
+	snprintf(want, sizeof want, "TE_NVMEOF_SUBMIT=%s", mode != NULL && !strcmp(mode, "worker") ? "worker" : "caller");
+	CHECK(text != NULL && strstr(text, want) != NULL);
 	te_free(text);
 }
 
@@ -270,6 +275,10 @@ static void test_bad_config(void)
 	e = nv_engine("nodeC", "TE_NVMEOF_SLICE_SIZE", "10000", NULL);
 	REQUIRE(e != NULL);
 	CHECK(cap_has("TE_NVMEOF_SLICE_SIZE=10000 is not a multiple of 4096; using 8192"));
+	te_engine_destroy(e);
+	e = nv_engine("nodeC", "TE_NVMEOF_SUBMIT", "sideways", NULL);
+	REQUIRE(e != NULL);
+	CHECK(cap_has("TE_NVMEOF_SUBMIT=sideways is neither \"caller\" nor \"worker\"; using caller"));
 	te_engine_destroy(e);
 }
 

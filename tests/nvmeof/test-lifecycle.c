@@ -2,10 +2,11 @@
 /*
  * NVMe-oF transfers under pressure and at the edges of their lifetime: a
  * queue of depth 1 fed thousands of slices, several threads submitting at
- * once over several workers, cancellation mid-batch, a refresh while
- * transfers run, and engine shutdown with transfers in flight. Nothing may
- * hang, every task must end in a final state, and completed data must be
- * right.
+ * once over several workers, a submitting thread that exits while its
+ * requests run, cancellation mid-batch, a refresh while transfers run, and
+ * engine shutdown with transfers in flight. Nothing may hang, every task must
+ * end in a final state, and completed data must be right. Run once per
+ * submission mode (TE_NVMEOF_SUBMIT from the environment).
  */
 #include "nv-util.h"
 
@@ -97,6 +98,74 @@ static void test_threads_and_workers(void)
 		pthread_join(th[i], NULL);
 		CHECK_EQ(s[i].bad, 0);
 	}
+	CHECK_EQ(te_segment_close(e, seg), 0);
+	te_engine_destroy(e);
+}
+
+typedef struct exiting {
+	te_engine *e;
+	te_batch_id b;
+	te_request r[4];
+	int rc;
+} exiting;
+
+static void *submit_and_exit(void *arg)
+{
+	exiting *x = arg;
+	x->rc = te_submit(x->e, x->b, x->r, 4);
+	return NULL; /* the thread ends with its requests in the kernel */
+}
+
+/* With caller submission the kernel ties a request to the thread that
+ * submitted it; the request must still complete, and be reported, after
+ * that thread is gone. */
+static void test_submitter_exits(void)
+{
+	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "2", "TE_NVMEOF_SLICE_SIZE", "4096", NULL);
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, "nvmeof/two");
+	REQUIRE(seg > 0);
+	memset(mem, 0, 4 * FILE_LEN);
+	exiting x = { .e = e };
+	REQUIRE(te_batch_alloc(e, 4, &x.b) == 0);
+	/* 4096 aligned slices (direct I/O, really in flight) through two slots:
+	 * most wait in the queue when the thread ends */
+	for (int i = 0; i < 4; i++)
+		x.r[i] = (te_request){ TE_OP_READ, seg, mem + (size_t)i * FILE_LEN, (uint64_t)(i % 2) * FILE_LEN,
+				       FILE_LEN };
+	pthread_t th;
+	REQUIRE(pthread_create(&th, NULL, submit_and_exit, &x) == 0);
+	pthread_join(th, NULL);
+	CHECK_EQ(x.rc, 0);
+	CHECK_EQ(te_batch_wait(e, x.b, 60000), 0);
+	int32_t state;
+	CHECK_EQ(te_batch_status(e, x.b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	for (int i = 0; i < 4; i++)
+		CHECK(memcmp(x.r[i].local, model + x.r[i].remote, x.r[i].length) == 0);
+	CHECK_EQ(te_batch_free(e, x.b), 0);
+
+	/* Unaligned writes (buffered I/O, which the kernel may hand to its
+	 * own workers, cancelled when the submitter exits) from an exiting
+	 * thread: all complete, and the file holds them. */
+	exiting y = { .e = e };
+	REQUIRE(te_batch_alloc(e, 4, &y.b) == 0);
+	fill_pattern(mem, FILE_LEN, 11);
+	const uint64_t q = (FILE_LEN - 2) / 4;
+	for (int i = 0; i < 4; i++)
+		y.r[i] = (te_request){ TE_OP_WRITE, seg, mem + (size_t)i * q, 1 + (uint64_t)i * q, q };
+	REQUIRE(pthread_create(&th, NULL, submit_and_exit, &y) == 0);
+	pthread_join(th, NULL);
+	CHECK_EQ(y.rc, 0);
+	CHECK_EQ(te_batch_wait(e, y.b, 60000), 0);
+	CHECK_EQ(te_batch_status(e, y.b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	unsigned char *back = nv_read_file(nv_path("a"), FILE_LEN);
+	CHECK(back[0] == model[0] && memcmp(back + 1, mem, 4 * q) == 0);
+	free(back);
+	nv_write_file(nv_path("a"), model, FILE_LEN); /* as the other tests expect it */
+	CHECK_EQ(te_batch_free(e, y.b), 0);
 	CHECK_EQ(te_segment_close(e, seg), 0);
 	te_engine_destroy(e);
 }
@@ -213,6 +282,7 @@ int main(void)
 	REQUIRE(mem != NULL);
 	TEST_RUN(test_depth_one);
 	TEST_RUN(test_threads_and_workers);
+	TEST_RUN(test_submitter_exits);
 	TEST_RUN(test_cancel);
 	TEST_RUN(test_refresh_while_running);
 	TEST_RUN(test_destroy_in_flight);

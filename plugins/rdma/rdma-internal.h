@@ -73,6 +73,8 @@ typedef struct rd_topo {
 	int nloc;
 } rd_topo;
 
+/* The first line of a (sysfs) file, without its newline; false when unreadable or empty. */
+bool rd_read_line(const char *path, char *buf, size_t size);
 void rd_topo_clear(rd_topo *t);
 /* Reads the PCI path and NUMA node of each named HCA under <root>/sys, sorts
  * them, and builds the matrix: cpu:N prefers NICs on node N; cuda:N (NVIDIA

@@ -42,6 +42,7 @@
 
 #include <glib.h>
 
+#include "rdma-internal.h"
 #include "rdma-test.h"
 #include "rdma-verbs.h"
 
@@ -175,20 +176,6 @@ static void tables_init(void)
 
 /* ------------------------------------------------------------- fixtures */
 
-static bool read_line(const char *path, char *buf, size_t size)
-{
-	FILE *f = fopen(path, "re");
-	bool ok;
-
-	if (f == NULL)
-		return false;
-	ok = fgets(buf, (int)size, f) != NULL;
-	fclose(f);
-	if (ok)
-		buf[strcspn(buf, "\r\n")] = '\0';
-	return ok;
-}
-
 static bool read_linef(char *buf, size_t size, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
 
 static bool read_linef(char *buf, size_t size, const char *fmt, ...)
@@ -197,7 +184,7 @@ static bool read_linef(char *buf, size_t size, const char *fmt, ...)
 	va_start(ap, fmt);
 	char *path = g_strdup_vprintf(fmt, ap);
 	va_end(ap);
-	bool ok = read_line(path, buf, size);
+	bool ok = rd_read_line(path, buf, size);
 	g_free(path);
 	return ok;
 }

@@ -45,7 +45,7 @@ const rd_loc *rd_loc_find(const rd_loc *locs, int n, const char *name)
 	return NULL;
 }
 
-static bool read_text(const char *path, char *buf, size_t size)
+bool rd_read_line(const char *path, char *buf, size_t size)
 {
 	FILE *f = fopen(path, "re");
 	bool ok;
@@ -64,7 +64,7 @@ static int read_int(const char *path, int def)
 	char buf[64], *end;
 	long v;
 
-	if (!read_text(path, buf, sizeof buf))
+	if (!rd_read_line(path, buf, sizeof buf))
 		return def;
 	v = strtol(buf, &end, 0);
 	if (end == buf || v < INT32_MIN || v > INT32_MAX)
@@ -162,10 +162,10 @@ static GArray *gpus(const char *root)
 		if (ent->d_name[0] == '.')
 			continue;
 		snprintf(path, sizeof path, "%s/sys/bus/pci/devices/%s/vendor", root, ent->d_name);
-		if (!read_text(path, buf, sizeof buf) || g_ascii_strcasecmp(buf, "0x10de") != 0)
+		if (!rd_read_line(path, buf, sizeof buf) || g_ascii_strcasecmp(buf, "0x10de") != 0)
 			continue;
 		snprintf(path, sizeof path, "%s/sys/bus/pci/devices/%s/class", root, ent->d_name);
-		if (!read_text(path, buf, sizeof buf))
+		if (!rd_read_line(path, buf, sizeof buf))
 			continue;
 		unsigned long cls = strtoul(buf, NULL, 16);
 		if ((cls >> 8) != 0x0300 && (cls >> 8) != 0x0302)

@@ -425,6 +425,19 @@ static bool check_status(uint64_t i, tcp_slot *s, rx_result *res)
 	return true;
 }
 
+/* A failed recv()/readv(), from errno: 0 when it would block (the socket is
+ * drained until its next edge), -1 with the reason in `res` otherwise. */
+static int recv_error(tcp_cconn *cc, rx_result *res)
+{
+	if (errno == EAGAIN || errno == EWOULDBLOCK) {
+		cc->io.rd = false;
+		return 0;
+	}
+	res->err = -errno;
+	snprintf(res->why, sizeof res->why, "%s", g_strerror(errno));
+	return -1;
+}
+
 /* 1: bytes moved, 0: would block or idle, <0: failed (details in `res`). */
 static int do_recv(tcp_cconn *cc, rx_result *res)
 {
@@ -456,15 +469,8 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 		do
 			r = recv(cc->io.fd, cc->io.thr->scratch, 64, MSG_DONTWAIT);
 		while (r < 0 && errno == EINTR);
-		if (r < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				cc->io.rd = false;
-				return 0;
-			}
-			res->err = -errno;
-			snprintf(res->why, sizeof res->why, "%s", g_strerror(errno));
-			return -1;
-		}
+		if (r < 0)
+			return recv_error(cc, res);
 		if (r == 0) {
 			res->err = -ECONNRESET;
 			res->mode = cc->tail == cc->head ? FAIL_QUIET : FAIL_PEER;
@@ -478,15 +484,8 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 	do
 		r = readv(cc->io.fd, iov, (int)n);
 	while (r < 0 && errno == EINTR);
-	if (r < 0) {
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
-			cc->io.rd = false;
-			return 0;
-		}
-		res->err = -errno;
-		snprintf(res->why, sizeof res->why, "%s", g_strerror(errno));
-		return -1;
-	}
+	if (r < 0)
+		return recv_error(cc, res);
 	if (r == 0) {
 		res->err = -ECONNRESET;
 		snprintf(res->why, sizeof res->why, "the peer closed the connection mid-transfer");

@@ -27,13 +27,20 @@ static void make_segment(void)
 	nv_put_files("nvmeof/two", paths, lens, 2);
 }
 
-static void test_depth_one(void)
+/* Registers `mem` with engine `e` and opens the two-file segment. */
+static te_segment_id open_two(te_engine *e)
 {
-	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "1", "TE_NVMEOF_SLICE_SIZE", "4096", NULL);
 	REQUIRE(e != NULL);
 	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
 	te_segment_id seg = te_segment_open(e, "nvmeof/two");
 	REQUIRE(seg > 0);
+	return seg;
+}
+
+static void test_depth_one(void)
+{
+	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "1", "TE_NVMEOF_SLICE_SIZE", "4096", NULL);
+	te_segment_id seg = open_two(e);
 	/* 2 x 4 MiB in 4 KiB slices through one slot, plus small odd ones */
 	te_request r[66];
 	r[0] = (te_request){ TE_OP_READ, seg, mem, 0, 2 * FILE_LEN };
@@ -84,10 +91,7 @@ static void test_threads_and_workers(void)
 {
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_WORKERS", "3", "TE_NVMEOF_QUEUE_DEPTH", "16",
 				 "TE_NVMEOF_SLICE_SIZE", "16384", NULL);
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/two");
-	REQUIRE(seg > 0);
+	te_segment_id seg = open_two(e);
 	pthread_t th[4];
 	submitter s[4];
 	for (int i = 0; i < 4; i++) {
@@ -122,10 +126,7 @@ static void *submit_and_exit(void *arg)
 static void test_submitter_exits(void)
 {
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "2", "TE_NVMEOF_SLICE_SIZE", "4096", NULL);
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/two");
-	REQUIRE(seg > 0);
+	te_segment_id seg = open_two(e);
 	memset(mem, 0, 4 * FILE_LEN);
 	exiting x = { .e = e };
 	REQUIRE(te_batch_alloc(e, 4, &x.b) == 0);
@@ -175,10 +176,7 @@ static void test_cancel(void)
 	cap_start();
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "2", "TE_NVMEOF_SLICE_SIZE", "4096",
 				 "TE_NVMEOF_DIRECT", "0", NULL);
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/two");
-	REQUIRE(seg > 0);
+	te_segment_id seg = open_two(e);
 	enum { N = 64 };
 	te_request r[N];
 	for (int i = 0; i < N; i++)
@@ -218,10 +216,7 @@ static void test_cancel(void)
 static void test_refresh_while_running(void)
 {
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "4", "TE_NVMEOF_SLICE_SIZE", "8192", NULL);
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/two");
-	REQUIRE(seg > 0);
+	te_segment_id seg = open_two(e);
 	te_request r[3] = {
 		{ TE_OP_READ, seg, mem, 0, 2 * FILE_LEN },
 		{ TE_OP_READ, seg, mem + 2 * FILE_LEN, 1, 2 * FILE_LEN - 1 },
@@ -251,10 +246,7 @@ static void test_destroy_in_flight(void)
 	for (int round = 0; round < 3; round++) {
 		te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "4", "TE_NVMEOF_SLICE_SIZE", "4096",
 					 "TE_NVMEOF_WORKERS", "2", NULL);
-		REQUIRE(e != NULL);
-		REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-		te_segment_id seg = te_segment_open(e, "nvmeof/two");
-		REQUIRE(seg > 0);
+		te_segment_id seg = open_two(e);
 		te_request r[16];
 		for (int i = 0; i < 16; i++)
 			r[i] = (te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg,

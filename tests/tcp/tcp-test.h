@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../common/rpc-raw.h"
 #include "../common/util.h"
 
 /* The wire constants, spelled out here on purpose rather than taken from the
@@ -49,21 +50,47 @@ static inline te_engine *tcp_engine(const te_option *extra, size_t n_extra)
 	return e;
 }
 
+/* Two engines over TCP: `a` initiates into `b`'s remote-accessible buffer,
+ * opened as segment `seg`. */
+typedef struct pair {
+	te_engine *a, *b;
+	unsigned char *abuf, *bbuf;
+	size_t alen, blen;
+	te_segment_id seg;
+} pair;
+
+static inline void pair_open(pair *p, size_t alen, const te_option *aopt, size_t na, size_t blen,
+			     const te_option *bopt, size_t nb)
+{
+	p->a = tcp_engine(aopt, na);
+	p->b = tcp_engine(bopt, nb);
+	REQUIRE(p->a && p->b);
+	p->alen = alen;
+	p->blen = blen;
+	p->abuf = map_buf(alen);
+	p->bbuf = map_buf(blen);
+	REQUIRE(te_register_memory(p->a, p->abuf, alen, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(p->b, p->bbuf, blen, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	p->seg = te_segment_open(p->a, te_engine_name(p->b));
+	REQUIRE(p->seg > 0);
+}
+
+static inline void pair_down(pair *p)
+{
+	CHECK_EQ(te_segment_close(p->a, p->seg), 0);
+	te_engine_destroy(p->a);
+	te_engine_destroy(p->b);
+	munmap(p->abuf, p->alen);
+	munmap(p->bbuf, p->blen);
+}
+
 /* ------------------------------------------------------------ raw sockets */
 
 static inline int tcp_connect_port(int port)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0)
-		return -1;
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-		close(fd);
-		return -1;
-	}
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	int fd = connect_port(port), one = 1;
+	if (fd >= 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	return fd;
 }
 
@@ -153,30 +180,17 @@ static inline uint64_t get_le64(const void *p)
  * body, malloc()ed, or NULL. */
 static inline char *rpc_exchange(int port, int type, const char *json)
 {
-	int fd = tcp_connect_port(port);
-	if (fd < 0)
+	const size_t cap = 1u << 20;
+	char *in = malloc(cap);
+	ssize_t n = in ? raw_frame(port, type, json, in, cap) : -1;
+
+	if (n < 9 || (unsigned char)in[8] != type || get_le64(in) != (uint64_t)n - 8) {
+		free(in);
 		return NULL;
-	size_t jl = strlen(json);
-	unsigned char hdr[9];
-	uint64_t len = htole64(jl + 1);
-	memcpy(hdr, &len, 8);
-	hdr[8] = (unsigned char)type;
-	char *out = NULL;
-	if (send_all(fd, hdr, 9) && send_all(fd, json, jl)) {
-		unsigned char rh[9];
-		if (recv_exact(fd, rh, 9, 5000, NULL) == 9 && rh[8] == type) {
-			uint64_t n = get_le64(rh);
-			if (n >= 1 && n < (1u << 20)) {
-				out = calloc(1, n);
-				if (out && recv_exact(fd, out, n - 1, 5000, NULL) != (ssize_t)(n - 1)) {
-					free(out);
-					out = NULL;
-				}
-			}
-		}
 	}
-	close(fd);
-	return out;
+	memmove(in, in + 9, (size_t)n - 9);
+	in[n - 9] = '\0';
+	return in;
 }
 
 /* An integer member of a flat JSON text, or -1. */

@@ -14,35 +14,12 @@
 
 static const char *peer_bin;
 
-typedef struct pair {
-	te_engine *a, *b;
-	unsigned char *abuf, *bbuf;
-	te_segment_id seg;
-} pair;
-
 #define ABUF (64u << 20)
 #define BBUF (32u << 20)
 
 static void pair_up(pair *p)
 {
-	p->a = tcp_engine(NULL, 0);
-	p->b = tcp_engine(NULL, 0);
-	REQUIRE(p->a && p->b);
-	p->abuf = map_buf(ABUF);
-	p->bbuf = map_buf(BBUF);
-	REQUIRE(te_register_memory(p->a, p->abuf, ABUF, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, BBUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
-}
-
-static void pair_down(pair *p)
-{
-	CHECK_EQ(te_segment_close(p->a, p->seg), 0);
-	te_engine_destroy(p->a);
-	te_engine_destroy(p->b);
-	munmap(p->abuf, ABUF);
-	munmap(p->bbuf, BBUF);
+	pair_open(p, ABUF, NULL, 0, BBUF, NULL, 0);
 }
 
 /* ------------------------------------------- rejected amid good traffic */

@@ -12,32 +12,9 @@
 
 #define BUF (160u << 20)
 
-typedef struct pair {
-	te_engine *a, *b;
-	unsigned char *abuf, *bbuf;
-	te_segment_id seg;
-} pair;
-
 static void pair_up(pair *p, const te_option *aopt, size_t na, const te_option *bopt, size_t nb)
 {
-	p->a = tcp_engine(aopt, na);
-	p->b = tcp_engine(bopt, nb);
-	REQUIRE(p->a && p->b);
-	p->abuf = map_buf(BUF);
-	p->bbuf = map_buf(BUF);
-	REQUIRE(te_register_memory(p->a, p->abuf, BUF, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, BUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
-}
-
-static void pair_down(pair *p)
-{
-	CHECK_EQ(te_segment_close(p->a, p->seg), 0);
-	te_engine_destroy(p->a);
-	te_engine_destroy(p->b);
-	munmap(p->abuf, BUF);
-	munmap(p->bbuf, BUF);
+	pair_open(p, BUF, aopt, na, BUF, bopt, nb);
 }
 
 /* Writes then reads `n` bytes at unaligned offsets; checks the bytes and the

@@ -186,6 +186,19 @@ static int final_state(int error)
 	}
 }
 
+/* A peer that refuses a range its descriptor offered has most likely
+ * unregistered that memory: fetch the descriptor again (off this thread,
+ * once per descriptor version) so that later requests to the range are
+ * called invalid at submit instead of travelling to be refused. */
+static void ask_refresh(te_engine *e, te_segver *sv, int error)
+{
+	if ((error != TE_ERR_REJECTED && error != TE_ERR_ADDRESS) || e->closing || e->refresh_pool == NULL ||
+	    atomic_exchange(&sv->refresh_asked, true))
+		return;
+	atomic_fetch_add_explicit(&sv->refs, 1, memory_order_relaxed);
+	g_thread_pool_push(e->refresh_pool, sv, NULL);
+}
+
 static void task_finish(te_task *t, int state, bool from_completion)
 {
 	te_batch *b = t->batch;
@@ -194,6 +207,8 @@ static void task_finish(te_task *t, int state, bool from_completion)
 	te_transport_inst *tp = t->tp;
 
 	t->sv = NULL;
+	if (sv != NULL && state == TE_TASK_FAILED)
+		ask_refresh(e, sv, atomic_load(&t->error));
 	atomic_store_explicit(&t->state, state, memory_order_release);
 	te_segver_unref(sv, from_completion);
 	if (tp != NULL)

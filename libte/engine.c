@@ -393,6 +393,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 		g_hash_table_replace(e->options, g_strdup(options[i].key), g_strdup(options[i].value));
 	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
 	e->notify_pool = te_notify_pool_new();
+	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
 	rc = te_local_init(e);
 	if (rc < 0)
 		goto fail;
@@ -454,6 +455,10 @@ void te_engine_destroy(te_engine *e)
 	e->closing = true;
 	te_batches_cancel_all(e);
 	drain(&e->inflight, "engine shutdown");
+	/* Its jobs fetch descriptors and release segment versions: before the
+	 * RPC client, the segments and the transports go. */
+	g_thread_pool_free(e->refresh_pool, FALSE, TRUE);
+	e->refresh_pool = NULL;
 	te_rpc_server_stop(e->rpc);
 	e->rpc = NULL;
 	unpublish(e);

@@ -76,7 +76,7 @@ typedef struct te_region {
 	const char *location; /* interned */
 	unsigned flags;
 	atomic_int pins;
-	bool dying;
+	bool dying;         /* left out of the descriptor, about to be removed */
 	GHashTable *fields; /* te_transport_inst* → JSON text from mem_register */
 } te_region;
 
@@ -171,6 +171,8 @@ typedef struct te_segver {
 	te_transport_inst *tp;
 	void *seg_ctx;
 	te_buffer_desc *infobufs;
+	te_segment_id id;          /* the segment this version belongs to */
+	atomic_bool refresh_asked; /* a failed transfer asked for a refresh */
 } te_segver;
 
 typedef struct te_segment {
@@ -187,8 +189,12 @@ void te_segver_reap(gpointer sv, gpointer unused); /* the reaper pool's function
 int te_engine_resolve_rpc(struct te_engine *e, const char *name, char **host, int *port);
 void te_segments_clear(struct te_engine *e);
 /* Refreshes a segment whose descriptor a request fell outside of, at most
- * once a second per segment. Not with locks held: it fetches. */
-void te_segment_refresh_stale(struct te_engine *e, te_segment_id id);
+ * once a second per segment; false when the rate limit skipped it. Not with
+ * locks held: it fetches. */
+bool te_segment_refresh_stale(struct te_engine *e, te_segment_id id);
+/* The refresh pool's function: refreshes the segment of a version (a
+ * reference the job owns) that a peer's rejection made look stale. */
+void te_segver_refresh_job(gpointer sv, gpointer unused);
 /* The name of an open segment (own name for 0), g_free()d by the caller. */
 char *te_segment_name(struct te_engine *e, te_segment_id id);
 void te_segments_detach_transport(struct te_engine *e, te_transport_inst *tp);
@@ -276,9 +282,10 @@ struct te_engine {
 	uint64_t local_split; /* local copies from this size run on the workers */
 	GThreadPool *reaper;
 	GThreadPool *notify_pool;
+	GThreadPool *refresh_pool; /* refreshes asked for by failed transfers */
 
 	bool published;
-	bool closing;
+	atomic_bool closing; /* read by completion and pool threads */
 };
 
 int te_engine_publish(struct te_engine *e);

@@ -370,19 +370,21 @@ int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
 		}
 		g_ptr_array_add(gone, r);
 	}
-	if (rc == 0) {
-		for (guint i = 0; i < gone->len; i++) {
-			te_region *r = g_ptr_array_index(gone, i);
-			r->dying = true;
-			region_remove_locked(&e->mem, r);
-		}
-	}
+	for (guint i = 0; rc == 0 && i < gone->len; i++)
+		((te_region *)g_ptr_array_index(gone, i))->dying = true;
 	g_rw_lock_writer_unlock(&e->mem.lock);
 	if (rc == 0) {
+		/* The descriptor without the regions goes out before they leave the
+		 * registry: a peer refused a range re-fetches the descriptor and
+		 * must find it gone (ctl keeps other registry changes out). */
 		int prc = te_engine_publish(e);
 		if (prc < 0)
 			te_warn("memory unregistered, but publishing the descriptor failed: %s",
 				te_strerror(prc));
+		g_rw_lock_writer_lock(&e->mem.lock);
+		for (guint i = 0; i < gone->len; i++)
+			region_remove_locked(&e->mem, g_ptr_array_index(gone, i));
+		g_rw_lock_writer_unlock(&e->mem.lock);
 		for (guint i = 0; i < gone->len; i++)
 			region_retire(e, g_ptr_array_index(gone, i));
 	}

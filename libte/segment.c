@@ -305,6 +305,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	s->opens = 1;
 	s->cur = sv;
 	int id = ++e->next_segment;
+	sv->id = id;
 	g_rw_lock_writer_lock(&e->data);
 	g_hash_table_insert(e->segments, GINT_TO_POINTER(id), s);
 	g_hash_table_insert(e->seg_by_name, s->name, GINT_TO_POINTER(id));
@@ -393,6 +394,7 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 	} else {
 		rc = segver_new(e, desc, host, port, s->forced, NULL, &sv);
 		if (rc == 0) {
+			sv->id = id;
 			g_rw_lock_writer_lock(&e->data);
 			old = s->cur;
 			s->cur = sv;
@@ -409,7 +411,7 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 
 #define STALE_REFRESH_MS 1000
 
-void te_segment_refresh_stale(te_engine *e, te_segment_id id)
+bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 {
 	int64_t now = te_now_ms();
 	bool go = false;
@@ -423,8 +425,20 @@ void te_segment_refresh_stale(te_engine *e, te_segment_id id)
 	g_rec_mutex_unlock(&e->ctl);
 	if (go) {
 		int rc = te_segment_refresh(e, id);
-		te_dbg("segment %d: refreshed for a range outside its descriptor: %s", id, te_strerror(rc));
+		te_dbg("segment %d: refreshed as it looked stale: %s", id, te_strerror(rc));
 	}
+	return go;
+}
+
+void te_segver_refresh_job(gpointer data, gpointer user)
+{
+	te_segver *sv = data;
+	te_engine *e = sv->engine;
+
+	(void)user;
+	if (!e->closing && !te_segment_refresh_stale(e, sv->id))
+		atomic_store(&sv->refresh_asked, false); /* skipped: the next failure may ask again */
+	te_segver_unref(sv, false);
 }
 
 /* Called with ctl held when `tp` is being uninstalled: rebinds its segments
@@ -446,6 +460,8 @@ void te_segments_detach_transport(te_engine *e, te_transport_inst *tp)
 			te_desc_free(copy);
 			nsv = NULL;
 		}
+		if (nsv != NULL)
+			nsv->id = GPOINTER_TO_INT(k);
 		g_rw_lock_writer_lock(&e->data);
 		s->cur = nsv;
 		g_rw_lock_writer_unlock(&e->data);

@@ -168,7 +168,9 @@ TE_API te_segment_id te_segment_open(te_engine *engine, const char *name);
 /* As te_segment_open(), but forces the transport used for this segment. */
 TE_API te_segment_id te_segment_open_with(te_engine *engine, const char *name, const char *transport);
 TE_API int te_segment_close(te_engine *engine, te_segment_id segment);
-/* Fetches the descriptor again (e.g. after the peer registered memory). */
+/* Fetches the descriptor again. libte also does so by itself, at most once a
+ * second per segment, when a request falls outside the cached descriptor or
+ * the peer refuses a range the descriptor offered. */
 TE_API int te_segment_refresh(te_engine *engine, te_segment_id segment);
 
 /* A buffer of an open segment, as its descriptor lists it. For file

@@ -176,8 +176,17 @@ static void test_unregister_under_traffic(void)
 	CHECK(h.completed > 0);
 	CHECK(h.failed > 0); /* those after the unregister, refused by b */
 	CHECK_EQ(h.other, 0);
+	/* b's refusals made a fetch b's descriptor again by itself (no
+	 * te_segment_refresh here): x leaves a's view of b within a bound, and
+	 * a request to it is then refused at submit, never sent. */
+	te_segment_buffer sb[4];
+	long long end = now_ms() + 5000;
+	int nb;
+	while ((nb = te_segment_buffers(p.a, p.seg, sb, 4)) != 1 && now_ms() < end)
+		usleep(20000);
+	CHECK_EQ(nb, 1);
+	CHECK(nb >= 1 && sb[0].addr == (uintptr_t)p.bbuf);
 	te_task_status st;
-	CHECK_EQ(te_segment_refresh(p.a, p.seg), 0);
 	CHECK_EQ(run_one(p.a, TE_OP_READ, p.seg, p.abuf, (uintptr_t)x, 4096, &st), TE_TASK_INVALID);
 	CHECK_EQ(st.error, TE_ERR_ADDRESS);
 	/* b still serves its other memory */

@@ -11,6 +11,7 @@
 #include "rdma-internal.h"
 
 #include "../common/check.h"
+#include "../common/mutate.h"
 
 static char root[4096];
 
@@ -301,6 +302,57 @@ static void test_handshake_codec(void)
 	g_string_free(err, TRUE);
 }
 
+/* Random edits of valid handshakes (what a broken peer could send): each
+ * one is a clean accept with every field in range, or -EINVAL with a reason
+ * (the sanitizers watch the rest). */
+static void test_handshake_mutations(void)
+{
+	const char *seeds[] = {
+		"{\"local_gid\":\"f0:f1:f2:f3:f4:f5:f6:f7:f8:f9:fa:fb:fc:fd:fe:ff\",\"local_lid\":17,"
+		"\"local_nic_path\":\"10.0.0.1:15001@mlx5_0\",\"payload\":\"\","
+		"\"peer_nic_path\":\"10.0.0.2:16002@mlx5_3\",\"qp_num\":[1234,16777215],"
+		"\"ready_ack\":false,\"reply_msg\":\"\"}",
+		"{\"local_gid\":\"00:00:00:00:00:00:00:00:00:00:00:00:00:00:00:00\",\"local_lid\":0,"
+		"\"local_nic_path\":\"b@mlx5_3\",\"payload\":\"\",\"peer_nic_path\":\"a@mlx5_0\","
+		"\"qp_num\":[],\"ready_ack\":true,\"reply_msg\":\"QP count mismatch\"}",
+	};
+	GString *err = g_string_new(NULL);
+	GRand *rnd = g_rand_new_with_seed(4242);
+	int accepted = 0, rejected = 0, other = 0;
+
+	for (int iter = 0; iter < 20000; iter++) {
+		const char *seed = seeds[iter % 2];
+		size_t len = strlen(seed);
+		char *m = g_malloc(len + 1);
+		memcpy(m, seed, len + 1);
+		len = mutate_text(rnd, m, len);
+		rd_hs hs;
+		g_string_truncate(err, 0);
+		int rc = rd_hs_decode(m, len, &hs, err);
+		if (rc == 0) {
+			accepted++;
+			bool ok = hs.nqp >= 0 && hs.nqp <= 64 &&
+				  memchr(hs.local_nic_path, '\0', sizeof hs.local_nic_path) != NULL &&
+				  memchr(hs.peer_nic_path, '\0', sizeof hs.peer_nic_path) != NULL &&
+				  memchr(hs.reply_msg, '\0', sizeof hs.reply_msg) != NULL;
+			for (int i = 0; ok && i < hs.nqp; i++)
+				ok = hs.qp_num[i] <= 0xffffff;
+			if (!ok)
+				other++;
+		} else if (rc == -EINVAL && err->len > 0) {
+			rejected++;
+		} else {
+			other++;
+		}
+		g_free(m);
+	}
+	g_rand_free(rnd);
+	g_string_free(err, TRUE);
+	CHECK(accepted > 0);
+	CHECK(rejected > 0);
+	CHECK_EQ(other, 0);
+}
+
 static void test_strerror(void)
 {
 	CHECK(strcmp(rd_strerror(TE_ERR_REJECTED), "rejected by the peer") == 0);
@@ -314,6 +366,7 @@ int main(void)
 	TEST_RUN(test_user_matrix);
 	TEST_RUN(test_gid_and_paths);
 	TEST_RUN(test_handshake_codec);
+	TEST_RUN(test_handshake_mutations);
 	TEST_RUN(test_strerror);
 	return check_done();
 }

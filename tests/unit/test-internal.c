@@ -6,6 +6,7 @@
 
 #include "../../libte/internal.h"
 #include "../common/check.h"
+#include "../common/mutate.h"
 
 static int decode(const char *json, te_desc **d)
 {
@@ -190,7 +191,6 @@ static void test_decode_mutations(void)
 		"{\"server_name\":\"nvmeof/d\",\"protocol\":\"nvmeof\",\"buffers\":["
 		"{\"length\":100,\"file_path\":\"/a\",\"local_path_map\":{\"h\":\"/m\"}}]}",
 	};
-	const char alphabet[] = "{}[]\":,0123456789-.eE \\abnrtu";
 	GRand *rnd = g_rand_new_with_seed(12345);
 	int accepted = 0, rejected = 0, other = 0;
 	for (int iter = 0; iter < 30000; iter++) {
@@ -198,23 +198,7 @@ static void test_decode_mutations(void)
 		size_t len = strlen(seed);
 		char *m = g_malloc(len + 16);
 		memcpy(m, seed, len + 1);
-		int edits = g_rand_int_range(rnd, 1, 6);
-		for (int k = 0; k < edits && len > 0; k++) {
-			size_t pos = (size_t)g_rand_int_range(rnd, 0, (gint32)len);
-			switch (g_rand_int_range(rnd, 0, 3)) {
-			case 0: /* replace */
-				m[pos] = alphabet[g_rand_int_range(rnd, 0, (gint32)sizeof alphabet - 1)];
-				break;
-			case 1: /* delete */
-				memmove(m + pos, m + pos + 1, len - pos);
-				len--;
-				break;
-			default: /* truncate */
-				m[pos] = '\0';
-				len = pos;
-				break;
-			}
-		}
+		len = mutate_text(rnd, m, len);
 		te_desc *d = NULL;
 		int rc = te_desc_decode(m, len, &d);
 		if (rc == 0 && d != NULL) {

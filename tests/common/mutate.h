@@ -35,4 +35,16 @@ static inline size_t mutate_text(GRand *rnd, char *m, size_t len)
 	return len;
 }
 
+/* A g_malloc()ed copy of `seed` with mutate_text() applied; its length in
+ * *len. */
+static inline char *mutated_copy(GRand *rnd, const char *seed, size_t *len)
+{
+	size_t n = strlen(seed);
+	char *m = g_malloc(n + 1);
+
+	memcpy(m, seed, n + 1);
+	*len = mutate_text(rnd, m, n);
+	return m;
+}
+
 #endif

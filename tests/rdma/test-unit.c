@@ -321,11 +321,8 @@ static void test_handshake_mutations(void)
 	int accepted = 0, rejected = 0, other = 0;
 
 	for (int iter = 0; iter < 20000; iter++) {
-		const char *seed = seeds[iter % 2];
-		size_t len = strlen(seed);
-		char *m = g_malloc(len + 1);
-		memcpy(m, seed, len + 1);
-		len = mutate_text(rnd, m, len);
+		size_t len;
+		char *m = mutated_copy(rnd, seeds[iter % 2], &len);
 		rd_hs hs;
 		g_string_truncate(err, 0);
 		int rc = rd_hs_decode(m, len, &hs, err);

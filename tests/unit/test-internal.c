@@ -194,11 +194,8 @@ static void test_decode_mutations(void)
 	GRand *rnd = g_rand_new_with_seed(12345);
 	int accepted = 0, rejected = 0, other = 0;
 	for (int iter = 0; iter < 30000; iter++) {
-		const char *seed = seeds[iter % 3];
-		size_t len = strlen(seed);
-		char *m = g_malloc(len + 16);
-		memcpy(m, seed, len + 1);
-		len = mutate_text(rnd, m, len);
+		size_t len;
+		char *m = mutated_copy(rnd, seeds[iter % 3], &len);
 		te_desc *d = NULL;
 		int rc = te_desc_decode(m, len, &d);
 		if (rc == 0 && d != NULL) {

@@ -189,11 +189,15 @@ static void peer_name(const struct sockaddr_storage *ss, char *buf, size_t size)
 		inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
 		port = ntohs(a->sin_port);
 	} else if (ss->ss_family == AF_INET6) {
+		/* the dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d */
 		const struct sockaddr_in6 *a = (const void *)ss;
-		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+		if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
+			inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
+		else
+			inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
 		port = ntohs(a->sin6_port);
 	}
-	snprintf(buf, size, "%s:%d", host, port);
+	snprintf(buf, size, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
 }
 
 /* ---------------------------------------------------------------- server */
@@ -326,26 +330,55 @@ static gpointer accept_loop(gpointer data)
 	return NULL;
 }
 
-static int bind_port(int fd, int port)
+static int bind_port(int fd, int family, int port)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int rc;
 
-	a.sin_addr.s_addr = htonl(INADDR_ANY);
-	return bind(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : -errno;
+	if (family == AF_INET6) {
+		struct sockaddr_in6 a = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
+					  .sin6_addr = IN6ADDR_ANY_INIT };
+		rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+	} else {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+		a.sin_addr.s_addr = htonl(INADDR_ANY);
+		rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+	}
+	return rc == 0 ? 0 : -errno;
+}
+
+/* A listening socket for both IPv6 and IPv4 peers (these arrive as mapped
+ * addresses), or IPv4 only where the kernel has no IPv6. */
+static int listen_socket(int *family)
+{
+	int one = 1, zero = 0;
+	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+	*family = AF_INET6;
+	if (fd >= 0 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0) {
+		*family = AF_INET;
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	}
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	return fd;
 }
 
 int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_server **out)
 {
 	te_rpc_server *s;
-	int fd, rc = -EADDRINUSE, one = 1;
+	int fd, family, rc = -EADDRINUSE;
 	uint64_t lo = 15000, hi = 17000, backlog = 128;
 	const char *v;
 
 	*out = NULL;
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	fd = listen_socket(&family);
 	if (fd < 0)
-		return -errno;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		return fd;
 	if ((v = te_env2("TE_MIN_RPC_PORT", "MC_MIN_PRC_PORT")) && (!te_parse_u64(v, &lo) || lo > 65535))
 		lo = 15000;
 	if ((v = te_env2("TE_MAX_RPC_PORT", "MC_MAX_PRC_PORT")) && (!te_parse_u64(v, &hi) || hi > 65535))
@@ -357,7 +390,7 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 		backlog = 128;
 
 	if (port_wanted > 0) {
-		rc = bind_port(fd, port_wanted);
+		rc = bind_port(fd, family, port_wanted);
 		if (rc == 0)
 			*port_out = port_wanted;
 	} else {
@@ -365,7 +398,7 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 		uint64_t start = (uint64_t)g_random_int_range(0, (gint32)span);
 		for (uint64_t i = 0; i < span && rc < 0; i++) {
 			int p = (int)(lo + (start + i) % span);
-			rc = bind_port(fd, p);
+			rc = bind_port(fd, family, p);
 			if (rc == 0)
 				*port_out = p;
 			else if (rc != -EADDRINUSE)

@@ -7,7 +7,9 @@
 
 #include <arpa/inet.h>
 #include <endian.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,18 +17,26 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-/* A connection to 127.0.0.1:port with a 15 s receive timeout, or -1. */
+/* The numeric address connect_port() connects to. */
+static const char *rpc_raw_host = "127.0.0.1";
+
+/* A connection to rpc_raw_host:port with a 15 s receive timeout, or -1. */
 static inline int connect_port(int port)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
+	struct addrinfo *res = NULL;
+	char ps[16];
+	snprintf(ps, sizeof ps, "%d", port);
+	if (getaddrinfo(rpc_raw_host, ps, &hints, &res) != 0 || res == NULL)
+		return -1;
+	int fd = socket(res->ai_family, SOCK_STREAM, 0);
+	if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
 	if (fd < 0)
 		return -1;
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-		close(fd);
-		return -1;
-	}
 	struct timeval tv = { .tv_sec = 15 };
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	return fd;

@@ -36,6 +36,9 @@ static inline void *map_buf(size_t n)
 	return p;
 }
 
+/* The address tcp_engine() names its engines after (P2PHANDSHAKE). */
+static const char *tcp_test_host = "127.0.0.1";
+
 static inline te_engine *tcp_engine(const te_option *extra, size_t n_extra)
 {
 	te_option opt[8] = { { "transports", "tcp" } };
@@ -44,7 +47,7 @@ static inline te_engine *tcp_engine(const te_option *extra, size_t n_extra)
 
 	for (size_t i = 0; i < n_extra && n < 8; i++)
 		opt[n++] = extra[i];
-	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", opt, n, &e);
+	int rc = te_engine_create("P2PHANDSHAKE", tcp_test_host, opt, n, &e);
 	if (rc != 0)
 		fprintf(stderr, "engine create failed: %s\n", te_strerror(rc));
 	return e;

@@ -57,6 +57,29 @@ static void test_sizes(void)
 	pair_down(&p);
 }
 
+/* Engines named after an IPv6 address: the segment name is "[::1]:port",
+ * the descriptor comes over the RPC socket and the data over TCP, both on
+ * IPv6 loopback (all other tests cover IPv4 on the same dual-stack
+ * sockets). */
+static void test_ipv6(void)
+{
+	pair p;
+	tcp_test_host = "::1";
+	pair_up(&p, NULL, 0, NULL, 0);
+	tcp_test_host = "127.0.0.1";
+	CHECK(strncmp(te_engine_name(p.b), "[::1]:", 6) == 0);
+	static const size_t sizes[] = { 1, 4097, 1u << 20, (5u << 20) + 3 };
+	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+		roundtrip(&p, sizes[i], 1 + i * 13, 3 + i * 7, (unsigned)i + 40);
+	/* the descriptor asked for by hand over [::1] */
+	rpc_raw_host = "::1";
+	char *d = rpc_exchange(te_engine_rpc_port(p.b), 1, "{}");
+	rpc_raw_host = "127.0.0.1";
+	CHECK(d != NULL && strstr(d, "\"tcp_data_port\"") != NULL);
+	free(d);
+	pair_down(&p);
+}
+
 /* One batch of 512 requests, reads and writes of assorted sizes. */
 static void test_mixed_batch(void)
 {
@@ -262,6 +285,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	TEST_RUN(test_descriptor);
 	TEST_RUN(test_sizes);
+	TEST_RUN(test_ipv6);
 	TEST_RUN(test_mixed_batch);
 	TEST_RUN(test_many_threads);
 	TEST_RUN(test_slicing);

@@ -25,6 +25,7 @@
 #include <te/te-plugin.h>
 
 #include "../common/te-http.h"
+#include "../common/te-keeper.h"
 
 #define DEFAULT_PORT 2379
 #define MAX_ENDPOINTS 64
@@ -46,10 +47,7 @@ typedef struct etcd {
 	int64_t lease_id;     /* 0: none */
 	int64_t granted_ttl;
 	GHashTable *owned;    /* key → value of TE_META_OWNED puts */
-	GThread *keeper;
-	GMutex keeper_lock;
-	GCond keeper_cond;
-	bool stopping;
+	te_keeper keeper;
 } etcd;
 
 /* json-glib's typed getters warn on a missing member or a wrong type; these
@@ -325,17 +323,7 @@ static gpointer keeper(gpointer data)
 	g_mutex_lock(&s->lease_lock);
 	period = keepalive_period_ms(s);
 	g_mutex_unlock(&s->lease_lock);
-	for (;;) {
-		gint64 until = g_get_monotonic_time() + (failing ? retry_ms : period) * 1000;
-		g_mutex_lock(&s->keeper_lock);
-		while (!s->stopping)
-			if (!g_cond_wait_until(&s->keeper_cond, &s->keeper_lock, until))
-				break;
-		bool stop = s->stopping;
-		g_mutex_unlock(&s->keeper_lock);
-		if (stop)
-			break;
-
+	while (te_keeper_sleep(&s->keeper, failing ? retry_ms : period)) {
 		g_mutex_lock(&s->lease_lock);
 		int rc = s->lease_id ? lease_keepalive(s, s->lease_id) : -ENOENT;
 		if (rc == -ENOENT)
@@ -360,12 +348,9 @@ static int lease_ensure(etcd *s)
 	int rc = lease_grant(s);
 	if (rc < 0)
 		return rc;
-	if (s->keeper == NULL) {
-		s->keeper = g_thread_try_new("te-etcd-lease", keeper, s, NULL);
-		if (s->keeper == NULL) {
-			s->h->log(s->h, TE_LOG_ERROR, "etcd %s: cannot start the lease keep-alive thread", s->conn);
-			return -EAGAIN;
-		}
+	if (!te_keeper_start(&s->keeper, "te-etcd-lease", keeper, s)) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: cannot start the lease keep-alive thread", s->conn);
+		return -EAGAIN;
 	}
 	return 0;
 }
@@ -713,13 +698,7 @@ static void etcd_close(void *ctx)
 
 	if (s == NULL)
 		return;
-	if (s->keeper != NULL) {
-		g_mutex_lock(&s->keeper_lock);
-		s->stopping = true;
-		g_cond_signal(&s->keeper_cond);
-		g_mutex_unlock(&s->keeper_lock);
-		g_thread_join(s->keeper);
-	}
+	te_keeper_clear(&s->keeper);
 	if (s->http != NULL) {
 		g_mutex_lock(&s->lease_lock);
 		lease_revoke(s);
@@ -731,8 +710,6 @@ static void etcd_close(void *ctx)
 	if (s->owned)
 		g_hash_table_unref(s->owned);
 	g_mutex_clear(&s->lease_lock);
-	g_mutex_clear(&s->keeper_lock);
-	g_cond_clear(&s->keeper_cond);
 	g_free(s);
 }
 
@@ -758,8 +735,7 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 	s->h = h;
 	s->conn = g_strdup(conn);
 	g_mutex_init(&s->lease_lock);
-	g_mutex_init(&s->keeper_lock);
-	g_cond_init(&s->keeper_cond);
+	te_keeper_init(&s->keeper);
 	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 
 	const char *api = h->config(h, "TE_ETCD_API_PREFIX", NULL);

@@ -12,6 +12,12 @@
  * re-established, with AUTH and SELECT, on the next call; a call that hit a
  * closed connection is retried once on a fresh one. Every connect and every
  * command is bounded by TE_REDIS_TIMEOUT_MS.
+ *
+ * Liveness: keys put with TE_META_OWNED get an expiry (TE_REDIS_KEY_TTL
+ * seconds, 0 for none) that a keeper thread pushes back every third of it,
+ * so a crashed engine's keys vanish on their own. A kept key found missing
+ * (expired while redis or the engine stalled, or lost in a restart) is put
+ * back with its value.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -24,6 +30,8 @@
 #include <hiredis/hiredis.h>
 
 #include <te/te-plugin.h>
+
+#include "../common/te-keeper.h"
 
 #define DEFAULT_PORT 6379
 #define SCAN_COUNT "1000"
@@ -39,6 +47,11 @@ typedef struct rstore {
 	int timeout_ms;
 	GMutex lock;
 	redisContext *c; /* NULL: connect on the next call */
+	/* owned keys */
+	int64_t ttl_ms;      /* 0: owned keys do not expire */
+	GMutex owned_lock;   /* owned; held across I/O so a removal cannot race a put-back */
+	GHashTable *owned;   /* key → GBytes value */
+	te_keeper keeper;
 } rstore;
 
 static struct timeval tv_of(int ms)
@@ -280,19 +293,16 @@ static int redis_get(void *ctx, const char *key, char **value, size_t *len)
 	return rc;
 }
 
-static int redis_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
+/* SET, with an expiry of ttl_ms when it is not 0. */
+static int set_key(rstore *s, const char *key, const char *value, size_t len, int64_t ttl_ms)
 {
-	rstore *s = ctx;
+	char ms[24];
 	int rc;
 
-	(void)flags; /* no liveness: the engine removes its keys at shutdown */
-	if (key == NULL || *key == '\0' || (value == NULL && len > 0)) {
-		s->h->log(s->h, TE_LOG_ERROR, "redis put: empty key or NULL value");
-		return -EINVAL;
-	}
-	const char *argv[3] = { "SET", key, value ? value : "" };
-	size_t lens[3] = { 3, strlen(key), len };
-	redisReply *r = run(s, "SET", key, 3, argv, lens, &rc);
+	g_snprintf(ms, sizeof ms, "%" G_GINT64_FORMAT, ttl_ms);
+	const char *argv[5] = { "SET", key, value ? value : "", "PX", ms };
+	size_t lens[5] = { 3, strlen(key), len, 2, strlen(ms) };
+	redisReply *r = run(s, "SET", key, ttl_ms > 0 ? 5 : 3, argv, lens, &rc);
 	if (r == NULL)
 		return rc;
 	if (r->type != REDIS_REPLY_STATUS || strcmp(r->str, "OK") != 0) {
@@ -301,6 +311,87 @@ static int redis_put(void *ctx, const char *key, const char *value, size_t len, 
 	}
 	freeReplyObject(r);
 	return rc;
+}
+
+static gpointer keeper(gpointer data);
+
+static int redis_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
+{
+	rstore *s = ctx;
+	int rc;
+
+	if (key == NULL || *key == '\0' || (value == NULL && len > 0)) {
+		s->h->log(s->h, TE_LOG_ERROR, "redis put: empty key or NULL value");
+		return -EINVAL;
+	}
+	if (!(flags & TE_META_OWNED) || s->ttl_ms == 0)
+		return set_key(s, key, value, len, 0);
+
+	g_mutex_lock(&s->owned_lock);
+	rc = set_key(s, key, value, len, s->ttl_ms);
+	if (rc == 0) {
+		g_hash_table_replace(s->owned, g_strdup(key), g_bytes_new(value ? value : "", len));
+		if (!te_keeper_start(&s->keeper, "te-redis-ttl", keeper, s))
+			s->h->log(s->h, TE_LOG_ERROR,
+				  "redis %s: cannot start the expiry keeper: owned keys expire after %" G_GINT64_FORMAT " ms",
+				  s->conn, s->ttl_ms);
+	}
+	g_mutex_unlock(&s->owned_lock);
+	return rc;
+}
+
+/* One pass over the owned keys: push each expiry back, put back any key that
+ * is gone. With owned_lock held. 0, or the first error. */
+static int keep_owned(rstore *s)
+{
+	GHashTableIter it;
+	gpointer k, v;
+	char ms[24];
+	int first = 0;
+
+	g_snprintf(ms, sizeof ms, "%" G_GINT64_FORMAT, s->ttl_ms);
+	g_hash_table_iter_init(&it, s->owned);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		const char *argv[3] = { "PEXPIRE", k, ms };
+		size_t lens[3] = { 7, strlen(k), strlen(ms) };
+		int rc;
+		redisReply *r = run(s, "PEXPIRE", k, 3, argv, lens, &rc);
+		if (r != NULL) {
+			bool gone = r->type == REDIS_REPLY_INTEGER && r->integer == 0;
+			freeReplyObject(r);
+			if (gone) {
+				gsize n;
+				const char *val = g_bytes_get_data(v, &n);
+				rc = set_key(s, k, val, n, s->ttl_ms);
+				if (rc == 0)
+					s->h->log(s->h, TE_LOG_WARN, "redis %s: owned key '%s' had expired; put back",
+						  s->conn, (const char *)k);
+			}
+		}
+		if (rc < 0 && first == 0)
+			first = rc;
+	}
+	return first;
+}
+
+static gpointer keeper(gpointer data)
+{
+	rstore *s = data;
+	int64_t period = s->ttl_ms / 3 > 100 ? s->ttl_ms / 3 : 100;
+	bool failing = false;
+
+	while (te_keeper_sleep(&s->keeper, failing ? 250 : period)) {
+		g_mutex_lock(&s->owned_lock);
+		int rc = keep_owned(s);
+		g_mutex_unlock(&s->owned_lock);
+		if (rc < 0 && !failing)
+			s->h->log(s->h, TE_LOG_WARN, "redis %s: renewing the expiry of owned keys failed; retrying",
+				  s->conn);
+		else if (rc == 0 && failing)
+			s->h->log(s->h, TE_LOG_INFO, "redis %s: owned keys renewed again", s->conn);
+		failing = rc < 0;
+	}
+	return NULL;
 }
 
 static int redis_remove(void *ctx, const char *key)
@@ -314,11 +405,14 @@ static int redis_remove(void *ctx, const char *key)
 	}
 	const char *argv[2] = { "DEL", key };
 	size_t lens[2] = { 3, strlen(key) };
+	g_mutex_lock(&s->owned_lock);
 	redisReply *r = run(s, "DEL", key, 2, argv, lens, &rc);
-	if (r == NULL)
-		return rc;
-	freeReplyObject(r);
-	return 0;
+	if (r != NULL) {
+		freeReplyObject(r);
+		g_hash_table_remove(s->owned, key);
+	}
+	g_mutex_unlock(&s->owned_lock);
+	return r != NULL ? 0 : rc;
 }
 
 /* A glob matching keys that start with `prefix` literally. */
@@ -411,7 +505,10 @@ static void redis_close(void *ctx)
 
 	if (s == NULL)
 		return;
+	te_keeper_clear(&s->keeper);
 	drop(s);
+	g_hash_table_destroy(s->owned);
+	g_mutex_clear(&s->owned_lock);
 	g_free(s->conn);
 	g_free(s->host);
 	g_free(s->user);
@@ -480,6 +577,9 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 	}
 	s = g_new0(rstore, 1);
 	g_mutex_init(&s->lock);
+	g_mutex_init(&s->owned_lock);
+	te_keeper_init(&s->keeper);
+	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 	s->h = h;
 	/* Logs name the store without its password. */
 	const char *at = strrchr(conn, '@');
@@ -507,6 +607,7 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 	if (s->db < 0)
 		s->db = (int)te_host_config_u64(h, "TE_REDIS_DB_INDEX", "MC_REDIS_DB_INDEX", 0, 0, 255);
 	s->timeout_ms = (int)te_host_config_u64(h, "TE_REDIS_TIMEOUT_MS", NULL, 5000, 10, 600000);
+	s->ttl_ms = (int64_t)te_host_config_u64(h, "TE_REDIS_KEY_TTL", NULL, 10, 0, 86400) * 1000;
 
 	/* Connect now, so a wrong address or password fails engine creation
 	 * with a clear reason instead of the first lookup. */

@@ -51,7 +51,7 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 		      const char *forced, te_transport_inst *skip, te_segver **out)
 {
 	te_segver *sv = g_new0(te_segver, 1);
-	int rc = TE_ERR_NO_TRANSPORT, last = 0;
+	int rc = TE_ERR_NO_TRANSPORT, last = 0, named = 0;
 
 	atomic_init(&sv->refs, 1);
 	sv->engine = e;
@@ -94,17 +94,25 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 				atomic_fetch_add(&tp->segvers, 1);
 				rc = 0;
 			} else {
+				if (pass == 0)
+					named = last; /* the descriptor's own transport: its reason matters */
 				te_dbg("transport %s declined segment %s: %s", tn, desc->name, te_strerror(last));
 			}
 		}
 	}
 	if (rc < 0) {
-		if (forced)
+		if (forced) {
 			te_err("segment %s: transport '%s' is not installed or cannot serve it%s%s", desc->name,
 			       forced, last ? ": " : "", last ? te_strerror(last) : "");
-		else
+		} else if (named != 0) {
+			/* e.g. an unresolvable host: say so rather than "no transport" */
+			te_err("segment %s: transport %s cannot reach it (%s), and no other installed transport "
+			       "serves it", desc->name, desc->protocol, te_strerror(named));
+			rc = named;
+		} else {
 			te_err("segment %s (protocol %s): no installed transport serves it", desc->name,
 			       desc->protocol);
+		}
 		sv->desc = NULL; /* the caller still owns it */
 		g_free(sv->host);
 		g_free(sv->infobufs);

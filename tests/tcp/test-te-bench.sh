@@ -146,6 +146,31 @@ elif run initiator 0 --segment_id="$name" --duration=1 --check --quiet --block_s
 fi
 
 # --- a metadata server, when this machine has one -----------------------------------
+# two_processes LABEL CONN: a target process and an initiator process that find
+# each other through the store CONN; the target's keys leave with it.
+two_processes() {
+	# named host:port as Mooncake nodes are: the host part is where peers reach it
+	local label=$1 md=$2 tname="127.0.0.1:$(free_port)" up=
+	"$bench" --mode=target --metadata_server="$md" --local_server_name="$tname" --buffer_size=64M \
+		>"$tmp/target-$label" 2>&1 &
+	local tpid=$!
+	pids+=($tpid)
+	for _ in $(seq 100); do
+		grep -q "target ready, segment name $tname " "$tmp/target-$label" && { up=1; break; }
+		sleep 0.1
+	done
+	if [ -z "$up" ]; then
+		bad "$label: target process did not start"; sed 's/^/    /' "$tmp/target-$label" | head -5
+		return
+	fi
+	run "$label-initiator" 0 --metadata_server="$md" --local_server_name="127.0.0.1:$(free_port)" \
+		--segment_id="$tname" --operation=write --duration=1 --check --quiet &&
+		grep -q "^te-bench: initiator write over tcp" "$tmp/out" &&
+		ok "target and initiator processes through $label"
+	kill "$tpid"
+	wait "$tpid" || bad "$label: target exit status"
+}
+
 plugin_there() { # KIND NAME
 	local IFS=:
 	for d in $TE_PLUGIN_PATH; do [ -e "$d/libte-$1-$2.so" ] && return 0; done
@@ -164,6 +189,7 @@ if command -v etcd >/dev/null && plugin_there metadata etcd; then
 	done
 	run etcd 0 --metadata_server="etcd://127.0.0.1:$cp" --duration=1 --check --quiet &&
 		ok "loopback through etcd://"
+	two_processes etcd "etcd://127.0.0.1:$cp"
 else
 	echo "note: no etcd server or etcd plugin here; etcd:// not exercised"
 fi
@@ -177,6 +203,7 @@ if command -v redis-server >/dev/null && plugin_there metadata redis; then
 	done
 	run redis 0 --metadata_server="redis://127.0.0.1:$rp" --duration=1 --check --quiet &&
 		ok "loopback through redis://"
+	two_processes redis "redis://127.0.0.1:$rp"
 	# An NVMe-oF file segment: remote offsets start at 0 (from te_segment_buffers).
 	if [ -x "$register" ] && plugin_there transport nvmeof; then
 		truncate -s 64M "$tmp/disk0.img"
@@ -207,6 +234,7 @@ if [ -x "$mds" ] && plugin_there metadata http; then
 	done
 	run http 0 --metadata_server="http://127.0.0.1:$hp/metadata" --duration=1 --check --quiet &&
 		ok "loopback through http://"
+	two_processes http "http://127.0.0.1:$hp/metadata"
 else
 	echo "note: no te-metadata-server or http plugin here; http:// not exercised"
 fi

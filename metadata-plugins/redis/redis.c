@@ -653,5 +653,6 @@ static const te_metadata_ops redis_ops = {
 	.list = redis_list,
 };
 
-TE_PLUGIN_DEFINE(TE_KIND_METADATA, "redis", "1.0.0", "redis metadata store (hiredis)", "Apache-2.0",
+TE_PLUGIN_DEFINE(TE_KIND_METADATA, "redis", "1.0.0",
+		 "redis metadata store (hiredis; an engine's keys expire unless it renews them)", "Apache-2.0",
 		 &redis_ops)

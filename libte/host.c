@@ -29,6 +29,8 @@ static const char *host_config(const te_host *h, const char *te_name, const char
 		return NULL;
 	if (hc->engine != NULL)
 		v = te_engine_option(hc->engine, te_name);
+	if (v == NULL && hc->engine != NULL && mc_name != NULL)
+		v = te_engine_option(hc->engine, mc_name); /* Mooncake's name, as an option */
 	if (v == NULL)
 		v = te_env2(te_name, mc_name);
 	return v;

@@ -444,6 +444,8 @@ static int connect_qps(rd_ep *ep, const rd_hs *peer, GString *why)
 			},
 		};
 		memcpy(a.ah_attr.grh.dgid.raw, peer->local_gid, 16);
+		if (c->tr->cfg.ib_tc >= 0)
+			a.ah_attr.grh.traffic_class = (uint8_t)c->tr->cfg.ib_tc;
 		int rc = v->modify_qp(ep->qps[i], &a,
 				      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 					      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |

@@ -47,6 +47,9 @@ typedef struct rd_config {
 	bool fifo_store;          /* MC_ENDPOINT_STORE_TYPE=FIFO */
 	unsigned max_slices;      /* slices in flight per engine */
 	unsigned ready_grace_ms;  /* passive endpoints usable without ready_ack */
+	int ib_tc;                /* GRH traffic class, -1: the device's default */
+	bool relaxed_ordering;    /* register memory with PCIe relaxed ordering */
+	bool dest_affinity;       /* prefer the remote NIC named like the local one */
 } rd_config;
 
 /* -------------------------------------------------------------- topology */

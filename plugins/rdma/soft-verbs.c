@@ -86,6 +86,8 @@ typedef struct soft_dev {
 	int fail_status;
 
 	atomic_ullong wrs, bytes, errors, flushed, rx_wrs;
+	atomic_ullong mrs_relaxed;  /* MRs registered with relaxed ordering */
+	atomic_int last_tc;         /* GRH traffic class of the last QP moved to RTR, -1 before */
 } soft_dev;
 
 typedef struct soft_ctx {
@@ -269,6 +271,7 @@ static soft_dev *dev_get(const char *root, const char *name)
 	g_cond_init(&d->cond);
 	g_queue_init(&d->runq);
 	d->nports = 0;
+	atomic_init(&d->last_tc, -1);
 	for (int p = 1; p <= SOFT_MAX_PORTS; p++) {
 		char *pd = g_strdup_printf("%s/ports/%d", dir, p);
 		bool exists = g_file_test(pd, G_FILE_TEST_IS_DIR);
@@ -524,6 +527,8 @@ static struct ibv_mr *sv_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, 
 	mr->mr.addr = addr;
 	mr->mr.length = length;
 	mr->access = access;
+	if (access & IBV_ACCESS_RELAXED_ORDERING)
+		atomic_fetch_add(&((soft_ctx *)ibpd->context)->dev->mrs_relaxed, 1);
 	g_rw_lock_writer_lock(&tables);
 	uint32_t key = next_key;
 	next_key += 0x100; /* keys look like a real HCA's: index << 8 | variant */
@@ -861,6 +866,7 @@ static int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 			qp->dgid = attr->ah_attr.grh.dgid;
 			qp->dlid = attr->ah_attr.dlid;
 			qp->sgid_index = attr->ah_attr.grh.sgid_index;
+			atomic_store(&d->last_tc, attr->ah_attr.is_global ? attr->ah_attr.grh.traffic_class : -1);
 		}
 	} else if (to == IBV_QPS_RTS && (from == IBV_QPS_RTR || from == IBV_QPS_RTS)) {
 		if (from == IBV_QPS_RTR && (mask & rts_need) != rts_need)
@@ -1318,6 +1324,9 @@ static void add_counters(soft_dev *d, void *arg)
 	c->errors += atomic_load(&d->errors);
 	c->flushed += atomic_load(&d->flushed);
 	c->rx_wrs += atomic_load(&d->rx_wrs);
+	c->mrs_relaxed += atomic_load(&d->mrs_relaxed);
+	if (atomic_load(&d->last_tc) > c->last_tc)
+		c->last_tc = atomic_load(&d->last_tc);
 }
 
 SOFT_EXPORT int te_rdma_soft_set_link(const char *dev, int up);
@@ -1358,5 +1367,6 @@ int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out)
 	if (out == NULL)
 		return -EINVAL;
 	memset(out, 0, sizeof *out);
+	out->last_tc = -1;
 	return for_devices(dev, add_counters, out);
 }

@@ -48,6 +48,25 @@ static unsigned cfg_u(const te_host *h, const char *te, const char *mc, unsigned
 	return (unsigned)te_host_config_u64(h, te, mc, def, lo, hi);
 }
 
+/* A switch: 1/true/yes/on or 0/false/no/off (any case); `def` when unset,
+ * and with a warning when it is something else. */
+static bool cfg_bool(const te_host *h, const char *te, const char *mc, bool def)
+{
+	const char *s = h->config(h, te, mc);
+	static const char *const on[] = { "1", "true", "yes", "on" }, *const off[] = { "0", "false", "no", "off" };
+
+	if (s == NULL || *s == '\0')
+		return def;
+	for (size_t i = 0; i < G_N_ELEMENTS(on); i++) {
+		if (g_ascii_strcasecmp(s, on[i]) == 0)
+			return true;
+		if (g_ascii_strcasecmp(s, off[i]) == 0)
+			return false;
+	}
+	h->log(h, TE_LOG_WARN, "%s=%s is not a switch (1/0, true/false, yes/no, on/off); using %d", te, s, def);
+	return def;
+}
+
 static void read_config(const te_host *h, rd_config *c)
 {
 	const char *s;
@@ -104,6 +123,12 @@ static void read_config(const te_host *h, rd_config *c)
 	}
 	c->max_slices = cfg_u(h, "TE_RDMA_MAX_SLICES", NULL, 16384, 64, 1u << 22);
 	c->ready_grace_ms = cfg_u(h, "TE_RDMA_READY_GRACE_MS", NULL, 1000, 0, 600000);
+	c->ib_tc = -1;
+	s = h->config(h, "TE_RDMA_IB_TC", "MC_IB_TC");
+	if (s != NULL && strcmp(s, "-1") != 0)
+		c->ib_tc = (int)te_host_config_u64(h, "TE_RDMA_IB_TC", "MC_IB_TC", 0, 0, 255);
+	c->relaxed_ordering = cfg_bool(h, "TE_RDMA_IB_PCI_RELAXED_ORDERING", "MC_IB_PCI_RELAXED_ORDERING", false);
+	c->dest_affinity = cfg_bool(h, "TE_RDMA_DEST_DEVICE_AFFINITY", "MC_ENABLE_DEST_DEVICE_AFFINITY", false);
 }
 
 static bool want_soft(const te_host *h)
@@ -261,6 +286,31 @@ static uint64_t path_bit(const rd_slice *s, int l, int r)
 	return 1ull << (((unsigned)l * (unsigned)s->seg->ndev + (unsigned)r) % 64);
 }
 
+/* Whether local NIC `l` may send to remote NIC `r` now: the pair is not
+ * paused, and (`untried`) this slice has not tried it. */
+static bool pair_usable(const rd_slice *s, int l, int r, bool untried, int64_t *now)
+{
+	size_t idx = (size_t)l * (size_t)s->seg->ndev + (size_t)r;
+	int64_t until = atomic_load_explicit(&s->seg->pause_until[idx], memory_order_relaxed);
+
+	if (until != 0) {
+		if (*now == 0)
+			*now = rd_now_ms();
+		if (until > *now)
+			return false;
+	}
+	return !(untried && (s->tried & path_bit(s, l, r)));
+}
+
+/* The remote candidate named like local NIC `l`, or -1. */
+static int same_name(const rd_transport *tr, const rd_seg *seg, int l, const int *rc, int nr)
+{
+	for (int ri = 0; ri < nr; ri++)
+		if (strcmp(seg->devs[rc[ri]].name, tr->ctx[l]->name) == 0)
+			return rc[ri];
+	return -1;
+}
+
 /* Picks a path for `s`: a pair not tried yet first; with `allow_tried` one
  * already tried. Paused pairs and NICs out of service are skipped.
  * 0, -ENETDOWN (no local NIC in service) or -EHOSTUNREACH (none left). */
@@ -278,21 +328,19 @@ static int route(rd_transport *tr, rd_slice *s, bool allow_tried)
 			if (!atomic_load_explicit(&tr->ctx[l]->active, memory_order_relaxed))
 				continue;
 			any_local = true;
+			/* Rail-optimised fabrics: the remote NIC of the same name first,
+			 * when it is a candidate at all (fewer QPs, one rail). */
+			int same = tr->cfg.dest_affinity ? same_name(tr, s->seg, l, rc, nr) : -1;
+			if (same >= 0 && pair_usable(s, l, same, pass == 0, &now)) {
+				s->ldev = (int16_t)l;
+				s->rdev = (int16_t)same;
+				return 0;
+			}
 			for (int ri = 0; ri < nr; ri++) {
-				int r = rc[ri];
-				size_t idx = (size_t)l * (size_t)s->seg->ndev + (size_t)r;
-				int64_t until = atomic_load_explicit(&s->seg->pause_until[idx],
-								     memory_order_relaxed);
-				if (until != 0) {
-					if (now == 0)
-						now = rd_now_ms();
-					if (until > now)
-						continue;
-				}
-				if (pass == 0 && (s->tried & path_bit(s, l, r)))
+				if (rc[ri] == same || !pair_usable(s, l, rc[ri], pass == 0, &now))
 					continue;
 				s->ldev = (int16_t)l;
-				s->rdev = (int16_t)r;
+				s->rdev = (int16_t)rc[ri];
 				return 0;
 			}
 		}
@@ -963,6 +1011,9 @@ static int rd_mem_register(void *ctx, const te_mem_info *mem, char **json)
 	atomic_init(&m->refs, 1);
 	if (m->remote)
 		access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	/* An optional flag: libibverbs drops it where the device lacks it. */
+	if (tr->cfg.relaxed_ordering)
+		access |= IBV_ACCESS_RELAXED_ORDERING;
 
 	/* Pinning a large region takes long: register it with every NIC at once. */
 	bool parallel = tr->nctx > 1 && (tr->cfg.parallel_reg == 1 ||

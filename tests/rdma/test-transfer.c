@@ -397,6 +397,94 @@ static void test_cancel(void)
 	free(lb);
 }
 
+/* Responder work requests served by mlx5_0+mlx5_1 and by mlx5_2+mlx5_3. */
+static void rx_by_socket(uint64_t *node0, uint64_t *node1)
+{
+	te_rdma_soft_counters c;
+	const char *devs[] = { "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3" };
+	*node0 = *node1 = 0;
+	for (int i = 0; i < 4; i++) {
+		REQUIRE(soft_counters(devs[i], &c) == 0);
+		*(i < 2 ? node0 : node1) += c.rx_wrs;
+	}
+}
+
+/* Moves 1 MiB from x into y's buffer (cpu:1, preferring mlx5_2/3) and tells
+ * which of y's NICs served it. */
+static void write_through(te_engine *x, unsigned char *xbuf, te_engine *y, unsigned char *ybuf, uint64_t *node0,
+			  uint64_t *node1)
+{
+	te_task_status st;
+	uint64_t b0, b1, a0, a1;
+	te_segment_id seg = te_segment_open(x, te_engine_name(y));
+	REQUIRE(seg > 0);
+	fill_pattern(xbuf, 1 << 20, 77);
+	rx_by_socket(&b0, &b1);
+	CHECK_EQ(run_one(x, TE_OP_WRITE, seg, xbuf, (uintptr_t)ybuf, 1 << 20, &st), TE_TASK_COMPLETED);
+	rx_by_socket(&a0, &a1);
+	CHECK(memcmp(xbuf, ybuf, 1 << 20) == 0);
+	*node0 = a0 - b0;
+	*node1 = a1 - b1;
+	CHECK_EQ(te_segment_close(x, seg), 0);
+}
+
+/* MC_IB_TC, MC_IB_PCI_RELAXED_ORDERING, MC_ENABLE_DEST_DEVICE_AFFINITY. */
+static void test_options(void)
+{
+	te_rdma_soft_counters c0, c0b, c2;
+	te_task_status st;
+
+	/* Relaxed ordering: asked for by the option only, on every NIC. */
+	REQUIRE(soft_counters("mlx5_0", &c0) == 0);
+	/* (Mooncake's names work as engine options too) */
+	const char *ro_tc[] = { "TE_RDMA_IB_PCI_RELAXED_ORDERING", "1", "MC_IB_TC", "96", NULL };
+	te_engine *a = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", ro_tc);
+	REQUIRE(a != NULL);
+	REQUIRE(te_register_memory(a, P.abuf, 2 << 20, "cpu:0", 0) == 0);
+	REQUIRE(soft_counters("mlx5_0", &c0b) == 0);
+	CHECK_EQ(c0b.mrs_relaxed - c0.mrs_relaxed, 1);
+	unsigned char *extra = buf_new(1 << 20);
+	REQUIRE(te_register_memory(P.a, extra, 1 << 20, "cpu:0", 0) == 0);
+	REQUIRE(soft_counters("mlx5_0", &c0) == 0);
+	CHECK_EQ(c0.mrs_relaxed, c0b.mrs_relaxed); /* P.a runs without it */
+	CHECK_EQ(te_unregister_memory(P.a, extra), 0);
+	free(extra);
+
+	/* Traffic class: set on the QPs a connects; b's own stay at 0. */
+	te_segment_id seg = te_segment_open(a, te_engine_name(P.b));
+	REQUIRE(seg > 0);
+	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, P.abuf, (uintptr_t)P.bbuf, 1 << 20, &st), TE_TASK_COMPLETED);
+	REQUIRE(soft_counters("mlx5_0", &c0) == 0);
+	REQUIRE(soft_counters("mlx5_2", &c2) == 0);
+	CHECK_EQ(c0.last_tc, 96);
+	CHECK_EQ(c2.last_tc, 0);
+	CHECK_EQ(te_segment_close(a, seg), 0);
+	te_engine_destroy(a);
+
+	/* Affinity: y's buffer prefers its mlx5_2/3 (socket 1); x has mlx5_0/1.
+	 * Without affinity y's preferred NICs serve x; with it, the NICs of the
+	 * same names. */
+	te_engine *y = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\", \"mlx5_2\", \"mlx5_3\"]}");
+	REQUIRE(y != NULL);
+	unsigned char *ybuf = buf_new(1 << 20);
+	REQUIRE(te_register_memory(y, ybuf, 1 << 20, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
+	const char *aff[] = { "MC_ENABLE_DEST_DEVICE_AFFINITY", "true", NULL };
+	te_engine *plain = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}");
+	te_engine *x = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", aff);
+	REQUIRE(plain != NULL && x != NULL);
+	REQUIRE(te_register_memory(plain, P.abuf, 2 << 20, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(x, P.abuf + (2 << 20), 2 << 20, "cpu:0", 0) == 0);
+	uint64_t n0, n1;
+	write_through(plain, P.abuf, y, ybuf, &n0, &n1);
+	CHECK(n0 == 0 && n1 >= 16);
+	write_through(x, P.abuf + (2 << 20), y, ybuf, &n0, &n1);
+	CHECK(n0 >= 16 && n1 == 0);
+	te_engine_destroy(plain);
+	te_engine_destroy(x);
+	te_engine_destroy(y);
+	free(ybuf);
+}
+
 static double cpu_seconds(void)
 {
 	struct timespec ts;
@@ -430,6 +518,7 @@ int main(void)
 	TEST_RUN(test_errors_retried);
 	TEST_RUN(test_rebuilt_both_sides);
 	TEST_RUN(test_cancel);
+	TEST_RUN(test_options);
 	TEST_RUN(test_idle_cpu);
 	teardown();
 	return check_done();

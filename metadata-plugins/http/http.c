@@ -66,6 +66,17 @@ static bool bad_key(hstore *s, const char *key, const char *what)
 	return false;
 }
 
+/* `method` on <base>?key=<escaped key>. */
+static int key_call(hstore *s, const char *method, const char *key, const char *body, size_t len,
+		    te_http_reply *r)
+{
+	char *url = key_url(s, key);
+	int rc = call(s, method, url, key, body, len, r);
+
+	g_free(url);
+	return rc;
+}
+
 static int http_get(void *ctx, const char *key, char **value, size_t *len)
 {
 	hstore *s = ctx;
@@ -74,9 +85,7 @@ static int http_get(void *ctx, const char *key, char **value, size_t *len)
 	*value = NULL;
 	if (bad_key(s, key, "get"))
 		return -EINVAL;
-	char *url = key_url(s, key);
-	int rc = call(s, "GET", url, key, NULL, 0, &r);
-	g_free(url);
+	int rc = key_call(s, "GET", key, NULL, 0, &r);
 	if (rc < 0)
 		return rc;
 	if (r.status == 404) {
@@ -110,9 +119,7 @@ static int http_put(void *ctx, const char *key, const char *value, size_t len, u
 		s->h->log(s->h, TE_LOG_ERROR, "http store %s: put '%s' with a NULL value", s->base, key);
 		return -EINVAL;
 	}
-	char *url = key_url(s, key);
-	int rc = call(s, "PUT", url, key, value ? value : "", len, &r);
-	g_free(url);
+	int rc = key_call(s, "PUT", key, value ? value : "", len, &r);
 	if (rc < 0)
 		return rc;
 	if (r.status != 200)
@@ -128,9 +135,7 @@ static int http_remove(void *ctx, const char *key)
 
 	if (bad_key(s, key, "remove"))
 		return -EINVAL;
-	char *url = key_url(s, key);
-	int rc = call(s, "DELETE", url, key, NULL, 0, &r);
-	g_free(url);
+	int rc = key_call(s, "DELETE", key, NULL, 0, &r);
 	if (rc < 0)
 		return rc;
 	if (r.status != 200 && r.status != 404)

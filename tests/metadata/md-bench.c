@@ -22,6 +22,8 @@
 
 #include <te/te.h>
 
+#include "b64.h"
+
 static const char *kind;
 static int port, ops = 2000, runs = 5, nthreads = 4;
 static char conn[128];
@@ -92,23 +94,6 @@ static int http_read(int fd, char *buf, size_t cap)
 		got += (size_t)r;
 	}
 	return atoi(buf + 9);
-}
-
-static char *b64(const char *s)
-{
-	static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	size_t n = strlen(s), o = 0;
-	char *out = malloc(4 * (n / 3 + 2));
-	for (size_t i = 0; i < n; i += 3) {
-		unsigned v = (unsigned char)s[i] << 16 | (i + 1 < n ? (unsigned char)s[i + 1] << 8 : 0) |
-			     (i + 2 < n ? (unsigned char)s[i + 2] : 0);
-		out[o++] = t[v >> 18 & 63];
-		out[o++] = t[v >> 12 & 63];
-		out[o++] = i + 1 < n ? t[v >> 6 & 63] : '=';
-		out[o++] = i + 2 < n ? t[v & 63] : '=';
-	}
-	out[o] = '\0';
-	return out;
 }
 
 static void raw_op(int fd, int put, const char *key, char *buf, size_t cap)

@@ -11,6 +11,7 @@
 
 #include <te/te-plugin.h>
 
+#include "b64.h"
 #include "md-harness.h"
 
 #define BUFSZ (1u << 20)
@@ -514,20 +515,9 @@ static void etcd_single(void)
 /* The lease an etcd key is attached to ("0" when none), read raw. */
 static void etcd_key_lease(int port, const char *key, char *lease, size_t cap)
 {
-	char *k64 = NULL, body[4096], req[512];
-	/* base64 by hand: keys here are short ASCII */
-	static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	size_t n = strlen(key), o = 0;
-	k64 = malloc(4 * (n / 3 + 2));
-	for (size_t i = 0; i < n; i += 3) {
-		unsigned v = (unsigned char)key[i] << 16 | (i + 1 < n ? (unsigned char)key[i + 1] << 8 : 0) |
-			     (i + 2 < n ? (unsigned char)key[i + 2] : 0);
-		k64[o++] = tbl[v >> 18 & 63];
-		k64[o++] = tbl[v >> 12 & 63];
-		k64[o++] = i + 1 < n ? tbl[v >> 6 & 63] : '=';
-		k64[o++] = i + 2 < n ? tbl[v & 63] : '=';
-	}
-	k64[o] = '\0';
+	char body[4096], req[512];
+	char *k64 = b64(key);
+	REQUIRE(k64 != NULL);
 	snprintf(req, sizeof req, "{\"key\":\"%s\"}", k64);
 	free(k64);
 	snprintf(lease, cap, "none");

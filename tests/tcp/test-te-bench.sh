@@ -55,6 +55,14 @@ one_line_error() { # NAME PATTERN
 }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# wait_port PORT: until something accepts on 127.0.0.1:PORT (at most 10 s)
+wait_port() {
+	for _ in $(seq 50); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),1)" 2>/dev/null && return 0
+		sleep 0.2
+	done
+	return 1
+}
 
 # --- flags ------------------------------------------------------------------
 if run help 0 --help; then
@@ -183,10 +191,7 @@ if command -v etcd >/dev/null && plugin_there metadata etcd; then
 		--initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "default=http://127.0.0.1:$pp" \
 		--log-level error >"$tmp/etcd.log" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 50); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1',$cp),1)" 2>/dev/null && break
-		sleep 0.2
-	done
+	wait_port "$cp"
 	run etcd 0 --metadata_server="etcd://127.0.0.1:$cp" --duration=1 --check --quiet &&
 		ok "loopback through etcd://"
 	two_processes etcd "etcd://127.0.0.1:$cp"
@@ -197,10 +202,7 @@ if command -v redis-server >/dev/null && plugin_there metadata redis; then
 	rp=$(free_port)
 	redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 50); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1',$rp),1)" 2>/dev/null && break
-		sleep 0.1
-	done
+	wait_port "$rp"
 	run redis 0 --metadata_server="redis://127.0.0.1:$rp" --duration=1 --check --quiet &&
 		ok "loopback through redis://"
 	two_processes redis "redis://127.0.0.1:$rp"
@@ -228,10 +230,7 @@ if [ -x "$mds" ] && plugin_there metadata http; then
 	hp=$(free_port)
 	"$mds" --listen "127.0.0.1:$hp" >"$tmp/mds.log" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 50); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1',$hp),1)" 2>/dev/null && break
-		sleep 0.1
-	done
+	wait_port "$hp"
 	run http 0 --metadata_server="http://127.0.0.1:$hp/metadata" --duration=1 --check --quiet &&
 		ok "loopback through http://"
 	two_processes http "http://127.0.0.1:$hp/metadata"

@@ -28,6 +28,7 @@ static void box_unref(batch_box *box)
 	g_cond_clear(&b->cond);
 	g_free(b->notify_msg);
 	g_free(b->notify_name);
+	g_free(b->notify_sender);
 	g_free(b);
 	g_free(box);
 }
@@ -146,6 +147,7 @@ static void send_notify_job(gpointer data, gpointer user);
 typedef struct notify_job {
 	te_engine *e;
 	char *segment;
+	char *sender;
 	char *msg;
 } notify_job;
 
@@ -167,9 +169,11 @@ static void batch_task_done(te_batch *b)
 			notify_job *j = g_new0(notify_job, 1);
 			j->e = b->engine;
 			j->segment = b->notify_name;
+			j->sender = b->notify_sender;
 			j->msg = b->notify_msg;
 			b->notify_msg = NULL;
 			b->notify_name = NULL;
+			b->notify_sender = NULL;
 			g_thread_pool_push(b->engine->notify_pool, j, NULL);
 		}
 	}
@@ -599,11 +603,12 @@ static void send_notify_job(gpointer data, gpointer user)
 	notify_job *j = data;
 	(void)user;
 	if (j->segment != NULL) {
-		int rc = te_notify_send_name(j->e, j->segment, j->msg);
+		int rc = te_notify_send_name(j->e, j->segment, j->sender, j->msg);
 		if (rc < 0)
 			te_warn("batch notification to %s failed: %s", j->segment, te_strerror(rc));
 	}
 	g_free(j->segment);
+	g_free(j->sender);
 	g_free(j->msg);
 	g_free(j);
 }
@@ -613,14 +618,16 @@ GThreadPool *te_notify_pool_new(void)
 	return g_thread_pool_new(send_notify_job, NULL, 1, FALSE, NULL);
 }
 
-int te_batch_notify(te_engine *e, te_batch_id id, te_segment_id seg, const char *msg)
+int te_batch_notify_as(te_engine *e, te_batch_id id, te_segment_id seg, const char *sender, const char *msg)
 {
 	batch_box *box;
 	char *name;
 	int rc = 0;
 
-	if (msg == NULL || strlen(msg) > TE_NOTIFY_MAX) {
-		te_err("te_batch_notify: message is %s", msg == NULL ? "NULL" : "longer than TE_NOTIFY_MAX");
+	if (msg == NULL || strlen(msg) > TE_NOTIFY_MAX || (sender != NULL && strlen(sender) > TE_NOTIFY_MAX)) {
+		te_err("te_batch_notify: %s", msg == NULL ? "message is NULL"
+					      : strlen(msg) > TE_NOTIFY_MAX ? "message is longer than TE_NOTIFY_MAX"
+									    : "sender name is longer than TE_NOTIFY_MAX");
 		return -EINVAL;
 	}
 	box = batch_get(e, id, "te_batch_notify");
@@ -640,6 +647,7 @@ int te_batch_notify(te_engine *e, te_batch_id id, te_segment_id seg, const char 
 		       (unsigned long long)id);
 	} else if (atomic_load(&b->inflight) > 0) {
 		b->notify_msg = g_strdup(msg);
+		b->notify_sender = g_strdup(sender);
 		b->notify_name = name;
 		name = NULL;
 		rc = 1;
@@ -647,7 +655,12 @@ int te_batch_notify(te_engine *e, te_batch_id id, te_segment_id seg, const char 
 	g_mutex_unlock(&b->lock);
 	box_unref(box);
 	if (rc == 0)
-		rc = te_notify_send_name(e, name, msg);
+		rc = te_notify_send_name(e, name, sender, msg);
 	g_free(name);
 	return rc < 0 ? rc : 0;
+}
+
+int te_batch_notify(te_engine *e, te_batch_id id, te_segment_id seg, const char *msg)
+{
+	return te_batch_notify_as(e, id, seg, NULL, msg);
 }

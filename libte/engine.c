@@ -21,6 +21,11 @@ int te_engine_rpc_port(const te_engine *e)
 	return e ? e->rpc_port : -EINVAL;
 }
 
+const char *te_engine_address(const te_engine *e)
+{
+	return e ? e->address : NULL;
+}
+
 /* Waits, bounded, until *counter is 0. Polls: the counter's last decrement is
  * the last thing a completing thread does with the engine (see batch.c). */
 static bool drain(atomic_long *counter, const char *what)

@@ -223,6 +223,7 @@ typedef struct te_batch {
 	GCond cond;
 	unsigned waiters;  /* threads in te_batch_wait, under lock */
 	char *notify_name; /* segment to notify when the batch drains */
+	char *notify_sender; /* name the notification carries; NULL: the engine's */
 	char *notify_msg;
 	te_task tasks[];
 } te_batch;
@@ -240,7 +241,7 @@ void te_local_submit(struct te_engine *e, te_task *t);
 
 /* ------------------------------------------------------------- notify.c */
 int te_notify_enqueue(struct te_engine *e, const char *name, const char *msg);
-int te_notify_send_name(struct te_engine *e, const char *segment_name, const char *msg);
+int te_notify_send_name(struct te_engine *e, const char *segment_name, const char *sender, const char *msg);
 int te_notify_rpc(void *user, const char *peer, const char *body, size_t len, char **reply,
 		  size_t *reply_len);
 void te_notify_clear(struct te_engine *e);

@@ -13,6 +13,19 @@ static GMutex log_lock;
 static te_log_fn log_fn;
 static void *log_user;
 
+/* What te_last_error() returns: the calling thread's last error line. */
+static _Thread_local char last_error[512];
+
+const char *te_last_error(void)
+{
+	return last_error;
+}
+
+void te_last_error_clear(void)
+{
+	last_error[0] = '\0';
+}
+
 static const char *const level_names[] = { "error", "warn", "info", "debug", "trace" };
 
 static int parse_level(const char *s)
@@ -81,8 +94,10 @@ void te_logv(int level, const char *domain, const char *fmt, va_list ap)
 	if (!te_log_enabled(level))
 		return;
 	vsnprintf(msg, sizeof msg, fmt, ap);
-	if (level < TE_LOG_ERROR)
+	if (level <= TE_LOG_ERROR) {
+		g_strlcpy(last_error, msg, sizeof last_error);
 		level = TE_LOG_ERROR;
+	}
 	if (level > TE_LOG_TRACE)
 		level = TE_LOG_TRACE;
 

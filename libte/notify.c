@@ -96,7 +96,7 @@ out:
 	return rc;
 }
 
-int te_notify_send_name(te_engine *e, const char *segment_name, const char *msg)
+int te_notify_send_name(te_engine *e, const char *segment_name, const char *sender, const char *msg)
 {
 	char *host = NULL, *body, *reply = NULL;
 	size_t reply_len = 0;
@@ -105,7 +105,7 @@ int te_notify_send_name(te_engine *e, const char *segment_name, const char *msg)
 	rc = te_engine_resolve_rpc(e, segment_name, &host, &port);
 	if (rc < 0)
 		return rc;
-	body = notify_json(e->name, msg);
+	body = notify_json(sender ? sender : e->name, msg);
 	rc = te_rpc_call_addr(host, port, TE_RPC_NOTIFY, body, strlen(body), &reply, &reply_len, 0);
 	g_free(body);
 	if (rc == 0 && (reply == NULL || strstr(reply, "\"success\"") == NULL)) {
@@ -119,7 +119,7 @@ int te_notify_send_name(te_engine *e, const char *segment_name, const char *msg)
 	return rc;
 }
 
-int te_notify_send(te_engine *e, te_segment_id seg, const char *msg)
+int te_notify_send_as(te_engine *e, te_segment_id seg, const char *sender, const char *msg)
 {
 	char *name;
 	int rc;
@@ -128,8 +128,9 @@ int te_notify_send(te_engine *e, te_segment_id seg, const char *msg)
 		te_err("te_notify_send: NULL %s", e == NULL ? "engine" : "message");
 		return -EINVAL;
 	}
-	if (strlen(msg) > TE_NOTIFY_MAX) {
-		te_err("te_notify_send: message longer than %d bytes", TE_NOTIFY_MAX);
+	if (strlen(msg) > TE_NOTIFY_MAX || (sender != NULL && strlen(sender) > TE_NOTIFY_MAX)) {
+		te_err("te_notify_send: %s longer than %d bytes", strlen(msg) > TE_NOTIFY_MAX ? "message" : "sender name",
+		       TE_NOTIFY_MAX);
 		return -EMSGSIZE;
 	}
 	name = te_segment_name(e, seg);
@@ -137,9 +138,14 @@ int te_notify_send(te_engine *e, te_segment_id seg, const char *msg)
 		te_err("te_notify_send: unknown segment id %d", seg);
 		return TE_ERR_SEGMENT;
 	}
-	rc = te_notify_send_name(e, name, msg);
+	rc = te_notify_send_name(e, name, sender, msg);
 	g_free(name);
 	return rc;
+}
+
+int te_notify_send(te_engine *e, te_segment_id seg, const char *msg)
+{
+	return te_notify_send_as(e, seg, NULL, msg);
 }
 
 int te_notify_fetch(te_engine *e, te_notification **out, size_t *count)

@@ -328,6 +328,50 @@ te_segment_id te_segment_open(te_engine *e, const char *name)
 	return te_segment_open_with(e, name, NULL);
 }
 
+te_segment_id te_segment_find(te_engine *e, const char *name)
+{
+	if (e == NULL) {
+		te_err("te_segment_find: NULL engine");
+		return -EINVAL;
+	}
+	if (!check_name(name, "te_segment_find"))
+		return -EINVAL;
+	if (strcmp(name, e->name) == 0)
+		return TE_LOCAL_SEGMENT;
+	g_rec_mutex_lock(&e->ctl);
+	gpointer idp = g_hash_table_lookup(e->seg_by_name, name);
+	g_rec_mutex_unlock(&e->ctl);
+	/* Not an error worth a log line: callers ask to decide whether to open. */
+	return idp != NULL ? GPOINTER_TO_INT(idp) : -ENOENT;
+}
+
+int te_segment_probe(te_engine *e, const char *name, int timeout_ms)
+{
+	char *host = NULL, *reply = NULL;
+	size_t reply_len = 0;
+	int port = 0, rc;
+
+	if (e == NULL) {
+		te_err("te_segment_probe: NULL engine");
+		return -EINVAL;
+	}
+	if (!check_name(name, "te_segment_probe"))
+		return -EINVAL;
+	rc = te_engine_resolve_rpc(e, name, &host, &port);
+	if (rc < 0)
+		return rc;
+	rc = te_rpc_call_addr(host, port, TE_RPC_PROBE, "{}", 2, &reply, &reply_len, timeout_ms);
+	if (rc == 0 && (reply == NULL || strstr(reply, "\"success\"") == NULL)) {
+		te_err("te_segment_probe: %s (%s:%d) answered %.200s", name, host, port, reply ? reply : "nothing");
+		rc = TE_ERR_PROTOCOL;
+	} else if (rc < 0) {
+		te_err("te_segment_probe: %s (%s:%d) did not answer: %s", name, host, port, te_strerror(rc));
+	}
+	free(reply);
+	g_free(host);
+	return rc;
+}
+
 static void segment_free(te_segment *s)
 {
 	g_free(s->name);
@@ -415,6 +459,37 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 		te_desc_free(desc);
 	g_free(host);
 	return rc;
+}
+
+int te_segment_refresh_all(te_engine *e)
+{
+	GArray *ids;
+	GHashTableIter it;
+	gpointer k, v;
+	int first = 0, done = 0;
+
+	if (e == NULL) {
+		te_err("te_segment_refresh_all: NULL engine");
+		return -EINVAL;
+	}
+	/* A snapshot: refreshing fetches, which must not hold the control lock. */
+	g_rec_mutex_lock(&e->ctl);
+	ids = g_array_sized_new(FALSE, FALSE, sizeof(te_segment_id), g_hash_table_size(e->segments));
+	g_hash_table_iter_init(&it, e->segments);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		te_segment_id id = GPOINTER_TO_INT(k);
+		g_array_append_val(ids, id);
+	}
+	g_rec_mutex_unlock(&e->ctl);
+	for (guint i = 0; i < ids->len; i++) {
+		int rc = te_segment_refresh(e, g_array_index(ids, te_segment_id, i));
+		if (rc == 0)
+			done++;
+		else if (rc != TE_ERR_SEGMENT && first == 0) /* closed meanwhile: not a failure */
+			first = rc;
+	}
+	g_array_unref(ids);
+	return first < 0 ? first : done;
 }
 
 #define STALE_REFRESH_MS 1000

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define TE_ABI_MAJOR 1
-#define TE_ABI_MINOR 0
+#define TE_ABI_MINOR 1
 
 /* ------------------------------------------------------------------ errors */
 
@@ -52,8 +52,17 @@ enum {
 /* Text for an error code (negative) or 0. Never NULL; static storage. */
 TE_API const char *te_strerror(int err);
 
-/* "1.0.0": the library's version. */
+/* "1.1.0": the library's version. */
 TE_API const char *te_version(void);
+
+/* The text of the last error libte logged on the calling thread ("" when
+ * none since the last te_last_error_clear() on this thread). Language
+ * bindings clear it before a call and attach it to the error they raise, so
+ * the message says what was wrong ("unknown segment id 7"), not only its
+ * class. Thread-local storage, valid until the thread's next libte call.
+ * Since 1.1. */
+TE_API const char *te_last_error(void);
+TE_API void te_last_error_clear(void);
 
 /* ----------------------------------------------------------------- logging */
 
@@ -115,6 +124,9 @@ TE_API void te_engine_destroy(te_engine *engine);
 TE_API const char *te_engine_name(const te_engine *engine);
 /* The bound RPC port. */
 TE_API int te_engine_rpc_port(const te_engine *engine);
+/* The address peers reach this engine at (the `ip_or_host_name` it
+ * publishes). Since 1.1. */
+TE_API const char *te_engine_address(const te_engine *engine);
 
 /* --------------------------------------------------------------- transports */
 
@@ -172,6 +184,17 @@ TE_API int te_segment_close(te_engine *engine, te_segment_id segment);
  * second per segment, when a request falls outside the cached descriptor or
  * the peer refuses a range the descriptor offered. */
 TE_API int te_segment_refresh(te_engine *engine, te_segment_id segment);
+/* The id of segment `name` if it is open (TE_LOCAL_SEGMENT for the engine's
+ * own name), without network traffic and without taking a reference;
+ * -ENOENT when it is not open. Since 1.1. */
+TE_API te_segment_id te_segment_find(te_engine *engine, const char *name);
+/* Refreshes every open segment. Returns how many were refreshed, or the
+ * first error when one failed (the others are still tried). Since 1.1. */
+TE_API int te_segment_refresh_all(te_engine *engine);
+/* Asks the engine named `name` (open or not) whether it is there: a Probe
+ * frame to its RPC port. 0 when it answered; timeout_ms <= 0 uses the RPC
+ * defaults (5 s to connect, 60 s for the answer). Since 1.1. */
+TE_API int te_segment_probe(te_engine *engine, const char *name, int timeout_ms);
 
 /* A buffer of an open segment, as its descriptor lists it. For file
  * (NVMe-oF) segments `addr` is the buffer's first byte offset in the files
@@ -261,6 +284,14 @@ TE_API int te_batch_notify(te_engine *engine, te_batch_id batch, te_segment_id s
 /* Sends a short text to the owner of `segment` (the Notify frame). Blocks
  * until the peer acknowledged it. */
 TE_API int te_notify_send(te_engine *engine, te_segment_id segment, const char *msg);
+/* As te_notify_send() and te_batch_notify(), but the notification carries
+ * `sender` as its name instead of this engine's segment name (Mooncake's API
+ * lets the caller choose it; NULL means this engine's name). At most
+ * TE_NOTIFY_MAX bytes each. Since 1.1. */
+TE_API int te_notify_send_as(te_engine *engine, te_segment_id segment, const char *sender,
+			     const char *msg);
+TE_API int te_batch_notify_as(te_engine *engine, te_batch_id batch, te_segment_id segment,
+			      const char *sender, const char *msg);
 
 typedef struct te_notification {
 	char *name; /* sender's segment name */

@@ -282,7 +282,92 @@ static void test_notifications(void)
 	CHECK(strcmp(list[0].msg, "batch done") == 0);
 	te_notifications_free(list, n);
 	CHECK_EQ(te_batch_free(p.a, b), 0);
+
+	/* a sender name of the caller's choosing, directly and after a batch */
+	CHECK_EQ(te_notify_send_as(p.a, p.seg, "agent-7", "named"), 0);
+	CHECK_EQ(te_notify_fetch(p.b, &list, &n), 0);
+	REQUIRE(n == 1);
+	CHECK(strcmp(list[0].name, "agent-7") == 0 && strcmp(list[0].msg, "named") == 0);
+	te_notifications_free(list, n);
+	REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+	CHECK_EQ(te_batch_notify_as(p.a, b, p.seg, "agent-8", "named batch"), 0);
+	CHECK_EQ(hold_release(0), 1);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	end = now_ms() + 5000;
+	do {
+		te_notify_fetch(p.b, &list, &n);
+		if (n == 0)
+			usleep(10000);
+	} while (n == 0 && now_ms() < end);
+	REQUIRE(n == 1);
+	CHECK(strcmp(list[0].name, "agent-8") == 0 && strcmp(list[0].msg, "named batch") == 0);
+	te_notifications_free(list, n);
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+	char *longname = malloc(TE_NOTIFY_MAX + 2);
+	memset(longname, 'n', TE_NOTIFY_MAX + 1);
+	longname[TE_NOTIFY_MAX + 1] = '\0';
+	CHECK_EQ(te_notify_send_as(p.a, p.seg, longname, "x"), -EMSGSIZE);
+	free(longname);
 	pair_down(&p);
+}
+
+/* te_segment_find, te_segment_refresh_all, te_segment_probe,
+ * te_engine_address and te_last_error. */
+static void test_lookup_probe(void)
+{
+	pair p;
+	pair_up(&p, "memcpy");
+	const char *bn = te_engine_name(p.b);
+
+	CHECK(strcmp(te_engine_address(p.a), "127.0.0.1") == 0);
+	CHECK(te_engine_address(NULL) == NULL);
+	CHECK_EQ(te_segment_find(p.a, bn), p.seg);
+	CHECK_EQ(te_segment_find(p.a, te_engine_name(p.a)), TE_LOCAL_SEGMENT);
+	CHECK_EQ(te_segment_find(p.a, "127.0.0.1:1"), -ENOENT);
+	CHECK_EQ(te_segment_find(p.a, ""), -EINVAL);
+	CHECK_EQ(te_segment_find(NULL, bn), -EINVAL);
+
+	/* b grows; refresh_all makes the new buffer visible to a */
+	unsigned char *more = aligned_alloc(4096, 4096);
+	CHECK_EQ(te_register_memory(p.b, more, 4096, "cpu:0", TE_MEM_REMOTE_ACCESS), 0);
+	te_segment_buffer sb[4];
+	CHECK_EQ(te_segment_buffers(p.a, p.seg, sb, 4), 1);
+	CHECK_EQ(te_segment_refresh_all(p.a), 1);
+	CHECK_EQ(te_segment_buffers(p.a, p.seg, sb, 4), 2);
+	CHECK_EQ(te_unregister_memory(p.b, more), 0);
+	free(more);
+
+	CHECK_EQ(te_segment_probe(p.a, bn, 2000), 0);
+	CHECK_EQ(te_segment_probe(p.a, te_engine_name(p.a), 2000), 0); /* itself */
+	te_last_error_clear();
+	CHECK(te_last_error()[0] == '\0');
+	CHECK_EQ(te_segment_probe(p.a, "no-port", 2000), -EINVAL);
+	CHECK(strstr(te_last_error(), "no-port") != NULL);
+	te_last_error_clear();
+	CHECK(te_segment_probe(p.a, "127.0.0.1:1", 2000) < 0); /* nobody listens there */
+	CHECK(strstr(te_last_error(), "127.0.0.1:1") != NULL);
+	CHECK(te_segment_probe(NULL, bn, 0) == -EINVAL);
+
+	/* the error text is per thread */
+	te_last_error_clear();
+	CHECK_EQ(te_segment_buffers(p.a, 999, sb, 4), TE_ERR_SEGMENT);
+	CHECK(strstr(te_last_error(), "unknown segment id 999") != NULL);
+	pair_down(&p);
+
+	/* a closed peer: probe fails, refresh_all reports the failure */
+	pair_up(&p, "memcpy");
+	char name[64];
+	snprintf(name, sizeof name, "%s", te_engine_name(p.b));
+	te_engine_destroy(p.b);
+	p.b = NULL;
+	CHECK(te_segment_probe(p.a, name, 1000) < 0);
+	CHECK(te_segment_refresh_all(p.a) < 0);
+	CHECK_EQ(te_segment_close(p.a, p.seg), 0);
+	CHECK_EQ(te_segment_refresh_all(p.a), 0);
+	te_engine_destroy(p.a);
+	free(p.abuf);
+	free(p.bbuf);
 }
 
 static void test_in_flight(void)
@@ -405,6 +490,7 @@ int main(void)
 	TEST_RUN(test_rpc_random);
 	TEST_RUN(test_memcpy_transfers);
 	TEST_RUN(test_notifications);
+	TEST_RUN(test_lookup_probe);
 	TEST_RUN(test_in_flight);
 	TEST_RUN(test_uninstall_reroutes);
 	TEST_RUN(test_unreachable_peer);

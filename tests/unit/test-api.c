@@ -20,7 +20,7 @@ static void test_strerror(void)
 	CHECK(strcmp(te_strerror(0), "success") == 0);
 	CHECK(strcmp(te_strerror(-999999), "unknown error") == 0);
 	CHECK(strcmp(te_strerror(12345), "unknown error") == 0);
-	CHECK(strcmp(te_version(), "1.0.0") == 0);
+	CHECK(strcmp(te_version(), "1.1.0") == 0);
 }
 
 static void test_create_bad(void)
@@ -136,6 +136,15 @@ static void test_segments_bad(void)
 	CHECK_EQ(te_segment_refresh(e, 4242), TE_ERR_SEGMENT);
 	CHECK_EQ(te_segment_refresh(NULL, 1), -EINVAL);
 	CHECK_EQ(te_segment_close(NULL, 1), -EINVAL);
+	CHECK_EQ(te_segment_find(NULL, "x"), -EINVAL);
+	CHECK_EQ(te_segment_find(e, NULL), -EINVAL);
+	CHECK_EQ(te_segment_find(e, longname), -EINVAL);
+	CHECK_EQ(te_segment_find(e, "127.0.0.1:1"), -ENOENT);
+	CHECK_EQ(te_segment_refresh_all(NULL), -EINVAL);
+	CHECK_EQ(te_segment_refresh_all(e), 0);
+	CHECK_EQ(te_segment_probe(NULL, "x", 0), -EINVAL);
+	CHECK_EQ(te_segment_probe(e, NULL, 0), -EINVAL);
+	CHECK_EQ(te_segment_probe(e, "nohostport", 0), -EINVAL);
 	/* A forced transport that is not installed */
 	CHECK(te_segment_open_with(e, te_engine_name(e), "nope") == TE_LOCAL_SEGMENT);
 	te_engine_destroy(e);
@@ -241,6 +250,11 @@ static void test_notify_bad(void)
 	CHECK_EQ(te_notify_send(e, 99, "hi"), TE_ERR_SEGMENT);
 	CHECK_EQ(te_notify_send(e, TE_LOCAL_SEGMENT, big), -EMSGSIZE);
 	CHECK_EQ(te_notify_send(e, TE_LOCAL_SEGMENT, NULL), -EINVAL);
+	CHECK_EQ(te_notify_send_as(NULL, TE_LOCAL_SEGMENT, "s", "m"), -EINVAL);
+	CHECK_EQ(te_notify_send_as(e, TE_LOCAL_SEGMENT, big, "m"), -EMSGSIZE);
+	CHECK_EQ(te_notify_send_as(e, 99, "s", "m"), TE_ERR_SEGMENT);
+	CHECK_EQ(te_batch_notify_as(e, 12345, TE_LOCAL_SEGMENT, "s", "m"), TE_ERR_BATCH);
+	CHECK_EQ(te_batch_notify_as(e, 12345, TE_LOCAL_SEGMENT, big, "m"), -EINVAL);
 	CHECK_EQ(te_notify_fetch(e, NULL, &n), -EINVAL);
 	CHECK_EQ(te_notify_fetch(e, &list, &n), 0);
 	CHECK(list == NULL);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs, from Debian's archive, what libte needs to build, test and benchmark:
 # compilers and meson, the libraries of libte and its plugins, and the servers
-# and tools the tests start (etcd, redis, iperf3, fio). Debian 12 or newer; root.
+# and tools the tests start (etcd, redis, iperf3, fio), and the toolchains of
+# the language bindings (CPython headers and pytest, Go, Rust). Debian 12 or
+# newer; root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
@@ -9,4 +11,5 @@ apt-get install -y --no-install-recommends \
   build-essential meson ninja-build pkg-config python3 ca-certificates openssl binutils \
   libglib2.0-dev libjson-glib-dev libnuma-dev libsoup-3.0-dev libhiredis-dev \
   libibverbs-dev rdma-core ibverbs-providers liburing-dev \
-  etcd-server etcd-client redis-server iperf3 fio iproute2 procps
+  etcd-server etcd-client redis-server iperf3 fio iproute2 procps \
+  python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy

@@ -461,6 +461,37 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 	return rc;
 }
 
+int te_segment_descriptor(te_engine *e, te_segment_id id, char **json)
+{
+	char *copy = NULL;
+
+	if (e == NULL || json == NULL) {
+		te_err("te_segment_descriptor: NULL %s", e == NULL ? "engine" : "output pointer");
+		return -EINVAL;
+	}
+	*json = NULL;
+	if (id == TE_LOCAL_SEGMENT) {
+		g_mutex_lock(&e->desc_lock);
+		copy = e->desc_cache ? strdup(e->desc_cache) : NULL;
+		g_mutex_unlock(&e->desc_lock);
+	} else {
+		g_rw_lock_reader_lock(&e->data);
+		te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+		bool known = s != NULL && s->cur != NULL;
+		if (known)
+			copy = strdup(s->cur->desc->json);
+		g_rw_lock_reader_unlock(&e->data);
+		if (!known) {
+			te_err("te_segment_descriptor: unknown segment id %d", id);
+			return TE_ERR_SEGMENT;
+		}
+	}
+	if (copy == NULL)
+		return -ENOMEM;
+	*json = copy;
+	return 0;
+}
+
 int te_segment_refresh_all(te_engine *e)
 {
 	GArray *ids;

@@ -338,6 +338,17 @@ static void test_lookup_probe(void)
 	CHECK_EQ(te_unregister_memory(p.b, more), 0);
 	free(more);
 
+	char *dj = NULL;
+	CHECK_EQ(te_segment_descriptor(p.a, p.seg, &dj), 0);
+	CHECK(dj != NULL && strstr(dj, "\"buffers\"") != NULL && strstr(dj, bn) != NULL);
+	te_free(dj);
+	CHECK_EQ(te_segment_descriptor(p.b, TE_LOCAL_SEGMENT, &dj), 0);
+	CHECK(dj != NULL && strstr(dj, bn) != NULL);
+	te_free(dj);
+	CHECK_EQ(te_segment_descriptor(p.a, 999, &dj), TE_ERR_SEGMENT);
+	CHECK(dj == NULL);
+	CHECK_EQ(te_segment_descriptor(p.a, p.seg, NULL), -EINVAL);
+
 	CHECK_EQ(te_segment_probe(p.a, bn, 2000), 0);
 	CHECK_EQ(te_segment_probe(p.a, te_engine_name(p.a), 2000), 0); /* itself */
 	te_last_error_clear();

@@ -410,12 +410,12 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	const char *opt = te_engine_option(e, "rpc_port");
 	if (opt != NULL) {
 		uint64_t v;
-		if (!te_parse_u64(opt, &v) || v == 0 || v > 65535) {
+		if (!te_parse_u64(opt, &v) || v > 65535) {
 			te_err("te_engine_create: option rpc_port=%s is not a port number", opt);
 			rc = -EINVAL;
 			goto fail;
 		}
-		port_wanted = (int)v;
+		port_wanted = (int)v; /* 0: a free one, whatever the name says */
 	} else if (name_port > 0) {
 		port_wanted = name_port;
 	}

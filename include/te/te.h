@@ -91,7 +91,8 @@ typedef struct te_engine te_engine;
 
 /* A key/value option for te_engine_create(). Known keys:
  *   rpc_port         RPC/handshake port (default: the name's port, else a
- *                    free one in TE_MIN_RPC_PORT..TE_MAX_RPC_PORT, 15000..17000)
+ *                    free one in TE_MIN_RPC_PORT..TE_MAX_RPC_PORT, 15000..17000;
+ *                    "0": a free one even when the name has a port)
  *   ip_or_host_name  the address peers use to reach this engine
  *                    (default: the host part of the local name)
  *   auto_discovery   "1": install the best transport found (RDMA when devices

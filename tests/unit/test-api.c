@@ -61,6 +61,11 @@ static void test_port_in_use(void)
 	CHECK(strcmp(te_engine_name(a), name) == 0);
 	CHECK_EQ(te_engine_create("P2PHANDSHAKE", name, NULL, 0, &b), -EADDRINUSE);
 	CHECK(b == NULL);
+	/* rpc_port 0: a free port whatever the name says */
+	te_option any_port[] = { { "rpc_port", "0" } };
+	CHECK_EQ(te_engine_create("P2PHANDSHAKE", name, any_port, 1, &b), 0);
+	CHECK(b != NULL && te_engine_rpc_port(b) != te_engine_rpc_port(a) && te_engine_rpc_port(b) > 0);
+	te_engine_destroy(b);
 	te_engine_destroy(a);
 }
 

@@ -149,7 +149,7 @@ int te_resolve_location(void *addr, size_t len, const char *loc, char **out)
 			return 0;
 		}
 	}
-	te_warn("location '*': cannot tell the NUMA node of %p (memory not touched yet, or no "
+	te_info("location '*': cannot tell the NUMA node of %p (memory not touched yet, or no "
 		"NUMA support); using cpu:0", addr);
 	*out = g_strdup("cpu:0");
 	return 0;

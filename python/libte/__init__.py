@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: Apache-2.0
+"""libte: zero-copy, batched, asynchronous transfers between the registered memory
+of processes on many hosts.
+
+    import libte
+
+    with libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="tcp") as engine:
+        buf = bytearray(1 << 20)
+        engine.register(buf)
+        with engine.open_segment("10.0.0.1:15123") as peer:
+            remote = peer.buffers()[0].addr
+            engine.write(peer, buf, remote)          # buf -> peer
+            engine.read(peer, buf, remote)           # peer -> buf
+
+Every call that can block releases the GIL. Errors raise libte.Error subclasses
+that carry libte's code (``err.code``) and the line libte logged (``err.detail``).
+``libte.mooncake.TransferEngine`` is a drop-in for Mooncake's Python class.
+"""
+
+import enum as _enum
+from typing import NamedTuple as _NamedTuple
+
+from . import _native
+from ._native import (  # noqa: F401  (re-exported)
+    ABI_MAJOR,
+    ABI_MINOR,
+    LOCAL_SEGMENT,
+    NOTIFY_MAX,
+    READ,
+    WRITE,
+    AddressError,
+    Batch,
+    BatchError,
+    BatchFullError,
+    BusyError,
+    ClosedError,
+    ConnectionError,
+    Engine,
+    Error,
+    InvalidArgumentError,
+    Memory,
+    MetadataError,
+    NoTransportError,
+    NotFoundError,
+    NotSupportedError,
+    Notification,
+    OverlapError,
+    PluginError,
+    PluginInfo,
+    ProtocolError,
+    RejectedError,
+    Segment,
+    SegmentBuffer,
+    SegmentError,
+    TaskStatus,
+    TimeoutError,
+    TransferError,
+    buffer_address,
+    get_log_level,
+    plugin_report,
+    plugins,
+    segment_key,
+    set_log_level,
+    strerror,
+    version,
+)
+
+__version__ = version()
+
+
+class Opcode(_enum.IntEnum):
+    """What a request does."""
+
+    READ = READ  #: segment -> local memory
+    WRITE = WRITE  #: local memory -> segment
+
+
+class TaskState(_enum.IntEnum):
+    """A task's state; the numbers are Mooncake's."""
+
+    WAITING = 0
+    PENDING = 1
+    INVALID = 2
+    CANCELED = 3
+    COMPLETED = 4
+    TIMEOUT = 5
+    FAILED = 6
+
+
+class Request(_NamedTuple):
+    """One transfer: for Batch.submit() and Engine.transfer().
+
+    ``local`` is an address in registered memory or a registered buffer object;
+    ``remote`` an address in the segment's owner (a byte offset for file
+    segments); ``length`` may be None when ``local`` is a buffer (its length).
+    """
+
+    opcode: int
+    segment: object
+    local: object
+    remote: int
+    length: object = None
+
+    @classmethod
+    def read(cls, segment, local, remote, length=None):
+        """A READ: ``length`` bytes at ``remote`` in ``segment`` into ``local``."""
+        return cls(READ, segment, local, remote, length)
+
+    @classmethod
+    def write(cls, segment, local, remote, length=None):
+        """A WRITE: ``length`` bytes from ``local`` to ``remote`` in ``segment``."""
+        return cls(WRITE, segment, local, remote, length)
+
+
+ERROR_CODES = {
+    name[4:]: getattr(_native, name) for name in dir(_native) if name.startswith("ERR_")
+}
+"""libte's own error codes by name (PLUGIN, NO_TRANSPORT, ...)."""
+
+__all__ = [
+    "Engine", "Segment", "Batch", "Memory", "Request", "Opcode", "TaskState", "TaskStatus",
+    "Notification", "SegmentBuffer", "PluginInfo", "READ", "WRITE", "LOCAL_SEGMENT",
+    "NOTIFY_MAX", "Error", "ClosedError", "TransferError", "InvalidArgumentError",
+    "TimeoutError", "BusyError", "NotFoundError", "ConnectionError", "NotSupportedError",
+    "PluginError", "NoTransportError", "MetadataError", "ProtocolError", "RejectedError",
+    "BatchFullError", "AddressError", "OverlapError", "SegmentError", "BatchError",
+    "version", "strerror", "set_log_level", "get_log_level", "plugins", "plugin_report",
+    "segment_key", "buffer_address", "ERROR_CODES",
+]

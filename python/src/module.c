@@ -1,0 +1,672 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libte._native: exceptions, result types, module functions, libte.Memory. */
+#include "pyte.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ errors */
+
+PyObject *PyteError, *PyteClosedError, *PyteTransferError;
+static PyObject *InvalidArgumentError, *TimeoutErr, *BusyError, *NotFoundError, *ConnectionErr,
+	*NotSupportedError, *PluginError, *NoTransportError, *MetadataError, *ProtocolError,
+	*RejectedError, *BatchFullError, *AddressError, *OverlapError, *SegmentError, *BatchError;
+
+PyObject *pyte_error_class(int code)
+{
+	switch (code) {
+	case TE_ERR_PLUGIN: return PluginError;
+	case TE_ERR_NO_TRANSPORT: return NoTransportError;
+	case TE_ERR_METADATA: return MetadataError;
+	case TE_ERR_PROTOCOL: return ProtocolError;
+	case TE_ERR_REJECTED: return RejectedError;
+	case TE_ERR_BATCH_FULL: return BatchFullError;
+	case TE_ERR_ADDRESS: return AddressError;
+	case TE_ERR_OVERLAP: return OverlapError;
+	case TE_ERR_SEGMENT: return SegmentError;
+	case TE_ERR_BATCH: return BatchError;
+	case PYTE_CLOSED: return PyteClosedError;
+	case -EINVAL:
+	case -ERANGE:
+	case -EMSGSIZE:
+	case -ENAMETOOLONG:
+	case -EOVERFLOW: return InvalidArgumentError;
+	case -ETIMEDOUT: return TimeoutErr;
+	case -EBUSY: return BusyError;
+	case -ENOENT: return NotFoundError;
+	case -ECONNREFUSED:
+	case -ECONNRESET:
+	case -ECONNABORTED:
+	case -EHOSTUNREACH:
+	case -EHOSTDOWN:
+	case -ENETUNREACH:
+	case -ENETDOWN:
+	case -EPIPE: return ConnectionErr;
+	case -ENOTSUP:
+	case -ENOSYS: return NotSupportedError;
+	default: return PyteError;
+	}
+}
+
+/* An exception instance of `cls` with .code and .detail set. */
+static PyObject *make_error(PyObject *cls, int code, PyObject *msg, const char *detail)
+{
+	PyObject *exc = PyObject_CallOneArg(cls, msg);
+	if (exc == NULL)
+		return NULL;
+	PyObject *c = PyLong_FromLong(code);
+	PyObject *d = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)strlen(detail), "replace");
+	if (c == NULL || d == NULL || PyObject_SetAttrString(exc, "code", c) < 0 ||
+	    PyObject_SetAttrString(exc, "detail", d) < 0) {
+		Py_XDECREF(c);
+		Py_XDECREF(d);
+		Py_DECREF(exc);
+		return NULL;
+	}
+	Py_DECREF(c);
+	Py_DECREF(d);
+	return exc;
+}
+
+static PyObject *raise_with(int code, PyObject *msg)
+{
+	const char *detail = code == PYTE_CLOSED ? "" : te_last_error();
+	PyObject *cls = pyte_error_class(code);
+	PyObject *exc;
+
+	if (msg == NULL)
+		return NULL;
+	if (detail[0] != '\0') {
+		PyObject *full = PyUnicode_FromFormat("%U [%s]", msg, detail);
+		Py_DECREF(msg);
+		if (full == NULL)
+			return NULL;
+		msg = full;
+	}
+	exc = make_error(cls, code, msg, detail);
+	Py_DECREF(msg);
+	if (exc != NULL) {
+		PyErr_SetObject(cls, exc);
+		Py_DECREF(exc);
+	}
+	return NULL;
+}
+
+PyObject *pyte_raise(int code, const char *what)
+{
+	const char *why = code == PYTE_CLOSED ? "the engine is closed" : te_strerror(code);
+	return raise_with(code, PyUnicode_FromFormat("%s: %s", what, why));
+}
+
+PyObject *pyte_raise_msg(int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	PyObject *msg = PyUnicode_FromFormatV(fmt, ap);
+	va_end(ap);
+	return raise_with(code, msg);
+}
+
+int pyte_timeout(PyObject *o, double *out)
+{
+	if (o == NULL || o == Py_None) {
+		*out = -1;
+		return 0;
+	}
+	double t = PyFloat_AsDouble(o);
+	if (t == -1.0 && PyErr_Occurred())
+		return -1;
+	if (!(t >= 0) || t > 1e9) {
+		PyErr_SetString(PyExc_ValueError, "timeout must be None or a number of seconds >= 0");
+		return -1;
+	}
+	*out = t;
+	return 0;
+}
+
+/* ------------------------------------------------------- result types */
+
+static PyStructSequence_Field status_fields[] = {
+	{ "state", "TaskState: WAITING 0, PENDING 1, INVALID 2, CANCELED 3, COMPLETED 4, TIMEOUT 5, FAILED 6" },
+	{ "error", "0, or the negative libte error code that ended the task" },
+	{ "transferred", "bytes moved so far" },
+	{ NULL, NULL },
+};
+static PyStructSequence_Desc status_desc = { "libte.TaskStatus", "The status of one task.", status_fields, 3 };
+
+static PyStructSequence_Field notif_fields[] = {
+	{ "name", "the sender's name (its segment name unless it chose another)" },
+	{ "msg", "the text" },
+	{ NULL, NULL },
+};
+static PyStructSequence_Desc notif_desc = { "libte.Notification", "A received notification.", notif_fields, 2 };
+
+static PyStructSequence_Field sbuf_fields[] = {
+	{ "addr", "address in the owner's memory (file segments: offset in the files laid end to end)" },
+	{ "length", "bytes" },
+	{ "name", "location (\"cpu:0\") or, for some peers, the segment name" },
+	{ NULL, NULL },
+};
+static PyStructSequence_Desc sbuf_desc = { "libte.SegmentBuffer", "A buffer of a segment.", sbuf_fields, 3 };
+
+static PyStructSequence_Field plugin_fields[] = {
+	{ "path", "the file" },
+	{ "name", "the plugin's name, or None when the file could not be read" },
+	{ "version", NULL },
+	{ "description", NULL },
+	{ "kind", "\"transport\", \"metadata\" or None" },
+	{ "abi", "(major, minor) it was built for" },
+	{ "loaded", "True when usable" },
+	{ "reason", "why it was skipped, or None" },
+	{ NULL, NULL },
+};
+static PyStructSequence_Desc plugin_desc = { "libte.PluginInfo", "A plugin file the loader found.", plugin_fields, 8 };
+
+PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType, PytePluginInfoType;
+
+PyObject *pyte_task_status(const te_task_status *st)
+{
+	PyObject *o = PyStructSequence_New(&PyteTaskStatusType);
+	if (o == NULL)
+		return NULL;
+	PyObject *a = PyLong_FromLong(st->state), *b = PyLong_FromLong(st->error),
+		 *c = PyLong_FromUnsignedLongLong(st->transferred);
+	if (a == NULL || b == NULL || c == NULL) {
+		Py_XDECREF(a);
+		Py_XDECREF(b);
+		Py_XDECREF(c);
+		Py_DECREF(o);
+		return NULL;
+	}
+	PyStructSequence_SET_ITEM(o, 0, a);
+	PyStructSequence_SET_ITEM(o, 1, b);
+	PyStructSequence_SET_ITEM(o, 2, c);
+	return o;
+}
+
+/* ------------------------------------------------------------ functions */
+
+static PyObject *mod_version(PyObject *m, PyObject *unused)
+{
+	(void)m;
+	(void)unused;
+	return PyUnicode_FromString(te_version());
+}
+
+static PyObject *mod_strerror(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	long code = PyLong_AsLong(arg);
+	if (code == -1 && PyErr_Occurred())
+		return NULL;
+	if (code < INT32_MIN || code > INT32_MAX) {
+		PyErr_SetString(PyExc_OverflowError, "strerror(): code out of range");
+		return NULL;
+	}
+	return PyUnicode_FromString(te_strerror((int)code));
+}
+
+static int parse_level(PyObject *arg, int *out)
+{
+	static const char *const names[] = { "error", "warn", "info", "debug", "trace" };
+
+	if (PyUnicode_Check(arg)) {
+		const char *s = PyUnicode_AsUTF8(arg);
+		if (s == NULL)
+			return -1;
+		for (int i = 0; i < 5; i++)
+			if (strcasecmp(s, names[i]) == 0) {
+				*out = i;
+				return 0;
+			}
+		if (strcasecmp(s, "warning") == 0) {
+			*out = TE_LOG_WARN;
+			return 0;
+		}
+		PyErr_Format(PyExc_ValueError, "log level '%s': want error, warn, info, debug or trace", s);
+		return -1;
+	}
+	long l = PyLong_AsLong(arg);
+	if (l == -1 && PyErr_Occurred())
+		return -1;
+	if (l < TE_LOG_ERROR || l > TE_LOG_TRACE) {
+		PyErr_Format(PyExc_ValueError, "log level %ld is outside 0 (error) .. 4 (trace)", l);
+		return -1;
+	}
+	*out = (int)l;
+	return 0;
+}
+
+static PyObject *mod_set_log_level(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	int level;
+	if (parse_level(arg, &level) < 0)
+		return NULL;
+	te_set_log_level(level);
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_get_log_level(PyObject *m, PyObject *unused)
+{
+	(void)m;
+	(void)unused;
+	return PyLong_FromLong(te_get_log_level());
+}
+
+static PyObject *opt_str(const char *s)
+{
+	if (s == NULL)
+		Py_RETURN_NONE;
+	return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
+static void plugin_cb(const te_plugin_info *info, void *user)
+{
+	PyObject *list = user, *o;
+
+	if (PyErr_Occurred())
+		return;
+	o = PyStructSequence_New(&PytePluginInfoType);
+	if (o == NULL)
+		return;
+	const char *kind = info->kind == TE_KIND_TRANSPORT ? "transport" : info->kind == TE_KIND_METADATA ? "metadata" : NULL;
+	PyObject *items[8] = {
+		opt_str(info->path),
+		opt_str(info->name),
+		opt_str(info->version),
+		opt_str(info->description),
+		opt_str(kind),
+		Py_BuildValue("(II)", info->abi_major, info->abi_minor),
+		PyBool_FromLong(info->loaded),
+		opt_str(info->loaded ? NULL : info->reason),
+	};
+	for (int i = 0; i < 8; i++) {
+		if (items[i] == NULL) {
+			for (int k = 0; k < 8; k++)
+				Py_XDECREF(items[k]);
+			Py_DECREF(o);
+			return;
+		}
+	}
+	for (int i = 0; i < 8; i++)
+		PyStructSequence_SET_ITEM(o, i, items[i]);
+	PyList_Append(list, o);
+	Py_DECREF(o);
+}
+
+static PyObject *mod_plugins(PyObject *m, PyObject *unused)
+{
+	(void)m;
+	(void)unused;
+	PyObject *list = PyList_New(0);
+	if (list == NULL)
+		return NULL;
+	te_plugin_foreach(plugin_cb, list);
+	if (PyErr_Occurred()) {
+		Py_DECREF(list);
+		return NULL;
+	}
+	return list;
+}
+
+static PyObject *mod_plugin_report(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	const char *name = PyUnicode_AsUTF8(arg);
+	char *text = NULL;
+	int rc;
+
+	if (name == NULL)
+		return NULL;
+	te_last_error_clear();
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_plugin_report(name, &text);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return pyte_raise_msg(rc, "plugin_report('%s'): %s", name, te_strerror(rc));
+	PyObject *r = opt_str(text);
+	te_free(text);
+	return r;
+}
+
+static PyObject *mod_segment_key(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	const char *name = PyUnicode_AsUTF8(arg);
+	char buf[1024];
+
+	if (name == NULL)
+		return NULL;
+	te_last_error_clear();
+	int rc = te_metadata_segment_key(name, buf, sizeof buf);
+	if (rc < 0)
+		return pyte_raise(rc, "segment_key");
+	if ((size_t)rc >= sizeof buf)
+		return pyte_raise(-ENAMETOOLONG, "segment_key");
+	return PyUnicode_FromString(buf);
+}
+
+static PyObject *mod_buffer_address(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	uint64_t addr;
+	int64_t len;
+	if (PyLong_Check(arg)) {
+		PyErr_SetString(PyExc_TypeError, "buffer_address() wants an object with the buffer protocol, not an int");
+		return NULL;
+	}
+	if (pyte_local_addr(arg, &addr, &len) < 0)
+		return NULL;
+	return PyLong_FromUnsignedLongLong(addr);
+}
+
+/* ------------------------------------------------------------- Memory */
+
+/*
+ * Anonymous, page-aligned memory outside Python's heap, for buffers that
+ * peers read and write: its address never changes and it does not move or
+ * shrink while exported. Exposes the buffer protocol; close() unmaps it,
+ * refused while a memoryview (or a registration) still uses it.
+ */
+typedef struct {
+	PyObject_HEAD
+	void *addr;
+	size_t length;  /* what the caller asked for */
+	size_t mapped;  /* rounded up to pages */
+	Py_ssize_t exports;
+} PyteMemory;
+
+static PyObject *mem_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "size", NULL };
+	Py_ssize_t size;
+	PyteMemory *self;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Memory", kwlist, &size))
+		return NULL;
+	if (size <= 0) {
+		PyErr_Format(PyExc_ValueError, "Memory(size=%zd): size must be positive", size);
+		return NULL;
+	}
+	long page = sysconf(_SC_PAGESIZE);
+	size_t mapped = ((size_t)size + (size_t)page - 1) / (size_t)page * (size_t)page;
+	if (mapped < (size_t)size) {
+		PyErr_SetString(PyExc_OverflowError, "Memory: size too large");
+		return NULL;
+	}
+	self = (PyteMemory *)type->tp_alloc(type, 0);
+	if (self == NULL)
+		return NULL;
+	void *p;
+	Py_BEGIN_ALLOW_THREADS
+	p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	Py_END_ALLOW_THREADS
+	if (p == MAP_FAILED) {
+		Py_DECREF(self);
+		return PyErr_SetFromErrno(PyExc_MemoryError);
+	}
+	self->addr = p;
+	self->length = (size_t)size;
+	self->mapped = mapped;
+	return (PyObject *)self;
+}
+
+static void mem_unmap(PyteMemory *self)
+{
+	if (self->addr != NULL) {
+		munmap(self->addr, self->mapped);
+		self->addr = NULL;
+	}
+}
+
+static void mem_dealloc(PyteMemory *self)
+{
+	mem_unmap(self);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int mem_getbuffer(PyteMemory *self, Py_buffer *view, int flags)
+{
+	if (self->addr == NULL) {
+		PyErr_SetString(PyExc_ValueError, "this Memory is closed");
+		view->obj = NULL;
+		return -1;
+	}
+	int rc = PyBuffer_FillInfo(view, (PyObject *)self, self->addr, (Py_ssize_t)self->length, 0, flags);
+	if (rc == 0)
+		self->exports++;
+	return rc;
+}
+
+static void mem_releasebuffer(PyteMemory *self, Py_buffer *view)
+{
+	(void)view;
+	self->exports--;
+}
+
+static PyObject *mem_close(PyteMemory *self, PyObject *unused)
+{
+	(void)unused;
+	if (self->exports > 0) {
+		PyErr_Format(PyExc_BufferError,
+			     "Memory.close(): %zd export(s) still use it (a memoryview, or a registration)",
+			     self->exports);
+		return NULL;
+	}
+	mem_unmap(self);
+	Py_RETURN_NONE;
+}
+
+static PyObject *mem_enter(PyObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(self);
+}
+
+static PyObject *mem_exit(PyteMemory *self, PyObject *args)
+{
+	(void)args;
+	return mem_close(self, NULL);
+}
+
+static PyObject *mem_get_address(PyteMemory *self, void *c)
+{
+	(void)c;
+	if (self->addr == NULL) {
+		PyErr_SetString(PyExc_ValueError, "this Memory is closed");
+		return NULL;
+	}
+	return PyLong_FromVoidPtr(self->addr);
+}
+
+static PyObject *mem_get_closed(PyteMemory *self, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(self->addr == NULL);
+}
+
+static Py_ssize_t mem_len(PyteMemory *self)
+{
+	return (Py_ssize_t)self->length;
+}
+
+static PyObject *mem_repr(PyteMemory *self)
+{
+	if (self->addr == NULL)
+		return PyUnicode_FromString("<libte.Memory closed>");
+	return PyUnicode_FromFormat("<libte.Memory %zu bytes at %p>", self->length, self->addr);
+}
+
+static PyBufferProcs mem_as_buffer = {
+	.bf_getbuffer = (getbufferproc)mem_getbuffer,
+	.bf_releasebuffer = (releasebufferproc)mem_releasebuffer,
+};
+static PySequenceMethods mem_as_seq = { .sq_length = (lenfunc)mem_len };
+static PyMethodDef mem_methods[] = {
+	{ "close", (PyCFunction)mem_close, METH_NOARGS,
+	  "Unmaps the memory. Raises BufferError while a memoryview or a registration uses it." },
+	{ "__enter__", mem_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)mem_exit, METH_VARARGS, NULL },
+	{ NULL, NULL, 0, NULL },
+};
+static PyGetSetDef mem_getset[] = {
+	{ "address", (getter)mem_get_address, NULL, "The first byte's address (an int).", NULL },
+	{ "closed", (getter)mem_get_closed, NULL, "True after close().", NULL },
+	{ NULL, NULL, NULL, NULL, NULL },
+};
+
+PyTypeObject PyteMemoryType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "libte.Memory",
+	.tp_basicsize = sizeof(PyteMemory),
+	.tp_dealloc = (destructor)mem_dealloc,
+	.tp_repr = (reprfunc)mem_repr,
+	.tp_as_sequence = &mem_as_seq,
+	.tp_as_buffer = &mem_as_buffer,
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "Memory(size)\n--\n\n"
+		  "Page-aligned memory outside Python's heap (an anonymous mapping), for buffers\n"
+		  "that peers read and write. Supports the buffer protocol (memoryview, numpy.frombuffer),\n"
+		  "has an `address`, and is unmapped by close() or when collected.",
+	.tp_methods = mem_methods,
+	.tp_getset = mem_getset,
+	.tp_new = mem_new,
+};
+
+/* -------------------------------------------------------------- module */
+
+static PyMethodDef mod_methods[] = {
+	{ "version", mod_version, METH_NOARGS, "version()\n--\n\nlibte's version, e.g. \"1.1.0\"." },
+	{ "strerror", mod_strerror, METH_O, "strerror(code)\n--\n\nThe text of a libte error code." },
+	{ "set_log_level", mod_set_log_level, METH_O,
+	  "set_log_level(level)\n--\n\nlibte's log level, process-wide: 0..4 or error, warn, info, debug, trace.\n"
+	  "The log goes to stderr; the initial level comes from TE_LOG_LEVEL (default warn)." },
+	{ "get_log_level", mod_get_log_level, METH_NOARGS, "get_log_level()\n--\n\nThe current log level (0..4)." },
+	{ "plugins", mod_plugins, METH_NOARGS,
+	  "plugins()\n--\n\nEvery plugin file the loader found, as PluginInfo, usable or not." },
+	{ "plugin_report", mod_plugin_report, METH_O,
+	  "plugin_report(name)\n--\n\nA transport plugin's report on this machine (devices, topology),\n"
+	  "or why it cannot work here." },
+	{ "segment_key", mod_segment_key, METH_O,
+	  "segment_key(name)\n--\n\nThe metadata key of a segment's descriptor (\"mooncake/ram/<name>\")." },
+	{ "buffer_address", mod_buffer_address, METH_O,
+	  "buffer_address(obj)\n--\n\nThe address of the first byte of an object with the buffer protocol." },
+	{ NULL, NULL, 0, NULL },
+};
+
+static struct PyModuleDef native_module = {
+	PyModuleDef_HEAD_INIT,
+	.m_name = "libte._native",
+	.m_doc = "The compiled core of the libte package (use `import libte`).",
+	.m_size = -1,
+	.m_methods = mod_methods,
+};
+
+static int add_error(PyObject *m, const char *name, PyObject *bases, const char *doc, PyObject **out)
+{
+	char full[96];
+	snprintf(full, sizeof full, "libte.%s", name);
+	*out = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
+	if (*out == NULL)
+		return -1;
+	return PyModule_AddObjectRef(m, name, *out);
+}
+
+/* A subclass of Error, and of `builtin` too when given. */
+static int add_sub(PyObject *m, const char *name, PyObject *builtin, const char *doc, PyObject **out)
+{
+	PyObject *bases = builtin ? PyTuple_Pack(2, PyteError, builtin) : PyTuple_Pack(1, PyteError);
+	if (bases == NULL)
+		return -1;
+	int rc = add_error(m, name, bases, doc, out);
+	Py_DECREF(bases);
+	return rc;
+}
+
+static int add_codes(PyObject *m)
+{
+	static const struct { const char *n; int v; } codes[] = {
+		{ "ERR_PLUGIN", TE_ERR_PLUGIN },
+		{ "ERR_NO_TRANSPORT", TE_ERR_NO_TRANSPORT },
+		{ "ERR_METADATA", TE_ERR_METADATA },
+		{ "ERR_PROTOCOL", TE_ERR_PROTOCOL },
+		{ "ERR_REJECTED", TE_ERR_REJECTED },
+		{ "ERR_BATCH_FULL", TE_ERR_BATCH_FULL },
+		{ "ERR_ADDRESS", TE_ERR_ADDRESS },
+		{ "ERR_OVERLAP", TE_ERR_OVERLAP },
+		{ "ERR_SEGMENT", TE_ERR_SEGMENT },
+		{ "ERR_BATCH", TE_ERR_BATCH },
+		{ "READ", TE_OP_READ },
+		{ "WRITE", TE_OP_WRITE },
+		{ "LOCAL_SEGMENT", TE_LOCAL_SEGMENT },
+		{ "NOTIFY_MAX", TE_NOTIFY_MAX },
+		{ "ABI_MAJOR", TE_ABI_MAJOR },
+		{ "ABI_MINOR", TE_ABI_MINOR },
+	};
+	for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+		if (PyModule_AddIntConstant(m, codes[i].n, codes[i].v) < 0)
+			return -1;
+	return 0;
+}
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+	PyObject *m = PyModule_Create(&native_module);
+	if (m == NULL)
+		return NULL;
+	if (PyStructSequence_InitType2(&PyteTaskStatusType, &status_desc) < 0 ||
+	    PyStructSequence_InitType2(&PyteNotificationType, &notif_desc) < 0 ||
+	    PyStructSequence_InitType2(&PyteSegmentBufferType, &sbuf_desc) < 0 ||
+	    PyStructSequence_InitType2(&PytePluginInfoType, &plugin_desc) < 0)
+		goto fail;
+	if (PyModule_AddObjectRef(m, "TaskStatus", (PyObject *)&PyteTaskStatusType) < 0 ||
+	    PyModule_AddObjectRef(m, "Notification", (PyObject *)&PyteNotificationType) < 0 ||
+	    PyModule_AddObjectRef(m, "SegmentBuffer", (PyObject *)&PyteSegmentBufferType) < 0 ||
+	    PyModule_AddObjectRef(m, "PluginInfo", (PyObject *)&PytePluginInfoType) < 0)
+		goto fail;
+	PyTypeObject *types[] = { &PyteEngineType, &PyteSegmentType, &PyteBatchType, &PyteMemoryType };
+	const char *names[] = { "Engine", "Segment", "Batch", "Memory" };
+	for (size_t i = 0; i < 4; i++)
+		if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
+			goto fail;
+
+	if (add_error(m, "Error", PyExc_Exception,
+		      "A libte call failed. `code` is libte's (negative) error code, `detail` the\n"
+		      "line libte logged about it (may be empty).",
+		      &PyteError) < 0 ||
+	    add_sub(m, "ClosedError", PyExc_ValueError, "The engine was closed.", &PyteClosedError) < 0 ||
+	    add_sub(m, "TransferError", NULL,
+		    "A transfer ended other than COMPLETED. `task` is the first such task's index,\n"
+		    "`statuses` every task's TaskStatus.",
+		    &PyteTransferError) < 0 ||
+	    add_sub(m, "InvalidArgumentError", PyExc_ValueError, "A bad argument (-EINVAL and kin).",
+		    &InvalidArgumentError) < 0 ||
+	    add_sub(m, "TimeoutError", PyExc_TimeoutError, "Timed out (-ETIMEDOUT).", &TimeoutErr) < 0 ||
+	    add_sub(m, "BusyError", NULL, "Busy (-EBUSY): e.g. a batch with tasks in flight.", &BusyError) < 0 ||
+	    add_sub(m, "NotFoundError", PyExc_LookupError, "Not found (-ENOENT).", &NotFoundError) < 0 ||
+	    add_sub(m, "ConnectionError", PyExc_ConnectionError, "A peer could not be reached.", &ConnectionErr) < 0 ||
+	    add_sub(m, "NotSupportedError", PyExc_NotImplementedError, "Not supported here (-ENOTSUP).",
+		    &NotSupportedError) < 0 ||
+	    add_sub(m, "PluginError", NULL, "A plugin could not be loaded or failed.", &PluginError) < 0 ||
+	    add_sub(m, "NoTransportError", NULL, "No installed transport reaches the segment.", &NoTransportError) < 0 ||
+	    add_sub(m, "MetadataError", NULL, "The metadata store failed or holds bad data.", &MetadataError) < 0 ||
+	    add_sub(m, "ProtocolError", NULL, "A peer broke the wire protocol.", &ProtocolError) < 0 ||
+	    add_sub(m, "RejectedError", NULL, "A peer refused the request.", &RejectedError) < 0 ||
+	    add_sub(m, "BatchFullError", NULL, "More requests than the batch's capacity.", &BatchFullError) < 0 ||
+	    add_sub(m, "AddressError", NULL, "Memory not registered, or a range outside a buffer.", &AddressError) < 0 ||
+	    add_sub(m, "OverlapError", NULL, "A registration overlaps an existing one.", &OverlapError) < 0 ||
+	    add_sub(m, "SegmentError", NULL, "Unknown or closed segment.", &SegmentError) < 0 ||
+	    add_sub(m, "BatchError", NULL, "Unknown or freed batch.", &BatchError) < 0)
+		goto fail;
+	if (add_codes(m) < 0)
+		goto fail;
+	return m;
+fail:
+	Py_DECREF(m);
+	return NULL;
+}

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libte._native: the CPython extension behind the `libte` package. It sits on
+ * te.h only. Shared between its three files: module.c (errors, module
+ * functions, libte.Memory), engine.c (Engine, Segment), batch.c (Batch,
+ * request parsing, the synchronous helpers).
+ */
+#ifndef PYTE_H
+#define PYTE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <te/te.h>
+
+/* ------------------------------------------------------------ errors */
+
+/* Raises the exception class that fits `code` with "<what>: <te_strerror>"
+ * and libte's last error line on this thread. Returns NULL. */
+PyObject *pyte_raise(int code, const char *what);
+/* The same with a message of the caller's. */
+PyObject *pyte_raise_msg(int code, const char *fmt, ...);
+/* The class for a code (borrowed). */
+PyObject *pyte_error_class(int code);
+extern PyObject *PyteError, *PyteClosedError, *PyteTransferError;
+#define PYTE_CLOSED (-EBADF) /* the engine was closed: not a libte code */
+
+/* -------------------------------------------------------- struct seqs */
+
+extern PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType,
+	PytePluginInfoType;
+PyObject *pyte_task_status(const te_task_status *st);
+
+/* ------------------------------------------------------------ engine */
+
+/* A range of local memory that a batch reads or writes, so that
+ * unregistering it waits for that batch first (libte pins remote ranges
+ * only: the initiator's own buffers are the caller's to keep alive). */
+typedef struct pyte_use {
+	struct pyte_use *next, *prev;
+	te_batch_id batch;
+	uint64_t lo, hi; /* [lo, hi); empty when lo >= hi */
+} pyte_use;
+
+typedef struct pyte_reg {
+	uint64_t addr;
+	uint64_t length;
+	Py_buffer view; /* holds the object's buffer while registered */
+	int has_view;   /* 0: a raw address the caller answers for */
+} pyte_reg;
+
+typedef struct {
+	PyObject_HEAD
+	te_engine *e;
+	pthread_mutex_t mu;   /* active, regs, uses */
+	pthread_cond_t idle;  /* signalled when active drops to 0 while closing */
+	int active;           /* calls inside libte with this engine */
+	atomic_int closing;
+	/* Submits hold it shared, unregister exclusive: an unregister never
+	 * runs between a submit's bookkeeping and its te_submit(). */
+	pthread_rwlock_t sublock;
+	pyte_reg *regs;
+	size_t nregs, capregs;
+	pyte_use uses; /* list head */
+	PyObject *weakreflist;
+} PyteEngine;
+
+extern PyTypeObject PyteEngineType, PyteSegmentType, PyteBatchType, PyteMemoryType;
+
+/* Marks a call in progress; raises ClosedError (and returns -1) when the
+ * engine is closed or closing. GIL held. */
+int pyte_enter(PyteEngine *eo);
+void pyte_leave(PyteEngine *eo);
+void pyte_use_link(PyteEngine *eo, pyte_use *u);
+void pyte_use_unlink(PyteEngine *eo, pyte_use *u);
+/* Waits for a batch with the GIL released by the caller (`*save` its
+ * thread state), in slices, so a closing engine or a signal ends the wait.
+ * timeout_s < 0: no limit. 0, -ETIMEDOUT, PYTE_CLOSED, -EINTR (a Python
+ * signal handler raised: its exception is set when the GIL is back), or a
+ * libte error. */
+int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save);
+
+/* Segment id from a Segment object or an int. -1 with an exception set. */
+int pyte_segment_id(PyObject *o, te_segment_id *out);
+PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
+
+/* ------------------------------------------------------------- batch */
+
+/* Address (and, for buffer objects, length) of a local argument: an int
+ * address or an object with the buffer protocol. *len is -1 for an int. */
+int pyte_local_addr(PyObject *o, uint64_t *addr, int64_t *len);
+PyObject *pyte_batch_new(PyteEngine *eo, size_t capacity);
+
+/* Engine methods that live in batch.c. */
+PyObject *pyte_engine_transfer(PyteEngine *eo, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_read(PyteEngine *eo, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_write(PyteEngine *eo, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_read_many(PyteEngine *eo, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_write_many(PyteEngine *eo, PyObject *args, PyObject *kw);
+
+/* Seconds from a Python timeout argument: None → -1. -1 with an exception
+ * when it is not a non-negative number. */
+int pyte_timeout(PyObject *o, double *out);
+
+#endif

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Measures the language bindings beside te-bench in one run: te-bench and each
+# binding's bench alternate, case by case, with the same settings (loopback
+# over TCP, one thread, batches of 128); prints the medians and their ratios to
+# te-bench as a markdown table.
+#
+#   tools/bench-bindings.sh [BUILD_DIR] [ROUNDS] [SECONDS]
+#
+# Benches: Python (python/bench/te_bench.py, API "many" and "mooncake", from
+# BUILD_DIR/python) and Rust (bindings/rust's `bench` example, when
+# RUST_BENCH names its binary). CASES="read:4096 write:4096 read:65536 write:65536"
+# by default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+rounds=${2:-5}
+secs=${3:-5}
+cases=${CASES:-read:4096 write:4096 read:65536 write:65536}
+py=${PYTHON:-/usr/bin/python3}
+export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
+export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp"
+tebench="$build/tools/te-bench/te-bench"
+[ -x "$tebench" ] || { echo "bench-bindings: $tebench not built" >&2; exit 1; }
+"$py" -c 'import libte' || { echo "bench-bindings: the Python package is not built in $build" >&2; exit 1; }
+
+declare -A runners=(
+  [te-bench]="$tebench --quiet --json"
+  [python]="$py python/bench/te_bench.py --json --api=many"
+  [python-mooncake]="$py python/bench/te_bench.py --json --api=mooncake"
+)
+order=(te-bench python python-mooncake)
+if [ -n "${RUST_BENCH:-}" ]; then
+  runners[rust]="$RUST_BENCH --quiet --json"
+  order+=(rust)
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "bench-bindings: $rounds rounds of $secs s per case and bench; $(nproc) cores; $(uname -r)" >&2
+for c in $cases; do
+  op=${c%%:*}
+  bs=${c##*:}
+  for r in $(seq "$rounds"); do
+    for b in "${order[@]}"; do
+      ${runners[$b]} --operation="$op" --block_size="$bs" --batch_size=128 --threads=1 --duration="$secs" \
+        | tail -n 1 > "$tmp/$b.$op.$bs.$r.json"
+      echo "  $c round $r $b: $(grep -o '"iops": *[0-9.]*' "$tmp/$b.$op.$bs.$r.json")" >&2
+    done
+  done
+done
+
+"$py" - "$tmp" "$rounds" "$cases" "${order[@]}" <<'PY'
+import json, statistics, sys
+tmp, rounds, cases, benches = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
+def med(b, op, bs, key):
+    return statistics.median(json.load(open(f"{tmp}/{b}.{op}.{bs}.{r}.json"))[key] for r in range(1, rounds + 1))
+head = "| case | te-bench req/s | te-bench GB/s |" + "".join(f" {b} req/s | ratio |" for b in benches[1:])
+print(head)
+print("|" + "---|" * (3 + 2 * (len(benches) - 1)))
+for c in cases:
+    op, bs = c.split(":")
+    base = med("te-bench", op, bs, "iops")
+    row = f"| {op} {int(bs) // 1024} KiB | {base:,.0f} | {med('te-bench', op, bs, 'throughput_bytes_per_s') / 1e9:.2f} |"
+    for b in benches[1:]:
+        v = med(b, op, bs, "iops")
+        row += f" {v:,.0f} | {v / base:.2f} |"
+    print(row)
+PY

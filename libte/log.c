@@ -123,3 +123,9 @@ void te_log(int level, const char *domain, const char *fmt, ...)
 	te_logv(level, domain, fmt, ap);
 	va_end(ap);
 }
+
+void te_log_write(int level, const char *domain, const char *msg)
+{
+	if (msg != NULL)
+		te_log(level, domain != NULL && *domain ? domain : "app", "%s", msg);
+}

@@ -27,15 +27,11 @@
 
 /* ----------------------------------------------------------------- logging */
 
-/*
- * te.h offers no way to log through libte's handler, so lines go to stderr
- * when libte's level lets them through (TE_LOG_LEVEL; errors by default).
- */
+/* Through libte's log (its level and handler), under the domain "mooncake". */
 static void mc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void mc_log(int level, const char *fmt, ...)
 {
-	static const char *const names[] = { "error", "warn", "info", "debug", "trace" };
 	char line[512];
 	va_list ap;
 
@@ -44,8 +40,7 @@ static void mc_log(int level, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof line, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "libtransfer_engine %s: %s\n", names[level < 0 ? 0 : level > 4 ? 4 : level],
-		line);
+	te_log_write(level, "mooncake", line);
 }
 
 #define mc_err(...) mc_log(TE_LOG_ERROR, __VA_ARGS__)

@@ -84,6 +84,11 @@ TE_API void te_set_log_handler(te_log_fn fn, void *user);
  * error|warn|warning|info|debug|trace or 0..4; default warn. */
 TE_API void te_set_log_level(int level);
 TE_API int te_get_log_level(void);
+/* Logs one line through libte's level and handler under `domain`, for the
+ * layers built on te.h (language bindings, compatibility libraries), so their
+ * lines land where libte's do. An error line also becomes the calling
+ * thread's te_last_error(). Since 1.1. */
+TE_API void te_log_write(int level, const char *domain, const char *msg);
 
 /* ------------------------------------------------------------------ engine */
 

@@ -52,6 +52,21 @@ static void test_create_bad(void)
 	te_engine_destroy(NULL);
 }
 
+static void test_log_write(void)
+{
+	cap_start();
+	te_last_error_clear();
+	te_log_write(TE_LOG_ERROR, "binding", "a line from a layer above");
+	CHECK(cap_has("0 binding a line from a layer above"));
+	CHECK(strcmp(te_last_error(), "a line from a layer above") == 0);
+	te_log_write(TE_LOG_WARN, NULL, "no domain");
+	CHECK(cap_has("1 app no domain"));
+	te_log_write(TE_LOG_TRACE, "binding", "filtered"); /* above the level: dropped */
+	CHECK(!cap_has_quiet("filtered"));
+	te_log_write(TE_LOG_ERROR, "binding", NULL);        /* nothing, no crash */
+	te_set_log_handler(NULL, NULL);
+}
+
 static void test_port_in_use(void)
 {
 	te_engine *a = p2p_engine(NULL), *b = NULL;
@@ -328,6 +343,7 @@ int main(void)
 {
 	TEST_RUN(test_strerror);
 	TEST_RUN(test_create_bad);
+	TEST_RUN(test_log_write);
 	TEST_RUN(test_port_in_use);
 	TEST_RUN(test_register_bad);
 	TEST_RUN(test_segments_bad);

@@ -67,21 +67,26 @@ class TransferNotify:
         return isinstance(other, TransferNotify) and (self.name, self.msg) == (other.name, other.msg)
 
 
-# Mooncake's error.h codes, for the methods that return them.
+# Mooncake's error.h codes, for the methods that return them: the same table
+# as libtransfer_engine's (docs/mooncake-compat.md); anything else is -1.
 _ERR_INVALID_ARGUMENT = -1
 _MOONCAKE_ERRORS = {
-    libte.ERROR_CODES["ADDRESS"]: -3,       # ERR_ADDRESS_NOT_REGISTERED
-    libte.ERROR_CODES["OVERLAP"]: -7,       # ERR_ADDRESS_OVERLAPPED
-    libte.ERROR_CODES["BATCH_FULL"]: -2,    # ERR_TOO_MANY_REQUESTS
-    libte.ERROR_CODES["NO_TRANSPORT"]: -6,  # ERR_DEVICE_NOT_FOUND
-    libte.ERROR_CODES["METADATA"]: -200,    # ERR_METADATA
-    libte.ERROR_CODES["PROTOCOL"]: -103,    # ERR_MALFORMED_JSON
-    libte.ERROR_CODES["REJECTED"]: -104,    # ERR_REJECT_HANDSHAKE
-    -errno.EBUSY: -4,                       # ERR_BATCH_BUSY
-    -errno.ENOMEM: -302,                    # ERR_MEMORY
-    -errno.ENOTSUP: -303,                   # ERR_NOT_IMPLEMENTED
-    **{-c: -102 for c in (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
-                          errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE)},  # ERR_SOCKET
+    libte.ERROR_CODES["BATCH_FULL"]: -2, -errno.ENOSPC: -2,    # ERR_TOO_MANY_REQUESTS
+    libte.ERROR_CODES["ADDRESS"]: -3,                          # ERR_ADDRESS_NOT_REGISTERED
+    -errno.EBUSY: -4,                                          # ERR_BATCH_BUSY
+    libte.ERROR_CODES["NO_TRANSPORT"]: -6,                     # ERR_DEVICE_NOT_FOUND
+    libte.ERROR_CODES["PLUGIN"]: -6,
+    libte.ERROR_CODES["OVERLAP"]: -7,                          # ERR_ADDRESS_OVERLAPPED
+    **{-c: -102 for c in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+                          errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETUNREACH, errno.ENETDOWN,
+                          errno.ENOTCONN, errno.EPIPE, errno.ETIMEDOUT, errno.EADDRINUSE,
+                          errno.EADDRNOTAVAIL, errno.EIO)},   # ERR_SOCKET
+    libte.ERROR_CODES["PROTOCOL"]: -103,                       # ERR_MALFORMED_JSON
+    libte.ERROR_CODES["REJECTED"]: -104,                       # ERR_REJECT_HANDSHAKE
+    libte.ERROR_CODES["METADATA"]: -200,                       # ERR_METADATA
+    -errno.ESHUTDOWN: -202, -errno.ECANCELED: -202,            # ERR_CONTEXT
+    -errno.ENOMEM: -302,                                       # ERR_MEMORY
+    -errno.ENOTSUP: -303,                                      # ERR_NOT_IMPLEMENTED
 }
 
 

@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package te
+
+/*
+#include "tego.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Opcode says which way a request moves bytes.
+type Opcode uint32
+
+const (
+	OpRead  Opcode = C.TE_OP_READ  // segment -> local memory
+	OpWrite Opcode = C.TE_OP_WRITE // local memory -> segment
+)
+
+// Request is one transfer. The local side is Local, a slice of memory this
+// engine registered; or, for memory registered with RegisterExternal, Addr
+// and Length with Local nil. Remote is an address in the segment owner's
+// process (a byte offset for file segments).
+type Request struct {
+	Op      Opcode
+	Segment SegmentID
+	Remote  uint64
+	Local   []byte
+	Addr    uintptr
+	Length  uint64
+}
+
+// TaskState is the state of one task; the numbers equal Mooncake's.
+type TaskState int32
+
+const (
+	TaskWaiting   TaskState = C.TE_TASK_WAITING   // submitted, moving
+	TaskPending   TaskState = C.TE_TASK_PENDING   // accepted, not yet started
+	TaskInvalid   TaskState = C.TE_TASK_INVALID   // refused at submit
+	TaskCanceled  TaskState = C.TE_TASK_CANCELED  // the batch was canceled
+	TaskCompleted TaskState = C.TE_TASK_COMPLETED // every byte moved
+	TaskTimeout   TaskState = C.TE_TASK_TIMEOUT
+	TaskFailed    TaskState = C.TE_TASK_FAILED
+)
+
+var stateNames = [...]string{"WAITING", "PENDING", "INVALID", "CANCELED", "COMPLETED", "TIMEOUT", "FAILED"}
+
+func (s TaskState) String() string {
+	if s >= 0 && int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("TaskState(%d)", int32(s))
+}
+
+// Done reports whether a task in this state has ended.
+func (s TaskState) Done() bool { return s != TaskWaiting && s != TaskPending }
+
+// TaskStatus is the status of one task.
+type TaskStatus struct {
+	State       TaskState
+	Err         error  // nil, or the Code that ended the task
+	Transferred uint64 // bytes moved so far (a lower bound while moving)
+}
+
+// BatchSummary sums up a batch: State is TaskCompleted when every task
+// completed, the worst end state when all ended and one did not complete,
+// TaskWaiting while tasks are in flight.
+type BatchSummary struct {
+	Submitted int
+	InFlight  int
+	State     TaskState
+}
+
+// Batch is a set of up to its capacity tasks over its whole life (task ids
+// continue across Submit calls). Its methods are safe for concurrent use.
+type Batch struct {
+	e        *Engine
+	id       C.te_batch_id
+	capacity int
+
+	mu    sync.RWMutex // Free holds it for writing, every other call for reading
+	freed bool
+
+	// regions this batch's tasks have used since it was last seen idle
+	// (see Engine.idleLocked).
+	refMu   sync.Mutex
+	regions map[*region]struct{}
+}
+
+// NewBatch allocates a batch that holds up to capacity tasks.
+func (e *Engine) NewBatch(capacity int) (*Batch, error) {
+	const op = "NewBatch"
+	if capacity <= 0 {
+		return nil, newError(op, ErrInvalid, fmt.Sprintf("capacity %d is not positive", capacity))
+	}
+	h, err := e.rlock(op)
+	if err != nil {
+		return nil, err
+	}
+	defer e.mu.RUnlock()
+	var id C.te_batch_id
+	if err := cerr(op, func() C.int { return C.te_batch_alloc(h, C.size_t(capacity), &id) }); err != nil {
+		return nil, err
+	}
+	b := &Batch{e: e, id: id, capacity: capacity}
+	e.memMu.Lock()
+	e.batches[b] = struct{}{}
+	e.memMu.Unlock()
+	return b, nil
+}
+
+// Capacity is the number of tasks the batch holds over its life.
+func (b *Batch) Capacity() int { return b.capacity }
+
+// use takes the batch and its engine for one call; on success the caller
+// runs the returned release.
+func (b *Batch) use(op string) (*C.te_engine, func(), error) {
+	if b == nil {
+		return nil, nil, newError(op, ErrInvalid, "nil batch")
+	}
+	b.mu.RLock()
+	if b.freed {
+		b.mu.RUnlock()
+		return nil, nil, newError(op, ErrBatch, "batch was freed")
+	}
+	h, err := b.e.rlock(op)
+	if err != nil {
+		b.mu.RUnlock()
+		return nil, nil, err
+	}
+	return h, func() { b.e.mu.RUnlock(); b.mu.RUnlock() }, nil
+}
+
+// Submit appends the requests as tasks and starts them. It returns how many
+// became INVALID tasks (a bad opcode, unregistered local memory, an unknown
+// segment, a range outside the segment: see Status for why); the others
+// run. err is set, and nothing appended, when the batch is freed, the
+// engine closed, or the requests exceed the capacity left (ErrBatchFull).
+func (b *Batch) Submit(reqs ...Request) (invalid int, err error) {
+	const op = "Submit"
+	creqs := make([]C.tego_request, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		p, n := r.Addr, r.Length
+		if r.Local != nil {
+			if r.Addr != 0 || r.Length != 0 {
+				return 0, newError(op, ErrInvalid, fmt.Sprintf("request %d sets both Local and Addr/Length", i))
+			}
+			n = uint64(len(r.Local))
+			if n > 0 {
+				p = addrOf(r.Local)
+			}
+		}
+		creqs[i] = C.tego_request{
+			opcode:  C.uint32_t(r.Op),
+			segment: C.int32_t(r.Segment),
+			local:   C.uintptr_t(p),
+			remote:  C.uint64_t(r.Remote),
+			length:  C.uint64_t(n),
+		}
+	}
+	h, release, err := b.use(op)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	if len(reqs) == 0 {
+		return 0, nil
+	}
+	e := b.e
+	e.memMu.RLock()
+	defer e.memMu.RUnlock()
+	// Remember the regions the tasks use, so that UnregisterMemory can tell
+	// whether they are still in flight. Requests outside every region are
+	// left to libte, which makes them INVALID tasks.
+	b.refMu.Lock()
+	for i := range creqs {
+		n := uintptr(creqs[i].length)
+		if r := e.regionForLocked(uintptr(creqs[i].local), n); r != nil && n > 0 {
+			if b.regions == nil {
+				b.regions = make(map[*region]struct{})
+			}
+			b.regions[r] = struct{}{}
+		}
+	}
+	b.refMu.Unlock()
+	n, err := cint(op, func() C.int {
+		return C.tego_submit(h, b.id, &creqs[0], C.size_t(len(creqs)))
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Status returns the status of task i (0 is the first task submitted).
+func (b *Batch) Status(i int) (TaskStatus, error) {
+	const op = "Status"
+	if i < 0 {
+		return TaskStatus{}, newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
+	}
+	h, release, err := b.use(op)
+	if err != nil {
+		return TaskStatus{}, err
+	}
+	defer release()
+	var st C.te_task_status
+	if err := cerr(op, func() C.int { return C.te_get_status(h, b.id, C.size_t(i), &st) }); err != nil {
+		return TaskStatus{}, err
+	}
+	out := TaskStatus{State: TaskState(st.state), Transferred: uint64(st.transferred)}
+	if st.error != 0 {
+		out.Err = Code(st.error)
+	}
+	return out, nil
+}
+
+// Summary returns the number of tasks submitted, in flight, and the
+// batch's overall state.
+func (b *Batch) Summary() (BatchSummary, error) {
+	const op = "Summary"
+	h, release, err := b.use(op)
+	if err != nil {
+		return BatchSummary{}, err
+	}
+	defer release()
+	var sub, inflight C.size_t
+	var state C.int32_t
+	if err := cerr(op, func() C.int { return C.te_batch_status(h, b.id, &sub, &inflight, &state) }); err != nil {
+		return BatchSummary{}, err
+	}
+	return BatchSummary{Submitted: int(sub), InFlight: int(inflight), State: TaskState(state)}, nil
+}
+
+// waitSlice is how long one te_batch_wait call blocks: the batch and the
+// engine are released between calls, so Free, Close and ctx are noticed
+// within it.
+const waitSlice = 50 * time.Millisecond
+
+// Wait blocks until no task of the batch is in flight, or ctx is done (then
+// it returns ctx.Err() and the tasks go on: Cancel stops them). No
+// goroutine is left behind: the waiting happens in bounded te_batch_wait
+// calls on the caller's goroutine.
+func (b *Batch) Wait(ctx context.Context) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		slice := waitSlice
+		if dl, ok := ctx.Deadline(); ok {
+			if left := time.Until(dl); left < slice {
+				slice = left
+			}
+		}
+		ms := slice.Milliseconds()
+		if ms < 1 {
+			ms = 1
+		}
+		done, err := b.waitFor(ms)
+		if done || err != nil {
+			return err
+		}
+	}
+}
+
+// waitFor runs one te_batch_wait of ms milliseconds; done when nothing is
+// in flight.
+func (b *Batch) waitFor(ms int64) (bool, error) {
+	const op = "Wait"
+	h, release, err := b.use(op)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	rc, detail := ccall(func() C.int { return C.te_batch_wait(h, b.id, C.int(ms)) })
+	switch {
+	case rc >= 0:
+		return true, nil
+	case rc == -int(syscall.ETIMEDOUT):
+		return false, nil
+	default:
+		return false, newError(op, Code(rc), detail)
+	}
+}
+
+// Cancel cancels the batch: tasks not yet started become CANCELED, running
+// ones stop at their next slice. It returns at once; Wait settles it.
+func (b *Batch) Cancel() error {
+	const op = "Cancel"
+	h, release, err := b.use(op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cerr(op, func() C.int { return C.te_batch_cancel(h, b.id) })
+}
+
+// Free frees the batch. It refuses (ErrBusy) while a task has not ended; a
+// freed batch returns ErrBatch from every method.
+func (b *Batch) Free() error {
+	const op = "Free"
+	if b == nil {
+		return newError(op, ErrInvalid, "nil batch")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return newError(op, ErrBatch, "batch was freed already")
+	}
+	e := b.e
+	h, err := e.rlock(op)
+	if err != nil {
+		return err
+	}
+	defer e.mu.RUnlock()
+	rc, detail := ccall(func() C.int { return C.te_batch_free(h, b.id) })
+	if rc == -int(syscall.EBUSY) && b.allEndedLocked(h) {
+		// libte shows a task's end state a moment before it stops counting
+		// the task as in flight. Code that frees a batch as soon as every
+		// status has ended (Mooncake's P2P store does) must not be refused
+		// for that moment: let it pass, then free.
+		if wr, _ := ccall(func() C.int { return C.te_batch_wait(h, b.id, 1000) }); wr == 0 {
+			rc, detail = ccall(func() C.int { return C.te_batch_free(h, b.id) })
+		}
+	}
+	if rc < 0 {
+		return newError(op, Code(rc), detail)
+	}
+	b.freed = true
+	e.memMu.Lock()
+	delete(e.batches, b)
+	e.memMu.Unlock()
+	b.refMu.Lock()
+	b.regions = nil
+	b.refMu.Unlock()
+	return nil
+}
+
+// allEndedLocked reports whether every task of the batch shows an end
+// state. The caller holds the batch and the engine.
+func (b *Batch) allEndedLocked(h *C.te_engine) bool {
+	var sub C.size_t
+	if rc, _ := ccall(func() C.int { return C.te_batch_status(h, b.id, &sub, nil, nil) }); rc < 0 {
+		return false
+	}
+	for i := C.size_t(0); i < sub; i++ {
+		var st C.te_task_status
+		if rc, _ := ccall(func() C.int { return C.te_get_status(h, b.id, i, &st) }); rc < 0 ||
+			!TaskState(st.state).Done() {
+			return false
+		}
+	}
+	return true
+}
+
+// Notify sends msg to the owner of seg once no task of the batch is in
+// flight (at once when none is).
+func (b *Batch) Notify(seg SegmentID, msg string) error {
+	return b.notify("Batch.Notify", seg, nil, msg)
+}
+
+// NotifyAs is Notify with sender as the notification's name.
+func (b *Batch) NotifyAs(seg SegmentID, sender, msg string) error {
+	return b.notify("Batch.NotifyAs", seg, &sender, msg)
+}
+
+func (b *Batch) notify(op string, seg SegmentID, sender *string, msg string) error {
+	cmsg, csender, free, err := notifyStrings(op, sender, msg)
+	if err != nil {
+		return err
+	}
+	defer free()
+	h, release, err := b.use(op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cerr(op, func() C.int {
+		return C.te_batch_notify_as(h, b.id, C.te_segment_id(seg), csender, cmsg)
+	})
+}
+
+// Read copies len(local) bytes from seg at remote into local, and waits.
+func (e *Engine) Read(ctx context.Context, local []byte, seg SegmentID, remote uint64) error {
+	return e.transfer(ctx, "Read", Request{Op: OpRead, Segment: seg, Remote: remote, Local: local})
+}
+
+// Write copies local to seg at remote, and waits.
+func (e *Engine) Write(ctx context.Context, local []byte, seg SegmentID, remote uint64) error {
+	return e.transfer(ctx, "Write", Request{Op: OpWrite, Segment: seg, Remote: remote, Local: local})
+}
+
+// Transfer runs the requests as one batch and waits for all of them. It
+// returns nil when every task completed, else an error naming the first
+// task that did not. When ctx ends first, it cancels the batch, waits for
+// it to settle and returns ctx.Err().
+func (e *Engine) Transfer(ctx context.Context, reqs ...Request) error {
+	return e.transfer(ctx, "Transfer", reqs...)
+}
+
+func (e *Engine) transfer(ctx context.Context, op string, reqs ...Request) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	for i := range reqs {
+		if reqs[i].Local != nil && len(reqs[i].Local) == 0 {
+			return newError(op, ErrInvalid, fmt.Sprintf("request %d has an empty buffer", i))
+		}
+	}
+	b, err := e.NewBatch(len(reqs))
+	if err != nil {
+		return err
+	}
+	// Free's error only matters when the engine was closed meanwhile, and
+	// then the batch went with it.
+	defer func() { _ = b.Free() }()
+	if _, err := b.Submit(reqs...); err != nil {
+		return err
+	}
+	if err := b.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			_ = b.Cancel()
+			// Settle without ctx: the tasks may still touch local memory.
+			_ = b.Wait(context.Background())
+		}
+		return err
+	}
+	for i := range reqs {
+		st, err := b.Status(i)
+		if err != nil {
+			return err
+		}
+		if st.State == TaskCompleted {
+			continue
+		}
+		code, _ := st.Err.(Code)
+		if code == 0 {
+			code = stateCode(st.State)
+		}
+		what := fmt.Sprintf("task %d of %d ended %s after %d bytes", i, len(reqs), st.State, st.Transferred)
+		if len(reqs) == 1 {
+			what = fmt.Sprintf("transfer ended %s after %d bytes", st.State, st.Transferred)
+		}
+		return newError(op, code, what)
+	}
+	return nil
+}
+
+// stateCode is the code for an end state whose task carries none.
+func stateCode(s TaskState) Code {
+	switch s {
+	case TaskCanceled:
+		return ErrCanceled
+	case TaskTimeout:
+		return ErrTimeout
+	case TaskInvalid:
+		return ErrInvalid
+	default:
+		return ErrIO
+	}
+}

@@ -1,0 +1,3 @@
+module libte.org/te
+
+go 1.19

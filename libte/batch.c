@@ -113,6 +113,18 @@ int te_batch_alloc(te_engine *e, size_t capacity, te_batch_id *out)
 	return 0;
 }
 
+/* True when every submitted task has reached an end state (lock held). */
+static bool all_ended(te_batch *b)
+{
+	size_t n = atomic_load(&b->count);
+	for (size_t i = 0; i < n; i++) {
+		int s = atomic_load_explicit(&b->tasks[i].state, memory_order_acquire);
+		if (s == TE_TASK_WAITING || s == TE_TASK_PENDING)
+			return false;
+	}
+	return true;
+}
+
 int te_batch_free(te_engine *e, te_batch_id id)
 {
 	batch_box *box = batch_get(e, id, "te_batch_free");
@@ -122,6 +134,17 @@ int te_batch_free(te_engine *e, te_batch_id id)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
 	b = box->b;
 	g_mutex_lock(&b->lock);
+	if (atomic_load(&b->inflight) > 0 && !box->freed && all_ended(b)) {
+		/* Every task shows its end state, but a completing thread sets the
+		 * state before it lowers the count: a caller that polled the states
+		 * and frees at once must not see -EBUSY. The last decrement happens
+		 * under this lock and wakes waiters, so this is a short wait. */
+		gint64 end = g_get_monotonic_time() + G_USEC_PER_SEC;
+		b->waiters++;
+		while (atomic_load(&b->inflight) > 0 && g_cond_wait_until(&b->cond, &b->lock, end))
+			;
+		b->waiters--;
+	}
 	if (atomic_load(&b->inflight) > 0 || box->freed) {
 		bool busy = !box->freed;
 		g_mutex_unlock(&b->lock);

@@ -280,6 +280,37 @@ static void test_descriptor(void)
 	te_engine_destroy(e);
 }
 
+/* Polling the task's state, then freeing the batch at once (Mooncake's
+ * programs do so): the free must succeed as soon as every task shows its end
+ * state, even if the completing thread has not finished its bookkeeping. */
+static void test_free_after_status(void)
+{
+	pair p;
+	int busy = 0, bad = 0;
+	pair_up(&p, NULL, 0, NULL, 0);
+	for (int i = 0; i < 5000; i++) {
+		te_batch_id b;
+		te_request r = { TE_OP_WRITE, p.seg, p.abuf + (i % 64) * 64, (uintptr_t)p.bbuf + (i % 64) * 64, 64 };
+		te_task_status st = { 0 };
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		long long end = now_ms() + 10000;
+		do {
+			te_get_status(p.a, b, 0, &st);
+		} while ((st.state == TE_TASK_WAITING || st.state == TE_TASK_PENDING) && now_ms() < end);
+		bad += st.state != TE_TASK_COMPLETED;
+		int rc = te_batch_free(p.a, b);
+		busy += rc == -EBUSY;
+		if (rc != 0) { /* keep going with a clean slate */
+			te_batch_wait(p.a, b, 5000);
+			te_batch_free(p.a, b);
+		}
+	}
+	CHECK_EQ(bad, 0);
+	CHECK_EQ(busy, 0);
+	pair_down(&p);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -291,5 +322,6 @@ int main(void)
 	TEST_RUN(test_slicing);
 	TEST_RUN(test_cancel);
 	TEST_RUN(test_v1_peer);
+	TEST_RUN(test_free_after_status);
 	return check_done();
 }

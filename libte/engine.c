@@ -253,7 +253,41 @@ int te_transport_uninstall(te_engine *e, const char *name)
 	return rc;
 }
 
+/* Installs every same-host transport found (they only ever serve engines on
+ * this host, so they add to a network transport and never replace it). */
+static void install_same_host(te_engine *e)
+{
+	GPtrArray *all = te_plugin_transports();
+
+	for (guint i = 0; i < all->len; i++) {
+		const te_plugin *p = g_ptr_array_index(all, i);
+		const te_transport_ops *o = p->desc->ops;
+		char why[256] = "";
+		te_host_ctx hc;
+		if (!(o->flags & TE_TRANSPORT_SAME_HOST))
+			continue;
+		te_host_init(&hc, e, p);
+		int rc = TE_HAS_OP(o, probe) ? o->probe(&hc.host, why, sizeof why) : 0;
+		if (rc == 0)
+			rc = te_transport_install(e, p->name, NULL);
+		if (rc < 0 && rc != -EEXIST)
+			te_info("auto-discovery: same-host transport %s not installed: %s", p->name,
+				*why ? why : te_strerror(rc));
+	}
+	g_ptr_array_unref(all);
+}
+
+static int transport_auto(te_engine *e, const char **installed);
+
 int te_transport_auto(te_engine *e, const char **installed)
+{
+	int rc = transport_auto(e, installed);
+	if (rc == 0)
+		install_same_host(e);
+	return rc;
+}
+
+static int transport_auto(te_engine *e, const char **installed)
 {
 	const te_plugin *rdma = te_plugin_find(TE_KIND_TRANSPORT, "rdma");
 	bool force_tcp = te_env2("TE_FORCE_TCP", "MC_FORCE_TCP") != NULL;

@@ -133,6 +133,15 @@ static const char *host_local_address(const te_host *h)
 	return hc->engine ? hc->engine->address : NULL;
 }
 
+static int host_shared_memory(const te_host *h, uint64_t addr, uint64_t len, int *fd, uint64_t *offset,
+			      uint64_t *size, uint64_t *base)
+{
+	(void)h;
+	if (fd == NULL || offset == NULL || size == NULL || base == NULL)
+		return -EINVAL;
+	return te_shmem_lookup(addr, len, fd, offset, size, base);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -153,5 +162,6 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.republish = host_republish,
 		.local_name = host_local_name,
 		.local_address = host_local_address,
+		.shared_memory = host_shared_memory,
 	};
 }

@@ -98,6 +98,11 @@ int te_region_attach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 void te_region_detach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
 
+/* ------------------------------------------------------------ shmem.c */
+/* The te_mem_alloc() allocation holding [addr, addr+len): its memfd, the
+ * range's offset, its size and first address. -ENOENT when none does. */
+int te_shmem_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *offset, uint64_t *size, uint64_t *base);
+
 /* --------------------------------------------------------- descriptor.c */
 typedef struct te_desc_buffer {
 	uint64_t addr;

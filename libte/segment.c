@@ -74,18 +74,24 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 	};
 	unsigned want = desc->file_segment ? TE_TRANSPORT_FILES : TE_TRANSPORT_MEMORY;
 
-	/* Two passes: the transport the descriptor names first, then the rest. */
-	for (int pass = 0; pass < 2 && rc < 0; pass++) {
+	/* Three passes: same-host transports (they serve a peer on this host
+	 * better than any network one, and decline the rest), the transport the
+	 * descriptor names, then the others. A forced transport is the only one
+	 * tried. */
+	for (int pass = 0; pass < 3 && rc < 0; pass++) {
 		for (guint i = 0; i < e->transports->len && rc < 0; i++) {
 			te_transport_inst *tp = g_ptr_array_index(e->transports, i);
 			const char *tn = tp->hc.plugin->name;
+			bool same_host = (tp->ops->flags & TE_TRANSPORT_SAME_HOST) != 0;
+			bool named_tp = strcmp(tn, desc->protocol) == 0;
 			if (tp == skip)
 				continue;
 			if (forced != NULL) {
-				if (pass == 1 || strcmp(forced, tn) != 0)
+				if (pass != 1 || strcmp(forced, tn) != 0)
 					continue;
-			} else if (pass == 0 ? strcmp(tn, desc->protocol) != 0
-					     : (strcmp(tn, desc->protocol) == 0 || !(tp->ops->flags & want))) {
+			} else if (pass == 0 ? !same_host || !(tp->ops->flags & want)
+				   : pass == 1 ? !named_tp || same_host
+					       : named_tp || same_host || !(tp->ops->flags & want)) {
 				continue;
 			}
 			last = tp->ops->segment_open(tp->ctx, &info, &sv->seg_ctx);
@@ -94,7 +100,7 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 				atomic_fetch_add(&tp->segvers, 1);
 				rc = 0;
 			} else {
-				if (pass == 0)
+				if (pass == 1)
 					named = last; /* the descriptor's own transport: its reason matters */
 				te_dbg("transport %s declined segment %s: %s", tn, desc->name, te_strerror(last));
 			}
@@ -615,6 +621,26 @@ char *te_segment_name(te_engine *e, te_segment_id id)
 	if (s != NULL)
 		name = g_strdup(s->name);
 	g_rec_mutex_unlock(&e->ctl);
+	return name;
+}
+
+const char *te_segment_transport(te_engine *e, te_segment_id id)
+{
+	const char *name = NULL;
+
+	if (e == NULL) {
+		te_err("te_segment_transport: NULL engine");
+		return NULL;
+	}
+	if (id == TE_LOCAL_SEGMENT)
+		return "local";
+	g_rw_lock_reader_lock(&e->data);
+	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s != NULL && s->cur != NULL)
+		name = s->cur->tp->hc.plugin->name; /* the plugin's static name */
+	g_rw_lock_reader_unlock(&e->data);
+	if (name == NULL)
+		te_err("te_segment_transport: unknown segment id %d", id);
 	return name;
 }
 

@@ -32,7 +32,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 0
+#define TE_PLUGIN_ABI_MINOR 1
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -156,6 +156,14 @@ struct te_host {
 	/* This engine's segment name and the address peers reach it at. */
 	const char *(*local_name)(const te_host *h);
 	const char *(*local_address)(const te_host *h);
+
+	/* ---- since ABI 1.1 (test with TE_HAS_OP) ---- */
+	/* When [addr, addr+len) lies in memory from te_mem_alloc(): the
+	 * allocation's memfd (the host's: dup() it to keep it), the range's
+	 * offset in it, and the allocation's size and first address. -ENOENT
+	 * otherwise. */
+	int (*shared_memory)(const te_host *h, uint64_t addr, uint64_t len, int *fd, uint64_t *offset,
+			     uint64_t *size, uint64_t *base);
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -165,6 +173,10 @@ enum te_transport_flags {
 	TE_TRANSPORT_MEMORY = 1u << 0,
 	/* Serves file segments (buffers without addresses). */
 	TE_TRANSPORT_FILES = 1u << 1,
+	/* Serves only engines on this host, better than any network transport:
+	 * offered every segment first (before the one its descriptor names) and
+	 * declines the others. Since ABI 1.1. */
+	TE_TRANSPORT_SAME_HOST = 1u << 2,
 };
 
 typedef struct te_transport_ops {

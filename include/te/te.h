@@ -142,7 +142,9 @@ TE_API const char *te_engine_address(const te_engine *engine);
 TE_API int te_transport_install(te_engine *engine, const char *name, const char *json_args);
 TE_API int te_transport_uninstall(te_engine *engine, const char *name);
 /* Installs the best transport available here: RDMA when it finds devices,
- * else TCP. Returns 0 and writes the installed name (may be NULL). */
+ * else TCP; and beside it the same-host transport (shm) when its plugin is
+ * present, which then serves the segments of engines on this host. Returns 0
+ * and writes the installed network transport's name (may be NULL). */
 TE_API int te_transport_auto(te_engine *engine, const char **installed);
 /* Writes up to `max` installed transport names; returns how many are installed. */
 TE_API int te_transport_list(const te_engine *engine, const char **names, size_t max);
@@ -162,6 +164,16 @@ TE_API int te_register_memory(te_engine *engine, void *addr, size_t length,
 /* Unregisters the region starting at `addr`. Waits for remote requests that
  * are reading or writing it to finish. */
 TE_API int te_unregister_memory(te_engine *engine, void *addr);
+
+/* Allocates `length` bytes (rounded up to pages) of page-aligned, zeroed
+ * memory that other processes on this host can map (memfd-backed shared
+ * memory). Use it like any memory; registered, it lets a same-host transport
+ * (shm) serve peers through a shared mapping of exactly these allocations, one
+ * copy and no system call per request. te_mem_free() once it is unregistered
+ * from every engine. Since 1.1. */
+TE_API int te_mem_alloc(size_t length, void **addr);
+/* Frees what te_mem_alloc() returned (the address it returned, exactly). */
+TE_API int te_mem_free(void *addr);
 
 typedef struct te_memory_region {
 	void *addr;
@@ -186,6 +198,10 @@ TE_API te_segment_id te_segment_open(te_engine *engine, const char *name);
 /* As te_segment_open(), but forces the transport used for this segment. */
 TE_API te_segment_id te_segment_open_with(te_engine *engine, const char *name, const char *transport);
 TE_API int te_segment_close(te_engine *engine, te_segment_id segment);
+/* The name of the transport that serves an open segment ("shm", "tcp", ...;
+ * "local" for TE_LOCAL_SEGMENT), or NULL for an unknown id. Static storage,
+ * valid while the transport stays installed. Since 1.1. */
+TE_API const char *te_segment_transport(te_engine *engine, te_segment_id segment);
 /* Fetches the descriptor again. libte also does so by itself, at most once a
  * second per segment, when a request falls outside the cached descriptor or
  * the peer refuses a range the descriptor offered. */

@@ -321,6 +321,10 @@ static void test_lookup_probe(void)
 	const char *bn = te_engine_name(p.b);
 
 	CHECK(strcmp(te_engine_address(p.a), "127.0.0.1") == 0);
+	CHECK(te_segment_transport(p.a, p.seg) != NULL && strcmp(te_segment_transport(p.a, p.seg), "memcpy") == 0);
+	CHECK(strcmp(te_segment_transport(p.a, TE_LOCAL_SEGMENT), "local") == 0);
+	CHECK(te_segment_transport(p.a, 999) == NULL);
+	CHECK(te_segment_transport(NULL, p.seg) == NULL);
 	CHECK(te_engine_address(NULL) == NULL);
 	CHECK_EQ(te_segment_find(p.a, bn), p.seg);
 	CHECK_EQ(te_segment_find(p.a, te_engine_name(p.a)), TE_LOCAL_SEGMENT);

@@ -3,6 +3,8 @@
  * line naming the problem, never a crash. */
 #include <stdlib.h>
 
+#include <sys/wait.h>
+
 #include "../common/util.h"
 
 static void test_strerror(void)
@@ -65,6 +67,37 @@ static void test_log_write(void)
 	CHECK(!cap_has_quiet("filtered"));
 	te_log_write(TE_LOG_ERROR, "binding", NULL);        /* nothing, no crash */
 	te_set_log_handler(NULL, NULL);
+}
+
+static void test_mem_alloc(void)
+{
+	void *p = NULL, *q = NULL;
+	CHECK_EQ(te_mem_alloc(0, &p), -EINVAL);
+	CHECK_EQ(te_mem_alloc(10, NULL), -EINVAL);
+	CHECK_EQ(te_mem_alloc(SIZE_MAX, &p), -EINVAL);
+	REQUIRE(te_mem_alloc(5000, &p) == 0 && p != NULL);
+	CHECK((uintptr_t)p % 4096 == 0);
+	CHECK(((unsigned char *)p)[4999] == 0 && ((unsigned char *)p)[8191] == 0); /* zeroed, whole pages */
+	REQUIRE(te_mem_alloc(4096, &q) == 0 && q != p);
+	/* shared with a child: what it writes, the parent sees */
+	pid_t pid = fork();
+	if (pid == 0) {
+		memcpy(p, "from the child", 15);
+		_exit(0);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	CHECK(memcmp(p, "from the child", 15) == 0);
+	te_engine *e = p2p_engine(NULL);
+	REQUIRE(e != NULL);
+	CHECK_EQ(te_register_memory(e, p, 8192, "cpu:0", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(te_unregister_memory(e, p), 0);
+	te_engine_destroy(e);
+	CHECK_EQ(te_mem_free(p), 0);
+	CHECK_EQ(te_mem_free(p), -EINVAL); /* twice */
+	CHECK_EQ(te_mem_free((char *)q + 1), -EINVAL);
+	CHECK_EQ(te_mem_free(q), 0);
+	CHECK_EQ(te_mem_free(NULL), 0);
 }
 
 static void test_port_in_use(void)
@@ -344,6 +377,7 @@ int main(void)
 	TEST_RUN(test_strerror);
 	TEST_RUN(test_create_bad);
 	TEST_RUN(test_log_write);
+	TEST_RUN(test_mem_alloc);
 	TEST_RUN(test_port_in_use);
 	TEST_RUN(test_register_bad);
 	TEST_RUN(test_segments_bad);

@@ -24,7 +24,7 @@ tebench="$build/tools/te-bench/te-bench"
 "$py" -c 'import libte' || { echo "bench-bindings: the Python package is not built in $build" >&2; exit 1; }
 
 declare -A runners=(
-  [te-bench]="$tebench --quiet --json"
+  [te-bench]="$tebench --protocol=tcp --quiet --json"
   [python]="$py python/bench/te_bench.py --json --api=many"
   [python-mooncake]="$py python/bench/te_bench.py --json --api=mooncake"
 )

@@ -67,7 +67,7 @@ EOF
 		for op in $ops; do
 			for t in $threads; do
 				# shellcheck disable=SC2086
-				"$bench" --json --quiet --duration="$duration" --block_size="$size" --operation="$op" \
+				"$bench" --protocol=tcp --json --quiet --duration="$duration" --block_size="$size" --operation="$op" \
 					--threads="$t" ${TEBENCH_ARGS:-} >"$tmp/tb.json"
 				python3 - "$tmp/tb.json" "$size" "$op" "$t" >>"$results" <<'EOF'
 import json, sys

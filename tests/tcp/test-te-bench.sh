@@ -64,10 +64,19 @@ wait_port() {
 	return 1
 }
 
+plugin_there() { # KIND NAME
+	local IFS=:
+	for d in $TE_PLUGIN_PATH; do [ -e "$d/libte-$1-$2.so" ] && return 0; done
+	return 1
+}
+# With the same-host transport built, te-bench's default (--protocol=auto)
+# serves engines on this host with it.
+if plugin_there transport shm; then near=shm; else near=tcp; fi
+
 # --- flags ------------------------------------------------------------------
 if run help 0 --help; then
 	missing=
-	for f in mode metadata_server local_server_name segment_id protocol device_name nic_priority_matrix \
+	for f in mode metadata_server local_server_name segment_id protocol memory device_name nic_priority_matrix \
 		auto_discovery operation batch_size block_size buffer_size duration threads report_unit \
 		report_precision check json quiet verbose help; do
 		grep -q -- "--$f " "$tmp/out" || missing="$missing $f"
@@ -78,6 +87,7 @@ run bogus 1 --bogus=1 && one_line_error "unknown flag" "unknown flag '--bogus=1'
 run badnum 1 --block_size=12x && one_line_error "bad number" "--block_size=12x is not a number"
 run zero 1 --batch_size=0 && one_line_error "out of range" "--batch_size=0 is not a number in \[1,"
 run badop 1 --operation=copy && one_line_error "bad operation" "--operation=copy: want read or write"
+run badmem 1 --memory=heap && one_line_error "bad memory kind" "--memory=heap: want libte or anonymous"
 run badunit 1 --report_unit=parsecs && one_line_error "bad unit" "--report_unit=parsecs"
 run noproto 1 --protocol=nosuch --duration=1 && one_line_error "unknown transport" "cannot install transport 'nosuch'"
 run unreachable 1 --segment_id=127.0.0.1:1 --duration=1 &&
@@ -107,7 +117,7 @@ fi
 # --json, and the bytes really crossed TCP on loopback (lo's counters grew by
 # at least as much as te-bench moved)
 rx0=$(cat /sys/class/net/lo/statistics/rx_bytes)
-if run json 0 --duration=1 --json --check --quiet --block_size=1048576 --batch_size=16; then
+if run json 0 --protocol=tcp --duration=1 --json --check --quiet --block_size=1048576 --batch_size=16; then
 	rx1=$(cat /sys/class/net/lo/statistics/rx_bytes)
 	if python3 - "$tmp/out" "$((rx1 - rx0))" <<'EOF'; then
 import json, sys
@@ -117,7 +127,7 @@ d = json.loads(lines[0])
 for k in ("mode", "protocol", "operation", "block_size", "batch_size", "threads", "duration_s",
           "batch_count", "requests", "bytes", "throughput", "report_unit", "iops", "latency_us", "check"):
     assert k in d, k
-assert d["mode"] == "loopback" and d["protocol"] == "tcp" and d["check"] is True
+assert d["mode"] == "loopback" and d["protocol"] == "tcp" and d["transport"] == "tcp" and d["check"] is True
 assert d["requests"] == d["batch_count"] * 16 and d["requests"] > 0
 assert d["bytes"] == d["requests"] * 1048576
 for p in ("p50", "p99", "p999", "max"):
@@ -147,8 +157,16 @@ done
 if [ -z "$name" ]; then
 	bad "target did not start"; cat "$tmp/target"
 elif run initiator 0 --segment_id="$name" --duration=1 --check --quiet --block_size=4096 --threads=2; then
-	grep -q "^te-bench: initiator read over tcp" "$tmp/out" && ok "initiator against a target process" ||
-		bad "initiator header"
+	grep -q "^te-bench: initiator read over $near" "$tmp/out" && ok "initiator against a target process, over $near" ||
+		{ bad "initiator header"; cat "$tmp/out"; }
+	if run initiator-tcp 0 --protocol=tcp --segment_id="$name" --duration=1 --check --quiet --operation=write; then
+		grep -q "^te-bench: initiator write over tcp" "$tmp/out" && ok "--protocol=tcp forces TCP on one host" ||
+			{ bad "initiator header with --protocol=tcp"; cat "$tmp/out"; }
+	fi
+	if [ "$near" = shm ] && run initiator-anon 0 --memory=anonymous --segment_id="$name" --duration=1 --check --quiet; then
+		grep -q "^te-bench: initiator read over shm" "$tmp/out" && ok "--memory=anonymous, over shm" ||
+			{ bad "initiator header with --memory=anonymous"; cat "$tmp/out"; }
+	fi
 	kill "${pids[-1]}"
 	wait "${pids[-1]}" && ok "target stops cleanly on SIGTERM" || bad "target exit status"
 fi
@@ -173,17 +191,12 @@ two_processes() {
 	fi
 	run "$label-initiator" 0 --metadata_server="$md" --local_server_name="127.0.0.1:$(free_port)" \
 		--segment_id="$tname" --operation=write --duration=1 --check --quiet &&
-		grep -q "^te-bench: initiator write over tcp" "$tmp/out" &&
+		grep -q "^te-bench: initiator write over $near" "$tmp/out" &&
 		ok "target and initiator processes through $label"
 	kill "$tpid"
 	wait "$tpid" || bad "$label: target exit status"
 }
 
-plugin_there() { # KIND NAME
-	local IFS=:
-	for d in $TE_PLUGIN_PATH; do [ -e "$d/libte-$1-$2.so" ] && return 0; done
-	return 1
-}
 if command -v etcd >/dev/null && plugin_there metadata etcd; then
 	cp=$(free_port); pp=$(free_port)
 	etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$cp" \

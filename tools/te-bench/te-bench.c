@@ -33,6 +33,7 @@ typedef struct flags {
 	const char *local_server_name;
 	const char *segment_id;
 	const char *protocol;
+	const char *memory;
 	const char *device_name;
 	const char *nic_priority_matrix;
 	bool auto_discovery;
@@ -56,7 +57,8 @@ static flags F = {
 	.metadata_server = "P2PHANDSHAKE",
 	.local_server_name = NULL,
 	.segment_id = NULL,
-	.protocol = "tcp",
+	.protocol = "auto",
+	.memory = "libte",
 	.device_name = "",
 	.nic_priority_matrix = "",
 	.operation = "read",
@@ -88,12 +90,16 @@ static const flag_def DEFS[] = {
 	  "this engine's segment name (default: 127.0.0.1 in loopback mode, else the host name)" },
 	{ "segment_id", F_STR, &F.segment_id, 0, 0,
 	  "the target's segment name, e.g. 10.0.0.1:15123 or nvmeof/disk0 (initiator mode)" },
-	{ "protocol", F_STR, &F.protocol, 0, 0, "transport to install: tcp, rdma, nvmeof, ... (default tcp)" },
+	{ "protocol", F_STR, &F.protocol, 0, 0,
+	  "transport to install: auto (the best network transport, and shm for engines on this host), "
+	  "tcp, shm, rdma, nvmeof, ... (default auto)" },
+	{ "memory", F_STR, &F.memory, 0, 0,
+	  "libte (te_mem_alloc: shared memory a same-host peer maps) or anonymous (mmap) (default libte)" },
 	{ "device_name", F_STR, &F.device_name, 0, 0, "RDMA devices, comma-separated (protocol rdma)" },
 	{ "nic_priority_matrix", F_STR, &F.nic_priority_matrix, 0, 0,
 	  "file with an RDMA NIC priority matrix (JSON); overrides --device_name" },
 	{ "auto_discovery", F_BOOL, &F.auto_discovery, 0, 0,
-	  "install the best transport found (RDMA when usable, else TCP) instead of --protocol" },
+	  "the same as --protocol=auto" },
 	{ "operation", F_STR, &F.operation, 0, 0, "read | write (default read)" },
 	{ "batch_size", F_U64, &F.batch_size, 1, 1u << 20, "requests per batch (default 128)" },
 	{ "block_size", F_U64, &F.block_size, 1, 1ull << 36, "bytes per request (default 65536)" },
@@ -371,7 +377,14 @@ static void pattern_fill(unsigned char *p, size_t n, uint64_t seed)
 
 static void *map_buffer(uint64_t size)
 {
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	void *p;
+	if (strcmp(F.memory, "libte") == 0) {
+		int rc = te_mem_alloc(size, &p);
+		if (rc < 0)
+			die(1, "cannot allocate a %" PRIu64 "-byte buffer: %s%s", size, te_strerror(rc), why());
+		return p;
+	}
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
 		die(1, "cannot map a %" PRIu64 "-byte buffer: %s", size, strerror(errno));
 	return p;
@@ -459,7 +472,7 @@ static te_engine *make_engine(const char *name, bool loopback_alias)
 		die(1, "cannot start an engine with metadata '%s' as '%s': %s%s", F.metadata_server,
 		    name ? name : "(host name)", te_strerror(rc), why());
 	engines[engines[0] ? 1 : 0] = e;
-	if (F.auto_discovery) {
+	if (F.auto_discovery || strcmp(F.protocol, "auto") == 0) {
 		const char *got = NULL;
 		rc = te_transport_auto(e, &got);
 		if (rc < 0)
@@ -489,6 +502,7 @@ static void *register_buffer(te_engine *e, uint64_t size, uint64_t touch, bool r
 
 typedef struct run {
 	te_engine *e;
+	const char *transport;
 	te_segment_id seg;
 	uint32_t op;
 	unsigned char *local;  /* initiator buffer */
@@ -709,6 +723,9 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 	R.seg = te_segment_open(e, target);
 	if (R.seg < 0)
 		die(1, "cannot open segment '%s': %s%s", target, te_strerror(R.seg), why());
+	R.transport = te_segment_transport(e, R.seg); /* what serves it: shm for this host */
+	if (R.transport == NULL)
+		R.transport = "?";
 	int nb = te_segment_buffers(e, R.seg, bufs, 64);
 	if (nb <= 0)
 		die(1, "segment '%s' has no buffers to %s%s", target, F.operation, nb < 0 ? why() : "");
@@ -728,7 +745,7 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 	fmt_bytes(bs, sizeof bs, F.block_size);
 	if (!F.json)
 		printf("%s: %s %s over %s, %" PRIu64 " x %s per batch, %" PRIu64 " thread%s, %" PRIu64 " s%s\n",
-		       PROG, mode_name, F.operation, F.auto_discovery ? "auto-discovered transport" : F.protocol,
+		       PROG, mode_name, F.operation, R.transport,
 		       F.batch_size, bs, F.threads, F.threads > 1 ? "s" : "", F.duration,
 		       F.check ? ", checking every byte" : "");
 	fflush(stdout);
@@ -781,6 +798,8 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 		json_str(stdout, mode_name);
 		printf(",\"protocol\":");
 		json_str(stdout, F.protocol);
+		printf(",\"transport\":");
+		json_str(stdout, R.transport);
 		printf(",\"metadata_server\":");
 		json_str(stdout, F.metadata_server);
 		printf(",\"segment_id\":");
@@ -831,6 +850,8 @@ int main(int argc, char **argv)
 		F.mode = F.segment_id ? "initiator" : "loopback";
 	if (strcmp(F.mode, "loopback") && strcmp(F.mode, "target") && strcmp(F.mode, "initiator"))
 		die(1, "--mode=%s: want loopback, target or initiator", F.mode);
+	if (strcmp(F.memory, "libte") && strcmp(F.memory, "anonymous"))
+		die(1, "--memory=%s: want libte or anonymous", F.memory);
 	if (strcmp(F.operation, "read") && strcmp(F.operation, "write"))
 		die(1, "--operation=%s: want read or write", F.operation);
 	if (unit_bytes(F.report_unit) == 0)

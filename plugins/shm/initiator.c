@@ -1,0 +1,574 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The initiator side: first contact with a target on this host, and the data
+ * path. A copy goes, by the first that applies: straight between our own
+ * addresses (the target is this process), through our mapping of the
+ * target's shared allocation (memcpy), or through cross-memory attach
+ * (process_vm_readv/writev, up to SHM_CMA_IOV requests per call). Small
+ * submits are copied by the submitting thread; larger ones are split into
+ * slices for the copy workers.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <json-glib/json-glib.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shm-internal.h"
+
+int shm_watch(shm_ctx *c, int fd, int kind);
+#define W_SEG 3
+
+#define CONNECT_TIMEOUT_MS 2000
+
+/* te_transfer.plugin_data while queued for the workers */
+#define Q_NEXT 0  /* next transfer in the queue */
+#define Q_CLAIM 1 /* bytes handed to workers so far */
+
+/* ------------------------------------------------------- first contact */
+
+typedef struct peer_desc {
+	char host[SHM_HOST_MAX];
+	char socket[108];
+	int64_t pid, uid;
+} peer_desc;
+
+/* The descriptor's "libte_shm" object; -ENOENT when it has none. */
+static int parse_desc(shm_ctx *c, const te_segment_info *seg, peer_desc *pd)
+{
+	JsonParser *p = json_parser_new_immutable();
+	int rc = -ENOENT;
+
+	if (seg->descriptor == NULL || !json_parser_load_from_data(p, seg->descriptor, -1, NULL))
+		goto out;
+	JsonNode *root = json_parser_get_root(p);
+	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root))
+		goto out;
+	JsonNode *n = json_object_get_member(json_node_get_object(root), SHM_FIELD);
+	if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n))
+		goto out;
+	JsonObject *o = json_node_get_object(n);
+	rc = -EPROTO;
+	if (!json_object_has_member(o, "version") || json_object_get_int_member(o, "version") != SHM_VERSION) {
+		SLOG(c, TE_LOG_INFO, "shm: segment %s speaks another version of this transport", seg->name);
+		goto out;
+	}
+	const char *host = json_object_has_member(o, "host") ? json_object_get_string_member(o, "host") : NULL;
+	const char *sock = json_object_has_member(o, "socket") ? json_object_get_string_member(o, "socket") : NULL;
+	if (host == NULL || sock == NULL || strlen(host) >= sizeof pd->host || strlen(sock) >= sizeof pd->socket ||
+	    !json_object_has_member(o, "pid") || !json_object_has_member(o, "uid"))
+		goto out;
+	snprintf(pd->host, sizeof pd->host, "%s", host);
+	snprintf(pd->socket, sizeof pd->socket, "%s", sock);
+	pd->pid = json_object_get_int_member(o, "pid");
+	pd->uid = json_object_get_int_member(o, "uid");
+	rc = pd->pid > 0 ? 0 : -EPROTO;
+out:
+	g_object_unref(p);
+	return rc;
+}
+
+static int connect_unix(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	struct timeval tv = { .tv_sec = CONNECT_TIMEOUT_MS / 1000, .tv_usec = 0 };
+
+	if (fd < 0)
+		return -errno;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+/* Receives the welcome and its memfds. */
+static int recv_welcome(int fd, shm_welcome *w, int *fds, unsigned *nfds)
+{
+	union {
+		char buf[CMSG_SPACE((1 + SHM_MAX_EXPORTS) * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { w, sizeof *w };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	ssize_t r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+
+	*nfds = 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); r >= 0 && cm != NULL; cm = CMSG_NXTHDR(&m, cm)) {
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+			unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			for (unsigned i = 0; i < k; i++) {
+				int f;
+				memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
+				if (*nfds < 1 + SHM_MAX_EXPORTS)
+					fds[(*nfds)++] = f;
+				else
+					close(f);
+			}
+		}
+	}
+	if (r < 0)
+		return -errno;
+	if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || (size_t)r < offsetof(shm_welcome, exports) ||
+	    w->magic != SHM_MAGIC || w->version != SHM_VERSION || w->nexports > SHM_MAX_EXPORTS ||
+	    (size_t)r != offsetof(shm_welcome, exports) + w->nexports * sizeof w->exports[0])
+		return -EPROTO;
+	w->host[sizeof w->host - 1] = '\0';
+	return 0;
+}
+
+static void seg_free(shm_seg *s)
+{
+	for (unsigned i = 0; i < s->nmaps; i++)
+		if (s->maps[i].local != NULL)
+			munmap(s->maps[i].local, s->maps[i].size);
+	if (s->ctl != NULL)
+		munmap(s->ctl, s->ctl_size);
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s);
+}
+
+/* Whether a descriptor buffer can be reached without cross-memory attach:
+ * it lies in one of the target's shared allocations. */
+static bool shared_covers(const shm_seg *s, uint64_t addr, uint64_t len)
+{
+	for (unsigned i = 0; i < s->nmaps; i++)
+		if (s->maps[i].local != NULL && addr >= s->maps[i].base && addr - s->maps[i].base <= s->maps[i].size &&
+		    len <= s->maps[i].size - (addr - s->maps[i].base))
+			return true;
+	return false;
+}
+
+int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out)
+{
+	peer_desc pd;
+	shm_welcome *w = NULL;
+	int fds[1 + SHM_MAX_EXPORTS];
+	unsigned nfds = 0;
+	shm_seg *s;
+	int rc;
+
+	if (seg->n_buffers > 0 && seg->buffers[0].addr == 0 && seg->buffers[0].length > 0)
+		return -ENOTSUP; /* a file segment */
+	rc = parse_desc(c, seg, &pd);
+	if (rc < 0)
+		return rc == -ENOENT ? -EHOSTUNREACH : rc;
+	if (strcmp(pd.host, c->cfg.host) != 0) {
+		SLOG(c, TE_LOG_DEBUG, "shm: segment %s is on another host (%s)", seg->name, pd.host);
+		return -EHOSTUNREACH;
+	}
+	s = calloc(1, sizeof *s);
+	if (s == NULL)
+		return -ENOMEM;
+	s->ctx = c;
+	s->fd = -1;
+	s->pid = (pid_t)pd.pid;
+	s->self = pd.pid == getpid();
+	snprintf(s->name, sizeof s->name, "%s", seg->name);
+
+	s->fd = connect_unix(pd.socket);
+	if (s->fd < 0) {
+		rc = s->fd;
+		s->fd = -1;
+		SLOG(c, TE_LOG_INFO, "shm: segment %s: cannot reach %s: %s", seg->name, pd.socket, strerror(-rc));
+		goto fail;
+	}
+	/* The socket must belong to the process the descriptor names. */
+	struct ucred cred;
+	socklen_t cl = sizeof cred;
+	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.pid != s->pid ||
+	    (int64_t)cred.uid != pd.uid) {
+		SLOG(c, TE_LOG_WARN, "shm: segment %s: %s belongs to pid %d, not to pid %lld as published", seg->name,
+		     pd.socket, (int)cred.pid, (long long)pd.pid);
+		rc = -EHOSTUNREACH;
+		goto fail;
+	}
+	shm_hello hello = { .magic = SHM_MAGIC, .version = SHM_VERSION, .pid = (uint64_t)getpid() };
+	snprintf(hello.host, sizeof hello.host, "%s", c->cfg.host);
+	if (send(s->fd, &hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) {
+		rc = -errno;
+		goto fail;
+	}
+	w = calloc(1, sizeof *w);
+	if (w == NULL) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = recv_welcome(s->fd, w, fds, &nfds);
+	if (rc == 0 && w->status != 0)
+		rc = -(int)w->status;
+	else if (rc == 0 && (strcmp(w->host, c->cfg.host) != 0 || w->pid != (uint64_t)s->pid || nfds != 1 + w->nexports ||
+			     w->ctl_size < SHM_CTL_HEADER || w->ctl_size > (1ull << 31)))
+		rc = -EPROTO;
+	if (rc < 0) {
+		SLOG(c, TE_LOG_INFO, "shm: segment %s: first contact failed: %s", seg->name, strerror(-rc));
+		goto fail_fds;
+	}
+	s->ctl_size = w->ctl_size;
+	s->ctl = mmap(NULL, s->ctl_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (s->ctl == MAP_FAILED) {
+		s->ctl = NULL;
+		rc = -errno;
+		goto fail_fds;
+	}
+	if (s->ctl->magic != SHM_MAGIC || s->ctl->version != SHM_VERSION ||
+	    s->ctl->nslots > (s->ctl_size - SHM_CTL_HEADER) / sizeof(shm_slot)) {
+		rc = -EPROTO;
+		goto fail_fds;
+	}
+	for (unsigned i = 0; i < w->nexports; i++) {
+		s->maps[i].base = w->exports[i].base;
+		s->maps[i].size = w->exports[i].size;
+		if (!s->self) {
+			void *p = mmap(NULL, w->exports[i].size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1 + i], 0);
+			s->maps[i].local = p == MAP_FAILED ? NULL : p;
+			if (p == MAP_FAILED)
+				SLOG(c, TE_LOG_WARN, "shm: segment %s: cannot map a shared allocation of %llu bytes: %s",
+				     seg->name, (unsigned long long)w->exports[i].size, strerror(errno));
+		}
+	}
+	s->nmaps = w->nexports;
+	/* Can we attach? Read the control block's magic through the kernel. */
+	if (!s->self && c->cfg.cma) {
+		uint32_t magic = 0;
+		struct iovec l = { &magic, sizeof magic }, r = { (void *)(uintptr_t)w->ctl_addr, sizeof magic };
+		ssize_t got = process_vm_readv(s->pid, &l, 1, &r, 1, 0);
+		s->cma = got == (ssize_t)sizeof magic && magic == SHM_MAGIC;
+		if (!s->cma)
+			SLOG(c, TE_LOG_INFO, "shm: segment %s: cross-memory attach refused (%s); shared allocations only",
+			     seg->name, got < 0 ? strerror(errno) : "wrong bytes");
+	}
+	/* Without attach, only memory in shared allocations is reachable: the
+	 * segment is someone else's to serve unless all of it is. */
+	if (!s->self && !s->cma) {
+		for (size_t i = 0; i < seg->n_buffers; i++) {
+			if (!shared_covers(s, seg->buffers[i].addr, seg->buffers[i].length)) {
+				SLOG(c, TE_LOG_INFO, "shm: segment %s: buffer 0x%llx+%llu is neither shared nor reachable by "
+						     "cross-memory attach; leaving the segment to another transport",
+				     seg->name, (unsigned long long)seg->buffers[i].addr,
+				     (unsigned long long)seg->buffers[i].length);
+				rc = -EPERM;
+				goto fail_fds;
+			}
+		}
+	}
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	free(w);
+	pthread_mutex_lock(&c->seg_lock);
+	s->next = c->segs;
+	c->segs = s;
+	rc = shm_watch(c, s->fd, W_SEG);
+	pthread_mutex_unlock(&c->seg_lock);
+	if (rc < 0)
+		SLOG(c, TE_LOG_WARN, "shm: segment %s: cannot watch its connection: %s", seg->name, strerror(-rc));
+	SLOG(c, TE_LOG_INFO, "shm: segment %s: pid %d%s, %u shared allocations, cross-memory attach %s", seg->name,
+	     (int)s->pid, s->self ? " (this process)" : "", s->nmaps, s->self ? "not needed" : s->cma ? "on" : "off");
+	*out = s;
+	return 0;
+fail_fds:
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+fail:
+	free(w);
+	seg_free(s);
+	return rc;
+}
+
+void shm_segment_close(shm_ctx *c, shm_seg *s)
+{
+	pthread_mutex_lock(&c->seg_lock);
+	for (shm_seg **pp = &c->segs; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	}
+	epoll_ctl(c->ep, EPOLL_CTL_DEL, s->fd, NULL);
+	pthread_mutex_unlock(&c->seg_lock);
+	seg_free(s);
+}
+
+/* ---------------------------------------------------------------- pins */
+
+/* Pins the live slot holding [addr, addr+len), or NULL: the target never
+ * registered that range, or is unregistering it. */
+static shm_slot *pin(shm_seg *s, uint64_t addr, uint64_t len)
+{
+	shm_slot *sl = SHM_SLOTS(s->ctl);
+	uint32_t high = atomic_load_explicit(&s->ctl->high, memory_order_acquire);
+	uint32_t hint = atomic_load_explicit(&s->hint, memory_order_relaxed);
+
+	if (high > s->ctl->nslots) /* the target's word: never past our mapping */
+		high = s->ctl->nslots;
+	for (uint32_t k = 0; k < high; k++) {
+		uint32_t i = (hint + k) % high;
+		uint64_t st = atomic_load_explicit(&sl[i].state, memory_order_acquire);
+		if (slot_state(st) != SLOT_LIVE)
+			continue;
+		uint64_t a = atomic_load_explicit(&sl[i].addr, memory_order_relaxed);
+		uint64_t l = atomic_load_explicit(&sl[i].length, memory_order_relaxed);
+		if (addr < a || addr - a > l || len > l - (addr - a))
+			continue;
+		atomic_fetch_add(&sl[i].pins, 1);
+		if (atomic_load(&sl[i].state) != st) { /* dying, or reused meanwhile */
+			atomic_fetch_sub(&sl[i].pins, 1);
+			return NULL;
+		}
+		if (i != hint)
+			atomic_store_explicit(&s->hint, i, memory_order_relaxed);
+		return &sl[i];
+	}
+	return NULL;
+}
+
+static void unpin(shm_slot *slot)
+{
+	atomic_fetch_sub_explicit(&slot->pins, 1, memory_order_release);
+}
+
+/* Our address for [addr, addr+len) of a pinned slot through a shared
+ * allocation, or NULL. */
+static char *mapped(shm_seg *s, shm_slot *slot, uint64_t addr, uint64_t len)
+{
+	int32_t idx = atomic_load_explicit(&slot->export_idx, memory_order_relaxed);
+	uint64_t off = atomic_load_explicit(&slot->export_off, memory_order_relaxed);
+	uint64_t a = atomic_load_explicit(&slot->addr, memory_order_relaxed);
+
+	if (idx < 0 || (unsigned)idx >= s->nmaps || s->maps[idx].local == NULL)
+		return NULL;
+	off += addr - a;
+	if (off < addr - a || off > s->maps[idx].size || len > s->maps[idx].size - off)
+		return NULL;
+	return s->maps[idx].local + off;
+}
+
+/* ---------------------------------------------------------- data path */
+
+/* One piece of a transfer: [off, off+len) of it. */
+typedef struct piece {
+	te_transfer *t;
+	uint64_t off, len;
+} piece;
+
+static void done(shm_ctx *c, const piece *p, int err)
+{
+	c->host->complete(c->host, p->t, err ? 0 : p->len, err);
+}
+
+/* Copies pieces (all of one segment and opcode). */
+static void run(shm_ctx *c, shm_seg *s, uint32_t op, piece *ps, unsigned n)
+{
+	struct iovec lv[SHM_CMA_IOV], rv[SHM_CMA_IOV];
+	shm_slot *slots[SHM_CMA_IOV];
+	unsigned idx[SHM_CMA_IOV], nv = 0;
+
+	if (atomic_load_explicit(&s->dead, memory_order_relaxed)) {
+		for (unsigned i = 0; i < n; i++)
+			done(c, &ps[i], -ECONNRESET);
+		return;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		piece *p = &ps[i];
+		uint64_t remote = p->t->remote + p->off;
+		char *local = (char *)p->t->local + p->off;
+		if (c->host->canceled(c->host, p->t)) {
+			done(c, p, -ECANCELED);
+			continue;
+		}
+		shm_slot *slot = pin(s, remote, p->len);
+		if (slot == NULL) {
+			/* Not a live region of the target (unregistered since its
+			 * descriptor was read): refused, as any transport refuses. */
+			done(c, p, TE_ERR_REJECTED);
+			continue;
+		}
+		char *there = s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len);
+		if (there != NULL) {
+			if (op == TE_OP_READ)
+				memcpy(local, there, p->len);
+			else
+				memcpy(there, local, p->len);
+			unpin(slot);
+			done(c, p, 0);
+			continue;
+		}
+		if (!s->cma) {
+			unpin(slot);
+			done(c, p, TE_ERR_REJECTED);
+			continue;
+		}
+		lv[nv] = (struct iovec){ local, p->len };
+		rv[nv] = (struct iovec){ (void *)(uintptr_t)remote, p->len };
+		slots[nv] = slot;
+		idx[nv++] = i;
+	}
+	if (nv == 0)
+		return;
+	ssize_t got = op == TE_OP_READ ? process_vm_readv(s->pid, lv, nv, rv, nv, 0)
+				       : process_vm_writev(s->pid, lv, nv, rv, nv, 0);
+	int err = got < 0 ? -errno : 0;
+	uint64_t left = got < 0 ? 0 : (uint64_t)got;
+	for (unsigned k = 0; k < nv; k++) {
+		unpin(slots[k]);
+		/* The kernel stops at the first page it cannot reach. */
+		if (left >= lv[k].iov_len) {
+			left -= lv[k].iov_len;
+			done(c, &ps[idx[k]], 0);
+		} else {
+			left = 0;
+			if (err == -ESRCH)
+				atomic_store(&s->dead, true);
+			done(c, &ps[idx[k]], err ? (err == -ESRCH ? -ECONNRESET : err) : -EFAULT);
+		}
+	}
+}
+
+/* Runs pieces grouped by (segment, opcode) in runs of up to SHM_CMA_IOV. */
+static void run_all(shm_ctx *c, piece *ps, unsigned n)
+{
+	unsigned i = 0;
+	while (i < n) {
+		shm_seg *s = ps[i].t->seg_ctx;
+		uint32_t op = ps[i].t->opcode;
+		unsigned j = i + 1;
+		while (j < n && j - i < SHM_CMA_IOV && ps[j].t->seg_ctx == s && ps[j].t->opcode == op)
+			j++;
+		run(c, s, op, ps + i, j - i);
+		i = j;
+	}
+}
+
+/* -------------------------------------------------------------- workers */
+
+static void *worker_main(void *arg)
+{
+	shm_ctx *c = arg;
+	piece ps[SHM_CMA_IOV];
+
+	for (;;) {
+		unsigned n = 0;
+		pthread_mutex_lock(&c->q_lock);
+		while (c->q_head == NULL && !c->q_stop)
+			pthread_cond_wait(&c->q_cond, &c->q_lock);
+		if (c->q_head == NULL) {
+			pthread_mutex_unlock(&c->q_lock);
+			return NULL;
+		}
+		/* One slice of the head, or several small whole transfers of the
+		 * same segment and opcode (one cross-memory attach call for all). */
+		while (c->q_head != NULL && n < SHM_CMA_IOV) {
+			te_transfer *t = c->q_head;
+			uint64_t claim = t->plugin_data[Q_CLAIM];
+			uint64_t len = t->length - claim < c->cfg.slice ? t->length - claim : c->cfg.slice;
+			if (n > 0 && (claim != 0 || len != t->length || t->seg_ctx != ps[0].t->seg_ctx ||
+				      t->opcode != ps[0].t->opcode))
+				break;
+			ps[n++] = (piece){ t, claim, len };
+			t->plugin_data[Q_CLAIM] = claim + len;
+			if (claim + len == t->length) {
+				c->q_head = (te_transfer *)t->plugin_data[Q_NEXT];
+				if (c->q_head == NULL)
+					c->q_tail = NULL;
+			}
+			if (len != t->length)
+				break; /* a slice of a large transfer: alone */
+		}
+		if (c->q_head != NULL)
+			pthread_cond_signal(&c->q_cond); /* more for another worker */
+		pthread_mutex_unlock(&c->q_lock);
+		run_all(c, ps, n);
+	}
+}
+
+int shm_workers_start(shm_ctx *c)
+{
+	c->workers = calloc(c->cfg.threads, sizeof *c->workers);
+	if (c->workers == NULL)
+		return -ENOMEM;
+	for (unsigned i = 0; i < c->cfg.threads; i++) {
+		if (pthread_create(&c->workers[i], NULL, worker_main, c) != 0) {
+			shm_workers_stop(c);
+			return -EAGAIN;
+		}
+		c->nworkers++;
+	}
+	return 0;
+}
+
+void shm_workers_stop(shm_ctx *c)
+{
+	/* Workers drain the queue before they leave: every transfer completes. */
+	pthread_mutex_lock(&c->q_lock);
+	c->q_stop = true;
+	pthread_cond_broadcast(&c->q_cond);
+	pthread_mutex_unlock(&c->q_lock);
+	for (unsigned i = 0; i < c->nworkers; i++)
+		pthread_join(c->workers[i], NULL);
+	c->nworkers = 0;
+	free(c->workers);
+	c->workers = NULL;
+	/* With no worker (none could start), fail what is left. */
+	for (te_transfer *t = c->q_head; t != NULL;) {
+		te_transfer *next = (te_transfer *)t->plugin_data[Q_NEXT];
+		uint64_t claim = t->plugin_data[Q_CLAIM];
+		while (claim < t->length) {
+			uint64_t len = t->length - claim < c->cfg.slice ? t->length - claim : c->cfg.slice;
+			claim += len;
+			c->host->complete(c->host, t, 0, -ECANCELED);
+		}
+		t = next;
+	}
+	c->q_head = c->q_tail = NULL;
+}
+
+int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
+{
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < n; i++)
+		total += ts[i]->length;
+	if (total <= c->cfg.inline_bytes) {
+		/* Small: copying here costs less than waking a worker. */
+		piece ps[SHM_CMA_IOV];
+		size_t i = 0;
+		while (i < n) {
+			unsigned k = 0;
+			for (; i < n && k < SHM_CMA_IOV; i++)
+				ps[k++] = (piece){ ts[i], 0, ts[i]->length };
+			run_all(c, ps, k);
+		}
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		te_transfer *t = ts[i];
+		t->nr_slices = (uint32_t)((t->length + c->cfg.slice - 1) / c->cfg.slice);
+		t->plugin_data[Q_NEXT] = 0;
+		t->plugin_data[Q_CLAIM] = 0;
+	}
+	pthread_mutex_lock(&c->q_lock);
+	for (size_t i = 0; i < n; i++) {
+		if (c->q_tail != NULL)
+			c->q_tail->plugin_data[Q_NEXT] = (uintptr_t)ts[i];
+		else
+			c->q_head = ts[i];
+		c->q_tail = ts[i];
+	}
+	pthread_cond_signal(&c->q_cond);
+	pthread_mutex_unlock(&c->q_lock);
+	return 0;
+}

@@ -1,0 +1,301 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libte's same-host transport: the plugin's entry points, its configuration,
+ * the host identity it publishes, and the control thread that answers first
+ * contacts and notices targets going away. target.c serves, initiator.c moves
+ * the data.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <json-glib/json-glib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shm-internal.h"
+
+/* ----------------------------------------------------------- identity */
+
+/* The kernel's boot id tells this host from others (a network namespace of
+ * the same kernel shares it); the PID and mount namespaces tell processes
+ * that can attach to each other and reach each other's socket from those
+ * in other containers. */
+static void host_identity(char *out, size_t n)
+{
+	char boot[64] = "unknown";
+	struct stat pidns = { 0 }, mntns = { 0 };
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+
+	if (f != NULL) {
+		if (fgets(boot, sizeof boot, f) == NULL)
+			snprintf(boot, sizeof boot, "unknown");
+		fclose(f);
+		boot[strcspn(boot, "\n")] = '\0';
+	}
+	stat("/proc/self/ns/pid", &pidns);
+	stat("/proc/self/ns/mnt", &mntns);
+	snprintf(out, n, "%s/pid:%llu/mnt:%llu", boot, (unsigned long long)pidns.st_ino,
+		 (unsigned long long)mntns.st_ino);
+}
+
+static void read_config(const te_host *h, shm_config *cfg)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *s;
+
+	cfg->threads = (unsigned)te_host_config_u64(h, "TE_SHM_THREADS", NULL, cpus > 0 ? (uint64_t)cpus : 1, 1, 64);
+	cfg->inline_bytes = te_host_config_u64(h, "TE_SHM_INLINE_BYTES", NULL, 512u << 10, 0, 1ull << 30);
+	cfg->slice = te_host_config_u64(h, "TE_SHM_SLICE_SIZE", NULL, 4u << 20, 4096, 1ull << 30);
+	cfg->max_regions = (unsigned)te_host_config_u64(h, "TE_SHM_MAX_REGIONS", NULL, 4096, 16, 1u << 20);
+	cfg->unregister_timeout_ms =
+		(int64_t)te_host_config_u64(h, "TE_SHM_UNREGISTER_TIMEOUT_MS", NULL, 10000, 10, 3600000);
+	cfg->cma = te_host_config_u64(h, "TE_SHM_CMA", NULL, 1, 0, 1) != 0;
+	cfg->grant_ptrace = te_host_config_u64(h, "TE_SHM_GRANT_PTRACE", NULL, 1, 0, 1) != 0;
+	s = h->config(h, "TE_SHM_DIR", NULL);
+	if (s == NULL || *s == '\0')
+		s = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+	snprintf(cfg->dir, sizeof cfg->dir, "%s", s);
+	s = h->config(h, "TE_SHM_HOST_ID", NULL);
+	if (s != NULL && *s != '\0')
+		snprintf(cfg->host, sizeof cfg->host, "%s", s);
+	else
+		host_identity(cfg->host, sizeof cfg->host);
+}
+
+/* ----------------------------------------------------- control thread */
+
+/* What an epoll event stands for. */
+enum { W_WAKE, W_LISTEN, W_CLIENT, W_SEG };
+
+static void *ctl_main(void *arg)
+{
+	shm_ctx *c = arg;
+	struct epoll_event ev[32];
+
+	while (!atomic_load(&c->stop)) {
+		int n = epoll_wait(c->ep, ev, 32, 1000);
+		for (int i = 0; i < n; i++) {
+			uint64_t tag = ev[i].data.u64 >> 62, val = ev[i].data.u64 & ((1ull << 62) - 1);
+			if (tag == W_WAKE) {
+				uint64_t x;
+				if (read(c->wake_fd, &x, sizeof x) < 0 && errno != EAGAIN)
+					SLOG(c, TE_LOG_DEBUG, "wake: %s", strerror(errno));
+			} else if (tag == W_LISTEN) {
+				shm_target_accept(c);
+			} else if (tag == W_CLIENT) {
+				/* An initiator's connection: nothing more is said on it; a
+				 * hang-up (or junk) ends it. */
+				epoll_ctl(c->ep, EPOLL_CTL_DEL, (int)val, NULL);
+				close((int)val);
+			} else {
+				/* A target we use hung up: later requests to it fail at once. */
+				pthread_mutex_lock(&c->seg_lock);
+				for (shm_seg *s = c->segs; s != NULL; s = s->next) {
+					if ((uint64_t)s->fd == val) {
+						if (!atomic_exchange(&s->dead, true))
+							SLOG(c, TE_LOG_WARN, "segment %s: the target went away (pid %d)", s->name,
+							     (int)s->pid);
+						epoll_ctl(c->ep, EPOLL_CTL_DEL, s->fd, NULL);
+					}
+				}
+				pthread_mutex_unlock(&c->seg_lock);
+			}
+		}
+	}
+	return NULL;
+}
+
+int shm_watch(shm_ctx *c, int fd, int kind);
+
+int shm_watch(shm_ctx *c, int fd, int kind)
+{
+	struct epoll_event ev = { .events = kind == W_LISTEN ? EPOLLIN : (EPOLLIN | EPOLLRDHUP | EPOLLHUP),
+				  .data.u64 = ((uint64_t)kind << 62) | (uint64_t)(unsigned)fd };
+	return epoll_ctl(c->ep, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+/* ----------------------------------------------------------------- ops */
+
+static void shm_destroy(void *ctx);
+
+static int shm_create(const te_host *h, const char *json_args, void **out)
+{
+	shm_ctx *c;
+	int rc;
+
+	(void)json_args;
+	if (!TE_HAS_OP(h, shared_memory)) {
+		h->log(h, TE_LOG_ERROR, "this libte is too old for the shm transport (plugin ABI 1.1 needed)");
+		return TE_ERR_PLUGIN;
+	}
+	c = calloc(1, sizeof *c);
+	if (c == NULL)
+		return -ENOMEM;
+	c->host = h;
+	c->ctl_fd = c->listen_fd = c->ep = c->wake_fd = -1;
+	read_config(h, &c->cfg);
+	pthread_mutex_init(&c->reg_lock, NULL);
+	pthread_mutex_init(&c->seg_lock, NULL);
+	pthread_mutex_init(&c->q_lock, NULL);
+	pthread_cond_init(&c->q_cond, NULL);
+	c->ep = epoll_create1(EPOLL_CLOEXEC);
+	c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->ep < 0 || c->wake_fd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	if ((rc = shm_watch(c, c->wake_fd, W_WAKE)) < 0 || (rc = shm_target_start(c)) < 0 ||
+	    (rc = shm_watch(c, c->listen_fd, W_LISTEN)) < 0 || (rc = shm_workers_start(c)) < 0)
+		goto fail;
+	if (pthread_create(&c->ctl_thread, NULL, ctl_main, c) != 0) {
+		rc = -EAGAIN;
+		shm_workers_stop(c);
+		goto fail;
+	}
+	SLOG(c, TE_LOG_INFO, "shm: host %s, socket %s, %u copy threads, cross-memory attach %s", c->cfg.host,
+	     c->sock_path, c->cfg.threads, c->cfg.cma ? "on" : "off");
+	*out = c;
+	return 0;
+fail:
+	SLOG(c, TE_LOG_ERROR, "shm transport not started: %s", strerror(-rc));
+	shm_target_stop(c);
+	if (c->ep >= 0)
+		close(c->ep);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
+	pthread_mutex_destroy(&c->reg_lock);
+	pthread_mutex_destroy(&c->seg_lock);
+	pthread_mutex_destroy(&c->q_lock);
+	pthread_cond_destroy(&c->q_cond);
+	free(c);
+	return rc;
+}
+
+static void shm_destroy(void *ctx)
+{
+	shm_ctx *c = ctx;
+	uint64_t one = 1;
+
+	shm_workers_stop(c); /* completes whatever they still held */
+	atomic_store(&c->stop, true);
+	if (write(c->wake_fd, &one, sizeof one) < 0)
+		SLOG(c, TE_LOG_DEBUG, "wake: %s", strerror(errno));
+	pthread_join(c->ctl_thread, NULL);
+	shm_target_stop(c);
+	close(c->ep);
+	close(c->wake_fd);
+	pthread_mutex_destroy(&c->reg_lock);
+	pthread_mutex_destroy(&c->seg_lock);
+	pthread_mutex_destroy(&c->q_lock);
+	pthread_cond_destroy(&c->q_cond);
+	free(c);
+}
+
+static int shm_describe(void *ctx, char **json)
+{
+	shm_ctx *c = ctx;
+	JsonBuilder *b = json_builder_new();
+
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, SHM_FIELD);
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "version");
+	json_builder_add_int_value(b, SHM_VERSION);
+	json_builder_set_member_name(b, "host");
+	json_builder_add_string_value(b, c->cfg.host);
+	json_builder_set_member_name(b, "pid");
+	json_builder_add_int_value(b, getpid());
+	json_builder_set_member_name(b, "uid");
+	json_builder_add_int_value(b, getuid());
+	json_builder_set_member_name(b, "socket");
+	json_builder_add_string_value(b, c->sock_path);
+	json_builder_end_object(b);
+	json_builder_end_object(b);
+	JsonGenerator *g = json_generator_new();
+	JsonNode *root = json_builder_get_root(b);
+	json_generator_set_root(g, root);
+	char *text = json_generator_to_data(g, NULL);
+	*json = text ? strdup(text) : NULL;
+	g_free(text);
+	json_node_unref(root);
+	g_object_unref(g);
+	g_object_unref(b);
+	return *json ? 0 : -ENOMEM;
+}
+
+static int shm_mem_register(void *ctx, const te_mem_info *mem, char **json)
+{
+	*json = NULL;
+	return shm_target_register(ctx, mem);
+}
+
+static int shm_mem_unregister(void *ctx, void *addr, size_t length)
+{
+	return shm_target_unregister(ctx, addr, length);
+}
+
+static int shm_seg_open(void *ctx, const te_segment_info *seg, void **seg_ctx)
+{
+	return shm_segment_open(ctx, seg, (shm_seg **)seg_ctx);
+}
+
+static void shm_seg_close(void *ctx, void *seg_ctx)
+{
+	shm_segment_close(ctx, seg_ctx);
+}
+
+static int shm_submit_op(void *ctx, te_transfer *const *t, size_t n)
+{
+	return shm_submit(ctx, t, n);
+}
+
+static int shm_report(const te_host *h, char **text)
+{
+	shm_config cfg;
+	int scope = -1;
+	FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+
+	if (f != NULL) {
+		if (fscanf(f, "%d", &scope) != 1)
+			scope = -1;
+		fclose(f);
+	}
+	read_config(h, &cfg);
+	char *s = g_strdup_printf("Same-host transport: shared te_mem_alloc() memory and cross-memory attach\n"
+				  "  host identity          %s (TE_SHM_HOST_ID)\n"
+				  "  copy threads           %u (TE_SHM_THREADS)\n"
+				  "  copied by the caller   up to %llu bytes per submit (TE_SHM_INLINE_BYTES)\n"
+				  "  cross-memory attach    %s (TE_SHM_CMA); Yama ptrace_scope %s%s\n"
+				  "  socket folder          %s (TE_SHM_DIR)\n",
+				  cfg.host, cfg.threads, (unsigned long long)cfg.inline_bytes,
+				  cfg.cma ? "on" : "off", scope < 0 ? "absent" : scope == 0 ? "0" : scope == 1 ? "1" : "2+",
+				  scope == 1 ? (cfg.grant_ptrace ? " (targets grant their initiators: TE_SHM_GRANT_PTRACE)"
+								 : " (no grant: TE_SHM_GRANT_PTRACE=0)")
+				  : scope >= 2 ? " (attach refused: shared memory only)" : "",
+				  cfg.dir);
+	*text = strdup(s);
+	g_free(s);
+	return *text ? 0 : -ENOMEM;
+}
+
+static const te_transport_ops shm_ops = {
+	.size = sizeof(te_transport_ops),
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_SAME_HOST,
+	.create = shm_create,
+	.destroy = shm_destroy,
+	.describe = shm_describe,
+	.mem_register = shm_mem_register,
+	.mem_unregister = shm_mem_unregister,
+	.segment_open = shm_seg_open,
+	.segment_close = shm_seg_close,
+	.submit = shm_submit_op,
+	.report = shm_report,
+};
+
+TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "shm", "1.0.0",
+		 "Same-host transport: one copy through shared memory or cross-memory attach", "Apache-2.0",
+		 &shm_ops)

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The same-host transport's private structures.
+ *
+ * A target publishes, in its descriptor, who it is (host identity, pid, uid)
+ * and a unix socket. An initiator on the same host connects there once per
+ * segment version: the target answers with a memfd of its control block and
+ * the memfds of its shared allocations (te_mem_alloc memory), which the
+ * initiator maps. Data then moves with one copy and no help from the target:
+ * memcpy through the mapped allocations, or cross-memory attach
+ * (process_vm_readv/writev, many requests per call) for other memory.
+ *
+ * The control block, shared by the target and its initiators, holds one slot
+ * per remote-accessible registered region. An initiator pins a slot (an atomic
+ * counter in it) around each copy and checks the slot is still live; the
+ * target marks a slot dying and waits for its pins before an unregister
+ * returns. The target's range checks are thus the slots: a request outside a
+ * live slot is refused.
+ */
+#ifndef TE_SHM_INTERNAL_H
+#define TE_SHM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <te/te-plugin.h>
+
+#define SHM_MAGIC 0x4d485354u /* "TSHM" */
+#define SHM_VERSION 1
+#define SHM_HOST_MAX 160
+#define SHM_CTL_HEADER 512
+#define SHM_MAX_EXPORTS 240 /* memfds handed over in one answer (SCM_MAX_FD is 253) */
+#define SHM_CMA_IOV 64      /* requests per process_vm_readv/writev call */
+#define SHM_FIELD "libte_shm" /* the descriptor field (Mooncake decoders ignore it) */
+
+enum { SLOT_FREE = 0, SLOT_LIVE = 1, SLOT_DYING = 2 };
+
+/* One registered, remote-accessible region of the target. 64 bytes. */
+typedef struct shm_slot {
+	_Atomic uint64_t state; /* generation << 2 | SLOT_* */
+	_Atomic uint64_t addr;  /* in the target's address space */
+	_Atomic uint64_t length;
+	_Atomic int64_t pins;   /* initiators' copies in progress */
+	_Atomic int32_t export_idx; /* shared allocation holding it, -1: none */
+	uint32_t pad0;
+	_Atomic uint64_t export_off; /* addr's offset in that allocation */
+	uint64_t pad[2];
+} shm_slot;
+
+typedef struct shm_ctl {
+	uint32_t magic, version;
+	uint32_t nslots;
+	_Atomic uint32_t high; /* slots at or above this were never used */
+	uint64_t pid;
+	char host[SHM_HOST_MAX];
+} shm_ctl;
+
+#define SHM_SLOTS(ctl) ((shm_slot *)((char *)(ctl) + SHM_CTL_HEADER))
+
+static inline uint64_t slot_state(uint64_t s)
+{
+	return s & 3;
+}
+
+/* First contact: initiator -> target. */
+typedef struct shm_hello {
+	uint32_t magic, version;
+	uint64_t pid;
+	char host[SHM_HOST_MAX];
+} shm_hello;
+
+/* The answer, with SCM_RIGHTS: the control block's memfd, then one memfd
+ * per export. */
+typedef struct shm_welcome {
+	uint32_t magic, version;
+	uint64_t pid;
+	char host[SHM_HOST_MAX];
+	uint64_t ctl_addr; /* where the target maps its control block: a CMA probe reads there */
+	uint64_t ctl_size;
+	uint32_t nexports;
+	uint32_t status;   /* 0, or an errno for a refused hello */
+	struct {
+		uint64_t base, size; /* the allocation in the target's address space */
+	} exports[SHM_MAX_EXPORTS];
+} shm_welcome;
+
+/* --------------------------------------------------------------- config */
+
+typedef struct shm_config {
+	unsigned threads;        /* copy workers */
+	uint64_t inline_bytes;   /* submits up to this many bytes are copied by the caller */
+	uint64_t slice;          /* larger requests are split for the workers */
+	unsigned max_regions;    /* slots in the control block */
+	int64_t unregister_timeout_ms;
+	bool cma;                /* use cross-memory attach */
+	bool grant_ptrace;       /* let initiators attach where Yama asks for consent */
+	char dir[256];           /* where the socket lives */
+	char host[SHM_HOST_MAX]; /* this host's identity */
+} shm_config;
+
+/* ---------------------------------------------------------------- types */
+
+typedef struct shm_ctx shm_ctx;
+
+/* A shared allocation the target hands to initiators. */
+typedef struct shm_export {
+	int fd; /* ours (a dup of the host's) */
+	uint64_t base, size;
+} shm_export;
+
+/* An initiator's view of one target (one segment version). */
+typedef struct shm_seg {
+	shm_ctx *ctx;
+	int fd;        /* the connection; its hang-up means the target went away */
+	pid_t pid;
+	bool self;     /* the target is this process: its addresses are ours */
+	bool cma;      /* process_vm_readv/writev allowed */
+	atomic_bool dead;
+	shm_ctl *ctl;
+	size_t ctl_size;
+	struct {
+		uint64_t base, size;
+		char *local;
+	} maps[SHM_MAX_EXPORTS];
+	unsigned nmaps;
+	atomic_uint hint; /* the slot last used */
+	char name[128];
+	struct shm_seg *next; /* the context's list of segments, for the watcher */
+} shm_seg;
+
+struct shm_ctx {
+	const te_host *host;
+	shm_config cfg;
+
+	/* target side */
+	int ctl_fd;
+	shm_ctl *ctl;
+	size_t ctl_size;
+	pthread_mutex_t reg_lock; /* slots' allocation, exports */
+	shm_export exports[SHM_MAX_EXPORTS];
+	unsigned nexports;
+	int listen_fd;
+	char sock_path[512];
+	bool granted; /* PR_SET_PTRACER done */
+
+	/* the control thread: accepts first contacts, watches connections */
+	pthread_t ctl_thread;
+	int ep;
+	int wake_fd;
+	atomic_bool stop;
+	pthread_mutex_t seg_lock; /* segments list and the watcher's use of them */
+	shm_seg *segs;
+
+	/* copy workers */
+	pthread_t *workers;
+	unsigned nworkers;
+	pthread_mutex_t q_lock;
+	pthread_cond_t q_cond;
+	te_transfer *q_head, *q_tail;
+	bool q_stop;
+};
+
+#define SLOG(c, lvl, ...) (c)->host->log((c)->host, (lvl), __VA_ARGS__)
+
+/* target.c */
+int shm_target_start(shm_ctx *c);
+void shm_target_stop(shm_ctx *c);
+int shm_target_register(shm_ctx *c, const te_mem_info *mem);
+int shm_target_unregister(shm_ctx *c, void *addr, size_t length);
+void shm_target_accept(shm_ctx *c);
+void shm_target_hello(shm_ctx *c, int fd);
+
+/* initiator.c */
+int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out);
+void shm_segment_close(shm_ctx *c, shm_seg *s);
+int shm_submit(shm_ctx *c, te_transfer *const *t, size_t n);
+int shm_workers_start(shm_ctx *c);
+void shm_workers_stop(shm_ctx *c);
+
+#endif

@@ -1,0 +1,203 @@
+//! Tasks in flight, held by the "hold" test transport until the test lets
+//! them go: wait timeouts, free while busy, cancel, failures, and the
+//! batch's end waiting for its tasks. One test function: the transport's
+//! queue is process-wide.
+//!
+//! TE_TEST_HOLD_PLUGIN names the plugin file (it must also be in a
+//! TE_PLUGIN_PATH directory); without it the test says so and passes,
+//! unless LIBTE_RUST_REQUIRE_TEST_PLUGINS is set.
+mod common;
+
+use common::pattern;
+use libte::{code, Engine, Error, Request, TaskState};
+use std::ffi::CString;
+use std::os::raw::{c_char, c_int, c_void};
+use std::time::{Duration, Instant};
+
+extern "C" {
+    fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void;
+    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+}
+
+struct Hold {
+    count: unsafe extern "C" fn() -> usize,
+    release: unsafe extern "C" fn(c_int) -> usize,
+}
+
+impl Hold {
+    fn count(&self) -> usize {
+        // SAFETY: the plugin's own function, no arguments.
+        unsafe { (self.count)() }
+    }
+    fn release(&self, error: i32) -> usize {
+        // SAFETY: completes the held transfers through libte's services.
+        unsafe { (self.release)(error) }
+    }
+}
+
+/// The hold plugin as libte loaded it (RTLD_NOLOAD: the same copy).
+fn hold() -> Option<Hold> {
+    let path = match std::env::var("TE_TEST_HOLD_PLUGIN") {
+        Ok(p) => p,
+        Err(_) => {
+            assert!(
+                std::env::var_os("LIBTE_RUST_REQUIRE_TEST_PLUGINS").is_none(),
+                "TE_TEST_HOLD_PLUGIN is not set"
+            );
+            return None;
+        }
+    };
+    let loaded = libte::plugins();
+    assert!(
+        loaded.iter().any(|p| p.name.as_deref() == Some("hold") && p.loaded),
+        "libte did not load the hold transport: {:?}",
+        loaded
+    );
+    let cpath = CString::new(path.clone()).unwrap();
+    const RTLD_NOW: c_int = 2;
+    const RTLD_NOLOAD: c_int = 4;
+    // SAFETY: looks up symbols of a library already loaded by libte; the
+    // signatures are those of tests/plugins/hold-transport.c.
+    unsafe {
+        let h = dlopen(cpath.as_ptr(), RTLD_NOW | RTLD_NOLOAD);
+        assert!(!h.is_null(), "{} is not the hold plugin libte loaded", path);
+        let c = dlsym(h, b"te_test_hold_count\0".as_ptr() as *const c_char);
+        let r = dlsym(h, b"te_test_hold_release\0".as_ptr() as *const c_char);
+        assert!(!c.is_null() && !r.is_null());
+        Some(Hold { count: std::mem::transmute(c), release: std::mem::transmute(r) })
+    }
+}
+
+fn hold_engine() -> Engine {
+    Engine::new("P2PHANDSHAKE", Some("127.0.0.1"), &[("transports", "hold")]).expect("engine with the hold transport")
+}
+
+#[test]
+fn tasks_in_flight() {
+    let hold = match hold() {
+        Some(h) => h,
+        None => {
+            eprintln!("skipped: TE_TEST_HOLD_PLUGIN not set");
+            return;
+        }
+    };
+    libte::set_log_handler(|_, _, _| {}); // the EBUSY below logs an error
+    let a = hold_engine();
+    let b = hold_engine();
+    let remote_orig = pattern(4096, 9);
+    let mut remote = remote_orig.clone();
+    let mut local = vec![0u8; 4096];
+    b.register(&mut remote, "*", true, |r| {
+        let seg = a.open_segment(b.name())?;
+        let ra = r.addr();
+        a.register(&mut local, "cpu:0", false, |l| {
+            let (mut x, mut y) = l.local().split_at(2048)?;
+
+            // Held: the batch waits, times out, refuses to be freed.
+            a.batch(8, |batch| {
+                batch.submit([Request::read(&seg, ra, &mut x), Request::read(&seg, ra + 2048, &mut y)])?;
+                assert_eq!(hold.count(), 2);
+                assert_eq!(batch.status(0)?.state, TaskState::Waiting);
+                let sum = batch.summary()?;
+                assert_eq!((sum.submitted, sum.in_flight, sum.state), (2, 2, TaskState::Waiting));
+                let t0 = Instant::now();
+                assert_eq!(batch.wait(Some(Duration::from_millis(100))).unwrap_err().code(), code::ETIMEDOUT);
+                assert!(t0.elapsed() >= Duration::from_millis(90));
+                let e = batch.free().unwrap_err();
+                assert_eq!(e.code(), code::EBUSY);
+                assert!(e.detail().contains("in flight"), "{}", e);
+                assert_eq!(hold.release(0), 2);
+                batch.wait(Some(Duration::from_secs(5)))?;
+                for st in batch.statuses()? {
+                    assert_eq!((st.state, st.transferred), (TaskState::Completed, 2048));
+                }
+                Ok::<_, Error>(())
+            })?;
+            assert_eq!(&x[..], &remote_orig[..2048]);
+            assert_eq!(&y[..], &remote_orig[2048..]);
+
+            // Failures keep their error.
+            a.batch(2, |batch| {
+                batch.submit([Request::write(&seg, ra, &x)])?;
+                assert_eq!(hold.release(code::EIO), 1);
+                batch.submit([Request::write(&seg, ra, &x)])?;
+                assert_eq!(hold.release(code::ETIMEDOUT), 1);
+                batch.wait(Some(Duration::from_secs(5)))?;
+                let st = batch.statuses()?;
+                assert_eq!((st[0].state, st[0].error), (TaskState::Failed, code::EIO));
+                assert_eq!((st[1].state, st[1].error), (TaskState::Timeout, code::ETIMEDOUT));
+                assert_eq!(batch.summary()?.state, TaskState::Failed);
+                Ok::<_, Error>(())
+            })?;
+            // The synchronous helper turns a failed task into its Err.
+            let e = std::thread::scope(|s| {
+                s.spawn(|| {
+                    while hold.count() == 0 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    hold.release(code::EIO);
+                });
+                a.read(&seg, ra, &mut x).unwrap_err()
+            });
+            assert_eq!(e.code(), code::EIO, "{}", e);
+            assert!(e.detail().contains("Failed"), "{}", e);
+
+            // Cancel: held tasks end CANCELED when let go, later ones never start.
+            a.batch(8, |batch| {
+                batch.submit([Request::read(&seg, ra, &mut x)])?;
+                batch.cancel()?;
+                batch.submit([Request::read(&seg, ra, &mut y)])?;
+                assert!(hold.count() <= 2);
+                hold.release(0);
+                batch.wait(Some(Duration::from_secs(5)))?;
+                for st in batch.statuses()? {
+                    assert_eq!(st.state, TaskState::Canceled, "{:?}", st);
+                    assert_eq!(st.result().unwrap_err().code(), if st.error != 0 { st.error } else { code::ECANCELED });
+                }
+                assert_eq!(batch.summary()?.state, TaskState::Canceled);
+                Ok::<_, Error>(())
+            })?;
+
+            // The end of Engine::batch waits for tasks the closure left
+            // running: they are let go 300 ms later from another thread, and
+            // their bytes are there when it returns.
+            x.fill(0);
+            let t0 = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    while hold.count() < 1 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                    hold.release(0);
+                });
+                a.batch(1, |batch| {
+                    batch.submit([Request::read(&seg, ra, &mut x)])?;
+                    Ok::<_, Error>(())
+                })
+            })?;
+            assert!(t0.elapsed() >= Duration::from_millis(280), "returned after {:?}", t0.elapsed());
+            assert_eq!(hold.count(), 0);
+            assert_eq!(&x[..], &remote_orig[..2048]);
+
+            // Several threads wait on one batch.
+            a.batch(1, |batch| {
+                batch.submit([Request::read(&seg, ra + 2048, &mut y)])?;
+                std::thread::scope(|s| {
+                    let waiters: Vec<_> = (0..3).map(|_| s.spawn(|| batch.wait(Some(Duration::from_secs(10))))).collect();
+                    std::thread::sleep(Duration::from_millis(50));
+                    assert_eq!(batch.summary().unwrap().in_flight, 1);
+                    hold.release(0);
+                    for w in waiters {
+                        w.join().unwrap().unwrap();
+                    }
+                });
+                assert_eq!(batch.status(0)?.state, TaskState::Completed);
+                Ok::<_, Error>(())
+            })?;
+            Ok::<_, Error>(())
+        })
+    })
+    .unwrap();
+    libte::reset_log_handler();
+}

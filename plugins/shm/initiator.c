@@ -24,8 +24,6 @@
 
 #include "shm-internal.h"
 
-int shm_watch(shm_ctx *c, int fd, int kind);
-#define W_SEG 3
 
 #define CONNECT_TIMEOUT_MS 2000
 

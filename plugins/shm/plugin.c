@@ -68,8 +68,6 @@ static void read_config(const te_host *h, shm_config *cfg)
 
 /* ----------------------------------------------------- control thread */
 
-/* What an epoll event stands for. */
-enum { W_WAKE, W_LISTEN, W_CLIENT, W_SEG };
 
 static void *ctl_main(void *arg)
 {
@@ -77,7 +75,8 @@ static void *ctl_main(void *arg)
 	struct epoll_event ev[32];
 
 	while (!atomic_load(&c->stop)) {
-		int n = epoll_wait(c->ep, ev, 32, 1000);
+		int n = epoll_wait(c->ep, ev, 32, 500);
+		shm_target_sweep(c);
 		for (int i = 0; i < n; i++) {
 			uint64_t tag = ev[i].data.u64 >> 62, val = ev[i].data.u64 & ((1ull << 62) - 1);
 			if (tag == W_WAKE) {
@@ -87,10 +86,7 @@ static void *ctl_main(void *arg)
 			} else if (tag == W_LISTEN) {
 				shm_target_accept(c);
 			} else if (tag == W_CLIENT) {
-				/* An initiator's connection: nothing more is said on it; a
-				 * hang-up (or junk) ends it. */
-				epoll_ctl(c->ep, EPOLL_CTL_DEL, (int)val, NULL);
-				close((int)val);
+				shm_target_client(c, (int)val);
 			} else {
 				/* A target we use hung up: later requests to it fail at once. */
 				pthread_mutex_lock(&c->seg_lock);
@@ -108,8 +104,6 @@ static void *ctl_main(void *arg)
 	}
 	return NULL;
 }
-
-int shm_watch(shm_ctx *c, int fd, int kind);
 
 int shm_watch(shm_ctx *c, int fd, int kind)
 {

@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <glib.h>
+
 #include <te/te-plugin.h>
 
 #define SHM_MAGIC 0x4d485354u /* "TSHM" */
@@ -145,6 +147,7 @@ struct shm_ctx {
 	int listen_fd;
 	char sock_path[512];
 	bool granted; /* PR_SET_PTRACER done */
+	GHashTable *clients; /* control thread's: fd -> first-contact deadline (0: attached) */
 
 	/* the control thread: accepts first contacts, watches connections */
 	pthread_t ctl_thread;
@@ -165,13 +168,23 @@ struct shm_ctx {
 
 #define SLOG(c, lvl, ...) (c)->host->log((c)->host, (lvl), __VA_ARGS__)
 
+/* What a control-thread epoll event stands for (the top two bits of its
+ * data; the rest is a file descriptor). */
+enum { W_WAKE, W_LISTEN, W_CLIENT, W_SEG };
+
+/* plugin.c */
+int shm_watch(shm_ctx *c, int fd, int kind);
+
 /* target.c */
 int shm_target_start(shm_ctx *c);
 void shm_target_stop(shm_ctx *c);
 int shm_target_register(shm_ctx *c, const te_mem_info *mem);
 int shm_target_unregister(shm_ctx *c, void *addr, size_t length);
 void shm_target_accept(shm_ctx *c);
-void shm_target_hello(shm_ctx *c, int fd);
+int shm_target_hello(shm_ctx *c, int fd);
+void shm_target_client(shm_ctx *c, int fd);
+void shm_target_sweep(shm_ctx *c);
+void shm_target_drop_clients(shm_ctx *c);
 
 /* initiator.c */
 int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out);

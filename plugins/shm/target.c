@@ -15,15 +15,15 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "shm-internal.h"
 
-int shm_watch(shm_ctx *c, int fd, int kind);
-#define W_CLIENT 2
 
 #define HELLO_TIMEOUT_MS 2000
+#define SHM_MAX_CLIENTS 4096
 
 static int64_t now_ms(void)
 {
@@ -34,6 +34,7 @@ static int64_t now_ms(void)
 
 int shm_target_start(shm_ctx *c)
 {
+	c->clients = g_hash_table_new(g_direct_hash, g_direct_equal);
 	size_t size = SHM_CTL_HEADER + (size_t)c->cfg.max_regions * sizeof(shm_slot);
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	unsigned char rnd[6];
@@ -88,6 +89,11 @@ void shm_target_stop(shm_ctx *c)
 	if (c->listen_fd >= 0)
 		close(c->listen_fd);
 	c->listen_fd = -1;
+	if (c->clients != NULL) {
+		shm_target_drop_clients(c);
+		g_hash_table_unref(c->clients);
+		c->clients = NULL;
+	}
 	if (c->sock_path[0])
 		unlink(c->sock_path);
 	c->sock_path[0] = '\0';
@@ -223,38 +229,87 @@ static int yama_scope(void)
 void shm_target_accept(shm_ctx *c)
 {
 	for (;;) {
-		int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+		int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR)
 				SLOG(c, TE_LOG_WARN, "shm: accept: %s", strerror(errno));
 			return;
 		}
-		shm_target_hello(c, fd);
+		/* Its first message is answered when it arrives; one that does not
+		 * arrive in time closes the connection (shm_target_sweep). */
+		if (g_hash_table_size(c->clients) >= SHM_MAX_CLIENTS || shm_watch(c, fd, W_CLIENT) < 0) {
+			SLOG(c, TE_LOG_WARN, "shm: too many connections (%d); one refused", SHM_MAX_CLIENTS);
+			close(fd);
+			continue;
+		}
+		g_hash_table_insert(c->clients, GINT_TO_POINTER(fd), GINT_TO_POINTER((int)(now_ms() / 100 + HELLO_TIMEOUT_MS / 100)));
 	}
 }
 
-/* Answers one first contact on `fd` (blocking, bounded), then keeps the
- * connection so the initiator sees this process go away. */
-void shm_target_hello(shm_ctx *c, int fd)
+static void drop_client(shm_ctx *c, int fd)
+{
+	epoll_ctl(c->ep, EPOLL_CTL_DEL, fd, NULL);
+	close(fd);
+	g_hash_table_remove(c->clients, GINT_TO_POINTER(fd));
+}
+
+void shm_target_client(shm_ctx *c, int fd)
+{
+	gpointer v;
+	if (!g_hash_table_lookup_extended(c->clients, GINT_TO_POINTER(fd), NULL, &v))
+		return;
+	/* Attached connections say nothing more: an event is a hang-up (or junk). */
+	if (GPOINTER_TO_INT(v) == 0 || shm_target_hello(c, fd) < 0)
+		drop_client(c, fd);
+	else
+		g_hash_table_insert(c->clients, GINT_TO_POINTER(fd), GINT_TO_POINTER(0)); /* attached */
+}
+
+void shm_target_sweep(shm_ctx *c)
+{
+	GHashTableIter it;
+	gpointer k, v;
+	int now = (int)(now_ms() / 100), late[64], n = 0;
+
+	g_hash_table_iter_init(&it, c->clients);
+	while (g_hash_table_iter_next(&it, &k, &v) && n < 64)
+		if (GPOINTER_TO_INT(v) != 0 && GPOINTER_TO_INT(v) < now)
+			late[n++] = GPOINTER_TO_INT(k);
+	for (int i = 0; i < n; i++) {
+		SLOG(c, TE_LOG_INFO, "shm: a connection said nothing for %d ms; closed", HELLO_TIMEOUT_MS);
+		drop_client(c, late[i]);
+	}
+}
+
+void shm_target_drop_clients(shm_ctx *c)
+{
+	GHashTableIter it;
+	gpointer k;
+
+	g_hash_table_iter_init(&it, c->clients);
+	while (g_hash_table_iter_next(&it, &k, NULL))
+		close(GPOINTER_TO_INT(k));
+	g_hash_table_remove_all(c->clients);
+}
+
+/* Answers the first message of connection `fd` (non-blocking: it has
+ * arrived). 0 when the initiator is attached: the connection stays open so
+ * that it sees this process go away; -1 to close it. */
+int shm_target_hello(shm_ctx *c, int fd)
 {
 	struct ucred cred;
 	socklen_t cl = sizeof cred;
 	shm_hello hello;
 	shm_welcome *w = NULL;
-	struct timeval tv = { .tv_sec = HELLO_TIMEOUT_MS / 1000, .tv_usec = (HELLO_TIMEOUT_MS % 1000) * 1000 };
 	int status = 0;
 
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
-		close(fd);
-		return;
-	}
-	ssize_t r = recv(fd, &hello, sizeof hello, 0);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0)
+		return -1;
+	ssize_t r = recv(fd, &hello, sizeof hello, MSG_DONTWAIT | MSG_TRUNC);
 	if (r != (ssize_t)sizeof hello || hello.magic != SHM_MAGIC || hello.version != SHM_VERSION) {
-		SLOG(c, TE_LOG_WARN, "shm: pid %d sent a malformed first message (%zd bytes); closed", (int)cred.pid, r);
-		close(fd);
-		return;
+		if (r != 0)
+			SLOG(c, TE_LOG_WARN, "shm: pid %d sent a malformed first message (%zd bytes); closed", (int)cred.pid, r);
+		return -1;
 	}
 	hello.host[sizeof hello.host - 1] = '\0';
 	/* Only the same user (or root) shares this process's memory. */
@@ -268,10 +323,8 @@ void shm_target_hello(shm_ctx *c, int fd)
 		status = EHOSTUNREACH;
 	}
 	w = calloc(1, sizeof *w);
-	if (w == NULL) {
-		close(fd);
-		return;
-	}
+	if (w == NULL)
+		return -1;
 	w->magic = SHM_MAGIC;
 	w->version = SHM_VERSION;
 	w->pid = (uint64_t)getpid();
@@ -316,11 +369,10 @@ void shm_target_hello(shm_ctx *c, int fd)
 		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
 		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
 	}
-	ssize_t sent = sendmsg(fd, &m, MSG_NOSIGNAL);
+	ssize_t sent = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
 	free(w);
-	if (sent != (ssize_t)len || status != 0 || shm_watch(c, fd, W_CLIENT) < 0) {
-		close(fd);
-		return;
-	}
+	if (sent != (ssize_t)len || status != 0)
+		return -1;
 	SLOG(c, TE_LOG_DEBUG, "shm: pid %d attached (%u shared allocations)", (int)cred.pid, nfds - 1);
+	return 0;
 }

@@ -1,0 +1,478 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The same-host transport with a target in another process (shm-peer):
+ * reads and writes of many sizes with every byte checked, through shared
+ * memory and through cross-memory attach; a peer of another host left to
+ * TCP; the target's range checks; a target that dies mid-transfer; the kernel
+ * refusing cross-memory attach; unregistering while copies run; bad first
+ * contacts; and the choice of transport (auto, forced).
+ *
+ * argv[1]: the shm-peer program.
+ */
+#include <linux/capability.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+
+#include <json-glib/json-glib.h>
+
+#include "../common/child.h"
+#include "../common/util.h"
+
+#define REGION_SIZE (8u << 20)
+#define LOCAL_SIZE (16u << 20)
+
+static const char *peer_prog;
+
+typedef struct peer {
+	child c;
+	char name[128];
+	uint64_t r[3]; /* A, B, C */
+} peer;
+
+static bool peer_start(peer *p, const char *kind, char *const env[])
+{
+	char *argv[] = { (char *)peer_prog, (char *)kind, NULL };
+	if (!child_start(&p->c, argv, env))
+		return false;
+	const char *l = child_expect(&p->c, "READY ", 10000);
+	if (l == NULL)
+		return false;
+	unsigned long long a, b, c;
+	if (sscanf(l, "%127s %llx %llx %llx", p->name, &a, &b, &c) != 4)
+		return false;
+	p->r[0] = a;
+	p->r[1] = b;
+	p->r[2] = c;
+	return true;
+}
+
+/* A command, then the answer's line starting with `want`. */
+static bool peer_cmd(peer *p, const char *cmd, const char *want)
+{
+	if (!child_say(&p->c, cmd))
+		return false;
+	const char *l = child_expect(&p->c, want, 10000);
+	if (l == NULL)
+		fprintf(stderr, "  peer: '%s' got no '%s' (last line: %s)\n", cmd, want, p->c.line);
+	return l != NULL;
+}
+
+static te_engine *engine(const char *transports)
+{
+	te_engine *e = NULL;
+	te_option opt = { "transports", transports };
+	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", &opt, transports ? 1 : 0, &e);
+	if (rc < 0)
+		fprintf(stderr, "engine: %s\n", te_strerror(rc));
+	return e;
+}
+
+static int one(te_engine *e, uint32_t op, te_segment_id seg, void *local, uint64_t remote, uint64_t len,
+	       te_task_status *st)
+{
+	te_batch_id b;
+	te_request r = { op, seg, local, remote, len };
+	if (te_batch_alloc(e, 1, &b) < 0)
+		return -1;
+	te_submit(e, b, &r, 1);
+	te_batch_wait(e, b, 20000);
+	te_get_status(e, b, 0, st);
+	te_batch_free(e, b);
+	return st->state;
+}
+
+/* Reads and writes of many sizes at unaligned offsets in region `ri`,
+ * checked byte for byte on both sides. */
+static void roundtrips(te_engine *e, te_segment_id seg, peer *p, int ri, unsigned char *local)
+{
+	static const uint64_t sizes[] = { 1, 7, 4095, 4096, 65536 + 3, 1u << 20, (5u << 20) + 1 };
+	char cmd[128];
+	te_task_status st;
+	char r = (char)('A' + ri);
+	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+		uint64_t n = sizes[i], off = (i * 4099) % 4093;
+		unsigned seed = 100 + (unsigned)i + 10u * (unsigned)ri;
+		/* read: the peer's pattern lands in `local` */
+		snprintf(cmd, sizeof cmd, "fill %c %u", r, seed);
+		REQUIRE(peer_cmd(p, cmd, "FILLED"));
+		memset(local, 0xee, LOCAL_SIZE);
+		CHECK_EQ(one(e, TE_OP_READ, seg, local + 3, p->r[ri] + off, n, &st), TE_TASK_COMPLETED);
+		CHECK_EQ(st.transferred, n);
+		unsigned char *want = malloc(REGION_SIZE);
+		fill_pattern(want, REGION_SIZE, seed);
+		CHECK(memcmp(local + 3, want + off, n) == 0);
+		CHECK(local[2] == 0xee && local[3 + n] == 0xee);
+		/* write: our pattern lands there, nothing around it moves */
+		fill_pattern(local, LOCAL_SIZE, seed + 1);
+		CHECK_EQ(one(e, TE_OP_WRITE, seg, local + 5, p->r[ri] + off, n, &st), TE_TASK_COMPLETED);
+		free(want);
+		/* around the written range the peer still holds its pattern... */
+		snprintf(cmd, sizeof cmd, "check %c %u %llu %llu", r, seed, 0ULL, (unsigned long long)off);
+		CHECK(peer_cmd(p, cmd, "OK"));
+		if (off + n < REGION_SIZE) {
+			snprintf(cmd, sizeof cmd, "check %c %u %llu %llu", r, seed, (unsigned long long)(off + n),
+				 (unsigned long long)(REGION_SIZE - off - n));
+			CHECK(peer_cmd(p, cmd, "OK"));
+		}
+		/* ...and the written range holds our bytes, read back */
+		memset(local + LOCAL_SIZE / 2, 0, n);
+		CHECK_EQ(one(e, TE_OP_READ, seg, local + LOCAL_SIZE / 2, p->r[ri] + off, n, &st), TE_TASK_COMPLETED);
+		CHECK(memcmp(local + LOCAL_SIZE / 2, local + 5, n) == 0);
+	}
+}
+
+static unsigned char *local_buffer(te_engine *e)
+{
+	unsigned char *l = mmap(NULL, LOCAL_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	REQUIRE(l != MAP_FAILED);
+	REQUIRE(te_register_memory(e, l, LOCAL_SIZE, "cpu:0", 0) == 0);
+	return l;
+}
+
+static void test_two_processes(void)
+{
+	peer p;
+	REQUIRE(peer_start(&p, "both", NULL));
+	te_engine *e = engine(NULL);
+	REQUIRE(e != NULL);
+	const char *tp = NULL;
+	REQUIRE(te_transport_auto(e, &tp) == 0);
+	CHECK(tp != NULL && strcmp(tp, "tcp") == 0); /* the network transport it chose */
+	unsigned char *local = local_buffer(e);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0);
+	CHECK(strcmp(te_segment_transport(e, seg), "shm") == 0);
+	roundtrips(e, seg, &p, 0, local); /* anonymous memory: cross-memory attach */
+	roundtrips(e, seg, &p, 1, local); /* te_mem_alloc memory: the shared mapping */
+
+	/* one batch of 512 requests over both regions, both directions */
+	enum { N = 512 };
+	te_request reqs[N];
+	te_batch_id b;
+	fill_pattern(local, LOCAL_SIZE, 77);
+	for (int i = 0; i < N; i++)
+		reqs[i] = (te_request){ TE_OP_WRITE, seg, local + i * 8192, p.r[i % 2] + (uint64_t)(i / 2) * 8192, 8192 };
+	REQUIRE(te_batch_alloc(e, 2 * N, &b) == 0);
+	CHECK_EQ(te_submit(e, b, reqs, N), 0);
+	CHECK_EQ(te_batch_wait(e, b, 20000), 0);
+	for (int i = 0; i < N; i++)
+		reqs[i] = (te_request){ TE_OP_READ, seg, local + LOCAL_SIZE / 2 + i * 8192,
+					p.r[i % 2] + (uint64_t)(i / 2) * 8192, 8192 };
+	CHECK_EQ(te_submit(e, b, reqs, N), 0);
+	CHECK_EQ(te_batch_wait(e, b, 20000), 0);
+	int32_t state;
+	CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	CHECK(memcmp(local, local + LOCAL_SIZE / 2, (size_t)N * 8192) == 0);
+	CHECK_EQ(te_batch_free(e, b), 0);
+
+	/* forced: TCP serves the same peer */
+	te_segment_close(e, seg);
+	seg = te_segment_open_with(e, p.name, "tcp");
+	REQUIRE(seg > 0);
+	CHECK(strcmp(te_segment_transport(e, seg), "tcp") == 0);
+	te_task_status st;
+	CHECK_EQ(one(e, TE_OP_READ, seg, local, p.r[1], 4096, &st), TE_TASK_COMPLETED);
+	te_segment_close(e, seg);
+	te_engine_destroy(e);
+	child_stop(&p.c, 0);
+	munmap(local, LOCAL_SIZE);
+}
+
+/* The target's range checks: memory it did not make remote-accessible, past
+ * its buffers, and a region it unregistered after the initiator read its
+ * descriptor. */
+static void test_ranges(void)
+{
+	peer p;
+	te_task_status st;
+	REQUIRE(peer_start(&p, "both", NULL));
+	te_engine *e = engine("tcp,shm");
+	unsigned char *local = local_buffer(e);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0 && strcmp(te_segment_transport(e, seg), "shm") == 0);
+	/* C is registered but not remote-accessible: refused, not read */
+	memset(local, 0, 4096);
+	CHECK_EQ(one(e, TE_OP_READ, seg, local, p.r[2], 4096, &st), TE_TASK_FAILED);
+	CHECK_EQ(st.error, TE_ERR_REJECTED);
+	CHECK(local[0] == 0 && local[4095] == 0);
+	CHECK_EQ(one(e, TE_OP_WRITE, seg, local, p.r[2], 16, &st), TE_TASK_FAILED);
+	CHECK(peer_cmd(&p, "check C 3 0 16", "OK")); /* untouched */
+	/* past A's end */
+	CHECK_EQ(one(e, TE_OP_READ, seg, local, p.r[0] + REGION_SIZE - 8, 16, &st), TE_TASK_INVALID);
+	CHECK_EQ(st.error, TE_ERR_ADDRESS);
+	/* B unregistered (and freed) by the peer, the descriptor not yet fetched
+	 * again: the copy is refused by the slot, not made into freed memory */
+	CHECK(peer_cmd(&p, "unregister B", "UNREG 0"));
+	CHECK_EQ(one(e, TE_OP_WRITE, seg, local, p.r[1], 4096, &st), TE_TASK_FAILED);
+	CHECK_EQ(st.error, TE_ERR_REJECTED);
+	/* libte fetches a refused segment's descriptor again by itself (at most
+	 * once a second): soon the range is refused at submit */
+	int state = TE_TASK_FAILED;
+	for (long long end = now_ms() + 5000; state == TE_TASK_FAILED && now_ms() < end; usleep(100 * 1000))
+		state = one(e, TE_OP_WRITE, seg, local, p.r[1], 4096, &st);
+	CHECK_EQ(state, TE_TASK_INVALID);
+	CHECK_EQ(one(e, TE_OP_READ, seg, local, p.r[0], 4096, &st), TE_TASK_COMPLETED); /* A still works */
+	te_engine_destroy(e);
+	child_stop(&p.c, 0);
+	munmap(local, LOCAL_SIZE);
+}
+
+/* A peer whose host identity differs is left to TCP. */
+static void test_other_host(void)
+{
+	peer p;
+	te_task_status st;
+	char *env[] = { "TE_SHM_HOST_ID=some-other-host", NULL };
+	REQUIRE(peer_start(&p, "both", env));
+	te_engine *e = engine("tcp,shm");
+	unsigned char *local = local_buffer(e);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0);
+	CHECK(strcmp(te_segment_transport(e, seg), "tcp") == 0);
+	CHECK_EQ(one(e, TE_OP_READ, seg, local, p.r[0], 65536, &st), TE_TASK_COMPLETED);
+	unsigned char *want = malloc(65536);
+	fill_pattern(want, 65536, 1);
+	CHECK(memcmp(local, want, 65536) == 0);
+	free(want);
+	te_engine_destroy(e);
+	/* shm alone: the segment has no transport */
+	e = engine("shm");
+	CHECK(te_segment_open(e, p.name) < 0);
+	te_engine_destroy(e);
+	child_stop(&p.c, 0);
+	munmap(local, LOCAL_SIZE);
+}
+
+/* The target dies while batches run: tasks end FAILED within a bound and
+ * nothing hangs. */
+static void test_target_dies(void)
+{
+	for (int kind = 0; kind < 2; kind++) { /* 0: attach (A), 1: shared mapping (B) */
+		peer p;
+		REQUIRE(peer_start(&p, "both", NULL));
+		te_engine *e = engine("shm");
+		unsigned char *local = local_buffer(e);
+		te_segment_id seg = te_segment_open(e, p.name);
+		REQUIRE(seg > 0);
+		long long killed = 0, failed_at = 0;
+		int batches = 0;
+		for (long long end = now_ms() + 10000; now_ms() < end && !failed_at; batches++) {
+			te_batch_id b;
+			te_request reqs[64];
+			for (int i = 0; i < 64; i++)
+				reqs[i] = (te_request){ TE_OP_READ, seg, local + i * 65536, p.r[kind] + (uint64_t)i * 65536, 65536 };
+			REQUIRE(te_batch_alloc(e, 64, &b) == 0);
+			te_submit(e, b, reqs, 64);
+			CHECK_EQ(te_batch_wait(e, b, 5000), 0); /* never stuck */
+			int32_t state;
+			te_batch_status(e, b, NULL, NULL, &state);
+			if (state != TE_TASK_COMPLETED)
+				failed_at = now_ms();
+			te_batch_free(e, b);
+			if (batches == 20) {
+				kill(p.c.pid, SIGKILL);
+				killed = now_ms();
+			}
+		}
+		CHECK(killed > 0 && failed_at > 0);
+		CHECK(failed_at - killed < 2000);
+		fprintf(stderr, "  target killed: first failed batch after %lld ms (%s)\n", failed_at - killed,
+			kind ? "shared mapping" : "cross-memory attach");
+		te_engine_destroy(e);
+		child_stop(&p.c, 0);
+		munmap(local, LOCAL_SIZE);
+	}
+}
+
+/* Drops CAP_SYS_PTRACE from this process, so the kernel refuses to attach
+ * to a non-dumpable process even as root. */
+static bool drop_ptrace(void)
+{
+	struct __user_cap_header_struct h = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct d[2];
+	if (syscall(SYS_capget, &h, d) != 0)
+		return false;
+	d[0].effective &= ~(1u << CAP_SYS_PTRACE);
+	d[0].permitted &= ~(1u << CAP_SYS_PTRACE);
+	return syscall(SYS_capset, &h, d) == 0;
+}
+
+/* In a child process (it drops a capability): a peer the kernel will not let
+ * us attach to is served through its shared memory when all of it is shared,
+ * and left to TCP when not. */
+static void test_attach_refused(void)
+{
+	pid_t pid = fork();
+	REQUIRE(pid >= 0);
+	if (pid == 0) {
+		te_task_status st;
+		peer mixed, shared;
+		if (!drop_ptrace() || !peer_start(&mixed, "both", NULL) || !peer_start(&shared, "shared", NULL) ||
+		    !peer_cmd(&mixed, "nondumpable", "NONDUMPABLE") || !peer_cmd(&shared, "nondumpable", "NONDUMPABLE"))
+			_exit(10);
+		te_engine *e = engine("tcp,shm");
+		unsigned char *local = local_buffer(e);
+		te_segment_id s1 = te_segment_open(e, mixed.name), s2 = te_segment_open(e, shared.name);
+		int bad = 0;
+		bad |= s1 <= 0 || strcmp(te_segment_transport(e, s1), "tcp") != 0;
+		bad |= (s2 <= 0 || strcmp(te_segment_transport(e, s2), "shm") != 0) << 1;
+		bad |= (one(e, TE_OP_READ, s1, local, mixed.r[0], 65536, &st) != TE_TASK_COMPLETED) << 2;
+		bad |= (one(e, TE_OP_READ, s2, local + 65536, shared.r[1], 65536, &st) != TE_TASK_COMPLETED) << 3;
+		unsigned char *want = malloc(65536);
+		fill_pattern(want, 65536, 1);
+		bad |= (memcmp(local, want, 65536) != 0) << 4;
+		fill_pattern(want, 65536, 2);
+		bad |= (memcmp(local + 65536, want, 65536) != 0) << 5;
+		te_engine_destroy(e);
+		child_stop(&mixed.c, 0);
+		child_stop(&shared.c, 0);
+		_exit(bad);
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st));
+	CHECK_EQ(WEXITSTATUS(st), 0);
+}
+
+/* Two engines in this process: unregistering memory while slices of a large
+ * read copy from it. Unregister must wait for the copies in progress: the
+ * memory is unmapped the moment it returns, so a late copy would fault. */
+typedef struct unreg_job {
+	te_engine *t;
+	void *mem;
+	size_t len;
+	long long at;
+} unreg_job;
+
+static void *unreg_thread(void *arg)
+{
+	unreg_job *j = arg;
+	usleep(2000);
+	CHECK_EQ(te_unregister_memory(j->t, j->mem), 0);
+	j->at = now_ms();
+	munmap(j->mem, j->len);
+	return NULL;
+}
+
+static void test_unregister_during_copies(void)
+{
+	const size_t len = 256u << 20;
+	te_option small_slices[] = { { "transports", "shm" }, { "TE_SHM_SLICE_SIZE", "262144" } };
+	for (int round = 0; round < 3; round++) {
+		te_engine *t = engine("shm"), *i = NULL;
+		REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", small_slices, 2, &i) == 0);
+		void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		void *dst = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		REQUIRE(mem != MAP_FAILED && dst != MAP_FAILED);
+		memset(mem, 0x5a, len);
+		REQUIRE(te_register_memory(t, mem, len, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+		REQUIRE(te_register_memory(i, dst, len, "cpu:0", 0) == 0);
+		te_segment_id seg = te_segment_open(i, te_engine_name(t));
+		REQUIRE(seg > 0 && strcmp(te_segment_transport(i, seg), "shm") == 0);
+		te_batch_id b;
+		te_request r = { TE_OP_READ, seg, dst, (uintptr_t)mem, len };
+		REQUIRE(te_batch_alloc(i, 1, &b) == 0);
+		unreg_job j = { t, mem, len, 0 };
+		pthread_t th;
+		CHECK_EQ(te_submit(i, b, &r, 1), 0);
+		pthread_create(&th, NULL, unreg_thread, &j);
+		CHECK_EQ(te_batch_wait(i, b, 30000), 0);
+		pthread_join(th, NULL);
+		te_task_status st;
+		te_get_status(i, b, 0, &st);
+		/* some slices may have moved before, none after */
+		CHECK(st.state == TE_TASK_COMPLETED || (st.state == TE_TASK_FAILED && st.error == TE_ERR_REJECTED));
+		CHECK(st.transferred <= len && st.transferred % 262144 == 0);
+		te_batch_free(i, b);
+		te_engine_destroy(i);
+		te_engine_destroy(t);
+		munmap(dst, len);
+	}
+}
+
+/* First contacts that are not what they claim: refused, and the target goes
+ * on serving real initiators. */
+static void test_bad_contacts(void)
+{
+	te_engine *t = engine("shm"), *i = engine("shm");
+	REQUIRE(t && i);
+	void *mem;
+	REQUIRE(te_mem_alloc(65536, &mem) == 0);
+	REQUIRE(te_register_memory(t, mem, 65536, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	char *desc = NULL;
+	REQUIRE(te_segment_descriptor(t, TE_LOCAL_SEGMENT, &desc) == 0);
+	JsonParser *jp = json_parser_new();
+	REQUIRE(json_parser_load_from_data(jp, desc, -1, NULL));
+	JsonObject *o = json_object_get_object_member(json_node_get_object(json_parser_get_root(jp)), "libte_shm");
+	REQUIRE(o != NULL);
+	const char *path = json_object_get_string_member(o, "socket");
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	for (int k = 0; k < 4; k++) {
+		int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+		REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+		unsigned char junk[400];
+		memset(junk, k, sizeof junk);
+		if (k == 1) { /* the right size, a wrong magic */
+			CHECK(send(fd, junk, 176, 0) == 176);
+		} else if (k == 2) { /* a well-formed hello from another host */
+			struct {
+				uint32_t magic, version;
+				uint64_t pid;
+				char host[160];
+			} h = { 0x4d485354u, 1, (uint64_t)getpid(), "elsewhere" };
+			CHECK(send(fd, &h, sizeof h, 0) == (ssize_t)sizeof h);
+			unsigned char reply[8192];
+			ssize_t r = recv(fd, reply, sizeof reply, 0);
+			/* an answer saying no: status EHOSTUNREACH, no memfds */
+			CHECK(r >= 200);
+			uint32_t status;
+			memcpy(&status, reply + 8 + 8 + 160 + 8 + 8 + 4, 4);
+			CHECK_EQ(status, EHOSTUNREACH);
+		} else if (k == 3) {
+			/* nothing at all: the target gives up after its timeout */
+		} else {
+			CHECK(send(fd, junk, 17, 0) == 17);
+		}
+		if (k != 2) {
+			unsigned char reply[64];
+			struct timeval tv = { 5, 0 };
+			setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+			CHECK(recv(fd, reply, sizeof reply, 0) == 0); /* closed, nothing said */
+		}
+		close(fd);
+	}
+	te_segment_id seg = te_segment_open(i, te_engine_name(t));
+	REQUIRE(seg > 0 && strcmp(te_segment_transport(i, seg), "shm") == 0);
+	unsigned char buf[64] = { 0 };
+	REQUIRE(te_register_memory(i, buf, sizeof buf, "cpu:0", 0) == 0);
+	memcpy(mem, "still serving", 14);
+	te_task_status st;
+	CHECK_EQ(one(i, TE_OP_READ, seg, buf, (uintptr_t)mem, 14, &st), TE_TASK_COMPLETED);
+	CHECK(memcmp(buf, "still serving", 14) == 0);
+	g_object_unref(jp);
+	te_free(desc);
+	te_engine_destroy(i);
+	te_engine_destroy(t);
+	te_mem_free(mem);
+}
+
+int main(int argc, char **argv)
+{
+	REQUIRE(argc == 2);
+	peer_prog = argv[1];
+	signal(SIGPIPE, SIG_IGN);
+	TEST_RUN(test_two_processes);
+	TEST_RUN(test_ranges);
+	TEST_RUN(test_other_host);
+	TEST_RUN(test_target_dies);
+	TEST_RUN(test_attach_refused);
+	TEST_RUN(test_unregister_during_copies);
+	TEST_RUN(test_bad_contacts);
+	return check_done();
+}

@@ -1302,6 +1302,18 @@ static PyObject *segment_get_closed(PyteSegment *s, void *c)
 	return PyBool_FromLong(s->closed);
 }
 
+static PyObject *segment_get_transport(PyteSegment *s, void *c)
+{
+	(void)c;
+	if (segment_ready(s) < 0)
+		return NULL;
+	const char *t = te_segment_transport(s->engine->e, s->id);
+	pyte_leave(s->engine);
+	if (t == NULL)
+		return pyte_raise_msg(TE_ERR_SEGMENT, "segment %U has no transport", s->name);
+	return PyUnicode_FromString(t);
+}
+
 static PyObject *segment_get_engine(PyteSegment *s, void *c)
 {
 	(void)c;
@@ -1332,6 +1344,8 @@ static PyGetSetDef segment_getset[] = {
 	{ "name", (getter)segment_get_name, NULL, "The segment name.", NULL },
 	{ "closed", (getter)segment_get_closed, NULL, "True after close().", NULL },
 	{ "engine", (getter)segment_get_engine, NULL, "The engine that opened it.", NULL },
+	{ "transport", (getter)segment_get_transport, NULL,
+	  "The transport serving it (\"shm\" for an engine on this host, \"tcp\", ...).", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
 };
 

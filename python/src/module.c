@@ -6,7 +6,6 @@
 #include <stdarg.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ errors */
@@ -368,16 +367,16 @@ static PyObject *mod_buffer_address(PyObject *m, PyObject *arg)
 /* ------------------------------------------------------------- Memory */
 
 /*
- * Anonymous, page-aligned memory outside Python's heap, for buffers that
- * peers read and write: its address never changes and it does not move or
- * shrink while exported. Exposes the buffer protocol; close() unmaps it,
- * refused while a memoryview (or a registration) still uses it.
+ * Page-aligned memory outside Python's heap, from te_mem_alloc(): shared
+ * memory an engine on this host maps (the same-host transport then serves it
+ * with one memcpy). Its address never changes and it does not move or shrink
+ * while exported. Exposes the buffer protocol; close() frees it, refused
+ * while a memoryview (or a registration) still uses it.
  */
 typedef struct {
 	PyObject_HEAD
 	void *addr;
-	size_t length;  /* what the caller asked for */
-	size_t mapped;  /* rounded up to pages */
+	size_t length; /* what the caller asked for */
 	Py_ssize_t exports;
 } PyteMemory;
 
@@ -386,6 +385,7 @@ static PyObject *mem_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "size", NULL };
 	Py_ssize_t size;
 	PyteMemory *self;
+	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Memory", kwlist, &size))
 		return NULL;
@@ -393,33 +393,27 @@ static PyObject *mem_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 		PyErr_Format(PyExc_ValueError, "Memory(size=%zd): size must be positive", size);
 		return NULL;
 	}
-	long page = sysconf(_SC_PAGESIZE);
-	size_t mapped = ((size_t)size + (size_t)page - 1) / (size_t)page * (size_t)page;
-	if (mapped < (size_t)size) {
-		PyErr_SetString(PyExc_OverflowError, "Memory: size too large");
-		return NULL;
-	}
 	self = (PyteMemory *)type->tp_alloc(type, 0);
 	if (self == NULL)
 		return NULL;
-	void *p;
+	void *p = NULL;
+	te_last_error_clear();
 	Py_BEGIN_ALLOW_THREADS
-	p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	rc = te_mem_alloc((size_t)size, &p);
 	Py_END_ALLOW_THREADS
-	if (p == MAP_FAILED) {
+	if (rc < 0) {
 		Py_DECREF(self);
-		return PyErr_SetFromErrno(PyExc_MemoryError);
+		return pyte_raise_msg(rc, "Memory(%zd): %s", size, te_strerror(rc));
 	}
 	self->addr = p;
 	self->length = (size_t)size;
-	self->mapped = mapped;
 	return (PyObject *)self;
 }
 
 static void mem_unmap(PyteMemory *self)
 {
 	if (self->addr != NULL) {
-		munmap(self->addr, self->mapped);
+		te_mem_free(self->addr);
 		self->addr = NULL;
 	}
 }
@@ -530,9 +524,10 @@ PyTypeObject PyteMemoryType = {
 	.tp_as_buffer = &mem_as_buffer,
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Memory(size)\n--\n\n"
-		  "Page-aligned memory outside Python's heap (an anonymous mapping), for buffers\n"
-		  "that peers read and write. Supports the buffer protocol (memoryview, numpy.frombuffer),\n"
-		  "has an `address`, and is unmapped by close() or when collected.",
+		  "Page-aligned, zeroed memory outside Python's heap (te_mem_alloc: shared memory that\n"
+		  "an engine on this host maps, so the same-host transport serves it with one copy),\n"
+		  "for buffers that peers read and write. Supports the buffer protocol (memoryview,\n"
+		  "numpy.frombuffer), has an `address`, and is freed by close() or when collected.",
 	.tp_methods = mem_methods,
 	.tp_getset = mem_getset,
 	.tp_new = mem_new,

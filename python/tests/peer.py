@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A target engine in a process of its own, steered by notifications:
-    python peer.py METADATA NAME SEED
+    python peer.py METADATA NAME SEED [TRANSPORTS]
 prints one JSON line {"name", "addr", "length"}, then on the notification
 "check <seed>" compares its buffer with pattern(<seed>) and answers "ok" or
 "mismatch at <offset>" by notification; "quit" ends it."""
@@ -12,8 +12,10 @@ import libte
 from conftest import MIB, pattern
 
 metadata, name, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with libte.Engine(metadata, name, transports="tcp", address="127.0.0.1") as e:
-    buf = bytearray(pattern(MIB, seed))
+transports = sys.argv[4] if len(sys.argv) > 4 else "tcp"
+with libte.Engine(metadata, name, transports=transports, address="127.0.0.1") as e:
+    buf = libte.Memory(MIB)  # shared memory: the same-host transport maps it
+    memoryview(buf)[:] = pattern(MIB, seed)
     addr = e.register(buf)
     print(json.dumps({"name": e.name, "addr": addr, "length": len(buf)}), flush=True)
     deadline = time.monotonic() + 120
@@ -23,7 +25,8 @@ with libte.Engine(metadata, name, transports="tcp", address="127.0.0.1") as e:
                 sys.exit(0)
             if n.msg.startswith("check "):
                 want = pattern(MIB, int(n.msg.split()[1]))
-                bad = next((i for i in range(MIB) if buf[i] != want[i]), None) if buf != want else None
+                view = memoryview(buf)
+                bad = next((i for i in range(MIB) if view[i] != want[i]), None) if view != want else None
                 with e.open_segment(n.name) as back:
                     e.notify(back, "ok" if bad is None else f"mismatch at {bad}")
         time.sleep(0.01)

@@ -15,8 +15,8 @@ from libte.mooncake import TransferEngine
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def start_peer(metadata, name, seed):
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "peer.py"), metadata, name, str(seed)],
+def start_peer(metadata, name, seed, transports="tcp"):
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "peer.py"), metadata, name, str(seed), transports],
                             stdout=subprocess.PIPE, cwd=HERE, text=True)
     line = proc.stdout.readline()
     if not line:
@@ -35,13 +35,14 @@ def wait_notification(engine, timeout=10):
     return []
 
 
-def exchange(metadata, local_name, peer_name):
-    proc, info = start_peer(metadata, peer_name, seed=11)
+def exchange(metadata, local_name, peer_name, transports="tcp", served_by="tcp"):
+    proc, info = start_peer(metadata, peer_name, seed=11, transports=transports)
     try:
-        with libte.Engine(metadata, local_name, transports="tcp", address="127.0.0.1") as e:
+        with libte.Engine(metadata, local_name, transports=transports, address="127.0.0.1") as e:
             local = bytearray(MIB)
             e.register(local)
             seg = e.open_segment(info["name"])
+            assert seg.transport == served_by
             assert seg.buffers()[0].addr == info["addr"]
             e.read(seg, local, info["addr"])  # the peer's pattern, every byte
             assert local == pattern(MIB, 11)
@@ -60,6 +61,14 @@ def exchange(metadata, local_name, peer_name):
 
 def test_two_processes_p2p():
     exchange("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1")
+
+
+def test_two_processes_same_host_transport():
+    # both engines have the same-host transport: it serves the peer's
+    # te_mem_alloc memory (libte.Memory) through a shared mapping
+    if not any(p.name == "shm" and p.loaded for p in libte.plugins()):
+        pytest.fail("the shm transport plugin is not built")
+    exchange("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", transports="tcp,shm", served_by="shm")
 
 
 def test_two_processes_redis(redis_url):

@@ -180,6 +180,7 @@ extern "C" {
     pub fn te_set_log_handler(fn_: te_log_fn, user: *mut c_void);
     pub fn te_set_log_level(level: c_int);
     pub fn te_get_log_level() -> c_int;
+    pub fn te_log_write(level: c_int, domain: *const c_char, msg: *const c_char);
 
     pub fn te_engine_create(
         metadata: *const c_char,
@@ -206,6 +207,8 @@ extern "C" {
         flags: c_uint,
     ) -> c_int;
     pub fn te_unregister_memory(engine: *mut te_engine, addr: *mut c_void) -> c_int;
+    pub fn te_mem_alloc(length: usize, addr: *mut *mut c_void) -> c_int;
+    pub fn te_mem_free(addr: *mut c_void) -> c_int;
     pub fn te_register_memory_batch(engine: *mut te_engine, regions: *const te_memory_region, n: usize) -> c_int;
     pub fn te_unregister_memory_batch(engine: *mut te_engine, addrs: *const *mut c_void, n: usize) -> c_int;
 
@@ -216,6 +219,7 @@ extern "C" {
         transport: *const c_char,
     ) -> te_segment_id;
     pub fn te_segment_close(engine: *mut te_engine, segment: te_segment_id) -> c_int;
+    pub fn te_segment_transport(engine: *mut te_engine, segment: te_segment_id) -> *const c_char;
     pub fn te_segment_refresh(engine: *mut te_engine, segment: te_segment_id) -> c_int;
     pub fn te_segment_find(engine: *mut te_engine, name: *const c_char) -> te_segment_id;
     pub fn te_segment_descriptor(engine: *mut te_engine, segment: te_segment_id, json: *mut *mut c_char) -> c_int;

@@ -6,7 +6,7 @@
 //!
 //! With no flags it runs a target and an initiator engine in this process
 //! over TCP on 127.0.0.1 with P2PHANDSHAKE.
-use libte::{Engine, Local, Registration, Request, SegmentId, TaskState};
+use libte::{Engine, Local, Registration, Request, SegmentId, SharedMemory, TaskState};
 use std::fmt::Write as _;
 use std::io::Write;
 use std::os::raw::{c_int, c_void};
@@ -27,6 +27,7 @@ struct Flags {
     local_server_name: Option<String>,
     segment_id: Option<String>,
     protocol: String,
+    memory: String,
     device_name: String,
     nic_priority_matrix: String,
     auto_discovery: bool,
@@ -52,7 +53,8 @@ impl Default for Flags {
             metadata_server: "P2PHANDSHAKE".into(),
             local_server_name: None,
             segment_id: None,
-            protocol: "tcp".into(),
+            protocol: "auto".into(),
+            memory: "libte".into(),
             device_name: String::new(),
             nic_priority_matrix: String::new(),
             auto_discovery: false,
@@ -88,10 +90,20 @@ const DEFS: &[(&str, Kind, &str)] = &[
     ),
     ("local_server_name", Kind::Str, "this engine's segment name (default: 127.0.0.1 in loopback mode, else the host name)"),
     ("segment_id", Kind::Str, "the target's segment name, e.g. 10.0.0.1:15123 or nvmeof/disk0 (initiator mode)"),
-    ("protocol", Kind::Str, "transport to install: tcp, rdma, nvmeof, ... (default tcp)"),
+    (
+        "protocol",
+        Kind::Str,
+        "transport to install: auto (the best network transport, and shm for engines on this host), \
+         tcp, shm, rdma, nvmeof, ... (default auto)",
+    ),
+    (
+        "memory",
+        Kind::Str,
+        "libte (te_mem_alloc: shared memory a same-host peer maps) or anonymous (mmap) (default libte)",
+    ),
     ("device_name", Kind::Str, "RDMA devices, comma-separated (protocol rdma)"),
     ("nic_priority_matrix", Kind::Str, "file with an RDMA NIC priority matrix (JSON); overrides --device_name"),
-    ("auto_discovery", Kind::Bool, "install the best transport found (RDMA when usable, else TCP) instead of --protocol"),
+    ("auto_discovery", Kind::Bool, "the same as --protocol=auto"),
     ("operation", Kind::Str, "read | write (default read)"),
     ("batch_size", Kind::Num(1, 1 << 20), "requests per batch (default 128)"),
     ("block_size", Kind::Num(1, 1 << 36), "bytes per request (default 65536)"),
@@ -259,6 +271,7 @@ fn parse_flags(args: &[String]) -> Result<Flags, Fail> {
                 "local_server_name" => f.local_server_name = Some(v),
                 "segment_id" => f.segment_id = Some(v),
                 "protocol" => f.protocol = v,
+                "memory" => f.memory = v,
                 "device_name" => f.device_name = v,
                 "nic_priority_matrix" => f.nic_priority_matrix = v,
                 "operation" => f.operation = v,
@@ -431,36 +444,47 @@ extern "C" {
     fn signal(sig: c_int, handler: usize) -> usize;
 }
 
-/// An anonymous mapping like te-bench's: reserved, not committed, so a
+/// A buffer as te-bench makes it: te_mem_alloc (shared memory a same-host
+/// peer maps) or an anonymous mapping, reserved but not committed, so a
 /// 1 GiB buffer costs only the pages a run touches.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
+enum Buffer {
+    Shared(SharedMemory),
+    Mapped(*mut u8, usize),
 }
 
-impl Mapping {
-    fn new(len: u64) -> Result<Mapping, Fail> {
+impl Buffer {
+    fn new(f: &Flags, len: u64) -> Result<Buffer, Fail> {
+        let len = usize::try_from(len).map_err(|_| Fail(1, format!("cannot map a {}-byte buffer", len)))?;
+        if f.memory == "libte" {
+            return SharedMemory::new(len).map(Buffer::Shared).map_err(|e| {
+                Fail(1, format!("cannot allocate a {}-byte buffer: {}{}", len, e, why()))
+            });
+        }
         const PROT_RW: c_int = 0x1 | 0x2;
         const MAP_PRIVATE_ANON_NORESERVE: c_int = 0x02 | 0x20 | 0x4000;
-        let len = usize::try_from(len).map_err(|_| Fail(1, format!("cannot map a {}-byte buffer", len)))?;
-        // SAFETY: a fresh private anonymous mapping, owned by the Mapping.
+        // SAFETY: a fresh private anonymous mapping, owned by the Buffer.
         let p = unsafe { mmap(std::ptr::null_mut(), len, PROT_RW, MAP_PRIVATE_ANON_NORESERVE, -1, 0) };
         if p as isize == -1 {
             return fail(format!("cannot map a {}-byte buffer: {}", len, std::io::Error::last_os_error()));
         }
-        Ok(Mapping { ptr: p as *mut u8, len })
+        Ok(Buffer::Mapped(p as *mut u8, len))
     }
 
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is ours, readable and writable, for `len` bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        match self {
+            Buffer::Shared(m) => m,
+            // SAFETY: the mapping is ours, readable and writable, for `len` bytes.
+            Buffer::Mapped(p, len) => unsafe { std::slice::from_raw_parts_mut(*p, *len) },
+        }
     }
 }
 
-impl Drop for Mapping {
+impl Drop for Buffer {
     fn drop(&mut self) {
-        // SAFETY: unmaps what new() mapped; nothing borrows it any more.
-        unsafe { munmap(self.ptr as *mut c_void, self.len) };
+        if let Buffer::Mapped(p, len) = self {
+            // SAFETY: unmaps what new() mapped; nothing borrows it any more.
+            unsafe { munmap(*p as *mut c_void, *len) };
+        }
     }
 }
 
@@ -511,7 +535,7 @@ fn make_engine(f: &Flags, name: &str, loopback_alias: bool) -> Result<Engine, Fa
     let e = Engine::new(&f.metadata_server, Some(name), opts).map_err(|e| {
         Fail(1, format!("cannot start an engine with metadata '{}' as '{}': {}{}", f.metadata_server, name, e, why()))
     })?;
-    if f.auto_discovery {
+    if f.auto_discovery || f.protocol == "auto" {
         e.install_best_transport()
             .map_err(|err| Fail(1, format!("auto-discovery installed no transport: {}{}", err, why())))?;
     } else {
@@ -553,6 +577,7 @@ struct Run<'a> {
     f: &'a Flags,
     e: &'a Engine,
     seg: SegmentId,
+    transport: String,
     read: bool,
     remote_base: Vec<u64>,
     stop: AtomicBool,
@@ -734,6 +759,8 @@ fn run_initiator(f: &Flags, e: &Engine, target: &str, mode_name: &str) -> Result
         f,
         e,
         seg: seg.id(),
+        // what serves it: shm for this host
+        transport: seg.transport().unwrap_or_else(|| "?".into()),
         read: f.operation != "write",
         remote_base: bufs.iter().map(|b| b.addr).collect(),
         stop: AtomicBool::new(false),
@@ -741,8 +768,8 @@ fn run_initiator(f: &Flags, e: &Engine, target: &str, mode_name: &str) -> Result
         failed: Mutex::new(None),
     };
 
-    let mut local_map = Mapping::new(f.buffer_size)?;
-    let mut verify_map = if f.check { Some(Mapping::new(f.buffer_size)?) } else { None };
+    let mut local_map = Buffer::new(f, f.buffer_size)?;
+    let mut verify_map = if f.check { Some(Buffer::new(f, f.buffer_size)?) } else { None };
     // Fault in the part in use, so that page faults do not show in the figures.
     local_map.as_mut_slice()[..span as usize].fill(0);
     if let Some(m) = verify_map.as_mut() {
@@ -770,13 +797,14 @@ fn run_initiator(f: &Flags, e: &Engine, target: &str, mode_name: &str) -> Result
     let prec = f.report_precision as usize;
     if f.json {
         println!(
-            "{{\"mode\":{},\"protocol\":{},\"metadata_server\":{},\"segment_id\":{},\"operation\":\"{}\",\
+            "{{\"mode\":{},\"protocol\":{},\"transport\":{},\"metadata_server\":{},\"segment_id\":{},\"operation\":\"{}\",\
              \"block_size\":{},\"batch_size\":{},\"threads\":{},\"check\":{},\"duration_s\":{:.3},\
              \"batch_count\":{},\"requests\":{},\"bytes\":{:.0},\"throughput_bytes_per_s\":{:.0},\
              \"throughput\":{:.*},\"report_unit\":{},\"iops\":{:.0},\
              \"latency_us\":{{\"p50\":{:.1},\"p99\":{:.1},\"p999\":{:.1},\"max\":{:.1}}}}}",
             json_str(mode_name),
             json_str(&f.protocol),
+            json_str(&run.transport),
             json_str(&f.metadata_server),
             json_str(target),
             f.operation,
@@ -856,7 +884,7 @@ fn run_workers(
             PROG,
             mode_name,
             f.operation,
-            if f.auto_discovery { "auto-discovered transport" } else { &f.protocol },
+            run.transport,
             f.batch_size,
             fmt_bytes(f.block_size),
             f.threads,
@@ -924,6 +952,9 @@ fn real_main() -> Result<(), Fail> {
     if !["loopback", "target", "initiator"].contains(&mode.as_str()) {
         return fail(format!("--mode={}: want loopback, target or initiator", mode));
     }
+    if f.memory != "libte" && f.memory != "anonymous" {
+        return fail(format!("--memory={}: want libte or anonymous", f.memory));
+    }
     if f.operation != "read" && f.operation != "write" {
         return fail(format!("--operation={}: want read or write", f.operation));
     }
@@ -973,7 +1004,7 @@ fn real_main() -> Result<(), Fail> {
     if mode == "target" {
         let name = f.local_server_name.clone().unwrap_or_else(hostname);
         let e = make_engine(&f, &name, false)?;
-        let mut map = Mapping::new(f.buffer_size)?;
+        let mut map = Buffer::new(&f, f.buffer_size)?;
         return registered(&e, map.as_mut_slice(), true, |_| {
                 println!(
                     "{}: target ready, segment name {} (metadata {}, protocol {}); Ctrl-C stops it",
@@ -1005,7 +1036,7 @@ fn real_main() -> Result<(), Fail> {
         (format!("te-bench-target-{}", pid), format!("te-bench-initiator-{}", pid))
     };
     let target = make_engine(&f, &tname, !p2p)?;
-    let mut tmap = Mapping::new(f.buffer_size)?;
+    let mut tmap = Buffer::new(&f, f.buffer_size)?;
     tmap.as_mut_slice()[..need as usize].fill(0);
     registered(&target, tmap.as_mut_slice(), true, |_| {
         let init = make_engine(&f, &iname, !p2p)?;

@@ -149,9 +149,9 @@ mod segment;
 pub use batch::{Batch, BatchSummary, Opcode, ReadTarget, Request, TaskState, TaskStatus, WriteSource};
 pub use engine::{Engine, Notification};
 pub use error::{code, strerror, Error, Result};
-pub use memory::{Local, Registration};
+pub use memory::{Local, Registration, SharedMemory};
 pub use process::{
-    log_level, plugins, reset_log_handler, set_log_handler, set_log_level, version, LogLevel, PluginInfo, PluginKind,
+    log, log_level, plugins, reset_log_handler, set_log_handler, set_log_level, version, LogLevel, PluginInfo, PluginKind,
 };
 pub use segment::{Segment, SegmentBuffer, SegmentId};
 

@@ -1,7 +1,9 @@
 //! Registered memory as Rust sees it: a [`Registration`] lent by
 //! `Engine::register`, and [`Local`] ranges of it that requests borrow.
 use crate::engine::Engine;
-use crate::error::{code, Error, Result};
+use crate::error::{call, code, Error, Result};
+use libte_sys as sys;
+use std::os::raw::c_void;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -226,5 +228,60 @@ impl DerefMut for Local<'_> {
 impl std::fmt::Debug for Local<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Local").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).finish()
+    }
+}
+
+/// Memory from te_mem_alloc(): page-aligned, zeroed, and mappable by other
+/// processes on this host, so that a same-host transport (shm) serves peers
+/// through a shared mapping of it. Use it as a `[u8]`; register it with
+/// `Engine::register(&mut mem, ...)` like any buffer (the borrow there keeps
+/// it from being freed while registered). Freed on drop.
+pub struct SharedMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: owned memory, like a Box<[u8]>.
+unsafe impl Send for SharedMemory {}
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// `len` zeroed bytes (libte rounds the mapping up to pages; the slice
+    /// is exactly `len`). EINVAL for 0.
+    pub fn new(len: usize) -> Result<SharedMemory> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` receives the allocation.
+        call(|| unsafe { sys::te_mem_alloc(len, &mut p) })?;
+        let ptr = NonNull::new(p as *mut u8).ok_or_else(|| Error::new(code::ENOMEM, "te_mem_alloc gave no memory"))?;
+        Ok(SharedMemory { ptr, len })
+    }
+}
+
+impl Deref for SharedMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: owned, live allocation of at least `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for SharedMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: the address te_mem_alloc returned; no registration can
+        // remain (each borrowed the memory until it had unregistered it).
+        unsafe { sys::te_mem_free(self.ptr.as_ptr() as *mut c_void) };
+    }
+}
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemory").field("addr", &self.ptr).field("len", &self.len).finish()
     }
 }

@@ -45,6 +45,16 @@ pub fn log_level() -> LogLevel {
     LogLevel::from_raw(unsafe { sys::te_get_log_level() })
 }
 
+/// Logs one line through libte's level and handler (te_log_write), so an
+/// application's lines land where libte's do; an Error-level line also
+/// becomes this thread's last error. Text after a NUL byte is dropped.
+pub fn log(level: LogLevel, domain: &str, msg: &str) {
+    let cut = |s: &str| std::ffi::CString::new(s.split('\0').next().unwrap_or("")).unwrap_or_default();
+    let (d, m) = (cut(domain), cut(msg));
+    // SAFETY: valid strings for the call.
+    unsafe { sys::te_log_write(level as c_int, d.as_ptr(), m.as_ptr()) }
+}
+
 type Handler = Box<dyn Fn(LogLevel, &str, &str) + Send + Sync>;
 
 // One handler for the process, as in libte. The trampoline reads it under

@@ -73,6 +73,19 @@ impl<'e> Segment<'e> {
         self.engine.segment_buffers(self.id)
     }
 
+    /// The transport serving it ("tcp", "shm", ...; "local" for the
+    /// engine's own segment); None for a closed segment.
+    pub fn transport(&self) -> Option<String> {
+        // SAFETY: live engine; the name is static storage, copied at once.
+        let p = unsafe { sys::te_segment_transport(self.engine.as_raw(), self.id.0) };
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: NUL-terminated, valid while the transport is installed.
+            Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        }
+    }
+
     /// te_segment_refresh(): fetches the descriptor again.
     pub fn refresh(&self) -> Result<()> {
         // SAFETY: live engine.

@@ -21,20 +21,38 @@ fn text(o: &Output) -> (String, String) {
     (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
+/// What the default protocol picks between two engines of this process.
+fn shm_or_tcp() -> &'static str {
+    if libte::plugins().iter().any(|p| p.name.as_deref() == Some("shm") && p.loaded) {
+        "shm"
+    } else {
+        "tcp"
+    }
+}
+
 const SMALL: &[&str] = &["--duration=1", "--batch_size=16", "--block_size=16K", "--buffer_size=1M"];
 
 #[test]
 fn checked_runs_both_ways() {
-    for op in ["read", "write"] {
+    // TCP with anonymous memory, then the default: the best transport
+    // (shm between engines of one host, when its plugin is there) over
+    // te_mem_alloc memory.
+    for (op, extra) in [("read", ["--protocol=tcp", "--memory=anonymous"]), ("write", ["--protocol=auto", "--memory=libte"])] {
         let mut args = SMALL.to_vec();
         let opflag = format!("--operation={}", op);
         args.extend(["--check", "--threads=2", opflag.as_str()]);
+        args.extend(extra);
         let o = run(&args);
         let (out, err) = text(&o);
         assert!(o.status.success(), "{} failed: {}{}", op, out, err);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{}", out);
-        assert!(lines[0].contains(&format!("loopback {} over tcp, 16 x 16 KiB per batch, 2 threads", op)), "{}", out);
+        let over = if op == "read" { "tcp" } else { shm_or_tcp() };
+        assert!(
+            lines[0].contains(&format!("loopback {} over {}, 16 x 16 KiB per batch, 2 threads", op, over)),
+            "{}",
+            out
+        );
         assert!(lines[1].starts_with("Test completed: duration "), "{}", out);
         assert!(lines[1].contains(", batch count ") && lines[1].ends_with(" GB/s"), "{}", out);
         let count: u64 = lines[1].split(", batch count ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
@@ -52,7 +70,8 @@ fn json_result() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{}{}", out, err);
     let line = out.trim();
-    assert!(line.starts_with("{\"mode\":\"loopback\",\"protocol\":\"tcp\"") && line.ends_with("}}"), "{}", line);
+    let head = format!("{{\"mode\":\"loopback\",\"protocol\":\"auto\",\"transport\":\"{}\"", shm_or_tcp());
+    assert!(line.starts_with(&head) && line.ends_with("}}"), "{}", line);
     for key in ["\"check\":true", "\"block_size\":16384", "\"batch_size\":16", "\"report_unit\":\"MiB\"", "\"p99\":"] {
         assert!(line.contains(key), "{} missing in {}", key, line);
     }
@@ -68,6 +87,7 @@ fn bad_flags() {
         (vec!["--mode=sideways"], "--mode=sideways: want loopback, target or initiator"),
         (vec!["--batch_size=0"], "--batch_size=0 is not a number in [1, 1048576]"),
         (vec!["--operation=copy"], "--operation=copy: want read or write"),
+        (vec!["--memory=disk"], "--memory=disk: want libte or anonymous"),
         (vec!["--report_unit=parsec"], "--report_unit=parsec"),
         (vec!["--no-such-flag"], "unknown flag '--no-such-flag'"),
         (vec!["--mode=initiator"], "--mode=initiator needs --segment_id"),
@@ -97,12 +117,12 @@ fn check_catches_corruption() {
         eprintln!("skipped: no flip test transport in TE_PLUGIN_PATH");
         return;
     }
-    let o = run(&["--protocol=flip", "--check", "--duration=2", "--quiet", "--batch_size=8", "--block_size=4K"]);
+    let o = run(&["--protocol=flip", "--memory=anonymous", "--check", "--duration=2", "--quiet", "--batch_size=8", "--block_size=4K"]);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(2), "{}{}", out, err);
     assert!(err.contains("DATA MISMATCH after READ"), "{}", err);
     assert!(!out.contains("Test completed"), "{}", out);
     // Without --check the same corruption goes unseen.
-    let o = run(&["--protocol=flip", "--duration=1", "--quiet", "--batch_size=8", "--block_size=4K"]);
+    let o = run(&["--protocol=flip", "--memory=anonymous", "--duration=1", "--quiet", "--batch_size=8", "--block_size=4K"]);
     assert!(o.status.success(), "{:?}", text(&o));
 }

@@ -265,3 +265,22 @@ fn errors_read_well() {
     assert_eq!(names.len(), 4);
     assert!(libte::version().starts_with("1."));
 }
+
+#[test]
+fn log_lines_and_levels() {
+    capture_log();
+    libte::log(libte::LogLevel::Warn, "rust-test", "a line of our own");
+    assert!(logged("Warn rust-test: a line of our own"));
+    // Below the level: not delivered.
+    let before = libte::log_level();
+    libte::set_log_level(libte::LogLevel::Error);
+    assert_eq!(libte::log_level(), libte::LogLevel::Error);
+    libte::log(libte::LogLevel::Warn, "rust-test", "filtered out");
+    assert!(!logged("filtered out"));
+    libte::set_log_level(before);
+    assert_eq!(libte::log_level(), before);
+    // The plugins the loader found include the TCP transport.
+    let tcp = libte::plugins().into_iter().find(|p| p.name.as_deref() == Some("tcp")).expect("tcp plugin listed");
+    assert!(tcp.loaded && tcp.kind == libte::PluginKind::Transport && tcp.abi.0 == 1, "{:?}", tcp);
+    assert!(tcp.path.ends_with("libte-transport-tcp.so"), "{:?}", tcp);
+}

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_same, pattern, tcp_engine};
-use libte::{Error, Request, SegmentId, TaskState};
+use libte::{Engine, Error, Request, SegmentId, SharedMemory, TaskState};
 use std::time::{Duration, Instant};
 
 const N: usize = (1 << 20) + 4099;
@@ -305,8 +305,6 @@ fn notifications_both_ways() {
             b.batch(1, |batch| {
                 batch.submit([Request::read(&seg_a, r.addr(), &mut whole)])?;
                 batch.notify(&seg_a, "done")?;
-                // one notification per batch
-                assert_eq!(batch.notify_as(&seg_a, "bee", "again").unwrap_err().code(), libte::code::EBUSY);
                 batch.wait(Some(Duration::from_secs(30)))
             })?;
             b.batch(1, |batch| {
@@ -329,4 +327,51 @@ fn notifications_both_ways() {
     assert_eq!(got.len(), 2, "{:?}", got);
     assert_eq!((got[0].name.as_str(), got[0].msg.as_str()), (b.name(), "done"));
     assert_eq!((got[1].name.as_str(), got[1].msg.as_str()), ("bee", "done too"));
+}
+
+#[test]
+fn shared_memory_with_the_best_transports() {
+    // te_mem_alloc memory on both sides and te_transport_auto: between two
+    // engines of one host the same-host transport serves the segment when
+    // its plugin is there, TCP otherwise; the bytes must arrive either way.
+    let make = || {
+        let e = Engine::new("P2PHANDSHAKE", Some("127.0.0.1"), &[]).unwrap();
+        let net = e.install_best_transport().unwrap();
+        assert!(net.is_some());
+        e
+    };
+    let a = make();
+    let b = make();
+    let shm_loaded = libte::plugins().iter().any(|p| p.name.as_deref() == Some("shm") && p.loaded);
+    assert_eq!(a.transports().unwrap().iter().any(|t| t == "shm"), shm_loaded);
+    assert_eq!(SharedMemory::new(0).unwrap_err().code(), libte::code::EINVAL);
+    let mut theirs = SharedMemory::new(300_001).unwrap();
+    let mut mine = SharedMemory::new(300_001).unwrap();
+    assert_eq!(theirs.len(), 300_001);
+    assert!(theirs.iter().all(|b| *b == 0), "te_mem_alloc memory starts zeroed");
+    assert_eq!(theirs.as_ptr() as usize % 4096, 0, "page-aligned");
+    let orig = pattern(300_001, 31);
+    theirs.copy_from_slice(&orig);
+    let fresh = pattern(300_001, 32);
+    b.register(&mut theirs, "cpu:0", true, |t| {
+        a.register(&mut mine, "cpu:0", false, |m| {
+            let seg = a.open_segment(b.name())?;
+            let served_by = seg.transport().expect("an open segment has a transport");
+            assert_eq!(served_by, if shm_loaded { "shm" } else { "tcp" });
+            assert_eq!(a.local_segment().transport().as_deref(), Some("local"));
+            a.read(&seg, t.addr(), m.local())?;
+            assert_same(m, &orig, "read over the best transport");
+            m.copy_from_slice(&fresh);
+            a.write(&seg, t.addr() + 1, m.range(1, 300_000)?)?;
+            assert_same(&t[1..], &fresh[1..], "write over the best transport");
+            assert_eq!(t[0], orig[0]);
+            let id = seg.id();
+            seg.close()?;
+            assert_eq!(a.find_segment(b.name()).unwrap_err().code(), libte::code::ENOENT);
+            assert_eq!(a.read(id, t.addr(), m.local()).unwrap_err().code(), libte::code::SEGMENT);
+            Ok::<_, Error>(())
+        })
+    })
+    .unwrap();
+    assert_same(&theirs[1..], &fresh[1..], "after unregistering");
 }

@@ -884,7 +884,8 @@ int main(int argc, char **argv)
 
 	if (!strcmp(F.mode, "target")) {
 		te_engine *e = make_engine(F.local_server_name ? F.local_server_name : hostname(), false);
-		register_buffer(e, F.buffer_size, 0, true);
+		/* touched now, so first use by an initiator does not count page faults */
+		register_buffer(e, F.buffer_size, F.buffer_size, true);
 		printf("%s: target ready, segment name %s (metadata %s, protocol %s); Ctrl-C stops it\n", PROG,
 		       te_engine_name(e), F.metadata_server, F.protocol);
 		fflush(stdout);

@@ -441,7 +441,7 @@ extern "C" {
     fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void;
     fn munmap(addr: *mut c_void, len: usize) -> c_int;
     fn gethostname(name: *mut u8, len: usize) -> c_int;
-    fn signal(sig: c_int, handler: usize) -> usize;
+    fn signal(sig: c_int, handler: extern "C" fn(c_int)) -> usize;
 }
 
 /// A buffer as te-bench makes it: te_mem_alloc (shared memory a same-host
@@ -997,8 +997,8 @@ fn real_main() -> Result<(), Fail> {
     const SIGTERM: c_int = 15;
     // SAFETY: the handler only stores to an atomic.
     unsafe {
-        signal(SIGINT, on_signal as usize);
-        signal(SIGTERM, on_signal as usize);
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
     }
 
     if mode == "target" {

@@ -35,10 +35,15 @@
 //!   requests; once the segment is closed it fails with
 //!   [`code::SEGMENT`].
 //!
-//! Memory registered with remote access may be written by peers whenever
-//! the application lets them; as with any memory shared with another
-//! process, the application's protocol (a notification, a message) says
-//! when its bytes are settled.
+//! What the borrow checker covers is the local side of every request. The
+//! remote side is an address in a segment: another process's memory, or,
+//! through [`SegmentId::LOCAL`], any memory this engine registered. Memory
+//! that can be the remote side of a transfer (registered with remote
+//! access, or addressed through the local segment) changes whenever the
+//! application lets a transfer target it; as with any memory shared with
+//! another process, the application's protocol (a notification, a message,
+//! a batch it waited for) says when its bytes are settled. Do not point a
+//! local-segment request at memory Rust code is using at the same time.
 //!
 //! # Threads
 //!

@@ -17,7 +17,8 @@ use std::ptr::NonNull;
 /// cannot touch it.
 ///
 /// With remote access, peers may read and write this memory at any time
-/// the application lets them (libte cannot know when they will): as with
+/// the application lets them (libte cannot know when they will), and any
+/// registration can be reached through the engine's own segment: as with
 /// any memory shared with another process, the application's own protocol
 /// (a notification, a message) says when the bytes are settled.
 pub struct Registration<'e, 'b> {

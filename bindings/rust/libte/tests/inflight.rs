@@ -64,7 +64,10 @@ fn hold() -> Option<Hold> {
         let c = dlsym(h, b"te_test_hold_count\0".as_ptr() as *const c_char);
         let r = dlsym(h, b"te_test_hold_release\0".as_ptr() as *const c_char);
         assert!(!c.is_null() && !r.is_null());
-        Some(Hold { count: std::mem::transmute(c), release: std::mem::transmute(r) })
+        Some(Hold {
+            count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> usize>(c),
+            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> usize>(r),
+        })
     }
 }
 
@@ -163,7 +166,7 @@ fn tasks_in_flight() {
             // their bytes are there when it returns.
             x.fill(0);
             let t0 = Instant::now();
-            std::thread::scope(|s| {
+            let left_running = std::thread::scope(|s| {
                 s.spawn(|| {
                     while hold.count() < 1 {
                         std::thread::sleep(Duration::from_millis(1));
@@ -173,9 +176,21 @@ fn tasks_in_flight() {
                 });
                 a.batch(1, |batch| {
                     batch.submit([Request::read(&seg, ra, &mut x)])?;
-                    Ok::<_, Error>(())
+                    Ok::<_, Error>(batch.id())
                 })
             })?;
+            // ... and then freed it: libte no longer knows the id.
+            // SAFETY: a status query on a live engine with valid out-pointers.
+            let rc = unsafe {
+                libte::sys::te_batch_status(
+                    a.as_raw(),
+                    left_running,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            assert_eq!(rc, code::BATCH);
             assert!(t0.elapsed() >= Duration::from_millis(280), "returned after {:?}", t0.elapsed());
             assert_eq!(hold.count(), 0);
             assert_eq!(&x[..], &remote_orig[..2048]);

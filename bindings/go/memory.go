@@ -2,18 +2,22 @@
 
 package te
 
+/*
+#include "tego.h"
+*/
+import "C"
+
 import (
 	"fmt"
 	"sort"
 	"sync"
-	"syscall"
 	"unsafe"
 )
 
-// An allocation is one mapping made by Alloc. regs counts the registrations
-// (by any engine) that lie inside it; Free refuses while it is not zero.
+// An allocation is one te_mem_alloc allocation made by Alloc. regs counts
+// the registrations (by any engine) that lie inside it; Free refuses while it
+// is not zero.
 type allocation struct {
-	mem  []byte // as syscall.Mmap returned it; Munmap wants this very slice
 	base uintptr
 	size uintptr
 	regs int
@@ -24,7 +28,9 @@ var (
 	allocs  []*allocation // sorted by base; mappings never overlap
 )
 
-// Alloc maps size bytes of zeroed memory outside the Go heap, for
+// Alloc allocates size bytes of zeroed, page-aligned memory outside the Go
+// heap (libte's te_mem_alloc: shared memory that an engine on the same host
+// maps, so the same-host transport serves it with one copy), for
 // registration with RegisterMemory. Release it with Free once no engine has
 // any of it registered. Go's collector never touches this memory: a slice
 // of it stays valid until Free, whoever holds it.
@@ -32,26 +38,21 @@ func Alloc(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, newError("Alloc", ErrInvalid, fmt.Sprintf("size %d is not positive", size))
 	}
-	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE,
-		syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		errno, _ := err.(syscall.Errno)
-		if errno == 0 {
-			errno = syscall.ENOMEM
-		}
-		return nil, newError("Alloc", Code(-int(errno)), fmt.Sprintf("mmap of %d bytes: %v", size, err))
+	var p unsafe.Pointer // C memory: never Go's
+	if err := cerr("Alloc", func() C.int { return C.te_mem_alloc(C.size_t(size), &p) }); err != nil {
+		return nil, err
 	}
-	a := &allocation{mem: mem, base: addrOf(mem), size: uintptr(size)}
+	a := &allocation{base: uintptr(p), size: uintptr(size)}
 	allocMu.Lock()
 	i := sort.Search(len(allocs), func(i int) bool { return allocs[i].base > a.base })
 	allocs = append(allocs, nil)
 	copy(allocs[i+1:], allocs[i:])
 	allocs[i] = a
 	allocMu.Unlock()
-	return mem, nil
+	return unsafe.Slice((*byte)(p), size), nil
 }
 
-// Free unmaps memory that Alloc returned. buf must start where the
+// Free releases memory that Alloc returned. buf must start where the
 // allocation starts (a slice of it that keeps the first byte will do). It
 // refuses (ErrBusy) while an engine has part of it registered: unmapping it
 // then would let libte's threads touch unmapped memory. Every slice of the
@@ -73,9 +74,8 @@ func Free(buf []byte) error {
 		return newError("Free", ErrBusy,
 			fmt.Sprintf("%d registration(s) inside the allocation at %#x; unregister first", a.regs, p))
 	}
-	if err := syscall.Munmap(a.mem); err != nil {
-		errno, _ := err.(syscall.Errno)
-		return newError("Free", Code(-int(errno)), fmt.Sprintf("munmap %#x: %v", p, err))
+	if err := cerr("Free", func() C.int { return C.tego_mem_free(C.uintptr_t(p)) }); err != nil {
+		return err
 	}
 	allocs = append(allocs[:i], allocs[i+1:]...)
 	return nil

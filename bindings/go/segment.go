@@ -235,6 +235,29 @@ func (s *Segment) Descriptor() (string, error) {
 	return C.GoString(js), nil
 }
 
+// Transport names the transport that serves the segment: "shm" for an
+// engine on this host (when both have the same-host transport), "tcp",
+// "rdma", ...
+func (s *Segment) Transport() (string, error) {
+	const op = "Transport"
+	h, release, err := s.use(op)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	var name *C.char
+	if err := cerr(op, func() C.int {
+		name = C.te_segment_transport(h, C.te_segment_id(s.id))
+		if name == nil {
+			return C.int(ErrSegment)
+		}
+		return 0
+	}); err != nil {
+		return "", err
+	}
+	return C.GoString(name), nil
+}
+
 // Close drops this reference to the segment. A second Close returns
 // ErrSegment.
 func (s *Segment) Close() error {

@@ -23,6 +23,11 @@ static inline int tego_unregister(te_engine *e, uintptr_t addr)
 	return te_unregister_memory(e, (void *)addr);
 }
 
+static inline int tego_mem_free(uintptr_t addr)
+{
+	return te_mem_free((void *)addr);
+}
+
 /* te_request with the local address as an integer; same fields, same order. */
 typedef struct tego_request {
 	uint32_t opcode;

@@ -134,6 +134,18 @@ func TestP2PHandshake(t *testing.T) {
 
 // The batch API step by step: ids continue across submits, the capacity
 // holds over the batch's life, statuses and the summary tell the truth.
+// TestSameHost: with the same-host transport installed too, it serves the
+// target (te.Alloc memory: the shared mapping); the bytes are checked as over TCP.
+func TestSameHost(t *testing.T) {
+	p := newPair(t, "P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 1<<20, te.WithTransports("tcp", "shm"))
+	tp, err := p.seg.Transport()
+	must(t, "Transport", err)
+	if tp != "shm" {
+		t.Fatalf("segment served by %q, want shm", tp)
+	}
+	checkTransfers(t, p)
+}
+
 func TestBatch(t *testing.T) {
 	p := newPair(t, "P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 1*mib)
 	b, err := p.init.NewBatch(4)

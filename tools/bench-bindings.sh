@@ -7,9 +7,10 @@
 #   tools/bench-bindings.sh [BUILD_DIR] [ROUNDS] [SECONDS]
 #
 # Benches: Python (python/bench/te_bench.py, API "many" and "mooncake", from
-# BUILD_DIR/python) and Rust (bindings/rust's `bench` example, when
-# RUST_BENCH names its binary). CASES="read:4096 write:4096 read:65536 write:65536"
-# by default.
+# BUILD_DIR/python) and Rust (bindings/rust's `bench` example, built here in
+# release mode against BUILD_DIR's libte when cargo is there, or RUST_BENCH).
+# All over TCP (--protocol=tcp). CASES="read:4096 write:4096 read:65536
+# write:65536" by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -29,8 +30,16 @@ declare -A runners=(
   [python-mooncake]="$py python/bench/te_bench.py --json --api=mooncake"
 )
 order=(te-bench python python-mooncake)
+if [ -z "${RUST_BENCH:-}" ] && command -v cargo >/dev/null; then
+  # Debian's toolchain when present, as the tests use
+  cargo=cargo; [ -x /usr/bin/cargo ] && cargo=/usr/bin/cargo && export RUSTC=/usr/bin/rustc
+  PKG_CONFIG_PATH="$PWD/$build/meson-uninstalled" CARGO_TARGET_DIR="$PWD/$build/bench-rust" \
+    $cargo build --offline --locked --release --quiet --example bench --manifest-path bindings/rust/Cargo.toml \
+    && RUST_BENCH="$PWD/$build/bench-rust/release/examples/bench"
+fi
 if [ -n "${RUST_BENCH:-}" ]; then
-  runners[rust]="$RUST_BENCH --quiet --json"
+  export LD_LIBRARY_PATH="$PWD/$build/libte${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  runners[rust]="$RUST_BENCH --protocol=tcp --quiet --json"
   order+=(rust)
 fi
 
@@ -41,7 +50,10 @@ for c in $cases; do
   op=${c%%:*}
   bs=${c##*:}
   for r in $(seq "$rounds"); do
-    for b in "${order[@]}"; do
+    # a different bench goes first each round: none always runs on a cold machine
+    n=${#order[@]}
+    rot=("${order[@]:$(( (r - 1) % n ))}" "${order[@]:0:$(( (r - 1) % n ))}")
+    for b in "${rot[@]}"; do
       ${runners[$b]} --operation="$op" --block_size="$bs" --batch_size=128 --threads=1 --duration="$secs" \
         | tail -n 1 > "$tmp/$b.$op.$bs.$r.json"
       echo "  $c round $r $b: $(grep -o '"iops": *[0-9.]*' "$tmp/$b.$op.$bs.$r.json")" >&2

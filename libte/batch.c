@@ -163,6 +163,114 @@ int te_batch_free(te_engine *e, te_batch_id id)
 	return 0;
 }
 
+/* -------------------------------------------------------------- progress */
+
+/* A transport that can collect its own completions in the waiting thread
+ * (the progress and wake ops) spares a thread hand-off per completion:
+ * te_batch_wait() sleeps where the completions arrive instead of on the
+ * batch's condition variable. The host uses the transport of the batch's
+ * first remote task; whoever drains the batch outside that transport's own
+ * collecting (another transport, a local copy, a task ended at submit) wakes
+ * the sleepers through the wake op. An instance is pinned
+ * through its inflight count, which uninstalling drains after marking it
+ * retired; instances are freed only with the engine, so a stale wait_tp is
+ * still safe to read. */
+#define PROGRESS_SLICE_NS (100 * 1000 * 1000) /* the host re-checks this often */
+
+/* The transport whose progress() this thread is inside: completions made
+ * there need no wake-up from the host. */
+static _Thread_local te_transport_inst *progress_here;
+
+static bool tp_pin(te_transport_inst *tp)
+{
+	atomic_fetch_add(&tp->inflight, 1);
+	if (atomic_load(&tp->retired)) {
+		atomic_fetch_sub(&tp->inflight, 1);
+		return false;
+	}
+	return true;
+}
+
+static void tp_unpin(te_transport_inst *tp)
+{
+	atomic_fetch_sub_explicit(&tp->inflight, 1, memory_order_release);
+}
+
+static te_transport_inst *progress_begin(te_batch *b)
+{
+	te_transport_inst *tp = atomic_load(&b->wait_tp);
+
+	if (tp == NULL || !TE_HAS_OP(tp->ops, progress) || !TE_HAS_OP(tp->ops, wake))
+		return NULL;
+	return tp_pin(tp) ? tp : NULL;
+}
+
+typedef struct progress_arg {
+	te_batch *b;
+	te_transport_inst *tp;
+} progress_arg;
+
+/* Drained, or drained and filled again with a first task elsewhere: look
+ * again from the host. */
+static int batch_drained(void *arg)
+{
+	const progress_arg *pa = arg;
+
+	return atomic_load(&pa->b->inflight) == 0 || atomic_load(&pa->b->wait_tp) != pa->tp;
+}
+
+/* Collects what is ready (no sleeping) before a status read. */
+static void progress_poll(te_batch *b)
+{
+	te_transport_inst *tp = progress_begin(b);
+
+	if (tp == NULL)
+		return;
+	te_transport_inst *outer = progress_here;
+	progress_here = tp;
+	tp->ops->progress(tp->ctx, NULL, NULL, 0);
+	progress_here = outer;
+	tp_unpin(tp);
+}
+
+/* te_batch_wait through the transport: 0 when drained, -ETIMEDOUT, or 1
+ * when the condition variable has to do. */
+static int progress_wait(te_batch *b, int timeout_ms, gint64 end_us)
+{
+	for (;;) {
+		if (atomic_load(&b->inflight) == 0)
+			return 0;
+		int64_t slice = PROGRESS_SLICE_NS;
+		bool last = false;
+		if (timeout_ms >= 0) {
+			gint64 left = end_us - g_get_monotonic_time();
+			if (left <= 0) {
+				slice = 0; /* one look at what is ready */
+				last = true;
+			} else if (left * 1000 < slice) {
+				slice = left * 1000;
+			}
+		}
+		te_transport_inst *tp = progress_begin(b);
+		if (tp == NULL)
+			return 1;
+		/* Counted before the transport's last look at batch_drained():
+		 * a drain elsewhere either is seen there or sees this count. */
+		atomic_fetch_add(&b->sleepers, 1);
+		te_transport_inst *outer = progress_here;
+		progress_here = tp;
+		progress_arg pa = { b, tp };
+		int rc = tp->ops->progress(tp->ctx, batch_drained, &pa, slice);
+		progress_here = outer;
+		atomic_fetch_sub(&b->sleepers, 1);
+		tp_unpin(tp);
+		if (rc < 0 && rc != -ETIMEDOUT)
+			return 1;
+		if (last)
+			return atomic_load(&b->inflight) == 0 ? 0 : -ETIMEDOUT;
+	}
+}
+
 /* ------------------------------------------------------------ completion */
 
 static void send_notify_job(gpointer data, gpointer user);
@@ -184,10 +292,20 @@ static void batch_task_done(te_batch *b)
 		if (atomic_compare_exchange_weak_explicit(&b->inflight, &old, old - 1,
 							  memory_order_acq_rel, memory_order_relaxed))
 			return;
+	te_transport_inst *wake = NULL;
 	g_mutex_lock(&b->lock);
-	if (atomic_fetch_sub_explicit(&b->inflight, 1, memory_order_acq_rel) == 1) {
+	if (atomic_fetch_sub(&b->inflight, 1) == 1) {
 		if (b->waiters > 0) /* a broadcast is a system call even with nobody to wake */
 			g_cond_broadcast(&b->cond);
+		/* Threads sleeping in a transport's progress() for this batch see
+		 * the drain when that transport's own collecting caused it;
+		 * otherwise they need a wake-up (made after the unlock: the
+		 * transport's locks come before batch locks). */
+		if (atomic_load(&b->sleepers) > 0) {
+			wake = atomic_load(&b->wait_tp);
+			if (wake == NULL || wake == progress_here || !TE_HAS_OP(wake->ops, wake) || !tp_pin(wake))
+				wake = NULL;
+		}
 		if (b->notify_msg != NULL) {
 			notify_job *j = g_new0(notify_job, 1);
 			j->e = b->engine;
@@ -201,6 +319,11 @@ static void batch_task_done(te_batch *b)
 		}
 	}
 	g_mutex_unlock(&b->lock);
+	/* b may be freed from here on; the pinned instance is not */
+	if (wake != NULL) {
+		wake->ops->wake(wake->ctx);
+		tp_unpin(wake);
+	}
 }
 
 static int final_state(int error)
@@ -314,6 +437,16 @@ static void queue_remote(te_engine *e, dispatch *d, te_task *t)
 		flush_unlocked(e, d);
 }
 
+/* Records the transport of the batch's first remote task, for
+ * te_batch_wait (see progress). */
+static void note_transport(te_batch *b, te_transport_inst *tp)
+{
+	te_transport_inst *cur = NULL;
+
+	if (atomic_load_explicit(&b->wait_tp, memory_order_relaxed) == NULL)
+		atomic_compare_exchange_strong(&b->wait_tp, &cur, tp);
+}
+
 typedef struct seg_cache {
 	te_segment_id id;
 	te_segver *sv;
@@ -389,6 +522,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	t->xfer.seg_ctx = sc->sv->seg_ctx;
 	t->tp = sc->sv->tp;
 	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
+	note_transport(b, t->tp);
 	queue_remote(e, d, t);
 	return 0;
 }
@@ -426,6 +560,10 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		return TE_ERR_BATCH_FULL;
 	}
 	atomic_store(&b->count, base + n);
+	if (atomic_load(&b->inflight) == 0) {
+		/* Drained: nothing routed earlier is in flight any more. */
+		atomic_store(&b->wait_tp, NULL);
+	}
 	atomic_fetch_add(&b->inflight, n);
 	atomic_fetch_add(&e->inflight, (long)n);
 	g_mutex_unlock(&b->lock);
@@ -526,6 +664,11 @@ int te_get_status(te_engine *e, te_batch_id id, size_t task, te_task_status *out
 	if (box == NULL)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
 	te_batch *b = box->b;
+	if (task < atomic_load(&b->count)) {
+		int st = atomic_load_explicit(&b->tasks[task].state, memory_order_acquire);
+		if (st == TE_TASK_WAITING || st == TE_TASK_PENDING)
+			progress_poll(b);
+	}
 	if (task >= atomic_load(&b->count)) {
 		te_err("te_get_status: task %zu not submitted to batch %llu (%zu tasks)", task,
 		       (unsigned long long)id, atomic_load(&b->count));
@@ -560,6 +703,8 @@ int te_batch_status(te_engine *e, te_batch_id id, size_t *submitted, size_t *in_
 	if (box == NULL)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
 	te_batch *b = box->b;
+	if (atomic_load(&b->inflight) > 0)
+		progress_poll(b);
 	size_t count = atomic_load(&b->count);
 	size_t infl = atomic_load(&b->inflight);
 	if (submitted)
@@ -592,6 +737,12 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
 	te_batch *b = box->b;
 	gint64 end = timeout_ms >= 0 ? g_get_monotonic_time() + (gint64)timeout_ms * 1000 : 0;
+	rc = progress_wait(b, timeout_ms, end);
+	if (rc <= 0) {
+		box_unref(box);
+		return rc;
+	}
+	rc = 0;
 	g_mutex_lock(&b->lock);
 	b->waiters++;
 	while (atomic_load(&b->inflight) > 0) {

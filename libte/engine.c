@@ -208,6 +208,9 @@ static int uninstall(te_engine *e, te_transport_inst *tp)
 {
 	const char *name = tp->hc.plugin->name;
 
+	/* Before the drain below: a thread about to wait through this instance's
+	 * progress() either is counted in its inflight or sees this flag. */
+	atomic_store(&tp->retired, true);
 	g_ptr_array_remove(e->transports, tp);
 	te_segments_detach_transport(e, tp);
 	if (!e->closing) {
@@ -228,7 +231,7 @@ static int uninstall(te_engine *e, te_transport_inst *tp)
 	tp->ops->destroy(tp->ctx);
 	clear_handlers_of(e, &tp->hc);
 	te_info("uninstalled transport %s", name);
-	g_free(tp);
+	g_ptr_array_add(e->retired, tp); /* batches may still point at it */
 	return 0;
 }
 
@@ -424,6 +427,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	g_queue_init(&e->notifications);
 	te_memreg_init(&e->mem);
 	e->transports = g_ptr_array_new();
+	e->retired = g_ptr_array_new_with_free_func(g_free);
 	e->segments = g_hash_table_new(g_direct_hash, g_direct_equal);
 	e->seg_by_name = g_hash_table_new(g_str_hash, g_str_equal);
 	e->options = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
@@ -517,6 +521,7 @@ void te_engine_destroy(te_engine *e)
 	te_batches_clear(e);
 	te_memreg_clear(&e->mem);
 	g_ptr_array_unref(e->transports);
+	g_ptr_array_unref(e->retired);
 	g_hash_table_unref(e->segments);
 	g_hash_table_unref(e->seg_by_name);
 	g_hash_table_unref(e->options);

@@ -164,6 +164,9 @@ struct te_transport_inst {
 	void *ctx;
 	atomic_int inflight; /* tasks handed to it and not finished */
 	atomic_int segvers;  /* segment versions bound to it */
+	/* Uninstalled: its instance stays allocated until the engine goes, so a
+	 * waiting thread holding a stale pointer can still read this flag. */
+	atomic_bool retired;
 };
 
 /* ------------------------------------------------------------ segment.c */
@@ -227,6 +230,11 @@ typedef struct te_batch {
 	GMutex lock;
 	GCond cond;
 	unsigned waiters;  /* threads in te_batch_wait, under lock */
+	/* The transport the first remote task in flight went to (NULL before
+	 * it), reset when the batch drains: a waiter lets its progress()
+	 * collect completions in the waiting thread. */
+	_Atomic(te_transport_inst *) wait_tp;
+	atomic_uint sleepers; /* threads waiting inside wait_tp's progress() */
 	char *notify_name; /* segment to notify when the batch drains */
 	char *notify_sender; /* name the notification carries; NULL: the engine's */
 	char *notify_msg;
@@ -263,6 +271,7 @@ struct te_engine {
 	GRecMutex ctl; /* serialises control operations (install, register, open, publish) */
 	GRWLock data;  /* segment table and transport bindings, read by submit */
 	GPtrArray *transports; /* te_transport_inst* in install order */
+	GPtrArray *retired;    /* uninstalled instances, freed with the engine */
 	te_memreg mem;
 
 	GHashTable *segments;    /* id → te_segment*; ids are never reused */

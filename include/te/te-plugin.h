@@ -208,6 +208,29 @@ typedef struct te_transport_ops {
 	/* Optional. A human-readable report of what the plugin finds on this
 	 * machine (devices, topology), for te-info. Needs no instance. */
 	int (*report)(const te_host *h, char **text);
+
+	/* ---- since ABI 1.1 (test with TE_HAS_OP) ---- */
+	/* Optional, with wake. Collects completions of this transport's
+	 * transfers in the calling thread (calling complete() for them), so that
+	 * a thread waiting for its transfers is woken by the completions
+	 * themselves rather than by the transport's own thread after it
+	 * collected them. Returns 0 once done(arg) is true (checked after each
+	 * collection and before sleeping; done NULL: after the first
+	 * collection), -ETIMEDOUT once `timeout_ns` has passed (0: collect what
+	 * is ready, never sleep; < 0: no limit). Any other negative value (e.g.
+	 * -ENOTSUP when this instance's configuration cannot) makes the host
+	 * wait its usual way. It may return early (0 or -ETIMEDOUT): the host
+	 * looks and calls again. te_batch_wait() calls it when the batch's first
+	 * remote task went to this transport; te_batch_status() and
+	 * te_get_status() call it with a zero timeout before they read. When
+	 * another thread of the plugin completes a transfer, the plugin wakes
+	 * the threads sleeping here itself. */
+	int (*progress)(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns);
+	/* Optional, with progress: wake every thread sleeping in progress() so
+	 * that it checks done() again. The host calls it when a batch that has
+	 * such a sleeper drains outside this transport's progress() (a task of
+	 * another transport, a local copy, a task ended at submit). */
+	void (*wake)(void *ctx);
 } te_transport_ops;
 
 /* ------------------------------------------------------- metadata plugins */

@@ -17,9 +17,13 @@
 #include "rdma-internal.h"
 
 #define MAX_HOP_LIMIT 16
-#define QP_TIMEOUT 14
-#define QP_RETRY_CNT 7
-#define QP_RNR_RETRY 7
+#define QP_TIMEOUT 14   /* 4.096 us << 14: 67 ms before a request is resent */
+/* Resends before IBV_WC_RETRY_EXC_ERR. Not 7: Soft-RoCE (rdma_rxe) takes 7
+ * as "retry for ever" (as the spec does for rnr_retry only), so a peer that
+ * vanished would leave its requests in flight for good; 6 bounds the wait
+ * to about half a second on every provider. */
+#define QP_RETRY_CNT 6
+#define QP_RNR_RETRY 7  /* RNR NAKs answer SENDs without a receive; never ours */
 
 /* --------------------------------------------------------------- objects */
 

@@ -19,6 +19,7 @@ typedef struct te_rdma_soft_counters {
 	uint64_t rx_wrs;     /* work requests this device served as the responder */
 	uint64_t mrs_relaxed; /* memory regions registered with IBV_ACCESS_RELAXED_ORDERING */
 	int last_tc;         /* GRH traffic class of the last QP moved to RTR (-1: none yet) */
+	int last_retry_cnt;  /* retry_cnt of the last QP moved to RTS (-1: none yet) */
 } te_rdma_soft_counters;
 
 /* Port link up (1) or down (0): raises IBV_EVENT_PORT_ACTIVE/PORT_ERR on

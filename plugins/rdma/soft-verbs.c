@@ -88,6 +88,7 @@ typedef struct soft_dev {
 	atomic_ullong wrs, bytes, errors, flushed, rx_wrs;
 	atomic_ullong mrs_relaxed;  /* MRs registered with relaxed ordering */
 	atomic_int last_tc;         /* GRH traffic class of the last QP moved to RTR, -1 before */
+	atomic_int last_retry_cnt;  /* retry_cnt of the last QP moved to RTS, -1 before */
 } soft_dev;
 
 typedef struct soft_ctx {
@@ -272,6 +273,7 @@ static soft_dev *dev_get(const char *root, const char *name)
 	g_queue_init(&d->runq);
 	d->nports = 0;
 	atomic_init(&d->last_tc, -1);
+	atomic_init(&d->last_retry_cnt, -1);
 	for (int p = 1; p <= SOFT_MAX_PORTS; p++) {
 		char *pd = g_strdup_printf("%s/ports/%d", dir, p);
 		bool exists = g_file_test(pd, G_FILE_TEST_IS_DIR);
@@ -871,6 +873,13 @@ static int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	} else if (to == IBV_QPS_RTS && (from == IBV_QPS_RTR || from == IBV_QPS_RTS)) {
 		if (from == IBV_QPS_RTR && (mask & rts_need) != rts_need)
 			rc = EINVAL;
+		/* The fields' widths on the wire and in hardware: 5 and 3 bits. */
+		else if (((mask & IBV_QP_TIMEOUT) && attr->timeout > 31) ||
+			 ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
+			 ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7))
+			rc = EINVAL;
+		else if (mask & IBV_QP_RETRY_CNT)
+			atomic_store(&d->last_retry_cnt, attr->retry_cnt);
 	} else {
 		rc = EINVAL;
 	}
@@ -1327,6 +1336,8 @@ static void add_counters(soft_dev *d, void *arg)
 	c->mrs_relaxed += atomic_load(&d->mrs_relaxed);
 	if (atomic_load(&d->last_tc) > c->last_tc)
 		c->last_tc = atomic_load(&d->last_tc);
+	if (atomic_load(&d->last_retry_cnt) > c->last_retry_cnt)
+		c->last_retry_cnt = atomic_load(&d->last_retry_cnt);
 }
 
 SOFT_EXPORT int te_rdma_soft_set_link(const char *dev, int up);
@@ -1368,5 +1379,6 @@ int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out)
 		return -EINVAL;
 	memset(out, 0, sizeof *out);
 	out->last_tc = -1;
+	out->last_retry_cnt = -1;
 	return for_devices(dev, add_counters, out);
 }

@@ -30,6 +30,18 @@ static bool desc_get(te_engine *e, desc *d)
 	return d->o != NULL;
 }
 
+/* The first line of a file, without its newline. */
+static bool rd_line(const char *path, char *buf, size_t size)
+{
+	FILE *f = fopen(path, "r");
+	bool ok = f != NULL && fgets(buf, (int)size, f) != NULL;
+	if (f != NULL)
+		fclose(f);
+	if (ok)
+		buf[strcspn(buf, "\n")] = '\0';
+	return ok && buf[0] != '\0';
+}
+
 static void desc_free(desc *d)
 {
 	g_object_unref(d->p);
@@ -322,9 +334,110 @@ static void test_report_and_auto(void)
 	rmdir(empty);
 }
 
+/* The GID sysfs shows at `index` of port 1, in the descriptor's notation
+ * ("fe:80:00:..."); false when unreadable. */
+static bool sysfs_gid(const char *dev, int index, char out[48])
+{
+	char path[256], line[64];
+	snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/1/gids/%d", dev, index);
+	if (!rd_line(path, line, sizeof line))
+		return false;
+	/* "0000:0000:0000:0000:0000:ffff:0a09:0001": 8 groups of 4 digits */
+	char hex[33];
+	size_t n = 0;
+	for (const char *p = line; *p != '\0' && n < 32; p++)
+		if (*p != ':')
+			hex[n++] = *p;
+	if (n != 32)
+		return false;
+	for (size_t i = 0; i < 16; i++)
+		snprintf(out + 3 * i, 4, "%c%c%s", hex[2 * i], hex[2 * i + 1], i < 15 ? ":" : "");
+	return true;
+}
+
+/* On a real device (real-device mode): what the descriptor publishes comes
+ * from the provider: the GID the kernel lists at the index chosen (logged),
+ * LID 0 on RoCE, keys from ibv_reg_mr; and refusals name what is wrong. */
+static void test_real_device(void)
+{
+	desc d;
+	char line[256];
+	te_engine *e = soft_engine_v(NULL, NULL, NULL);
+	REQUIRE(e != NULL);
+	te_set_log_level(TE_LOG_INFO);
+	cap_start();
+	char *args = map_names("{\"devices\": [\"mlx5_1\", \"mlx5_0\"]}");
+	CHECK_EQ(te_transport_install(e, "rdma", args), 0);
+	free(args);
+	te_set_log_level(TE_LOG_WARN);
+	unsigned char *remote = buf_new(1 << 20), *local = buf_new(8192);
+	CHECK_EQ(te_register_memory(e, remote, 1 << 20, "cpu:0", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(te_register_memory(e, local, 8192, "cpu:0", 0), 0);
+	REQUIRE(desc_get(e, &d));
+	JsonArray *dv = json_object_get_array_member(d.o, "devices");
+	REQUIRE(dv != NULL);
+	CHECK_EQ(json_array_get_length(dv), 2);
+	for (guint i = 0; i < json_array_get_length(dv) && i < 2; i++) {
+		JsonObject *o = json_array_get_object_element(dv, i);
+		const char *name = json_object_get_string_member(o, "name");
+		/* canonical order: sorted by name */
+		CHECK(strcmp(name, dev_name(i == 0 ? "mlx5_0" : "mlx5_1")) == 0);
+		CHECK_EQ(json_object_get_int_member(o, "lid"), 0); /* RoCE has none */
+		/* "<dev> port 1: GID index N chosen automatically (RoCE v2, IPv4, ..." */
+		snprintf(line, sizeof line, "%s port 1: GID index ", name);
+		int index = -1;
+		pthread_mutex_lock(&cap_lock);
+		const char *at = strstr(cap_buf, line);
+		if (at != NULL)
+			index = atoi(at + strlen(line));
+		pthread_mutex_unlock(&cap_lock);
+		CHECK(index >= 0);
+		snprintf(line, sizeof line, "%s port 1: GID index %d chosen automatically (RoCE v2, IPv4", name,
+			 index);
+		CHECK(cap_has(line));
+		char gid[48];
+		CHECK(sysfs_gid(name, index, gid));
+		CHECK(strcmp(json_object_get_string_member(o, "gid"), gid) == 0);
+		fprintf(stderr, "  %s: GID index %d, %s\n", name, index, gid);
+	}
+	JsonObject *b = buffer_at(d.o, remote);
+	REQUIRE(b != NULL);
+	JsonArray *rk = json_object_get_array_member(b, "rkey"), *lk = json_object_get_array_member(b, "lkey");
+	CHECK_EQ(json_array_get_length(rk), 2);
+	CHECK_EQ(json_array_get_length(lk), 2);
+	for (guint i = 0; i < 2 && i < json_array_get_length(rk); i++)
+		CHECK(json_array_get_int_element(rk, i) != 0 && json_array_get_int_element(lk, i) != 0);
+	b = buffer_at(d.o, local);
+	REQUIRE(b != NULL);
+	CHECK_EQ(json_array_get_length(json_object_get_array_member(b, "rkey")), 0);
+	desc_free(&d);
+	CHECK_EQ(te_unregister_memory(e, remote), 0);
+	CHECK_EQ(te_unregister_memory(e, local), 0);
+	te_engine_destroy(e);
+	free(remote);
+	free(local);
+
+	/* Refusals: an unknown device (the log lists the real ones), a port the
+	 * device lacks, a GID index the port lacks. */
+	snprintf(line, sizeof line, "RDMA device nosuch0 was requested but not found (found: %s",
+		 dev_name("mlx5_0"));
+	expect_refused(NULL, "{\"devices\": [\"nosuch0\"]}", NULL, -ENODEV, line);
+	args = map_names("[\"mlx5_0\"]");
+	const char *port2[] = { "TE_RDMA_IB_PORT", "2", NULL };
+	expect_refused(NULL, args, port2, -EINVAL, "port 2 requested");
+	const char *gid200[] = { "TE_RDMA_GID_INDEX", "200", NULL };
+	expect_refused(NULL, args, gid200, -EINVAL, "GID index 200 (TE_RDMA_GID_INDEX/MC_GID_INDEX) is not usable");
+	free(args);
+}
+
 int main(void)
 {
 	find_controls();
+	if (real_mode()) {
+		fprintf(stderr, "  the fixtures' topologies are skipped on real devices\n");
+		TEST_RUN(test_real_device);
+		return check_done();
+	}
 	TEST_RUN(test_descriptor);
 	TEST_RUN(test_matrix_and_devices);
 	TEST_RUN(test_refusals);

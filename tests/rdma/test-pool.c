@@ -80,7 +80,7 @@ static int peer_of(const char *path)
 {
 	for (int i = 0; i < NPEER; i++) {
 		char want[160];
-		snprintf(want, sizeof want, "%s@mlx5_2", te_engine_name(peer[i]));
+		snprintf(want, sizeof want, "%s@%s", te_engine_name(peer[i]), dev_name("mlx5_2"));
 		if (strcmp(path, want) == 0)
 			return i + 1;
 	}

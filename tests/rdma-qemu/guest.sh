@@ -1,0 +1,143 @@
+#!/bin/sh
+# Runs inside the qemu guest (chrooted into the host's read-only root, see
+# guest-init.sh): sets up Soft-RoCE and runs one scenario's checks against
+# it, writing "PASS name (Ns)" / "FAIL name (Ns)" lines to SCRATCH/results
+# and each check's output to SCRATCH/<name>.log.
+#
+#   guest.sh BUILD_DIR SOURCE_DIR SCRATCH SCENARIO
+#
+# The network: four RoCE NICs on one switch. nicN (10.9.0.N+1) is one end
+# of a veth pair whose other end, swN, is a port of the bridge "sw"; rxeN is
+# the Soft-RoCE device over nicN. Engines on "host A" use rxe0 and rxe1,
+# those on "host B" rxe2 and rxe3. All four addresses belong to this one
+# kernel, so policy routing sends traffic between them out of the source
+# NIC and across the switch instead of through the loopback device (rdma_rxe
+# in this kernel works in the initial network namespace only, so the hosts
+# cannot be namespaces). Pulling rxeN's cable is taking swN down: nicN
+# loses its carrier and rxeN its port (TE_RDMA_TEST_LINKS for the tests).
+build=$1 src=$2 scratch=$3 scenario=$4
+res=$scratch/results
+here=$src/tests/rdma-qemu
+export TE_PLUGIN_PATH="$build/plugins/rdma:$build/plugins/tcp:$build/plugins/shm"
+export TE_RDMA_PLUGIN="$build/plugins/rdma/libte-transport-rdma.so"
+export TE_RDMA_TEST_LINKS=sw0,sw1,sw2,sw3
+: > "$res"
+
+skip() { echo "SKIP: $*" > "$scratch/skip"; exit 0; }
+
+# ------------------------------------------------------------------ setup
+modprobe -a veth bridge crc32_generic rdma_rxe ib_uverbs ||
+	skip "this kernel cannot load veth, bridge, crc32_generic, rdma_rxe and ib_uverbs"
+command -v rdma > /dev/null || skip "the rdma tool (iproute2) is missing"
+ip link set lo up
+for k in all default; do
+	sysctl -qw net.ipv4.conf.$k.rp_filter=0 net.ipv4.conf.$k.accept_local=1 \
+		net.ipv4.conf.$k.arp_ignore=1 net.ipv4.conf.$k.arp_announce=2
+done
+ip link add sw type bridge && ip link set sw up || skip "cannot create a bridge"
+for i in 0 1 2 3; do
+	ip link add nic$i type veth peer name sw$i || skip "cannot create veth pairs"
+	ip link set sw$i master sw
+	ip link set sw$i up
+	ip addr add 10.9.0.$((i + 1))/24 dev nic$i
+	ip link set nic$i up
+done
+for i in 0 1 2 3; do
+	ip rule add pref 10 iif lo from 10.9.0.$((i + 1)) lookup $((100 + i))
+	for j in 0 1 2 3; do
+		[ $i = $j ] || ip route add 10.9.0.$((j + 1)) dev nic$i src 10.9.0.$((i + 1)) table $((100 + i))
+	done
+done
+ip rule del pref 0 lookup local && ip rule add pref 100 lookup local
+for i in 0 1 2 3; do
+	rdma link add rxe$i type rxe netdev nic$i || skip "rdma link add rxe$i failed (no Soft-RoCE here)"
+done
+# The ports come up with the carrier; give ib_core a moment for the GIDs.
+n=0
+while [ $n -lt 50 ]; do
+	up=$(rdma link show 2>/dev/null | grep -c 'state ACTIVE')
+	[ "$up" = 4 ] && break
+	sleep 0.1
+	n=$((n + 1))
+done
+rdma link show > "$scratch/setup.log" 2>&1
+
+# --------------------------------------------------------------- checking
+# check NAME TIMEOUT CMD...: runs CMD with a time limit, records the result.
+check() {
+	name=$1 limit=$2
+	shift 2
+	t0=$(date +%s)
+	echo "== $name: $*" > "$scratch/$name.log"
+	timeout -k 5 "$limit" "$@" >> "$scratch/$name.log" 2>&1
+	rc=$?
+	dt=$(($(date +%s) - t0))
+	if [ $rc = 0 ]; then
+		echo "PASS $name (${dt}s)" >> "$res"
+	else
+		[ $rc = 124 ] && echo "== timed out after ${limit}s" >> "$scratch/$name.log"
+		echo "FAIL $name (${dt}s, exit $rc)" >> "$res"
+	fi
+	echo "te-guest: $name exit $rc in ${dt}s" > /dev/console
+	return $rc
+}
+# Only the checks named in TE_QEMU_ONLY (space-separated), when set.
+wanted() { [ -z "${TE_QEMU_ONLY:-}" ] || echo " $TE_QEMU_ONLY " | grep -q " $1 "; }
+
+bench=$build/tools/te-bench/te-bench
+small="--buffer_size=16777216 --batch_size=16 --block_size=65536 --duration=3 --quiet"
+
+case "$scenario" in
+plugin)
+	# The plugin's own tests, on the real provider (rxe0..3 stand for the
+	# fixture's mlx5_0..3).
+	export TE_RDMA_TEST_DEVICES=rxe0,rxe1,rxe2,rxe3
+	for t in transfer failover install pool; do
+		wanted "rdma-$t" && check "rdma-$t" 240 "$build/tests/rdma/test-rdma-$t"
+	done
+	wanted te-info && check te-info 60 sh -c "TE_PLUGINS= '$build/tools/te-info/te-info' > '$scratch/te-info.out' 2>&1;
+		cat '$scratch/te-info.out'; grep -q 'rxe0.*' '$scratch/te-info.out' &&
+		grep -q 'port 1 ACTIVE, Ethernet' '$scratch/te-info.out' &&
+		grep -q 'GID index 1 chosen automatically (RoCE v2, IPv4' '$scratch/te-info.out'"
+	;;
+bench)
+	# te-bench in one process (both engines on rxe0) and as two processes
+	# (target on rxe2+rxe3, initiator on rxe0+rxe1), READ and WRITE, every
+	# byte checked.
+	for op in read write; do
+		wanted "bench-loopback-$op" && check "bench-loopback-$op" 60 \
+			"$bench" --protocol=rdma --device_name=rxe0 --operation=$op --check $small
+	done
+	for op in read write; do
+		wanted "bench-2proc-$op" || continue
+		port=$((17100 + ${#op}))
+		"$bench" --mode=target --protocol=rdma --device_name=rxe2,rxe3 \
+			--local_server_name=127.0.0.1:$port --buffer_size=16777216 \
+			> "$scratch/target-$op.log" 2>&1 &
+		tpid=$!
+		n=0
+		until grep -q 'target ready' "$scratch/target-$op.log" || [ $n -ge 100 ]; do
+			sleep 0.2
+			n=$((n + 1))
+		done
+		check "bench-2proc-$op" 90 "$bench" --protocol=rdma --device_name=rxe0,rxe1 \
+			--segment_id=127.0.0.1:$port --local_server_name=127.0.0.1 --operation=$op \
+			--threads=2 --check $small
+		kill "$tpid" 2>/dev/null
+		wait "$tpid" 2>/dev/null
+	done
+	;;
+faults)
+	export TE_RDMA_TEST_DEVICES=rxe0,rxe1,rxe2,rxe3
+	wanted peer-killed && check peer-killed 180 "$build/tests/rdma-qemu/test-rxe-peer-killed"
+	;;
+smoke)
+	ls /sys/class/infiniband/rxe0/ports/1/ /sys/class/infiniband/rxe0/ports/1/hw_counters /sys/class/infiniband/rxe0/hw_counters > "$scratch/ls.log" 2>&1
+	wanted pingpong && check pingpong 60 sh -c "ibv_rc_pingpong -d rxe2 -g 1 -n 50 & sleep 1;
+		ibv_rc_pingpong -d rxe0 -g 1 -n 50 127.0.0.1; rc=\$?; wait; exit \$rc"
+	;;
+*)
+	echo "FAIL unknown-scenario-$scenario" >> "$res"
+	;;
+esac
+exit 0

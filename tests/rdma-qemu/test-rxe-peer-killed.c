@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A peer process killed mid-transfer, on real RDMA devices (real-device
+ * mode of the RDMA tests: TE_RDMA_TEST_DEVICES, here Soft-RoCE in the qemu
+ * guest). The target is a child process (this program, "target" mode) on
+ * mlx5_2+mlx5_3's stand-ins; the initiator here writes to it over
+ * mlx5_0+mlx5_1's. The target is SIGKILLed with a batch in flight:
+ *  - every task ends (none stuck) within a bound, those cut short FAILED,
+ *    and the initiator's NICs stay in service (the fault was the peer's);
+ *  - the target restarted under the same name: after a refresh of its
+ *    descriptor the next transfers complete, every byte checked, over
+ *    endpoints built anew (the dead peer's are not reused).
+ */
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "../common/child.h"
+#include "../rdma/rdma-util.h"
+
+#define TBUF (48u << 20)
+#define NTASK 96
+#define TLEN (512u << 10)
+#define FAIL_BOUND_MS 15000
+
+/* ------------------------------------------------------------ the target */
+
+static int target_main(const char *name)
+{
+	te_engine *e = soft_engine_at(name, NULL, "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}", NULL);
+	if (e == NULL)
+		return 1;
+	unsigned char *buf = buf_new(TBUF);
+	if (te_register_memory(e, buf, TBUF, "cpu:0", TE_MEM_REMOTE_ACCESS) != 0)
+		return 1;
+	printf("ready %s\n", te_engine_name(e));
+	fflush(stdout);
+	/* Until killed, or stdin closes. */
+	char line[64];
+	while (fgets(line, sizeof line, stdin) != NULL)
+		;
+	te_unregister_memory(e, buf);
+	te_engine_destroy(e);
+	free(buf);
+	return 0;
+}
+
+/* --------------------------------------------------------- the initiator */
+
+static char self[4096];
+
+static bool start_target(child *c, int port)
+{
+	char arg[32];
+	snprintf(arg, sizeof arg, "127.0.0.1:%d", port);
+	char *argv[] = { self, (char *)"target", arg, NULL };
+	if (!child_start(c, argv, NULL))
+		return false;
+	const char *r = child_expect(c, "ready ", 60000);
+	if (r == NULL)
+		fprintf(stderr, "  the target did not start\n");
+	return r != NULL;
+}
+
+static uint64_t total_slices(te_engine *e)
+{
+	return slices_on(e, "mlx5_0") + slices_on(e, "mlx5_1");
+}
+
+/* WRITEs `n` x `len` from a to [remote..) and READs them back into the
+ * second half of abuf; true when everything completed and matched. */
+static bool write_and_check(te_engine *a, te_segment_id seg, unsigned char *abuf, uint64_t remote, int n,
+			    size_t len, unsigned seed)
+{
+	te_request r[NTASK];
+	te_batch_id b;
+	int32_t state = -1;
+	unsigned char *back = abuf + (size_t)NTASK * TLEN;
+
+	REQUIRE(n <= NTASK && len <= TLEN);
+	fill_pattern(abuf, (size_t)n * len, seed);
+	memset(back, 0, (size_t)n * len);
+	for (int op = 0; op < 2; op++) {
+		for (int i = 0; i < n; i++)
+			r[i] = (te_request){ op == 0 ? TE_OP_WRITE : TE_OP_READ, seg,
+					     (op == 0 ? abuf : back) + (size_t)i * len,
+					     remote + (uint64_t)i * len, len };
+		REQUIRE(te_batch_alloc(a, (size_t)n, &b) == 0);
+		CHECK_EQ(te_submit(a, b, r, (size_t)n), 0);
+		CHECK_EQ(te_batch_wait(a, b, 60000), 0);
+		CHECK_EQ(te_batch_status(a, b, NULL, NULL, &state), 0);
+		CHECK_EQ(te_batch_free(a, b), 0);
+		if (state != TE_TASK_COMPLETED)
+			return false;
+	}
+	return memcmp(abuf, back, (size_t)n * len) == 0;
+}
+
+static void test_peer_killed(void)
+{
+	child t;
+	te_rdma_stats s0, s1, s2;
+	te_segment_buffer sb;
+	int port = 17300 + (int)(getpid() % 500);
+	char name[64];
+
+	REQUIRE(start_target(&t, port));
+	snprintf(name, sizeof name, "127.0.0.1:%d", port);
+	te_engine *a = soft_engine_v(NULL, "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", NULL);
+	REQUIRE(a != NULL);
+	unsigned char *abuf = buf_new(2u * NTASK * TLEN);
+	REQUIRE(te_register_memory(a, abuf, 2u * NTASK * TLEN, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(a, name);
+	REQUIRE(seg > 0);
+	REQUIRE(te_segment_buffers(a, seg, &sb, 1) == 1);
+	CHECK(write_and_check(a, seg, abuf, sb.addr, 8, 256 << 10, 1));
+	REQUIRE(stats_of(a, &s0) == 0);
+	CHECK(s0.endpoints_created >= 1);
+
+	/* A batch in flight, then the target dies. */
+	te_request r[NTASK];
+	te_batch_id b;
+	fill_pattern(abuf, (size_t)NTASK * TLEN, 2);
+	for (int i = 0; i < NTASK; i++)
+		r[i] = (te_request){ TE_OP_WRITE, seg, abuf + (size_t)i * TLEN, sb.addr + (uint64_t)i * TLEN,
+				     TLEN };
+	uint64_t before = total_slices(a);
+	REQUIRE(te_batch_alloc(a, NTASK, &b) == 0);
+	CHECK_EQ(te_submit(a, b, r, NTASK), 0);
+	CHECK(WAIT_FOR(total_slices(a) >= before + 16, 20000));
+	size_t left = 0;
+	CHECK_EQ(te_batch_status(a, b, NULL, &left, NULL), 0);
+	cap_start();
+	long long t0 = now_ms();
+	kill(t.pid, SIGKILL);
+	int wst = 0;
+	CHECK_EQ(waitpid(t.pid, &wst, 0), t.pid);
+	CHECK(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+	t.pid = -1;
+	CHECK_EQ(te_batch_wait(a, b, 60000), 0); /* none stuck */
+	long long took = now_ms() - t0;
+	int done = 0, failed = 0, other = 0, err = 0;
+	for (int i = 0; i < NTASK; i++) {
+		te_task_status st;
+		CHECK_EQ(te_get_status(a, b, (size_t)i, &st), 0);
+		if (st.state == TE_TASK_COMPLETED)
+			done++;
+		else if (st.state == TE_TASK_FAILED)
+			failed++, err = st.error;
+		else
+			other++;
+	}
+	CHECK_EQ(te_batch_free(a, b), 0);
+	fprintf(stderr, "  target killed with %zu of %d tasks in flight: %d completed, %d failed (last error %s), "
+			"%d other, all ended %lld ms after the kill\n",
+		left, NTASK, done, failed, te_strerror(err), other, took);
+	CHECK(left > 0);
+	CHECK(failed > 0);
+	CHECK_EQ(other, 0);
+	CHECK_EQ(done + failed, NTASK);
+	CHECK(took < FAIL_BOUND_MS);
+	CHECK(err == -EHOSTUNREACH || err == -ECONNREFUSED || err == -ECONNRESET || err == TE_ERR_REJECTED);
+	CHECK(cap_has("failed: slice at offset"));
+	/* The fault was the peer's: the local NICs stay in service. */
+	CHECK_EQ(device_active(a, "mlx5_0"), 1);
+	CHECK_EQ(device_active(a, "mlx5_1"), 1);
+	REQUIRE(stats_of(a, &s1) == 0);
+	CHECK(s1.endpoints_failed > s0.endpoints_failed);
+
+	/* Restarted under the same name: new memory, new keys, new QPs. */
+	long long t1 = now_ms();
+	REQUIRE(start_target(&t, port));
+	CHECK_EQ(te_segment_refresh(a, seg), 0);
+	REQUIRE(te_segment_buffers(a, seg, &sb, 1) == 1);
+	CHECK(write_and_check(a, seg, abuf, sb.addr, 32, 256 << 10, 3));
+	fprintf(stderr, "  restarted target served again %lld ms after its restart began\n", now_ms() - t1);
+	REQUIRE(stats_of(a, &s2) == 0);
+	CHECK(s2.endpoints_created > s1.endpoints_created); /* rebuilt */
+	CHECK(total_slices(a) > before);
+	child_stop(&t, 0);
+
+	te_segment_close(a, seg);
+	te_engine_destroy(a);
+	free(abuf);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 3 && strcmp(argv[1], "target") == 0)
+		return target_main(argv[2]); /* "host:port": P2PHANDSHAKE binds that port */
+	if (!real_mode()) {
+		fprintf(stderr, "SKIP: needs real RDMA devices (TE_RDMA_TEST_DEVICES=d0,d1,d2,d3)\n");
+		return 77;
+	}
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	REQUIRE(n > 0);
+	self[n] = '\0';
+	find_controls();
+	TEST_RUN(test_peer_killed);
+	return check_done();
+}

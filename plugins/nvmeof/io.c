@@ -3,14 +3,21 @@
  * The I/O workers, one io_uring each. A worker cuts transfers into slices,
  * one per slot (the ring's queue depth), resubmits short reads and writes for
  * their remainder, and reports each slice through host->complete(), called
- * without any lock held. Two ways to get requests into the ring:
+ * without the submission lock held. Two ways to get requests into the ring:
  *
  * - caller submission (default): submit() queues the transfers and turns
  *   what fits into free slots into SQEs, submitting them from the calling
  *   thread, under the worker's lock (held only for that, never across a
- *   wait). The worker only reaps, refills the slots its completions free
- *   from the queue under the same lock, and sleeps in io_uring_enter() for
- *   completions. No thread hand-off on the way in.
+ *   wait). No thread hand-off on the way in. Completions are collected by
+ *   whichever thread holds the collector role: an application thread waiting
+ *   in progress() (te_batch_wait(), and the status calls without sleeping)
+ *   takes it and sleeps in io_uring_enter() itself, so a completion wakes the
+ *   thread that waits for it and nothing else, the way fio waits. The kernel
+ *   runs each request's completion work in the thread that submitted it,
+ *   which is then usually that same thread. The worker collects only while
+ *   no application thread does: it looks every TE_NVMEOF_REAP_TICK_MS
+ *   whether they still do, and otherwise takes the role and sleeps in the
+ *   ring as the only collector.
  * - worker submission: the worker is the ring's only submitter and reaper,
  *   so the ring needs no lock. submit() hands transfers over through a
  *   lock-free stack and writes the worker's eventfd only when the worker
@@ -25,12 +32,20 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nvmeof.h"
 
 #define NV_POLL_TAG (UINT64_MAX - 1) /* liburing keeps UINT64_MAX for itself */
+#define NV_WAKE_TAG (UINT64_MAX - 2) /* a no-op posted to wake the collector */
+/* A no-op standing for a transfer that ends in error without I/O; the rest
+ * of its user_data is the transfer's address (user space: below bit 63). */
+#define NV_FAIL_TAG (1ull << 63)
 #define NV_MAX_RETRIES 64 /* EAGAIN/EINTR/ECANCELED in a row on one slice */
+#define NV_PASS_CQES 32u  /* completions taken from the ring per lock hold */
+#define NV_PASS_DONE (2 * NV_PASS_CQES)
+#define NV_STUCK_NS 1000000 /* retry interval while the kernel refuses entries */
 
 static inline te_transfer *pd_next(const te_transfer *t)
 {
@@ -120,11 +135,27 @@ static void arm_wake(nv_worker *w)
 	io_uring_sqe_set_data64(sqe, NV_POLL_TAG);
 }
 
-/* Frees the slot and reports its slice: at once, or (`defer`, the worker)
- * into w->done for a complete() call once the lock is released. Touches
- * nothing of the transfer after complete(): that may have been its last
- * slice. */
-static void slot_finish(nv_worker *w, uint32_t idx, int err, bool defer)
+static void pass_flush(const te_host *h, nv_pass *p)
+{
+	for (uint32_t i = 0; i < p->n; i++)
+		h->complete(h, p->done[i].t, p->done[i].bytes, p->done[i].err);
+	p->n = 0;
+}
+
+static void pass_add(const te_host *h, nv_pass *p, te_transfer *t, uint64_t bytes, int err)
+{
+	p->completed++;
+	if (p->n < p->cap)
+		p->done[p->n++] = (nv_done){ t, bytes, err };
+	else
+		h->complete(h, t, bytes, err);
+}
+
+/* Frees the slot and reports its slice: queued in the pass for a complete()
+ * call once the lock is released, or at once when the pass has no room.
+ * Touches nothing of the transfer after complete(): that may have been its
+ * last slice. */
+static void slot_finish(nv_worker *w, uint32_t idx, int err, nv_pass *p)
 {
 	const te_host *h = w->ctx->host;
 	nv_slot *sl = &w->slots[idx];
@@ -136,29 +167,36 @@ static void slot_finish(nv_worker *w, uint32_t idx, int err, bool defer)
 	sl->t = NULL;
 	w->free_slots[w->n_free++] = idx;
 	w->freed++;
-	if (defer)
-		w->done[w->n_done++] = (nv_done){ t, bytes, err };
-	else
-		h->complete(h, t, bytes, err);
+	pass_add(h, p, t, bytes, err);
 }
 
-static void flush_done(nv_worker *w)
+/* Caller submission: ends `count` slices of `t` with `err` through the ring
+ * (a no-op's completion), so that whoever waits for it is woken like by any
+ * other completion; the submitting thread completes nothing itself. */
+static void fail_via_ring(nv_worker *w, te_transfer *t, uint32_t count, int err, nv_pass *p)
 {
-	const te_host *h = w->ctx->host;
+	struct io_uring_sqe *sqe = get_sqe(w);
 
-	for (uint32_t i = 0; i < w->n_done; i++)
-		h->complete(h, w->done[i].t, w->done[i].bytes, w->done[i].err);
-	w->n_done = 0;
+	if (sqe == NULL) {
+		/* never seen: the ring has room for every slot and more */
+		for (uint32_t i = 0; i < count; i++)
+			pass_add(w->ctx->host, p, t, 0, err);
+		return;
+	}
+	t->plugin_data[NV_PD_ERROR] = (uintptr_t)(intptr_t)err;
+	t->plugin_data[NV_PD_CURSOR] = count;
+	io_uring_prep_nop(sqe);
+	io_uring_sqe_set_data64(sqe, NV_FAIL_TAG | (uint64_t)(uintptr_t)t);
 }
 
-static void slot_prep(nv_worker *w, uint32_t idx, bool defer)
+static void slot_prep(nv_worker *w, uint32_t idx, nv_pass *p)
 {
 	nv_slot *sl = &w->slots[idx];
 	struct io_uring_sqe *sqe = get_sqe(w);
 
 	if (sqe == NULL) {
 		nv_file_log(w->ctx, sl->f, TE_LOG_ERROR, "%s: no io_uring submission entry free", sl->f->path);
-		slot_finish(w, idx, -EBUSY, defer);
+		slot_finish(w, idx, -EBUSY, p);
 		return;
 	}
 	int fd = sl->direct ? sl->f->dfd : sl->f->fd;
@@ -169,9 +207,8 @@ static void slot_prep(nv_worker *w, uint32_t idx, bool defer)
 	io_uring_sqe_set_data64(sqe, idx);
 }
 
-/* Hands slices of the queued transfers to free slots. `defer`: running on
- * the worker (see slot_finish). */
-static void issue(nv_worker *w, bool defer)
+/* Hands slices of the queued transfers to free slots. */
+static void issue(nv_worker *w, nv_pass *p)
 {
 	nv_ctx *c = w->ctx;
 	const te_host *h = c->host;
@@ -189,6 +226,11 @@ static void issue(nv_worker *w, bool defer)
 			/* One complete() per slice not yet issued; t may be gone after the last. */
 			uint32_t left = nv_count_slices(s, fi, t->remote + cur, t->length - cur, c->slice);
 			fifo_pop(w);
+			if (c->caller_submit) {
+				fail_via_ring(w, t, left, err, p);
+				continue;
+			}
+			p->completed += left;
 			for (uint32_t i = 0; i < left; i++)
 				h->complete(h, t, 0, err);
 			continue;
@@ -222,7 +264,7 @@ static void issue(nv_worker *w, bool defer)
 		t->plugin_data[NV_PD_FILE] = fi;
 		if (cur == t->length)
 			fifo_pop(w);
-		slot_prep(w, idx, defer);
+		slot_prep(w, idx, p);
 	}
 }
 
@@ -235,10 +277,12 @@ static uint64_t current_size(const nv_file *f)
 	return f->size;
 }
 
-static void on_cqe(nv_worker *w, uint64_t tag, int res)
+static void on_cqe(nv_worker *w, uint64_t tag, int res, nv_pass *p)
 {
 	nv_ctx *c = w->ctx;
 
+	if (tag == NV_WAKE_TAG)
+		return; /* its only job was to wake whoever slept in the ring */
 	if (tag == NV_POLL_TAG) {
 		eventfd_t v;
 		if (res < 0 && res != -ECANCELED && res != -EINTR)
@@ -247,6 +291,15 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 		if (eventfd_read(w->efd, &v) != 0 && errno != EAGAIN)
 			c->host->log(c->host, TE_LOG_ERROR, "worker %u: eventfd: %s", w->index, g_strerror(errno));
 		arm_wake(w);
+		return;
+	}
+	if (tag & NV_FAIL_TAG) {
+		te_transfer *t = (te_transfer *)(uintptr_t)(tag & ~NV_FAIL_TAG);
+		int err = (int)(intptr_t)t->plugin_data[NV_PD_ERROR];
+		uint64_t left = t->plugin_data[NV_PD_CURSOR];
+		/* t may be gone after its last complete() */
+		for (uint64_t i = 0; i < left; i++)
+			pass_add(c->host, p, t, 0, err);
 		return;
 	}
 	if (tag >= w->depth || w->slots[tag].t == NULL) {
@@ -263,13 +316,13 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 		sl->done += (uint32_t)res;
 		sl->retries = 0;
 		if (sl->done >= sl->len) {
-			slot_finish(w, idx, 0, true);
+			slot_finish(w, idx, 0, p);
 			return;
 		}
 		/* Short: resubmit the rest, buffered if it is no longer aligned. */
 		if (sl->direct && !aligned(f, sl->buf + sl->done, sl->off + sl->done, sl->len - sl->done))
 			sl->direct = false;
-		slot_prep(w, idx, true);
+		slot_prep(w, idx, p);
 		return;
 	}
 	if (res == 0) {
@@ -279,19 +332,19 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 				    "%llu bytes (its descriptor declares %llu)",
 				    f->path, sl->len - sl->done, (unsigned long long)(sl->off + sl->done),
 				    (unsigned long long)current_size(f), (unsigned long long)f->length);
-			slot_finish(w, idx, -ENODATA, true);
+			slot_finish(w, idx, -ENODATA, p);
 		} else {
 			nv_file_log(c, f, TE_LOG_ERROR, "write to %s at offset %llu made no progress", f->path,
 				    (unsigned long long)(sl->off + sl->done));
-			slot_finish(w, idx, -EIO, true);
+			slot_finish(w, idx, -EIO, p);
 		}
 		return;
 	}
 	/* The plugin never cancels an I/O in the kernel: ECANCELED means the
 	 * thread that submitted it exited (caller submission) and the kernel
-	 * dropped its queued work, so the worker submits it again. */
+	 * dropped its queued work, so it is submitted again. */
 	if ((res == -EAGAIN || res == -EINTR || res == -ECANCELED) && ++sl->retries <= NV_MAX_RETRIES) {
-		slot_prep(w, idx, true);
+		slot_prep(w, idx, p);
 		return;
 	}
 	if (sl->direct && (res == -EINVAL || res == -EOPNOTSUPP)) {
@@ -300,73 +353,139 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res)
 			c->host->log(c->host, TE_LOG_WARN, "%s: direct I/O refused (%s); buffered I/O from now on",
 				     f->path, g_strerror(-res));
 		sl->direct = false;
-		slot_prep(w, idx, true);
+		slot_prep(w, idx, p);
 		return;
 	}
 	nv_file_log(c, f, TE_LOG_ERROR, "%s of %u bytes at offset %llu of %s failed: %s", op,
 		    sl->len - sl->done, (unsigned long long)(sl->off + sl->done), f->path, g_strerror(-res));
-	slot_finish(w, idx, res, true);
+	slot_finish(w, idx, res, p);
 }
 
-static void reap(nv_worker *w)
+/* Handles up to `max` completions from the ring; returns how many. */
+static unsigned reap(nv_worker *w, nv_pass *p, unsigned max)
 {
 	struct io_uring_cqe *cqe;
 	unsigned head, n = 0;
 
 	io_uring_for_each_cqe(&w->ring, head, cqe)
 	{
-		on_cqe(w, cqe->user_data, cqe->res);
+		if (n == max)
+			break;
+		on_cqe(w, cqe->user_data, cqe->res, p);
 		n++;
 	}
 	io_uring_cq_advance(&w->ring, n);
+	return n;
 }
 
-/* ----------------------------------------------------------------- thread */
+/* Completions in the ring not yet taken. Other threads read this while the
+ * role holder advances the head, hence the atomic loads. */
+static unsigned cq_pending(nv_worker *w)
+{
+	unsigned tail = atomic_load_explicit((_Atomic unsigned *)w->ring.cq.ktail, memory_order_acquire);
+	unsigned head = atomic_load_explicit((_Atomic unsigned *)w->ring.cq.khead, memory_order_relaxed);
+
+	return tail - head;
+}
+
+/* Entering the kernel would bring completions into the ring: it holds some
+ * the ring had no room for, or a submitter's completion work is pending
+ * (which only that submitter's entering runs). */
+static bool cq_needs_enter(nv_worker *w)
+{
+	return atomic_load_explicit((_Atomic unsigned *)w->ring.sq.kflags, memory_order_relaxed) &
+	       (IORING_SQ_CQ_OVERFLOW | IORING_SQ_TASKRUN);
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Sleeps in the kernel until the ring holds a completion (or `timeout_ns`
+ * passes, < 0: no limit). Leaves the submission queue alone. */
+static int ring_wait(nv_worker *w, int64_t timeout_ns)
+{
+	if (timeout_ns < 0)
+		return io_uring_enter(w->ring.ring_fd, 0, 1, IORING_ENTER_GETEVENTS, NULL);
+	struct __kernel_timespec ts = { .tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000 };
+	struct io_uring_getevents_arg arg = { .ts = (uint64_t)(uintptr_t)&ts };
+	return io_uring_enter2(w->ring.ring_fd, 0, 1, IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
+			       (sigset_t *)&arg, sizeof arg);
+}
+
+/* Submits what the SQ ring holds, under w->lock. Negative when entries stay
+ * queued (the kernel is short of resources): someone must retry. */
+static int flush_sq(nv_worker *w)
+{
+	if (io_uring_sq_ready(&w->ring) == 0)
+		return 0;
+	int rc = io_uring_submit(&w->ring);
+	if (rc >= 0 && io_uring_sq_ready(&w->ring) > 0)
+		rc = -EAGAIN;
+	return rc;
+}
+
+/* ------------------------------------------- worker submission (its loop) */
 
 static int ring_setup(nv_worker *w)
 {
-	/* Best first: completions run only when this thread asks (6.1+), then
-	 * without interrupting the thread (5.19+), then the plain ring. With
-	 * caller submission the submitting threads run their requests'
-	 * completion work, and they must be interrupted for it while the worker
-	 * waits: the plain ring only. */
-	static const unsigned flag_sets[] = {
-#if defined(IORING_SETUP_SINGLE_ISSUER) && defined(IORING_SETUP_DEFER_TASKRUN)
+	/* Best first. Worker submission: completions run only when the worker
+	 * asks (6.1+), as fio sets its rings up. Caller submission has several
+	 * submitting threads, each running its own requests' completion work,
+	 * and any thread may have to collect them: the kernel runs that work when
+	 * the submitter enters the kernel or sleeps (it wakes a sleeping one),
+	 * without an interrupt to a running one (5.19+), and flags it in the ring
+	 * so that a caller can enter to run it; else the plain ring. */
+	static const unsigned worker_sets[] = {
 		IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-#endif
-#ifdef IORING_SETUP_COOP_TASKRUN
 		IORING_SETUP_COOP_TASKRUN,
-#endif
 		0,
 	};
-	size_t first = w->ctx->caller_submit ? sizeof flag_sets / sizeof *flag_sets - 1 : 0;
+	static const unsigned caller_sets[] = {
+		IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+		0,
+	};
+	const unsigned *flag_sets = w->ctx->caller_submit ? caller_sets : worker_sets;
+	size_t n_sets = w->ctx->caller_submit ? sizeof caller_sets / sizeof *caller_sets
+					      : sizeof worker_sets / sizeof *worker_sets;
 	int rc = -EINVAL;
 
-	for (size_t i = first; i < sizeof flag_sets / sizeof *flag_sets; i++) {
+	for (size_t i = 0; i < n_sets; i++) {
 		struct io_uring_params p;
 		memset(&p, 0, sizeof p);
 		p.flags = flag_sets[i];
-		/* a slot per slice, one for the eventfd poll, one for the timeout
-		 * liburing queues on kernels without IORING_FEAT_EXT_ARG */
-		rc = io_uring_queue_init_params(w->depth + 2, &w->ring, &p);
+		/* a slot per slice, one for the eventfd poll, one for a wake-up
+		 * no-op, one for the timeout liburing queues on kernels without
+		 * IORING_FEAT_EXT_ARG */
+		rc = io_uring_queue_init_params(w->depth + 3, &w->ring, &p);
 		if (rc != -EINVAL)
 			break;
 	}
+	if (rc == 0)
+		w->ext_arg = (w->ring.features & IORING_FEAT_EXT_ARG) != 0;
 	return rc;
 }
+
+
 
 /* Worker submission: the worker is the ring's only user. */
 static void worker_loop(nv_worker *w)
 {
 	const te_host *h = w->ctx->host;
+	nv_done done[NV_PASS_DONE];
+	nv_pass p = { .done = done, .cap = NV_PASS_DONE };
 	unsigned enter_errors = 0;
 	int rc;
 
 	arm_wake(w);
 	for (;;) {
 		take_inbox(w);
-		issue(w, true);
-		flush_done(w); /* slices that found no SQE */
+		issue(w, &p);
+		pass_flush(h, &p); /* slices that found no SQE, canceled ones */
 		if (w->n_free == w->depth && w->head == NULL && atomic_load(&w->stop) &&
 		    atomic_load(&w->inbox) == NULL)
 			break;
@@ -406,63 +525,271 @@ static void worker_loop(nv_worker *w)
 				       g_strerror(-rc));
 			g_usleep(1000); /* do not spin on a persistent failure */
 		}
-		reap(w);
-		flush_done(w);
+		unsigned n;
+		do {
+			n = reap(w, &p, NV_PASS_CQES);
+			pass_flush(h, &p);
+		} while (n == NV_PASS_CQES);
 	}
 }
 
-/* Submits what the SQ ring holds, under w->lock. Negative when entries stay
- * queued (the kernel is short of resources): someone must retry. */
-static int flush_sq(nv_worker *w)
+/* ---------------------------------- caller submission: collecting completions */
+
+static bool role_try(nv_worker *w, int who)
 {
-	if (io_uring_sq_ready(&w->ring) == 0)
-		return 0;
-	int rc = io_uring_submit(&w->ring);
-	if (rc >= 0 && io_uring_sq_ready(&w->ring) > 0)
-		rc = -EAGAIN;
+	int expect = NV_ROLE_FREE;
+
+	return atomic_load_explicit(&w->role, memory_order_relaxed) == NV_ROLE_FREE &&
+	       atomic_compare_exchange_strong(&w->role, &expect, who);
+}
+
+static void wake_secondaries(nv_worker *w)
+{
+	g_mutex_lock(&w->cv_lock);
+	g_cond_broadcast(&w->cv);
+	g_mutex_unlock(&w->cv_lock);
+}
+
+/* Gives the role up; threads that waited because it was taken look again.
+ * Pairs with wait_aside(), which counts itself before it looks at the role
+ * (both sequentially consistent): one of the two sees the other. */
+static void role_release(nv_worker *w)
+{
+	atomic_store(&w->role, NV_ROLE_FREE);
+	if (atomic_load(&w->secondaries) > 0)
+		wake_secondaries(w);
+}
+
+static void log_enter_error(nv_worker *w, int rc)
+{
+	static atomic_uint errors;
+
+	if (atomic_fetch_add(&errors, 1) % NV_LOG_EVERY == 0)
+		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: io_uring_enter failed: %s", w->index,
+				  g_strerror(-rc));
+}
+
+/* Takes every completion the ring holds (the caller holds the role), refills
+ * the slots they free from the queue and submits, then makes the complete()
+ * calls without the lock. Negative when entries stay in the submission queue
+ * (the kernel is short of resources): the caller retries soon. */
+static int collect(nv_worker *w)
+{
+	const te_host *h = w->ctx->host;
+	nv_done done[NV_PASS_DONE];
+	nv_pass p = { .done = done, .cap = NV_PASS_DONE };
+	uint32_t completed = 0;
+	unsigned n;
+	int rc;
+
+	do {
+		if (cq_pending(w) == 0 && cq_needs_enter(w)) {
+			int erc = io_uring_enter(w->ring.ring_fd, 0, 0, IORING_ENTER_GETEVENTS, NULL);
+			if (erc < 0 && erc != -EINTR && erc != -EAGAIN && erc != -EBUSY)
+				log_enter_error(w, erc);
+		}
+		g_mutex_lock(&w->lock);
+		n = reap(w, &p, NV_PASS_CQES);
+		issue(w, &p);
+		rc = flush_sq(w);
+		g_mutex_unlock(&w->lock);
+		completed += p.completed;
+		p.completed = 0;
+		pass_flush(h, &p);
+	} while (n == NV_PASS_CQES);
+	if (completed > 0) {
+		/* Threads waiting aside check their condition after counting
+		 * themselves; this load follows the complete() calls. */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (atomic_load(&w->secondaries) > 0)
+			wake_secondaries(w);
+	}
 	return rc;
 }
 
-/* Caller submission: submitters and the worker share the submission side
- * under w->lock; the worker alone reaps, and waits for completions with a
- * bare io_uring_enter(GETEVENTS), which leaves the submission queue alone. */
-static void caller_loop(nv_worker *w)
+/* The role holder's wait: collect, check, sleep in the ring for more. */
+static int collect_until(nv_worker *w, int (*done)(void *), void *arg, int64_t end)
 {
-	const te_host *h = w->ctx->host;
-	unsigned enter_errors = 0;
-
-	g_mutex_lock(&w->lock);
-	arm_wake(w);
-	int rc = flush_sq(w);
-	g_mutex_unlock(&w->lock);
 	for (;;) {
-		if (rc == 0 && io_uring_cq_ready(&w->ring) == 0) {
-			rc = io_uring_enter(w->ring.ring_fd, 0, 1, IORING_ENTER_GETEVENTS, NULL);
-			if (rc == -EINTR)
-				rc = 0;
+		int stuck = collect(w);
+		if (done == NULL || done(arg))
+			return 0;
+		int64_t left = -1;
+		if (end != INT64_MAX) {
+			left = end - now_ns();
+			if (left <= 0)
+				return -ETIMEDOUT;
 		}
-		if (rc < 0) {
-			/* Entries left queued, or a failed wait: pause rather than spin,
-			 * then retry. */
-			if (rc != -EAGAIN && rc != -EBUSY && enter_errors++ % NV_LOG_EVERY == 0)
-				h->log(h, TE_LOG_ERROR, "worker %u: io_uring_enter failed: %s", w->index,
-				       g_strerror(-rc));
-			g_usleep(1000);
+		if (stuck < 0 && (left < 0 || left > NV_STUCK_NS))
+			left = NV_STUCK_NS;
+		/* Every completion of this transport passes through the ring (even
+		 * failures found at submit time), and only the role holder takes
+		 * them out: whatever can make done() true wakes this sleep. */
+		if (cq_pending(w) == 0) {
+			int rc = ring_wait(w, left);
+			if (rc < 0 && rc != -EINTR && rc != -ETIME && rc != -EAGAIN && rc != -EBUSY) {
+				log_enter_error(w, rc);
+				g_usleep(1000); /* do not spin on a persistent failure */
+			}
 		}
-		g_mutex_lock(&w->lock);
-		reap(w);
-		issue(w, true);
-		rc = flush_sq(w);
-		bool idle = w->n_free == w->depth && w->head == NULL;
-		g_mutex_unlock(&w->lock);
-		flush_done(w);
-		if (idle && atomic_load(&w->stop))
-			break;
 	}
 }
 
-void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest)
+/* Another thread holds the role: sleep until it reports completions or gives
+ * the role up. 1: the role may be free, try to take it. */
+static int wait_aside(nv_worker *w, int (*done)(void *), void *arg, int64_t end)
 {
+	int rc;
+
+	g_mutex_lock(&w->cv_lock);
+	atomic_fetch_add(&w->secondaries, 1);
+	for (;;) {
+		if (done == NULL || done(arg)) {
+			rc = 0;
+			break;
+		}
+		if (atomic_load(&w->role) == NV_ROLE_FREE) {
+			rc = 1;
+			break;
+		}
+		if (end == INT64_MAX) {
+			g_cond_wait(&w->cv, &w->cv_lock);
+			continue;
+		}
+		int64_t left = end - now_ns();
+		if (left <= 0) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		g_cond_wait_until(&w->cv, &w->cv_lock, g_get_monotonic_time() + left / 1000 + 1);
+	}
+	atomic_fetch_sub(&w->secondaries, 1);
+	g_mutex_unlock(&w->cv_lock);
+	return rc;
+}
+
+int nv_progress(nv_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns)
+{
+	/* One ring only: a thread cannot sleep in several. */
+	if (!c->caller_submit || c->n_workers != 1 || !c->workers[0].ext_arg)
+		return -ENOTSUP;
+	nv_worker *w = &c->workers[0];
+	int rc;
+
+	atomic_fetch_add_explicit(&w->app_calls, 1, memory_order_relaxed);
+	if (timeout_ns == 0) {
+		if ((cq_pending(w) > 0 || cq_needs_enter(w)) && role_try(w, NV_ROLE_APP)) {
+			collect(w);
+			role_release(w);
+		}
+		return done == NULL || done(arg) ? 0 : -ETIMEDOUT;
+	}
+	int64_t end = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+	atomic_fetch_add(&w->app_waiters, 1);
+	for (;;) {
+		if (role_try(w, NV_ROLE_APP)) {
+			rc = collect_until(w, done, arg, end);
+			role_release(w);
+			break;
+		}
+		rc = wait_aside(w, done, arg, end);
+		if (rc != 1)
+			break;
+	}
+	atomic_fetch_sub(&w->app_waiters, 1);
+	return rc;
+}
+
+void nv_wake(nv_ctx *c)
+{
+	if (!c->caller_submit || c->n_workers != 1)
+		return;
+	nv_worker *w = &c->workers[0];
+	/* The collector sleeps in the ring: a no-op's completion wakes it. */
+	g_mutex_lock(&w->lock);
+	struct io_uring_sqe *sqe = get_sqe(w);
+	if (sqe != NULL) {
+		io_uring_prep_nop(sqe);
+		io_uring_sqe_set_data64(sqe, NV_WAKE_TAG);
+	}
+	int rc = flush_sq(w);
+	g_mutex_unlock(&w->lock);
+	if ((sqe == NULL || rc < 0) && eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
+		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
+				  g_strerror(errno));
+	/* The others wait aside. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load(&w->secondaries) > 0)
+		wake_secondaries(w);
+}
+
+/* Wakes the worker wherever it sleeps: in the ring (through the eventfd's
+ * poll) or between its looks at the application threads. */
+static void kick_worker(nv_worker *w)
+{
+	g_mutex_lock(&w->lazy_lock);
+	w->lazy_kick = true;
+	g_cond_signal(&w->lazy_cond);
+	g_mutex_unlock(&w->lazy_lock);
+	if (eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
+		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
+				  g_strerror(errno));
+}
+
+static void lazy_sleep(nv_worker *w, int64_t ns)
+{
+	g_mutex_lock(&w->lazy_lock);
+	if (!w->lazy_kick)
+		g_cond_wait_until(&w->lazy_cond, &w->lazy_lock, g_get_monotonic_time() + ns / 1000);
+	w->lazy_kick = false;
+	g_mutex_unlock(&w->lazy_lock);
+}
+
+/* Caller submission, the worker: collects only while no application thread
+ * does. A thread that called progress() since the last look (or is inside
+ * it) counts as collecting; the worker then sleeps for a tick. Otherwise it
+ * takes the role and sleeps in the ring, and gives the role back after each
+ * wake-up so that an application thread can take it. */
+static void caller_loop(nv_worker *w)
+{
+	unsigned seen = atomic_load(&w->app_calls);
+
+	g_mutex_lock(&w->lock);
+	arm_wake(w);
+	int stuck = flush_sq(w);
+	g_mutex_unlock(&w->lock);
+	for (;;) {
+		bool stop = atomic_load(&w->stop);
+		unsigned calls = atomic_load(&w->app_calls);
+		bool apps = !stop && (calls != seen || atomic_load(&w->app_waiters) > 0);
+		seen = calls;
+		if (apps || !role_try(w, NV_ROLE_WORKER)) {
+			lazy_sleep(w, stop ? NV_STUCK_NS : w->ctx->reap_tick_ns);
+			continue;
+		}
+		stuck = collect(w);
+		g_mutex_lock(&w->lock);
+		bool idle = w->n_free == w->depth && w->head == NULL;
+		g_mutex_unlock(&w->lock);
+		if (idle && stop) {
+			role_release(w);
+			break;
+		}
+		if (cq_pending(w) == 0 && atomic_load(&w->app_waiters) == 0) {
+			int rc = ring_wait(w, stuck < 0 ? NV_STUCK_NS : -1);
+			if (rc < 0 && rc != -EINTR && rc != -ETIME && rc != -EAGAIN && rc != -EBUSY) {
+				log_enter_error(w, rc);
+				g_usleep(1000);
+			}
+			stuck = collect(w);
+		}
+		role_release(w);
+	}
+}
+
+void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest, te_transfer *failed)
+{
+	nv_pass p = { 0 }; /* no room: what cannot go through the ring completes at once */
 	te_transfer *list = newest, *rev = NULL;
 
 	/* newest-first chain to oldest-first, before taking the lock */
@@ -473,18 +800,24 @@ void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest)
 		list = next;
 	}
 	g_mutex_lock(&w->lock);
-	if (w->tail != NULL)
-		w->tail->plugin_data[NV_PD_NEXT] = (uintptr_t)oldest;
-	else
-		w->head = oldest;
-	w->tail = newest;
-	issue(w, false);
+	while (failed != NULL) {
+		te_transfer *next = pd_next(failed);
+		fail_via_ring(w, failed, 1, (int)(intptr_t)failed->plugin_data[NV_PD_ERROR], &p);
+		failed = next;
+	}
+	if (oldest != NULL) {
+		if (w->tail != NULL)
+			w->tail->plugin_data[NV_PD_NEXT] = (uintptr_t)oldest;
+		else
+			w->head = oldest;
+		w->tail = newest;
+	}
+	issue(w, &p);
 	int rc = flush_sq(w);
 	g_mutex_unlock(&w->lock);
-	/* Entries the kernel did not take stay queued: the worker retries them. */
-	if (rc < 0 && eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
-		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
-				  g_strerror(errno));
+	/* Entries the kernel did not take stay queued: whoever collects retries. */
+	if (rc < 0)
+		kick_worker(w);
 }
 
 static gpointer worker_main(gpointer data)
@@ -514,11 +847,13 @@ static void worker_free(nv_worker *w)
 	w->efd = -1;
 	g_free(w->slots);
 	g_free(w->free_slots);
-	g_free(w->done);
 	w->slots = NULL;
 	w->free_slots = NULL;
-	w->done = NULL;
 	g_mutex_clear(&w->lock);
+	g_mutex_clear(&w->cv_lock);
+	g_cond_clear(&w->cv);
+	g_mutex_clear(&w->lazy_lock);
+	g_cond_clear(&w->lazy_cond);
 	g_mutex_clear(&w->start_lock);
 	g_cond_clear(&w->start_cond);
 }
@@ -533,6 +868,10 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 	w->depth = c->depth;
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	g_mutex_init(&w->lock);
+	g_mutex_init(&w->cv_lock);
+	g_cond_init(&w->cv);
+	g_mutex_init(&w->lazy_lock);
+	g_cond_init(&w->lazy_cond);
 	g_mutex_init(&w->start_lock);
 	g_cond_init(&w->start_cond);
 	if (w->efd < 0) {
@@ -543,8 +882,6 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 	}
 	w->slots = g_new0(nv_slot, w->depth);
 	w->free_slots = g_new(uint32_t, w->depth);
-	/* a pass frees at most every slot, and every refill of them may fail */
-	w->done = g_new(nv_done, 2 * (size_t)w->depth);
 	for (uint32_t i = 0; i < w->depth; i++)
 		w->free_slots[i] = w->depth - 1 - i;
 	w->n_free = w->depth;
@@ -568,7 +905,7 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 		c->host->log(c->host, TE_LOG_ERROR,
 			     "io_uring setup with %u entries failed: %s (is io_uring disabled by "
 			     "kernel.io_uring_disabled or a seccomp filter?)",
-			     w->depth + 2, g_strerror(-rc));
+			     w->depth + 3, g_strerror(-rc));
 		worker_free(w);
 		return rc;
 	}
@@ -580,9 +917,7 @@ static void worker_stop(nv_worker *w)
 	if (w->thread == NULL)
 		return;
 	atomic_store(&w->stop, 1);
-	if (eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
-		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
-				  g_strerror(errno));
+	kick_worker(w);
 	g_thread_join(w->thread);
 	w->thread = NULL;
 	worker_free(w);

@@ -21,6 +21,8 @@
 #define NV_MAX_WORKERS 64u
 #define NV_DEFAULT_COALESCE_US 50u
 #define NV_MAX_COALESCE_US 10000u
+#define NV_DEFAULT_REAP_TICK_MS 10u
+#define NV_MAX_REAP_TICK_MS 1000u
 
 /* Error lines per file: the first few, then one in NV_LOG_EVERY. A failing
  * device must not drown the log with one line per 4 KiB slice. */
@@ -60,6 +62,18 @@ typedef struct nv_done {
 	int err;
 } nv_done;
 
+/* The completions of one pass over the ring: queued in `done` (up to `cap`)
+ * for complete() calls once the lock is released, else made at once. */
+typedef struct nv_pass {
+	nv_done *done;
+	uint32_t n, cap;
+	uint32_t completed; /* complete() calls made or queued */
+} nv_pass;
+
+/* Who collects completions from the ring (caller submission): nobody, an
+ * application thread inside progress(), or the worker. */
+enum { NV_ROLE_FREE = 0, NV_ROLE_APP = 1, NV_ROLE_WORKER = 2 };
+
 /* One I/O in flight: a slice of a transfer within one file. */
 typedef struct nv_slot {
 	te_transfer *t;
@@ -87,10 +101,24 @@ typedef struct nv_worker {
 	uint32_t freed;       /* slots freed by the last completions reaped */
 	atomic_int stop;
 	/* Caller submission: the submission side (FIFO, free slots, SQ ring)
-	 * under this lock, held only while slices become SQEs and are submitted. */
+	 * under this lock, held only while slices become SQEs and are submitted
+	 * and while completions are taken from the ring. */
 	GMutex lock;
-	nv_done *done;        /* completions of one reaping pass */
-	uint32_t n_done;
+	/* Caller submission, collecting completions: one thread at a time holds
+	 * the role (it alone reads the completion ring, and may sleep in the
+	 * kernel for completions while holding it). Application threads waiting
+	 * in progress() take it; others waiting meanwhile sleep on `cv`. The
+	 * worker takes it only once application threads stopped collecting. */
+	atomic_int role;
+	atomic_uint app_calls;       /* progress() calls, for the worker to see */
+	atomic_uint app_waiters;     /* threads inside a blocking progress() */
+	atomic_uint secondaries;     /* threads waiting on cv */
+	GMutex cv_lock;
+	GCond cv;
+	GMutex lazy_lock;            /* the worker's sleep while applications collect */
+	GCond lazy_cond;
+	bool lazy_kick;
+	bool ext_arg;                /* the kernel takes a timeout with GETEVENTS */
 	nv_slot *slots;
 	uint32_t *free_slots;
 	uint32_t n_free;
@@ -112,6 +140,7 @@ struct nv_ctx {
 	uint64_t coalesce_ns; /* longest wait to gather resubmissions into one batch */
 	bool dsync;
 	bool caller_submit; /* submit() puts SQEs into the ring itself */
+	int64_t reap_tick_ns; /* the worker's look at whether applications still collect */
 	atomic_uint next_worker;
 	nv_worker *workers;
 };
@@ -141,9 +170,13 @@ void nv_workers_stop(nv_ctx *c);
  * `oldest` last) holding `slices` slices on a worker, and wakes it if it
  * sleeps and waits for no more. */
 void nv_worker_push(nv_worker *w, te_transfer *newest, te_transfer *oldest, uint32_t slices);
-/* The same with caller submission: queues the chain and submits what fits
- * into free slots from the calling thread. */
-void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest);
+/* The same with caller submission: queues the chain (may be empty) and
+ * submits what fits into free slots from the calling thread; transfers of
+ * `failed` (linked the same way, error in NV_PD_ERROR) end through the ring. */
+void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest, te_transfer *failed);
+/* The transport's progress and wake ops (see te-plugin.h). */
+int nv_progress(nv_ctx *c, int (*done)(void *arg), void *arg, int64_t timeout_ns);
+void nv_wake(nv_ctx *c);
 /* Whether an io_uring can be created here; fills `why` when not. */
 int nv_uring_probe(char *why, size_t why_len);
 

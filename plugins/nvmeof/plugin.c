@@ -49,6 +49,8 @@ static void read_config(nv_ctx *c)
 	c->dsync = te_host_config_u64(h, "TE_NVMEOF_DSYNC", NULL, 0, 0, 1) != 0;
 	c->coalesce_ns = 1000 * te_host_config_u64(h, "TE_NVMEOF_COALESCE_US", NULL, NV_DEFAULT_COALESCE_US,
 						   0, NV_MAX_COALESCE_US);
+	c->reap_tick_ns = 1000000 * (int64_t)te_host_config_u64(h, "TE_NVMEOF_REAP_TICK_MS", NULL,
+								NV_DEFAULT_REAP_TICK_MS, 1, NV_MAX_REAP_TICK_MS);
 }
 
 static int nv_probe(const te_host *h, char *why, size_t why_len)
@@ -160,7 +162,7 @@ static int check_transfer(nv_ctx *c, te_transfer *t)
 static int nv_submit(void *ctx, te_transfer *const *ts, size_t n)
 {
 	nv_ctx *c = ctx;
-	te_transfer *newest = NULL, *oldest = NULL;
+	te_transfer *newest = NULL, *oldest = NULL, *failed = NULL;
 	uint64_t slices = 0;
 
 	if (n == 0)
@@ -174,7 +176,15 @@ static int nv_submit(void *ctx, te_transfer *const *ts, size_t n)
 		int err = check_transfer(c, t);
 		if (err < 0) {
 			t->nr_slices = 1;
-			c->host->complete(c->host, t, 0, err);
+			if (!c->caller_submit) {
+				c->host->complete(c->host, t, 0, err);
+				continue;
+			}
+			/* Through the ring like every completion, so that a thread
+			 * waiting in progress() is woken by it. */
+			t->plugin_data[NV_PD_ERROR] = (uintptr_t)(intptr_t)err;
+			t->plugin_data[NV_PD_NEXT] = (uintptr_t)failed;
+			failed = t;
 			continue;
 		}
 		t->plugin_data[NV_PD_NEXT] = (uintptr_t)newest;
@@ -183,15 +193,25 @@ static int nv_submit(void *ctx, te_transfer *const *ts, size_t n)
 		if (oldest == NULL)
 			oldest = t;
 	}
-	if (newest != NULL) {
-		unsigned wi = atomic_fetch_add_explicit(&c->next_worker, 1, memory_order_relaxed);
-		nv_worker *w = &c->workers[wi % c->n_workers];
-		if (c->caller_submit)
-			nv_worker_submit(w, newest, oldest);
-		else
-			nv_worker_push(w, newest, oldest, slices > UINT32_MAX ? UINT32_MAX : (uint32_t)slices);
-	}
+	if (newest == NULL && failed == NULL)
+		return 0;
+	unsigned wi = atomic_fetch_add_explicit(&c->next_worker, 1, memory_order_relaxed);
+	nv_worker *w = &c->workers[wi % c->n_workers];
+	if (c->caller_submit)
+		nv_worker_submit(w, newest, oldest, failed);
+	else
+		nv_worker_push(w, newest, oldest, slices > UINT32_MAX ? UINT32_MAX : (uint32_t)slices);
 	return 0;
+}
+
+static int nv_progress_op(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns)
+{
+	return nv_progress(ctx, done, arg, timeout_ns);
+}
+
+static void nv_wake_op(void *ctx)
+{
+	nv_wake(ctx);
 }
 
 static int nv_report(const te_host *h, char **text)
@@ -208,9 +228,11 @@ static int nv_report(const te_host *h, char **text)
 	read_config(&c);
 	g_string_append_printf(s,
 			       "  TE_NVMEOF_QUEUE_DEPTH=%u  TE_NVMEOF_SLICE_SIZE=%llu  TE_NVMEOF_WORKERS=%u\n"
-			       "  TE_NVMEOF_SUBMIT=%s  TE_NVMEOF_DIRECT=%d  TE_NVMEOF_DSYNC=%d  TE_NVMEOF_COALESCE_US=%llu\n",
+			       "  TE_NVMEOF_SUBMIT=%s  TE_NVMEOF_DIRECT=%d  TE_NVMEOF_DSYNC=%d  TE_NVMEOF_COALESCE_US=%llu\n"
+			       "  TE_NVMEOF_REAP_TICK_MS=%llu\n",
 			       c.depth, (unsigned long long)c.slice, c.n_workers, c.caller_submit ? "caller" : "worker",
-			       c.use_direct, c.dsync, (unsigned long long)(c.coalesce_ns / 1000));
+			       c.use_direct, c.dsync, (unsigned long long)(c.coalesce_ns / 1000),
+			       (unsigned long long)(c.reap_tick_ns / 1000000));
 	*text = strdup(s->str);
 	g_string_free(s, TRUE);
 	return *text ? 0 : -ENOMEM;
@@ -226,6 +248,8 @@ static const te_transport_ops nv_ops = {
 	.segment_close = nv_seg_close,
 	.submit = nv_submit,
 	.report = nv_report,
+	.progress = nv_progress_op,
+	.wake = nv_wake_op,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "nvmeof", "1.0.0",

@@ -14,17 +14,21 @@
  *     --threads N       (1)         --poll 0|1       (0)
  *     --hugepages 0|1   (0)         --runtime SEC    (10)
  *     --name LOCAL      (this engine's name, "bench")
- * --file registers a one-file segment for PATH in the store first and
- * removes it afterwards. Prints one line:
- *   RESULT <op> <bs> <qd> <pattern> <MiB/s> <IOPS> <seconds>
+ * --file registers a one-file segment for PATH (a regular file or a block
+ * device, whose size the device reports) in the store first and removes it
+ * afterwards. Prints one line:
+ *   RESULT <op> <bs> <qd> <pattern> <MiB/s> <IOPS> <seconds> <requests>
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sched.h>
@@ -33,7 +37,7 @@
 
 #include <te/te.h>
 
-#define SLOT_TASKS 4096 /* tasks per slot batch before it is replaced */
+#define SLOT_TASKS 256 /* tasks per slot batch before it is replaced (small: stays in cache) */
 
 typedef struct slot {
 	te_batch_id batch;
@@ -70,6 +74,41 @@ static int usage(void)
 			"       [--bs BYTES] [--qd N] [--threads N] [--poll 0|1] [--hugepages 0|1]\n"
 			"       [--pattern rand|seq] [--runtime SEC] [--name LOCAL]\n");
 	return 2;
+}
+
+/* Bytes a regular file or a block device holds (a block device's st_size
+ * is 0: ask the device); <= 0 after a message when it cannot serve. */
+static long long file_size(const char *path)
+{
+	struct stat st;
+	uint64_t bytes = 0;
+
+	if (stat(path, &st) != 0) {
+		fprintf(stderr, "nvmeof-bench: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (S_ISREG(st.st_mode)) {
+		if (st.st_size <= 0)
+			fprintf(stderr, "nvmeof-bench: %s: empty\n", path);
+		return st.st_size;
+	}
+	if (!S_ISBLK(st.st_mode)) {
+		fprintf(stderr, "nvmeof-bench: %s: neither a regular file nor a block device\n", path);
+		return -1;
+	}
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || ioctl(fd, BLKGETSIZE64, &bytes) != 0) {
+		fprintf(stderr, "nvmeof-bench: %s: cannot read the device's size: %s\n", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	if (bytes == 0 || bytes > (uint64_t)INT64_MAX) {
+		fprintf(stderr, "nvmeof-bench: %s: the device holds %llu bytes\n", path, (unsigned long long)bytes);
+		return -1;
+	}
+	return (long long)bytes;
 }
 
 static atomic_uint_fast64_t shared_next; /* the sequential stream's next block */
@@ -209,17 +248,15 @@ int main(int argc, char **argv)
 		return usage();
 
 	if (file != NULL) {
-		struct stat st;
 		char json[8192];
-		if (stat(file, &st) != 0 || st.st_size <= 0) {
-			fprintf(stderr, "nvmeof-bench: %s: missing or empty\n", file);
+		long long fsize = file_size(file);
+		if (fsize <= 0)
 			return 1;
-		}
 		snprintf(own_seg, sizeof own_seg, "nvmeof/bench-%d", (int)getpid());
 		snprintf(json, sizeof json,
 			 "{\"buffers\":[{\"file_path\":\"%s\",\"length\":%lld,\"local_path_map\":{}}],"
 			 "\"protocol\":\"nvmeof\",\"server_name\":\"bench\"}",
-			 file, (long long)st.st_size);
+			 file, fsize);
 		if ((rc = te_metadata_open(conn, &md)) < 0)
 			return die("metadata store", rc);
 		if (te_metadata_segment_key(own_seg, key, sizeof key) < 0 ||
@@ -260,8 +297,13 @@ int main(int argc, char **argv)
 			hugepages ? " of huge pages (vm.nr_hugepages)" : "");
 		return 1;
 	}
-	for (size_t i = 0; i < qd * bs; i++)
-		mem[i] = (unsigned char)(i * 131 + 7);
+	/* Random bytes, as fio writes: a compressing device (zram) then does the
+	 * same work for both. */
+	uint64_t fill = 0x9E3779B97F4A7C15ull;
+	for (size_t i = 0; i + 8 <= (size_t)qd * bs; i += 8) {
+		uint64_t v = rnd_next(&fill);
+		memcpy(mem + i, &v, 8);
+	}
 	if ((rc = te_register_memory(e, mem, qd * bs, "*", 0)) < 0)
 		return die("register memory", rc);
 
@@ -298,8 +340,8 @@ int main(int argc, char **argv)
 	free(rn);
 	free(th);
 	double secs = t1 - t0;
-	printf("RESULT %s %llu %u %s %.1f %.0f %.2f\n", op, (unsigned long long)bs, qd, pattern,
-	       (double)bytes / secs / (1 << 20), (double)ios / secs, secs);
+	printf("RESULT %s %llu %u %s %.1f %.0f %.2f %llu\n", op, (unsigned long long)bs, qd, pattern,
+	       (double)bytes / secs / (1 << 20), (double)ios / secs, secs, (unsigned long long)ios);
 	if (failed)
 		fprintf(stderr, "nvmeof-bench: %llu requests failed\n", (unsigned long long)failed);
 

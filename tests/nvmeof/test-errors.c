@@ -254,6 +254,7 @@ static void test_report(void)
 	CHECK_EQ(te_plugin_report("nvmeof", &text), 0);
 	CHECK(text != NULL && strstr(text, "io_uring: available") != NULL);
 	CHECK(text != NULL && strstr(text, "TE_NVMEOF_QUEUE_DEPTH=128") != NULL);
+	CHECK(text != NULL && strstr(text, "TE_NVMEOF_REAP_TICK_MS=10") != NULL);
 	/* the submission mode in effect: caller unless the environment says worker */
 	const char *mode = getenv("TE_NVMEOF_SUBMIT");
 	char want[64];
@@ -266,9 +267,10 @@ static void test_bad_config(void)
 {
 	cap_start();
 	te_engine *e = nv_engine("nodeC", "TE_NVMEOF_QUEUE_DEPTH", "0", "TE_NVMEOF_SLICE_SIZE", "12",
-				 "TE_NVMEOF_WORKERS", "lots", NULL);
+				 "TE_NVMEOF_WORKERS", "lots", "TE_NVMEOF_REAP_TICK_MS", "0", NULL);
 	REQUIRE(e != NULL); /* defaults, with warnings naming each variable */
 	CHECK(cap_has("TE_NVMEOF_QUEUE_DEPTH=0 is not a number in [1, 4096]"));
+	CHECK(cap_has("TE_NVMEOF_REAP_TICK_MS=0 is not a number in [1, 1000]"));
 	CHECK(cap_has("TE_NVMEOF_SLICE_SIZE=12 is not a number"));
 	CHECK(cap_has("TE_NVMEOF_WORKERS=lots is not a number"));
 	te_engine_destroy(e);

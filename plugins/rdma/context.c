@@ -138,6 +138,7 @@ int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **ou
 	snprintf(c->nic_path, sizeof c->nic_path, "%s@%s", tr->local_name, c->name);
 	g_mutex_init(&c->qlock);
 	g_mutex_init(&c->ep_lock);
+	g_mutex_init(&c->gid_lock);
 	c->eps = g_hash_table_new(g_str_hash, g_str_equal);
 	c->async_wake = -1;
 
@@ -166,6 +167,10 @@ int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **ou
 	c->max_sge = MIN(cfg->max_sge, (unsigned)MAX(da.max_sge, 1));
 	c->max_cqe = MIN(cfg->max_cqe, (unsigned)MAX(da.max_cqe, 1));
 	c->max_inline = cfg->max_inline;
+	/* Devices refuse more outstanding READs than they can track (16 on
+	 * most NICs, 128 on rdma_rxe, fewer on some); 16 is plenty. */
+	c->max_rd_atomic = (uint8_t)MAX(MIN(16, da.max_qp_init_rd_atom), 1);
+	c->max_dest_rd_atomic = (uint8_t)MAX(MIN(16, da.max_qp_rd_atom), 1);
 	rc = v->query_port(c->vctx, c->port, &pa);
 	if (rc != 0) {
 		g_string_printf(err, "%s: cannot query port %u: %s", c->name, c->port, g_strerror(rc));
@@ -258,10 +263,29 @@ void rd_ctx_close(rd_ctx *c)
 	g_hash_table_unref(c->eps);
 	g_mutex_clear(&c->qlock);
 	g_mutex_clear(&c->ep_lock);
+	g_mutex_clear(&c->gid_lock);
 	g_free(c);
 }
 
 /* ------------------------------------------------------------- service */
+
+/* Drops every endpoint of the context: their slices go elsewhere now, and
+ * the next transfer builds new ones. */
+static void fail_all(rd_ctx *c, int error, const char *why)
+{
+	g_mutex_lock(&c->ep_lock);
+	GPtrArray *all = g_ptr_array_new();
+	for (rd_ep *ep = c->head; ep != NULL; ep = ep->next) {
+		atomic_fetch_add(&ep->refs, 1);
+		g_ptr_array_add(all, ep);
+	}
+	g_mutex_unlock(&c->ep_lock);
+	for (guint i = 0; i < all->len; i++) {
+		rd_ep_fail(g_ptr_array_index(all, i), error, why);
+		rd_ep_unref(g_ptr_array_index(all, i));
+	}
+	g_ptr_array_unref(all);
+}
 
 void rd_ctx_set_active(rd_ctx *c, bool active, const char *why)
 {
@@ -276,23 +300,53 @@ void rd_ctx_set_active(rd_ctx *c, bool active, const char *why)
 		       c->name, why);
 		/* Flush what is in flight so it is retried elsewhere now, not
 		 * after the transport timeout. */
-		g_mutex_lock(&c->ep_lock);
-		GPtrArray *all = g_ptr_array_new();
-		for (rd_ep *ep = c->head; ep != NULL; ep = ep->next) {
-			atomic_fetch_add(&ep->refs, 1);
-			g_ptr_array_add(all, ep);
-		}
-		g_mutex_unlock(&c->ep_lock);
-		for (guint i = 0; i < all->len; i++) {
-			rd_ep_fail(g_ptr_array_index(all, i), -ENETDOWN, "device out of service");
-			rd_ep_unref(g_ptr_array_index(all, i));
-		}
-		g_ptr_array_unref(all);
+		fail_all(c, -ENETDOWN, "device out of service");
 	} else {
 		RD_LOG(c->tr, TE_LOG_WARN, "%s: back in service (%s) after %lld ms", c->name, why,
 		       (long long)(rd_now_ms() - c->down_since));
 	}
 	rd_ctx_kick(c);
+}
+
+void rd_ctx_gid(rd_ctx *c, uint8_t gid[16], int *index)
+{
+	g_mutex_lock(&c->gid_lock);
+	memcpy(gid, c->gid, 16);
+	*index = c->gid_index;
+	g_mutex_unlock(&c->gid_lock);
+}
+
+bool rd_ctx_refresh_gid(rd_ctx *c)
+{
+	GString *why = g_string_new(NULL);
+	uint8_t gid[16], old[16];
+	int index = -1, old_index;
+	char gs[48], os[48];
+
+	/* The address behind a RoCE GID may go (the interface readdressed,
+	 * a DHCP lease changed): the index chosen at start then names another
+	 * GID, or none, and peers would be told an address that is gone. */
+	int rc = rd_pick_gid(c->tr->verbs, c->vctx, c->port, c->tr->cfg.gid_index, &index, gid, why);
+	rd_ctx_gid(c, old, &old_index);
+	if (rc < 0) {
+		RD_LOG(c->tr, TE_LOG_WARN, "%s: no usable GID any more: %s", c->name, why->str);
+		g_string_free(why, TRUE);
+		rd_ctx_set_active(c, false, "no usable GID");
+		return false;
+	}
+	if (index != old_index || memcmp(gid, old, 16) != 0) {
+		g_mutex_lock(&c->gid_lock);
+		memcpy(c->gid, gid, 16);
+		c->gid_index = index;
+		g_mutex_unlock(&c->gid_lock);
+		rd_gid_format(old, os);
+		rd_gid_format(gid, gs);
+		RD_LOG(c->tr, TE_LOG_WARN, "%s port %u: the GID changed: %s (was index %d, %s); endpoints rebuilt",
+		       c->name, c->port, why->str, old_index, os);
+		fail_all(c, -ENETDOWN, "the device's GID changed");
+	}
+	g_string_free(why, TRUE);
+	return true;
 }
 
 void rd_ctx_check_port(rd_ctx *c)
@@ -301,7 +355,8 @@ void rd_ctx_check_port(rd_ctx *c)
 
 	if (atomic_load(&c->active))
 		return;
-	if (c->tr->verbs->query_port(c->vctx, c->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
+	if (c->tr->verbs->query_port(c->vctx, c->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
+	    rd_ctx_refresh_gid(c)) {
 		atomic_store(&c->fatal, false);
 		rd_ctx_set_active(c, true, "port active");
 	}
@@ -337,6 +392,10 @@ static void handle_event(rd_ctx *c, struct ibv_async_event *ev)
 	case IBV_EVENT_DEVICE_FATAL:
 		atomic_store(&c->fatal, true);
 		rd_ctx_set_active(c, false, "device reported a fatal error");
+		break;
+	case IBV_EVENT_GID_CHANGE:
+		if (ev->element.port_num == c->port)
+			rd_ctx_refresh_gid(c);
 		break;
 	case IBV_EVENT_CQ_ERR:
 		RD_LOG(c->tr, TE_LOG_ERROR, "%s: completion queue error (overrun)", c->name);

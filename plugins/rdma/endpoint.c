@@ -426,14 +426,17 @@ static int connect_qps(rd_ep *ep, const rd_hs *peer, GString *why)
 {
 	rd_ctx *c = ep->ctx;
 	const rv_verbs *v = c->tr->verbs;
+	uint8_t sgid[16];
+	int sgid_index;
 
+	rd_ctx_gid(c, sgid, &sgid_index);
 	for (int i = 0; i < ep->nqp; i++) {
 		struct ibv_qp_attr a = {
 			.qp_state = IBV_QPS_RTR,
 			.path_mtu = c->mtu,
 			.dest_qp_num = peer->qp_num[i],
 			.rq_psn = 0,
-			.max_dest_rd_atomic = 16,
+			.max_dest_rd_atomic = c->max_dest_rd_atomic,
 			.min_rnr_timer = 12,
 			.ah_attr = {
 				.is_global = 1,
@@ -442,7 +445,7 @@ static int connect_qps(rd_ep *ep, const rd_hs *peer, GString *why)
 				.src_path_bits = 0,
 				.port_num = c->port,
 				.grh = {
-					.sgid_index = (uint8_t)c->gid_index,
+					.sgid_index = (uint8_t)sgid_index,
 					.hop_limit = MAX_HOP_LIMIT,
 				},
 			},
@@ -464,7 +467,7 @@ static int connect_qps(rd_ep *ep, const rd_hs *peer, GString *why)
 			.retry_cnt = QP_RETRY_CNT,
 			.rnr_retry = QP_RNR_RETRY,
 			.sq_psn = 0,
-			.max_rd_atomic = 16,
+			.max_rd_atomic = c->max_rd_atomic,
 		};
 		rc = v->modify_qp(ep->qps[i], &r,
 				  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
@@ -484,8 +487,9 @@ static void fill_local(const rd_ep *ep, rd_hs *hs, const char *peer_path)
 
 	g_strlcpy(hs->local_nic_path, c->nic_path, sizeof hs->local_nic_path);
 	g_strlcpy(hs->peer_nic_path, peer_path, sizeof hs->peer_nic_path);
+	int index;
 	hs->local_lid = c->lid;
-	memcpy(hs->local_gid, c->gid, 16);
+	rd_ctx_gid(c, hs->local_gid, &index);
 	hs->nqp = 0;
 	for (int i = 0; i < ep->nqp && ep->qps && ep->qps[i]; i++)
 		hs->qp_num[hs->nqp++] = ep->qps[i]->qp_num;

@@ -215,11 +215,14 @@ struct rd_ctx {
 	struct ibv_pd *pd;
 	uint8_t port;
 	uint16_t lid;
+	GMutex gid_lock;  /* gid and gid_index change together (GID change events) */
 	uint8_t gid[16];
 	int gid_index;
 	enum ibv_mtu mtu;
 	uint8_t link_layer;
 	unsigned max_wr, max_sge, max_inline, max_cqe;
+	uint8_t max_rd_atomic;      /* READs in flight per QP, as initiator (device's cap) */
+	uint8_t max_dest_rd_atomic; /* ... and as responder */
 
 	int nchan, ncq;
 	struct ibv_comp_channel **chans;
@@ -332,6 +335,11 @@ void rd_ctx_stop(rd_ctx *c);
 void rd_ctx_set_active(rd_ctx *c, bool active, const char *why);
 /* Re-reads the port; brings the context back when it is active again. */
 void rd_ctx_check_port(rd_ctx *c);
+/* A consistent copy of the context's GID and its index. */
+void rd_ctx_gid(rd_ctx *c, uint8_t gid[16], int *index);
+/* Chooses the GID again (the port's table changed); endpoints made with the
+ * old one are dropped, to be rebuilt. false when no GID is usable now. */
+bool rd_ctx_refresh_gid(rd_ctx *c);
 void rd_ctx_kick(rd_ctx *c);
 void rd_ctx_enqueue(rd_ctx *c, rd_slice *head, rd_slice *tail, bool front);
 int rd_pick_gid(const rv_verbs *v, struct ibv_context *vctx, uint8_t port, int want, int *index,

@@ -53,6 +53,9 @@
 #define SOFT_MAX_INLINE 256
 #define SOFT_MAX_QP_WR 16384
 #define SOFT_MAX_CQE (1 << 22)
+/* READs in flight per QP: fewer than the 16 most NICs track, so a plugin
+ * that ignores the announced limit is refused here as by such hardware. */
+#define SOFT_MAX_RD_ATOM 8
 
 typedef struct soft_port {
 	bool up;
@@ -436,8 +439,8 @@ static int sv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr
 	attr->max_cqe = SOFT_MAX_CQE;
 	attr->max_mr = 1 << 20;
 	attr->max_pd = 1 << 16;
-	attr->max_qp_rd_atom = 16;
-	attr->max_qp_init_rd_atom = 16;
+	attr->max_qp_rd_atom = SOFT_MAX_RD_ATOM;
+	attr->max_qp_init_rd_atom = SOFT_MAX_RD_ATOM;
 	attr->phys_port_cnt = (uint8_t)c->dev->nports;
 	return 0;
 }
@@ -857,7 +860,9 @@ static int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		}
 	} else if (to == IBV_QPS_RTR && from == IBV_QPS_INIT) {
 		soft_port *p = &d->port[qp->port - 1];
+		/* Hardware refuses more READs in flight than it announced. */
 		if ((mask & rtr_need) != rtr_need || attr->path_mtu > IBV_MTU_4096 ||
+		    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > SOFT_MAX_RD_ATOM) ||
 		    attr->path_mtu < IBV_MTU_256 ||
 		    (attr->ah_attr.is_global && attr->ah_attr.grh.sgid_index >= p->ngid) ||
 		    (attr->ah_attr.port_num != 0 && attr->ah_attr.port_num != qp->port))
@@ -876,7 +881,8 @@ static int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 		/* The fields' widths on the wire and in hardware: 5 and 3 bits. */
 		else if (((mask & IBV_QP_TIMEOUT) && attr->timeout > 31) ||
 			 ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
-			 ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7))
+			 ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) ||
+			 ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > SOFT_MAX_RD_ATOM))
 			rc = EINVAL;
 		else if (mask & IBV_QP_RETRY_CNT)
 			atomic_store(&d->last_retry_cnt, attr->retry_cnt);

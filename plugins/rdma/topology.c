@@ -72,6 +72,33 @@ static int read_int(const char *path, int def)
 	return (int)v;
 }
 
+/* Whether a sysfs folder name is a PCI function, "0000:04:00.0". */
+static bool pci_name(const char *s)
+{
+	unsigned dom, bus, dev, fn;
+	int end = 0;
+	return sscanf(s, "%x:%x:%x.%x%n", &dom, &bus, &dev, &fn, &end) == 4 && s[end] == '\0';
+}
+
+/* A software device (rdma_rxe, siw) has no PCI function of its own: it
+ * sends through a network device, whose PCI function (if any) is where its
+ * traffic leaves. Writes that function's sysfs path to `real`. */
+static bool netdev_pci(const char *root, const char *name, char *real)
+{
+	char path[PATH_MAX], ndev[64];
+
+	for (int i = 0; i < 16; i++) {
+		snprintf(path, sizeof path, "%s/sys/class/infiniband/%s/ports/1/gid_attrs/ndevs/%d", root, name,
+			 i);
+		if (!rd_read_line(path, ndev, sizeof ndev) || strchr(ndev, '/') != NULL)
+			continue;
+		snprintf(path, sizeof path, "%s/sys/class/net/%s/device", root, ndev);
+		if (realpath(path, real) != NULL && pci_name(strrchr(real, '/') ? strrchr(real, '/') + 1 : real))
+			return true;
+	}
+	return false;
+}
+
 /* The PCI function an IB device hangs off, found through its sysfs link. */
 static void hca_locate(const char *root, rd_hca *h)
 {
@@ -84,6 +111,10 @@ static void hca_locate(const char *root, rd_hca *h)
 		if (realpath(path, real) == NULL)
 			return;
 	}
+	/* Virtual devices resolve to /sys/devices/virtual: not a place. */
+	const char *last = strrchr(real, '/');
+	if (!pci_name(last ? last + 1 : real) && !netdev_pci(root, h->name, real))
+		return;
 	h->pci_path = g_strdup(real);
 	char *base = strrchr(real, '/');
 	g_strlcpy(h->pci, base ? base + 1 : real, sizeof h->pci);

@@ -1335,7 +1335,10 @@ static int rd_describe(void *ctx, char **json)
 		rd_ctx *c = tr->ctx[i];
 		JsonObject *d = json_object_new();
 		char gid[48];
-		rd_gid_format(c->gid, gid);
+		uint8_t raw[16];
+		int index;
+		rd_ctx_gid(c, raw, &index);
+		rd_gid_format(raw, gid);
 		json_object_set_string_member(d, "gid", gid);
 		json_object_set_int_member(d, "lid", c->lid);
 		json_object_set_string_member(d, "name", c->name);

@@ -21,46 +21,48 @@ here=$src/tests/rdma-qemu
 export TE_PLUGIN_PATH="$build/plugins/rdma:$build/plugins/tcp:$build/plugins/shm"
 export TE_RDMA_PLUGIN="$build/plugins/rdma/libte-transport-rdma.so"
 export TE_RDMA_TEST_LINKS=sw0,sw1,sw2,sw3
-: > "$res"
+[ "${scenario#fn:}" = "$scenario" ] && : > "$res"
 
 skip() { echo "SKIP: $*" > "$scratch/skip"; exit 0; }
 
 # ------------------------------------------------------------------ setup
-modprobe -a veth bridge crc32_generic rdma_rxe ib_uverbs ||
-	skip "this kernel cannot load veth, bridge, crc32_generic, rdma_rxe and ib_uverbs"
-command -v rdma > /dev/null || skip "the rdma tool (iproute2) is missing"
-ip link set lo up
-for k in all default; do
-	sysctl -qw net.ipv4.conf.$k.rp_filter=0 net.ipv4.conf.$k.accept_local=1 \
-		net.ipv4.conf.$k.arp_ignore=1 net.ipv4.conf.$k.arp_announce=2
-done
-ip link add sw type bridge && ip link set sw up || skip "cannot create a bridge"
-for i in 0 1 2 3; do
-	ip link add nic$i type veth peer name sw$i || skip "cannot create veth pairs"
-	ip link set sw$i master sw
-	ip link set sw$i up
-	ip addr add 10.9.0.$((i + 1))/24 dev nic$i
-	ip link set nic$i up
-done
-for i in 0 1 2 3; do
-	ip rule add pref 10 iif lo from 10.9.0.$((i + 1)) lookup $((100 + i))
-	for j in 0 1 2 3; do
-		[ $i = $j ] || ip route add 10.9.0.$((j + 1)) dev nic$i src 10.9.0.$((i + 1)) table $((100 + i))
+setup_net() {
+	modprobe -a veth bridge crc32_generic rdma_rxe ib_uverbs ||
+		skip "this kernel cannot load veth, bridge, crc32_generic, rdma_rxe and ib_uverbs"
+	command -v rdma > /dev/null || skip "the rdma tool (iproute2) is missing"
+	ip link set lo up
+	for k in all default; do
+		sysctl -qw net.ipv4.conf.$k.rp_filter=0 net.ipv4.conf.$k.accept_local=1 \
+			net.ipv4.conf.$k.arp_ignore=1 net.ipv4.conf.$k.arp_announce=2
 	done
-done
-ip rule del pref 0 lookup local && ip rule add pref 100 lookup local
-for i in 0 1 2 3; do
-	rdma link add rxe$i type rxe netdev nic$i || skip "rdma link add rxe$i failed (no Soft-RoCE here)"
-done
-# The ports come up with the carrier; give ib_core a moment for the GIDs.
-n=0
-while [ $n -lt 50 ]; do
-	up=$(rdma link show 2>/dev/null | grep -c 'state ACTIVE')
-	[ "$up" = 4 ] && break
-	sleep 0.1
-	n=$((n + 1))
-done
-rdma link show > "$scratch/setup.log" 2>&1
+	ip link add sw type bridge && ip link set sw up || skip "cannot create a bridge"
+	for i in 0 1 2 3; do
+		ip link add nic$i type veth peer name sw$i || skip "cannot create veth pairs"
+		ip link set sw$i master sw
+		ip link set sw$i up
+		ip addr add 10.9.0.$((i + 1))/24 dev nic$i
+		ip link set nic$i up
+	done
+	for i in 0 1 2 3; do
+		ip rule add pref 10 iif lo from 10.9.0.$((i + 1)) lookup $((100 + i))
+		for j in 0 1 2 3; do
+			[ $i = $j ] || ip route add 10.9.0.$((j + 1)) dev nic$i src 10.9.0.$((i + 1)) table $((100 + i))
+		done
+	done
+	ip rule del pref 0 lookup local && ip rule add pref 100 lookup local
+	for i in 0 1 2 3; do
+		rdma link add rxe$i type rxe netdev nic$i || skip "rdma link add rxe$i failed (no Soft-RoCE here)"
+	done
+	# The ports come up with the carrier; give ib_core a moment for the GIDs.
+	n=0
+	while [ $n -lt 50 ]; do
+		up=$(rdma link show 2>/dev/null | grep -c 'state ACTIVE')
+		[ "$up" = 4 ] && break
+		sleep 0.1
+		n=$((n + 1))
+	done
+	rdma link show > "$scratch/setup.log" 2>&1
+}
 
 # --------------------------------------------------------------- checking
 # check NAME TIMEOUT CMD...: runs CMD with a time limit, records the result.
@@ -85,8 +87,58 @@ check() {
 wanted() { [ -z "${TE_QEMU_ONLY:-}" ] || echo " $TE_QEMU_ONLY " | grep -q " $1 "; }
 
 bench=$build/tools/te-bench/te-bench
+
+# pkts DEV sent|rcvd: the device's packet counter.
+pkts() { cat "/sys/class/infiniband/$1/ports/1/hw_counters/$2_pkts"; }
+
+# Starts a te-bench target on rxe2+rxe3 at 127.0.0.1:PORT; sets $tpid.
+start_target() {
+	"$bench" --mode=target --protocol=rdma --device_name=rxe2,rxe3 \
+		--local_server_name=127.0.0.1:$1 --buffer_size=16777216 $2 > "$scratch/target-$1.log" 2>&1 &
+	tpid=$!
+	n=0
+	until grep -q 'target ready' "$scratch/target-$1.log" || [ $n -ge 150 ]; do
+		sleep 0.2
+		n=$((n + 1))
+	done
+}
+
+# The target's NIC rxe2 changes address (10.9.0.3 -> 10.9.0.7) while an
+# initiator writes to it: its GID changes; transfers go on over rxe3, and
+# rxe2 serves again once the endpoints are rebuilt with the new GID.
+readdressed() {
+	start_target 17210 --verbose
+	"$bench" --protocol=rdma --device_name=rxe0,rxe1 --segment_id=127.0.0.1:17210 \
+		--local_server_name=127.0.0.1 --operation=write --threads=2 --check --duration=14 \
+		--buffer_size=16777216 --batch_size=16 --block_size=65536 --quiet &
+	bpid=$!
+	sleep 4
+	r0=$(pkts rxe2 rcvd)
+	ip addr del 10.9.0.3/24 dev nic2 && ip addr add 10.9.0.7/24 dev nic2 || return 1
+	ip rule add pref 10 iif lo from 10.9.0.7 lookup 102
+	for i in 0 1 3; do ip route add 10.9.0.7 dev nic$i src 10.9.0.$((i + 1)) table $((100 + i)); done
+	echo "rxe2 readdressed after $r0 packets received"
+	sleep 5 # failed paths paused (2 s), endpoints rebuilt
+	r1=$(pkts rxe2 rcvd)
+	wait $bpid
+	rc=$?
+	r2=$(pkts rxe2 rcvd)
+	kill $tpid; wait $tpid
+	echo "rxe2 received $((r2 - r1)) packets in the last seconds (te-bench exit $rc)"
+	grep 'GID changed' "$scratch/target-17210.log"
+	[ $rc = 0 ] && [ $((r2 - r1)) -gt 100 ] && grep -q 'rxe2 port 1: the GID changed' "$scratch/target-17210.log"
+}
 small="--buffer_size=16777216 --batch_size=16 --block_size=65536 --duration=3 --quiet"
 
+case "$scenario" in
+fn:*)
+	# One of the functions above, as a check of its own (see "check").
+	${scenario#fn:}
+	exit $?
+	;;
+esac
+
+setup_net
 case "$scenario" in
 plugin)
 	# The plugin's own tests, on the real provider (rxe0..3 stand for the
@@ -96,9 +148,10 @@ plugin)
 		wanted "rdma-$t" && check "rdma-$t" 240 "$build/tests/rdma/test-rdma-$t"
 	done
 	wanted te-info && check te-info 60 sh -c "TE_PLUGINS= '$build/tools/te-info/te-info' > '$scratch/te-info.out' 2>&1;
-		cat '$scratch/te-info.out'; grep -q 'rxe0.*' '$scratch/te-info.out' &&
+		cat '$scratch/te-info.out'; grep -q '^    rxe0 ' '$scratch/te-info.out' &&
 		grep -q 'port 1 ACTIVE, Ethernet' '$scratch/te-info.out' &&
-		grep -q 'GID index 1 chosen automatically (RoCE v2, IPv4' '$scratch/te-info.out'"
+		grep -q 'GID index 1 chosen automatically (RoCE v2, IPv4' '$scratch/te-info.out' &&
+		! grep -q 'PCI virtual' '$scratch/te-info.out'"
 	;;
 bench)
 	# te-bench in one process (both engines on rxe0) and as two processes
@@ -111,18 +164,15 @@ bench)
 	for op in read write; do
 		wanted "bench-2proc-$op" || continue
 		port=$((17100 + ${#op}))
-		"$bench" --mode=target --protocol=rdma --device_name=rxe2,rxe3 \
-			--local_server_name=127.0.0.1:$port --buffer_size=16777216 \
-			> "$scratch/target-$op.log" 2>&1 &
-		tpid=$!
-		n=0
-		until grep -q 'target ready' "$scratch/target-$op.log" || [ $n -ge 100 ]; do
-			sleep 0.2
-			n=$((n + 1))
-		done
+		start_target $port
+		s0=$(pkts rxe0 sent) s1=$(pkts rxe1 sent) r2=$(pkts rxe2 rcvd) r3=$(pkts rxe3 rcvd)
 		check "bench-2proc-$op" 90 "$bench" --protocol=rdma --device_name=rxe0,rxe1 \
 			--segment_id=127.0.0.1:$port --local_server_name=127.0.0.1 --operation=$op \
 			--threads=2 --check $small
+		# Both of the initiator's NICs sent, both of the target's received.
+		check "bench-2proc-$op-nics" 10 test $(($(pkts rxe0 sent) - s0)) -gt 1000 -a \
+			$(($(pkts rxe1 sent) - s1)) -gt 1000 -a $(($(pkts rxe2 rcvd) - r2)) -gt 1000 -a \
+			$(($(pkts rxe3 rcvd) - r3)) -gt 1000
 		kill "$tpid" 2>/dev/null
 		wait "$tpid" 2>/dev/null
 	done
@@ -130,9 +180,11 @@ bench)
 faults)
 	export TE_RDMA_TEST_DEVICES=rxe0,rxe1,rxe2,rxe3
 	wanted peer-killed && check peer-killed 180 "$build/tests/rdma-qemu/test-rxe-peer-killed"
+	wanted readdressed && check readdressed 120 sh "$0" "$build" "$src" "$scratch" fn:readdressed
 	;;
 smoke)
-	ls /sys/class/infiniband/rxe0/ports/1/ /sys/class/infiniband/rxe0/ports/1/hw_counters /sys/class/infiniband/rxe0/hw_counters > "$scratch/ls.log" 2>&1
+	# By hand: the provider itself, without libte (perftest's and
+	# rdma-core's own tools, when installed).
 	wanted pingpong && check pingpong 60 sh -c "ibv_rc_pingpong -d rxe2 -g 1 -n 50 & sleep 1;
 		ibv_rc_pingpong -d rxe0 -g 1 -n 50 127.0.0.1; rc=\$?; wait; exit \$rc"
 	;;

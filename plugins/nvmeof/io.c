@@ -200,10 +200,15 @@ static void slot_prep(nv_worker *w, uint32_t idx, nv_pass *p)
 		return;
 	}
 	int fd = sl->direct ? sl->f->dfd : sl->f->fd;
+	int fixed = sl->direct ? sl->f->dfixed : sl->f->fixed;
+	if (fixed >= 0)
+		fd = fixed; /* the kernel skips looking the descriptor up */
 	if (sl->write)
 		io_uring_prep_write(sqe, fd, sl->buf + sl->done, sl->len - sl->done, sl->off + sl->done);
 	else
 		io_uring_prep_read(sqe, fd, sl->buf + sl->done, sl->len - sl->done, sl->off + sl->done);
+	if (fixed >= 0)
+		sqe->flags |= IOSQE_FIXED_FILE;
 	io_uring_sqe_set_data64(sqe, idx);
 }
 
@@ -467,6 +472,15 @@ static int ring_setup(nv_worker *w)
 	}
 	if (rc == 0)
 		w->ext_arg = (w->ring.features & IORING_FEAT_EXT_ARG) != 0;
+	if (rc == 0 && w->ctx->n_fixed > 0) {
+		int frc = io_uring_register_files_sparse(&w->ring, w->ctx->n_fixed);
+		if (frc < 0) {
+			w->ctx->host->log(w->ctx->host, TE_LOG_INFO,
+					  "worker %u: no registered file table (%s); requests name descriptors",
+					  w->index, g_strerror(-frc));
+			w->fixed_failed = true;
+		}
+	}
 	return rc;
 }
 
@@ -676,7 +690,9 @@ int nv_progress(nv_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns)
 	nv_worker *w = &c->workers[0];
 	int rc;
 
-	atomic_fetch_add_explicit(&w->app_calls, 1, memory_order_relaxed);
+	/* A plain store, not a count: this runs for every status call. */
+	if (!atomic_load_explicit(&w->app_called, memory_order_relaxed))
+		atomic_store_explicit(&w->app_called, 1, memory_order_relaxed);
 	if (timeout_ns == 0) {
 		if ((cq_pending(w) > 0 || cq_needs_enter(w)) && role_try(w, NV_ROLE_APP)) {
 			collect(w);
@@ -752,7 +768,6 @@ static void lazy_sleep(nv_worker *w, int64_t ns)
  * wake-up so that an application thread can take it. */
 static void caller_loop(nv_worker *w)
 {
-	unsigned seen = atomic_load(&w->app_calls);
 
 	g_mutex_lock(&w->lock);
 	arm_wake(w);
@@ -760,9 +775,8 @@ static void caller_loop(nv_worker *w)
 	g_mutex_unlock(&w->lock);
 	for (;;) {
 		bool stop = atomic_load(&w->stop);
-		unsigned calls = atomic_load(&w->app_calls);
-		bool apps = !stop && (calls != seen || atomic_load(&w->app_waiters) > 0);
-		seen = calls;
+		bool called = atomic_exchange(&w->app_called, 0);
+		bool apps = !stop && (called || atomic_load(&w->app_waiters) > 0);
 		if (apps || !role_try(w, NV_ROLE_WORKER)) {
 			lazy_sleep(w, stop ? NV_STUCK_NS : w->ctx->reap_tick_ns);
 			continue;
@@ -925,6 +939,9 @@ static void worker_stop(nv_worker *w)
 
 int nv_workers_start(nv_ctx *c)
 {
+	/* A single-issuer ring takes registrations from its worker only. */
+	if (!c->caller_submit)
+		c->n_fixed = 0;
 	c->workers = g_new0(nv_worker, c->n_workers);
 	for (unsigned i = 0; i < c->n_workers; i++) {
 		int rc = worker_start(c, &c->workers[i], i);
@@ -936,6 +953,14 @@ int nv_workers_start(nv_ctx *c)
 			return rc;
 		}
 	}
+	for (unsigned i = 0; i < c->n_workers; i++)
+		if (c->workers[i].fixed_failed)
+			c->n_fixed = 0;
+	g_mutex_init(&c->fixed_lock);
+	c->fixed_free = g_new(uint32_t, c->n_fixed ? c->n_fixed : 1);
+	for (uint32_t i = 0; i < c->n_fixed; i++)
+		c->fixed_free[i] = c->n_fixed - 1 - i;
+	c->n_fixed_free = c->n_fixed;
 	return 0;
 }
 
@@ -947,6 +972,62 @@ void nv_workers_stop(nv_ctx *c)
 		worker_stop(&c->workers[i]);
 	g_free(c->workers);
 	c->workers = NULL;
+	g_free(c->fixed_free);
+	c->fixed_free = NULL;
+	g_mutex_clear(&c->fixed_lock);
+}
+
+/* Puts `fd` at `idx` of the first `n` rings' tables (-1 empties it). */
+static int fixed_set(nv_ctx *c, uint32_t idx, int fd, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		int rc = io_uring_register_files_update(&c->workers[i].ring, idx, &fd, 1);
+		if (rc != 1)
+			return rc < 0 ? rc : -EIO;
+	}
+	return 0;
+}
+
+int nv_fixed_add(nv_ctx *c, int fd)
+{
+	if (c->n_fixed == 0 || fd < 0)
+		return -1;
+	g_mutex_lock(&c->fixed_lock);
+	if (c->n_fixed_free == 0) {
+		g_mutex_unlock(&c->fixed_lock);
+		return -1; /* the descriptor itself serves as well, a little slower */
+	}
+	uint32_t idx = c->fixed_free[--c->n_fixed_free];
+	g_mutex_unlock(&c->fixed_lock);
+	int rc = fixed_set(c, idx, fd, c->n_workers);
+	if (rc < 0) {
+		c->host->log(c->host, TE_LOG_INFO, "registering a file with the rings failed: %s",
+			     g_strerror(-rc));
+		fixed_set(c, idx, -1, c->n_workers);
+		nv_fixed_remove(c, -1 - (int)idx);
+		return -1;
+	}
+	return (int)idx;
+}
+
+/* idx < -1 stands for table entry -1 - idx, already empty in the rings. */
+void nv_fixed_remove(nv_ctx *c, int idx)
+{
+	if (idx == -1)
+		return;
+	uint32_t slot = idx >= 0 ? (uint32_t)idx : (uint32_t)(-1 - idx);
+	if (idx >= 0) {
+		int rc = fixed_set(c, slot, -1, c->n_workers);
+		if (rc < 0) {
+			/* the entry keeps its file: leave it out of the free list */
+			c->host->log(c->host, TE_LOG_WARN, "unregistering a file from the rings failed: %s",
+				     g_strerror(-rc));
+			return;
+		}
+	}
+	g_mutex_lock(&c->fixed_lock);
+	c->fixed_free[c->n_fixed_free++] = slot;
+	g_mutex_unlock(&c->fixed_lock);
 }
 
 int nv_uring_probe(char *why, size_t why_len)

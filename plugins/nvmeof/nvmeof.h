@@ -21,8 +21,10 @@
 #define NV_MAX_WORKERS 64u
 #define NV_DEFAULT_COALESCE_US 50u
 #define NV_MAX_COALESCE_US 10000u
-#define NV_DEFAULT_REAP_TICK_MS 10u
+#define NV_DEFAULT_REAP_TICK_MS 20u
 #define NV_MAX_REAP_TICK_MS 1000u
+#define NV_DEFAULT_FIXED_FILES 1024u
+#define NV_MAX_FIXED_FILES 32768u
 
 /* Error lines per file: the first few, then one in NV_LOG_EVERY. A failing
  * device must not drown the log with one line per 4 KiB slice. */
@@ -39,6 +41,7 @@ typedef struct nv_file {
 	uint64_t size;     /* as found at open (0 when unavailable) */
 	int fd;            /* buffered I/O; -1 when the file is unavailable */
 	int dfd;           /* O_DIRECT; -1 when direct I/O is impossible */
+	int fixed, dfixed; /* fd and dfd in the rings' file tables; -1: not there */
 	int err;           /* why fd is -1: a negative errno */
 	bool writable;
 	bool blockdev;
@@ -110,7 +113,7 @@ typedef struct nv_worker {
 	 * in progress() take it; others waiting meanwhile sleep on `cv`. The
 	 * worker takes it only once application threads stopped collecting. */
 	atomic_int role;
-	atomic_uint app_calls;       /* progress() calls, for the worker to see */
+	atomic_int app_called;       /* progress() was called since the worker's last look */
 	atomic_uint app_waiters;     /* threads inside a blocking progress() */
 	atomic_uint secondaries;     /* threads waiting on cv */
 	GMutex cv_lock;
@@ -119,6 +122,7 @@ typedef struct nv_worker {
 	GCond lazy_cond;
 	bool lazy_kick;
 	bool ext_arg;                /* the kernel takes a timeout with GETEVENTS */
+	bool fixed_failed;           /* no registered file table for this ring */
 	nv_slot *slots;
 	uint32_t *free_slots;
 	uint32_t n_free;
@@ -141,6 +145,12 @@ struct nv_ctx {
 	bool dsync;
 	bool caller_submit; /* submit() puts SQEs into the ring itself */
 	int64_t reap_tick_ns; /* the worker's look at whether applications still collect */
+	/* Registered files (caller submission): each ring has a table of this
+	 * many entries, handed out to the segments' descriptors. */
+	uint32_t n_fixed;
+	GMutex fixed_lock;
+	uint32_t *fixed_free;
+	uint32_t n_fixed_free;
 	atomic_uint next_worker;
 	nv_worker *workers;
 };
@@ -177,6 +187,10 @@ void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest, te
 /* The transport's progress and wake ops (see te-plugin.h). */
 int nv_progress(nv_ctx *c, int (*done)(void *arg), void *arg, int64_t timeout_ns);
 void nv_wake(nv_ctx *c);
+/* Registers `fd` in every ring's file table; its index, or -1 (the table
+ * is full or absent: requests then name the descriptor itself). */
+int nv_fixed_add(nv_ctx *c, int fd);
+void nv_fixed_remove(nv_ctx *c, int idx);
 /* Whether an io_uring can be created here; fills `why` when not. */
 int nv_uring_probe(char *why, size_t why_len);
 

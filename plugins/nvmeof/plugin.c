@@ -51,6 +51,8 @@ static void read_config(nv_ctx *c)
 						   0, NV_MAX_COALESCE_US);
 	c->reap_tick_ns = 1000000 * (int64_t)te_host_config_u64(h, "TE_NVMEOF_REAP_TICK_MS", NULL,
 								NV_DEFAULT_REAP_TICK_MS, 1, NV_MAX_REAP_TICK_MS);
+	c->n_fixed = (uint32_t)te_host_config_u64(h, "TE_NVMEOF_FIXED_FILES", NULL, NV_DEFAULT_FIXED_FILES, 0,
+						  NV_MAX_FIXED_FILES);
 }
 
 static int nv_probe(const te_host *h, char *why, size_t why_len)
@@ -72,9 +74,12 @@ static int nv_create(const te_host *h, const char *json_args, void **out)
 		g_free(c);
 		return rc;
 	}
-	h->log(h, TE_LOG_INFO, "nvmeof: %s submission, %u worker(s), queue depth %u, slices of %llu bytes, %s%s",
+	h->log(h, TE_LOG_INFO,
+	       "nvmeof: %s submission, %u worker(s), queue depth %u, slices of %llu bytes, %s%s, "
+	       "%u registered files",
 	       c->caller_submit ? "caller" : "worker", c->n_workers, c->depth, (unsigned long long)c->slice,
-	       c->use_direct ? "O_DIRECT when aligned" : "buffered I/O only", c->dsync ? ", O_DSYNC" : "");
+	       c->use_direct ? "O_DIRECT when aligned" : "buffered I/O only", c->dsync ? ", O_DSYNC" : "",
+	       c->n_fixed);
 	*out = c;
 	return 0;
 }
@@ -229,10 +234,10 @@ static int nv_report(const te_host *h, char **text)
 	g_string_append_printf(s,
 			       "  TE_NVMEOF_QUEUE_DEPTH=%u  TE_NVMEOF_SLICE_SIZE=%llu  TE_NVMEOF_WORKERS=%u\n"
 			       "  TE_NVMEOF_SUBMIT=%s  TE_NVMEOF_DIRECT=%d  TE_NVMEOF_DSYNC=%d  TE_NVMEOF_COALESCE_US=%llu\n"
-			       "  TE_NVMEOF_REAP_TICK_MS=%llu\n",
+			       "  TE_NVMEOF_REAP_TICK_MS=%llu  TE_NVMEOF_FIXED_FILES=%u\n",
 			       c.depth, (unsigned long long)c.slice, c.n_workers, c.caller_submit ? "caller" : "worker",
 			       c.use_direct, c.dsync, (unsigned long long)(c.coalesce_ns / 1000),
-			       (unsigned long long)(c.reap_tick_ns / 1000000));
+			       (unsigned long long)(c.reap_tick_ns / 1000000), c.caller_submit ? c.n_fixed : 0);
 	*text = strdup(s->str);
 	g_string_free(s, TRUE);
 	return *text ? 0 : -ENOMEM;

@@ -113,7 +113,7 @@ static int parse_descriptor(nv_ctx *c, const te_segment_info *seg, nv_segment *s
 	}
 	s->files = g_new0(nv_file, s->n_files);
 	for (size_t i = 0; i < s->n_files; i++)
-		s->files[i].fd = s->files[i].dfd = -1;
+		s->files[i].fd = s->files[i].dfd = s->files[i].fixed = s->files[i].dfixed = -1;
 	for (size_t i = 0; i < s->n_files; i++) {
 		nv_file *f = &s->files[i];
 		JsonNode *en = json_array_get_element(arr, (guint)i);
@@ -197,6 +197,8 @@ static void dio_alignment(nv_file *f)
 	}
 }
 
+static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const struct stat *st, int extra);
+
 /* Opens one file; on failure records why in f->err and leaves fd at -1. */
 static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 {
@@ -263,8 +265,23 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s) is read-only here; writes to it will fail",
 		       s->name, i, f->path);
 
-	if (!c->use_direct)
-		return;
+	f->fixed = nv_fixed_add(c, fd);
+	if (c->use_direct)
+		open_direct(c, s, i, &st, extra);
+	h->log(h, TE_LOG_INFO, "segment %s: file %zu (%s) open, %s I/O, %s", s->name, i, f->path,
+	       f->dfd >= 0 ? "direct and buffered" : "buffered",
+	       f->fixed >= 0 && (f->dfd < 0 || f->dfixed >= 0) ? "registered with the rings"
+	       : c->n_fixed > 0 ? "not registered with the rings (their file tables are full)"
+				: "not registered with the rings");
+}
+
+/* Opens the O_DIRECT descriptor of an open file, when its file system has
+ * direct I/O. */
+static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const struct stat *st, int extra)
+{
+	const te_host *h = c->host;
+	nv_file *f = &s->files[i];
+
 	dio_alignment(f);
 	if (f->mem_align == 0) {
 		h->log(h, TE_LOG_INFO, "segment %s: %s: the file system has no direct I/O; buffered I/O",
@@ -279,22 +296,24 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 		return;
 	}
 	/* The path could have been replaced between the two opens. */
-	if (fstat(dfd, &dst) != 0 || dst.st_dev != st.st_dev || dst.st_ino != st.st_ino) {
+	if (fstat(dfd, &dst) != 0 || dst.st_dev != st->st_dev || dst.st_ino != st->st_ino) {
 		h->log(h, TE_LOG_WARN, "segment %s: %s changed while being opened; buffered I/O only",
 		       s->name, f->path);
 		close(dfd);
 		return;
 	}
 	f->dfd = dfd;
+	f->dfixed = nv_fixed_add(c, dfd);
 	atomic_store(&f->direct, 1);
 }
 
 void nv_segment_close(nv_ctx *c, nv_segment *s)
 {
-	(void)c;
 	if (s == NULL)
 		return;
 	for (size_t i = 0; s->files != NULL && i < s->n_files; i++) {
+		nv_fixed_remove(c, s->files[i].fixed);
+		nv_fixed_remove(c, s->files[i].dfixed);
 		if (s->files[i].fd >= 0)
 			close(s->files[i].fd);
 		if (s->files[i].dfd >= 0)

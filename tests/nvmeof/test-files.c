@@ -277,6 +277,52 @@ static void test_direct_and_buffered(void)
 	CHECK_EQ(te_segment_close(eng, seg), 0);
 }
 
+/* The rings' registered file tables: with room for three descriptors, the
+ * first file's two (buffered and O_DIRECT) and the second's buffered one go
+ * in, the rest of the files are named by descriptor; data moves right either
+ * way, and closing the segment frees the entries for the next one. Worker
+ * submission (a single-issuer ring) registers none. */
+static void test_registered_files(void)
+{
+	const char *mode = getenv("TE_NVMEOF_SUBMIT");
+	bool worker = mode != NULL && strcmp(mode, "worker") == 0;
+	te_engine *saved = eng;
+	int level = te_get_log_level();
+	eng = nv_engine("nodeA", "TE_NVMEOF_FIXED_FILES", "3", "TE_NVMEOF_SLICE_SIZE", "65536", NULL);
+	REQUIRE(eng != NULL);
+	REQUIRE(te_register_memory(eng, mem, MEM, "cpu:0", 0) == 0);
+	for (int round = 0; round < 2; round++) {
+		te_set_log_level(TE_LOG_INFO);
+		cap_start();
+		te_segment_id seg = te_segment_open(eng, "nvmeof/three");
+		REQUIRE(seg > 0);
+		te_set_log_level(level);
+		char want[4][256];
+		for (int i = 0; i < NF; i++) {
+			char name[32];
+			snprintf(name, sizeof name, "f%d", i);
+			snprintf(want[i], sizeof want[i], "file %d (%s) open, direct and buffered I/O, %s", i,
+				 nv_path(name),
+				 worker ? "not registered with the rings"
+				 : i == 0 ? "registered with the rings"
+					  : "not registered with the rings (their file tables are full)");
+			CHECK(cap_has(want[i]));
+		}
+		te_set_log_handler(NULL, NULL);
+		/* every file, aligned (O_DIRECT) and not, across the boundaries */
+		CHECK_EQ(read_at(seg, 0, 0, total), TE_TASK_COMPLETED);
+		CHECK_EQ(write_at(seg, 5, 1, total - 2, 70 + (unsigned)round), TE_TASK_COMPLETED);
+		CHECK_EQ(read_at(seg, 4096, 0, total), TE_TASK_COMPLETED);
+		CHECK_EQ(write_at(seg, 0, flen[0], 65536, 80 + (unsigned)round), TE_TASK_COMPLETED);
+		CHECK_EQ(read_at(seg, 0, flen[0] - 4096, 8192), TE_TASK_COMPLETED);
+		CHECK(files_match_model());
+		CHECK_EQ(te_segment_close(eng, seg), 0); /* frees the entries for round 2 */
+	}
+	CHECK_EQ(te_unregister_memory(eng, mem), 0);
+	te_engine_destroy(eng);
+	eng = saved;
+}
+
 int main(void)
 {
 	nv_setup();
@@ -295,6 +341,7 @@ int main(void)
 	TEST_RUN(test_many_in_one_batch);
 	TEST_RUN(test_local_path_map);
 	TEST_RUN(test_direct_and_buffered);
+	TEST_RUN(test_registered_files);
 
 	CHECK_EQ(te_unregister_memory(eng, mem), 0);
 	te_engine_destroy(eng);

@@ -12,4 +12,5 @@ apt-get install -y --no-install-recommends \
   libglib2.0-dev libjson-glib-dev libnuma-dev libsoup-3.0-dev libhiredis-dev \
   libibverbs-dev rdma-core ibverbs-providers liburing-dev \
   etcd-server etcd-client redis-server iperf3 fio iproute2 procps \
-  python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy
+  python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy \
+  qemu-system-x86 linux-image-amd64 busybox-static

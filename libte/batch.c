@@ -349,6 +349,24 @@ static void ask_refresh(te_engine *e, te_segver *sv, int error)
 	g_thread_pool_push(e->refresh_pool, sv, NULL);
 }
 
+/* Errors that say the peer process or its host went away. */
+static bool peer_gone(int error)
+{
+	switch (error) {
+	case -ECONNREFUSED:
+	case -ECONNRESET:
+	case -ECONNABORTED:
+	case -EPIPE:
+	case -ENOTCONN:
+	case -EHOSTUNREACH:
+	case -ENETUNREACH:
+	case -ESRCH:
+		return true;
+	default:
+		return false;
+	}
+}
+
 static void task_finish(te_task *t, int state, bool from_completion)
 {
 	te_batch *b = t->batch;
@@ -357,8 +375,12 @@ static void task_finish(te_task *t, int state, bool from_completion)
 	te_transport_inst *tp = t->tp;
 
 	t->sv = NULL;
-	if (sv != NULL && state == TE_TASK_FAILED)
-		ask_refresh(e, sv, atomic_load(&t->error));
+	if (sv != NULL && state == TE_TASK_FAILED) {
+		int err = atomic_load(&t->error);
+		ask_refresh(e, sv, err);
+		if (peer_gone(err) && !atomic_exchange(&sv->peer_lost, true))
+			atomic_fetch_add(&e->lost, 1);
+	}
 	atomic_store_explicit(&t->state, state, memory_order_release);
 	te_segver_unref(sv, from_completion);
 	if (tp != NULL)
@@ -545,6 +567,15 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	if (n == 0) {
 		box_unref(box);
 		return 0;
+	}
+	if (atomic_load_explicit(&e->lost, memory_order_relaxed) > 0) {
+		/* Some peer went away: the segments this submit names are fetched
+		 * again first, so a peer back under the same name is reached at its
+		 * new ports. One atomic load when no peer was lost. */
+		te_segment_id last = TE_LOCAL_SEGMENT;
+		for (size_t i = 0; i < n; i++)
+			if (reqs[i].segment != last && reqs[i].segment != TE_LOCAL_SEGMENT)
+				te_segment_refresh_lost(e, last = reqs[i].segment);
 	}
 	b = box->b;
 	g_mutex_lock(&b->lock);

@@ -181,6 +181,10 @@ typedef struct te_segver {
 	te_buffer_desc *infobufs;
 	te_segment_id id;          /* the segment this version belongs to */
 	atomic_bool refresh_asked; /* a failed transfer asked for a refresh */
+	/* A transfer failed as if the peer went away (connection refused or
+	 * reset, process gone): the descriptor is fetched again before the
+	 * segment is used next, as the peer may be back under the same name. */
+	atomic_bool peer_lost;
 } te_segver;
 
 typedef struct te_segment {
@@ -189,6 +193,7 @@ typedef struct te_segment {
 	int opens;
 	te_segver *cur; /* NULL when no transport serves it now */
 	int64_t last_auto_refresh; /* te_now_ms() of the last refresh on a stale range */
+	int64_t last_lost_refresh; /* te_now_ms() of the last refresh after a lost peer */
 } te_segment;
 
 void te_segver_unref(te_segver *sv, bool from_completion);
@@ -200,6 +205,9 @@ void te_segments_clear(struct te_engine *e);
  * once a second per segment; false when the rate limit skipped it. Not with
  * locks held: it fetches. */
 bool te_segment_refresh_stale(struct te_engine *e, te_segment_id id);
+/* Refreshes segment `id` if its current version lost its peer (at most
+ * every LOST_REFRESH_MS while the peer stays away). Not with locks held. */
+void te_segment_refresh_lost(struct te_engine *e, te_segment_id id);
 /* The refresh pool's function: refreshes the segment of a version (a
  * reference the job owns) that a peer's rejection made look stale. */
 void te_segver_refresh_job(gpointer sv, gpointer unused);
@@ -282,6 +290,7 @@ struct te_engine {
 	GHashTable *batches; /* id → te_batch* */
 	uint64_t next_batch;
 	atomic_long inflight; /* tasks in flight engine-wide */
+	atomic_int lost;      /* segment versions whose peer was lost: submits look for them */
 
 	GRWLock rpc_lock; /* handlers; read while one runs */
 	te_rpc_handler_slot handlers[4];

@@ -16,6 +16,8 @@
 
 static void segver_release(te_segver *sv)
 {
+	if (atomic_load(&sv->peer_lost))
+		atomic_fetch_sub(&sv->engine->lost, 1);
 	if (sv->tp != NULL) {
 		if (TE_HAS_OP(sv->tp->ops, segment_close))
 			sv->tp->ops->segment_close(sv->tp->ctx, sv->seg_ctx);
@@ -550,6 +552,27 @@ bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 	return go;
 }
 
+#define LOST_REFRESH_MS 200
+
+void te_segment_refresh_lost(te_engine *e, te_segment_id id)
+{
+	int64_t now = te_now_ms();
+	bool go = false;
+
+	g_rec_mutex_lock(&e->ctl);
+	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
+	if (s != NULL && s->cur != NULL && atomic_load(&s->cur->peer_lost) &&
+	    (s->last_lost_refresh == 0 || now - s->last_lost_refresh >= LOST_REFRESH_MS)) {
+		s->last_lost_refresh = now;
+		go = true;
+	}
+	g_rec_mutex_unlock(&e->ctl);
+	if (go) {
+		int rc = te_segment_refresh(e, id);
+		te_info("segment %d: fetched again after its peer went away: %s", id, te_strerror(rc));
+	}
+}
+
 void te_segver_refresh_job(gpointer data, gpointer user)
 {
 	te_segver *sv = data;
@@ -664,6 +687,8 @@ int te_segment_buffers(te_engine *e, te_segment_id id, te_segment_buffer *out, s
 		g_rw_lock_reader_unlock(&e->mem.lock);
 		return n;
 	}
+	if (atomic_load(&e->lost) > 0)
+		te_segment_refresh_lost(e, id); /* the peer may be back, its buffers elsewhere */
 	g_rw_lock_reader_lock(&e->data);
 	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
 	if (s == NULL || s->cur == NULL) {

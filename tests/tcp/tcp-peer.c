@@ -15,7 +15,8 @@
  *                                     linkdown <ms>"), up again, and checks
  *                                     transfers work again ("OK relink")
  *
- * Targets run until their stdin closes. TE_* variables configure them.
+ * Targets run until their stdin closes. TE_* variables configure them;
+ * TCP_PEER_TRANSPORTS replaces the transports of its engines ("tcp").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,8 @@ static int wait_stdin(void)
 static te_engine *make(const char *name)
 {
 	te_engine *e = NULL;
-	te_option opt = { "transports", "tcp" };
+	const char *tp = getenv("TCP_PEER_TRANSPORTS");
+	te_option opt = { "transports", tp ? tp : "tcp" };
 	int rc = te_engine_create("P2PHANDSHAKE", name, &opt, 1, &e);
 	if (rc < 0) {
 		fprintf(stderr, "tcp-peer: engine %s: %s\n", name, te_strerror(rc));

@@ -425,10 +425,15 @@ void tcp_threads_stop(tcp_ctx *c)
 				TLOG(c, TE_LOG_ERROR, "cannot wake I/O thread %u: %s", i, g_strerror(errno));
 		}
 	}
+	for (unsigned i = 0; i < c->nthreads; i++)
+		if (c->threads[i].thread)
+			g_thread_join(c->threads[i].thread);
 	for (unsigned i = 0; i < c->nthreads; i++) {
 		tcp_thread *t = &c->threads[i];
+		/* Thread 0 may have handed a just-accepted connection to a thread
+		 * that had already stopped: close what is left in the mailboxes. */
 		if (t->thread)
-			g_thread_join(t->thread);
+			shutdown_all(t);
 		if (t->ep >= 0)
 			close(t->ep);
 		if (t->wake.fd >= 0)

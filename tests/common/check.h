@@ -43,6 +43,9 @@ static int check_count;
 
 #define TEST_RUN(fn)                                                               \
 	do {                                                                           \
+		const char *_only = getenv("TE_TEST_ONLY"); /* run one test by name */    \
+		if (_only != NULL && strcmp(_only, #fn) != 0)                              \
+			break;                                                             \
 		int _before = check_failures;                                              \
 		fn();                                                                      \
 		fprintf(stderr, "%s %s\n", check_failures == _before ? "ok  " : "FAIL", #fn); \

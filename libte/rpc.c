@@ -27,7 +27,21 @@
 #define CLIENT_RECV_TIMEOUT_MS 60000
 #define SERVER_FRAME_TIMEOUT_MS 10000
 #define SERVER_LINGER_MS 5000
-#define MAX_CONNECTIONS 64
+#define MAX_PENDING 1024   /* accepted, their first bytes not here yet */
+#define MAX_PER_PEER 32    /* pending and served connections of one address */
+
+/*
+ * A connection costs a worker only once its first bytes arrive: until then
+ * the accept thread watches it (at most MAX_PENDING, SERVER_FRAME_TIMEOUT_MS
+ * each). So silent, half-open connections cannot take the workers from real
+ * peers, and no address may hold more than MAX_PER_PEER connections.
+ */
+typedef struct pending {
+	int fd;
+	int64_t deadline;
+	char peer[64];
+	char host[48]; /* the address without the port: the per-peer key */
+} pending;
 
 struct te_rpc_server {
 	te_engine *engine;
@@ -36,7 +50,9 @@ struct te_rpc_server {
 	GThread *thread;
 	GThreadPool *workers;
 	GMutex lock;
-	GHashTable *active; /* fd → fd, open connections */
+	GHashTable *active; /* fd → fd, connections being served */
+	GHashTable *per_peer; /* host → connections (pending and served) */
+	int64_t last_full_warn;
 	bool stopping;
 };
 
@@ -205,7 +221,19 @@ static void peer_name(const struct sockaddr_storage *ss, char *buf, size_t size)
 typedef struct conn_job {
 	int fd;
 	char peer[64];
+	char host[48];
 } conn_job;
+
+/* One connection of `host` more (+1) or less (-1); the count after. s->lock held. */
+static int peer_count(te_rpc_server *s, const char *host, int delta)
+{
+	int n = GPOINTER_TO_INT(g_hash_table_lookup(s->per_peer, host)) + delta;
+	if (n <= 0)
+		g_hash_table_remove(s->per_peer, host);
+	else
+		g_hash_table_replace(s->per_peer, g_strdup(host), GINT_TO_POINTER(n));
+	return n;
+}
 
 static int handle_builtin(te_engine *e, int type, const char *body, size_t len, char **reply,
 			  size_t *reply_len, const char *peer)
@@ -280,27 +308,34 @@ out:
 	free(reply);
 	g_mutex_lock(&s->lock);
 	g_hash_table_remove(s->active, GINT_TO_POINTER(job->fd));
+	peer_count(s, job->host, -1);
 	g_mutex_unlock(&s->lock);
 	close(job->fd);
 	g_free(job);
 }
 
-static gpointer accept_loop(gpointer data)
+/* A warning about refused connections at most once a second: a flood of
+ * them must not become a flood of log lines. s->lock held. */
+static void warn_full(te_rpc_server *s, const char *why, const char *peer)
 {
-	te_rpc_server *s = data;
-	struct pollfd pf[2] = { { .fd = s->fd, .events = POLLIN }, { .fd = s->wake_fd, .events = POLLIN } };
+	int64_t now = te_now_ms();
+	if (now - s->last_full_warn < 1000)
+		return;
+	s->last_full_warn = now;
+	te_warn("rpc: %s; closing connections (%s and maybe others)", why, peer);
+}
 
-	for (;;) {
-		if (poll(pf, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			te_err("rpc: poll failed: %s", g_strerror(errno));
-			break;
-		}
-		if (pf[1].revents)
-			break;
-		if (!(pf[0].revents & POLLIN))
-			continue;
+static void host_of(const char *peer, char *host, size_t size)
+{
+	const char *colon = strrchr(peer, ':');
+	size_t n = colon ? (size_t)(colon - peer) : strlen(peer);
+	snprintf(host, size, "%.*s", (int)n, peer);
+}
+
+/* Accepts what is waiting; each new connection becomes pending. */
+static void accept_some(te_rpc_server *s, pending *pend, size_t *npend)
+{
+	for (int k = 0; k < 64; k++) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof ss;
 		int fd = accept4(s->fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -309,24 +344,86 @@ static gpointer accept_loop(gpointer data)
 				te_warn("rpc: accept failed: %s", g_strerror(errno));
 			if (errno == EMFILE || errno == ENFILE)
 				g_usleep(10000);
-			continue;
+			return;
 		}
-		conn_job *job = g_new0(conn_job, 1);
-		job->fd = fd;
-		peer_name(&ss, job->peer, sizeof job->peer);
+		pending p = { .fd = fd, .deadline = te_now_ms() + SERVER_FRAME_TIMEOUT_MS };
+		peer_name(&ss, p.peer, sizeof p.peer);
+		host_of(p.peer, p.host, sizeof p.host);
 		g_mutex_lock(&s->lock);
-		bool full = g_hash_table_size(s->active) >= MAX_CONNECTIONS || s->stopping;
-		if (!full)
-			g_hash_table_add(s->active, GINT_TO_POINTER(fd));
+		bool ok = !s->stopping && *npend < MAX_PENDING;
+		if (!ok)
+			warn_full(s, "too many connections waiting for their first frame", p.peer);
+		else if (peer_count(s, p.host, +1) > MAX_PER_PEER) {
+			peer_count(s, p.host, -1);
+			warn_full(s, "too many connections from one address", p.peer);
+			ok = false;
+		}
 		g_mutex_unlock(&s->lock);
-		if (full) {
-			te_warn("rpc: too many open connections; closing the one from %s", job->peer);
+		if (!ok) {
 			close(fd);
-			g_free(job);
 			continue;
 		}
-		g_thread_pool_push(s->workers, job, NULL);
+		pend[(*npend)++] = p;
 	}
+}
+
+static gpointer accept_loop(gpointer data)
+{
+	te_rpc_server *s = data;
+	pending *pend = g_new(pending, MAX_PENDING);
+	struct pollfd *pf = g_new(struct pollfd, MAX_PENDING + 2);
+	size_t npend = 0;
+
+	for (;;) {
+		int64_t now = te_now_ms(), next = now + 1000;
+		pf[0] = (struct pollfd){ .fd = s->fd, .events = POLLIN };
+		pf[1] = (struct pollfd){ .fd = s->wake_fd, .events = POLLIN };
+		for (size_t i = 0; i < npend; i++) {
+			pf[2 + i] = (struct pollfd){ .fd = pend[i].fd, .events = POLLIN };
+			if (pend[i].deadline < next)
+				next = pend[i].deadline;
+		}
+		int n = poll(pf, 2 + npend, next > now ? (int)(next - now) : 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			te_err("rpc: poll failed: %s", g_strerror(errno));
+			break;
+		}
+		if (pf[1].revents)
+			break;
+		/* Pending connections that spoke go to a worker; silent ones time out. */
+		now = te_now_ms();
+		size_t keep = 0;
+		for (size_t i = 0; i < npend; i++) {
+			pending *p = &pend[i];
+			if (pf[2 + i].revents) {
+				conn_job *job = g_new0(conn_job, 1);
+				job->fd = p->fd;
+				memcpy(job->peer, p->peer, sizeof job->peer);
+				memcpy(job->host, p->host, sizeof job->host);
+				g_mutex_lock(&s->lock);
+				g_hash_table_add(s->active, GINT_TO_POINTER(p->fd));
+				g_mutex_unlock(&s->lock);
+				g_thread_pool_push(s->workers, job, NULL);
+			} else if (now >= p->deadline) {
+				te_dbg("rpc: %s sent nothing for %d ms; closed", p->peer, SERVER_FRAME_TIMEOUT_MS);
+				g_mutex_lock(&s->lock);
+				peer_count(s, p->host, -1);
+				g_mutex_unlock(&s->lock);
+				close(p->fd);
+			} else {
+				pend[keep++] = *p;
+			}
+		}
+		npend = keep;
+		if (pf[0].revents & POLLIN)
+			accept_some(s, pend, &npend);
+	}
+	for (size_t i = 0; i < npend; i++)
+		close(pend[i].fd);
+	g_free(pend);
+	g_free(pf);
 	return NULL;
 }
 
@@ -422,6 +519,7 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 	s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	g_mutex_init(&s->lock);
 	s->active = g_hash_table_new(g_direct_hash, g_direct_equal);
+	s->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	s->workers = g_thread_pool_new(serve_conn, s, 16, FALSE, NULL);
 	s->thread = g_thread_new("te-rpc", accept_loop, s);
 	*out = s;
@@ -455,6 +553,7 @@ void te_rpc_server_stop(te_rpc_server *s)
 	g_thread_pool_free(s->workers, FALSE, TRUE);
 	close(s->wake_fd);
 	g_hash_table_unref(s->active);
+	g_hash_table_unref(s->per_peer);
 	g_mutex_clear(&s->lock);
 	g_free(s);
 }

@@ -77,7 +77,7 @@ if plugin_there transport shm; then near=shm; else near=tcp; fi
 if run help 0 --help; then
 	missing=
 	for f in mode metadata_server local_server_name segment_id protocol memory device_name nic_priority_matrix \
-		auto_discovery operation batch_size block_size buffer_size duration threads report_unit \
+		auto_discovery operation remote_offset batch_size block_size buffer_size duration threads report_unit \
 		report_precision check json quiet verbose help; do
 		grep -q -- "--$f " "$tmp/out" || missing="$missing $f"
 	done
@@ -86,7 +86,7 @@ fi
 run bogus 1 --bogus=1 && one_line_error "unknown flag" "unknown flag '--bogus=1'"
 run badnum 1 --block_size=12x && one_line_error "bad number" "--block_size=12x is not a number"
 run zero 1 --batch_size=0 && one_line_error "out of range" "--batch_size=0 is not a number in \[1,"
-run badop 1 --operation=copy && one_line_error "bad operation" "--operation=copy: want read or write"
+run badop 1 --operation=copy && one_line_error "bad operation" "--operation=copy: want read, write or mixed"
 run badmem 1 --memory=heap && one_line_error "bad memory kind" "--memory=heap: want libte or anonymous"
 run badunit 1 --report_unit=parsecs && one_line_error "bad unit" "--report_unit=parsecs"
 run noproto 1 --protocol=nosuch --duration=1 && one_line_error "unknown transport" "cannot install transport 'nosuch'"

@@ -40,6 +40,7 @@ typedef struct flags {
 	const char *operation;
 	uint64_t batch_size;
 	uint64_t block_size;
+	uint64_t remote_offset;
 	uint64_t buffer_size;
 	uint64_t duration;
 	uint64_t threads;
@@ -100,7 +101,9 @@ static const flag_def DEFS[] = {
 	  "file with an RDMA NIC priority matrix (JSON); overrides --device_name" },
 	{ "auto_discovery", F_BOOL, &F.auto_discovery, 0, 0,
 	  "the same as --protocol=auto" },
-	{ "operation", F_STR, &F.operation, 0, 0, "read | write (default read)" },
+	{ "operation", F_STR, &F.operation, 0, 0, "read | write | mixed (reads and writes by turns) (default read)" },
+	{ "remote_offset", F_U64, &F.remote_offset, 0, 1ull << 40,
+	  "start this many bytes into the target's buffer (initiators sharing a target) (default 0)" },
 	{ "batch_size", F_U64, &F.batch_size, 1, 1u << 20, "requests per batch (default 128)" },
 	{ "block_size", F_U64, &F.block_size, 1, 1ull << 36, "bytes per request (default 65536)" },
 	{ "buffer_size", F_U64, &F.buffer_size, 1, 1ull << 40,
@@ -502,6 +505,7 @@ static void *register_buffer(te_engine *e, uint64_t size, uint64_t touch, bool r
 
 typedef struct run {
 	te_engine *e;
+	bool mixed;
 	const char *transport;
 	te_segment_id seg;
 	uint32_t op;
@@ -594,7 +598,7 @@ static bool one_batch(worker *w, te_request *reqs, uint32_t op, unsigned char *l
 	return true;
 }
 
-static bool compare(worker *w, uint64_t iter, const te_request *reqs)
+static bool compare(worker *w, uint64_t iter, const te_request *reqs, uint32_t op)
 {
 	for (uint64_t i = 0; i < F.batch_size; i++) {
 		uint64_t off = F.block_size * (i * F.threads + w->id);
@@ -606,7 +610,7 @@ static bool compare(worker *w, uint64_t iter, const te_request *reqs)
 			k++;
 		fail_run(2, "DATA MISMATCH after %s: thread %u, batch %" PRIu64 ", block %" PRIu64
 			 " (remote 0x%" PRIx64 "), byte %" PRIu64 ": got 0x%02x, want 0x%02x",
-			 R.op == TE_OP_READ ? "READ" : "WRITE", w->id, iter, i, reqs[i].remote, k, got[k],
+			 op == TE_OP_READ ? "READ" : "WRITE", w->id, iter, i, reqs[i].remote, k, got[k],
 			 want[k]);
 		return false;
 	}
@@ -617,7 +621,7 @@ static void *worker_main(void *arg)
 {
 	worker *w = arg;
 	te_request *reqs = calloc(F.batch_size, sizeof *reqs);
-	uint64_t base = R.remote_base[w->id % R.nremote];
+	uint64_t base = R.remote_base[w->id % R.nremote] + F.remote_offset;
 
 	if (reqs == NULL) {
 		fail_run(1, "out of memory");
@@ -629,33 +633,35 @@ static void *worker_main(void *arg)
 		reqs[i].length = F.block_size;
 	}
 	for (uint64_t iter = 0; !atomic_load_explicit(&R.stop, memory_order_relaxed); iter++) {
+		/* --operation=mixed: reads and writes by turns */
+		uint32_t op = R.mixed ? (iter % 2 ? TE_OP_WRITE : TE_OP_READ) : R.op;
 		if (F.check) {
 			/* Expected bytes in `verify`; the measured operation moves them
 			 * through the remote side into `local`. */
 			for (uint64_t i = 0; i < F.batch_size; i++) {
 				uint64_t off = F.block_size * (i * F.threads + w->id);
 				pattern_fill(R.verify + off, F.block_size, (iter << 20) ^ (i << 8) ^ w->id ^ 0x5eed);
-				if (R.op == TE_OP_READ)
+				if (op == TE_OP_READ)
 					memset(R.local + off, 0xa5, F.block_size);
 				else
 					memcpy(R.local + off, R.verify + off, F.block_size);
 			}
-			if (R.op == TE_OP_READ && !one_batch(w, reqs, TE_OP_WRITE, R.verify))
+			if (op == TE_OP_READ && !one_batch(w, reqs, TE_OP_WRITE, R.verify))
 				break;
 		}
 		uint64_t t0 = now_ns();
-		if (!one_batch(w, reqs, R.op, R.local))
+		if (!one_batch(w, reqs, op, R.local))
 			break;
 		uint64_t dt = now_ns() - t0;
 		if (F.check) {
-			if (R.op == TE_OP_WRITE) {
+			if (op == TE_OP_WRITE) {
 				/* Read back what was written, into `local` over the source. */
 				for (uint64_t i = 0; i < F.batch_size; i++)
 					memset(R.local + F.block_size * (i * F.threads + w->id), 0xa5, F.block_size);
 				if (!one_batch(w, reqs, TE_OP_READ, R.local))
 					break;
 			}
-			if (!compare(w, iter, reqs))
+			if (!compare(w, iter, reqs, op))
 				break;
 		}
 		/* Every request of the batch saw the batch's completion time. */
@@ -719,6 +725,7 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 
 	R.e = e;
 	R.op = strcmp(F.operation, "write") == 0 ? TE_OP_WRITE : TE_OP_READ;
+	R.mixed = strcmp(F.operation, "mixed") == 0;
 	pthread_mutex_init(&R.error_lock, NULL);
 	R.seg = te_segment_open(e, target);
 	if (R.seg < 0)
@@ -733,9 +740,9 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 	for (unsigned i = 0; i < R.nremote; i++) {
 		R.remote_base[i] = bufs[i].addr;
 		R.remote_len[i] = bufs[i].length;
-		if (bufs[i].length < span && i < F.threads)
-			die(1, "segment '%s' buffer %u holds %" PRIu64 " bytes; block_size*batch_size*threads = %" PRIu64,
-			    target, i, bufs[i].length, span);
+		if ((bufs[i].length < span || bufs[i].length - span < F.remote_offset) && i < F.threads)
+			die(1, "segment '%s' buffer %u holds %" PRIu64 " bytes; remote_offset + block_size*batch_size*threads = %"
+			       PRIu64, target, i, bufs[i].length, F.remote_offset + span);
 	}
 	R.local = register_buffer(e, F.buffer_size, span, false);
 	if (F.check)
@@ -852,8 +859,8 @@ int main(int argc, char **argv)
 		die(1, "--mode=%s: want loopback, target or initiator", F.mode);
 	if (strcmp(F.memory, "libte") && strcmp(F.memory, "anonymous"))
 		die(1, "--memory=%s: want libte or anonymous", F.memory);
-	if (strcmp(F.operation, "read") && strcmp(F.operation, "write"))
-		die(1, "--operation=%s: want read or write", F.operation);
+	if (strcmp(F.operation, "read") && strcmp(F.operation, "write") && strcmp(F.operation, "mixed"))
+		die(1, "--operation=%s: want read, write or mixed", F.operation);
 	if (unit_bytes(F.report_unit) == 0)
 		die(1, "--report_unit=%s: want GB, GiB, Gb, MB, MiB, Mb, KB, KiB or Kb", F.report_unit);
 	if (!strcmp(F.mode, "initiator") && (F.segment_id == NULL || !*F.segment_id))

@@ -621,7 +621,40 @@ static int collect(nv_worker *w)
 	return rc;
 }
 
-/* The role holder's wait: collect, check, sleep in the ring for more. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+/* Looks for a completion without sleeping until `until`: a sleep and its
+ * wake-up cost the thread a context switch and tens of microseconds on a VM,
+ * more than a short look. The kernel flags completion work it holds for this
+ * thread (it runs it without interrupting the thread); entering the kernel
+ * runs it. True when there is something to collect or done() holds. */
+static bool spin_for_completion(nv_worker *w, int (*done)(void *), void *arg, int64_t until)
+{
+	for (unsigned i = 1;; i++) {
+		if (cq_pending(w) > 0 || done(arg))
+			return true;
+		/* at most every 64 looks: the work may be another thread's */
+		if (i % 64 == 1 && cq_needs_enter(w)) {
+			int rc = io_uring_enter(w->ring.ring_fd, 0, 0, IORING_ENTER_GETEVENTS, NULL);
+			if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+				return false;
+			continue;
+		}
+		if (i % 64 == 0 && now_ns() >= until)
+			return false;
+		cpu_relax();
+	}
+}
+
+/* The role holder's wait: collect, check, sleep in the ring for more (after
+ * a short look when the last wait was that short). */
 static int collect_until(nv_worker *w, int (*done)(void *), void *arg, int64_t end)
 {
 	for (;;) {
@@ -640,7 +673,15 @@ static int collect_until(nv_worker *w, int (*done)(void *), void *arg, int64_t e
 		 * failures found at submit time), and only the role holder takes
 		 * them out: whatever can make done() true wakes this sleep. */
 		if (cq_pending(w) == 0) {
+			int64_t t0 = now_ns();
+			int64_t spin = w->ctx->spin_ns;
+			if (spin > 0 && w->last_wait_ns < spin && (left < 0 || left > spin) &&
+			    spin_for_completion(w, done, arg, t0 + spin)) {
+				w->last_wait_ns = now_ns() - t0;
+				continue;
+			}
 			int rc = ring_wait(w, left);
+			w->last_wait_ns = now_ns() - t0;
 			if (rc < 0 && rc != -EINTR && rc != -ETIME && rc != -EAGAIN && rc != -EBUSY) {
 				log_enter_error(w, rc);
 				g_usleep(1000); /* do not spin on a persistent failure */

@@ -21,7 +21,9 @@
 #define NV_MAX_WORKERS 64u
 #define NV_DEFAULT_COALESCE_US 50u
 #define NV_MAX_COALESCE_US 10000u
-#define NV_DEFAULT_REAP_TICK_MS 20u
+#define NV_DEFAULT_REAP_TICK_MS 100u
+#define NV_DEFAULT_SPIN_US 50u
+#define NV_MAX_SPIN_US 1000u
 #define NV_MAX_REAP_TICK_MS 1000u
 #define NV_DEFAULT_FIXED_FILES 1024u
 #define NV_MAX_FIXED_FILES 32768u
@@ -123,6 +125,7 @@ typedef struct nv_worker {
 	bool lazy_kick;
 	bool ext_arg;                /* the kernel takes a timeout with GETEVENTS */
 	bool fixed_failed;           /* no registered file table for this ring */
+	int64_t last_wait_ns;        /* the role holder's last wait (theirs alone) */
 	nv_slot *slots;
 	uint32_t *free_slots;
 	uint32_t n_free;
@@ -145,6 +148,7 @@ struct nv_ctx {
 	bool dsync;
 	bool caller_submit; /* submit() puts SQEs into the ring itself */
 	int64_t reap_tick_ns; /* the worker's look at whether applications still collect */
+	int64_t spin_ns;      /* a waiting thread's look for completions before it sleeps */
 	/* Registered files (caller submission): each ring has a table of this
 	 * many entries, handed out to the segments' descriptors. */
 	uint32_t n_fixed;

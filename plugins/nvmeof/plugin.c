@@ -53,6 +53,8 @@ static void read_config(nv_ctx *c)
 								NV_DEFAULT_REAP_TICK_MS, 1, NV_MAX_REAP_TICK_MS);
 	c->n_fixed = (uint32_t)te_host_config_u64(h, "TE_NVMEOF_FIXED_FILES", NULL, NV_DEFAULT_FIXED_FILES, 0,
 						  NV_MAX_FIXED_FILES);
+	c->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_NVMEOF_SPIN_US", NULL, NV_DEFAULT_SPIN_US, 0,
+							 NV_MAX_SPIN_US);
 }
 
 static int nv_probe(const te_host *h, char *why, size_t why_len)
@@ -234,10 +236,11 @@ static int nv_report(const te_host *h, char **text)
 	g_string_append_printf(s,
 			       "  TE_NVMEOF_QUEUE_DEPTH=%u  TE_NVMEOF_SLICE_SIZE=%llu  TE_NVMEOF_WORKERS=%u\n"
 			       "  TE_NVMEOF_SUBMIT=%s  TE_NVMEOF_DIRECT=%d  TE_NVMEOF_DSYNC=%d  TE_NVMEOF_COALESCE_US=%llu\n"
-			       "  TE_NVMEOF_REAP_TICK_MS=%llu  TE_NVMEOF_FIXED_FILES=%u\n",
+			       "  TE_NVMEOF_REAP_TICK_MS=%llu  TE_NVMEOF_FIXED_FILES=%u  TE_NVMEOF_SPIN_US=%llu\n",
 			       c.depth, (unsigned long long)c.slice, c.n_workers, c.caller_submit ? "caller" : "worker",
 			       c.use_direct, c.dsync, (unsigned long long)(c.coalesce_ns / 1000),
-			       (unsigned long long)(c.reap_tick_ns / 1000000), c.caller_submit ? c.n_fixed : 0);
+			       (unsigned long long)(c.reap_tick_ns / 1000000), c.caller_submit ? c.n_fixed : 0,
+			       (unsigned long long)(c.spin_ns / 1000));
 	*text = strdup(s->str);
 	g_string_free(s, TRUE);
 	return *text ? 0 : -ENOMEM;

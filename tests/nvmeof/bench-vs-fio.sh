@@ -1,8 +1,10 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # nvmeof-bench beside fio on the same file or block device, block size, queue
-# depth, direct flag and buffer memory (2 MiB huge pages for both: fio
-# --iomem=shmhuge), interleaved round by round (fio, then libte) so drifting
+# depth, direct flag, buffer memory (2 MiB huge pages for both: fio
+# --iomem=shmhuge) and written bytes (random, filled once: fio
+# --scramble_buffers=0; a compressing device such as zram would otherwise do
+# different work for each), interleaved round by round (fio, then libte) so drifting
 # load hits both alike; caches are dropped before every run. Each run is
 # measured for throughput and, around the whole process (every thread, the
 # kernel's io_uring workers included), for CPU time, context switches and
@@ -106,7 +108,7 @@ measured() {
 fio_run() { # rw bs
 	measured fio --name=te --filename="$file" --rw="$1" --bs="$2" --iodepth="$qd" --direct=1 \
 		--ioengine=io_uring $fio_mem --runtime="$runtime" --time_based --size="$size" \
-		--minimal 2>/dev/null |
+		--scramble_buffers=0 --minimal 2>/dev/null |
 		awk -F';' -v bs="$bytes" '{printf "%.1f %d\n", ($7 + $48) / 1024, ($6 + $47) * 1024 / bs}'
 }
 
@@ -122,14 +124,25 @@ te_run() { # rw mode
 		awk '/^RESULT/ {print $6, $9}'
 }
 
-# One result line: case bs tool MiB/s cpu-us/request switches/request syscalls/request
+# One result line: case bs tool MiB/s cpu-us/request switches/request
+# syscalls/request round
 record() { # rw bs tool "MiB/s requests"
 	set -- "$1" "$2" "$3" $4 $(cat "$stats")
-	awk -v c="$1 $2 $3" -v m="$4" -v n="$5" -v cpu="$6" -v cs="$7" -v sc="$8" 'BEGIN {
+	awk -v c="$1 $2 $3" -v m="$4" -v n="$5" -v cpu="$6" -v cs="$7" -v sc="$8" -v r="$r" 'BEGIN {
 		if (n <= 0) n = 1
-		printf "%s %s %.2f %.4f %s\n", c, m, cpu * 1e6 / n, cs / n,
-		       sc == "-" ? "-" : sprintf("%.2f", sc / n) }' >> "$results"
-	echo "$4"
+		printf "%s %s %.2f %.4f %s %d\n", c, m, cpu * 1e6 / n, cs / n,
+		       sc == "-" ? "-" : sprintf("%.2f", sc / n), r }' >> "$results"
+	case $3 in fio) echo "fio $4" ;; *) echo "libte-$3 $4" ;; esac
+}
+
+# One run of `tool` (fio or a mode), after dropping the caches.
+run_tool() { # rw bs tool
+	drop
+	if [ "$3" = fio ]; then
+		record "$1" "$2" fio "$(fio_run "$1" "$2")"
+	else
+		record "$1" "$2" "$3" "$(te_run "$1" "$3")"
+	fi
 }
 
 median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
@@ -143,13 +156,15 @@ for c in $cases; do
 	r=1
 	while [ "$r" -le "$rounds" ]; do
 		quiet
-		drop
-		msg="$rw $bs round $r (${idle}% idle before): fio $(record "$rw" "$bs" fio "$(fio_run "$rw" "$bs")")"
-		for m in $modes; do
-			drop
-			msg="$msg, libte-$m $(record "$rw" "$bs" "$m" "$(te_run "$rw" "$m")")"
+		# fio first in odd rounds, last in even ones: a drift during a
+		# round favours neither side
+		order="fio $modes"
+		[ $((r % 2)) = 0 ] && order="$(echo $modes | awk '{for (i = NF; i > 0; i--) printf "%s ", $i}')fio"
+		msg="$rw $bs round $r (${idle}% idle before):"
+		for t in $order; do
+			msg="$msg $(run_tool "$rw" "$bs" "$t"),"
 		done
-		echo "$msg MiB/s" >&2
+		echo "${msg%,} MiB/s" >&2
 		r=$((r + 1))
 	done
 done
@@ -159,9 +174,17 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 med() { awk -v rw="$rw" -v bs="$bs" -v t="$1" -v k="$2" '$1==rw && $2==bs && $3==t {print $k}' "$results" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b}'; }
 
-# Throughput, every mode against fio.
+# median over the rounds of tool $1's MiB/s over fio's in the same round
+paired() {
+	awk -v rw="$rw" -v bs="$bs" -v t="$1" '$1==rw && $2==bs && $3=="fio" {f[$8] = $4}
+		$1==rw && $2==bs && $3==t {m[$8] = $4}
+		END {for (r in m) if (f[r] > 0) printf "%.4f\n", m[r] / f[r]}' "$results" | median
+}
+
+# Throughput, every mode against fio: the ratio of the medians, and the
+# median of each round's ratio (the machine's speed drifts between rounds).
 printf '%-10s %-4s %10s' case bs "fio MiB/s"
-for m in $modes; do printf ' %12s %6s' "libte-$m" ratio; done
+for m in $modes; do printf ' %12s %6s %7s' "libte-$m" ratio paired; done
 echo
 for c in $cases; do
 	rw=${c%%:*} bs=${c##*:}
@@ -169,7 +192,7 @@ for c in $cases; do
 	printf '%-10s %-4s %10s' "$rw" "$bs" "$fm"
 	for m in $modes; do
 		tm=$(med "$m" 4)
-		printf ' %12s %6s' "$tm" "$(ratio "$tm" "$fm")"
+		printf ' %12s %6s %7s' "$tm" "$(ratio "$tm" "$fm")" "$(paired "$m" | awk '{printf "%.2f", $1}')"
 	done
 	echo
 done

@@ -69,7 +69,7 @@ if command -v fio >/dev/null 2>&1; then
 	out=$(HUGEPAGES=0 QUIET_WAIT=0 CASES="randread:4k" MODES="block poll" \
 		sh "$src_dir/bench-vs-fio.sh" "$build" "$dev" 1 1 8 2>&1) || fail "bench-vs-fio.sh: $out"
 	echo "$out"
-	echo "$out" | awk '$1 == "randread" && $2 == "4k" && $3 ~ /^[0-9.]+$/ && $5 > 0 && $7 > 0 {n++}
+	echo "$out" | awk '$1 == "randread" && $2 == "4k" && $3 ~ /^[0-9.]+$/ && $5 > 0 && $6 > 0 && $8 > 0 && $9 > 0 {n++}
 			   $1 == "randread" && $3 == "block" && $4 > 0 {c++} END {exit !(n == 1 && c == 1)}' ||
 		fail "bench-vs-fio.sh printed no table for $dev"
 else

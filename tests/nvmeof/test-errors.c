@@ -254,7 +254,7 @@ static void test_report(void)
 	CHECK_EQ(te_plugin_report("nvmeof", &text), 0);
 	CHECK(text != NULL && strstr(text, "io_uring: available") != NULL);
 	CHECK(text != NULL && strstr(text, "TE_NVMEOF_QUEUE_DEPTH=128") != NULL);
-	CHECK(text != NULL && strstr(text, "TE_NVMEOF_REAP_TICK_MS=20") != NULL);
+	CHECK(text != NULL && strstr(text, "TE_NVMEOF_REAP_TICK_MS=100") != NULL);
 	/* the submission mode in effect: caller unless the environment says worker */
 	const char *mode = getenv("TE_NVMEOF_SUBMIT");
 	char want[64];

@@ -2,7 +2,8 @@
 # Installs, from Debian's archive, what libte needs to build, test and benchmark:
 # compilers and meson, the libraries of libte and its plugins, and the servers
 # and tools the tests start (etcd, redis, iperf3, fio), and the toolchains of
-# the language bindings (CPython headers and pytest, Go, Rust). Debian 12 or
+# the language bindings (CPython headers and pytest, Go, Rust), qemu and
+# valgrind for the reliability suite. Debian 12 or
 # newer; root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -13,4 +14,4 @@ apt-get install -y --no-install-recommends \
   libibverbs-dev rdma-core ibverbs-providers liburing-dev \
   etcd-server etcd-client redis-server iperf3 fio iproute2 procps \
   python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy \
-  qemu-system-x86 linux-image-amd64 busybox-static
+  qemu-system-x86 linux-image-amd64 busybox-static valgrind

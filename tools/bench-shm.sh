@@ -21,14 +21,18 @@ for f in "$bench" "$mcpy"; do [ -x "$f" ] || { echo "bench-shm: $f not built" >&
 export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp:$PWD/$build/plugins/shm"
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+cleanup() {
+	for p in "${pids[@]}" $(cat "$tmp/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$tmp"
+}
 trap cleanup EXIT
 
 # target PROTOCOL MEMORY -> its segment name on stdout
 target() {
 	"$bench" --mode=target --local_server_name=127.0.0.1 --protocol="$1" --memory="$2" --buffer_size=256M \
 		>"$tmp/target.$1.$2" 2>&1 &
-	pids+=($!)
+	echo $! >>"$tmp/pids" # this runs in a $(...) subshell: the parent reads the file
 	for _ in $(seq 100); do
 		local n
 		n=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.$1.$2")

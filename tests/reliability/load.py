@@ -97,7 +97,7 @@ def rss(pid):
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
-    return 0
+    raise ProcessLookupError(pid)  # exiting: its memory is already gone
 
 
 def rpc_call(port, typ, body=b"{}"):
@@ -180,7 +180,9 @@ def scenario_soak():
     init = initiator(name, "tcp", secs, extra=["--threads=2", "--block_size=262144"])
     samples = []
     t0 = time.monotonic()
-    while init.poll() is None:
+    # Samples stop a second before the initiator's end: one taken while it
+    # exits would see its memory and descriptors already released.
+    while init.poll() is None and time.monotonic() - t0 < secs - 1:
         try:
             samples.append((time.monotonic() - t0, rss(target.pid), fds(target.pid), rss(init.pid), fds(init.pid)))
         except (FileNotFoundError, ProcessLookupError):

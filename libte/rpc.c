@@ -427,42 +427,88 @@ static gpointer accept_loop(gpointer data)
 	return NULL;
 }
 
-static int bind_port(int fd, int family, int port)
+/* Where the RPC socket listens: every interface, or the one address of
+ * TE_BIND_ADDRESS (engine option or environment). */
+typedef struct bind_addr {
+	int family; /* 0: every interface, dual stack where possible */
+	struct in_addr v4;
+	struct in6_addr v6;
+} bind_addr;
+
+static int bind_port(int fd, const bind_addr *ba, int family, int port)
 {
 	int rc;
 
 	if (family == AF_INET6) {
 		struct sockaddr_in6 a = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
 					  .sin6_addr = IN6ADDR_ANY_INIT };
+		if (ba->family == AF_INET6)
+			a.sin6_addr = ba->v6;
 		rc = bind(fd, (struct sockaddr *)&a, sizeof a);
 	} else {
 		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-		a.sin_addr.s_addr = htonl(INADDR_ANY);
+		a.sin_addr.s_addr = ba->family == AF_INET ? ba->v4.s_addr : htonl(INADDR_ANY);
 		rc = bind(fd, (struct sockaddr *)&a, sizeof a);
 	}
 	return rc == 0 ? 0 : -errno;
 }
 
 /* A listening socket for both IPv6 and IPv4 peers (these arrive as mapped
- * addresses), or IPv4 only where the kernel has no IPv6. */
-static int listen_socket(int *family)
+ * addresses), or IPv4 only where the kernel has no IPv6; or one of the bind
+ * address's family. */
+static int listen_socket(const bind_addr *ba, int *family)
 {
-	int one = 1, zero = 0;
-	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int one = 1, zero = 0, fd;
 
-	*family = AF_INET6;
-	if (fd >= 0 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0) {
-		close(fd);
-		fd = -1;
-	}
-	if (fd < 0) {
-		*family = AF_INET;
-		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (ba->family != 0) {
+		*family = ba->family;
+		fd = socket(ba->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	} else {
+		*family = AF_INET6;
+		fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (fd >= 0 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0) {
+			close(fd);
+			fd = -1;
+		}
+		if (fd < 0) {
+			*family = AF_INET;
+			fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		}
 	}
 	if (fd < 0)
 		return -errno;
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	return fd;
+}
+
+/* TE_BIND_ADDRESS: a numeric IPv4 or IPv6 address, or unset / empty for every
+ * interface. */
+static int parse_bind_address(te_engine *e, bind_addr *ba)
+{
+	const char *v = te_engine_option(e, "TE_BIND_ADDRESS");
+
+	memset(ba, 0, sizeof *ba);
+	if (v == NULL)
+		v = te_env2("TE_BIND_ADDRESS", NULL);
+	if (v == NULL || *v == '\0')
+		return 0;
+	if (inet_pton(AF_INET, v, &ba->v4) == 1) {
+		ba->family = AF_INET;
+		return 0;
+	}
+	char tmp[INET6_ADDRSTRLEN + 2];
+	size_t n = strlen(v);
+	if (n >= 2 && n < sizeof tmp && v[0] == '[' && v[n - 1] == ']') { /* [v6] */
+		memcpy(tmp, v + 1, n - 2);
+		tmp[n - 2] = '\0';
+		v = tmp;
+	}
+	if (inet_pton(AF_INET6, v, &ba->v6) == 1) {
+		ba->family = AF_INET6;
+		return 0;
+	}
+	te_err("TE_BIND_ADDRESS '%s' is not a numeric IPv4 or IPv6 address", v);
+	return -EINVAL;
 }
 
 int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_server **out)
@@ -472,8 +518,14 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 	uint64_t lo = 15000, hi = 17000, backlog = 128;
 	const char *v;
 
+	bind_addr ba;
+
 	*out = NULL;
-	fd = listen_socket(&family);
+	rc = parse_bind_address(e, &ba);
+	if (rc < 0)
+		return rc;
+	rc = -EADDRINUSE;
+	fd = listen_socket(&ba, &family);
 	if (fd < 0)
 		return fd;
 	if ((v = te_env2("TE_MIN_RPC_PORT", "MC_MIN_PRC_PORT")) && (!te_parse_u64(v, &lo) || lo > 65535))
@@ -487,7 +539,7 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 		backlog = 128;
 
 	if (port_wanted > 0) {
-		rc = bind_port(fd, family, port_wanted);
+		rc = bind_port(fd, &ba, family, port_wanted);
 		if (rc == 0)
 			*port_out = port_wanted;
 	} else {
@@ -495,7 +547,7 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 		uint64_t start = (uint64_t)g_random_int_range(0, (gint32)span);
 		for (uint64_t i = 0; i < span && rc < 0; i++) {
 			int p = (int)(lo + (start + i) % span);
-			rc = bind_port(fd, family, p);
+			rc = bind_port(fd, &ba, family, p);
 			if (rc == 0)
 				*port_out = p;
 			else if (rc != -EADDRINUSE)

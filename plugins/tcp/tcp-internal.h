@@ -69,6 +69,7 @@ typedef struct tcp_config {
 	unsigned max_inbound;    /* accepted connections at once */
 	unsigned port;           /* data port wanted, 0: any */
 	int proto;               /* protocol version we ask peers for and advertise */
+	char bind[64];           /* listen on this address only; "": every interface */
 } tcp_config;
 
 #define TCP_MAX_CONNS_PER_PEER 16

@@ -62,13 +62,75 @@ static void read_config(const te_host *h, tcp_config *cfg)
 							1u << 20);
 	cfg->port = (unsigned)te_host_config_u64(h, "TE_TCP_PORT", NULL, 0, 0, 65535);
 	cfg->proto = (int)te_host_config_u64(h, "TE_TCP_PROTO", "MC_TCP_PROTO", 2, 1, 2);
+	const char *b = h->config(h, "TE_TCP_BIND_ADDRESS", NULL);
+	if (b == NULL)
+		b = h->config(h, "TE_BIND_ADDRESS", NULL);
+	g_strlcpy(cfg->bind, b ? b : "", sizeof cfg->bind);
 }
 
 /* --------------------------------------------------------------- listener */
 
-static int open_listener(tcp_ctx *c)
+/* The one address of TE_TCP_BIND_ADDRESS / TE_BIND_ADDRESS (numeric, IPv4 or
+ * IPv6, brackets allowed): 0 and `ss` filled, or -EINVAL. */
+static int parse_bind(const char *v, struct sockaddr_storage *ss, socklen_t *len, unsigned port)
 {
-	int one = 1, zero = 0, fd, rc = 0;
+	char tmp[64];
+	size_t n = strlen(v);
+	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+
+	memset(ss, 0, sizeof *ss);
+	if (n >= 2 && n < sizeof tmp && v[0] == '[' && v[n - 1] == ']') {
+		memcpy(tmp, v + 1, n - 2);
+		tmp[n - 2] = '\0';
+		v = tmp;
+	}
+	if (inet_pton(AF_INET, v, &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		a4->sin_port = htons((uint16_t)port);
+		*len = sizeof *a4;
+		return 0;
+	}
+	if (inet_pton(AF_INET6, v, &a6->sin6_addr) == 1) {
+		a6->sin6_family = AF_INET6;
+		a6->sin6_port = htons((uint16_t)port);
+		*len = sizeof *a6;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+/* A socket bound to the one address asked for: fd or -errno. */
+static int bind_one(tcp_ctx *c)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int one = 1, fd, rc;
+
+	if (parse_bind(c->cfg.bind, &ss, &sl, c->cfg.port) < 0) {
+		TLOG(c, TE_LOG_ERROR,
+		     "bind address '%s' (TE_TCP_BIND_ADDRESS / TE_BIND_ADDRESS) is not a numeric IPv4 or IPv6 address",
+		     c->cfg.bind);
+		return -EINVAL;
+	}
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(fd, (struct sockaddr *)&ss, sl) < 0) {
+		rc = -errno;
+		close(fd);
+		TLOG(c, TE_LOG_ERROR, "cannot bind the data port %u on %s: %s", c->cfg.port, c->cfg.bind,
+		     g_strerror(-rc));
+		return rc;
+	}
+	return fd;
+}
+
+/* A socket bound on every interface: fd or -errno. */
+static int bind_any(tcp_ctx *c)
+{
+	int one = 1, zero = 0, fd, rc;
 
 	/* Dual stack first (IPv4 peers arrive as mapped addresses), IPv4 else. */
 	fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -78,7 +140,6 @@ static int open_listener(tcp_ctx *c)
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 		if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) < 0 ||
 		    bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-			rc = -errno;
 			close(fd);
 			fd = -1;
 		}
@@ -97,6 +158,15 @@ static int open_listener(tcp_ctx *c)
 			return rc;
 		}
 	}
+	return fd;
+}
+
+static int open_listener(tcp_ctx *c)
+{
+	int rc, fd = c->cfg.bind[0] != '\0' ? bind_one(c) : bind_any(c);
+
+	if (fd < 0)
+		return fd;
 	if (listen(fd, LISTEN_BACKLOG) < 0) {
 		rc = -errno;
 		close(fd);

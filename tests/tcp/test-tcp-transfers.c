@@ -291,6 +291,52 @@ static void test_descriptor(void)
 	te_engine_destroy(e);
 }
 
+/* 0 when something listens at addr:port, else -errno. */
+static int try_connect(const char *addr, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
+	if (fd < 0)
+		return -errno;
+	inet_pton(AF_INET, addr, &a.sin_addr);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+/* TE_BIND_ADDRESS: the RPC and TCP data sockets listen on that address only
+ * (127.0.0.2 is another address of this host, and refused); by default on
+ * every interface; a bad value fails engine creation. */
+static void test_bind_address(void)
+{
+	te_option bind = { "TE_BIND_ADDRESS", "127.0.0.1" };
+	pair p;
+	pair_up(&p, NULL, 0, &bind, 1);
+	char *d = rpc_exchange(te_engine_rpc_port(p.b), 1, "{}");
+	REQUIRE(d != NULL);
+	int data_port = (int)json_int(d, "tcp_data_port");
+	free(d);
+	CHECK_EQ(try_connect("127.0.0.1", te_engine_rpc_port(p.b)), 0);
+	CHECK_EQ(try_connect("127.0.0.2", te_engine_rpc_port(p.b)), -ECONNREFUSED);
+	CHECK_EQ(try_connect("127.0.0.1", data_port), 0);
+	CHECK_EQ(try_connect("127.0.0.2", data_port), -ECONNREFUSED);
+	roundtrip(&p, 100000, 3, 9, 40);
+	/* a, bound nowhere in particular, answers on both */
+	CHECK_EQ(try_connect("127.0.0.2", te_engine_rpc_port(p.a)), 0);
+	pair_down(&p);
+
+	te_engine *e = NULL;
+	te_option bad[] = { { "transports", "tcp" }, { "TE_BIND_ADDRESS", "eth0" } };
+	CHECK_EQ(te_engine_create("P2PHANDSHAKE", tcp_test_host, bad, 2, &e), -EINVAL);
+	CHECK(e == NULL);
+	te_option badtcp[] = { { "transports", "tcp" }, { "TE_TCP_BIND_ADDRESS", "300.1.1.1" } };
+	CHECK(te_engine_create("P2PHANDSHAKE", tcp_test_host, badtcp, 2, &e) < 0 ||
+	      te_transport_list(e, NULL, 0) == 0);
+	if (e != NULL)
+		te_engine_destroy(e);
+}
+
 /* Polling the task's state, then freeing the batch at once (Mooncake's
  * programs do so): the free must succeed as soon as every task shows its end
  * state, even if the completing thread has not finished its bookkeeping. */
@@ -334,5 +380,6 @@ int main(void)
 	TEST_RUN(test_cancel);
 	TEST_RUN(test_v1_peer);
 	TEST_RUN(test_free_after_status);
+	TEST_RUN(test_bind_address);
 	return check_done();
 }

@@ -232,6 +232,8 @@ struct tcp_ctx {
 	int listen_fd;
 	int port;
 	tcp_io listen_io;
+	int64_t refuse_warned;   /* last "refusing connection" warning (accepting thread only) */
+	unsigned refused;        /* refusals since then */
 	tcp_thread *threads;
 	unsigned nthreads;
 	atomic_uint next_thread;   /* round robin for new peers */

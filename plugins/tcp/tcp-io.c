@@ -351,8 +351,19 @@ static void accept_all(tcp_thread *t)
 		char name[80];
 		tcp_addr_name((struct sockaddr *)&ss, name, sizeof name);
 		if ((unsigned)atomic_load(&c->inbound) >= c->cfg.max_inbound) {
-			TLOG(c, TE_LOG_WARN, "refusing connection from %s: %u connections open (TE_TCP_MAX_INBOUND)",
-			     name, c->cfg.max_inbound);
+			/* At most one line a second: a flood of connections must not
+			 * become a flood of log lines (nor block this thread on a full
+			 * log pipe). */
+			int64_t now = tcp_now_ms();
+			c->refused++;
+			if (now - c->refuse_warned >= 1000) {
+				TLOG(c, TE_LOG_WARN,
+				     "refusing connection from %s: %u connections open (TE_TCP_MAX_INBOUND); %u refused in the last %lld ms",
+				     name, c->cfg.max_inbound, c->refused,
+				     c->refuse_warned ? (long long)(now - c->refuse_warned) : 0LL);
+				c->refuse_warned = now;
+				c->refused = 0;
+			}
 			close(fd);
 			continue;
 		}

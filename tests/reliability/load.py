@@ -24,20 +24,30 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 BENCH = sys.argv[1]
 SCENARIO = sys.argv[2]
 MIB = 1 << 20
 STARTED = []  # every process started, killed on the way out
+TARGET_LOG = []  # the last lines the targets printed
 
 
 def fail(msg):
     print(f"FAIL {SCENARIO}: {msg}", flush=True)
+    if TARGET_LOG:
+        print("the target's last lines:\n" + "".join(TARGET_LOG[-20:]), flush=True)
     for p in STARTED:
         if p.poll() is None:
             p.kill()
     sys.exit(1)
+
+
+def drain(p):
+    for line in p.stdout:
+        TARGET_LOG.append(line)
+        del TARGET_LOG[:-200]
 
 
 def start_target(protocol, size="64M"):
@@ -49,6 +59,9 @@ def start_target(protocol, size="64M"):
         seen.append(line)
         m = re.search(r"segment name (\S+) ", line)
         if m:
+            # Read the rest of its output as it comes: a target whose log
+            # fills a pipe nobody reads blocks in the middle of its work.
+            threading.Thread(target=drain, args=(p,), daemon=True).start()
             return p, m.group(1)
         if len(seen) > 50:
             break

@@ -28,13 +28,15 @@
 #define SERVER_FRAME_TIMEOUT_MS 10000
 #define SERVER_LINGER_MS 5000
 #define MAX_PENDING 1024   /* accepted, their first bytes not here yet */
-#define MAX_PER_PEER 32    /* pending and served connections of one address */
+#define MAX_PER_PEER 128   /* pending and served connections of one address
+			     * (TE_RPC_MAX_PER_PEER): every engine of a host shares its
+			     * address, and RDMA handshakes come in bursts */
 
 /*
  * A connection costs a worker only once its first bytes arrive: until then
  * the accept thread watches it (at most MAX_PENDING, SERVER_FRAME_TIMEOUT_MS
  * each). So silent, half-open connections cannot take the workers from real
- * peers, and no address may hold more than MAX_PER_PEER connections.
+ * peers, and no address may hold more than max_per_peer connections.
  */
 typedef struct pending {
 	int fd;
@@ -53,6 +55,7 @@ struct te_rpc_server {
 	GHashTable *active; /* fd → fd, connections being served */
 	GHashTable *per_peer; /* host → connections (pending and served) */
 	int64_t last_full_warn;
+	int max_per_peer;
 	bool stopping;
 };
 
@@ -353,7 +356,7 @@ static void accept_some(te_rpc_server *s, pending *pend, size_t *npend)
 		bool ok = !s->stopping && *npend < MAX_PENDING;
 		if (!ok)
 			warn_full(s, "too many connections waiting for their first frame", p.peer);
-		else if (peer_count(s, p.host, +1) > MAX_PER_PEER) {
+		else if (peer_count(s, p.host, +1) > s->max_per_peer) {
 			peer_count(s, p.host, -1);
 			warn_full(s, "too many connections from one address", p.peer);
 			ok = false;
@@ -572,6 +575,12 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 	g_mutex_init(&s->lock);
 	s->active = g_hash_table_new(g_direct_hash, g_direct_equal);
 	s->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+	uint64_t cap = MAX_PER_PEER;
+	if ((v = te_env2("TE_RPC_MAX_PER_PEER", NULL)) && (!te_parse_u64(v, &cap) || cap == 0 || cap > MAX_PENDING)) {
+		te_warn("TE_RPC_MAX_PER_PEER=%s is outside [1, %d]; using %d", v, MAX_PENDING, MAX_PER_PEER);
+		cap = MAX_PER_PEER;
+	}
+	s->max_per_peer = (int)cap;
 	s->workers = g_thread_pool_new(serve_conn, s, 16, FALSE, NULL);
 	s->thread = g_thread_new("te-rpc", accept_loop, s);
 	*out = s;

@@ -3,11 +3,15 @@
 #ifndef TE_TEST_UTIL_H
 #define TE_TEST_UTIL_H
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <te/te.h>
 
@@ -90,6 +94,30 @@ static inline int run_one(te_engine *e, uint32_t op, te_segment_id seg, void *lo
 	if (st)
 		*st = s;
 	return s.state;
+}
+
+/* A loopback TCP port free right now, for a server a test starts later. It
+ * comes from below the kernel's ephemeral range (32768 and up by default):
+ * a port from that range (bind to port 0) may be taken, before the server
+ * binds it, by an outgoing connection of a test running beside. */
+static inline int te_test_free_port(void)
+{
+	static unsigned seed;
+	if (seed == 0)
+		seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+	for (int i = 0; i < 500; i++) {
+		int port = 20000 + (int)(rand_r(&seed) % 12000u);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		if (fd < 0)
+			return -1;
+		int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+		close(fd);
+		if (rc == 0)
+			return port;
+	}
+	return -1;
 }
 
 #endif

@@ -191,16 +191,9 @@ static int wait_child(pid_t pid, int timeout_ms)
 /* A loopback TCP port nobody listens on right now. */
 static int free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET };
-	socklen_t al = sizeof a;
-
-	REQUIRE(fd >= 0);
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-	REQUIRE(getsockname(fd, (struct sockaddr *)&a, &al) == 0);
-	close(fd);
-	return ntohs(a.sin_port);
+	int port = te_test_free_port();
+	REQUIRE(port > 0);
+	return port;
 }
 
 static int connect_loopback(int port, int timeout_ms)

@@ -242,6 +242,8 @@ static void test_all_peer_down(void)
 	/* The last attempt either found the peer unreachable, or the peer
 	 * refused a new handshake on a NIC it has taken out of service. */
 	CHECK(e == -EHOSTUNREACH || e == TE_ERR_REJECTED);
+	if (e != -EHOSTUNREACH && e != TE_ERR_REJECTED)
+		fprintf(stderr, "  the last error: %d (%s)\n", e, te_strerror(e));
 	CHECK(took < 10000);
 	CHECK(cap_has("every path failed, is paused, or retries are exhausted"));
 	REQUIRE(stats_of(A, &s1) == 0);

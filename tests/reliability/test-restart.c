@@ -23,14 +23,8 @@ static const char *peer_prog;
 
 static int free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t l = sizeof a;
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-		port = ntohs(a.sin_port);
-	close(fd);
-	return port;
+	int port = te_test_free_port();
+	return port > 0 ? port : 0;
 }
 
 static bool start(child *c, const char *name, unsigned seed, const char *transports, uint64_t *addr)

@@ -217,21 +217,10 @@ static inline int data_port_of(te_engine *e)
 
 /* ----------------------------------------------------------------- ports */
 
-/* A currently free TCP port (bind to 0, read it, close). */
+/* A currently free loopback TCP port. */
 static inline int free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET };
-	socklen_t l = sizeof a;
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-	    getsockname(fd, (struct sockaddr *)&a, &l) != 0) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	close(fd);
-	return ntohs(a.sin_port);
+	return te_test_free_port();
 }
 
 static inline int listen_any(int *port)

@@ -54,7 +54,23 @@ one_line_error() { # NAME PATTERN
 	ok "$1"
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port from below the kernel's ephemeral range (32768 and up): one from
+# that range may be taken by an outgoing connection of a test running beside.
+free_port() {
+	python3 -c '
+import random, socket
+for _ in range(500):
+    p = random.randrange(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        print(p)
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()'
+}
 # wait_port PORT: until something accepts on 127.0.0.1:PORT (at most 10 s)
 wait_port() {
 	for _ in $(seq 50); do

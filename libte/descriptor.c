@@ -19,6 +19,7 @@ void te_desc_free(te_desc *d)
 	g_free(d->buffers);
 	g_free(d->name);
 	g_free(d->protocol);
+	g_free(d->auth);
 	g_free(d->json);
 	g_free(d);
 }
@@ -109,6 +110,12 @@ int te_desc_decode(const char *json, size_t len, te_desc **out)
 		BAD("missing or bad \"protocol\" in %s", d->name);
 	d->protocol = g_strdup(s);
 	d->file_segment = strcmp(d->protocol, "nvmeof") == 0;
+	if (json_object_get_member(root, "auth") != NULL) {
+		s = get_str(root, "auth");
+		if (s == NULL || *s == '\0' || strlen(s) > 64)
+			BAD("bad \"auth\" in %s", d->name);
+		d->auth = g_strdup(s);
+	}
 
 	v = 0;
 	if (!get_u64(root, "tcp_data_port", &v, &present) || v > 65535)
@@ -315,6 +322,8 @@ char *te_engine_encode_descriptor(te_engine *e)
 	}
 	te_timestamp(ts, sizeof ts);
 	members_set(top, "name", node_str(e->name));
+	if (e->auth != NULL) /* peers without the key fail at open, not at transfer */
+		members_set(top, "auth", node_str("hmac-sha256"));
 	members_set(top, "protocol", node_str(protocol ? protocol : "tcp"));
 	members_set(top, "tcp_data_port", node_int(0));
 	members_set(top, "tcp_proto_version", node_int(2));

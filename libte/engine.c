@@ -457,6 +457,16 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	} else if (name_port > 0) {
 		port_wanted = name_port;
 	}
+	opt = te_engine_option(e, "auth_key_file");
+	if (opt == NULL)
+		opt = te_engine_option(e, "TE_AUTH_KEY_FILE");
+	if (opt == NULL)
+		opt = te_env2("TE_AUTH_KEY_FILE", NULL);
+	if (opt != NULL && *opt != '\0') {
+		rc = te_auth_load(opt, &e->auth);
+		if (rc < 0)
+			goto fail;
+	}
 	rc = te_rpc_server_start(e, port_wanted, &e->rpc_port, &e->rpc);
 	if (rc < 0)
 		goto fail;
@@ -478,10 +488,10 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	rc = te_engine_publish(e);
 	g_rec_mutex_unlock(&e->ctl);
 	if (rc < 0) {
-		te_err("te_engine_create: publishing to %s failed: %s", metadata, te_strerror(rc));
+		te_err("te_engine_create: publishing to %s failed: %s", e->md->conn, te_strerror(rc));
 		goto fail;
 	}
-	te_info("engine %s up: rpc port %d, metadata %s", e->name, e->rpc_port, metadata);
+	te_info("engine %s up: rpc port %d, metadata %s", e->name, e->rpc_port, e->md->conn);
 	g_free(host);
 	*out = e;
 	return 0;
@@ -526,6 +536,7 @@ void te_engine_destroy(te_engine *e)
 	g_hash_table_unref(e->seg_by_name);
 	g_hash_table_unref(e->options);
 	g_free(e->desc_cache);
+	te_auth_free(e->auth);
 	g_free(e->name);
 	g_free(e->address);
 	g_rec_mutex_clear(&e->ctl);

@@ -17,6 +17,7 @@ const char *te_strerror(int err)
 	case TE_ERR_OVERLAP: return "region overlaps a registered region";
 	case TE_ERR_SEGMENT: return "unknown or closed segment";
 	case TE_ERR_BATCH: return "unknown or freed batch";
+	case TE_ERR_AUTH: return "peer authentication failed (TE_AUTH_KEY_FILE missing or different)";
 	default: break;
 	}
 	if (err < 0 && err > -TE_ERR_BASE)

@@ -104,7 +104,7 @@ static int host_rpc_call(const te_host *h, const char *segment_name, int type, c
 	rc = te_engine_resolve_rpc(hc->engine, segment_name, &host, &port);
 	if (rc < 0)
 		return rc;
-	rc = te_rpc_call_addr(host, port, type, body, len, reply, reply_len, timeout_ms);
+	rc = te_rpc_call_addr(hc->engine->auth, host, port, type, body, len, reply, reply_len, timeout_ms);
 	g_free(host);
 	return rc;
 }
@@ -142,6 +142,28 @@ static int host_shared_memory(const te_host *h, uint64_t addr, uint64_t len, int
 	return te_shmem_lookup(addr, len, fd, offset, size, base);
 }
 
+static int host_auth_enabled(const te_host *h)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	return hc->engine != NULL && hc->engine->auth != NULL;
+}
+
+static int host_auth_connect(const te_host *h, int fd, int channel, const char *peer, int timeout_ms)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	if (hc->engine == NULL || hc->engine->auth == NULL)
+		return 0;
+	return te_auth_client(hc->engine->auth, fd, channel, peer, timeout_ms);
+}
+
+static int host_auth_accept(const te_host *h, int fd, int channel, const char *peer, int timeout_ms)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	if (hc->engine == NULL || hc->engine->auth == NULL)
+		return 0;
+	return te_auth_server(hc->engine->auth, fd, channel, peer, timeout_ms, NULL, NULL);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -163,5 +185,8 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.local_name = host_local_name,
 		.local_address = host_local_address,
 		.shared_memory = host_shared_memory,
+		.auth_enabled = host_auth_enabled,
+		.auth_connect = host_auth_connect,
+		.auth_accept = host_auth_accept,
 	};
 }

@@ -39,6 +39,23 @@ bool te_parse_u64(const char *s, uint64_t *out);
 void te_timestamp(char *buf, size_t size);
 int64_t te_now_ms(void);
 
+/* ---------------------------------------------------------------- auth.c */
+typedef struct te_auth te_auth;
+#define TE_AUTH_TIMEOUT_MS 3000 /* the whole exchange, at most */
+/* The RPC reply a server with a key sends to a client that did not
+ * authenticate, so that a key-less libte client fails with TE_ERR_AUTH. */
+#define TE_AUTH_REQUIRED_REPLY "{\"error\":\"authentication required (TE_AUTH_KEY_FILE)\",\"status\":\"auth_required\"}"
+/* Reads the cluster key (>= 16 bytes after trailing whitespace). -EINVAL
+ * with a log line naming the file (never the key) when unusable. */
+int te_auth_load(const char *path, te_auth **out);
+void te_auth_free(te_auth *a);
+/* The exchange as the side that connected; 0 at once when a is NULL. */
+int te_auth_client(const te_auth *a, int fd, int channel, const char *peer, int timeout_ms);
+/* As the side that accepted. TE_ERR_AUTH when refused; *plain set (and its
+ * first 8 bytes in `first`) when the peer spoke without authenticating. */
+int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int timeout_ms,
+		   uint8_t first[8], bool *plain);
+
 /* -------------------------------------------------------------- plugin.c */
 typedef struct te_plugin {
 	char *path;
@@ -113,6 +130,7 @@ typedef struct te_desc_buffer {
 typedef struct te_desc {
 	char *name;
 	char *protocol;
+	char *auth; /* "auth": how peers must authenticate, NULL when not at all */
 	int tcp_data_port;
 	int tcp_proto_version;
 	te_desc_buffer *buffers; /* sorted by addr when addressed */
@@ -153,8 +171,8 @@ typedef struct te_rpc_handler_slot {
 int te_rpc_server_start(struct te_engine *e, int port_wanted, int *port_out, te_rpc_server **out);
 void te_rpc_server_stop(te_rpc_server *s);
 /* One exchange: connect, send, receive the reply of the same type. */
-int te_rpc_call_addr(const char *host, int port, int type, const char *body, size_t len,
-		     char **reply, size_t *reply_len, int timeout_ms);
+int te_rpc_call_addr(const te_auth *auth, const char *host, int port, int type, const char *body,
+		     size_t len, char **reply, size_t *reply_len, int timeout_ms);
 size_t te_rpc_max_frame(void);
 
 /* ---------------------------------------------------------- transport */
@@ -275,6 +293,7 @@ struct te_engine {
 	GHashTable *options;
 	te_metadata *md;
 	te_rpc_server *rpc;
+	te_auth *auth; /* the cluster key, NULL without TE_AUTH_KEY_FILE */
 
 	GRecMutex ctl; /* serialises control operations (install, register, open, publish) */
 	GRWLock data;  /* segment table and transport bindings, read by submit */

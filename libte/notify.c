@@ -106,7 +106,7 @@ int te_notify_send_name(te_engine *e, const char *segment_name, const char *send
 	if (rc < 0)
 		return rc;
 	body = notify_json(sender ? sender : e->name, msg);
-	rc = te_rpc_call_addr(host, port, TE_RPC_NOTIFY, body, strlen(body), &reply, &reply_len, 0);
+	rc = te_rpc_call_addr(e->auth, host, port, TE_RPC_NOTIFY, body, strlen(body), &reply, &reply_len, 0);
 	g_free(body);
 	if (rc == 0 && (reply == NULL || strstr(reply, "\"success\"") == NULL)) {
 		te_warn("notify to %s: peer answered %.200s", segment_name, reply ? reply : "nothing");

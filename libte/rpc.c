@@ -259,6 +259,40 @@ static int handle_builtin(te_engine *e, int type, const char *body, size_t len, 
 	return 0;
 }
 
+/* Lets the peer read the reply before the close: waits for its own close
+ * (reading what it still sends), bounded. */
+static void linger_close(int fd)
+{
+	char sink[256];
+	int64_t linger = te_now_ms() + SERVER_LINGER_MS;
+
+	shutdown(fd, SHUT_WR);
+	while (wait_fd(fd, POLLIN, linger) == 0 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+		;
+}
+
+/* A peer sent a plain frame to a server that requires authentication: it
+ * gets one reply frame of its type saying so (a key-less libte client turns
+ * it into TE_ERR_AUTH at once instead of waiting for a timeout), then the
+ * connection closes. */
+static void answer_plain(int fd, const uint8_t first[8], const char *peer)
+{
+	uint64_t n;
+	unsigned char t = 0;
+	int type = -1;
+
+	memcpy(&n, first, 8);
+	n = le64toh(n);
+	if (n == 0 || n > te_rpc_max_frame())
+		return; /* not a frame at all */
+	if (read_full(fd, &t, 1, te_now_ms() + 1000) == 0 && t <= TE_RPC_PROBE)
+		type = t;
+	if (write_frame(fd, type, TE_AUTH_REQUIRED_REPLY, strlen(TE_AUTH_REQUIRED_REPLY),
+			te_now_ms() + 1000) == 0)
+		linger_close(fd);
+	te_dbg("rpc: told %s that authentication is required", peer);
+}
+
 static void serve_conn(gpointer data, gpointer user)
 {
 	conn_job *job = data;
@@ -269,6 +303,16 @@ static void serve_conn(gpointer data, gpointer user)
 	size_t len = 0, reply_len = 0;
 	int type = 0, rc;
 
+	if (e->auth != NULL) {
+		uint8_t first[8];
+		bool plain = false;
+		rc = te_auth_server(e->auth, job->fd, TE_AUTH_RPC, job->peer, SERVER_FRAME_TIMEOUT_MS, first,
+				    &plain);
+		if (rc < 0 && plain)
+			answer_plain(job->fd, first, job->peer);
+		if (rc < 0)
+			goto out;
+	}
 	rc = read_frame(job->fd, &type, &body, &len, deadline, job->peer);
 	if (rc < 0) {
 		if (rc != TE_ERR_PROTOCOL)
@@ -300,12 +344,8 @@ static void serve_conn(gpointer data, gpointer user)
 		te_dbg("rpc: reply to %s failed: %s", job->peer, te_strerror(rc));
 		goto out;
 	}
-	shutdown(job->fd, SHUT_WR);
 	/* Wait for the peer's close so it surely read the reply. */
-	char sink[256];
-	int64_t linger = te_now_ms() + SERVER_LINGER_MS;
-	while (wait_fd(job->fd, POLLIN, linger) == 0 && recv(job->fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
-		;
+	linger_close(job->fd);
 out:
 	g_free(body);
 	free(reply);
@@ -666,8 +706,8 @@ static int connect_to(const char *host, int port, int64_t deadline, int *out)
 	return last;
 }
 
-int te_rpc_call_addr(const char *host, int port, int type, const char *body, size_t len,
-		     char **reply, size_t *reply_len, int timeout_ms)
+int te_rpc_call_addr(const te_auth *auth, const char *host, int port, int type, const char *body,
+		     size_t len, char **reply, size_t *reply_len, int timeout_ms)
 {
 	int fd = -1, rtype = 0, rc;
 	char peer[TE_MAX_NAME + 16];
@@ -687,12 +727,25 @@ int te_rpc_call_addr(const char *host, int port, int type, const char *body, siz
 		return rc;
 	}
 	int64_t deadline = te_now_ms() + (timeout_ms > 0 ? timeout_ms : CLIENT_RECV_TIMEOUT_MS);
+	if (auth != NULL) {
+		rc = te_auth_client(auth, fd, TE_AUTH_RPC, peer, timeout_ms);
+		if (rc < 0) {
+			close(fd);
+			return rc;
+		}
+	}
 	rc = write_frame(fd, type, body, len, deadline);
 	if (rc == 0) {
 		char *r = NULL;
 		size_t rl = 0;
 		rc = read_frame(fd, &rtype, &r, &rl, deadline, peer);
-		if (rc == 0 && rtype != type) {
+		if (rc == 0 && strcmp(r, TE_AUTH_REQUIRED_REPLY) == 0) {
+			te_err("rpc: %s requires peer authentication and this engine has no key: set "
+			       "TE_AUTH_KEY_FILE (or the engine option auth_key_file) to the cluster's key file",
+			       peer);
+			g_free(r);
+			rc = TE_ERR_AUTH;
+		} else if (rc == 0 && rtype != type) {
 			te_warn("rpc: %s answered a type %d frame with type %d", peer, type, rtype);
 			g_free(r);
 			rc = TE_ERR_PROTOCOL;

@@ -195,6 +195,31 @@ int te_engine_resolve_rpc(te_engine *e, const char *name, char **host, int *port
 	return rc;
 }
 
+/* Engines of one cluster either all hold the key or none does: a mismatch
+ * is found here, before any connection, rather than as refused transfers.
+ * File segments are not engines and have no "auth". */
+static int check_auth(te_engine *e, const te_desc *d, const char *name)
+{
+	if (d->file_segment)
+		return 0;
+	if (d->auth != NULL && strcmp(d->auth, "hmac-sha256") != 0) {
+		te_err("segment %s asks for authentication by \"%.32s\", which this engine does not speak",
+		       name, d->auth);
+		return TE_ERR_AUTH;
+	}
+	if (d->auth != NULL && e->auth == NULL) {
+		te_err("segment %s requires peer authentication and this engine has no key: set "
+		       "TE_AUTH_KEY_FILE (or the engine option auth_key_file) to the cluster's key file", name);
+		return TE_ERR_AUTH;
+	}
+	if (d->auth == NULL && e->auth != NULL) {
+		te_err("segment %s does not authenticate its peers and this engine requires it "
+		       "(TE_AUTH_KEY_FILE is set here, not there)", name);
+		return TE_ERR_AUTH;
+	}
+	return 0;
+}
+
 /* Fetches and decodes the descriptor of `name`, with the peer's RPC address. */
 static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char **host, int *port)
 {
@@ -213,7 +238,7 @@ static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char
 		g_mutex_lock(&e->desc_lock);
 		char *mine = g_strdup(e->desc_cache ? e->desc_cache : "{}");
 		g_mutex_unlock(&e->desc_lock);
-		rc = te_rpc_call_addr(*host, *port, TE_RPC_METADATA, mine, strlen(mine), &val, &len, 0);
+		rc = te_rpc_call_addr(e->auth, *host, *port, TE_RPC_METADATA, mine, strlen(mine), &val, &len, 0);
 		g_free(mine);
 		if (rc < 0) {
 			te_err("segment %s: descriptor exchange failed: %s", name, te_strerror(rc));
@@ -242,6 +267,10 @@ static int fetch_descriptor(te_engine *e, const char *name, te_desc **desc, char
 		te_err("segment %s: malformed descriptor from %s", name, *host);
 	else if (rc < 0)
 		te_err("segment %s: malformed descriptor under %s in %s: %.200s", name, key, e->md->conn, val);
+	if (rc == 0 && (rc = check_auth(e, *desc, name)) < 0) {
+		te_desc_free(*desc);
+		*desc = NULL;
+	}
 fail:
 	free(val);
 	if (rc < 0) {
@@ -368,7 +397,7 @@ int te_segment_probe(te_engine *e, const char *name, int timeout_ms)
 	rc = te_engine_resolve_rpc(e, name, &host, &port);
 	if (rc < 0)
 		return rc;
-	rc = te_rpc_call_addr(host, port, TE_RPC_PROBE, "{}", 2, &reply, &reply_len, timeout_ms);
+	rc = te_rpc_call_addr(e->auth, host, port, TE_RPC_PROBE, "{}", 2, &reply, &reply_len, timeout_ms);
 	if (rc == 0 && (reply == NULL || strstr(reply, "\"success\"") == NULL)) {
 		te_err("te_segment_probe: %s (%s:%d) answered %.200s", name, host, port, reply ? reply : "nothing");
 		rc = TE_ERR_PROTOCOL;

@@ -32,7 +32,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 1
+#define TE_PLUGIN_ABI_MINOR 2
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -52,6 +52,14 @@ enum te_rpc_type {
 	TE_RPC_METADATA = 1,
 	TE_RPC_NOTIFY = 2,
 	TE_RPC_PROBE = 3,
+};
+
+/* Channel kinds of peer authentication (auth_connect/auth_accept): a proof
+ * made for one kind is refused on another. A plugin with connections of its
+ * own kind uses a value from 16 to 255. */
+enum te_auth_channel {
+	TE_AUTH_RPC = 1, /* the host's RPC/handshake socket */
+	TE_AUTH_TCP = 2, /* the tcp plugin's data connections */
 };
 
 /* --------------------------------------------------------- shared structs */
@@ -164,6 +172,22 @@ struct te_host {
 	 * otherwise. */
 	int (*shared_memory)(const te_host *h, uint64_t addr, uint64_t len, int *fd, uint64_t *offset,
 			     uint64_t *size, uint64_t *base);
+
+	/* ---- since ABI 1.2 (test with TE_HAS_OP) ---- */
+	/* 1 when the engine has a cluster key (TE_AUTH_KEY_FILE): then every
+	 * connection a transport opens or accepts must pass auth_connect() or
+	 * auth_accept() before anything else crosses it. 0 otherwise. */
+	int (*auth_enabled)(const te_host *h);
+	/* The mutual challenge-response on a freshly connected socket (blocking
+	 * or not: it polls), as the side that connected / accepted. `channel` is
+	 * a te_auth_channel; `peer` names the remote end in log lines. Takes at
+	 * most `timeout_ms` (<= 0 or above 3000: 3000). 0 when both sides proved
+	 * the key, or at once without I/O when the engine has no key.
+	 * TE_ERR_AUTH when the peer was refused or refused us (logged; refusals
+	 * of accepted peers at most once a second): close the socket. Nothing
+	 * is allocated beyond the exchange. */
+	int (*auth_connect)(const te_host *h, int fd, int channel, const char *peer, int timeout_ms);
+	int (*auth_accept)(const te_host *h, int fd, int channel, const char *peer, int timeout_ms);
 };
 
 /* ------------------------------------------------------ transport plugins */

@@ -47,6 +47,7 @@ enum {
 	TE_ERR_OVERLAP = -(TE_ERR_BASE + 8),     /* registration overlaps an existing one */
 	TE_ERR_SEGMENT = -(TE_ERR_BASE + 9),     /* unknown or closed segment id */
 	TE_ERR_BATCH = -(TE_ERR_BASE + 10),      /* unknown or freed batch id */
+	TE_ERR_AUTH = -(TE_ERR_BASE + 11),       /* peer authentication failed or keys differ */
 };
 
 /* Text for an error code (negative) or 0. Never NULL; static storage. */

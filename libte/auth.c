@@ -1,0 +1,400 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Peer authentication: a mutual HMAC-SHA256 challenge-response over a
+ * cluster secret (TE_AUTH_KEY_FILE), run on a fresh connection before
+ * anything else crosses it. Used by the RPC socket (rpc.c) and, through the
+ * te_host services, by transports for their own connections.
+ *
+ *   client → server  HELLO      header, nonce_c                 48 bytes
+ *   server → client  CHALLENGE  header(status), nonce_s, mac_s  80 bytes
+ *   client → server  PROOF      header, mac_c                   48 bytes
+ *   server → client  RESULT     header(status)                  16 bytes
+ *
+ * header: magic "TE-AUTH\0", version, channel, status, 5 zero bytes.
+ * mac_x = HMAC(key, "te-auth" | version | channel | direction | nonce_c | nonce_s)
+ * with direction 'S' for the server's proof and 'C' for the client's: a
+ * proof binds both fresh nonces (no replay onto another connection), one
+ * direction (no reflection of the server's proof back as the client's) and
+ * the channel kind (no RPC transcript accepted on a data port).
+ *
+ * Every message has a fixed size and every read a deadline. The magic's
+ * bytes 4..7 are not zero, so its first 8 bytes read as a little-endian
+ * frame length are far above any RPC frame limit: a server without a key
+ * refuses a HELLO as an oversized frame at once, and a server with one tells
+ * a plain RPC frame from a HELLO by its first 8 bytes.
+ */
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define AUTH_VERSION 1
+#define HDR 16
+#define NONCE 32
+#define MAC 32
+#define MSG_HELLO (HDR + NONCE)
+#define MSG_CHALLENGE (HDR + NONCE + MAC)
+#define MSG_PROOF (HDR + MAC)
+#define MSG_RESULT HDR
+#define KEY_MIN 16
+#define KEY_FILE_MAX 4096
+
+enum { ST_OK = 0, ST_REFUSED = 1, ST_VERSION = 2, ST_CHANNEL = 3 };
+
+static const uint8_t magic[8] = { 'T', 'E', '-', 'A', 'U', 'T', 'H', 0 };
+
+struct te_auth {
+	size_t len;
+	uint8_t key[KEY_FILE_MAX];
+};
+
+/* ------------------------------------------------------------- the key */
+
+int te_auth_load(const char *path, te_auth **out)
+{
+	struct stat st;
+	char buf[KEY_FILE_MAX + 1];
+	size_t n = 0;
+	int fd;
+
+	*out = NULL;
+	if (path == NULL || *path == '\0') {
+		te_err("auth: empty key file name (TE_AUTH_KEY_FILE)");
+		return -EINVAL;
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		te_err("auth: cannot open the key file %s (TE_AUTH_KEY_FILE): %s", path, g_strerror(errno));
+		return -EINVAL;
+	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		te_err("auth: the key file %s (TE_AUTH_KEY_FILE) is not a regular file", path);
+		close(fd);
+		return -EINVAL;
+	}
+	while (n < sizeof buf) {
+		ssize_t r = read(fd, buf + n, sizeof buf - n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			te_err("auth: cannot read the key file %s: %s", path, g_strerror(errno));
+			close(fd);
+			return -EINVAL;
+		}
+		if (r == 0)
+			break;
+		n += (size_t)r;
+	}
+	close(fd);
+	if (n > KEY_FILE_MAX) {
+		explicit_bzero(buf, sizeof buf);
+		te_err("auth: the key file %s is larger than %d bytes", path, KEY_FILE_MAX);
+		return -EINVAL;
+	}
+	/* A trailing newline (echo > file) is not part of the secret. */
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+		n--;
+	if (n < KEY_MIN) {
+		explicit_bzero(buf, sizeof buf);
+		te_err("auth: the key in %s is %zu bytes long; at least %d are needed", path, n, KEY_MIN);
+		return -EINVAL;
+	}
+	if (st.st_mode & (S_IRGRP | S_IROTH))
+		te_warn("auth: the key file %s is readable by its group or by others (mode %03o); "
+			"chmod 600 it", path, (unsigned)(st.st_mode & 0777));
+	te_auth *a = g_new0(te_auth, 1);
+	memcpy(a->key, buf, n);
+	a->len = n;
+	explicit_bzero(buf, sizeof buf);
+	*out = a;
+	te_info("auth: peers must prove the key of %s", path);
+	return 0;
+}
+
+void te_auth_free(te_auth *a)
+{
+	if (a == NULL)
+		return;
+	explicit_bzero(a, sizeof *a);
+	g_free(a);
+}
+
+/* ------------------------------------------------------------ messages */
+
+static void hdr_put(uint8_t *m, int channel, int status)
+{
+	memset(m, 0, HDR);
+	memcpy(m, magic, 8);
+	m[8] = AUTH_VERSION;
+	m[9] = (uint8_t)channel;
+	m[10] = (uint8_t)status;
+}
+
+static void mac_of(const te_auth *a, int channel, char dir, const uint8_t *nc, const uint8_t *ns,
+		   uint8_t out[MAC])
+{
+	static const char label[] = "te-auth";
+	uint8_t meta[3] = { AUTH_VERSION, (uint8_t)channel, (uint8_t)dir };
+	GHmac *h = g_hmac_new(G_CHECKSUM_SHA256, a->key, a->len);
+	gsize len = MAC;
+
+	g_hmac_update(h, (const guchar *)label, sizeof label - 1);
+	g_hmac_update(h, meta, sizeof meta);
+	g_hmac_update(h, nc, NONCE);
+	g_hmac_update(h, ns, NONCE);
+	g_hmac_get_digest(h, out, &len);
+	g_hmac_unref(h);
+}
+
+/* Compares in time independent of where the bytes differ. */
+static bool same(const uint8_t *x, const uint8_t *y, size_t n)
+{
+	volatile uint8_t d = 0;
+	for (size_t i = 0; i < n; i++)
+		d |= x[i] ^ y[i];
+	return d == 0;
+}
+
+static int fresh_nonce(uint8_t *n)
+{
+	size_t got = 0;
+	while (got < NONCE) {
+		ssize_t r = getrandom(n + got, NONCE - got, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			te_err("auth: getrandom failed: %s", g_strerror(errno));
+			return -EIO;
+		}
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------- I/O */
+
+static int wait_io(int fd, short ev, int64_t deadline)
+{
+	for (;;) {
+		int64_t left = deadline - te_now_ms();
+		struct pollfd p = { .fd = fd, .events = ev };
+		if (left <= 0)
+			return -ETIMEDOUT;
+		int rc = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+		if (rc > 0)
+			return 0;
+		if (rc == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+/* Works on blocking and non-blocking sockets alike (MSG_DONTWAIT + poll). */
+static int get(int fd, void *buf, size_t n, int64_t deadline)
+{
+	uint8_t *p = buf;
+	while (n > 0) {
+		ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+		if (r > 0) {
+			p += r;
+			n -= (size_t)r;
+			continue;
+		}
+		if (r == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int rc = wait_io(fd, POLLIN, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int put(int fd, const void *buf, size_t n, int64_t deadline)
+{
+	const uint8_t *p = buf;
+	while (n > 0) {
+		ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int rc = wait_io(fd, POLLOUT, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int64_t bound(int timeout_ms)
+{
+	if (timeout_ms <= 0 || timeout_ms > TE_AUTH_TIMEOUT_MS)
+		timeout_ms = TE_AUTH_TIMEOUT_MS;
+	return te_now_ms() + timeout_ms;
+}
+
+static const char *channel_name(int channel)
+{
+	switch (channel) {
+	case TE_AUTH_RPC: return "RPC";
+	case TE_AUTH_TCP: return "TCP data";
+	default: return "transport";
+	}
+}
+
+/* Refusals logged at most once a second, with how many there were: a flood
+ * of bad peers must not become a flood of log lines. */
+static GMutex refuse_lock;
+static int64_t refuse_last;
+static unsigned refuse_count;
+
+static void refused(const char *peer, int channel, const char *why)
+{
+	int64_t now = te_now_ms();
+	g_mutex_lock(&refuse_lock);
+	refuse_count++;
+	if (now - refuse_last >= 1000) {
+		te_warn("auth: refused %s connection from %s: %s (%u refused in the last second)",
+			channel_name(channel), peer, why, refuse_count);
+		refuse_last = now;
+		refuse_count = 0;
+	}
+	g_mutex_unlock(&refuse_lock);
+}
+
+/* ------------------------------------------------------------- client */
+
+int te_auth_client(const te_auth *a, int fd, int channel, const char *peer, int timeout_ms)
+{
+	uint8_t hello[MSG_HELLO], ch[MSG_CHALLENGE], proof[MSG_PROOF], res[MSG_RESULT], want[MAC];
+	int64_t deadline = bound(timeout_ms);
+	int rc;
+
+	if (a == NULL)
+		return 0;
+	if (fd < 0 || channel <= 0 || channel > 255)
+		return -EINVAL;
+	peer = peer ? peer : "?";
+	hdr_put(hello, channel, ST_OK);
+	if ((rc = fresh_nonce(hello + HDR)) < 0)
+		return rc;
+	rc = put(fd, hello, sizeof hello, deadline);
+	if (rc == 0)
+		rc = get(fd, ch, sizeof ch, deadline);
+	if (rc == -ECONNRESET || rc == -EPIPE) {
+		te_err("auth: %s closed the %s connection instead of answering the authentication: it "
+		       "has no key (TE_AUTH_KEY_FILE) or does not authenticate", peer, channel_name(channel));
+		return TE_ERR_AUTH;
+	}
+	if (rc < 0) {
+		te_err("auth: %s did not answer the authentication of a %s connection: %s", peer,
+		       channel_name(channel), te_strerror(rc));
+		return rc == -ETIMEDOUT ? TE_ERR_AUTH : rc;
+	}
+	if (memcmp(ch, magic, 8) != 0) {
+		te_err("auth: %s answered the authentication with something else: it does not authenticate",
+		       peer);
+		return TE_ERR_AUTH;
+	}
+	if (ch[10] != ST_OK) {
+		te_err("auth: %s refused to authenticate a %s connection (%s)", peer, channel_name(channel),
+		       ch[10] == ST_VERSION ? "protocol version" : ch[10] == ST_CHANNEL ? "channel" : "refused");
+		return TE_ERR_AUTH;
+	}
+	mac_of(a, channel, 'S', hello + HDR, ch + HDR, want);
+	if (ch[8] != AUTH_VERSION || ch[9] != channel || !same(want, ch + HDR + NONCE, MAC) ||
+	    same(hello + HDR, ch + HDR, NONCE)) {
+		te_err("auth: %s could not prove the cluster key (TE_AUTH_KEY_FILE differs?)", peer);
+		return TE_ERR_AUTH;
+	}
+	hdr_put(proof, channel, ST_OK);
+	mac_of(a, channel, 'C', hello + HDR, ch + HDR, proof + HDR);
+	rc = put(fd, proof, sizeof proof, deadline);
+	if (rc == 0)
+		rc = get(fd, res, sizeof res, deadline);
+	if (rc < 0 || memcmp(res, magic, 8) != 0 || res[10] != ST_OK) {
+		te_err("auth: %s refused this engine's key (TE_AUTH_KEY_FILE differs?)", peer);
+		return TE_ERR_AUTH;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- server */
+
+int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int timeout_ms,
+		   uint8_t first[8], bool *plain)
+{
+	uint8_t hello[MSG_HELLO], ch[MSG_CHALLENGE], proof[MSG_PROOF], res[MSG_RESULT], want[MAC];
+	int64_t deadline = bound(timeout_ms);
+	int rc;
+
+	if (plain)
+		*plain = false;
+	if (a == NULL)
+		return 0;
+	if (fd < 0 || channel <= 0 || channel > 255)
+		return -EINVAL;
+	peer = peer ? peer : "?";
+	rc = get(fd, hello, 8, deadline);
+	if (rc < 0) {
+		refused(peer, channel, rc == -ETIMEDOUT ? "silent" : "closed before authenticating");
+		return TE_ERR_AUTH;
+	}
+	if (memcmp(hello, magic, 8) != 0) {
+		if (first)
+			memcpy(first, hello, 8);
+		if (plain)
+			*plain = true;
+		refused(peer, channel, "it did not authenticate (no key?)");
+		return TE_ERR_AUTH;
+	}
+	rc = get(fd, hello + 8, sizeof hello - 8, deadline);
+	if (rc < 0) {
+		refused(peer, channel, "incomplete authentication");
+		return TE_ERR_AUTH;
+	}
+	int status = hello[8] != AUTH_VERSION ? ST_VERSION : hello[9] != channel ? ST_CHANNEL : ST_OK;
+	hdr_put(ch, channel, status);
+	memset(ch + HDR, 0, NONCE + MAC);
+	if (status == ST_OK) {
+		if ((rc = fresh_nonce(ch + HDR)) < 0)
+			return rc;
+		mac_of(a, channel, 'S', hello + HDR, ch + HDR, ch + HDR + NONCE);
+	}
+	rc = put(fd, ch, sizeof ch, deadline);
+	if (status != ST_OK) {
+		refused(peer, channel, status == ST_VERSION ? "unknown protocol version" : "wrong channel");
+		return TE_ERR_AUTH;
+	}
+	if (rc == 0)
+		rc = get(fd, proof, sizeof proof, deadline);
+	if (rc < 0 || memcmp(proof, magic, 8) != 0) {
+		refused(peer, channel, "incomplete authentication");
+		return TE_ERR_AUTH;
+	}
+	mac_of(a, channel, 'C', hello + HDR, ch + HDR, want);
+	bool ok = same(want, proof + HDR, MAC);
+	hdr_put(res, channel, ok ? ST_OK : ST_REFUSED);
+	/* The verdict is sent either way, so a wrong-keyed client can say why. */
+	rc = put(fd, res, sizeof res, deadline);
+	if (!ok) {
+		refused(peer, channel, "wrong key");
+		return TE_ERR_AUTH;
+	}
+	return rc < 0 ? rc : 0;
+}

@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Segment descriptors and rpc_meta records (wire-compat.md sections 1 and 2)
+ * as a peer or a shared store hands them over: te_desc_decode(), then, on
+ * success, te_desc_contains() must never accept a range that lies outside
+ * every buffer (it guards every remote READ/WRITE). segment.c is compiled in
+ * for its static rpc_meta parser.
+ */
+#include "../../libte/segment.c"
+
+#include "fuzz.h"
+
+static void quiet(int level, const char *domain, const char *msg, void *user)
+{
+	(void)level;
+	(void)domain;
+	(void)msg;
+	(void)user;
+}
+
+/* The slow, obvious answer to te_desc_contains(). */
+static bool inside_one(const te_desc *d, uint64_t addr, uint64_t len)
+{
+	if (addr + len < addr)
+		return false;
+	if (d->file_segment)
+		return addr <= d->file_size && len <= d->file_size - addr;
+	for (size_t i = 0; i < d->n_buffers; i++) {
+		const te_desc_buffer *b = &d->buffers[i];
+		if (addr >= b->addr && addr + len <= b->addr + b->length)
+			return true;
+	}
+	return false;
+}
+
+static void check_range(const te_desc *d, uint64_t addr, uint64_t len)
+{
+	if (te_desc_contains(d, addr, len))
+		FUZZ_CHECK(inside_one(d, addr, len));
+}
+
+static void descriptor(const char *text, size_t size)
+{
+	te_desc *d = NULL;
+	int rc = te_desc_decode(text, size, &d);
+
+	if (rc < 0) {
+		FUZZ_CHECK(d == NULL && rc == TE_ERR_METADATA);
+		return;
+	}
+	FUZZ_CHECK(d != NULL && d->name != NULL && *d->name != '\0' && d->protocol != NULL);
+	FUZZ_CHECK(d->tcp_data_port >= 0 && d->tcp_data_port <= 65535);
+	for (size_t i = 0; i < d->n_buffers; i++) {
+		const te_desc_buffer *b = &d->buffers[i];
+		FUZZ_CHECK(b->length > 0 && b->name != NULL);
+		if (!d->file_segment && i > 0)
+			FUZZ_CHECK(d->buffers[i - 1].addr <= b->addr);
+		check_range(d, b->addr, b->length);
+		check_range(d, b->addr, b->length + 1);
+		check_range(d, b->addr - 1, 2);
+		check_range(d, b->addr + b->length - 1, 1);
+		check_range(d, b->addr + b->length, 1);
+		check_range(d, b->addr, UINT64_MAX);
+	}
+	check_range(d, 0, 1);
+	check_range(d, UINT64_MAX, 1);
+	te_desc_free(d);
+}
+
+static void rpc_meta(const char *text, size_t size)
+{
+	char *host = NULL;
+	int port = 0;
+
+	if (parse_rpc_meta(text, size, &host, &port) == 0) {
+		FUZZ_CHECK(host != NULL && *host != '\0' && strlen(host) < TE_MAX_NAME);
+		FUZZ_CHECK(port > 0 && port <= 65535);
+		g_free(host);
+	} else {
+		FUZZ_CHECK(host == NULL);
+	}
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static bool once;
+	if (!once) {
+		te_set_log_handler(quiet, NULL);
+		te_set_log_level(TE_LOG_TRACE);
+		once = true;
+	}
+	/* A copy with a terminator: JSON parsers must stop at `size`, and a
+	 * NUL inside is just another byte to them. */
+	char *text = fuzz_str(data, size);
+	descriptor(text, size);
+	rpc_meta(text, size);
+	free(text);
+	return 0;
+}

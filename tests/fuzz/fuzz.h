@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What every harness shares: the libFuzzer entry point, and a copy of the
+ * input with a NUL after it (the parsers take C strings or JSON text, and
+ * libFuzzer's buffer has no terminator: reading past it is a bug ASan must
+ * see in the parser, not in the harness).
+ */
+#ifndef TE_FUZZ_H
+#define TE_FUZZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Stops the run with a message: an invariant of the code under test broke. */
+#define FUZZ_CHECK(cond)                                                                 \
+	do {                                                                             \
+		if (!(cond)) {                                                           \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			abort();                                                         \
+		}                                                                        \
+	} while (0)
+
+static inline char *fuzz_str(const uint8_t *data, size_t size)
+{
+	char *s = malloc(size + 1);
+	FUZZ_CHECK(s != NULL);
+	memcpy(s, data, size);
+	s[size] = '\0';
+	return s;
+}
+
+/* Splits the input at the first byte `sep`: the part before it (a C string)
+ * and the rest. Without `sep` the whole input is the first part. */
+static inline char *fuzz_split(const uint8_t *data, size_t size, uint8_t sep, const uint8_t **rest,
+			       size_t *rest_len)
+{
+	const uint8_t *p = memchr(data, sep, size);
+	size_t n = p ? (size_t)(p - data) : size;
+	*rest = p ? p + 1 : data + size;
+	*rest_len = p ? size - n - 1 : 0;
+	return fuzz_str(data, n);
+}
+
+#endif

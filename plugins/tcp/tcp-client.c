@@ -284,6 +284,25 @@ static void become_up(tcp_cconn *cc)
 	TLOG(cc->peer->ctx, TE_LOG_DEBUG, "connection %u to %s is up", cc->idx, cc->peer->name);
 }
 
+/* With a cluster key, a connection carries requests only once both sides
+ * proved it. The exchange runs here, in the I/O thread, right after the
+ * connect: one round trip to a peer we chose, bounded by the connect timeout
+ * (3 s at most). False: the connection failed and was handled. */
+static bool authenticated(tcp_cconn *cc)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	const te_host *h = c->host;
+
+	if (!c->auth)
+		return true;
+	int rc = h->auth_connect(h, cc->io.fd, TE_AUTH_TCP, cc->peer->name,
+				 (int)MIN(c->cfg.connect_timeout_ms, 3000));
+	if (rc == 0)
+		return true;
+	connect_failed(cc, rc == TE_ERR_AUTH || rc == -ETIMEDOUT ? TE_ERR_AUTH : rc, "authentication failed");
+	return false;
+}
+
 static void start_connect(tcp_cconn *cc)
 {
 	tcp_peer *p = cc->peer;
@@ -323,7 +342,7 @@ static void start_connect(tcp_cconn *cc)
 		connect_failed(cc, rc, "cannot add the socket to the epoll set");
 		return;
 	}
-	if (crc == 0)
+	if (crc == 0 && authenticated(cc))
 		become_up(cc);
 	else
 		cc->connect_deadline = tcp_now_ms() + c->cfg.connect_timeout_ms;
@@ -592,6 +611,8 @@ void tcp_cconn_event(tcp_cconn *cc, uint32_t events)
 			connect_failed(cc, -err, g_strerror(err));
 			return;
 		}
+		if (!authenticated(cc))
+			return;
 		become_up(cc);
 	}
 	tcp_cconn_drive(cc);

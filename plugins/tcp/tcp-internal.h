@@ -67,6 +67,7 @@ typedef struct tcp_config {
 	int64_t connect_timeout_ms;
 	int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
 	unsigned max_inbound;    /* accepted connections at once */
+	unsigned max_per_peer;   /* accepted connections at once from one address */
 	unsigned port;           /* data port wanted, 0: any */
 	int proto;               /* protocol version we ask peers for and advertise */
 	char bind[64];           /* listen on this address only; "": every interface */
@@ -220,6 +221,7 @@ struct tcp_sconn {
 	uint64_t body_len, body_got;
 	te_buffer_pin body_pin;
 	int64_t linger_deadline;
+	char host[64];        /* the peer's address without the port: its per-peer count */
 	tcp_resp *ring;
 	uint64_t head, snd;   /* free-running */
 };
@@ -241,6 +243,10 @@ struct tcp_ctx {
 	GHashTable *peers;         /* key → tcp_peer*, open ones */
 	GPtrArray *all_peers;      /* every peer not yet freed */
 	atomic_int inbound;        /* accepted connections open */
+	GMutex inbound_lock;
+	GHashTable *per_peer;      /* host → accepted connections open (inbound_lock) */
+	bool auth;                 /* the engine has a key: authenticate every connection */
+	GThreadPool *auth_pool;    /* accepted connections being authenticated */
 	atomic_int stopping;
 };
 
@@ -258,6 +264,10 @@ void tcp_io_bury(tcp_io *io);
 int64_t tcp_now_ms(void);
 void tcp_sockopts(tcp_ctx *c, int fd);
 void tcp_addr_name(const struct sockaddr *sa, char *buf, size_t size);
+/* An accepted connection of `host` ends: its per-peer and total counts. */
+void tcp_inbound_done(tcp_ctx *c, const char *host);
+/* The auth pool's function: authenticates one accepted connection. */
+void tcp_auth_job(gpointer job, gpointer ctx);
 
 /* tcp-client.c */
 void tcp_cconn_mail(tcp_cconn *cc, unsigned mail);
@@ -283,6 +293,7 @@ static inline const char *tcp_strerror(int err)
 	switch (err) {
 	case TE_ERR_PROTOCOL: return "the peer broke the protocol";
 	case TE_ERR_REJECTED: return "the peer rejected a request";
+	case TE_ERR_AUTH: return "authentication failed (TE_AUTH_KEY_FILE missing or different)";
 	case -ESHUTDOWN: return "the transport is shutting down";
 	case -ECANCELED: return "canceled";
 	default: return g_strerror(-err);

@@ -327,6 +327,97 @@ static gpointer thread_main(gpointer data)
 
 /* ----------------------------------------------------------- accepting */
 
+/* A refusal at most once a second, with the count: a flood of connections
+ * must not become a flood of log lines (nor block the accepting thread on a
+ * full log pipe). Accepting thread only. */
+static void refuse(tcp_ctx *c, const char *name, const char *why)
+{
+	int64_t now = tcp_now_ms();
+	c->refused++;
+	if (now - c->refuse_warned >= 1000) {
+		TLOG(c, TE_LOG_WARN, "refusing connection from %s: %s; %u refused in the last %lld ms", name, why,
+		     c->refused, c->refuse_warned ? (long long)(now - c->refuse_warned) : 0LL);
+		c->refuse_warned = now;
+		c->refused = 0;
+	}
+}
+
+static void host_part(const char *name, char *host, size_t size)
+{
+	const char *colon = strrchr(name, ':');
+	size_t n = colon ? (size_t)(colon - name) : strlen(name);
+	snprintf(host, size, "%.*s", (int)n, name);
+}
+
+/* Counts a new accepted connection of `host` in; false (nothing counted)
+ * when that address has max_per_peer open already. */
+static bool inbound_take(tcp_ctx *c, const char *host)
+{
+	g_mutex_lock(&c->inbound_lock);
+	unsigned n = GPOINTER_TO_UINT(g_hash_table_lookup(c->per_peer, host));
+	bool ok = n < c->cfg.max_per_peer;
+	if (ok) {
+		g_hash_table_replace(c->per_peer, g_strdup(host), GUINT_TO_POINTER(n + 1));
+		atomic_fetch_add(&c->inbound, 1);
+	}
+	g_mutex_unlock(&c->inbound_lock);
+	return ok;
+}
+
+void tcp_inbound_done(tcp_ctx *c, const char *host)
+{
+	g_mutex_lock(&c->inbound_lock);
+	unsigned n = GPOINTER_TO_UINT(g_hash_table_lookup(c->per_peer, host));
+	if (n <= 1)
+		g_hash_table_remove(c->per_peer, host);
+	else
+		g_hash_table_replace(c->per_peer, g_strdup(host), GUINT_TO_POINTER(n - 1));
+	atomic_fetch_sub(&c->inbound, 1);
+	g_mutex_unlock(&c->inbound_lock);
+}
+
+/* Hands an accepted (and, with a key, authenticated) connection to an I/O
+ * thread; any thread. */
+static void adopt(tcp_ctx *c, int fd, const char *name, const char *host, unsigned rr)
+{
+	tcp_sockopts(c, fd);
+	tcp_sconn *sc = tcp_sconn_new(c, fd, name);
+	if (sc == NULL) {
+		TLOG(c, TE_LOG_ERROR, "out of memory accepting %s", name);
+		close(fd);
+		tcp_inbound_done(c, host);
+		return;
+	}
+	g_strlcpy(sc->host, host, sizeof sc->host);
+	tcp_thread *owner = &c->threads[rr % c->nthreads];
+	sc->io.thr = owner;
+	TLOG(c, TE_LOG_DEBUG, "accepted %s on I/O thread %u", name, owner->idx);
+	tcp_kick(&sc->io, MAIL_ADOPT);
+}
+
+typedef struct auth_job {
+	int fd;
+	char name[80];
+	char host[64];
+} auth_job;
+
+void tcp_auth_job(gpointer data, gpointer user)
+{
+	auth_job *j = data;
+	tcp_ctx *c = user;
+	const te_host *h = c->host;
+
+	/* Refusals are logged by the host (rate-limited); nothing else to do. */
+	if (atomic_load(&c->stopping) ||
+	    h->auth_accept(h, j->fd, TE_AUTH_TCP, j->name, (int)MIN(c->cfg.connect_timeout_ms, 3000)) < 0) {
+		close(j->fd);
+		tcp_inbound_done(c, j->host);
+	} else {
+		adopt(c, j->fd, j->name, j->host, (unsigned)j->fd);
+	}
+	g_free(j);
+}
+
 static void accept_all(tcp_thread *t)
 {
 	tcp_ctx *c = t->ctx;
@@ -348,37 +439,31 @@ static void accept_all(tcp_thread *t)
 				c->listen_io.hup = true;
 			return;
 		}
-		char name[80];
+		char name[80], host[64], why[96];
 		tcp_addr_name((struct sockaddr *)&ss, name, sizeof name);
+		host_part(name, host, sizeof host);
 		if ((unsigned)atomic_load(&c->inbound) >= c->cfg.max_inbound) {
-			/* At most one line a second: a flood of connections must not
-			 * become a flood of log lines (nor block this thread on a full
-			 * log pipe). */
-			int64_t now = tcp_now_ms();
-			c->refused++;
-			if (now - c->refuse_warned >= 1000) {
-				TLOG(c, TE_LOG_WARN,
-				     "refusing connection from %s: %u connections open (TE_TCP_MAX_INBOUND); %u refused in the last %lld ms",
-				     name, c->cfg.max_inbound, c->refused,
-				     c->refuse_warned ? (long long)(now - c->refuse_warned) : 0LL);
-				c->refuse_warned = now;
-				c->refused = 0;
-			}
+			snprintf(why, sizeof why, "%u connections open (TE_TCP_MAX_INBOUND)", c->cfg.max_inbound);
+			refuse(c, name, why);
 			close(fd);
 			continue;
 		}
-		tcp_sockopts(c, fd);
-		tcp_sconn *sc = tcp_sconn_new(c, fd, name);
-		if (sc == NULL) {
-			TLOG(c, TE_LOG_ERROR, "out of memory accepting %s", name);
+		if (!inbound_take(c, host)) {
+			snprintf(why, sizeof why, "%u connections open from that address (TE_TCP_MAX_PER_PEER)",
+				 c->cfg.max_per_peer);
+			refuse(c, name, why);
 			close(fd);
 			continue;
 		}
-		atomic_fetch_add(&c->inbound, 1);
-		tcp_thread *owner = &c->threads[t->rr++ % c->nthreads];
-		sc->io.thr = owner;
-		TLOG(c, TE_LOG_DEBUG, "accepted %s on I/O thread %u", name, owner->idx);
-		tcp_kick(&sc->io, MAIL_ADOPT);
+		if (c->auth) {
+			auth_job *j = g_new(auth_job, 1);
+			j->fd = fd;
+			g_strlcpy(j->name, name, sizeof j->name);
+			g_strlcpy(j->host, host, sizeof j->host);
+			g_thread_pool_push(c->auth_pool, j, NULL);
+			continue;
+		}
+		adopt(c, fd, name, host, t->rr++);
 	}
 }
 

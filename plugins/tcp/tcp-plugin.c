@@ -24,6 +24,7 @@
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_CONNECT_TIMEOUT_MS 5000
 #define DEFAULT_MAX_INBOUND 1024
+#define DEFAULT_MAX_PER_PEER 256 /* every engine of a host shares its address */
 #define LISTEN_BACKLOG 1024
 
 /* ----------------------------------------------------------------- config */
@@ -60,6 +61,8 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	cfg->sockbuf = (int)te_host_config_u64(h, "TE_TCP_SOCKBUF", NULL, 0, 0, 1u << 30);
 	cfg->max_inbound = (unsigned)te_host_config_u64(h, "TE_TCP_MAX_INBOUND", NULL, DEFAULT_MAX_INBOUND, 1,
 							1u << 20);
+	cfg->max_per_peer = (unsigned)te_host_config_u64(h, "TE_TCP_MAX_PER_PEER", NULL, DEFAULT_MAX_PER_PEER,
+							 1, 1u << 20);
 	cfg->port = (unsigned)te_host_config_u64(h, "TE_TCP_PORT", NULL, 0, 0, 65535);
 	cfg->proto = (int)te_host_config_u64(h, "TE_TCP_PROTO", "MC_TCP_PROTO", 2, 1, 2);
 	const char *b = h->config(h, "TE_TCP_BIND_ADDRESS", NULL);
@@ -208,6 +211,10 @@ static void tcp_destroy(void *ctx)
 	if (c == NULL)
 		return;
 	atomic_store(&c->stopping, 1);
+	/* Connections being authenticated finish (bounded) and are closed. */
+	if (c->auth_pool != NULL)
+		g_thread_pool_free(c->auth_pool, FALSE, TRUE);
+	c->auth_pool = NULL;
 	/* The threads fail what their connections still carry and close them. */
 	tcp_threads_stop(c);
 	if (c->listen_fd >= 0)
@@ -222,6 +229,9 @@ static void tcp_destroy(void *ctx)
 	}
 	if (c->peers != NULL)
 		g_hash_table_unref(c->peers);
+	if (c->per_peer != NULL)
+		g_hash_table_unref(c->per_peer);
+	g_mutex_clear(&c->inbound_lock);
 	g_mutex_clear(&c->lock);
 	g_free(c);
 }
@@ -236,6 +246,16 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	g_mutex_init(&c->lock);
 	c->peers = g_hash_table_new(g_str_hash, g_str_equal);
 	c->all_peers = g_ptr_array_new();
+	g_mutex_init(&c->inbound_lock);
+	c->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+	/* ABI 1.2 hosts can hold a cluster key; then every data connection is
+	 * authenticated before its first request. An accepted one is handed to
+	 * a few threads of its own for that, so a peer that stalls the exchange
+	 * holds neither the accepting thread nor an I/O thread. */
+	c->auth = TE_HAS_OP(h, auth_enabled) && TE_HAS_OP(h, auth_connect) && TE_HAS_OP(h, auth_accept) &&
+		  h->auth_enabled(h);
+	if (c->auth)
+		c->auth_pool = g_thread_pool_new(tcp_auth_job, c, 8, FALSE, NULL);
 	if (args != NULL && *args != '\0' && strcmp(args, "{}") != 0 && strcmp(args, "null") != 0)
 		TLOG(c, TE_LOG_WARN, "the tcp transport takes no arguments; ignoring '%.80s' (use TE_TCP_* "
 			"variables)", args);

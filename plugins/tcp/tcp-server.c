@@ -72,7 +72,7 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 	if (sc->io.fd >= 0) {
 		close(sc->io.fd);
 		sc->io.fd = -1;
-		atomic_fetch_sub(&c->inbound, 1);
+		tcp_inbound_done(c, sc->host);
 	}
 	tcp_io_bury(&sc->io);
 }

@@ -392,6 +392,10 @@ static void task_finish(te_task *t, int state, bool from_completion)
 
 void te_task_complete(te_task *t, uint64_t bytes, int error)
 {
+	if (t->stage != NULL) {
+		te_stage_slice_done(t, bytes, error);
+		return;
+	}
 	if (bytes)
 		atomic_fetch_add_explicit(&t->transferred, bytes, memory_order_relaxed);
 	if (error) {
@@ -509,14 +513,19 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 		return TE_ERR_ADDRESS;
 	}
 
+	if (lr != NULL)
+		t->dev = lr->dev;
 	if (r->segment == TE_LOCAL_SEGMENT) {
+		te_region *rr;
 		if (r->length == 0)
 			return ROUTE_EMPTY;
-		if (te_memreg_find_locked(&e->mem, r->remote, r->length) == NULL) {
+		if ((rr = te_memreg_find_locked(&e->mem, r->remote, r->length)) == NULL) {
 			te_err("submit: task %td: range 0x%llx+%llu is outside the local segment's buffers",
 			       t - b->tasks, (unsigned long long)r->remote, (unsigned long long)r->length);
 			return TE_ERR_ADDRESS;
 		}
+		if (t->dev == NULL)
+			t->dev = rr->dev;
 		te_local_submit(e, t);
 		return 0;
 	}
@@ -545,7 +554,10 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	t->tp = sc->sv->tp;
 	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
 	note_transport(b, t->tp);
-	queue_remote(e, d, t);
+	if (t->dev != NULL && !(t->tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY))
+		te_stage_submit(e, t);
+	else
+		queue_remote(e, d, t);
 	return 0;
 }
 
@@ -623,6 +635,8 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
 		atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
 		atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
+		t->dev = NULL;
+		t->stage = NULL;
 		if (canceled) {
 			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;

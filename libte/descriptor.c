@@ -339,8 +339,8 @@ char *te_engine_encode_descriptor(te_engine *e)
 	g_rw_lock_reader_lock(&e->mem.lock);
 	for (guint i = 0; i < e->mem.regions->len; i++) {
 		te_region *r = g_ptr_array_index(e->mem.regions, i);
-		if (r->dying)
-			continue; /* being unregistered: peers must stop seeing it first */
+		if (r->dying || r->hidden)
+			continue; /* being unregistered (peers must stop seeing it first), or libte's own */
 		GTree *b = members_new();
 		members_set(b, "addr", node_int((gint64)(uintptr_t)r->addr));
 		members_set(b, "length", node_int((gint64)r->length));

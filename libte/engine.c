@@ -438,6 +438,8 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	e->notify_pool = te_notify_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
 	rc = te_local_init(e);
+	if (rc == 0)
+		rc = te_stage_init(e);
 	if (rc < 0)
 		goto fail;
 
@@ -530,6 +532,7 @@ void te_engine_destroy(te_engine *e)
 	te_notify_clear(e);
 	te_batches_clear(e);
 	te_memreg_clear(&e->mem);
+	te_stage_fini(e);
 	g_ptr_array_unref(e->transports);
 	g_ptr_array_unref(e->retired);
 	g_hash_table_unref(e->segments);

@@ -56,7 +56,18 @@ static int host_buffer_acquire(const te_host *h, uint64_t addr, uint64_t len, un
 
 	if (hc->engine == NULL || pin == NULL)
 		return -ENOTSUP;
-	return te_memreg_acquire(&hc->engine->mem, addr, len, need, pin);
+	int rc = te_memreg_acquire(&hc->engine->mem, addr, len, need, pin);
+	if (rc == 0 && ((const te_region *)pin->priv)->dev != NULL &&
+	    (hc->plugin == NULL || hc->plugin->kind != TE_KIND_TRANSPORT ||
+	     !(((const te_transport_ops *)hc->plugin->desc->ops)->flags &
+	       TE_TRANSPORT_DEVICE_MEMORY))) {
+		/* A transport that cannot move device memory must not touch it. */
+		te_dbg("%s: %#llx+%llu is device memory, which this transport does not serve",
+		       hc->plugin ? hc->plugin->name : "?", (unsigned long long)addr, (unsigned long long)len);
+		te_memreg_release(&hc->engine->mem, pin);
+		return TE_ERR_ADDRESS;
+	}
+	return rc;
 }
 
 static void host_buffer_release(const te_host *h, te_buffer_pin *pin)

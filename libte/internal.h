@@ -75,6 +75,8 @@ const te_plugin *te_plugin_find(int kind, const char *name);
 const te_plugin *te_plugin_find_scheme(const char *scheme);
 /* Transport plugins, loaded ones, in discovery order. */
 GPtrArray *te_plugin_transports(void);
+/* Device plugins, loaded ones, in discovery order. */
+GPtrArray *te_plugin_devices(void);
 
 /* ---------------------------------------------------------------- host.c */
 /* Every te_host handed to a plugin points at one of these. */
@@ -86,12 +88,30 @@ typedef struct te_host_ctx {
 
 void te_host_init(te_host_ctx *hc, struct te_engine *engine, const te_plugin *plugin);
 
+/* ------------------------------------------------------------ device.c */
+typedef struct te_device {
+	te_host_ctx hc;
+	const te_device_ops *ops;
+	void *ctx;
+} te_device;
+
+/* Whether any device plugin is usable in this process. */
+bool te_devices_present(void);
+/* 1 with the plugin and device index when [addr, addr+len) is device memory,
+ * 0 when it is host memory. */
+int te_device_classify(const void *addr, size_t len, te_device **dev, int *index);
+/* A copy through `d`, logged when it fails. */
+int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len);
+int te_device_report(const te_plugin *p, char **text);
+
 /* ------------------------------------------------------------ memory.c */
 typedef struct te_region {
 	void *addr;
 	size_t length;
 	const char *location; /* interned */
 	unsigned flags;
+	te_device *dev;       /* device memory: its plugin; NULL for host memory */
+	bool hidden;          /* libte's own (staging buffers): not in the descriptor */
 	atomic_int pins;
 	bool dying;         /* left out of the descriptor, about to be removed */
 	GHashTable *fields; /* te_transport_inst* → JSON text from mem_register */
@@ -114,6 +134,9 @@ void te_memreg_release(te_memreg *m, te_buffer_pin *pin);
 int te_region_attach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 void te_region_detach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
+/* Registers libte's own local-only memory (staging buffers): every transport
+ * sees it, the descriptor does not. */
+int te_register_hidden(struct te_engine *e, void *addr, size_t len);
 
 /* ------------------------------------------------------------ shmem.c */
 /* The te_mem_alloc() allocation holding [addr, addr+len): its memfd, the
@@ -244,6 +267,10 @@ typedef struct te_task {
 	atomic_int error;
 	_Atomic uint64_t transferred;
 	atomic_uint chunk_next; /* local copies: next chunk to take */
+	/* Device memory on a side: local copies go through its plugin; a
+	 * remote task is staged through host memory (stage.c). */
+	te_device *dev;
+	struct te_stage *stage; /* a staging sub-transfer: its job */
 } te_task;
 
 typedef struct te_batch {
@@ -277,6 +304,16 @@ GThreadPool *te_notify_pool_new(void);
 int te_local_init(struct te_engine *e);
 void te_local_fini(struct te_engine *e);
 void te_local_submit(struct te_engine *e, te_task *t);
+
+/* -------------------------------------------------------------- stage.c */
+typedef struct te_stager te_stager;
+int te_stage_init(struct te_engine *e);
+void te_stage_fini(struct te_engine *e);
+/* Moves remote task `t` (device memory on its local side) through host
+ * buffers; completes it once. */
+void te_stage_submit(struct te_engine *e, te_task *t);
+/* A transport completed a slice of a staging sub-transfer. */
+void te_stage_slice_done(te_task *sub, uint64_t bytes, int error);
 
 /* ------------------------------------------------------------- notify.c */
 int te_notify_enqueue(struct te_engine *e, const char *name, const char *msg);
@@ -320,6 +357,7 @@ struct te_engine {
 	GMutex notify_lock;
 	GQueue notifications;
 
+	te_stager *stager; /* device memory through host buffers */
 	GThreadPool *copy_pool;
 	unsigned copy_threads;
 	uint64_t local_split; /* local copies from this size run on the workers */

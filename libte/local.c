@@ -12,16 +12,19 @@
 #define SPLIT_DEFAULT (4u << 20)
 #define CHUNK_MIN (1u << 20)
 
-static void copy_range(te_task *t, uint64_t off, uint64_t len)
+static int copy_range(te_task *t, uint64_t off, uint64_t len)
 {
 	char *local = (char *)t->xfer.local + off;
 	char *remote = (char *)(uintptr_t)t->xfer.remote + off;
+	char *dst = t->xfer.opcode == TE_OP_READ ? local : remote;
+	const char *src = t->xfer.opcode == TE_OP_READ ? remote : local;
 
+	/* A side in device memory: only its plugin can copy it. */
+	if (t->dev != NULL)
+		return te_device_copy_with(t->dev, dst, src, len);
 	/* memmove: the two ranges may overlap inside one segment. */
-	if (t->xfer.opcode == TE_OP_READ)
-		memmove(local, remote, len);
-	else
-		memmove(remote, local, len);
+	memmove(dst, src, len);
+	return 0;
 }
 
 static void copy_chunk(gpointer data, gpointer user)
@@ -38,8 +41,8 @@ static void copy_chunk(gpointer data, gpointer user)
 		te_task_complete(t, 0, -ECANCELED);
 		return;
 	}
-	copy_range(t, off, len);
-	te_task_complete(t, len, 0);
+	int rc = copy_range(t, off, len);
+	te_task_complete(t, rc < 0 ? 0 : len, rc);
 }
 
 int te_local_init(te_engine *e)
@@ -78,8 +81,8 @@ void te_local_submit(te_engine *e, te_task *t)
 	uint64_t len = t->xfer.length;
 
 	if (len < e->local_split) {
-		copy_range(t, 0, len);
-		te_task_complete(t, len, 0);
+		int rc = copy_range(t, 0, len);
+		te_task_complete(t, rc < 0 ? 0 : len, rc);
 		return;
 	}
 	uint64_t chunks = len / CHUNK_MIN;

@@ -202,7 +202,10 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 	};
 	(void)e;
 
-	if (!TE_HAS_OP(tp->ops, mem_register))
+	/* Device memory goes only to transports that move it themselves; the
+	 * others never see it (the host stages it for them). */
+	if (!TE_HAS_OP(tp->ops, mem_register) ||
+	    (r->dev != NULL && !(tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY)))
 		return 0;
 	int rc = tp->ops->mem_register(tp->ctx, &mi, &fields);
 	if (rc < 0) {
@@ -251,7 +254,20 @@ static void region_retire(te_engine *e, te_region *r)
 	region_free(r);
 }
 
+static int register_regions(te_engine *e, const te_memory_region *regs, size_t n, bool hidden);
+
 int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t n)
+{
+	return register_regions(e, regs, n, false);
+}
+
+int te_register_hidden(te_engine *e, void *addr, size_t len)
+{
+	te_memory_region r = { .addr = addr, .length = len, .location = "*", .flags = 0 };
+	return register_regions(e, &r, 1, true);
+}
+
+static int register_regions(te_engine *e, const te_memory_region *regs, size_t n, bool hidden)
 {
 	GPtrArray *added;
 	int rc = 0;
@@ -272,6 +288,19 @@ int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t 
 				       regs[i].addr, regs[i].length, regs[j].addr, regs[j].length);
 				return TE_ERR_OVERLAP;
 			}
+	}
+
+	/* What kind of memory each region is, asked of the device plugins once
+	 * here so that no request has to. */
+	te_device **devs = g_new0(te_device *, n);
+	int *dev_index = g_new0(int, n);
+	if (te_devices_present()) {
+		for (size_t i = 0; i < n; i++) {
+			te_device_classify(regs[i].addr, regs[i].length, &devs[i], &dev_index[i]);
+			if (devs[i] != NULL)
+				te_dbg("register memory #%zu at %p: device memory of %s:%d", i,
+				       regs[i].addr, devs[i]->ops->prefix, dev_index[i]);
+		}
 	}
 
 	g_rec_mutex_lock(&e->ctl);
@@ -299,7 +328,12 @@ int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t 
 			r->flags = regs[i].flags;
 			r->fields = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
 			char *loc = NULL;
-			te_resolve_location(r->addr, r->length, regs[i].location, &loc);
+			r->dev = devs[i];
+			r->hidden = hidden;
+			if (r->dev != NULL && strcmp(regs[i].location, "*") == 0)
+				loc = g_strdup_printf("%s:%d", r->dev->ops->prefix, dev_index[i]);
+			else
+				te_resolve_location(r->addr, r->length, regs[i].location, &loc);
 			/* Interned: transfers in flight keep pointing at it after an
 			 * unregister (te_transfer.local_location). */
 			r->location = g_intern_string(loc);
@@ -337,6 +371,8 @@ int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t 
 	}
 	g_ptr_array_unref(added);
 	g_rec_mutex_unlock(&e->ctl);
+	g_free(devs);
+	g_free(dev_index);
 	return rc;
 }
 

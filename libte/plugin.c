@@ -44,7 +44,10 @@ static bool valid_name(const char *n)
 
 static const char *kind_name(int kind)
 {
-	return kind == TE_KIND_TRANSPORT ? "transport" : kind == TE_KIND_METADATA ? "metadata" : "unknown";
+	return kind == TE_KIND_TRANSPORT  ? "transport"
+	       : kind == TE_KIND_METADATA ? "metadata"
+	       : kind == TE_KIND_DEVICE   ? "device"
+					  : "unknown";
 }
 
 /* TE_PLUGINS: "tcp,rdma" allows only those, "^nvmeof" denies one. */
@@ -86,6 +89,20 @@ static bool check_ops(const te_plugin_desc *d, char **why)
 		if (o->create == NULL || o->destroy == NULL || o->segment_open == NULL ||
 		    o->submit == NULL) {
 			*why = g_strdup("transport ops lack create, destroy, segment_open or submit");
+			return false;
+		}
+	} else if (d->kind == TE_KIND_DEVICE) {
+		const te_device_ops *o = d->ops;
+		if (d->abi_minor < 2 || o->size < offsetof(te_device_ops, devices) + sizeof o->devices) {
+			*why = g_strdup_printf("device ops table too small (%u bytes, ABI minor %u)", o->size,
+					       d->abi_minor);
+			return false;
+		}
+		if (o->prefix == NULL || !valid_name(o->prefix) || o->probe == NULL ||
+		    o->create == NULL || o->destroy == NULL || o->classify == NULL ||
+		    o->copy == NULL || o->devices == NULL) {
+			*why = g_strdup("device ops lack prefix, probe, create, destroy, classify, copy "
+					"or devices");
 			return false;
 		}
 	} else {
@@ -153,7 +170,8 @@ static void load_file(const char *path)
 		p->reason = g_strdup_printf("descriptor too small (%u bytes)", d->size);
 		goto fail;
 	}
-	if (d->kind != TE_KIND_TRANSPORT && d->kind != TE_KIND_METADATA) {
+	if (d->kind != TE_KIND_TRANSPORT && d->kind != TE_KIND_METADATA &&
+	    d->kind != TE_KIND_DEVICE) {
 		p->reason = g_strdup_printf("unknown plugin kind %u", d->kind);
 		goto fail;
 	}
@@ -309,17 +327,27 @@ const te_plugin *te_plugin_find_scheme(const char *scheme)
 	return NULL;
 }
 
-GPtrArray *te_plugin_transports(void)
+static GPtrArray *loaded_of(int kind)
 {
 	GPtrArray *out = g_ptr_array_new();
 
 	te_plugins_init();
 	for (guint i = 0; i < plugins->len; i++) {
 		te_plugin *p = g_ptr_array_index(plugins, i);
-		if (p->loaded && p->kind == TE_KIND_TRANSPORT)
+		if (p->loaded && p->kind == kind)
 			g_ptr_array_add(out, p);
 	}
 	return out;
+}
+
+GPtrArray *te_plugin_transports(void)
+{
+	return loaded_of(TE_KIND_TRANSPORT);
+}
+
+GPtrArray *te_plugin_devices(void)
+{
+	return loaded_of(TE_KIND_DEVICE);
 }
 
 int te_plugin_foreach(te_plugin_info_fn fn, void *user)
@@ -376,8 +404,10 @@ int te_plugin_report(const char *name, char **text)
 	}
 	*text = NULL;
 	p = te_plugin_find(TE_KIND_TRANSPORT, name);
+	if (p == NULL && (p = te_plugin_find(TE_KIND_DEVICE, name)) != NULL)
+		return te_device_report(p, text);
 	if (p == NULL) {
-		te_warn("te_plugin_report: no transport plugin named '%s'", name);
+		te_warn("te_plugin_report: no transport or device plugin named '%s'", name);
 		return -ENOENT;
 	}
 	o = p->desc->ops;

@@ -197,6 +197,10 @@ enum te_transport_flags {
 	TE_TRANSPORT_MEMORY = 1u << 0,
 	/* Serves file segments (buffers without addresses). */
 	TE_TRANSPORT_FILES = 1u << 1,
+	/* Moves device memory itself (GPUDirect): the host hands it device
+	 * buffers as they are instead of staging them through host memory, and
+	 * lets it pin device regions for peers' requests. Since ABI 1.2. */
+	TE_TRANSPORT_DEVICE_MEMORY = 1u << 3,
 	/* Serves only engines on this host, better than any network transport:
 	 * offered every segment first (before the one its descriptor names) and
 	 * declines the others. Since ABI 1.1. */
@@ -282,6 +286,60 @@ typedef struct te_metadata_ops {
 	int (*list)(void *ctx, const char *prefix, char ***keys, size_t *n);
 } te_metadata_ops;
 
+/* --------------------------------------------------------- device plugins */
+
+/* One device a device plugin drives, for te-info and topology. */
+typedef struct te_device_info {
+	uint32_t size;        /* sizeof(te_device_info) as the host built it */
+	char location[32];    /* "cuda:0" */
+	char name[96];        /* product name */
+	uint64_t memory;      /* bytes of device memory, 0 when unknown */
+	char pci_bus_id[32];  /* "0000:3b:00.0", "" when unknown */
+	int numa_node;        /* -1 when unknown */
+} te_device_info;
+
+typedef void (*te_device_done_fn)(void *arg, int error);
+
+/*
+ * Device memory (since ABI 1.2). One instance per process: device runtimes
+ * are per process. Every op may be called from any thread.
+ */
+typedef struct te_device_ops {
+	uint32_t size;
+	uint32_t reserved;
+	/* Location prefix of this plugin's devices: "cuda" gives "cuda:N". */
+	const char *prefix;
+	/* Required. 0 when the plugin can work here, else negative with the
+	 * reason in `why` (no driver library, no device): te-info shows it. */
+	int (*probe)(const te_host *h, char *why, size_t why_len);
+	/* Required. */
+	int (*create)(const te_host *h, void **ctx);
+	void (*destroy)(void *ctx);
+	/* Required. 1 when [addr, addr+len) is device memory of this plugin
+	 * (then `*device` is its index), 0 when it is not (host memory or
+	 * another plugin's), negative on error. */
+	int (*classify)(void *ctx, const void *addr, size_t len, int *device);
+	/* Required. Copies `len` bytes, either side device memory or host memory. */
+	int (*copy)(void *ctx, void *dst, const void *src, size_t len);
+	/* Optional. As copy, returning at once; done(arg, error) runs once the
+	 * bytes moved (possibly before it returns). */
+	int (*copy_async)(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
+			  void *arg);
+	/* Optional. Page-locked host memory for staging buffers. */
+	int (*host_alloc)(void *ctx, size_t len, void **ptr);
+	void (*host_free)(void *ctx, void *ptr);
+	/* Optional. Device memory of device `device`. */
+	int (*mem_alloc)(void *ctx, int device, size_t len, void **ptr);
+	void (*mem_free)(void *ctx, void *ptr);
+	/* Optional. A dma-buf file descriptor (the caller closes it) and the
+	 * range's offset in it, for ibv_reg_dmabuf_mr. -ENOTSUP when the driver
+	 * offers none. */
+	int (*export_dmabuf)(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset);
+	/* Required. Up to `max` devices into `out` (each `out[i].size` set by the
+	 * caller); `*n` the number of devices there are. */
+	int (*devices)(void *ctx, te_device_info *out, size_t max, size_t *n);
+} te_device_ops;
+
 /* ------------------------------------------------------------- descriptor */
 
 typedef struct te_plugin_desc {
@@ -289,12 +347,12 @@ typedef struct te_plugin_desc {
 	uint16_t abi_major;  /* TE_PLUGIN_ABI_MAJOR */
 	uint16_t abi_minor;  /* TE_PLUGIN_ABI_MINOR */
 	uint32_t size;       /* sizeof(te_plugin_desc) as built */
-	uint32_t kind;       /* TE_KIND_TRANSPORT or TE_KIND_METADATA */
+	uint32_t kind;       /* TE_KIND_TRANSPORT, TE_KIND_METADATA or TE_KIND_DEVICE */
 	const char *name;    /* [a-z0-9_-]{1,31}: "tcp", "etcd", ... */
 	const char *version;
 	const char *description;
 	const char *license;
-	const void *ops;     /* te_transport_ops or te_metadata_ops */
+	const void *ops;     /* te_transport_ops, te_metadata_ops or te_device_ops */
 	void *reserved[4];
 } te_plugin_desc;
 

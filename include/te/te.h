@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define TE_ABI_MAJOR 1
-#define TE_ABI_MINOR 1
+#define TE_ABI_MINOR 2
 
 /* ------------------------------------------------------------------ errors */
 
@@ -358,6 +358,7 @@ TE_API void te_free(void *p);
 enum te_plugin_kind_id {
 	TE_KIND_TRANSPORT = 1,
 	TE_KIND_METADATA = 2,
+	TE_KIND_DEVICE = 3, /* since 1.2: device memory (GPUs) */
 };
 
 /* What the loader found. Versioned by `size`: read fields only when
@@ -383,9 +384,28 @@ typedef void (*te_plugin_dir_fn)(const char *dir, int exists, void *user);
 TE_API int te_plugin_foreach(te_plugin_info_fn fn, void *user);
 /* Calls `fn` for each directory searched, in order. */
 TE_API int te_plugin_dirs(te_plugin_dir_fn fn, void *user);
-/* A transport plugin's report on this machine (devices, topology), or why it
- * cannot work here. Release `*text` with te_free(). */
+/* A transport or device plugin's report on this machine (devices, topology),
+ * or why it cannot work here. Release `*text` with te_free(). */
 TE_API int te_plugin_report(const char *name, char **text);
+
+/* ----------------------------------------------------------- device memory */
+
+/*
+ * Device memory (GPUs) is served by device plugins (kind TE_KIND_DEVICE: the
+ * CUDA one, or any other). Registering device memory with location "*" finds
+ * its device ("cuda:3"); every transport then moves it (see docs/gpu.md).
+ * These calls let an application or a tool work with such memory without
+ * linking a vendor runtime. Since 1.2.
+ */
+/* Allocates `len` bytes of memory of device `location` ("cuda:0") through the
+ * device plugin serving that prefix. -ENODEV when no usable plugin serves it. */
+TE_API int te_device_alloc(const char *location, size_t len, void **ptr);
+TE_API int te_device_free(void *ptr);
+/* Copies `len` bytes; either side may be device memory of a device plugin. */
+TE_API int te_device_copy(void *dst, const void *src, size_t len);
+/* The device location of [addr, addr+len) ("cuda:3") into `buf`, or -ENOENT
+ * when it is not device memory of any usable device plugin. */
+TE_API int te_device_locate(const void *addr, size_t len, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

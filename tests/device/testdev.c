@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A device plugin for the tests: "device memory" that the CPU cannot touch.
+ * One memfd is mapped twice: the device view, handed out by mem_alloc and
+ * reported by classify, has no access rights at all, and the plugin's copies
+ * go through a second, private read-write view of the same pages. Any code
+ * that reads or writes device memory directly, instead of through the
+ * plugin, crashes the test instead of passing by accident.
+ *
+ * Two devices, testdev:0 and testdev:1 (the halves of the mapping).
+ * TE_TESTDEV_FAIL=1 in the environment makes every copy fail with -EIO;
+ * TE_TESTDEV_OFF=1 makes the plugin idle. Never installed.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <te/te-plugin.h>
+
+#define SIZE (256u << 20)
+#define ALIGN 4096u
+#define MAX_ALLOCS 256
+
+typedef struct tdev {
+	const te_host *host;
+	char *dev;  /* PROT_NONE view */
+	char *priv; /* read-write view */
+	_Atomic size_t next; /* bump allocator per device half */
+	_Atomic size_t next1;
+	atomic_ulong copies;
+} tdev;
+
+static int td_probe(const te_host *h, char *why, size_t why_len)
+{
+	(void)h;
+	if (getenv("TE_TESTDEV_OFF") != NULL) {
+		snprintf(why, why_len, "disabled by TE_TESTDEV_OFF");
+		return -ENODEV;
+	}
+	return 0;
+}
+
+static int td_create(const te_host *h, void **out)
+{
+	tdev *t = calloc(1, sizeof *t);
+	int fd = memfd_create("te-testdev", MFD_CLOEXEC);
+
+	if (t == NULL || fd < 0 || ftruncate(fd, SIZE) < 0) {
+		free(t);
+		if (fd >= 0)
+			close(fd);
+		return -ENOMEM;
+	}
+	t->host = h;
+	t->dev = mmap(NULL, SIZE, PROT_NONE, MAP_SHARED, fd, 0);
+	t->priv = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (t->dev == MAP_FAILED || t->priv == MAP_FAILED) {
+		free(t);
+		return -ENOMEM;
+	}
+	*out = t;
+	return 0;
+}
+
+static void td_destroy(void *ctx)
+{
+	tdev *t = ctx;
+	munmap(t->dev, SIZE);
+	munmap(t->priv, SIZE);
+	free(t);
+}
+
+static bool inside(const tdev *t, const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p, base = (uintptr_t)t->dev;
+	return a >= base && len <= SIZE && a - base <= SIZE - len;
+}
+
+static int td_classify(void *ctx, const void *addr, size_t len, int *device)
+{
+	tdev *t = ctx;
+
+	if (!inside(t, addr, 1))
+		return 0;
+	if (!inside(t, addr, len))
+		return -EINVAL;
+	*device = (uintptr_t)addr - (uintptr_t)t->dev >= SIZE / 2;
+	return 1;
+}
+
+/* The private view of a device address; host addresses stay as they are. */
+static void *view(tdev *t, const void *p)
+{
+	return inside(t, p, 1) ? t->priv + ((const char *)p - t->dev) : (void *)p;
+}
+
+static int td_copy(void *ctx, void *dst, const void *src, size_t len)
+{
+	tdev *t = ctx;
+
+	if (getenv("TE_TESTDEV_FAIL") != NULL) {
+		t->host->log(t->host, TE_LOG_WARN, "copy of %zu bytes fails (TE_TESTDEV_FAIL)", len);
+		return -EIO;
+	}
+	if ((inside(t, dst, 1) && !inside(t, dst, len)) || (inside(t, src, 1) && !inside(t, src, len)))
+		return -EINVAL;
+	memmove(view(t, dst), view(t, src), len);
+	atomic_fetch_add(&t->copies, 1);
+	return 0;
+}
+
+static int td_mem_alloc(void *ctx, int device, size_t len, void **ptr)
+{
+	tdev *t = ctx;
+	_Atomic size_t *next = device == 0 ? &t->next : &t->next1;
+	size_t want = (len + ALIGN - 1) / ALIGN * ALIGN;
+
+	if (device < 0 || device > 1)
+		return -ENODEV;
+	size_t off = atomic_fetch_add(next, want);
+	if (off + want > SIZE / 2)
+		return -ENOMEM;
+	*ptr = t->dev + (size_t)device * (SIZE / 2) + off;
+	return 0;
+}
+
+static void td_mem_free(void *ctx, void *ptr)
+{
+	(void)ctx;
+	(void)ptr; /* a bump allocator: the mapping goes with the process */
+}
+
+static int td_host_alloc(void *ctx, size_t len, void **ptr)
+{
+	(void)ctx;
+	return posix_memalign(ptr, ALIGN, len) == 0 ? 0 : -ENOMEM;
+}
+
+static void td_host_free(void *ctx, void *ptr)
+{
+	(void)ctx;
+	free(ptr);
+}
+
+static int td_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
+{
+	(void)ctx;
+	*n = 2;
+	for (size_t i = 0; i < 2 && i < max; i++) {
+		snprintf(out[i].location, sizeof out[i].location, "testdev:%zu", i);
+		snprintf(out[i].name, sizeof out[i].name, "libte test device (no CPU access)");
+		out[i].memory = SIZE / 2;
+		out[i].numa_node = -1;
+	}
+	return 0;
+}
+
+static const te_device_ops ops = {
+	.size = sizeof(te_device_ops),
+	.prefix = "testdev",
+	.probe = td_probe,
+	.create = td_create,
+	.destroy = td_destroy,
+	.classify = td_classify,
+	.copy = td_copy,
+	.host_alloc = td_host_alloc,
+	.host_free = td_host_free,
+	.mem_alloc = td_mem_alloc,
+	.mem_free = td_mem_free,
+	.devices = td_devices,
+};
+
+TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "testdev", "1.0", "device memory the CPU cannot touch (tests)",
+		 "Apache-2.0", &ops)

@@ -60,7 +60,7 @@ static int host_buffer_acquire(const te_host *h, uint64_t addr, uint64_t len, un
 	if (rc == 0 && ((const te_region *)pin->priv)->dev != NULL &&
 	    (hc->plugin == NULL || hc->plugin->kind != TE_KIND_TRANSPORT ||
 	     !(((const te_transport_ops *)hc->plugin->desc->ops)->flags &
-	       TE_TRANSPORT_DEVICE_MEMORY))) {
+	       (TE_TRANSPORT_DEVICE_MEMORY | TE_TRANSPORT_DEVICE_PINS)))) {
 		/* A transport that cannot move device memory must not touch it. */
 		te_dbg("%s: %#llx+%llu is device memory, which this transport does not serve",
 		       hc->plugin ? hc->plugin->name : "?", (unsigned long long)addr, (unsigned long long)len);
@@ -175,6 +175,26 @@ static int host_auth_accept(const te_host *h, int fd, int channel, const char *p
 	return te_auth_server(hc->engine->auth, fd, channel, peer, timeout_ms, NULL, NULL);
 }
 
+static int host_buffer_is_device(const te_host *h, const te_buffer_pin *pin)
+{
+	(void)h;
+	return pin != NULL && pin->priv != NULL && ((const te_region *)pin->priv)->dev != NULL;
+}
+
+static int host_buffer_copy(const te_host *h, const te_buffer_pin *pin, void *dst, const void *src,
+			    size_t len)
+{
+	(void)h;
+	if (pin == NULL || pin->priv == NULL || (dst == NULL && len > 0) || (src == NULL && len > 0))
+		return -EINVAL;
+	te_device *d = ((const te_region *)pin->priv)->dev;
+	if (d == NULL) {
+		memmove(dst, src, len);
+		return 0;
+	}
+	return te_device_copy_with(d, dst, src, len);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -198,6 +218,8 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.shared_memory = host_shared_memory,
 		.auth_enabled = host_auth_enabled,
 		.auth_connect = host_auth_connect,
+		.buffer_is_device = host_buffer_is_device,
+		.buffer_copy = host_buffer_copy,
 		.auth_accept = host_auth_accept,
 	};
 }

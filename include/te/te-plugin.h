@@ -188,6 +188,17 @@ struct te_host {
 	 * is allocated beyond the exchange. */
 	int (*auth_connect)(const te_host *h, int fd, int channel, const char *peer, int timeout_ms);
 	int (*auth_accept)(const te_host *h, int fd, int channel, const char *peer, int timeout_ms);
+	/* 1 when a pinned buffer is device memory (a GPU's): the CPU may not
+	 * touch it, so its bytes move only through buffer_copy(). 0 for host
+	 * memory. Transports see device pins only with TE_TRANSPORT_DEVICE_PINS
+	 * or TE_TRANSPORT_DEVICE_MEMORY. */
+	int (*buffer_is_device)(const te_host *h, const te_buffer_pin *pin);
+	/* Copies `len` bytes between host memory and the memory of a pinned
+	 * buffer (either of `dst` and `src` lies in the pin), through the device
+	 * plugin for device memory. 0, or negative (logged) when the copy
+	 * failed. */
+	int (*buffer_copy)(const te_host *h, const te_buffer_pin *pin, void *dst, const void *src,
+			   size_t len);
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -201,6 +212,10 @@ enum te_transport_flags {
 	 * buffers as they are instead of staging them through host memory, and
 	 * lets it pin device regions for peers' requests. Since ABI 1.2. */
 	TE_TRANSPORT_DEVICE_MEMORY = 1u << 3,
+	/* Serves peers' requests on device memory by copying through
+	 * host->buffer_copy() (its target side stages; its initiator side is
+	 * staged by the host). Since ABI 1.2. */
+	TE_TRANSPORT_DEVICE_PINS = 1u << 4,
 	/* Serves only engines on this host, better than any network transport:
 	 * offered every segment first (before the one its descriptor names) and
 	 * declines the others. Since ABI 1.1. */

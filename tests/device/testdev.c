@@ -22,7 +22,7 @@
 
 #include <te/te-plugin.h>
 
-#define SIZE (256u << 20)
+#define SIZE (4ull << 30) /* virtual: the memfd's pages exist once written */
 #define ALIGN 4096u
 #define MAX_ALLOCS 256
 

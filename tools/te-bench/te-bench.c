@@ -47,6 +47,9 @@ typedef struct flags {
 	const char *report_unit;
 	uint64_t report_precision;
 	bool check;
+	bool use_vram;
+	uint64_t gpu_id;
+	const char *vram_device;
 	bool json;
 	bool quiet;
 	bool verbose;
@@ -70,6 +73,7 @@ static flags F = {
 	.threads = 1,
 	.report_unit = "GB",
 	.report_precision = 2,
+	.vram_device = "cuda",
 };
 
 enum ftype { F_STR, F_U64, F_BOOL };
@@ -114,6 +118,11 @@ static const flag_def DEFS[] = {
 	{ "report_precision", F_U64, &F.report_precision, 0, 9, "digits after the point (default 2)" },
 	{ "check", F_BOOL, &F.check, 0, 0,
 	  "write a pattern, read it back and compare every byte; fail loudly on a mismatch" },
+	{ "use_vram", F_BOOL, &F.use_vram, 0, 0,
+	  "buffers in device memory (GPU) on both sides, through a device plugin (te-info lists them)" },
+	{ "gpu_id", F_U64, &F.gpu_id, 0, 65535, "the device of --use_vram (default 0)" },
+	{ "vram_device", F_STR, &F.vram_device, 0, 0,
+	  "the device plugin's location prefix for --use_vram (default cuda: cuda:<gpu_id>)" },
 	{ "json", F_BOOL, &F.json, 0, 0, "print the result as one JSON object on stdout" },
 	{ "quiet", F_BOOL, &F.quiet, 0, 0, "no progress line on stderr every second" },
 	{ "verbose", F_BOOL, &F.verbose, 0, 0, "show libte's log (level info) on stderr" },
@@ -378,9 +387,18 @@ static void pattern_fill(unsigned char *p, size_t n, uint64_t seed)
 	}
 }
 
-static void *map_buffer(uint64_t size)
+static void *map_buffer(uint64_t size, bool vram)
 {
 	void *p;
+	if (vram) {
+		char loc[64];
+		snprintf(loc, sizeof loc, "%s:%" PRIu64, F.vram_device, F.gpu_id);
+		int rc = te_device_alloc(loc, size, &p);
+		if (rc < 0)
+			die(1, "cannot allocate %" PRIu64 " bytes of %s memory: %s%s", size, loc,
+			    te_strerror(rc), why());
+		return p;
+	}
 	if (strcmp(F.memory, "libte") == 0) {
 		int rc = te_mem_alloc(size, &p);
 		if (rc < 0)
@@ -490,12 +508,15 @@ static te_engine *make_engine(const char *name, bool loopback_alias)
 	return e;
 }
 
-static void *register_buffer(te_engine *e, uint64_t size, uint64_t touch, bool remote)
+static void *register_buffer(te_engine *e, uint64_t size, uint64_t touch, bool remote, bool vram)
 {
-	void *p = map_buffer(size);
-	/* Fault in the part in use, so that page faults do not show in the figures. */
-	memset(p, 0, touch);
-	int rc = te_register_memory(e, p, size, "cpu:0", remote ? TE_MEM_REMOTE_ACCESS : 0);
+	void *p = map_buffer(size, vram);
+	/* Fault in the part in use, so that page faults do not show in the
+	 * figures (device memory is the device plugin's: "*" finds its device). */
+	if (!vram)
+		memset(p, 0, touch);
+	int rc = te_register_memory(e, p, size, vram ? "*" : "cpu:0",
+				    remote ? TE_MEM_REMOTE_ACCESS : 0);
 	if (rc < 0)
 		die(1, "cannot register %" PRIu64 " bytes: %s%s", size, te_strerror(rc), why());
 	return p;
@@ -528,7 +549,42 @@ typedef struct worker {
 	unsigned id;
 	hist h;
 	uint64_t batches;
+	unsigned char *scratch; /* --check with --use_vram: a host copy of one block */
 } worker;
+
+static void fail_run(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* --check touches the initiator's buffer only through these: with --use_vram
+ * it is device memory, which only the device plugin may read or write. */
+static void local_set(worker *w, unsigned char *dst, int byte, uint64_t n)
+{
+	if (!F.use_vram) {
+		memset(dst, byte, n);
+		return;
+	}
+	memset(w->scratch, byte, n);
+	if (te_device_copy(dst, w->scratch, n) < 0)
+		fail_run(1, "device copy failed%s", why());
+}
+
+static void local_put(unsigned char *dst, const unsigned char *src, uint64_t n)
+{
+	if (!F.use_vram)
+		memcpy(dst, src, n);
+	else if (te_device_copy(dst, src, n) < 0)
+		fail_run(1, "device copy failed%s", why());
+}
+
+static const unsigned char *local_get(worker *w, const unsigned char *src, uint64_t n)
+{
+	if (!F.use_vram)
+		return src;
+	if (te_device_copy(w->scratch, src, n) < 0) {
+		fail_run(1, "device copy failed%s", why());
+		memset(w->scratch, 0, n);
+	}
+	return w->scratch;
+}
 
 static void fail_run(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -602,7 +658,7 @@ static bool compare(worker *w, uint64_t iter, const te_request *reqs, uint32_t o
 {
 	for (uint64_t i = 0; i < F.batch_size; i++) {
 		uint64_t off = F.block_size * (i * F.threads + w->id);
-		const unsigned char *got = R.local + off, *want = R.verify + off;
+		const unsigned char *got = local_get(w, R.local + off, F.block_size), *want = R.verify + off;
 		if (memcmp(got, want, F.block_size) == 0)
 			continue;
 		uint64_t k = 0;
@@ -642,9 +698,9 @@ static void *worker_main(void *arg)
 				uint64_t off = F.block_size * (i * F.threads + w->id);
 				pattern_fill(R.verify + off, F.block_size, (iter << 20) ^ (i << 8) ^ w->id ^ 0x5eed);
 				if (op == TE_OP_READ)
-					memset(R.local + off, 0xa5, F.block_size);
+					local_set(w, R.local + off, 0xa5, F.block_size);
 				else
-					memcpy(R.local + off, R.verify + off, F.block_size);
+					local_put(R.local + off, R.verify + off, F.block_size);
 			}
 			if (op == TE_OP_READ && !one_batch(w, reqs, TE_OP_WRITE, R.verify))
 				break;
@@ -657,7 +713,8 @@ static void *worker_main(void *arg)
 			if (op == TE_OP_WRITE) {
 				/* Read back what was written, into `local` over the source. */
 				for (uint64_t i = 0; i < F.batch_size; i++)
-					memset(R.local + F.block_size * (i * F.threads + w->id), 0xa5, F.block_size);
+					local_set(w, R.local + F.block_size * (i * F.threads + w->id), 0xa5,
+						  F.block_size);
 				if (!one_batch(w, reqs, TE_OP_READ, R.local))
 					break;
 			}
@@ -744,17 +801,17 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 			die(1, "segment '%s' buffer %u holds %" PRIu64 " bytes; remote_offset + block_size*batch_size*threads = %"
 			       PRIu64, target, i, bufs[i].length, F.remote_offset + span);
 	}
-	R.local = register_buffer(e, F.buffer_size, span, false);
-	if (F.check)
-		R.verify = register_buffer(e, F.buffer_size, span, false);
+	R.local = register_buffer(e, F.buffer_size, span, false, F.use_vram);
+	if (F.check) /* the expected bytes stay in host memory */
+		R.verify = register_buffer(e, F.buffer_size, span, false, false);
 
 	char bs[32];
 	fmt_bytes(bs, sizeof bs, F.block_size);
 	if (!F.json)
-		printf("%s: %s %s over %s, %" PRIu64 " x %s per batch, %" PRIu64 " thread%s, %" PRIu64 " s%s\n",
+		printf("%s: %s %s over %s, %" PRIu64 " x %s per batch, %" PRIu64 " thread%s, %" PRIu64 " s%s%s\n",
 		       PROG, mode_name, F.operation, R.transport,
 		       F.batch_size, bs, F.threads, F.threads > 1 ? "s" : "", F.duration,
-		       F.check ? ", checking every byte" : "");
+		       F.check ? ", checking every byte" : "", F.use_vram ? ", device memory" : "");
 	fflush(stdout);
 
 	worker *ws = calloc(F.threads, sizeof *ws);
@@ -763,6 +820,8 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 	uint64_t start = now_ns();
 	for (unsigned i = 0; i < F.threads; i++) {
 		ws[i].id = i;
+		if (F.use_vram && F.check && (ws[i].scratch = malloc(F.block_size)) == NULL)
+			die(1, "out of memory");
 		if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0)
 			die(1, "cannot start thread %u", i);
 	}
@@ -795,6 +854,8 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 		hist_merge(&h, &ws[i].h);
 		batches += ws[i].batches;
 	}
+	for (unsigned i = 0; i < F.threads; i++)
+		free(ws[i].scratch);
 	free(ws);
 	double bytes = (double)batches * (double)F.batch_size * (double)F.block_size;
 	double rate = bytes / duration;
@@ -892,7 +953,7 @@ int main(int argc, char **argv)
 	if (!strcmp(F.mode, "target")) {
 		te_engine *e = make_engine(F.local_server_name ? F.local_server_name : hostname(), false);
 		/* touched now, so first use by an initiator does not count page faults */
-		register_buffer(e, F.buffer_size, F.buffer_size, true);
+		register_buffer(e, F.buffer_size, F.buffer_size, true, F.use_vram);
 		printf("%s: target ready, segment name %s (metadata %s, protocol %s); Ctrl-C stops it\n", PROG,
 		       te_engine_name(e), F.metadata_server, F.protocol);
 		fflush(stdout);
@@ -919,7 +980,7 @@ int main(int argc, char **argv)
 		snprintf(iname, sizeof iname, "te-bench-initiator-%d", (int)getpid());
 	}
 	te_engine *target = make_engine(tname, !p2p);
-	register_buffer(target, F.buffer_size, need, true);
+	register_buffer(target, F.buffer_size, need, true, F.use_vram);
 	te_engine *init = make_engine(iname, !p2p);
 	int rc = run_initiator(init, te_engine_name(target), "loopback");
 	drop_engines(); /* the initiator first, then the target */

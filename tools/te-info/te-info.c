@@ -19,7 +19,10 @@ static void print_dir(const char *dir, int exists, void *user)
 
 static const char *kind_name(int k)
 {
-	return k == TE_KIND_TRANSPORT ? "transport" : k == TE_KIND_METADATA ? "metadata" : "?";
+	return k == TE_KIND_TRANSPORT  ? "transport"
+	       : k == TE_KIND_METADATA ? "metadata"
+	       : k == TE_KIND_DEVICE   ? "device"
+				       : "?";
 }
 
 static void print_plugin(const te_plugin_info *p, void *user)
@@ -43,9 +46,11 @@ static void report_transport(const te_plugin_info *p, void *user)
 	char *text = NULL;
 	(void)user;
 
-	if (!p->loaded || p->kind != TE_KIND_TRANSPORT)
+	/* Transports report what they find; device plugins their devices, or
+	 * why they are idle (no driver, no device). */
+	if (!p->loaded || (p->kind != TE_KIND_TRANSPORT && p->kind != TE_KIND_DEVICE))
 		return;
-	printf("\n[%s]\n", p->name);
+	printf("\n[%s]%s\n", p->name, p->kind == TE_KIND_DEVICE ? " (device memory)" : "");
 	if (te_plugin_report(p->name, &text) == 0 && text != NULL) {
 		fputs(text, stdout);
 		if (*text && text[strlen(text) - 1] != '\n')
@@ -117,7 +122,8 @@ int main(int argc, char **argv)
 		printf("usage: te-info\n"
 		       "Lists libte's plugin directories, the plugins found in them (loaded, or why\n"
 		       "they were skipped), each transport's view of this machine (e.g. RDMA devices\n"
-		       "and NIC priority matrix), NUMA nodes and network interfaces.\n"
+		       "and NIC priority matrix), device plugins and their devices (or why they\n"
+		       "are idle), NUMA nodes and network interfaces.\n"
 		       "Environment: TE_PLUGIN_PATH (extra plugin directories, searched first),\n"
 		       "TE_PLUGINS (allow/deny list, e.g. tcp,^rdma), TE_LOG_LEVEL.\n");
 		return 0;

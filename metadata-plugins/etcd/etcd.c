@@ -611,9 +611,12 @@ static int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 					  : NULL;
 		gsize kl = 0;
 		guchar *raw = k64 ? g_base64_decode(k64, &kl) : NULL;
-		if (raw == NULL || memchr(raw, '\0', kl) != NULL) {
+		/* Not a key we could name, or one outside the prefix asked for
+		 * (the store's answer is not trusted to match the range). */
+		if (raw == NULL || memchr(raw, '\0', kl) != NULL || kl < strlen(prefix) ||
+		    memcmp(raw, prefix, strlen(prefix)) != 0) {
 			g_free(raw);
-			continue; /* not a key we could name */
+			continue;
 		}
 		out[got] = malloc(kl + 1);
 		if (out[got] == NULL) {

@@ -36,6 +36,7 @@ typedef struct flags {
 	const char *memory;
 	const char *device_name;
 	const char *nic_priority_matrix;
+	const char *auth_key_file;
 	bool auto_discovery;
 	const char *operation;
 	uint64_t batch_size;
@@ -99,6 +100,9 @@ static const flag_def DEFS[] = {
 	{ "device_name", F_STR, &F.device_name, 0, 0, "RDMA devices, comma-separated (protocol rdma)" },
 	{ "nic_priority_matrix", F_STR, &F.nic_priority_matrix, 0, 0,
 	  "file with an RDMA NIC priority matrix (JSON); overrides --device_name" },
+	{ "auth_key_file", F_STR, &F.auth_key_file, 0, 0,
+	  "the cluster key file: peers authenticate each connection (give it to target and initiator; "
+	  "default: TE_AUTH_KEY_FILE, else none)" },
 	{ "auto_discovery", F_BOOL, &F.auto_discovery, 0, 0,
 	  "the same as --protocol=auto" },
 	{ "operation", F_STR, &F.operation, 0, 0, "read | write | mixed (reads and writes by turns) (default read)" },
@@ -466,6 +470,8 @@ static te_engine *make_engine(const char *name, bool loopback_alias)
 	te_option opt[2];
 	size_t n = 0;
 
+	if (F.auth_key_file != NULL && *F.auth_key_file != '\0')
+		opt[n++] = (te_option){ "auth_key_file", F.auth_key_file };
 	/* Outside P2PHANDSHAKE two loopback engines need distinct names that
 	 * still say where to reach them. */
 	if (loopback_alias)

@@ -464,6 +464,27 @@ static char *transport_args(const char *proto)
 
 /* ---------------------------------------------------------------- engines */
 
+/* --metadata_server for output: a password in its user-info
+ * ("etcd://user:pw@host") shown as "***". */
+static const char *store_for_log(void)
+{
+	static char buf[1024];
+	const char *c = F.metadata_server;
+	const char *start = strstr(c, "://");
+	start = start ? start + 3 : c;
+	size_t n = strcspn(start, "/?#");
+	const char *at = NULL, *colon = NULL;
+	for (const char *p = start; p < start + n; p++)
+		if (*p == '@')
+			at = p;
+	if (at != NULL)
+		colon = memchr(start, ':', (size_t)(at - start));
+	if (colon == NULL)
+		return c;
+	snprintf(buf, sizeof buf, "%.*s:***%s", (int)(colon - c), c, at);
+	return buf;
+}
+
 static te_engine *make_engine(const char *name, bool loopback_alias)
 {
 	te_engine *e = NULL;
@@ -478,7 +499,7 @@ static te_engine *make_engine(const char *name, bool loopback_alias)
 		opt[n++] = (te_option){ "ip_or_host_name", "127.0.0.1" };
 	int rc = te_engine_create(F.metadata_server, name, opt, n, &e);
 	if (rc < 0)
-		die(1, "cannot start an engine with metadata '%s' as '%s': %s%s", F.metadata_server,
+		die(1, "cannot start an engine with metadata '%s' as '%s': %s%s", store_for_log(),
 		    name ? name : "(host name)", te_strerror(rc), why());
 	engines[engines[0] ? 1 : 0] = e;
 	if (F.auto_discovery || strcmp(F.protocol, "auto") == 0) {
@@ -814,7 +835,7 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 		printf(",\"transport\":");
 		json_str(stdout, R.transport);
 		printf(",\"metadata_server\":");
-		json_str(stdout, F.metadata_server);
+		json_str(stdout, store_for_log());
 		printf(",\"segment_id\":");
 		json_str(stdout, target);
 		printf(",\"operation\":\"%s\",\"block_size\":%" PRIu64 ",\"batch_size\":%" PRIu64
@@ -900,7 +921,7 @@ int main(int argc, char **argv)
 		/* touched now, so first use by an initiator does not count page faults */
 		register_buffer(e, F.buffer_size, F.buffer_size, true);
 		printf("%s: target ready, segment name %s (metadata %s, protocol %s); Ctrl-C stops it\n", PROG,
-		       te_engine_name(e), F.metadata_server, F.protocol);
+		       te_engine_name(e), store_for_log(), F.protocol);
 		fflush(stdout);
 		while (!interrupted)
 			pause();

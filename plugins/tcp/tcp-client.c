@@ -111,9 +111,9 @@ static void probe_failed(tcp_cconn *cc)
 	cc->probing = false;
 	if (cc != &p->conns[cc->rail])
 		return;
-	long long b = atomic_load(&r->backoff);
+	long long b = MIN(atomic_load(&r->backoff) * 2, TCP_PROBE_MAX_MS);
+	atomic_store(&r->backoff, b);
 	atomic_store(&r->next_probe, tcp_now_ms() + b);
-	atomic_store(&r->backoff, MIN(b * 2, TCP_PROBE_MAX_MS));
 	TLOG(p->ctx, TE_LOG_DEBUG, "rail %s of %s still down; next try in %lld ms", r->name, p->name, b);
 }
 

@@ -746,7 +746,9 @@ static void scan_start(const char *secret, const char *want)
 	te_set_log_handler(scan_log, NULL);
 }
 
-/* etcdctl (v3 API) against the single member; arguments end with NULL. */
+static int etcdctl_port; /* the member etcdctl talks to */
+
+/* etcdctl (v3 API) against etcdctl_port; arguments end with NULL. */
 static int etcdctl(const char *first, ...)
 {
 	char ep[64];
@@ -756,7 +758,7 @@ static int etcdctl(const char *first, ...)
 	int argc = 2;
 	va_list ap;
 
-	snprintf(ep, sizeof ep, "--endpoints=http://127.0.0.1:%d", etcd1[0].client_port);
+	snprintf(ep, sizeof ep, "--endpoints=http://127.0.0.1:%d", etcdctl_port);
 	va_start(ap, first);
 	for (const char *a = first; a && argc < 15; a = va_arg(ap, const char *))
 		argv[argc++] = (char *)a;
@@ -767,11 +769,11 @@ static int etcdctl(const char *first, ...)
 
 /* etcd with auth on: user "te" (password "te-pw-7Qx") holds a role that may
  * read and write the keys under mooncake/ only; simple tokens live 2 s. */
-static void etcd_auth_single(void)
+static void etcd_auth_on(etcd_member *m, int n, const char *tag)
 {
 	static const char *extra[] = { "--auth-token-ttl", "2", NULL };
-	etcd_start_ex(etcd1, 1, "auth", extra, false);
-	snprintf(etcd_conn, sizeof etcd_conn, "etcd://127.0.0.1:%d", etcd1[0].client_port);
+	etcd_start_ex(m, n, tag, extra, false);
+	etcdctl_port = m[0].client_port;
 	REQUIRE(etcdctl("user", "add", "root:rootpw", NULL) == 0);
 	REQUIRE(etcdctl("user", "grant-role", "root", "root", NULL) == 0);
 	REQUIRE(etcdctl("role", "add", "te-role", NULL) == 0);
@@ -781,7 +783,7 @@ static void etcd_auth_single(void)
 	REQUIRE(etcdctl("auth", "enable", NULL) == 0);
 	/* auth is on: anonymous requests are refused from now on */
 	char body[512];
-	CHECK_EQ(http_raw(etcd1[0].client_port, "POST", "/v3/kv/range", NULL, "{\"key\":\"Zm9v\"}", 14, body,
+	CHECK_EQ(http_raw(m[n - 1].client_port, "POST", "/v3/kv/range", NULL, "{\"key\":\"Zm9v\"}", 14, body,
 			  sizeof body), 400);
 	CHECK(strstr(body, "user name is empty") != NULL);
 	if (strstr(body, "user name is empty") == NULL)
@@ -795,7 +797,8 @@ static void case_etcd_auth(void)
 	char conn[256], *v = NULL;
 	size_t len;
 
-	etcd_auth_single();
+	etcd_auth_on(etcd1, 1, "auth");
+	snprintf(etcd_conn, sizeof etcd_conn, "etcd://127.0.0.1:%d", etcd1[0].client_port);
 	int port = etcd1[0].client_port;
 
 	/* no credentials: refused, and the log says which options are missing */
@@ -879,6 +882,40 @@ static void case_etcd_auth(void)
 	CHECK(scan.lines >= 4);
 	CHECK(scan.wanted >= 3); /* engine up, the refused put in the plugin and in libte */
 	CHECK_EQ(scan.leaks, 0);
+}
+
+
+/* Three members with auth on: tokens are per member, so when the member in
+ * use dies the calls that fail over authenticate with the next one. */
+static void case_etcd_auth_failover(void)
+{
+	etcd_member m[3];
+	te_metadata *md = NULL;
+	char conn[256], *v = NULL;
+	size_t len;
+
+	etcd_auth_on(m, 3, "authc");
+	snprintf(conn, sizeof conn, "etcd://te:te-pw-7Qx@127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", m[0].client_port,
+		 m[1].client_port, m[2].client_port);
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/fo", "{\"n\":1}", 7), 0);
+	stop_child(m[0].pid, SIGKILL);
+	cap_start();
+	CHECK_EQ(te_metadata_get(md, "mooncake/fo", &v, &len), 0);
+	CHECK(v && len == 7 && memcmp(v, "{\"n\":1}", 7) == 0);
+	te_free(v);
+	v = NULL;
+	CHECK(cap_has("unusable"));
+	CHECK(!cap_has("te-pw-7Qx"));
+	/* and the member taking over serves writes too, past its token's life */
+	CHECK_EQ(te_metadata_put(md, "mooncake/fo", "{\"n\":2}", 7), 0);
+	usleep(2500 * 1000);
+	CHECK_EQ(te_metadata_get(md, "mooncake/fo", &v, &len), 0);
+	CHECK(v && len == 7 && memcmp(v, "{\"n\":2}", 7) == 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/fo"), 0);
+	te_metadata_close(md);
+	te_set_log_handler(NULL, NULL);
 }
 
 /* ------------------------------------------------------------ etcd TLS */
@@ -1525,6 +1562,7 @@ static const struct {
 	{ "etcd-basic", case_etcd_basic },	   { "etcd-engines", case_etcd_engines },
 	{ "etcd-cluster", case_etcd_cluster },	   { "etcd-lease", case_etcd_lease },
 	{ "etcd-auth", case_etcd_auth },	   { "etcd-tls", case_etcd_tls },
+	{ "etcd-auth-failover", case_etcd_auth_failover },
 	{ "redis-basic", case_redis_basic },	   { "redis-auth", case_redis_auth },
 	{ "redis-engines", case_redis_engines },   { "redis-restart", case_redis_restart },
 	{ "redis-ttl", case_redis_ttl },

@@ -402,11 +402,14 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 		int expect = 0;
 		atomic_compare_exchange_strong(&t->error, &expect, error);
 	}
+	/* Read before counting: once another slice makes the count complete, the
+	 * batch (and this task) may be freed under us. */
+	unsigned slices = t->xfer.nr_slices;
 	unsigned done = atomic_fetch_add_explicit(&t->slices_done, 1, memory_order_acq_rel) + 1;
-	if (done == t->xfer.nr_slices)
+	if (done == slices)
 		task_finish(t, final_state(atomic_load(&t->error)), true);
-	else if (done > t->xfer.nr_slices)
-		te_err("task completed %u times for %u slices: transport bug", done, t->xfer.nr_slices);
+	else if (done > slices)
+		te_err("task completed %u times for %u slices: transport bug", done, slices);
 }
 
 static void task_reject(te_task *t, int state, int error)

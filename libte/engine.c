@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Engine life cycle, transports, publishing. */
+#include <arpa/inet.h>
 #include <string.h>
 
 #include "internal.h"
@@ -355,6 +356,45 @@ int te_transport_list(const te_engine *e, const char **names, size_t max)
 
 /* -------------------------------------------------------------- create */
 
+static bool is_any_address(const char *v)
+{
+	return strcmp(v, "*") == 0 || strcmp(v, "0.0.0.0") == 0 || strcmp(v, "::") == 0 ||
+	       strcmp(v, "[::]") == 0;
+}
+
+/* Least exposure: the RPC socket and the TCP data port listen on the address
+ * the engine publishes when that is a numeric address, rather than on every
+ * interface. The choice becomes the engine option TE_BIND_ADDRESS, which the
+ * RPC server and the transports read ("": every interface). A host name
+ * keeps every interface (it may stand for several addresses); so does
+ * TE_BIND_ADDRESS=* (or 0.0.0.0, ::), and TE_TCP_RAILS (data on several
+ * addresses). */
+static void choose_bind_address(te_engine *e, const char *published)
+{
+	const char *v = te_engine_option(e, "TE_BIND_ADDRESS");
+	char addr[INET6_ADDRSTRLEN + 2];
+	unsigned char tmp[sizeof(struct in6_addr)];
+
+	if (v == NULL)
+		v = te_env2("TE_BIND_ADDRESS", NULL);
+	if (v != NULL) {
+		if (is_any_address(v))
+			g_hash_table_replace(e->options, g_strdup("TE_BIND_ADDRESS"), g_strdup(""));
+		return;
+	}
+	if (te_engine_option(e, "TE_TCP_RAILS") != NULL || te_env2("TE_TCP_RAILS", NULL) != NULL)
+		return;
+	size_t n = strlen(published);
+	if (n >= 2 && n < sizeof addr && published[0] == '[' && published[n - 1] == ']')
+		g_strlcpy(addr, published + 1, n - 1);
+	else
+		g_strlcpy(addr, published, sizeof addr);
+	if (inet_pton(AF_INET, addr, tmp) != 1 && inet_pton(AF_INET6, addr, tmp) != 1)
+		return;
+	g_hash_table_replace(e->options, g_strdup("TE_BIND_ADDRESS"), g_strdup(addr));
+	te_dbg("listening on %s, the published address, only (TE_BIND_ADDRESS=* for every interface)", addr);
+}
+
 static int install_from_options(te_engine *e)
 {
 	const char *list = te_engine_option(e, "transports");
@@ -469,11 +509,12 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 		if (rc < 0)
 			goto fail;
 	}
+	opt = te_engine_option(e, "ip_or_host_name");
+	e->address = g_strdup(opt ? opt : host);
+	choose_bind_address(e, e->address);
 	rc = te_rpc_server_start(e, port_wanted, &e->rpc_port, &e->rpc);
 	if (rc < 0)
 		goto fail;
-	opt = te_engine_option(e, "ip_or_host_name");
-	e->address = g_strdup(opt ? opt : host);
 	if (e->md->p2p) {
 		/* The name is how peers reach us: host:rpc_port. */
 		e->name = strchr(host, ':') ? g_strdup_printf("[%s]:%d", host, e->rpc_port)

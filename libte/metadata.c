@@ -60,6 +60,25 @@ int te_metadata_rpc_key(const char *name, char *buf, size_t size)
 	return key_out(buf, size, "rpc_meta/", name);
 }
 
+/* `conn` for logs: the password of a user-info ("user:password@host")
+ * replaced by "***". The host part ends at the first '/', '?' or '#' (a
+ * password holding those must be percent-encoded); its last '@' ends the
+ * user-info, so a raw '@' in a password is hidden too. */
+static char *redact_conn(const char *conn)
+{
+	const char *start = strstr(conn, "://");
+	start = start ? start + 3 : conn;
+	size_t n = strcspn(start, "/?#");
+	const char *at = NULL;
+	for (const char *p = start; p < start + n; p++)
+		if (*p == '@')
+			at = p;
+	const char *colon = at ? memchr(start, ':', (size_t)(at - start)) : NULL;
+	if (colon == NULL)
+		return g_strdup(conn); /* no password */
+	return g_strdup_printf("%.*s:***%s", (int)(colon - conn), conn, at);
+}
+
 /* The scheme of a connection string; a bare "host:port" means etcd. */
 static char *conn_scheme(const char *conn)
 {
@@ -86,7 +105,8 @@ int te_metadata_open_internal(const char *conn, te_engine *engine, te_metadata *
 		return -EINVAL;
 	}
 	md = g_new0(te_metadata, 1);
-	md->conn = g_strdup(conn);
+	/* md->conn only names the store in logs: never with its password */
+	md->conn = redact_conn(conn);
 	if (strcmp(conn, "P2PHANDSHAKE") == 0) {
 		md->p2p = true;
 		*out = md;
@@ -94,14 +114,14 @@ int te_metadata_open_internal(const char *conn, te_engine *engine, te_metadata *
 	}
 	scheme = conn_scheme(conn);
 	if (scheme == NULL) {
-		te_err("metadata connection string '%s' has a malformed scheme", conn);
+		te_err("metadata connection string '%s' has a malformed scheme", md->conn);
 		rc = -EINVAL;
 		goto fail;
 	}
 	p = te_plugin_find_scheme(scheme);
 	if (p == NULL) {
 		te_err("no metadata plugin serves '%s://' (connection string '%s'); te-info lists the "
-		       "plugins found", scheme, conn);
+		       "plugins found", scheme, md->conn);
 		g_free(scheme);
 		rc = -EPROTONOSUPPORT;
 		goto fail;
@@ -111,7 +131,7 @@ int te_metadata_open_internal(const char *conn, te_engine *engine, te_metadata *
 	md->ops = p->desc->ops;
 	rc = md->ops->open(&md->hc.host, conn, &md->ctx);
 	if (rc < 0) {
-		te_err("metadata store '%s' (plugin %s) failed to open: %s", conn, p->name, te_strerror(rc));
+		te_err("metadata store '%s' (plugin %s) failed to open: %s", md->conn, p->name, te_strerror(rc));
 		goto fail;
 	}
 	*out = md;

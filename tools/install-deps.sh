@@ -3,7 +3,8 @@
 # compilers and meson, the libraries of libte and its plugins, and the servers
 # and tools the tests start (etcd, redis, iperf3, fio), and the toolchains of
 # the language bindings (CPython headers and pytest, Go, Rust), qemu and
-# valgrind for the reliability suite. Debian 12 or
+# valgrind for the reliability suite, clang with its libFuzzer runtime
+# (libclang-rt-14-dev, not pulled in without recommends) for the fuzzers. Debian 12 or
 # newer; root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -14,4 +15,5 @@ apt-get install -y --no-install-recommends \
   libibverbs-dev rdma-core ibverbs-providers liburing-dev \
   etcd-server etcd-client redis-server iperf3 fio iproute2 procps \
   python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy \
-  qemu-system-x86 linux-image-amd64 busybox-static valgrind
+  qemu-system-x86 linux-image-amd64 busybox-static valgrind \
+  clang libclang-rt-14-dev

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds libte twice (plain, and with AddressSanitizer + UndefinedBehaviorSanitizer),
-# runs every meson test in both builds, and prints one summary line:
+# runs every meson test in both builds, then builds the fuzz harnesses with clang
+# and libFuzzer (build-fuzz) and runs each for FUZZ_SECONDS (default 20), and
+# prints one summary line:
 #   N passed, N failed
 # Exit status: 0 only when nothing failed.
 set -uo pipefail
@@ -32,19 +34,51 @@ run_build() { # dir, label, options...
   return 0
 }
 
-rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog.json
+# The fuzzers (tests/fuzz): only their targets are built, by meson test.
+run_fuzz() {
+  local dir=build-fuzz
+  echo "=== fuzz build ($dir) ==="
+  if ! command -v clang >/dev/null; then
+    echo "fuzz: skipped: clang is not installed (tools/install-deps.sh installs it)"
+    return 0
+  fi
+  if ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
+      clang -x c -fsanitize=fuzzer -o /dev/null - 2>/dev/null; then
+    echo "fuzz: skipped: clang cannot link -fsanitize=fuzzer (libclang-rt-14-dev is missing)"
+    return 0
+  fi
+  if ! CC=clang setup "$dir" -Dfuzz=true -Dbuildtype=debugoptimized; then
+    echo "fuzz: build FAILED"
+    echo '{"name": "build-fuzz", "result": "FAIL"}' > "$dir.buildfail.json"
+    return 1
+  fi
+  rm -f "$dir.buildfail.json"
+  echo "=== fuzz runs (${FUZZ_SECONDS:-20} s each) ==="
+  meson test -C "$dir" --suite fuzz-run --num-processes "$jobs" --print-errorlogs
+  if [ ! -f "$dir/meson-logs/testlog.json" ]; then
+    echo "fuzz: build FAILED"
+    echo '{"name": "build-fuzz", "result": "FAIL"}' > "$dir.buildfail.json"
+    return 1
+  fi
+  return 0
+}
+
+rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json
 run_build build plain -Dbuildtype=debugoptimized || status=1
 run_build build-asan asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || status=1
+run_fuzz || status=1
 
 python3 - "$status" <<'PY'
 import json, os, sys
 passed = failed = skipped = 0
 names = []
 for f in ("build/meson-logs/testlog.json", "build-asan/meson-logs/testlog.json",
-          "build.buildfail.json", "build-asan.buildfail.json"):
+          "build-fuzz/meson-logs/testlog.json",
+          "build.buildfail.json", "build-asan.buildfail.json", "build-fuzz.buildfail.json"):
     if not os.path.exists(f):
         continue
-    tag = "asan" if f.startswith("build-asan") else "plain"
+    tag = f.split("/")[0].split(".")[0].replace("build-", "")
+    tag = "plain" if tag == "build" else tag
     for line in open(f):
         line = line.strip()
         if not line:

@@ -26,6 +26,8 @@ struct te_http {
 	SoupSession *session;
 	te_http_opts opts;
 	char *ca_file;
+	char *cert_file, *key_file;
+	GTlsCertificate *cert; /* client certificate, or NULL */
 	char *start_error;
 	GMutex lock;
 	GCond cond;
@@ -35,7 +37,8 @@ struct te_http {
 typedef struct req {
 	gatomicrefcount refs;
 	te_http *c;
-	char *method, *url, *ctype;
+	char *method, *url, *ctype, *auth;
+	char *log_url; /* url for messages: a password in it redacted */
 	GBytes *body;
 	int timeout_ms;
 	GCancellable *cancel;
@@ -44,6 +47,7 @@ typedef struct req {
 	GInputStream *in;
 	GByteArray *buf;
 	gboolean timed_out;
+	gboolean cert_wanted; /* the server asked for a client certificate we lack */
 
 	/* result, guarded by lock */
 	GMutex lock;
@@ -70,8 +74,10 @@ static void req_unref(req *r)
 	if (r->body)
 		g_bytes_unref(r->body);
 	g_free(r->method);
-	g_free(r->url);
+	te_http_secret_free(r->url);
+	g_free(r->log_url);
 	g_free(r->ctype);
+	te_http_secret_free(r->auth);
 	g_free(r->err);
 	g_mutex_clear(&r->lock);
 	g_cond_clear(&r->cond);
@@ -148,6 +154,27 @@ static gboolean on_timeout(gpointer data)
 	return G_SOURCE_REMOVE;
 }
 
+/* The server asks for a client certificate and none is configured. Going on
+ * without one leaves libsoup 3.2's asynchronous send stuck for good once the
+ * server refuses (TLS 1.3 refuses after the handshake), deaf to
+ * cancellation. Closing the socket under the handshake ends the request at
+ * once with a TLS error, reported below with what is missing. Servers that
+ * ask for a certificate but would accept none are therefore refused too. */
+static gboolean on_cert_requested(SoupMessage *msg, GTlsClientConnection *conn, gpointer data)
+{
+	req *r = data;
+	GIOStream *base = NULL;
+	(void)msg;
+
+	r->cert_wanted = TRUE;
+	g_object_get(conn, "base-io-stream", &base, NULL);
+	if (base != NULL) {
+		g_io_stream_close(base, NULL, NULL);
+		g_object_unref(base);
+	}
+	return FALSE;
+}
+
 static void on_closed(GObject *src, GAsyncResult *res, gpointer data)
 {
 	req *r = data;
@@ -164,7 +191,7 @@ static void on_read(GObject *src, GAsyncResult *res, gpointer data)
 
 	if (b == NULL) {
 		int rc = errno_of(e, r->timed_out);
-		req_finish(r, rc, "reading the reply from %s failed: %s", r->url,
+		req_finish(r, rc, "reading the reply from %s failed: %s", r->log_url,
 			   r->timed_out ? "timed out" : e->message);
 		g_error_free(e);
 		return;
@@ -179,7 +206,7 @@ static void on_read(GObject *src, GAsyncResult *res, gpointer data)
 	}
 	if (r->buf->len + n > r->c->opts.max_reply) {
 		g_bytes_unref(b);
-		req_finish(r, -EMSGSIZE, "the reply from %s exceeds %zu bytes", r->url, r->c->opts.max_reply);
+		req_finish(r, -EMSGSIZE, "the reply from %s exceeds %zu bytes", r->log_url, r->c->opts.max_reply);
 		return;
 	}
 	g_byte_array_append(r->buf, g_bytes_get_data(b, NULL), (guint)n);
@@ -193,16 +220,22 @@ static void on_sent(GObject *src, GAsyncResult *res, gpointer data)
 	GError *e = NULL;
 
 	r->in = soup_session_send_finish(SOUP_SESSION(src), res, &e);
+	if (r->in == NULL && r->cert_wanted && !r->timed_out) {
+		req_finish(r, -EPROTO, "%s %s failed: %s (the server asks for a TLS client certificate and none "
+			   "is configured)", r->method, r->log_url, e->message);
+		g_error_free(e);
+		return;
+	}
 	if (r->in == NULL) {
 		int rc = errno_of(e, r->timed_out);
-		req_finish(r, rc, "%s %s failed: %s", r->method, r->url,
+		req_finish(r, rc, "%s %s failed: %s", r->method, r->log_url,
 			   r->timed_out ? "timed out" : e->message);
 		g_error_free(e);
 		return;
 	}
 	goffset cl = soup_message_headers_get_content_length(soup_message_get_response_headers(r->msg));
 	if (cl > 0 && (guint64)cl > r->c->opts.max_reply) {
-		req_finish(r, -EMSGSIZE, "the reply from %s announces %lld bytes, more than %zu", r->url,
+		req_finish(r, -EMSGSIZE, "the reply from %s announces %lld bytes, more than %zu", r->log_url,
 			   (long long)cl, r->c->opts.max_reply);
 		return;
 	}
@@ -215,11 +248,19 @@ static gboolean start_req(gpointer data)
 
 	r->msg = soup_message_new(r->method, r->url);
 	if (r->msg == NULL) {
-		req_finish(r, -EINVAL, "'%s' is not a valid http(s) URL", r->url);
+		req_finish(r, -EINVAL, "'%s' is not a valid http(s) URL", r->log_url);
 		return G_SOURCE_REMOVE;
 	}
 	if (r->body != NULL)
 		soup_message_set_request_body_from_bytes(r->msg, r->ctype, r->body);
+	if (r->auth != NULL)
+		soup_message_headers_replace(soup_message_get_request_headers(r->msg), "Authorization", r->auth);
+	/* Offered when the server asks for one (set per message: libsoup 3.2
+	 * has no session-wide client certificate). */
+	if (r->c->cert != NULL)
+		soup_message_set_tls_client_certificate(r->msg, r->c->cert);
+	else
+		g_signal_connect(r->msg, "request-certificate", G_CALLBACK(on_cert_requested), r);
 	/* libsoup opens a new connection for every request whose method is not
 	 * idempotent, and etcd's gateway takes only POST. Every request sent here
 	 * may be repeated safely (puts and deletes of whole keys, reads, lease
@@ -233,7 +274,8 @@ static gboolean start_req(gpointer data)
 }
 
 int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
-		    const void *body, size_t len, int timeout_ms, te_http_reply *reply, char **err)
+		    const void *body, size_t len, const char *auth, int timeout_ms, te_http_reply *reply,
+		    char **err)
 {
 	req *r;
 	int rc;
@@ -254,7 +296,9 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 	r->c = c;
 	r->method = g_strdup(method);
 	r->url = g_strdup(url);
+	r->log_url = te_http_redact(url);
 	r->ctype = g_strdup(content_type ? content_type : "application/octet-stream");
+	r->auth = g_strdup(auth);
 	if (body != NULL)
 		r->body = g_bytes_new(body, len);
 	r->timeout_ms = timeout_ms;
@@ -275,7 +319,7 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 		g_mutex_unlock(&r->lock);
 		g_cancellable_cancel(r->cancel);
 		if (err)
-			*err = g_strdup_printf("%s %s: no answer from the I/O thread", method, url);
+			*err = g_strdup_printf("%s %s: no answer from the I/O thread", method, r->log_url);
 		req_unref(r);
 		return -ETIMEDOUT;
 	}
@@ -315,7 +359,17 @@ static gpointer io_thread(gpointer data)
 						   "max-conns", (int)c->opts.max_conns * 4,
 						   "proxy-resolver", NULL,
 						   "user-agent", "libte", NULL);
-	if (c->ca_file != NULL) {
+	if (c->cert_file != NULL) {
+		c->cert = g_tls_certificate_new_from_files(c->cert_file, c->key_file ? c->key_file : c->cert_file,
+							   &e);
+		if (c->cert == NULL) {
+			c->start_error = g_strdup_printf("cannot load the client certificate %s (key %s): %s",
+							 c->cert_file, c->key_file ? c->key_file : c->cert_file,
+							 e->message);
+			g_clear_error(&e);
+		}
+	}
+	if (c->ca_file != NULL && c->start_error == NULL) {
 		GTlsDatabase *db = g_tls_file_database_new(c->ca_file, &e);
 		if (db == NULL) {
 			c->start_error = g_strdup_printf("cannot read CA file %s: %s", c->ca_file, e->message);
@@ -333,6 +387,7 @@ static gpointer io_thread(gpointer data)
 		g_main_loop_run(c->loop);
 	soup_session_abort(c->session);
 	g_clear_object(&c->session);
+	g_clear_object(&c->cert);
 	/* Let aborted requests deliver their callbacks before leaving. */
 	while (g_main_context_iteration(c->ctx, FALSE))
 		;
@@ -352,6 +407,10 @@ te_http *te_http_new(const te_http_opts *opts, char **err)
 		c->opts.max_conns = 8;
 	c->ca_file = g_strdup(opts->ca_file);
 	c->opts.ca_file = c->ca_file;
+	c->cert_file = g_strdup(opts->cert_file);
+	c->key_file = g_strdup(opts->key_file);
+	c->opts.cert_file = c->cert_file;
+	c->opts.key_file = c->key_file;
 	g_mutex_init(&c->lock);
 	g_cond_init(&c->cond);
 	c->ctx = g_main_context_new();
@@ -398,5 +457,75 @@ void te_http_free(te_http *c)
 	g_cond_clear(&c->cond);
 	g_free(c->start_error);
 	g_free(c->ca_file);
+	g_free(c->cert_file);
+	g_free(c->key_file);
 	g_free(c);
+}
+
+#define SECRET_MAX 4096
+
+char *te_http_read_secret(const char *path, char **err)
+{
+	GError *e = NULL;
+	char *data = NULL;
+	gsize n = 0;
+
+	*err = NULL;
+	if (path == NULL || *path == '\0') {
+		*err = g_strdup("empty file name");
+		return NULL;
+	}
+	if (!g_file_get_contents(path, &data, &n, &e)) {
+		*err = g_strdup(e->message);
+		g_error_free(e);
+		return NULL;
+	}
+	char *nl = memchr(data, '\n', n);
+	size_t len = nl ? (size_t)(nl - data) : n;
+	char *out = NULL;
+	if (len > SECRET_MAX) {
+		*err = g_strdup_printf("%s: the first line is longer than %d bytes", path, SECRET_MAX);
+	} else {
+		out = g_strstrip(g_strndup(data, len));
+		if (*out == '\0' || memchr(data, '\0', len) != NULL || strpbrk(out, "\r\t") != NULL) {
+			*err = g_strdup_printf("%s holds no usable secret on its first line", path);
+			te_http_secret_free(out);
+			out = NULL;
+		}
+	}
+	memset(data, 0, n);
+	g_free(data);
+	return out;
+}
+
+void te_http_secret_free(char *secret)
+{
+	if (secret == NULL)
+		return;
+	/* volatile: the compiler may not drop a store to memory about to be freed */
+	volatile char *p = secret;
+	while (*p)
+		*p++ = '\0';
+	g_free(secret);
+}
+
+char *te_http_redact(const char *url)
+{
+	if (url == NULL)
+		return g_strdup("(null)");
+	/* user-info sits between "://" (or the start) and the first '@' before
+	 * the host part's end */
+	const char *start = strstr(url, "://");
+	start = start ? start + 3 : url;
+	size_t auth_len = strcspn(start, "/?#");
+	const char *at = NULL;
+	for (const char *p = start; p < start + auth_len; p++)
+		if (*p == '@')
+			at = p; /* the last '@': a password may hold one */
+	if (at == NULL)
+		return g_strdup(url);
+	const char *colon = memchr(start, ':', (size_t)(at - start));
+	if (colon == NULL)
+		return g_strdup(url); /* a user name alone is no secret */
+	return g_strdup_printf("%.*s:***%s", (int)(colon - url), url, at);
 }

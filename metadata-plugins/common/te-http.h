@@ -17,6 +17,8 @@ typedef struct te_http_opts {
 	size_t max_reply;      /* largest reply body accepted (bytes) */
 	unsigned max_conns;    /* connections per host kept by the session */
 	const char *ca_file;   /* PEM file of trusted CAs for https, or NULL */
+	const char *cert_file; /* PEM client certificate offered to https servers, or NULL */
+	const char *key_file;  /* its private key (NULL: in cert_file) */
 } te_http_opts;
 
 /* Starts the client. On failure returns NULL and writes why to `err`
@@ -32,7 +34,8 @@ typedef struct te_http_reply {
 } te_http_reply;
 
 /*
- * One request: `method` to `url` with an optional body. Returns 0 when a
+ * One request: `method` to `url` with an optional body and, when `auth` is
+ * not NULL, that value in an Authorization header. Returns 0 when a
  * response arrived (any status; see reply->status), else a negative errno:
  * -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH (name did not resolve), -EMSGSIZE
  * (reply larger than max_reply), -EINVAL (bad URL), -EPROTO (TLS or HTTP
@@ -40,7 +43,20 @@ typedef struct te_http_reply {
  * description of a failure. reply->body is g_free()d by the caller.
  */
 int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
-		    const void *body, size_t len, int timeout_ms, te_http_reply *reply, char **err);
+		    const void *body, size_t len, const char *auth, int timeout_ms, te_http_reply *reply,
+		    char **err);
+
+/* Reads a secret (a token, a password) from the first line of `path`:
+ * surrounding white space dropped, at most 4096 bytes. NULL with `*err` set
+ * when the file cannot be read or holds no secret. The caller frees it with
+ * te_http_secret_free(). */
+char *te_http_read_secret(const char *path, char **err);
+/* Overwrites and frees a secret. */
+void te_http_secret_free(char *secret);
+
+/* `url` (or a connection string) with the password of its user-info
+ * replaced by "***", for logs; a copy of it when there is none. */
+char *te_http_redact(const char *url);
 
 /* Frees reply->body and clears it. */
 void te_http_reply_clear(te_http_reply *reply);

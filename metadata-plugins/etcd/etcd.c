@@ -4,9 +4,18 @@
  * deleterange, lease/grant, lease/keepalive, lease/revoke; keys and values
  * base64), spoken through libsoup and json-glib.
  *
- * Endpoints: "etcd://h1:p1,h2:p2" or a bare "h:p". A request goes to the
- * endpoint that answered last; when it cannot be reached, times out or answers
- * 5xx (no leader, shutting down) the next one is tried, each once.
+ * Endpoints: "etcd://h1:p1,h2:p2" or a bare "h:p"; "etcds://" speaks https to
+ * every endpoint. A request goes to the endpoint that answered last; when it
+ * cannot be reached, times out or answers 5xx (no leader, shutting down) the
+ * next one is tried, each once.
+ *
+ * Authentication: with a user and password (user-info of the string, or
+ * TE_ETCD_USERNAME / TE_ETCD_PASSWORD) the plugin asks <api>/auth/authenticate
+ * for a token and sends it in the Authorization header. etcd's simple tokens
+ * live on the member that issued them and expire when unused, so a token is
+ * kept per endpoint and fetched again when an endpoint calls it invalid (the
+ * call is then repeated once) and on fail-over. The password stays in memory
+ * for that; logs name the store with "user:***@".
  *
  * Liveness: keys put with TE_META_OWNED are attached to one lease per store
  * handle, kept alive by a thread. If the lease is lost anyway (the store was
@@ -32,12 +41,18 @@
 
 typedef struct etcd {
 	const te_host *h;
-	char *conn;
+	char *conn; /* for logs: the connection string with its password redacted */
 	char **urls; /* "http://h:p<api>" per endpoint */
 	int n_urls;
 	gint cur; /* endpoint that answered last */
 	int timeout_ms;
 	te_http *http;
+
+	/* authentication: none when user is NULL */
+	char *user, *password;
+	GMutex token_lock;  /* tokens[]; held while one is fetched */
+	char **tokens;      /* per endpoint; NULL: none yet */
+	gint auth_off_seen; /* the store said auth is not enabled (warned once) */
 
 	/* lease */
 	bool lease_on;
@@ -75,9 +90,109 @@ static const char *str_member(JsonObject *o, const char *name, const char *def)
 
 /* ----------------------------------------------------------- transport */
 
+static char *error_text(const te_http_reply *r);
+
+/* Whether a reply says the token sent was not (or no longer) accepted:
+ * expired or unknown to this member, or issued before an auth change.
+ * Keys and values travel base64-encoded, so these phrases (with spaces)
+ * cannot come from stored data. */
+static bool token_refused(const te_http_reply *r)
+{
+	if (r->body == NULL || (r->status == 200 && strncmp(r->body, "{\"error\"", 9) != 0))
+		return false;
+	return strstr(r->body, "invalid auth token") != NULL || strstr(r->body, "auth store is old") != NULL ||
+	       strstr(r->body, "user name is empty") != NULL;
+}
+
+/* Asks endpoint `ep` for a token; with token_lock held. 0 with the token in
+ * tokens[ep] (NULL when the store has auth off), -EACCES when the store
+ * refused the user or password, or a transport error. */
+static int authenticate(etcd *s, int ep)
+{
+	JsonBuilder *b = json_builder_new();
+	te_http_reply r;
+	char *err = NULL;
+
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "name");
+	json_builder_add_string_value(b, s->user);
+	json_builder_set_member_name(b, "password");
+	json_builder_add_string_value(b, s->password);
+	json_builder_end_object(b);
+	JsonGenerator *g = json_generator_new();
+	JsonNode *root = json_builder_get_root(b);
+	json_generator_set_root(g, root);
+	char *body = json_generator_to_data(g, NULL);
+	json_node_unref(root);
+	g_object_unref(g);
+	g_object_unref(b);
+
+	char *url = g_strconcat(s->urls[ep], "/auth/authenticate", NULL);
+	int rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body), NULL,
+				 s->timeout_ms, &r, &err);
+	g_free(url);
+	te_http_secret_free(body); /* it holds the password */
+	if (rc < 0) {
+		s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s unusable: %s", s->urls[ep], err ? err : strerror(-rc));
+		g_free(err);
+		return rc;
+	}
+	g_free(s->tokens[ep]);
+	s->tokens[ep] = NULL;
+	if (r.status >= 500) {
+		s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s answered %d to authenticate: %.200s", s->urls[ep],
+			  r.status, r.body);
+		te_http_reply_clear(&r);
+		return -EAGAIN;
+	}
+	JsonParser *p = json_parser_new();
+	const char *tok = NULL;
+	if (r.status == 200 && json_parser_load_from_data(p, r.body, (gssize)r.len, NULL) &&
+	    JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)))
+		tok = str_member(json_node_get_object(json_parser_get_root(p)), "token", NULL);
+	if (tok != NULL && *tok != '\0' && strpbrk(tok, "\r\n") == NULL) {
+		s->tokens[ep] = g_strdup(tok);
+		rc = 0;
+	} else if (r.status != 200 && strstr(r.body, "authentication is not enabled") != NULL) {
+		/* Nothing to prove: go on without a token. */
+		if (g_atomic_int_compare_and_exchange(&s->auth_off_seen, 0, 1))
+			s->h->log(s->h, TE_LOG_WARN, "etcd %s: a user is configured but the store has "
+				  "authentication off; requests go without a token", s->conn);
+		rc = 0;
+	} else {
+		char *m = error_text(&r);
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: authentication as user '%s' refused by %s: %s", s->conn,
+			  s->user, s->urls[ep], m);
+		g_free(m);
+		rc = -EACCES;
+	}
+	g_object_unref(p);
+	te_http_reply_clear(&r);
+	return rc;
+}
+
+/* The token to send to endpoint `ep` (g_free()d by the caller; NULL without
+ * authentication), fetched when there is none or `stale` is the one that was
+ * refused. */
+static int token_for(etcd *s, int ep, const char *stale, char **out)
+{
+	int rc = 0;
+
+	*out = NULL;
+	if (s->user == NULL)
+		return 0;
+	g_mutex_lock(&s->token_lock);
+	if (s->tokens[ep] == NULL || (stale != NULL && strcmp(s->tokens[ep], stale) == 0))
+		rc = authenticate(s, ep);
+	if (rc == 0)
+		*out = g_strdup(s->tokens[ep]);
+	g_mutex_unlock(&s->token_lock);
+	return rc;
+}
+
 /* POSTs `body` to <endpoint><path>, failing over across endpoints. Returns 0
  * with the reply (any status below 500), or a negative errno when no endpoint
- * answered. */
+ * answered (-EACCES: the store refused the credentials). */
 static int etcd_post(etcd *s, const char *path, const char *body, te_http_reply *reply)
 {
 	int rc = -EIO;
@@ -86,20 +201,42 @@ static int etcd_post(etcd *s, const char *path, const char *body, te_http_reply 
 	for (int i = 0; i < s->n_urls; i++) {
 		int ep = (start + i) % s->n_urls;
 		char *url = g_strconcat(s->urls[ep], path, NULL);
-		char *err = NULL;
+		char *err = NULL, *token = NULL;
+		bool auth_failed = false;
 
-		rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body),
-				     s->timeout_ms, reply, &err);
+		for (int attempt = 0; attempt < 2; attempt++) {
+			char *stale = token;
+			rc = token_for(s, ep, stale, &token);
+			te_http_secret_free(stale);
+			auth_failed = rc < 0; /* authenticate() logged why */
+			if (rc < 0)
+				break;
+			rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body), token,
+					     s->timeout_ms, reply, &err);
+			/* An expired or foreign token: fetch another, send once more. */
+			if (rc == 0 && token != NULL && attempt == 0 && token_refused(reply)) {
+				s->h->log(s->h, TE_LOG_DEBUG, "etcd endpoint %s refused the token for %s; "
+					  "authenticating again", s->urls[ep], path);
+				te_http_reply_clear(reply);
+				continue;
+			}
+			break;
+		}
+		if (token != NULL)
+			te_http_secret_free(token);
+		if (rc == -EACCES) {
+			g_free(url);
+			return rc; /* the same credentials fail everywhere */
+		}
 		if (rc == 0 && reply->status >= 500) {
 			s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s answered %d to %s: %.200s%s", s->urls[ep],
 				  reply->status, path, reply->body,
 				  i + 1 < s->n_urls ? "; trying the next endpoint" : "");
 			te_http_reply_clear(reply);
 			rc = -EAGAIN;
-		} else if (rc < 0) {
+		} else if (rc < 0 && !auth_failed) {
 			s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s unusable: %s%s", s->urls[ep],
-				  err ? err : strerror(-rc),
-				  i + 1 < s->n_urls ? "; trying the next endpoint" : "");
+				  err ? err : strerror(-rc), i + 1 < s->n_urls ? "; trying the next endpoint" : "");
 		}
 		g_free(err);
 		g_free(url);
@@ -130,7 +267,15 @@ static char *error_text(const te_http_reply *r)
 		}
 	}
 	g_object_unref(p);
-	return out ? out : g_strdup_printf("HTTP %d: %.200s", r->status, r->body ? r->body : "");
+	if (out == NULL)
+		out = g_strdup_printf("HTTP %d: %.200s", r->status, r->body ? r->body : "");
+	if (strstr(out, "user name is empty") != NULL) {
+		char *t = g_strconcat(out, " (the store requires a user: TE_ETCD_USERNAME and TE_ETCD_PASSWORD, "
+				      "or etcd://user:password@...)", NULL);
+		g_free(out);
+		out = t;
+	}
+	return out;
 }
 
 /* Parses a 200 reply into a JSON object (the caller unrefs the parser). */
@@ -611,9 +756,12 @@ static int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 					  : NULL;
 		gsize kl = 0;
 		guchar *raw = k64 ? g_base64_decode(k64, &kl) : NULL;
-		if (raw == NULL || memchr(raw, '\0', kl) != NULL) {
+		/* Not a key we could name, or one outside the prefix asked for
+		 * (the store's answer is not trusted to match the range). */
+		if (raw == NULL || memchr(raw, '\0', kl) != NULL || kl < strlen(prefix) ||
+		    memcmp(raw, prefix, strlen(prefix)) != 0) {
 			g_free(raw);
-			continue; /* not a key we could name */
+			continue;
 		}
 		out[got] = malloc(kl + 1);
 		if (out[got] == NULL) {
@@ -642,15 +790,21 @@ static int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 
 /* ----------------------------------------------------------- open/close */
 
-/* "h:p", "[v6]:p" or "h" (port 2379); an http:// prefix is accepted. */
-static char *endpoint_url(const char *ep, const char *api)
+/* "h:p", "[v6]:p" or "h" (port 2379); an http:// or https:// prefix chooses
+ * the scheme of this endpoint, else `scheme`. */
+static char *endpoint_url(const char *ep, const char *api, const char *scheme)
 {
 	const char *s = ep;
 	char *host = NULL;
 	long port = DEFAULT_PORT;
 
-	if (g_ascii_strncasecmp(s, "http://", 7) == 0)
+	if (g_ascii_strncasecmp(s, "http://", 7) == 0) {
 		s += 7;
+		scheme = "http";
+	} else if (g_ascii_strncasecmp(s, "https://", 8) == 0) {
+		s += 8;
+		scheme = "https";
+	}
 	size_t n = strlen(s);
 	while (n > 0 && s[n - 1] == '/')
 		n--;
@@ -682,7 +836,7 @@ static char *endpoint_url(const char *ep, const char *api)
 	for (const char *c = host; *c; c++)
 		if (!(g_ascii_isalnum(*c) || strchr(".-_[]:", *c)))
 			goto bad;
-	char *url = g_strdup_printf("http://%s:%ld%s", host, port, api);
+	char *url = g_strdup_printf("%s://%s:%ld%s", scheme, host, port, api);
 	g_free(host);
 	g_free(t);
 	return url;
@@ -705,38 +859,108 @@ static void etcd_close(void *ctx)
 		g_mutex_unlock(&s->lease_lock);
 	}
 	te_http_free(s->http);
+	for (int i = 0; s->tokens && i < s->n_urls; i++)
+		te_http_secret_free(s->tokens[i]);
+	g_free(s->tokens);
 	g_strfreev(s->urls);
 	g_free(s->conn);
+	g_free(s->user);
+	te_http_secret_free(s->password);
+	g_mutex_clear(&s->token_lock);
 	if (s->owned)
 		g_hash_table_unref(s->owned);
 	g_mutex_clear(&s->lease_lock);
 	g_free(s);
 }
 
+/* Splits "user:password@" off the endpoint list (the last '@' ends it, so a
+ * password may hold one); both percent-decoded. -EINVAL on a malformed
+ * user-info, logged without it. */
+static int split_userinfo(const te_host *h, const char *redacted, const char **list, char **user,
+			  char **password)
+{
+	const char *at = strrchr(*list, '@');
+
+	*user = *password = NULL;
+	if (at == NULL)
+		return 0;
+	const char *colon = memchr(*list, ':', (size_t)(at - *list));
+	char *u = g_strndup(*list, (gsize)((colon ? colon : at) - *list));
+	char *pw = colon ? g_strndup(colon + 1, (gsize)(at - colon - 1)) : NULL;
+	*user = g_uri_unescape_string(u, NULL);
+	*password = pw ? g_uri_unescape_string(pw, NULL) : NULL;
+	g_free(u);
+	te_http_secret_free(pw);
+	if (*user == NULL || **user == '\0' || (pw != NULL && *password == NULL)) {
+		h->log(h, TE_LOG_ERROR, "etcd: the user-info of '%s' is not user:password (percent-encode "
+		       "special characters)", redacted);
+		g_free(*user);
+		te_http_secret_free(*password);
+		*user = *password = NULL;
+		return -EINVAL;
+	}
+	*list = at + 1;
+	return 0;
+}
+
 static int etcd_open(const te_host *h, const char *conn, void **ctx)
 {
 	etcd *s;
 	const char *list = conn;
+	const char *scheme = "http";
 	char *err = NULL;
+	int rc;
 
 	*ctx = NULL;
 	if (conn == NULL || *conn == '\0') {
 		h->log(h, TE_LOG_ERROR, "etcd: empty connection string");
 		return -EINVAL;
 	}
-	if (g_ascii_strncasecmp(list, "etcd://", 7) == 0)
+	char *redacted = te_http_redact(conn);
+	if (g_ascii_strncasecmp(list, "etcd://", 7) == 0) {
 		list += 7;
-	else if (strstr(list, "://") != NULL) {
-		h->log(h, TE_LOG_ERROR, "etcd: '%s' is not an etcd:// connection string", conn);
+	} else if (g_ascii_strncasecmp(list, "etcds://", 8) == 0) {
+		list += 8;
+		scheme = "https";
+	} else if (strstr(list, "://") != NULL) {
+		h->log(h, TE_LOG_ERROR, "etcd: '%s' is not an etcd:// or etcds:// connection string", redacted);
+		g_free(redacted);
 		return -EINVAL;
 	}
 
 	s = g_new0(etcd, 1);
 	s->h = h;
-	s->conn = g_strdup(conn);
+	s->conn = redacted;
 	g_mutex_init(&s->lease_lock);
+	g_mutex_init(&s->token_lock);
 	te_keeper_init(&s->keeper);
 	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
+
+	rc = split_userinfo(h, s->conn, &list, &s->user, &s->password);
+	if (rc < 0) {
+		etcd_close(s);
+		return rc;
+	}
+	/* As the redis plugin: the string's credentials win over the options. */
+	if (s->user == NULL) {
+		const char *v = h->config(h, "TE_ETCD_USERNAME", NULL);
+		if (v && *v)
+			s->user = g_strdup(v);
+	}
+	if (s->password == NULL && s->user != NULL) {
+		const char *v = h->config(h, "TE_ETCD_PASSWORD", NULL);
+		if (v && *v)
+			s->password = g_strdup(v);
+	}
+	if (s->user != NULL && s->password == NULL) {
+		h->log(h, TE_LOG_ERROR, "etcd %s: user '%s' given without a password (TE_ETCD_PASSWORD)", s->conn,
+		       s->user);
+		etcd_close(s);
+		return -EINVAL;
+	}
+	if (s->user == NULL && h->config(h, "TE_ETCD_PASSWORD", NULL) != NULL)
+		h->log(h, TE_LOG_WARN, "etcd %s: TE_ETCD_PASSWORD is set without a user (TE_ETCD_USERNAME); "
+		       "requests go without authentication", s->conn);
 
 	const char *api = h->config(h, "TE_ETCD_API_PREFIX", NULL);
 	if (api == NULL || *api == '\0')
@@ -748,31 +972,33 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 	}
 	gchar **eps = g_strsplit(list, ",", -1);
 	GPtrArray *urls = g_ptr_array_new();
-	bool bad = false;
+	bool bad = false, tls = false;
 	for (gchar **e = eps; *e && !bad; e++) {
 		const char *t = g_strstrip(*e);
 		if (*t == '\0')
 			continue;
-		char *u = endpoint_url(t, api);
+		char *u = endpoint_url(t, api, scheme);
 		if (u == NULL) {
-			h->log(h, TE_LOG_ERROR, "etcd: endpoint '%s' of '%s' is not host:port", t, conn);
+			h->log(h, TE_LOG_ERROR, "etcd: endpoint '%s' of '%s' is not host:port", t, s->conn);
 			bad = true;
 		} else if (urls->len >= MAX_ENDPOINTS) {
-			h->log(h, TE_LOG_ERROR, "etcd: more than %d endpoints in '%s'", MAX_ENDPOINTS, conn);
+			h->log(h, TE_LOG_ERROR, "etcd: more than %d endpoints in '%s'", MAX_ENDPOINTS, s->conn);
 			g_free(u);
 			bad = true;
 		} else {
+			tls = tls || g_str_has_prefix(u, "https:");
 			g_ptr_array_add(urls, u);
 		}
 	}
 	g_strfreev(eps);
 	if (!bad && urls->len == 0) {
-		h->log(h, TE_LOG_ERROR, "etcd: no endpoint in '%s'", conn);
+		h->log(h, TE_LOG_ERROR, "etcd: no endpoint in '%s'", s->conn);
 		bad = true;
 	}
 	g_ptr_array_add(urls, NULL);
 	s->urls = (char **)g_ptr_array_free(urls, FALSE);
 	s->n_urls = (int)g_strv_length(s->urls);
+	s->tokens = g_new0(char *, s->n_urls + 1);
 	if (bad) {
 		etcd_close(s);
 		return -EINVAL;
@@ -786,22 +1012,64 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 		h->log(h, TE_LOG_WARN, "etcd: TE_ETCD_KEEPALIVE_MS=%" PRId64 " is not below the lease TTL of "
 		       "%" PRId64 " s; keys may expire between keep-alives", s->keepalive_ms, s->ttl);
 
+	const char *ca = h->config(h, "TE_ETCD_CA_FILE", NULL);
+	const char *cert = h->config(h, "TE_ETCD_CERT_FILE", NULL);
+	const char *key = h->config(h, "TE_ETCD_KEY_FILE", NULL);
+	if (ca && !*ca)
+		ca = NULL;
+	if (cert && !*cert)
+		cert = NULL;
+	if (key && !*key)
+		key = NULL;
+	if (key != NULL && cert == NULL) {
+		h->log(h, TE_LOG_ERROR, "etcd %s: TE_ETCD_KEY_FILE needs TE_ETCD_CERT_FILE", s->conn);
+		etcd_close(s);
+		return -EINVAL;
+	}
+	if (!tls && (ca || cert))
+		h->log(h, TE_LOG_WARN, "etcd %s: TE_ETCD_CA_FILE / TE_ETCD_CERT_FILE are set but no endpoint "
+		       "is https (use etcds://); they are not used", s->conn);
 	te_http_opts o = {
 		.max_reply = te_host_config_u64(h, "TE_ETCD_MAX_REPLY", NULL, 64u << 20, 4096, 1ull << 32),
 		.max_conns = 8,
+		.ca_file = tls ? ca : NULL,
+		.cert_file = tls ? cert : NULL,
+		.key_file = tls ? key : NULL,
 	};
 	s->http = te_http_new(&o, &err);
 	if (s->http == NULL) {
-		h->log(h, TE_LOG_ERROR, "etcd %s: %s", conn, err ? err : "HTTP client failed to start");
+		h->log(h, TE_LOG_ERROR, "etcd %s: %s", s->conn, err ? err : "HTTP client failed to start");
+		rc = err && (ca || cert) ? -EINVAL : -ENOMEM;
 		g_free(err);
 		etcd_close(s);
-		return -ENOMEM;
+		return rc;
+	}
+
+	/* With credentials, authenticate now: a wrong password fails engine
+	 * creation with its reason instead of the first lookup. */
+	if (s->user != NULL) {
+		rc = -EIO;
+		for (int i = 0; i < s->n_urls && rc < 0 && rc != -EACCES; i++) {
+			g_mutex_lock(&s->token_lock);
+			rc = authenticate(s, i);
+			g_mutex_unlock(&s->token_lock);
+			if (rc == 0)
+				s->cur = i;
+		}
+		if (rc < 0) {
+			if (rc != -EACCES)
+				h->log(h, TE_LOG_ERROR, "etcd %s: no endpoint answered the authentication: %s",
+				       s->conn, strerror(rc == -EAGAIN ? EIO : -rc));
+			rc = rc == -EAGAIN ? -EIO : rc;
+			etcd_close(s);
+			return rc;
+		}
 	}
 	*ctx = s;
 	return 0;
 }
 
-static const char *const etcd_schemes[] = { "etcd", NULL };
+static const char *const etcd_schemes[] = { "etcd", "etcds", NULL };
 
 static const te_metadata_ops etcd_ops = {
 	.size = sizeof(te_metadata_ops),

@@ -6,7 +6,9 @@
  *   DELETE <url>?key=<escaped key>   200 (404: already gone)
  *   GET    <url>                     te-metadata-server only: JSON array of keys
  * Anything but those statuses is an error. https works when GLib's TLS
- * backend (glib-networking) is installed.
+ * backend (glib-networking) is installed. With TE_HTTP_TOKEN_FILE every
+ * request carries "Authorization: Bearer <token>" (te-metadata-server
+ * --token-file); the token is never logged.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -22,6 +24,8 @@
 typedef struct hstore {
 	const te_host *h;
 	char *base;  /* the connection string without a fragment */
+	char *log;   /* base for logs: its user-info password redacted */
+	char *auth;  /* "Bearer <token>", or NULL */
 	char sep;    /* '?' or '&': whether base already has a query */
 	int timeout_ms;
 	te_http *http;
@@ -40,10 +44,10 @@ static int call(hstore *s, const char *method, const char *url, const char *key,
 		size_t len, te_http_reply *r)
 {
 	char *err = NULL;
-	int rc = te_http_request(s->http, method, url, "application/json", body, len, s->timeout_ms, r,
-				 &err);
+	int rc = te_http_request(s->http, method, url, "application/json", body, len, s->auth, s->timeout_ms,
+				 r, &err);
 	if (rc < 0)
-		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' failed: %s", s->base, method, key,
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' failed: %s", s->log, method, key,
 			  err ? err : strerror(-rc));
 	g_free(err);
 	return rc;
@@ -51,8 +55,10 @@ static int call(hstore *s, const char *method, const char *url, const char *key,
 
 static int refused(hstore *s, const char *method, const char *key, te_http_reply *r)
 {
-	s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' answered %d: %.200s", s->base, method, key,
-		  r->status, r->body ? r->body : "");
+	s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' answered %d: %.200s%s", s->log, method, key,
+		  r->status, r->body ? r->body : "",
+		  r->status == 401 ? (s->auth ? " (the token was refused)" : " (the store wants a token: TE_HTTP_TOKEN_FILE)")
+				   : "");
 	te_http_reply_clear(r);
 	return TE_ERR_METADATA;
 }
@@ -60,7 +66,7 @@ static int refused(hstore *s, const char *method, const char *key, te_http_reply
 static bool bad_key(hstore *s, const char *key, const char *what)
 {
 	if (key == NULL || *key == '\0') {
-		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s with an empty key", s->base, what);
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s with an empty key", s->log, what);
 		return true;
 	}
 	return false;
@@ -116,7 +122,7 @@ static int http_put(void *ctx, const char *key, const char *value, size_t len, u
 	if (bad_key(s, key, "put"))
 		return -EINVAL;
 	if (value == NULL && len > 0) {
-		s->h->log(s->h, TE_LOG_ERROR, "http store %s: put '%s' with a NULL value", s->base, key);
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: put '%s' with a NULL value", s->log, key);
 		return -EINVAL;
 	}
 	int rc = key_call(s, "PUT", key, value ? value : "", len, &r);
@@ -164,7 +170,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		return rc;
 	if (r.status != 200) {
 		/* Servers that only know the three key calls answer 400 or 404. */
-		s->h->log(s->h, TE_LOG_INFO, "http store %s cannot list keys (answered %d)", s->base, r.status);
+		s->h->log(s->h, TE_LOG_INFO, "http store %s cannot list keys (answered %d)", s->log, r.status);
 		te_http_reply_clear(&r);
 		return -ENOTSUP;
 	}
@@ -172,7 +178,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 	if (!json_parser_load_from_data(p, r.body, (gssize)r.len, &e) ||
 	    !JSON_NODE_HOLDS_ARRAY(json_parser_get_root(p))) {
 		s->h->log(s->h, TE_LOG_ERROR, "http store %s: the key list is not a JSON array (%s): %.200s",
-			  s->base, e ? e->message : "other JSON", r.body);
+			  s->log, e ? e->message : "other JSON", r.body);
 		if (e)
 			g_error_free(e);
 		g_object_unref(p);
@@ -217,7 +223,9 @@ static void http_close(void *ctx)
 	if (s == NULL)
 		return;
 	te_http_free(s->http);
-	g_free(s->base);
+	te_http_secret_free(s->base);
+	g_free(s->log);
+	te_http_secret_free(s->auth);
 	g_free(s);
 }
 
@@ -229,8 +237,9 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	*ctx = NULL;
 	GUri *u = conn ? g_uri_parse(conn, G_URI_FLAGS_ENCODED, &e) : NULL;
 	if (u == NULL) {
-		h->log(h, TE_LOG_ERROR, "http store: '%s' is not a URL: %s", conn ? conn : "(null)",
-		       e ? e->message : "NULL");
+		char *red = te_http_redact(conn);
+		h->log(h, TE_LOG_ERROR, "http store: '%s' is not a URL: %s", red, e ? e->message : "NULL");
+		g_free(red);
 		if (e)
 			g_error_free(e);
 		return -EINVAL;
@@ -238,7 +247,9 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	const char *scheme = g_uri_get_scheme(u);
 	if ((g_ascii_strcasecmp(scheme, "http") != 0 && g_ascii_strcasecmp(scheme, "https") != 0) ||
 	    g_uri_get_host(u) == NULL || *g_uri_get_host(u) == '\0') {
-		h->log(h, TE_LOG_ERROR, "http store: '%s' needs an http:// or https:// URL with a host", conn);
+		char *red = te_http_redact(conn);
+		h->log(h, TE_LOG_ERROR, "http store: '%s' needs an http:// or https:// URL with a host", red);
+		g_free(red);
 		g_uri_unref(u);
 		return -EINVAL;
 	}
@@ -248,6 +259,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 				   g_uri_get_port(u), g_uri_get_path(u), g_uri_get_query(u), NULL);
 	s->base = g_uri_to_string(nofrag);
 	s->sep = g_uri_get_query(u) != NULL ? '&' : '?';
+	s->log = te_http_redact(s->base);
 	g_uri_unref(nofrag);
 	g_uri_unref(u);
 
@@ -257,9 +269,30 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 		.max_conns = 8,
 		.ca_file = h->config(h, "TE_HTTP_CA_FILE", NULL),
 	};
+	const char *tf = h->config(h, "TE_HTTP_TOKEN_FILE", NULL);
+	if (tf != NULL && *tf != '\0') {
+		char *tok = te_http_read_secret(tf, &err);
+		if (tok == NULL) {
+			h->log(h, TE_LOG_ERROR, "http store %s: TE_HTTP_TOKEN_FILE: %s", s->log, err);
+			g_free(err);
+			http_close(s);
+			return -EINVAL;
+		}
+		if (strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") !=
+		    strlen(tok)) {
+			/* RFC 6750's token68: anything else could break the header */
+			h->log(h, TE_LOG_ERROR, "http store %s: the token in %s holds characters other than "
+			       "letters, digits and -._~+/=", s->log, tf);
+			te_http_secret_free(tok);
+			http_close(s);
+			return -EINVAL;
+		}
+		s->auth = g_strconcat("Bearer ", tok, NULL);
+		te_http_secret_free(tok);
+	}
 	s->http = te_http_new(&o, &err);
 	if (s->http == NULL) {
-		h->log(h, TE_LOG_ERROR, "http store %s: %s", s->base, err ? err : "HTTP client failed to start");
+		h->log(h, TE_LOG_ERROR, "http store %s: %s", s->log, err ? err : "HTTP client failed to start");
 		g_free(err);
 		http_close(s);
 		return -EINVAL;

@@ -429,10 +429,19 @@ static char *glob_prefix(const char *prefix)
 	return g_string_free(g, FALSE);
 }
 
+/* g_ptr_array_sort() passes pointers to the elements, not the strings. */
+static gint cmp_key(gconstpointer a, gconstpointer b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 static int redis_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 {
 	rstore *s = ctx;
-	char *pattern = glob_prefix(prefix ? prefix : "");
+	if (prefix == NULL)
+		prefix = "";
+	size_t plen = strlen(prefix);
+	char *pattern = glob_prefix(prefix);
 	GPtrArray *out = g_ptr_array_new();
 	char cursor[32] = "0";
 	int rc = 0;
@@ -458,7 +467,10 @@ static int redis_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		cursor[r->element[0]->len] = '\0';
 		for (size_t i = 0; i < r->element[1]->elements; i++) {
 			redisReply *k = r->element[1]->element[i];
-			if (k->type == REDIS_REPLY_STRING && memchr(k->str, '\0', k->len) == NULL)
+			/* Only keys under the prefix: the server's answer is not
+			 * trusted to match the pattern. */
+			if (k->type == REDIS_REPLY_STRING && memchr(k->str, '\0', k->len) == NULL &&
+			    k->len >= plen && memcmp(k->str, prefix, plen) == 0)
 				g_ptr_array_add(out, g_strndup(k->str, k->len));
 		}
 		freeReplyObject(r);
@@ -468,7 +480,7 @@ static int redis_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 	g_free(pattern);
 	if (rc == 0 && out->len > 0) {
 		/* Keys may repeat across SCAN rounds: sort and drop duplicates. */
-		g_ptr_array_sort(out, (GCompareFunc)(void *)g_strcmp0);
+		g_ptr_array_sort(out, cmp_key);
 		char **arr = calloc(out->len, sizeof *arr);
 		size_t got = 0;
 		if (arr == NULL)

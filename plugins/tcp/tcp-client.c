@@ -21,7 +21,10 @@
 
 #define ROUNDS 16 /* send/receive rounds per turn before yielding to other connections */
 
-enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2 };
+/* FAIL_RAIL: the connection's rail failed while another rail is up: what it
+ * carried goes to the other rails (re-sending a READ or WRITE of the same
+ * range is harmless, even if the peer applied part of it). */
+enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2, FAIL_RAIL = 3 };
 
 static inline tcp_slot *slot_at(tcp_cconn *cc, uint64_t i)
 {
@@ -36,6 +39,82 @@ static inline const te_host *host_of(tcp_cconn *cc)
 static const char *op_name(unsigned op)
 {
 	return op == TE_OP_WRITE ? "WRITE" : "READ";
+}
+
+/* ---------------------------------------------------------------- rails */
+
+static inline tcp_rail *rail_of(tcp_cconn *cc)
+{
+	return &cc->peer->rails[cc->rail];
+}
+
+/* Whether `cc` may carry requests: its rail is up, or none is (then every
+ * connection tries, as for a single-rail peer, so that work fails or goes
+ * through rather than waiting for a probe). */
+static bool rail_usable(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+
+	return p->nrails == 1 || atomic_load(&rail_of(cc)->up) || atomic_load(&p->rails_up) == 0;
+}
+
+static void kick_all(tcp_peer *p)
+{
+	for (unsigned i = 0; i < p->nconns; i++)
+		tcp_kick(&p->conns[i].io, MAIL_WORK);
+}
+
+/* Marks the rail of `cc` down (once). Every connection of the peer is kicked:
+ * the rail's own ones close and hand their requests over, the others pull
+ * them. The rail's first connection probes it from now on. */
+static void rail_down(tcp_cconn *cc, const char *why)
+{
+	tcp_peer *p = cc->peer;
+	tcp_rail *r = rail_of(cc);
+	int one = 1;
+
+	if (p->nrails == 1 || !atomic_compare_exchange_strong(&r->up, &one, 0))
+		return;
+	int left = atomic_fetch_sub(&p->rails_up, 1) - 1;
+	int64_t now = tcp_now_ms();
+	atomic_store(&r->down_at, now);
+	atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
+	atomic_store(&r->next_probe, now + TCP_PROBE_MIN_MS);
+	TLOG(p->ctx, TE_LOG_WARN, "rail %s of %s is down (%s) after %llu bytes; %d of %u rails left%s", r->name,
+	     p->name, why, (unsigned long long)atomic_load(&r->bytes), left, p->nrails,
+	     left > 0 ? ", probing it" : "");
+	kick_all(p);
+}
+
+/* A connection over a down rail came up: the rail is back. */
+static void rail_up(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+	tcp_rail *r = rail_of(cc);
+	int zero = 0;
+
+	if (p->nrails == 1 || !atomic_compare_exchange_strong(&r->up, &zero, 1))
+		return;
+	atomic_fetch_add(&p->rails_up, 1);
+	TLOG(p->ctx, TE_LOG_INFO, "rail %s of %s is up again after %lld ms", r->name, p->name,
+	     (long long)(tcp_now_ms() - atomic_load(&r->down_at)));
+	kick_all(p); /* its other connections connect when there is work */
+}
+
+/* A failed connect over a down rail: the next try waits longer. Only the
+ * rail's first connection, which probes it, sets the pace. */
+static void probe_failed(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+	tcp_rail *r = rail_of(cc);
+
+	cc->probing = false;
+	if (cc != &p->conns[cc->rail])
+		return;
+	long long b = MIN(atomic_load(&r->backoff) * 2, TCP_PROBE_MAX_MS);
+	atomic_store(&r->backoff, b);
+	atomic_store(&r->next_probe, tcp_now_ms() + b);
+	TLOG(p->ctx, TE_LOG_DEBUG, "rail %s of %s still down; next try in %lld ms", r->name, p->name, b);
 }
 
 /* ----------------------------------------------------------- the backlog */
@@ -102,7 +181,7 @@ static void pull(tcp_cconn *cc)
 	bool was_empty = cc->head == cc->tail;
 
 	if (room == 0 || cc->bytes >= c->cfg.window ||
-	    !atomic_load_explicit(&p->has_work, memory_order_acquire))
+	    !atomic_load_explicit(&p->has_work, memory_order_acquire) || !rail_usable(cc))
 		return;
 	g_mutex_lock(&p->lock);
 	/* A fair share of what is queued, so that one burst of requests keeps
@@ -189,6 +268,13 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	 * breaks with requests on it does. */
 	bool busy = n > 0;
 	tcp_retry *back = n ? g_new(tcp_retry, n) : NULL;
+	/* A broken link (an errno, not a protocol error) takes the rail down;
+	 * while another rail is up, nothing fails for it. */
+	if (p->nrails > 1 && mode == FAIL_PEER && err < 0 && err > -TE_ERR_BASE) {
+		rail_down(cc, why);
+		if (atomic_load(&p->rails_up) > 0)
+			mode = FAIL_RAIL;
+	}
 	struct done { te_transfer *t; uint64_t bytes; int err; } *done = n ? g_new(struct done, n) : NULL;
 	size_t ndone = 0;
 
@@ -202,6 +288,8 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			done[ndone++] = (struct done){ s->t, s->len, 0 };
 		} else if (mode == FAIL_REJECT && i > at && s->tries + 1 < TCP_MAX_TRIES) {
 			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
+		} else if (mode == FAIL_RAIL && s->tries + 1 < TCP_MAX_FAILOVERS) {
+			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
 		} else {
 			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? -ECONNRESET : err };
 			nfail++;
@@ -209,7 +297,10 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	}
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	cc->bytes = 0;
-	if (mode != FAIL_QUIET)
+	if (mode == FAIL_RAIL)
+		TLOG(p->ctx, TE_LOG_WARN, "connection %u to %s over %s closed: %s; %zu requests go to the other rails, %zu failed",
+		     cc->idx, p->name, rail_of(cc)->name, why, nback, nfail);
+	else if (mode != FAIL_QUIET)
 		TLOG(p->ctx, TE_LOG_WARN, "connection %u to %s closed: %s; %zu requests failed%s", cc->idx,
 		     p->name, why, nfail, nback ? ", the ones behind the rejected one go again" : "");
 	/* The backlog goes before the completions below wake anyone up: what is
@@ -242,19 +333,28 @@ static void start_connect(tcp_cconn *cc);
 static void connect_failed(tcp_cconn *cc, int err, const char *what)
 {
 	tcp_peer *p = cc->peer;
+	tcp_rail *r = rail_of(cc);
 	char addr[80];
 
-	tcp_addr_name((struct sockaddr *)&p->addr[cc->addr_next % p->naddr], addr, sizeof addr);
-	TLOG(p->ctx, TE_LOG_WARN, "cannot connect to %s (%s): %s", p->name, addr, what);
+	tcp_addr_name((struct sockaddr *)&r->addr[cc->addr_next % r->naddr], addr, sizeof addr);
+	/* A probe of a rail known to be down is expected to fail: no warning. */
+	TLOG(p->ctx, cc->probing && !atomic_load(&r->up) ? TE_LOG_DEBUG : TE_LOG_WARN,
+	     "cannot connect to %s (%s): %s", p->name, addr, what);
 	go_down(cc);
 	cc->addr_next++;
 	/* The name may resolve to several addresses (::1 and 127.0.0.1 for
 	 * localhost): try each before giving up. */
-	if (++cc->addr_tries < p->naddr && !atomic_load(&p->ctx->stopping)) {
+	if (++cc->addr_tries < r->naddr && !atomic_load(&p->ctx->stopping)) {
 		start_connect(cc);
 		return;
 	}
 	cc->addr_tries = 0;
+	if (p->nrails > 1) {
+		rail_down(cc, what);
+		probe_failed(cc);
+		if (atomic_load(&p->rails_up) > 0)
+			return; /* the other rails take the work */
+	}
 	/* Queued work fails only when no other connection can take it. */
 	if (atomic_load(&p->active) == 0)
 		tcp_peer_fail_pending(p, err);
@@ -281,7 +381,10 @@ static void become_up(tcp_cconn *cc)
 	cc->addr_tries = 0;
 	cc->io.wr = true;
 	cc->io.last_progress = tcp_now_ms();
-	TLOG(cc->peer->ctx, TE_LOG_DEBUG, "connection %u to %s is up", cc->idx, cc->peer->name);
+	TLOG(cc->peer->ctx, TE_LOG_DEBUG, "connection %u to %s is up (%s)", cc->idx, cc->peer->name,
+	     rail_of(cc)->name);
+	cc->probing = false;
+	rail_up(cc);
 }
 
 /* With a cluster key, a connection carries requests only once both sides
@@ -307,8 +410,9 @@ static void start_connect(tcp_cconn *cc)
 {
 	tcp_peer *p = cc->peer;
 	tcp_ctx *c = p->ctx;
-	unsigned ai = cc->addr_next % p->naddr;
-	const struct sockaddr *sa = (const struct sockaddr *)&p->addr[ai];
+	tcp_rail *r = rail_of(cc);
+	unsigned ai = cc->addr_next % r->naddr;
+	const struct sockaddr *sa = (const struct sockaddr *)&r->addr[ai];
 	int fd, rc;
 
 	if (cc->ring == NULL) {
@@ -331,7 +435,7 @@ static void start_connect(tcp_cconn *cc)
 	cc->io.rd = cc->io.wr = cc->io.hup = false;
 	atomic_fetch_add(&p->active, 1);
 	cc->state = CS_CONNECTING;
-	int crc = connect(fd, sa, p->addrlen[ai]);
+	int crc = connect(fd, sa, r->addrlen[ai]);
 	if (crc < 0 && errno != EINPROGRESS) {
 		int err = errno;
 		connect_failed(cc, -err, g_strerror(err));
@@ -532,15 +636,19 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 static void reap(tcp_cconn *cc)
 {
 	const te_host *h = host_of(cc);
+	uint64_t moved = 0;
 
 	while (cc->tail < cc->head) {
 		tcp_slot *s = slot_at(cc, cc->tail);
 		if (s->sent != s->stot || s->rcvd != s->rtot)
 			break;
 		cc->bytes -= s->len;
+		moved += s->len;
 		cc->tail++;
 		h->complete(h, s->t, s->len, 0);
 	}
+	if (moved > 0 && cc->peer->nrails > 1)
+		atomic_fetch_add_explicit(&rail_of(cc)->bytes, moved, memory_order_relaxed);
 	if (cc->snd < cc->tail)
 		cc->snd = cc->tail;
 	if (cc->rcv < cc->tail)
@@ -556,10 +664,19 @@ void tcp_cconn_drive(tcp_cconn *cc)
 	if (cc->state == CS_DOWN) {
 		if (!atomic_load(&p->has_work) || atomic_load(&p->ctx->stopping))
 			return;
+		if (!rail_usable(cc))
+			return; /* a down rail is probed, not used */
+		cc->probing = p->nrails > 1 && !atomic_load(&rail_of(cc)->up);
 		start_connect(cc);
 	}
 	if (cc->state != CS_UP)
 		return;
+	if (p->nrails > 1 && !atomic_load(&rail_of(cc)->up)) {
+		/* Another connection found the rail broken: this one is likely
+		 * stuck too, so its requests move now rather than after a timeout. */
+		cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
+		return;
+	}
 	for (int round = 0; round < ROUNDS; round++) {
 		rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
 		bool moved = false;
@@ -641,9 +758,20 @@ bool tcp_cconn_busy(const tcp_cconn *cc)
 
 void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
 {
-	tcp_ctx *c = cc->peer->ctx;
+	tcp_peer *p = cc->peer;
+	tcp_ctx *c = p->ctx;
 	char why[128];
 
+	/* A down rail's first connection tries it again now and then, while
+	 * another rail carries the work (with none up, work connects itself). */
+	if (p->nrails > 1 && cc == &p->conns[cc->rail] && cc->state == CS_DOWN &&
+	    !atomic_load(&rail_of(cc)->up) && atomic_load(&p->rails_up) > 0 &&
+	    now >= atomic_load(&rail_of(cc)->next_probe) && !atomic_load(&c->stopping)) {
+		TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", rail_of(cc)->name, p->name);
+		cc->probing = true;
+		start_connect(cc);
+		return;
+	}
 	if (cc->state == CS_CONNECTING && now > cc->connect_deadline) {
 		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",
 			 (long long)c->cfg.connect_timeout_ms);

@@ -71,6 +71,7 @@ typedef struct tcp_config {
 	unsigned port;           /* data port wanted, 0: any */
 	int proto;               /* protocol version we ask peers for and advertise */
 	char bind[64];           /* listen on this address only; "": every interface */
+	char rails[256];         /* TE_TCP_RAILS as given; "": the engine's address only */
 } tcp_config;
 
 #define TCP_MAX_CONNS_PER_PEER 16
@@ -79,6 +80,10 @@ typedef struct tcp_config {
 #define TCP_HBUF (64 * TCP_HDR_SIZE)
 #define TCP_MAX_TRIES 3      /* sends of one slice (requeued after a peer's reject) */
 #define TCP_LINGER_MS 2000   /* after a reject: wait this long for the peer to close */
+#define TCP_MAX_RAILS 8      /* data addresses of one engine */
+#define TCP_MAX_FAILOVERS 16 /* moves of one slice to another rail before it fails */
+#define TCP_PROBE_MIN_MS 1000 /* a down rail is tried again after this long, */
+#define TCP_PROBE_MAX_MS 4000 /* doubling up to this while it stays down */
 
 typedef struct tcp_ctx tcp_ctx;
 typedef struct tcp_thread tcp_thread;
@@ -156,6 +161,8 @@ struct tcp_cconn {
 	tcp_io io;
 	tcp_peer *peer;
 	unsigned idx;
+	unsigned rail;       /* index into peer->rails */
+	bool probing;        /* connecting over a rail that is down, to see if it is back */
 	int state;
 	int64_t connect_deadline;
 	unsigned addr_next;  /* the peer address to try next */
@@ -173,13 +180,27 @@ typedef struct tcp_retry {
 	uint8_t tries;
 } tcp_retry;
 
-struct tcp_peer {
-	tcp_ctx *ctx;
-	char *key;                 /* host|port|version */
-	char name[80];             /* host:port for logs */
+/* One of a peer's data addresses (its descriptor's tcp_data_addresses), or
+ * the one host a single-rail peer is reached at. */
+typedef struct tcp_rail {
+	char name[80];             /* address:port for logs */
 	struct sockaddr_storage addr[TCP_MAX_ADDRS];
 	socklen_t addrlen[TCP_MAX_ADDRS];
 	unsigned naddr;
+	atomic_int up;             /* carries requests; else probed */
+	atomic_llong down_at;      /* ms, when it went down */
+	atomic_llong next_probe;   /* ms, the next connect attempt while down */
+	atomic_llong backoff;      /* ms between connect attempts while down */
+	atomic_ullong bytes;       /* payload bytes of the requests it completed */
+} tcp_rail;
+
+struct tcp_peer {
+	tcp_ctx *ctx;
+	char *key;                 /* host|port|version|rails */
+	char name[80];             /* host:port for logs */
+	tcp_rail rails[TCP_MAX_RAILS];
+	unsigned nrails;           /* connection i runs over rails[i % nrails] */
+	atomic_int rails_up;
 	int version;               /* 1 or 2 */
 	int refs;                  /* segment opens (ctx->lock) */
 	atomic_int live_conns;     /* connections not yet retired by their thread */
@@ -234,6 +255,10 @@ struct tcp_ctx {
 	int listen_fd;
 	int port;
 	tcp_io listen_io;
+	tcp_io listen_extra[TCP_MAX_RAILS]; /* rail addresses besides the bind address */
+	unsigned nlisten_extra;
+	char rails[TCP_MAX_RAILS][64];      /* TE_TCP_RAILS resolved to numeric addresses */
+	unsigned nrails;
 	int64_t refuse_warned;   /* last "refusing connection" warning (accepting thread only) */
 	unsigned refused;        /* refusals since then */
 	tcp_thread *threads;

@@ -187,7 +187,7 @@ static void finalize_all(GPtrArray *g)
 	g_ptr_array_set_size(g, 0);
 }
 
-static void accept_all(tcp_thread *t);
+static void accept_all(tcp_thread *t, tcp_io *lio);
 
 static void handle_mail(tcp_thread *t)
 {
@@ -294,7 +294,7 @@ static gpointer thread_main(gpointer data)
 				break;
 			}
 			case IO_LISTEN:
-				accept_all(t);
+				accept_all(t, io);
 				break;
 			case IO_CLIENT:
 				if (io->fd >= 0)
@@ -310,10 +310,14 @@ static gpointer thread_main(gpointer data)
 		if (now >= t->next_scan) {
 			t->next_scan = now + SCAN_MS;
 			scan(t, now);
-			if (t->idx == 0 && t->ctx->listen_io.hup) { /* accepting was paused */
-				struct epoll_event lev = { .events = EPOLLIN, .data.ptr = &t->ctx->listen_io };
-				if (epoll_ctl(t->ep, EPOLL_CTL_MOD, t->ctx->listen_fd, &lev) == 0)
-					t->ctx->listen_io.hup = false;
+			for (unsigned l = 0; t->idx == 0 && l <= t->ctx->nlisten_extra; l++) {
+				tcp_io *lio = l == 0 ? &t->ctx->listen_io : &t->ctx->listen_extra[l - 1];
+				if (!lio->hup)
+					continue;
+				/* accepting was paused */
+				struct epoll_event lev = { .events = EPOLLIN, .data.ptr = lio };
+				if (epoll_ctl(t->ep, EPOLL_CTL_MOD, lio->fd, &lev) == 0)
+					lio->hup = false;
 			}
 		}
 		finalize_all(g);
@@ -418,14 +422,14 @@ void tcp_auth_job(gpointer data, gpointer user)
 	g_free(j);
 }
 
-static void accept_all(tcp_thread *t)
+static void accept_all(tcp_thread *t, tcp_io *lio)
 {
 	tcp_ctx *c = t->ctx;
 
 	for (;;) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof ss;
-		int fd = accept4(c->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int fd = accept4(lio->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
@@ -434,9 +438,9 @@ static void accept_all(tcp_thread *t)
 			TLOG(c, TE_LOG_WARN, "accept on data port %d: %s; pausing accepts for %d ms", c->port,
 			     g_strerror(errno), SCAN_MS);
 			/* Level-triggered: stop listening until the next scan, or spin. */
-			struct epoll_event lev = { .events = 0, .data.ptr = &c->listen_io };
-			if (epoll_ctl(t->ep, EPOLL_CTL_MOD, c->listen_fd, &lev) == 0)
-				c->listen_io.hup = true;
+			struct epoll_event lev = { .events = 0, .data.ptr = lio };
+			if (epoll_ctl(t->ep, EPOLL_CTL_MOD, lio->fd, &lev) == 0)
+				lio->hup = true;
 			return;
 		}
 		char name[80], host[64], why[96];
@@ -494,6 +498,12 @@ int tcp_threads_start(tcp_ctx *c)
 	int rc = tcp_io_register(&c->listen_io, EPOLLIN);
 	if (rc < 0)
 		return rc;
+	for (unsigned i = 0; i < c->nlisten_extra; i++) {
+		c->listen_extra[i].thr = &c->threads[0];
+		rc = tcp_io_register(&c->listen_extra[i], EPOLLIN);
+		if (rc < 0)
+			return rc;
+	}
 	for (unsigned i = 0; i < c->nthreads; i++) {
 		char name[24];
 		snprintf(name, sizeof name, "te-tcp-%u", i);

@@ -7,6 +7,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <json-glib/json-glib.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -69,6 +70,118 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	if (b == NULL)
 		b = h->config(h, "TE_BIND_ADDRESS", NULL);
 	g_strlcpy(cfg->bind, b ? b : "", sizeof cfg->bind);
+	const char *r = h->config(h, "TE_TCP_RAILS", NULL);
+	g_strlcpy(cfg->rails, r ? r : "", sizeof cfg->rails);
+}
+
+/* ------------------------------------------------------------------ rails */
+
+/* Numeric IPv4 or IPv6 text (brackets allowed) to its canonical form. */
+static bool canon_addr(const char *v, char *out, size_t size)
+{
+	char tmp[64];
+	size_t n = strlen(v);
+	unsigned char a[16];
+
+	if (n >= 2 && n < sizeof tmp && v[0] == '[' && v[n - 1] == ']') {
+		memcpy(tmp, v + 1, n - 2);
+		tmp[n - 2] = '\0';
+		v = tmp;
+	}
+	if (inet_pton(AF_INET, v, a) == 1)
+		return inet_ntop(AF_INET, a, out, (socklen_t)size) != NULL;
+	if (inet_pton(AF_INET6, v, a) == 1)
+		return inet_ntop(AF_INET6, a, out, (socklen_t)size) != NULL;
+	return false;
+}
+
+/* The canonical text of an interface address we can publish: IPv4, or IPv6
+ * that is not link-local (that one needs a scope a peer cannot know). */
+static bool ifa_text(const struct ifaddrs *ifa, char *out, size_t size)
+{
+	const struct sockaddr *sa = ifa->ifa_addr;
+
+	if (sa == NULL)
+		return false;
+	if (sa->sa_family == AF_INET)
+		return inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
+				 (socklen_t)size) != NULL;
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a6 = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+		if (IN6_IS_ADDR_LINKLOCAL(a6))
+			return false;
+		return inet_ntop(AF_INET6, a6, out, (socklen_t)size) != NULL;
+	}
+	return false;
+}
+
+/* TE_TCP_RAILS: comma-separated numeric addresses of this host or interface
+ * names (their first IPv4 address, else their first global IPv6 one),
+ * resolved once here. 0, or -EINVAL with a log line naming the bad item. */
+static int resolve_rails(tcp_ctx *c)
+{
+	struct ifaddrs *ifs = NULL;
+	char **items;
+	int rc = 0;
+
+	if (c->cfg.rails[0] == '\0')
+		return 0;
+	if (getifaddrs(&ifs) < 0) {
+		rc = -errno;
+		TLOG(c, TE_LOG_ERROR, "TE_TCP_RAILS: cannot list the interfaces: %s", g_strerror(-rc));
+		return rc;
+	}
+	items = g_strsplit(c->cfg.rails, ",", -1);
+	for (char **it = items; *it != NULL && rc == 0; it++) {
+		char *item = g_strstrip(*it), addr[64] = "";
+		bool found = false;
+		if (*item == '\0')
+			continue;
+		if (canon_addr(item, addr, sizeof addr)) {
+			/* Only an address of this host: a peer would send our data
+			 * to whoever holds it. */
+			for (struct ifaddrs *ifa = ifs; ifa != NULL && !found; ifa = ifa->ifa_next) {
+				char a[64];
+				found = ifa_text(ifa, a, sizeof a) && strcmp(a, addr) == 0;
+			}
+			if (!found) {
+				TLOG(c, TE_LOG_ERROR, "TE_TCP_RAILS: %s is not an address of this host", addr);
+				rc = -EINVAL;
+			}
+		} else {
+			for (int fam = AF_INET; !found && fam != -1; fam = fam == AF_INET ? AF_INET6 : -1)
+				for (struct ifaddrs *ifa = ifs; ifa != NULL && !found; ifa = ifa->ifa_next)
+					found = ifa->ifa_name != NULL && strcmp(ifa->ifa_name, item) == 0 &&
+						ifa->ifa_addr != NULL && ifa->ifa_addr->sa_family == fam &&
+						ifa_text(ifa, addr, sizeof addr);
+			if (!found) {
+				TLOG(c, TE_LOG_ERROR,
+				     "TE_TCP_RAILS: '%.64s' is neither a numeric address nor an interface with an address",
+				     item);
+				rc = -EINVAL;
+			}
+		}
+		if (rc < 0)
+			break;
+		bool dup = false;
+		for (unsigned i = 0; i < c->nrails; i++)
+			dup |= strcmp(c->rails[i], addr) == 0;
+		if (dup)
+			continue;
+		if (c->nrails == TCP_MAX_RAILS) {
+			TLOG(c, TE_LOG_ERROR, "TE_TCP_RAILS: more than %d addresses", TCP_MAX_RAILS);
+			rc = -EINVAL;
+			break;
+		}
+		g_strlcpy(c->rails[c->nrails++], addr, sizeof c->rails[0]);
+	}
+	g_strfreev(items);
+	freeifaddrs(ifs);
+	if (rc == 0 && c->nrails == 0) {
+		TLOG(c, TE_LOG_ERROR, "TE_TCP_RAILS is set but names no address");
+		rc = -EINVAL;
+	}
+	return rc;
 }
 
 /* --------------------------------------------------------------- listener */
@@ -103,17 +216,25 @@ static int parse_bind(const char *v, struct sockaddr_storage *ss, socklen_t *len
 	return -EINVAL;
 }
 
+static int bind_addr(tcp_ctx *c, const char *addr, unsigned port);
+
 /* A socket bound to the one address asked for: fd or -errno. */
 static int bind_one(tcp_ctx *c)
+{
+	return bind_addr(c, c->cfg.bind, c->cfg.port);
+}
+
+/* A socket bound to `addr` and `port`: fd or -errno. */
+static int bind_addr(tcp_ctx *c, const char *addr, unsigned port)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	int one = 1, fd, rc;
 
-	if (parse_bind(c->cfg.bind, &ss, &sl, c->cfg.port) < 0) {
+	if (parse_bind(addr, &ss, &sl, port) < 0) {
 		TLOG(c, TE_LOG_ERROR,
 		     "bind address '%s' (TE_TCP_BIND_ADDRESS / TE_BIND_ADDRESS) is not a numeric IPv4 or IPv6 address",
-		     c->cfg.bind);
+		     addr);
 		return -EINVAL;
 	}
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -123,8 +244,7 @@ static int bind_one(tcp_ctx *c)
 	if (bind(fd, (struct sockaddr *)&ss, sl) < 0) {
 		rc = -errno;
 		close(fd);
-		TLOG(c, TE_LOG_ERROR, "cannot bind the data port %u on %s: %s", c->cfg.port, c->cfg.bind,
-		     g_strerror(-rc));
+		TLOG(c, TE_LOG_ERROR, "cannot bind the data port %u on %s: %s", port, addr, g_strerror(-rc));
 		return rc;
 	}
 	return fd;
@@ -164,6 +284,43 @@ static int bind_any(tcp_ctx *c)
 	return fd;
 }
 
+static bool is_wildcard(const char *addr)
+{
+	char a[64];
+
+	return canon_addr(addr, a, sizeof a) && (strcmp(a, "0.0.0.0") == 0 || strcmp(a, "::") == 0);
+}
+
+/* Rails and a bind address: the data port listens on each rail address too
+ * (same port), so peers reach it over every rail it publishes. Listening on
+ * every interface covers them already. */
+static int open_rail_listeners(tcp_ctx *c)
+{
+	char bound[64];
+
+	if (c->cfg.bind[0] == '\0' || is_wildcard(c->cfg.bind))
+		return 0;
+	if (!canon_addr(c->cfg.bind, bound, sizeof bound))
+		bound[0] = '\0';
+	for (unsigned i = 0; i < c->nrails; i++) {
+		if (strcmp(c->rails[i], bound) == 0)
+			continue;
+		int rc, fd = bind_addr(c, c->rails[i], (unsigned)c->port);
+		if (fd < 0)
+			return fd;
+		if (listen(fd, LISTEN_BACKLOG) < 0) {
+			rc = -errno;
+			close(fd);
+			TLOG(c, TE_LOG_ERROR, "listen on the data port at %s: %s", c->rails[i], g_strerror(-rc));
+			return rc;
+		}
+		tcp_io *io = &c->listen_extra[c->nlisten_extra++];
+		io->kind = IO_LISTEN;
+		io->fd = fd;
+	}
+	return 0;
+}
+
 static int open_listener(tcp_ctx *c)
 {
 	int rc, fd = c->cfg.bind[0] != '\0' ? bind_one(c) : bind_any(c);
@@ -186,7 +343,7 @@ static int open_listener(tcp_ctx *c)
 	c->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						 : ((struct sockaddr_in *)&ss)->sin_port);
 	c->listen_fd = fd;
-	return 0;
+	return open_rail_listeners(c);
 }
 
 /* ---------------------------------------------------------- create/destroy */
@@ -219,6 +376,8 @@ static void tcp_destroy(void *ctx)
 	tcp_threads_stop(c);
 	if (c->listen_fd >= 0)
 		close(c->listen_fd);
+	for (unsigned i = 0; i < c->nlisten_extra; i++)
+		close(c->listen_extra[i].fd);
 	if (c->all_peers != NULL) {
 		for (guint i = 0; i < c->all_peers->len; i++) {
 			tcp_peer *p = g_ptr_array_index(c->all_peers, i);
@@ -261,6 +420,9 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 			"variables)", args);
 	read_config(h, &c->cfg);
 	c->nthreads = c->cfg.threads;
+	rc = resolve_rails(c);
+	if (rc < 0)
+		goto fail;
 	rc = open_listener(c);
 	if (rc < 0)
 		goto fail;
@@ -272,6 +434,13 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	TLOG(c, TE_LOG_INFO,
 	     "data port %d, %u I/O threads, %u connections per peer, slices of %llu bytes, protocol v%d",
 	     c->port, c->nthreads, c->cfg.conns_per_peer, (unsigned long long)c->cfg.slice, c->cfg.proto);
+	if (c->nrails > 0) {
+		GString *g = g_string_new(NULL);
+		for (unsigned i = 0; i < c->nrails; i++)
+			g_string_append_printf(g, "%s%s", i ? ", " : "", c->rails[i]);
+		TLOG(c, TE_LOG_INFO, "data addresses (TE_TCP_RAILS): %s", g->str);
+		g_string_free(g, TRUE);
+	}
 	*out = c;
 	return 0;
 fail:
@@ -282,18 +451,86 @@ fail:
 static int tcp_describe(void *ctx, char **json)
 {
 	tcp_ctx *c = ctx;
-	char buf[96];
+	JsonBuilder *b = json_builder_new();
+	const char *self = c->host->local_address(c->host);
 
-	snprintf(buf, sizeof buf, "{\"tcp_data_port\":%d,\"tcp_proto_version\":%d}", c->port, c->cfg.proto);
-	*json = strdup(buf);
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "tcp_data_port");
+	json_builder_add_int_value(b, c->port);
+	json_builder_set_member_name(b, "tcp_proto_version");
+	json_builder_add_int_value(b, c->cfg.proto);
+	/* Every address the data port is reached at, for peers that spread over
+	 * them; Mooncake reads the fields above only. Without TE_TCP_RAILS, only
+	 * the address the engine publishes anyway: others may be on networks the
+	 * operator keeps data off. */
+	if (c->nrails > 0 || (self != NULL && *self != '\0')) {
+		json_builder_set_member_name(b, "tcp_data_addresses");
+		json_builder_begin_array(b);
+		if (c->nrails == 0)
+			json_builder_add_string_value(b, self);
+		for (unsigned i = 0; i < c->nrails; i++)
+			json_builder_add_string_value(b, c->rails[i]);
+		json_builder_end_array(b);
+	}
+	json_builder_end_object(b);
+	JsonGenerator *gen = json_generator_new();
+	JsonNode *root = json_builder_get_root(b);
+	json_generator_set_root(gen, root);
+	char *text = json_generator_to_data(gen, NULL);
+	json_node_unref(root);
+	g_object_unref(gen);
+	g_object_unref(b);
+	/* The host frees with free(). */
+	*json = text ? strdup(text) : NULL;
+	g_free(text);
 	return *json ? 0 : -ENOMEM;
+}
+
+/* tcp_data_addresses of a peer's descriptor: the numeric ones, canonical,
+ * without repeats, at most TCP_MAX_RAILS. Anything else is skipped with a
+ * warning (a peer's input: never trusted). */
+static unsigned parse_rails(tcp_ctx *c, const te_segment_info *seg, JsonObject *o, char rails[][64])
+{
+	JsonNode *n = json_object_get_member(o, "tcp_data_addresses");
+	unsigned nr = 0;
+
+	if (n == NULL)
+		return 0;
+	if (!JSON_NODE_HOLDS_ARRAY(n)) {
+		TLOG(c, TE_LOG_WARN, "segment %s: tcp_data_addresses is not an array; ignored", seg->name);
+		return 0;
+	}
+	JsonArray *a = json_node_get_array(n);
+	for (guint i = 0; i < json_array_get_length(a); i++) {
+		JsonNode *e = json_array_get_element(a, i);
+		char addr[64];
+		if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_STRING ||
+		    !canon_addr(json_node_get_string(e), addr, sizeof addr)) {
+			TLOG(c, TE_LOG_WARN, "segment %s: tcp_data_addresses[%u] is not a numeric address; skipped",
+			     seg->name, i);
+			continue;
+		}
+		bool dup = false;
+		for (unsigned k = 0; k < nr; k++)
+			dup |= strcmp(rails[k], addr) == 0;
+		if (dup)
+			continue;
+		if (nr == TCP_MAX_RAILS) {
+			TLOG(c, TE_LOG_WARN, "segment %s: more than %d tcp_data_addresses; using the first %d",
+			     seg->name, TCP_MAX_RAILS, TCP_MAX_RAILS);
+			break;
+		}
+		g_strlcpy(rails[nr++], addr, 64);
+	}
+	return nr;
 }
 
 /* ---------------------------------------------------------------- segments */
 
 /* The descriptor's TCP fields: data port (required), protocol version (a
  * missing field means 1). */
-static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version)
+static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version,
+			    char rails[][64], unsigned *nrails)
 {
 	JsonParser *p = json_parser_new_immutable();
 	JsonNode *root, *n;
@@ -320,26 +557,44 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 	if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
 	    json_node_get_int(n) >= 2)
 		*version = 2;
+	*nrails = parse_rails(c, seg, o, rails);
 	g_object_unref(p);
 	if (rc < 0)
 		TLOG(c, TE_LOG_DEBUG, "segment %s has no TCP data port", seg->name);
 	return rc;
 }
 
+/* A peer reached at `host` (resolved to `res`), or over `nrails` (>= 2) rails:
+ * TE_TCP_CONNS_PER_PEER connections each, connection i over rail i % nrails
+ * so that the connections of every rail take turns. */
 static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int port, int version,
-			  const struct addrinfo *res)
+			  const struct addrinfo *res, char rails[][64], unsigned nrails)
 {
-	unsigned nconns = c->cfg.conns_per_peer;
+	unsigned nr = nrails >= 2 ? nrails : 1;
+	unsigned nconns = c->cfg.conns_per_peer * nr;
 	tcp_peer *p = g_malloc0(sizeof *p + nconns * sizeof(tcp_cconn));
 
 	p->ctx = c;
 	p->key = g_strdup(key);
 	snprintf(p->name, sizeof p->name, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-	for (const struct addrinfo *ai = res; ai != NULL && p->naddr < TCP_MAX_ADDRS; ai = ai->ai_next) {
-		if (ai->ai_addrlen > sizeof p->addr[0])
-			continue;
-		memcpy(&p->addr[p->naddr], ai->ai_addr, ai->ai_addrlen);
-		p->addrlen[p->naddr++] = ai->ai_addrlen;
+	p->nrails = nr;
+	atomic_init(&p->rails_up, (int)nr);
+	for (unsigned r = 0; r < nr; r++) {
+		tcp_rail *rl = &p->rails[r];
+		atomic_init(&rl->up, 1);
+		if (nr == 1) {
+			g_strlcpy(rl->name, p->name, sizeof rl->name);
+			for (const struct addrinfo *ai = res; ai != NULL && rl->naddr < TCP_MAX_ADDRS; ai = ai->ai_next) {
+				if (ai->ai_addrlen > sizeof rl->addr[0])
+					continue;
+				memcpy(&rl->addr[rl->naddr], ai->ai_addr, ai->ai_addrlen);
+				rl->addrlen[rl->naddr++] = ai->ai_addrlen;
+			}
+		} else {
+			snprintf(rl->name, sizeof rl->name, strchr(rails[r], ':') ? "[%s]:%d" : "%s:%d", rails[r], port);
+			parse_bind(rails[r], &rl->addr[0], &rl->addrlen[0], (unsigned)port); /* numeric: checked */
+			rl->naddr = 1;
+		}
 	}
 	p->version = version;
 	g_mutex_init(&p->lock);
@@ -354,6 +609,7 @@ static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int por
 		g_strlcpy(cc->io.name, p->name, sizeof cc->io.name);
 		cc->peer = p;
 		cc->idx = i;
+		cc->rail = i % nr;
 		cc->state = CS_DOWN;
 	}
 	return p;
@@ -366,8 +622,10 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	char ps[16];
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res = NULL;
+	char rails[TCP_MAX_RAILS][64];
+	unsigned nrails = 0;
 
-	rc = parse_descriptor(c, seg, &port, &version);
+	rc = parse_descriptor(c, seg, &port, &version, rails, &nrails);
 	if (rc < 0)
 		return rc;
 	if (seg->host == NULL || *seg->host == '\0') {
@@ -386,11 +644,17 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 			freeaddrinfo(res);
 		return -EHOSTUNREACH;
 	}
-	char *key = g_strdup_printf("%s|%d|%d", seg->host, port, version);
+	/* One address (the default: the engine's own) means the host above,
+	 * where a single-rail peer has always been reached. */
+	GString *k = g_string_new(NULL);
+	g_string_printf(k, "%s|%d|%d|", seg->host, port, version);
+	for (unsigned i = 0; nrails >= 2 && i < nrails; i++)
+		g_string_append_printf(k, "%s%s", i ? "," : "", rails[i]);
+	char *key = g_string_free(k, FALSE);
 	g_mutex_lock(&c->lock);
 	tcp_peer *p = g_hash_table_lookup(c->peers, key);
 	if (p == NULL) {
-		p = peer_new(c, key, seg->host, port, version, res);
+		p = peer_new(c, key, seg->host, port, version, res, rails, nrails);
 		g_hash_table_insert(c->peers, p->key, p);
 		g_ptr_array_add(c->all_peers, p);
 	}
@@ -398,8 +662,8 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	g_mutex_unlock(&c->lock);
 	freeaddrinfo(res);
 	g_free(key);
-	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d)", seg->name, p->name,
-	     p->version);
+	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d, %u rails)", seg->name, p->name,
+	     p->version, p->nrails);
 	*seg_ctx = p;
 	return 0;
 }
@@ -507,9 +771,11 @@ static int tcp_report(const te_host *h, char **text)
 		"  requests in flight     %u per connection (TE_TCP_QUEUE_DEPTH)\n"
 		"  bytes in flight        %llu per connection (TE_TCP_WINDOW)\n"
 		"  stall timeout          %lld ms (TE_TCP_TIMEOUT_MS)\n"
-		"  data port              %s (TE_TCP_PORT)\n",
+		"  data port              %s (TE_TCP_PORT)\n"
+		"  data addresses         %s (TE_TCP_RAILS)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
-		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, cfg.port ? "fixed" : "any free one");
+		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, cfg.port ? "fixed" : "any free one",
+		cfg.rails[0] ? cfg.rails : "the engine's address");
 	if (*text == NULL)
 		return -ENOMEM;
 	/* The host frees with free(): hand it a malloc()ed copy. */

@@ -92,7 +92,7 @@ static te_host fuzz_host = {
 
 /* The registered region, at FUZZ_REGION_ADDR when that is free (the seeds
  * name it), anywhere else otherwise. */
-static void fuzz_region_init(void)
+static inline void fuzz_region_init(void)
 {
 	if (fuzz_region != NULL)
 		return;

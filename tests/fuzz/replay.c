@@ -65,7 +65,8 @@ static int replay_dir(const char *dir)
 		names[n++] = strdup(de->d_name);
 	}
 	closedir(d);
-	qsort(names, n, sizeof *names, cmp);
+	if (n > 1)
+		qsort(names, n, sizeof *names, cmp);
 	int count = 0;
 	for (size_t i = 0; i < n; i++) {
 		char path[4096];

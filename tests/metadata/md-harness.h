@@ -298,6 +298,8 @@ static bool wait_until(bool (*ready)(int), int port, int timeout_ms)
 	return false;
 }
 
+static bool tcp_ready(int port);
+
 static bool etcd_ready(int port)
 {
 	char body[512];
@@ -311,8 +313,30 @@ typedef struct etcd_member {
 	char name[16];
 } etcd_member;
 
-/* Starts `n` etcd members forming one cluster (n = 1: a single server). */
+/* Runs a command to its end (30 s at most); its output goes to `log`.
+ * Returns its exit status, or -1. */
+static int run_cmd(char *const argv[], char *const env[], const char *log)
+{
+	pid_t pid = spawn(argv, env, log, NULL, NULL);
+	int st = wait_child(pid, 30000);
+	if (st < 0) {
+		stop_child(pid, SIGKILL);
+		return -1;
+	}
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Starts `n` etcd members forming one cluster (n = 1: a single server);
+ * `extra` arguments go to each; with `tls_args` (the server's certificate
+ * options) clients speak https. */
+static void etcd_start_ex(etcd_member *m, int n, const char *tag, const char *const *extra, bool tls);
+
 static void etcd_start(etcd_member *m, int n, const char *tag)
+{
+	etcd_start_ex(m, n, tag, NULL, false);
+}
+
+static void etcd_start_ex(etcd_member *m, int n, const char *tag, const char *const *extra, bool tls)
 {
 	char cluster[1024] = "";
 	size_t cl = 0;
@@ -326,20 +350,24 @@ static void etcd_start(etcd_member *m, int n, const char *tag)
 	}
 	for (int i = 0; i < n; i++) {
 		char curl[64], purl[64], dir[512], log[512];
-		snprintf(curl, sizeof curl, "http://127.0.0.1:%d", m[i].client_port);
+		snprintf(curl, sizeof curl, "%s://127.0.0.1:%d", tls ? "https" : "http", m[i].client_port);
 		snprintf(purl, sizeof purl, "http://127.0.0.1:%d", m[i].peer_port);
 		snprintf(dir, sizeof dir, "%s", tmp_path("%s-etcd-%d", tag, i));
 		snprintf(log, sizeof log, "%s", tmp_path("%s-etcd-%d.log", tag, i));
-		char *argv[] = { "etcd", "--name", m[i].name, "--data-dir", dir,
+		char *argv[48] = { "etcd", "--name", m[i].name, "--data-dir", dir,
 				 "--listen-client-urls", curl, "--advertise-client-urls", curl,
 				 "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
 				 "--initial-cluster", cluster, "--initial-cluster-state", "new",
 				 "--initial-cluster-token", (char *)tag,
-				 "--logger", "zap", "--log-level", "error", NULL };
+				 "--logger", "zap", "--log-level", "error" };
+		int argc = 23;
+		for (int j = 0; extra && extra[j] && argc < 47; j++)
+			argv[argc++] = (char *)extra[j];
+		argv[argc] = NULL;
 		m[i].pid = spawn(argv, NULL, log, NULL, NULL);
 	}
 	for (int i = 0; i < n; i++)
-		if (!wait_until(etcd_ready, m[i].client_port, 30000)) {
+		if (!wait_until(tls ? tcp_ready : etcd_ready, m[i].client_port, 30000)) {
 			fprintf(stderr, "etcd member %d (port %d) did not become healthy; log in %s\n", i,
 				m[i].client_port, tmp_path("%s-etcd-%d.log", tag, i));
 			REQUIRE(!"etcd started");

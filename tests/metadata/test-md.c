@@ -708,6 +708,314 @@ static void case_etcd_lease(void)
 	te_metadata_close(md);
 }
 
+
+/* -------------------------------------------------- etcd authentication */
+
+/* Lines logged and lines holding `secret`, counted as they arrive (a trace
+ * log is larger than the capture buffer). */
+static struct {
+	pthread_mutex_t lock;
+	const char *secret;
+	const char *want; /* a line holding this must come by (the store was named) */
+	int lines, leaks, wanted;
+} scan = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void scan_log(int level, const char *domain, const char *msg, void *user)
+{
+	(void)level;
+	(void)domain;
+	(void)user;
+	pthread_mutex_lock(&scan.lock);
+	scan.lines++;
+	if (strstr(msg, scan.secret) != NULL) {
+		if (scan.leaks++ == 0)
+			fprintf(stderr, "  logged a secret: %s\n", msg);
+	}
+	if (scan.want && strstr(msg, scan.want) != NULL)
+		scan.wanted++;
+	pthread_mutex_unlock(&scan.lock);
+}
+
+static void scan_start(const char *secret, const char *want)
+{
+	pthread_mutex_lock(&scan.lock);
+	scan.secret = secret;
+	scan.want = want;
+	scan.lines = scan.leaks = scan.wanted = 0;
+	pthread_mutex_unlock(&scan.lock);
+	te_set_log_handler(scan_log, NULL);
+}
+
+static int etcdctl_port; /* the member etcdctl talks to */
+
+/* etcdctl (v3 API) against etcdctl_port; arguments end with NULL. */
+static int etcdctl(const char *first, ...)
+{
+	char ep[64];
+	static char api[] = "ETCDCTL_API=3";
+	char *env[] = { api, NULL };
+	char *argv[16] = { "etcdctl", ep };
+	int argc = 2;
+	va_list ap;
+
+	snprintf(ep, sizeof ep, "--endpoints=http://127.0.0.1:%d", etcdctl_port);
+	va_start(ap, first);
+	for (const char *a = first; a && argc < 15; a = va_arg(ap, const char *))
+		argv[argc++] = (char *)a;
+	va_end(ap);
+	argv[argc] = NULL;
+	return run_cmd(argv, env, tmp_path("etcdctl.log"));
+}
+
+/* etcd with auth on: user "te" (password "te-pw-7Qx") holds a role that may
+ * read and write the keys under mooncake/ only; simple tokens live 2 s. */
+static void etcd_auth_on(etcd_member *m, int n, const char *tag)
+{
+	static const char *extra[] = { "--auth-token-ttl", "2", NULL };
+	etcd_start_ex(m, n, tag, extra, false);
+	etcdctl_port = m[0].client_port;
+	REQUIRE(etcdctl("user", "add", "root:rootpw", NULL) == 0);
+	REQUIRE(etcdctl("user", "grant-role", "root", "root", NULL) == 0);
+	REQUIRE(etcdctl("role", "add", "te-role", NULL) == 0);
+	REQUIRE(etcdctl("role", "grant-permission", "te-role", "--prefix=true", "readwrite", "mooncake/", NULL) == 0);
+	REQUIRE(etcdctl("user", "add", "te:te-pw-7Qx", NULL) == 0);
+	REQUIRE(etcdctl("user", "grant-role", "te", "te-role", NULL) == 0);
+	REQUIRE(etcdctl("auth", "enable", NULL) == 0);
+	/* auth is on: anonymous requests are refused from now on */
+	char body[512];
+	CHECK_EQ(http_raw(m[n - 1].client_port, "POST", "/v3/kv/range", NULL, "{\"key\":\"Zm9v\"}", 14, body,
+			  sizeof body), 400);
+	CHECK(strstr(body, "user name is empty") != NULL);
+	if (strstr(body, "user name is empty") == NULL)
+		fprintf(stderr, "  anonymous range answered: %s\n", body);
+}
+
+static void case_etcd_auth(void)
+{
+	te_engine *e = NULL;
+	te_metadata *md = NULL;
+	char conn[256], *v = NULL;
+	size_t len;
+
+	etcd_auth_on(etcd1, 1, "auth");
+	snprintf(etcd_conn, sizeof etcd_conn, "etcd://127.0.0.1:%d", etcd1[0].client_port);
+	int port = etcd1[0].client_port;
+
+	/* no credentials: refused, and the log says which options are missing */
+	cap_start();
+	CHECK(te_engine_create(etcd_conn, "anon", NULL, 0, &e) < 0 && e == NULL);
+	CHECK(cap_has("TE_ETCD_USERNAME"));
+
+	/* a wrong password in the string: engine creation fails at once, the
+	 * log names the store and the user, never the password */
+	snprintf(conn, sizeof conn, "etcd://te:Wr0ng-pass@127.0.0.1:%d", port);
+	cap_start();
+	CHECK_EQ(te_engine_create(conn, "wrong", NULL, 0, &e), -EACCES);
+	CHECK(e == NULL);
+	CHECK(cap_has("authentication as user 'te' refused"));
+	CHECK(cap_has("te:***@127.0.0.1"));
+	CHECK(!cap_has("Wr0ng-pass"));
+	/* the same from the environment */
+	setenv("TE_ETCD_USERNAME", "te", 1);
+	setenv("TE_ETCD_PASSWORD", "Wr0ng-pass", 1);
+	cap_start();
+	CHECK_EQ(te_metadata_open(etcd_conn, &md), -EACCES);
+	CHECK(!cap_has("Wr0ng-pass"));
+	/* a user without a password is a configuration error */
+	unsetenv("TE_ETCD_PASSWORD");
+	CHECK_EQ(te_metadata_open(etcd_conn, &md), -EINVAL);
+	CHECK(cap_has("without a password"));
+
+	/* the right one from the environment: keys under mooncake/ only */
+	setenv("TE_ETCD_PASSWORD", "te-pw-7Qx", 1);
+	REQUIRE(te_metadata_open(etcd_conn, &md) == 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/auth-k", "{\"a\":1}", 7), 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/auth-k", &v, &len), 0);
+	CHECK(v && len == 7 && memcmp(v, "{\"a\":1}", 7) == 0);
+	te_free(v);
+	v = NULL;
+	cap_start();
+	CHECK_EQ(te_metadata_put(md, "elsewhere/k", "{}", 2), TE_ERR_METADATA);
+	CHECK(cap_has("permission denied"));
+
+	/* the token expires after 2 s unused: the next call fetches another
+	 * and goes through */
+	te_set_log_level(TE_LOG_DEBUG);
+	cap_start();
+	usleep(3500 * 1000);
+	CHECK_EQ(te_metadata_get(md, "mooncake/auth-k", &v, &len), 0);
+	te_free(v);
+	v = NULL;
+	CHECK(cap_has("refused the token"));
+	te_set_log_level(TE_LOG_WARN);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/auth-k"), 0);
+	te_metadata_close(md);
+	unsetenv("TE_ETCD_USERNAME");
+	unsetenv("TE_ETCD_PASSWORD");
+	te_set_log_handler(NULL, NULL);
+
+	/* two engines, the target with credentials from the environment, the
+	 * initiator from the string; leases are kept alive through expiring
+	 * tokens (keep-alives every 1 s, tokens live 2 s) */
+	static char u[] = "TE_ETCD_USERNAME=te", pw[] = "TE_ETCD_PASSWORD=te-pw-7Qx",
+		    ka[] = "TE_ETCD_KEEPALIVE_MS=1000";
+	char *peer_env[] = { u, pw, ka, NULL };
+	snprintf(conn, sizeof conn, "etcd://te:te-pw-7Qx@127.0.0.1:%d", port);
+	two_engines(conn, peer_env, NULL);
+
+	/* at trace level, a whole engine life: the password is never logged,
+	 * the store is (redacted) */
+	te_set_log_level(TE_LOG_TRACE);
+	scan_start("te-pw-7Qx", "te:***@127.0.0.1");
+	e = initiator(conn, NULL);
+	CHECK(e != NULL);
+	if (e) {
+		REQUIRE(te_metadata_open(conn, &md) == 0);
+		CHECK_EQ(te_metadata_get(md, "mooncake/none", &v, &len), -ENOENT);
+		CHECK_EQ(te_metadata_put(md, "elsewhere/k", "{}", 2), TE_ERR_METADATA); /* logged, with the store */
+		te_metadata_close(md);
+		te_engine_destroy(e);
+	}
+	te_set_log_level(TE_LOG_WARN);
+	te_set_log_handler(NULL, NULL);
+	fprintf(stderr, "  %d lines logged at trace level, %d naming the store\n", scan.lines, scan.wanted);
+	CHECK(scan.lines >= 4);
+	CHECK(scan.wanted >= 3); /* engine up, the refused put in the plugin and in libte */
+	CHECK_EQ(scan.leaks, 0);
+}
+
+
+/* Three members with auth on: tokens are per member, so when the member in
+ * use dies the calls that fail over authenticate with the next one. */
+static void case_etcd_auth_failover(void)
+{
+	etcd_member m[3];
+	te_metadata *md = NULL;
+	char conn[256], *v = NULL;
+	size_t len;
+
+	etcd_auth_on(m, 3, "authc");
+	snprintf(conn, sizeof conn, "etcd://te:te-pw-7Qx@127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", m[0].client_port,
+		 m[1].client_port, m[2].client_port);
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/fo", "{\"n\":1}", 7), 0);
+	stop_child(m[0].pid, SIGKILL);
+	cap_start();
+	CHECK_EQ(te_metadata_get(md, "mooncake/fo", &v, &len), 0);
+	CHECK(v && len == 7 && memcmp(v, "{\"n\":1}", 7) == 0);
+	te_free(v);
+	v = NULL;
+	CHECK(cap_has("unusable"));
+	CHECK(!cap_has("te-pw-7Qx"));
+	/* and the member taking over serves writes too, past its token's life */
+	CHECK_EQ(te_metadata_put(md, "mooncake/fo", "{\"n\":2}", 7), 0);
+	usleep(2500 * 1000);
+	CHECK_EQ(te_metadata_get(md, "mooncake/fo", &v, &len), 0);
+	CHECK(v && len == 7 && memcmp(v, "{\"n\":2}", 7) == 0);
+	te_free(v);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/fo"), 0);
+	te_metadata_close(md);
+	te_set_log_handler(NULL, NULL);
+}
+
+/* ------------------------------------------------------------ etcd TLS */
+
+/* A CA, a server certificate for 127.0.0.1 and a client certificate signed
+ * by it, and a second CA that signed nothing here. */
+static void make_certs(void)
+{
+	char script[4096];
+	snprintf(script, sizeof script,
+		 "set -e; cd %s; EC='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
+		 "openssl req -x509 $EC -keyout ca.key -out ca.pem -days 2 -subj /CN=te-test-ca;"
+		 "openssl req -x509 $EC -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca;"
+		 "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > srv.ext;"
+		 "printf 'extendedKeyUsage=clientAuth\\n' > cli.ext;"
+		 "openssl req $EC -keyout srv.key -out srv.csr -subj /CN=127.0.0.1;"
+		 "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext "
+		 "-out srv.pem;"
+		 "openssl req $EC -keyout cli.key -out cli.csr -subj /CN=te-client;"
+		 "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile cli.ext "
+		 "-out cli.pem",
+		 tmp_root);
+	char *argv[] = { "sh", "-c", script, NULL };
+	REQUIRE(run_cmd(argv, NULL, tmp_path("openssl.log")) == 0);
+}
+
+static void case_etcd_tls(void)
+{
+	te_engine *e = NULL;
+	te_metadata *md = NULL;
+	char conn[128], *v = NULL;
+	size_t len;
+
+	make_certs();
+	char cert[512], key[512], ca[512];
+	snprintf(cert, sizeof cert, "%s", tmp_path("srv.pem"));
+	snprintf(key, sizeof key, "%s", tmp_path("srv.key"));
+	snprintf(ca, sizeof ca, "%s", tmp_path("ca.pem"));
+	const char *extra[] = { "--cert-file", cert, "--key-file", key, "--client-cert-auth", "--trusted-ca-file", ca,
+				NULL };
+	etcd_start_ex(etcd1, 1, "tls", extra, true);
+	snprintf(conn, sizeof conn, "etcds://127.0.0.1:%d", etcd1[0].client_port);
+
+	/* Refusals first: GLib's TLS backend resumes sessions within a process,
+	 * and a resumed session is not asked for a certificate again. */
+	/* no client certificate: refused, with the TLS failure in the log */
+	setenv("TE_ETCD_CA_FILE", ca, 1);
+	cap_start();
+	int rc = te_engine_create(conn, "nocert", NULL, 0, &e);
+	CHECK(rc < 0 && rc != -ENOENT && e == NULL);
+	CHECK(cap_has("unusable"));
+	CHECK(cap_has("TLS") || cap_has("certificate"));
+	fprintf(stderr, "  without a client certificate: %s", strstr(cap_buf, "unusable") ? strstr(cap_buf, "unusable") : "?\n");
+
+	/* trusting another CA: the server is not believed */
+	setenv("TE_ETCD_CERT_FILE", tmp_path("cli.pem"), 1);
+	setenv("TE_ETCD_KEY_FILE", tmp_path("cli.key"), 1);
+	setenv("TE_ETCD_CA_FILE", tmp_path("other-ca.pem"), 1);
+	cap_start();
+	rc = te_engine_create(conn, "otherca", NULL, 0, &e);
+	CHECK(rc < 0 && e == NULL);
+	CHECK(cap_has("unusable"));
+	CHECK(cap_has("certificate") || cap_has("TLS"));
+	fprintf(stderr, "  trusting another CA: %s", strstr(cap_buf, "unusable") ? strstr(cap_buf, "unusable") : "?\n");
+
+	/* trusted CA and a client certificate: engines meet through it */
+	setenv("TE_ETCD_CA_FILE", ca, 1);
+	setenv("TE_ETCD_CERT_FILE", tmp_path("cli.pem"), 1);
+	setenv("TE_ETCD_KEY_FILE", tmp_path("cli.key"), 1);
+	check_store_basics(conn);
+	two_engines(conn, NULL, NULL);
+
+	/* the same endpoint written https:// in an etcd:// list */
+	char conn2[128];
+	snprintf(conn2, sizeof conn2, "etcd://https://127.0.0.1:%d", etcd1[0].client_port);
+	REQUIRE(te_metadata_open(conn2, &md) == 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/none", &v, &len), -ENOENT);
+	te_metadata_close(md);
+
+	/* a certificate file that cannot be read: the store does not open */
+	setenv("TE_ETCD_CA_FILE", ca, 1);
+	setenv("TE_ETCD_CERT_FILE", "/nonexistent/cli.pem", 1);
+	cap_start();
+	CHECK_EQ(te_metadata_open(conn, &md), -EINVAL);
+	CHECK(cap_has("cannot load the client certificate"));
+	/* a key without a certificate neither */
+	unsetenv("TE_ETCD_CERT_FILE");
+	CHECK_EQ(te_metadata_open(conn, &md), -EINVAL);
+	CHECK(cap_has("TE_ETCD_KEY_FILE needs TE_ETCD_CERT_FILE"));
+	/* plain http to the https port gets no usable answer */
+	unsetenv("TE_ETCD_KEY_FILE");
+	unsetenv("TE_ETCD_CA_FILE");
+	snprintf(conn2, sizeof conn2, "etcd://127.0.0.1:%d", etcd1[0].client_port);
+	REQUIRE(te_metadata_open(conn2, &md) == 0);
+	CHECK(te_metadata_get(md, "mooncake/none", &v, &len) < 0 && v == NULL);
+	CHECK(te_metadata_get(md, "mooncake/none", &v, &len) != -ENOENT);
+	te_metadata_close(md);
+	te_set_log_handler(NULL, NULL);
+}
+
 /* ----------------------------------------------------------------- redis */
 
 static int redis_port;
@@ -1124,6 +1432,127 @@ static void case_http_tls(void)
 	unsetenv("TE_HTTP_CA_FILE");
 }
 
+
+/* te-metadata-server with a bearer token: calls without it or with another
+ * are refused with 401, logged with the client's address and never with
+ * what it sent; the plugin with TE_HTTP_TOKEN_FILE works end to end. */
+static void case_http_token(void)
+{
+	const char *tok = "tok-3f9a1c0e5b7d2468ace13579bdf02468";
+	const char *tfile = tmp_path("token"), *wfile = tmp_path("wrong-token");
+	char body[512], hdr[256], log[65536];
+	te_metadata *md = NULL;
+	char *v = NULL;
+	size_t len;
+
+	FILE *f = fopen(tfile, "w");
+	REQUIRE(f != NULL);
+	fprintf(f, "%s\n", tok);
+	fclose(f);
+	f = fopen(wfile, "w");
+	REQUIRE(f != NULL);
+	fprintf(f, "guess-0123456789abcdef\n");
+	fclose(f);
+
+	const char *extra[] = { "--token-file", tfile, NULL };
+	pid_t srv = http_single(extra);
+	/* raw calls: without a token, with a wrong one, with a malformed header */
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k", NULL, "{}", 2, body, sizeof body), 401);
+	CHECK(strcmp(body, "unauthorized") == 0);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", NULL, NULL, 0, NULL, 0), 401);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata", NULL, NULL, 0, NULL, 0), 401);
+	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata?key=k", NULL, NULL, 0, NULL, 0), 401);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k", "Authorization: Bearer guess-0123456789abcdef\r\n", "{}",
+			  2, NULL, 0), 401);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", "Authorization: Bearer guess-0123456789abcdef\r\n", NULL,
+			  0, NULL, 0), 401);
+	snprintf(hdr, sizeof hdr, "Authorization: Basic %s\r\n", tok);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", hdr, NULL, 0, NULL, 0), 401);
+	/* a prefix of the token is not the token */
+	snprintf(hdr, sizeof hdr, "Authorization: Bearer %.20s\r\n", tok);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", hdr, NULL, 0, NULL, 0), 401);
+	/* nothing was written by the refused calls */
+	snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", tok);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", hdr, NULL, 0, NULL, 0), 404);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k", hdr, "{}", 2, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", hdr, NULL, 0, body, sizeof body), 200);
+	CHECK(strcmp(body, "{}") == 0);
+	/* health stays open (a count, no keys) */
+	CHECK_EQ(http_raw(mds_port, "GET", "/health", NULL, NULL, 0, NULL, 0), 200);
+
+	/* the plugin without a token: refused with a hint; a wrong token too */
+	cap_start();
+	REQUIRE(te_metadata_open(http_conn, &md) == 0);
+	CHECK_EQ(te_metadata_put(md, "mooncake/x", "{}", 2), TE_ERR_METADATA);
+	CHECK(cap_has("answered 401"));
+	CHECK(cap_has("TE_HTTP_TOKEN_FILE"));
+	te_metadata_close(md);
+	setenv("TE_HTTP_TOKEN_FILE", wfile, 1);
+	REQUIRE(te_metadata_open(http_conn, &md) == 0);
+	CHECK_EQ(te_metadata_get(md, "mooncake/x", &v, &len), TE_ERR_METADATA);
+	CHECK(cap_has("the token was refused"));
+	CHECK(!cap_has("guess-0123456789abcdef"));
+	te_metadata_close(md);
+	/* a token file that is missing or empty stops the store from opening */
+	setenv("TE_HTTP_TOKEN_FILE", tmp_path("no-such-file"), 1);
+	CHECK_EQ(te_metadata_open(http_conn, &md), -EINVAL);
+	CHECK(cap_has("TE_HTTP_TOKEN_FILE"));
+	f = fopen(tmp_path("empty-token"), "w");
+	REQUIRE(f != NULL);
+	fputs("  \n", f);
+	fclose(f);
+	setenv("TE_HTTP_TOKEN_FILE", tmp_path("empty-token"), 1);
+	CHECK_EQ(te_metadata_open(http_conn, &md), -EINVAL);
+	te_set_log_handler(NULL, NULL);
+
+	/* with the token: two engines exchange descriptors and move data */
+	setenv("TE_HTTP_TOKEN_FILE", tfile, 1);
+	two_engines(http_conn, NULL, NULL);
+	check_store_basics(http_conn);
+	unsetenv("TE_HTTP_TOKEN_FILE");
+
+	/* the server's log names the refused clients, never a token */
+	stop_child(srv, SIGTERM);
+	f = fopen(tmp_path("mds.log"), "r");
+	REQUIRE(f != NULL);
+	size_t n = fread(log, 1, sizeof log - 1, f);
+	log[n] = '\0';
+	fclose(f);
+	CHECK(strstr(log, "401 to 127.0.0.1") != NULL);
+	CHECK(strstr(log, "no Authorization header") != NULL);
+	CHECK(strstr(log, "guess-0123456789abcdef") == NULL);
+	CHECK(strstr(log, tok) == NULL);
+
+	/* --public-reads, token from TE_METADATA_TOKEN_FILE: reads open, writes not */
+	setenv("TE_METADATA_TOKEN_FILE", tfile, 1);
+	const char *extra2[] = { "--public-reads", NULL };
+	http_single(extra2);
+	unsetenv("TE_METADATA_TOKEN_FILE");
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", NULL, NULL, 0, NULL, 0), 404);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata", NULL, NULL, 0, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k", NULL, "{}", 2, NULL, 0), 401);
+	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata?key=k", NULL, NULL, 0, NULL, 0), 401);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=k", hdr, "{}", 2, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=k", NULL, NULL, 0, body, sizeof body), 200);
+
+	/* --public-reads alone is refused, and so is a bad token file */
+	char *argv1[] = { getenv("TE_METADATA_SERVER_BIN"), "--listen", "127.0.0.1:0", "--public-reads", NULL };
+	CHECK(run_cmd(argv1, NULL, tmp_path("mds-bad.log")) > 0);
+	char *argv2[] = { getenv("TE_METADATA_SERVER_BIN"), "--listen", "127.0.0.1:0", "--token-file",
+			  (char *)tmp_path("empty-token"), NULL };
+	CHECK(run_cmd(argv2, NULL, tmp_path("mds-bad.log")) > 0);
+
+	/* an http store named with a password: it never reaches the log */
+	char conn[128];
+	snprintf(conn, sizeof conn, "http://ops:Pw-in-url-42@127.0.0.1:%d/metadata", free_port());
+	scan_start("Pw-in-url-42", "ops:***@127.0.0.1");
+	te_engine *e = NULL;
+	CHECK(te_engine_create(conn, "pw", NULL, 0, &e) < 0);
+	te_set_log_handler(NULL, NULL);
+	CHECK(scan.wanted > 0);
+	CHECK_EQ(scan.leaks, 0);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static const struct {
@@ -1132,12 +1561,14 @@ static const struct {
 } cases[] = {
 	{ "etcd-basic", case_etcd_basic },	   { "etcd-engines", case_etcd_engines },
 	{ "etcd-cluster", case_etcd_cluster },	   { "etcd-lease", case_etcd_lease },
+	{ "etcd-auth", case_etcd_auth },	   { "etcd-tls", case_etcd_tls },
+	{ "etcd-auth-failover", case_etcd_auth_failover },
 	{ "redis-basic", case_redis_basic },	   { "redis-auth", case_redis_auth },
 	{ "redis-engines", case_redis_engines },   { "redis-restart", case_redis_restart },
 	{ "redis-ttl", case_redis_ttl },
 	{ "http-basic", case_http_basic },	   { "http-engines", case_http_engines },
 	{ "http-persist", case_http_persist },	   { "http-limits", case_http_limits },
-	{ "http-tls", case_http_tls },
+	{ "http-tls", case_http_tls },		   { "http-token", case_http_token },
 };
 
 int main(int argc, char **argv)

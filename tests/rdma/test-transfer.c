@@ -296,6 +296,12 @@ unopened:;
 	CHECK_EQ(st.error, TE_ERR_ADDRESS);
 	CHECK(cap_has("no rkey (not remote-accessible)"));
 	CHECK(priv[0] == 0);
+	/* Nor can it be read. */
+	priv[0] = 0x42;
+	memset(P.abuf, 0, 4096);
+	CHECK_EQ(run_one(P.a, TE_OP_READ, P.seg, P.abuf, (uintptr_t)priv, 4096, &st), TE_TASK_FAILED);
+	CHECK_EQ(st.error, TE_ERR_ADDRESS);
+	CHECK(P.abuf[0] == 0);
 	CHECK_EQ(te_unregister_memory(P.b, priv), 0);
 	free(priv);
 

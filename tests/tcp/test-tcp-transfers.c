@@ -307,7 +307,8 @@ static int try_connect(const char *addr, int port)
 
 /* TE_BIND_ADDRESS: the RPC and TCP data sockets listen on that address only
  * (127.0.0.2 is another address of this host, and refused); by default on
- * every interface; a bad value fails engine creation. */
+ * the address the engine publishes when it is numeric, on every interface
+ * with TE_BIND_ADDRESS=*; a bad value fails engine creation. */
 static void test_bind_address(void)
 {
 	te_option bind = { "TE_BIND_ADDRESS", "127.0.0.1" };
@@ -322,8 +323,21 @@ static void test_bind_address(void)
 	CHECK_EQ(try_connect("127.0.0.1", data_port), 0);
 	CHECK_EQ(try_connect("127.0.0.2", data_port), -ECONNREFUSED);
 	roundtrip(&p, 100000, 3, 9, 40);
-	/* a, bound nowhere in particular, answers on both */
-	CHECK_EQ(try_connect("127.0.0.2", te_engine_rpc_port(p.a)), 0);
+	/* a, named 127.0.0.1 and bound nowhere in particular, listens there only */
+	CHECK_EQ(try_connect("127.0.0.2", te_engine_rpc_port(p.a)), -ECONNREFUSED);
+	CHECK_EQ(try_connect("127.0.0.1", te_engine_rpc_port(p.a)), 0);
+	pair_down(&p);
+
+	/* "*" (or 0.0.0.0, ::): every interface, for the RPC and data sockets */
+	te_option any = { "TE_BIND_ADDRESS", "*" };
+	pair_up(&p, NULL, 0, &any, 1);
+	d = rpc_exchange(te_engine_rpc_port(p.b), 1, "{}");
+	REQUIRE(d != NULL);
+	data_port = (int)json_int(d, "tcp_data_port");
+	free(d);
+	CHECK_EQ(try_connect("127.0.0.2", te_engine_rpc_port(p.b)), 0);
+	CHECK_EQ(try_connect("127.0.0.2", data_port), 0);
+	roundtrip(&p, 100000, 3, 9, 40);
 	pair_down(&p);
 
 	te_engine *e = NULL;

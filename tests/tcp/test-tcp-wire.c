@@ -139,6 +139,21 @@ static void test_rejects(void)
 	cap_start();
 	expect_reject(10, (uintptr_t)lbuf, 0x80, "not remote-accessible");
 	CHECK(cap_has("rejected READ 0x"));
+	/* A WRITE there too, with its payload sent: refused, the memory untouched. */
+	{
+		int fd = dconnect();
+		unsigned char h[W_HDR], junk[10];
+		memset(lbuf, 0x11, 10);
+		memset(junk, 0xee, sizeof junk);
+		put_hdr(h, sizeof junk, (uintptr_t)lbuf, 0x81);
+		CHECK(send_all(fd, h, sizeof h));
+		send_all(fd, junk, sizeof junk); /* may meet the close */
+		CHECK(recv_status(fd) == W_STATUS_REJECTED);
+		CHECK(closed_quietly(fd, 3000));
+		close(fd);
+		CHECK(lbuf[0] == 0x11 && lbuf[9] == 0x11);
+		CHECK(cap_has("rejected WRITE 0x"));
+	}
 	CHECK(cap_has("from 127.0.0.1:")); /* the peer's address is in the log */
 	expect_reject(10, (uintptr_t)(rbuf + RBUF - 5), 0x81, "past the end");
 	expect_reject(0, (uintptr_t)rbuf, 0x80, "zero length");

@@ -36,6 +36,7 @@ typedef struct flags {
 	const char *memory;
 	const char *device_name;
 	const char *nic_priority_matrix;
+	const char *auth_key_file;
 	bool auto_discovery;
 	const char *operation;
 	uint64_t batch_size;
@@ -103,6 +104,9 @@ static const flag_def DEFS[] = {
 	{ "device_name", F_STR, &F.device_name, 0, 0, "RDMA devices, comma-separated (protocol rdma)" },
 	{ "nic_priority_matrix", F_STR, &F.nic_priority_matrix, 0, 0,
 	  "file with an RDMA NIC priority matrix (JSON); overrides --device_name" },
+	{ "auth_key_file", F_STR, &F.auth_key_file, 0, 0,
+	  "the cluster key file: peers authenticate each connection (give it to target and initiator; "
+	  "default: TE_AUTH_KEY_FILE, else none)" },
 	{ "auto_discovery", F_BOOL, &F.auto_discovery, 0, 0,
 	  "the same as --protocol=auto" },
 	{ "operation", F_STR, &F.operation, 0, 0, "read | write | mixed (reads and writes by turns) (default read)" },
@@ -478,19 +482,42 @@ static char *transport_args(const char *proto)
 
 /* ---------------------------------------------------------------- engines */
 
+/* --metadata_server for output: a password in its user-info
+ * ("etcd://user:pw@host") shown as "***". */
+static const char *store_for_log(void)
+{
+	static char buf[1024];
+	const char *c = F.metadata_server;
+	const char *start = strstr(c, "://");
+	start = start ? start + 3 : c;
+	size_t n = strcspn(start, "/?#");
+	const char *at = NULL, *colon = NULL;
+	for (const char *p = start; p < start + n; p++)
+		if (*p == '@')
+			at = p;
+	if (at != NULL)
+		colon = memchr(start, ':', (size_t)(at - start));
+	if (colon == NULL)
+		return c;
+	snprintf(buf, sizeof buf, "%.*s:***%s", (int)(colon - c), c, at);
+	return buf;
+}
+
 static te_engine *make_engine(const char *name, bool loopback_alias)
 {
 	te_engine *e = NULL;
 	te_option opt[2];
 	size_t n = 0;
 
+	if (F.auth_key_file != NULL && *F.auth_key_file != '\0')
+		opt[n++] = (te_option){ "auth_key_file", F.auth_key_file };
 	/* Outside P2PHANDSHAKE two loopback engines need distinct names that
 	 * still say where to reach them. */
 	if (loopback_alias)
 		opt[n++] = (te_option){ "ip_or_host_name", "127.0.0.1" };
 	int rc = te_engine_create(F.metadata_server, name, opt, n, &e);
 	if (rc < 0)
-		die(1, "cannot start an engine with metadata '%s' as '%s': %s%s", F.metadata_server,
+		die(1, "cannot start an engine with metadata '%s' as '%s': %s%s", store_for_log(),
 		    name ? name : "(host name)", te_strerror(rc), why());
 	engines[engines[0] ? 1 : 0] = e;
 	if (F.auto_discovery || strcmp(F.protocol, "auto") == 0) {
@@ -869,7 +896,7 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 		printf(",\"transport\":");
 		json_str(stdout, R.transport);
 		printf(",\"metadata_server\":");
-		json_str(stdout, F.metadata_server);
+		json_str(stdout, store_for_log());
 		printf(",\"segment_id\":");
 		json_str(stdout, target);
 		printf(",\"operation\":\"%s\",\"block_size\":%" PRIu64 ",\"batch_size\":%" PRIu64
@@ -955,7 +982,7 @@ int main(int argc, char **argv)
 		/* touched now, so first use by an initiator does not count page faults */
 		register_buffer(e, F.buffer_size, F.buffer_size, true, F.use_vram);
 		printf("%s: target ready, segment name %s (metadata %s, protocol %s); Ctrl-C stops it\n", PROG,
-		       te_engine_name(e), F.metadata_server, F.protocol);
+		       te_engine_name(e), store_for_log(), F.protocol);
 		fflush(stdout);
 		while (!interrupted)
 			pause();

@@ -12,6 +12,11 @@
  * With --persist FILE every change is written to FILE (a new file, fsync'ed,
  * renamed over the old one) before the reply, so a restart, even after
  * kill -9, loses nothing that was acknowledged.
+ *
+ * With --token-file FILE (or TE_METADATA_TOKEN_FILE) requests to the store
+ * need "Authorization: Bearer <token>": writes always, reads unless
+ * --public-reads. Refusals are 401, logged with the client's address (at
+ * most one line a second), never with what the client sent.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -36,6 +41,12 @@ typedef struct server {
 	guint max_key_len;
 	gboolean verbose;
 	GMainLoop *loop;
+	/* bearer token: SHA-256 of it, compared in constant time; none when unset */
+	gboolean token_on;
+	guint8 token_sum[32];
+	gboolean public_reads;
+	gint64 refusal_logged_us; /* when the last refusal line was written */
+	guint refusals_unlogged;  /* refusals since */
 } server;
 
 static void vlog(server *s, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
@@ -239,9 +250,13 @@ static gboolean send_refusal(gpointer data)
 
 	if (io != NULL) {
 		char *resp = g_strdup_printf("HTTP/1.1 %u %s\r\nServer: te-metadata-server\r\n"
-					     "Content-Type: text/plain\r\nContent-Length: %zu\r\n"
+					     "Content-Type: text/plain\r\nContent-Length: %zu\r\n%s"
 					     "Connection: close\r\n\r\n%s",
-					     r->status, soup_status_get_phrase(r->status), strlen(r->text), r->text);
+					     r->status, soup_status_get_phrase(r->status), strlen(r->text),
+					     r->status == SOUP_STATUS_UNAUTHORIZED
+						     ? "WWW-Authenticate: Bearer realm=\"te-metadata-server\"\r\n"
+						     : "",
+					     r->text);
 		GOutputStream *os = g_io_stream_get_output_stream(io);
 		/* Best effort, bounded by the socket's buffer: the client may be
 		 * blocked sending the body we refuse to read. */
@@ -268,6 +283,63 @@ static void refuse_early(SoupServerMessage *msg, guint status, char *text)
 	g_idle_add(send_refusal, r);
 }
 
+static void sha256(const char *data, size_t len, guint8 out[32])
+{
+	GChecksum *c = g_checksum_new(G_CHECKSUM_SHA256);
+	gsize n = 32;
+
+	g_checksum_update(c, (const guchar *)data, (gssize)len);
+	g_checksum_get_digest(c, out, &n);
+	g_checksum_free(c);
+}
+
+/* NULL when `msg` may go on; else why it may not (for the log). The token
+ * is compared through its SHA-256 with every byte looked at, so neither the
+ * time taken nor an early exit tells a client how much of a guess was right,
+ * nor the token's length. */
+static const char *unauthorized(server *s, SoupServerMessage *msg)
+{
+	if (!s->token_on)
+		return NULL;
+	const char *m = soup_server_message_get_method(msg);
+	if (s->public_reads && (strcmp(m, SOUP_METHOD_GET) == 0 || strcmp(m, SOUP_METHOD_HEAD) == 0))
+		return NULL;
+	const char *h = soup_message_headers_get_one(soup_server_message_get_request_headers(msg), "Authorization");
+	if (h == NULL)
+		return "no Authorization header";
+	if (g_ascii_strncasecmp(h, "Bearer ", 7) != 0)
+		return "not a Bearer token";
+	const char *t = h + 7;
+	while (*t == ' ')
+		t++;
+	guint8 sum[32];
+	unsigned diff = 0;
+	sha256(t, strlen(t), sum);
+	for (int i = 0; i < 32; i++)
+		diff |= (unsigned)(sum[i] ^ s->token_sum[i]);
+	return diff == 0 ? NULL : "wrong token";
+}
+
+/* One line per refusal, at most one a second (the others are counted):
+ * a client guessing tokens must not fill the disk. */
+static void log_refusal(server *s, SoupServerMessage *msg, const char *why)
+{
+	gint64 now = g_get_monotonic_time();
+
+	if (s->refusal_logged_us != 0 && now - s->refusal_logged_us < G_USEC_PER_SEC) {
+		s->refusals_unlogged++;
+		return;
+	}
+	const char *host = soup_server_message_get_remote_host(msg);
+	fprintf(stderr, "te-metadata-server: 401 to %s for %s %s: %s", host ? host : "?",
+		soup_server_message_get_method(msg), g_uri_get_path(soup_server_message_get_uri(msg)), why);
+	if (s->refusals_unlogged > 0)
+		fprintf(stderr, " (and %u more refusals in the last second)", s->refusals_unlogged);
+	fputc('\n', stderr);
+	s->refusal_logged_us = now;
+	s->refusals_unlogged = 0;
+}
+
 /* Early handler: runs once the headers are in, before the body is read, so
  * an oversized or unbounded PUT is refused without reading it. */
 static void early_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
@@ -278,6 +350,14 @@ static void early_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 	(void)path;
 	(void)query;
 
+	/* Before anything else, so an unauthorized client learns nothing about
+	 * the limits and its body is never read. */
+	const char *why = unauthorized(s, msg);
+	if (why != NULL) {
+		log_refusal(s, msg, why);
+		refuse_early(msg, SOUP_STATUS_UNAUTHORIZED, g_strdup("unauthorized"));
+		return;
+	}
 	if (strcmp(soup_server_message_get_method(msg), SOUP_METHOD_PUT) != 0)
 		return;
 	SoupMessageHeaders *h = soup_server_message_get_request_headers(msg);
@@ -330,6 +410,14 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 	char *why = NULL;
 	(void)srv;
 
+	const char *refused = unauthorized(s, msg); /* the early handler's check, once more */
+	if (refused != NULL) {
+		log_refusal(s, msg, refused);
+		soup_message_headers_replace(soup_server_message_get_response_headers(msg), "WWW-Authenticate",
+					     "Bearer realm=\"te-metadata-server\"");
+		reply_text(msg, SOUP_STATUS_UNAUTHORIZED, "unauthorized");
+		return;
+	}
 	if (strcmp(path, s->path) != 0) {
 		reply_text(msg, SOUP_STATUS_NOT_FOUND, "no such path");
 		return;
@@ -495,6 +583,7 @@ int main(int argc, char **argv)
 {
 	server s = { 0 };
 	char *listen = NULL, *path = NULL, *port_file = NULL, *tls_cert = NULL, *tls_key = NULL;
+	char *token_file = NULL;
 	gint64 max_body = 4 << 20, max_keys = 1000000, max_key_len = 4096;
 	GError *err = NULL;
 	GSocketAddress *addr = NULL;
@@ -515,6 +604,11 @@ int main(int argc, char **argv)
 		{ "tls-cert", 0, 0, G_OPTION_ARG_FILENAME, &tls_cert,
 		  "serve https with this PEM certificate (chain)", "FILE" },
 		{ "tls-key", 0, 0, G_OPTION_ARG_FILENAME, &tls_key, "PEM private key of --tls-cert", "FILE" },
+		{ "token-file", 0, 0, G_OPTION_ARG_FILENAME, &token_file,
+		  "require 'Authorization: Bearer <token>', the token being FILE's first line "
+		  "(default: $TE_METADATA_TOKEN_FILE)", "FILE" },
+		{ "public-reads", 0, 0, G_OPTION_ARG_NONE, &s.public_reads,
+		  "with a token, let GET through without it (writes still need it)", NULL },
 		{ "verbose", 'v', 0, G_OPTION_ARG_NONE, &s.verbose, "log every change", NULL },
 		{ NULL, 0, 0, 0, NULL, NULL, NULL },
 	};
@@ -540,6 +634,43 @@ int main(int argc, char **argv)
 	s.path = g_strdup(path ? path : "/metadata");
 	if (s.path[0] != '/' || strcmp(s.path, "/health") == 0 || strcmp(s.path, "/") == 0) {
 		g_printerr("te-metadata-server: --path must start with '/' and be neither / nor /health\n");
+		goto out;
+	}
+	if (token_file == NULL && g_getenv("TE_METADATA_TOKEN_FILE") && *g_getenv("TE_METADATA_TOKEN_FILE"))
+		token_file = g_strdup(g_getenv("TE_METADATA_TOKEN_FILE"));
+	if (token_file != NULL) {
+		char *data = NULL;
+		gsize n = 0;
+		if (!g_file_get_contents(token_file, &data, &n, &err)) {
+			g_printerr("te-metadata-server: cannot read the token file: %s\n", err->message);
+			rc = 1;
+			goto out;
+		}
+		char *nl = memchr(data, '\n', n);
+		char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
+		gboolean ok = *tok != '\0' && strlen(tok) <= 4096 &&
+			      strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") ==
+				      strlen(tok);
+		if (ok) {
+			sha256(tok, strlen(tok), s.token_sum);
+			s.token_on = TRUE;
+			if (strlen(tok) < 16)
+				g_printerr("te-metadata-server: warning: the token in %s is shorter than 16 "
+					   "characters; a long random one (openssl rand -hex 32) resists guessing\n",
+					   token_file);
+		}
+		memset(data, 0, n);
+		memset(tok, 0, strlen(tok));
+		g_free(data);
+		g_free(tok);
+		if (!ok) {
+			g_printerr("te-metadata-server: %s: the first line must be a token of letters, digits "
+				   "and -._~+/= (at most 4096)\n", token_file);
+			rc = 2;
+			goto out;
+		}
+	} else if (s.public_reads) {
+		g_printerr("te-metadata-server: --public-reads needs --token-file\n");
 		goto out;
 	}
 	s.kv = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
@@ -586,8 +717,9 @@ int main(int argc, char **argv)
 	int port = uris ? g_uri_get_port(uris->data) : -1;
 	if (uris) {
 		char *u = g_uri_to_string(uris->data);
-		fprintf(stderr, "te-metadata-server: %zu keys, listening on %s (store at %s)\n",
-			(size_t)g_hash_table_size(s.kv), u, s.path);
+		fprintf(stderr, "te-metadata-server: %zu keys, listening on %s (store at %s%s)\n",
+			(size_t)g_hash_table_size(s.kv), u, s.path,
+			!s.token_on ? ", no token" : s.public_reads ? ", token for writes" : ", token for all calls");
 		g_free(u);
 	}
 	g_slist_free_full(uris, (GDestroyNotify)g_uri_unref);
@@ -628,5 +760,6 @@ out:
 	g_free(port_file);
 	g_free(tls_cert);
 	g_free(tls_key);
+	g_free(token_file);
 	return rc;
 }

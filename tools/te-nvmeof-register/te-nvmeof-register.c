@@ -254,8 +254,17 @@ static int open_segment(ctx *c, const char *conn, const char *segment)
 		return -EINVAL;
 	}
 	rc = te_metadata_open(conn, &c->md);
-	if (rc < 0)
-		fprintf(stderr, "error: cannot open metadata store '%s': %s\n", conn, te_strerror(rc));
+	if (rc < 0) {
+		/* named without the password of a user-info ("user:***@host") */
+		const char *start = strstr(conn, "://");
+		start = start ? start + 3 : conn;
+		const char *end = start + strcspn(start, "/?#");
+		const char *at = g_strrstr_len(start, end - start, "@");
+		const char *colon = at ? memchr(start, ':', (size_t)(at - start)) : NULL;
+		char *shown = colon ? g_strdup_printf("%.*s:***%s", (int)(colon - conn), conn, at) : g_strdup(conn);
+		fprintf(stderr, "error: cannot open metadata store '%s': %s\n", shown, te_strerror(rc));
+		g_free(shown);
+	}
 	return rc;
 }
 

@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Peer authentication (TE_AUTH_KEY_FILE) end to end: a target engine with the
+ * key in a process of its own (tcp-peer), initiators in this process.
+ *
+ *   test-auth TCP_PEER [TE_METADATA_SERVER]
+ *
+ * With the right key transfers work over TCP. A wrong key, no key, a
+ * replayed handshake, a raw TCP data request without a handshake, a keyed
+ * initiator against a key-less target: each refused quickly with
+ * TE_ERR_AUTH or a closed connection, the refusals in the target's log, and
+ * the target goes on serving the right-keyed peer. With a store: an engine
+ * without the key fails at te_segment_open from the descriptor alone.
+ */
+#include <pthread.h>
+#include <sys/stat.h>
+
+#include "../tcp/tcp-test.h"
+
+#define TBYTES (4u << 20)
+#define SEED 7u
+#define FAST_MS 1000 /* "fails fast": well under any timeout */
+
+static const char *peer_bin, *mds_bin;
+static char dir[] = "/tmp/te-auth-XXXXXX";
+static char key_a[128], key_b[128], key_short[128], key_open[128], target_log[128];
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+	FILE *f = fopen(path, "w");
+	REQUIRE(f != NULL);
+	fputs(text, f);
+	fclose(f);
+	REQUIRE(chmod(path, mode) == 0);
+}
+
+static te_engine *engine_with_key(const char *key)
+{
+	te_option o = { "auth_key_file", key };
+	return tcp_engine(&o, key ? 1 : 0);
+}
+
+/* A target in its own process; its stderr (the log) goes to `log`. */
+typedef struct target {
+	child c;
+	char name[128];
+	uint64_t addr;
+	int data_port;
+	int rpc_port;
+} target;
+
+static void target_start(target *t, const char *key, const char *log)
+{
+	char env_key[160], env_port[48];
+	t->data_port = te_test_free_port();
+	REQUIRE(t->data_port > 0);
+	snprintf(env_port, sizeof env_port, "TE_TCP_PORT=%d", t->data_port);
+	snprintf(env_key, sizeof env_key, "TE_AUTH_KEY_FILE=%s", key ? key : "");
+	char *env[] = { env_port, env_key, NULL };
+	char *av[] = { "/bin/sh", "-c", "exec \"$0\" target 127.0.0.1 \"$1\" \"$2\" 2>>\"$3\"", (char *)peer_bin,
+		       "4194304", "7", (char *)log, NULL };
+	REQUIRE(child_start(&t->c, av, env));
+	const char *rest = child_expect(&t->c, "READY ", 20000);
+	REQUIRE(rest != NULL);
+	unsigned long long a;
+	REQUIRE(sscanf(rest, "%127s %llu", t->name, &a) == 2);
+	t->addr = a;
+	const char *colon = strrchr(t->name, ':');
+	REQUIRE(colon != NULL);
+	t->rpc_port = atoi(colon + 1);
+}
+
+static bool log_has(const char *path, const char *needle)
+{
+	static char buf[1 << 16];
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return false;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	bool r = strstr(buf, needle) != NULL;
+	if (!r)
+		fprintf(stderr, "  (%s lacks \"%s\"; it holds: %.600s)\n", path, needle, buf);
+	return r;
+}
+
+/* Opens the target with `e`, writes a pattern, reads it back and the
+ * target's own pattern; true when every byte is right. */
+static bool transfers_work(te_engine *e, const target *t, unsigned seed)
+{
+	te_segment_id seg = te_segment_open(e, t->name);
+	if (seg < 0) {
+		fprintf(stderr, "  open %s: %s\n", t->name, te_strerror(seg));
+		return false;
+	}
+	enum { N = 65536 };
+	unsigned char *buf = map_buf(4 * N);
+	bool ok = te_register_memory(e, buf, 4 * N, "cpu:0", 0) == 0;
+	te_task_status st;
+	/* The target's pattern, untouched at the end of its buffer. */
+	unsigned char *want = malloc(TBYTES);
+	REQUIRE(want != NULL);
+	fill_pattern(want, TBYTES, SEED);
+	ok = ok && run_one(e, TE_OP_READ, seg, buf, t->addr + TBYTES - N, N, &st) == TE_TASK_COMPLETED;
+	ok = ok && memcmp(buf, want + TBYTES - N, N) == 0;
+	fill_pattern(buf + N, N, seed);
+	ok = ok && run_one(e, TE_OP_WRITE, seg, buf + N, t->addr + 4096, N, &st) == TE_TASK_COMPLETED;
+	ok = ok && run_one(e, TE_OP_READ, seg, buf + 2 * N, t->addr + 4096, N, &st) == TE_TASK_COMPLETED;
+	ok = ok && memcmp(buf + N, buf + 2 * N, N) == 0;
+	if (!ok)
+		fprintf(stderr, "  transfer failed: state %d, %s\n", st.state, te_strerror(st.error));
+	te_unregister_memory(e, buf);
+	te_segment_close(e, seg);
+	munmap(buf, 4 * N);
+	free(want);
+	return ok;
+}
+
+/* te_segment_open(e, name) fails with TE_ERR_AUTH within FAST_MS. */
+static void open_refused(te_engine *e, const char *name, const char *what)
+{
+	long long t0 = now_ms();
+	int rc = te_segment_open(e, name);
+	long long dt = now_ms() - t0;
+	fprintf(stderr, "  %s: %s after %lld ms\n", what, te_strerror(rc), dt);
+	CHECK_EQ(rc, TE_ERR_AUTH);
+	CHECK(dt < FAST_MS);
+}
+
+/* --------------------------------------------------------------- keys */
+
+static void test_key_files(void)
+{
+	te_engine *e = NULL;
+
+	cap_start();
+	CHECK(engine_with_key(key_short) == NULL);
+	CHECK(cap_has(key_short));
+	CHECK(cap_has("at least 16"));
+	CHECK(!cap_has_quiet("tooshort")); /* the secret itself never */
+	te_option o[2] = { { "transports", "tcp" }, { "auth_key_file", "/nonexistent/te.key" } };
+	CHECK_EQ(te_engine_create("P2PHANDSHAKE", "127.0.0.1", o, 2, &e), -EINVAL);
+	CHECK(cap_has("/nonexistent/te.key"));
+
+	/* Readable by others: works, with a warning. */
+	cap_start();
+	e = engine_with_key(key_open);
+	CHECK(e != NULL);
+	CHECK(cap_has("readable by its group or by others"));
+	te_engine_destroy(e);
+
+	/* The environment variable, when no option says otherwise. */
+	setenv("TE_AUTH_KEY_FILE", key_short, 1);
+	CHECK(engine_with_key(NULL) == NULL);
+	unsetenv("TE_AUTH_KEY_FILE");
+	te_set_log_handler(NULL, NULL);
+}
+
+/* --------------------------------------------- the target with the key */
+
+static target tk;
+
+static void test_right_key(void)
+{
+	te_engine *e = engine_with_key(key_a);
+	REQUIRE(e != NULL);
+	CHECK(transfers_work(e, &tk, 1));
+	te_engine_destroy(e);
+}
+
+static void test_wrong_and_no_key(void)
+{
+	te_engine *wrong = engine_with_key(key_b), *none = engine_with_key(NULL);
+	REQUIRE(wrong && none);
+	cap_start();
+	open_refused(wrong, tk.name, "wrong key");
+	CHECK(cap_has("could not prove the cluster key"));
+	open_refused(none, tk.name, "no key");
+	CHECK(cap_has("TE_AUTH_KEY_FILE"));
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(wrong);
+	te_engine_destroy(none);
+}
+
+/* A plain Metadata frame gets the "authentication required" reply, never
+ * the descriptor. */
+static void test_plain_frame(void)
+{
+	char *r = rpc_exchange(tk.rpc_port, 1, "{}");
+	CHECK(r != NULL && strstr(r, "auth_required") != NULL);
+	CHECK(r == NULL || strstr(r, "buffers") == NULL);
+	free(r);
+}
+
+/* ----------------------------------------------------------- replay */
+
+/* Forwards one connection to the target's RPC port and records what the
+ * client sent. */
+typedef struct proxy {
+	int lfd, port, to_port;
+	unsigned char rec[1 << 16];
+	size_t nrec;
+} proxy;
+
+static void *proxy_main(void *arg)
+{
+	proxy *p = arg;
+	int c = accept(p->lfd, NULL, NULL);
+	if (c < 0)
+		return NULL;
+	int s = connect_port(p->to_port);
+	if (s < 0) {
+		close(c);
+		return NULL;
+	}
+	char buf[8192];
+	for (;;) {
+		struct pollfd pf[2] = { { .fd = c, .events = POLLIN }, { .fd = s, .events = POLLIN } };
+		if (poll(pf, 2, 10000) <= 0)
+			break;
+		if (pf[0].revents) {
+			ssize_t r = recv(c, buf, sizeof buf, 0);
+			if (r <= 0)
+				break;
+			if (p->nrec + (size_t)r <= sizeof p->rec) {
+				memcpy(p->rec + p->nrec, buf, (size_t)r);
+				p->nrec += (size_t)r;
+			}
+			if (!send_all(s, buf, (size_t)r))
+				break;
+		}
+		if (pf[1].revents) {
+			ssize_t r = recv(s, buf, sizeof buf, 0);
+			if (r <= 0)
+				break;
+			if (!send_all(c, buf, (size_t)r))
+				break;
+		}
+	}
+	close(c);
+	close(s);
+	return NULL;
+}
+
+static void test_replay(void)
+{
+	static proxy p;
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t al = sizeof a;
+	pthread_t th;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	p.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	REQUIRE(p.lfd >= 0 && bind(p.lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(p.lfd, 4) == 0);
+	REQUIRE(getsockname(p.lfd, (struct sockaddr *)&a, &al) == 0);
+	p.port = ntohs(a.sin_port);
+	p.to_port = tk.rpc_port;
+	REQUIRE(pthread_create(&th, NULL, proxy_main, &p) == 0);
+
+	/* A real, successful exchange through the proxy (a Probe). */
+	te_engine *e = engine_with_key(key_a);
+	REQUIRE(e != NULL);
+	char via[64];
+	snprintf(via, sizeof via, "127.0.0.1:%d", p.port);
+	CHECK_EQ(te_segment_probe(e, via, 5000), 0);
+	pthread_join(th, NULL);
+	close(p.lfd);
+	te_engine_destroy(e);
+	fprintf(stderr, "  recorded %zu bytes of a client's exchange\n", p.nrec);
+	CHECK(p.nrec > 96);
+
+	/* The same bytes on a new connection: the target's fresh nonce makes
+	 * the recorded proof worthless. */
+	int fd = tcp_connect_port(tk.rpc_port);
+	REQUIRE(fd >= 0);
+	CHECK(send_all(fd, p.rec, p.nrec));
+	unsigned char in[4096];
+	size_t got = 0;
+	recv_exact(fd, in, sizeof in, 5000, &got);
+	close(fd);
+	fprintf(stderr, "  replay answered with %zu bytes\n", got);
+	/* A challenge (80 bytes) and a refusal (16 bytes, status not 0); no frame. */
+	CHECK(got <= 96);
+	CHECK(got < 96 || in[80 + 10] != 0);
+	in[got < sizeof in ? got : sizeof in - 1] = 0;
+	CHECK(memmem(in, got, "success", 7) == NULL);
+}
+
+/* A valid data request straight to the data port, no handshake: the
+ * connection closes and nothing comes back. */
+static void test_raw_data_request(void)
+{
+	int fd = tcp_connect_port(tk.data_port);
+	REQUIRE(fd >= 0);
+	unsigned char h[W_HDR];
+	put_hdr(h, 64, tk.addr, 0x80 | TE_OP_READ);
+	CHECK(send_all(fd, h, sizeof h));
+	unsigned char in[128];
+	size_t got = 0;
+	ssize_t r = recv_exact(fd, in, sizeof in, 5000, &got);
+	fprintf(stderr, "  raw data request: %zd, %zu bytes back\n", r, got);
+	CHECK_EQ(got, 0);
+	CHECK(r != -1 || errno == ECONNRESET);
+	close(fd);
+}
+
+static void test_target_log_and_still_serving(void)
+{
+	/* The refusals were logged naming the peer's address... */
+	CHECK(log_has(target_log, "auth: refused"));
+	CHECK(log_has(target_log, "127.0.0.1"));
+	/* ...and the right-keyed peer is still served. */
+	te_engine *e = engine_with_key(key_a);
+	REQUIRE(e != NULL);
+	CHECK(transfers_work(e, &tk, 9));
+	te_engine_destroy(e);
+}
+
+/* A keyed initiator and a key-less target. */
+static void test_keyless_target(void)
+{
+	target t;
+	char log[160];
+	snprintf(log, sizeof log, "%s/plain-target.log", dir);
+	target_start(&t, NULL, log);
+	te_engine *e = engine_with_key(key_a);
+	REQUIRE(e != NULL);
+	cap_start();
+	open_refused(e, t.name, "keyed initiator, key-less target");
+	CHECK(cap_has("no key"));
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(e);
+	/* Without a key on either side nothing changed. */
+	e = engine_with_key(NULL);
+	REQUIRE(e != NULL);
+	CHECK(transfers_work(e, &t, 3));
+	te_engine_destroy(e);
+	child_stop(&t.c, 0);
+}
+
+/* ------------------------------------------------------------ a store */
+
+static void test_store(void)
+{
+	if (mds_bin == NULL || access(mds_bin, X_OK) != 0) {
+		fprintf(stderr, "  (no te-metadata-server: the store case is skipped)\n");
+		return;
+	}
+	int port = te_test_free_port();
+	REQUIRE(port > 0);
+	char listen_at[64], conn[128];
+	snprintf(listen_at, sizeof listen_at, "127.0.0.1:%d", port);
+	snprintf(conn, sizeof conn, "http://127.0.0.1:%d/metadata", port);
+	char *av[] = { (char *)mds_bin, "--listen", listen_at, NULL };
+	child srv;
+	REQUIRE(child_start(&srv, av, NULL));
+	int fd = -1;
+	for (int i = 0; i < 200 && fd < 0; i++) {
+		fd = connect_port(port);
+		if (fd < 0)
+			usleep(25000);
+	}
+	REQUIRE(fd >= 0);
+	close(fd);
+
+	te_option ok[3] = { { "transports", "tcp" }, { "ip_or_host_name", "127.0.0.1" }, { "auth_key_file", key_a } };
+	te_engine *k = NULL, *n = NULL, *k2 = NULL;
+	REQUIRE(te_engine_create(conn, "auth-keyed", ok, 3, &k) == 0);
+	REQUIRE(te_engine_create(conn, "auth-plain", ok, 2, &n) == 0);
+	REQUIRE(te_engine_create(conn, "auth-keyed2", ok, 3, &k2) == 0);
+	unsigned char *buf = map_buf(1 << 20);
+	REQUIRE(te_register_memory(k, buf, 1 << 20, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	cap_start();
+	/* No key: the descriptor says "auth", so it fails before connecting. */
+	open_refused(n, "auth-keyed", "store, key-less initiator");
+	CHECK(cap_has("requires peer authentication"));
+	/* A key: a key-less peer is refused the same way. */
+	open_refused(k, "auth-plain", "store, keyed initiator, key-less target");
+	CHECK(cap_has("does not authenticate its peers"));
+	te_set_log_handler(NULL, NULL);
+	/* Both keyed: it works through the store too. */
+	te_segment_id seg = te_segment_open(k2, "auth-keyed");
+	CHECK(seg > 0);
+	if (seg > 0) {
+		unsigned char *mine = map_buf(4096);
+		REQUIRE(te_register_memory(k2, mine, 4096, "cpu:0", 0) == 0);
+		memset(buf, 0x5a, 4096);
+		CHECK_EQ(run_one(k2, TE_OP_READ, seg, mine, (uint64_t)(uintptr_t)buf, 4096, NULL), TE_TASK_COMPLETED);
+		CHECK(mine[0] == 0x5a && mine[4095] == 0x5a);
+		te_segment_close(k2, seg);
+	}
+	te_engine_destroy(k2);
+	te_engine_destroy(n);
+	te_engine_destroy(k);
+	munmap(buf, 1 << 20);
+	child_stop(&srv, SIGTERM);
+}
+
+int main(int argc, char **argv)
+{
+	REQUIRE(argc > 1);
+	peer_bin = argv[1];
+	mds_bin = argc > 2 ? argv[2] : NULL;
+	signal(SIGPIPE, SIG_IGN);
+	REQUIRE(mkdtemp(dir) != NULL);
+	snprintf(key_a, sizeof key_a, "%s/a.key", dir);
+	snprintf(key_b, sizeof key_b, "%s/b.key", dir);
+	snprintf(key_short, sizeof key_short, "%s/short.key", dir);
+	snprintf(key_open, sizeof key_open, "%s/open.key", dir);
+	snprintf(target_log, sizeof target_log, "%s/target.log", dir);
+	write_file(key_a, "0123456789abcdef-cluster-a\n", 0600);
+	write_file(key_b, "0123456789abcdef-cluster-b\n", 0600);
+	write_file(key_short, "tooshort\n", 0600);
+	write_file(key_open, "0123456789abcdef-cluster-a", 0644);
+
+	TEST_RUN(test_key_files);
+	target_start(&tk, key_a, target_log);
+	TEST_RUN(test_right_key);
+	TEST_RUN(test_wrong_and_no_key);
+	TEST_RUN(test_plain_frame);
+	TEST_RUN(test_replay);
+	TEST_RUN(test_raw_data_request);
+	TEST_RUN(test_target_log_and_still_serving);
+	child_stop(&tk.c, 0);
+	TEST_RUN(test_keyless_target);
+	TEST_RUN(test_store);
+
+	char cmd[200];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	if (check_failures == 0 && system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", dir);
+	return check_done();
+}

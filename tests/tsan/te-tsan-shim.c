@@ -1,0 +1,872 @@
+/* GLib's threading primitives in a form ThreadSanitizer can see; test-only,
+ * never installed (docs/reliability.md, "ThreadSanitizer").
+ *
+ * On Linux GLib builds GMutex and GCond on raw futexes, which TSan does not
+ * know, and its queue hand-offs (GAsyncQueue under GThreadPool, GMainContext)
+ * happen inside GLib where the runtime cannot look. This library is put in
+ * front of GLib with LD_PRELOAD: every call that goes through the PLT (all
+ * of libte, the plugins, the tests, json-glib, gio, libsoup) lands here
+ * instead, and everything here synchronises with pthreads, which TSan
+ * intercepts. GLib's calls to itself are bound inside the library
+ * (-Bsymbolic-functions) and keep GLib's own objects on GLib's own code, so
+ * the two implementations never share an object.
+ *
+ *  - GMutex, GRecMutex, GRWLock, GCond: pthread objects allocated on first
+ *    use and kept in the GLib struct's pointer, as GLib's non-futex build
+ *    does.
+ *  - GThreadPool: a small pthread pool with the whole public API.
+ *  - Hand-offs that stay inside GLib get TSan annotations that state exactly
+ *    the ordering GLib guarantees: a source attached before its idle or
+ *    timeout callback runs, g_once_init_leave before a g_once_init_enter
+ *    that sees the value, every g_atomic_ref_count_dec before the one that
+ *    drops the last reference.
+ *
+ * The library itself is not instrumented and does not link GLib or the TSan
+ * runtime: preloaded into a shell, python or a server it only defines
+ * symbols nobody calls. GLib functions are looked up with dlsym, the TSan
+ * annotations are weak and do nothing where the runtime is absent. */
+#define GLIB_DISABLE_DEPRECATION_WARNINGS
+#include <glib.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SHIM __attribute__((visibility("default")))
+
+/* The TSan runtime's annotation entry points (absent: not under TSan). */
+extern void __tsan_acquire(void *addr) __attribute__((weak));
+extern void __tsan_release(void *addr) __attribute__((weak));
+
+static inline void hb_acquire(const volatile void *addr)
+{
+	if (__tsan_acquire)
+		__tsan_acquire((void *)addr);
+}
+
+static inline void hb_release(const volatile void *addr)
+{
+	if (__tsan_release)
+		__tsan_release((void *)addr);
+}
+
+/* GLib's own definition of a symbol this library replaces or wraps. */
+static void *real(const char *name)
+{
+	void *f = dlsym(RTLD_NEXT, name);
+	if (f == NULL)
+		abort();
+	return f;
+}
+#define REAL(type, name) ((type)real_cached(&real_##name, #name))
+static void *real_cached(void *volatile *slot, const char *name)
+{
+	void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (f == NULL) {
+		f = real(name);
+		__atomic_store_n(slot, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+/* ---- lazily allocated pthread objects ---------------------------------- */
+
+/* Publishes *slot once: the release before the exchange orders the object's
+ * initialisation before every thread that later acquires the slot. */
+static void *publish(gpointer *slot, void *fresh, void (*discard)(void *))
+{
+	void *expected = NULL;
+	hb_release(slot);
+	if (!__atomic_compare_exchange_n(slot, &expected, fresh, FALSE, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE)) {
+		discard(fresh);
+		return expected;
+	}
+	return fresh;
+}
+
+static void *load_slot(gpointer *slot)
+{
+	void *p = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (p != NULL)
+		hb_acquire(slot);
+	return p;
+}
+
+static void *mutex_new(int type)
+{
+	pthread_mutexattr_t a;
+	pthread_mutex_t *m = malloc(sizeof *m);
+	if (m == NULL)
+		abort();
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_settype(&a, type);
+	if (pthread_mutex_init(m, &a) != 0)
+		abort();
+	pthread_mutexattr_destroy(&a);
+	return m;
+}
+
+static void mutex_free(void *p)
+{
+	pthread_mutex_destroy(p);
+	free(p);
+}
+
+static void *cond_new(void)
+{
+	pthread_condattr_t a;
+	pthread_cond_t *c = malloc(sizeof *c);
+	if (c == NULL)
+		abort();
+	/* g_cond_wait_until takes g_get_monotonic_time() deadlines. */
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	if (pthread_cond_init(c, &a) != 0)
+		abort();
+	pthread_condattr_destroy(&a);
+	return c;
+}
+
+static void cond_free(void *p)
+{
+	pthread_cond_destroy(p);
+	free(p);
+}
+
+static void *rwlock_new(void)
+{
+	pthread_rwlock_t *l = malloc(sizeof *l);
+	if (l == NULL || pthread_rwlock_init(l, NULL) != 0)
+		abort();
+	return l;
+}
+
+static void rwlock_free(void *p)
+{
+	pthread_rwlock_destroy(p);
+	free(p);
+}
+
+static void mutex_free_any(void *p) { mutex_free(p); }
+
+static pthread_mutex_t *mutex_impl(GMutex *m)
+{
+	pthread_mutex_t *p = load_slot(&m->p);
+	return p ? p : publish(&m->p, mutex_new(PTHREAD_MUTEX_NORMAL), mutex_free_any);
+}
+
+static pthread_mutex_t *rec_mutex_impl(GRecMutex *m)
+{
+	pthread_mutex_t *p = load_slot(&m->p);
+	return p ? p : publish(&m->p, mutex_new(PTHREAD_MUTEX_RECURSIVE), mutex_free_any);
+}
+
+static pthread_rwlock_t *rwlock_impl(GRWLock *l)
+{
+	pthread_rwlock_t *p = load_slot(&l->p);
+	return p ? p : publish(&l->p, rwlock_new(), rwlock_free);
+}
+
+static pthread_cond_t *cond_impl(GCond *c)
+{
+	pthread_cond_t *p = load_slot(&c->p);
+	return p ? p : publish(&c->p, cond_new(), cond_free);
+}
+
+/* Clearing: the object may have been made by another thread. */
+static void *take_slot(gpointer *slot)
+{
+	void *p = load_slot(slot);
+	*slot = NULL;
+	return p;
+}
+
+/* ---- GMutex ------------------------------------------------------------- */
+
+SHIM void g_mutex_init(GMutex *m)
+{
+	m->p = mutex_new(PTHREAD_MUTEX_NORMAL);
+	hb_release(&m->p);
+}
+
+SHIM void g_mutex_clear(GMutex *m)
+{
+	void *p = take_slot(&m->p);
+	if (p)
+		mutex_free(p);
+}
+
+SHIM void g_mutex_lock(GMutex *m)
+{
+	if (pthread_mutex_lock(mutex_impl(m)) != 0)
+		abort();
+}
+
+SHIM gboolean g_mutex_trylock(GMutex *m)
+{
+	return pthread_mutex_trylock(mutex_impl(m)) == 0;
+}
+
+SHIM void g_mutex_unlock(GMutex *m)
+{
+	if (pthread_mutex_unlock(mutex_impl(m)) != 0)
+		abort();
+}
+
+SHIM GMutex *g_mutex_new(void)
+{
+	GMutex *m = calloc(1, sizeof *m);
+	if (m == NULL)
+		abort();
+	g_mutex_init(m);
+	return m;
+}
+
+SHIM void g_mutex_free(GMutex *m)
+{
+	g_mutex_clear(m);
+	free(m);
+}
+
+/* ---- GRecMutex ---------------------------------------------------------- */
+
+SHIM void g_rec_mutex_init(GRecMutex *m)
+{
+	m->p = mutex_new(PTHREAD_MUTEX_RECURSIVE);
+	hb_release(&m->p);
+}
+
+SHIM void g_rec_mutex_clear(GRecMutex *m)
+{
+	void *p = take_slot(&m->p);
+	if (p)
+		mutex_free(p);
+}
+
+SHIM void g_rec_mutex_lock(GRecMutex *m)
+{
+	if (pthread_mutex_lock(rec_mutex_impl(m)) != 0)
+		abort();
+}
+
+SHIM gboolean g_rec_mutex_trylock(GRecMutex *m)
+{
+	return pthread_mutex_trylock(rec_mutex_impl(m)) == 0;
+}
+
+SHIM void g_rec_mutex_unlock(GRecMutex *m)
+{
+	if (pthread_mutex_unlock(rec_mutex_impl(m)) != 0)
+		abort();
+}
+
+/* ---- GRWLock ------------------------------------------------------------ */
+
+SHIM void g_rw_lock_init(GRWLock *l)
+{
+	l->p = rwlock_new();
+	hb_release(&l->p);
+}
+
+SHIM void g_rw_lock_clear(GRWLock *l)
+{
+	void *p = take_slot(&l->p);
+	if (p)
+		rwlock_free(p);
+}
+
+SHIM void g_rw_lock_writer_lock(GRWLock *l)
+{
+	if (pthread_rwlock_wrlock(rwlock_impl(l)) != 0)
+		abort();
+}
+
+SHIM gboolean g_rw_lock_writer_trylock(GRWLock *l)
+{
+	return pthread_rwlock_trywrlock(rwlock_impl(l)) == 0;
+}
+
+SHIM void g_rw_lock_writer_unlock(GRWLock *l)
+{
+	pthread_rwlock_unlock(rwlock_impl(l));
+}
+
+SHIM void g_rw_lock_reader_lock(GRWLock *l)
+{
+	if (pthread_rwlock_rdlock(rwlock_impl(l)) != 0)
+		abort();
+}
+
+SHIM gboolean g_rw_lock_reader_trylock(GRWLock *l)
+{
+	return pthread_rwlock_tryrdlock(rwlock_impl(l)) == 0;
+}
+
+SHIM void g_rw_lock_reader_unlock(GRWLock *l)
+{
+	pthread_rwlock_unlock(rwlock_impl(l));
+}
+
+/* ---- GCond -------------------------------------------------------------- */
+
+SHIM void g_cond_init(GCond *c)
+{
+	c->p = cond_new();
+	hb_release(&c->p);
+}
+
+SHIM void g_cond_clear(GCond *c)
+{
+	void *p = take_slot(&c->p);
+	if (p)
+		cond_free(p);
+}
+
+SHIM void g_cond_wait(GCond *c, GMutex *m)
+{
+	pthread_cond_t *cv = cond_impl(c);
+	if (pthread_cond_wait(cv, mutex_impl(m)) != 0)
+		abort();
+}
+
+SHIM void g_cond_signal(GCond *c)
+{
+	pthread_cond_signal(cond_impl(c));
+}
+
+SHIM void g_cond_broadcast(GCond *c)
+{
+	pthread_cond_broadcast(cond_impl(c));
+}
+
+static gboolean wait_until_mono(pthread_cond_t *cv, pthread_mutex_t *m, gint64 end_us)
+{
+	struct timespec ts;
+	if (end_us < 0)
+		end_us = 0;
+	ts.tv_sec = end_us / G_USEC_PER_SEC;
+	ts.tv_nsec = (end_us % G_USEC_PER_SEC) * 1000;
+	int rc = pthread_cond_timedwait(cv, m, &ts);
+	if (rc != 0 && rc != ETIMEDOUT)
+		abort();
+	return rc == 0;
+}
+
+static gint64 mono_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (gint64)ts.tv_sec * G_USEC_PER_SEC + ts.tv_nsec / 1000;
+}
+
+SHIM gboolean g_cond_wait_until(GCond *c, GMutex *m, gint64 end_time)
+{
+	pthread_cond_t *cv = cond_impl(c);
+	return wait_until_mono(cv, mutex_impl(m), end_time);
+}
+
+/* Deprecated, but GLib's copy would hand our mutex to its futex condition. */
+SHIM gboolean g_cond_timed_wait(GCond *c, GMutex *m, GTimeVal *abs_time)
+{
+	if (abs_time == NULL) {
+		g_cond_wait(c, m);
+		return TRUE;
+	}
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	gint64 left = ((gint64)abs_time->tv_sec - now.tv_sec) * G_USEC_PER_SEC +
+		      ((gint64)abs_time->tv_usec - now.tv_nsec / 1000);
+	pthread_cond_t *cv = cond_impl(c);
+	return wait_until_mono(cv, mutex_impl(m), mono_us() + (left > 0 ? left : 0));
+}
+
+SHIM GCond *g_cond_new(void)
+{
+	GCond *c = calloc(1, sizeof *c);
+	if (c == NULL)
+		abort();
+	g_cond_init(c);
+	return c;
+}
+
+SHIM void g_cond_free(GCond *c)
+{
+	g_cond_clear(c);
+	free(c);
+}
+
+/* ---- GThreadPool -------------------------------------------------------- */
+
+/* What callers rely on (libte, the plugins, GTask in gio): tasks run on up
+ * to max_threads threads in the order pushed (or by the sort function);
+ * free(immediate = FALSE, wait = TRUE) returns after every queued task has
+ * run and every thread has left the pool's code; free(wait = FALSE) lets the
+ * threads finish the queue and the last one frees the pool. Threads of a
+ * non-exclusive pool leave after idling for a while, as GLib's do. */
+
+typedef struct shim_item {
+	struct shim_item *next;
+	gpointer data;
+} shim_item;
+
+typedef struct {
+	GThreadPool pub; /* first: GLib's public fields (func, user_data, exclusive) */
+	GDestroyNotify item_free;
+	pthread_mutex_t lock;
+	pthread_cond_t work; /* a task was queued, or the pool is stopping */
+	pthread_cond_t gone; /* a thread left */
+	shim_item *head, *tail;
+	guint queued;
+	gint max_threads; /* -1: no limit */
+	guint threads, idle;
+	gboolean running, detached;
+	GCompareDataFunc sort;
+	gpointer sort_data;
+} shim_pool;
+
+static guint pool_idle_ms = 2000;
+static gint pool_max_unused = 2;
+
+static void pool_destroy(shim_pool *p)
+{
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->work);
+	pthread_cond_destroy(&p->gone);
+	free(p);
+}
+
+static void *pool_thread(void *arg)
+{
+	shim_pool *p = arg;
+	gboolean destroy = FALSE;
+
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		while (p->head == NULL && p->running) {
+			p->idle++;
+			gboolean woke = TRUE;
+			if (p->pub.exclusive) {
+				pthread_cond_wait(&p->work, &p->lock);
+			} else {
+				gint64 end = mono_us() + (gint64)pool_idle_ms * 1000;
+				woke = wait_until_mono(&p->work, &p->lock, end);
+			}
+			p->idle--;
+			if (!woke && p->head == NULL)
+				goto leave;
+		}
+		if (p->head == NULL)
+			break; /* stopping, queue done */
+		if (p->max_threads >= 0 && p->threads > (guint)p->max_threads && !p->pub.exclusive)
+			break; /* the limit was lowered */
+		shim_item *it = p->head;
+		p->head = it->next;
+		if (p->head == NULL)
+			p->tail = NULL;
+		p->queued--;
+		pthread_mutex_unlock(&p->lock);
+		p->pub.func(it->data, p->pub.user_data);
+		free(it);
+		pthread_mutex_lock(&p->lock);
+	}
+leave:
+	p->threads--;
+	if (p->threads == 0 && !p->running && p->detached)
+		destroy = TRUE;
+	pthread_cond_broadcast(&p->gone);
+	pthread_mutex_unlock(&p->lock);
+	if (destroy)
+		pool_destroy(p);
+	return NULL;
+}
+
+/* Called with the lock held. */
+static gboolean pool_spawn(shim_pool *p)
+{
+	pthread_t t;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	int rc = pthread_create(&t, &a, pool_thread, p);
+	pthread_attr_destroy(&a);
+	if (rc != 0)
+		return FALSE;
+	p->threads++;
+	return TRUE;
+}
+
+static void pool_fill(shim_pool *p)
+{
+	while (p->running && p->queued > p->idle &&
+	       (p->max_threads < 0 || p->threads < (guint)p->max_threads))
+		if (!pool_spawn(p))
+			break;
+}
+
+SHIM GThreadPool *g_thread_pool_new_full(GFunc func, gpointer user_data, GDestroyNotify item_free_func,
+					 gint max_threads, gboolean exclusive, GError **error)
+{
+	(void)error;
+	if (func == NULL || max_threads < -1 || (exclusive && max_threads < 0))
+		return NULL;
+	shim_pool *p = calloc(1, sizeof *p);
+	if (p == NULL)
+		abort();
+	p->pub.func = func;
+	p->pub.user_data = user_data;
+	p->pub.exclusive = exclusive;
+	p->item_free = item_free_func;
+	p->max_threads = max_threads;
+	p->running = TRUE;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_condattr_t a;
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(&p->work, &a);
+	pthread_cond_init(&p->gone, &a);
+	pthread_condattr_destroy(&a);
+	if (exclusive) {
+		pthread_mutex_lock(&p->lock);
+		while (p->threads < (guint)max_threads && pool_spawn(p))
+			;
+		pthread_mutex_unlock(&p->lock);
+	}
+	return &p->pub;
+}
+
+SHIM GThreadPool *g_thread_pool_new(GFunc func, gpointer user_data, gint max_threads, gboolean exclusive,
+				    GError **error)
+{
+	return g_thread_pool_new_full(func, user_data, NULL, max_threads, exclusive, error);
+}
+
+SHIM gboolean g_thread_pool_push(GThreadPool *pool, gpointer data, GError **error)
+{
+	shim_pool *p = (shim_pool *)pool;
+	(void)error;
+	shim_item *it = malloc(sizeof *it);
+	if (it == NULL)
+		abort();
+	it->data = data;
+	it->next = NULL;
+	pthread_mutex_lock(&p->lock);
+	if (!p->running) {
+		pthread_mutex_unlock(&p->lock);
+		free(it);
+		return FALSE;
+	}
+	if (p->sort == NULL || p->tail == NULL) {
+		if (p->tail)
+			p->tail->next = it;
+		else
+			p->head = it;
+		p->tail = it;
+	} else {
+		/* After every task that does not sort after it (stable). */
+		shim_item **at = &p->head;
+		while (*at != NULL && p->sort((*at)->data, data, p->sort_data) <= 0)
+			at = &(*at)->next;
+		it->next = *at;
+		*at = it;
+		if (it->next == NULL)
+			p->tail = it;
+	}
+	p->queued++;
+	pthread_cond_signal(&p->work);
+	pool_fill(p);
+	pthread_mutex_unlock(&p->lock);
+	return TRUE;
+}
+
+SHIM void g_thread_pool_free(GThreadPool *pool, gboolean immediate, gboolean wait_)
+{
+	shim_pool *p = (shim_pool *)pool;
+	shim_item *dropped = NULL;
+
+	pthread_mutex_lock(&p->lock);
+	p->running = FALSE;
+	if (immediate) {
+		dropped = p->head;
+		p->head = p->tail = NULL;
+		p->queued = 0;
+	}
+	pthread_cond_broadcast(&p->work);
+	gboolean destroy = FALSE;
+	if (wait_) {
+		while (p->threads > 0)
+			pthread_cond_wait(&p->gone, &p->lock);
+		destroy = TRUE;
+	} else if (p->threads == 0) {
+		destroy = TRUE;
+	} else {
+		p->detached = TRUE;
+	}
+	pthread_mutex_unlock(&p->lock);
+	while (dropped != NULL) {
+		shim_item *next = dropped->next;
+		if (p->item_free)
+			p->item_free(dropped->data);
+		free(dropped);
+		dropped = next;
+	}
+	if (destroy)
+		pool_destroy(p);
+}
+
+SHIM guint g_thread_pool_unprocessed(GThreadPool *pool)
+{
+	shim_pool *p = (shim_pool *)pool;
+	pthread_mutex_lock(&p->lock);
+	guint n = p->queued;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+SHIM void g_thread_pool_set_sort_function(GThreadPool *pool, GCompareDataFunc func, gpointer user_data)
+{
+	shim_pool *p = (shim_pool *)pool;
+	pthread_mutex_lock(&p->lock);
+	p->sort = func;
+	p->sort_data = user_data;
+	if (func != NULL && p->head != NULL) {
+		/* Re-queue what is waiting in the new order (insertion sort). */
+		shim_item *list = p->head, *sorted = NULL;
+		while (list != NULL) {
+			shim_item *it = list, **at = &sorted;
+			list = list->next;
+			while (*at != NULL && func((*at)->data, it->data, user_data) <= 0)
+				at = &(*at)->next;
+			it->next = *at;
+			*at = it;
+		}
+		p->head = sorted;
+		for (p->tail = sorted; p->tail->next != NULL; p->tail = p->tail->next)
+			;
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
+SHIM gboolean g_thread_pool_move_to_front(GThreadPool *pool, gpointer data)
+{
+	shim_pool *p = (shim_pool *)pool;
+	gboolean found = FALSE;
+	pthread_mutex_lock(&p->lock);
+	for (shim_item **at = &p->head, *prev = NULL; *at != NULL; prev = *at, at = &(*at)->next) {
+		if ((*at)->data != data)
+			continue;
+		shim_item *it = *at;
+		*at = it->next;
+		if (p->tail == it)
+			p->tail = prev;
+		it->next = p->head;
+		p->head = it;
+		if (p->tail == NULL)
+			p->tail = it;
+		found = TRUE;
+		break;
+	}
+	pthread_mutex_unlock(&p->lock);
+	return found;
+}
+
+SHIM gboolean g_thread_pool_set_max_threads(GThreadPool *pool, gint max_threads, GError **error)
+{
+	shim_pool *p = (shim_pool *)pool;
+	(void)error;
+	if (max_threads < -1 || (p->pub.exclusive && max_threads < 0))
+		return FALSE;
+	pthread_mutex_lock(&p->lock);
+	p->max_threads = max_threads;
+	if (p->pub.exclusive) {
+		while (p->threads < (guint)max_threads && pool_spawn(p))
+			;
+	}
+	pool_fill(p);
+	pthread_cond_broadcast(&p->work); /* threads over a lowered limit leave */
+	pthread_mutex_unlock(&p->lock);
+	return TRUE;
+}
+
+SHIM gint g_thread_pool_get_max_threads(GThreadPool *pool)
+{
+	shim_pool *p = (shim_pool *)pool;
+	pthread_mutex_lock(&p->lock);
+	gint n = p->max_threads;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+SHIM guint g_thread_pool_get_num_threads(GThreadPool *pool)
+{
+	shim_pool *p = (shim_pool *)pool;
+	pthread_mutex_lock(&p->lock);
+	guint n = p->threads;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+/* Process-wide knobs of GLib's shared idle threads; this pool keeps none
+ * beyond the idle time, so they only remember their value. */
+SHIM void g_thread_pool_set_max_unused_threads(gint max_threads)
+{
+	__atomic_store_n(&pool_max_unused, max_threads, __ATOMIC_RELAXED);
+}
+
+SHIM gint g_thread_pool_get_max_unused_threads(void)
+{
+	return __atomic_load_n(&pool_max_unused, __ATOMIC_RELAXED);
+}
+
+SHIM guint g_thread_pool_get_num_unused_threads(void)
+{
+	return 0;
+}
+
+SHIM void g_thread_pool_stop_unused_threads(void)
+{
+}
+
+SHIM void g_thread_pool_set_max_idle_time(guint interval)
+{
+	__atomic_store_n(&pool_idle_ms, interval ? interval : 2000, __ATOMIC_RELAXED);
+}
+
+SHIM guint g_thread_pool_get_max_idle_time(void)
+{
+	return __atomic_load_n(&pool_idle_ms, __ATOMIC_RELAXED);
+}
+
+/* ---- hand-offs inside GLib, annotated ----------------------------------- */
+
+static void *real_g_once_init_enter, *real_g_once_init_leave, *real_g_atomic_ref_count_dec;
+static void *real_g_source_set_callback, *real_g_source_attach, *real_g_idle_source_new,
+	*real_g_timeout_source_new, *real_g_timeout_source_new_seconds, *real_g_source_set_priority,
+	*real_g_source_unref, *real_g_idle_funcs, *real_g_timeout_funcs;
+
+/* g_once_init_enter's fast path is an atomic load in the caller's
+ * (instrumented) code; the store it reads is made inside GLib. */
+SHIM gboolean(g_once_init_enter)(volatile void *location)
+{
+	gboolean first = REAL(gboolean (*)(volatile void *), g_once_init_enter)(location);
+	if (!first)
+		hb_acquire(location);
+	return first;
+}
+
+SHIM void(g_once_init_leave)(volatile void *location, gsize result)
+{
+	hb_release(location);
+	REAL(void (*)(volatile void *, gsize), g_once_init_leave)(location, result);
+}
+
+/* The thread that drops the last reference frees what the others used. */
+SHIM gboolean(g_atomic_ref_count_dec)(gatomicrefcount *arc)
+{
+	hb_release(arc);
+	gboolean last = REAL(gboolean (*)(gatomicrefcount *), g_atomic_ref_count_dec)(arc);
+	if (last)
+		hb_acquire(arc);
+	return last;
+}
+
+/* An idle or timeout callback runs on the context's thread after the source
+ * was attached (GMainContext's lock, inside GLib). Only these two kinds are
+ * wrapped: their dispatch calls a plain GSourceFunc with the data. */
+typedef struct {
+	GSourceFunc func;
+	gpointer data;
+	GDestroyNotify notify;
+	GSource *source;
+} shim_cb;
+
+static gboolean shim_cb_run(gpointer arg)
+{
+	shim_cb *c = arg;
+	hb_acquire(c);
+	hb_acquire(c->source);
+	return c->func(c->data);
+}
+
+static void shim_cb_free(gpointer arg)
+{
+	shim_cb *c = arg;
+	hb_acquire(c);
+	if (c->notify)
+		c->notify(c->data);
+	free(c);
+}
+
+SHIM void g_source_set_callback(GSource *source, GSourceFunc func, gpointer data, GDestroyNotify notify)
+{
+	typedef void (*set_cb_fn)(GSource *, GSourceFunc, gpointer, GDestroyNotify);
+	if (source != NULL && func != NULL &&
+	    (source->source_funcs == real_cached(&real_g_idle_funcs, "g_idle_funcs") ||
+	     source->source_funcs == real_cached(&real_g_timeout_funcs, "g_timeout_funcs"))) {
+		shim_cb *c = malloc(sizeof *c);
+		if (c == NULL)
+			abort();
+		c->func = func;
+		c->data = data;
+		c->notify = notify;
+		c->source = source;
+		hb_release(c);
+		REAL(set_cb_fn, g_source_set_callback)(source, shim_cb_run, c, shim_cb_free);
+		return;
+	}
+	REAL(set_cb_fn, g_source_set_callback)(source, func, data, notify);
+}
+
+SHIM guint g_source_attach(GSource *source, GMainContext *context)
+{
+	hb_release(source);
+	return REAL(guint (*)(GSource *, GMainContext *), g_source_attach)(source, context);
+}
+
+/* GLib's g_idle_add and g_timeout_add set the callback inside GLib. */
+static guint add_source(GSource *s, gint priority, GSourceFunc func, gpointer data, GDestroyNotify notify)
+{
+	REAL(void (*)(GSource *, gint), g_source_set_priority)(s, priority);
+	g_source_set_callback(s, func, data, notify);
+	guint id = g_source_attach(s, NULL);
+	REAL(void (*)(GSource *), g_source_unref)(s);
+	return id;
+}
+
+SHIM guint g_idle_add_full(gint priority, GSourceFunc func, gpointer data, GDestroyNotify notify)
+{
+	GSource *s = REAL(GSource * (*)(void), g_idle_source_new)();
+	return add_source(s, priority, func, data, notify);
+}
+
+SHIM guint g_idle_add(GSourceFunc func, gpointer data)
+{
+	return g_idle_add_full(G_PRIORITY_DEFAULT_IDLE, func, data, NULL);
+}
+
+SHIM guint g_timeout_add_full(gint priority, guint interval, GSourceFunc func, gpointer data,
+			      GDestroyNotify notify)
+{
+	GSource *s = REAL(GSource * (*)(guint), g_timeout_source_new)(interval);
+	return add_source(s, priority, func, data, notify);
+}
+
+SHIM guint g_timeout_add(guint interval, GSourceFunc func, gpointer data)
+{
+	return g_timeout_add_full(G_PRIORITY_DEFAULT, interval, func, data, NULL);
+}
+
+SHIM guint g_timeout_add_seconds_full(gint priority, guint interval, GSourceFunc func, gpointer data,
+				      GDestroyNotify notify)
+{
+	GSource *s = REAL(GSource * (*)(guint), g_timeout_source_new_seconds)(interval);
+	return add_source(s, priority, func, data, notify);
+}
+
+SHIM guint g_timeout_add_seconds(guint interval, GSourceFunc func, gpointer data)
+{
+	return g_timeout_add_seconds_full(G_PRIORITY_DEFAULT, interval, func, data, NULL);
+}

@@ -224,8 +224,15 @@ typedef struct tcp_resp {
 	uint64_t tot, sent;
 	bool has_status;
 	bool pinned;
+	bool dev;             /* device memory: sent through the connection's stage */
 	te_buffer_pin pin;
 } tcp_resp;
+
+/* Bytes of a server connection's host copies of device memory (one for
+ * replies, one for bodies): a READ of device memory is copied there and sent
+ * on, a WRITE body for device memory arrives there and is copied on, this
+ * much at a time. */
+#define TCP_DEV_STAGE (256u << 10)
 
 enum tcp_sstate { SS_OPEN, SS_FLUSH, SS_LINGER };
 
@@ -241,6 +248,13 @@ struct tcp_sconn {
 	char *body;
 	uint64_t body_len, body_got;
 	te_buffer_pin body_pin;
+	bool body_dev;        /* the body goes to device memory, through `stage` */
+	/* Device memory's bytes pass through here (allocated at the first such
+	 * request): the first TCP_DEV_STAGE bytes hold [stage_off, stage_off +
+	 * stage_len) of the data of reply number stage_resp, the next the piece
+	 * of a WRITE body being received. */
+	char *stage;
+	uint64_t stage_resp, stage_off, stage_len;
 	int64_t linger_deadline;
 	char host[64];        /* the peer's address without the port: its per-peer count */
 	tcp_resp *ring;

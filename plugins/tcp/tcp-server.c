@@ -11,6 +11,10 @@
  * order from a ring, many per sendmsg, READ data straight from the pinned
  * source. Every range is pinned (host->buffer_acquire) while it is in use, so
  * unregistering memory waits for the request instead of freeing under it.
+ *
+ * Device memory (a GPU's) cannot be read or written by the socket calls: its
+ * bytes go through a host buffer of the connection (TCP_DEV_STAGE bytes at a
+ * time) and the host's buffer_copy(), which reaches the device plugin.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -48,7 +52,20 @@ tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name)
 	sc->io.last_progress = tcp_now_ms();
 	g_strlcpy(sc->io.name, name, sizeof sc->io.name);
 	sc->state = SS_OPEN;
+	sc->stage_resp = UINT64_MAX;
 	return sc;
+}
+
+static bool pin_is_device(const te_host *h, const te_buffer_pin *pin)
+{
+	return TE_HAS_OP(h, buffer_is_device) && h->buffer_is_device(h, pin) > 0;
+}
+
+static bool stage_ready(tcp_sconn *sc)
+{
+	if (sc->stage == NULL)
+		sc->stage = g_try_malloc(2 * TCP_DEV_STAGE); /* replies, then bodies */
+	return sc->stage != NULL;
 }
 
 void tcp_sconn_close(tcp_sconn *sc, const char *why)
@@ -69,6 +86,8 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 		r->pinned = false;
 	}
 	sc->snd = sc->head = 0;
+	g_free(sc->stage);
+	sc->stage = NULL;
 	if (sc->io.fd >= 0) {
 		close(sc->io.fd);
 		sc->io.fd = -1;
@@ -82,10 +101,12 @@ static const char *op_name(unsigned op)
 	return op == TE_OP_WRITE ? "WRITE" : op == TE_OP_READ ? "READ" : "?";
 }
 
-static void push(tcp_sconn *sc, bool v2, uint32_t code, char *data, uint64_t len, const te_buffer_pin *pin)
+static void push(tcp_sconn *sc, bool v2, uint32_t code, char *data, uint64_t len, const te_buffer_pin *pin,
+		 bool dev)
 {
 	tcp_resp *r = resp_at(sc, sc->head++);
 
+	r->dev = dev;
 	r->has_status = v2;
 	r->status = tcp_status_frame(code);
 	r->data = data;
@@ -105,7 +126,7 @@ static void finish_body(tcp_sconn *sc)
 	h->buffer_release(h, &sc->body_pin);
 	sc->in_body = false;
 	if (sc->body_v2)
-		push(sc, true, TCP_STATUS_OK, NULL, 0, NULL);
+		push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
 }
 
 /* Parses the complete headers in hbuf while the reply ring has room. */
@@ -145,12 +166,22 @@ static void parse(tcp_sconn *sc)
 			     : addr + size < addr ? "the range wraps around"
 			     : "not inside one remote-accessible registered buffer");
 			if (v2)
-				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL);
+				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL, false);
+			sc->state = SS_FLUSH;
+			break;
+		}
+		bool dev = pin_is_device(h, &pin);
+		if (dev && !stage_ready(sc)) {
+			TLOG(c, TE_LOG_ERROR, "no memory to stage device memory for %s; closing the connection",
+			     sc->io.name);
+			h->buffer_release(h, &pin);
+			if (v2)
+				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL, false);
 			sc->state = SS_FLUSH;
 			break;
 		}
 		if (op == TE_OP_READ) {
-			push(sc, v2, TCP_STATUS_OK, (char *)(uintptr_t)addr, size, &pin);
+			push(sc, v2, TCP_STATUS_OK, (char *)(uintptr_t)addr, size, &pin, dev);
 			sc->bulk = true;
 			continue;
 		}
@@ -159,10 +190,14 @@ static void parse(tcp_sconn *sc)
 		sc->body = (char *)(uintptr_t)addr;
 		sc->body_len = size;
 		sc->body_pin = pin;
+		sc->body_dev = dev;
 		sc->bulk = false;
 		/* Body bytes that came with a bulk header read. */
 		uint64_t take = MIN((uint64_t)(sc->hlen - pos), size);
-		memcpy(sc->body, sc->hbuf + pos, take);
+		if (!dev)
+			memcpy(sc->body, sc->hbuf + pos, take);
+		else if (h->buffer_copy(h, &pin, sc->body, sc->hbuf + pos, take) < 0)
+			sc->state = SS_FLUSH; /* logged by the host; the connection ends */
 		pos += (unsigned)take;
 		sc->body_got = take;
 		if (sc->body_got == sc->body_len)
@@ -189,6 +224,26 @@ static int send_replies(tcp_sconn *sc)
 		if (r->sent < hs) {
 			iov[n++] = (struct iovec){ (char *)&r->status + r->sent, hs - r->sent };
 			total += hs - r->sent;
+		}
+		if (r->len > 0 && r->dev) {
+			/* Device memory: what the stage holds of it, and nothing after
+			 * it in this call (the stage holds one piece at a time). */
+			uint64_t done = r->sent > hs ? r->sent - hs : 0;
+			if (sc->stage_resp != i || done < sc->stage_off ||
+			    done >= sc->stage_off + sc->stage_len) {
+				uint64_t piece = MIN((uint64_t)TCP_DEV_STAGE, r->len - done);
+				if (h->buffer_copy(h, &r->pin, sc->stage, r->data + done, piece) < 0) {
+					tcp_sconn_close(sc, "reading device memory failed");
+					return -1;
+				}
+				sc->stage_resp = i;
+				sc->stage_off = done;
+				sc->stage_len = piece;
+			}
+			uint64_t left = sc->stage_off + sc->stage_len - done;
+			iov[n++] = (struct iovec){ sc->stage + (done - sc->stage_off), left };
+			total += left;
+			break;
 		}
 		if (r->len > 0) {
 			uint64_t done = r->sent > hs ? r->sent - hs : 0;
@@ -241,8 +296,14 @@ static int receive(tcp_sconn *sc)
 
 	if (sc->in_body) {
 		int n = 1;
-		iov[0] = (struct iovec){ sc->body + sc->body_got, sc->body_len - sc->body_got };
-		if (sc->hlen < TCP_HDR_SIZE) /* the next header, in the same call */
+		uint64_t room = sc->body_len - sc->body_got;
+		if (sc->body_dev) /* into the stage, then on to the device */
+			iov[0] = (struct iovec){ sc->stage + TCP_DEV_STAGE, MIN(room, (uint64_t)TCP_DEV_STAGE) };
+		else
+			iov[0] = (struct iovec){ sc->body + sc->body_got, room };
+		/* The next header, in the same call (only once the rest of the
+		 * body fits in this one). */
+		if (sc->hlen < TCP_HDR_SIZE && iov[0].iov_len == room)
 			iov[n++] = (struct iovec){ sc->hbuf + sc->hlen, TCP_HDR_SIZE - sc->hlen };
 		size_t want = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
 		do
@@ -251,7 +312,15 @@ static int receive(tcp_sconn *sc)
 		if (r > 0) {
 			if ((size_t)r < want && !sc->io.hup)
 				sc->io.rd = false; /* drained: the next arrival brings a new edge */
-			uint64_t take = MIN((uint64_t)r, sc->body_len - sc->body_got);
+			uint64_t take = MIN((uint64_t)r, (uint64_t)iov[0].iov_len);
+			if (sc->body_dev && take > 0) {
+				const te_host *h = c->host;
+				if (h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got,
+						   sc->stage + TCP_DEV_STAGE, take) < 0) {
+					tcp_sconn_close(sc, "writing device memory failed");
+					return -1;
+				}
+			}
 			sc->body_got += take;
 			sc->hlen += (unsigned)((uint64_t)r - take);
 			sc->io.last_progress = tcp_now_ms();

@@ -10,47 +10,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "../common/util.h"
-
-#define MiB (1u << 20)
-
-static const size_t sizes[] = { 1, 4095, 4097, MiB + 3, 3 * MiB + 17, 9 * MiB + 1 };
-
-static void *dev_alloc(const char *loc, size_t len)
-{
-	void *p = NULL;
-	REQUIRE(te_device_alloc(loc, len, &p) == 0 && p != NULL);
-	return p;
-}
-
-/* Puts a pattern into device memory, through the plugin. */
-static void dev_fill(void *dev, size_t len, unsigned seed)
-{
-	unsigned char *h = malloc(len);
-	fill_pattern(h, len, seed);
-	CHECK_EQ(te_device_copy(dev, h, len), 0);
-	free(h);
-}
-
-/* Compares device memory with the pattern, through the plugin. */
-static int dev_equals(const void *dev, size_t len, unsigned seed)
-{
-	unsigned char *h = malloc(len), *want = malloc(len);
-	fill_pattern(want, len, seed);
-	int ok = te_device_copy(h, dev, len) == 0 && memcmp(h, want, len) == 0;
-	free(h);
-	free(want);
-	return ok;
-}
-
-static int host_equals(const unsigned char *p, size_t len, unsigned seed)
-{
-	unsigned char *want = malloc(len);
-	fill_pattern(want, len, seed);
-	int ok = memcmp(p, want, len) == 0;
-	free(want);
-	return ok;
-}
+#include "device-util.h"
 
 static void test_alloc_and_locate(void)
 {
@@ -82,6 +42,7 @@ static void test_alloc_and_locate(void)
 /* Local transfers (the engine's own segment) in every direction. */
 static void test_local(void)
 {
+	static const size_t sizes[] = DEV_SIZES;
 	te_engine *e = p2p_engine("tcp");
 	size_t max = 9 * MiB + 1;
 	unsigned char *host = malloc(max);
@@ -124,94 +85,39 @@ static void test_local(void)
 	free(host);
 }
 
-/* Two engines over a network transport: the initiator's device memory
- * against the target's host memory, both directions, many sizes. */
-static void remote_case(const char *transport)
+static void remote_case(const char *transport, bool init_dev, bool target_dev)
 {
-	te_engine *target = p2p_engine(transport), *init = p2p_engine(transport);
-	size_t max = 9 * MiB + 1;
-	unsigned char *tbuf = malloc(max);
-	void *dev = dev_alloc("testdev:1", max);
-
-	REQUIRE(target != NULL && init != NULL);
-	CHECK_EQ(te_register_memory(target, tbuf, max, "*", TE_MEM_REMOTE_ACCESS), 0);
-	CHECK_EQ(te_register_memory(init, dev, max, "*", 0), 0);
-	te_segment_id seg = te_segment_open(init, te_engine_name(target));
-	REQUIRE(seg >= 0);
-	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-		size_t n = sizes[i];
-		te_task_status st;
-		/* device -> remote host */
-		dev_fill(dev, n, 300 + (unsigned)i);
-		memset(tbuf, 0, n);
-		CHECK_EQ(run_one(init, TE_OP_WRITE, seg, dev, (uintptr_t)tbuf, n, &st),
-			 TE_TASK_COMPLETED);
-		CHECK_EQ(st.transferred, n);
-		CHECK(host_equals(tbuf, n, 300 + (unsigned)i));
-		/* remote host -> device */
-		fill_pattern(tbuf, n, 400 + (unsigned)i);
-		dev_fill(dev, n, 1);
-		CHECK_EQ(run_one(init, TE_OP_READ, seg, dev, (uintptr_t)tbuf, n, &st),
-			 TE_TASK_COMPLETED);
-		CHECK_EQ(st.transferred, n);
-		CHECK(dev_equals(dev, n, 400 + (unsigned)i));
-	}
-	/* Many staged tasks in one batch, at an unaligned offset. */
-	{
-		enum { N = 24 };
-		size_t each = 256 * 1024 + 5;
-		te_request r[N];
-		te_batch_id b;
-		dev_fill(dev, N * each + 3, 77);
-		for (int k = 0; k < N; k++)
-			r[k] = (te_request){ TE_OP_WRITE, seg, (char *)dev + 3 + (size_t)k * each,
-					     (uintptr_t)tbuf + (size_t)k * each, each };
-		REQUIRE(te_batch_alloc(init, N, &b) == 0);
-		CHECK_EQ(te_submit(init, b, r, N), 0);
-		CHECK_EQ(te_batch_wait(init, b, 30000), 0);
-		int32_t state = -1;
-		te_batch_status(init, b, NULL, NULL, &state);
-		CHECK_EQ(state, TE_TASK_COMPLETED);
-		te_batch_free(init, b);
-		unsigned char *want = malloc(N * each + 3);
-		fill_pattern(want, N * each + 3, 77);
-		CHECK(memcmp(tbuf, want + 3, N * each) == 0);
-		free(want);
-	}
-	/* The plugin failing mid-way: FAILED, never a crash or a hang. */
-	setenv("TE_TESTDEV_FAIL", "1", 1);
-	te_task_status st;
-	CHECK_EQ(run_one(init, TE_OP_WRITE, seg, dev, (uintptr_t)tbuf, 3 * MiB, &st), TE_TASK_FAILED);
-	CHECK_EQ(run_one(init, TE_OP_READ, seg, dev, (uintptr_t)tbuf, 3 * MiB, &st), TE_TASK_FAILED);
-	unsetenv("TE_TESTDEV_FAIL");
-	CHECK_EQ(run_one(init, TE_OP_READ, seg, dev, (uintptr_t)tbuf, 3 * MiB, &st),
-		 TE_TASK_COMPLETED);
-
-	/* Device memory of the target: a transport that cannot move device
-	 * memory must refuse it rather than touch it. */
-	void *tdev = dev_alloc("testdev:0", 65536);
-	CHECK_EQ(te_register_memory(target, tdev, 65536, "*", TE_MEM_REMOTE_ACCESS), 0);
-	te_segment_refresh(init, seg);
-	unsigned char hostbuf[4096];
-	CHECK_EQ(te_register_memory(init, hostbuf, sizeof hostbuf, "*", 0), 0);
-	CHECK(run_one(init, TE_OP_READ, seg, hostbuf, (uintptr_t)tdev, sizeof hostbuf, &st) !=
-	      TE_TASK_COMPLETED);
-	CHECK(run_one(init, TE_OP_WRITE, seg, hostbuf, (uintptr_t)tdev, sizeof hostbuf, &st) !=
-	      TE_TASK_COMPLETED);
-
-	te_engine_destroy(init);
-	te_engine_destroy(target);
-	free(tbuf);
+	remote_pair(transport, p2p_engine(transport), p2p_engine(transport), init_dev, target_dev);
 }
 
 static void test_tcp(void)
 {
-	remote_case("tcp");
+	remote_case("tcp", true, false);
+	remote_case("tcp", false, true);
+	remote_case("tcp", true, true);
 }
 
+/* The same-host transport copies straight between the two processes'
+ * memory, so it moves the initiator's device memory (the host stages it) but
+ * must never be handed the target's: that is refused, not touched. */
 static void test_shm(void)
 {
-	remote_case("shm");
+	remote_case("shm", true, false);
+
+	te_engine *target = p2p_engine("shm"), *init = p2p_engine("shm");
+	void *tdev = dev_alloc("testdev:0", 65536);
+	unsigned char host[4096];
+	te_task_status st;
+	REQUIRE(target != NULL && init != NULL);
+	CHECK_EQ(te_register_memory(target, tdev, 65536, "*", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(te_register_memory(init, host, sizeof host, "*", 0), 0);
+	te_segment_id seg = te_segment_open(init, te_engine_name(target));
+	REQUIRE(seg >= 0);
+	CHECK(run_one(init, TE_OP_READ, seg, host, (uintptr_t)tdev, sizeof host, &st) != TE_TASK_COMPLETED);
+	CHECK(run_one(init, TE_OP_WRITE, seg, host, (uintptr_t)tdev, sizeof host, &st) != TE_TASK_COMPLETED);
+	te_engine_destroy(init);
+	te_engine_destroy(target);
+	te_device_free(tdev);
 }
 
 int main(void)

@@ -557,7 +557,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	t->tp = sc->sv->tp;
 	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
 	note_transport(b, t->tp);
-	if (t->dev != NULL && !(t->tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY))
+	if (t->dev != NULL && !te_region_direct(lr, t->tp))
 		te_stage_submit(e, t);
 	else
 		queue_remote(e, d, t);

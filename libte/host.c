@@ -195,6 +195,22 @@ static int host_buffer_copy(const te_host *h, const te_buffer_pin *pin, void *ds
 	return te_device_copy_with(d, dst, src, len);
 }
 
+static int host_device_dmabuf(const te_host *h, const void *addr, size_t len, int *fd,
+			      uint64_t *offset)
+{
+	te_device *d;
+	int index;
+	(void)h;
+
+	if (fd == NULL || offset == NULL)
+		return -EINVAL;
+	if (te_device_classify(addr, len, &d, &index) <= 0)
+		return -ENOENT;
+	if (!TE_HAS_OP(d->ops, export_dmabuf))
+		return -ENOTSUP;
+	return d->ops->export_dmabuf(d->ctx, addr, len, fd, offset);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -220,6 +236,7 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.auth_connect = host_auth_connect,
 		.buffer_is_device = host_buffer_is_device,
 		.buffer_copy = host_buffer_copy,
+		.device_dmabuf = host_device_dmabuf,
 		.auth_accept = host_auth_accept,
 	};
 }

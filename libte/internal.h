@@ -112,6 +112,9 @@ typedef struct te_region {
 	unsigned flags;
 	te_device *dev;       /* device memory: its plugin; NULL for host memory */
 	bool hidden;          /* libte's own (staging buffers): not in the descriptor */
+	/* Device memory: the transports that registered it to move it
+	 * themselves (GPUDirect); the others get it staged. NULL: none. */
+	GHashTable *direct;
 	atomic_int pins;
 	bool dying;         /* left out of the descriptor, about to be removed */
 	GHashTable *fields; /* te_transport_inst* → JSON text from mem_register */
@@ -137,6 +140,11 @@ int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
 /* Registers libte's own local-only memory (staging buffers): every transport
  * sees it, the descriptor does not. */
 int te_register_hidden(struct te_engine *e, void *addr, size_t len);
+/* Whether transport `tp` moves the device memory of region `r` itself. */
+static inline bool te_region_direct(const te_region *r, const te_transport_inst *tp)
+{
+	return r->direct != NULL && g_hash_table_contains(r->direct, tp);
+}
 
 /* ------------------------------------------------------------ shmem.c */
 /* The te_mem_alloc() allocation holding [addr, addr+len): its memfd, the

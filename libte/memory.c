@@ -19,6 +19,8 @@ static void region_free(te_region *r)
 		return;
 	if (r->fields)
 		g_hash_table_unref(r->fields);
+	if (r->direct)
+		g_hash_table_unref(r->direct);
 	g_free(r);
 }
 
@@ -199,15 +201,30 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 		.length = r->length,
 		.location = r->location,
 		.flags = r->flags,
+		.device = r->dev != NULL,
 	};
 	(void)e;
 
-	/* Device memory goes only to transports that move it themselves; the
-	 * others never see it (the host stages it for them). */
+	/* Device memory goes only to transports that may move it themselves;
+	 * the others never see it (the host stages it for them). */
 	if (!TE_HAS_OP(tp->ops, mem_register) ||
 	    (r->dev != NULL && !(tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY)))
 		return 0;
 	int rc = tp->ops->mem_register(tp->ctx, &mi, &fields);
+	if (rc == -ENOTSUP && r->dev != NULL) {
+		/* It cannot reach this device memory (no GPUDirect here): staged. */
+		te_info("%s memory at %p+%zu: transport %s cannot reach it directly; staged through "
+			"host memory", r->location, r->addr, r->length, tp->hc.plugin->name);
+		free(fields);
+		return 0;
+	}
+	if (rc == 0 && r->dev != NULL) {
+		if (r->direct == NULL)
+			r->direct = g_hash_table_new(g_direct_hash, g_direct_equal);
+		g_hash_table_add(r->direct, tp);
+		te_info("%s memory at %p+%zu: transport %s moves it directly", r->location, r->addr,
+			r->length, tp->hc.plugin->name);
+	}
 	if (rc < 0) {
 		te_err("transport %s refused to register %p+%zu: %s", tp->hc.plugin->name, r->addr,
 		       r->length, te_strerror(rc));
@@ -224,9 +241,12 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 void te_region_detach(te_engine *e, te_transport_inst *tp, te_region *r)
 {
 	(void)e;
-	if (TE_HAS_OP(tp->ops, mem_unregister))
+	if (TE_HAS_OP(tp->ops, mem_unregister) &&
+	    (r->dev == NULL || te_region_direct(r, tp)))
 		tp->ops->mem_unregister(tp->ctx, r->addr, r->length);
 	g_hash_table_remove(r->fields, tp);
+	if (r->direct != NULL)
+		g_hash_table_remove(r->direct, tp);
 }
 
 static void region_remove_locked(te_memreg *m, te_region *r)

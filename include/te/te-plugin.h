@@ -113,6 +113,11 @@ typedef struct te_mem_info {
 	size_t length;
 	const char *location;   /* resolved: "cpu:N", "cuda:N", ... never "*" */
 	unsigned flags;         /* TE_MEM_* */
+	/* Since ABI 1.2: 1 for device memory (a GPU's). Only transports with
+	 * TE_TRANSPORT_DEVICE_MEMORY see such regions; their mem_register()
+	 * returns -ENOTSUP when they cannot reach this memory themselves, and
+	 * the host then stages it through host memory for them. */
+	unsigned device;
 } te_mem_info;
 
 /* Handles one received RPC frame of a registered type. `body` is the JSON
@@ -199,6 +204,13 @@ struct te_host {
 	 * failed. */
 	int (*buffer_copy)(const te_host *h, const te_buffer_pin *pin, void *dst, const void *src,
 			   size_t len);
+	/* For a device region a TE_TRANSPORT_DEVICE_MEMORY transport registers:
+	 * a dma-buf file descriptor of the device allocation holding
+	 * [addr, addr+len) (the caller closes it) and the range's offset in it,
+	 * for ibv_reg_dmabuf_mr(). -ENOTSUP when the device plugin or its driver
+	 * offers none, -ENOENT when the range is not device memory. */
+	int (*device_dmabuf)(const te_host *h, const void *addr, size_t len, int *fd,
+			     uint64_t *offset);
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -208,9 +220,11 @@ enum te_transport_flags {
 	TE_TRANSPORT_MEMORY = 1u << 0,
 	/* Serves file segments (buffers without addresses). */
 	TE_TRANSPORT_FILES = 1u << 1,
-	/* Moves device memory itself (GPUDirect): the host hands it device
-	 * buffers as they are instead of staging them through host memory, and
-	 * lets it pin device regions for peers' requests. Since ABI 1.2. */
+	/* Moves device memory itself (GPUDirect): mem_register() gets device
+	 * regions too, and for each one it accepts, the host hands it requests
+	 * on that memory as they are instead of staging them through host
+	 * memory; buffer_acquire() pins device memory for it (check
+	 * buffer_is_device()). Since ABI 1.2. */
 	TE_TRANSPORT_DEVICE_MEMORY = 1u << 3,
 	/* Serves peers' requests on device memory by copying through
 	 * host->buffer_copy() (its target side stages; its initiator side is

@@ -136,6 +136,7 @@ typedef struct rd_mr {
 	size_t length;
 	char *location;
 	bool remote;
+	bool device;     /* device memory (GPUDirect): the CPU must not touch it */
 	atomic_int refs; /* the table's, plus one per slice using it */
 	rd_transport *tr;
 	struct ibv_mr *mr[RD_MAX_DEV];

@@ -64,6 +64,12 @@ static struct ibv_mr *iv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, in
 	return ibv_reg_mr(pd, addr, length, access);
 }
 
+static struct ibv_mr *iv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+				       uint64_t iova, int fd, int access)
+{
+	return ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access);
+}
+
 static int iv_dereg_mr(struct ibv_mr *mr)
 {
 	return ibv_dereg_mr(mr);
@@ -153,6 +159,7 @@ static const rv_verbs ibverbs_table = {
 	.alloc_pd = iv_alloc_pd,
 	.dealloc_pd = iv_dealloc_pd,
 	.reg_mr = iv_reg_mr,
+	.reg_dmabuf_mr = iv_reg_dmabuf_mr,
 	.dereg_mr = iv_dereg_mr,
 	.create_comp_channel = iv_create_comp_channel,
 	.destroy_comp_channel = iv_destroy_comp_channel,

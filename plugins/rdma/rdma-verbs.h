@@ -31,6 +31,10 @@ typedef struct rv_verbs {
 	struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
 	int (*dealloc_pd)(struct ibv_pd *pd);
 	struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);
+	/* Device memory through a dma-buf (GPUDirect): `length` bytes at
+	 * `offset` in the dma-buf `fd`, addressed as `iova` in work requests. */
+	struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t length,
+					uint64_t iova, int fd, int access);
 	int (*dereg_mr)(struct ibv_mr *mr);
 
 	/* Completion channels and queues. */

@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -110,7 +112,21 @@ typedef struct soft_pd {
 typedef struct soft_mr {
 	struct ibv_mr mr;
 	int access;
+	/* A dma-buf region: the "NIC" reaches its bytes through this mapping
+	 * of the dma-buf (at `view`, `map_len` bytes from `map`), never through
+	 * the registered addresses, which the CPU may not be able to touch. */
+	void *map;
+	size_t map_len;
+	uint8_t *view;
 } soft_mr;
+
+/* Where the "NIC" reads and writes `addr` of region `mr`. */
+static inline uint8_t *mr_bytes(const soft_mr *mr, uint64_t addr)
+{
+	if (mr->view != NULL)
+		return mr->view + (addr - (uintptr_t)mr->mr.addr);
+	return (uint8_t *)(uintptr_t)addr;
+}
 
 typedef struct soft_channel {
 	struct ibv_comp_channel ch;
@@ -516,7 +532,21 @@ static int sv_dealloc_pd(struct ibv_pd *ibpd)
 	return 0;
 }
 
-static struct ibv_mr *sv_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, int access)
+/* Pinning fails for memory the process cannot read (a GPU's memory without
+ * the vendor's peer-memory module): tried on the first and last byte. */
+static bool pinnable(void *addr, size_t length)
+{
+	uint8_t b;
+	struct iovec here = { &b, 1 };
+	struct iovec ends[2] = { { addr, 1 }, { (uint8_t *)addr + length - 1, 1 } };
+
+	for (int i = 0; i < 2; i++)
+		if (process_vm_readv(getpid(), &here, 1, &ends[i], 1, 0) != 1 && errno == EFAULT)
+			return false;
+	return true;
+}
+
+static struct ibv_mr *mr_new(struct ibv_pd *ibpd, void *addr, size_t length, int access)
 {
 	soft_mr *mr;
 
@@ -545,6 +575,44 @@ static struct ibv_mr *sv_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, 
 	return &mr->mr;
 }
 
+static struct ibv_mr *sv_reg_mr(struct ibv_pd *ibpd, void *addr, size_t length, int access)
+{
+	if (addr != NULL && length > 0 && !pinnable(addr, length)) {
+		errno = EFAULT;
+		return NULL;
+	}
+	return mr_new(ibpd, addr, length, access);
+}
+
+static struct ibv_mr *sv_reg_dmabuf_mr(struct ibv_pd *ibpd, uint64_t offset, size_t length,
+				       uint64_t iova, int fd, int access)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t start = offset & ~(uint64_t)(page - 1);
+	size_t map_len = (size_t)(offset - start) + length;
+
+	if (fd < 0 || length == 0 || iova == 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	/* The device's memory as the NIC sees it: through the dma-buf. */
+	void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+	if (map == MAP_FAILED)
+		return NULL;
+	struct ibv_mr *ibmr = mr_new(ibpd, (void *)(uintptr_t)iova, length, access);
+	if (ibmr == NULL) {
+		int err = errno;
+		munmap(map, map_len);
+		errno = err;
+		return NULL;
+	}
+	soft_mr *mr = (soft_mr *)ibmr;
+	mr->map = map;
+	mr->map_len = map_len;
+	mr->view = (uint8_t *)map + (offset - start);
+	return ibmr;
+}
+
 static int sv_dereg_mr(struct ibv_mr *ibmr)
 {
 	soft_mr *mr = (soft_mr *)ibmr;
@@ -554,6 +622,8 @@ static int sv_dereg_mr(struct ibv_mr *ibmr)
 	g_hash_table_remove(mr_by_key, GUINT_TO_POINTER(ibmr->lkey));
 	g_rw_lock_writer_unlock(&tables);
 	atomic_fetch_sub(&((soft_pd *)ibmr->pd)->users, 1);
+	if (mr->map != NULL)
+		munmap(mr->map, mr->map_len);
 	g_free(mr);
 	return 0;
 }
@@ -1110,13 +1180,14 @@ static enum ibv_wc_status execute(soft_qp *qp, const qp_view *me, soft_wr *w, ui
 		*peer_err = peer;
 		goto out;
 	}
-	uint8_t *remote = (uint8_t *)(uintptr_t)w->remote_addr;
+	uint8_t *remote = mr_bytes(rmr, w->remote_addr);
 	if (w->inline_len > 0) {
 		size_t slot = (size_t)(w - qp->sq);
 		memcpy(remote, qp->inline_buf + slot * qp->max_inline, w->inline_len);
 	} else {
 		for (int i = 0; i < w->num_sge; i++) {
-			void *local = (void *)(uintptr_t)w->sge[i].addr;
+			soft_mr *lmr = g_hash_table_lookup(mr_by_key, GUINT_TO_POINTER(w->sge[i].lkey));
+			void *local = mr_bytes(lmr, w->sge[i].addr);
 			if (is_read)
 				memcpy(local, remote, w->sge[i].length);
 			else
@@ -1237,6 +1308,7 @@ static const rv_verbs soft_table = {
 	.alloc_pd = sv_alloc_pd,
 	.dealloc_pd = sv_dealloc_pd,
 	.reg_mr = sv_reg_mr,
+	.reg_dmabuf_mr = sv_reg_dmabuf_mr,
 	.dereg_mr = sv_dereg_mr,
 	.create_comp_channel = sv_create_comp_channel,
 	.destroy_comp_channel = sv_destroy_comp_channel,

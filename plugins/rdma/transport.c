@@ -534,7 +534,10 @@ static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back,
 				.num_sge = 1,
 				.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
 				.send_flags = IBV_SEND_SIGNALED |
-					      (is_write && s->length <= c->max_inline ? IBV_SEND_INLINE : 0),
+					      /* inline data is copied by the CPU: never device memory */
+					      (is_write && s->length <= c->max_inline && !s->mr->device
+						       ? IBV_SEND_INLINE
+						       : 0),
 			};
 			wr[i].wr.rdma.remote_addr = s->remote_addr;
 			wr[i].wr.rdma.rkey = s->rkey[s->rdev];
@@ -962,6 +965,8 @@ typedef struct reg_job {
 	rd_mr *m;
 	int dev;
 	int access;
+	int dmabuf_fd; /* device memory through a dma-buf, else -1 */
+	uint64_t dmabuf_off;
 	int err;
 } reg_job;
 
@@ -970,9 +975,60 @@ static gpointer reg_one(gpointer data)
 	reg_job *j = data;
 	rd_ctx *c = j->tr->ctx[j->dev];
 
-	j->m->mr[j->dev] = j->tr->verbs->reg_mr(c->pd, j->m->addr, j->m->length, j->access);
+	errno = 0;
+	if (j->dmabuf_fd >= 0)
+		j->m->mr[j->dev] = j->tr->verbs->reg_dmabuf_mr(c->pd, j->dmabuf_off, j->m->length,
+							       (uintptr_t)j->m->addr, j->dmabuf_fd,
+							       j->access);
+	else
+		j->m->mr[j->dev] = j->tr->verbs->reg_mr(c->pd, j->m->addr, j->m->length, j->access);
 	j->err = j->m->mr[j->dev] ? 0 : (errno ? errno : EIO);
 	return NULL;
+}
+
+/* Device memory: with every NIC through a dma-buf (the way GPUDirect RDMA
+ * works on current kernels), else as plain memory (which works where the
+ * GPU vendor's peer-memory module is loaded), else -ENOTSUP: the host then
+ * stages it through host memory. Logged either way. */
+static int reg_device(rd_transport *tr, rd_mr *m, int access, reg_job *jobs)
+{
+	const te_host *h = tr->host;
+	int fd = -1;
+	uint64_t off = 0;
+	int rc = TE_HAS_OP(h, device_dmabuf) ? h->device_dmabuf(h, m->addr, m->length, &fd, &off)
+					     : -ENOTSUP;
+	const char *how = "dma-buf";
+
+	for (int pass = rc == 0 ? 0 : 1; pass < 2; pass++) {
+		int failed = 0;
+		for (int i = 0; i < tr->nctx; i++) {
+			jobs[i] = (reg_job){ tr, m, i, access, pass == 0 ? fd : -1, off, 0 };
+			reg_one(&jobs[i]);
+			failed |= jobs[i].err != 0;
+		}
+		if (!failed) {
+			if (fd >= 0)
+				close(fd);
+			RD_LOG(tr, TE_LOG_INFO, "%s memory at %p+%zu: GPUDirect RDMA (%s)", m->location,
+			       m->addr, m->length, pass == 0 ? how : "peer memory");
+			return 0;
+		}
+		for (int i = 0; i < tr->nctx; i++)
+			if (m->mr[i] != NULL) {
+				tr->verbs->dereg_mr(m->mr[i]);
+				m->mr[i] = NULL;
+			}
+		if (pass == 0)
+			RD_LOG(tr, TE_LOG_INFO, "%s memory at %p: no dma-buf registration: %s",
+			       m->location, m->addr, g_strerror(jobs[0].err ? jobs[0].err : EIO));
+	}
+	if (fd >= 0)
+		close(fd);
+	RD_LOG(tr, TE_LOG_INFO, "%s memory at %p+%zu: no GPUDirect RDMA here (%s); staged through "
+	       "host memory", m->location, m->addr, m->length,
+	       rc == 0 ? "the NICs refused it" : "the device offers no dma-buf, and plain "
+						   "registration failed");
+	return -ENOTSUP;
 }
 
 static char *json_text(JsonNode *root)
@@ -1019,8 +1075,17 @@ static int rd_mem_register(void *ctx, const te_mem_info *mem, char **json)
 	bool parallel = tr->nctx > 1 && (tr->cfg.parallel_reg == 1 ||
 					 (tr->cfg.parallel_reg == -1 && mem->length >= tr->cfg.parallel_reg_min));
 	GThread *th[RD_MAX_DEV] = { 0 };
-	for (int i = 0; i < tr->nctx; i++) {
-		jobs[i] = (reg_job){ tr, m, i, access, 0 };
+	if (mem->size > offsetof(te_mem_info, device) && mem->device) {
+		m->device = true;
+		rc = reg_device(tr, m, access, jobs);
+		if (rc < 0) {
+			mr_free(m);
+			return rc;
+		}
+		parallel = false;
+	}
+	for (int i = 0; !m->device && i < tr->nctx; i++) {
+		jobs[i] = (reg_job){ tr, m, i, access, -1, 0, 0 };
 		if (parallel)
 			th[i] = g_thread_new("te-rdma-reg", reg_one, &jobs[i]);
 		else
@@ -1927,7 +1992,7 @@ int te_rdma_get_stats(const char *engine, te_rdma_stats *out)
 
 static const te_transport_ops rd_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY,
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_MEMORY,
 	.probe = rd_probe,
 	.create = rd_create,
 	.destroy = rd_destroy,

@@ -1,31 +1,79 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Device memory over the RDMA transport, on its software verbs layer (two
- * emulated NICs per engine): the initiator's device memory moves through the
- * host's staging buffers in both directions; the target's device memory is
- * not registered with a transport that cannot reach it, so requests for it
- * fail instead of touching it.
+ * emulated NICs per engine):
+ * - GPUDirect: the test device exports its memory as a dma-buf, the plugin
+ *   registers it with ibv_reg_dmabuf_mr, and the "NICs" move device memory
+ *   to and from device and host memory on both sides without a single copy
+ *   through the CPU (the device plugin's copy count does not move);
+ * - no GPUDirect (no dma-buf, and plain registration fails as it does
+ *   without the vendor's peer-memory module): the initiator's device memory
+ *   is staged through host memory, and the target's cannot be reached, so
+ *   requests for it fail instead of touching it.
  */
+#include <dlfcn.h>
+
 #include "../rdma/rdma-util.h"
 #include "device-util.h"
 
-static void test_staged(void)
+static unsigned long (*testdev_copies)(void);
+
+static te_engine *engine(const char *dev0, const char *dev1)
 {
-	te_engine *b = soft_engine("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}");
-	te_engine *a = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}");
-	REQUIRE(a != NULL && b != NULL);
-	remote_pair("rdma", b, a, true, false);
+	char args[128];
+	if (dev1)
+		snprintf(args, sizeof args, "{\"devices\": [\"%s\", \"%s\"]}", dev0, dev1);
+	else
+		snprintf(args, sizeof args, "{\"devices\": [\"%s\"]}", dev0);
+	te_engine *e = soft_engine("two-socket", args);
+	REQUIRE(e != NULL);
+	return e;
 }
 
-static void test_target_device_refused(void)
+static void test_gpudirect(void)
 {
-	te_engine *b = soft_engine("two-socket", "{\"devices\": [\"mlx5_2\"]}");
-	te_engine *a = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\"]}");
+	cap_start();
+	te_set_log_level(TE_LOG_INFO);
+	remote_pair("rdma, GPUDirect", engine("mlx5_2", "mlx5_3"), engine("mlx5_0", "mlx5_1"), true,
+		    true, false);
+	remote_pair("rdma, GPUDirect", engine("mlx5_2", "mlx5_3"), engine("mlx5_0", "mlx5_1"), true,
+		    false, false);
+	CHECK(cap_has("GPUDirect RDMA (dma-buf)"));
+	te_set_log_level(TE_LOG_WARN);
+
+	/* Device to device: not one byte through the CPU. */
+	te_engine *b = engine("mlx5_2", NULL), *a = engine("mlx5_0", NULL);
+	size_t n = 3 * MiB + 5;
+	void *src = dev_alloc("testdev:1", n), *dst = dev_alloc("testdev:0", n);
+	CHECK_EQ(te_register_memory(b, dst, n, "*", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(te_register_memory(a, src, n, "*", 0), 0);
+	te_segment_id seg = te_segment_open(a, te_engine_name(b));
+	REQUIRE(seg >= 0);
+	dev_fill(src, n, 31);
+	unsigned long before = testdev_copies();
+	te_task_status st;
+	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, src, (uintptr_t)dst, n, &st), TE_TASK_COMPLETED);
+	CHECK_EQ(testdev_copies() - before, 0);
+	CHECK(dev_equals(dst, n, 31));
+	te_engine_destroy(a);
+	te_engine_destroy(b);
+}
+
+static void test_staged(void)
+{
+	setenv("TE_TESTDEV_NO_DMABUF", "1", 1);
+	cap_start();
+	te_set_log_level(TE_LOG_INFO);
+	remote_pair("rdma, staged", engine("mlx5_2", "mlx5_3"), engine("mlx5_0", "mlx5_1"), true,
+		    false, true);
+	CHECK(cap_has("staged through host memory"));
+	te_set_log_level(TE_LOG_WARN);
+
+	/* The target's device memory: not reachable, refused, never touched. */
+	te_engine *b = engine("mlx5_2", NULL), *a = engine("mlx5_0", NULL);
 	void *tdev = dev_alloc("testdev:0", 65536);
 	unsigned char *host = buf_new(4096);
 	te_task_status st;
-
-	REQUIRE(a != NULL && b != NULL);
 	CHECK_EQ(te_register_memory(b, tdev, 65536, "*", TE_MEM_REMOTE_ACCESS), 0);
 	CHECK_EQ(te_register_memory(a, host, 4096, "*", 0), 0);
 	te_segment_id seg = te_segment_open(a, te_engine_name(b));
@@ -34,14 +82,18 @@ static void test_target_device_refused(void)
 	CHECK(run_one(a, TE_OP_WRITE, seg, host, (uintptr_t)tdev, 4096, &st) != TE_TASK_COMPLETED);
 	te_engine_destroy(a);
 	te_engine_destroy(b);
-	te_device_free(tdev);
 	free(host);
+	unsetenv("TE_TESTDEV_NO_DMABUF");
 }
 
 int main(void)
 {
 	find_controls();
+	void *h = dlopen(getenv("TE_TESTDEV_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL); /* libte loaded it */
+	*(void **)&testdev_copies = dlsym(h, "te_testdev_copies");
+	REQUIRE(testdev_copies != NULL);
+	TEST_RUN(test_gpudirect);
 	TEST_RUN(test_staged);
-	TEST_RUN(test_target_device_refused);
 	return check_done();
 }

@@ -87,7 +87,8 @@ static void test_local(void)
 
 static void remote_case(const char *transport, bool init_dev, bool target_dev)
 {
-	remote_pair(transport, p2p_engine(transport), p2p_engine(transport), init_dev, target_dev);
+	remote_pair(transport, p2p_engine(transport), p2p_engine(transport), init_dev, target_dev,
+		    true);
 }
 
 static void test_tcp(void)

@@ -7,11 +7,16 @@
  * that reads or writes device memory directly, instead of through the
  * plugin, crashes the test instead of passing by accident.
  *
- * Two devices, testdev:0 and testdev:1 (the halves of the mapping).
+ * Two devices, testdev:0 and testdev:1 (the halves of the mapping). The
+ * memfd is also the devices' dma-buf: a NIC (the RDMA tests' software verbs
+ * layer) that maps it reaches device memory the way GPUDirect RDMA does.
  * TE_TESTDEV_FAIL=1 in the environment makes every copy fail with -EIO;
- * TE_TESTDEV_OFF=1 makes the plugin idle. Never installed.
+ * TE_TESTDEV_NO_DMABUF=1 makes the export fail (no GPUDirect);
+ * TE_TESTDEV_OFF=1 makes the plugin idle. te_testdev_copies() counts the
+ * copies made. Never installed.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,9 +35,9 @@ typedef struct tdev {
 	const te_host *host;
 	char *dev;  /* PROT_NONE view */
 	char *priv; /* read-write view */
+	int fd;     /* the memfd: the dma-buf */
 	_Atomic size_t next; /* bump allocator per device half */
 	_Atomic size_t next1;
-	atomic_ulong copies;
 } tdev;
 
 static int td_probe(const te_host *h, char *why, size_t why_len)
@@ -59,8 +64,9 @@ static int td_create(const te_host *h, void **out)
 	t->host = h;
 	t->dev = mmap(NULL, SIZE, PROT_NONE, MAP_SHARED, fd, 0);
 	t->priv = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
+	t->fd = fd;
 	if (t->dev == MAP_FAILED || t->priv == MAP_FAILED) {
+		close(fd);
 		free(t);
 		return -ENOMEM;
 	}
@@ -73,6 +79,7 @@ static void td_destroy(void *ctx)
 	tdev *t = ctx;
 	munmap(t->dev, SIZE);
 	munmap(t->priv, SIZE);
+	close(t->fd);
 	free(t);
 }
 
@@ -100,6 +107,14 @@ static void *view(tdev *t, const void *p)
 	return inside(t, p, 1) ? t->priv + ((const char *)p - t->dev) : (void *)p;
 }
 
+static atomic_ulong copies;
+
+__attribute__((visibility("default"))) unsigned long te_testdev_copies(void);
+unsigned long te_testdev_copies(void)
+{
+	return atomic_load(&copies);
+}
+
 static int td_copy(void *ctx, void *dst, const void *src, size_t len)
 {
 	tdev *t = ctx;
@@ -111,7 +126,22 @@ static int td_copy(void *ctx, void *dst, const void *src, size_t len)
 	if ((inside(t, dst, 1) && !inside(t, dst, len)) || (inside(t, src, 1) && !inside(t, src, len)))
 		return -EINVAL;
 	memmove(view(t, dst), view(t, src), len);
-	atomic_fetch_add(&t->copies, 1);
+	atomic_fetch_add(&copies, 1);
+	return 0;
+}
+
+static int td_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset)
+{
+	tdev *t = ctx;
+
+	if (getenv("TE_TESTDEV_NO_DMABUF") != NULL)
+		return -ENOTSUP;
+	if (!inside(t, addr, len))
+		return -EINVAL;
+	*fd = fcntl(t->fd, F_DUPFD_CLOEXEC, 0);
+	if (*fd < 0)
+		return -errno;
+	*offset = (uint64_t)((const char *)addr - t->dev);
 	return 0;
 }
 
@@ -173,6 +203,7 @@ static const te_device_ops ops = {
 	.host_free = td_host_free,
 	.mem_alloc = td_mem_alloc,
 	.mem_free = td_mem_free,
+	.export_dmabuf = td_export_dmabuf,
 	.devices = td_devices,
 };
 

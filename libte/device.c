@@ -203,6 +203,24 @@ int te_device_locate(const void *addr, size_t len, char *buf, size_t size)
 	return 0;
 }
 
+int te_devices_list(te_device_info *out, size_t max, size_t *n)
+{
+	GPtrArray *all = usable();
+	size_t total = 0;
+
+	for (guint i = 0; i < all->len; i++) {
+		te_device *d = g_ptr_array_index(all, i);
+		size_t got = 0;
+		te_device_info *slot = total < max ? out + total : NULL;
+		int rc = d->ops->devices(d->ctx, slot, slot ? max - total : 0, &got);
+		if (rc < 0)
+			continue;
+		total += got;
+	}
+	*n = total;
+	return 0;
+}
+
 int te_device_report(const te_plugin *p, char **text)
 {
 	const te_device_ops *o = p->desc->ops;

@@ -211,6 +211,14 @@ static int host_device_dmabuf(const te_host *h, const void *addr, size_t len, in
 	return d->ops->export_dmabuf(d->ctx, addr, len, fd, offset);
 }
 
+static int host_devices(const te_host *h, te_device_info *out, size_t max, size_t *n)
+{
+	(void)h;
+	if (n == NULL || (out == NULL && max > 0))
+		return -EINVAL;
+	return te_devices_list(out, max, n);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -237,6 +245,7 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.buffer_is_device = host_buffer_is_device,
 		.buffer_copy = host_buffer_copy,
 		.device_dmabuf = host_device_dmabuf,
+		.devices = host_devices,
 		.auth_accept = host_auth_accept,
 	};
 }

@@ -103,6 +103,8 @@ int te_device_classify(const void *addr, size_t len, te_device **dev, int *index
 /* A copy through `d`, logged when it fails. */
 int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len);
 int te_device_report(const te_plugin *p, char **text);
+/* The devices of every usable device plugin (te_host.devices). */
+int te_devices_list(te_device_info *out, size_t max, size_t *n);
 
 /* ------------------------------------------------------------ memory.c */
 typedef struct te_region {

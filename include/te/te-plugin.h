@@ -120,6 +120,16 @@ typedef struct te_mem_info {
 	unsigned device;
 } te_mem_info;
 
+/* One device a device plugin drives, for te-info and topology. */
+typedef struct te_device_info {
+	uint32_t size;        /* sizeof(te_device_info) as the host built it */
+	char location[32];    /* "cuda:0" */
+	char name[96];        /* product name */
+	uint64_t memory;      /* bytes of device memory, 0 when unknown */
+	char pci_bus_id[32];  /* "0000:3b:00.0", "" when unknown */
+	int numa_node;        /* -1 when unknown */
+} te_device_info;
+
 /* Handles one received RPC frame of a registered type. `body` is the JSON
  * (NUL-terminated, `len` bytes), `peer` the remote address as text. Writes a
  * malloc()ed reply; returns 0, or a negative error to close the connection
@@ -211,6 +221,10 @@ struct te_host {
 	 * offers none, -ENOENT when the range is not device memory. */
 	int (*device_dmabuf)(const te_host *h, const void *addr, size_t len, int *fd,
 			     uint64_t *offset);
+	/* The devices of every usable device plugin: up to `max` into `out`
+	 * (each out[i].size set by the caller), `*n` how many there are. For
+	 * topology: where each device sits (PCI bus id, NUMA node). */
+	int (*devices)(const te_host *h, te_device_info *out, size_t max, size_t *n);
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -317,15 +331,6 @@ typedef struct te_metadata_ops {
 
 /* --------------------------------------------------------- device plugins */
 
-/* One device a device plugin drives, for te-info and topology. */
-typedef struct te_device_info {
-	uint32_t size;        /* sizeof(te_device_info) as the host built it */
-	char location[32];    /* "cuda:0" */
-	char name[96];        /* product name */
-	uint64_t memory;      /* bytes of device memory, 0 when unknown */
-	char pci_bus_id[32];  /* "0000:3b:00.0", "" when unknown */
-	int numa_node;        /* -1 when unknown */
-} te_device_info;
 
 typedef void (*te_device_done_fn)(void *arg, int error);
 

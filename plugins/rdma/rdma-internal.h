@@ -84,6 +84,17 @@ void rd_topo_clear(rd_topo *t);
  * GPUs found in sysfs, numbered in PCI order) prefers the nearest NICs by PCI
  * path. Negative and a message in `err` on failure. */
 int rd_topo_discover(const char *root, char *const *names, int n, rd_topo *out, GString *err);
+/* A device a device plugin reports: its location ("cuda:0"), PCI bus id
+ * ("" unknown) and NUMA node (-1 unknown). */
+typedef struct rd_devloc {
+	char location[32];
+	char pci[32];
+	int numa;
+} rd_devloc;
+/* As rd_topo_discover, with the device plugins' devices placed by what they
+ * report (before the NVIDIA GPUs sysfs shows, for locations not reported). */
+int rd_topo_discover_devices(const char *root, char *const *names, int n, const rd_devloc *devs,
+			     int ndev, rd_topo *out, GString *err);
 /* A user matrix {"cpu:0": [["a"], ["b"]], ...}: its NICs become the device
  * set (each must be in `known`, n_known of them; NULL known = trust). */
 int rd_topo_from_matrix(const char *root, JsonObject *matrix, char *const *known, int n_known,

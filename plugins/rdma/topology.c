@@ -247,7 +247,50 @@ static void topo_take_locs(rd_topo *t, GArray *locs)
 	t->locs = (rd_loc *)g_array_free(locs, FALSE);
 }
 
+/* Location `label` (a GPU at sysfs PCI path `path`, or NULL, on NUMA node
+ * `numa`): the NICs nearest it on the PCI tree first; with no NIC under its
+ * root complex (or no known path), the NICs of its NUMA node. */
+static void add_device_loc(rd_topo *out, GArray *locs, const char *label, const char *path, int numa)
+{
+	int n = out->nhca, dist[RD_MAX_DEV], best = INT_MAX;
+	bool any_root = false;
+
+	for (int i = 0; i < n; i++) {
+		bool same = false;
+		dist[i] = path && out->hcas[i].pci_path ? pci_distance(path, out->hcas[i].pci_path, &same)
+							: INT_MAX;
+		if (!same)
+			dist[i] = INT_MAX;
+		else
+			any_root = true;
+		if (dist[i] < best)
+			best = dist[i];
+	}
+	rd_loc *l = locs_add(locs, label);
+	for (int i = 0; i < n; i++) {
+		bool pref = any_root ? dist[i] == best : (numa >= 0 && out->hcas[i].numa == numa);
+		if (pref)
+			l->pref[l->npref++] = i;
+		else
+			l->avail[l->navail++] = i;
+	}
+}
+
+static bool has_loc(GArray *locs, const char *label)
+{
+	for (guint i = 0; i < locs->len; i++)
+		if (strcmp(g_array_index(locs, rd_loc, i).name, label) == 0)
+			return true;
+	return false;
+}
+
 int rd_topo_discover(const char *root, char *const *names, int n, rd_topo *out, GString *err)
+{
+	return rd_topo_discover_devices(root, names, n, NULL, 0, out, err);
+}
+
+int rd_topo_discover_devices(const char *root, char *const *names, int n, const rd_devloc *devs,
+			     int ndev, rd_topo *out, GString *err)
 {
 	GArray *locs, *nodes, *gs;
 	char label[32];
@@ -284,34 +327,29 @@ int rd_topo_discover(const char *root, char *const *names, int n, rd_topo *out, 
 	}
 	g_array_unref(nodes);
 
+	/* The devices the device plugins report, where they say where they
+	 * are; then NVIDIA GPUs found in sysfs as cuda:N in PCI order, for the
+	 * numbers no plugin reported. */
+	for (int k = 0; k < ndev; k++) {
+		char path[PATH_MAX], real[PATH_MAX], lower[32];
+		const char *p = NULL;
+		if (has_loc(locs, devs[k].location))
+			continue;
+		if (devs[k].pci[0] != '\0') {
+			g_strlcpy(lower, devs[k].pci, sizeof lower);
+			for (char *c = lower; *c; c++)
+				*c = g_ascii_tolower(*c);
+			snprintf(path, sizeof path, "%s/sys/bus/pci/devices/%s", root, lower);
+			p = realpath(path, real);
+		}
+		add_device_loc(out, locs, devs[k].location, p, devs[k].numa);
+	}
 	gs = gpus(root);
 	for (guint k = 0; k < gs->len; k++) {
 		gpu *g = &g_array_index(gs, gpu, k);
-		int dist[RD_MAX_DEV], best = INT_MAX;
-		bool any_root = false;
-		for (int i = 0; i < n; i++) {
-			bool same = false;
-			dist[i] = out->hcas[i].pci_path ? pci_distance(g->path, out->hcas[i].pci_path, &same)
-							: INT_MAX;
-			if (!same)
-				dist[i] = INT_MAX;
-			else
-				any_root = true;
-			if (dist[i] < best)
-				best = dist[i];
-		}
 		snprintf(label, sizeof label, "cuda:%u", k);
-		rd_loc *l = locs_add(locs, label);
-		for (int i = 0; i < n; i++) {
-			/* Nearest on the PCI tree; with no NIC under the GPU's root,
-			 * the NICs of its NUMA node. */
-			bool pref = any_root ? dist[i] == best
-					     : (g->numa >= 0 && out->hcas[i].numa == g->numa);
-			if (pref)
-				l->pref[l->npref++] = i;
-			else
-				l->avail[l->navail++] = i;
-		}
+		if (!has_loc(locs, label))
+			add_device_loc(out, locs, label, g->path, g->numa);
 		g_free(g->path);
 	}
 	g_array_unref(gs);

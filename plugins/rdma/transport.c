@@ -1659,6 +1659,31 @@ static void tr_free(rd_transport *tr)
 	g_free(tr);
 }
 
+/* The topology, with the devices the device plugins report placed where
+ * they say they are. */
+static int discover(const te_host *h, const char *root, GPtrArray *names, rd_topo *topo,
+		    GString *err)
+{
+	te_device_info info[RD_MAX_DEV * 2];
+	rd_devloc devs[RD_MAX_DEV * 2];
+	size_t n = 0;
+
+	if (TE_HAS_OP(h, devices)) {
+		for (size_t i = 0; i < G_N_ELEMENTS(info); i++)
+			info[i] = (te_device_info){ .size = sizeof info[i], .numa_node = -1 };
+		if (h->devices(h, info, G_N_ELEMENTS(info), &n) < 0)
+			n = 0;
+		n = MIN(n, G_N_ELEMENTS(info));
+		for (size_t i = 0; i < n; i++) {
+			g_strlcpy(devs[i].location, info[i].location, sizeof devs[i].location);
+			g_strlcpy(devs[i].pci, info[i].pci_bus_id, sizeof devs[i].pci);
+			devs[i].numa = info[i].numa_node;
+		}
+	}
+	return rd_topo_discover_devices(root, (char *const *)names->pdata, (int)names->len, devs,
+					(int)n, topo, err);
+}
+
 static int rd_create(const te_host *h, const char *json_args, void **out)
 {
 	rd_transport *tr = g_new0(rd_transport, 1);
@@ -1699,8 +1724,7 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 		rc = rd_topo_from_matrix(tr->sysfs_root, a.matrix, (char *const *)names->pdata,
 					 (int)names->len, &tr->topo, err);
 	else
-		rc = rd_topo_discover(tr->sysfs_root, (char *const *)names->pdata, (int)names->len,
-				      &tr->topo, err);
+		rc = discover(h, tr->sysfs_root, names, &tr->topo, err);
 	if (rc < 0) {
 		h->log(h, TE_LOG_ERROR, "RDMA transport not installed: %s", err->str);
 		goto fail;
@@ -1877,7 +1901,7 @@ static int rd_report(const te_host *h, char **text)
 		g_string_append_printf(out, "  %s\n", err->str);
 		goto done;
 	}
-	if (rd_topo_discover(root, (char *const *)names->pdata, (int)names->len, &topo, err) < 0) {
+	if (discover(h, root, names, &topo, err) < 0) {
 		g_string_append_printf(out, "  topology: %s\n", err->str);
 		goto done;
 	}

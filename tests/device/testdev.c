@@ -178,8 +178,11 @@ static void td_host_free(void *ctx, void *ptr)
 	free(ptr);
 }
 
+/* TE_TESTDEV_PCI=<bus id>,<bus id> places the two devices on the PCI tree
+ * (the RDMA tests' sysfs fixtures). */
 static int td_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 {
+	const char *pci = getenv("TE_TESTDEV_PCI");
 	(void)ctx;
 	*n = 2;
 	for (size_t i = 0; i < 2 && i < max; i++) {
@@ -187,6 +190,15 @@ static int td_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 		snprintf(out[i].name, sizeof out[i].name, "libte test device (no CPU access)");
 		out[i].memory = SIZE / 2;
 		out[i].numa_node = -1;
+		out[i].pci_bus_id[0] = '\0';
+		if (pci != NULL) {
+			size_t len = strcspn(pci, ",");
+			if (len < sizeof out[i].pci_bus_id) {
+				memcpy(out[i].pci_bus_id, pci, len);
+				out[i].pci_bus_id[len] = '\0';
+			}
+			pci = pci[len] ? pci + len + 1 : pci + len;
+		}
 	}
 	return 0;
 }

@@ -90,6 +90,36 @@ static void test_discover_two_socket(void)
 	g_string_free(err, TRUE);
 }
 
+/* Devices that device plugins report are placed where they say they are
+ * (PCI bus id, else NUMA node), and take precedence over the sysfs guess. */
+static void test_discover_reported_devices(void)
+{
+	char *names[] = { "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3" };
+	rd_devloc devs[] = {
+		{ "testdev:0", "0000:87:00.0", -1 }, /* behind mlx5_3's switch */
+		{ "testdev:1", "0000:03:00.0", 0 },  /* behind mlx5_0's */
+		{ "cuda:0", "0000:07:00.0", 0 },     /* sysfs order would say 03:00.0 */
+		{ "testdev:2", "", 1 },              /* no PCI id: its NUMA node */
+		{ "testdev:3", "0000:ff:00.0", -1 }, /* nowhere known: no preference */
+	};
+	GString *err = g_string_new(NULL);
+	rd_topo t;
+
+	REQUIRE(rd_topo_discover_devices(fx("two-socket"), names, 4, devs, 5, &t, err) == 0);
+	char *m = matrix_text(&t);
+	CHECK(strstr(m, "\"testdev:0\":[[\"mlx5_3\"],") != NULL);
+	CHECK(strstr(m, "\"testdev:1\":[[\"mlx5_0\"],") != NULL);
+	CHECK(strstr(m, "\"cuda:0\":[[\"mlx5_1\"],") != NULL);
+	CHECK(strstr(m, "\"cuda:1\":[[\"mlx5_1\"],") != NULL); /* the rest still from sysfs */
+	CHECK(strstr(m, "\"testdev:2\":[[\"mlx5_2\",\"mlx5_3\"],") != NULL);
+	CHECK(strstr(m, "\"testdev:3\":[[],") != NULL);
+	if (strstr(m, "\"cuda:0\":[[\"mlx5_1\"],") == NULL)
+		fprintf(stderr, "  got %s\n", m);
+	g_free(m);
+	rd_topo_clear(&t);
+	g_string_free(err, TRUE);
+}
+
 static void test_discover_single(void)
 {
 	char *ib[] = { "ibp59s0" };
@@ -359,6 +389,7 @@ static void test_strerror(void)
 int main(void)
 {
 	TEST_RUN(test_discover_two_socket);
+	TEST_RUN(test_discover_reported_devices);
 	TEST_RUN(test_discover_single);
 	TEST_RUN(test_user_matrix);
 	TEST_RUN(test_gid_and_paths);

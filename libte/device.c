@@ -92,19 +92,25 @@ int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len)
 	return rc;
 }
 
+/* The plugin of "prefix:N" (or of "prefix" alone when index is NULL). */
 static te_device *by_prefix(const char *location, int *index)
 {
 	const char *colon = location ? strchr(location, ':') : NULL;
-	uint64_t n;
+	uint64_t n = 0;
 	GPtrArray *all = usable();
 
-	if (colon == NULL || !te_parse_u64(colon + 1, &n) || n > INT32_MAX)
+	if (location == NULL)
+		return NULL;
+	if (colon == NULL && index == NULL)
+		colon = location + strlen(location);
+	else if (colon == NULL || !te_parse_u64(colon + 1, &n) || n > INT32_MAX)
 		return NULL;
 	for (guint i = 0; i < all->len; i++) {
 		te_device *d = g_ptr_array_index(all, i);
 		if (strlen(d->ops->prefix) == (size_t)(colon - location) &&
 		    strncmp(d->ops->prefix, location, (size_t)(colon - location)) == 0) {
-			*index = (int)n;
+			if (index != NULL)
+				*index = (int)n;
 			return d;
 		}
 	}
@@ -185,6 +191,28 @@ int te_device_copy(void *dst, const void *src, size_t len)
 		return 0;
 	}
 	return te_device_copy_with(d, dst, src, len);
+}
+
+int te_device_stream_wait(const char *location, void *stream)
+{
+	int index;
+	te_device *d = location && strchr(location, ':') ? by_prefix(location, &index)
+							  : by_prefix(location, NULL);
+
+	if (d == NULL) {
+		te_err("te_device_stream_wait: no usable device plugin serves '%s'",
+		       location ? location : "(null)");
+		return location ? -ENODEV : -EINVAL;
+	}
+	if (!TE_HAS_OP(d->ops, stream_wait)) {
+		te_err("te_device_stream_wait: device plugin %s has no streams", d->hc.plugin->name);
+		return -ENOTSUP;
+	}
+	int rc = d->ops->stream_wait(d->ctx, stream);
+	if (rc < 0)
+		te_log(TE_LOG_ERROR, d->hc.plugin->name, "waiting for stream %p failed: %s", stream,
+		       te_strerror(rc));
+	return rc;
 }
 
 int te_device_locate(const void *addr, size_t len, char *buf, size_t size)

@@ -53,6 +53,7 @@ typedef struct driver {
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*MemFree)(CUdeviceptr);
 	CUresult (*GetErrorString)(CUresult, const char **);
+	CUresult (*StreamSynchronize)(void *);
 	/* Optional (CUDA 11.7 and later drivers). */
 	CUresult (*MemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 } driver;
@@ -107,6 +108,7 @@ static int open_driver(driver *d, char *why, size_t why_len)
 	SYM(MemAlloc, "cuMemAlloc_v2", 1);
 	SYM(MemFree, "cuMemFree_v2", 1);
 	SYM(GetErrorString, "cuGetErrorString", 0);
+	SYM(StreamSynchronize, "cuStreamSynchronize", 1);
 	SYM(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 0);
 #undef SYM
 	CUresult r = d->Init(0);
@@ -298,6 +300,19 @@ static int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, ui
 	return 0;
 }
 
+static int cu_stream_wait(void *ctx, void *stream)
+{
+	cuda_ctx *c = ctx;
+
+	make_current(c, 0);
+	CUresult r = c->drv.StreamSynchronize(stream);
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "cuStreamSynchronize: %s", errstr(&c->drv, r));
+		return -EIO;
+	}
+	return 0;
+}
+
 static int numa_of(const char *bus_id)
 {
 	char path[128], lower[32];
@@ -357,6 +372,7 @@ static const te_device_ops ops = {
 	.mem_free = cu_mem_free,
 	.export_dmabuf = cu_export_dmabuf,
 	.devices = cu_devices,
+	.stream_wait = cu_stream_wait,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "cuda", "1.0", "NVIDIA GPU memory through the CUDA driver API",

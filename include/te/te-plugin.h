@@ -372,6 +372,9 @@ typedef struct te_device_ops {
 	/* Required. Up to `max` devices into `out` (each `out[i].size` set by the
 	 * caller); `*n` the number of devices there are. */
 	int (*devices)(void *ctx, te_device_info *out, size_t max, size_t *n);
+	/* Optional. Waits until the work queued on the runtime's stream (a
+	 * CUDA stream: CUstream) before this call has finished. */
+	int (*stream_wait)(void *ctx, void *stream);
 } te_device_ops;
 
 /* ------------------------------------------------------------- descriptor */

@@ -406,6 +406,11 @@ TE_API int te_device_copy(void *dst, const void *src, size_t len);
 /* The device location of [addr, addr+len) ("cuda:3") into `buf`, or -ENOENT
  * when it is not device memory of any usable device plugin. */
 TE_API int te_device_locate(const void *addr, size_t len, char *buf, size_t size);
+/* Waits until the work queued on `stream` (a stream of the device runtime
+ * of `location`: "cuda" or "cuda:0" for a CUstream) before this call has
+ * finished, so that a transfer submitted next sees its results. -ENOTSUP
+ * when that device plugin has no streams. */
+TE_API int te_device_stream_wait(const char *location, void *stream);
 
 #ifdef __cplusplus
 }

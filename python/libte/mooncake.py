@@ -696,20 +696,54 @@ class TransferEngine:
             return []
 
     # ------------------------------------------------- GPU-stream transfers
+    #
+    # Mooncake queues these on the CUDA stream (a host callback submits the
+    # transfer once earlier work on the stream is done, and later work waits
+    # for it). Here the call waits for the stream's earlier work, moves the
+    # data, and returns once it is there: the same order for the stream's
+    # work before and after, with the calling thread waiting meanwhile.
 
-    def _needs_cuda(self, what: str):
-        raise libte.NotSupportedError(
-            f"{what}(): transfers ordered on a CUDA stream need GPU memory support, which this "
-            "libte build does not have (SUPPORT_CUDA is False)")
+    def _stream_wait(self, what: str, buffers: Sequence[int], stream_ptr: int) -> bool:
+        # The stream belongs to the runtime of the device whose memory is
+        # moved; a host buffer (pinned memory) means CUDA's.
+        loc = None
+        for b in buffers:
+            loc = libte.device_locate(b)
+            if loc is not None:
+                break
+        try:
+            libte.device_stream_wait(loc.split(":")[0] if loc else "cuda", stream_ptr)
+            return True
+        except libte.Error as err:
+            _log.error("%s(): %s", what, err)
+            return False
 
-    def transfer_write_on_cuda(self, *args, **kwargs):
-        self._needs_cuda("transfer_write_on_cuda")
+    def transfer_write_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                               length: int, stream_ptr: int) -> int:
+        """Writes once the work queued on the CUDA stream is done. 0 or -1."""
+        if not self._stream_wait("transfer_write_on_cuda", [buffer], stream_ptr):
+            return -1
+        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Write)
 
-    def transfer_read_on_cuda(self, *args, **kwargs):
-        self._needs_cuda("transfer_read_on_cuda")
+    def transfer_read_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                              length: int, stream_ptr: int) -> int:
+        """Reads once the work queued on the CUDA stream is done. 0 or -1."""
+        if not self._stream_wait("transfer_read_on_cuda", [buffer], stream_ptr):
+            return -1
+        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Read)
 
-    def batch_transfer_write_on_cuda(self, *args, **kwargs):
-        self._needs_cuda("batch_transfer_write_on_cuda")
+    def batch_transfer_write_on_cuda(self, target_hostname: str, buffers: Sequence[int],
+                                     peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                     stream_ptr: int) -> int:
+        if not self._stream_wait("batch_transfer_write_on_cuda", buffers, stream_ptr):
+            return -1
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                        Write)
 
-    def batch_transfer_read_on_cuda(self, *args, **kwargs):
-        self._needs_cuda("batch_transfer_read_on_cuda")
+    def batch_transfer_read_on_cuda(self, target_hostname: str, buffers: Sequence[int],
+                                    peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                                    stream_ptr: int) -> int:
+        if not self._stream_wait("batch_transfer_read_on_cuda", buffers, stream_ptr):
+            return -1
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                        Read)

@@ -333,6 +333,115 @@ static PyObject *mod_plugin_report(PyObject *m, PyObject *arg)
 	return r;
 }
 
+/* ------------------------------------------------------- device memory */
+
+static PyObject *mod_device_alloc(PyObject *m, PyObject *args)
+{
+	(void)m;
+	const char *loc;
+	Py_ssize_t size;
+	void *p = NULL;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "sn:device_alloc", &loc, &size))
+		return NULL;
+	if (size <= 0)
+		return pyte_raise_msg(-EINVAL, "device_alloc('%s', %zd): the size must be positive", loc, size);
+	te_last_error_clear();
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_device_alloc(loc, (size_t)size, &p);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return pyte_raise_msg(rc, "device_alloc('%s', %zd): %s", loc, size, te_strerror(rc));
+	return PyLong_FromVoidPtr(p);
+}
+
+static PyObject *mod_device_free(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	void *p = PyLong_AsVoidPtr(arg);
+	int rc;
+
+	if (p == NULL && PyErr_Occurred())
+		return NULL;
+	te_last_error_clear();
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_device_free(p);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return pyte_raise_msg(rc, "device_free(%p): %s", p, te_strerror(rc));
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_device_copy(PyObject *m, PyObject *args)
+{
+	(void)m;
+	PyObject *dst_o, *src_o;
+	Py_ssize_t size;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "OOn:device_copy", &dst_o, &src_o, &size))
+		return NULL;
+	void *dst = PyLong_AsVoidPtr(dst_o), *src = PyLong_AsVoidPtr(src_o);
+	if (PyErr_Occurred())
+		return NULL;
+	if (size < 0)
+		return pyte_raise_msg(-EINVAL, "device_copy: negative size %zd", size);
+	te_last_error_clear();
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_device_copy(dst, src, (size_t)size);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return pyte_raise_msg(rc, "device_copy(%p <- %p, %zd): %s", dst, src, size, te_strerror(rc));
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_device_locate(PyObject *m, PyObject *args)
+{
+	(void)m;
+	PyObject *addr_o;
+	Py_ssize_t size = 1;
+	char loc[64];
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "O|n:device_locate", &addr_o, &size))
+		return NULL;
+	void *p = PyLong_AsVoidPtr(addr_o);
+	if (PyErr_Occurred())
+		return NULL;
+	if (size <= 0)
+		return pyte_raise_msg(-EINVAL, "device_locate: the size must be positive");
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_device_locate(p, (size_t)size, loc, sizeof loc);
+	Py_END_ALLOW_THREADS
+	if (rc == -ENOENT)
+		Py_RETURN_NONE;
+	if (rc < 0)
+		return pyte_raise_msg(rc, "device_locate(%p): %s", p, te_strerror(rc));
+	return PyUnicode_FromString(loc);
+}
+
+static PyObject *mod_device_stream_wait(PyObject *m, PyObject *args)
+{
+	(void)m;
+	const char *loc;
+	PyObject *stream_o;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "sO:device_stream_wait", &loc, &stream_o))
+		return NULL;
+	void *stream = PyLong_AsVoidPtr(stream_o);
+	if (PyErr_Occurred())
+		return NULL;
+	te_last_error_clear();
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_device_stream_wait(loc, stream);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return pyte_raise_msg(rc, "device_stream_wait('%s'): %s", loc, te_strerror(rc));
+	Py_RETURN_NONE;
+}
+
 static PyObject *mod_segment_key(PyObject *m, PyObject *arg)
 {
 	(void)m;
@@ -549,6 +658,20 @@ static PyMethodDef mod_methods[] = {
 	  "or why it cannot work here." },
 	{ "segment_key", mod_segment_key, METH_O,
 	  "segment_key(name)\n--\n\nThe metadata key of a segment's descriptor (\"mooncake/ram/<name>\")." },
+	{ "device_alloc", mod_device_alloc, METH_VARARGS,
+	  "device_alloc(location, size)\n--\n\nAllocates device memory (\"cuda:0\") through the device plugin\n"
+	  "serving it; returns its address (an int). The CPU cannot touch it: use device_copy()." },
+	{ "device_free", mod_device_free, METH_O,
+	  "device_free(address)\n--\n\nFrees memory from device_alloc()." },
+	{ "device_copy", mod_device_copy, METH_VARARGS,
+	  "device_copy(dst, src, size)\n--\n\nCopies size bytes between addresses (ints), either of them\n"
+	  "device memory of a device plugin." },
+	{ "device_locate", mod_device_locate, METH_VARARGS,
+	  "device_locate(address, size=1)\n--\n\nThe device (\"cuda:3\") whose memory holds the range, or None\n"
+	  "for host memory." },
+	{ "device_stream_wait", mod_device_stream_wait, METH_VARARGS,
+	  "device_stream_wait(location, stream)\n--\n\nWaits until the work queued on a device stream (an int:\n"
+	  "torch.cuda.Stream().cuda_stream) of the device runtime of `location` has finished." },
 	{ "buffer_address", mod_buffer_address, METH_O,
 	  "buffer_address(obj)\n--\n\nThe address of the first byte of an object with the buffer protocol." },
 	{ NULL, NULL, 0, NULL },

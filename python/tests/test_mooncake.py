@@ -177,10 +177,11 @@ def test_bad_input_never_crashes(prefill_decode):
     assert p.send_probe(target) == 0 and p.send_probe("127.0.0.1:1") == -1
     assert p.warmup_efa_segment(target) == 0
     assert json.loads(p.get_local_topology()) == {}
-    for m in ("transfer_write_on_cuda", "transfer_read_on_cuda", "batch_transfer_write_on_cuda",
-              "batch_transfer_read_on_cuda"):
-        with pytest.raises(libte.NotSupportedError, match="GPU"):
-            getattr(p, m)(target, src, remote, 10)
+    # host memory, and no CUDA device here: the stream cannot be waited for
+    assert p.transfer_write_on_cuda(target, src, remote, 10, 0) == -1
+    assert p.batch_transfer_read_on_cuda(target, [src], [remote], [10], 0) == -1
+    with pytest.raises(TypeError):
+        p.transfer_read_on_cuda(target, src, remote, 10)  # the stream is required
     with pytest.raises(libte.NotSupportedError):
         p.get_engine_ptr()
     # the peer is still fine after all that

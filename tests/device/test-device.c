@@ -31,6 +31,10 @@ static void test_alloc_and_locate(void)
 	CHECK_EQ(te_device_alloc(NULL, 64, &p), -EINVAL);
 	CHECK_EQ(te_device_free(host), -EINVAL);
 	CHECK_EQ(te_device_copy(NULL, host, 1), -EINVAL);
+	CHECK_EQ(te_device_stream_wait("testdev", (void *)1), 0);
+	CHECK_EQ(te_device_stream_wait("testdev:1", (void *)1), 0);
+	CHECK_EQ(te_device_stream_wait("nosuchdev", (void *)1), -ENODEV);
+	CHECK_EQ(te_device_stream_wait(NULL, (void *)1), -EINVAL);
 	/* Device to device and back, through the plugin only. */
 	dev_fill(d0, 8192, 7);
 	CHECK_EQ(te_device_copy(d1, d0, 8192), 0);

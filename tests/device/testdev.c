@@ -145,6 +145,23 @@ static int td_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, ui
 	return 0;
 }
 
+/* Streams: any pointer names one; waiting counts (te_testdev_waits). */
+static atomic_ulong waits;
+
+__attribute__((visibility("default"))) unsigned long te_testdev_waits(void);
+unsigned long te_testdev_waits(void)
+{
+	return atomic_load(&waits);
+}
+
+static int td_stream_wait(void *ctx, void *stream)
+{
+	(void)ctx;
+	(void)stream;
+	atomic_fetch_add(&waits, 1);
+	return 0;
+}
+
 static int td_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 {
 	tdev *t = ctx;
@@ -217,6 +234,7 @@ static const te_device_ops ops = {
 	.mem_free = td_mem_free,
 	.export_dmabuf = td_export_dmabuf,
 	.devices = td_devices,
+	.stream_wait = td_stream_wait,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "testdev", "1.0", "device memory the CPU cannot touch (tests)",

@@ -280,7 +280,7 @@ typedef struct te_task {
 	/* Device memory on a side: local copies go through its plugin; a
 	 * remote task is staged through host memory (stage.c). */
 	te_device *dev;
-	struct te_stage *stage; /* a staging sub-transfer: its job */
+	struct te_stager *stage; /* a staging sub-transfer: its stager */
 } te_task;
 
 typedef struct te_batch {

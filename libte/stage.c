@@ -1,117 +1,210 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Staging: a remote transfer whose local side is device memory, handed to a
- * transport that cannot move device memory itself (no
- * TE_TRANSPORT_DEVICE_MEMORY). The host cuts it into chunks that travel
- * through host buffers of its own: for a WRITE each chunk is copied out of
- * the device and then handed to the transport; for a READ the transport
- * fills the buffer and the chunk is then copied into the device. Each job
- * has STAGE_SLOTS buffers in rotation, so the device copy of one chunk
- * overlaps the transport's I/O of the others: never one blocking copy of
- * the whole transfer. Doing it here serves every transport at once.
+ * Staging: remote transfers whose local side is device memory, for a
+ * transport that does not move that memory itself (no GPUDirect). The host
+ * cuts them into chunks that travel through host buffers of its own: for a
+ * WRITE a chunk is copied out of the device and then handed to the
+ * transport; for a READ the transport fills the buffer and the chunk is then
+ * copied into the device. There are TE_STAGE_BUFFERS buffers for all of an
+ * engine's staged transfers, taken by chunks in submission order, so the
+ * device copies of some chunks overlap the transport's I/O of others, and as
+ * many chunks are on the wire as there are buffers: never one blocking copy
+ * of a whole transfer. Doing it here serves every transport at once.
  *
- * The buffers are one area per engine, page-locked by the device plugin when
- * it can, registered as libte's own memory (transports that need to know
- * their buffers, such as RDMA, register it; the descriptor leaves it out),
- * in lanes of STAGE_SLOTS chunks, one lane per staging thread.
+ * The buffers are one area, page-locked by the device plugin when it can,
+ * registered as libte's own memory (transports that need to know their
+ * buffers, such as RDMA, register it; the descriptor leaves it out). The
+ * device copies run on a small pool of staging threads; a chunk's parent
+ * task counts its chunks as slices, so it completes once, with the first
+ * error.
  */
 #include <string.h>
 
 #include "internal.h"
 
-#define STAGE_SLOTS 4
-#define STAGE_THREADS 2
+#define THREADS 2
 #define CHUNK_DEFAULT (1u << 20)
 #define CHUNK_MIN (4u << 10)
 #define CHUNK_MAX (64u << 20)
+#define BUFFERS_DEFAULT 16u
+#define BUFFERS_MAX 1024u
 
-enum { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
+/* Work items for the pool, as pointers: slot index and what to do. */
+enum { WORK_START = 1, WORK_FINISH = 2 };
+#define WORK(slot, what) GUINT_TO_POINTER(((guint)(slot) << 2) | (what))
 
-typedef struct te_stage {
+typedef struct stage_slot {
+	te_task sub;    /* what the transport is handed; sub.stage marks it */
 	te_task *parent;
-	GMutex lock;
-	GCond cond;
-	int state[STAGE_SLOTS];
-	uint64_t off[STAGE_SLOTS];
-	te_task subs[STAGE_SLOTS];
-} te_stage;
+	uint64_t off;   /* in the parent */
+	uint64_t len;
+} stage_slot;
 
 struct te_stager {
+	te_engine *e;
 	GThreadPool *pool;
 	GMutex lock;
-	void *area;
+	GQueue pending;  /* te_task* with chunks not yet given a buffer */
+	guint *free;     /* stack of free slots */
+	guint nfree;
+	stage_slot *slots;
+	guint nslots;
 	size_t chunk;
-	te_device *area_dev; /* the plugin that allocated the area, or NULL */
-	bool lane_busy[STAGE_THREADS];
-	int area_rc; /* 0 once the area is registered; negative when it failed */
+	char *area;      /* nslots * chunk bytes, once set up */
+	te_device *area_dev; /* the plugin that allocated it, or NULL (posix_memalign) */
+	int area_rc;     /* negative once setting it up failed */
 };
 
-/* -------------------------------------------------------------- the area */
+/* ---------------------------------------------------------------- buffers */
 
-static int area_setup(te_engine *e, te_stager *s, te_device *dev)
+/* Once, in a staging thread (it registers memory: not from te_submit). */
+static int area_setup(te_stager *s, te_device *dev)
 {
-	size_t size = s->chunk * STAGE_SLOTS * STAGE_THREADS;
+	size_t size = s->chunk * s->nslots;
 	void *p = NULL;
 	int rc;
 
-	if (s->area != NULL || s->area_rc < 0)
-		return s->area_rc;
+	g_mutex_lock(&s->lock);
+	rc = s->area != NULL ? 0 : s->area_rc;
+	g_mutex_unlock(&s->lock);
+	if (s->area != NULL || rc < 0)
+		return rc;
+	te_device *by = NULL;
 	if (TE_HAS_OP(dev->ops, host_alloc) && TE_HAS_OP(dev->ops, host_free) &&
-	    dev->ops->host_alloc(dev->ctx, size, &p) == 0) {
-		s->area_dev = dev;
-	} else if (posix_memalign(&p, 4096, size) != 0) {
+	    dev->ops->host_alloc(dev->ctx, size, &p) == 0)
+		by = dev;
+	else if (posix_memalign(&p, 4096, size) != 0)
 		p = NULL;
-	}
-	if (p == NULL) {
-		te_err("staging: cannot allocate %zu bytes of host buffers", size);
-		return s->area_rc = -ENOMEM;
-	}
-	rc = te_register_hidden(e, p, size);
-	if (rc < 0) {
-		te_err("staging: cannot register the %zu-byte staging area: %s", size, te_strerror(rc));
-		if (s->area_dev != NULL)
-			s->area_dev->ops->host_free(s->area_dev->ctx, p);
-		else
-			free(p);
-		s->area_dev = NULL;
-		return s->area_rc = rc;
+	rc = p == NULL ? -ENOMEM : te_register_hidden(s->e, p, size);
+	g_mutex_lock(&s->lock);
+	if (s->area != NULL || rc < 0) {
+		/* Another thread was first, or it failed: keep theirs, drop ours. */
+		if (rc < 0 && s->area == NULL) {
+			te_err("staging: cannot set up %zu bytes of host buffers: %s", size,
+			       te_strerror(rc));
+			s->area_rc = rc;
+		}
+		g_mutex_unlock(&s->lock);
+		if (p != NULL && rc == 0)
+			te_unregister_memory(s->e, p);
+		if (p != NULL)
+			by ? by->ops->host_free(by->ctx, p) : free(p);
+		return s->area != NULL ? 0 : rc;
 	}
 	s->area = p;
-	te_dbg("staging: %zu bytes of %s host buffers, %zu-byte chunks", size,
-	       s->area_dev ? "page-locked" : "ordinary", s->chunk);
+	s->area_dev = by;
+	g_mutex_unlock(&s->lock);
+	te_dbg("staging: %u buffers of %zu bytes (%s host memory)", s->nslots, s->chunk,
+	       by ? "page-locked" : "ordinary");
 	return 0;
 }
 
-static int lane_take(te_engine *e, te_stager *s, te_device *dev)
+/* Gives free buffers to waiting chunks, in submission order. */
+static void dispatch_locked(te_stager *s)
 {
-	int lane = -1;
+	while (s->nfree > 0 && !g_queue_is_empty(&s->pending)) {
+		te_task *t = g_queue_peek_head(&s->pending);
+		unsigned idx = atomic_fetch_add(&t->chunk_next, 1);
+		if (idx + 1 >= t->xfer.nr_slices)
+			g_queue_pop_head(&s->pending);
+		guint slot = s->free[--s->nfree];
+		stage_slot *sl = &s->slots[slot];
+		sl->parent = t;
+		sl->off = (uint64_t)idx * s->chunk;
+		sl->len = MIN((uint64_t)s->chunk, t->xfer.length - sl->off);
+		g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
+	}
+}
 
+/* A chunk is over: its parent counts it, its buffer goes to the next. */
+static void chunk_done(te_stager *s, guint slot, uint64_t bytes, int error)
+{
+	stage_slot *sl = &s->slots[slot];
+	te_task *parent = sl->parent;
+
+	sl->parent = NULL;
 	g_mutex_lock(&s->lock);
-	int rc = area_setup(e, s, dev);
-	for (int i = 0; rc == 0 && i < STAGE_THREADS; i++) {
-		if (!s->lane_busy[i]) {
-			s->lane_busy[i] = true;
-			lane = i;
-			break;
+	s->free[s->nfree++] = slot;
+	dispatch_locked(s);
+	g_mutex_unlock(&s->lock);
+	te_task_complete(parent, bytes, error);
+}
+
+/* ------------------------------------------------------------------ work */
+
+static void start(te_stager *s, guint slot)
+{
+	stage_slot *sl = &s->slots[slot];
+	te_task *t = sl->parent;
+	int err = atomic_load(&t->error);
+
+	if (err == 0 && atomic_load_explicit(&t->batch->canceled, memory_order_relaxed))
+		err = -ECANCELED;
+	if (err == 0)
+		err = area_setup(s, t->dev);
+	if (err != 0) {
+		/* The task failed already (or is canceled): its other chunks end
+		 * without moving anything. */
+		chunk_done(s, slot, 0, err);
+		return;
+	}
+	char *buf = s->area + (size_t)slot * s->chunk;
+	if (t->xfer.opcode == TE_OP_WRITE) {
+		int rc = te_device_copy_with(t->dev, buf, (const char *)t->xfer.local + sl->off, sl->len);
+		if (rc < 0) {
+			chunk_done(s, slot, 0, rc);
+			return;
 		}
 	}
-	g_mutex_unlock(&s->lock);
-	/* The pool runs at most STAGE_THREADS jobs, so a lane is always free. */
-	return rc < 0 ? rc : lane;
+	te_task *sub = &sl->sub;
+	sub->batch = t->batch;
+	sub->stage = s;
+	sub->xfer = (te_transfer){
+		.opcode = t->xfer.opcode,
+		.nr_slices = 1,
+		.local = buf,
+		.remote = t->xfer.remote + sl->off,
+		.length = sl->len,
+		.seg_ctx = t->xfer.seg_ctx,
+		.local_location = t->xfer.local_location,
+	};
+	atomic_store(&sub->slices_done, 0);
+	atomic_store(&sub->error, 0);
+	atomic_store(&sub->transferred, 0);
+	te_transfer *x = &sub->xfer;
+	int rc = t->tp->ops->submit(t->tp->ctx, &x, 1);
+	if (rc < 0) {
+		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name,
+		       te_strerror(rc));
+		chunk_done(s, slot, 0, rc);
+	}
 }
 
-static void lane_give(te_stager *s, int lane)
+static void finish(te_stager *s, guint slot)
 {
-	g_mutex_lock(&s->lock);
-	s->lane_busy[lane] = false;
-	g_mutex_unlock(&s->lock);
+	stage_slot *sl = &s->slots[slot];
+	te_task *t = sl->parent;
+	int rc = te_device_copy_with(t->dev, (char *)t->xfer.local + sl->off,
+				     s->area + (size_t)slot * s->chunk, sl->len);
+
+	chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc);
 }
 
-/* --------------------------------------------------------------- the job */
+static void run(gpointer data, gpointer user)
+{
+	guint w = GPOINTER_TO_UINT(data);
+
+	if ((w & 3) == WORK_START)
+		start(user, w >> 2);
+	else
+		finish(user, w >> 2);
+}
 
 void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 {
-	te_stage *job = sub->stage;
+	te_stager *s = sub->stage;
+	stage_slot *sl = (stage_slot *)sub; /* sub is the slot's first member */
+	guint slot = (guint)(sl - s->slots);
 
 	if (bytes)
 		atomic_fetch_add_explicit(&sub->transferred, bytes, memory_order_relaxed);
@@ -122,151 +215,54 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 	unsigned done = atomic_fetch_add_explicit(&sub->slices_done, 1, memory_order_acq_rel) + 1;
 	if (done != sub->xfer.nr_slices)
 		return;
-	g_mutex_lock(&job->lock);
-	job->state[sub - job->subs] = SLOT_DONE;
-	g_cond_signal(&job->cond);
-	g_mutex_unlock(&job->lock);
-}
-
-/* Starts chunk `off` in slot `i`; for a WRITE copies it out of the device
- * first. Called without the job's lock. */
-static int start_chunk(te_task *t, te_stage *job, int i, char *buf, uint64_t off, uint64_t len)
-{
-	te_task *sub = &job->subs[i];
-	int rc;
-
-	if (t->xfer.opcode == TE_OP_WRITE) {
-		rc = te_device_copy_with(t->dev, buf, (const char *)t->xfer.local + off, len);
-		if (rc < 0)
-			return rc;
-	}
-	sub->batch = t->batch;
-	sub->stage = job;
-	sub->xfer = (te_transfer){
-		.opcode = t->xfer.opcode,
-		.nr_slices = 1,
-		.local = buf,
-		.remote = t->xfer.remote + off,
-		.length = len,
-		.seg_ctx = t->xfer.seg_ctx,
-		.local_location = t->xfer.local_location,
-	};
-	atomic_store(&sub->slices_done, 0);
-	atomic_store(&sub->error, 0);
-	atomic_store(&sub->transferred, 0);
-	job->off[i] = off;
-	job->state[i] = SLOT_BUSY; /* before the transport may complete it */
-	te_transfer *x = &sub->xfer;
-	rc = t->tp->ops->submit(t->tp->ctx, &x, 1);
-	if (rc < 0) {
-		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name,
-		       te_strerror(rc));
-		x->nr_slices = 1;
-		atomic_store(&sub->slices_done, 0);
-		te_stage_slice_done(sub, 0, rc);
-	}
-	return 0;
-}
-
-static void run(gpointer data, gpointer user)
-{
-	te_task *t = data;
-	te_engine *e = user;
-	te_stager *s = e->stager;
-	te_stage job = { .parent = t };
-	uint64_t next = 0, moved = 0;
-	int error = 0, busy = 0;
-	int lane = lane_take(e, s, t->dev);
-	char *bufs[STAGE_SLOTS];
-
-	if (lane < 0) {
-		te_task_complete(t, 0, lane);
-		return;
-	}
-	for (int i = 0; i < STAGE_SLOTS; i++)
-		bufs[i] = (char *)s->area + ((size_t)lane * STAGE_SLOTS + (size_t)i) * s->chunk;
-	g_mutex_init(&job.lock);
-	g_cond_init(&job.cond);
-	for (;;) {
-		/* Fill every free slot while chunks remain and nothing failed. */
-		for (int i = 0; i < STAGE_SLOTS && next < t->xfer.length && error == 0; i++) {
-			if (job.state[i] != SLOT_FREE)
-				continue;
-			if (atomic_load_explicit(&t->batch->canceled, memory_order_relaxed)) {
-				error = -ECANCELED;
-				break;
-			}
-			uint64_t len = MIN(s->chunk, t->xfer.length - next);
-			int rc = start_chunk(t, &job, i, bufs[i], next, len);
-			if (rc < 0) {
-				error = rc;
-				break;
-			}
-			next += len;
-			busy++;
-		}
-		if (busy == 0)
-			break;
-		g_mutex_lock(&job.lock);
-		int ready = -1;
-		while (ready < 0) {
-			for (int i = 0; i < STAGE_SLOTS && ready < 0; i++)
-				if (job.state[i] == SLOT_DONE)
-					ready = i;
-			if (ready < 0)
-				g_cond_wait(&job.cond, &job.lock);
-		}
-		job.state[ready] = SLOT_FREE;
-		g_mutex_unlock(&job.lock);
-		busy--;
-		te_task *sub = &job.subs[ready];
-		int rc = atomic_load(&sub->error);
-		uint64_t len = sub->xfer.length;
-		if (rc == 0 && atomic_load(&sub->transferred) < len)
-			rc = -EIO;
-		if (rc == 0 && t->xfer.opcode == TE_OP_READ)
-			rc = te_device_copy_with(t->dev, (char *)t->xfer.local + job.off[ready],
-						 bufs[ready], len);
-		if (rc < 0 && error == 0)
-			error = rc;
-		if (rc == 0)
-			moved += len;
-	}
-	g_mutex_clear(&job.lock);
-	g_cond_clear(&job.cond);
-	lane_give(s, lane);
-	te_task_complete(t, moved, error);
+	int rc = atomic_load(&sub->error);
+	if (rc == 0 && atomic_load(&sub->transferred) < sl->len)
+		rc = -EIO;
+	if (rc == 0 && sl->parent->xfer.opcode == TE_OP_READ)
+		/* Into the device, on a staging thread: not the transport's. */
+		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
+	else
+		chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc);
 }
 
 /* ---------------------------------------------------------------- engine */
 
-int te_stage_init(te_engine *e)
+static uint64_t option(te_engine *e, const char *name, uint64_t def, uint64_t min, uint64_t max)
 {
-	te_stager *s = g_new0(te_stager, 1);
-	const char *v = te_engine_option(e, "TE_STAGE_CHUNK_BYTES");
+	const char *v = te_engine_option(e, name);
 	uint64_t n;
 
 	if (v == NULL)
-		v = te_env2("TE_STAGE_CHUNK_BYTES", NULL);
-	s->chunk = CHUNK_DEFAULT;
-	if (v != NULL) {
-		if (te_parse_u64(v, &n) && n >= CHUNK_MIN && n <= CHUNK_MAX)
-			s->chunk = (size_t)n & ~(size_t)(CHUNK_MIN - 1);
-		else
-			te_warn("TE_STAGE_CHUNK_BYTES=%s is not a number from %u to %u; using %u", v,
-				CHUNK_MIN, CHUNK_MAX, CHUNK_DEFAULT);
-	}
+		v = te_env2(name, NULL);
+	if (v == NULL)
+		return def;
+	if (te_parse_u64(v, &n) && n >= min && n <= max)
+		return n;
+	te_warn("%s=%s is not a number from %llu to %llu; using %llu", name, v,
+		(unsigned long long)min, (unsigned long long)max, (unsigned long long)def);
+	return def;
+}
+
+int te_stage_init(te_engine *e)
+{
+	te_stager *s = g_new0(te_stager, 1);
+
+	s->e = e;
+	s->chunk = (size_t)option(e, "TE_STAGE_CHUNK_BYTES", CHUNK_DEFAULT, CHUNK_MIN, CHUNK_MAX) &
+		   ~(size_t)(CHUNK_MIN - 1);
+	s->nslots = (guint)option(e, "TE_STAGE_BUFFERS", BUFFERS_DEFAULT, 1, BUFFERS_MAX);
+	s->slots = g_new0(stage_slot, s->nslots);
+	s->free = g_new(guint, s->nslots);
+	for (guint i = 0; i < s->nslots; i++)
+		s->free[s->nfree++] = s->nslots - 1 - i;
 	g_mutex_init(&s->lock);
-	s->pool = g_thread_pool_new(run, e, STAGE_THREADS, FALSE, NULL);
-	if (s->pool == NULL) {
-		g_free(s);
-		return -ENOMEM;
-	}
+	g_queue_init(&s->pending);
+	s->pool = g_thread_pool_new(run, s, THREADS, FALSE, NULL);
 	e->stager = s;
 	return 0;
 }
 
-/* After every task ended (the pool is idle) and the registry was cleared. */
+/* After every task ended and the registry was cleared. */
 void te_stage_fini(te_engine *e)
 {
 	te_stager *s = e->stager;
@@ -281,11 +277,21 @@ void te_stage_fini(te_engine *e)
 			free(s->area);
 	}
 	g_mutex_clear(&s->lock);
+	g_free(s->slots);
+	g_free(s->free);
 	g_free(s);
 	e->stager = NULL;
 }
 
 void te_stage_submit(te_engine *e, te_task *t)
 {
-	g_thread_pool_push(e->stager->pool, t, NULL);
+	te_stager *s = e->stager;
+
+	/* Each chunk is a slice of the task. */
+	t->xfer.nr_slices = (uint32_t)((t->xfer.length + s->chunk - 1) / s->chunk);
+	atomic_store(&t->chunk_next, 0);
+	g_mutex_lock(&s->lock);
+	g_queue_push_tail(&s->pending, t);
+	dispatch_locked(s);
+	g_mutex_unlock(&s->lock);
 }

@@ -793,6 +793,9 @@ void tcp_peer_retire_conn(tcp_peer *p)
 	if (atomic_fetch_sub(&p->live_conns, 1) != 1)
 		return;
 	tcp_ctx *c = p->ctx;
+	for (unsigned r = 0; p->nrails > 1 && r < p->nrails; r++)
+		TLOG(c, TE_LOG_DEBUG, "rail %s of %s carried %llu bytes", p->rails[r].name, p->name,
+		     (unsigned long long)atomic_load(&p->rails[r].bytes));
 	g_mutex_lock(&c->lock);
 	g_ptr_array_remove_fast(c->all_peers, p);
 	g_mutex_unlock(&c->lock);

@@ -9,9 +9,11 @@
  * and are only read; the next 32 MiB are written and read back. Each phase
  * prints one "OK ..." line with what it measured, or a reason and exit 1:
  *
- *   OK both MIB1 MIB2        both rails carried bytes (MiB on each link)
- *   OK failover MS           DEV1 went down mid-batch; every task completed,
- *                            every byte right, MS after the link went down
+ *   OK both MIB1 MIB2 MS     both rails carried bytes (MiB on each link; the
+ *                            round took MS)
+ *   OK failover MS T         DEV1 went down mid-batch (T tasks in flight);
+ *                            every task completed, every byte right, MS
+ *                            after the link went down
  *   OK return MS             DEV1 up again: MS until it carried bytes again
  *   OK alldown MS F N        both down mid-batch: every task ended (F of N
  *                            FAILED, none COMPLETED wrongly) MS after
@@ -206,14 +208,16 @@ int main(int argc, char **argv)
 
 	/* (a) both rails up: both carry. */
 	double mib[2];
+	long long ta = now_ms();
 	if (!round_on_links(mib))
 		return 1;
+	ta = now_ms() - ta;
 	if (mib[0] < 8 || mib[1] < 8) {
 		fprintf(stderr, "tcp-rails: 96 MiB moved, %.1f MiB over %s and %.1f over %s: not spread\n", mib[0],
 			dev[0], mib[1], dev[1]);
 		return 1;
 	}
-	printf("OK both %.1f %.1f\n", mib[0], mib[1]);
+	printf("OK both %.1f %.1f %lld\n", mib[0], mib[1], ta);
 	fflush(stdout);
 
 	/* (b) rail 1 down mid-batch: every task completes, every byte right. */
@@ -236,7 +240,7 @@ int main(int argc, char **argv)
 	}
 	if (!reads_right(64) || !writes_right(32))
 		return 1;
-	printf("OK failover %lld\n", dt);
+	printf("OK failover %lld %zu\n", dt, in_flight);
 	fflush(stdout);
 	/* Still going on the other rail alone. */
 	if (!round_on_links(mib) || mib[1] < 64) {

@@ -150,6 +150,18 @@ static void test_key_files(void)
 	CHECK(cap_has("readable by its group or by others"));
 	te_engine_destroy(e);
 
+	/* A transport from before ABI 1.2 cannot authenticate: refused with a key. */
+	e = engine_with_key(key_a);
+	REQUIRE(e != NULL);
+	cap_start();
+	CHECK_EQ(te_transport_install(e, "oldabi", NULL), -ENOTSUP);
+	CHECK(cap_has("before peer authentication"));
+	te_engine_destroy(e);
+	e = engine_with_key(NULL);
+	REQUIRE(e != NULL);
+	CHECK_EQ(te_transport_install(e, "oldabi", NULL), 0);
+	te_engine_destroy(e);
+
 	/* The environment variable, when no option says otherwise. */
 	setenv("TE_AUTH_KEY_FILE", key_short, 1);
 	CHECK(engine_with_key(NULL) == NULL);

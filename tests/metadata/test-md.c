@@ -871,6 +871,18 @@ static void case_etcd_auth(void)
 	CHECK(e != NULL);
 	if (e) {
 		REQUIRE(te_metadata_open(conn, &md) == 0);
+		/* what the engine published holds no credential either */
+		char key[256];
+		for (int i = 0; i < 2; i++) {
+			if (i == 0)
+				te_metadata_segment_key(te_engine_name(e), key, sizeof key);
+			else
+				te_metadata_rpc_key(te_engine_name(e), key, sizeof key);
+			CHECK_EQ(te_metadata_get(md, key, &v, &len), 0);
+			CHECK(v != NULL && strstr(v, "te-pw-7Qx") == NULL && strstr(v, "te:") == NULL);
+			te_free(v);
+			v = NULL;
+		}
 		CHECK_EQ(te_metadata_get(md, "mooncake/none", &v, &len), -ENOENT);
 		CHECK_EQ(te_metadata_put(md, "elsewhere/k", "{}", 2), TE_ERR_METADATA); /* logged, with the store */
 		te_metadata_close(md);

@@ -570,6 +570,25 @@ static void case_etcd_basic(void)
 	CHECK_EQ(te_metadata_remove(md, "mooncake/plain"), 0);
 	te_engine_destroy(e);
 	te_metadata_close(md);
+
+	/* credentials for a store with auth off: one warning, then plain calls */
+	char withpw[128];
+	snprintf(withpw, sizeof withpw, "etcd://u:Off-pw-1@127.0.0.1:%d", etcd1[0].client_port);
+	cap_start();
+	REQUIRE(te_metadata_open(withpw, &md) == 0);
+	CHECK(cap_has("authentication off"));
+	CHECK_EQ(te_metadata_put(md, "mooncake/noauth", "{}", 2), 0);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/noauth"), 0);
+	CHECK(!cap_has("Off-pw-1"));
+	te_metadata_close(md);
+	/* a user-info without a user, or with a bad escape, is refused */
+	snprintf(withpw, sizeof withpw, "etcd://:Off-pw-1@127.0.0.1:%d", etcd1[0].client_port);
+	CHECK_EQ(te_metadata_open(withpw, &md), -EINVAL);
+	snprintf(withpw, sizeof withpw, "etcd://u:Off-pw-1%%zz@127.0.0.1:%d", etcd1[0].client_port);
+	CHECK_EQ(te_metadata_open(withpw, &md), -EINVAL);
+	CHECK(cap_has("is not user:password"));
+	CHECK(!cap_has("Off-pw-1"));
+	te_set_log_handler(NULL, NULL);
 }
 
 static void case_etcd_engines(void)

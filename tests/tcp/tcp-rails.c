@@ -22,7 +22,19 @@
  *
  * The per-link byte counts come from /sys/class/net/DEV/statistics, which the
  * namespace's own sysfs shows (ip netns exec mounts it).
+ *
+ *   tcp-rails loopback
+ *
+ * needs no root: a target engine on 127.0.0.1 is published by a fake RPC
+ * server whose descriptor lists the rails 127.0.0.1 and 127.0.0.2 (among
+ * entries that must be skipped). Nothing listens on 127.0.0.2 at first
+ * (refused: the rail goes down, no task fails); then a byte-counting relay
+ * there to the target's port brings the rail back; then the relay drops its
+ * connections mid-batch (reset: the rail's requests go over the other).
  */
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,10 +184,303 @@ static long long until_used(bool which[2])
 	return -1;
 }
 
+/* ------------------------------------------------------ loopback mode */
+
+/* Answers Metadata frames with a descriptor of our making. */
+typedef struct fake_rpc {
+	int lfd, port;
+	char desc[2048];
+	pthread_t th;
+	atomic_int stop;
+} fake_rpc;
+
+static void *fake_rpc_main(void *arg)
+{
+	fake_rpc *f = arg;
+	while (!atomic_load(&f->stop)) {
+		int fd = accept_timeout(f->lfd, 100);
+		if (fd < 0)
+			continue;
+		unsigned char h[9];
+		if (recv_exact(fd, h, 9, 2000, NULL) == 9) {
+			uint64_t n = get_le64(h);
+			char *body = n > 0 && n < (1u << 20) ? malloc(n) : NULL;
+			if (body && recv_exact(fd, body, n - 1, 2000, NULL) == (ssize_t)(n - 1)) {
+				size_t dl = strlen(f->desc);
+				uint64_t len = htole64(dl + 1);
+				unsigned char rh[9];
+				memcpy(rh, &len, 8);
+				rh[8] = h[8];
+				send_all(fd, rh, 9);
+				send_all(fd, f->desc, dl);
+			}
+			free(body);
+		}
+		close(fd);
+	}
+	return NULL;
+}
+
+/* Listens on 127.0.0.2:port and relays each connection to 127.0.0.1:port,
+ * counting the bytes; `drop` closes every relayed connection at once. */
+#define RELAY_MAX 16
+typedef struct relay {
+	int lfd, port;
+	pthread_t th;
+	atomic_int stop, drop;
+	atomic_ullong bytes;
+	atomic_int conns;
+} relay;
+
+static void *relay_main(void *arg)
+{
+	relay *r = arg;
+	int a[RELAY_MAX], b[RELAY_MAX], n = 0;
+	static char buf[1 << 16];
+
+	while (!atomic_load(&r->stop)) {
+		if (atomic_exchange(&r->drop, 0)) {
+			for (int i = 0; i < n; i++) {
+				/* A reset, as a broken path would give. */
+				struct linger lg = { 1, 0 };
+				setsockopt(a[i], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+				close(a[i]);
+				close(b[i]);
+			}
+			n = 0;
+		}
+		struct pollfd pf[1 + 2 * RELAY_MAX];
+		pf[0] = (struct pollfd){ .fd = r->lfd, .events = POLLIN };
+		for (int i = 0; i < n; i++) {
+			pf[1 + 2 * i] = (struct pollfd){ .fd = a[i], .events = POLLIN };
+			pf[2 + 2 * i] = (struct pollfd){ .fd = b[i], .events = POLLIN };
+		}
+		if (poll(pf, (nfds_t)(1 + 2 * n), 50) <= 0)
+			continue;
+		if ((pf[0].revents & POLLIN) && n < RELAY_MAX) {
+			int c = accept(r->lfd, NULL, NULL);
+			int d = socket(AF_INET, SOCK_STREAM, 0);
+			struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)r->port) };
+			to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+			if (c >= 0 && d >= 0 && connect(d, (struct sockaddr *)&to, sizeof to) == 0) {
+				a[n] = c;
+				b[n++] = d;
+				atomic_fetch_add(&r->conns, 1);
+			} else {
+				if (c >= 0)
+					close(c);
+				if (d >= 0)
+					close(d);
+			}
+		}
+		int live = 0;
+		for (int i = 0; i < n; i++) {
+			bool dead = false;
+			for (int k = 0; k < 2 && !dead; k++) {
+				struct pollfd *p = &pf[1 + 2 * i + k];
+				if (!(p->revents & (POLLIN | POLLHUP | POLLERR)))
+					continue;
+				ssize_t got = recv(p->fd, buf, sizeof buf, MSG_DONTWAIT);
+				if (got < 0 && (errno == EAGAIN || errno == EINTR))
+					continue;
+				/* Blocking writes: the other side reads all the time. */
+				dead = got <= 0 || !send_all(k == 0 ? b[i] : a[i], buf, (size_t)got);
+				if (!dead)
+					atomic_fetch_add(&r->bytes, (unsigned long long)got);
+			}
+			if (dead) {
+				close(a[i]);
+				close(b[i]);
+			} else {
+				a[live] = a[i];
+				b[live++] = b[i];
+			}
+		}
+		n = live;
+	}
+	for (int i = 0; i < n; i++) {
+		close(a[i]);
+		close(b[i]);
+	}
+	return NULL;
+}
+
+static void relay_start(relay *r, int port)
+{
+	int one = 1;
+	struct sockaddr_in at = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	inet_pton(AF_INET, "127.0.0.2", &at.sin_addr);
+	memset(r, 0, sizeof *r);
+	r->port = port;
+	r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+	REQUIRE(r->lfd >= 0);
+	setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	REQUIRE(bind(r->lfd, (struct sockaddr *)&at, sizeof at) == 0);
+	REQUIRE(listen(r->lfd, 16) == 0);
+	REQUIRE(pthread_create(&r->th, NULL, relay_main, r) == 0);
+}
+
+static void relay_stop(relay *r)
+{
+	atomic_store(&r->stop, 1);
+	pthread_join(r->th, NULL);
+	close(r->lfd);
+}
+
+/* 32 READs of 256 KiB of the target's pattern, checked: all completed? */
+static bool lo_round(void)
+{
+	static te_request r[32];
+	te_batch_id b;
+	int c, f, o;
+	memset(local, 0, 8u * MIB);
+	for (int i = 0; i < 32; i++)
+		r[i] = (te_request){ TE_OP_READ, seg, local + (size_t)i * 256 * 1024,
+				     rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
+	REQUIRE(te_batch_alloc(e, 32, &b) == 0);
+	REQUIRE(te_submit(e, b, r, 32) == 0);
+	settle(b, 32, 20000, &c, &f, &o);
+	te_batch_free(e, b);
+	if (c != 32) {
+		fprintf(stderr, "tcp-rails: loopback round: %d completed, %d failed, %d other\n", c, f, o);
+		return false;
+	}
+	for (int i = 0; i < 32; i++)
+		if (memcmp(local + (size_t)i * 256 * 1024, ref + (size_t)((i * 5) % 32) * 256 * 1024, 256 * 1024) != 0) {
+			fprintf(stderr, "tcp-rails: loopback READ %d brought wrong bytes\n", i);
+			return false;
+		}
+	return true;
+}
+
+static int loopback_main(void)
+{
+	te_set_log_level(TE_LOG_INFO);
+	cap_start();
+	/* The target: 8 MiB of pattern, data port on 127.0.0.1 only. */
+	te_option topt[1] = { { "TE_TCP_BIND_ADDRESS", "127.0.0.1" } };
+	te_engine *t = tcp_engine(topt, 1);
+	REQUIRE(t != NULL);
+	unsigned char *tbuf = map_buf(8u * MIB);
+	fill_pattern(tbuf, 8u * MIB, SEED);
+	REQUIRE(te_register_memory(t, tbuf, 8u * MIB, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	int dport = data_port_of(t);
+	REQUIRE(dport > 0);
+	ref = map_buf(8u * MIB);
+	memcpy(ref, tbuf, 8u * MIB);
+
+	/* Its descriptor as a peer would publish it with two rails, plus
+	 * entries a careful reader skips. */
+	fake_rpc f;
+	memset(&f, 0, sizeof f);
+	f.lfd = listen_any(&f.port);
+	char name[64];
+	snprintf(name, sizeof name, "127.0.0.1:%d", f.port);
+	snprintf(f.desc, sizeof f.desc,
+		 "{\"buffers\":[{\"addr\":%llu,\"length\":%u,\"name\":\"%s\"}],\"name\":\"%s\","
+		 "\"protocol\":\"tcp\",\"tcp_data_addresses\":[\"127.0.0.1\",7,\"not-an-address\",{},"
+		 "\"127.0.0.2\",\"127.0.0.1\"],\"tcp_data_port\":%d,\"tcp_proto_version\":2,"
+		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
+		 (unsigned long long)(uintptr_t)tbuf, 8u * MIB, name, name, dport);
+	REQUIRE(pthread_create(&f.th, NULL, fake_rpc_main, &f) == 0);
+
+	te_option iopt[3] = { { "TE_TCP_CONNS_PER_PEER", "2" }, { "TE_TCP_TIMEOUT_MS", "2000" },
+			      { "TE_TCP_CONNECT_TIMEOUT_MS", "1000" } };
+	e = tcp_engine(iopt, 3);
+	REQUIRE(e != NULL);
+	local = map_buf(8u * MIB);
+	REQUIRE(te_register_memory(e, local, 8u * MIB, "cpu:0", 0) == 0);
+	seg = te_segment_open(e, name);
+	REQUIRE(seg > 0);
+	rbase = (uintptr_t)tbuf;
+	int rc = 1;
+
+	/* Rail 127.0.0.2 refuses: it goes down, and no task fails for it. */
+	for (int i = 0; i < 3; i++)
+		if (!lo_round())
+			goto out;
+	if (!cap_has("tcp_data_addresses[1] is not a numeric address") ||
+	    !cap_has("tcp_data_addresses[2] is not a numeric address") ||
+	    !cap_has("tcp_data_addresses[3] is not a numeric address"))
+		goto out;
+	char down[96];
+	snprintf(down, sizeof down, "rail 127.0.0.2:%d of 127.0.0.1:%d is down", dport, dport);
+	if (!cap_has(down))
+		goto out;
+	printf("OK refused\n");
+
+	/* Something answers there now: the rail is tried again and carries. */
+	relay r;
+	relay_start(&r, dport);
+	long long t0 = now_ms();
+	while (atomic_load(&r.bytes) < 4u * MIB && now_ms() - t0 < 10000)
+		if (!lo_round())
+			goto out_relay;
+	if (atomic_load(&r.bytes) < 4u * MIB) {
+		fprintf(stderr, "tcp-rails: the returned rail carried %llu bytes in 10 s\n",
+			(unsigned long long)atomic_load(&r.bytes));
+		goto out_relay;
+	}
+	char up[96];
+	snprintf(up, sizeof up, "rail 127.0.0.2:%d of 127.0.0.1:%d is up again", dport, dport);
+	if (!cap_has(up))
+		goto out_relay;
+	printf("OK back %lld\n", now_ms() - t0);
+
+	/* Reset mid-batch on that rail: its requests go over the other. */
+	cap_start();
+	static te_request big[32];
+	for (int i = 0; i < 32; i++)
+		big[i] = (te_request){ TE_OP_READ, seg, local + (size_t)i * 256 * 1024,
+				       rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
+	bool moved = false;
+	for (int tries = 0; tries < 20 && !moved; tries++) {
+		te_batch_id b;
+		int c, fl, o;
+		memset(local, 0, 8u * MIB);
+		REQUIRE(te_batch_alloc(e, 32, &b) == 0);
+		REQUIRE(te_submit(e, b, big, 32) == 0);
+		atomic_store(&r.drop, 1);
+		settle(b, 32, 20000, &c, &fl, &o);
+		te_batch_free(e, b);
+		if (c != 32) {
+			fprintf(stderr, "tcp-rails: relay reset: %d completed, %d failed, %d other\n", c, fl, o);
+			goto out_relay;
+		}
+		for (int i = 0; i < 32; i++)
+			if (memcmp(local + (size_t)i * 256 * 1024, ref + (size_t)((i * 5) % 32) * 256 * 1024,
+				   256 * 1024) != 0) {
+				fprintf(stderr, "tcp-rails: READ %d after a reset brought wrong bytes\n", i);
+				goto out_relay;
+			}
+		/* Only a reset that caught requests on the rail tests anything. */
+		moved = cap_has_quiet("requests go to the other rails");
+		usleep(1100 * 1000); /* the rail's next try brings it back */
+	}
+	if (!moved) {
+		fprintf(stderr, "tcp-rails: no reset caught requests on the relayed rail in 20 tries\n");
+		goto out_relay;
+	}
+	printf("OK reset\n");
+	rc = 0;
+out_relay:
+	relay_stop(&r);
+out:
+	te_segment_close(e, seg);
+	te_engine_destroy(e);
+	atomic_store(&f.stop, 1);
+	pthread_join(f.th, NULL);
+	close(f.lfd);
+	te_engine_destroy(t);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 2 && strcmp(argv[1], "loopback") == 0)
+		return loopback_main();
 	if (argc != 4) {
-		fprintf(stderr, "usage: tcp-rails SEGMENT DEV1 DEV2\n");
+		fprintf(stderr, "usage: tcp-rails SEGMENT DEV1 DEV2 | loopback\n");
 		return 2;
 	}
 	dev[0] = argv[2];

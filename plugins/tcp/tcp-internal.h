@@ -75,6 +75,7 @@ typedef struct tcp_config {
 } tcp_config;
 
 #define TCP_MAX_CONNS_PER_PEER 16
+#define TCP_AUTH_THREADS 32  /* accepted connections authenticated at once (with a key) */
 #define TCP_MAX_ADDRS 4
 #define TCP_IOV_MAX 256      /* iovecs per sendmsg/readv (IOV_MAX is 1024) */
 #define TCP_HBUF (64 * TCP_HDR_SIZE)

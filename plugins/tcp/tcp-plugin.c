@@ -413,12 +413,13 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	c->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	/* ABI 1.2 hosts can hold a cluster key; then every data connection is
 	 * authenticated before its first request. An accepted one is handed to
-	 * a few threads of its own for that, so a peer that stalls the exchange
-	 * holds neither the accepting thread nor an I/O thread. */
+	 * threads of its own for that, so a peer that stalls the exchange holds
+	 * neither the accepting thread nor an I/O thread; only one of these, for
+	 * the handshake's 3 s at most. Idle ones go back to GLib's shared pool. */
 	c->auth = TE_HAS_OP(h, auth_enabled) && TE_HAS_OP(h, auth_connect) && TE_HAS_OP(h, auth_accept) &&
 		  h->auth_enabled(h);
 	if (c->auth)
-		c->auth_pool = g_thread_pool_new(tcp_auth_job, c, 8, FALSE, NULL);
+		c->auth_pool = g_thread_pool_new(tcp_auth_job, c, TCP_AUTH_THREADS, FALSE, NULL);
 	if (args != NULL && *args != '\0' && strcmp(args, "{}") != 0 && strcmp(args, "null") != 0)
 		TLOG(c, TE_LOG_WARN, "the tcp transport takes no arguments; ignoring '%.80s' (use TE_TCP_* "
 			"variables)", args);

@@ -673,8 +673,12 @@ void tcp_cconn_drive(tcp_cconn *cc)
 		return;
 	if (p->nrails > 1 && !atomic_load(&rail_of(cc)->up)) {
 		/* Another connection found the rail broken: this one is likely
-		 * stuck too, so its requests move now rather than after a timeout. */
-		cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
+		 * stuck too, so its requests move now rather than after a timeout
+		 * (an idle one just closes). */
+		if (cc->head == cc->tail)
+			go_down(cc);
+		else
+			cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
 		return;
 	}
 	for (int round = 0; round < ROUNDS; round++) {

@@ -381,8 +381,13 @@ static int loopback_main(void)
 	te_set_log_level(TE_LOG_INFO);
 	cap_start();
 	/* The target: 8 MiB of pattern, data port on 127.0.0.1 only. */
-	te_option topt[1] = { { "TE_TCP_BIND_ADDRESS", "127.0.0.1" } };
-	te_engine *t = tcp_engine(topt, 1);
+	/* Its port from below the ephemeral range: the relay binds it on
+	 * 127.0.0.2 later, where a neighbour test's outgoing connection may
+	 * hold any ephemeral port. */
+	char port[16];
+	snprintf(port, sizeof port, "%d", free_port());
+	te_option topt[2] = { { "TE_TCP_BIND_ADDRESS", "127.0.0.1" }, { "TE_TCP_PORT", port } };
+	te_engine *t = tcp_engine(topt, 2);
 	REQUIRE(t != NULL);
 	unsigned char *tbuf = map_buf(8u * MIB);
 	fill_pattern(tbuf, 8u * MIB, SEED);

@@ -376,9 +376,85 @@ static bool lo_round(void)
 	return true;
 }
 
+static int try_connect(const char *addr, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
+	if (fd < 0)
+		return -errno;
+	inet_pton(AF_INET, addr, &a.sin_addr);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+/* The descriptor an engine publishes holds `want`. */
+static bool publishes(te_engine *x, const char *want)
+{
+	char *d = rpc_exchange(te_engine_rpc_port(x), 1, "{}");
+	bool ok = d != NULL && strstr(d, want) != NULL;
+	if (!ok)
+		fprintf(stderr, "tcp-rails: descriptor lacks %s: %.600s\n", want, d ? d : "(none)");
+	free(d);
+	return ok;
+}
+
+/* TE_TCP_RAILS: what is published, where the data port listens, and
+ * refusals that name the bad item. */
+static bool rails_option(void)
+{
+	char port[16];
+	snprintf(port, sizeof port, "%d", free_port());
+	/* lo stands for 127.0.0.1, listed once. */
+	te_option o1[3] = { { "TE_TCP_RAILS", "127.0.0.3, lo,127.0.0.1" }, { "TE_TCP_BIND_ADDRESS", "127.0.0.1" },
+			    { "TE_TCP_PORT", port } };
+	te_engine *x = tcp_engine(o1, 3);
+	if (x == NULL)
+		return false;
+	bool ok = publishes(x, "\"tcp_data_addresses\":[\"127.0.0.3\",\"127.0.0.1\"]");
+	/* The bind address and each rail listen; another address does not. */
+	ok = ok && try_connect("127.0.0.1", atoi(port)) == 0 && try_connect("127.0.0.3", atoi(port)) == 0 &&
+	     try_connect("127.0.0.4", atoi(port)) == -ECONNREFUSED;
+	te_engine_destroy(x);
+	if (!ok) {
+		fprintf(stderr, "tcp-rails: TE_TCP_RAILS with a bind address: wrong descriptor or listeners\n");
+		return false;
+	}
+	struct {
+		const char *v, *line;
+	} bad[] = {
+		{ "127.0.0.1,10.9.9.9", "10.9.9.9 is not an address of this host" },
+		{ "nosuchif0", "'nosuchif0' is neither a numeric address nor an interface" },
+		{ " , ", "TE_TCP_RAILS is set but names no address" },
+		{ "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5,127.0.0.6,127.0.0.7,127.0.0.8,127.0.0.9",
+		  "TE_TCP_RAILS: more than 8 addresses" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		te_option ob[2] = { { "TE_TCP_RAILS", bad[i].v } };
+		cap_start();
+		x = NULL;
+		te_option full[2] = { { "transports", "tcp" }, ob[0] };
+		int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", full, 2, &x);
+		if (rc >= 0 || x != NULL) {
+			fprintf(stderr, "tcp-rails: TE_TCP_RAILS='%s' accepted\n", bad[i].v);
+			if (x)
+				te_engine_destroy(x);
+			return false;
+		}
+		if (!cap_has(bad[i].line))
+			return false;
+	}
+	return true;
+}
+
 static int loopback_main(void)
 {
 	te_set_log_level(TE_LOG_INFO);
+	cap_start();
+	if (!rails_option())
+		return 1;
+	printf("OK option\n");
 	cap_start();
 	/* The target: 8 MiB of pattern, data port on 127.0.0.1 only. */
 	/* Its port from below the ephemeral range: the relay binds it on
@@ -394,6 +470,9 @@ static int loopback_main(void)
 	REQUIRE(te_register_memory(t, tbuf, 8u * MIB, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
 	int dport = data_port_of(t);
 	REQUIRE(dport > 0);
+	/* Without TE_TCP_RAILS: the engine's own address, and that alone. */
+	if (!publishes(t, "\"tcp_data_addresses\":[\"127.0.0.1\"]"))
+		return 1;
 	ref = map_buf(8u * MIB);
 	memcpy(ref, tbuf, 8u * MIB);
 

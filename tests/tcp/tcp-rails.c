@@ -26,7 +26,9 @@
  *
  *   tcp-rails loopback
  *
- * needs no root: a target engine on 127.0.0.1 is published by a fake RPC
+ * needs no root: TE_TCP_RAILS is checked on engines of this process (the
+ * list published, the listeners, refusals), then a target engine on
+ * 127.0.0.1 is published by a fake RPC
  * server whose descriptor lists the rails 127.0.0.1 and 127.0.0.2 (among
  * entries that must be skipped). Nothing listens on 127.0.0.2 at first
  * (refused: the rail goes down, no task fails); then a byte-counting relay

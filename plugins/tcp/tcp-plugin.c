@@ -458,6 +458,7 @@ static int tcp_describe(void *ctx, char **json)
 	tcp_ctx *c = ctx;
 	JsonBuilder *b = json_builder_new();
 	const char *self = c->host->local_address(c->host);
+	char own[64] = "";
 
 	json_builder_begin_object(b);
 	json_builder_set_member_name(b, "tcp_data_port");
@@ -467,12 +468,15 @@ static int tcp_describe(void *ctx, char **json)
 	/* Every address the data port is reached at, for peers that spread over
 	 * them; Mooncake reads the fields above only. Without TE_TCP_RAILS, only
 	 * the address the engine publishes anyway: others may be on networks the
-	 * operator keeps data off. */
-	if (c->nrails > 0 || (self != NULL && *self != '\0')) {
+	 * operator keeps data off. A host name is left out: peers take only
+	 * numeric addresses there, and reach that name as before. */
+	if (c->nrails == 0 && self != NULL && !canon_addr(self, own, sizeof own))
+		own[0] = '\0';
+	if (c->nrails > 0 || own[0] != '\0') {
 		json_builder_set_member_name(b, "tcp_data_addresses");
 		json_builder_begin_array(b);
 		if (c->nrails == 0)
-			json_builder_add_string_value(b, self);
+			json_builder_add_string_value(b, own);
 		for (unsigned i = 0; i < c->nrails; i++)
 			json_builder_add_string_value(b, c->rails[i]);
 		json_builder_end_array(b);

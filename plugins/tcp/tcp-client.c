@@ -58,10 +58,19 @@ static bool rail_usable(tcp_cconn *cc)
 	return p->nrails == 1 || atomic_load(&rail_of(cc)->up) || atomic_load(&p->rails_up) == 0;
 }
 
+/* Kicks every connection of the peer from an I/O thread. Rails change state
+ * at any time, even while the segment closes: a kick that reached a
+ * connection after its close would bring it back to life in its thread's
+ * lists after the peer is freed. tcp_segment_close sets `closing` and waits
+ * for `kicking` to drop before it sends the closes, so every kick is either
+ * ahead of them or not sent. */
 static void kick_all(tcp_peer *p)
 {
-	for (unsigned i = 0; i < p->nconns; i++)
-		tcp_kick(&p->conns[i].io, MAIL_WORK);
+	atomic_fetch_add(&p->kicking, 1);
+	if (!atomic_load(&p->closing))
+		for (unsigned i = 0; i < p->nconns; i++)
+			tcp_kick(&p->conns[i].io, MAIL_WORK);
+	atomic_fetch_sub(&p->kicking, 1);
 }
 
 /* Marks the rail of `cc` down (once). Every connection of the peer is kicked:
@@ -319,8 +328,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			p->bl_bytes += back[i].len;
 		atomic_store(&p->has_work, 1);
 		g_mutex_unlock(&p->lock);
-		for (unsigned i = 0; i < p->nconns; i++)
-			tcp_kick(&p->conns[i].io, MAIL_WORK);
+		kick_all(p);
 	}
 	for (size_t i = 0; i < ndone; i++)
 		h->complete(h, done[i].t, done[i].bytes, done[i].err);

@@ -202,6 +202,8 @@ struct tcp_peer {
 	tcp_rail rails[TCP_MAX_RAILS];
 	unsigned nrails;           /* connection i runs over rails[i % nrails] */
 	atomic_int rails_up;
+	atomic_int closing;        /* segment closed: I/O threads kick none of its connections */
+	atomic_int kicking;        /* I/O threads kicking its connections right now */
 	int version;               /* 1 or 2 */
 	int refs;                  /* segment opens (ctx->lock) */
 	atomic_int live_conns;     /* connections not yet retired by their thread */

@@ -698,6 +698,10 @@ static void tcp_segment_close(void *ctx, void *seg_ctx)
 	 * kick. */
 	unsigned n = p->nconns;
 	tcp_cconn *conns = p->conns;
+	/* No I/O thread kicks a connection after its close (see kick_all). */
+	atomic_store(&p->closing, 1);
+	while (atomic_load(&p->kicking) > 0)
+		g_thread_yield();
 	for (unsigned i = 0; i < n; i++)
 		tcp_kick(&conns[i].io, MAIL_CLOSE);
 }

@@ -9,8 +9,8 @@
  * and are only read; the next 32 MiB are written and read back. Each phase
  * prints one "OK ..." line with what it measured, or a reason and exit 1:
  *
- *   OK both MIB1 MIB2 MS     both rails carried bytes (MiB on each link; the
- *                            round took MS)
+ *   OK both MIB1 MIB2 MS     both rails carried bytes (MiB on each link per
+ *                            96 MiB round; a round took MS)
  *   OK failover MS T         DEV1 went down mid-batch (T tasks in flight);
  *                            every task completed, every byte right, MS
  *                            after the link went down
@@ -621,17 +621,25 @@ int main(int argc, char **argv)
 	munmap(whole, sb.length);
 
 	/* (a) both rails up: both carry. */
-	double mib[2];
+	double mib[2], sum[2] = { 0, 0 };
 	long long ta = now_ms();
-	if (!round_on_links(mib))
-		return 1;
-	ta = now_ms() - ta;
-	if (mib[0] < 8 || mib[1] < 8) {
-		fprintf(stderr, "tcp-rails: 96 MiB moved, %.1f MiB over %s and %.1f over %s: not spread\n", mib[0],
-			dev[0], mib[1], dev[1]);
+	/* Up to three rounds, for a loaded machine where one rail's threads
+	 * started late: each rail must have carried a sixth of it. */
+	int rounds = 0;
+	while (rounds < 3 && (rounds == 0 || sum[0] < 16 * rounds || sum[1] < 16 * rounds)) {
+		if (!round_on_links(mib))
+			return 1;
+		sum[0] += mib[0];
+		sum[1] += mib[1];
+		rounds++;
+	}
+	ta = (now_ms() - ta) / rounds;
+	if (sum[0] < 16 * rounds || sum[1] < 16 * rounds) {
+		fprintf(stderr, "tcp-rails: %d MiB moved, %.1f MiB over %s and %.1f over %s: not spread\n", 96 * rounds,
+			sum[0], dev[0], sum[1], dev[1]);
 		return 1;
 	}
-	printf("OK both %.1f %.1f %lld\n", mib[0], mib[1], ta);
+	printf("OK both %.1f %.1f %lld\n", sum[0] / rounds, sum[1] / rounds, ta);
 	fflush(stdout);
 
 	/* (b) rail 1 down mid-batch: every task completes, every byte right. */

@@ -813,6 +813,7 @@ void tcp_peer_retire_conn(tcp_peer *p)
 	g_mutex_unlock(&c->lock);
 	tcp_peer_fail_pending(p, -ECANCELED); /* nothing should be left; safe if so */
 	g_mutex_clear(&p->lock);
+	g_free(p->rails);
 	g_free(p->key);
 	g_free(p);
 }

@@ -199,7 +199,7 @@ struct tcp_peer {
 	tcp_ctx *ctx;
 	char *key;                 /* host|port|version|rails */
 	char name[80];             /* host:port for logs */
-	tcp_rail rails[TCP_MAX_RAILS];
+	tcp_rail *rails;           /* nrails of them, allocated with the peer */
 	unsigned nrails;           /* connection i runs over rails[i % nrails] */
 	atomic_int rails_up;
 	atomic_int closing;        /* segment closed: I/O threads kick none of its connections */

@@ -361,6 +361,7 @@ static void free_peer(tcp_peer *p)
 	}
 	g_free(p->retry);
 	g_mutex_clear(&p->lock);
+	g_free(p->rails);
 	g_free(p->key);
 	g_free(p);
 }
@@ -586,6 +587,7 @@ static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int por
 	p->ctx = c;
 	p->key = g_strdup(key);
 	snprintf(p->name, sizeof p->name, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+	p->rails = g_new0(tcp_rail, nr); /* a single-rail peer costs one */
 	p->nrails = nr;
 	atomic_init(&p->rails_up, (int)nr);
 	for (unsigned r = 0; r < nr; r++) {

@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -874,15 +875,15 @@ SHIM guint g_timeout_add_seconds(guint interval, GSourceFunc func, gpointer data
 
 /* g_strerror caches each message in a table under a lock inside GLib: the
  * thread that first asks for a message allocates the string another thread
- * then prints. Every call takes that lock; so does this model of it. */
+ * then prints. Every call takes that lock; here it is a lock TSan sees. */
 static void *real_g_strerror;
-static int strerror_sync;
+static pthread_mutex_t strerror_lock = PTHREAD_MUTEX_INITIALIZER;
 
 SHIM const gchar *g_strerror(gint errnum)
 {
-	hb_release(&strerror_sync);
+	pthread_mutex_lock(&strerror_lock);
 	const gchar *s = REAL(const gchar *(*)(gint), g_strerror)(errnum);
-	hb_acquire(&strerror_sync);
+	pthread_mutex_unlock(&strerror_lock);
 	return s;
 }
 
@@ -1067,11 +1068,78 @@ static void file_in(FILE *f, int got)
 		hb_acquire(&io_sync);
 }
 
-SHIM int fflush(FILE *f)
+static void file_out(FILE *f)
 {
 	if (f == NULL || is_stream(fileno(f)))
 		hb_release(&io_sync);
+}
+
+SHIM int fflush(FILE *f)
+{
+	file_out(f);
 	return REAL(int (*)(FILE *), fflush)(f);
+}
+
+/* A line-buffered stream writes from inside these. */
+static void *real_vfprintf, *real_fputs, *real_puts, *real_fwrite, *real_fputc, *real_putchar;
+
+SHIM int vfprintf(FILE *f, const char *fmt, va_list ap)
+{
+	file_out(f);
+	return REAL(int (*)(FILE *, const char *, va_list), vfprintf)(f, fmt, ap);
+}
+
+SHIM int vprintf(const char *fmt, va_list ap)
+{
+	return vfprintf(stdout, fmt, ap);
+}
+
+SHIM int fprintf(FILE *f, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = vfprintf(f, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+SHIM int printf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = vfprintf(stdout, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+SHIM int fputs(const char *str, FILE *f)
+{
+	file_out(f);
+	return REAL(int (*)(const char *, FILE *), fputs)(str, f);
+}
+
+SHIM int puts(const char *str)
+{
+	file_out(stdout);
+	return REAL(int (*)(const char *), puts)(str);
+}
+
+SHIM size_t fwrite(const void *p, size_t size, size_t n, FILE *f)
+{
+	file_out(f);
+	return REAL(size_t (*)(const void *, size_t, size_t, FILE *), fwrite)(p, size, n, f);
+}
+
+SHIM int fputc(int c, FILE *f)
+{
+	file_out(f);
+	return REAL(int (*)(int, FILE *), fputc)(c, f);
+}
+
+SHIM int putchar(int c)
+{
+	file_out(stdout);
+	return REAL(int (*)(int), putchar)(c);
 }
 
 SHIM char *fgets(char *s, int n, FILE *f)
@@ -1114,4 +1182,36 @@ SHIM int getc(FILE *f)
 	int c = REAL(int (*)(FILE *), getc)(f);
 	file_in(f, c != EOF);
 	return c;
+}
+
+/* GLib's reference counts are atomic read-modify-writes inside the library:
+ * a full barrier, so the thread that drops the last reference (and frees)
+ * comes after everything every other holder did before dropping its own.
+ * Each unref through the PLT is that release and acquire on the object. */
+static void *real_g_main_context_unref, *real_g_bytes_unref, *real_g_object_unref;
+
+static void unref_order(const void *obj)
+{
+	if (obj != NULL) {
+		hb_release(obj);
+		hb_acquire(obj);
+	}
+}
+
+SHIM void g_main_context_unref(GMainContext *ctx)
+{
+	unref_order(ctx);
+	REAL(void (*)(GMainContext *), g_main_context_unref)(ctx);
+}
+
+SHIM void g_bytes_unref(GBytes *b)
+{
+	unref_order(b);
+	REAL(void (*)(GBytes *), g_bytes_unref)(b);
+}
+
+SHIM void g_object_unref(gpointer obj)
+{
+	unref_order(obj);
+	REAL(void (*)(gpointer), g_object_unref)(obj);
 }

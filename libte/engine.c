@@ -166,6 +166,14 @@ int te_transport_install(te_engine *e, const char *name, const char *args)
 		       "searched and what they hold", name);
 		return -ENOENT;
 	}
+	/* A transport built before ABI 1.2 cannot authenticate connections of
+	 * its own: with a key it would serve anyone. */
+	if (e->auth != NULL && p->abi_minor < 2) {
+		g_rec_mutex_unlock(&e->ctl);
+		te_err("transport %s was built for plugin ABI %u.%u, before peer authentication; it cannot "
+		       "serve an engine with a cluster key (TE_AUTH_KEY_FILE)", name, p->abi_major, p->abi_minor);
+		return -ENOTSUP;
+	}
 	tp = g_new0(te_transport_inst, 1);
 	te_host_init(&tp->hc, e, p);
 	tp->ops = p->desc->ops;

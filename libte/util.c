@@ -28,7 +28,10 @@ bool te_parse_u64(const char *s, uint64_t *out)
 	char *end = NULL;
 	unsigned long long v;
 
-	if (s == NULL || *s == '\0' || *s == '-' || *s == '+' || g_ascii_isspace(*s))
+	/* strtoull() would skip leading white space (\v and \f too, which
+	 * g_ascii_isspace() does not count) and take a sign: only a digit may
+	 * start the number. */
+	if (s == NULL || !g_ascii_isdigit(*s))
 		return false;
 	errno = 0;
 	v = strtoull(s, &end, 0);

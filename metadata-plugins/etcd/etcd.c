@@ -53,6 +53,7 @@ typedef struct etcd {
 	GMutex token_lock;  /* tokens[]; held while one is fetched */
 	char **tokens;      /* per endpoint; NULL: none yet */
 	gint auth_off_seen; /* the store said auth is not enabled (warned once) */
+	gint auth_off;      /* ... and no token was issued since: calls go without */
 
 	/* lease */
 	bool lease_on;
@@ -152,9 +153,11 @@ static int authenticate(etcd *s, int ep)
 		tok = str_member(json_node_get_object(json_parser_get_root(p)), "token", NULL);
 	if (tok != NULL && *tok != '\0' && strpbrk(tok, "\r\n") == NULL) {
 		s->tokens[ep] = g_strdup(tok);
+		g_atomic_int_set(&s->auth_off, 0);
 		rc = 0;
 	} else if (r.status != 200 && strstr(r.body, "authentication is not enabled") != NULL) {
 		/* Nothing to prove: go on without a token. */
+		g_atomic_int_set(&s->auth_off, 1);
 		if (g_atomic_int_compare_and_exchange(&s->auth_off_seen, 0, 1))
 			s->h->log(s->h, TE_LOG_WARN, "etcd %s: a user is configured but the store has "
 				  "authentication off; requests go without a token", s->conn);
@@ -171,10 +174,11 @@ static int authenticate(etcd *s, int ep)
 	return rc;
 }
 
-/* The token to send to endpoint `ep` (g_free()d by the caller; NULL without
- * authentication), fetched when there is none or `stale` is the one that was
- * refused. */
-static int token_for(etcd *s, int ep, const char *stale, char **out)
+/* The token to send to endpoint `ep` (freed by the caller with
+ * te_http_secret_free(); NULL without authentication), fetched when there is
+ * none (unless the store has auth off, and `retry` does not say it refused
+ * a call without one) or `stale` is the one that was refused. */
+static int token_for(etcd *s, int ep, const char *stale, bool retry, char **out)
 {
 	int rc = 0;
 
@@ -182,7 +186,8 @@ static int token_for(etcd *s, int ep, const char *stale, char **out)
 	if (s->user == NULL)
 		return 0;
 	g_mutex_lock(&s->token_lock);
-	if (s->tokens[ep] == NULL || (stale != NULL && strcmp(s->tokens[ep], stale) == 0))
+	if (s->tokens[ep] == NULL ? retry || !g_atomic_int_get(&s->auth_off)
+				  : stale != NULL && strcmp(s->tokens[ep], stale) == 0)
 		rc = authenticate(s, ep);
 	if (rc == 0)
 		*out = g_strdup(s->tokens[ep]);
@@ -206,15 +211,16 @@ static int etcd_post(etcd *s, const char *path, const char *body, te_http_reply 
 
 		for (int attempt = 0; attempt < 2; attempt++) {
 			char *stale = token;
-			rc = token_for(s, ep, stale, &token);
+			rc = token_for(s, ep, stale, attempt > 0, &token);
 			te_http_secret_free(stale);
 			auth_failed = rc < 0; /* authenticate() logged why */
 			if (rc < 0)
 				break;
 			rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body), token,
 					     s->timeout_ms, reply, &err);
-			/* An expired or foreign token: fetch another, send once more. */
-			if (rc == 0 && token != NULL && attempt == 0 && token_refused(reply)) {
+			/* An expired or foreign token (or none, while the store had
+			 * auth off): fetch another, send once more. */
+			if (rc == 0 && s->user != NULL && attempt == 0 && token_refused(reply)) {
 				s->h->log(s->h, TE_LOG_DEBUG, "etcd endpoint %s refused the token for %s; "
 					  "authenticating again", s->urls[ep], path);
 				te_http_reply_clear(reply);

@@ -58,10 +58,19 @@ static bool rail_usable(tcp_cconn *cc)
 	return p->nrails == 1 || atomic_load(&rail_of(cc)->up) || atomic_load(&p->rails_up) == 0;
 }
 
+/* Kicks every connection of the peer from an I/O thread. Rails change state
+ * at any time, even while the segment closes: a kick that reached a
+ * connection after its close would bring it back to life in its thread's
+ * lists after the peer is freed. tcp_segment_close sets `closing` and waits
+ * for `kicking` to drop before it sends the closes, so every kick is either
+ * ahead of them or not sent. */
 static void kick_all(tcp_peer *p)
 {
-	for (unsigned i = 0; i < p->nconns; i++)
-		tcp_kick(&p->conns[i].io, MAIL_WORK);
+	atomic_fetch_add(&p->kicking, 1);
+	if (!atomic_load(&p->closing))
+		for (unsigned i = 0; i < p->nconns; i++)
+			tcp_kick(&p->conns[i].io, MAIL_WORK);
+	atomic_fetch_sub(&p->kicking, 1);
 }
 
 /* Marks the rail of `cc` down (once). Every connection of the peer is kicked:
@@ -319,8 +328,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			p->bl_bytes += back[i].len;
 		atomic_store(&p->has_work, 1);
 		g_mutex_unlock(&p->lock);
-		for (unsigned i = 0; i < p->nconns; i++)
-			tcp_kick(&p->conns[i].io, MAIL_WORK);
+		kick_all(p);
 	}
 	for (size_t i = 0; i < ndone; i++)
 		h->complete(h, done[i].t, done[i].bytes, done[i].err);
@@ -673,8 +681,12 @@ void tcp_cconn_drive(tcp_cconn *cc)
 		return;
 	if (p->nrails > 1 && !atomic_load(&rail_of(cc)->up)) {
 		/* Another connection found the rail broken: this one is likely
-		 * stuck too, so its requests move now rather than after a timeout. */
-		cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
+		 * stuck too, so its requests move now rather than after a timeout
+		 * (an idle one just closes). */
+		if (cc->head == cc->tail)
+			go_down(cc);
+		else
+			cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
 		return;
 	}
 	for (int round = 0; round < ROUNDS; round++) {
@@ -793,11 +805,15 @@ void tcp_peer_retire_conn(tcp_peer *p)
 	if (atomic_fetch_sub(&p->live_conns, 1) != 1)
 		return;
 	tcp_ctx *c = p->ctx;
+	for (unsigned r = 0; p->nrails > 1 && r < p->nrails; r++)
+		TLOG(c, TE_LOG_DEBUG, "rail %s of %s carried %llu bytes", p->rails[r].name, p->name,
+		     (unsigned long long)atomic_load(&p->rails[r].bytes));
 	g_mutex_lock(&c->lock);
 	g_ptr_array_remove_fast(c->all_peers, p);
 	g_mutex_unlock(&c->lock);
 	tcp_peer_fail_pending(p, -ECANCELED); /* nothing should be left; safe if so */
 	g_mutex_clear(&p->lock);
+	g_free(p->rails);
 	g_free(p->key);
 	g_free(p);
 }

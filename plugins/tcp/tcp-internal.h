@@ -75,6 +75,7 @@ typedef struct tcp_config {
 } tcp_config;
 
 #define TCP_MAX_CONNS_PER_PEER 16
+#define TCP_AUTH_THREADS 32  /* accepted connections authenticated at once (with a key) */
 #define TCP_MAX_ADDRS 4
 #define TCP_IOV_MAX 256      /* iovecs per sendmsg/readv (IOV_MAX is 1024) */
 #define TCP_HBUF (64 * TCP_HDR_SIZE)
@@ -198,9 +199,11 @@ struct tcp_peer {
 	tcp_ctx *ctx;
 	char *key;                 /* host|port|version|rails */
 	char name[80];             /* host:port for logs */
-	tcp_rail rails[TCP_MAX_RAILS];
+	tcp_rail *rails;           /* nrails of them, allocated with the peer */
 	unsigned nrails;           /* connection i runs over rails[i % nrails] */
 	atomic_int rails_up;
+	atomic_int closing;        /* segment closed: I/O threads kick none of its connections */
+	atomic_int kicking;        /* I/O threads kicking its connections right now */
 	int version;               /* 1 or 2 */
 	int refs;                  /* segment opens (ctx->lock) */
 	atomic_int live_conns;     /* connections not yet retired by their thread */

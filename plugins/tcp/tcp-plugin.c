@@ -140,10 +140,14 @@ static int resolve_rails(tcp_ctx *c)
 		if (canon_addr(item, addr, sizeof addr)) {
 			/* Only an address of this host: a peer would send our data
 			 * to whoever holds it. */
+			struct in_addr v4;
 			for (struct ifaddrs *ifa = ifs; ifa != NULL && !found; ifa = ifa->ifa_next) {
 				char a[64];
 				found = ifa_text(ifa, a, sizeof a) && strcmp(a, addr) == 0;
 			}
+			/* 127.0.0.0/8 is all this host's, though lo lists one. */
+			if (!found && inet_pton(AF_INET, addr, &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127)
+				found = true;
 			if (!found) {
 				TLOG(c, TE_LOG_ERROR, "TE_TCP_RAILS: %s is not an address of this host", addr);
 				rc = -EINVAL;
@@ -357,6 +361,7 @@ static void free_peer(tcp_peer *p)
 	}
 	g_free(p->retry);
 	g_mutex_clear(&p->lock);
+	g_free(p->rails);
 	g_free(p->key);
 	g_free(p);
 }
@@ -409,12 +414,13 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	c->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	/* ABI 1.2 hosts can hold a cluster key; then every data connection is
 	 * authenticated before its first request. An accepted one is handed to
-	 * a few threads of its own for that, so a peer that stalls the exchange
-	 * holds neither the accepting thread nor an I/O thread. */
+	 * threads of its own for that, so a peer that stalls the exchange holds
+	 * neither the accepting thread nor an I/O thread; only one of these, for
+	 * the handshake's 3 s at most. Idle ones go back to GLib's shared pool. */
 	c->auth = TE_HAS_OP(h, auth_enabled) && TE_HAS_OP(h, auth_connect) && TE_HAS_OP(h, auth_accept) &&
 		  h->auth_enabled(h);
 	if (c->auth)
-		c->auth_pool = g_thread_pool_new(tcp_auth_job, c, 8, FALSE, NULL);
+		c->auth_pool = g_thread_pool_new(tcp_auth_job, c, TCP_AUTH_THREADS, FALSE, NULL);
 	if (args != NULL && *args != '\0' && strcmp(args, "{}") != 0 && strcmp(args, "null") != 0)
 		TLOG(c, TE_LOG_WARN, "the tcp transport takes no arguments; ignoring '%.80s' (use TE_TCP_* "
 			"variables)", args);
@@ -453,6 +459,7 @@ static int tcp_describe(void *ctx, char **json)
 	tcp_ctx *c = ctx;
 	JsonBuilder *b = json_builder_new();
 	const char *self = c->host->local_address(c->host);
+	char own[64] = "";
 
 	json_builder_begin_object(b);
 	json_builder_set_member_name(b, "tcp_data_port");
@@ -462,12 +469,15 @@ static int tcp_describe(void *ctx, char **json)
 	/* Every address the data port is reached at, for peers that spread over
 	 * them; Mooncake reads the fields above only. Without TE_TCP_RAILS, only
 	 * the address the engine publishes anyway: others may be on networks the
-	 * operator keeps data off. */
-	if (c->nrails > 0 || (self != NULL && *self != '\0')) {
+	 * operator keeps data off. A host name is left out: peers take only
+	 * numeric addresses there, and reach that name as before. */
+	if (c->nrails == 0 && self != NULL && !canon_addr(self, own, sizeof own))
+		own[0] = '\0';
+	if (c->nrails > 0 || own[0] != '\0') {
 		json_builder_set_member_name(b, "tcp_data_addresses");
 		json_builder_begin_array(b);
 		if (c->nrails == 0)
-			json_builder_add_string_value(b, self);
+			json_builder_add_string_value(b, own);
 		for (unsigned i = 0; i < c->nrails; i++)
 			json_builder_add_string_value(b, c->rails[i]);
 		json_builder_end_array(b);
@@ -577,6 +587,7 @@ static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int por
 	p->ctx = c;
 	p->key = g_strdup(key);
 	snprintf(p->name, sizeof p->name, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+	p->rails = g_new0(tcp_rail, nr); /* a single-rail peer costs one */
 	p->nrails = nr;
 	atomic_init(&p->rails_up, (int)nr);
 	for (unsigned r = 0; r < nr; r++) {
@@ -689,6 +700,10 @@ static void tcp_segment_close(void *ctx, void *seg_ctx)
 	 * kick. */
 	unsigned n = p->nconns;
 	tcp_cconn *conns = p->conns;
+	/* No I/O thread kicks a connection after its close (see kick_all). */
+	atomic_store(&p->closing, 1);
+	while (atomic_load(&p->kicking) > 0)
+		g_thread_yield();
 	for (unsigned i = 0; i < n; i++)
 		tcp_kick(&conns[i].io, MAIL_CLOSE);
 }

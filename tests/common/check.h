@@ -8,8 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int check_failures;
-static int check_count;
+/* Atomic: test programs check from several threads at once. */
+static _Atomic int check_failures;
+static _Atomic int check_count;
 
 #define CHECK(cond)                                                                \
 	do {                                                                           \

@@ -8,6 +8,9 @@
  *     connection, with the engine's Notify handler and a Connection handler
  *     registered; whatever it answers must itself be one well-formed frame of
  *     the request's type.
+ *  3. the same bytes to serve_conn() of a server that requires peer
+ *     authentication (a cluster key): its HELLO parsing, and the reply that
+ *     tells a plain frame's sender a key is needed.
  * The writing end is shut after the input, so every read ends at once.
  */
 #include "../../libte/rpc.c"
@@ -16,6 +19,7 @@
 
 static te_engine *engine;
 static te_rpc_server server;
+static te_auth *key;
 
 static void quiet(int level, const char *domain, const char *msg, void *user)
 {
@@ -64,6 +68,15 @@ static void setup(void)
 	g_mutex_init(&server.lock);
 	server.active = g_hash_table_new(NULL, NULL);
 	server.per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+
+	char *path = NULL;
+	int fd = g_file_open_tmp("te-fuzz-key-XXXXXX", &path, NULL);
+	FUZZ_CHECK(fd >= 0);
+	FUZZ_CHECK(write(fd, "0123456789abcdef0123456789abcdef\n", 33) == 33);
+	close(fd);
+	FUZZ_CHECK(te_auth_load(path, &key) == 0);
+	unlink(path);
+	g_free(path);
 }
 
 /* A connected pair whose sv[0] end holds the input, then end of stream. */
@@ -101,7 +114,7 @@ static void read_frames(const uint8_t *data, size_t size)
 	close(sv[1]);
 }
 
-static void serve(const uint8_t *data, size_t size)
+static void serve(const uint8_t *data, size_t size, bool authed)
 {
 	int sv[2];
 
@@ -130,9 +143,14 @@ static void serve(const uint8_t *data, size_t size)
 	int type = -2;
 	char *body = NULL;
 	size_t len = 0;
-	if (read_frame(sv[1], &type, &body, &len, te_now_ms() + 5000, "server") == 0) {
-		FUZZ_CHECK(size >= 9);
-		FUZZ_CHECK(type == req_type);
+	if (authed && size >= 8 && memcmp(data, "TE-AUTH", 8) == 0) {
+		/* A HELLO: the challenge follows, not a frame; the proof in
+		 * the input cannot match a fresh nonce. */
+	} else if (read_frame(sv[1], &type, &body, &len, te_now_ms() + 5000, "server") == 0) {
+		FUZZ_CHECK(size >= 9 || (authed && size >= 8));
+		FUZZ_CHECK(type == req_type || (authed && type == -1));
+		if (authed) /* a plain frame only learns that a key is needed */
+			FUZZ_CHECK(strcmp(body, TE_AUTH_REQUIRED_REPLY) == 0);
 		char extra;
 		FUZZ_CHECK(recv(sv[1], &extra, 1, MSG_DONTWAIT) == 0); /* nothing after it */
 		g_free(body);
@@ -147,6 +165,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	setup();
 	read_frames(data, size);
-	serve(data, size);
+	serve(data, size, false);
+	engine->auth = key;
+	serve(data, size, true);
+	engine->auth = NULL;
 	return 0;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Replays a harness's inputs without libFuzzer: every file of the folders
- * named on the command line goes once through LLVMFuzzerTestOneInput. The
+ * named on the command line (or each file named) goes once through
+ * LLVMFuzzerTestOneInput. The
  * plain and sanitizer builds run the seed corpus and the regressions (inputs
  * that once crashed) this way, so a fixed bug stays fixed without clang.
  */
@@ -89,10 +90,18 @@ int main(int argc, char **argv)
 	int total = 0;
 
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s CORPUS_DIR [REGRESSIONS_DIR...]\n", argv[0]);
+		fprintf(stderr, "usage: %s CORPUS_DIR [REGRESSIONS_DIR...] | FILE...\n", argv[0]);
 		return 2;
 	}
 	for (int i = 1; i < argc; i++) {
+		struct stat st;
+		/* A file on its own: one input (a crash being looked at). */
+		if (stat(argv[i], &st) == 0 && S_ISREG(st.st_mode)) {
+			if (replay_file(argv[i]) < 0)
+				return 1;
+			total++;
+			continue;
+		}
 		int n = replay_dir(argv[i]);
 		if (n < 0)
 			return 1;

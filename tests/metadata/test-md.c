@@ -570,6 +570,25 @@ static void case_etcd_basic(void)
 	CHECK_EQ(te_metadata_remove(md, "mooncake/plain"), 0);
 	te_engine_destroy(e);
 	te_metadata_close(md);
+
+	/* credentials for a store with auth off: one warning, then plain calls */
+	char withpw[128];
+	snprintf(withpw, sizeof withpw, "etcd://u:Off-pw-1@127.0.0.1:%d", etcd1[0].client_port);
+	cap_start();
+	REQUIRE(te_metadata_open(withpw, &md) == 0);
+	CHECK(cap_has("authentication off"));
+	CHECK_EQ(te_metadata_put(md, "mooncake/noauth", "{}", 2), 0);
+	CHECK_EQ(te_metadata_remove(md, "mooncake/noauth"), 0);
+	CHECK(!cap_has("Off-pw-1"));
+	te_metadata_close(md);
+	/* a user-info without a user, or with a bad escape, is refused */
+	snprintf(withpw, sizeof withpw, "etcd://:Off-pw-1@127.0.0.1:%d", etcd1[0].client_port);
+	CHECK_EQ(te_metadata_open(withpw, &md), -EINVAL);
+	snprintf(withpw, sizeof withpw, "etcd://u:Off-pw-1%%zz@127.0.0.1:%d", etcd1[0].client_port);
+	CHECK_EQ(te_metadata_open(withpw, &md), -EINVAL);
+	CHECK(cap_has("is not user:password"));
+	CHECK(!cap_has("Off-pw-1"));
+	te_set_log_handler(NULL, NULL);
 }
 
 static void case_etcd_engines(void)
@@ -871,6 +890,18 @@ static void case_etcd_auth(void)
 	CHECK(e != NULL);
 	if (e) {
 		REQUIRE(te_metadata_open(conn, &md) == 0);
+		/* what the engine published holds no credential either */
+		char key[256];
+		for (int i = 0; i < 2; i++) {
+			if (i == 0)
+				te_metadata_segment_key(te_engine_name(e), key, sizeof key);
+			else
+				te_metadata_rpc_key(te_engine_name(e), key, sizeof key);
+			CHECK_EQ(te_metadata_get(md, key, &v, &len), 0);
+			CHECK(v != NULL && strstr(v, "te-pw-7Qx") == NULL && strstr(v, "te:") == NULL);
+			te_free(v);
+			v = NULL;
+		}
 		CHECK_EQ(te_metadata_get(md, "mooncake/none", &v, &len), -ENOENT);
 		CHECK_EQ(te_metadata_put(md, "elsewhere/k", "{}", 2), TE_ERR_METADATA); /* logged, with the store */
 		te_metadata_close(md);

@@ -150,6 +150,18 @@ static void test_key_files(void)
 	CHECK(cap_has("readable by its group or by others"));
 	te_engine_destroy(e);
 
+	/* A transport from before ABI 1.2 cannot authenticate: refused with a key. */
+	e = engine_with_key(key_a);
+	REQUIRE(e != NULL);
+	cap_start();
+	CHECK_EQ(te_transport_install(e, "oldabi", NULL), -ENOTSUP);
+	CHECK(cap_has("before peer authentication"));
+	te_engine_destroy(e);
+	e = engine_with_key(NULL);
+	REQUIRE(e != NULL);
+	CHECK_EQ(te_transport_install(e, "oldabi", NULL), 0);
+	te_engine_destroy(e);
+
 	/* The environment variable, when no option says otherwise. */
 	setenv("TE_AUTH_KEY_FILE", key_short, 1);
 	CHECK(engine_with_key(NULL) == NULL);
@@ -339,6 +351,39 @@ static void test_keyless_target(void)
 	child_stop(&t.c, 0);
 }
 
+/* ------------------------------------------------- per-address limit */
+
+/* TE_TCP_MAX_PER_PEER=2: a third data connection from the same address is
+ * closed at once (and logged); the two open ones are not touched; once one
+ * closes, the address may connect again. */
+static void test_max_per_peer(void)
+{
+	te_option o = { "TE_TCP_MAX_PER_PEER", "2" };
+	te_engine *e = tcp_engine(&o, 1);
+	REQUIRE(e != NULL);
+	char *d = rpc_exchange(te_engine_rpc_port(e), 1, "{}");
+	REQUIRE(d != NULL);
+	int port = (int)json_int(d, "tcp_data_port");
+	free(d);
+	REQUIRE(port > 0);
+	cap_start();
+	int a = tcp_connect_port(port), b = tcp_connect_port(port), c = tcp_connect_port(port);
+	REQUIRE(a >= 0 && b >= 0 && c >= 0);
+	CHECK(closed_quietly(c, 3000));
+	CHECK(silent_for(a, 200) && silent_for(b, 200));
+	CHECK(cap_has("TE_TCP_MAX_PER_PEER"));
+	close(c);
+	close(a);
+	usleep(200000); /* the target sees the close */
+	int again = tcp_connect_port(port);
+	REQUIRE(again >= 0);
+	CHECK(silent_for(again, 300)); /* accepted: open, waiting for a request */
+	close(again);
+	close(b);
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(e);
+}
+
 /* ------------------------------------------------------------ a store */
 
 static void test_store(void)
@@ -415,6 +460,7 @@ int main(int argc, char **argv)
 	write_file(key_open, "0123456789abcdef-cluster-a", 0644);
 
 	TEST_RUN(test_key_files);
+	TEST_RUN(test_max_per_peer);
 	target_start(&tk, key_a, target_log);
 	TEST_RUN(test_right_key);
 	TEST_RUN(test_wrong_and_no_key);

@@ -69,6 +69,7 @@ static int multi(int n, size_t bytes)
 		fill_pattern(buf, bytes, (unsigned)i);
 		REQUIRE(te_register_memory(es[i], buf, bytes, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
 		printf("READY %s %llu\n", te_engine_name(es[i]), (unsigned long long)(uintptr_t)buf);
+		fflush(stdout); /* the reader times each line, not the whole set */
 	}
 	printf("ALL\n");
 	fflush(stdout);

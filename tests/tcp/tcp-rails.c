@@ -9,18 +9,37 @@
  * and are only read; the next 32 MiB are written and read back. Each phase
  * prints one "OK ..." line with what it measured, or a reason and exit 1:
  *
- *   OK both MIB1 MIB2        both rails carried bytes (MiB on each link)
- *   OK failover MS           DEV1 went down mid-batch; every task completed,
- *                            every byte right, MS after the link went down
+ *   OK both MIB1 MIB2 MS     both rails carried bytes (MiB on each link per
+ *                            96 MiB round; a round took MS)
+ *   OK failover MS T         DEV1 went down mid-batch (T tasks in flight);
+ *                            every task completed, every byte right, MS
+ *                            after the link went down
  *   OK return MS             DEV1 up again: MS until it carried bytes again
- *   OK alldown MS F N        both down mid-batch: every task ended (F of N
- *                            FAILED, none COMPLETED wrongly) MS after
+ *   OK alldown MS F N T      both down mid-batch (T tasks in flight): every
+ *                            task ended (F of N FAILED, none COMPLETED
+ *                            wrongly) MS after
  *   OK alldown-new MS N      a batch submitted with both down: all N FAILED
  *   OK bothback MS           both up: MS until both carried bytes again
  *
  * The per-link byte counts come from /sys/class/net/DEV/statistics, which the
  * namespace's own sysfs shows (ip netns exec mounts it).
+ *
+ *   tcp-rails loopback
+ *
+ * needs no root: TE_TCP_RAILS is checked on engines of this process (the
+ * list published, the listeners, refusals), then a target engine on
+ * 127.0.0.1 is published by a fake RPC
+ * server whose descriptor lists the rails 127.0.0.1 and 127.0.0.2 (among
+ * entries that must be skipped). Nothing listens on 127.0.0.2 at first
+ * (refused: the rail goes down, no task fails); then a byte-counting relay
+ * there to the target's port brings the rail back; then the relay drops its
+ * connections mid-batch (reset: the rail's requests go over the other).
  */
+#include <net/if.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/ioctl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,14 +77,34 @@ static unsigned long long link_bytes(const char *d)
 	return sum;
 }
 
+/* What `ip link set dev D up|down` does, without starting a process: a
+ * batch on a fast machine can be over before `ip` even runs. */
 static void link_set(const char *d, const char *state)
 {
-	char cmd[128];
-	snprintf(cmd, sizeof cmd, "ip link set dev %s %s", d, state);
-	if (system(cmd) != 0) {
-		fprintf(stderr, "tcp-rails: '%s' failed\n", cmd);
+	struct ifreq ifr;
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	memset(&ifr, 0, sizeof ifr);
+	snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", d);
+	if (fd < 0 || ioctl(fd, SIOCGIFFLAGS, &ifr) < 0) {
+		fprintf(stderr, "tcp-rails: flags of %s: %s\n", d, strerror(errno));
 		exit(1);
 	}
+	if (strcmp(state, "up") == 0)
+		ifr.ifr_flags |= IFF_UP;
+	else
+		ifr.ifr_flags &= ~IFF_UP;
+	if (ioctl(fd, SIOCSIFFLAGS, &ifr) < 0) {
+		fprintf(stderr, "tcp-rails: setting %s %s: %s\n", d, state, strerror(errno));
+		exit(1);
+	}
+	close(fd);
+}
+
+static void links_set(const char *state)
+{
+	link_set(dev[0], state);
+	link_set(dev[1], state);
 }
 
 /* One batch: `nr` 1 MiB READs of the pattern into distinct local MiBs, `nw`
@@ -170,10 +209,387 @@ static long long until_used(bool which[2])
 	return -1;
 }
 
+/* ------------------------------------------------------ loopback mode */
+
+/* Answers Metadata frames with a descriptor of our making. */
+typedef struct fake_rpc {
+	int lfd, port;
+	char desc[2048];
+	pthread_t th;
+	atomic_int stop;
+} fake_rpc;
+
+static void *fake_rpc_main(void *arg)
+{
+	fake_rpc *f = arg;
+	while (!atomic_load(&f->stop)) {
+		int fd = accept_timeout(f->lfd, 100);
+		if (fd < 0)
+			continue;
+		unsigned char h[9];
+		if (recv_exact(fd, h, 9, 2000, NULL) == 9) {
+			uint64_t n = get_le64(h);
+			char *body = n > 0 && n < (1u << 20) ? malloc(n) : NULL;
+			if (body && recv_exact(fd, body, n - 1, 2000, NULL) == (ssize_t)(n - 1)) {
+				size_t dl = strlen(f->desc);
+				uint64_t len = htole64(dl + 1);
+				unsigned char rh[9];
+				memcpy(rh, &len, 8);
+				rh[8] = h[8];
+				send_all(fd, rh, 9);
+				send_all(fd, f->desc, dl);
+			}
+			free(body);
+		}
+		close(fd);
+	}
+	return NULL;
+}
+
+/* Listens on 127.0.0.2:port and relays each connection to 127.0.0.1:port,
+ * counting the bytes; `drop` closes every relayed connection at once. */
+#define RELAY_MAX 16
+typedef struct relay {
+	int lfd, port;
+	pthread_t th;
+	atomic_int stop, drop;
+	atomic_ullong bytes;
+	atomic_int conns;
+} relay;
+
+static void *relay_main(void *arg)
+{
+	relay *r = arg;
+	int a[RELAY_MAX], b[RELAY_MAX], n = 0;
+	static char buf[1 << 16];
+
+	while (!atomic_load(&r->stop)) {
+		if (atomic_exchange(&r->drop, 0)) {
+			for (int i = 0; i < n; i++) {
+				/* A reset, as a broken path would give. */
+				struct linger lg = { 1, 0 };
+				setsockopt(a[i], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+				close(a[i]);
+				close(b[i]);
+			}
+			n = 0;
+		}
+		struct pollfd pf[1 + 2 * RELAY_MAX];
+		pf[0] = (struct pollfd){ .fd = r->lfd, .events = POLLIN };
+		for (int i = 0; i < n; i++) {
+			pf[1 + 2 * i] = (struct pollfd){ .fd = a[i], .events = POLLIN };
+			pf[2 + 2 * i] = (struct pollfd){ .fd = b[i], .events = POLLIN };
+		}
+		if (poll(pf, (nfds_t)(1 + 2 * n), 50) <= 0)
+			continue;
+		if ((pf[0].revents & POLLIN) && n < RELAY_MAX) {
+			int c = accept(r->lfd, NULL, NULL);
+			int d = socket(AF_INET, SOCK_STREAM, 0);
+			struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)r->port) };
+			to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+			if (c >= 0 && d >= 0 && connect(d, (struct sockaddr *)&to, sizeof to) == 0) {
+				a[n] = c;
+				b[n++] = d;
+				atomic_fetch_add(&r->conns, 1);
+			} else {
+				if (c >= 0)
+					close(c);
+				if (d >= 0)
+					close(d);
+			}
+		}
+		int live = 0;
+		for (int i = 0; i < n; i++) {
+			bool dead = false;
+			for (int k = 0; k < 2 && !dead; k++) {
+				struct pollfd *p = &pf[1 + 2 * i + k];
+				if (!(p->revents & (POLLIN | POLLHUP | POLLERR)))
+					continue;
+				ssize_t got = recv(p->fd, buf, sizeof buf, MSG_DONTWAIT);
+				if (got < 0 && (errno == EAGAIN || errno == EINTR))
+					continue;
+				/* Blocking writes: the other side reads all the time. */
+				dead = got <= 0 || !send_all(k == 0 ? b[i] : a[i], buf, (size_t)got);
+				if (!dead)
+					atomic_fetch_add(&r->bytes, (unsigned long long)got);
+			}
+			if (dead) {
+				close(a[i]);
+				close(b[i]);
+			} else {
+				a[live] = a[i];
+				b[live++] = b[i];
+			}
+		}
+		n = live;
+	}
+	for (int i = 0; i < n; i++) {
+		close(a[i]);
+		close(b[i]);
+	}
+	return NULL;
+}
+
+static void relay_start(relay *r, int port)
+{
+	int one = 1;
+	struct sockaddr_in at = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	inet_pton(AF_INET, "127.0.0.2", &at.sin_addr);
+	memset(r, 0, sizeof *r);
+	r->port = port;
+	r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+	REQUIRE(r->lfd >= 0);
+	setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	REQUIRE(bind(r->lfd, (struct sockaddr *)&at, sizeof at) == 0);
+	REQUIRE(listen(r->lfd, 16) == 0);
+	REQUIRE(pthread_create(&r->th, NULL, relay_main, r) == 0);
+}
+
+static void relay_stop(relay *r)
+{
+	atomic_store(&r->stop, 1);
+	pthread_join(r->th, NULL);
+	close(r->lfd);
+}
+
+/* 32 READs of 256 KiB of the target's pattern, checked: all completed? */
+static bool lo_round(void)
+{
+	static te_request r[32];
+	te_batch_id b;
+	int c, f, o;
+	memset(local, 0, 8u * MIB);
+	for (int i = 0; i < 32; i++)
+		r[i] = (te_request){ TE_OP_READ, seg, local + (size_t)i * 256 * 1024,
+				     rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
+	REQUIRE(te_batch_alloc(e, 32, &b) == 0);
+	REQUIRE(te_submit(e, b, r, 32) == 0);
+	settle(b, 32, 20000, &c, &f, &o);
+	te_batch_free(e, b);
+	if (c != 32) {
+		fprintf(stderr, "tcp-rails: loopback round: %d completed, %d failed, %d other\n", c, f, o);
+		return false;
+	}
+	for (int i = 0; i < 32; i++)
+		if (memcmp(local + (size_t)i * 256 * 1024, ref + (size_t)((i * 5) % 32) * 256 * 1024, 256 * 1024) != 0) {
+			fprintf(stderr, "tcp-rails: loopback READ %d brought wrong bytes\n", i);
+			return false;
+		}
+	return true;
+}
+
+static int try_connect(const char *addr, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
+	if (fd < 0)
+		return -errno;
+	inet_pton(AF_INET, addr, &a.sin_addr);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+/* The descriptor an engine publishes holds `want`. */
+static bool publishes(te_engine *x, const char *want)
+{
+	char *d = rpc_exchange(te_engine_rpc_port(x), 1, "{}");
+	bool ok = d != NULL && strstr(d, want) != NULL;
+	if (!ok)
+		fprintf(stderr, "tcp-rails: descriptor lacks %s: %.600s\n", want, d ? d : "(none)");
+	free(d);
+	return ok;
+}
+
+/* TE_TCP_RAILS: what is published, where the data port listens, and
+ * refusals that name the bad item. */
+static bool rails_option(void)
+{
+	char port[16];
+	snprintf(port, sizeof port, "%d", free_port());
+	/* lo stands for 127.0.0.1, listed once. */
+	te_option o1[3] = { { "TE_TCP_RAILS", "127.0.0.3, lo,127.0.0.1" }, { "TE_TCP_BIND_ADDRESS", "127.0.0.1" },
+			    { "TE_TCP_PORT", port } };
+	te_engine *x = tcp_engine(o1, 3);
+	if (x == NULL)
+		return false;
+	bool ok = publishes(x, "\"tcp_data_addresses\":[\"127.0.0.3\",\"127.0.0.1\"]");
+	/* The bind address and each rail listen; another address does not. */
+	ok = ok && try_connect("127.0.0.1", atoi(port)) == 0 && try_connect("127.0.0.3", atoi(port)) == 0 &&
+	     try_connect("127.0.0.4", atoi(port)) == -ECONNREFUSED;
+	te_engine_destroy(x);
+	if (!ok) {
+		fprintf(stderr, "tcp-rails: TE_TCP_RAILS with a bind address: wrong descriptor or listeners\n");
+		return false;
+	}
+	struct {
+		const char *v, *line;
+	} bad[] = {
+		{ "127.0.0.1,10.9.9.9", "10.9.9.9 is not an address of this host" },
+		{ "nosuchif0", "'nosuchif0' is neither a numeric address nor an interface" },
+		{ " , ", "TE_TCP_RAILS is set but names no address" },
+		{ "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5,127.0.0.6,127.0.0.7,127.0.0.8,127.0.0.9",
+		  "TE_TCP_RAILS: more than 8 addresses" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		te_option ob[2] = { { "TE_TCP_RAILS", bad[i].v } };
+		cap_start();
+		x = NULL;
+		te_option full[2] = { { "transports", "tcp" }, ob[0] };
+		int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", full, 2, &x);
+		if (rc >= 0 || x != NULL) {
+			fprintf(stderr, "tcp-rails: TE_TCP_RAILS='%s' accepted\n", bad[i].v);
+			if (x)
+				te_engine_destroy(x);
+			return false;
+		}
+		if (!cap_has(bad[i].line))
+			return false;
+	}
+	return true;
+}
+
+static int loopback_main(void)
+{
+	te_set_log_level(TE_LOG_INFO);
+	cap_start();
+	if (!rails_option())
+		return 1;
+	printf("OK option\n");
+	cap_start();
+	/* The target: 8 MiB of pattern, data port on 127.0.0.1 only. */
+	/* Its port from below the ephemeral range: the relay binds it on
+	 * 127.0.0.2 later, where a neighbour test's outgoing connection may
+	 * hold any ephemeral port. */
+	char port[16];
+	snprintf(port, sizeof port, "%d", free_port());
+	te_option topt[2] = { { "TE_TCP_BIND_ADDRESS", "127.0.0.1" }, { "TE_TCP_PORT", port } };
+	te_engine *t = tcp_engine(topt, 2);
+	REQUIRE(t != NULL);
+	unsigned char *tbuf = map_buf(8u * MIB);
+	fill_pattern(tbuf, 8u * MIB, SEED);
+	REQUIRE(te_register_memory(t, tbuf, 8u * MIB, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	int dport = data_port_of(t);
+	REQUIRE(dport > 0);
+	/* Without TE_TCP_RAILS: the engine's own address, and that alone. */
+	if (!publishes(t, "\"tcp_data_addresses\":[\"127.0.0.1\"]"))
+		return 1;
+	ref = map_buf(8u * MIB);
+	memcpy(ref, tbuf, 8u * MIB);
+
+	/* Its descriptor as a peer would publish it with two rails, plus
+	 * entries a careful reader skips. */
+	fake_rpc f;
+	memset(&f, 0, sizeof f);
+	f.lfd = listen_any(&f.port);
+	char name[64];
+	snprintf(name, sizeof name, "127.0.0.1:%d", f.port);
+	snprintf(f.desc, sizeof f.desc,
+		 "{\"buffers\":[{\"addr\":%llu,\"length\":%u,\"name\":\"%s\"}],\"name\":\"%s\","
+		 "\"protocol\":\"tcp\",\"tcp_data_addresses\":[\"127.0.0.1\",7,\"not-an-address\",{},"
+		 "\"127.0.0.2\",\"127.0.0.1\"],\"tcp_data_port\":%d,\"tcp_proto_version\":2,"
+		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
+		 (unsigned long long)(uintptr_t)tbuf, 8u * MIB, name, name, dport);
+	REQUIRE(pthread_create(&f.th, NULL, fake_rpc_main, &f) == 0);
+
+	te_option iopt[3] = { { "TE_TCP_CONNS_PER_PEER", "2" }, { "TE_TCP_TIMEOUT_MS", "2000" },
+			      { "TE_TCP_CONNECT_TIMEOUT_MS", "1000" } };
+	e = tcp_engine(iopt, 3);
+	REQUIRE(e != NULL);
+	local = map_buf(8u * MIB);
+	REQUIRE(te_register_memory(e, local, 8u * MIB, "cpu:0", 0) == 0);
+	seg = te_segment_open(e, name);
+	REQUIRE(seg > 0);
+	rbase = (uintptr_t)tbuf;
+	int rc = 1;
+
+	/* Rail 127.0.0.2 refuses: it goes down, and no task fails for it. */
+	for (int i = 0; i < 3; i++)
+		if (!lo_round())
+			goto out;
+	if (!cap_has("tcp_data_addresses[1] is not a numeric address") ||
+	    !cap_has("tcp_data_addresses[2] is not a numeric address") ||
+	    !cap_has("tcp_data_addresses[3] is not a numeric address"))
+		goto out;
+	char down[96];
+	snprintf(down, sizeof down, "rail 127.0.0.2:%d of 127.0.0.1:%d is down", dport, dport);
+	if (!cap_has(down))
+		goto out;
+	printf("OK refused\n");
+
+	/* Something answers there now: the rail is tried again and carries. */
+	relay r;
+	relay_start(&r, dport);
+	long long t0 = now_ms();
+	while (atomic_load(&r.bytes) < 4u * MIB && now_ms() - t0 < 10000)
+		if (!lo_round())
+			goto out_relay;
+	if (atomic_load(&r.bytes) < 4u * MIB) {
+		fprintf(stderr, "tcp-rails: the returned rail carried %llu bytes in 10 s\n",
+			(unsigned long long)atomic_load(&r.bytes));
+		goto out_relay;
+	}
+	char up[96];
+	snprintf(up, sizeof up, "rail 127.0.0.2:%d of 127.0.0.1:%d is up again", dport, dport);
+	if (!cap_has(up))
+		goto out_relay;
+	printf("OK back %lld\n", now_ms() - t0);
+
+	/* Reset mid-batch on that rail: its requests go over the other. */
+	cap_start();
+	static te_request big[32];
+	for (int i = 0; i < 32; i++)
+		big[i] = (te_request){ TE_OP_READ, seg, local + (size_t)i * 256 * 1024,
+				       rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
+	bool moved = false;
+	for (int tries = 0; tries < 20 && !moved; tries++) {
+		te_batch_id b;
+		int c, fl, o;
+		memset(local, 0, 8u * MIB);
+		REQUIRE(te_batch_alloc(e, 32, &b) == 0);
+		REQUIRE(te_submit(e, b, big, 32) == 0);
+		atomic_store(&r.drop, 1);
+		settle(b, 32, 20000, &c, &fl, &o);
+		te_batch_free(e, b);
+		if (c != 32) {
+			fprintf(stderr, "tcp-rails: relay reset: %d completed, %d failed, %d other\n", c, fl, o);
+			goto out_relay;
+		}
+		for (int i = 0; i < 32; i++)
+			if (memcmp(local + (size_t)i * 256 * 1024, ref + (size_t)((i * 5) % 32) * 256 * 1024,
+				   256 * 1024) != 0) {
+				fprintf(stderr, "tcp-rails: READ %d after a reset brought wrong bytes\n", i);
+				goto out_relay;
+			}
+		/* Only a reset that caught requests on the rail tests anything. */
+		moved = cap_has_quiet("requests go to the other rails");
+		usleep(1100 * 1000); /* the rail's next try brings it back */
+	}
+	if (!moved) {
+		fprintf(stderr, "tcp-rails: no reset caught requests on the relayed rail in 20 tries\n");
+		goto out_relay;
+	}
+	printf("OK reset\n");
+	rc = 0;
+out_relay:
+	relay_stop(&r);
+out:
+	te_segment_close(e, seg);
+	te_engine_destroy(e);
+	atomic_store(&f.stop, 1);
+	pthread_join(f.th, NULL);
+	close(f.lfd);
+	te_engine_destroy(t);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 2 && strcmp(argv[1], "loopback") == 0)
+		return loopback_main();
 	if (argc != 4) {
-		fprintf(stderr, "usage: tcp-rails SEGMENT DEV1 DEV2\n");
+		fprintf(stderr, "usage: tcp-rails SEGMENT DEV1 DEV2 | loopback\n");
 		return 2;
 	}
 	dev[0] = argv[2];
@@ -205,15 +621,25 @@ int main(int argc, char **argv)
 	munmap(whole, sb.length);
 
 	/* (a) both rails up: both carry. */
-	double mib[2];
-	if (!round_on_links(mib))
-		return 1;
-	if (mib[0] < 8 || mib[1] < 8) {
-		fprintf(stderr, "tcp-rails: 96 MiB moved, %.1f MiB over %s and %.1f over %s: not spread\n", mib[0],
-			dev[0], mib[1], dev[1]);
+	double mib[2], sum[2] = { 0, 0 };
+	long long ta = now_ms();
+	/* Up to three rounds, for a loaded machine where one rail's threads
+	 * started late: each rail must have carried a sixth of it. */
+	int rounds = 0;
+	while (rounds < 3 && (rounds == 0 || sum[0] < 16 * rounds || sum[1] < 16 * rounds)) {
+		if (!round_on_links(mib))
+			return 1;
+		sum[0] += mib[0];
+		sum[1] += mib[1];
+		rounds++;
+	}
+	ta = (now_ms() - ta) / rounds;
+	if (sum[0] < 16 * rounds || sum[1] < 16 * rounds) {
+		fprintf(stderr, "tcp-rails: %d MiB moved, %.1f MiB over %s and %.1f over %s: not spread\n", 96 * rounds,
+			sum[0], dev[0], sum[1], dev[1]);
 		return 1;
 	}
-	printf("OK both %.1f %.1f\n", mib[0], mib[1]);
+	printf("OK both %.1f %.1f %lld\n", sum[0] / rounds, sum[1] / rounds, ta);
 	fflush(stdout);
 
 	/* (b) rail 1 down mid-batch: every task completes, every byte right. */
@@ -236,7 +662,7 @@ int main(int argc, char **argv)
 	}
 	if (!reads_right(64) || !writes_right(32))
 		return 1;
-	printf("OK failover %lld\n", dt);
+	printf("OK failover %lld %zu\n", dt, in_flight);
 	fflush(stdout);
 	/* Still going on the other rail alone. */
 	if (!round_on_links(mib) || mib[1] < 64) {
@@ -256,9 +682,9 @@ int main(int argc, char **argv)
 
 	/* (c) both down mid-batch: every task ends, none stuck. */
 	b = submit_mixed(64, 32, 31);
-	link_set(dev[0], "down");
-	link_set(dev[1], "down");
+	links_set("down");
 	t0 = now_ms();
+	te_batch_status(e, b, NULL, &in_flight, NULL);
 	settle(b, 96, 20000, &c, &f, &o);
 	dt = now_ms() - t0;
 	/* A READ that ended COMPLETED (before the links went) must be right. */
@@ -277,7 +703,7 @@ int main(int argc, char **argv)
 			dt);
 		return 1;
 	}
-	printf("OK alldown %lld %d 96\n", dt, f);
+	printf("OK alldown %lld %d 96 %zu\n", dt, f, in_flight);
 	fflush(stdout);
 	/* And a batch submitted while both are down fails whole. */
 	b = submit_mixed(16, 0, 41);
@@ -293,8 +719,7 @@ int main(int argc, char **argv)
 	fflush(stdout);
 
 	/* (d) both back: both used again. */
-	link_set(dev[0], "up");
-	link_set(dev[1], "up");
+	links_set("up");
 	back = until_used((bool[2]){ true, true });
 	if (back < 0) {
 		fprintf(stderr, "tcp-rails: both links up again, not both used after 15 s\n");

@@ -243,6 +243,13 @@ static void test_cancel(void)
  * too, and zero-length requests complete at once. */
 static void test_v1_peer(void)
 {
+#ifdef __SANITIZE_THREAD__
+	/* v1 completes a WRITE once sent, and the bytes are watched landing in
+	 * memory the server thread is still writing: a race by the protocol's
+	 * design, which ThreadSanitizer reports (docs/reliability.md). */
+	fprintf(stderr, "test_v1_peer: not under ThreadSanitizer\n");
+	return;
+#endif
 	pair p;
 	te_option v1 = { "TE_TCP_PROTO", "1" };
 	pair_up(&p, NULL, 0, &v1, 1);

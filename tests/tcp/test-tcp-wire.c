@@ -251,7 +251,9 @@ static void test_stalls(void)
 	REQUIRE(te_register_memory(tgt, x, 65536, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
 	fd = dconnect();
 	send_hdr(fd, 1000, (uintptr_t)x, 0x81);
-	CHECK(send_all(fd, x, 100));
+	/* From another buffer: the target is writing these bytes into x. */
+	static const unsigned char body[100];
+	CHECK(send_all(fd, body, sizeof body));
 	usleep(50000); /* the target is now inside the body */
 	unreg_job j = { x, 0, -1 };
 	pthread_t th;

@@ -161,6 +161,28 @@ fi
 run flip 2 --protocol=flip --check --duration=2 --quiet && one_line_error "--check fails loudly" "DATA MISMATCH"
 run flip-unchecked 0 --protocol=flip --duration=1 --quiet && ok "without --check the corruption goes unseen"
 
+# --- --auth_key_file: the cluster key on both sides; without it, refused at once --------
+printf '%s\n' 0123456789abcdef-te-bench-key >"$tmp/key"
+chmod 600 "$tmp/key"
+run auth 0 --protocol=tcp --auth_key_file="$tmp/key" --duration=1 --check --quiet &&
+	ok "--auth_key_file: authenticated loopback over TCP, every byte checked"
+printf 'short\n' >"$tmp/short.key"
+run auth-short 1 --protocol=tcp --auth_key_file="$tmp/short.key" --duration=1 &&
+	one_line_error "--auth_key_file with a 5-byte key" "cannot start an engine"
+atname="127.0.0.1:$(free_port)"
+"$bench" --mode=target --protocol=tcp --local_server_name="$atname" --buffer_size=64M \
+	--auth_key_file="$tmp/key" >"$tmp/target-auth" 2>&1 &
+atpid=$!
+pids+=($atpid)
+for _ in $(seq 100); do grep -q "target ready" "$tmp/target-auth" && break; sleep 0.1; done
+run auth-initiator 0 --protocol=tcp --segment_id="$atname" --auth_key_file="$tmp/key" \
+	--operation=write --duration=1 --check --quiet && ok "--auth_key_file: target and initiator processes"
+t0=$(date +%s%N)
+run auth-nokey 1 --protocol=tcp --segment_id="$atname" --duration=1 --quiet &&
+	[ $(( ($(date +%s%N) - t0) / 1000000 )) -lt 3000 ] && grep -q "authentication" "$tmp/err" &&
+	ok "an initiator without the key fails at once, saying why"
+kill "$atpid"
+
 # --- two processes: target and initiator ----------------------------------------
 "$bench" --mode=target --local_server_name=127.0.0.1 --buffer_size=64M >"$tmp/target" 2>&1 &
 pids+=($!)

@@ -33,6 +33,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <time.h>
 
 #define SHIM __attribute__((visibility("default")))
@@ -869,4 +871,347 @@ SHIM guint g_timeout_add_seconds_full(gint priority, guint interval, GSourceFunc
 SHIM guint g_timeout_add_seconds(guint interval, GSourceFunc func, gpointer data)
 {
 	return g_timeout_add_seconds_full(G_PRIORITY_DEFAULT, interval, func, data, NULL);
+}
+
+/* g_strerror caches each message in a table under a lock inside GLib: the
+ * thread that first asks for a message allocates the string another thread
+ * then prints. Every call takes that lock; here it is a lock TSan sees. */
+static void *real_g_strerror;
+static pthread_mutex_t strerror_lock = PTHREAD_MUTEX_INITIALIZER;
+
+SHIM const gchar *g_strerror(gint errnum)
+{
+	pthread_mutex_lock(&strerror_lock);
+	const gchar *s = REAL(const gchar *(*)(gint), g_strerror)(errnum);
+	pthread_mutex_unlock(&strerror_lock);
+	return s;
+}
+
+/* ---- sockets and pipes ---------------------------------------------------
+ * Bytes written to a socket or a pipe and read by another thread order what
+ * the writer did before over what the reader does after, also when the
+ * path goes through another process (a test's child initialises its memory,
+ * says "ready" on a pipe, and the parent's requests then reach that memory
+ * through the child's server thread). TSan models this only in part: a
+ * socket counts as connected only when connect() returns 0, while libte,
+ * the plugins and gio all connect without blocking (EINPROGRESS), and it
+ * cannot see across processes. Here every write to a socket or a pipe is a
+ * release, and every read of bytes from one an acquire, of one object: the
+ * model TSan itself applies to all connected sockets, extended to pipes and
+ * to sockets whatever connect() returned.
+ *
+ * The send calls mark the bytes as read before the release (TSan's own
+ * wrappers mark them after the call, so a receiver could be ordered after
+ * the release but not after the reads); TSAN_OPTIONS has intercept_send=0
+ * so they are not marked twice. */
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+
+extern void __tsan_read_range(void *addr, unsigned long size) __attribute__((weak));
+
+#define IO_FDS 65536
+static unsigned char fd_kind[IO_FDS]; /* 0 not known yet, 1 socket or pipe, 2 other */
+static int io_sync;
+static void *real_connect, *real_accept, *real_accept4, *real_close, *real_dup2, *real_dup3,
+	*real_send, *real_sendto, *real_sendmsg, *real_write, *real_writev, *real_recv,
+	*real_recvfrom, *real_recvmsg, *real_read, *real_readv;
+
+static void fd_forget(int fd)
+{
+	if (fd >= 0 && fd < IO_FDS)
+		__atomic_store_n(&fd_kind[fd], 0, __ATOMIC_RELAXED);
+}
+
+static int is_stream(int fd)
+{
+	if (fd < 0 || fd >= IO_FDS || !__tsan_acquire)
+		return 0;
+	unsigned char k = __atomic_load_n(&fd_kind[fd], __ATOMIC_RELAXED);
+	if (k == 0) {
+		struct stat st;
+		k = fstat(fd, &st) == 0 && (S_ISSOCK(st.st_mode) || S_ISFIFO(st.st_mode)) ? 1 : 2;
+		__atomic_store_n(&fd_kind[fd], k, __ATOMIC_RELAXED);
+	}
+	return k == 1;
+}
+
+static void io_out(int fd)
+{
+	if (is_stream(fd))
+		hb_release(&io_sync);
+}
+
+static ssize_t io_in(int fd, ssize_t r)
+{
+	if (r > 0 && is_stream(fd))
+		hb_acquire(&io_sync);
+	return r;
+}
+
+static void mark_read(const void *p, size_t n)
+{
+	if (__tsan_read_range && n > 0)
+		__tsan_read_range((void *)p, n);
+}
+
+SHIM int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	fd_forget(fd);
+	return REAL(int (*)(int, const struct sockaddr *, socklen_t), connect)(fd, addr, len);
+}
+
+SHIM int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	int s = REAL(int (*)(int, struct sockaddr *, socklen_t *), accept)(fd, addr, len);
+	fd_forget(s);
+	return s;
+}
+
+SHIM int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	int s = REAL(int (*)(int, struct sockaddr *, socklen_t *, int), accept4)(fd, addr, len, flags);
+	fd_forget(s);
+	return s;
+}
+
+SHIM int close(int fd)
+{
+	fd_forget(fd);
+	return REAL(int (*)(int), close)(fd);
+}
+
+SHIM int dup2(int fd, int to)
+{
+	fd_forget(to);
+	return REAL(int (*)(int, int), dup2)(fd, to);
+}
+
+SHIM int dup3(int fd, int to, int flags)
+{
+	fd_forget(to);
+	return REAL(int (*)(int, int, int), dup3)(fd, to, flags);
+}
+
+SHIM ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+	mark_read(buf, n);
+	io_out(fd);
+	return REAL(ssize_t (*)(int, const void *, size_t, int), send)(fd, buf, n, flags);
+}
+
+SHIM ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr,
+		    socklen_t len)
+{
+	mark_read(buf, n);
+	io_out(fd);
+	return REAL(ssize_t (*)(int, const void *, size_t, int, const struct sockaddr *, socklen_t),
+		    sendto)(fd, buf, n, flags, addr, len);
+}
+
+SHIM ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	if (msg != NULL)
+		for (size_t i = 0; i < msg->msg_iovlen; i++)
+			mark_read(msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+	io_out(fd);
+	return REAL(ssize_t (*)(int, const struct msghdr *, int), sendmsg)(fd, msg, flags);
+}
+
+SHIM ssize_t write(int fd, const void *buf, size_t n)
+{
+	io_out(fd);
+	return REAL(ssize_t (*)(int, const void *, size_t), write)(fd, buf, n);
+}
+
+SHIM ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+	io_out(fd);
+	return REAL(ssize_t (*)(int, const struct iovec *, int), writev)(fd, iov, n);
+}
+
+SHIM ssize_t recv(int fd, void *buf, size_t n, int flags)
+{
+	return io_in(fd, REAL(ssize_t (*)(int, void *, size_t, int), recv)(fd, buf, n, flags));
+}
+
+SHIM ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *len)
+{
+	return io_in(fd, REAL(ssize_t (*)(int, void *, size_t, int, struct sockaddr *, socklen_t *),
+			      recvfrom)(fd, buf, n, flags, addr, len));
+}
+
+SHIM ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	return io_in(fd, REAL(ssize_t (*)(int, struct msghdr *, int), recvmsg)(fd, msg, flags));
+}
+
+SHIM ssize_t read(int fd, void *buf, size_t n)
+{
+	return io_in(fd, REAL(ssize_t (*)(int, void *, size_t), read)(fd, buf, n));
+}
+
+SHIM ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	return io_in(fd, REAL(ssize_t (*)(int, const struct iovec *, int), readv)(fd, iov, n));
+}
+
+/* stdio reads and writes its descriptors from inside the C library, past
+ * the functions above: a flush is where buffered bytes leave (the test
+ * programs' peers flush each line they print), a read where they arrive. */
+static void *real_fflush, *real_fgets, *real_fread, *real_getline, *real_getdelim, *real_fgetc,
+	*real_getc;
+
+static void file_in(FILE *f, int got)
+{
+	if (got && is_stream(fileno(f)))
+		hb_acquire(&io_sync);
+}
+
+static void file_out(FILE *f)
+{
+	if (f == NULL || is_stream(fileno(f)))
+		hb_release(&io_sync);
+}
+
+SHIM int fflush(FILE *f)
+{
+	file_out(f);
+	return REAL(int (*)(FILE *), fflush)(f);
+}
+
+/* A line-buffered stream writes from inside these. */
+static void *real_vfprintf, *real_fputs, *real_puts, *real_fwrite, *real_fputc, *real_putchar;
+
+SHIM int vfprintf(FILE *f, const char *fmt, va_list ap)
+{
+	file_out(f);
+	return REAL(int (*)(FILE *, const char *, va_list), vfprintf)(f, fmt, ap);
+}
+
+SHIM int vprintf(const char *fmt, va_list ap)
+{
+	return vfprintf(stdout, fmt, ap);
+}
+
+SHIM int fprintf(FILE *f, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = vfprintf(f, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+SHIM int printf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = vfprintf(stdout, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+SHIM int fputs(const char *str, FILE *f)
+{
+	file_out(f);
+	return REAL(int (*)(const char *, FILE *), fputs)(str, f);
+}
+
+SHIM int puts(const char *str)
+{
+	file_out(stdout);
+	return REAL(int (*)(const char *), puts)(str);
+}
+
+SHIM size_t fwrite(const void *p, size_t size, size_t n, FILE *f)
+{
+	file_out(f);
+	return REAL(size_t (*)(const void *, size_t, size_t, FILE *), fwrite)(p, size, n, f);
+}
+
+SHIM int fputc(int c, FILE *f)
+{
+	file_out(f);
+	return REAL(int (*)(int, FILE *), fputc)(c, f);
+}
+
+SHIM int putchar(int c)
+{
+	file_out(stdout);
+	return REAL(int (*)(int), putchar)(c);
+}
+
+SHIM char *fgets(char *s, int n, FILE *f)
+{
+	char *r = REAL(char *(*)(char *, int, FILE *), fgets)(s, n, f);
+	file_in(f, r != NULL);
+	return r;
+}
+
+SHIM size_t fread(void *p, size_t size, size_t n, FILE *f)
+{
+	size_t r = REAL(size_t (*)(void *, size_t, size_t, FILE *), fread)(p, size, n, f);
+	file_in(f, r > 0);
+	return r;
+}
+
+SHIM ssize_t getdelim(char **line, size_t *n, int delim, FILE *f)
+{
+	ssize_t r = REAL(ssize_t (*)(char **, size_t *, int, FILE *), getdelim)(line, n, delim, f);
+	file_in(f, r > 0);
+	return r;
+}
+
+SHIM ssize_t getline(char **line, size_t *n, FILE *f)
+{
+	ssize_t r = REAL(ssize_t (*)(char **, size_t *, FILE *), getline)(line, n, f);
+	file_in(f, r > 0);
+	return r;
+}
+
+SHIM int fgetc(FILE *f)
+{
+	int c = REAL(int (*)(FILE *), fgetc)(f);
+	file_in(f, c != EOF);
+	return c;
+}
+
+SHIM int getc(FILE *f)
+{
+	int c = REAL(int (*)(FILE *), getc)(f);
+	file_in(f, c != EOF);
+	return c;
+}
+
+/* GLib's reference counts are atomic read-modify-writes inside the library:
+ * a full barrier, so the thread that drops the last reference (and frees)
+ * comes after everything every other holder did before dropping its own.
+ * Each unref through the PLT is that release and acquire on the object. */
+static void *real_g_main_context_unref, *real_g_bytes_unref, *real_g_object_unref;
+
+static void unref_order(const void *obj)
+{
+	if (obj != NULL) {
+		hb_release(obj);
+		hb_acquire(obj);
+	}
+}
+
+SHIM void g_main_context_unref(GMainContext *ctx)
+{
+	unref_order(ctx);
+	REAL(void (*)(GMainContext *), g_main_context_unref)(ctx);
+}
+
+SHIM void g_bytes_unref(GBytes *b)
+{
+	unref_order(b);
+	REAL(void (*)(GBytes *), g_bytes_unref)(b);
+}
+
+SHIM void g_object_unref(gpointer obj)
+{
+	unref_order(obj);
+	REAL(void (*)(gpointer), g_object_unref)(obj);
 }

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A transport that says it was built for plugin ABI 1.1, before peer
+ * authentication: an engine with a cluster key must refuse to install it,
+ * an engine without one installs it as before. It serves nothing.
+ */
+#include <te/te-plugin.h>
+
+static int oa_create(const te_host *h, const char *args, void **ctx)
+{
+	(void)h;
+	(void)args;
+	*ctx = (void *)1;
+	return 0;
+}
+
+static void oa_destroy(void *ctx)
+{
+	(void)ctx;
+}
+
+static int oa_open(void *ctx, const te_segment_info *seg, void **seg_ctx)
+{
+	(void)ctx;
+	(void)seg;
+	(void)seg_ctx;
+	return -ENOTSUP;
+}
+
+static int oa_submit(void *ctx, te_transfer *const *t, size_t n)
+{
+	(void)ctx;
+	(void)t;
+	(void)n;
+	return -ENOTSUP;
+}
+
+static const te_transport_ops ops = {
+	.size = offsetof(te_transport_ops, progress), /* as a 1.1 plugin was built */
+	.flags = TE_TRANSPORT_MEMORY,
+	.create = oa_create,
+	.destroy = oa_destroy,
+	.segment_open = oa_open,
+	.submit = oa_submit,
+};
+
+__attribute__((visibility("default"))) const te_plugin_desc *te_plugin_entry(void);
+const te_plugin_desc *te_plugin_entry(void)
+{
+	static const te_plugin_desc desc = {
+		.magic = TE_PLUGIN_MAGIC,
+		.abi_major = TE_PLUGIN_ABI_MAJOR,
+		.abi_minor = 1,
+		.size = sizeof(te_plugin_desc),
+		.kind = TE_KIND_TRANSPORT,
+		.name = "oldabi",
+		.version = "1.0",
+		.description = "test: a transport from before peer authentication",
+		.license = "Apache-2.0",
+		.ops = &ops,
+	};
+	return &desc;
+}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds libte twice (plain, and with AddressSanitizer + UndefinedBehaviorSanitizer),
 # runs every meson test in both builds, then builds the fuzz harnesses with clang
-# and libFuzzer (build-fuzz) and runs each for FUZZ_SECONDS (default 20), and
-# prints one summary line:
+# and libFuzzer (build-fuzz) and runs each for FUZZ_SECONDS (default 20), then
+# runs the tests once more under ThreadSanitizer (build-tsan), and prints one
+# summary line:
 #   N passed, N failed
 # Exit status: 0 only when nothing failed.
 set -uo pipefail
@@ -63,18 +64,48 @@ run_fuzz() {
   return 0
 }
 
+# ThreadSanitizer (docs/reliability.md): GLib's locks, conditions and thread
+# pools on pthreads (tests/tsan), any report fails its test. The tests that
+# match a pattern of TSAN_SKIP do not run there (docs/reliability.md says why).
+TSAN_SKIP=${TSAN_SKIP-"tcp-mem metadata-etcd-* metadata-http-* nvmeof-register-etcd"}
+run_tsan() {
+  local dir=build-tsan t p names=()
+  local -; set -f # TSAN_SKIP's patterns are for test names, not files
+  echo "=== tsan build ($dir) ==="
+  if ! setup "$dir" -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false -Dtsan_shim=true \
+      -Dpython=disabled || ! ninja -C "$dir"; then
+    echo "tsan: build FAILED"
+    echo '{"name": "build-tsan", "result": "FAIL"}' > "$dir.buildfail.json"
+    return 1
+  fi
+  rm -f "$dir.buildfail.json"
+  for t in $(meson test -C "$dir" --list 2>/dev/null | sed -n 's/^libte:.* \/ //p'); do
+    for p in $TSAN_SKIP; do
+      # shellcheck disable=SC2053 # a pattern on purpose
+      [[ $t == $p ]] && continue 2
+    done
+    names+=("$t")
+  done
+  echo "=== tsan tests (not run: ${TSAN_SKIP:-none}) ==="
+  meson test -C "$dir" --num-processes "$jobs" --print-errorlogs "${names[@]}"
+  return 0
+}
+
 rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json
+rm -f build-tsan/meson-logs/testlog.json
 run_build build plain -Dbuildtype=debugoptimized || status=1
 run_build build-asan asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || status=1
 run_fuzz || status=1
+run_tsan || status=1
 
 python3 - "$status" <<'PY'
 import json, os, sys
 passed = failed = skipped = 0
 names = []
 for f in ("build/meson-logs/testlog.json", "build-asan/meson-logs/testlog.json",
-          "build-fuzz/meson-logs/testlog.json",
-          "build.buildfail.json", "build-asan.buildfail.json", "build-fuzz.buildfail.json"):
+          "build-fuzz/meson-logs/testlog.json", "build-tsan/meson-logs/testlog.json",
+          "build.buildfail.json", "build-asan.buildfail.json", "build-fuzz.buildfail.json",
+          "build-tsan.buildfail.json"):
     if not os.path.exists(f):
         continue
     tag = f.split("/")[0].split(".")[0].replace("build-", "")

@@ -695,17 +695,20 @@ static void tcp_segment_close(void *ctx, void *seg_ctx)
 	if (!last)
 		return;
 	/* Every transfer to it has completed (the host releases a segment only
-	 * then); the threads close its connections and the last one frees it,
-	 * possibly before this loop ends: nothing of `p` is read after the last
-	 * kick. */
+	 * then); the threads close its connections and the last to retire frees
+	 * it. A kick still marks its connection queued after posting the close,
+	 * which a thread may already be acting on, so this loop holds the peer as
+	 * one more live connection and retires it last. */
 	unsigned n = p->nconns;
 	tcp_cconn *conns = p->conns;
 	/* No I/O thread kicks a connection after its close (see kick_all). */
 	atomic_store(&p->closing, 1);
 	while (atomic_load(&p->kicking) > 0)
 		g_thread_yield();
+	atomic_fetch_add(&p->live_conns, 1);
 	for (unsigned i = 0; i < n; i++)
 		tcp_kick(&conns[i].io, MAIL_CLOSE);
+	tcp_peer_retire_conn(p);
 }
 
 /* ------------------------------------------------------------------ submit */

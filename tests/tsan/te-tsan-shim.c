@@ -981,6 +981,16 @@ SHIM int close(int fd)
 	return REAL(int (*)(int), close)(fd);
 }
 
+/* stdio closes its descriptor from inside the C library. */
+static void *real_fclose;
+
+SHIM int fclose(FILE *f)
+{
+	if (f != NULL)
+		fd_forget(fileno(f));
+	return REAL(int (*)(FILE *), fclose)(f);
+}
+
 SHIM int dup2(int fd, int to)
 {
 	fd_forget(to);

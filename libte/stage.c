@@ -65,9 +65,10 @@ static int area_setup(te_stager *s, te_device *dev)
 	int rc;
 
 	g_mutex_lock(&s->lock);
-	rc = s->area != NULL ? 0 : s->area_rc;
+	int ready = s->area != NULL; /* read under the lock: another thread may set it */
+	rc = ready ? 0 : s->area_rc;
 	g_mutex_unlock(&s->lock);
-	if (s->area != NULL || rc < 0)
+	if (ready || rc < 0)
 		return rc;
 	te_device *by = NULL;
 	if (TE_HAS_OP(dev->ops, host_alloc) && TE_HAS_OP(dev->ops, host_free) &&
@@ -79,7 +80,8 @@ static int area_setup(te_stager *s, te_device *dev)
 	g_mutex_lock(&s->lock);
 	if (s->area != NULL || rc < 0) {
 		/* Another thread was first, or it failed: keep theirs, drop ours. */
-		if (rc < 0 && s->area == NULL) {
+		int theirs = s->area != NULL;
+		if (rc < 0 && !theirs) {
 			te_err("staging: cannot set up %zu bytes of host buffers: %s", size,
 			       te_strerror(rc));
 			s->area_rc = rc;
@@ -89,7 +91,7 @@ static int area_setup(te_stager *s, te_device *dev)
 			te_unregister_memory(s->e, p);
 		if (p != NULL)
 			by ? by->ops->host_free(by->ctx, p) : free(p);
-		return s->area != NULL ? 0 : rc;
+		return theirs ? 0 : rc;
 	}
 	s->area = p;
 	s->area_dev = by;

@@ -23,10 +23,10 @@
 #include "internal.h"
 
 #define THREADS 2
-#define CHUNK_DEFAULT (1u << 20)
+#define CHUNK_DEFAULT (256u << 10)
 #define CHUNK_MIN (4u << 10)
 #define CHUNK_MAX (64u << 20)
-#define BUFFERS_DEFAULT 16u
+#define BUFFERS_DEFAULT 64u
 #define BUFFERS_MAX 1024u
 
 /* Work items for the pool, as pointers: slot index and what to do. */

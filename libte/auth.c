@@ -24,7 +24,6 @@
  * a plain RPC frame from a HELLO by its first 8 bytes.
  */
 #include <fcntl.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -177,69 +176,7 @@ static int fresh_nonce(uint8_t *n)
 	return 0;
 }
 
-/* ---------------------------------------------------------------- I/O */
-
-static int wait_io(int fd, short ev, int64_t deadline)
-{
-	for (;;) {
-		int64_t left = deadline - te_now_ms();
-		struct pollfd p = { .fd = fd, .events = ev };
-		if (left <= 0)
-			return -ETIMEDOUT;
-		int rc = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
-		if (rc > 0)
-			return 0;
-		if (rc == 0)
-			return -ETIMEDOUT;
-		if (errno != EINTR)
-			return -errno;
-	}
-}
-
-/* Works on blocking and non-blocking sockets alike (MSG_DONTWAIT + poll). */
-static int get(int fd, void *buf, size_t n, int64_t deadline)
-{
-	uint8_t *p = buf;
-	while (n > 0) {
-		ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-		if (r > 0) {
-			p += r;
-			n -= (size_t)r;
-			continue;
-		}
-		if (r == 0)
-			return -ECONNRESET;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		int rc = wait_io(fd, POLLIN, deadline);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
-static int put(int fd, const void *buf, size_t n, int64_t deadline)
-{
-	const uint8_t *p = buf;
-	while (n > 0) {
-		ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (w > 0) {
-			p += w;
-			n -= (size_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		int rc = wait_io(fd, POLLOUT, deadline);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
+/* ------------------------------------------------------------- exchange */
 
 static int64_t bound(int timeout_ms)
 {
@@ -293,9 +230,9 @@ int te_auth_client(const te_auth *a, int fd, int channel, const char *peer, int 
 	hdr_put(hello, channel, ST_OK);
 	if ((rc = fresh_nonce(hello + HDR)) < 0)
 		return rc;
-	rc = put(fd, hello, sizeof hello, deadline);
+	rc = te_fd_write(fd, hello, sizeof hello, deadline);
 	if (rc == 0)
-		rc = get(fd, ch, sizeof ch, deadline);
+		rc = te_fd_read(fd, ch, sizeof ch, deadline);
 	if (rc == -ECONNRESET || rc == -EPIPE) {
 		te_err("auth: %s closed the %s connection instead of answering the authentication: it "
 		       "has no key (TE_AUTH_KEY_FILE) or does not authenticate", peer, channel_name(channel));
@@ -324,9 +261,9 @@ int te_auth_client(const te_auth *a, int fd, int channel, const char *peer, int 
 	}
 	hdr_put(proof, channel, ST_OK);
 	mac_of(a, channel, 'C', hello + HDR, ch + HDR, proof + HDR);
-	rc = put(fd, proof, sizeof proof, deadline);
+	rc = te_fd_write(fd, proof, sizeof proof, deadline);
 	if (rc == 0)
-		rc = get(fd, res, sizeof res, deadline);
+		rc = te_fd_read(fd, res, sizeof res, deadline);
 	if (rc < 0 || memcmp(res, magic, 8) != 0 || res[10] != ST_OK) {
 		te_err("auth: %s refused this engine's key (TE_AUTH_KEY_FILE differs?)", peer);
 		return TE_ERR_AUTH;
@@ -350,7 +287,7 @@ int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int 
 	if (fd < 0 || channel <= 0 || channel > 255)
 		return -EINVAL;
 	peer = peer ? peer : "?";
-	rc = get(fd, hello, 8, deadline);
+	rc = te_fd_read(fd, hello, 8, deadline);
 	if (rc < 0) {
 		refused(peer, channel, rc == -ETIMEDOUT ? "silent" : "closed before authenticating");
 		return TE_ERR_AUTH;
@@ -363,7 +300,7 @@ int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int 
 		refused(peer, channel, "it did not authenticate (no key?)");
 		return TE_ERR_AUTH;
 	}
-	rc = get(fd, hello + 8, sizeof hello - 8, deadline);
+	rc = te_fd_read(fd, hello + 8, sizeof hello - 8, deadline);
 	if (rc < 0) {
 		refused(peer, channel, "incomplete authentication");
 		return TE_ERR_AUTH;
@@ -376,13 +313,13 @@ int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int 
 			return rc;
 		mac_of(a, channel, 'S', hello + HDR, ch + HDR, ch + HDR + NONCE);
 	}
-	rc = put(fd, ch, sizeof ch, deadline);
+	rc = te_fd_write(fd, ch, sizeof ch, deadline);
 	if (status != ST_OK) {
 		refused(peer, channel, status == ST_VERSION ? "unknown protocol version" : "wrong channel");
 		return TE_ERR_AUTH;
 	}
 	if (rc == 0)
-		rc = get(fd, proof, sizeof proof, deadline);
+		rc = te_fd_read(fd, proof, sizeof proof, deadline);
 	if (rc < 0 || memcmp(proof, magic, 8) != 0) {
 		refused(peer, channel, "incomplete authentication");
 		return TE_ERR_AUTH;
@@ -391,7 +328,7 @@ int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int 
 	bool ok = same(want, proof + HDR, MAC);
 	hdr_put(res, channel, ok ? ST_OK : ST_REFUSED);
 	/* The verdict is sent either way, so a wrong-keyed client can say why. */
-	rc = put(fd, res, sizeof res, deadline);
+	rc = te_fd_write(fd, res, sizeof res, deadline);
 	if (!ok) {
 		refused(peer, channel, "wrong key");
 		return TE_ERR_AUTH;

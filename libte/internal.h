@@ -37,6 +37,11 @@ const char *te_env2(const char *te_name, const char *mc_name);
 /* Parses a decimal/hex unsigned; false on junk or overflow. */
 bool te_parse_u64(const char *s, uint64_t *out);
 void te_timestamp(char *buf, size_t size);
+/* Socket I/O until a deadline (te_now_ms() time), on blocking and
+ * non-blocking sockets alike: 0, -ETIMEDOUT, -ECONNRESET at EOF, or -errno. */
+int te_fd_wait(int fd, short events, int64_t deadline);
+int te_fd_read(int fd, void *buf, size_t n, int64_t deadline);
+int te_fd_write(int fd, const void *buf, size_t n, int64_t deadline);
 int64_t te_now_ms(void);
 
 /* ---------------------------------------------------------------- auth.c */

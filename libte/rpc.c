@@ -80,71 +80,6 @@ size_t te_rpc_max_frame(void)
 	return GPOINTER_TO_SIZE(g_once(&max_frame_once, read_max_frame, NULL));
 }
 
-/* ------------------------------------------------------------- socket I/O */
-
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-	for (;;) {
-		int64_t left = deadline - te_now_ms();
-		struct pollfd p = { .fd = fd, .events = events };
-		if (left <= 0)
-			return -ETIMEDOUT;
-		int rc = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
-		if (rc > 0)
-			return 0;
-		if (rc == 0)
-			return -ETIMEDOUT;
-		if (errno != EINTR)
-			return -errno;
-	}
-}
-
-static int read_full(int fd, void *buf, size_t n, int64_t deadline)
-{
-	char *p = buf;
-
-	while (n > 0) {
-		ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-		if (r > 0) {
-			p += r;
-			n -= (size_t)r;
-			continue;
-		}
-		if (r == 0)
-			return -ECONNRESET;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		int rc = wait_fd(fd, POLLIN, deadline);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t n, int64_t deadline)
-{
-	const char *p = buf;
-
-	while (n > 0) {
-		ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (w > 0) {
-			p += w;
-			n -= (size_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		int rc = wait_fd(fd, POLLOUT, deadline);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
 /* Writes one frame. `type` < 0: an old-style frame without a type byte. */
 static int write_frame(int fd, int type, const char *body, size_t len, int64_t deadline)
 {
@@ -156,8 +91,8 @@ static int write_frame(int fd, int type, const char *body, size_t len, int64_t d
 	memcpy(hdr, &total, 8);
 	if (type >= 0)
 		hdr[hl++] = (unsigned char)type;
-	int rc = write_full(fd, hdr, hl, deadline);
-	return rc < 0 ? rc : write_full(fd, body, len, deadline);
+	int rc = te_fd_write(fd, hdr, hl, deadline);
+	return rc < 0 ? rc : te_fd_write(fd, body, len, deadline);
 }
 
 /* Reads one frame; the body comes back NUL-terminated without the type byte.
@@ -170,7 +105,7 @@ static int read_frame(int fd, int *type, char **body, size_t *len, int64_t deadl
 	int rc;
 
 	*body = NULL;
-	rc = read_full(fd, &n, 8, deadline);
+	rc = te_fd_read(fd, &n, 8, deadline);
 	if (rc < 0)
 		return rc;
 	n = le64toh(n);
@@ -180,7 +115,7 @@ static int read_frame(int fd, int *type, char **body, size_t *len, int64_t deadl
 		return TE_ERR_PROTOCOL;
 	}
 	buf = g_malloc(n + 1);
-	rc = read_full(fd, buf, n, deadline);
+	rc = te_fd_read(fd, buf, n, deadline);
 	if (rc < 0) {
 		g_free(buf);
 		return rc;
@@ -267,7 +202,7 @@ static void linger_close(int fd)
 	int64_t linger = te_now_ms() + SERVER_LINGER_MS;
 
 	shutdown(fd, SHUT_WR);
-	while (wait_fd(fd, POLLIN, linger) == 0 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+	while (te_fd_wait(fd, POLLIN, linger) == 0 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
 		;
 }
 
@@ -285,7 +220,7 @@ static void answer_plain(int fd, const uint8_t first[8], const char *peer)
 	n = le64toh(n);
 	if (n == 0 || n > te_rpc_max_frame())
 		return; /* not a frame at all */
-	if (read_full(fd, &t, 1, te_now_ms() + 1000) == 0 && t <= TE_RPC_PROBE)
+	if (te_fd_read(fd, &t, 1, te_now_ms() + 1000) == 0 && t <= TE_RPC_PROBE)
 		type = t;
 	if (write_frame(fd, type, TE_AUTH_REQUIRED_REPLY, strlen(TE_AUTH_REQUIRED_REPLY),
 			te_now_ms() + 1000) == 0)
@@ -685,7 +620,7 @@ static int connect_to(const char *host, int port, int64_t deadline, int *out)
 			close(fd);
 			continue;
 		}
-		rc = wait_fd(fd, POLLOUT, deadline);
+		rc = te_fd_wait(fd, POLLOUT, deadline);
 		if (rc == 0) {
 			int err = 0;
 			socklen_t el = sizeof err;

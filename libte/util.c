@@ -2,7 +2,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <poll.h>
 #include <sys/auxv.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "internal.h"
@@ -99,4 +102,72 @@ void te_timestamp(char *buf, size_t size)
 int64_t te_now_ms(void)
 {
 	return g_get_monotonic_time() / 1000;
+}
+
+/* ------------------------------------------------------------- socket I/O */
+
+/* Both work on blocking and non-blocking sockets alike (MSG_DONTWAIT, then
+ * poll until the deadline). */
+
+int te_fd_wait(int fd, short events, int64_t deadline)
+{
+	for (;;) {
+		int64_t left = deadline - te_now_ms();
+		struct pollfd p = { .fd = fd, .events = events };
+		if (left <= 0)
+			return -ETIMEDOUT;
+		int rc = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+		if (rc > 0)
+			return 0;
+		if (rc == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+int te_fd_read(int fd, void *buf, size_t n, int64_t deadline)
+{
+	char *p = buf;
+
+	while (n > 0) {
+		ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+		if (r > 0) {
+			p += r;
+			n -= (size_t)r;
+			continue;
+		}
+		if (r == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int rc = te_fd_wait(fd, POLLIN, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+int te_fd_write(int fd, const void *buf, size_t n, int64_t deadline)
+{
+	const char *p = buf;
+
+	while (n > 0) {
+		ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int rc = te_fd_wait(fd, POLLOUT, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
 }

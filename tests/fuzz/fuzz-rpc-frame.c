@@ -88,7 +88,7 @@ static void feed(const uint8_t *data, size_t size, int sv[2])
 	int big = 1 << 20;
 	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
 	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-	FUZZ_CHECK(write_full(sv[1], data, size, te_now_ms() + 5000) == 0);
+	FUZZ_CHECK(te_fd_write(sv[1], data, size, te_now_ms() + 5000) == 0);
 	shutdown(sv[1], SHUT_WR);
 }
 

@@ -214,8 +214,11 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 		int expect = 0;
 		atomic_compare_exchange_strong(&sub->error, &expect, error);
 	}
+	/* Read before counting: once another slice completes the chunk, its slot
+	 * may be handed to the next chunk and `sub` rewritten. */
+	unsigned slices = sub->xfer.nr_slices;
 	unsigned done = atomic_fetch_add_explicit(&sub->slices_done, 1, memory_order_acq_rel) + 1;
-	if (done != sub->xfer.nr_slices)
+	if (done != slices)
 		return;
 	int rc = atomic_load(&sub->error);
 	if (rc == 0 && atomic_load(&sub->transferred) < sl->len)

@@ -84,7 +84,9 @@ static void *publish(gpointer *slot, void *fresh, void (*discard)(void *))
 	hb_release(slot);
 	if (!__atomic_compare_exchange_n(slot, &expected, fresh, FALSE, __ATOMIC_ACQ_REL,
 					 __ATOMIC_ACQUIRE)) {
+		/* Another thread published first: order its initialisation too. */
 		discard(fresh);
+		hb_acquire(slot);
 		return expected;
 	}
 	return fresh;

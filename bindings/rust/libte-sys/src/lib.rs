@@ -13,7 +13,7 @@ use std::marker::{PhantomData, PhantomPinned};
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 pub const TE_ABI_MAJOR: c_int = 1;
-pub const TE_ABI_MINOR: c_int = 1;
+pub const TE_ABI_MINOR: c_int = 2;
 
 // ------------------------------------------------------------------ errors
 
@@ -38,6 +38,8 @@ pub const TE_ERR_OVERLAP: c_int = -(TE_ERR_BASE + 8);
 pub const TE_ERR_SEGMENT: c_int = -(TE_ERR_BASE + 9);
 /// Unknown or freed batch id.
 pub const TE_ERR_BATCH: c_int = -(TE_ERR_BASE + 10);
+/// Peer authentication failed, or the two sides' keys differ (since 1.2).
+pub const TE_ERR_AUTH: c_int = -(TE_ERR_BASE + 11);
 
 // ----------------------------------------------------------------- logging
 
@@ -151,6 +153,8 @@ pub struct te_metadata {
 
 pub const TE_KIND_TRANSPORT: c_int = 1;
 pub const TE_KIND_METADATA: c_int = 2;
+/// Device memory plugins (GPUs), since 1.2.
+pub const TE_KIND_DEVICE: c_int = 3;
 
 /// Versioned by `size`: read a field only when `size` covers it.
 #[repr(C)]
@@ -283,4 +287,11 @@ extern "C" {
     pub fn te_plugin_foreach(fn_: te_plugin_info_fn, user: *mut c_void) -> c_int;
     pub fn te_plugin_dirs(fn_: te_plugin_dir_fn, user: *mut c_void) -> c_int;
     pub fn te_plugin_report(name: *const c_char, text: *mut *mut c_char) -> c_int;
+
+    // Device memory (since 1.2): memory of a device plugin ("cuda:0").
+    pub fn te_device_alloc(location: *const c_char, len: usize, ptr: *mut *mut c_void) -> c_int;
+    pub fn te_device_free(ptr: *mut c_void) -> c_int;
+    pub fn te_device_copy(dst: *mut c_void, src: *const c_void, len: usize) -> c_int;
+    pub fn te_device_locate(addr: *const c_void, len: usize, buf: *mut c_char, size: usize) -> c_int;
+    pub fn te_device_stream_wait(location: *const c_char, stream: *mut c_void) -> c_int;
 }

@@ -141,6 +141,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         ("TE_ERR_OVERLAP", TE_ERR_OVERLAP as i64),
         ("TE_ERR_SEGMENT", TE_ERR_SEGMENT as i64),
         ("TE_ERR_BATCH", TE_ERR_BATCH as i64),
+        ("TE_ERR_AUTH", TE_ERR_AUTH as i64),
         ("TE_LOG_ERROR", TE_LOG_ERROR as i64),
         ("TE_LOG_WARN", TE_LOG_WARN as i64),
         ("TE_LOG_INFO", TE_LOG_INFO as i64),
@@ -160,6 +161,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         ("TE_NOTIFY_MAX", TE_NOTIFY_MAX as i64),
         ("TE_KIND_TRANSPORT", TE_KIND_TRANSPORT as i64),
         ("TE_KIND_METADATA", TE_KIND_METADATA as i64),
+        ("TE_KIND_DEVICE", TE_KIND_DEVICE as i64),
         ("TE_INVALID_BATCH_IS_MAX", (TE_INVALID_BATCH == u64::MAX) as i64),
         ("SEGMENT_NAME_BYTES", std::mem::size_of::<[std::os::raw::c_char; 64]>() as i64),
     ]

@@ -41,6 +41,7 @@ const (
 	ErrOverlap     Code = C.TE_ERR_OVERLAP      // registration overlaps an existing one
 	ErrSegment     Code = C.TE_ERR_SEGMENT      // unknown or closed segment
 	ErrBatch       Code = C.TE_ERR_BATCH        // unknown or freed batch
+	ErrAuth        Code = C.TE_ERR_AUTH         // peer authentication failed, or the keys differ
 )
 
 // errno codes libte returns.

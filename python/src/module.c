@@ -13,7 +13,8 @@
 PyObject *PyteError, *PyteClosedError, *PyteTransferError;
 static PyObject *InvalidArgumentError, *TimeoutErr, *BusyError, *NotFoundError, *ConnectionErr,
 	*NotSupportedError, *PluginError, *NoTransportError, *MetadataError, *ProtocolError,
-	*RejectedError, *BatchFullError, *AddressError, *OverlapError, *SegmentError, *BatchError;
+	*RejectedError, *BatchFullError, *AddressError, *OverlapError, *SegmentError, *BatchError,
+	*AuthError;
 
 PyObject *pyte_error_class(int code)
 {
@@ -28,6 +29,7 @@ PyObject *pyte_error_class(int code)
 	case TE_ERR_OVERLAP: return OverlapError;
 	case TE_ERR_SEGMENT: return SegmentError;
 	case TE_ERR_BATCH: return BatchError;
+	case TE_ERR_AUTH: return AuthError;
 	case PYTE_CLOSED: return PyteClosedError;
 	case -EINVAL:
 	case -ERANGE:
@@ -719,6 +721,7 @@ static int add_codes(PyObject *m)
 		{ "ERR_OVERLAP", TE_ERR_OVERLAP },
 		{ "ERR_SEGMENT", TE_ERR_SEGMENT },
 		{ "ERR_BATCH", TE_ERR_BATCH },
+		{ "ERR_AUTH", TE_ERR_AUTH },
 		{ "READ", TE_OP_READ },
 		{ "WRITE", TE_OP_WRITE },
 		{ "LOCAL_SEGMENT", TE_LOCAL_SEGMENT },
@@ -779,7 +782,9 @@ PyMODINIT_FUNC PyInit__native(void)
 	    add_sub(m, "AddressError", NULL, "Memory not registered, or a range outside a buffer.", &AddressError) < 0 ||
 	    add_sub(m, "OverlapError", NULL, "A registration overlaps an existing one.", &OverlapError) < 0 ||
 	    add_sub(m, "SegmentError", NULL, "Unknown or closed segment.", &SegmentError) < 0 ||
-	    add_sub(m, "BatchError", NULL, "Unknown or freed batch.", &BatchError) < 0)
+	    add_sub(m, "BatchError", NULL, "Unknown or freed batch.", &BatchError) < 0 ||
+	    add_sub(m, "AuthError", NULL, "Peer authentication failed, or the cluster keys differ.",
+		    &AuthError) < 0)
 		goto fail;
 	if (add_codes(m) < 0)
 		goto fail;

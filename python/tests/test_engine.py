@@ -370,3 +370,26 @@ def test_engine_close_with_live_objects(pair):
     seg.close()
     # the buffers it held are released
     pair.abuf.extend(b"x")
+
+
+def test_auth_key_mismatch_raises_auth_error(tmp_path):
+    """A peer with the cluster key refuses an engine without it: AuthError, at once."""
+    key = tmp_path / "key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    key.chmod(0o600)
+    with libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="tcp",
+                      options={"auth_key_file": str(key)}) as target, \
+         libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="tcp") as stranger, \
+         libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="tcp",
+                      options={"auth_key_file": str(key)}) as member:
+        buf = bytearray(4096)
+        remote = target.register(buf)
+        t0 = time.monotonic()
+        with pytest.raises(libte.AuthError) as err:
+            stranger.open_segment(target.name)
+        assert err.value.code == libte.ERROR_CODES["AUTH"] and time.monotonic() - t0 < 2
+        mine = bytearray(b"x" * 4096)
+        member.register(mine, remote=False)
+        with member.open_segment(target.name) as seg:
+            member.write(seg, mine, remote)
+        assert bytes(buf) == bytes(mine)

@@ -33,6 +33,7 @@ pub mod code {
     pub const OVERLAP: i32 = sys::TE_ERR_OVERLAP;
     pub const SEGMENT: i32 = sys::TE_ERR_SEGMENT;
     pub const BATCH: i32 = sys::TE_ERR_BATCH;
+    pub const AUTH: i32 = sys::TE_ERR_AUTH;
 }
 
 /// A failed libte call: its code (negative), the code's name from

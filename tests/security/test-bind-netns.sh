@@ -31,20 +31,8 @@ stop_target() {
 	tpid=
 }
 
-cleanup() {
-	stop_target
-	ip netns del "$NS" 2>/dev/null
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-fail() {
-	echo "FAIL: $*"
-	echo "--- target output:"; cat "$tmp/out" 2>/dev/null
-	echo "--- initiator output:"; cat "$tmp/init" 2>/dev/null
-	exit 1
-}
+netns=$NS
+. "$(dirname "$0")/../common/netns.sh"
 
 ip netns add "$NS" || fail "cannot create the namespace"
 ip -n "$NS" link set lo up

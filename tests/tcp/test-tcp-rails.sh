@@ -25,22 +25,8 @@ n2=10.215.$((tag % 250))
 tmp=$(mktemp -d)
 tpid=
 
-cleanup() {
-	[ -n "$tpid" ] && kill "$tpid" 2>/dev/null && wait "$tpid" 2>/dev/null
-	exec 7>&- 2>/dev/null
-	ip netns del "$A" 2>/dev/null
-	ip netns del "$B" 2>/dev/null
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-fail() {
-	echo "FAIL: $*"
-	echo "--- target output:"; cat "$tmp/out" 2>/dev/null
-	echo "--- initiator output:"; cat "$tmp/init" 2>/dev/null
-	exit 1
-}
+netns="$A $B"
+. "$(dirname "$0")/../common/netns.sh"
 
 ip netns add "$A" && ip netns add "$B" || fail "cannot create namespaces"
 for i in 1 2; do

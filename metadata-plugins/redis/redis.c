@@ -122,6 +122,30 @@ static redisReply *command(rstore *s, int argc, const char **argv, const size_t 
 	return redisCommandArgv(s->c, argc, argv, lens);
 }
 
+/* Elements a reply may announce. hiredis allocates an array for the count a
+ * reply announces before any element arrives, so a broken or hostile store
+ * could make it allocate gigabytes with a few bytes ("*2000000000"): such a
+ * reply fails the call (as out of memory) and the connection is dropped. */
+#define MAX_REPLY_ELEMENTS (1 << 20)
+
+static redisReplyObjectFunctions bounded_fns;
+static void *(*hiredis_create_array)(const redisReadTask *, int);
+
+static void *create_array_bounded(const redisReadTask *t, int elements)
+{
+	if (elements < 0 || elements > MAX_REPLY_ELEMENTS)
+		return NULL;
+	return hiredis_create_array(t, elements);
+}
+
+static gpointer bound_fns_init(gpointer reader_fns)
+{
+	bounded_fns = *(const redisReplyObjectFunctions *)reader_fns;
+	hiredis_create_array = bounded_fns.createArray;
+	bounded_fns.createArray = create_array_bounded;
+	return &bounded_fns;
+}
+
 /* Connects, authenticates and selects the database. With the lock held. */
 static int connect_store(rstore *s)
 {
@@ -140,6 +164,9 @@ static int connect_store(rstore *s)
 		drop(s);
 		return rc;
 	}
+	static GOnce fns_once = G_ONCE_INIT;
+	if (s->c->reader->fn != NULL && s->c->reader->fn->createArray != NULL)
+		s->c->reader->fn = g_once(&fns_once, bound_fns_init, s->c->reader->fn);
 	if (redisSetTimeout(s->c, tv_of(s->timeout_ms)) != REDIS_OK)
 		s->h->log(s->h, TE_LOG_WARN, "redis %s: cannot set the command timeout", s->conn);
 	redisEnableKeepAlive(s->c);

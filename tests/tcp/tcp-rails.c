@@ -222,27 +222,7 @@ typedef struct fake_rpc {
 static void *fake_rpc_main(void *arg)
 {
 	fake_rpc *f = arg;
-	while (!atomic_load(&f->stop)) {
-		int fd = accept_timeout(f->lfd, 100);
-		if (fd < 0)
-			continue;
-		unsigned char h[9];
-		if (recv_exact(fd, h, 9, 2000, NULL) == 9) {
-			uint64_t n = get_le64(h);
-			char *body = n > 0 && n < (1u << 20) ? malloc(n) : NULL;
-			if (body && recv_exact(fd, body, n - 1, 2000, NULL) == (ssize_t)(n - 1)) {
-				size_t dl = strlen(f->desc);
-				uint64_t len = htole64(dl + 1);
-				unsigned char rh[9];
-				memcpy(rh, &len, 8);
-				rh[8] = h[8];
-				send_all(fd, rh, 9);
-				send_all(fd, f->desc, dl);
-			}
-			free(body);
-		}
-		close(fd);
-	}
+	serve_descriptor(f->lfd, f->desc, &f->stop);
 	return NULL;
 }
 

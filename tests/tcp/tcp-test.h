@@ -12,6 +12,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,6 +250,33 @@ static inline int accept_timeout(int lfd, int ms)
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	}
 	return fd;
+}
+
+/* A fake peer's RPC port: answers every frame on `lfd` with `desc` (as a
+ * Metadata reply of the frame's type) until *stop is set. */
+static inline void serve_descriptor(int lfd, const char *desc, atomic_int *stop)
+{
+	while (!atomic_load(stop)) {
+		int fd = accept_timeout(lfd, 100);
+		if (fd < 0)
+			continue;
+		unsigned char h[9];
+		if (recv_exact(fd, h, 9, 2000, NULL) == 9) {
+			uint64_t n = get_le64(h);
+			char *body = n > 0 && n < (1u << 20) ? malloc(n) : NULL;
+			if (body && recv_exact(fd, body, n - 1, 2000, NULL) == (ssize_t)(n - 1)) {
+				size_t dl = strlen(desc);
+				uint64_t len = htole64(dl + 1);
+				unsigned char rh[9];
+				memcpy(rh, &len, 8);
+				rh[8] = h[8];
+				send_all(fd, rh, 9);
+				send_all(fd, desc, dl);
+			}
+			free(body);
+		}
+		close(fd);
+	}
 }
 
 #endif

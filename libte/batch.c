@@ -660,6 +660,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	}
 	g_rw_lock_reader_unlock(&e->mem.lock);
 	flush(&d);
+	te_stage_flush(e);
 	g_rw_lock_reader_unlock(&e->data);
 
 	if (n_stale > 0) {
@@ -691,6 +692,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		}
 		g_rw_lock_reader_unlock(&e->mem.lock);
 		flush(&d);
+		te_stage_flush(e);
 		g_rw_lock_reader_unlock(&e->data);
 	}
 	box_unref(box);

@@ -327,6 +327,9 @@ void te_stage_fini(struct te_engine *e);
 /* Moves remote task `t` (device memory on its local side) through host
  * buffers; completes it once. */
 void te_stage_submit(struct te_engine *e, te_task *t);
+/* Starts what te_stage_submit queued; at the end of te_submit, without the
+ * registry lock. */
+void te_stage_flush(struct te_engine *e);
 /* A transport completed a slice of a staging sub-transfer. */
 void te_stage_slice_done(te_task *sub, uint64_t bytes, int error);
 

@@ -53,6 +53,7 @@ struct te_stager {
 	char *area;      /* nslots * chunk bytes, once set up */
 	te_device *area_dev; /* the plugin that allocated it, or NULL (posix_memalign) */
 	int area_rc;     /* negative once setting it up failed */
+	bool queued;     /* te_stage_submit queued tasks since the last flush */
 };
 
 /* ---------------------------------------------------------------- buffers */
@@ -101,8 +102,20 @@ static int area_setup(te_stager *s, te_device *dev)
 	return 0;
 }
 
-/* Gives free buffers to waiting chunks, in submission order. */
-static void dispatch_locked(te_stager *s)
+/* Chunks whose transport submission can happen in the thread that gave
+ * them their buffer: READs, which copy nothing before the transport's I/O,
+ * started outside the stager's lock and handed over together. A ring, as
+ * chunks ending early (a failed or canceled task) free buffers for others
+ * while it is being worked through; it never holds more than nslots. */
+typedef struct ready_ring {
+	guint head, n;
+	guint slot[BUFFERS_MAX];
+} ready_ring;
+
+/* Gives free buffers to waiting chunks, in submission order. READ chunks go
+ * to `ready` when there is one (and the buffers exist), the rest to the
+ * staging threads. */
+static void dispatch_locked(te_stager *s, ready_ring *ready)
 {
 	while (s->nfree > 0 && !g_queue_is_empty(&s->pending)) {
 		te_task *t = g_queue_peek_head(&s->pending);
@@ -114,12 +127,15 @@ static void dispatch_locked(te_stager *s)
 		sl->parent = t;
 		sl->off = (uint64_t)idx * s->chunk;
 		sl->len = MIN((uint64_t)s->chunk, t->xfer.length - sl->off);
-		g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
+		if (ready != NULL && t->xfer.opcode == TE_OP_READ && s->area != NULL)
+			ready->slot[(ready->head + ready->n++) % BUFFERS_MAX] = slot;
+		else
+			g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
 	}
 }
 
-/* A chunk is over: its parent counts it, its buffer goes to the next. */
-static void chunk_done(te_stager *s, guint slot, uint64_t bytes, int error)
+/* A chunk is over: its buffer goes to the next chunk, its parent counts it. */
+static void release(te_stager *s, guint slot, uint64_t bytes, int error, ready_ring *ready)
 {
 	stage_slot *sl = &s->slots[slot];
 	te_task *parent = sl->parent;
@@ -127,44 +143,42 @@ static void chunk_done(te_stager *s, guint slot, uint64_t bytes, int error)
 	sl->parent = NULL;
 	g_mutex_lock(&s->lock);
 	s->free[s->nfree++] = slot;
-	dispatch_locked(s);
+	dispatch_locked(s, ready);
 	g_mutex_unlock(&s->lock);
 	te_task_complete(parent, bytes, error);
 }
 
+static void start_ready(te_stager *s, ready_ring *ready);
+
+/* `may_submit`: not inside a transport's completion, so chunks that become
+ * ready may be handed to a transport from here. */
+static void chunk_done(te_stager *s, guint slot, uint64_t bytes, int error, bool may_submit)
+{
+	if (!may_submit) {
+		release(s, slot, bytes, error, NULL);
+		return;
+	}
+	ready_ring ready;
+	ready.head = ready.n = 0;
+	release(s, slot, bytes, error, &ready);
+	start_ready(s, &ready);
+}
+
 /* ------------------------------------------------------------------ work */
 
-static void start(te_stager *s, guint slot)
+/* The chunk's transfer, as the transport is handed it. */
+static te_transfer *sub_transfer(te_stager *s, guint slot)
 {
 	stage_slot *sl = &s->slots[slot];
 	te_task *t = sl->parent;
-	int err = atomic_load(&t->error);
-
-	if (err == 0 && atomic_load_explicit(&t->batch->canceled, memory_order_relaxed))
-		err = -ECANCELED;
-	if (err == 0)
-		err = area_setup(s, t->dev);
-	if (err != 0) {
-		/* The task failed already (or is canceled): its other chunks end
-		 * without moving anything. */
-		chunk_done(s, slot, 0, err);
-		return;
-	}
-	char *buf = s->area + (size_t)slot * s->chunk;
-	if (t->xfer.opcode == TE_OP_WRITE) {
-		int rc = te_device_copy_with(t->dev, buf, (const char *)t->xfer.local + sl->off, sl->len);
-		if (rc < 0) {
-			chunk_done(s, slot, 0, rc);
-			return;
-		}
-	}
 	te_task *sub = &sl->sub;
+
 	sub->batch = t->batch;
 	sub->stage = s;
 	sub->xfer = (te_transfer){
 		.opcode = t->xfer.opcode,
 		.nr_slices = 1,
-		.local = buf,
+		.local = s->area + (size_t)slot * s->chunk,
 		.remote = t->xfer.remote + sl->off,
 		.length = sl->len,
 		.seg_ctx = t->xfer.seg_ctx,
@@ -173,12 +187,96 @@ static void start(te_stager *s, guint slot)
 	atomic_store(&sub->slices_done, 0);
 	atomic_store(&sub->error, 0);
 	atomic_store(&sub->transferred, 0);
-	te_transfer *x = &sub->xfer;
+	return &sub->xfer;
+}
+
+/* Why a chunk should end without moving anything, or 0. */
+static int chunk_skip(te_task *t)
+{
+	int err = atomic_load(&t->error);
+
+	if (err == 0 && atomic_load_explicit(&t->batch->canceled, memory_order_relaxed))
+		err = -ECANCELED;
+	return err;
+}
+
+#define SUBMIT_MAX 64
+
+static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
+			 ready_ring *ready)
+{
+	if (n == 0)
+		return;
+	int rc = tp->ops->submit(tp->ctx, xs, n);
+	if (rc >= 0)
+		return;
+	te_err("staging: transport %s refused %zu chunks: %s", tp->hc.plugin->name, n, te_strerror(rc));
+	for (size_t i = 0; i < n; i++)
+		release(s, (guint)((stage_slot *)xs[i] - s->slots), 0, rc, ready);
+}
+
+/* Hands ready READ chunks to their transports, those of one transport in
+ * one call (as te_submit does with host memory): one wake-up of the
+ * transport for many chunks rather than one each. */
+static void start_ready(te_stager *s, ready_ring *ready)
+{
+	te_transfer *xs[SUBMIT_MAX];
+	te_transport_inst *tp = NULL;
+	size_t n = 0;
+
+	while (ready->n > 0) {
+		guint slot = ready->slot[ready->head];
+		ready->head = (ready->head + 1) % BUFFERS_MAX;
+		ready->n--;
+		te_task *t = s->slots[slot].parent;
+		int err = chunk_skip(t);
+		if (err != 0) {
+			release(s, slot, 0, err, ready);
+			continue;
+		}
+		if (tp != t->tp || n == SUBMIT_MAX) {
+			submit_group(s, tp, xs, n, ready);
+			n = 0;
+			tp = t->tp;
+		}
+		xs[n++] = sub_transfer(s, slot);
+		if (ready->n == 0) {
+			/* Hand these over before looking again: a refusal above
+			 * may make more ready. */
+			submit_group(s, tp, xs, n, ready);
+			n = 0;
+		}
+	}
+}
+
+static void start(te_stager *s, guint slot)
+{
+	stage_slot *sl = &s->slots[slot];
+	te_task *t = sl->parent;
+	int err = chunk_skip(t);
+
+	if (err == 0)
+		err = area_setup(s, t->dev);
+	if (err != 0) {
+		/* The task failed already (or is canceled): its other chunks end
+		 * without moving anything. */
+		chunk_done(s, slot, 0, err, true);
+		return;
+	}
+	if (t->xfer.opcode == TE_OP_WRITE) {
+		int rc = te_device_copy_with(t->dev, s->area + (size_t)slot * s->chunk,
+					     (const char *)t->xfer.local + sl->off, sl->len);
+		if (rc < 0) {
+			chunk_done(s, slot, 0, rc, true);
+			return;
+		}
+	}
+	te_transfer *x = sub_transfer(s, slot);
 	int rc = t->tp->ops->submit(t->tp->ctx, &x, 1);
 	if (rc < 0) {
 		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name,
 		       te_strerror(rc));
-		chunk_done(s, slot, 0, rc);
+		chunk_done(s, slot, 0, rc, true);
 	}
 }
 
@@ -189,7 +287,7 @@ static void finish(te_stager *s, guint slot)
 	int rc = te_device_copy_with(t->dev, (char *)t->xfer.local + sl->off,
 				     s->area + (size_t)slot * s->chunk, sl->len);
 
-	chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc);
+	chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, true);
 }
 
 static void run(gpointer data, gpointer user)
@@ -227,7 +325,7 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 		/* Into the device, on a staging thread: not the transport's. */
 		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
 	else
-		chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc);
+		chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, false);
 }
 
 /* ---------------------------------------------------------------- engine */
@@ -288,6 +386,7 @@ void te_stage_fini(te_engine *e)
 	e->stager = NULL;
 }
 
+/* Called with the registry locked: the chunks wait for te_stage_flush. */
 void te_stage_submit(te_engine *e, te_task *t)
 {
 	te_stager *s = e->stager;
@@ -297,6 +396,26 @@ void te_stage_submit(te_engine *e, te_task *t)
 	atomic_store(&t->chunk_next, 0);
 	g_mutex_lock(&s->lock);
 	g_queue_push_tail(&s->pending, t);
-	dispatch_locked(s);
+	s->queued = true;
 	g_mutex_unlock(&s->lock);
+}
+
+/* At the end of te_submit, without the registry lock (a transport's submit
+ * may look up buffers): gives the chunks te_stage_submit queued their
+ * buffers and starts them. */
+void te_stage_flush(te_engine *e)
+{
+	te_stager *s = e->stager;
+	ready_ring ready;
+
+	if (s == NULL)
+		return;
+	ready.head = ready.n = 0;
+	g_mutex_lock(&s->lock);
+	bool queued = s->queued;
+	s->queued = false;
+	if (queued)
+		dispatch_locked(s, &ready);
+	g_mutex_unlock(&s->lock);
+	start_ready(s, &ready);
 }

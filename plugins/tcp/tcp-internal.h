@@ -236,6 +236,15 @@ typedef struct tcp_resp {
  * on, a WRITE body for device memory arrives there and is copied on, this
  * much at a time. */
 #define TCP_DEV_STAGE (256u << 10)
+/* Most READ replies of device memory staged at once. */
+#define TCP_STAGE_PIECES 64u
+
+/* Bytes [off, off + len) of reply number `resp`'s data, at `pos` in the
+ * connection's stage. */
+typedef struct tcp_piece {
+	uint64_t resp, off;
+	uint32_t len, pos;
+} tcp_piece;
 
 enum tcp_sstate { SS_OPEN, SS_FLUSH, SS_LINGER };
 
@@ -253,11 +262,12 @@ struct tcp_sconn {
 	te_buffer_pin body_pin;
 	bool body_dev;        /* the body goes to device memory, through `stage` */
 	/* Device memory's bytes pass through here (allocated at the first such
-	 * request): the first TCP_DEV_STAGE bytes hold [stage_off, stage_off +
-	 * stage_len) of the data of reply number stage_resp, the next the piece
-	 * of a WRITE body being received. */
+	 * request): the first TCP_DEV_STAGE bytes hold the pieces of device
+	 * READ replies listed in stage_piece (in reply order, so one sendmsg
+	 * carries several), the next the piece of a WRITE body being received. */
 	char *stage;
-	uint64_t stage_resp, stage_off, stage_len;
+	struct tcp_piece *stage_piece; /* TCP_STAGE_PIECES, after the stage's bytes */
+	unsigned stage_n;
 	int64_t linger_deadline;
 	char host[64];        /* the peer's address without the port: its per-peer count */
 	tcp_resp *ring;

@@ -52,7 +52,6 @@ tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name)
 	sc->io.last_progress = tcp_now_ms();
 	g_strlcpy(sc->io.name, name, sizeof sc->io.name);
 	sc->state = SS_OPEN;
-	sc->stage_resp = UINT64_MAX;
 	return sc;
 }
 
@@ -63,8 +62,13 @@ static bool pin_is_device(const te_host *h, const te_buffer_pin *pin)
 
 static bool stage_ready(tcp_sconn *sc)
 {
-	if (sc->stage == NULL)
-		sc->stage = g_try_malloc(2 * TCP_DEV_STAGE); /* replies, then bodies */
+	if (sc->stage == NULL) {
+		/* replies, then bodies, then the list of staged replies */
+		sc->stage = g_try_malloc(2 * TCP_DEV_STAGE + TCP_STAGE_PIECES * sizeof(tcp_piece));
+		if (sc->stage != NULL)
+			sc->stage_piece = (tcp_piece *)(sc->stage + 2 * TCP_DEV_STAGE);
+		sc->stage_n = 0;
+	}
 	return sc->stage != NULL;
 }
 
@@ -88,6 +92,8 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 	sc->snd = sc->head = 0;
 	g_free(sc->stage);
 	sc->stage = NULL;
+	sc->stage_piece = NULL;
+	sc->stage_n = 0;
 	if (sc->io.fd >= 0) {
 		close(sc->io.fd);
 		sc->io.fd = -1;
@@ -209,14 +215,55 @@ static void parse(tcp_sconn *sc)
 	}
 }
 
+/* The staged piece holding byte `done` of reply `i`'s data, looking from
+ * piece *k on (replies are sent in order), or NULL. */
+static const tcp_piece *staged(tcp_sconn *sc, uint64_t i, uint64_t done, unsigned *k)
+{
+	for (; *k < sc->stage_n; (*k)++) {
+		const tcp_piece *p = &sc->stage_piece[*k];
+		if (p->resp > i)
+			break;
+		if (p->resp == i && done >= p->off && done < p->off + p->len)
+			return p;
+	}
+	return NULL;
+}
+
+/* Copies device READ data into the stage from byte `done` of reply `i` on,
+ * and as much of the device replies after it as fits: the pieces of one
+ * sendmsg. Fails only when the first copy does (a later one is tried again
+ * when its turn comes). */
+static int stage_fill(tcp_sconn *sc, uint64_t i, uint64_t done)
+{
+	const te_host *h = ctx_of(sc)->host;
+	uint32_t pos = 0;
+
+	sc->stage_n = 0;
+	for (uint64_t j = i; j < sc->head && pos < TCP_DEV_STAGE && sc->stage_n < TCP_STAGE_PIECES; j++) {
+		tcp_resp *r = resp_at(sc, j);
+		if (!r->dev || r->len == 0)
+			continue;
+		uint64_t from = j == i ? done : 0;
+		uint32_t piece = (uint32_t)MIN((uint64_t)(TCP_DEV_STAGE - pos), r->len - from);
+		if (h->buffer_copy(h, &r->pin, sc->stage + pos, r->data + from, piece) < 0)
+			return sc->stage_n == 0 ? -1 : 0;
+		sc->stage_piece[sc->stage_n++] = (tcp_piece){ .resp = j, .off = from, .len = piece, .pos = pos };
+		pos += piece;
+		if (from + piece < r->len)
+			break;
+	}
+	return 0;
+}
+
 /* 1: progress, 0: nothing to do or would block, -1: closed. */
 static int send_replies(tcp_sconn *sc)
 {
 	tcp_ctx *c = ctx_of(sc);
 	const te_host *h = c->host;
 	struct iovec *iov = sc->io.thr->iov;
-	unsigned n = 0;
+	unsigned n = 0, k = 0;
 	size_t total = 0;
+	bool stage_used = false;
 
 	for (uint64_t i = sc->snd; i < sc->head && n < TCP_IOV_MAX; i++) {
 		tcp_resp *r = resp_at(sc, i);
@@ -226,24 +273,28 @@ static int send_replies(tcp_sconn *sc)
 			total += hs - r->sent;
 		}
 		if (r->len > 0 && r->dev) {
-			/* Device memory: what the stage holds of it, and nothing after
-			 * it in this call (the stage holds one piece at a time). */
+			/* Device memory: from the stage, refilled (with this reply
+			 * and those after it) once nothing in this call points into
+			 * it; a reply not staged to its end ends the call. */
 			uint64_t done = r->sent > hs ? r->sent - hs : 0;
-			if (sc->stage_resp != i || done < sc->stage_off ||
-			    done >= sc->stage_off + sc->stage_len) {
-				uint64_t piece = MIN((uint64_t)TCP_DEV_STAGE, r->len - done);
-				if (h->buffer_copy(h, &r->pin, sc->stage, r->data + done, piece) < 0) {
+			const tcp_piece *p = staged(sc, i, done, &k);
+			if (p == NULL) {
+				if (stage_used)
+					break;
+				if (stage_fill(sc, i, done) < 0) {
 					tcp_sconn_close(sc, "reading device memory failed");
 					return -1;
 				}
-				sc->stage_resp = i;
-				sc->stage_off = done;
-				sc->stage_len = piece;
+				k = 0;
+				p = &sc->stage_piece[0];
 			}
-			uint64_t left = sc->stage_off + sc->stage_len - done;
-			iov[n++] = (struct iovec){ sc->stage + (done - sc->stage_off), left };
+			uint64_t left = p->off + p->len - done;
+			iov[n++] = (struct iovec){ sc->stage + p->pos + (done - p->off), left };
 			total += left;
-			break;
+			stage_used = true;
+			if (done + left < r->len)
+				break;
+			continue;
 		}
 		if (r->len > 0) {
 			uint64_t done = r->sent > hs ? r->sent - hs : 0;

@@ -108,7 +108,7 @@ static inline void remote_pair(const char *what, te_engine *target, te_engine *i
 	REQUIRE(seg >= 0);
 	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
 		size_t n = sizes[i];
-		te_task_status st;
+		te_task_status st = { 0 };
 		side_fill(l, n, seed + 300 + (unsigned)i);
 		side_fill(t, n, 5);
 		CHECK_EQ(run_one(init, TE_OP_WRITE, seg, l.p, (uintptr_t)t.p, n, &st), TE_TASK_COMPLETED);

@@ -5,6 +5,13 @@
  * runs it with libsoup's async API). The I/O thread arms a timer that cancels
  * the request, so the wait is bounded even when a server accepts the
  * connection and never answers.
+ *
+ * Callers hand requests to the I/O thread through a queue under the client's
+ * lock and wake its context, which a source of the I/O thread's own drains.
+ * No other thread attaches sources to that context: GMainContext keeps its
+ * sources in lists and a table guarded by a lock inside GLib, allocated and
+ * freed by whichever thread attaches or removes, and ThreadSanitizer cannot
+ * see that lock (docs/reliability.md).
  */
 #include <errno.h>
 #include <string.h>
@@ -32,6 +39,9 @@ struct te_http {
 	GMutex lock;
 	GCond cond;
 	int started; /* 0 starting, 1 running, -1 failed */
+	/* guarded by lock */
+	GQueue queue; /* requests not started yet */
+	gboolean quit;
 };
 
 typedef struct req {
@@ -242,14 +252,12 @@ static void on_sent(GObject *src, GAsyncResult *res, gpointer data)
 	g_input_stream_read_bytes_async(r->in, READ_CHUNK, G_PRIORITY_DEFAULT, r->cancel, on_read, r);
 }
 
-static gboolean start_req(gpointer data)
+static void start_req(req *r)
 {
-	req *r = data;
-
 	r->msg = soup_message_new(r->method, r->url);
 	if (r->msg == NULL) {
 		req_finish(r, -EINVAL, "'%s' is not a valid http(s) URL", r->log_url);
-		return G_SOURCE_REMOVE;
+		return;
 	}
 	if (r->body != NULL)
 		soup_message_set_request_body_from_bytes(r->msg, r->ctype, r->body);
@@ -270,8 +278,58 @@ static gboolean start_req(gpointer data)
 	g_source_set_callback(r->timer, on_timeout, r, NULL);
 	g_source_attach(r->timer, r->c->ctx);
 	soup_session_send_async(r->c->session, r->msg, G_PRIORITY_DEFAULT, r->cancel, on_sent, r);
-	return G_SOURCE_REMOVE;
 }
+
+/* The kick source: ready while requests wait or the client is closing. Its
+ * functions run on the I/O thread; callers fill the queue and wake the
+ * context (g_main_context_wakeup() takes no lock of the context). */
+typedef struct {
+	GSource base;
+	te_http *c;
+} kick_source;
+
+static gboolean kick_ready(te_http *c)
+{
+	g_mutex_lock(&c->lock);
+	gboolean ready = c->quit || c->queue.length > 0;
+	g_mutex_unlock(&c->lock);
+	return ready;
+}
+
+static gboolean kick_prepare(GSource *s, gint *timeout)
+{
+	*timeout = -1;
+	return kick_ready(((kick_source *)s)->c);
+}
+
+static gboolean kick_check(GSource *s)
+{
+	return kick_ready(((kick_source *)s)->c);
+}
+
+static gboolean kick_dispatch(GSource *s, GSourceFunc cb, gpointer data)
+{
+	te_http *c = ((kick_source *)s)->c;
+	(void)cb;
+	(void)data;
+
+	g_mutex_lock(&c->lock);
+	GQueue todo = c->queue;
+	g_queue_init(&c->queue);
+	gboolean quit = c->quit;
+	g_mutex_unlock(&c->lock);
+	for (req *r; (r = g_queue_pop_head(&todo)) != NULL;)
+		start_req(r);
+	if (quit)
+		g_main_loop_quit(c->loop);
+	return G_SOURCE_CONTINUE;
+}
+
+static GSourceFuncs kick_funcs = {
+	.prepare = kick_prepare,
+	.check = kick_check,
+	.dispatch = kick_dispatch,
+};
 
 int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
 		    const void *body, size_t len, const char *auth, int timeout_ms, te_http_reply *reply,
@@ -305,10 +363,10 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 	r->cancel = g_cancellable_new();
 	r->buf = g_byte_array_new();
 
-	GSource *s = g_idle_source_new();
-	g_source_set_callback(s, start_req, r, NULL);
-	g_source_attach(s, c->ctx);
-	g_source_unref(s);
+	g_mutex_lock(&c->lock);
+	g_queue_push_tail(&c->queue, r);
+	g_mutex_unlock(&c->lock);
+	g_main_context_wakeup(c->ctx);
 
 	gint64 deadline = g_get_monotonic_time() + (gint64)(timeout_ms + CALLER_SLACK_MS) * 1000;
 	g_mutex_lock(&r->lock);
@@ -379,12 +437,24 @@ static gpointer io_thread(gpointer data)
 			g_object_unref(db);
 		}
 	}
+	GSource *kick = g_source_new(&kick_funcs, sizeof(kick_source));
+	((kick_source *)kick)->c = c;
+	g_source_attach(kick, c->ctx);
 	g_mutex_lock(&c->lock);
 	c->started = c->start_error ? -1 : 1;
 	g_cond_signal(&c->cond);
 	g_mutex_unlock(&c->lock);
 	if (c->started == 1)
 		g_main_loop_run(c->loop);
+	g_source_destroy(kick);
+	g_source_unref(kick);
+	/* A request queued with the quit is started and then aborted below. */
+	g_mutex_lock(&c->lock);
+	GQueue todo = c->queue;
+	g_queue_init(&c->queue);
+	g_mutex_unlock(&c->lock);
+	for (req *r; (r = g_queue_pop_head(&todo)) != NULL;)
+		start_req(r);
 	soup_session_abort(c->session);
 	g_clear_object(&c->session);
 	g_clear_object(&c->cert);
@@ -434,21 +504,15 @@ te_http *te_http_new(const te_http_opts *opts, char **err)
 	return c;
 }
 
-static gboolean quit_loop(gpointer data)
-{
-	g_main_loop_quit(data);
-	return G_SOURCE_REMOVE;
-}
-
 void te_http_free(te_http *c)
 {
 	if (c == NULL)
 		return;
 	if (c->thread != NULL) {
-		GSource *s = g_idle_source_new();
-		g_source_set_callback(s, quit_loop, c->loop, NULL);
-		g_source_attach(s, c->ctx);
-		g_source_unref(s);
+		g_mutex_lock(&c->lock);
+		c->quit = TRUE;
+		g_mutex_unlock(&c->lock);
+		g_main_context_wakeup(c->ctx);
 		g_thread_join(c->thread);
 	}
 	g_main_loop_unref(c->loop);

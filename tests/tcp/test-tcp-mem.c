@@ -2,7 +2,9 @@
 /*
  * Memory with many peers: one engine connected to 64 target engines (in a
  * helper process) must stay under 64 MiB of resident memory beyond the
- * memory it registered. Prints the figures ("MEM ...") for the docs.
+ * memory it registered (under ThreadSanitizer, that memory is counted with
+ * its shadow and the limit scaled alike). Prints the figures ("MEM ...")
+ * for the docs.
  *
  * argv[1]: the tcp-peer helper.
  */
@@ -10,9 +12,21 @@
 
 #include "tcp-test.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+
 #define PEERS 64
-#define TBYTES (16u << 20)
-#define LOCAL (16u << 20)
+/* Read from each peer at once: a full window (TE_TCP_WINDOW, 2 MiB by
+ * default) for each of its two connections. */
+#define TBYTES (4u << 20)
+/* Every peer's bytes land in a slice of their own: no two transfers in
+ * flight write the same local bytes. */
+#define LOCAL ((size_t)PEERS * TBYTES)
 
 static long rss_kib(void)
 {
@@ -75,9 +89,12 @@ int main(int argc, char **argv)
 	te_option two = { "TE_TCP_CONNS_PER_PEER", "2" };
 	te_engine *e = tcp_engine(&two, 1);
 	REQUIRE(e != NULL);
-	unsigned char *buf = map_buf(LOCAL), *want = malloc(65536 + 100);
+	unsigned char *want = malloc(65536 + 100);
 	REQUIRE(want != NULL);
+	long before_buf = rss_kib();
+	unsigned char *buf = map_buf(LOCAL);
 	memset(buf, 0, LOCAL); /* resident: counted as registered below */
+	long buf_kib = rss_kib() - before_buf;
 	REQUIRE(te_register_memory(e, buf, LOCAL, "cpu:0", 0) == 0);
 	te_segment_id seg[PEERS];
 	int ok = 0;
@@ -85,39 +102,71 @@ int main(int argc, char **argv)
 		seg[i] = te_segment_open(e, names[i]);
 		REQUIRE(seg[i] > 0);
 		te_task_status st;
-		if (run_one(e, TE_OP_READ, seg[i], buf + (size_t)(i % 32) * 65536, addrs[i] + 100, 65536, &st) ==
-		    TE_TASK_COMPLETED) {
+		unsigned char *mine = buf + (size_t)i * TBYTES;
+		if (run_one(e, TE_OP_READ, seg[i], mine, addrs[i] + 100, 65536, &st) == TE_TASK_COMPLETED) {
 			fill_pattern(want, 65536 + 100, (unsigned)i); /* the peer's first bytes */
-			ok += memcmp(buf + (size_t)(i % 32) * 65536, want + 100, 65536 - 100) == 0;
+			ok += memcmp(mine, want + 100, 65536) == 0;
 		}
 	}
 	CHECK_EQ(ok, PEERS);
-	/* Then all peers at once, 16 MiB each: more than one connection's share
-	 * and window, so that every connection of every peer is up and busy. The
-	 * reads land on the same local bytes; only the memory is of interest. */
+	/* Then all peers at once, each into its own slice, so that every
+	 * connection of every peer is up and busy. A connection connects when it
+	 * finds work queued for its peer: should the peer's other connection
+	 * have taken all of it first (a slow run, now and then), another round
+	 * gives it some. */
 	te_request r[PEERS];
 	for (int i = 0; i < PEERS; i++)
-		r[i] = (te_request){ TE_OP_READ, seg[i], buf, addrs[i], TBYTES };
-	te_batch_id b;
-	REQUIRE(te_batch_alloc(e, PEERS, &b) == 0);
-	CHECK_EQ(te_submit(e, b, r, PEERS), 0);
-	CHECK_EQ(te_batch_wait(e, b, 30000), 0);
-	int32_t state;
-	CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
-	CHECK_EQ(state, TE_TASK_COMPLETED);
-	CHECK_EQ(te_batch_free(e, b), 0);
-	usleep(300000); /* the last connections finish connecting */
+		r[i] = (te_request){ TE_OP_READ, seg[i], buf + (size_t)i * TBYTES, addrs[i], TBYTES };
+	int rounds = 0, socks;
+	do {
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(e, PEERS, &b) == 0);
+		CHECK_EQ(te_submit(e, b, r, PEERS), 0);
+		CHECK_EQ(te_batch_wait(e, b, 30000), 0);
+		int32_t state;
+		CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
+		CHECK_EQ(state, TE_TASK_COMPLETED);
+		CHECK_EQ(te_batch_free(e, b), 0);
+		usleep(300000); /* the last connections finish connecting */
+		socks = sockets_open() - socks_before;
+	} while (++rounds < 4 && socks < 2 * PEERS);
 
 	long after = rss_kib();
-	int socks = sockets_open() - socks_before;
-	long registered = LOCAL / 1024;
+	long registered = (long)(LOCAL / 1024), limit = 64 * 1024;
+#ifdef UNDER_TSAN
+	/* Under TSan every byte the program touches has shadow bytes resident
+	 * beside it. What the registered buffer really costs was measured above
+	 * (its bytes and their shadow, five times its size with GCC 12's
+	 * runtime); the engine's own memory is inflated alike, so the limit
+	 * grows by the same factor and still stands for 64 MiB of its own. */
+	CHECK(buf_kib >= registered);
+	double factor = (double)buf_kib / (double)registered;
+	fprintf(stderr, "  under TSan: the registered buffer costs %ld KiB, %.2f times its size\n", buf_kib,
+		factor);
+	registered = buf_kib;
+	limit = (long)(limit * factor);
+#else
+	(void)buf_kib;
+#endif
 	long engine = after - registered;
-	printf("MEM peers=%d sockets=%d rss_before_kib=%ld rss_after_kib=%ld registered_kib=%ld "
-	       "rss_minus_registered_kib=%ld engine_delta_kib=%ld\n",
-	       PEERS, socks, before, after, registered, engine, after - before - registered);
+	printf("MEM peers=%d sockets=%d rounds=%d rss_before_kib=%ld rss_after_kib=%ld registered_kib=%ld "
+	       "rss_minus_registered_kib=%ld engine_delta_kib=%ld limit_kib=%ld\n",
+	       PEERS, socks, rounds, before, after, registered, engine, after - before - registered, limit);
 	CHECK(socks >= 2 * PEERS); /* two connections to each peer (the default on two cores) */
 	CHECK(before > 0 && after > 0);
-	CHECK(engine < 64 * 1024);
+	CHECK(engine < limit);
+
+	/* Every slice holds its peer's bytes (checked after measuring: the
+	 * expected bytes take memory of their own). */
+	unsigned char *expect = malloc(TBYTES);
+	REQUIRE(expect != NULL);
+	ok = 0;
+	for (int i = 0; i < PEERS; i++) {
+		fill_pattern(expect, TBYTES, (unsigned)i);
+		ok += memcmp(buf + (size_t)i * TBYTES, expect, TBYTES) == 0;
+	}
+	CHECK_EQ(ok, PEERS);
+	free(expect);
 
 	for (int i = 0; i < PEERS; i++)
 		CHECK_EQ(te_segment_close(e, seg[i]), 0);

@@ -559,6 +559,7 @@ void te_engine_destroy(te_engine *e)
 	e->closing = true;
 	te_batches_cancel_all(e);
 	drain(&e->inflight, "engine shutdown");
+	te_stage_quiesce(e);
 	/* Its jobs fetch descriptors and release segment versions: before the
 	 * RPC client, the segments and the transports go. */
 	g_thread_pool_free(e->refresh_pool, FALSE, TRUE);

@@ -330,6 +330,8 @@ void te_stage_submit(struct te_engine *e, te_task *t);
 /* Starts what te_stage_submit queued; at the end of te_submit, without the
  * registry lock. */
 void te_stage_flush(struct te_engine *e);
+/* Waits for hand-overs to transports still returning (engine destroy). */
+void te_stage_quiesce(struct te_engine *e);
 /* A transport completed a slice of a staging sub-transfer. */
 void te_stage_slice_done(te_task *sub, uint64_t bytes, int error);
 

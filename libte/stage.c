@@ -54,7 +54,12 @@ struct te_stager {
 	te_device *area_dev; /* the plugin that allocated it, or NULL (posix_memalign) */
 	int area_rc;     /* negative once setting it up failed */
 	bool queued;     /* te_stage_submit queued tasks since the last flush */
+	atomic_uint busy; /* transport submit calls in progress */
 };
+
+/* Set while a transport's complete() runs the chunk's device copy: a
+ * copy_async() that finishes at once calls finish_done() inside it. */
+static _Thread_local bool in_complete;
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -202,12 +207,35 @@ static int chunk_skip(te_task *t)
 
 #define SUBMIT_MAX 64
 
+/* Hands chunks to their transport. Unlike te_submit's own calls, this one
+ * may still be running when the chunks' tasks have completed (on the
+ * transport's threads) and their user has closed the segment or is
+ * destroying the engine: a reference on each chunk's segment version keeps
+ * the transport's peer until the call returns, and `busy` the engine
+ * (te_stage_quiesce). Inside a transport's completion, a segment version
+ * released here is closed off this thread. */
+static int transport_submit(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n)
+{
+	te_segver *held[SUBMIT_MAX];
+
+	atomic_fetch_add(&s->busy, 1);
+	for (size_t i = 0; i < n; i++) {
+		held[i] = ((stage_slot *)xs[i])->parent->sv; /* set until the task ends */
+		atomic_fetch_add_explicit(&held[i]->refs, 1, memory_order_relaxed);
+	}
+	int rc = tp->ops->submit(tp->ctx, xs, n);
+	for (size_t i = 0; i < n; i++)
+		te_segver_unref(held[i], in_complete);
+	atomic_fetch_sub(&s->busy, 1);
+	return rc;
+}
+
 static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
 			 ready_ring *ready)
 {
 	if (n == 0)
 		return;
-	int rc = tp->ops->submit(tp->ctx, xs, n);
+	int rc = transport_submit(s, tp, xs, n);
 	if (rc >= 0)
 		return;
 	te_err("staging: transport %s refused %zu chunks: %s", tp->hc.plugin->name, n, te_strerror(rc));
@@ -272,7 +300,7 @@ static void start(te_stager *s, guint slot)
 		}
 	}
 	te_transfer *x = sub_transfer(s, slot);
-	int rc = t->tp->ops->submit(t->tp->ctx, &x, 1);
+	int rc = transport_submit(s, t->tp, &x, 1);
 	if (rc < 0) {
 		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name,
 		       te_strerror(rc));
@@ -300,6 +328,45 @@ static void run(gpointer data, gpointer user)
 		finish(user, w >> 2);
 }
 
+/* The device copy of a READ chunk ended. */
+static void finish_done(void *arg, int error)
+{
+	stage_slot *sl = arg;
+	te_stager *s = sl->sub.stage;
+	te_task *t = sl->parent;
+	bool may_submit = !in_complete || (t->tp->ops->flags & TE_TRANSPORT_NESTED_SUBMIT);
+
+	if (error < 0)
+		te_log(TE_LOG_ERROR, t->dev->hc.plugin->name, "copy of %llu bytes into device memory failed: %s",
+		       (unsigned long long)sl->len, te_strerror(error));
+	chunk_done(s, (guint)(sl - s->slots), error < 0 ? 0 : sl->len, error, may_submit);
+}
+
+/* Into the device: started here, in the transport's completion, when the
+ * plugin copies asynchronously (a GPU's copy engine: nothing waits), else
+ * on a staging thread, so the transport's thread never waits for a copy. */
+static void finish_read(te_stager *s, guint slot)
+{
+	stage_slot *sl = &s->slots[slot];
+	te_device *dev = sl->parent->dev;
+
+	if (!TE_HAS_OP(dev->ops, copy_async)) {
+		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
+		return;
+	}
+	in_complete = true;
+	int rc = dev->ops->copy_async(dev->ctx, (char *)sl->parent->xfer.local + sl->off,
+				      s->area + (size_t)slot * s->chunk, sl->len, finish_done, sl);
+	in_complete = false;
+	if (rc == -ENOTSUP) {
+		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
+	} else if (rc < 0) {
+		te_log(TE_LOG_ERROR, dev->hc.plugin->name, "cannot start a copy of %llu bytes into device memory: %s",
+		       (unsigned long long)sl->len, te_strerror(rc));
+		chunk_done(s, slot, 0, rc, false);
+	}
+}
+
 void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 {
 	te_stager *s = sub->stage;
@@ -322,8 +389,7 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 	if (rc == 0 && atomic_load(&sub->transferred) < sl->len)
 		rc = -EIO;
 	if (rc == 0 && sl->parent->xfer.opcode == TE_OP_READ)
-		/* Into the device, on a staging thread: not the transport's. */
-		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
+		finish_read(s, slot);
 	else
 		chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, false);
 }
@@ -384,6 +450,16 @@ void te_stage_fini(te_engine *e)
 	g_free(s->free);
 	g_free(s);
 	e->stager = NULL;
+}
+
+/* At engine destroy, once no task is in flight: until no transport submit
+ * call made here is still returning. They never block. */
+void te_stage_quiesce(te_engine *e)
+{
+	te_stager *s = e->stager;
+
+	while (s != NULL && atomic_load(&s->busy) > 0)
+		g_usleep(100);
 }
 
 /* Called with the registry locked: the chunks wait for te_stage_flush. */

@@ -244,6 +244,11 @@ enum te_transport_flags {
 	 * host->buffer_copy() (its target side stages; its initiator side is
 	 * staged by the host). Since ABI 1.2. */
 	TE_TRANSPORT_DEVICE_PINS = 1u << 4,
+	/* submit() may be called from inside this transport's own complete()
+	 * calls: it holds none of its locks around them. The host then starts a
+	 * staged chunk from the completion that freed its buffer rather than
+	 * through a thread hand-off. Hosts that do not know it ignore it. */
+	TE_TRANSPORT_NESTED_SUBMIT = 1u << 5,
 	/* Serves only engines on this host, better than any network transport:
 	 * offered every segment first (before the one its descriptor names) and
 	 * declines the others. Since ABI 1.1. */
@@ -356,7 +361,10 @@ typedef struct te_device_ops {
 	/* Required. Copies `len` bytes, either side device memory or host memory. */
 	int (*copy)(void *ctx, void *dst, const void *src, size_t len);
 	/* Optional. As copy, returning at once; done(arg, error) runs once the
-	 * bytes moved (possibly before it returns). */
+	 * bytes moved (possibly before it returns, in the caller's thread). A
+	 * negative return: nothing was started and done() will not run;
+	 * -ENOTSUP: use copy() for this one. done() must not call the plugin's
+	 * ops. */
 	int (*copy_async)(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
 			  void *arg);
 	/* Optional. Page-locked host memory for staging buffers. */

@@ -222,10 +222,13 @@ static void pull(tcp_cconn *cc)
 		} else {
 			break;
 		}
-		/* A canceled batch stops at a slice boundary. */
+		/* A canceled batch stops at a slice boundary. Completed with the
+		 * lock dropped: complete() may submit (TE_TRANSPORT_NESTED_SUBMIT). */
 		if (h->canceled(h, t)) {
 			p->bl_bytes -= len;
+			g_mutex_unlock(&p->lock);
 			h->complete(h, t, 0, -ECANCELED);
+			g_mutex_lock(&p->lock);
 			continue;
 		}
 		p->bl_bytes -= len;

@@ -231,10 +231,13 @@ typedef struct tcp_resp {
 	te_buffer_pin pin;
 } tcp_resp;
 
-/* Bytes of a server connection's host copies of device memory (one for
- * replies, one for bodies): a READ of device memory is copied there and sent
- * on, a WRITE body for device memory arrives there and is copied on, this
- * much at a time. */
+/* A server connection's host copies of device memory: READ data of device
+ * memory is copied into the first TCP_DEV_REPLY_STAGE bytes and sent on
+ * (the data of several replies at once, so that one sendmsg carries them:
+ * sends of 1 MiB cost the loopback path markedly less per byte than sends of
+ * 256 KiB, docs/benchmarks.md), a WRITE body for device memory arrives in the
+ * next TCP_DEV_STAGE bytes and is copied on, this much at a time. */
+#define TCP_DEV_REPLY_STAGE (1024u << 10)
 #define TCP_DEV_STAGE (256u << 10)
 /* Most READ replies of device memory staged at once. */
 #define TCP_STAGE_PIECES 64u
@@ -262,9 +265,9 @@ struct tcp_sconn {
 	te_buffer_pin body_pin;
 	bool body_dev;        /* the body goes to device memory, through `stage` */
 	/* Device memory's bytes pass through here (allocated at the first such
-	 * request): the first TCP_DEV_STAGE bytes hold the pieces of device
-	 * READ replies listed in stage_piece (in reply order, so one sendmsg
-	 * carries several), the next the piece of a WRITE body being received. */
+	 * request): the first TCP_DEV_REPLY_STAGE bytes hold the pieces of
+	 * device READ replies listed in stage_piece (in reply order), the next
+	 * TCP_DEV_STAGE the piece of a WRITE body being received. */
 	char *stage;
 	struct tcp_piece *stage_piece; /* TCP_STAGE_PIECES, after the stage's bytes */
 	unsigned stage_n;

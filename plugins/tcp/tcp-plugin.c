@@ -805,7 +805,7 @@ static int tcp_report(const te_host *h, char **text)
 
 static const te_transport_ops tcp_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_PINS,
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_PINS | TE_TRANSPORT_NESTED_SUBMIT,
 	.probe = tcp_probe,
 	.create = tcp_create,
 	.destroy = tcp_destroy,

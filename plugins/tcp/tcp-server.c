@@ -13,8 +13,9 @@
  * unregistering memory waits for the request instead of freeing under it.
  *
  * Device memory (a GPU's) cannot be read or written by the socket calls: its
- * bytes go through a host buffer of the connection (TCP_DEV_STAGE bytes at a
- * time) and the host's buffer_copy(), which reaches the device plugin.
+ * bytes go through host buffers of the connection (TCP_DEV_REPLY_STAGE and
+ * TCP_DEV_STAGE bytes at a time) and the host's buffer_copy(), which reaches
+ * the device plugin.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -64,9 +65,10 @@ static bool stage_ready(tcp_sconn *sc)
 {
 	if (sc->stage == NULL) {
 		/* replies, then bodies, then the list of staged replies */
-		sc->stage = g_try_malloc(2 * TCP_DEV_STAGE + TCP_STAGE_PIECES * sizeof(tcp_piece));
+		sc->stage = g_try_malloc(TCP_DEV_REPLY_STAGE + TCP_DEV_STAGE +
+					 TCP_STAGE_PIECES * sizeof(tcp_piece));
 		if (sc->stage != NULL)
-			sc->stage_piece = (tcp_piece *)(sc->stage + 2 * TCP_DEV_STAGE);
+			sc->stage_piece = (tcp_piece *)(sc->stage + TCP_DEV_REPLY_STAGE + TCP_DEV_STAGE);
 		sc->stage_n = 0;
 	}
 	return sc->stage != NULL;
@@ -239,12 +241,12 @@ static int stage_fill(tcp_sconn *sc, uint64_t i, uint64_t done)
 	uint32_t pos = 0;
 
 	sc->stage_n = 0;
-	for (uint64_t j = i; j < sc->head && pos < TCP_DEV_STAGE && sc->stage_n < TCP_STAGE_PIECES; j++) {
+	for (uint64_t j = i; j < sc->head && pos < TCP_DEV_REPLY_STAGE && sc->stage_n < TCP_STAGE_PIECES; j++) {
 		tcp_resp *r = resp_at(sc, j);
 		if (!r->dev || r->len == 0)
 			continue;
 		uint64_t from = j == i ? done : 0;
-		uint32_t piece = (uint32_t)MIN((uint64_t)(TCP_DEV_STAGE - pos), r->len - from);
+		uint32_t piece = (uint32_t)MIN((uint64_t)(TCP_DEV_REPLY_STAGE - pos), r->len - from);
 		if (h->buffer_copy(h, &r->pin, sc->stage + pos, r->data + from, piece) < 0)
 			return sc->stage_n == 0 ? -1 : 0;
 		sc->stage_piece[sc->stage_n++] = (tcp_piece){ .resp = j, .off = from, .len = piece, .pos = pos };
@@ -349,7 +351,7 @@ static int receive(tcp_sconn *sc)
 		int n = 1;
 		uint64_t room = sc->body_len - sc->body_got;
 		if (sc->body_dev) /* into the stage, then on to the device */
-			iov[0] = (struct iovec){ sc->stage + TCP_DEV_STAGE, MIN(room, (uint64_t)TCP_DEV_STAGE) };
+			iov[0] = (struct iovec){ sc->stage + TCP_DEV_REPLY_STAGE, MIN(room, (uint64_t)TCP_DEV_STAGE) };
 		else
 			iov[0] = (struct iovec){ sc->body + sc->body_got, room };
 		/* The next header, in the same call (only once the rest of the
@@ -367,7 +369,7 @@ static int receive(tcp_sconn *sc)
 			if (sc->body_dev && take > 0) {
 				const te_host *h = c->host;
 				if (h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got,
-						   sc->stage + TCP_DEV_STAGE, take) < 0) {
+						   sc->stage + TCP_DEV_REPLY_STAGE, take) < 0) {
 					tcp_sconn_close(sc, "writing device memory failed");
 					return -1;
 				}

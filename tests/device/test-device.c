@@ -7,6 +7,7 @@
  * failures end tasks FAILED. A direct access to device memory anywhere in
  * libte or a transport crashes this program.
  */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -100,6 +101,20 @@ static void test_tcp(void)
 	remote_case("tcp", true, false);
 	remote_case("tcp", false, true);
 	remote_case("tcp", true, true);
+	/* READ chunks went into the initiator's device through copy_async;
+	 * when the plugin declines it, through copy() on the staging threads. */
+	void *h = dlopen(getenv("TE_TESTDEV_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL); /* libte loaded it */
+	unsigned long (*async_copies)(void);
+	*(void **)&async_copies = dlsym(h, "te_testdev_async_copies");
+	REQUIRE(async_copies != NULL);
+	CHECK(async_copies() > 0);
+	setenv("TE_TESTDEV_NO_ASYNC", "1", 1);
+	unsigned long before = async_copies();
+	remote_case("tcp", true, false);
+	CHECK_EQ(async_copies(), before);
+	unsetenv("TE_TESTDEV_NO_ASYNC");
+	dlclose(h);
 }
 
 /* Many small staged tasks in one batch, both sides device memory: more

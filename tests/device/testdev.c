@@ -12,7 +12,8 @@
  * layer) that maps it reaches device memory the way GPUDirect RDMA does.
  * TE_TESTDEV_FAIL=1 in the environment makes every copy fail with -EIO;
  * TE_TESTDEV_NO_DMABUF=1 makes the export fail (no GPUDirect);
- * TE_TESTDEV_OFF=1 makes the plugin idle. te_testdev_copies() counts the
+ * TE_TESTDEV_OFF=1 makes the plugin idle; TE_TESTDEV_NO_ASYNC=1 makes
+ * copy_async decline. te_testdev_copies() counts the
  * copies made. Never installed.
  */
 #include <errno.h>
@@ -176,6 +177,27 @@ static int td_copy(void *ctx, void *dst, const void *src, size_t len)
 	return 0;
 }
 
+/* Its copy engine is the CPU: the copy is made before returning, and done()
+ * runs then. TE_TESTDEV_NO_ASYNC=1 declines (-ENOTSUP), so that callers
+ * fall back to copy(). */
+static atomic_ulong async_copies;
+
+__attribute__((visibility("default"))) unsigned long te_testdev_async_copies(void);
+unsigned long te_testdev_async_copies(void)
+{
+	return atomic_load(&async_copies);
+}
+
+static int td_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
+			 void *arg)
+{
+	if (getenv("TE_TESTDEV_NO_ASYNC") != NULL)
+		return -ENOTSUP;
+	atomic_fetch_add(&async_copies, 1);
+	done(arg, td_copy(ctx, dst, src, len));
+	return 0;
+}
+
 static int td_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset)
 {
 	tdev *t = ctx;
@@ -274,6 +296,7 @@ static const te_device_ops ops = {
 	.destroy = td_destroy,
 	.classify = td_classify,
 	.copy = td_copy,
+	.copy_async = td_copy_async,
 	.host_alloc = td_host_alloc,
 	.host_free = td_host_free,
 	.mem_alloc = td_mem_alloc,

@@ -57,8 +57,9 @@ struct te_stager {
 	atomic_uint busy; /* transport submit calls in progress */
 };
 
-/* Set while a transport's complete() runs the chunk's device copy: a
- * copy_async() that finishes at once calls finish_done() inside it. */
+/* Set while this thread is inside a transport's complete() (a staged
+ * chunk's): what starts from there (a copy_async() that finishes at once,
+ * the next chunk) must know. */
 static _Thread_local bool in_complete;
 
 /* ---------------------------------------------------------------- buffers */
@@ -109,11 +110,14 @@ static int area_setup(te_stager *s, te_device *dev)
 
 /* Chunks whose transport submission can happen in the thread that gave
  * them their buffer: READs, which copy nothing before the transport's I/O,
- * started outside the stager's lock and handed over together. A ring, as
+ * started outside the stager's lock and handed over together, and WRITEs
+ * whose device copy can be started without waiting for it (copy_async),
+ * where the thread may start copies. A ring, as
  * chunks ending early (a failed or canceled task) free buffers for others
  * while it is being worked through; it never holds more than nslots. */
 typedef struct ready_ring {
 	guint head, n;
+	bool copies; /* WRITE chunks too: their device copy may start here */
 	guint slot[BUFFERS_MAX];
 } ready_ring;
 
@@ -132,7 +136,8 @@ static void dispatch_locked(te_stager *s, ready_ring *ready)
 		sl->parent = t;
 		sl->off = (uint64_t)idx * s->chunk;
 		sl->len = MIN((uint64_t)s->chunk, t->xfer.length - sl->off);
-		if (ready != NULL && t->xfer.opcode == TE_OP_READ && s->area != NULL)
+		if (ready != NULL && s->area != NULL &&
+		    (t->xfer.opcode == TE_OP_READ || (ready->copies && TE_HAS_OP(t->dev->ops, copy_async))))
 			ready->slot[(ready->head + ready->n++) % BUFFERS_MAX] = slot;
 		else
 			g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
@@ -157,16 +162,31 @@ static void start_ready(te_stager *s, ready_ring *ready);
 
 /* `may_submit`: not inside a transport's completion, so chunks that become
  * ready may be handed to a transport from here. */
+/* Hand-overs started from inside completions, on this thread: a transport
+ * that completes inside submit() would otherwise nest without bound. */
+static _Thread_local unsigned nesting;
+#define NESTING_MAX 4
+
 static void chunk_done(te_stager *s, guint slot, uint64_t bytes, int error, bool may_submit)
 {
-	if (!may_submit) {
+	if (!may_submit || nesting >= NESTING_MAX) {
 		release(s, slot, bytes, error, NULL);
 		return;
 	}
 	ready_ring ready;
 	ready.head = ready.n = 0;
+	ready.copies = true;
+	nesting++;
 	release(s, slot, bytes, error, &ready);
 	start_ready(s, &ready);
+	nesting--;
+}
+
+/* In a transport's completion (in_complete), hand-overs may go on from
+ * here only if the transport allows nested submits. */
+static bool may_submit_here(const te_task *t)
+{
+	return !in_complete || (t->tp->ops->flags & TE_TRANSPORT_NESTED_SUBMIT);
 }
 
 /* ------------------------------------------------------------------ work */
@@ -243,6 +263,48 @@ static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, 
 		release(s, (guint)((stage_slot *)xs[i] - s->slots), 0, rc, ready);
 }
 
+/* A WRITE chunk's bytes are in its buffer: on to the transport. */
+static void write_copied(void *arg, int error)
+{
+	stage_slot *sl = arg;
+	te_stager *s = sl->sub.stage;
+	guint slot = (guint)(sl - s->slots);
+	te_task *t = sl->parent;
+
+	if (error < 0) {
+		te_log(TE_LOG_ERROR, t->dev->hc.plugin->name, "copy of %llu bytes out of device memory failed: %s",
+		       (unsigned long long)sl->len, te_strerror(error));
+		/* Not chunk_done(): the task's next chunks, failing the same way,
+		 * go through the staging threads instead of nesting here. */
+		release(s, slot, 0, error, NULL);
+		return;
+	}
+	te_transfer *x = sub_transfer(s, slot);
+	int rc = transport_submit(s, t->tp, &x, 1);
+	if (rc < 0) {
+		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name, te_strerror(rc));
+		release(s, slot, 0, rc, NULL);
+	}
+}
+
+/* Starts the copy out of the device of a WRITE chunk that has its buffer;
+ * the staging threads do it when the plugin cannot copy asynchronously. */
+static void start_write(te_stager *s, guint slot)
+{
+	stage_slot *sl = &s->slots[slot];
+	te_task *t = sl->parent;
+	int rc = t->dev->ops->copy_async(t->dev->ctx, s->area + (size_t)slot * s->chunk,
+					 (const char *)t->xfer.local + sl->off, sl->len, write_copied, sl);
+
+	if (rc == -ENOTSUP) {
+		g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
+	} else if (rc < 0) {
+		te_log(TE_LOG_ERROR, t->dev->hc.plugin->name, "cannot start a copy of %llu bytes out of device memory: %s",
+		       (unsigned long long)sl->len, te_strerror(rc));
+		release(s, slot, 0, rc, NULL);
+	}
+}
+
 /* Hands ready READ chunks to their transports, those of one transport in
  * one call (as te_submit does with host memory): one wake-up of the
  * transport for many chunks rather than one each. */
@@ -260,6 +322,10 @@ static void start_ready(te_stager *s, ready_ring *ready)
 		int err = chunk_skip(t);
 		if (err != 0) {
 			release(s, slot, 0, err, ready);
+			continue;
+		}
+		if (t->xfer.opcode == TE_OP_WRITE) {
+			start_write(s, slot);
 			continue;
 		}
 		if (tp != t->tp || n == SUBMIT_MAX) {
@@ -334,7 +400,7 @@ static void finish_done(void *arg, int error)
 	stage_slot *sl = arg;
 	te_stager *s = sl->sub.stage;
 	te_task *t = sl->parent;
-	bool may_submit = !in_complete || (t->tp->ops->flags & TE_TRANSPORT_NESTED_SUBMIT);
+	bool may_submit = may_submit_here(t);
 
 	if (error < 0)
 		te_log(TE_LOG_ERROR, t->dev->hc.plugin->name, "copy of %llu bytes into device memory failed: %s",
@@ -354,10 +420,11 @@ static void finish_read(te_stager *s, guint slot)
 		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
 		return;
 	}
+	bool outer = in_complete;
 	in_complete = true;
 	int rc = dev->ops->copy_async(dev->ctx, (char *)sl->parent->xfer.local + sl->off,
 				      s->area + (size_t)slot * s->chunk, sl->len, finish_done, sl);
-	in_complete = false;
+	in_complete = outer;
 	if (rc == -ENOTSUP) {
 		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
 	} else if (rc < 0) {
@@ -388,10 +455,16 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 	int rc = atomic_load(&sub->error);
 	if (rc == 0 && atomic_load(&sub->transferred) < sl->len)
 		rc = -EIO;
-	if (rc == 0 && sl->parent->xfer.opcode == TE_OP_READ)
+	if (rc == 0 && sl->parent->xfer.opcode == TE_OP_READ) {
 		finish_read(s, slot);
-	else
-		chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, false);
+		return;
+	}
+	/* A WRITE's buffer is free: the chunk waiting for one may start from
+	 * here (its copy out of the device too, with copy_async). */
+	bool outer = in_complete; /* a transport may complete inside a nested submit */
+	in_complete = true;
+	chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, may_submit_here(sl->parent));
+	in_complete = outer;
 }
 
 /* ---------------------------------------------------------------- engine */
@@ -487,6 +560,7 @@ void te_stage_flush(te_engine *e)
 	if (s == NULL)
 		return;
 	ready.head = ready.n = 0;
+	ready.copies = false; /* the caller of te_submit does not wait for copies */
 	g_mutex_lock(&s->lock);
 	bool queued = s->queued;
 	s->queued = false;

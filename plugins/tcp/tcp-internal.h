@@ -234,10 +234,11 @@ typedef struct tcp_resp {
 /* A server connection's host copies of device memory: READ data of device
  * memory is copied into the first TCP_DEV_REPLY_STAGE bytes and sent on
  * (the data of several replies at once, so that one sendmsg carries them:
- * sends of 1 MiB cost the loopback path markedly less per byte than sends of
- * 256 KiB, docs/benchmarks.md), a WRITE body for device memory arrives in the
- * next TCP_DEV_STAGE bytes and is copied on, this much at a time. */
-#define TCP_DEV_REPLY_STAGE (1024u << 10)
+ * 64 KiB READs of device memory measured 10-25 % faster with 2 MiB here than
+ * with 1 MiB or 256 KiB, docs/benchmarks.md; the size of a connection's
+ * default window), a WRITE body for device memory arrives in the next
+ * TCP_DEV_STAGE bytes and is copied on, this much at a time. */
+#define TCP_DEV_REPLY_STAGE (2048u << 10)
 #define TCP_DEV_STAGE (256u << 10)
 /* Most READ replies of device memory staged at once. */
 #define TCP_STAGE_PIECES 64u

@@ -87,6 +87,20 @@ static inline void side_free(side sd)
 		free(sd.p);
 }
 
+/* Runs `n` requests as one batch; its summary state. */
+static inline int32_t run_batch(te_engine *e, const te_request *r, size_t n)
+{
+	te_batch_id b;
+	int32_t state = -1;
+
+	REQUIRE(te_batch_alloc(e, n, &b) == 0);
+	CHECK_EQ(te_submit(e, b, r, n), 0);
+	CHECK_EQ(te_batch_wait(e, b, 30000), 0);
+	te_batch_status(e, b, NULL, NULL, &state);
+	te_batch_free(e, b);
+	return state;
+}
+
 /* Two engines over a transport: the initiator's memory (host or device)
  * against the target's (host or device), both directions, many sizes, a
  * batch of unaligned pieces, and, where the bytes pass through the device
@@ -125,7 +139,6 @@ static inline void remote_pair(const char *what, te_engine *target, te_engine *i
 		enum { N = 24 };
 		size_t each = 256 * 1024 + 5, span = N * each + 3;
 		te_request r[N];
-		te_batch_id b;
 		side src = op == 0 ? l : t, dst = op == 0 ? t : l;
 		side_fill(src, span, seed + 77 + (unsigned)op);
 		side_fill(dst, span, 8);
@@ -133,13 +146,7 @@ static inline void remote_pair(const char *what, te_engine *target, te_engine *i
 			r[k] = (te_request){ op == 0 ? TE_OP_WRITE : TE_OP_READ, seg,
 					     l.p + 3 + (size_t)k * each, (uintptr_t)t.p + 3 + (size_t)k * each,
 					     each };
-		REQUIRE(te_batch_alloc(init, N, &b) == 0);
-		CHECK_EQ(te_submit(init, b, r, N), 0);
-		CHECK_EQ(te_batch_wait(init, b, 30000), 0);
-		int32_t state = -1;
-		te_batch_status(init, b, NULL, NULL, &state);
-		CHECK_EQ(state, TE_TASK_COMPLETED);
-		te_batch_free(init, b);
+		CHECK_EQ(run_batch(init, r, N), TE_TASK_COMPLETED);
 		/* bytes 3.. of dst hold bytes 3.. of the pattern */
 		unsigned char *want = malloc(span), *got = malloc(span);
 		fill_pattern(want, span, seed + 77 + (unsigned)op);

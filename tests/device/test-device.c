@@ -152,13 +152,7 @@ static void many_case(te_engine *target, te_engine *init, unsigned n, size_t ste
 		else
 			memcpy(tgt + off, want + off, len);
 	}
-	REQUIRE(te_batch_alloc(init, n, &b) == 0);
-	CHECK_EQ(te_submit(init, b, r, n), 0);
-	CHECK_EQ(te_batch_wait(init, b, 30000), 0);
-	int32_t state = -1;
-	te_batch_status(init, b, NULL, NULL, &state);
-	CHECK_EQ(state, TE_TASK_COMPLETED);
-	te_batch_free(init, b);
+	CHECK_EQ(run_batch(init, r, n), TE_TASK_COMPLETED);
 	CHECK_EQ(te_device_copy(got, l.p, span), 0);
 	CHECK(memcmp(got, want, span) == 0);
 	CHECK_EQ(te_device_copy(got, t.p, span), 0);

@@ -14,9 +14,10 @@
  * The buffers are one area, page-locked by the device plugin when it can,
  * registered as libte's own memory (transports that need to know their
  * buffers, such as RDMA, register it; the descriptor leaves it out). The
- * device copies run on a small pool of staging threads; a chunk's parent
- * task counts its chunks as slices, so it completes once, with the first
- * error.
+ * device copies start from the transports' completions when the device
+ * plugin copies asynchronously and the transport allows nested submits, and
+ * run on a small pool of staging threads otherwise; a chunk's parent task
+ * counts its chunks as slices, so it completes once, with the first error.
  */
 #include <string.h>
 
@@ -53,7 +54,7 @@ struct te_stager {
 	char *area;      /* nslots * chunk bytes, once set up */
 	te_device *area_dev; /* the plugin that allocated it, or NULL (posix_memalign) */
 	int area_rc;     /* negative once setting it up failed */
-	bool queued;     /* te_stage_submit queued tasks since the last flush */
+	atomic_bool queued; /* te_stage_submit queued tasks since the last flush */
 	atomic_uint busy; /* transport submit calls in progress */
 };
 
@@ -108,22 +109,21 @@ static int area_setup(te_stager *s, te_device *dev)
 	return 0;
 }
 
-/* Chunks whose transport submission can happen in the thread that gave
- * them their buffer: READs, which copy nothing before the transport's I/O,
- * started outside the stager's lock and handed over together, and WRITEs
- * whose device copy can be started without waiting for it (copy_async),
- * where the thread may start copies. A ring, as
- * chunks ending early (a failed or canceled task) free buffers for others
- * while it is being worked through; it never holds more than nslots. */
+/* Chunks started by the thread that gave them their buffer, outside the
+ * stager's lock: READs, which copy nothing before the transport's I/O and
+ * are handed over together, and, where that thread may start copies, WRITEs
+ * whose device copy needs no waiting (copy_async). A ring, as chunks ending
+ * early (a failed or canceled task) free buffers for others while it is
+ * being worked through; it never holds more than nslots. */
 typedef struct ready_ring {
 	guint head, n;
 	bool copies; /* WRITE chunks too: their device copy may start here */
 	guint slot[BUFFERS_MAX];
 } ready_ring;
 
-/* Gives free buffers to waiting chunks, in submission order. READ chunks go
- * to `ready` when there is one (and the buffers exist), the rest to the
- * staging threads. */
+/* Gives free buffers to waiting chunks, in submission order: to `ready`
+ * what it may take (once the buffers exist), the rest to the staging
+ * threads. */
 static void dispatch_locked(te_stager *s, ready_ring *ready)
 {
 	while (s->nfree > 0 && !g_queue_is_empty(&s->pending)) {
@@ -160,13 +160,13 @@ static void release(te_stager *s, guint slot, uint64_t bytes, int error, ready_r
 
 static void start_ready(te_stager *s, ready_ring *ready);
 
-/* `may_submit`: not inside a transport's completion, so chunks that become
- * ready may be handed to a transport from here. */
 /* Hand-overs started from inside completions, on this thread: a transport
  * that completes inside submit() would otherwise nest without bound. */
 static _Thread_local unsigned nesting;
 #define NESTING_MAX 4
 
+/* `may_submit`: chunks that become ready may be handed to a transport from
+ * here. */
 static void chunk_done(te_stager *s, guint slot, uint64_t bytes, int error, bool may_submit)
 {
 	if (!may_submit || nesting >= NESTING_MAX) {
@@ -263,6 +263,20 @@ static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, 
 		release(s, (guint)((stage_slot *)xs[i] - s->slots), 0, rc, ready);
 }
 
+/* One chunk to its transport; a refusal ends it (its successors start on
+ * the staging threads). */
+static void submit_one(te_stager *s, guint slot)
+{
+	te_transport_inst *tp = s->slots[slot].parent->tp;
+	te_transfer *x = sub_transfer(s, slot);
+	int rc = transport_submit(s, tp, &x, 1);
+
+	if (rc < 0) {
+		te_err("staging: transport %s refused a chunk: %s", tp->hc.plugin->name, te_strerror(rc));
+		release(s, slot, 0, rc, NULL);
+	}
+}
+
 /* A WRITE chunk's bytes are in its buffer: on to the transport. */
 static void write_copied(void *arg, int error)
 {
@@ -279,12 +293,7 @@ static void write_copied(void *arg, int error)
 		release(s, slot, 0, error, NULL);
 		return;
 	}
-	te_transfer *x = sub_transfer(s, slot);
-	int rc = transport_submit(s, t->tp, &x, 1);
-	if (rc < 0) {
-		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name, te_strerror(rc));
-		release(s, slot, 0, rc, NULL);
-	}
+	submit_one(s, slot);
 }
 
 /* Starts the copy out of the device of a WRITE chunk that has its buffer;
@@ -305,9 +314,10 @@ static void start_write(te_stager *s, guint slot)
 	}
 }
 
-/* Hands ready READ chunks to their transports, those of one transport in
- * one call (as te_submit does with host memory): one wake-up of the
- * transport for many chunks rather than one each. */
+/* Starts ready chunks: READs go to their transports, those of one transport
+ * in one call (as te_submit does with host memory: one wake-up of the
+ * transport for many chunks rather than one each); WRITEs start their copy
+ * out of the device. */
 static void start_ready(te_stager *s, ready_ring *ready)
 {
 	te_transfer *xs[SUBMIT_MAX];
@@ -365,13 +375,7 @@ static void start(te_stager *s, guint slot)
 			return;
 		}
 	}
-	te_transfer *x = sub_transfer(s, slot);
-	int rc = transport_submit(s, t->tp, &x, 1);
-	if (rc < 0) {
-		te_err("staging: transport %s refused a chunk: %s", t->tp->hc.plugin->name,
-		       te_strerror(rc));
-		chunk_done(s, slot, 0, rc, true);
-	}
+	submit_one(s, slot);
 }
 
 static void finish(te_stager *s, guint slot)
@@ -545,8 +549,8 @@ void te_stage_submit(te_engine *e, te_task *t)
 	atomic_store(&t->chunk_next, 0);
 	g_mutex_lock(&s->lock);
 	g_queue_push_tail(&s->pending, t);
-	s->queued = true;
 	g_mutex_unlock(&s->lock);
+	atomic_store(&s->queued, true);
 }
 
 /* At the end of te_submit, without the registry lock (a transport's submit
@@ -557,15 +561,13 @@ void te_stage_flush(te_engine *e)
 	te_stager *s = e->stager;
 	ready_ring ready;
 
-	if (s == NULL)
+	/* No lock for calls that staged nothing (host memory). */
+	if (s == NULL || !atomic_exchange(&s->queued, false))
 		return;
 	ready.head = ready.n = 0;
 	ready.copies = false; /* the caller of te_submit does not wait for copies */
 	g_mutex_lock(&s->lock);
-	bool queued = s->queued;
-	s->queued = false;
-	if (queued)
-		dispatch_locked(s, &ready);
+	dispatch_locked(s, &ready);
 	g_mutex_unlock(&s->lock);
 	start_ready(s, &ready);
 }

@@ -307,12 +307,9 @@ static gboolean kick_check(GSource *s)
 	return kick_ready(((kick_source *)s)->c);
 }
 
-static gboolean kick_dispatch(GSource *s, GSourceFunc cb, gpointer data)
+/* Starts the queued requests; whether the client is closing. */
+static gboolean start_queued(te_http *c)
 {
-	te_http *c = ((kick_source *)s)->c;
-	(void)cb;
-	(void)data;
-
 	g_mutex_lock(&c->lock);
 	GQueue todo = c->queue;
 	g_queue_init(&c->queue);
@@ -320,7 +317,16 @@ static gboolean kick_dispatch(GSource *s, GSourceFunc cb, gpointer data)
 	g_mutex_unlock(&c->lock);
 	for (req *r; (r = g_queue_pop_head(&todo)) != NULL;)
 		start_req(r);
-	if (quit)
+	return quit;
+}
+
+static gboolean kick_dispatch(GSource *s, GSourceFunc cb, gpointer data)
+{
+	te_http *c = ((kick_source *)s)->c;
+	(void)cb;
+	(void)data;
+
+	if (start_queued(c))
 		g_main_loop_quit(c->loop);
 	return G_SOURCE_CONTINUE;
 }
@@ -449,12 +455,7 @@ static gpointer io_thread(gpointer data)
 	g_source_destroy(kick);
 	g_source_unref(kick);
 	/* A request queued with the quit is started and then aborted below. */
-	g_mutex_lock(&c->lock);
-	GQueue todo = c->queue;
-	g_queue_init(&c->queue);
-	g_mutex_unlock(&c->lock);
-	for (req *r; (r = g_queue_pop_head(&todo)) != NULL;)
-		start_req(r);
+	start_queued(c);
 	soup_session_abort(c->session);
 	g_clear_object(&c->session);
 	g_clear_object(&c->cert);

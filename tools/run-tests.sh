@@ -67,7 +67,7 @@ run_fuzz() {
 # ThreadSanitizer (docs/reliability.md): GLib's locks, conditions and thread
 # pools on pthreads (tests/tsan), any report fails its test. The tests that
 # match a pattern of TSAN_SKIP do not run there (docs/reliability.md says why).
-TSAN_SKIP=${TSAN_SKIP-"metadata-http-tls"}
+TSAN_SKIP=${TSAN_SKIP-""}
 run_tsan() {
   local dir=build-tsan t p names=()
   local -; set -f # TSAN_SKIP's patterns are for test names, not files

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A small blocking HTTP client for the metadata plugins (etcd, http), built on
- * libsoup 3. Each client owns one I/O thread with its own main context and
- * SoupSession: libsoup objects are touched only there, so any number of
- * caller threads may issue requests at once, and every request is bounded by
- * its own timeout (the I/O thread cancels it).
+ * libsoup 3. A request runs on its caller's thread with libsoup's synchronous
+ * API, so any number of threads may issue requests at once on one client
+ * (its session shares connections between them), and every request is
+ * bounded by its own timeout: the client's watchdog thread cancels it.
  */
 #ifndef TE_MD_HTTP_H
 #define TE_MD_HTTP_H
@@ -24,7 +24,8 @@ typedef struct te_http_opts {
 /* Starts the client. On failure returns NULL and writes why to `err`
  * (g_free()d by the caller). */
 te_http *te_http_new(const te_http_opts *opts, char **err);
-/* Stops the I/O thread. No request may be in progress. */
+/* Stops the watchdog and closes the connections. No request may be in
+ * progress. */
 void te_http_free(te_http *c);
 
 typedef struct te_http_reply {

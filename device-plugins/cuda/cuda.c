@@ -8,6 +8,9 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,8 @@ typedef int CUresult; /* CUDA_SUCCESS = 0 */
 typedef int CUdevice;
 typedef void *CUcontext;
 typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -31,6 +36,7 @@ enum {
 	CU_MEMORYTYPE_DEVICE = 2,
 	CU_MEMHOSTALLOC_PORTABLE = 1,
 	CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
+	CU_STREAM_NON_BLOCKING = 1,
 };
 
 #define MAX_DEVICES 64
@@ -53,17 +59,47 @@ typedef struct driver {
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*MemFree)(CUdeviceptr);
 	CUresult (*GetErrorString)(CUresult, const char **);
-	CUresult (*StreamSynchronize)(void *);
+	CUresult (*StreamSynchronize)(CUstream);
+	/* Optional: without them copies are synchronous only. */
+	CUresult (*StreamCreate)(CUstream *, unsigned);
+	CUresult (*StreamDestroy)(CUstream);
+	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+	CUresult (*StreamAddCallback)(CUstream, CUstreamCallback, void *, unsigned);
 	/* Optional (CUDA 11.7 and later drivers). */
 	CUresult (*MemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 } driver;
 
-typedef struct cuda_ctx {
+/* Asynchronous copies go round-robin to this many streams, so that copies
+ * into and out of the devices can use both copy engines at once. */
+#define STREAMS 2
+
+/* A copy whose end the driver will report. */
+typedef struct cuda_ctx cuda_ctx;
+typedef struct cu_done {
+	struct cu_done *next;
+	cuda_ctx *owner;
+	te_device_done_fn done;
+	void *arg;
+	size_t len;
+	CUresult status;
+} cu_done;
+
+struct cuda_ctx {
 	const te_host *host;
 	driver drv;
 	int ndev;
 	CUcontext ctx[MAX_DEVICES]; /* primary contexts */
-} cuda_ctx;
+
+	/* Asynchronous copies (see cu_copy_async) */
+	bool async;
+	CUstream streams[STREAMS];
+	atomic_uint next_stream;
+	pthread_t completer;
+	pthread_mutex_t lock; /* guards the finished list and quit */
+	pthread_cond_t cond;
+	cu_done *head, *tail;
+	bool quit;
+};
 
 static const char *errstr(const driver *d, CUresult r)
 {
@@ -109,6 +145,10 @@ static int open_driver(driver *d, char *why, size_t why_len)
 	SYM(MemFree, "cuMemFree_v2", 1);
 	SYM(GetErrorString, "cuGetErrorString", 0);
 	SYM(StreamSynchronize, "cuStreamSynchronize", 1);
+	SYM(StreamCreate, "cuStreamCreate", 0);
+	SYM(StreamDestroy, "cuStreamDestroy_v2", 0);
+	SYM(MemcpyAsync, "cuMemcpyAsync", 0);
+	SYM(StreamAddCallback, "cuStreamAddCallback", 0);
 	SYM(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 0);
 #undef SYM
 	CUresult r = d->Init(0);
@@ -136,6 +176,10 @@ static int cu_probe(const te_host *h, char *why, size_t why_len)
 	return 0;
 }
 
+static void make_current(cuda_ctx *c, int dev);
+static bool async_start(cuda_ctx *c);
+static void async_stop(cuda_ctx *c);
+
 static int cu_create(const te_host *h, void **out)
 {
 	cuda_ctx *c = calloc(1, sizeof *c);
@@ -161,6 +205,7 @@ static int cu_create(const te_host *h, void **out)
 			c->ctx[i] = NULL;
 		}
 	}
+	c->async = async_start(c);
 	*out = c;
 	return 0;
 }
@@ -169,6 +214,7 @@ static void cu_destroy(void *ctx)
 {
 	cuda_ctx *c = ctx;
 
+	async_stop(c);
 	for (int i = 0; i < c->ndev; i++)
 		if (c->ctx[i] != NULL)
 			c->drv.DevicePrimaryCtxRelease(i);
@@ -223,6 +269,140 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len,
 			     errstr(&c->drv, r));
 		return -EIO;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------ asynchronous copies */
+
+/* The driver's stream callback: on a driver thread, which must not call the
+ * driver. The copy's owner is told on the completer thread instead, where
+ * it may start the next copy. */
+static void on_stream_done(CUstream stream, CUresult status, void *user)
+{
+	cu_done *d = user;
+	cuda_ctx *owner = d->owner;
+	(void)stream;
+
+	d->status = status;
+	pthread_mutex_lock(&owner->lock);
+	if (owner->tail)
+		owner->tail->next = d;
+	else
+		owner->head = d;
+	owner->tail = d;
+	pthread_cond_signal(&owner->cond);
+	pthread_mutex_unlock(&owner->lock);
+}
+
+static void *completer(void *arg)
+{
+	cuda_ctx *c = arg;
+
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		while (c->head == NULL && !c->quit)
+			pthread_cond_wait(&c->cond, &c->lock);
+		cu_done *d = c->head;
+		if (d == NULL)
+			break; /* quit, and every reported copy delivered */
+		c->head = d->next;
+		if (c->head == NULL)
+			c->tail = NULL;
+		pthread_mutex_unlock(&c->lock);
+		if (d->status != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
+				     errstr(&c->drv, d->status));
+		d->done(d->arg, d->status == CUDA_SUCCESS ? 0 : -EIO);
+		free(d);
+		pthread_mutex_lock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/* Streams on device 0's context (unified addressing: any direction, any
+ * device) and the completer thread; false (copies stay synchronous) when the
+ * driver lacks the calls or refuses. */
+static bool async_start(cuda_ctx *c)
+{
+	driver *d = &c->drv;
+	int made = 0;
+
+	if (d->StreamCreate == NULL || d->StreamDestroy == NULL || d->MemcpyAsync == NULL ||
+	    d->StreamAddCallback == NULL || c->ctx[0] == NULL)
+		return false;
+	make_current(c, 0);
+	for (; made < STREAMS; made++) {
+		CUresult r = d->StreamCreate(&c->streams[made], CU_STREAM_NON_BLOCKING);
+		if (r != CUDA_SUCCESS) {
+			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", errstr(d, r));
+			break;
+		}
+	}
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	if (made == STREAMS && pthread_create(&c->completer, NULL, completer, c) == 0)
+		return true;
+	while (made > 0)
+		d->StreamDestroy(c->streams[--made]);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
+	return false;
+}
+
+/* Every copy started has been reported to its owner when this returns. */
+static void async_stop(cuda_ctx *c)
+{
+	if (!c->async)
+		return;
+	make_current(c, 0);
+	for (int i = 0; i < STREAMS; i++) {
+		c->drv.StreamSynchronize(c->streams[i]); /* its callbacks have run */
+		c->drv.StreamDestroy(c->streams[i]);
+	}
+	pthread_mutex_lock(&c->lock);
+	c->quit = true;
+	pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	pthread_join(c->completer, NULL);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
+	c->async = false;
+}
+
+/* cuMemcpyAsync on the next stream, then a stream callback that reports
+ * the copy's end: the caller's thread never waits for the copy. */
+static int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
+			 void *arg)
+{
+	cuda_ctx *c = ctx;
+
+	if (!c->async)
+		return -ENOTSUP;
+	cu_done *d = malloc(sizeof *d);
+	if (d == NULL)
+		return -ENOMEM;
+	*d = (cu_done){ .owner = c, .done = done, .arg = arg, .len = len };
+	CUstream s = c->streams[atomic_fetch_add_explicit(&c->next_stream, 1, memory_order_relaxed) % STREAMS];
+	make_current(c, 0);
+	CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", len, errstr(&c->drv, r));
+		free(d);
+		return -EIO;
+	}
+	r = c->drv.StreamAddCallback(s, on_stream_done, d, 0);
+	if (r != CUDA_SUCCESS) {
+		/* The copy is queued and nothing would report its end: wait for
+		 * it here (done may run before copy_async returns). */
+		c->host->log(c->host, TE_LOG_WARN, "cuStreamAddCallback: %s; waiting for the copy",
+			     errstr(&c->drv, r));
+		free(d);
+		r = c->drv.StreamSynchronize(s);
+		if (r != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->drv, r));
+		done(arg, r == CUDA_SUCCESS ? 0 : -EIO);
 	}
 	return 0;
 }
@@ -366,6 +546,7 @@ static const te_device_ops ops = {
 	.destroy = cu_destroy,
 	.classify = cu_classify,
 	.copy = cu_copy,
+	.copy_async = cu_copy_async,
 	.host_alloc = cu_host_alloc,
 	.host_free = cu_host_free,
 	.mem_alloc = cu_mem_alloc,

@@ -84,14 +84,16 @@ static void *view(const void *p)
 	return inside(p, 1) ? g.priv + ((const char *)p - g.dev) : (void *)p;
 }
 
-/* A device range must lie in one allocation, as with a real driver. */
-static const alloc *find_alloc(uintptr_t p)
+/* The allocation holding `p` (a copy: cuMemFree moves entries). */
+static bool find_alloc(uintptr_t p, alloc *out)
 {
-	const alloc *found = NULL;
+	bool found = false;
 	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs; i++)
-		if (p >= g.allocs[i].start && p - g.allocs[i].start < g.allocs[i].size)
-			found = &g.allocs[i];
+	for (unsigned i = 0; i < g.nallocs && !found; i++)
+		if (p >= g.allocs[i].start && p - g.allocs[i].start < g.allocs[i].size) {
+			*out = g.allocs[i];
+			found = true;
+		}
 	pthread_mutex_unlock(&g.lock);
 	return found;
 }
@@ -205,14 +207,14 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
 
 API CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p)
 {
-	const alloc *a = inside((void *)(uintptr_t)p, 1) ? find_alloc((uintptr_t)p) : NULL;
-	if (a == NULL)
+	alloc a;
+	if (!inside((void *)(uintptr_t)p, 1) || !find_alloc((uintptr_t)p, &a))
 		return ERR_INVALID_VALUE; /* what the driver says of memory it does not know */
 	switch (attr) {
 	case ATTR_MEMORY_TYPE: *(unsigned *)out = MEMORYTYPE_DEVICE; return OK;
-	case ATTR_DEVICE_ORDINAL: *(int *)out = (int)((a->start - (uintptr_t)g.dev) / DEV_SIZE); return OK;
-	case ATTR_RANGE_START_ADDR: *(CUdeviceptr *)out = a->start; return OK;
-	case ATTR_RANGE_SIZE: *(size_t *)out = a->size; return OK;
+	case ATTR_DEVICE_ORDINAL: *(int *)out = (int)((a.start - (uintptr_t)g.dev) / DEV_SIZE); return OK;
+	case ATTR_RANGE_START_ADDR: *(CUdeviceptr *)out = a.start; return OK;
+	case ATTR_RANGE_SIZE: *(size_t *)out = a.size; return OK;
 	default: return ERR_INVALID_VALUE;
 	}
 }

@@ -174,8 +174,7 @@ static SoupMessage *new_message(te_http *c, req *r, const char *method, const ch
 	return msg;
 }
 
-/* Reads the reply body into `buf`: 0, or a negative errno with *gerr set
- * (NULL for -EMSGSIZE). */
+/* Reads the reply body into `buf`: 0, -EMSGSIZE, or -EIO with *gerr set. */
 static int read_body(te_http *c, GInputStream *in, GCancellable *cancel, GByteArray *buf, GError **gerr)
 {
 	for (;;) {
@@ -236,6 +235,9 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 			 * connection back to the session for the next request. */
 			if (rc == 0)
 				g_input_stream_close(in, r.cancel, NULL);
+			else if (rc == -EMSGSIZE && err)
+				*err = g_strdup_printf("the reply from %s exceeds %zu bytes", log_url,
+						       c->opts.max_reply);
 		}
 		g_object_unref(in);
 	}
@@ -253,8 +255,6 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 				*err = g_strdup_printf("%s %s failed: %s", method, log_url,
 						       timed_out ? "timed out" : e->message);
 		}
-	} else if (rc == -EMSGSIZE && e == NULL && err && *err == NULL) {
-		*err = g_strdup_printf("the reply from %s exceeds %zu bytes", log_url, c->opts.max_reply);
 	} else if (rc == -EIO) {
 		rc = errno_of(e, timed_out);
 		if (err)

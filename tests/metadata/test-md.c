@@ -1368,6 +1368,8 @@ static void case_http_persist(void)
 	CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
 }
 
+static void check_reply_limit(void);
+
 static void case_http_limits(void)
 {
 	static const char *extra[] = { "--max-body", "4096", "--max-key-length", "256", NULL };
@@ -1422,6 +1424,7 @@ static void case_http_limits(void)
 	CHECK(strstr(body, "\"keys\":2") != NULL);
 	te_metadata_close(md);
 	free(big);
+	check_reply_limit();
 }
 
 /* https: te-metadata-server with a self-signed certificate; the plugin
@@ -1466,6 +1469,106 @@ static void case_http_tls(void)
 	unsetenv("TE_HTTP_CA_FILE");
 }
 
+
+/* A server that answers every request on its one connection with the same
+ * canned reply (replies: how many to give). */
+typedef struct canned {
+	int fd, replies;
+	const char *head;  /* status line and headers, ending with a blank line */
+	size_t body_len;   /* that many 'v's follow (chunked: in 1 KiB chunks) */
+	bool chunked;
+} canned;
+
+static void *canned_server(void *arg)
+{
+	canned *k = arg;
+	char req[8192], chunk[1024 + 16];
+
+	for (int i = 0; i < k->replies; i++) {
+		int fd = accept(k->fd, NULL, NULL);
+		if (fd < 0)
+			break;
+		/* the request's headers (the plugin's GETs have no body) */
+		size_t got = 0;
+		while (got < sizeof req - 1) {
+			ssize_t n = read(fd, req + got, sizeof req - 1 - got);
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+			req[got] = '\0';
+			if (strstr(req, "\r\n\r\n") != NULL)
+				break;
+		}
+		bool ok = write(fd, k->head, strlen(k->head)) == (ssize_t)strlen(k->head);
+		for (size_t sent = 0; ok && sent < k->body_len;) {
+			size_t n = k->body_len - sent < 1024 ? k->body_len - sent : 1024, h = 0;
+			if (k->chunked)
+				h = (size_t)snprintf(chunk, sizeof chunk, "%zx\r\n", n);
+			memset(chunk + h, 'v', n);
+			if (k->chunked)
+				memcpy(chunk + h + n, "\r\n", 2);
+			size_t total = h + n + (k->chunked ? 2 : 0);
+			ok = write(fd, chunk, total) == (ssize_t)total;
+			sent += n;
+		}
+		if (ok && k->chunked)
+			ok = write(fd, "0\r\n\r\n", 5) == 5;
+		close(fd);
+	}
+	return NULL;
+}
+
+/* The client's reply limit (TE_HTTP_MAX_REPLY): a reply that announces more
+ * is refused before its body is read, and one without a length (chunked) is
+ * cut off once it passes the limit; each a clear error, not the store's
+ * "not found". A reply within the limit still arrives whole. */
+static void check_reply_limit(void)
+{
+	static const struct {
+		const char *head;
+		size_t body;
+		bool chunked;
+		const char *says; /* in the log; NULL: the reply is taken */
+	} cases[] = {
+		{ "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 100000\r\n"
+		  "Connection: close\r\n\r\n", 100000, false, "announces 100000 bytes" },
+		{ "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n"
+		  "Connection: close\r\n\r\n", 9000, true, "exceeds 4096 bytes" },
+		{ "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n"
+		  "Connection: close\r\n\r\n", 4000, true, NULL },
+	};
+
+	setenv("TE_HTTP_MAX_REPLY", "4096", 1);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int port;
+		canned k = { .fd = blackhole_listen(&port), .replies = 1, .head = cases[i].head,
+			     .body_len = cases[i].body, .chunked = cases[i].chunked };
+		pthread_t th;
+		char conn[128], *v = NULL;
+		size_t len = 0;
+		te_metadata *md = NULL;
+
+		REQUIRE(pthread_create(&th, NULL, canned_server, &k) == 0);
+		snprintf(conn, sizeof conn, "http://127.0.0.1:%d/metadata", port);
+		REQUIRE(te_metadata_open(conn, &md) == 0);
+		cap_start();
+		int rc = te_metadata_get(md, "mooncake/x", &v, &len);
+		if (cases[i].says != NULL) {
+			CHECK(rc < 0 && rc != -ENOENT);
+			CHECK(cap_has(cases[i].says));
+		} else {
+			CHECK_EQ(rc, 0);
+			CHECK(len == cases[i].body && v != NULL && v[0] == 'v' && v[len - 1] == 'v');
+		}
+		te_free(v);
+		te_set_log_handler(NULL, NULL);
+		te_metadata_close(md);
+		shutdown(k.fd, SHUT_RDWR); /* ends an accept() still waiting */
+		pthread_join(th, NULL);
+		close(k.fd);
+	}
+	unsetenv("TE_HTTP_MAX_REPLY");
+}
 
 /* te-metadata-server with a bearer token: calls without it or with another
  * are refused with 401, logged with the client's address and never with

@@ -94,6 +94,7 @@ struct cuda_ctx {
 	bool async;
 	CUstream streams[STREAMS];
 	atomic_uint next_stream;
+	atomic_bool said_sync; /* the fall-back to waiting was logged */
 	pthread_t completer;
 	pthread_mutex_t lock; /* guards the finished list and quit */
 	pthread_cond_t cond;
@@ -351,7 +352,9 @@ static bool async_start(cuda_ctx *c)
 	return false;
 }
 
-/* Every copy started has been reported to its owner when this returns. */
+/* Every copy started has been reported to its owner when this returns. The
+ * host destroys device plugins after every engine, so no done() starts a
+ * copy here any more. */
 static void async_stop(cuda_ctx *c)
 {
 	if (!c->async)
@@ -396,8 +399,10 @@ static int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_d
 	if (r != CUDA_SUCCESS) {
 		/* The copy is queued and nothing would report its end: wait for
 		 * it here (done may run before copy_async returns). */
-		c->host->log(c->host, TE_LOG_WARN, "cuStreamAddCallback: %s; waiting for the copy",
-			     errstr(&c->drv, r));
+		if (!atomic_exchange(&c->said_sync, true))
+			c->host->log(c->host, TE_LOG_WARN,
+				     "cuStreamAddCallback: %s; waiting for copies instead (said once)",
+				     errstr(&c->drv, r));
 		free(d);
 		r = c->drv.StreamSynchronize(s);
 		if (r != CUDA_SUCCESS)

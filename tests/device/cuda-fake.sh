@@ -55,6 +55,15 @@ for op in read write; do
   done
 done
 
+# A driver that will not queue the stream callback: the plugin waits for
+# the stream instead, and the bytes still arrive.
+if run nocb FAKE_CUDA_NO_CALLBACK=1 --operation=read && [ "$(stat nocb callbacks)" = 0 ] &&
+   [ "$(stat nocb async)" -gt 0 ] && [ "$(grep -c "waiting for copies instead" "$tmp/nocb.err")" = 1 ]; then
+  ok "no stream callback: $(stat nocb async) copies waited for, every byte checked, said once"
+else
+  bad "no stream callback: $(tail -3 "$tmp/nocb.err"); $(cat "$tmp/nocb.stats" 2>/dev/null)"
+fi
+
 # A driver that refuses asynchronous copies, or whose copies fail on the
 # stream: the run fails with FAILED tasks and the reason in the log.
 for f in FAKE_CUDA_FAIL_ASYNC FAKE_CUDA_FAIL_STREAM; do

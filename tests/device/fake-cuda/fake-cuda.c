@@ -13,7 +13,8 @@
  *   asynchronous copy and a stream callback run there, in order, and the
  *   callback gets the status of the work before it.
  * - FAKE_CUDA_FAIL_ASYNC=1 makes cuMemcpyAsync refuse; FAKE_CUDA_FAIL_STREAM=1
- *   makes queued copies fail (the callback sees the error).
+ *   makes queued copies fail (the callback sees the error);
+ *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback refuse.
  *   FAKE_CUDA_STATS=FILE writes, at exit, how many copies of each kind were
  *   made.
  */
@@ -375,7 +376,7 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstrea
 
 API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, unsigned flags)
 {
-	if (cb == NULL || flags != 0)
+	if (cb == NULL || flags != 0 || getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
 		return ERR_INVALID_VALUE;
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)

@@ -4,10 +4,12 @@
  *
  * A connection pulls slices from its peer's backlog into a ring of wire
  * requests, as long as it has fewer than `depth` requests and `window` bytes
- * in flight. Replies come back in order, so one readv can scatter many of
- * them: status frames into the ring, READ payloads straight into the
- * registered destinations. Likewise one sendmsg carries many headers and
- * WRITE payloads, straight from the registered sources.
+ * in flight, or fewer than two requests (so that slices larger than the
+ * window still overlap one another's round trips). Replies come back in
+ * order, so one readv can scatter many of them: status frames into the ring,
+ * READ payloads straight into the registered destinations. Likewise one
+ * sendmsg carries many headers and WRITE payloads, straight from the
+ * registered sources.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -179,6 +181,13 @@ static void prep(tcp_cconn *cc, tcp_slot *s)
 	s->status = 0;
 }
 
+/* Room for one more wire request under the window: bytes in flight below it,
+ * or fewer than two requests (each of them may be larger than the window). */
+static inline bool window_open(const tcp_cconn *cc, uint64_t window)
+{
+	return cc->bytes < window || cc->head - cc->tail < 2;
+}
+
 /* Takes slices from the peer's retry list and backlog into the ring. */
 static void pull(tcp_cconn *cc)
 {
@@ -189,7 +198,7 @@ static void pull(tcp_cconn *cc)
 	uint64_t first = cc->head;
 	bool was_empty = cc->head == cc->tail;
 
-	if (room == 0 || cc->bytes >= c->cfg.window ||
+	if (room == 0 || !window_open(cc, c->cfg.window) ||
 	    !atomic_load_explicit(&p->has_work, memory_order_acquire) || !rail_usable(cc))
 		return;
 	g_mutex_lock(&p->lock);
@@ -199,7 +208,7 @@ static void pull(tcp_cconn *cc)
 	uint64_t share = (p->bl_bytes + p->nconns - 1) / p->nconns, took = 0;
 	if (share < c->cfg.slice)
 		share = c->cfg.slice;
-	while (room > 0 && cc->bytes < c->cfg.window && took < share) {
+	while (room > 0 && window_open(cc, c->cfg.window) && took < share) {
 		te_transfer *t;
 		uint64_t off, len;
 		uint8_t tries = 0;

@@ -7,6 +7,14 @@
  * that reads or writes device memory directly, instead of through the
  * plugin, crashes the test instead of passing by accident.
  *
+ * Allocations of 2 MiB and more lie on 2 MiB boundaries and are backed by
+ * 2 MiB pages (MADV_COLLAPSE, Linux 6.1 and later; 4 KiB pages where it
+ * fails): a GPU maps its memory with large pages and its copy engines take
+ * no CPU TLB misses, while copies through 4 KiB pages of the private view
+ * took one every 4 KiB, a cost of this stand-in and not of the code under
+ * test (docs/benchmarks.md, "Device memory staging");
+ * TE_TESTDEV_SMALL_PAGES=1 keeps 4 KiB pages, to measure that cost.
+ *
  * Two devices, testdev:0 and testdev:1 (the halves of the mapping). The
  * memfd is also the devices' dma-buf: a NIC (the RDMA tests' software verbs
  * layer) that maps it reaches device memory the way GPUDirect RDMA does.
@@ -34,12 +42,17 @@
 
 #define SIZE (4ull << 30) /* virtual: the memfd's pages exist once written */
 #define ALIGN 4096u
-#define MAX_ALLOCS 256
+#define HUGE (2u << 20)
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1; older C libraries do not name it */
+#endif
 
 typedef struct tdev {
 	const te_host *host;
 	char *dev;  /* PROT_NONE view */
-	char *priv; /* read-write view */
+	char *priv; /* read-write view, on a 2 MiB boundary */
+	char *priv_area; /* the reservation it was placed in */
 	int fd;     /* the memfd: the dma-buf */
 	_Atomic size_t next; /* bump allocator per device half */
 	_Atomic size_t next1;
@@ -67,10 +80,21 @@ static int td_create(const te_host *h, void **out)
 		return -ENOMEM;
 	}
 	t->host = h;
-	t->dev = mmap(NULL, SIZE, PROT_NONE, MAP_SHARED, fd, 0);
-	t->priv = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	t->fd = fd;
+	t->dev = mmap(NULL, SIZE, PROT_NONE, MAP_SHARED, fd, 0);
+	/* File offset 0 at a 2 MiB boundary: only then can a 2 MiB page of the
+	 * memfd be mapped whole. */
+	t->priv_area = mmap(NULL, SIZE + HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	t->priv = MAP_FAILED;
+	if (t->priv_area != MAP_FAILED) {
+		char *at = (char *)(((uintptr_t)t->priv_area + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+		t->priv = mmap(at, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+	}
 	if (t->dev == MAP_FAILED || t->priv == MAP_FAILED) {
+		if (t->dev != MAP_FAILED)
+			munmap(t->dev, SIZE);
+		if (t->priv_area != MAP_FAILED)
+			munmap(t->priv_area, SIZE + HUGE);
 		close(fd);
 		free(t);
 		return -ENOMEM;
@@ -83,7 +107,7 @@ static void td_destroy(void *ctx)
 {
 	tdev *t = ctx;
 	munmap(t->dev, SIZE);
-	munmap(t->priv, SIZE);
+	munmap(t->priv_area, SIZE + HUGE); /* the private view with it */
 	close(t->fd);
 	free(t);
 }
@@ -230,18 +254,44 @@ static int td_stream_wait(void *ctx, void *stream)
 	return 0;
 }
 
+/* Backs [p, p + len) of the private view, 2 MiB aligned, with 2 MiB pages:
+ * MADV_COLLAPSE wants one page present in each. Figures, not correctness,
+ * depend on it, so a failure is only logged (once). */
+static void back_with_huge_pages(tdev *t, char *p, size_t len)
+{
+	static atomic_bool told;
+
+	if (getenv("TE_TESTDEV_SMALL_PAGES") != NULL)
+		return;
+	for (size_t o = 0; o < len; o += HUGE)
+		p[o] = 0; /* fresh memory: zero already */
+	if (madvise(p, len, MADV_COLLAPSE) == 0 || atomic_exchange(&told, true))
+		return;
+	t->host->log(t->host, TE_LOG_INFO, "device memory stays on 4 KiB pages: MADV_COLLAPSE: %s",
+		     strerror(errno));
+}
+
 static int td_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 {
 	tdev *t = ctx;
 	_Atomic size_t *next = device == 0 ? &t->next : &t->next1;
 	size_t want = (len + ALIGN - 1) / ALIGN * ALIGN;
+	size_t align = want >= HUGE ? HUGE : ALIGN, off, cur;
 
 	if (device < 0 || device > 1)
 		return -ENODEV;
-	size_t off = atomic_fetch_add(next, want);
-	if (off + want > SIZE / 2)
+	if (want < len)
 		return -ENOMEM;
-	*ptr = t->dev + (size_t)device * (SIZE / 2) + off;
+	cur = atomic_load(next);
+	do {
+		off = (cur + align - 1) / align * align;
+		if (off > SIZE / 2 || want > SIZE / 2 - off)
+			return -ENOMEM;
+	} while (!atomic_compare_exchange_weak(next, &cur, off + want));
+	size_t at = (size_t)device * (SIZE / 2) + off;
+	if (want >= HUGE)
+		back_with_huge_pages(t, t->priv + at, want / HUGE * HUGE);
+	*ptr = t->dev + at;
 	return 0;
 }
 

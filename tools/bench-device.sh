@@ -16,8 +16,9 @@
 # are the figure to read; the ratio of the medians is shown beside them.
 #
 # Environment: CASES (default "read:65536 write:65536 read:1048576
-# write:1048576"), DEVICE_ENV (variables for the device runs only, such as
-# "TE_STAGE_BUFFERS=128").
+# write:1048576"), BENCH_ENV (variables for every run, such as
+# "TE_TCP_WINDOW=2097152"), DEVICE_ENV (for the device runs only, such as
+# "TE_STAGE_BUFFERS=128" or "TE_TESTDEV_SMALL_PAGES=1").
 #
 # A real GPU's copy engines change the picture (see docs/gpu.md): there,
 # run the same te-bench commands with --use_vram (cuda) instead.
@@ -27,7 +28,8 @@ build=${1:-build}
 rounds=${2:-5}
 secs=${3:-3}
 cases=${CASES:-read:65536 write:65536 read:1048576 write:1048576}
-read -r -a devenv <<<"${DEVICE_ENV:-}"
+read -r -a hostenv <<<"${BENCH_ENV:-}"
+read -r -a devenv <<<"${BENCH_ENV:-} ${DEVICE_ENV:-}"
 bench=$build/tools/te-bench/te-bench
 [ -x "$bench" ] || { echo "bench-device: $bench not built" >&2; exit 1; }
 [ -e "$build/tests/device/libte-device-testdev.so" ] || { echo "bench-device: the test device plugin is not built" >&2; exit 1; }
@@ -38,7 +40,7 @@ trap 'rm -rf "$tmp"' EXIT
 run() { # kind op bs out
 	local kind=$1 op=$2 bs=$3 out=$4
 	if [ "$kind" = host ]; then
-		"$bench" --protocol=tcp --memory=anonymous --operation="$op" --block_size="$bs" \
+		env "${hostenv[@]}" "$bench" --protocol=tcp --memory=anonymous --operation="$op" --block_size="$bs" \
 			--buffer_size=256M --duration="$secs" --quiet --json >"$out"
 	else
 		env "${devenv[@]}" "$bench" --protocol=tcp --use_vram --vram_device=testdev --operation="$op" \

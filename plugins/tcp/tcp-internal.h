@@ -234,9 +234,11 @@ typedef struct tcp_resp {
 /* A server connection's host copies of device memory: READ data of device
  * memory is copied into the first TCP_DEV_REPLY_STAGE bytes and sent on
  * (the data of several replies at once, so that one sendmsg carries them:
- * 64 KiB READs of device memory measured 10-25 % faster with 2 MiB here than
- * with 1 MiB or 256 KiB, docs/benchmarks.md; the size of a connection's
- * default window), a WRITE body for device memory arrives in the next
+ * with 2 MiB windows, 64 KiB READs of device memory measured 10-25 % faster
+ * with 2 MiB here than with 1 MiB or 256 KiB, docs/benchmarks.md; a libte
+ * peer keeps at most its window, 512 KiB by default, or two slices, 2 MiB
+ * with the default 1 MiB slices, in flight on a connection, so the stage
+ * holds all of it), a WRITE body for device memory arrives in the next
  * TCP_DEV_STAGE bytes and is copied on, this much at a time. */
 #define TCP_DEV_REPLY_STAGE (2048u << 10)
 #define TCP_DEV_STAGE (256u << 10)

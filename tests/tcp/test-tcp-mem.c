@@ -21,8 +21,8 @@
 #endif
 
 #define PEERS 64
-/* Read from each peer at once: a full window (TE_TCP_WINDOW, 2 MiB by
- * default) for each of its two connections. */
+/* Read from each peer at once: more than a full window (TE_TCP_WINDOW) for
+ * each of its two connections, so that both carry requests. */
 #define TBYTES (4u << 20)
 /* Every peer's bytes land in a slice of their own: no two transfers in
  * flight write the same local bytes. */

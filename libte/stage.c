@@ -8,8 +8,9 @@
  * copied into the device. There are TE_STAGE_BUFFERS buffers for all of an
  * engine's staged transfers, taken by chunks in submission order, so the
  * device copies of some chunks overlap the transport's I/O of others, and as
- * many chunks are on the wire as there are buffers: never one blocking copy
- * of a whole transfer. Doing it here serves every transport at once.
+ * many chunks are handed to transports as there are buffers (a transport
+ * keeps what exceeds its window queued, ready for the wire the moment a
+ * reply frees room): never one blocking copy of a whole transfer. Doing it here serves every transport at once.
  *
  * The buffers are one area, page-locked by the device plugin when it can,
  * registered as libte's own memory (transports that need to know their

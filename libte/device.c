@@ -117,6 +117,76 @@ static te_device *by_prefix(const char *location, int *index)
 	return NULL;
 }
 
+/* ------------------------------------------- sharing with other processes */
+
+static bool has_ipc(const te_device *d)
+{
+	return TE_HAS_OP(d->ops, ipc_export) && TE_HAS_OP(d->ops, ipc_open) &&
+	       TE_HAS_OP(d->ops, ipc_close);
+}
+
+int te_device_ipc_export(const void *addr, size_t len, te_device_ipc *ipc, char *location,
+			 size_t location_len)
+{
+	te_device *d;
+	int index;
+
+	if (te_device_classify(addr, len, &d, &index) <= 0)
+		return -ENOENT;
+	if (!has_ipc(d))
+		return -ENOTSUP;
+	if ((size_t)snprintf(location, location_len, "%s:%d", d->ops->prefix, index) >= location_len)
+		return -ENOSPC;
+	memset(ipc, 0, sizeof *ipc);
+	ipc->size = sizeof *ipc;
+	ipc->fd = -1;
+	int rc = d->ops->ipc_export(d->ctx, addr, len, ipc);
+	if (rc < 0)
+		te_log(TE_LOG_INFO, d->hc.plugin->name, "cannot share %p+%zu with other processes: %s",
+		       addr, len, te_strerror(rc));
+	else if (ipc->handle_len > sizeof ipc->handle)
+		return -EPROTO;
+	return rc;
+}
+
+int te_device_ipc_open(const char *location, const te_device_ipc *ipc, void **base)
+{
+	int index;
+	te_device *d = by_prefix(location, &index);
+
+	if (d == NULL)
+		return -ENODEV;
+	if (!has_ipc(d))
+		return -ENOTSUP;
+	if (ipc->size < sizeof *ipc || ipc->handle_len > sizeof ipc->handle)
+		return -EINVAL;
+	int rc = d->ops->ipc_open(d->ctx, ipc, base);
+	if (rc < 0)
+		te_log(TE_LOG_INFO, d->hc.plugin->name,
+		       "cannot open another process's %s allocation of %llu bytes: %s", location,
+		       (unsigned long long)ipc->alloc_size, te_strerror(rc));
+	return rc;
+}
+
+void te_device_ipc_close(const char *location, void *base)
+{
+	int index;
+	te_device *d = by_prefix(location, &index);
+
+	if (d != NULL && has_ipc(d))
+		d->ops->ipc_close(d->ctx, base);
+}
+
+int te_device_copy_at(const char *location, void *dst, const void *src, size_t len)
+{
+	int index;
+	te_device *d = by_prefix(location, &index);
+
+	if (d == NULL)
+		return -ENODEV;
+	return te_device_copy_with(d, dst, src, len);
+}
+
 /* ------------------------------------------------------- public functions */
 
 int te_device_alloc(const char *location, size_t len, void **ptr)

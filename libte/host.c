@@ -219,6 +219,40 @@ static int host_devices(const te_host *h, te_device_info *out, size_t max, size_
 	return te_devices_list(out, max, n);
 }
 
+static int host_device_ipc_export(const te_host *h, const void *addr, size_t len,
+				  te_device_ipc *ipc, char *location, size_t location_len)
+{
+	(void)h;
+	if (addr == NULL || ipc == NULL || location == NULL || location_len == 0)
+		return -EINVAL;
+	return te_device_ipc_export(addr, len, ipc, location, location_len);
+}
+
+static int host_device_ipc_open(const te_host *h, const char *location, const te_device_ipc *ipc,
+				void **base)
+{
+	(void)h;
+	if (location == NULL || ipc == NULL || base == NULL)
+		return -EINVAL;
+	return te_device_ipc_open(location, ipc, base);
+}
+
+static void host_device_ipc_close(const te_host *h, const char *location, void *base)
+{
+	(void)h;
+	if (location != NULL && base != NULL)
+		te_device_ipc_close(location, base);
+}
+
+static int host_device_copy(const te_host *h, const char *location, void *dst, const void *src,
+			    size_t len)
+{
+	(void)h;
+	if (location == NULL || ((dst == NULL || src == NULL) && len > 0))
+		return -EINVAL;
+	return len == 0 ? 0 : te_device_copy_at(location, dst, src, len);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -247,5 +281,9 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.device_dmabuf = host_device_dmabuf,
 		.devices = host_devices,
 		.auth_accept = host_auth_accept,
+		.device_ipc_export = host_device_ipc_export,
+		.device_ipc_open = host_device_ipc_open,
+		.device_ipc_close = host_device_ipc_close,
+		.device_copy = host_device_copy,
 	};
 }

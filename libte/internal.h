@@ -108,6 +108,14 @@ int te_device_classify(const void *addr, size_t len, te_device **dev, int *index
 /* A copy through `d`, logged when it fails. */
 int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len);
 int te_device_report(const te_plugin *p, char **text);
+/* Device memory shared with other processes of this host (te_host's
+ * device_ipc_* and device_copy): the plugin is the one of the address, or
+ * of the location's prefix. */
+int te_device_ipc_export(const void *addr, size_t len, te_device_ipc *ipc, char *location,
+			 size_t location_len);
+int te_device_ipc_open(const char *location, const te_device_ipc *ipc, void **base);
+void te_device_ipc_close(const char *location, void *base);
+int te_device_copy_at(const char *location, void *dst, const void *src, size_t len);
 /* The devices of every usable device plugin (te_host.devices). */
 int te_devices_list(te_device_info *out, size_t max, size_t *n);
 

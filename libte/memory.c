@@ -208,7 +208,8 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 	/* Device memory goes only to transports that may move it themselves;
 	 * the others never see it (the host stages it for them). */
 	if (!TE_HAS_OP(tp->ops, mem_register) ||
-	    (r->dev != NULL && !(tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY)))
+	    (r->dev != NULL &&
+	     !(tp->ops->flags & (TE_TRANSPORT_DEVICE_MEMORY | TE_TRANSPORT_DEVICE_TARGET))))
 		return 0;
 	int rc = tp->ops->mem_register(tp->ctx, &mi, &fields);
 	if (rc == -ENOTSUP && r->dev != NULL) {
@@ -218,7 +219,7 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 		free(fields);
 		return 0;
 	}
-	if (rc == 0 && r->dev != NULL) {
+	if (rc == 0 && r->dev != NULL && (tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY)) {
 		if (r->direct == NULL)
 			r->direct = g_hash_table_new(g_direct_hash, g_direct_equal);
 		g_hash_table_add(r->direct, tp);
@@ -242,7 +243,9 @@ void te_region_detach(te_engine *e, te_transport_inst *tp, te_region *r)
 {
 	(void)e;
 	if (TE_HAS_OP(tp->ops, mem_unregister) &&
-	    (r->dev == NULL || te_region_direct(r, tp)))
+	    (r->dev == NULL || te_region_direct(r, tp) ||
+	     (tp->ops->flags & (TE_TRANSPORT_DEVICE_MEMORY | TE_TRANSPORT_DEVICE_TARGET)) ==
+		     TE_TRANSPORT_DEVICE_TARGET))
 		tp->ops->mem_unregister(tp->ctx, r->addr, r->length);
 	g_hash_table_remove(r->fields, tp);
 	if (r->direct != NULL)

@@ -32,7 +32,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 2
+#define TE_PLUGIN_ABI_MINOR 3
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -130,6 +130,20 @@ typedef struct te_device_info {
 	int numa_node;        /* -1 when unknown */
 } te_device_info;
 
+/* What another process of this host needs to reach a device allocation
+ * (since ABI 1.3): a CUDA IPC handle, a file descriptor, or both. Filled by
+ * the exporting side's device plugin, read by the importing side's. */
+#define TE_DEVICE_IPC_BYTES 128
+typedef struct te_device_ipc {
+	uint32_t size;        /* sizeof(te_device_ipc) as its writer built it */
+	int32_t device;       /* the device's index in the exporting process */
+	int32_t fd;           /* a descriptor standing for the allocation, or -1 */
+	uint32_t handle_len;  /* bytes of `handle` in use */
+	uint8_t handle[TE_DEVICE_IPC_BYTES]; /* opaque to all but the plugin */
+	uint64_t alloc_base;  /* the allocation, in the exporter's address space */
+	uint64_t alloc_size;
+} te_device_ipc;
+
 /* Handles one received RPC frame of a registered type. `body` is the JSON
  * (NUL-terminated, `len` bytes), `peer` the remote address as text. Writes a
  * malloc()ed reply; returns 0, or a negative error to close the connection
@@ -225,6 +239,27 @@ struct te_host {
 	 * (each out[i].size set by the caller), `*n` how many there are. For
 	 * topology: where each device sits (PCI bus id, NUMA node). */
 	int (*devices)(const te_host *h, te_device_info *out, size_t max, size_t *n);
+
+	/* ---- since ABI 1.3 (test with TE_HAS_OP) ---- */
+	/* For a device region a TE_TRANSPORT_DEVICE_TARGET transport registers:
+	 * how another process of this host opens the allocation holding
+	 * [addr, addr+len) (its fd, if any, is the caller's to close) and the
+	 * region's location ("cuda:0") for device_ipc_open() there.
+	 * -ENOTSUP when the device plugin cannot share its memory, -ENOENT when
+	 * the range is not device memory. */
+	int (*device_ipc_export)(const te_host *h, const void *addr, size_t len, te_device_ipc *ipc,
+				 char *location, size_t location_len);
+	/* Opens, in this process, an allocation another process exported: `*base`
+	 * is where its first byte lies here. `location` is the exporter's (its
+	 * prefix picks the device plugin). The fd in `ipc` stays the caller's. */
+	int (*device_ipc_open)(const te_host *h, const char *location, const te_device_ipc *ipc,
+			       void **base);
+	void (*device_ipc_close)(const te_host *h, const char *location, void *base);
+	/* Copies `len` bytes where either side is memory of the device plugin of
+	 * `location` (an opened allocation included), the other host memory or
+	 * the same plugin's. 0, or negative (logged). */
+	int (*device_copy)(const te_host *h, const char *location, void *dst, const void *src,
+			   size_t len);
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -249,6 +284,13 @@ enum te_transport_flags {
 	 * staged chunk from the completion that freed its buffer rather than
 	 * through a thread hand-off. Hosts that do not know it ignore it. */
 	TE_TRANSPORT_NESTED_SUBMIT = 1u << 5,
+	/* Serves peers' requests on device memory by other means than
+	 * buffer_copy() (the same-host transport: through device_ipc_*):
+	 * mem_register() gets device regions too, as for host memory, while
+	 * this engine's own requests on device memory are staged for it through
+	 * host memory as for any transport without TE_TRANSPORT_DEVICE_MEMORY.
+	 * Since ABI 1.3. */
+	TE_TRANSPORT_DEVICE_TARGET = 1u << 6,
 	/* Serves only engines on this host, better than any network transport:
 	 * offered every segment first (before the one its descriptor names) and
 	 * declines the others. Since ABI 1.1. */
@@ -383,6 +425,16 @@ typedef struct te_device_ops {
 	/* Optional. Waits until the work queued on the runtime's stream (a
 	 * CUDA stream: CUstream) before this call has finished. */
 	int (*stream_wait)(void *ctx, void *stream);
+	/* ---- since ABI 1.3: optional, all three or none ---- */
+	/* Lets another process of this host reach the allocation holding
+	 * [addr, addr+len): fills `ipc` (its fd, if any, the caller's to close).
+	 * -ENOTSUP when the driver cannot share this memory. */
+	int (*ipc_export)(void *ctx, const void *addr, size_t len, te_device_ipc *ipc);
+	/* Opens an export of another process: `*base` is the allocation's first
+	 * byte here; copy() and classify() then know the range. The fd in `ipc`
+	 * stays the caller's. */
+	int (*ipc_open)(void *ctx, const te_device_ipc *ipc, void **base);
+	void (*ipc_close)(void *ctx, void *base);
 } te_device_ops;
 
 /* ------------------------------------------------------------- descriptor */

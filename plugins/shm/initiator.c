@@ -4,7 +4,9 @@
  * path. A copy goes, by the first that applies: straight between our own
  * addresses (the target is this process), through our mapping of the
  * target's shared allocation (memcpy), or through cross-memory attach
- * (process_vm_readv/writev, up to SHM_CMA_IOV requests per call). Small
+ * (process_vm_readv/writev, up to SHM_CMA_IOV requests per call); the
+ * target's device memory through the device plugin, at the address its
+ * allocation was opened at here. Small
  * submits are copied by the submitting thread; larger ones are split into
  * slices for the copy workers.
  */
@@ -125,14 +127,38 @@ static int recv_welcome(int fd, shm_welcome *w, int *fds, unsigned *nfds)
 	    (size_t)r != offsetof(shm_welcome, exports) + w->nexports * sizeof w->exports[0])
 		return -EPROTO;
 	w->host[sizeof w->host - 1] = '\0';
+	for (unsigned i = 0; i < w->nexports; i++) {
+		shm_export_wire *x = &w->exports[i];
+		if (x->kind > EXPORT_DEVICE || x->has_fd > 1 || (x->kind == EXPORT_HOST && !x->has_fd) ||
+		    (x->kind == EXPORT_DEVICE && (memchr(x->location, '\0', sizeof x->location) == NULL ||
+						  x->ipc.size != sizeof x->ipc ||
+						  x->ipc.handle_len > sizeof x->ipc.handle)))
+			return -EPROTO;
+	}
 	return 0;
+}
+
+/* The descriptors the welcome's exports have, the control block's first. */
+static unsigned welcome_fds(const shm_welcome *w)
+{
+	unsigned n = 1;
+	for (unsigned i = 0; i < w->nexports; i++)
+		n += w->exports[i].has_fd;
+	return n;
 }
 
 static void seg_free(shm_seg *s)
 {
-	for (unsigned i = 0; i < s->nmaps; i++)
-		if (s->maps[i].local != NULL)
+	const te_host *h = s->ctx->host;
+
+	for (unsigned i = 0; i < s->nmaps; i++) {
+		if (s->maps[i].local == NULL)
+			continue;
+		if (!s->maps[i].device)
 			munmap(s->maps[i].local, s->maps[i].size);
+		else if (!s->self)
+			h->device_ipc_close(h, s->maps[i].location, s->maps[i].local);
+	}
 	if (s->ctl != NULL)
 		munmap(s->ctl, s->ctl_size);
 	if (s->fd >= 0)
@@ -148,6 +174,39 @@ static bool shared_covers(const shm_seg *s, uint64_t addr, uint64_t len)
 		if (s->maps[i].local != NULL && addr >= s->maps[i].base && addr - s->maps[i].base <= s->maps[i].size &&
 		    len <= s->maps[i].size - (addr - s->maps[i].base))
 			return true;
+	return false;
+}
+
+/* Whether a buffer of the descriptor lies in the target's device memory
+ * that this process cannot reach: the target's device plugin could not
+ * export it, or ours could not open the export. Then another transport
+ * (TCP, staging on the target's side) serves the segment. */
+static bool device_unreachable(shm_seg *s, const te_segment_info *seg)
+{
+	const shm_slot *sl = SHM_SLOTS(s->ctl);
+	uint32_t high = atomic_load(&s->ctl->high);
+
+	if (high > s->ctl->nslots)
+		high = s->ctl->nslots;
+	for (size_t b = 0; b < seg->n_buffers; b++) {
+		uint64_t addr = seg->buffers[b].addr, len = seg->buffers[b].length;
+		for (uint32_t i = 0; i < high; i++) {
+			if (slot_state(atomic_load(&sl[i].state)) != SLOT_LIVE ||
+			    atomic_load(&sl[i].kind) != SLOT_DEVICE)
+				continue;
+			uint64_t a = atomic_load(&sl[i].addr), l = atomic_load(&sl[i].length);
+			if (addr + len <= a || a + l <= addr)
+				continue;
+			int32_t idx = atomic_load(&sl[i].export_idx);
+			if (idx < 0 || (unsigned)idx >= s->nmaps || !s->maps[idx].device ||
+			    (!s->self && s->maps[idx].local == NULL)) {
+				SLOG(s->ctx, TE_LOG_INFO, "shm: segment %s: its device memory at 0x%llx+%llu cannot be "
+							  "reached from this process; leaving the segment to another transport",
+				     seg->name, (unsigned long long)a, (unsigned long long)l);
+				return true;
+			}
+		}
+	}
 	return false;
 }
 
@@ -209,7 +268,7 @@ int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out)
 	rc = recv_welcome(s->fd, w, fds, &nfds);
 	if (rc == 0 && w->status != 0)
 		rc = -(int)w->status;
-	else if (rc == 0 && (strcmp(w->host, c->cfg.host) != 0 || w->pid != (uint64_t)s->pid || nfds != 1 + w->nexports ||
+	else if (rc == 0 && (strcmp(w->host, c->cfg.host) != 0 || w->pid != (uint64_t)s->pid || nfds != welcome_fds(w) ||
 			     w->ctl_size < SHM_CTL_HEADER || w->ctl_size > (1ull << 31)))
 		rc = -EPROTO;
 	if (rc < 0) {
@@ -228,16 +287,32 @@ int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out)
 		rc = -EPROTO;
 		goto fail_fds;
 	}
-	for (unsigned i = 0; i < w->nexports; i++) {
-		s->maps[i].base = w->exports[i].base;
-		s->maps[i].size = w->exports[i].size;
-		if (!s->self) {
-			void *p = mmap(NULL, w->exports[i].size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1 + i], 0);
+	for (unsigned i = 0, f = 1; i < w->nexports; i++) {
+		shm_export_wire *x = &w->exports[i];
+		int xfd = x->has_fd ? fds[f++] : -1;
+		s->maps[i].base = x->base;
+		s->maps[i].size = x->size;
+		s->maps[i].device = x->kind == EXPORT_DEVICE;
+		s->nmaps = i + 1; /* seg_free undoes what is mapped so far */
+		if (s->self)
+			;                 /* its addresses are ours */
+		else if (x->kind == EXPORT_HOST) {
+			void *p = mmap(NULL, x->size, PROT_READ | PROT_WRITE, MAP_SHARED, xfd, 0);
 			s->maps[i].local = p == MAP_FAILED ? NULL : p;
 			if (p == MAP_FAILED)
 				SLOG(c, TE_LOG_WARN, "shm: segment %s: cannot map a shared allocation of %llu bytes: %s",
-				     seg->name, (unsigned long long)w->exports[i].size, strerror(errno));
+				     seg->name, (unsigned long long)x->size, strerror(errno));
+		} else if (TE_HAS_OP(c->host, device_ipc_open)) {
+			void *base = NULL;
+			x->ipc.fd = xfd;
+			int orc = c->host->device_ipc_open(c->host, x->location, &x->ipc, &base);
+			s->maps[i].local = orc == 0 ? base : NULL;
+			if (orc < 0)
+				SLOG(c, TE_LOG_INFO, "shm: segment %s: cannot open its %s allocation of %llu bytes here: %s",
+				     seg->name, x->location, (unsigned long long)x->size, strerror(-orc));
 		}
+		if (x->kind == EXPORT_DEVICE)
+			memcpy(s->maps[i].location, x->location, sizeof s->maps[i].location);
 	}
 	s->nmaps = w->nexports;
 	/* Can we attach? Read the control block's magic through the kernel. */
@@ -249,6 +324,11 @@ int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out)
 		if (!s->cma)
 			SLOG(c, TE_LOG_INFO, "shm: segment %s: cross-memory attach refused (%s); shared allocations only",
 			     seg->name, got < 0 ? strerror(errno) : "wrong bytes");
+	}
+	/* Device memory is reachable only through its export. */
+	if (device_unreachable(s, seg)) {
+		rc = -EPERM;
+		goto fail_fds;
 	}
 	/* Without attach, only memory in shared allocations is reachable: the
 	 * segment is someone else's to serve unless all of it is. */
@@ -274,7 +354,7 @@ int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out)
 	pthread_mutex_unlock(&c->seg_lock);
 	if (rc < 0)
 		SLOG(c, TE_LOG_WARN, "shm: segment %s: cannot watch its connection: %s", seg->name, strerror(-rc));
-	SLOG(c, TE_LOG_INFO, "shm: segment %s: pid %d%s, %u shared allocations, cross-memory attach %s", seg->name,
+	SLOG(c, TE_LOG_INFO, "shm: segment %s: pid %d%s, %u exported allocations, cross-memory attach %s", seg->name,
 	     (int)s->pid, s->self ? " (this process)" : "", s->nmaps, s->self ? "not needed" : s->cma ? "on" : "off");
 	*out = s;
 	return 0;
@@ -347,7 +427,31 @@ static char *mapped(shm_seg *s, shm_slot *slot, uint64_t addr, uint64_t len)
 	uint64_t off = atomic_load_explicit(&slot->export_off, memory_order_relaxed);
 	uint64_t a = atomic_load_explicit(&slot->addr, memory_order_relaxed);
 
-	if (idx < 0 || (unsigned)idx >= s->nmaps || s->maps[idx].local == NULL)
+	if (idx < 0 || (unsigned)idx >= s->nmaps || s->maps[idx].local == NULL || s->maps[idx].device)
+		return NULL;
+	off += addr - a;
+	if (off < addr - a || off > s->maps[idx].size || len > s->maps[idx].size - off)
+		return NULL;
+	return s->maps[idx].local + off;
+}
+
+/* For [addr, addr+len) of a pinned device slot: where it lies in this
+ * process (the target's own address when it is this process) and the
+ * location whose device plugin copies it; NULL when the export is not
+ * known here (registered after first contact: the descriptor is fetched
+ * again) or could not be opened. */
+static char *device_at(shm_seg *s, shm_slot *slot, uint64_t addr, uint64_t len, const char **location)
+{
+	int32_t idx = atomic_load_explicit(&slot->export_idx, memory_order_relaxed);
+	uint64_t off = atomic_load_explicit(&slot->export_off, memory_order_relaxed);
+	uint64_t a = atomic_load_explicit(&slot->addr, memory_order_relaxed);
+
+	if (idx < 0 || (unsigned)idx >= s->nmaps || !s->maps[idx].device)
+		return NULL;
+	*location = s->maps[idx].location;
+	if (s->self)
+		return (char *)(uintptr_t)addr;
+	if (s->maps[idx].local == NULL)
 		return NULL;
 	off += addr - a;
 	if (off < addr - a || off > s->maps[idx].size || len > s->maps[idx].size - off)
@@ -393,6 +497,17 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, piece *ps, unsigned n)
 			/* Not a live region of the target (unregistered since its
 			 * descriptor was read): refused, as any transport refuses. */
 			done(c, p, TE_ERR_REJECTED);
+			continue;
+		}
+		if (atomic_load_explicit(&slot->kind, memory_order_relaxed) == SLOT_DEVICE) {
+			/* Our side is host memory: the host stages our device memory. */
+			const char *loc = NULL;
+			char *dev = device_at(s, slot, remote, p->len, &loc);
+			int rc = dev == NULL ? TE_ERR_REJECTED
+			       : op == TE_OP_READ ? c->host->device_copy(c->host, loc, local, dev, p->len)
+						  : c->host->device_copy(c->host, loc, dev, local, p->len);
+			unpin(slot);
+			done(c, p, rc);
 			continue;
 		}
 		char *there = s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len);

@@ -10,6 +10,12 @@
  * memcpy through the mapped allocations, or cross-memory attach
  * (process_vm_readv/writev, many requests per call) for other memory.
  *
+ * Device memory (a GPU's) is exported by the device plugin instead
+ * (te_host.device_ipc_export: a CUDA IPC handle, or a file descriptor), the
+ * initiator opens it in its own process (device_ipc_open) and copies with
+ * the device plugin (device_copy): between the target's device and the
+ * initiator's host memory, the host staging the initiator's device memory.
+ *
  * The control block, shared by the target and its initiators, holds one slot
  * per remote-accessible registered region. An initiator pins a slot (an atomic
  * counter in it) around each copy and checks the slot is still live; the
@@ -31,7 +37,7 @@
 #include <te/te-plugin.h>
 
 #define SHM_MAGIC 0x4d485354u /* "TSHM" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2 /* 2: device memory exports */
 #define SHM_HOST_MAX 160
 #define SHM_CTL_HEADER 512
 #define SHM_MAX_EXPORTS 240 /* memfds handed over in one answer (SCM_MAX_FD is 253) */
@@ -39,6 +45,8 @@
 #define SHM_FIELD "libte_shm" /* the descriptor field (Mooncake decoders ignore it) */
 
 enum { SLOT_FREE = 0, SLOT_LIVE = 1, SLOT_DYING = 2 };
+enum { SLOT_HOST = 0, SLOT_DEVICE = 1 }; /* a slot's memory */
+enum { EXPORT_HOST = 0, EXPORT_DEVICE = 1 }; /* an export's kind */
 
 /* One registered, remote-accessible region of the target. 64 bytes. */
 typedef struct shm_slot {
@@ -47,7 +55,7 @@ typedef struct shm_slot {
 	_Atomic uint64_t length;
 	_Atomic int64_t pins;   /* initiators' copies in progress */
 	_Atomic int32_t export_idx; /* shared allocation holding it, -1: none */
-	uint32_t pad0;
+	_Atomic uint32_t kind;      /* SLOT_HOST, SLOT_DEVICE (reachable only through its export) */
 	_Atomic uint64_t export_off; /* addr's offset in that allocation */
 	uint64_t pad[2];
 } shm_slot;
@@ -74,8 +82,17 @@ typedef struct shm_hello {
 	char host[SHM_HOST_MAX];
 } shm_hello;
 
-/* The answer, with SCM_RIGHTS: the control block's memfd, then one memfd
- * per export. */
+/* One export in the answer. */
+typedef struct shm_export_wire {
+	uint64_t base, size; /* the allocation in the target's address space */
+	uint32_t kind;       /* EXPORT_* */
+	uint32_t has_fd;     /* it has a descriptor in the SCM_RIGHTS array */
+	char location[32];   /* device: the target's location of it ("cuda:0") */
+	te_device_ipc ipc;   /* device: the plugin's handle (fd: see has_fd) */
+} shm_export_wire;
+
+/* The answer, with SCM_RIGHTS: the control block's memfd, then the
+ * descriptor of each export that has one, in order. */
 typedef struct shm_welcome {
 	uint32_t magic, version;
 	uint64_t pid;
@@ -84,9 +101,7 @@ typedef struct shm_welcome {
 	uint64_t ctl_size;
 	uint32_t nexports;
 	uint32_t status;   /* 0, or an errno for a refused hello */
-	struct {
-		uint64_t base, size; /* the allocation in the target's address space */
-	} exports[SHM_MAX_EXPORTS];
+	shm_export_wire exports[SHM_MAX_EXPORTS];
 } shm_welcome;
 
 /* --------------------------------------------------------------- config */
@@ -107,10 +122,14 @@ typedef struct shm_config {
 
 typedef struct shm_ctx shm_ctx;
 
-/* A shared allocation the target hands to initiators. */
+/* A shared allocation (or device allocation) the target hands to
+ * initiators. */
 typedef struct shm_export {
-	int fd; /* ours (a dup of the host's) */
+	int fd; /* ours (a dup of the host's, or the device plugin's); -1: none */
 	uint64_t base, size;
+	uint32_t kind; /* EXPORT_* */
+	char location[32];
+	te_device_ipc ipc;
 } shm_export;
 
 /* An initiator's view of one target (one segment version). */
@@ -125,7 +144,9 @@ typedef struct shm_seg {
 	size_t ctl_size;
 	struct {
 		uint64_t base, size;
-		char *local;
+		char *local; /* our mapping, or where the device allocation opened here */
+		bool device;
+		char location[32];
 	} maps[SHM_MAX_EXPORTS];
 	unsigned nmaps;
 	atomic_uint hint; /* the slot last used */

@@ -113,7 +113,8 @@ void shm_target_stop(shm_ctx *c)
 		close(c->ctl_fd);
 	c->ctl_fd = -1;
 	for (unsigned i = 0; i < c->nexports; i++)
-		close(c->exports[i].fd);
+		if (c->exports[i].fd >= 0)
+			close(c->exports[i].fd);
 	c->nexports = 0;
 }
 
@@ -128,7 +129,8 @@ static int export_of(shm_ctx *c, const te_mem_info *mem, uint64_t *off)
 	if (c->host->shared_memory(c->host, (uintptr_t)mem->addr, mem->length, &fd, &offset, &size, &base) < 0)
 		return -1;
 	for (unsigned i = 0; i < c->nexports; i++) {
-		if (c->exports[i].base == base && c->exports[i].size == size) {
+		if (c->exports[i].kind == EXPORT_HOST && c->exports[i].base == base &&
+		    c->exports[i].size == size) {
 			*off = offset;
 			return (int)i;
 		}
@@ -141,8 +143,58 @@ static int export_of(shm_ctx *c, const te_mem_info *mem, uint64_t *off)
 	int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (mine < 0)
 		return -1;
-	c->exports[c->nexports] = (shm_export){ .fd = mine, .base = base, .size = size };
+	c->exports[c->nexports] = (shm_export){ .fd = mine, .base = base, .size = size, .kind = EXPORT_HOST };
 	*off = offset;
+	return (int)c->nexports++;
+}
+
+/* The export index of the device allocation holding `mem` (the device
+ * plugin's handle for other processes), adding it; -1 when the plugin
+ * cannot share it or the table is full: initiators then leave the segment
+ * to another transport. reg_lock held. */
+static int export_device(shm_ctx *c, const te_mem_info *mem, uint64_t *off)
+{
+	shm_export e = { .kind = EXPORT_DEVICE };
+	int rc = -ENOTSUP;
+
+	if (TE_HAS_OP(c->host, device_ipc_export))
+		rc = c->host->device_ipc_export(c->host, mem->addr, mem->length, &e.ipc, e.location,
+						sizeof e.location);
+	if (rc < 0) {
+		SLOG(c, TE_LOG_INFO, "shm: %s memory at %p+%zu cannot be shared with other processes (%s); "
+				     "they reach it through another transport",
+		     mem->location, mem->addr, mem->length, strerror(-rc));
+		return -1;
+	}
+	e.fd = e.ipc.fd;
+	e.base = e.ipc.alloc_base;
+	e.size = e.ipc.alloc_size;
+	if ((uintptr_t)mem->addr < e.base || (uintptr_t)mem->addr - e.base > e.size ||
+	    mem->length > e.size - ((uintptr_t)mem->addr - e.base)) {
+		SLOG(c, TE_LOG_ERROR, "shm: the device plugin exported %#llx+%llu for %p+%zu, which it does not hold",
+		     (unsigned long long)e.base, (unsigned long long)e.size, mem->addr, mem->length);
+		if (e.fd >= 0)
+			close(e.fd);
+		return -1;
+	}
+	*off = (uintptr_t)mem->addr - e.base;
+	for (unsigned i = 0; i < c->nexports; i++) {
+		const shm_export *x = &c->exports[i];
+		if (x->kind == EXPORT_DEVICE && x->base == e.base && x->size == e.size &&
+		    strcmp(x->location, e.location) == 0) {
+			if (e.fd >= 0)
+				close(e.fd);
+			return (int)i;
+		}
+	}
+	if (c->nexports == SHM_MAX_EXPORTS) {
+		SLOG(c, TE_LOG_INFO, "shm: more than %d allocations exported; %p is left to other transports",
+		     SHM_MAX_EXPORTS, mem->addr);
+		if (e.fd >= 0)
+			close(e.fd);
+		return -1;
+	}
+	c->exports[c->nexports] = e;
 	return (int)c->nexports++;
 }
 
@@ -164,7 +216,8 @@ int shm_target_register(shm_ctx *c, const te_mem_info *mem)
 		SLOG(c, TE_LOG_ERROR, "shm: more than %u regions registered (TE_SHM_MAX_REGIONS)", c->cfg.max_regions);
 		return -ENOSPC;
 	}
-	idx = export_of(c, mem, &off);
+	idx = mem->device ? export_device(c, mem, &off) : export_of(c, mem, &off);
+	atomic_store_explicit(&sl[i].kind, mem->device ? SLOT_DEVICE : SLOT_HOST, memory_order_relaxed);
 	atomic_store_explicit(&sl[i].addr, (uintptr_t)mem->addr, memory_order_relaxed);
 	atomic_store_explicit(&sl[i].length, mem->length, memory_order_relaxed);
 	atomic_store_explicit(&sl[i].export_idx, idx, memory_order_relaxed);
@@ -339,9 +392,19 @@ int shm_target_hello(shm_ctx *c, int fd)
 		pthread_mutex_lock(&c->reg_lock);
 		fds[nfds++] = c->ctl_fd;
 		for (unsigned i = 0; i < c->nexports; i++) {
-			w->exports[i].base = c->exports[i].base;
-			w->exports[i].size = c->exports[i].size;
-			fds[nfds++] = c->exports[i].fd;
+			const shm_export *x = &c->exports[i];
+			shm_export_wire *xw = &w->exports[i];
+			xw->base = x->base;
+			xw->size = x->size;
+			xw->kind = x->kind;
+			xw->has_fd = x->fd >= 0;
+			if (x->kind == EXPORT_DEVICE) {
+				memcpy(xw->location, x->location, sizeof xw->location);
+				xw->ipc = x->ipc;
+				xw->ipc.fd = -1; /* a number in this process: meaningless there */
+			}
+			if (x->fd >= 0)
+				fds[nfds++] = x->fd;
 		}
 		w->nexports = c->nexports;
 		/* Where Yama wants a process to consent to being attached to,
@@ -354,6 +417,7 @@ int shm_target_hello(shm_ctx *c, int fd)
 		pthread_mutex_unlock(&c->reg_lock);
 	}
 	size_t len = offsetof(shm_welcome, exports) + (size_t)w->nexports * sizeof w->exports[0];
+	unsigned w_nexports = w->nexports;
 	struct iovec iov = { w, len };
 	union {
 		char buf[CMSG_SPACE(sizeof fds)];
@@ -373,6 +437,6 @@ int shm_target_hello(shm_ctx *c, int fd)
 	free(w);
 	if (sent != (ssize_t)len || status != 0)
 		return -1;
-	SLOG(c, TE_LOG_DEBUG, "shm: pid %d attached (%u shared allocations)", (int)cred.pid, nfds - 1);
+	SLOG(c, TE_LOG_DEBUG, "shm: pid %d attached (%u exported allocations)", (int)cred.pid, w_nexports);
 	return 0;
 }

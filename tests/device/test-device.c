@@ -200,13 +200,18 @@ static void test_tcp_many(void)
 	many_case(p2p_engine("tcp"), init, 120, 9000);
 }
 
-/* The same-host transport copies straight between the two processes'
- * memory, so it moves the initiator's device memory (the host stages it) but
- * must never be handed the target's: that is refused, not touched. */
+/* The same-host transport with both engines in this process: the
+ * initiator's device memory is staged by the host, the target's is copied
+ * by the device plugin at its own address (the other process's case is
+ * test-device-shm). When the target's plugin cannot share its memory, the
+ * transport declines the segment: not served, never touched. */
 static void test_shm(void)
 {
 	remote_case("shm", true, false);
+	remote_case("shm", false, true);
+	remote_case("shm", true, true);
 
+	setenv("TE_TESTDEV_NO_IPC", "1", 1);
 	te_engine *target = p2p_engine("shm"), *init = p2p_engine("shm");
 	void *tdev = dev_alloc("testdev:0", 65536);
 	unsigned char host[4096];
@@ -215,12 +220,12 @@ static void test_shm(void)
 	CHECK_EQ(te_register_memory(target, tdev, 65536, "*", TE_MEM_REMOTE_ACCESS), 0);
 	CHECK_EQ(te_register_memory(init, host, sizeof host, "*", 0), 0);
 	te_segment_id seg = te_segment_open(init, te_engine_name(target));
-	REQUIRE(seg >= 0);
-	CHECK(run_one(init, TE_OP_READ, seg, host, (uintptr_t)tdev, sizeof host, &st) != TE_TASK_COMPLETED);
-	CHECK(run_one(init, TE_OP_WRITE, seg, host, (uintptr_t)tdev, sizeof host, &st) != TE_TASK_COMPLETED);
+	CHECK(seg < 0 || run_one(init, TE_OP_READ, seg, host, (uintptr_t)tdev, sizeof host, &st) != TE_TASK_COMPLETED);
+	CHECK(seg < 0 || run_one(init, TE_OP_WRITE, seg, host, (uintptr_t)tdev, sizeof host, &st) != TE_TASK_COMPLETED);
 	te_engine_destroy(init);
 	te_engine_destroy(target);
 	te_device_free(tdev);
+	unsetenv("TE_TESTDEV_NO_IPC");
 }
 
 int main(void)

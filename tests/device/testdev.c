@@ -23,6 +23,11 @@
  * TE_TESTDEV_OFF=1 makes the plugin idle; TE_TESTDEV_NO_ASYNC=1 makes
  * copy_async decline. te_testdev_copies() counts the
  * copies made. Never installed.
+ *
+ * Other processes reach a device through the memfd too (ipc_export hands it
+ * over; ipc_open maps it twice, as here): their views of it are device
+ * memory of this plugin like its own. TE_TESTDEV_NO_IPC=1 makes the export
+ * fail.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +36,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <te/te-plugin.h>
@@ -43,6 +50,8 @@
 #define SIZE (4ull << 30) /* virtual: the memfd's pages exist once written */
 #define ALIGN 4096u
 #define HUGE (2u << 20)
+#define MAX_IMPORTS 64 /* never reused: 8 GiB of address space each */
+#define IPC_MAGIC 0x54444950u /* "PIDT" */
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older C libraries do not name it */
@@ -56,7 +65,25 @@ typedef struct tdev {
 	int fd;     /* the memfd: the dma-buf */
 	_Atomic size_t next; /* bump allocator per device half */
 	_Atomic size_t next1;
+	/* Other processes' devices opened here: a device view without access
+	 * and a private one, as for our own. Entries are published (dev set
+	 * last, with release) and never reused while the plugin lives, so
+	 * lookups take no lock. */
+	pthread_mutex_t import_lock;
+	struct import {
+		_Atomic(char *) dev;
+		char *priv;
+		size_t size;
+		_Atomic int refs;
+	} imports[MAX_IMPORTS];
 } tdev;
+
+/* ipc handle bytes: what ipc_open checks before it maps. */
+typedef struct td_handle {
+	uint32_t magic;
+	uint32_t device;
+	uint64_t size; /* the memfd's */
+} td_handle;
 
 static int td_probe(const te_host *h, char *why, size_t why_len)
 {
@@ -81,6 +108,7 @@ static int td_create(const te_host *h, void **out)
 	}
 	t->host = h;
 	t->fd = fd;
+	pthread_mutex_init(&t->import_lock, NULL);
 	t->dev = mmap(NULL, SIZE, PROT_NONE, MAP_SHARED, fd, 0);
 	/* File offset 0 at a 2 MiB boundary: only then can a 2 MiB page of the
 	 * memfd be mapped whole. */
@@ -108,14 +136,49 @@ static void td_destroy(void *ctx)
 	tdev *t = ctx;
 	munmap(t->dev, SIZE);
 	munmap(t->priv_area, SIZE + HUGE); /* the private view with it */
+	for (int i = 0; i < MAX_IMPORTS; i++) {
+		char *d = atomic_load(&t->imports[i].dev);
+		if (d != NULL && d != MAP_FAILED) {
+			munmap(d, t->imports[i].size);
+			munmap(t->imports[i].priv, t->imports[i].size);
+		}
+	}
+	pthread_mutex_destroy(&t->import_lock);
 	close(t->fd);
 	free(t);
 }
 
-static bool inside(const tdev *t, const void *p, size_t len)
+static bool within(const char *base, size_t size, const void *p, size_t len)
 {
-	uintptr_t a = (uintptr_t)p, base = (uintptr_t)t->dev;
-	return a >= base && len <= SIZE && a - base <= SIZE - len;
+	uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
+	return base != NULL && a >= b && len <= size && a - b <= size - len;
+}
+
+/* The opened device of another process holding p, or NULL. */
+static struct import *imported(tdev *t, const void *p)
+{
+	for (int i = 0; i < MAX_IMPORTS; i++) {
+		struct import *im = &t->imports[i];
+		char *d = atomic_load_explicit(&im->dev, memory_order_acquire);
+		if (d != NULL && atomic_load_explicit(&im->refs, memory_order_relaxed) > 0 &&
+		    within(d, im->size, p, 1))
+			return im;
+	}
+	return NULL;
+}
+
+static bool inside_own(const tdev *t, const void *p, size_t len)
+{
+	return within(t->dev, SIZE, p, len);
+}
+
+/* Device memory of this plugin: ours, or another process's opened here. */
+static bool inside(tdev *t, const void *p, size_t len)
+{
+	if (inside_own(t, p, len))
+		return true;
+	struct import *im = len > 0 ? imported(t, p) : NULL;
+	return im != NULL && within(im->dev, im->size, p, len);
 }
 
 static int td_classify(void *ctx, const void *addr, size_t len, int *device)
@@ -126,14 +189,19 @@ static int td_classify(void *ctx, const void *addr, size_t len, int *device)
 		return 0;
 	if (!inside(t, addr, len))
 		return -EINVAL;
-	*device = (uintptr_t)addr - (uintptr_t)t->dev >= SIZE / 2;
+	struct import *im = inside_own(t, addr, 1) ? NULL : imported(t, addr);
+	const char *base = im != NULL ? im->dev : t->dev;
+	*device = (uintptr_t)addr - (uintptr_t)base >= SIZE / 2;
 	return 1;
 }
 
 /* The private view of a device address; host addresses stay as they are. */
 static void *view(tdev *t, const void *p)
 {
-	return inside(t, p, 1) ? t->priv + ((const char *)p - t->dev) : (void *)p;
+	if (inside_own(t, p, 1))
+		return t->priv + ((const char *)p - t->dev);
+	struct import *im = imported(t, p);
+	return im != NULL ? im->priv + ((const char *)p - im->dev) : (void *)p;
 }
 
 static atomic_ulong copies;
@@ -228,13 +296,101 @@ static int td_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, ui
 
 	if (getenv("TE_TESTDEV_NO_DMABUF") != NULL)
 		return -ENOTSUP;
-	if (!inside(t, addr, len))
+	if (!inside_own(t, addr, len))
 		return -EINVAL;
 	*fd = fcntl(t->fd, F_DUPFD_CLOEXEC, 0);
 	if (*fd < 0)
 		return -errno;
 	*offset = (uint64_t)((const char *)addr - t->dev);
 	return 0;
+}
+
+/* Sharing with another process: the whole memfd is the "allocation"; the
+ * receiver maps it as its own device memory is mapped here. */
+static int td_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
+{
+	tdev *t = ctx;
+	td_handle hd = { .magic = IPC_MAGIC, .size = SIZE };
+
+	if (getenv("TE_TESTDEV_NO_IPC") != NULL)
+		return -ENOTSUP;
+	if (!inside_own(t, addr, len))
+		return -EINVAL; /* another process's memory is not ours to share */
+	hd.device = (uintptr_t)addr - (uintptr_t)t->dev >= SIZE / 2;
+	ipc->fd = fcntl(t->fd, F_DUPFD_CLOEXEC, 0);
+	if (ipc->fd < 0)
+		return -errno;
+	ipc->device = (int32_t)hd.device;
+	memcpy(ipc->handle, &hd, sizeof hd);
+	ipc->handle_len = sizeof hd;
+	ipc->alloc_base = (uintptr_t)t->dev;
+	ipc->alloc_size = SIZE;
+	return 0;
+}
+
+static atomic_ulong ipc_opens;
+
+__attribute__((visibility("default"))) unsigned long te_testdev_ipc_opens(void);
+unsigned long te_testdev_ipc_opens(void)
+{
+	return atomic_load(&ipc_opens);
+}
+
+static int td_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
+{
+	tdev *t = ctx;
+	td_handle hd;
+	struct stat st;
+
+	if (ipc->handle_len != sizeof hd || ipc->fd < 0)
+		return -EINVAL;
+	memcpy(&hd, ipc->handle, sizeof hd);
+	if (hd.magic != IPC_MAGIC || hd.size != ipc->alloc_size || hd.size == 0 ||
+	    fstat(ipc->fd, &st) < 0 || (uint64_t)st.st_size < hd.size)
+		return -EINVAL; /* not one of ours, or not the size it claims */
+	pthread_mutex_lock(&t->import_lock);
+	int slot = -1;
+	for (int i = 0; i < MAX_IMPORTS && slot < 0; i++)
+		if (atomic_load(&t->imports[i].dev) == NULL)
+			slot = i;
+	if (slot < 0) {
+		pthread_mutex_unlock(&t->import_lock);
+		return -ENOSPC;
+	}
+	struct import *im = &t->imports[slot];
+	char *d = mmap(NULL, hd.size, PROT_NONE, MAP_SHARED, ipc->fd, 0);
+	char *p = mmap(NULL, hd.size, PROT_READ | PROT_WRITE, MAP_SHARED, ipc->fd, 0);
+	if (d == MAP_FAILED || p == MAP_FAILED) {
+		int rc = -errno;
+		if (d != MAP_FAILED)
+			munmap(d, hd.size);
+		if (p != MAP_FAILED)
+			munmap(p, hd.size);
+		pthread_mutex_unlock(&t->import_lock);
+		return rc;
+	}
+	im->priv = p;
+	im->size = hd.size;
+	atomic_store(&im->refs, 1);
+	atomic_store_explicit(&im->dev, d, memory_order_release);
+	pthread_mutex_unlock(&t->import_lock);
+	atomic_fetch_add(&ipc_opens, 1);
+	*base = d;
+	return 0;
+}
+
+/* The views stay mapped (without refs they are no longer device memory)
+ * until the plugin goes: a lookup racing a close never sees them unmapped,
+ * and a slot is not reused. */
+static void td_ipc_close(void *ctx, void *base)
+{
+	tdev *t = ctx;
+
+	pthread_mutex_lock(&t->import_lock);
+	for (int i = 0; i < MAX_IMPORTS; i++)
+		if (atomic_load(&t->imports[i].dev) == base)
+			atomic_store(&t->imports[i].refs, 0);
+	pthread_mutex_unlock(&t->import_lock);
 }
 
 /* Streams: any pointer names one; waiting counts (te_testdev_waits). */
@@ -354,6 +510,9 @@ static const te_device_ops ops = {
 	.export_dmabuf = td_export_dmabuf,
 	.devices = td_devices,
 	.stream_wait = td_stream_wait,
+	.ipc_export = td_ipc_export,
+	.ipc_open = td_ipc_open,
+	.ipc_close = td_ipc_close,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "testdev", "1.0", "device memory the CPU cannot touch (tests)",

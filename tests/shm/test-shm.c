@@ -425,7 +425,7 @@ static void test_bad_contacts(void)
 				uint32_t magic, version;
 				uint64_t pid;
 				char host[160];
-			} h = { 0x4d485354u, 1, (uint64_t)getpid(), "elsewhere" };
+			} h = { 0x4d485354u, 2, (uint64_t)getpid(), "elsewhere" }; /* protocol version 2 */
 			CHECK(send(fd, &h, sizeof h, 0) == (ssize_t)sizeof h);
 			unsigned char reply[8192];
 			ssize_t r = recv(fd, reply, sizeof reply, 0);

@@ -25,6 +25,9 @@ typedef void *CUcontext;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
+typedef struct CUipcMemHandle {
+	char reserved[64]; /* CU_IPC_HANDLE_SIZE */
+} CUipcMemHandle;
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -37,6 +40,7 @@ enum {
 	CU_MEMHOSTALLOC_PORTABLE = 1,
 	CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
 	CU_STREAM_NON_BLOCKING = 1,
+	CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
 };
 
 #define MAX_DEVICES 64
@@ -67,6 +71,10 @@ typedef struct driver {
 	CUresult (*StreamAddCallback)(CUstream, CUstreamCallback, void *, unsigned);
 	/* Optional (CUDA 11.7 and later drivers). */
 	CUresult (*MemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
+	/* Optional: sharing cuMemAlloc memory with other processes. */
+	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
+	CUresult (*IpcCloseMemHandle)(CUdeviceptr);
 } driver;
 
 /* Asynchronous copies go round-robin to this many streams, so that copies
@@ -151,6 +159,11 @@ static int open_driver(driver *d, char *why, size_t why_len)
 	SYM(MemcpyAsync, "cuMemcpyAsync", 0);
 	SYM(StreamAddCallback, "cuStreamAddCallback", 0);
 	SYM(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 0);
+	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", 0);
+	SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", 0);
+	if (d->IpcOpenMemHandle == NULL)
+		SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle", 0);
+	SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle", 0);
 #undef SYM
 	CUresult r = d->Init(0);
 	int n = 0;
@@ -485,6 +498,81 @@ static int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, ui
 	return 0;
 }
 
+/* ------------------------------------------------- other processes (IPC) */
+
+static bool has_ipc(const cuda_ctx *c)
+{
+	return c->drv.IpcGetMemHandle != NULL && c->drv.IpcOpenMemHandle != NULL &&
+	       c->drv.IpcCloseMemHandle != NULL;
+}
+
+/* CUDA IPC handles name whole cuMemAlloc allocations: export the
+ * allocation holding the range. */
+static int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
+{
+	cuda_ctx *c = ctx;
+	CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, start = 0;
+	size_t size = 0;
+	int dev = -1;
+	CUipcMemHandle h;
+
+	if (!has_ipc(c))
+		return -ENOTSUP;
+	if (cu_classify(c, addr, len, &dev) != 1 ||
+	    c->drv.PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
+	    c->drv.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
+		return -EINVAL;
+	make_current(c, dev);
+	CUresult r = c->drv.IpcGetMemHandle(&h, start);
+	if (r != CUDA_SUCCESS) {
+		/* e.g. memory from cuMemCreate, which IPC handles do not cover */
+		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s", addr, errstr(&c->drv, r));
+		return -ENOTSUP;
+	}
+	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
+	memcpy(ipc->handle, &h, sizeof h);
+	ipc->handle_len = sizeof h;
+	ipc->device = dev;
+	ipc->fd = -1;
+	ipc->alloc_base = start;
+	ipc->alloc_size = size;
+	return 0;
+}
+
+static int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
+{
+	cuda_ctx *c = ctx;
+	CUipcMemHandle h;
+	CUdeviceptr p = 0;
+
+	if (!has_ipc(c))
+		return -ENOTSUP;
+	if (ipc->handle_len != sizeof h)
+		return -EINVAL;
+	memcpy(&h, ipc->handle, sizeof h);
+	/* Opened in the context of the device of the same index here, or of
+	 * device 0; lazy peer access lets a copy reach it from any device. */
+	make_current(c, ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0);
+	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",
+			     ipc->device, errstr(&c->drv, r));
+		return -EIO;
+	}
+	*base = (void *)(uintptr_t)p;
+	return 0;
+}
+
+static void cu_ipc_close(void *ctx, void *base)
+{
+	cuda_ctx *c = ctx;
+
+	make_current(c, 0);
+	CUresult r = c->drv.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
+	if (r != CUDA_SUCCESS)
+		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, errstr(&c->drv, r));
+}
+
 static int cu_stream_wait(void *ctx, void *stream)
 {
 	cuda_ctx *c = ctx;
@@ -559,6 +647,9 @@ static const te_device_ops ops = {
 	.export_dmabuf = cu_export_dmabuf,
 	.devices = cu_devices,
 	.stream_wait = cu_stream_wait,
+	.ipc_export = cu_ipc_export,
+	.ipc_open = cu_ipc_open,
+	.ipc_close = cu_ipc_close,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "cuda", "1.0", "NVIDIA GPU memory through the CUDA driver API",

@@ -5,6 +5,8 @@
 # plugin's asynchronous copies (stream callbacks); a driver that refuses or
 # fails copies ends the run with FAILED tasks and the driver's reason, not
 # with a crash.
+# The same-host transport reaches another process's device memory through
+# the driver's IPC handles.
 # Usage: cuda-fake.sh TE_INFO TE_BENCH FAKE_CUDA_DIR
 set -u
 info=$1
@@ -63,6 +65,38 @@ if run nocb FAKE_CUDA_NO_CALLBACK=1 --operation=read && [ "$(stat nocb callbacks
 else
   bad "no stream callback: $(tail -3 "$tmp/nocb.err"); $(cat "$tmp/nocb.stats" 2>/dev/null)"
 fi
+
+# The same-host transport between two processes: the initiator opens the
+# target's device allocation with cuIpcOpenMemHandle and copies with
+# cuMemcpy; reads and writes, every byte checked.
+env FAKE_CUDA_STATS="$tmp/target.stats" "$bench" --mode=target --protocol=shm --use_vram \
+  --buffer_size=64M --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
+target=$!
+name=
+for _ in $(seq 100); do
+  name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
+  [ -n "$name" ] && break
+  sleep 0.1
+done
+for op in read write; do
+  n=shm-$op
+  if [ -n "$name" ] && env FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \
+       --use_vram --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
+       >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+    req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
+    tp=$(sed -n 's/.*"transport":"\([a-z]*\)".*/\1/p' "$tmp/$n.out" | tail -1)
+    ipc=$(stat "$n" ipc)
+    if [ "${req:-0}" -gt 0 ] && [ "$tp" = shm ] && [ "${ipc:-0}" -ge 1 ]; then
+      ok "shm $op between two processes: $req requests checked, the target's allocation opened ($ipc)"
+    else
+      bad "shm $op: requests '$req', transport '$tp', allocations opened '$ipc'"
+    fi
+  else
+    bad "shm $op: target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null)"
+  fi
+done
+kill "$target" 2>/dev/null
+wait "$target" 2>/dev/null
 
 # A driver that refuses asynchronous copies, or whose copies fail on the
 # stream: the run fails with FAILED tasks and the reason in the log.

@@ -16,7 +16,11 @@
  *   makes queued copies fail (the callback sees the error);
  *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback refuse.
  *   FAKE_CUDA_STATS=FILE writes, at exit, how many copies of each kind were
- *   made.
+ *   made and how many other processes' allocations were opened.
+ * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
+ *   the same user may open it), and cuIpcOpenMemHandle maps the allocation
+ *   twice as cuInit maps the devices; cuIpcOpenMemHandle in the exporting
+ *   process itself fails, as the driver's does.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -60,29 +65,68 @@ enum {
 typedef struct alloc {
 	uintptr_t start;
 	size_t size;
+	char *priv; /* another process's allocation opened here: its read-write view; NULL: ours */
+	size_t mapped; /* bytes of both views (a whole number of pages) */
 } alloc;
+
+typedef struct CUipcMemHandle {
+	char reserved[64];
+} CUipcMemHandle;
+
+typedef struct ipc_handle {
+	uint32_t magic;
+	int32_t pid, fd;
+	uint32_t pad;
+	uint64_t off, size; /* the allocation in the memfd */
+} ipc_handle;
+
+#define IPC_MAGIC 0x43504946u
 
 static struct {
 	pthread_mutex_t lock;
 	bool ready;
 	char *dev;  /* PROT_NONE view: what callers get */
 	char *priv; /* read-write view */
+	int fd;     /* the memfd, open for other processes' cuIpcOpenMemHandle */
 	size_t next[NDEV];
 	alloc allocs[MAX_ALLOCS];
 	unsigned nallocs;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
-static atomic_ulong sync_copies, async_copies, callbacks;
+static atomic_ulong sync_copies, async_copies, callbacks, ipc_opens;
 
-static bool inside(const void *p, size_t len)
+static bool own(const void *p, size_t len)
 {
 	uintptr_t a = (uintptr_t)p, base = (uintptr_t)g.dev;
 	return g.dev != NULL && a >= base && len <= NDEV * DEV_SIZE && a - base <= NDEV * DEV_SIZE - len;
 }
 
+/* An opened allocation of another process holding [p, p+len): its private
+ * view of p; NULL when none. */
+static char *imported(const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+	char *v = NULL;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs && v == NULL; i++)
+		if (g.allocs[i].priv != NULL && a >= g.allocs[i].start && len <= g.allocs[i].size &&
+		    a - g.allocs[i].start <= g.allocs[i].size - len)
+			v = g.allocs[i].priv + (a - g.allocs[i].start);
+	pthread_mutex_unlock(&g.lock);
+	return v;
+}
+
+static bool inside(const void *p, size_t len)
+{
+	return own(p, len) || imported(p, len) != NULL;
+}
+
 static void *view(const void *p)
 {
-	return inside(p, 1) ? g.priv + ((const char *)p - g.dev) : (void *)p;
+	if (own(p, 1))
+		return g.priv + ((const char *)p - g.dev);
+	char *v = imported(p, 1);
+	return v != NULL ? v : (void *)p;
 }
 
 /* The allocation holding `p` (a copy: cuMemFree moves entries). */
@@ -115,8 +159,8 @@ static void write_stats(void)
 	FILE *f = path ? fopen(path, "a") : NULL;
 	if (f == NULL)
 		return;
-	fprintf(f, "sync %lu async %lu callbacks %lu\n", atomic_load(&sync_copies), atomic_load(&async_copies),
-		atomic_load(&callbacks));
+	fprintf(f, "sync %lu async %lu callbacks %lu ipc %lu\n", atomic_load(&sync_copies),
+		atomic_load(&async_copies), atomic_load(&callbacks), atomic_load(&ipc_opens));
 	fclose(f);
 }
 
@@ -135,7 +179,9 @@ API CUresult cuInit(unsigned flags)
 			else
 				atexit(write_stats);
 		}
-		if (fd >= 0)
+		if (g.ready)
+			g.fd = fd;
+		else if (fd >= 0)
 			close(fd);
 	}
 	CUresult r = g.ready ? OK : ERR_OUT_OF_MEMORY;
@@ -209,11 +255,11 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
 API CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p)
 {
 	alloc a;
-	if (!inside((void *)(uintptr_t)p, 1) || !find_alloc((uintptr_t)p, &a))
+	if (!find_alloc((uintptr_t)p, &a))
 		return ERR_INVALID_VALUE; /* what the driver says of memory it does not know */
 	switch (attr) {
 	case ATTR_MEMORY_TYPE: *(unsigned *)out = MEMORYTYPE_DEVICE; return OK;
-	case ATTR_DEVICE_ORDINAL: *(int *)out = (int)((a.start - (uintptr_t)g.dev) / DEV_SIZE); return OK;
+	case ATTR_DEVICE_ORDINAL: *(int *)out = a.priv ? 0 : (int)((a.start - (uintptr_t)g.dev) / DEV_SIZE); return OK;
 	case ATTR_RANGE_START_ADDR: *(CUdeviceptr *)out = a.start; return OK;
 	case ATTR_RANGE_SIZE: *(size_t *)out = a.size; return OK;
 	default: return ERR_INVALID_VALUE;
@@ -232,7 +278,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len)
 			continue;
 		uintptr_t start = (uintptr_t)g.dev + (size_t)d * DEV_SIZE + g.next[d];
 		g.next[d] += want;
-		g.allocs[g.nallocs++] = (alloc){ start, len };
+		g.allocs[g.nallocs++] = (alloc){ start, len, NULL, 0 };
 		*p = start;
 		r = OK;
 	}
@@ -245,7 +291,7 @@ API CUresult cuMemFree_v2(CUdeviceptr p)
 	CUresult r = ERR_INVALID_VALUE;
 	pthread_mutex_lock(&g.lock);
 	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == p) {
+		if (g.allocs[i].start == p && g.allocs[i].priv == NULL) {
 			g.allocs[i] = g.allocs[--g.nallocs]; /* its space is not reused */
 			r = OK;
 			break;
@@ -409,5 +455,71 @@ API CUresult cuStreamDestroy_v2(CUstream s)
 	pthread_cond_destroy(&s->cond);
 	pthread_cond_destroy(&s->idle);
 	free(s);
+	return OK;
+}
+
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	alloc a;
+	ipc_handle ih = { .magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = g.fd };
+	if (!find_alloc((uintptr_t)p, &a) || a.priv != NULL || a.start != p)
+		return ERR_INVALID_VALUE; /* handles name whole allocations of this process */
+	ih.off = a.start - (uintptr_t)g.dev;
+	ih.size = a.size;
+	memset(h, 0, sizeof *h);
+	memcpy(h->reserved, &ih, sizeof ih);
+	return OK;
+}
+
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned flags)
+{
+	ipc_handle ih;
+	char path[64];
+	(void)flags;
+	memcpy(&ih, h.reserved, sizeof ih);
+	if (ih.magic != IPC_MAGIC || ih.size == 0 || ih.off % 4096 != 0 || ih.pid == (int32_t)getpid())
+		return ERR_INVALID_VALUE;
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ih.pid, (int)ih.fd);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return ERR_INVALID_VALUE;
+	size_t len = (ih.size + 4095) / 4096 * 4096;
+	char *d = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, (off_t)ih.off);
+	char *v = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)ih.off);
+	close(fd);
+	CUresult r = ERR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&g.lock);
+	if (d != MAP_FAILED && v != MAP_FAILED && g.nallocs < MAX_ALLOCS) {
+		g.allocs[g.nallocs++] = (alloc){ (uintptr_t)d, ih.size, v, len };
+		*out = (uintptr_t)d;
+		r = OK;
+	}
+	pthread_mutex_unlock(&g.lock);
+	if (r != OK) {
+		if (d != MAP_FAILED)
+			munmap(d, len);
+		if (v != MAP_FAILED)
+			munmap(v, len);
+	} else {
+		atomic_fetch_add(&ipc_opens, 1);
+	}
+	return r;
+}
+
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	alloc a = { 0 };
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs; i++)
+		if (g.allocs[i].start == p && g.allocs[i].priv != NULL) {
+			a = g.allocs[i];
+			g.allocs[i] = g.allocs[--g.nallocs];
+			break;
+		}
+	pthread_mutex_unlock(&g.lock);
+	if (a.priv == NULL)
+		return ERR_INVALID_VALUE;
+	munmap((void *)a.start, a.mapped);
+	munmap(a.priv, a.mapped);
 	return OK;
 }

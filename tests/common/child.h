@@ -91,6 +91,36 @@ static inline bool child_say(child *c, const char *line)
 	return write(c->in, line, n) == (ssize_t)n && write(c->in, "\n", 1) == 1;
 }
 
+/* A command, then the answer's line starting with `want` (logged when it
+ * does not come). */
+static inline bool child_cmd(child *c, const char *cmd, const char *want)
+{
+	if (!child_say(c, cmd))
+		return false;
+	const char *l = child_expect(c, want, 10000);
+	if (l == NULL)
+		fprintf(stderr, "  peer: '%s' got no '%s' (last line: %s)\n", cmd, want, c->line);
+	return l != NULL;
+}
+
+/* A peer program's engine (P2PHANDSHAKE at 127.0.0.1), with the transports
+ * of TE_PEER_TRANSPORTS, else `transports`; stdout line-buffered for the
+ * test reading it. NULL after printing "FAIL engine: ...". */
+static inline te_engine *peer_engine(const char *transports)
+{
+	const char *tp = getenv("TE_PEER_TRANSPORTS");
+	te_option opt = { "transports", tp ? tp : transports };
+	te_engine *e = NULL;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", &opt, 1, &e);
+	if (rc < 0) {
+		printf("FAIL engine: %s\n", te_strerror(rc));
+		return NULL;
+	}
+	return e;
+}
+
 /* Stops the child: closes its stdin, then kills it if it lingers. */
 static inline int child_stop(child *c, int sig)
 {

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "../common/child.h"
 
 #define REGION (12u << 20)
 
@@ -65,17 +65,12 @@ static unsigned long long first_bad(const void *r, unsigned seed, unsigned long 
 
 int main(void)
 {
-	const char *tp = getenv("TE_PEER_TRANSPORTS");
-	te_option opt = { "transports", tp ? tp : "shm" };
-	te_engine *e = NULL;
+	te_engine *e = peer_engine("shm");
 	char line[256];
+	int rc;
 
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", &opt, 1, &e);
-	if (rc < 0) {
-		printf("FAIL engine: %s\n", te_strerror(rc));
+	if (e == NULL)
 		return 1;
-	}
 	region[0] = new_region(e, 1);
 	if (region[0] == NULL)
 		return 1;

@@ -42,12 +42,7 @@ static bool peer_start(peer *p, char *const env[])
 
 static bool peer_cmd(peer *p, const char *cmd, const char *want)
 {
-	if (!child_say(&p->c, cmd))
-		return false;
-	const char *l = child_expect(&p->c, want, 10000);
-	if (l == NULL)
-		fprintf(stderr, "  peer: '%s' got no '%s' (last line: %s)\n", cmd, want, p->c.line);
-	return l != NULL;
+	return child_cmd(&p->c, cmd, want);
 }
 
 static bool peer_check(peer *p, char r, unsigned seed, size_t off, size_t len)

@@ -24,7 +24,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 
-#include "../common/util.h"
+#include "../common/child.h"
 
 #define REGION_SIZE (8u << 20)
 
@@ -34,17 +34,12 @@ static bool shared[3];
 int main(int argc, char **argv)
 {
 	const char *kind = argc > 1 ? argv[1] : "both";
-	const char *tp = getenv("TE_PEER_TRANSPORTS");
-	te_option opt = { "transports", tp ? tp : "tcp,shm" };
-	te_engine *e = NULL;
+	te_engine *e = peer_engine("tcp,shm");
 	char line[256];
+	int rc;
 
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", &opt, 1, &e);
-	if (rc < 0) {
-		printf("FAIL engine: %s\n", te_strerror(rc));
+	if (e == NULL)
 		return 1;
-	}
 	for (int i = 0; i < 3; i++) {
 		if (strcmp(kind, "shared") == 0 && i != 1)
 			continue;

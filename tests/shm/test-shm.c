@@ -53,12 +53,7 @@ static bool peer_start(peer *p, const char *kind, char *const env[])
 /* A command, then the answer's line starting with `want`. */
 static bool peer_cmd(peer *p, const char *cmd, const char *want)
 {
-	if (!child_say(&p->c, cmd))
-		return false;
-	const char *l = child_expect(&p->c, want, 10000);
-	if (l == NULL)
-		fprintf(stderr, "  peer: '%s' got no '%s' (last line: %s)\n", cmd, want, p->c.line);
-	return l != NULL;
+	return child_cmd(&p->c, cmd, want);
 }
 
 static te_engine *engine(const char *transports)

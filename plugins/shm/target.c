@@ -180,8 +180,12 @@ static int export_device(shm_ctx *c, const te_mem_info *mem, uint64_t *off)
 	*off = (uintptr_t)mem->addr - e.base;
 	for (unsigned i = 0; i < c->nexports; i++) {
 		const shm_export *x = &c->exports[i];
+		/* The same handle too: memory freed and allocated again at the
+		 * same address is another allocation (CUDA gives it another
+		 * handle), which initiators must open anew. */
 		if (x->kind == EXPORT_DEVICE && x->base == e.base && x->size == e.size &&
-		    strcmp(x->location, e.location) == 0) {
+		    strcmp(x->location, e.location) == 0 && x->ipc.handle_len == e.ipc.handle_len &&
+		    memcmp(x->ipc.handle, e.ipc.handle, e.ipc.handle_len) == 0) {
 			if (e.fd >= 0)
 				close(e.fd);
 			return (int)i;

@@ -340,8 +340,13 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			p->bl_bytes += back[i].len;
 		atomic_store(&p->has_work, 1);
 		g_mutex_unlock(&p->lock);
-		kick_all(p);
 	}
+	/* Work queued for the peer (put back above, or waiting in its backlog
+	 * behind what this connection held) needs a connection, and this one is
+	 * down now, as the others may be (a target can refuse on all of them at
+	 * once): each is woken to take it, connecting again if need be. */
+	if (atomic_load(&p->has_work))
+		kick_all(p);
 	for (size_t i = 0; i < ndone; i++)
 		h->complete(h, done[i].t, done[i].bytes, done[i].err);
 	g_free(back);

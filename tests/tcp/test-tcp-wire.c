@@ -688,6 +688,48 @@ static void test_initiator_reject_midway(void)
 	fake_stop(&f);
 }
 
+/* A rejection that closes the connection with nothing behind the rejected
+ * request, while more wait in the peer's queue (one request in flight at a
+ * time): the connection comes back for them at once, without waiting for
+ * another submit. */
+static void test_initiator_reject_then_queued(void)
+{
+	fake f;
+	init in;
+	int err = 0;
+	te_option o[1] = { { "TE_TCP_QUEUE_DEPTH", "1" } };
+	fake_start(&f, 2);
+	init_up(&in, &f, o, 1);
+	te_request r[2];
+	for (int i = 0; i < 2; i++)
+		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
+	submit(&in, r, 2);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	unsigned char h[W_HDR], ten[10];
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 10, FAKE_BASE, 0x80);
+	CHECK(silent_for(fd, 200)); /* the second waits in the queue */
+	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
+	CHECK(send_all(fd, &rej, 8));
+	close(fd);
+	fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 10, FAKE_BASE + 100, 0x80);
+	memset(ten, 9, sizeof ten);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
+	CHECK_EQ(task_state(&in, 0, &err), TE_TASK_FAILED);
+	CHECK_EQ(err, TE_ERR_REJECTED);
+	CHECK_EQ(task_state(&in, 1, NULL), TE_TASK_COMPLETED);
+	CHECK(in.buf[100] == 9);
+	CHECK_EQ(te_batch_free(in.e, in.b), 0);
+	close(fd);
+	init_down(&in);
+	fake_stop(&f);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -698,5 +740,6 @@ int main(void)
 	TEST_RUN(test_initiator_v1);
 	TEST_RUN(test_initiator_errors);
 	TEST_RUN(test_initiator_reject_midway);
+	TEST_RUN(test_initiator_reject_then_queued);
 	return check_done();
 }

@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -141,11 +142,14 @@ int te_device_ipc_export(const void *addr, size_t len, te_device_ipc *ipc, char 
 	ipc->size = sizeof *ipc;
 	ipc->fd = -1;
 	int rc = d->ops->ipc_export(d->ctx, addr, len, ipc);
+	if (rc == 0 && ipc->handle_len > sizeof ipc->handle) {
+		if (ipc->fd >= 0)
+			close(ipc->fd);
+		rc = -EPROTO;
+	}
 	if (rc < 0)
 		te_log(TE_LOG_INFO, d->hc.plugin->name, "cannot share %p+%zu with other processes: %s",
 		       addr, len, te_strerror(rc));
-	else if (ipc->handle_len > sizeof ipc->handle)
-		return -EPROTO;
 	return rc;
 }
 

@@ -242,10 +242,12 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 void te_region_detach(te_engine *e, te_transport_inst *tp, te_region *r)
 {
 	(void)e;
-	if (TE_HAS_OP(tp->ops, mem_unregister) &&
-	    (r->dev == NULL || te_region_direct(r, tp) ||
-	     (tp->ops->flags & (TE_TRANSPORT_DEVICE_MEMORY | TE_TRANSPORT_DEVICE_TARGET)) ==
-		     TE_TRANSPORT_DEVICE_TARGET))
+	/* Device memory was registered with a transport that moves it (and
+	 * accepted it) or that only serves it to peers. */
+	bool registered = r->dev == NULL || te_region_direct(r, tp) ||
+			  (!(tp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY) &&
+			   (tp->ops->flags & TE_TRANSPORT_DEVICE_TARGET));
+	if (TE_HAS_OP(tp->ops, mem_unregister) && registered)
 		tp->ops->mem_unregister(tp->ctx, r->addr, r->length);
 	g_hash_table_remove(r->fields, tp);
 	if (r->direct != NULL)

@@ -128,8 +128,8 @@ typedef struct shm_export {
 	int fd; /* ours (a dup of the host's, or the device plugin's); -1: none */
 	uint64_t base, size;
 	uint32_t kind; /* EXPORT_* */
-	char location[32];
-	te_device_ipc ipc;
+	char location[32]; /* device: its location, and how other processes open it */
+	te_device_ipc ipc; /* (its fd is -1: `fd` above holds it) */
 } shm_export;
 
 /* An initiator's view of one target (one segment version). */

@@ -167,6 +167,7 @@ static int export_device(shm_ctx *c, const te_mem_info *mem, uint64_t *off)
 		return -1;
 	}
 	e.fd = e.ipc.fd;
+	e.ipc.fd = -1; /* e.fd is the one copy; a number in this process means nothing elsewhere */
 	e.base = e.ipc.alloc_base;
 	e.size = e.ipc.alloc_size;
 	if ((uintptr_t)mem->addr < e.base || (uintptr_t)mem->addr - e.base > e.size ||
@@ -405,7 +406,6 @@ int shm_target_hello(shm_ctx *c, int fd)
 			if (x->kind == EXPORT_DEVICE) {
 				memcpy(xw->location, x->location, sizeof xw->location);
 				xw->ipc = x->ipc;
-				xw->ipc.fd = -1; /* a number in this process: meaningless there */
 			}
 			if (x->fd >= 0)
 				fds[nfds++] = x->fd;

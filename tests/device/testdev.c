@@ -70,6 +70,7 @@ typedef struct tdev {
 	 * last, with release) and never reused while the plugin lives, so
 	 * lookups take no lock. */
 	pthread_mutex_t import_lock;
+	_Atomic int nimports; /* slots ever used: lookups stop there (none: the copies' usual case) */
 	struct import {
 		_Atomic(char *) dev;
 		char *priv;
@@ -157,7 +158,8 @@ static bool within(const char *base, size_t size, const void *p, size_t len)
 /* The opened device of another process holding p, or NULL. */
 static struct import *imported(tdev *t, const void *p)
 {
-	for (int i = 0; i < MAX_IMPORTS; i++) {
+	int n = atomic_load_explicit(&t->nimports, memory_order_acquire);
+	for (int i = 0; i < n; i++) {
 		struct import *im = &t->imports[i];
 		char *d = atomic_load_explicit(&im->dev, memory_order_acquire);
 		if (d != NULL && atomic_load_explicit(&im->refs, memory_order_relaxed) > 0 &&
@@ -373,6 +375,7 @@ static int td_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 	im->size = hd.size;
 	atomic_store(&im->refs, 1);
 	atomic_store_explicit(&im->dev, d, memory_order_release);
+	atomic_store_explicit(&t->nimports, slot + 1, memory_order_release);
 	pthread_mutex_unlock(&t->import_lock);
 	atomic_fetch_add(&ipc_opens, 1);
 	*base = d;

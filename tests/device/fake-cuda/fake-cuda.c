@@ -94,6 +94,7 @@ static struct {
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 static atomic_ulong sync_copies, async_copies, callbacks, ipc_opens;
+static atomic_uint nimports; /* opened allocations: none, no lookup (the copies' usual case) */
 
 static bool own(const void *p, size_t len)
 {
@@ -107,6 +108,8 @@ static char *imported(const void *p, size_t len)
 {
 	uintptr_t a = (uintptr_t)p;
 	char *v = NULL;
+	if (atomic_load(&nimports) == 0)
+		return NULL;
 	pthread_mutex_lock(&g.lock);
 	for (unsigned i = 0; i < g.nallocs && v == NULL; i++)
 		if (g.allocs[i].priv != NULL && a >= g.allocs[i].start && len <= g.allocs[i].size &&
@@ -491,6 +494,7 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned 
 	pthread_mutex_lock(&g.lock);
 	if (d != MAP_FAILED && v != MAP_FAILED && g.nallocs < MAX_ALLOCS) {
 		g.allocs[g.nallocs++] = (alloc){ (uintptr_t)d, ih.size, v, len };
+		atomic_fetch_add(&nimports, 1);
 		*out = (uintptr_t)d;
 		r = OK;
 	}
@@ -514,6 +518,7 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 		if (g.allocs[i].start == p && g.allocs[i].priv != NULL) {
 			a = g.allocs[i];
 			g.allocs[i] = g.allocs[--g.nallocs];
+			atomic_fetch_sub(&nimports, 1);
 			break;
 		}
 	pthread_mutex_unlock(&g.lock);

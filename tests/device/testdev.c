@@ -75,7 +75,7 @@ typedef struct tdev {
 		_Atomic(char *) dev;
 		char *priv;
 		size_t size;
-		_Atomic int refs;
+		atomic_bool open; /* until ipc_close */
 	} imports[MAX_IMPORTS];
 } tdev;
 
@@ -162,7 +162,7 @@ static struct import *imported(tdev *t, const void *p)
 	for (int i = 0; i < n; i++) {
 		struct import *im = &t->imports[i];
 		char *d = atomic_load_explicit(&im->dev, memory_order_acquire);
-		if (d != NULL && atomic_load_explicit(&im->refs, memory_order_relaxed) > 0 &&
+		if (d != NULL && atomic_load_explicit(&im->open, memory_order_relaxed) &&
 		    within(d, im->size, p, 1))
 			return im;
 	}
@@ -373,7 +373,7 @@ static int td_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 	}
 	im->priv = p;
 	im->size = hd.size;
-	atomic_store(&im->refs, 1);
+	atomic_store(&im->open, true);
 	atomic_store_explicit(&im->dev, d, memory_order_release);
 	atomic_store_explicit(&t->nimports, slot + 1, memory_order_release);
 	pthread_mutex_unlock(&t->import_lock);
@@ -382,7 +382,7 @@ static int td_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 	return 0;
 }
 
-/* The views stay mapped (without refs they are no longer device memory)
+/* The views stay mapped (closed, they are no longer device memory)
  * until the plugin goes: a lookup racing a close never sees them unmapped,
  * and a slot is not reused. */
 static void td_ipc_close(void *ctx, void *base)
@@ -392,7 +392,7 @@ static void td_ipc_close(void *ctx, void *base)
 	pthread_mutex_lock(&t->import_lock);
 	for (int i = 0; i < MAX_IMPORTS; i++)
 		if (atomic_load(&t->imports[i].dev) == base)
-			atomic_store(&t->imports[i].refs, 0);
+			atomic_store(&t->imports[i].open, false);
 	pthread_mutex_unlock(&t->import_lock);
 }
 

@@ -26,6 +26,16 @@ bool te_log_enabled(int level);
 #define te_warn(...) te_log(TE_LOG_WARN, TE_DOMAIN, __VA_ARGS__)
 #define te_info(...) te_log(TE_LOG_INFO, TE_DOMAIN, __VA_ARGS__)
 #define te_dbg(...) te_log(TE_LOG_DEBUG, TE_DOMAIN, __VA_ARGS__)
+/* A warning a peer can trigger at will: rate-limited per call site
+ * (te_ratelimit in te-plugin.h). */
+#define te_warn_limited(fmt, ...)                                                    \
+	do {                                                                         \
+		static te_ratelimit te_rl_;                                          \
+		unsigned te_held_;                                                   \
+		if (te_ratelimit_allow(&te_rl_, &te_held_))                          \
+			te_log(TE_LOG_WARN, TE_DOMAIN, fmt " (%u similar lines held back)", \
+			       ##__VA_ARGS__, te_held_);                              \
+	} while (0)
 
 /* --------------------------------------------------------------- util.c */
 /* Splits "host", "host:port", "[v6]:port". port is -1 when absent. */

@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <errno.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include <te/te.h>
 
@@ -496,6 +498,58 @@ static inline uint64_t te_host_config_u64(const te_host *h, const char *te_name,
 	}
 	return (uint64_t)v;
 }
+
+/* --------------------------------------------------- rate-limited lines */
+
+/*
+ * Lines a peer can trigger at will (refusals, malformed frames, out-of-range
+ * requests) go through a limiter, one per kind of line: at most
+ * TE_RATELIMIT_BURST lines a second; the first line of the next second says
+ * how many were held back. Lock-free, so a flood costs two atomics a line.
+ */
+#define TE_RATELIMIT_BURST 5
+typedef struct te_ratelimit {
+	_Atomic int64_t window_ms; /* start of the current second */
+	_Atomic unsigned count;    /* lines let through in it */
+	_Atomic unsigned held;     /* lines held back since the last report */
+} te_ratelimit;
+
+static inline int64_t te_ratelimit_now_ms_(void)
+{
+	struct timespec ts;
+#ifdef CLOCK_MONOTONIC
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+#else /* strict ISO C without POSIX: wall time is good enough here */
+	timespec_get(&ts, TIME_UTC);
+#endif
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* True when the line may be written; *held gets the number held back since
+ * the last line written (report it with the line). */
+static inline int te_ratelimit_allow(te_ratelimit *rl, unsigned *held)
+{
+	int64_t now = te_ratelimit_now_ms_(), w = atomic_load(&rl->window_ms);
+
+	if (now - w >= 1000 && atomic_compare_exchange_strong(&rl->window_ms, &w, now))
+		atomic_store(&rl->count, 0);
+	if (atomic_fetch_add(&rl->count, 1) >= TE_RATELIMIT_BURST) {
+		atomic_fetch_add(&rl->held, 1);
+		return 0;
+	}
+	*held = atomic_exchange(&rl->held, 0);
+	return 1;
+}
+
+/* A plugin's rate-limited line, one limiter per call site. */
+#define TE_HOST_LOG_LIMITED(h, level, fmt, ...)                                      \
+	do {                                                                         \
+		static te_ratelimit te_rl_;                                          \
+		unsigned te_held_;                                                   \
+		if (te_ratelimit_allow(&te_rl_, &te_held_))                          \
+			(h)->log((h), (level), fmt " (%u similar lines held back)",   \
+				 ##__VA_ARGS__, te_held_);                            \
+	} while (0)
 
 #ifdef __cplusplus
 }

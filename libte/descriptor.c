@@ -24,20 +24,13 @@ void te_desc_free(te_desc *d)
 	g_free(d);
 }
 
-static bool get_u64(JsonObject *o, const char *member, uint64_t *out, bool *present)
+/* An unsigned member no larger than `max`; absent leaves *out as it is. */
+static bool get_u64(JsonObject *o, const char *member, uint64_t max, uint64_t *out, bool *present)
 {
-	JsonNode *n = json_object_get_member(o, member);
+	int rc = te_json_get_u64(o, member, max, out);
 
-	*present = n != NULL;
-	if (n == NULL)
-		return true;
-	if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
-		return false;
-	gint64 v = json_node_get_int(n);
-	if (v < 0)
-		return false;
-	*out = (uint64_t)v;
-	return true;
+	*present = rc != -ENOENT;
+	return rc == 0 || rc == -ENOENT;
 }
 
 static const char *get_str(JsonObject *o, const char *member)
@@ -70,14 +63,15 @@ static int array_len(JsonObject *o, const char *member, gssize *len)
 
 #define BAD(...)                                                                 \
 	do {                                                                         \
-		te_warn("segment descriptor rejected: " __VA_ARGS__);                    \
+		te_warn_limited("segment descriptor rejected: " __VA_ARGS__);            \
 		goto fail;                                                               \
 	} while (0)
 
 int te_desc_decode(const char *json, size_t len, te_desc **out)
 {
-	JsonParser *parser = json_parser_new_immutable();
-	GError *err = NULL;
+	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
+	JsonNode *rootn = NULL;
+	char why[160] = "empty";
 	te_desc *d = NULL;
 	JsonObject *root;
 	JsonNode *bn;
@@ -87,17 +81,14 @@ int te_desc_decode(const char *json, size_t len, te_desc **out)
 	gssize ndev = -1;
 
 	*out = NULL;
-	if (json == NULL || len == 0 || len > TE_RPC_HARD_MAX_FRAME ||
-	    !json_parser_load_from_data(parser, json, (gssize)len, &err)) {
-		te_warn("segment descriptor rejected: not JSON (%s)", err ? err->message : "empty");
-		g_clear_error(&err);
-		g_object_unref(parser);
+	if (json == NULL || len == 0 || (rootn = te_json_load(json, len, &lim, why, sizeof why)) == NULL) {
+		te_warn_limited("segment descriptor rejected: %s", why);
 		return TE_ERR_METADATA;
 	}
 	d = g_new0(te_desc, 1);
-	if (json_parser_get_root(parser) == NULL || !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)))
+	if (!JSON_NODE_HOLDS_OBJECT(rootn))
 		BAD("not a JSON object");
-	root = json_node_get_object(json_parser_get_root(parser));
+	root = json_node_get_object(rootn);
 
 	s = get_str(root, "name");
 	if (s == NULL)
@@ -118,11 +109,11 @@ int te_desc_decode(const char *json, size_t len, te_desc **out)
 	}
 
 	v = 0;
-	if (!get_u64(root, "tcp_data_port", &v, &present) || v > 65535)
+	if (!get_u64(root, "tcp_data_port", 65535, &v, &present))
 		BAD("bad \"tcp_data_port\" in %s", d->name);
 	d->tcp_data_port = (int)v;
 	v = 1; /* a missing field means protocol v1 */
-	if (!get_u64(root, "tcp_proto_version", &v, &present) || v > 255)
+	if (!get_u64(root, "tcp_proto_version", 255, &v, &present))
 		BAD("bad \"tcp_proto_version\" in %s", d->name);
 	d->tcp_proto_version = (int)v;
 	if (array_len(root, "devices", &ndev) < 0)
@@ -145,9 +136,9 @@ int te_desc_decode(const char *json, size_t len, te_desc **out)
 			if (!JSON_NODE_HOLDS_OBJECT(en))
 				BAD("buffer %u is not an object in %s", i, d->name);
 			b = json_node_get_object(en);
-			if (!get_u64(b, "length", &db->length, &present) || !present || db->length == 0)
+			if (!get_u64(b, "length", UINT64_MAX, &db->length, &present) || !present || db->length == 0)
 				BAD("buffer %u of %s: missing or bad \"length\"", i, d->name);
-			if (!get_u64(b, "addr", &db->addr, &present))
+			if (!get_u64(b, "addr", UINT64_MAX, &db->addr, &present))
 				BAD("buffer %u of %s: bad \"addr\"", i, d->name);
 			if (db->addr + db->length < db->addr)
 				BAD("buffer %u of %s: addr + length overflows", i, d->name);
@@ -176,11 +167,11 @@ int te_desc_decode(const char *json, size_t len, te_desc **out)
 			      (int (*)(const void *, const void *))cmp_buf);
 	}
 	d->json = g_strndup(json, len);
-	g_object_unref(parser);
+	json_node_unref(rootn);
 	*out = d;
 	return 0;
 fail:
-	g_object_unref(parser);
+	json_node_unref(rootn);
 	te_desc_free(d);
 	return TE_ERR_METADATA;
 }
@@ -283,7 +274,8 @@ static JsonNode *sorted_copy(JsonNode *n)
 /* Merges a plugin's JSON object text into `t`. Bad text is logged, skipped. */
 static void merge_fragment(GTree *t, const char *text, const char *who)
 {
-	JsonParser *p;
+	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
+	char why[160] = "";
 	JsonNode *root;
 	JsonObjectIter it;
 	const gchar *k;
@@ -291,18 +283,18 @@ static void merge_fragment(GTree *t, const char *text, const char *who)
 
 	if (text == NULL || *text == '\0')
 		return;
-	p = json_parser_new_immutable();
-	if (!json_parser_load_from_data(p, text, -1, NULL) || (root = json_parser_get_root(p)) == NULL ||
-	    !JSON_NODE_HOLDS_OBJECT(root)) {
-		te_warn("transport %s contributed descriptor fields that are not a JSON object; ignored",
-			who);
-		g_object_unref(p);
+	root = te_json_load(text, strlen(text), &lim, why, sizeof why);
+	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+		te_warn("transport %s contributed descriptor fields that are not a JSON object (%s); ignored",
+			who, root ? "another JSON value" : why);
+		if (root != NULL)
+			json_node_unref(root);
 		return;
 	}
 	json_object_iter_init(&it, json_node_get_object(root));
 	while (json_object_iter_next(&it, &k, &v))
 		members_set(t, k, sorted_copy(v));
-	g_object_unref(p);
+	json_node_unref(root);
 }
 
 char *te_engine_encode_descriptor(te_engine *e)

@@ -37,6 +37,23 @@ bool te_log_enabled(int level);
 			       ##__VA_ARGS__, te_held_);                              \
 	} while (0)
 
+/* ------------------------------------------------------ JSON from outside */
+/* Every JSON text libte reads from a peer, a store or a plugin goes through
+ * te_json_check() (te-json.h) with one of these before it is parsed. */
+#include "te/te-json.h"
+/* Any RPC frame body, before it reaches a handler: no message of the
+ * protocol has a string near 64 KiB (a notification's text is 4 KiB). */
+#define TE_JSON_LIMITS_FRAME { TE_JSON_MAX_DEPTH, TE_JSON_MAX_ITEMS, TE_JSON_MAX_VALUES, 65536, \
+			       TE_RPC_HARD_MAX_FRAME }
+/* A segment descriptor: names, protocols and file paths are short. */
+#define TE_JSON_LIMITS_DESC { TE_JSON_MAX_DEPTH, TE_JSON_MAX_ITEMS, TE_JSON_MAX_VALUES, 65536, \
+			      TE_RPC_HARD_MAX_FRAME }
+/* {"name": …, "notify_msg": …}: a message of TE_NOTIFY_MAX bytes written
+ * with every byte escaped takes six times that. */
+#define TE_JSON_LIMITS_NOTIFY { 4, 16, 64, 6 * TE_NOTIFY_MAX, 16 * TE_NOTIFY_MAX }
+/* rpc_meta {"ip_or_host_name": …, "rpc_port": …}. */
+#define TE_JSON_LIMITS_RPC_META { 4, 64, 256, 4096, 65536 }
+
 /* --------------------------------------------------------------- util.c */
 /* Splits "host", "host:port", "[v6]:port". port is -1 when absent. */
 int te_split_host_port(const char *s, char **host, int *port);

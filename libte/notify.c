@@ -63,36 +63,39 @@ static char *notify_json(const char *name, const char *msg)
 int te_notify_rpc(void *user, const char *peer, const char *body, size_t len, char **reply,
 		  size_t *reply_len)
 {
+	static const te_json_limits lim = TE_JSON_LIMITS_NOTIFY;
 	te_engine *e = user;
-	JsonParser *p = json_parser_new_immutable();
-	JsonNode *root, *nn, *mn;
+	char why[160] = "";
+	JsonNode *root = te_json_load(body, len, &lim, why, sizeof why), *nn, *mn;
 	int rc = TE_ERR_PROTOCOL;
 
-	if (!json_parser_load_from_data(p, body, (gssize)len, NULL) ||
-	    (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-		te_warn("notify from %s: body is not a JSON object", peer);
+	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+		te_warn_limited("notify from %s refused: %s", peer, root ? "not a JSON object" : why);
 		goto out;
 	}
 	nn = json_object_get_member(json_node_get_object(root), "name");
 	mn = json_object_get_member(json_node_get_object(root), "notify_msg");
 	if (nn == NULL || mn == NULL || json_node_get_value_type(nn) != G_TYPE_STRING ||
 	    json_node_get_value_type(mn) != G_TYPE_STRING) {
-		te_warn("notify from %s: \"name\" and \"notify_msg\" must be strings", peer);
+		te_warn_limited("notify from %s refused: \"name\" and \"notify_msg\" must be strings",
+				peer);
 		goto out;
 	}
-	const char *msg = json_node_get_string(mn);
-	if (strlen(msg) > TE_NOTIFY_MAX) {
-		te_warn("notify from %s: message longer than %d bytes", peer, TE_NOTIFY_MAX);
+	const char *msg = json_node_get_string(mn), *name = json_node_get_string(nn);
+	if (strlen(msg) > TE_NOTIFY_MAX || strlen(name) > TE_NOTIFY_MAX) {
+		te_warn_limited("notify from %s refused: %s longer than %d bytes", peer,
+				strlen(msg) > TE_NOTIFY_MAX ? "message" : "sender name", TE_NOTIFY_MAX);
 		goto out;
 	}
-	te_notify_enqueue(e, json_node_get_string(nn), msg);
+	te_notify_enqueue(e, name, msg);
 	char *r = notify_json("", "success");
 	*reply = strdup(r);
 	g_free(r);
 	*reply_len = *reply ? strlen(*reply) : 0;
 	rc = *reply ? 0 : -ENOMEM;
 out:
-	g_object_unref(p);
+	if (root != NULL)
+		json_node_unref(root);
 	return rc;
 }
 

@@ -110,8 +110,8 @@ static int read_frame(int fd, int *type, char **body, size_t *len, int64_t deadl
 		return rc;
 	n = le64toh(n);
 	if (n == 0 || n > te_rpc_max_frame()) {
-		te_warn("rpc: frame from %s claims %llu bytes (allowed 1..%zu); closing", peer,
-			(unsigned long long)n, te_rpc_max_frame());
+		te_warn_limited("rpc: frame from %s claims %llu bytes (allowed 1..%zu); closing", peer,
+				(unsigned long long)n, te_rpc_max_frame());
 		return TE_ERR_PROTOCOL;
 	}
 	buf = g_malloc(n + 1);
@@ -131,6 +131,17 @@ static int read_frame(int fd, int *type, char **body, size_t *len, int64_t deadl
 	}
 	*body = buf;
 	return 0;
+}
+
+static const char *rpc_kind_name(int kind)
+{
+	switch (kind) {
+	case TE_RPC_CONNECTION: return "Connection";
+	case TE_RPC_METADATA: return "Metadata";
+	case TE_RPC_NOTIFY: return "Notify";
+	case TE_RPC_PROBE: return "Probe";
+	default: return "unknown";
+	}
 }
 
 static void peer_name(const struct sockaddr_storage *ss, char *buf, size_t size)
@@ -255,6 +266,19 @@ static void serve_conn(gpointer data, gpointer user)
 		goto out;
 	}
 	int kind = type < 0 ? TE_RPC_CONNECTION : type;
+	/* Every frame of this protocol is JSON: one bounded check here, before
+	 * any handler (a transport's too) parses it. */
+	static const te_json_limits frame_lim = TE_JSON_LIMITS_FRAME;
+	char why[160];
+	size_t lead = strspn(body, " \t\r\n");
+	if (lead >= len || body[lead] != '{')
+		snprintf(why, sizeof why, "the body is not a JSON object");
+	if ((lead >= len || body[lead] != '{' ||
+	     te_json_check(body, len, &frame_lim, why, sizeof why) < 0)) {
+		te_warn_limited("rpc: %s frame from %s refused: %s; closing", rpc_kind_name(kind),
+				job->peer, why);
+		goto out;
+	}
 	if (kind == TE_RPC_PROBE || kind == TE_RPC_METADATA) {
 		rc = handle_builtin(e, kind, body, len, &reply, &reply_len, job->peer);
 	} else {
@@ -262,8 +286,8 @@ static void serve_conn(gpointer data, gpointer user)
 		te_rpc_handler_slot slot = e->handlers[kind];
 		if (slot.fn == NULL) {
 			g_rw_lock_reader_unlock(&e->rpc_lock);
-			te_warn("rpc: %s frame from %s but nothing handles it; closing",
-				kind == TE_RPC_CONNECTION ? "Connection" : "Notify", job->peer);
+			te_warn_limited("rpc: %s frame from %s but nothing handles it; closing",
+					rpc_kind_name(kind), job->peer);
 			goto out;
 		}
 		/* Held across the call: unregistering a handler waits for it. */
@@ -271,7 +295,8 @@ static void serve_conn(gpointer data, gpointer user)
 		g_rw_lock_reader_unlock(&e->rpc_lock);
 	}
 	if (rc < 0 || reply == NULL) {
-		te_warn("rpc: request from %s refused: %s", job->peer, te_strerror(rc < 0 ? rc : -EINVAL));
+		te_warn_limited("rpc: %s request from %s refused: %s", rpc_kind_name(kind), job->peer,
+				te_strerror(rc < 0 ? rc : -EINVAL));
 		goto out;
 	}
 	rc = write_frame(job->fd, type, reply, reply_len, te_now_ms() + SERVER_FRAME_TIMEOUT_MS);

@@ -135,29 +135,40 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 
 static int parse_rpc_meta(const char *json, size_t len, char **host, int *port)
 {
-	JsonParser *p = json_parser_new_immutable();
-	JsonNode *root;
+	static const te_json_limits lim = TE_JSON_LIMITS_RPC_META;
+	char why[160] = "";
+	JsonNode *root = te_json_load(json, len, &lim, why, sizeof why);
 	JsonObject *o;
+	const char *hs;
+	uint64_t pv = 0;
 	int rc = TE_ERR_METADATA;
 
-	if (!json_parser_load_from_data(p, json, (gssize)len, NULL) ||
-	    (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root))
+	if (root == NULL) {
+		te_warn_limited("rpc_meta rejected: %s", why);
+		return rc;
+	}
+	if (!JSON_NODE_HOLDS_OBJECT(root)) {
+		te_warn_limited("rpc_meta rejected: not a JSON object");
 		goto out;
+	}
 	o = json_node_get_object(root);
 	JsonNode *h = json_object_get_member(o, "ip_or_host_name");
-	JsonNode *pt = json_object_get_member(o, "rpc_port");
-	if (h == NULL || pt == NULL || json_node_get_value_type(h) != G_TYPE_STRING ||
-	    json_node_get_value_type(pt) != G_TYPE_INT64)
+	if (h == NULL || json_node_get_value_type(h) != G_TYPE_STRING ||
+	    te_json_get_u64(o, "rpc_port", 65535, &pv) < 0 || pv == 0) {
+		te_warn_limited("rpc_meta rejected: \"ip_or_host_name\" must be a string and "
+				"\"rpc_port\" an integer from 1 to 65535");
 		goto out;
-	gint64 pv = json_node_get_int(pt);
-	const char *hs = json_node_get_string(h);
-	if (pv <= 0 || pv > 65535 || hs == NULL || *hs == '\0' || strlen(hs) >= TE_MAX_NAME)
+	}
+	hs = json_node_get_string(h);
+	if (hs == NULL || *hs == '\0' || strlen(hs) >= TE_MAX_NAME) {
+		te_warn_limited("rpc_meta rejected: empty or overlong \"ip_or_host_name\"");
 		goto out;
+	}
 	*host = g_strdup(hs);
 	*port = (int)pv;
 	rc = 0;
 out:
-	g_object_unref(p);
+	json_node_unref(root);
 	return rc;
 }
 

@@ -12,8 +12,10 @@
  *     bad escape in a string, NaN/Infinity, comments, single quotes);
  *   - -E2BIG:  a limit broken (depth, members or elements of one container,
  *     values in the document, bytes of one string, bytes of the text);
- *   - -ERANGE: an integer outside [-2^63, 2^64 - 1], or a number whose
- *     exponent or length makes it no finite double;
+ *   - -ERANGE: an integer outside [-2^63, 2^63 - 1] (parsers keep integers
+ *     as int64 and wrap larger ones; no user-space or device address on
+ *     Linux reaches 2^63), or a number whose exponent or length makes it no
+ *     finite double;
  *   - -EEXIST: a key twice in one object (decoded, so "a" and "\u0061" match):
  *     parsers disagree on which one wins, so neither does.
  *
@@ -274,9 +276,9 @@ static inline int te_json__number(const char *s, size_t n, size_t *i, char *why,
 	 * numbers or larger exponents are rounding or infinity in disguise. */
 	if (k - start > 40 || exp > 300 || exp < -300)
 		return te_json__fail(why, whylen, -ERANGE, "number at byte %zu out of range", start);
-	if (!frac && (over || (neg && mag > (uint64_t)1 << 63)))
+	if (!frac && (over || mag > (uint64_t)INT64_MAX + (uint64_t)neg))
 		return te_json__fail(why, whylen, -ERANGE,
-				     "integer at byte %zu outside [-2^63, 2^64-1]", start);
+				     "integer at byte %zu outside [-2^63, 2^63-1]", start);
 	*i = k;
 	return 0;
 }
@@ -493,6 +495,27 @@ static inline JsonNode *te_json_load(const char *text, size_t len, const te_json
 		g_error_free(err);
 	g_object_unref(p);
 	return root;
+}
+
+/*
+ * An unsigned integer member of `o` no larger than `max`: 0, -ENOENT when
+ * absent, -EINVAL when not an integer (a string, 1.5, 1e3 and null are not),
+ * -ERANGE when negative or over `max`. (te_json_check() has refused integers
+ * of 2^63 and more, which json-glib would wrap to negative ones.)
+ */
+static inline int te_json_get_u64(JsonObject *o, const char *member, uint64_t max, uint64_t *out)
+{
+	JsonNode *n = json_object_get_member(o, member);
+
+	if (n == NULL)
+		return -ENOENT;
+	if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
+		return -EINVAL;
+	gint64 v = json_node_get_int(n);
+	if (v < 0 || (uint64_t)v > max)
+		return -ERANGE;
+	*out = (uint64_t)v;
+	return 0;
 }
 #endif
 

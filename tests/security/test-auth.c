@@ -15,10 +15,8 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
-#include "../tcp/tcp-test.h"
+#include "../tcp/peer-target.h"
 
-#define TBYTES (4u << 20)
-#define SEED 7u
 #define FAST_MS 1000 /* "fails fast": well under any timeout */
 
 static const char *peer_bin, *mds_bin;
@@ -40,81 +38,17 @@ static te_engine *engine_with_key(const char *key)
 	return tcp_engine(&o, key ? 1 : 0);
 }
 
-/* A target in its own process; its stderr (the log) goes to `log`. */
-typedef struct target {
-	child c;
-	char name[128];
-	uint64_t addr;
-	int data_port;
-	int rpc_port;
-} target;
-
 static void target_start(target *t, const char *key, const char *log)
 {
-	char env_key[160], env_port[48];
-	t->data_port = te_test_free_port();
-	REQUIRE(t->data_port > 0);
-	snprintf(env_port, sizeof env_port, "TE_TCP_PORT=%d", t->data_port);
+	char env_key[160];
 	snprintf(env_key, sizeof env_key, "TE_AUTH_KEY_FILE=%s", key ? key : "");
-	char *env[] = { env_port, env_key, NULL };
-	char *av[] = { "/bin/sh", "-c", "exec \"$0\" target 127.0.0.1 \"$1\" \"$2\" 2>>\"$3\"", (char *)peer_bin,
-		       "4194304", "7", (char *)log, NULL };
-	REQUIRE(child_start(&t->c, av, env));
-	const char *rest = child_expect(&t->c, "READY ", 20000);
-	REQUIRE(rest != NULL);
-	unsigned long long a;
-	REQUIRE(sscanf(rest, "%127s %llu", t->name, &a) == 2);
-	t->addr = a;
-	const char *colon = strrchr(t->name, ':');
-	REQUIRE(colon != NULL);
-	t->rpc_port = atoi(colon + 1);
+	char *env[] = { env_key, NULL };
+	peer_target_start(t, peer_bin, env, log);
 }
 
-static bool log_has(const char *path, const char *needle)
-{
-	static char buf[1 << 16];
-	FILE *f = fopen(path, "r");
-	if (f == NULL)
-		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	bool r = strstr(buf, needle) != NULL;
-	if (!r)
-		fprintf(stderr, "  (%s lacks \"%s\"; it holds: %.600s)\n", path, needle, buf);
-	return r;
-}
-
-/* Opens the target with `e`, writes a pattern, reads it back and the
- * target's own pattern; true when every byte is right. */
 static bool transfers_work(te_engine *e, const target *t, unsigned seed)
 {
-	te_segment_id seg = te_segment_open(e, t->name);
-	if (seg < 0) {
-		fprintf(stderr, "  open %s: %s\n", t->name, te_strerror(seg));
-		return false;
-	}
-	enum { N = 65536 };
-	unsigned char *buf = map_buf(4 * N);
-	bool ok = te_register_memory(e, buf, 4 * N, "cpu:0", 0) == 0;
-	te_task_status st;
-	/* The target's pattern, untouched at the end of its buffer. */
-	unsigned char *want = malloc(TBYTES);
-	REQUIRE(want != NULL);
-	fill_pattern(want, TBYTES, SEED);
-	ok = ok && run_one(e, TE_OP_READ, seg, buf, t->addr + TBYTES - N, N, &st) == TE_TASK_COMPLETED;
-	ok = ok && memcmp(buf, want + TBYTES - N, N) == 0;
-	fill_pattern(buf + N, N, seed);
-	ok = ok && run_one(e, TE_OP_WRITE, seg, buf + N, t->addr + 4096, N, &st) == TE_TASK_COMPLETED;
-	ok = ok && run_one(e, TE_OP_READ, seg, buf + 2 * N, t->addr + 4096, N, &st) == TE_TASK_COMPLETED;
-	ok = ok && memcmp(buf + N, buf + 2 * N, N) == 0;
-	if (!ok)
-		fprintf(stderr, "  transfer failed: state %d, %s\n", st.state, te_strerror(st.error));
-	te_unregister_memory(e, buf);
-	te_segment_close(e, seg);
-	munmap(buf, 4 * N);
-	free(want);
-	return ok;
+	return peer_target_transfers(e, t, seed);
 }
 
 /* te_segment_open(e, name) fails with TE_ERR_AUTH within FAST_MS. */

@@ -39,7 +39,7 @@ static void test_valid(void)
 	const char *ok[] = {
 		"{}", "[]", "1", "-0", "0.5e-3", "\"x\"", "true", "false", "null", " [ 1 , 2 ] ",
 		"{\"a\":[],\"b\":{},\"c\":\"\\u00e9\\n\\\"\",\"d\":-9223372036854775808}",
-		"18446744073709551615", "{\"a\":{\"a\":1},\"b\":{\"a\":2}}", "[[],[[]],{}]",
+		"9223372036854775807", "{\"a\":{\"a\":1},\"b\":{\"a\":2}}", "[[],[[]],{}]",
 		"{ \"k\" : { } }", "1e300", "-1.5E+10",
 	};
 	for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
@@ -168,6 +168,8 @@ static void test_strings(void)
 static void test_numbers(void)
 {
 	CHECK_EQ(chk("18446744073709551616", NULL), -ERANGE); /* 2^64 */
+	CHECK_EQ(chk("9223372036854775808", NULL), -ERANGE);  /* 2^63: parsers wrap it */
+	CHECK_EQ(chk("18446744073709551615", NULL), -ERANGE);
 	CHECK_EQ(chk("[99999999999999999999999]", NULL), -ERANGE);
 	CHECK_EQ(chk("-9223372036854775809", NULL), -ERANGE);
 	CHECK_EQ(chk("1e309", NULL), -ERANGE);

@@ -294,9 +294,9 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 				char *why, size_t whylen)
 {
 	static const te_json_limits defaults = TE_JSON_LIMITS_DEFAULT;
-	unsigned char kind[TE_JSON_DEPTH_CAP]; /* '[' or '{' per open container */
-	size_t items[TE_JSON_DEPTH_CAP];
-	size_t key_base[TE_JSON_DEPTH_CAP];
+	unsigned char kind[TE_JSON_DEPTH_CAP] = { 0 }; /* '[' or '{' per open container */
+	size_t items[TE_JSON_DEPTH_CAP] = { 0 };
+	size_t key_base[TE_JSON_DEPTH_CAP] = { 0 };
 	te_json__key *keys = NULL;
 	size_t nkeys = 0, capkeys = 0, values = 0, i = 0, at = 0;
 	unsigned depth = 0, max_depth;

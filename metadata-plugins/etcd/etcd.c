@@ -31,10 +31,16 @@
 #include <glib.h>
 #include <json-glib/json-glib.h>
 
+#include <te/te-json.h>
 #include <te/te-plugin.h>
 
 #include "../common/te-http.h"
 #include "../common/te-keeper.h"
+
+/* etcd's gateway replies: {"header": …, "kvs": [{…}, …]}, shallow; a listing
+ * holds one entry a key and values are base64 text. The reply's size is
+ * bounded by TE_ETCD_MAX_REPLY before it gets here. */
+#define ETCD_JSON_LIMITS { 16, 262144, 1u << 21, 64u << 20, SIZE_MAX }
 
 #define DEFAULT_PORT 2379
 #define MAX_ENDPOINTS 64
@@ -92,6 +98,7 @@ static const char *str_member(JsonObject *o, const char *name, const char *def)
 /* ----------------------------------------------------------- transport */
 
 static char *error_text(const te_http_reply *r);
+static JsonNode *load_reply(etcd *s, const te_http_reply *r, const char *what, const char *key);
 
 /* Whether a reply says the token sent was not (or no longer) accepted:
  * expired or unknown to this member, or issued before an auth change.
@@ -146,11 +153,10 @@ static int authenticate(etcd *s, int ep)
 		te_http_reply_clear(&r);
 		return -EAGAIN;
 	}
-	JsonParser *p = json_parser_new();
+	JsonNode *reply = r.status == 200 ? load_reply(s, &r, "authenticate", "-") : NULL;
 	const char *tok = NULL;
-	if (r.status == 200 && json_parser_load_from_data(p, r.body, (gssize)r.len, NULL) &&
-	    JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)))
-		tok = str_member(json_node_get_object(json_parser_get_root(p)), "token", NULL);
+	if (reply != NULL && JSON_NODE_HOLDS_OBJECT(reply))
+		tok = str_member(json_node_get_object(reply), "token", NULL);
 	if (tok != NULL && *tok != '\0' && strpbrk(tok, "\r\n") == NULL) {
 		s->tokens[ep] = g_strdup(tok);
 		g_atomic_int_set(&s->auth_off, 0);
@@ -169,7 +175,8 @@ static int authenticate(etcd *s, int ep)
 		g_free(m);
 		rc = -EACCES;
 	}
-	g_object_unref(p);
+	if (reply != NULL)
+		json_node_unref(reply);
 	te_http_reply_clear(&r);
 	return rc;
 }
@@ -258,21 +265,20 @@ static int etcd_post(etcd *s, const char *path, const char *body, te_http_reply 
 /* The "message" (or "error") of an error reply, for logs. */
 static char *error_text(const te_http_reply *r)
 {
-	JsonParser *p = json_parser_new();
+	static const te_json_limits lim = ETCD_JSON_LIMITS;
+	JsonNode *root = r->body ? te_json_load(r->body, r->len, &lim, NULL, 0) : NULL;
 	char *out = NULL;
 
-	if (json_parser_load_from_data(p, r->body, (gssize)r->len, NULL)) {
-		JsonNode *root = json_parser_get_root(p);
-		if (root && JSON_NODE_HOLDS_OBJECT(root)) {
-			JsonObject *o = json_node_get_object(root);
-			const char *m = str_member(o, "message", NULL);
-			if (m == NULL)
-				m = str_member(o, "error", NULL);
-			if (m)
-				out = g_strdup(m);
-		}
+	if (root != NULL && JSON_NODE_HOLDS_OBJECT(root)) {
+		JsonObject *o = json_node_get_object(root);
+		const char *m = str_member(o, "message", NULL);
+		if (m == NULL)
+			m = str_member(o, "error", NULL);
+		if (m)
+			out = g_strdup(m);
 	}
-	g_object_unref(p);
+	if (root != NULL)
+		json_node_unref(root);
 	if (out == NULL)
 		out = g_strdup_printf("HTTP %d: %.200s", r->status, r->body ? r->body : "");
 	if (strstr(out, "user name is empty") != NULL) {
@@ -284,24 +290,33 @@ static char *error_text(const te_http_reply *r)
 	return out;
 }
 
-/* Parses a 200 reply into a JSON object (the caller unrefs the parser). */
-static JsonObject *reply_object(etcd *s, const te_http_reply *r, const char *what, const char *key,
-				JsonParser **parser)
+/* A reply's JSON through the bounded check; NULL, logged, when refused. */
+static JsonNode *load_reply(etcd *s, const te_http_reply *r, const char *what, const char *key)
 {
-	GError *e = NULL;
-	JsonParser *p = json_parser_new();
+	static const te_json_limits lim = ETCD_JSON_LIMITS;
+	char why[160] = "empty";
+	JsonNode *root = r->body ? te_json_load(r->body, r->len, &lim, why, sizeof why) : NULL;
 
-	if (!json_parser_load_from_data(p, r->body, (gssize)r->len, &e) ||
-	    !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p))) {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: %s of '%s' returned a malformed reply (%s): %.200s",
-			  s->conn, what, key, e ? e->message : "not an object", r->body);
-		if (e)
-			g_error_free(e);
-		g_object_unref(p);
-		return NULL;
+	if (root == NULL)
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: %s of '%s' returned a malformed reply (%s)",
+			  s->conn, what, key, why);
+	return root;
+}
+
+/* Parses a 200 reply into a JSON object (the caller unrefs *rootp). */
+static JsonObject *reply_object(etcd *s, const te_http_reply *r, const char *what, const char *key,
+				JsonNode **rootp)
+{
+	JsonNode *root = load_reply(s, r, what, key);
+
+	if (root != NULL && !JSON_NODE_HOLDS_OBJECT(root)) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: %s of '%s' returned a reply that is not an object",
+			  s->conn, what, key);
+		json_node_unref(root);
+		root = NULL;
 	}
-	*parser = p;
-	return json_node_get_object(json_parser_get_root(p));
+	*rootp = root;
+	return root ? json_node_get_object(root) : NULL;
 }
 
 /* An int64 that proto3 JSON writes as a string (or a number). */
@@ -340,7 +355,7 @@ static char *b64(const void *data, size_t len)
 static int lease_grant(etcd *s)
 {
 	te_http_reply r;
-	JsonParser *p = NULL;
+	JsonNode *p = NULL;
 	char body[64];
 	int64_t id = 0, ttl = 0;
 
@@ -370,7 +385,7 @@ static int lease_grant(etcd *s)
 			  r.body);
 	}
 	if (p)
-		g_object_unref(p);
+		json_node_unref(p);
 	te_http_reply_clear(&r);
 	return rc;
 }
@@ -408,7 +423,7 @@ static int lease_renew(etcd *s)
 static int lease_keepalive(etcd *s, int64_t id)
 {
 	te_http_reply r;
-	JsonParser *p = NULL;
+	JsonNode *p = NULL;
 	char body[64];
 	int64_t ttl = 0;
 
@@ -452,7 +467,7 @@ static int lease_keepalive(etcd *s, int64_t id)
 		}
 	}
 	if (p)
-		g_object_unref(p);
+		json_node_unref(p);
 	te_http_reply_clear(&r);
 	return rc;
 }
@@ -596,7 +611,7 @@ static int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 {
 	etcd *s = ctx;
 	te_http_reply r;
-	JsonParser *p = NULL;
+	JsonNode *p = NULL;
 	int rc;
 
 	*value = NULL;
@@ -653,7 +668,7 @@ static int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 		}
 	}
 	if (p)
-		g_object_unref(p);
+		json_node_unref(p);
 	te_http_reply_clear(&r);
 	return rc;
 }
@@ -720,7 +735,7 @@ static int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 {
 	etcd *s = ctx;
 	te_http_reply r;
-	JsonParser *p = NULL;
+	JsonNode *p = NULL;
 	int rc;
 
 	*keys = NULL;
@@ -789,7 +804,7 @@ static int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		*n = got;
 	}
 	if (p)
-		g_object_unref(p);
+		json_node_unref(p);
 	te_http_reply_clear(&r);
 	return rc;
 }

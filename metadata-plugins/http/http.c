@@ -16,6 +16,7 @@
 
 #include <glib.h>
 #include <json-glib/json-glib.h>
+#include <te/te-json.h>
 
 #include <te/te-plugin.h>
 
@@ -154,8 +155,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 {
 	hstore *s = ctx;
 	te_http_reply r;
-	JsonParser *p = NULL;
-	GError *e = NULL;
+	JsonNode *p = NULL;
 
 	*keys = NULL;
 	*n = 0;
@@ -174,18 +174,19 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		te_http_reply_clear(&r);
 		return -ENOTSUP;
 	}
-	p = json_parser_new();
-	if (!json_parser_load_from_data(p, r.body, (gssize)r.len, &e) ||
-	    !JSON_NODE_HOLDS_ARRAY(json_parser_get_root(p))) {
-		s->h->log(s->h, TE_LOG_ERROR, "http store %s: the key list is not a JSON array (%s): %.200s",
-			  s->log, e ? e->message : "other JSON", r.body);
-		if (e)
-			g_error_free(e);
-		g_object_unref(p);
+	/* A flat array of key strings: depth 1, one value a key. */
+	static const te_json_limits lim = { 1, 1u << 20, (1u << 20) + 1, 4096, SIZE_MAX };
+	char why[160] = "empty";
+	p = r.body ? te_json_load(r.body, r.len, &lim, why, sizeof why) : NULL;
+	if (p == NULL || !JSON_NODE_HOLDS_ARRAY(p)) {
+		s->h->log(s->h, TE_LOG_ERROR, "http store %s: the key list is not a JSON array of keys (%s)",
+			  s->log, p ? "another JSON value" : why);
+		if (p != NULL)
+			json_node_unref(p);
 		te_http_reply_clear(&r);
 		return TE_ERR_METADATA;
 	}
-	JsonArray *a = json_node_get_array(json_parser_get_root(p));
+	JsonArray *a = json_node_get_array(p);
 	guint count = json_array_get_length(a);
 	char **out = count ? calloc(count, sizeof *out) : NULL;
 	size_t got = 0;
@@ -211,7 +212,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		*keys = out;
 		*n = got;
 	}
-	g_object_unref(p);
+	json_node_unref(p);
 	te_http_reply_clear(&r);
 	return rc;
 }

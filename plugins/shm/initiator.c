@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <json-glib/json-glib.h>
+#include <te/te-json.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,35 +45,46 @@ typedef struct peer_desc {
 /* The descriptor's "libte_shm" object; -ENOENT when it has none. */
 static int parse_desc(shm_ctx *c, const te_segment_info *seg, peer_desc *pd)
 {
-	JsonParser *p = json_parser_new_immutable();
+	static const te_json_limits lim = TE_JSON_LIMITS_DEFAULT;
+	char why[160] = "";
+	JsonNode *root = NULL;
+	uint64_t version = 0, pid = 0, uid = 0;
 	int rc = -ENOENT;
 
-	if (seg->descriptor == NULL || !json_parser_load_from_data(p, seg->descriptor, -1, NULL))
-		goto out;
-	JsonNode *root = json_parser_get_root(p);
-	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root))
+	if (seg->descriptor == NULL)
+		return rc;
+	root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why);
+	if (root == NULL) {
+		SLOG(c, TE_LOG_WARN, "shm: segment %s: descriptor refused: %s", seg->name, why);
+		return -EPROTO;
+	}
+	if (!JSON_NODE_HOLDS_OBJECT(root))
 		goto out;
 	JsonNode *n = json_object_get_member(json_node_get_object(root), SHM_FIELD);
 	if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n))
 		goto out;
 	JsonObject *o = json_node_get_object(n);
 	rc = -EPROTO;
-	if (!json_object_has_member(o, "version") || json_object_get_int_member(o, "version") != SHM_VERSION) {
+	if (te_json_get_u64(o, "version", UINT32_MAX, &version) < 0 || version != SHM_VERSION) {
 		SLOG(c, TE_LOG_INFO, "shm: segment %s speaks another version of this transport", seg->name);
 		goto out;
 	}
-	const char *host = json_object_has_member(o, "host") ? json_object_get_string_member(o, "host") : NULL;
-	const char *sock = json_object_has_member(o, "socket") ? json_object_get_string_member(o, "socket") : NULL;
+	JsonNode *hn = json_object_get_member(o, "host"), *sn = json_object_get_member(o, "socket");
+	const char *host = hn && json_node_get_value_type(hn) == G_TYPE_STRING ? json_node_get_string(hn) : NULL;
+	const char *sock = sn && json_node_get_value_type(sn) == G_TYPE_STRING ? json_node_get_string(sn) : NULL;
 	if (host == NULL || sock == NULL || strlen(host) >= sizeof pd->host || strlen(sock) >= sizeof pd->socket ||
-	    !json_object_has_member(o, "pid") || !json_object_has_member(o, "uid"))
+	    te_json_get_u64(o, "pid", INT32_MAX, &pid) < 0 || te_json_get_u64(o, "uid", UINT32_MAX, &uid) < 0) {
+		SLOG(c, TE_LOG_WARN, "shm: segment %s: bad \"%s\" fields (host, socket, pid, uid)", seg->name,
+		     SHM_FIELD);
 		goto out;
+	}
 	snprintf(pd->host, sizeof pd->host, "%s", host);
 	snprintf(pd->socket, sizeof pd->socket, "%s", sock);
-	pd->pid = json_object_get_int_member(o, "pid");
-	pd->uid = json_object_get_int_member(o, "uid");
+	pd->pid = (int64_t)pid;
+	pd->uid = (int64_t)uid;
 	rc = pd->pid > 0 ? 0 : -EPROTO;
 out:
-	g_object_unref(p);
+	json_node_unref(root);
 	return rc;
 }
 

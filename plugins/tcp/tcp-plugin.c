@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <ifaddrs.h>
 #include <json-glib/json-glib.h>
+#include <te/te-json.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -542,33 +543,32 @@ static unsigned parse_rails(tcp_ctx *c, const te_segment_info *seg, JsonObject *
 static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version,
 			    char rails[][64], unsigned *nrails)
 {
-	JsonParser *p = json_parser_new_immutable();
-	JsonNode *root, *n;
+	static const te_json_limits lim = TE_JSON_LIMITS_DEFAULT;
+	char why[160] = "no descriptor";
+	JsonNode *root = NULL;
+	uint64_t v = 0;
 	int rc = -ENOTSUP;
 
 	*port = 0;
 	*version = 1;
-	if (seg->descriptor == NULL || !json_parser_load_from_data(p, seg->descriptor, -1, NULL) ||
-	    (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-		TLOG(c, TE_LOG_WARN, "segment %s: descriptor is not a JSON object", seg->name);
-		g_object_unref(p);
+	if (seg->descriptor == NULL ||
+	    (root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why)) == NULL ||
+	    !JSON_NODE_HOLDS_OBJECT(root)) {
+		TLOG(c, TE_LOG_WARN, "segment %s: descriptor is not a JSON object (%s)", seg->name,
+		     root ? "another JSON value" : why);
+		if (root != NULL)
+			json_node_unref(root);
 		return -EINVAL;
 	}
 	JsonObject *o = json_node_get_object(root);
-	n = json_object_get_member(o, "tcp_data_port");
-	if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64) {
-		gint64 v = json_node_get_int(n);
-		if (v > 0 && v <= 65535) {
-			*port = (int)v;
-			rc = 0;
-		}
+	if (te_json_get_u64(o, "tcp_data_port", 65535, &v) == 0 && v > 0) {
+		*port = (int)v;
+		rc = 0;
 	}
-	n = json_object_get_member(o, "tcp_proto_version");
-	if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
-	    json_node_get_int(n) >= 2)
+	if (te_json_get_u64(o, "tcp_proto_version", 255, &v) == 0 && v >= 2)
 		*version = 2;
 	*nrails = parse_rails(c, seg, o, rails);
-	g_object_unref(p);
+	json_node_unref(root);
 	if (rc < 0)
 		TLOG(c, TE_LOG_DEBUG, "segment %s has no TCP data port", seg->name);
 	return rc;

@@ -28,6 +28,7 @@
 #include <glib-unix.h>
 #include <glib.h>
 #include <json-glib/json-glib.h>
+#include <te/te-json.h>
 #include <libsoup/soup.h>
 
 #define PERSIST_FORMAT "te-metadata-server/1"
@@ -199,16 +200,29 @@ static gboolean load_members(server *s, JsonObject *o, const char *name, gboolea
 
 static gboolean load(server *s, GError **err)
 {
-	JsonParser *p;
+	GMappedFile *f;
+	JsonNode *root = NULL;
 	gboolean ok = FALSE;
+	char why[160] = "";
 
 	if (s->persist == NULL || !g_file_test(s->persist, G_FILE_TEST_EXISTS))
 		return TRUE;
-	p = json_parser_new();
-	if (!json_parser_load_from_mapped_file(p, s->persist, err))
+	f = g_mapped_file_new(s->persist, FALSE, err);
+	if (f == NULL)
+		return FALSE;
+	/* {"format": …, "entries": {key: value, …}, "binary": {…}}: depth 2, as
+	 * many members as keys the server holds, strings as long as the largest
+	 * key or value written with every byte escaped (six bytes each). */
+	uint64_t longest = s->max_body > s->max_key_len ? s->max_body : s->max_key_len;
+	te_json_limits lim = { 2, (size_t)s->max_keys + 1, 2 * (size_t)s->max_keys + 8,
+			       longest > SIZE_MAX / 8 ? SIZE_MAX : (size_t)(6 * longest + 8), SIZE_MAX };
+	root = te_json_load(g_mapped_file_get_contents(f), g_mapped_file_get_length(f), &lim, why,
+			    sizeof why);
+	if (root == NULL) {
+		g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL, "refused: %s", why);
 		goto out;
-	JsonNode *root = json_parser_get_root(p);
-	JsonObject *o = root && JSON_NODE_HOLDS_OBJECT(root) ? json_node_get_object(root) : NULL;
+	}
+	JsonObject *o = JSON_NODE_HOLDS_OBJECT(root) ? json_node_get_object(root) : NULL;
 	JsonNode *fmt = o ? json_object_get_member(o, "format") : NULL;
 	if (fmt == NULL || !JSON_NODE_HOLDS_VALUE(fmt) || json_node_get_value_type(fmt) != G_TYPE_STRING ||
 	    strcmp(json_node_get_string(fmt), PERSIST_FORMAT) != 0) {
@@ -217,7 +231,9 @@ static gboolean load(server *s, GError **err)
 	}
 	ok = load_members(s, o, "entries", FALSE, err) && load_members(s, o, "binary", TRUE, err);
 out:
-	g_object_unref(p);
+	if (root != NULL)
+		json_node_unref(root);
+	g_mapped_file_unref(f);
 	return ok;
 }
 

@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Hostile JSON from the network, end to end:
+ *
+ *   test-hostile-json TCP_PEER TE_BENCH
+ *
+ * 1. A target engine in its own process gets frames of every kind (old-style,
+ *    Connection, Metadata, Notify, Probe) whose bodies nest 300,000 levels
+ *    (arrays, objects, and where a string member belongs), hold a 1M-element
+ *    array, a 900 KiB string, a repeated key, a wrong type, a number out of
+ *    range: each connection is closed without a reply, the refusals are in
+ *    its log (rate-limited, with a count of the lines held back), and it still
+ *    serves a real initiator, every byte checked.
+ * 2. A peer whose Metadata reply (its descriptor) is any of the same: this
+ *    engine's te_segment_open fails with TE_ERR_METADATA, and te-bench as an
+ *    initiator ends with an error, not a signal.
+ */
+#include <pthread.h>
+#include <sys/stat.h>
+
+#include <te/te-plugin.h> /* TE_RATELIMIT_BURST */
+
+#include "../tcp/peer-target.h"
+
+static const char *peer_bin, *bench_bin;
+static char dir[] = "/tmp/te-hostile-XXXXXX";
+static char target_log[160];
+
+/* ------------------------------------------------------------ payloads */
+
+static char *nest(const char *pre, size_t depth, const char *open, const char *close,
+		  const char *post)
+{
+	size_t lo = strlen(open), lc = strlen(close), k = 0;
+	char *s = malloc(strlen(pre) + depth * (lo + lc) + strlen(post) + 4);
+	REQUIRE(s != NULL);
+	k += (size_t)sprintf(s, "%s", pre);
+	for (size_t i = 0; i < depth; i++, k += lo)
+		memcpy(s + k, open, lo);
+	s[k++] = '1';
+	for (size_t i = 0; i < depth; i++, k += lc)
+		memcpy(s + k, close, lc);
+	strcpy(s + k, post);
+	return s;
+}
+
+static char *big_array(const char *pre, size_t n, const char *post)
+{
+	size_t k = 0;
+	char *s = malloc(strlen(pre) + 2 * n + strlen(post) + 4);
+	REQUIRE(s != NULL);
+	k += (size_t)sprintf(s, "%s[", pre);
+	for (size_t i = 0; i < n; i++) {
+		s[k++] = '0';
+		s[k++] = ',';
+	}
+	s[k - 1] = ']';
+	strcpy(s + k, post);
+	return s;
+}
+
+static char *big_string(const char *pre, size_t n, const char *post)
+{
+	char *s = malloc(strlen(pre) + n + strlen(post) + 4);
+	REQUIRE(s != NULL);
+	size_t k = (size_t)sprintf(s, "%s\"", pre);
+	memset(s + k, 'x', n);
+	k += n;
+	s[k++] = '"';
+	strcpy(s + k, post);
+	return s;
+}
+
+enum { NPAY = 10 };
+
+/* The hostile bodies; `desc` makes them descriptor-shaped where it matters.
+ * 1M elements only fit a frame of 4 MiB (the target allows one here, so
+ * the JSON limit, not the frame limit, refuses them). */
+static void payloads(char *p[NPAY], bool desc, size_t array_n)
+{
+	const char *pre = desc ? "{\"name\":\"x\",\"protocol\":\"tcp\",\"buffers\":" : "{\"name\":\"x\",\"notify_msg\":";
+	p[0] = nest("", 300000, "[", "]", "");
+	p[1] = nest("", 100000, "{\"a\":", "}", "");
+	p[2] = nest("{\"name\":", 200000, "[", "]", ",\"notify_msg\":\"m\",\"protocol\":\"tcp\"}");
+	p[3] = big_array(pre, array_n, "}");
+	p[4] = big_string("{\"name\":", 900 * 1024, ",\"notify_msg\":\"m\",\"protocol\":\"tcp\"}");
+	p[5] = strdup("{\"name\":\"a\",\"notify_msg\":\"m\",\"protocol\":\"tcp\",\"name\":\"b\"}");
+	p[6] = strdup(desc ? "{\"name\":5,\"protocol\":[\"tcp\"],\"buffers\":{}}"
+			   : "{\"name\":5,\"notify_msg\":[]}");
+	p[7] = strdup(desc ? "{\"name\":\"x\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"b\",\"addr\":18446744073709551616,\"length\":4096}]}"
+			   : "{\"name\":\"x\",\"notify_msg\":\"m\",\"n\":-18446744073709551617}");
+	p[8] = strdup(desc ? "{\"name\":\"x\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"b\",\"addr\":4096,\"length\":-4096}]}"
+			   : "[\"name\",\"notify_msg\"]");
+	p[9] = strdup(desc ? "{\"name\":\"x\",\"protocol\":\"tcp\",\"buffers\":[{\"name\":\"b\",\"addr\":4096,\"length\":1.5}]}"
+			   : "{\"name\":\"x\",\"notify_msg\":NaN}");
+}
+
+static void payloads_free(char *p[NPAY])
+{
+	for (int i = 0; i < NPAY; i++)
+		free(p[i]);
+}
+
+static bool alive(child *c)
+{
+	int st;
+	return waitpid(c->pid, &st, WNOHANG) == 0;
+}
+
+/* ------------------------------------------------------- 1: the frames */
+
+static void test_frames_refused(void)
+{
+	char env_frame[] = "TE_RPC_MAX_FRAME=4194304";
+	char *env[] = { env_frame, NULL };
+	target t;
+	peer_target_start(&t, peer_bin, env, target_log);
+
+	static char in[1 << 16];
+	char *p[NPAY];
+	payloads(p, false, 1000000);
+	const int kinds[] = { -1, 0, 1, 2, 3 };
+	int closed = 0, sent = 0;
+	long long t0 = now_ms();
+	for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+		for (int i = 0; i < NPAY; i++) {
+			/* An old-style frame starts with its JSON: a body that
+			 * opens with '[' is still one, '{' too. */
+			ssize_t r = raw_frame(t.rpc_port, kinds[k], p[i], in, sizeof in);
+			/* Metadata and Probe read no member of their body: well-formed
+			 * members of the wrong type are answered as usual. */
+			bool answered = i == 6 && (kinds[k] == 1 || kinds[k] == 3);
+			sent++;
+			if (answered ? r > 9 : r == 0)
+				closed++;
+			else
+				fprintf(stderr, "  kind %d payload %d: %zd bytes came back: %.100s\n", kinds[k],
+					i, r, r > 9 ? in + 9 : "");
+		}
+	long long dt = now_ms() - t0;
+	fprintf(stderr, "  %d hostile frames, %d treated as they must be, in %lld ms\n", sent, closed, dt);
+	CHECK_EQ(closed, sent);
+	CHECK(alive(&t.c));
+
+	/* Still serving: a Probe, and a real initiator with every byte checked. */
+	char *reply = rpc_exchange(t.rpc_port, 3, "{}");
+	CHECK(reply != NULL && strstr(reply, "success") != NULL);
+	free(reply);
+	te_engine *e = tcp_engine(NULL, 0);
+	REQUIRE(e != NULL);
+	CHECK(peer_target_transfers(e, &t, 11));
+	te_engine_destroy(e);
+
+	/* Refused with a reason, and not a line per frame: per kind at most
+	 * TE_RATELIMIT_BURST a second, the rest counted. */
+	CHECK(log_has(target_log, "refused: nested deeper than 64 levels"));
+	CHECK(log_has(target_log, "similar lines held back"));
+	FILE *f = fopen(target_log, "r");
+	REQUIRE(f != NULL);
+	char line[4096];
+	int lines = 0;
+	while (fgets(line, sizeof line, f) != NULL)
+		lines += strstr(line, "refused") != NULL;
+	fclose(f);
+	long long bound = 3 * TE_RATELIMIT_BURST * (dt / 1000 + 2);
+	fprintf(stderr, "  %d refusal lines logged for %d frames (bound %lld)\n", lines, sent, bound);
+	CHECK(lines >= 1);
+	CHECK(lines <= bound);
+	CHECK(lines < sent);
+
+	payloads_free(p);
+	child_say(&t.c, "EXIT");
+	CHECK_EQ(child_stop(&t.c, 0), 0);
+}
+
+/* ------------------------------------- 2: a peer with a hostile descriptor */
+
+typedef struct evil_peer {
+	int lfd, port;
+	const char *reply; /* the Metadata reply's body */
+	atomic_bool stop;
+	atomic_int served;
+	pthread_t th;
+} evil_peer;
+
+static void *evil_loop(void *arg)
+{
+	evil_peer *ev = arg;
+	while (!atomic_load(&ev->stop)) {
+		struct pollfd pfd = { ev->lfd, POLLIN, 0 };
+		if (poll(&pfd, 1, 100) <= 0)
+			continue;
+		int fd = accept(ev->lfd, NULL, NULL);
+		if (fd < 0)
+			continue;
+		unsigned char hdr[9];
+		size_t got = 0;
+		uint64_t n;
+		if (recv_exact(fd, hdr, 9, 5000, &got) == 9) {
+			memcpy(&n, hdr, 8);
+			n = le64toh(n);
+			/* Drain the request body, then answer with our own frame. */
+			char *sink = malloc(n);
+			if (sink != NULL && n > 1 && recv_exact(fd, sink, n - 1, 5000, &got) < 0)
+				n = 0;
+			free(sink);
+			size_t bl = strlen(ev->reply);
+			unsigned char *out = malloc(9 + bl);
+			uint64_t len = htole64(bl + 1);
+			memcpy(out, &len, 8);
+			out[8] = hdr[8];
+			memcpy(out + 9, ev->reply, bl);
+			send_all(fd, out, 9 + bl);
+			free(out);
+			atomic_fetch_add(&ev->served, 1);
+		}
+		shutdown(fd, SHUT_WR);
+		closed_quietly(fd, 2000);
+		close(fd);
+	}
+	return NULL;
+}
+
+static void evil_start(evil_peer *ev, const char *reply)
+{
+	memset(ev, 0, sizeof *ev);
+	ev->reply = reply;
+	ev->lfd = listen_any(&ev->port);
+	REQUIRE(ev->lfd >= 0);
+	REQUIRE(pthread_create(&ev->th, NULL, evil_loop, ev) == 0);
+}
+
+static void evil_stop(evil_peer *ev)
+{
+	atomic_store(&ev->stop, true);
+	pthread_join(ev->th, NULL);
+	close(ev->lfd);
+}
+
+/* te-bench as an initiator against `seg`: its exit status (-signal when a
+ * signal ended it). */
+static int bench_against(const char *seg)
+{
+	char arg[160];
+	snprintf(arg, sizeof arg, "--segment_id=%s", seg);
+	char *av[] = { (char *)bench_bin, "--mode=initiator", arg, "--protocol=tcp", "--duration=1",
+		       "--buffer_size=1048576", "--quiet", NULL };
+	pid_t pid = fork();
+	REQUIRE(pid >= 0);
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		if (null >= 0)
+			dup2(null, 1);
+		execv(bench_bin, av);
+		_exit(127);
+	}
+	int st = 0;
+	REQUIRE(waitpid(pid, &st, 0) == pid);
+	return WIFSIGNALED(st) ? -WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+static void test_descriptor_refused(void)
+{
+	char *p[NPAY];
+	/* The reply is read with the default 1 MiB frame limit: 100,000 elements
+	 * (200 KB) break the element limit instead. */
+	payloads(p, true, 100000);
+	te_engine *e = tcp_engine(NULL, 0);
+	REQUIRE(e != NULL);
+	for (int i = 0; i < NPAY; i++) {
+		evil_peer ev;
+		char seg[64];
+		evil_start(&ev, p[i]);
+		snprintf(seg, sizeof seg, "127.0.0.1:%d", ev.port);
+		int rc = te_segment_open(e, seg);
+		if (rc != TE_ERR_METADATA)
+			fprintf(stderr, "  descriptor %d: te_segment_open gave %d (%s)\n", i, rc,
+				te_strerror(rc));
+		CHECK_EQ(rc, TE_ERR_METADATA);
+		CHECK(atomic_load(&ev.served) >= 1);
+		/* Three of them also against te-bench, as a user would meet them. */
+		if (i == 0 || i == 2 || i == 4) {
+			int st = bench_against(seg);
+			fprintf(stderr, "  descriptor %d: te-bench exited with %d\n", i, st);
+			CHECK(st > 0 && st != 127);
+		}
+		evil_stop(&ev);
+	}
+	/* The engine is fine: a well-formed peer opens. */
+	target t;
+	peer_target_start(&t, peer_bin, NULL, target_log);
+	CHECK(peer_target_transfers(e, &t, 13));
+	child_say(&t.c, "EXIT");
+	CHECK_EQ(child_stop(&t.c, 0), 0);
+	te_engine_destroy(e);
+	payloads_free(p);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s TCP_PEER TE_BENCH\n", argv[0]);
+		return 2;
+	}
+	peer_bin = argv[1];
+	bench_bin = argv[2];
+	signal(SIGPIPE, SIG_IGN);
+	REQUIRE(mkdtemp(dir) != NULL);
+	snprintf(target_log, sizeof target_log, "%s/target.log", dir);
+	TEST_RUN(test_frames_refused);
+	TEST_RUN(test_descriptor_refused);
+	unlink(target_log);
+	rmdir(dir);
+	return check_done();
+}

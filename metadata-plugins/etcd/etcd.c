@@ -639,7 +639,10 @@ static int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 	rc = TE_ERR_METADATA;
 	if (o != NULL) {
 		JsonArray *kvs = arr_member(o, "kvs");
-		if (kvs == NULL || json_array_get_length(kvs) == 0) {
+		if (kvs == NULL && json_object_has_member(o, "kvs")) {
+			s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s': \"kvs\" is not an array", s->conn,
+				  key);
+		} else if (kvs == NULL || json_array_get_length(kvs) == 0) {
 			rc = -ENOENT;
 		} else {
 			JsonNode *n = json_array_get_element(kvs, 0);

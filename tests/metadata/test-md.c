@@ -1477,6 +1477,7 @@ typedef struct canned {
 	const char *head;  /* status line and headers, ending with a blank line */
 	size_t body_len;   /* that many 'v's follow (chunked: in 1 KiB chunks) */
 	bool chunked;
+	const char *body;  /* or this text, after the headers, when set */
 } canned;
 
 static void *canned_server(void *arg)
@@ -1500,6 +1501,15 @@ static void *canned_server(void *arg)
 				break;
 		}
 		bool ok = write(fd, k->head, strlen(k->head)) == (ssize_t)strlen(k->head);
+		if (ok && k->body != NULL) {
+			size_t bl = strlen(k->body), sent = 0;
+			while (sent < bl) {
+				ssize_t n = write(fd, k->body + sent, bl - sent);
+				if (n <= 0)
+					break;
+				sent += (size_t)n;
+			}
+		}
 		for (size_t sent = 0; ok && sent < k->body_len;) {
 			size_t n = k->body_len - sent < 1024 ? k->body_len - sent : 1024, h = 0;
 			if (k->chunked)
@@ -1513,6 +1523,14 @@ static void *canned_server(void *arg)
 		}
 		if (ok && k->chunked)
 			ok = write(fd, "0\r\n\r\n", 5) == 5;
+		/* Read what is left of the request (a POST's body) until the client
+		 * closes: closing with it unread would reset the connection and
+		 * lose the reply. */
+		struct timeval tv = { .tv_sec = 2 };
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		shutdown(fd, SHUT_WR);
+		while (read(fd, req, sizeof req) > 0)
+			;
 		close(fd);
 	}
 	return NULL;
@@ -1568,6 +1586,126 @@ static void check_reply_limit(void)
 		close(k.fd);
 	}
 	unsetenv("TE_HTTP_MAX_REPLY");
+}
+
+/* ------------------------------------------------- hostile store replies */
+
+static char *nested(const char *pre, size_t depth, const char *post)
+{
+	size_t k = 0;
+	char *s = malloc(strlen(pre) + 2 * depth + strlen(post) + 2);
+	REQUIRE(s != NULL);
+	k += (size_t)sprintf(s, "%s", pre);
+	memset(s + k, '[', depth);
+	k += depth;
+	s[k++] = '1';
+	memset(s + k, ']', depth);
+	k += depth;
+	strcpy(s + k, post);
+	return s;
+}
+
+/* An etcd endpoint that answers with hostile JSON: each get fails with a
+ * clear error (not "not found", not a crash), and the line says why. */
+static void case_etcd_hostile(void)
+{
+	char *deep = nested("", 300000, ""), *deep_in = nested("{\"kvs\":[{\"value\":", 100000, "}]}");
+	size_t n = 1000000;
+	char *many = malloc(2 * n + 16);
+	REQUIRE(many != NULL);
+	strcpy(many, "{\"kvs\":[");
+	size_t k = strlen(many);
+	for (size_t i = 0; i < n; i++) {
+		many[k++] = '0';
+		many[k++] = ',';
+	}
+	strcpy(many + k - 1, "]}");
+	const struct {
+		const char *body, *says;
+	} cases[] = {
+		{ deep, "nested deeper than 16 levels" },
+		{ deep_in, "nested deeper than 16 levels" },
+		{ many, "more than 262144 elements" },
+		{ "{\"kvs\":[{\"value\":\"eA==\"}],\"kvs\":[]}", "key repeated" },
+		{ "{\"kvs\":{\"value\":\"eA==\"}}", "\"kvs\" is not an array" },
+		{ "{\"kvs\":[{\"value\":5}]}", "malformed kvs entry" },
+		{ "{\"header\":{\"revision\":1e999},\"kvs\":[]}", "out of range" },
+		{ "{\"header\":{\"revision\":18446744073709551616}}", "outside [-2^63" },
+		{ "{\"kvs\":[{\"value\":NaN}]}", "unexpected 'N'" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int port;
+		char head[256], conn[128], *v = NULL;
+		size_t len = 0;
+		te_metadata *md = NULL;
+		snprintf(head, sizeof head,
+			 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+			 "Connection: close\r\n\r\n",
+			 strlen(cases[i].body));
+		canned c = { .fd = blackhole_listen(&port), .replies = 4, .head = head, .body = cases[i].body };
+		pthread_t th;
+		REQUIRE(pthread_create(&th, NULL, canned_server, &c) == 0);
+		snprintf(conn, sizeof conn, "etcd://127.0.0.1:%d", port);
+		cap_start();
+		if (te_metadata_open(conn, &md) == 0) {
+			int rc = te_metadata_get(md, "mooncake/x", &v, &len);
+			if (rc >= 0 || rc == -ENOENT)
+				fprintf(stderr, "  reply %zu: get gave %d\n", i, rc);
+			CHECK(rc < 0 && rc != -ENOENT);
+			CHECK(cap_has(cases[i].says));
+			te_free(v);
+			te_metadata_close(md);
+		} else {
+			CHECK(!"te_metadata_open");
+		}
+		te_set_log_handler(NULL, NULL);
+		shutdown(c.fd, SHUT_RDWR);
+		pthread_join(th, NULL);
+		close(c.fd);
+	}
+	free(deep);
+	free(deep_in);
+	free(many);
+}
+
+/* te-metadata-server given a hostile persistence file: it refuses to start,
+ * saying why, and does not crash. */
+static void case_http_hostile(void)
+{
+	const char *bin = getenv("TE_METADATA_SERVER_BIN");
+	char *deep = nested("{\"format\":", 300000, "}");
+	const char *texts[] = {
+		deep,
+		"{\"format\":\"te-metadata-server/1\",\"entries\":{\"a\":\"1\",\"a\":\"2\"}}",
+		"{\"format\":\"te-metadata-server/1\",\"entries\":{\"a\":{\"b\":{}}}}",
+	};
+	const char *says[] = { "nested deeper than 2 levels", "key repeated", "nested deeper than 2 levels" };
+	REQUIRE(bin != NULL);
+	for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+		const char *file = tmp_path("hostile-%zu.json", i), *log = tmp_path("hostile-%zu.log", i);
+		FILE *f = fopen(file, "w");
+		REQUIRE(f != NULL);
+		fputs(texts[i], f);
+		fclose(f);
+		char listen[64];
+		snprintf(listen, sizeof listen, "127.0.0.1:%d", free_port());
+		char *argv[] = { (char *)bin, "--listen", listen, "--persist", (char *)file, NULL };
+		pid_t pid = spawn(argv, NULL, log, NULL, NULL);
+		int st = 0;
+		REQUIRE(waitpid(pid, &st, 0) == pid);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+		char buf[4096] = "";
+		f = fopen(log, "r");
+		if (f != NULL) {
+			size_t r = fread(buf, 1, sizeof buf - 1, f);
+			buf[r] = '\0';
+			fclose(f);
+		}
+		if (strstr(buf, says[i]) == NULL)
+			fprintf(stderr, "  file %zu: the server said: %s\n", i, buf);
+		CHECK(strstr(buf, says[i]) != NULL);
+	}
+	free(deep);
 }
 
 /* te-metadata-server with a bearer token: calls without it or with another
@@ -1706,6 +1844,7 @@ static const struct {
 	{ "http-basic", case_http_basic },	   { "http-engines", case_http_engines },
 	{ "http-persist", case_http_persist },	   { "http-limits", case_http_limits },
 	{ "http-tls", case_http_tls },		   { "http-token", case_http_token },
+	{ "etcd-hostile", case_etcd_hostile },	   { "http-hostile", case_http_hostile },
 };
 
 int main(int argc, char **argv)

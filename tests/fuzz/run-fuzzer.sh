@@ -2,7 +2,9 @@
 # Runs one libFuzzer harness for a bounded time:
 #   run-fuzzer.sh FUZZER NAME SEED_CORPUS REGRESSIONS WORK_DIR
 # FUZZ_SECONDS (default 20) bounds the run; FUZZ_JOBS (default 1) runs that
-# many fuzzing processes in parallel. New inputs go to WORK_DIR/corpus (the
+# many fuzzing processes in parallel; FUZZ_MAX_LEN (default 8192) is the
+# largest input tried (the JSON readers' harnesses get enough to break every
+# limit of te-json.h); FUZZ_DICT names a libFuzzer dictionary. New inputs go to WORK_DIR/corpus (the
 # committed seed corpus is only read); a crash leaves its input in
 # WORK_DIR/crash-* and fails the run, naming the file to copy into
 # tests/fuzz/regressions/NAME/.
@@ -13,8 +15,11 @@ jobs=${FUZZ_JOBS:-1}
 
 mkdir -p "$work/corpus"
 rm -f "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*
-args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192
+args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="${FUZZ_MAX_LEN:-8192}"
       -print_final_stats=1 -artifact_prefix="$work/")
+if [ -n "${FUZZ_DICT:-}" ]; then
+  args+=(-dict="$FUZZ_DICT")
+fi
 if [ "$jobs" -gt 1 ]; then
   args+=(-jobs="$jobs" -workers="$jobs")
 fi

@@ -9,6 +9,7 @@
 
 #include <glib.h>
 #include <json-glib/json-glib.h>
+#include <te/te-json.h> /* after json-glib: te_json_load() */
 #include <te/te-plugin.h>
 
 #include "rdma-verbs.h"
@@ -377,6 +378,29 @@ void rd_ep_fail_qp(rd_ctx *c, struct ibv_qp *qp, const char *why);
 void rd_ep_pool_flush(rd_ctx *c);
 void rd_ep_reclaim(rd_ctx *c, int64_t now);
 unsigned rd_ep_count(rd_ctx *c);
+
+/* ------------------------------------------------------------- provider */
+
+/*
+ * Where an instance's verbs and sysfs come from: the one seam between the
+ * shipped plugin and the tests' copy of it. The shipped plugin links
+ * provider.c (libibverbs and the kernel's /sys, whatever the environment
+ * says). The tests build a second, uninstalled copy from the same sources
+ * with tests/rdma/soft-verbs/soft-provider.c in its place.
+ */
+typedef struct rd_provider {
+	const rv_verbs *verbs;
+	const char *sysfs_root; /* valid while the host's configuration is */
+} rd_provider;
+
+void rd_provider_get(const te_host *h, rd_provider *out);
+/* An instance is up (true) or about to be destroyed (false). */
+void rd_provider_track(rd_transport *tr, bool up);
+
+/* handshake.c: JSON from outside, through te_json_load() with `lim`; NULL
+ * and a line naming `what` and the fault in `err` when refused. */
+JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, const char *what,
+		       GString *err);
 
 /* transport.c */
 /* Routes a failed (or displaced) slice again, or fails it when no path is

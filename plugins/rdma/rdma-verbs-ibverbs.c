@@ -148,6 +148,8 @@ static void iv_ack_async_event(struct ibv_async_event *event)
 
 static const rv_verbs ibverbs_table = {
 	.name = "libibverbs",
+	.none_found = "libibverbs lists none: there is no RDMA NIC here, or its kernel driver "
+		      "(mlx5_ib, irdma, rxe, ...) is not loaded",
 	.get_device_list = iv_get_device_list,
 	.free_device_list = iv_free_device_list,
 	.get_device_name = iv_get_device_name,

@@ -2,10 +2,11 @@
 /*
  * The one narrow door between the RDMA plugin and a verbs provider: exactly
  * the verbs the plugin uses, as function pointers over libibverbs' own types.
- * Production fills it with libibverbs (rdma-verbs-ibverbs.c); the tests point
- * it at the software verbs layer (soft-verbs.c), which creates the same
- * public ibv_* objects, so the plugin code above this table runs unmodified
- * on either.
+ * The shipped plugin fills it with libibverbs (rdma-verbs-ibverbs.c) and
+ * nothing else. The tests' own copy of the plugin (tests/rdma/soft-verbs/)
+ * can also point it at a software verbs layer that creates the same public
+ * ibv_* objects, so the plugin code above this table runs unmodified on
+ * either.
  */
 #ifndef TE_RDMA_VERBS_H
 #define TE_RDMA_VERBS_H
@@ -13,10 +14,12 @@
 #include <infiniband/verbs.h>
 
 typedef struct rv_verbs {
-	const char *name; /* "libibverbs" or "soft" */
+	const char *name; /* "libibverbs", or the tests' "soft" */
+	/* Why a device list may be empty, for the "no RDMA devices" line. */
+	const char *none_found;
 
-	/* Devices. `sysfs_root` is where the software layer finds its devices
-	 * (entries of <root>/sys/class/infiniband); libibverbs reads the real sysfs. */
+	/* Devices. `sysfs_root` is the sysfs tree the instance reads ("/" for
+	 * libibverbs, which reads the kernel's own whatever it is given). */
 	struct ibv_device **(*get_device_list)(const char *sysfs_root, int *num);
 	void (*free_device_list)(struct ibv_device **list);
 	const char *(*get_device_name)(struct ibv_device *dev);
@@ -61,7 +64,5 @@ typedef struct rv_verbs {
 
 /* The production table: libibverbs. */
 const rv_verbs *rv_verbs_ibverbs(void);
-/* The software verbs layer (tests; selected by TE_RDMA_SOFT=1). */
-const rv_verbs *rv_verbs_soft(void);
 
 #endif

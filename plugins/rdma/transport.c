@@ -25,9 +25,7 @@
 #include <unistd.h>
 
 #include "rdma-internal.h"
-#include "rdma-test.h"
 
-#define RD_EXPORT __attribute__((visibility("default")))
 #define STOP_DRAIN_MS 10000
 #define RD_SPIN_BUSY 64 /* idle polls before sleeping while requests are in flight */
 
@@ -35,10 +33,6 @@ int64_t rd_now_ms(void)
 {
 	return g_get_monotonic_time() / 1000;
 }
-
-/* Instances by engine name, for te_rdma_get_stats(). */
-static GMutex registry_lock;
-static GList *registry;
 
 /* --------------------------------------------------------------- options */
 
@@ -129,18 +123,6 @@ static void read_config(const te_host *h, rd_config *c)
 		c->ib_tc = (int)te_host_config_u64(h, "TE_RDMA_IB_TC", "MC_IB_TC", 0, 0, 255);
 	c->relaxed_ordering = cfg_bool(h, "TE_RDMA_IB_PCI_RELAXED_ORDERING", "MC_IB_PCI_RELAXED_ORDERING", false);
 	c->dest_affinity = cfg_bool(h, "TE_RDMA_DEST_DEVICE_AFFINITY", "MC_ENABLE_DEST_DEVICE_AFFINITY", false);
-}
-
-static bool want_soft(const te_host *h)
-{
-	const char *s = h->config(h, "TE_RDMA_SOFT", NULL);
-	return s != NULL && *s != '\0' && strcmp(s, "0") != 0;
-}
-
-static const char *sysfs_root(const te_host *h)
-{
-	const char *s = h->config(h, "TE_RDMA_SYSFS_ROOT", NULL);
-	return s != NULL && *s != '\0' ? s : "/";
 }
 
 /* ------------------------------------------------------------ slice pool */
@@ -1427,8 +1409,6 @@ typedef struct rd_args {
 	JsonObject *matrix;   /* user priority matrix, or NULL */
 	JsonParser *parser;   /* owns the arguments */
 	JsonParser *mparser;  /* owns a matrix given as a JSON string */
-	bool soft;
-	char *sysfs_root;
 } rd_args;
 
 static void args_clear(rd_args *a)
@@ -1439,7 +1419,6 @@ static void args_clear(rd_args *a)
 		g_object_unref(a->parser);
 	if (a->mparser)
 		g_object_unref(a->mparser);
-	g_free(a->sysfs_root);
 	memset(a, 0, sizeof *a);
 }
 
@@ -1473,13 +1452,12 @@ static int add_device_names(GPtrArray *out, JsonNode *n, GString *err)
 }
 
 /* json_args: NULL; a priority matrix {"cpu:0": [[...], [...]], ...}; a list
- * of device names; or {"devices": [...] | "a,b", "priority_matrix": {...},
- * "soft": bool, "sysfs_root": "..."}. */
+ * of device names; or {"devices": [...] | "a,b", "priority_matrix": {...}}. */
 static int parse_args(const char *text, rd_args *a, GString *err)
 {
 	JsonNode *root;
 	static const char *const keys[] = { "devices", "device_name", "priority_matrix",
-					    "nic_priority_matrix", "soft", "sysfs_root" };
+					    "nic_priority_matrix" };
 
 	memset(a, 0, sizeof *a);
 	if (text == NULL || *text == '\0')
@@ -1537,22 +1515,8 @@ static int parse_args(const char *text, rd_args *a, GString *err)
 				return -EINVAL;
 			}
 			a->matrix = json_node_get_object(v);
-		} else if (strcmp(k, "soft") == 0) {
-			if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_BOOLEAN) {
-				g_string_assign(err, "\"soft\" is not a boolean");
-				return -EINVAL;
-			}
-			a->soft = json_node_get_boolean(v);
-		} else if (strcmp(k, "sysfs_root") == 0) {
-			if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING) {
-				g_string_assign(err, "\"sysfs_root\" is not a string");
-				return -EINVAL;
-			}
-			a->sysfs_root = g_strdup(json_node_get_string(v));
 		} else {
-			g_string_printf(err, "unknown argument \"%s\" (known: devices, priority_matrix, soft, "
-					     "sysfs_root)",
-					k);
+			g_string_printf(err, "unknown argument \"%s\" (known: devices, priority_matrix)", k);
 			return -EINVAL;
 		}
 	}
@@ -1560,14 +1524,6 @@ static int parse_args(const char *text, rd_args *a, GString *err)
 }
 
 /* ------------------------------------------------------------- devices */
-
-static const char *no_device_hint(const rv_verbs *v)
-{
-	return strcmp(v->name, "soft") == 0
-		       ? "the software verbs layer found none under <TE_RDMA_SYSFS_ROOT>/sys/class/infiniband"
-		       : "libibverbs lists none: there is no RDMA NIC here, or its kernel driver "
-			 "(mlx5_ib, irdma, rxe, ...) is not loaded";
-}
 
 /* The devices to use: every device found, or the allow-list (each entry must
  * exist). Names are g_strdup()ed into `names`. */
@@ -1607,7 +1563,7 @@ static int select_devices(const rv_verbs *v, const char *root, GPtrArray *allow,
 			g_ptr_array_add(names, g_strdup(v->get_device_name(list[k])));
 	}
 	if (names->len == 0) {
-		g_string_printf(err, "no RDMA devices were found (%s)", no_device_hint(v));
+		g_string_printf(err, "no RDMA devices were found (%s)", v->none_found);
 		if (list)
 			v->free_device_list(list);
 		return -ENODEV;
@@ -1691,6 +1647,7 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
 	struct ibv_device **list = NULL;
 	int num = 0, rc;
+	rd_provider prov;
 	rd_args a;
 
 	*out = NULL;
@@ -1711,8 +1668,9 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	}
 	if (a.devices == NULL)
 		a.devices = env_devices(h);
-	tr->verbs = a.soft || want_soft(h) ? rv_verbs_soft() : rv_verbs_ibverbs();
-	tr->sysfs_root = g_strdup(a.sysfs_root ? a.sysfs_root : sysfs_root(h));
+	rd_provider_get(h, &prov);
+	tr->verbs = prov.verbs;
+	tr->sysfs_root = g_strdup(prov.sysfs_root);
 	tr->local_name = g_strdup(h->local_name(h) ? h->local_name(h) : "localhost");
 
 	rc = select_devices(tr->verbs, tr->sysfs_root, a.devices, &list, &num, names, err);
@@ -1774,9 +1732,7 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	}
 	tr->dispatcher = g_thread_new("te-rdma-dispatch", dispatcher_thread, tr);
 	tr->reclaimer = g_thread_new("te-rdma-reclaim", reclaimer_thread, tr);
-	g_mutex_lock(&registry_lock);
-	registry = g_list_prepend(registry, tr);
-	g_mutex_unlock(&registry_lock);
+	rd_provider_track(tr, true);
 
 	GString *desc = g_string_new(NULL);
 	for (int i = 0; i < tr->nctx; i++)
@@ -1805,9 +1761,7 @@ static void rd_destroy(void *ctx)
 {
 	rd_transport *tr = ctx;
 
-	g_mutex_lock(&registry_lock);
-	registry = g_list_remove(registry, tr);
-	g_mutex_unlock(&registry_lock);
+	rd_provider_track(tr, false);
 	/* Waits for a handshake being served, and refuses new ones. */
 	tr->host->rpc_handle(tr->host, TE_RPC_CONNECTION, NULL, NULL);
 	atomic_store(&tr->stopping, true);
@@ -1852,13 +1806,15 @@ static void rd_destroy(void *ctx)
 
 static int rd_probe(const te_host *h, char *why, size_t why_len)
 {
-	const rv_verbs *v = want_soft(h) ? rv_verbs_soft() : rv_verbs_ibverbs();
+	rd_provider prov;
+	rd_provider_get(h, &prov);
+	const rv_verbs *v = prov.verbs;
 	GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
 	GPtrArray *allow = env_devices(h);
 	GString *err = g_string_new(NULL);
 	struct ibv_device **list = NULL;
 	int num = 0;
-	int rc = select_devices(v, sysfs_root(h), allow, &list, &num, names, err);
+	int rc = select_devices(v, prov.sysfs_root, allow, &list, &num, names, err);
 
 	if (rc < 0)
 		snprintf(why, why_len, "%s", err->str);
@@ -1884,8 +1840,10 @@ static const char *port_state_name(enum ibv_port_state s)
 
 static int rd_report(const te_host *h, char **text)
 {
-	const rv_verbs *v = want_soft(h) ? rv_verbs_soft() : rv_verbs_ibverbs();
-	const char *root = sysfs_root(h);
+	rd_provider prov;
+	rd_provider_get(h, &prov);
+	const rv_verbs *v = prov.verbs;
+	const char *root = prov.sysfs_root;
 	GPtrArray *names = g_ptr_array_new_with_free_func(g_free);
 	GPtrArray *allow = env_devices(h);
 	GString *out = g_string_new(NULL), *err = g_string_new(NULL);
@@ -1966,50 +1924,6 @@ done:
 		memcpy(*text, out->str, out->len + 1);
 	g_string_free(out, TRUE);
 	return *text ? 0 : -ENOMEM;
-}
-
-/* ------------------------------------------------------------ test access */
-
-RD_EXPORT int te_rdma_get_stats(const char *engine, te_rdma_stats *out);
-
-int te_rdma_get_stats(const char *engine, te_rdma_stats *out)
-{
-	int rc = -ENOENT;
-
-	if (engine == NULL || out == NULL)
-		return -EINVAL;
-	memset(out, 0, sizeof *out);
-	g_mutex_lock(&registry_lock);
-	for (GList *l = registry; l != NULL; l = l->next) {
-		rd_transport *tr = l->data;
-		if (strcmp(tr->local_name, engine) != 0)
-			continue;
-		out->n_devices = MIN(tr->nctx, TE_RDMA_STATS_MAX_DEV);
-		for (int i = 0; i < out->n_devices; i++) {
-			rd_ctx *c = tr->ctx[i];
-			g_strlcpy(out->device[i], c->name, sizeof out->device[i]);
-			out->slices[i] = atomic_load(&c->slices_done);
-			out->active[i] = atomic_load(&c->active);
-			out->endpoints[i] = rd_ep_count(c);
-		}
-		rd_counters *s = &tr->stats;
-		out->endpoints_created = atomic_load(&s->created);
-		out->endpoints_evicted = atomic_load(&s->evicted);
-		out->endpoints_reclaimed = atomic_load(&s->reclaimed);
-		out->endpoints_failed = atomic_load(&s->failed);
-		out->slice_retries = atomic_load(&s->retries);
-		out->pair_pauses = atomic_load(&s->pauses);
-		out->handshakes_rejected = atomic_load(&s->rejected);
-		g_mutex_lock(&s->lock);
-		out->n_evicted = MIN(s->n_evicted, TE_RDMA_STATS_EVICTIONS);
-		for (unsigned i = 0; i < out->n_evicted; i++)
-			g_strlcpy(out->evicted[i], s->evicted_paths[i], sizeof out->evicted[i]);
-		g_mutex_unlock(&s->lock);
-		rc = 0;
-		break;
-	}
-	g_mutex_unlock(&registry_lock);
-	return rc;
 }
 
 /* ------------------------------------------------------------------ ops */

@@ -18,8 +18,14 @@
 build=$1 src=$2 scratch=$3 scenario=$4
 res=$scratch/results
 here=$src/tests/rdma-qemu
+# te-bench and te-info load the shipped plugin; the plugin's tests load their
+# own copy of it (same sources, with test statistics; on libibverbs here, as
+# TE_RDMA_SOFT is unset): the checks below run them under "env" with that
+# copy's folder first on TE_PLUGIN_PATH.
 export TE_PLUGIN_PATH="$build/plugins/rdma:$build/plugins/tcp:$build/plugins/shm"
-export TE_RDMA_PLUGIN="$build/plugins/rdma/libte-transport-rdma.so"
+unset TE_RDMA_SOFT TE_RDMA_SYSFS_ROOT
+soft=$build/tests/rdma/soft-verbs
+soft_path=$soft:$TE_PLUGIN_PATH soft_plugin=$soft/libte-transport-rdma.so
 export TE_RDMA_TEST_LINKS=sw0,sw1,sw2,sw3
 [ "${scenario#fn:}" = "$scenario" ] && : > "$res"
 
@@ -145,7 +151,8 @@ plugin)
 	# fixture's mlx5_0..3).
 	export TE_RDMA_TEST_DEVICES=rxe0,rxe1,rxe2,rxe3
 	for t in transfer failover install pool; do
-		wanted "rdma-$t" && check "rdma-$t" 240 "$build/tests/rdma/test-rdma-$t"
+		wanted "rdma-$t" && check "rdma-$t" 240 env TE_PLUGIN_PATH="$soft_path" \
+			TE_RDMA_PLUGIN="$soft_plugin" "$build/tests/rdma/test-rdma-$t"
 	done
 	wanted te-info && check te-info 60 sh -c "TE_PLUGINS= '$build/tools/te-info/te-info' > '$scratch/te-info.out' 2>&1;
 		cat '$scratch/te-info.out'; grep -q '^    rxe0 ' '$scratch/te-info.out' &&
@@ -179,7 +186,8 @@ bench)
 	;;
 faults)
 	export TE_RDMA_TEST_DEVICES=rxe0,rxe1,rxe2,rxe3
-	wanted peer-killed && check peer-killed 180 "$build/tests/rdma-qemu/test-rxe-peer-killed"
+	wanted peer-killed && check peer-killed 180 env TE_PLUGIN_PATH="$soft_path" \
+		TE_RDMA_PLUGIN="$soft_plugin" "$build/tests/rdma-qemu/test-rxe-peer-killed"
 	wanted readdressed && check readdressed 120 sh "$0" "$build" "$src" "$scratch" fn:readdressed
 	;;
 smoke)

@@ -30,7 +30,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../../plugins/rdma/rdma-test.h"
+#include "soft-verbs/rdma-test.h"
 #include "../common/rpc-raw.h"
 #include "../common/util.h"
 

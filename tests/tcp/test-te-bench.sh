@@ -289,18 +289,22 @@ else
 	echo "note: no te-metadata-server or http plugin here; http:// not exercised"
 fi
 
-# --- RDMA, through the plugin's software verbs layer and a sysfs fixture ------------
+# --- RDMA, through the tests' copy of the plugin (its software verbs layer) and a
+# sysfs fixture; the shipped plugin has no software verbs.
 fixture=$src/tests/rdma/fixtures/two-socket
-if plugin_there transport rdma && [ -d "$fixture/sys/class/infiniband" ]; then
-	export TE_RDMA_SOFT=1 TE_RDMA_SYSFS_ROOT="$fixture"
+soft=$tools/../tests/rdma/soft-verbs
+if [ -e "$soft/libte-transport-rdma.so" ] && [ -d "$fixture/sys/class/infiniband" ]; then
+	saved_path=$TE_PLUGIN_PATH
+	export TE_PLUGIN_PATH="$soft:$TE_PLUGIN_PATH" TE_RDMA_SOFT=1 TE_RDMA_SYSFS_ROOT="$fixture"
 	run rdma-read 0 --protocol=rdma --duration=1 --check --quiet &&
 		grep -q "loopback read over rdma" "$tmp/out" && ok "--protocol=rdma (software verbs)"
 	dev=$(ls "$fixture/sys/class/infiniband" | head -1)
 	run rdma-write 0 --protocol=rdma --device_name="$dev" --operation=write --duration=1 --check --quiet &&
 		ok "--protocol=rdma --device_name=$dev"
 	unset TE_RDMA_SOFT TE_RDMA_SYSFS_ROOT
+	export TE_PLUGIN_PATH=$saved_path
 else
-	echo "note: no rdma plugin or fixture here; --protocol=rdma not exercised"
+	echo "note: no rdma test plugin or fixture here; --protocol=rdma not exercised"
 fi
 
 echo "$failures failed"

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The software verbs layer: RDMA devices emulated in-process, faithful enough
- * that the plugin's verbs code runs unmodified on it. Used by the tests only
- * (TE_RDMA_SOFT=1); these machines have no RDMA NIC and no kernel RDMA.
+ * that the plugin's verbs code runs unmodified on it. Linked only into the
+ * tests' copy of the plugin (soft-provider.c picks it there); these machines
+ * have no RDMA NIC and no kernel RDMA.
  *
  * What it emulates, and how a real HCA would behave:
  *  - Devices are the entries of <root>/sys/class/infiniband (a fixture tree);
@@ -46,7 +47,7 @@
 
 #include "rdma-internal.h"
 #include "rdma-test.h"
-#include "rdma-verbs.h"
+#include "soft-verbs.h"
 
 #define SOFT_EXPORT __attribute__((visibility("default")))
 #define SOFT_MAX_PORTS 4
@@ -1297,6 +1298,7 @@ static gpointer dev_thread(gpointer data)
 
 static const rv_verbs soft_table = {
 	.name = "soft",
+	.none_found = "the software verbs layer found none under <TE_RDMA_SYSFS_ROOT>/sys/class/infiniband",
 	.get_device_list = sv_get_device_list,
 	.free_device_list = sv_free_device_list,
 	.get_device_name = sv_get_device_name,

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Test-only controls of the RDMA plugin, exported from
- * libte-transport-rdma.so and found by tests with dlsym(). They steer the
- * software verbs layer (TE_RDMA_SOFT=1) and read the plugin's counters.
- * Nothing in production calls them.
+ * Controls of the tests' copy of the RDMA plugin (this folder; never
+ * installed), found by the tests with dlsym(). They steer the software verbs
+ * layer (TE_RDMA_SOFT=1) and read the plugin's counters. The shipped plugin
+ * has none of them.
  */
 #ifndef TE_RDMA_TEST_H
 #define TE_RDMA_TEST_H

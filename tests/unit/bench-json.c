@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What te_json_check() costs: a 1 MiB descriptor checked beside json-glib's
+ * parse of it (best of several runs each), and the time to refuse 1 MB of
+ * nesting and a 1 MB array. Not a test: docs/benchmarks.md records it. */
+#include <json-glib/json-glib.h>
+#include <te/te-json.h>
+#include <time.h>
+static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
+int main(void){
+  size_t n=1<<20; char *s=malloc(n+64); size_t k=0;
+  k+=sprintf(s+k,"{\"name\":\"10.0.0.1:15123\",\"protocol\":\"tcp\",\"buffers\":[");
+  int i=0; while(k<n-200){k+=sprintf(s+k,"%s{\"name\":\"cpu:0\",\"addr\":%d,\"length\":65536,\"rkey\":[1,2],\"lkey\":[1,2]}",i?",":"",4096*(i+1));i++;}
+  k+=sprintf(s+k,"],\"devices\":[\"a\",\"b\"]}"); 
+  te_json_limits lim=TE_JSON_LIMITS_DEFAULT; char why[128];
+  double best=1e9; for(int r=0;r<7;r++){double t=now(); int rc=te_json_check(s,k,&lim,why,sizeof why); t=now()-t; if(rc){printf("rc %d %s\n",rc,why);return 1;} if(t<best)best=t;}
+  double bp=1e9; for(int r=0;r<5;r++){double t=now(); JsonParser*p=json_parser_new_immutable(); json_parser_load_from_data(p,s,k,NULL); g_object_unref(p); t=now()-t; if(t<bp)bp=t;}
+  printf("descriptor %zu bytes, %d buffers: check %.3f ms (%.2f GB/s), json-glib parse %.3f ms, ratio %.3f\n",k,i,best*1e3,k/best/1e9,bp*1e3,best/bp);
+  size_t d=500000; char *q=malloc(2*d+2); memset(q,'[',d); q[d]='1'; memset(q+d+1,']',d); 
+  best=1e9; for(int r=0;r<7;r++){double t=now(); te_json_check(q,2*d+1,&lim,why,sizeof why); t=now()-t; if(t<best)best=t;}
+  printf("refusing 1 MB of nesting: %.3f ms (%s)\n",best*1e3,why);
+  char *a=malloc(2*n); k=0; a[k++]='['; while(k<n-2){a[k++]='0';a[k++]=',';} a[k-1]=']'; 
+  best=1e9; for(int r=0;r<7;r++){double t=now(); te_json_check(a,k,&lim,why,sizeof why); t=now()-t; if(t<best)best=t;}
+  printf("refusing a 1 MB array: %.3f ms (%s)\n",best*1e3,why);
+}

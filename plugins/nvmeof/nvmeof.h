@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <glib.h>
 #include <liburing.h>
@@ -27,6 +28,17 @@
 #define NV_MAX_REAP_TICK_MS 1000u
 #define NV_DEFAULT_FIXED_FILES 1024u
 #define NV_MAX_FIXED_FILES 32768u
+
+/* Descriptors are JSON from the store: bounded before they are parsed. The
+ * format nests 4 deep (object, buffers, buffer, local_path_map); the rest is
+ * room for fields this plugin does not read. Files per segment and hosts per
+ * file stay far below NV_DESC_MAX_ITEMS; a path is at most PATH_MAX bytes,
+ * a few times that when written with escapes. */
+#define NV_DESC_MAX_DEPTH 8u
+#define NV_DESC_MAX_ITEMS 16384u
+#define NV_DESC_MAX_VALUES 262144u
+#define NV_DESC_MAX_STRING (4u * 4096u)
+#define NV_DESC_MAX_TEXT (8u << 20)
 
 /* Error lines per file: the first few, then one in NV_LOG_EVERY. A failing
  * device must not drown the log with one line per 4 KiB slice. */
@@ -157,6 +169,10 @@ struct nv_ctx {
 	uint32_t n_fixed_free;
 	atomic_uint next_worker;
 	nv_worker *workers;
+	/* TE_NVMEOF_ALLOW: absolute paths, NULL-terminated; allow_text as set
+	 * (NULL when unset), for log lines */
+	char **allow;
+	char *allow_text;
 };
 
 /* transfer->plugin_data slots, owned by the plugin while a transfer is in it */
@@ -176,6 +192,22 @@ size_t nv_segment_find(const nv_segment *s, uint64_t pos);
 uint32_t nv_count_slices(const nv_segment *s, size_t fi, uint64_t pos, uint64_t len, uint64_t slice);
 /* Logs an error about a file, rate limited per file. */
 void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...) TE_PRINTF(4, 5);
+
+/* allow.c */
+/* The entries of a TE_NVMEOF_ALLOW value (NULL: none), NULL-terminated;
+ * relative ones are dropped with a warning. g_strfreev() frees them. */
+char **nv_allow_parse(const te_host *h, const char *text);
+/* Whether the store may make this host open `path`: 0 with its canonical
+ * form in *resolved (free()) and its lstat() in *st when TE_NVMEOF_ALLOW
+ * allows it and it is a regular file or a block device named in the list;
+ * TE_ERR_REJECTED when not; -errno when it cannot be looked at (-ENOENT,
+ * -EISDIR, ...). `why` says which, for a log line. */
+int nv_path_check(nv_ctx *c, const char *path, char **resolved, struct stat *st, char *why, size_t whylen);
+/* Opens a path nv_path_check() passed without following any symlink, and
+ * only if it is still the inode `want` describes. The fd or -errno. */
+int nv_open_resolved(const char *rp, int flags, const struct stat *want);
+/* Text for a file's open error (g_strerror(), and the plugin's own). */
+const char *nv_strerror(int err);
 
 /* io.c */
 int nv_workers_start(nv_ctx *c);

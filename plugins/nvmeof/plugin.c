@@ -55,6 +55,18 @@ static void read_config(nv_ctx *c)
 						  NV_MAX_FIXED_FILES);
 	c->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_NVMEOF_SPIN_US", NULL, NV_DEFAULT_SPIN_US, 0,
 							 NV_MAX_SPIN_US);
+	/* Where segments' files may be. Unset: nowhere, since the paths come
+	 * from the store and whoever writes it could otherwise name any file or
+	 * disk this process can open. */
+	const char *allow = h->config(h, "TE_NVMEOF_ALLOW", NULL);
+	c->allow_text = allow != NULL && *allow != '\0' ? g_strdup(allow) : NULL;
+	c->allow = nv_allow_parse(h, c->allow_text);
+}
+
+static void free_config(nv_ctx *c)
+{
+	g_strfreev(c->allow);
+	g_free(c->allow_text);
 }
 
 static int nv_probe(const te_host *h, char *why, size_t why_len)
@@ -73,15 +85,17 @@ static int nv_create(const te_host *h, const char *json_args, void **out)
 	read_config(c);
 	rc = nv_workers_start(c);
 	if (rc < 0) {
+		free_config(c);
 		g_free(c);
 		return rc;
 	}
 	h->log(h, TE_LOG_INFO,
 	       "nvmeof: %s submission, %u worker(s), queue depth %u, slices of %llu bytes, %s%s, "
-	       "%u registered files",
+	       "%u registered files, %s%s",
 	       c->caller_submit ? "caller" : "worker", c->n_workers, c->depth, (unsigned long long)c->slice,
 	       c->use_direct ? "O_DIRECT when aligned" : "buffered I/O only", c->dsync ? ", O_DSYNC" : "",
-	       c->n_fixed);
+	       c->n_fixed, c->allow_text ? "files allowed in TE_NVMEOF_ALLOW=" : "",
+	       c->allow_text ? c->allow_text : "no file allowed (TE_NVMEOF_ALLOW unset)");
 	*out = c;
 	return 0;
 }
@@ -91,6 +105,7 @@ static void nv_destroy(void *ctx)
 	nv_ctx *c = ctx;
 
 	nv_workers_stop(c);
+	free_config(c);
 	g_free(c);
 }
 
@@ -142,7 +157,7 @@ static int check_transfer(nv_ctx *c, te_transfer *t)
 				    "which could not be opened: %s",
 				    s->name, t->opcode == TE_OP_WRITE ? "write" : "read",
 				    (unsigned long long)t->remote, (unsigned long long)t->length, i, f->path,
-				    g_strerror(-f->err));
+				    nv_strerror(f->err));
 			return f->err;
 		}
 		if (t->opcode == TE_OP_WRITE && !f->writable) {
@@ -241,6 +256,9 @@ static int nv_report(const te_host *h, char **text)
 			       c.use_direct, c.dsync, (unsigned long long)(c.coalesce_ns / 1000),
 			       (unsigned long long)(c.reap_tick_ns / 1000000), c.caller_submit ? c.n_fixed : 0,
 			       (unsigned long long)(c.spin_ns / 1000));
+	g_string_append_printf(s, "  TE_NVMEOF_ALLOW=%s\n",
+			       c.allow_text ? c.allow_text : "(unset: no file or device is served)");
+	free_config(&c);
 	*text = strdup(s->str);
 	g_string_free(s, TRUE);
 	return *text ? 0 : -ENOMEM;

@@ -19,6 +19,8 @@
 
 #include <json-glib/json-glib.h>
 
+#include <te/te-json.h> /* after json-glib: te_json_load() */
+
 #include "nvmeof.h"
 
 void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...)
@@ -40,17 +42,22 @@ void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...)
 
 /* ----------------------------------------------------------- descriptor */
 
-static bool json_u64(JsonObject *o, const char *member, uint64_t *out)
+/* A size or offset member: a JSON integer in [1, 2^63). NULL when it is one,
+ * else what is wrong with it. Fractions and exponents parse as doubles and
+ * integers of 2^63 and more wrap negative in json-glib: both refused here. */
+static const char *json_u64(JsonObject *o, const char *member, uint64_t *out)
 {
 	JsonNode *n = json_object_get_member(o, member);
 
-	if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
-		return false;
+	if (n == NULL)
+		return "missing";
+	if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
+		return "not an integer";
 	gint64 v = json_node_get_int(n);
 	if (v <= 0)
-		return false;
+		return "not in [1, 2^63)";
 	*out = (uint64_t)v;
-	return true;
+	return NULL;
 }
 
 static const char *json_str(JsonNode *n)
@@ -68,23 +75,27 @@ static bool good_path(const char *p)
 /* Fills s->files from the descriptor text; the paths only, nothing opened. */
 static int parse_descriptor(nv_ctx *c, const te_segment_info *seg, nv_segment *s)
 {
+	static const te_json_limits lim = { NV_DESC_MAX_DEPTH, NV_DESC_MAX_ITEMS, NV_DESC_MAX_VALUES,
+					    NV_DESC_MAX_STRING, NV_DESC_MAX_TEXT };
 	const te_host *h = c->host;
 	const char *me = h->local_name(h);
-	JsonParser *p = json_parser_new_immutable();
-	GError *err = NULL;
-	JsonNode *root, *bn;
+	char why[256];
+	JsonNode *root = NULL, *bn;
 	JsonArray *arr;
 	int rc = TE_ERR_METADATA;
 
-	if (seg->descriptor == NULL ||
-	    !json_parser_load_from_data(p, seg->descriptor, -1, &err)) {
-		h->log(h, TE_LOG_ERROR, "segment %s: descriptor is not JSON: %s", s->name,
-		       err ? err->message : "missing");
-		g_clear_error(&err);
+	/* The host decoded this text already, but it comes from the store:
+	 * bounded here too, with this format's tighter limits. */
+	if (seg->descriptor == NULL) {
+		h->log(h, TE_LOG_ERROR, "segment %s: no descriptor", s->name);
 		goto out;
 	}
-	root = json_parser_get_root(p);
-	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+	root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why);
+	if (root == NULL) {
+		h->log(h, TE_LOG_ERROR, "segment %s: descriptor refused: %s", s->name, why);
+		goto out;
+	}
+	if (!JSON_NODE_HOLDS_OBJECT(root)) {
 		h->log(h, TE_LOG_ERROR, "segment %s: descriptor is not a JSON object", s->name);
 		goto out;
 	}
@@ -125,8 +136,12 @@ static int parse_descriptor(nv_ctx *c, const te_segment_info *seg, nv_segment *s
 			goto out;
 		}
 		b = json_node_get_object(en);
-		if (!json_u64(b, "length", &f->length) || f->length != seg->buffers[i].length) {
-			h->log(h, TE_LOG_ERROR, "segment %s: buffer %zu: missing or bad \"length\"", s->name, i);
+		const char *bad = json_u64(b, "length", &f->length);
+		if (bad == NULL && f->length != seg->buffers[i].length)
+			bad = "not the length the host decoded";
+		if (bad != NULL) {
+			h->log(h, TE_LOG_ERROR, "segment %s: buffer %zu: missing or bad \"length\" (%s)",
+			       s->name, i, bad);
 			goto out;
 		}
 		path = json_str(json_object_get_member(b, "file_path"));
@@ -166,7 +181,8 @@ static int parse_descriptor(nv_ctx *c, const te_segment_info *seg, nv_segment *s
 	}
 	rc = 0;
 out:
-	g_object_unref(p);
+	if (root != NULL)
+		json_node_unref(root);
 	return rc;
 }
 
@@ -197,29 +213,44 @@ static void dio_alignment(nv_file *f)
 	}
 }
 
-static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const struct stat *st, int extra);
+static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const char *rp, const struct stat *st,
+			int extra);
 
 /* Opens one file; on failure records why in f->err and leaves fd at -1. */
 static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 {
 	const te_host *h = c->host;
 	nv_file *f = &s->files[i];
-	int extra = O_CLOEXEC | (c->dsync ? O_DSYNC : 0);
-	struct stat st;
+	int extra = c->dsync ? O_DSYNC : 0;
+	char why[2 * PATH_MAX + 256], *rp = NULL;
+	struct stat pre, st;
 	int fd;
 
-	/* O_NONBLOCK so a FIFO put there by mistake cannot block the open. */
-	fd = open(f->path, O_RDWR | O_NONBLOCK | extra);
-	f->writable = fd >= 0;
-	if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM))
-		fd = open(f->path, O_RDONLY | O_NONBLOCK | extra);
+	/* The path comes from the store: only what TE_NVMEOF_ALLOW lists, and
+	 * only a regular file or block device, is ever opened. */
+	fd = nv_path_check(c, f->path, &rp, &pre, why, sizeof why);
 	if (fd < 0) {
-		f->err = -errno;
+		f->err = fd;
+		h->log(h, TE_LOG_WARN,
+		       "segment %s: file %zu (%s) %s: %s; transfers touching segment bytes [%llu, %llu) "
+		       "will fail",
+		       s->name, i, f->path, fd == TE_ERR_REJECTED ? "refused" : "cannot be opened", why,
+		       (unsigned long long)f->start, (unsigned long long)(f->start + f->length));
+		return;
+	}
+	/* O_NONBLOCK so a FIFO swapped in after the check cannot block the open. */
+	fd = nv_open_resolved(rp, O_RDWR | O_NONBLOCK | extra, &pre);
+	f->writable = fd >= 0;
+	if (fd == -EACCES || fd == -EROFS || fd == -EPERM)
+		fd = nv_open_resolved(rp, O_RDONLY | O_NONBLOCK | extra, &pre);
+	if (fd < 0) {
+		f->err = fd;
 		h->log(h, TE_LOG_WARN,
 		       "segment %s: file %zu (%s) cannot be opened: %s; transfers touching segment "
 		       "bytes [%llu, %llu) will fail",
-		       s->name, i, f->path, g_strerror(errno), (unsigned long long)f->start,
+		       s->name, i, f->path, nv_strerror(fd), (unsigned long long)f->start,
 		       (unsigned long long)(f->start + f->length));
+		free(rp);
 		return;
 	}
 	if (fstat(fd, &st) != 0) {
@@ -227,15 +258,7 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): fstat failed: %s", s->name, i, f->path,
 		       g_strerror(errno));
 		close(fd);
-		return;
-	}
-	if (!(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
-		f->err = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-		h->log(h, TE_LOG_WARN,
-		       "segment %s: file %zu (%s) is not a regular file or a block device; transfers "
-		       "touching it will fail",
-		       s->name, i, f->path);
-		close(fd);
+		free(rp);
 		return;
 	}
 	/* io_uring honours O_NONBLOCK on regular files by failing with EAGAIN
@@ -246,6 +269,7 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): fcntl failed: %s", s->name, i, f->path,
 		       g_strerror(errno));
 		close(fd);
+		free(rp);
 		return;
 	}
 	f->fd = fd;
@@ -267,7 +291,8 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 
 	f->fixed = nv_fixed_add(c, fd);
 	if (c->use_direct)
-		open_direct(c, s, i, &st, extra);
+		open_direct(c, s, i, rp, &st, extra);
+	free(rp);
 	h->log(h, TE_LOG_INFO, "segment %s: file %zu (%s) open, %s I/O, %s", s->name, i, f->path,
 	       f->dfd >= 0 ? "direct and buffered" : "buffered",
 	       f->fixed >= 0 && (f->dfd < 0 || f->dfixed >= 0) ? "registered with the rings"
@@ -277,7 +302,8 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 
 /* Opens the O_DIRECT descriptor of an open file, when its file system has
  * direct I/O. */
-static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const struct stat *st, int extra)
+static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const char *rp, const struct stat *st,
+			int extra)
 {
 	const te_host *h = c->host;
 	nv_file *f = &s->files[i];
@@ -288,18 +314,16 @@ static void open_direct(nv_ctx *c, nv_segment *s, size_t i, const struct stat *s
 		       s->name, f->path);
 		return;
 	}
-	int dfd = open(f->path, (f->writable ? O_RDWR : O_RDONLY) | O_DIRECT | extra);
-	struct stat dst;
-	if (dfd < 0) {
-		h->log(h, TE_LOG_INFO, "segment %s: %s: no O_DIRECT (%s); buffered I/O", s->name, f->path,
-		       g_strerror(errno));
-		return;
-	}
-	/* The path could have been replaced between the two opens. */
-	if (fstat(dfd, &dst) != 0 || dst.st_dev != st->st_dev || dst.st_ino != st->st_ino) {
+	/* The checked path again, and only if it is still the same file. */
+	int dfd = nv_open_resolved(rp, (f->writable ? O_RDWR : O_RDONLY) | O_DIRECT | extra, st);
+	if (dfd == -ESTALE) {
 		h->log(h, TE_LOG_WARN, "segment %s: %s changed while being opened; buffered I/O only",
 		       s->name, f->path);
-		close(dfd);
+		return;
+	}
+	if (dfd < 0) {
+		h->log(h, TE_LOG_INFO, "segment %s: %s: no O_DIRECT (%s); buffered I/O", s->name, f->path,
+		       g_strerror(-dfd));
 		return;
 	}
 	f->dfd = dfd;

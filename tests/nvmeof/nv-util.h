@@ -34,7 +34,9 @@ static inline void nv_cleanup(void)
 }
 
 /* A scratch directory on a disk file system (the build folder's, unless
- * TEST_TMPDIR says otherwise), removed at exit. */
+ * TEST_TMPDIR says otherwise), removed at exit. Engines may open the files
+ * in it and nothing else: TE_NVMEOF_ALLOW names it (tests that need more,
+ * or less, set their own). */
 static inline void nv_setup(void)
 {
 	const char *base = getenv("TEST_TMPDIR");
@@ -47,6 +49,7 @@ static inline void nv_setup(void)
 	snprintf(nv_dir, sizeof nv_dir, "%s/te-nvmeof-XXXXXX", base);
 	REQUIRE(mkdtemp(nv_dir) != NULL);
 	atexit(nv_cleanup);
+	REQUIRE(setenv("TE_NVMEOF_ALLOW", nv_dir, 1) == 0);
 	snprintf(store, sizeof store, "%s/store", nv_dir);
 	REQUIRE(mkdir(store, 0755) == 0);
 	/* a real store when a wrapper started one (with-store.sh), else the folder */

@@ -16,7 +16,8 @@
  *     --name LOCAL      (this engine's name, "bench")
  * --file registers a one-file segment for PATH (a regular file or a block
  * device, whose size the device reports) in the store first and removes it
- * afterwards. Prints one line:
+ * afterwards, and allows that file alone (TE_NVMEOF_ALLOW); with --segment the
+ * environment's TE_NVMEOF_ALLOW must list the segment's files. Prints one line:
  *   RESULT <op> <bs> <qd> <pattern> <MiB/s> <IOPS> <seconds> <requests>
  */
 #include <errno.h>
@@ -265,9 +266,14 @@ int main(int argc, char **argv)
 		segname = own_seg;
 	}
 
-	te_option opt[] = { { "transports", "nvmeof" } };
+	/* --file: the file named here is the one to serve, so it is the one
+	 * allowed; --segment: TE_NVMEOF_ALLOW from the environment decides. */
+	char *allow = file != NULL ? realpath(file, NULL) : NULL;
+	te_option opt[] = { { "transports", "nvmeof" }, { "TE_NVMEOF_ALLOW", allow } };
 	te_engine *e = NULL;
-	if ((rc = te_engine_create(conn, name, opt, 1, &e)) < 0)
+	rc = te_engine_create(conn, name, opt, allow != NULL ? 2 : 1, &e);
+	free(allow);
+	if (rc < 0)
 		return die("engine", rc);
 	te_segment_id seg = te_segment_open(e, segname);
 	if (seg < 0)

@@ -264,7 +264,8 @@ if command -v redis-server >/dev/null && plugin_there metadata redis; then
 		if "$register" -m "$md" register disk0 "$tmp/disk0.img" >/dev/null &&
 			"$register" -m "$md" mount disk0 "$tmp/disk0.img" "$tmp/disk0.img" --host te-bench-host >/dev/null; then
 			for op in write read; do
-				run "nvmeof-$op" 0 --metadata_server="$md" --protocol=nvmeof --segment_id=nvmeof/disk0 \
+				# the engine opens only what TE_NVMEOF_ALLOW lists
+				TE_NVMEOF_ALLOW=$tmp run "nvmeof-$op" 0 --metadata_server="$md" --protocol=nvmeof --segment_id=nvmeof/disk0 \
 					--local_server_name=te-bench-host --operation=$op --duration=1 --check --quiet \
 					--block_size=1M --batch_size=16 &&
 					grep -q "^te-bench: initiator $op over nvmeof" "$tmp/out" && ok "NVMe-oF file segment, $op"

@@ -210,9 +210,9 @@ static void *evil_loop(void *arg)
 			memcpy(out, &len, 8);
 			out[8] = hdr[8];
 			memcpy(out + 9, ev->reply, bl);
+			atomic_fetch_add(&ev->served, 1); /* before the client can return */
 			send_all(fd, out, 9 + bl);
 			free(out);
-			atomic_fetch_add(&ev->served, 1);
 		}
 		shutdown(fd, SHUT_WR);
 		closed_quietly(fd, 2000);

@@ -14,6 +14,8 @@
  * 2. A peer whose Metadata reply (its descriptor) is any of the same: this
  *    engine's te_segment_open fails with TE_ERR_METADATA, and te-bench as an
  *    initiator ends with an error, not a signal.
+ * 3. A te-bench target gets the frames of 1, then serves te-bench initiators
+ *    with --check, reading and writing, and stops cleanly.
  */
 #include <pthread.h>
 #include <sys/stat.h>
@@ -107,15 +109,10 @@ static bool alive(child *c)
 	return waitpid(c->pid, &st, WNOHANG) == 0;
 }
 
-/* ------------------------------------------------------- 1: the frames */
-
-static void test_frames_refused(void)
+/* Every payload in every frame kind to `port`: each must close without a
+ * reply, but for members a kind does not read. The time it took, in ms. */
+static long long flood(int port)
 {
-	char env_frame[] = "TE_RPC_MAX_FRAME=4194304";
-	char *env[] = { env_frame, NULL };
-	target t;
-	peer_target_start(&t, peer_bin, env, target_log);
-
 	static char in[1 << 16];
 	char *p[NPAY];
 	payloads(p, false, 1000000);
@@ -126,7 +123,7 @@ static void test_frames_refused(void)
 		for (int i = 0; i < NPAY; i++) {
 			/* An old-style frame starts with its JSON: a body that
 			 * opens with '[' is still one, '{' too. */
-			ssize_t r = raw_frame(t.rpc_port, kinds[k], p[i], in, sizeof in);
+			ssize_t r = raw_frame(port, kinds[k], p[i], in, sizeof in);
 			/* Metadata and Probe read no member of their body: well-formed
 			 * members of the wrong type are answered as usual. */
 			bool answered = i == 6 && (kinds[k] == 1 || kinds[k] == 3);
@@ -140,6 +137,20 @@ static void test_frames_refused(void)
 	long long dt = now_ms() - t0;
 	fprintf(stderr, "  %d hostile frames, %d treated as they must be, in %lld ms\n", sent, closed, dt);
 	CHECK_EQ(closed, sent);
+	payloads_free(p);
+	return dt;
+}
+
+/* ------------------------------------------------------- 1: the frames */
+
+static void test_frames_refused(void)
+{
+	char env_frame[] = "TE_RPC_MAX_FRAME=4194304";
+	char *env[] = { env_frame, NULL };
+	target t;
+	peer_target_start(&t, peer_bin, env, target_log);
+
+	long long dt = flood(t.rpc_port);
 	CHECK(alive(&t.c));
 
 	/* Still serving: a Probe, and a real initiator with every byte checked. */
@@ -163,12 +174,11 @@ static void test_frames_refused(void)
 		lines += strstr(line, "refused") != NULL;
 	fclose(f);
 	long long bound = 3 * TE_RATELIMIT_BURST * (dt / 1000 + 2);
-	fprintf(stderr, "  %d refusal lines logged for %d frames (bound %lld)\n", lines, sent, bound);
+	fprintf(stderr, "  %d refusal lines logged for %d frames (bound %lld)\n", lines, 5 * NPAY, bound);
 	CHECK(lines >= 1);
 	CHECK(lines <= bound);
-	CHECK(lines < sent);
+	CHECK(lines < 5 * NPAY);
 
-	payloads_free(p);
 	child_say(&t.c, "EXIT");
 	CHECK_EQ(child_stop(&t.c, 0), 0);
 }
@@ -296,6 +306,55 @@ static void test_descriptor_refused(void)
 	payloads_free(p);
 }
 
+/* ------------------------------------------ 3: a te-bench target, as users run it */
+
+static void test_bench_target(void)
+{
+	char log[200], *env[] = { "TE_RPC_MAX_FRAME=4194304", NULL };
+	snprintf(log, sizeof log, "%s/bench-target.log", dir);
+	char *av[] = { "/bin/sh", "-c",
+		       "exec \"$0\" --mode=target --protocol=tcp --local_server_name=127.0.0.1 "
+		       "--buffer_size=16777216 2>>\"$1\"",
+		       (char *)bench_bin, log, NULL };
+	child c;
+	REQUIRE(child_start(&c, av, env));
+	const char *rest = child_expect(&c, "te-bench: target ready, segment name ", 30000);
+	REQUIRE(rest != NULL);
+	char name[128];
+	REQUIRE(sscanf(rest, "%127s", name) == 1);
+	const char *colon = strrchr(name, ':');
+	REQUIRE(colon != NULL);
+	flood(atoi(colon + 1));
+	CHECK(alive(&c));
+
+	/* A real initiator with every byte checked, reads and writes. */
+	char arg[160];
+	snprintf(arg, sizeof arg, "--segment_id=%s", name);
+	for (int w = 0; w < 2; w++) {
+		char *iav[] = { (char *)bench_bin, arg, "--protocol=tcp", "--check", "--duration=1",
+				w ? "--operation=write" : "--operation=read", "--buffer_size=16777216",
+				"--quiet", NULL };
+		pid_t pid = fork();
+		REQUIRE(pid >= 0);
+		if (pid == 0) {
+			int null = open("/dev/null", O_WRONLY);
+			if (null >= 0)
+				dup2(null, 1);
+			execv(bench_bin, iav);
+			_exit(127);
+		}
+		int st = 0;
+		REQUIRE(waitpid(pid, &st, 0) == pid);
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			fprintf(stderr, "  te-bench --check (%s) ended with status %d\n", w ? "write" : "read", st);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	CHECK(log_has(log, "refused"));
+	int st = child_stop(&c, SIGTERM);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	unlink(log);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -309,6 +368,7 @@ int main(int argc, char **argv)
 	snprintf(target_log, sizeof target_log, "%s/target.log", dir);
 	TEST_RUN(test_frames_refused);
 	TEST_RUN(test_descriptor_refused);
+	TEST_RUN(test_bench_target);
 	unlink(target_log);
 	rmdir(dir);
 	return check_done();

@@ -4,7 +4,9 @@
  * lengths, allocated), record mount paths for hosts, update without losing
  * them, refuse what is wrong with a message saying so, and finally open the
  * registered segment from an engine whose name has a mount path, proving the
- * transport reads and writes the mounted file and not file_path.
+ * transport reads and writes the mounted file and not file_path. Stored
+ * descriptors it cannot trust (deep, huge, repeated keys, wrong types, bad
+ * lengths) are refused with a line saying why and left as they are.
  */
 #include <sys/wait.h>
 
@@ -192,6 +194,176 @@ static void test_engine_uses_registration(void)
 	CHECK_EQ(run_tool("-m %s show disk9", nv_conn), 1);
 }
 
+/* ------------------------------------------------ hostile descriptors */
+
+static const char *valid_desc =
+	"{\"buffers\":[{\"file_path\":\"/f\",\"length\":4096,\"local_path_map\":{}}],"
+	"\"protocol\":\"nvmeof\",\"server_name\":\"s\"}";
+
+/* Stores `text` under nvmeof/hostile; false when the store refuses a value
+ * that large (etcd takes 1.5 MiB by default). */
+static bool put_raw(const char *text)
+{
+	te_metadata *md = NULL;
+	char key[512];
+	REQUIRE(te_metadata_open(nv_conn, &md) == 0);
+	REQUIRE(te_metadata_segment_key("nvmeof/hostile", key, sizeof key) > 0);
+	int rc = te_metadata_put(md, key, text, strlen(text));
+	te_metadata_close(md);
+	if (rc != 0)
+		fprintf(stderr, "  (the store refuses %zu bytes: %s; case skipped)\n", strlen(text),
+			te_strerror(rc));
+	return rc == 0;
+}
+
+static bool stored_is(const char *text)
+{
+	te_metadata *md = NULL;
+	char *val = NULL;
+	size_t len = 0;
+	REQUIRE(te_metadata_open(nv_conn, &md) == 0);
+	int rc = te_metadata_get(md, "mooncake/nvmeof/hostile", &val, &len);
+	te_metadata_close(md);
+	bool same = rc == 0 && len == strlen(text) && memcmp(val, text, len) == 0;
+	te_free(val);
+	return same;
+}
+
+/* The tool refuses `text` with a line holding `why`, leaves it as it was,
+ * and takes a valid descriptor right after. */
+static void tool_refuses(const char *what, const char *text, const char *why)
+{
+	if (!put_raw(text))
+		return;
+	int rc = run_tool("-m %s mount hostile /f /mnt/f --host h1", nv_conn);
+	if (rc != 1)
+		fprintf(stderr, "  %s: exit %d\n", what, rc);
+	CHECK_EQ(rc, 1);
+	CHECK(out_has(why));
+	CHECK(stored_is(text));
+	REQUIRE(put_raw(valid_desc));
+	CHECK_EQ(run_tool("-m %s mount hostile /f /mnt/f --host h1", nv_conn), 0);
+	CHECK(out_has("\"local_path_map\":{\"h1\":\"/mnt/f\"}"));
+}
+
+static char *nest(const char *pre, const char *open, size_t n, const char *mid, const char *close,
+		  const char *post)
+{
+	GString *s = g_string_new(pre);
+	for (size_t i = 0; i < n; i++)
+		g_string_append(s, open);
+	g_string_append(s, mid);
+	for (size_t i = 0; i < n; i++)
+		g_string_append(s, close);
+	g_string_append(s, post);
+	return g_string_free(s, FALSE);
+}
+
+/* The valid descriptor with `field` in its buffer instead of the member of
+ * that name. */
+static char *buffer_with(const char *field)
+{
+	bool path = strncmp(field, "\"file_path\"", 11) == 0, len = strncmp(field, "\"length\"", 8) == 0;
+	return g_strdup_printf("{\"buffers\":[{%s%s%s}],\"protocol\":\"nvmeof\",\"server_name\":\"s\"}",
+			       path ? "" : "\"file_path\":\"/f\",", len ? "" : "\"length\":4096,", field);
+}
+
+static void test_hostile_descriptors(void)
+{
+	char *t;
+	t = nest("{\"buffers\":", "[", 100000, "", "]", ",\"protocol\":\"nvmeof\"}");
+	tool_refuses("deep arrays", t, "nested deeper than 8 levels");
+	g_free(t);
+	t = nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", 100000, "1", "}", "}");
+	tool_refuses("deep objects", t, "nested deeper than 8 levels");
+	g_free(t);
+	t = nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", 100000, "\"/f\"", "]",
+		 "}],\"protocol\":\"nvmeof\"}");
+	tool_refuses("deep path", t, "nested deeper than 8 levels");
+	g_free(t);
+	t = nest("{\"protocol\":\"nvmeof\",\"server_name\":", "{\"a\":", 100000, "\"s\"", "}", "}");
+	tool_refuses("deep server name", t, "nested deeper than 8 levels");
+	g_free(t);
+	t = nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
+	tool_refuses("nine levels", t, "nested deeper than 8 levels");
+	g_free(t);
+
+	GString *g = g_string_new("{\"protocol\":\"nvmeof\",\"buffers\":[");
+	for (size_t i = 0; i < 1000000; i++)
+		g_string_append(g, i ? ",0" : "0");
+	g_string_append(g, "]}");
+	tool_refuses("million elements", g->str, "array with more than 16384 elements");
+	g_string_free(g, TRUE);
+	char *big = g_malloc(1u << 20);
+	memset(big, 'a', (1u << 20) - 1);
+	big[(1u << 20) - 1] = '\0';
+	char *field = g_strdup_printf("\"file_path\":\"/%s\"", big);
+	t = buffer_with(field);
+	tool_refuses("huge path", t, "longer than 16384 bytes");
+	g_free(t);
+	g_free(field);
+	g_free(big);
+	big = g_malloc(9u << 20);
+	memset(big, ' ', (9u << 20) - 1);
+	big[(9u << 20) - 1] = '\0';
+	t = g_strdup_printf("{\"protocol\":\"nvmeof\"%s}", big);
+	tool_refuses("huge text", t, "over the limit of 8388608");
+	g_free(t);
+	g_free(big);
+
+	tool_refuses("protocol twice", "{\"protocol\":\"nvmeof\",\"buffers\":[],\"protocol\":\"nvmeof\"}",
+		     "key repeated");
+	static const struct {
+		const char *field, *why;
+	} cases[] = {
+		{ "\"length\":4096,\"length\":8192", "key repeated" },
+		{ "\"\\u0066ile_path\":\"/g\"", "key repeated" },
+		{ "\"local_path_map\":{\"h1\":\"/a\",\"h1\":\"/b\"}", "key repeated" },
+		{ "\"length\":\"4096\"", "\"length\" is of another type" },
+		{ "\"length\":null", "\"length\" is of another type" },
+		{ "\"file_path\":7", "\"file_path\" is not a path" },
+		{ "\"file_path\":[\"/f\"]", "\"file_path\" is not a path" },
+		{ "\"file_path\":\"\"", "\"file_path\" is not a path" },
+		{ "\"local_path_map\":[1]", "\"local_path_map\" is not an object" },
+		{ "\"local_path_map\":{\"h2\":7}", "local_path_map entry \"h2\" is not a host name and a path" },
+		{ "\"local_path_map\":{\"h2\":{}}", "local_path_map entry \"h2\" is not" },
+		{ "\"length\":-4096", "2^63" },
+		{ "\"length\":0", "2^63" },
+		{ "\"length\":4096.5", "\"length\" is of another type" },
+		{ "\"length\":4.096e3", "\"length\" is of another type" },
+		{ "\"length\":9223372036854775808", "2^63" },
+		{ "\"length\":18446744073709551615", "2^63" },
+		{ "\"length\":18446744073709551616", "outside [-2^63, " },
+		{ "\"length\":1e400", "out of range" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		t = buffer_with(cases[i].field);
+		tool_refuses(cases[i].field, t, cases[i].why);
+		g_free(t);
+	}
+	tool_refuses("no length", "{\"buffers\":[{\"file_path\":\"/f\"}],\"protocol\":\"nvmeof\"}",
+		     "\"length\" is missing");
+	tool_refuses("buffers an object", "{\"protocol\":\"nvmeof\",\"buffers\":{}}", "has no \"buffers\" array");
+	tool_refuses("buffer a number", "{\"protocol\":\"nvmeof\",\"buffers\":[7]}", "buffer 0 is not an object");
+	tool_refuses("server name a number", "{\"protocol\":\"nvmeof\",\"buffers\":[],\"server_name\":7}",
+		     "\"server_name\" is not a name");
+	tool_refuses("protocol a number", "{\"protocol\":7,\"buffers\":[]}",
+		     "is not an NVMe-oF descriptor (protocol not a string)");
+	tool_refuses("not JSON", "{\"protocol\":'nvmeof'}", "does not hold a descriptor this tool accepts");
+	tool_refuses("trailing bytes", "{\"protocol\":\"nvmeof\",\"buffers\":[]} x", "bytes after the value");
+	/* register keeps the mount paths of the stored descriptor, so it reads
+	 * it first, and refuses it the same way */
+	t = buffer_with("\"length\":-1");
+	REQUIRE(put_raw(t));
+	CHECK_EQ(run_tool("-m %s register hostile %s", nv_conn, nv_path("disk-a")), 1);
+	CHECK(out_has("2^63"));
+	CHECK(out_has("te-nvmeof-register remove deletes it"));
+	CHECK(stored_is(t));
+	g_free(t);
+	CHECK_EQ(run_tool("-m %s remove hostile", nv_conn), 0);
+	CHECK_EQ(run_tool("-m %s register hostile %s", nv_conn, nv_path("disk-a")), 0);
+}
+
 int main(void)
 {
 	tool = getenv("NV_REGISTER_TOOL");
@@ -203,5 +375,6 @@ int main(void)
 	TEST_RUN(test_register_and_mount);
 	TEST_RUN(test_errors);
 	TEST_RUN(test_engine_uses_registration);
+	TEST_RUN(test_hostile_descriptors);
 	return check_done();
 }

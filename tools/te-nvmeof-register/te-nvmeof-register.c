@@ -24,6 +24,7 @@
 #include <glib.h>
 #include <json-glib/json-glib.h>
 
+#include <te/te-json.h> /* after json-glib: te_json_load() */
 #include <te/te.h>
 
 #define PREFIX "nvmeof/"
@@ -45,7 +46,13 @@ static const char *usage_text =
 	"  -m, --metadata CONN   metadata connection string (etcd://h:p, redis://h:p,\n"
 	"                        http://h:p/metadata, ...); default $TE_METADATA_SERVER,\n"
 	"                        then $MC_METADATA_SERVER\n"
-	"  SEGMENT is \"disk0\" or \"nvmeof/disk0\"; the key is mooncake/nvmeof/disk0.\n";
+	"  SEGMENT is \"disk0\" or \"nvmeof/disk0\"; the key is mooncake/nvmeof/disk0.\n"
+	"\n"
+	"  Reading hosts open only what their TE_NVMEOF_ALLOW lists (engine option or\n"
+	"  environment): colon-separated directories (the regular files at or below\n"
+	"  them), files and block devices (exactly those). Unset, they open nothing.\n"
+	"  List where LOCAL_PATH (or FILE_PATH, for hosts without a mount path) lies,\n"
+	"  e.g. TE_NVMEOF_ALLOW=/mnt/te:/dev/nvme1n1 on each reading host.\n";
 
 static int usage(void)
 {
@@ -105,33 +112,64 @@ static void desc_free(descriptor *d)
 	g_free(d);
 }
 
-/* Parses a stored descriptor; NULL with a message when it is not one. */
-static descriptor *desc_parse(const char *text, const char *key)
+/* What a stored descriptor may be: the format nests 4 deep (object, buffers,
+ * buffer, local_path_map), has a few files and a map entry per reading host,
+ * and paths of at most PATH_MAX bytes (a few times that with escapes). The
+ * store is shared, so the text is bounded before it is parsed. */
+static const te_json_limits desc_limits = { 8, 16384, 262144, 4 * PATH_MAX, 8u << 20 };
+
+/* The string member `name` of `o`: NULL with *bad set when it is there but
+ * no string, or a string of 0 or PATH_MAX bytes or more. */
+static const char *str_member(JsonObject *o, const char *name, bool *bad)
 {
-	JsonParser *p = json_parser_new_immutable();
-	GError *err = NULL;
+	JsonNode *n = json_object_get_member(o, name);
+
+	*bad = false;
+	if (n == NULL)
+		return NULL;
+	if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING) {
+		*bad = true;
+		return NULL;
+	}
+	const char *s = json_node_get_string(n);
+	size_t len = strlen(s);
+	*bad = len == 0 || len >= PATH_MAX;
+	return *bad ? NULL : s;
+}
+
+/* Parses a stored descriptor; NULL with a message naming what is wrong when
+ * it is not one this tool may rewrite. */
+static descriptor *desc_parse(const char *text, size_t len, const char *key)
+{
+	char why[256];
 	descriptor *d = NULL;
 	JsonObject *root;
-	JsonNode *n;
+	JsonNode *top, *n;
+	bool bad;
 
-	if (!json_parser_load_from_data(p, text, -1, &err)) {
-		fprintf(stderr, "error: %s does not hold JSON: %s\n", key, err->message);
-		g_error_free(err);
-		goto out;
+	top = te_json_load(text, len, &desc_limits, why, sizeof why);
+	if (top == NULL) {
+		fprintf(stderr, "error: %s does not hold a descriptor this tool accepts: %s\n", key, why);
+		return NULL;
 	}
-	n = json_parser_get_root(p);
-	if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n)) {
+	if (!JSON_NODE_HOLDS_OBJECT(top)) {
 		fprintf(stderr, "error: %s does not hold a JSON object\n", key);
 		goto out;
 	}
-	root = json_node_get_object(n);
-	const char *proto = json_object_get_string_member_with_default(root, "protocol", "");
-	if (strcmp(proto, "nvmeof") != 0) {
-		fprintf(stderr, "error: %s is not an NVMe-oF descriptor (protocol \"%s\")\n", key, proto);
+	root = json_node_get_object(top);
+	const char *proto = str_member(root, "protocol", &bad);
+	if (proto == NULL || strcmp(proto, "nvmeof") != 0) {
+		fprintf(stderr, "error: %s is not an NVMe-oF descriptor (protocol %s%s%s)\n", key,
+			proto ? "\"" : "", proto ? proto : bad ? "not a string" : "missing", proto ? "\"" : "");
 		goto out;
 	}
 	d = desc_new();
-	d->server_name = g_strdup(json_object_get_string_member_with_default(root, "server_name", ""));
+	const char *server = str_member(root, "server_name", &bad);
+	if (bad) {
+		fprintf(stderr, "error: %s: \"server_name\" is not a name\n", key);
+		goto bad;
+	}
+	d->server_name = g_strdup(server ? server : "");
 	n = json_object_get_member(root, "buffers");
 	if (n == NULL || !JSON_NODE_HOLDS_ARRAY(n)) {
 		fprintf(stderr, "error: %s has no \"buffers\" array\n", key);
@@ -140,37 +178,61 @@ static descriptor *desc_parse(const char *text, const char *key)
 	JsonArray *arr = json_node_get_array(n);
 	for (guint i = 0; i < json_array_get_length(arr); i++) {
 		JsonNode *en = json_array_get_element(arr, i);
-		if (!JSON_NODE_HOLDS_OBJECT(en))
-			goto bad_buf;
+		if (!JSON_NODE_HOLDS_OBJECT(en)) {
+			fprintf(stderr, "error: %s: buffer %u is not an object\n", key, i);
+			goto bad;
+		}
 		JsonObject *b = json_node_get_object(en);
+		/* a length: an integer in [1, 2^63); fractions parse as doubles,
+		 * and json-glib wraps integers from 2^63 up to negative ones */
 		JsonNode *ln = json_object_get_member(b, "length");
-		JsonNode *pn = json_object_get_member(b, "file_path");
-		if (ln == NULL || json_node_get_value_type(ln) != G_TYPE_INT64 ||
-		    json_node_get_int(ln) <= 0 || pn == NULL || json_node_get_value_type(pn) != G_TYPE_STRING)
-			goto bad_buf;
-		file_entry *e = entry_new(json_node_get_string(pn), (uint64_t)json_node_get_int(ln));
+		if (ln == NULL || !JSON_NODE_HOLDS_VALUE(ln) || json_node_get_value_type(ln) != G_TYPE_INT64 ||
+		    json_node_get_int(ln) <= 0) {
+			fprintf(stderr, "error: %s: buffer %u: \"length\" is %s, not an integer in [1, 2^63)\n",
+				key, i,
+				ln == NULL ? "missing"
+				: JSON_NODE_HOLDS_VALUE(ln) && json_node_get_value_type(ln) == G_TYPE_INT64
+					? "out of range"
+					: "of another type");
+			goto bad;
+		}
+		const char *path = str_member(b, "file_path", &bad);
+		if (path == NULL) {
+			fprintf(stderr, "error: %s: buffer %u: \"file_path\" is %s\n", key, i,
+				bad ? "not a path" : "missing");
+			goto bad;
+		}
+		file_entry *e = entry_new(path, (uint64_t)json_node_get_int(ln));
 		g_ptr_array_add(d->files, e);
 		JsonNode *mn = json_object_get_member(b, "local_path_map");
-		if (mn != NULL && JSON_NODE_HOLDS_OBJECT(mn)) {
-			JsonObjectIter it;
-			const gchar *k;
-			JsonNode *v;
-			json_object_iter_init(&it, json_node_get_object(mn));
-			while (json_object_iter_next(&it, &k, &v))
-				if (JSON_NODE_HOLDS_VALUE(v) && json_node_get_value_type(v) == G_TYPE_STRING)
-					g_tree_replace(e->map, g_strdup(k), g_strdup(json_node_get_string(v)));
+		if (mn == NULL || JSON_NODE_HOLDS_NULL(mn))
+			continue;
+		if (!JSON_NODE_HOLDS_OBJECT(mn)) {
+			fprintf(stderr, "error: %s: buffer %u: \"local_path_map\" is not an object\n", key, i);
+			goto bad;
 		}
-		continue;
-	bad_buf:
-		fprintf(stderr, "error: %s: buffer %u lacks a positive \"length\" or a \"file_path\"\n", key, i);
-		goto bad;
+		JsonObjectIter it;
+		const gchar *k;
+		JsonNode *v;
+		json_object_iter_init(&it, json_node_get_object(mn));
+		while (json_object_iter_next(&it, &k, &v)) {
+			const char *local = str_member(json_node_get_object(mn), k, &bad);
+			if (local == NULL || *k == '\0') {
+				fprintf(stderr, "error: %s: buffer %u: local_path_map entry \"%.64s\" is not a "
+						"host name and a path\n",
+					key, i, k);
+				goto bad;
+			}
+			g_tree_replace(e->map, g_strdup(k), g_strdup(local));
+		}
 	}
 	goto out;
 bad:
 	desc_free(d);
 	d = NULL;
+	fprintf(stderr, "(te-nvmeof-register remove deletes it; register then writes a new one)\n");
 out:
-	g_object_unref(p);
+	json_node_unref(top);
 	return d;
 }
 
@@ -280,7 +342,7 @@ static descriptor *load(ctx *c, int *rc)
 			fprintf(stderr, "error: reading %s failed: %s\n", c->key, te_strerror(*rc));
 		return NULL;
 	}
-	descriptor *d = desc_parse(val, c->key);
+	descriptor *d = desc_parse(val, len, c->key);
 	te_free(val);
 	if (d == NULL)
 		*rc = TE_ERR_METADATA;

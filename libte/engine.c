@@ -5,11 +5,29 @@
 
 #include "internal.h"
 
-#define DRAIN_TIMEOUT_MS 60000
+#define DRAIN_TIMEOUT_DEFAULT_MS 60000
+#define TIMEOUT_MAX_MS 3600000 /* an hour: any bound above it is a mistake */
 
 const char *te_engine_option(const te_engine *e, const char *key)
 {
 	return e && e->options ? g_hash_table_lookup(e->options, key) : NULL;
+}
+
+uint64_t te_engine_option_u64(const te_engine *e, const char *name, uint64_t def, uint64_t min,
+			      uint64_t max)
+{
+	const char *v = te_engine_option(e, name);
+	uint64_t n;
+
+	if (v == NULL)
+		v = te_env2(name, NULL);
+	if (v == NULL)
+		return def;
+	if (te_parse_u64(v, &n) && n >= min && n <= max)
+		return n;
+	te_warn("%s=%s is not a number from %llu to %llu; using %llu", name, v, (unsigned long long)min,
+		(unsigned long long)max, (unsigned long long)def);
+	return def;
 }
 
 const char *te_engine_name(const te_engine *e)
@@ -29,14 +47,14 @@ const char *te_engine_address(const te_engine *e)
 
 /* Waits, bounded, until *counter is 0. Polls: the counter's last decrement is
  * the last thing a completing thread does with the engine (see batch.c). */
-static bool drain(atomic_long *counter, const char *what)
+static bool drain(atomic_long *counter, const char *what, int64_t ms)
 {
-	int64_t end = te_now_ms() + DRAIN_TIMEOUT_MS, warn = te_now_ms() + 5000;
+	int64_t end = te_now_ms() + ms, warn = te_now_ms() + 5000;
 
 	while (atomic_load(counter) > 0) {
 		if (te_now_ms() > end) {
-			te_err("%s: %ld tasks still in flight after %d ms", what, atomic_load(counter),
-			       DRAIN_TIMEOUT_MS);
+			te_err("%s: %ld tasks still in flight after %lld ms (TE_DRAIN_TIMEOUT_MS)", what,
+			       atomic_load(counter), (long long)ms);
 			return false;
 		}
 		if (te_now_ms() > warn) {
@@ -48,13 +66,14 @@ static bool drain(atomic_long *counter, const char *what)
 	return true;
 }
 
-static bool drain_int(atomic_int *counter, const char *what)
+static bool drain_int(atomic_int *counter, const char *what, int64_t ms)
 {
-	int64_t end = te_now_ms() + DRAIN_TIMEOUT_MS;
+	int64_t end = te_now_ms() + ms;
 
 	while (atomic_load(counter) > 0) {
 		if (te_now_ms() > end) {
-			te_err("%s: still busy (%d) after %d ms", what, atomic_load(counter), DRAIN_TIMEOUT_MS);
+			te_err("%s: still busy (%d) after %lld ms (TE_DRAIN_TIMEOUT_MS)", what,
+			       atomic_load(counter), (long long)ms);
 			return false;
 		}
 		g_usleep(1000);
@@ -229,7 +248,7 @@ static int uninstall(te_engine *e, te_transport_inst *tp)
 	}
 	/* Transfers already handed over finish on their own (bounded by the
 	 * transport's timeouts); versions of segments bound to it go with them. */
-	if (!drain_int(&tp->inflight, name) || !drain_int(&tp->segvers, name)) {
+	if (!drain_int(&tp->inflight, name, e->drain_ms) || !drain_int(&tp->segvers, name, e->drain_ms)) {
 		te_err("transport %s did not finish its transfers; leaving it loaded", name);
 		return -EBUSY;
 	}
@@ -482,6 +501,11 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	te_batches_init(e);
 	for (size_t i = 0; i < n_options; i++)
 		g_hash_table_replace(e->options, g_strdup(options[i].key), g_strdup(options[i].value));
+	e->drain_ms = (int64_t)te_engine_option_u64(e, "TE_DRAIN_TIMEOUT_MS", DRAIN_TIMEOUT_DEFAULT_MS, 0,
+						    TIMEOUT_MAX_MS);
+	e->mem.unregister_ms = (int64_t)te_engine_option_u64(e, "TE_UNREGISTER_TIMEOUT_MS",
+							     TE_UNREGISTER_TIMEOUT_DEFAULT_MS, 0,
+							     TIMEOUT_MAX_MS);
 	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
 	e->notify_pool = te_notify_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
@@ -552,13 +576,33 @@ fail:
 	return rc;
 }
 
+/* Tasks outlived the drain: their transport threads will still complete
+ * them into the batches, the engine's counters and pools, and may still
+ * call the host. Freeing any of it would be a use after free, so all of it
+ * stays allocated; what can end without touching them does: the RPC
+ * server, the published descriptor, and peers' access to the registered
+ * memory (their requests in progress cut off as by te_unregister_memory). */
+static void abandon(te_engine *e, long inflight)
+{
+	te_err("engine %s: %ld tasks still in flight after %lld ms (TE_DRAIN_TIMEOUT_MS): the engine is left "
+	       "allocated rather than freed under them (their transport completes them later)",
+	       e->name ? e->name : "?", inflight, (long long)e->drain_ms);
+	te_rpc_server_stop(e->rpc);
+	e->rpc = NULL;
+	unpublish(e);
+	te_memreg_revoke_all(e);
+}
+
 void te_engine_destroy(te_engine *e)
 {
 	if (e == NULL)
 		return;
 	e->closing = true;
 	te_batches_cancel_all(e);
-	drain(&e->inflight, "engine shutdown");
+	if (!drain(&e->inflight, "engine shutdown", e->drain_ms)) {
+		abandon(e, atomic_load(&e->inflight));
+		return;
+	}
 	te_stage_quiesce(e);
 	/* Its jobs fetch descriptors and release segment versions: before the
 	 * RPC client, the segments and the transports go. */
@@ -571,12 +615,22 @@ void te_engine_destroy(te_engine *e)
 	g_thread_pool_free(e->reaper, FALSE, TRUE);
 	g_thread_pool_free(e->notify_pool, FALSE, TRUE);
 	g_rec_mutex_lock(&e->ctl);
+	bool stuck = false;
 	while (e->transports->len > 0) {
 		te_transport_inst *tp = g_ptr_array_index(e->transports, e->transports->len - 1);
-		if (uninstall(e, tp) < 0)
+		if (uninstall(e, tp) < 0) {
 			g_ptr_array_remove(e->transports, tp); /* leaked on purpose, see uninstall */
+			stuck = true;
+		}
 	}
 	g_rec_mutex_unlock(&e->ctl);
+	if (stuck) {
+		/* A transport still running calls into the host with this engine,
+		 * pins and releases its memory: none of that may be freed. */
+		te_err("engine %s: a transport did not stop; the engine is left allocated", e->name);
+		te_memreg_revoke_all(e);
+		return;
+	}
 	te_local_fini(e);
 	te_metadata_close(e->md);
 	te_notify_clear(e);

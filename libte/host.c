@@ -49,25 +49,44 @@ static int host_canceled(const te_host *h, const te_transfer *t)
 	return atomic_load_explicit(&task->batch->canceled, memory_order_relaxed);
 }
 
-static int host_buffer_acquire(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
-			       te_buffer_pin *pin)
+static int acquire(const te_host *h, uint64_t addr, uint64_t len, unsigned need, te_buffer_pin *pin,
+		   bool revocable)
 {
 	const te_host_ctx *hc = ctx_of(h);
 
 	if (hc->engine == NULL || pin == NULL)
 		return -ENOTSUP;
 	int rc = te_memreg_acquire(&hc->engine->mem, addr, len, need, pin);
-	if (rc == 0 && ((const te_region *)pin->priv)->dev != NULL &&
+	if (rc == 0 && te_pin_region(pin)->dev != NULL &&
 	    (hc->plugin == NULL || hc->plugin->kind != TE_KIND_TRANSPORT ||
 	     !(((const te_transport_ops *)hc->plugin->desc->ops)->flags &
 	       (TE_TRANSPORT_DEVICE_MEMORY | TE_TRANSPORT_DEVICE_PINS)))) {
-		/* A transport that cannot move device memory must not touch it. */
-		te_dbg("%s: %#llx+%llu is device memory, which this transport does not serve",
-		       hc->plugin ? hc->plugin->name : "?", (unsigned long long)addr, (unsigned long long)len);
+		/* A transport that cannot move device memory must not touch it.
+		 * A peer's request can land here: rate-limited. */
+		static te_ratelimit rl;
+		unsigned held;
+		if (te_log_enabled(TE_LOG_DEBUG) && te_ratelimit_allow(&rl, &held))
+			te_dbg("%s: %#llx+%llu is device memory, which this transport does not serve (%u "
+			       "similar lines held back)", hc->plugin ? hc->plugin->name : "?",
+			       (unsigned long long)addr, (unsigned long long)len, held);
 		te_memreg_release(&hc->engine->mem, pin);
 		return TE_ERR_ADDRESS;
 	}
+	if (rc == 0 && !revocable)
+		te_memreg_pin_hard(pin);
 	return rc;
+}
+
+static int host_buffer_acquire(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
+			       te_buffer_pin *pin)
+{
+	return acquire(h, addr, len, need, pin, false);
+}
+
+static int host_buffer_acquire_revocable(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
+					 te_buffer_pin *pin)
+{
+	return acquire(h, addr, len, need, pin, true);
 }
 
 static void host_buffer_release(const te_host *h, te_buffer_pin *pin)
@@ -76,6 +95,19 @@ static void host_buffer_release(const te_host *h, te_buffer_pin *pin)
 
 	if (hc->engine != NULL && pin != NULL)
 		te_memreg_release(&hc->engine->mem, pin);
+}
+
+static int host_buffer_enter(const te_host *h, const te_buffer_pin *pin)
+{
+	(void)h;
+	return pin != NULL && pin->priv != NULL && te_region_enter(te_pin_region(pin));
+}
+
+static void host_buffer_leave(const te_host *h, const te_buffer_pin *pin)
+{
+	(void)h;
+	if (pin != NULL && pin->priv != NULL)
+		te_region_leave(te_pin_region(pin));
 }
 
 static int host_rpc_handle(const te_host *h, int type, te_rpc_handler fn, void *user)
@@ -178,21 +210,30 @@ static int host_auth_accept(const te_host *h, int fd, int channel, const char *p
 static int host_buffer_is_device(const te_host *h, const te_buffer_pin *pin)
 {
 	(void)h;
-	return pin != NULL && pin->priv != NULL && ((const te_region *)pin->priv)->dev != NULL;
+	return pin != NULL && pin->priv != NULL && te_pin_region(pin)->dev != NULL;
 }
 
 static int host_buffer_copy(const te_host *h, const te_buffer_pin *pin, void *dst, const void *src,
 			    size_t len)
 {
-	(void)h;
+	const te_host_ctx *hc = ctx_of(h);
+	int rc = 0;
+
 	if (pin == NULL || pin->priv == NULL || (dst == NULL && len > 0) || (src == NULL && len > 0))
 		return -EINVAL;
-	te_device *d = ((const te_region *)pin->priv)->dev;
-	if (d == NULL) {
-		memmove(dst, src, len);
-		return 0;
+	te_region *r = te_pin_region(pin);
+	if (!te_region_enter(r)) {
+		/* Unregistered under the request (TE_UNREGISTER_TIMEOUT_MS). */
+		te_warn_limited("%s: %p+%zu was unregistered under a peer's request; not copied",
+				hc->plugin ? hc->plugin->name : "?", r->addr, r->length);
+		return TE_ERR_ADDRESS;
 	}
-	return te_device_copy_with(d, dst, src, len);
+	if (r->dev == NULL)
+		memmove(dst, src, len);
+	else
+		rc = te_device_copy_with(r->dev, dst, src, len);
+	te_region_leave(r);
+	return rc;
 }
 
 static int host_device_dmabuf(const te_host *h, const void *addr, size_t len, int *fd,
@@ -285,5 +326,8 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.device_ipc_open = host_device_ipc_open,
 		.device_ipc_close = host_device_ipc_close,
 		.device_copy = host_device_copy,
+		.buffer_acquire_revocable = host_buffer_acquire_revocable,
+		.buffer_enter = host_buffer_enter,
+		.buffer_leave = host_buffer_leave,
 	};
 }

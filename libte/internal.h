@@ -3,6 +3,7 @@
 #ifndef TE_INTERNAL_H
 #define TE_INTERNAL_H
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -147,6 +148,10 @@ int te_device_copy_at(const char *location, void *dst, const void *src, size_t l
 int te_devices_list(te_device_info *out, size_t max, size_t *n);
 
 /* ------------------------------------------------------------ memory.c */
+#define TE_ACCESS_SHARDS 8
+#define TE_PINS_ABANDONED (INT_MIN / 2)
+#define TE_UNREGISTER_TIMEOUT_DEFAULT_MS 5000
+
 typedef struct te_region {
 	void *addr;
 	size_t length;
@@ -157,7 +162,18 @@ typedef struct te_region {
 	/* Device memory: the transports that registered it to move it
 	 * themselves (GPUDirect); the others get it staged. NULL: none. */
 	GHashTable *direct;
+	/* Pins held. Once an unregister gave up waiting for them it adds
+	 * TE_PINS_ABANDONED: whoever brings the sum down to exactly that
+	 * value frees the region. */
 	atomic_int pins;
+	atomic_int hard_pins; /* of them, pins that cannot be revoked (buffer_acquire) */
+	atomic_bool revoked;  /* unregistered under revocable pins: touch nothing */
+	/* Threads between buffer_enter and buffer_leave, spread over cache
+	 * lines so that I/O threads serving one region do not contend. */
+	struct {
+		atomic_int n;
+		char pad[64 - sizeof(atomic_int)];
+	} active[TE_ACCESS_SHARDS];
 	bool dying;         /* left out of the descriptor, about to be removed */
 	GHashTable *fields; /* te_transport_inst* → JSON text from mem_register */
 } te_region;
@@ -168,14 +184,28 @@ typedef struct te_memreg {
 	GMutex pin_lock;
 	GCond pin_cond;
 	atomic_int retiring; /* unregisters waiting for pins to drop */
+	int64_t unregister_ms; /* how long an unregister waits for pins (TE_UNREGISTER_TIMEOUT_MS) */
 } te_memreg;
 
 void te_memreg_init(te_memreg *m);
 void te_memreg_clear(te_memreg *m);
 /* The region wholly containing [addr, addr+len) (caller holds lock). */
 te_region *te_memreg_find_locked(te_memreg *m, uint64_t addr, uint64_t len);
+/* A revocable pin (te_host's buffer_acquire_revocable): unregistering waits
+ * for it at most unregister_ms. */
 int te_memreg_acquire(te_memreg *m, uint64_t addr, uint64_t len, unsigned need, te_buffer_pin *pin);
+/* Makes a pin just acquired one that unregistering waits for without bound
+ * (te_host's buffer_acquire: a holder that knows nothing of revocation). */
+void te_memreg_pin_hard(te_buffer_pin *pin);
 void te_memreg_release(te_memreg *m, te_buffer_pin *pin);
+/* The region of a pin; NULL for an empty one. */
+te_region *te_pin_region(const te_buffer_pin *pin);
+/* Brackets a touch of a pinned region's bytes: false once it was revoked. */
+bool te_region_enter(te_region *r);
+void te_region_leave(te_region *r);
+/* Unregisters every region (engine destroy that must leave the engine
+ * allocated): no peer reaches the memory afterwards. */
+void te_memreg_revoke_all(struct te_engine *e);
 int te_region_attach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 void te_region_detach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
@@ -422,9 +452,14 @@ struct te_engine {
 
 	bool published;
 	atomic_bool closing; /* read by completion and pool threads */
+	int64_t drain_ms;    /* how long destroy and uninstall wait for tasks (TE_DRAIN_TIMEOUT_MS) */
 };
 
 int te_engine_publish(struct te_engine *e);
 const char *te_engine_option(const struct te_engine *e, const char *key);
+/* A number option: the engine option `name`, else the environment variable;
+ * `def` when unset, and with a warning when not a number in [min, max]. */
+uint64_t te_engine_option_u64(const struct te_engine *e, const char *name, uint64_t def, uint64_t min,
+			      uint64_t max);
 
 #endif

@@ -1,5 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Process-wide logging: one level, one handler, both swappable at run time. */
+/*
+ * Process-wide logging: one level, one handler, both swappable at run time.
+ *
+ * The handler runs outside every lock of libte, so it may call libte itself
+ * and may take locks of its own (a language runtime's) that other threads
+ * hold while they call libte. It is counted while in use: replacing it waits
+ * until no thread is still inside the old one, so that its `user` may be
+ * freed then, except when the replacing call comes from inside a handler
+ * (it would wait for itself). A line logged from inside the handler goes to
+ * stderr rather than back into it: no recursion.
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,9 +19,19 @@
 #include "internal.h"
 
 static atomic_int log_level = -1; /* -1: not read from the environment yet */
+
+typedef struct log_handler {
+	te_log_fn fn;
+	void *user;
+	unsigned users; /* threads inside fn (log_lock) */
+	bool waited;    /* its replacer waits for users to drop to 0, then frees it */
+} log_handler;
+
+/* Guards log_cur and the handlers' counts only; never held around a call. */
 static GMutex log_lock;
-static te_log_fn log_fn;
-static void *log_user;
+static GCond log_cond;
+static log_handler *log_cur; /* NULL: stderr */
+static _Thread_local unsigned log_depth; /* handlers this thread is inside */
 
 /* What te_last_error() returns: the calling thread's last error line. */
 static _Thread_local char last_error[512];
@@ -81,15 +101,45 @@ bool te_log_enabled(int level)
 
 void te_set_log_handler(te_log_fn fn, void *user)
 {
+	log_handler *h = NULL, *old;
+
+	if (fn != NULL) {
+		h = g_new0(log_handler, 1);
+		h->fn = fn;
+		h->user = user;
+	}
 	g_mutex_lock(&log_lock);
-	log_fn = fn;
-	log_user = user;
+	old = log_cur;
+	log_cur = h;
+	/* From inside a handler the caller counts among the users itself:
+	 * the last user frees the old one instead. */
+	if (old != NULL && old->users > 0 && log_depth == 0) {
+		old->waited = true;
+		while (old->users > 0)
+			g_cond_wait(&log_cond, &log_lock);
+	}
+	bool free_old = old != NULL && old->users == 0;
 	g_mutex_unlock(&log_lock);
+	if (free_old)
+		g_free(old);
+}
+
+static void log_stderr(int level, const char *domain, const char *msg)
+{
+	struct timespec ts;
+	struct tm tm;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	localtime_r(&ts.tv_sec, &tm);
+	/* One call: stdio writes it whole, whatever other threads write. */
+	fprintf(stderr, "%02d:%02d:%02d.%03ld %-5s [%s] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+		ts.tv_nsec / 1000000, level_names[level], domain ? domain : "te", msg);
 }
 
 void te_logv(int level, const char *domain, const char *fmt, va_list ap)
 {
 	char msg[1024];
+	log_handler *h = NULL;
 
 	if (!te_log_enabled(level))
 		return;
@@ -101,18 +151,31 @@ void te_logv(int level, const char *domain, const char *fmt, va_list ap)
 	if (level > TE_LOG_TRACE)
 		level = TE_LOG_TRACE;
 
+	if (log_depth == 0) {
+		g_mutex_lock(&log_lock);
+		h = log_cur;
+		if (h != NULL)
+			h->users++;
+		g_mutex_unlock(&log_lock);
+	}
+	if (h == NULL) {
+		log_stderr(level, domain, msg);
+		return;
+	}
+	log_depth++;
+	h->fn(level, domain, msg, h->user);
+	log_depth--;
+	bool free_it = false;
 	g_mutex_lock(&log_lock);
-	if (log_fn != NULL) {
-		log_fn(level, domain, msg, log_user);
-	} else {
-		struct timespec ts;
-		struct tm tm;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		localtime_r(&ts.tv_sec, &tm);
-		fprintf(stderr, "%02d:%02d:%02d.%03ld %-5s [%s] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-			ts.tv_nsec / 1000000, level_names[level], domain ? domain : "te", msg);
+	if (--h->users == 0 && h != log_cur) {
+		if (h->waited)
+			g_cond_broadcast(&log_cond);
+		else
+			free_it = true; /* replaced from inside a handler: nobody waits for it */
 	}
 	g_mutex_unlock(&log_lock);
+	if (free_it)
+		g_free(h);
 }
 
 void te_log(int level, const char *domain, const char *fmt, ...)

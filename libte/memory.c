@@ -4,6 +4,13 @@
  * reader/writer lock. Lookups (every submit, every remote request a transport
  * serves) take the read lock for a binary search; a remote request pins its
  * region so that unregistering waits for it instead of freeing under it.
+ *
+ * That wait is bounded (TE_UNREGISTER_TIMEOUT_MS): a peer that drips a
+ * WRITE's bytes holds its pin as long as it likes. Past the bound the region
+ * is revoked: its holders touch its bytes only between buffer_enter and
+ * buffer_leave, which fail from then on, so once the unregister has seen
+ * every stretch in progress end, nobody reads or writes the memory again and
+ * it returns. The region's struct lives on until its last pin is released.
  */
 #include <numa.h>
 #include <numaif.h>
@@ -31,6 +38,7 @@ void te_memreg_init(te_memreg *m)
 	g_cond_init(&m->pin_cond);
 	atomic_init(&m->retiring, 0);
 	m->regions = g_ptr_array_new();
+	m->unregister_ms = TE_UNREGISTER_TIMEOUT_DEFAULT_MS;
 }
 
 void te_memreg_clear(te_memreg *m)
@@ -79,6 +87,61 @@ te_region *te_memreg_find_locked(te_memreg *m, uint64_t addr, uint64_t len)
 	return r;
 }
 
+/* Pins of buffer_acquire carry this bit in their priv. */
+#define PIN_HARD ((uintptr_t)1)
+
+te_region *te_pin_region(const te_buffer_pin *pin)
+{
+	return (te_region *)((uintptr_t)pin->priv & ~PIN_HARD);
+}
+
+/* The calling thread's slot in te_region.active, the same for its life. */
+static unsigned access_shard(void)
+{
+	static atomic_uint next;
+	static _Thread_local unsigned shard = UINT_MAX;
+
+	if (shard == UINT_MAX)
+		shard = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) % TE_ACCESS_SHARDS;
+	return shard;
+}
+
+/* Sequentially consistent against region_revoke's store and sum: either this
+ * sees the flag, or the revoking thread sees this count and waits for it. */
+bool te_region_enter(te_region *r)
+{
+	atomic_int *n = &r->active[access_shard()].n;
+
+	atomic_fetch_add(n, 1);
+	if (atomic_load(&r->revoked)) {
+		atomic_fetch_sub(n, 1);
+		return false;
+	}
+	return true;
+}
+
+void te_region_leave(te_region *r)
+{
+	atomic_fetch_sub_explicit(&r->active[access_shard()].n, 1, memory_order_release);
+}
+
+static int active_sum(te_region *r)
+{
+	int sum = 0;
+
+	for (int i = 0; i < TE_ACCESS_SHARDS; i++)
+		sum += atomic_load(&r->active[i].n);
+	return sum;
+}
+
+void te_memreg_pin_hard(te_buffer_pin *pin)
+{
+	te_region *r = te_pin_region(pin);
+
+	atomic_fetch_add(&r->hard_pins, 1);
+	pin->priv = (void *)((uintptr_t)r | PIN_HARD);
+}
+
 int te_memreg_acquire(te_memreg *m, uint64_t addr, uint64_t len, unsigned need, te_buffer_pin *pin)
 {
 	te_region *r;
@@ -101,16 +164,24 @@ int te_memreg_acquire(te_memreg *m, uint64_t addr, uint64_t len, unsigned need, 
 
 void te_memreg_release(te_memreg *m, te_buffer_pin *pin)
 {
-	te_region *r = pin->priv;
+	te_region *r = te_pin_region(pin);
 
 	if (r == NULL)
 		return;
+	if ((uintptr_t)pin->priv & PIN_HARD)
+		atomic_fetch_sub(&r->hard_pins, 1);
 	pin->priv = NULL;
 	/* Only an unregister in progress waits on this: wake it, and only then,
 	 * as the wake is a system call and this runs once per remote request.
 	 * Sequentially consistent against region_retire's increment and load;
-	 * `r` may be gone once the count is down, so only `m` is read after. */
-	if (atomic_fetch_sub(&r->pins, 1) == 1 && atomic_load(&m->retiring) > 0) {
+	 * `r` may be gone once the count is down, so only `m` is read after,
+	 * unless the unregister gave the region up: then the last pin frees it. */
+	int left = atomic_fetch_sub(&r->pins, 1) - 1;
+	if (left == TE_PINS_ABANDONED) {
+		region_free(r);
+		return;
+	}
+	if (left == 0 && atomic_load(&m->retiring) > 0) {
 		g_mutex_lock(&m->pin_lock);
 		g_cond_broadcast(&m->pin_cond);
 		g_mutex_unlock(&m->pin_lock);
@@ -265,18 +336,61 @@ static gint cmp_region(gconstpointer a, gconstpointer b)
 	return (uintptr_t)x->addr < (uintptr_t)y->addr ? -1 : (uintptr_t)x->addr > (uintptr_t)y->addr;
 }
 
-/* Waits until no remote request holds the region, then lets transports go. */
-static void region_retire(te_engine *e, te_region *r)
+/* Past the bound: no holder may touch the memory from here on. Waits for
+ * the stretches between buffer_enter and buffer_leave in progress (a
+ * non-blocking system call or a copy each), and for hard pins, whose holders
+ * cannot be told (a transport built before ABI 1.4: as before, unbounded). */
+static void region_revoke(te_region *r)
 {
+	int64_t warn = te_now_ms() + 5000;
+
+	atomic_store(&r->revoked, true);
+	while (active_sum(r) > 0)
+		g_usleep(50);
+	while (atomic_load(&r->hard_pins) > 0) {
+		if (te_now_ms() > warn) {
+			te_warn("unregister memory %p+%zu: still waiting for %d requests of a transport that "
+				"cannot be cut off (built before plugin ABI 1.4)", r->addr, r->length,
+				atomic_load(&r->hard_pins));
+			warn += 5000;
+		}
+		g_usleep(1000);
+	}
+}
+
+/* Waits until no remote request holds the region, at most until `deadline`
+ * (g_get_monotonic_time), then lets transports go. Past the deadline the
+ * requests holding it are cut off (region_revoke) and their last release
+ * frees the region. True when some were. */
+static bool region_retire(te_engine *e, te_region *r, gint64 deadline)
+{
+	bool in_time = true;
+
 	g_mutex_lock(&e->mem.pin_lock);
 	atomic_fetch_add(&e->mem.retiring, 1); /* before reading pins: see te_memreg_release */
-	while (atomic_load(&r->pins) > 0)
-		g_cond_wait(&e->mem.pin_cond, &e->mem.pin_lock);
+	while (atomic_load(&r->pins) > 0 && in_time)
+		in_time = g_cond_wait_until(&e->mem.pin_cond, &e->mem.pin_lock, deadline) ||
+			  atomic_load(&r->pins) == 0;
 	atomic_fetch_sub(&e->mem.retiring, 1);
 	g_mutex_unlock(&e->mem.pin_lock);
+	int held = atomic_load(&r->pins);
+	if (held > 0) {
+		te_warn_limited("unregister memory %p+%zu: %d remote requests still hold it after %lld ms "
+				"(TE_UNREGISTER_TIMEOUT_MS); cutting them off", r->addr, r->length, held,
+				(long long)e->mem.unregister_ms);
+		region_revoke(r);
+	}
 	for (guint i = 0; i < e->transports->len; i++)
 		te_region_detach(e, g_ptr_array_index(e->transports, i), r);
-	region_free(r);
+	/* Exactly one of this and the last release sees no pins left. */
+	if (atomic_fetch_add(&r->pins, TE_PINS_ABANDONED) == 0)
+		region_free(r);
+	return held > 0;
+}
+
+static gint64 retire_deadline(te_engine *e)
+{
+	return g_get_monotonic_time() + e->mem.unregister_ms * 1000;
 }
 
 static int register_regions(te_engine *e, const te_memory_region *regs, size_t n, bool hidden);
@@ -381,8 +495,9 @@ static int register_regions(te_engine *e, const te_memory_region *regs, size_t n
 		for (guint i = 0; i < added->len; i++)
 			region_remove_locked(&e->mem, g_ptr_array_index(added, i));
 		g_rw_lock_writer_unlock(&e->mem.lock);
+		gint64 deadline = retire_deadline(e);
 		for (guint i = 0; i < added->len; i++)
-			region_retire(e, g_ptr_array_index(added, i));
+			region_retire(e, g_ptr_array_index(added, i), deadline);
 	} else {
 		for (guint i = 0; i < added->len; i++) {
 			te_region *r = g_ptr_array_index(added, i);
@@ -446,12 +561,28 @@ int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
 		for (guint i = 0; i < gone->len; i++)
 			region_remove_locked(&e->mem, g_ptr_array_index(gone, i));
 		g_rw_lock_writer_unlock(&e->mem.lock);
+		/* One bound for the whole call. */
+		gint64 deadline = retire_deadline(e);
 		for (guint i = 0; i < gone->len; i++)
-			region_retire(e, g_ptr_array_index(gone, i));
+			region_retire(e, g_ptr_array_index(gone, i), deadline);
 	}
 	g_ptr_array_unref(gone);
 	g_rec_mutex_unlock(&e->ctl);
 	return rc;
+}
+
+void te_memreg_revoke_all(te_engine *e)
+{
+	g_rec_mutex_lock(&e->ctl);
+	g_rw_lock_writer_lock(&e->mem.lock);
+	GPtrArray *gone = e->mem.regions;
+	e->mem.regions = g_ptr_array_new();
+	g_rw_lock_writer_unlock(&e->mem.lock);
+	gint64 deadline = retire_deadline(e);
+	for (guint i = 0; i < gone->len; i++)
+		region_retire(e, g_ptr_array_index(gone, i), deadline);
+	g_ptr_array_unref(gone);
+	g_rec_mutex_unlock(&e->ctl);
 }
 
 int te_unregister_memory(te_engine *e, void *addr)

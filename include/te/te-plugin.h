@@ -34,7 +34,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 3
+#define TE_PLUGIN_ABI_MINOR 4
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -177,7 +177,9 @@ struct te_host {
 	int (*canceled)(const te_host *h, const te_transfer *t);
 	/* Pins the registered local buffer that contains [addr, addr+len) whole and
 	 * has every flag in `need` (e.g. TE_MEM_REMOTE_ACCESS). TE_ERR_ADDRESS when
-	 * none does. Unregistering waits until the pin is released. */
+	 * none does. Unregistering waits until the pin is released, without bound:
+	 * a holder serving a peer takes buffer_acquire_revocable() (ABI 1.4)
+	 * instead, so that a stalling peer cannot hold te_unregister_memory(). */
 	int (*buffer_acquire)(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
 			      te_buffer_pin *pin);
 	void (*buffer_release)(const te_host *h, te_buffer_pin *pin);
@@ -215,7 +217,7 @@ struct te_host {
 	 * most `timeout_ms` (<= 0 or above 3000: 3000). 0 when both sides proved
 	 * the key, or at once without I/O when the engine has no key.
 	 * TE_ERR_AUTH when the peer was refused or refused us (logged; refusals
-	 * of accepted peers at most once a second): close the socket. Nothing
+	 * of accepted peers rate-limited, te_ratelimit): close the socket. Nothing
 	 * is allocated beyond the exchange. */
 	int (*auth_connect)(const te_host *h, int fd, int channel, const char *peer, int timeout_ms);
 	int (*auth_accept)(const te_host *h, int fd, int channel, const char *peer, int timeout_ms);
@@ -262,6 +264,24 @@ struct te_host {
 	 * the same plugin's. 0, or negative (logged). */
 	int (*device_copy)(const te_host *h, const char *location, void *dst, const void *src,
 			   size_t len);
+
+	/* ---- since ABI 1.4 (test with TE_HAS_OP) ---- */
+	/* As buffer_acquire(), but unregistering waits for this pin at most
+	 * TE_UNREGISTER_TIMEOUT_MS and then revokes it, so the holder must
+	 * touch the buffer's bytes (memcpy, readv into it, sendmsg from it)
+	 * only between a buffer_enter() that returned 1 and its buffer_leave(),
+	 * called on one thread, with nothing in between that blocks (the
+	 * revoking unregister waits for that stretch). buffer_enter() returns
+	 * 0 once the pin is revoked: fail the request without touching the
+	 * memory again (close the connection) and release the pin as usual.
+	 * buffer_copy() checks by itself and fails with TE_ERR_ADDRESS. Both
+	 * are cheap (an atomic on a cache line of the calling thread's own)
+	 * and take pins of buffer_acquire() too, which unregistering still
+	 * waits for without bound. */
+	int (*buffer_acquire_revocable)(const te_host *h, uint64_t addr, uint64_t len, unsigned need,
+					te_buffer_pin *pin);
+	int (*buffer_enter)(const te_host *h, const te_buffer_pin *pin);
+	void (*buffer_leave)(const te_host *h, const te_buffer_pin *pin);
 };
 
 /* ------------------------------------------------------ transport plugins */

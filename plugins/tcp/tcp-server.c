@@ -9,8 +9,12 @@
  * body bytes that came with it are copied out of the header buffer (at most
  * TCP_HBUF bytes, only at a READ→WRITE switch). Replies go out in request
  * order from a ring, many per sendmsg, READ data straight from the pinned
- * source. Every range is pinned (host->buffer_acquire) while it is in use, so
- * unregistering memory waits for the request instead of freeing under it.
+ * source. Every range is pinned while it is in use, so unregistering memory
+ * waits for the request instead of freeing under it; a peer that stalls must
+ * not hold that wait forever, so the pins are revocable (ABI 1.4 hosts): each
+ * readv, memcpy or sendmsg that touches pinned memory happens between
+ * buffer_enter and buffer_leave, and a revoked pin closes the connection
+ * without touching the memory again.
  *
  * Device memory (a GPU's) cannot be read or written by the socket calls: its
  * bytes go through host buffers of the connection (TCP_DEV_REPLY_STAGE and
@@ -61,6 +65,35 @@ static bool pin_is_device(const te_host *h, const te_buffer_pin *pin)
 	return TE_HAS_OP(h, buffer_is_device) && h->buffer_is_device(h, pin) > 0;
 }
 
+/* A host before ABI 1.4 knows no revocation: its pins hold until released. */
+static bool revocable(const te_host *h)
+{
+	return TE_HAS_OP(h, buffer_acquire_revocable) && TE_HAS_OP(h, buffer_enter) &&
+	       TE_HAS_OP(h, buffer_leave);
+}
+
+static int pin_acquire(const te_host *h, uint64_t addr, uint64_t size, te_buffer_pin *pin)
+{
+	if (revocable(h))
+		return h->buffer_acquire_revocable(h, addr, size, TE_MEM_REMOTE_ACCESS, pin);
+	return h->buffer_acquire(h, addr, size, TE_MEM_REMOTE_ACCESS, pin);
+}
+
+/* Around every touch of pinned host memory: false when the memory was
+ * unregistered under the request (touch nothing, end the connection). */
+static bool touch_begin(const te_host *h, const te_buffer_pin *pin)
+{
+	return !revocable(h) || h->buffer_enter(h, pin);
+}
+
+static void touch_end(const te_host *h, const te_buffer_pin *pin)
+{
+	if (revocable(h))
+		h->buffer_leave(h, pin);
+}
+
+#define REVOKED_WHY "the memory it was reading or writing was unregistered (TE_UNREGISTER_TIMEOUT_MS)"
+
 static bool stage_ready(tcp_sconn *sc)
 {
 	if (sc->stage == NULL) {
@@ -80,7 +113,7 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 	const te_host *h = c->host;
 
 	if (why != NULL)
-		TLOG(c, TE_LOG_WARN, "closing connection from %s: %s", sc->io.name, why);
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "closing connection from %s: %s", sc->io.name, why);
 	if (sc->in_body) {
 		h->buffer_release(h, &sc->body_pin);
 		sc->in_body = false;
@@ -157,22 +190,24 @@ static void parse(tcp_sconn *sc)
 		pos += TCP_HDR_SIZE;
 
 		if (op != TE_OP_READ && op != TE_OP_WRITE) {
-			TLOG(c, TE_LOG_WARN, "malformed request from %s: opcode 0x%02x; closing the connection",
-			     sc->io.name, p[16]);
+			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
+					    "malformed request from %s: opcode 0x%02x; closing the connection",
+					    sc->io.name, p[16]);
 			sc->state = SS_FLUSH; /* earlier replies still go out, in order */
 			break;
 		}
 		te_buffer_pin pin = { 0 };
 		int rc = TE_ERR_ADDRESS;
 		if (size > 0 && addr + size >= addr)
-			rc = h->buffer_acquire(h, addr, size, TE_MEM_REMOTE_ACCESS, &pin);
+			rc = pin_acquire(h, addr, size, &pin);
 		if (rc < 0) {
-			TLOG(c, TE_LOG_WARN,
-			     "rejected %s 0x%llx+%llu from %s: %s; closing the connection", op_name(op),
-			     (unsigned long long)addr, (unsigned long long)size, sc->io.name,
-			     size == 0 ? "zero length"
-			     : addr + size < addr ? "the range wraps around"
-			     : "not inside one remote-accessible registered buffer");
+			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
+					    "rejected %s 0x%llx+%llu from %s: %s; closing the connection",
+					    op_name(op), (unsigned long long)addr, (unsigned long long)size,
+					    sc->io.name,
+					    size == 0 ? "zero length"
+					    : addr + size < addr ? "the range wraps around"
+					    : "not inside one remote-accessible registered buffer");
 			if (v2)
 				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL, false);
 			sc->state = SS_FLUSH;
@@ -180,8 +215,9 @@ static void parse(tcp_sconn *sc)
 		}
 		bool dev = pin_is_device(h, &pin);
 		if (dev && !stage_ready(sc)) {
-			TLOG(c, TE_LOG_ERROR, "no memory to stage device memory for %s; closing the connection",
-			     sc->io.name);
+			TE_HOST_LOG_LIMITED(h, TE_LOG_ERROR,
+					    "no memory to stage device memory for %s; closing the connection",
+					    sc->io.name);
 			h->buffer_release(h, &pin);
 			if (v2)
 				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL, false);
@@ -202,11 +238,26 @@ static void parse(tcp_sconn *sc)
 		sc->bulk = false;
 		/* Body bytes that came with a bulk header read. */
 		uint64_t take = MIN((uint64_t)(sc->hlen - pos), size);
-		if (!dev)
-			memcpy(sc->body, sc->hbuf + pos, take);
-		else if (h->buffer_copy(h, &pin, sc->body, sc->hbuf + pos, take) < 0)
-			sc->state = SS_FLUSH; /* logged by the host; the connection ends */
+		bool ok = true;
+		if (take > 0 && !dev) {
+			ok = touch_begin(h, &pin);
+			if (ok) {
+				memcpy(sc->body, sc->hbuf + pos, take);
+				touch_end(h, &pin);
+			}
+		} else if (take > 0) {
+			ok = h->buffer_copy(h, &pin, sc->body, sc->hbuf + pos, take) == 0; /* logged by the host */
+		}
 		pos += (unsigned)take;
+		if (!ok) {
+			/* Not acknowledged: the connection ends once the replies
+			 * before it are out, and the pin with it. */
+			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "WRITE 0x%llx+%llu from %s failed: %s; closing the "
+					    "connection", (unsigned long long)addr, (unsigned long long)size,
+					    sc->io.name, dev ? "copying to device memory failed" : REVOKED_WHY);
+			sc->state = SS_FLUSH;
+			break;
+		}
 		sc->body_got = take;
 		if (sc->body_got == sc->body_len)
 			finish_body(sc);
@@ -263,13 +314,23 @@ static int send_replies(tcp_sconn *sc)
 	tcp_ctx *c = ctx_of(sc);
 	const te_host *h = c->host;
 	struct iovec *iov = sc->io.thr->iov;
-	unsigned n = 0, k = 0;
+	unsigned n = 0, k = 0, ne = 0;
 	size_t total = 0;
-	bool stage_used = false;
+	bool stage_used = false, revoked = false;
+	uint64_t entered[TCP_IOV_MAX]; /* replies whose pinned memory this call touches */
 
 	for (uint64_t i = sc->snd; i < sc->head && n < TCP_IOV_MAX; i++) {
 		tcp_resp *r = resp_at(sc, i);
 		uint64_t hs = r->has_status ? TCP_STATUS_SIZE : 0;
+		if (r->len > 0 && !r->dev) {
+			/* Its data comes from pinned memory: sent only while the pin
+			 * holds; the replies before a revoked one still go out. */
+			if (!touch_begin(h, &r->pin)) {
+				revoked = true;
+				break;
+			}
+			entered[ne++] = i;
+		}
 		if (r->sent < hs) {
 			iov[n++] = (struct iovec){ (char *)&r->status + r->sent, hs - r->sent };
 			total += hs - r->sent;
@@ -284,6 +345,8 @@ static int send_replies(tcp_sconn *sc)
 				if (stage_used)
 					break;
 				if (stage_fill(sc, i, done) < 0) {
+					for (unsigned j = 0; j < ne; j++)
+						touch_end(h, &resp_at(sc, entered[j])->pin);
 					tcp_sconn_close(sc, "reading device memory failed");
 					return -1;
 				}
@@ -304,13 +367,23 @@ static int send_replies(tcp_sconn *sc)
 			total += r->len - done;
 		}
 	}
-	if (n == 0)
+	if (n == 0) {
+		for (unsigned j = 0; j < ne; j++)
+			touch_end(h, &resp_at(sc, entered[j])->pin);
+		if (revoked) {
+			tcp_sconn_close(sc, REVOKED_WHY);
+			return -1;
+		}
 		return 0;
+	}
 	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
 	ssize_t w;
 	do
 		w = sendmsg(sc->io.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (w < 0 && errno == EINTR);
+	/* The kernel has copied what it took: the memory is not touched after. */
+	for (unsigned j = 0; j < ne; j++)
+		touch_end(h, &resp_at(sc, entered[j])->pin);
 	if (w < 0) {
 		if (errno == EAGAIN || errno == EWOULDBLOCK) {
 			sc->io.wr = false;
@@ -348,6 +421,7 @@ static int receive(tcp_sconn *sc)
 	ssize_t r;
 
 	if (sc->in_body) {
+		const te_host *h = c->host;
 		int n = 1;
 		uint64_t room = sc->body_len - sc->body_got;
 		if (sc->body_dev) /* into the stage, then on to the device */
@@ -359,15 +433,21 @@ static int receive(tcp_sconn *sc)
 		if (sc->hlen < TCP_HDR_SIZE && iov[0].iov_len == room)
 			iov[n++] = (struct iovec){ sc->hbuf + sc->hlen, TCP_HDR_SIZE - sc->hlen };
 		size_t want = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
+		/* The readv writes into pinned memory: only while the pin holds. */
+		if (!sc->body_dev && !touch_begin(h, &sc->body_pin)) {
+			tcp_sconn_close(sc, REVOKED_WHY);
+			return -1;
+		}
 		do
 			r = readv(sc->io.fd, iov, n);
 		while (r < 0 && errno == EINTR);
+		if (!sc->body_dev)
+			touch_end(h, &sc->body_pin);
 		if (r > 0) {
 			if ((size_t)r < want && !sc->io.hup)
 				sc->io.rd = false; /* drained: the next arrival brings a new edge */
 			uint64_t take = MIN((uint64_t)r, (uint64_t)iov[0].iov_len);
 			if (sc->body_dev && take > 0) {
-				const te_host *h = c->host;
 				if (h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got,
 						   sc->stage + TCP_DEV_REPLY_STAGE, take) < 0) {
 					tcp_sconn_close(sc, "writing device memory failed");
@@ -478,7 +558,7 @@ void tcp_sconn_drive(tcp_sconn *sc)
 			moved |= rc > 0;
 		}
 		if (sc->state == SS_FLUSH && sc->snd == sc->head) {
-			if (sc->in_body) { /* cannot happen: a reject ends parsing first */
+			if (sc->in_body) { /* a WRITE whose first bytes could not be placed */
 				c->host->buffer_release(c->host, &sc->body_pin);
 				sc->in_body = false;
 			}

@@ -36,7 +36,7 @@ static void expect_refused(const char *name, const char *json, const char *log)
 static void test_malformed_descriptors(void)
 {
 	/* the host's decoder refuses these */
-	expect_refused("nvmeof/bad1", "not json", "not JSON");
+	expect_refused("nvmeof/bad1", "not json", "descriptor rejected: unexpected 'n' at byte 0");
 	expect_refused("nvmeof/bad2", "{\"protocol\":\"nvmeof\",\"buffers\":[{\"file_path\":\"/x\"}]}",
 		       "missing or bad \"name\"");
 	/* ours refuse the rest, saying which field */

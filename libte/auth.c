@@ -194,24 +194,11 @@ static const char *channel_name(int channel)
 	}
 }
 
-/* Refusals logged at most once a second, with how many there were: a flood
- * of bad peers must not become a flood of log lines. */
-static GMutex refuse_lock;
-static int64_t refuse_last;
-static unsigned refuse_count;
-
+/* Refusals are rate-limited, with how many were held back: a flood of bad
+ * peers must not become a flood of log lines. */
 static void refused(const char *peer, int channel, const char *why)
 {
-	int64_t now = te_now_ms();
-	g_mutex_lock(&refuse_lock);
-	refuse_count++;
-	if (now - refuse_last >= 1000) {
-		te_warn("auth: refused %s connection from %s: %s (%u refused in the last second)",
-			channel_name(channel), peer, why, refuse_count);
-		refuse_last = now;
-		refuse_count = 0;
-	}
-	g_mutex_unlock(&refuse_lock);
+	te_warn_limited("auth: refused %s connection from %s: %s", channel_name(channel), peer, why);
 }
 
 /* ------------------------------------------------------------- client */

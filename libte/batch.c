@@ -828,8 +828,8 @@ static void send_notify_job(gpointer data, gpointer user)
 	(void)user;
 	if (j->segment != NULL) {
 		int rc = te_notify_send_name(j->e, j->segment, j->sender, j->msg);
-		if (rc < 0)
-			te_warn("batch notification to %s failed: %s", j->segment, te_strerror(rc));
+		if (rc < 0) /* a peer refusing them would log one line per batch */
+			te_warn_limited("batch notification to %s failed: %s", j->segment, te_strerror(rc));
 	}
 	g_free(j->segment);
 	g_free(j->sender);

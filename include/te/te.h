@@ -79,7 +79,18 @@ enum te_log_level {
  * part of libte or the plugin that logged ("te", "tcp", "etcd", ...). */
 typedef void (*te_log_fn)(int level, const char *domain, const char *msg, void *user);
 
-/* NULL restores the default handler (stderr). Process-wide. */
+/*
+ * NULL restores the default handler (stderr). Process-wide. The handler is
+ * called outside every lock of libte, from whichever thread logs (several at
+ * once), so it may call libte itself (a line it logs goes to stderr, not back
+ * into it) and may take locks of its own, such as a language runtime's, that
+ * other threads hold while calling libte. Called from outside a handler, this
+ * returns once no thread is inside the handler it replaced any more (its
+ * `user` may be freed then); it waits for them, so do not call it holding a
+ * lock that handler takes (a binding releases its interpreter lock around
+ * it). Called from inside a handler, it swaps and returns at once, without
+ * that guarantee.
+ */
 TE_API void te_set_log_handler(te_log_fn fn, void *user);
 /* The initial level is read from TE_LOG_LEVEL (or MC_LOG_LEVEL):
  * error|warn|warning|info|debug|trace or 0..4; default warn. */
@@ -106,6 +117,10 @@ typedef struct te_engine te_engine;
  *   transports       comma list of transports to install at creation
  *   plugin_path      colon list of plugin directories searched before the
  *                    default ones (like TE_PLUGIN_PATH)
+ *   TE_UNREGISTER_TIMEOUT_MS  how long te_unregister_memory() waits for
+ *                    peers' requests before cutting them off (5000)
+ *   TE_DRAIN_TIMEOUT_MS  how long te_engine_destroy() and
+ *                    te_transport_uninstall() wait for tasks in flight (60000)
  * Unknown keys are kept and visible to plugins as configuration (a plugin
  * reading TE_TCP_CONNS_PER_PEER sees an option of that name first, then the
  * environment). */
@@ -124,8 +139,19 @@ typedef struct te_option {
  */
 TE_API int te_engine_create(const char *metadata, const char *local_name,
 			    const te_option *options, size_t n_options, te_engine **out);
-/* Removes what the engine published, stops its threads, frees it. Tasks still
- * in flight are failed first. NULL is accepted. */
+/*
+ * Removes what the engine published, stops its threads, frees it. NULL is
+ * accepted. Tasks still in flight are canceled and waited for, at most
+ * TE_DRAIN_TIMEOUT_MS (an engine option or environment variable; 60000 by
+ * default), which the transports' own timeouts (TE_TCP_TIMEOUT_MS) keep
+ * them well inside. Should tasks outlive it (a transport that never ends
+ * them), the engine is not freed under the threads that will still complete
+ * them: it stays allocated (a deliberate leak, logged as an error), its RPC
+ * port is closed, its descriptor removed and its registered memory taken
+ * from peers as by te_unregister_memory(); the local buffers of those tasks
+ * may still be written or read until their transport ends them, so keep
+ * them allocated.
+ */
 TE_API void te_engine_destroy(te_engine *engine);
 /* The engine's segment name (for P2PHANDSHAKE: "host:rpc_port"). */
 TE_API const char *te_engine_name(const te_engine *engine);
@@ -141,6 +167,8 @@ TE_API const char *te_engine_address(const te_engine *engine);
  * third-party one) with optional JSON arguments (e.g. an RDMA NIC priority
  * matrix). Installing an installed transport again returns -EEXIST. */
 TE_API int te_transport_install(te_engine *engine, const char *name, const char *json_args);
+/* Waits for the tasks handed to the transport, at most TE_DRAIN_TIMEOUT_MS;
+ * -EBUSY when they outlive that (the transport stays loaded, unused). */
 TE_API int te_transport_uninstall(te_engine *engine, const char *name);
 /* Installs the best transport available here: RDMA when it finds devices,
  * else TCP; and beside it the same-host transport (shm) when its plugin is
@@ -162,8 +190,20 @@ enum te_mem_flags {
  * address and overlap with a registered region are refused. */
 TE_API int te_register_memory(te_engine *engine, void *addr, size_t length,
 			      const char *location, unsigned flags);
-/* Unregisters the region starting at `addr`. Waits for remote requests that
- * are reading or writing it to finish. */
+/*
+ * Unregisters the region starting at `addr`. Waits for the remote requests
+ * reading or writing it to finish, at most TE_UNREGISTER_TIMEOUT_MS (an
+ * engine option or environment variable; 5000 by default, 0: not at all):
+ * then the requests still holding it (a peer that stalls mid-request) are
+ * cut off, their connections closed and the peers' transfers failed, and it
+ * returns 0 all the same (logged as a warning). Either way, once it has
+ * returned no peer's request reads or writes the memory any more: it may be
+ * freed or reused. The caller's own transfers from or into it are not waited
+ * for; let them end first. Requests of a transport that pins memory the
+ * way plugins did before plugin ABI 1.4 (buffer_acquire) are still waited
+ * for without bound. -ENOENT when `addr` does not start a registered
+ * region.
+ */
 TE_API int te_unregister_memory(te_engine *engine, void *addr);
 
 /* Allocates `length` bytes (rounded up to pages) of page-aligned, zeroed
@@ -185,6 +225,8 @@ typedef struct te_memory_region {
 
 /* All or nothing: on failure nothing stays registered. Publishes once. */
 TE_API int te_register_memory_batch(te_engine *engine, const te_memory_region *regions, size_t n);
+/* As te_unregister_memory() for each, with one TE_UNREGISTER_TIMEOUT_MS for
+ * the whole call; nothing is unregistered when an address is unknown. */
 TE_API int te_unregister_memory_batch(te_engine *engine, void *const *addrs, size_t n);
 
 /* ---------------------------------------------------------------- segments */

@@ -93,8 +93,10 @@ static void *ctl_main(void *arg)
 				for (shm_seg *s = c->segs; s != NULL; s = s->next) {
 					if ((uint64_t)s->fd == val) {
 						if (!atomic_exchange(&s->dead, true))
-							SLOG(c, TE_LOG_WARN, "segment %s: the target went away (pid %d)", s->name,
-							     (int)s->pid);
+							/* Targets can come and go at will: limited. */
+							TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN,
+									    "segment %s: the target went away (pid %d)",
+									    s->name, (int)s->pid);
 						epoll_ctl(c->ep, EPOLL_CTL_DEL, s->fd, NULL);
 					}
 				}

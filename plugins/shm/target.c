@@ -255,9 +255,11 @@ int shm_target_unregister(shm_ctx *c, void *addr, size_t length)
 		int64_t end = now_ms() + c->cfg.unregister_timeout_ms;
 		while (atomic_load(&sl[i].pins) > 0) {
 			if (now_ms() > end) {
-				SLOG(c, TE_LOG_WARN, "shm: unregistering %p: %lld copies of peers still pinned after %lld ms "
-						     "(a peer died mid-copy?); going ahead",
-				     addr, (long long)atomic_load(&sl[i].pins), (long long)c->cfg.unregister_timeout_ms);
+				TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN,
+						    "shm: unregistering %p: %lld copies of peers still pinned after %lld ms "
+						    "(a peer died mid-copy?); going ahead",
+						    addr, (long long)atomic_load(&sl[i].pins),
+						    (long long)c->cfg.unregister_timeout_ms);
 				rc = 0;
 				break;
 			}
@@ -290,13 +292,14 @@ void shm_target_accept(shm_ctx *c)
 		int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR)
-				SLOG(c, TE_LOG_WARN, "shm: accept: %s", strerror(errno));
+				TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "shm: accept: %s", strerror(errno));
 			return;
 		}
 		/* Its first message is answered when it arrives; one that does not
 		 * arrive in time closes the connection (shm_target_sweep). */
 		if (g_hash_table_size(c->clients) >= SHM_MAX_CLIENTS || shm_watch(c, fd, W_CLIENT) < 0) {
-			SLOG(c, TE_LOG_WARN, "shm: too many connections (%d); one refused", SHM_MAX_CLIENTS);
+			TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "shm: too many connections (%d); one refused",
+					    SHM_MAX_CLIENTS);
 			close(fd);
 			continue;
 		}
@@ -334,7 +337,8 @@ void shm_target_sweep(shm_ctx *c)
 		if (GPOINTER_TO_INT(v) != 0 && GPOINTER_TO_INT(v) < now)
 			late[n++] = GPOINTER_TO_INT(k);
 	for (int i = 0; i < n; i++) {
-		SLOG(c, TE_LOG_INFO, "shm: a connection said nothing for %d ms; closed", HELLO_TIMEOUT_MS);
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_INFO, "shm: a connection said nothing for %d ms; closed",
+				    HELLO_TIMEOUT_MS);
 		drop_client(c, late[i]);
 	}
 }
@@ -366,18 +370,20 @@ int shm_target_hello(shm_ctx *c, int fd)
 	ssize_t r = recv(fd, &hello, sizeof hello, MSG_DONTWAIT | MSG_TRUNC);
 	if (r != (ssize_t)sizeof hello || hello.magic != SHM_MAGIC || hello.version != SHM_VERSION) {
 		if (r != 0)
-			SLOG(c, TE_LOG_WARN, "shm: pid %d sent a malformed first message (%zd bytes); closed", (int)cred.pid, r);
+			TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN,
+					    "shm: pid %d sent a malformed first message (%zd bytes); closed",
+					    (int)cred.pid, r);
 		return -1;
 	}
 	hello.host[sizeof hello.host - 1] = '\0';
 	/* Only the same user (or root) shares this process's memory. */
 	if (cred.uid != getuid() && cred.uid != 0) {
-		SLOG(c, TE_LOG_WARN, "shm: refused pid %d of uid %u (this engine runs as uid %u)", (int)cred.pid,
-		     (unsigned)cred.uid, (unsigned)getuid());
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "shm: refused pid %d of uid %u (this engine runs as uid %u)",
+				    (int)cred.pid, (unsigned)cred.uid, (unsigned)getuid());
 		status = EPERM;
 	} else if (strcmp(hello.host, c->cfg.host) != 0 || hello.pid != (uint64_t)cred.pid) {
-		SLOG(c, TE_LOG_WARN, "shm: pid %d claims host %s, pid %llu; this is %s: refused", (int)cred.pid,
-		     hello.host, (unsigned long long)hello.pid, c->cfg.host);
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "shm: pid %d claims host %s, pid %llu; this is %s: refused",
+				    (int)cred.pid, hello.host, (unsigned long long)hello.pid, c->cfg.host);
 		status = EHOSTUNREACH;
 	}
 	w = calloc(1, sizeof *w);

@@ -91,9 +91,11 @@ static void rail_down(tcp_cconn *cc, const char *why)
 	atomic_store(&r->down_at, now);
 	atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
 	atomic_store(&r->next_probe, now + TCP_PROBE_MIN_MS);
-	TLOG(p->ctx, TE_LOG_WARN, "rail %s of %s is down (%s) after %llu bytes; %d of %u rails left%s", r->name,
-	     p->name, why, (unsigned long long)atomic_load(&r->bytes), left, p->nrails,
-	     left > 0 ? ", probing it" : "");
+	/* A peer can close its connections at will: every line it can cause
+	 * this way is rate-limited. */
+	TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "rail %s of %s is down (%s) after %llu bytes; %d of %u rails left%s",
+			    r->name, p->name, why, (unsigned long long)atomic_load(&r->bytes), left, p->nrails,
+			    left > 0 ? ", probing it" : "");
 	kick_all(p);
 }
 
@@ -164,7 +166,8 @@ void tcp_peer_fail_pending(tcp_peer *p, int err)
 		t = next;
 	}
 	if (n > 0)
-		TLOG(p->ctx, TE_LOG_WARN, "%zu queued requests to %s failed: %s", n, p->name, tcp_strerror(err));
+		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "%zu queued requests to %s failed: %s", n, p->name,
+				    tcp_strerror(err));
 }
 
 static void prep(tcp_cconn *cc, tcp_slot *s)
@@ -319,11 +322,13 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	cc->bytes = 0;
 	if (mode == FAIL_RAIL)
-		TLOG(p->ctx, TE_LOG_WARN, "connection %u to %s over %s closed: %s; %zu requests go to the other rails, %zu failed",
-		     cc->idx, p->name, rail_of(cc)->name, why, nback, nfail);
+		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN,
+				    "connection %u to %s over %s closed: %s; %zu requests go to the other rails, %zu failed",
+				    cc->idx, p->name, rail_of(cc)->name, why, nback, nfail);
 	else if (mode != FAIL_QUIET)
-		TLOG(p->ctx, TE_LOG_WARN, "connection %u to %s closed: %s; %zu requests failed%s", cc->idx,
-		     p->name, why, nfail, nback ? ", the ones behind the rejected one go again" : "");
+		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "connection %u to %s closed: %s; %zu requests failed%s",
+				    cc->idx, p->name, why, nfail,
+				    nback ? ", the ones behind the rejected one go again" : "");
 	/* The backlog goes before the completions below wake anyone up: what is
 	 * submitted after them must not be failed for this. */
 	if (mode == FAIL_PEER && busy)
@@ -363,8 +368,11 @@ static void connect_failed(tcp_cconn *cc, int err, const char *what)
 
 	tcp_addr_name((struct sockaddr *)&r->addr[cc->addr_next % r->naddr], addr, sizeof addr);
 	/* A probe of a rail known to be down is expected to fail: no warning. */
-	TLOG(p->ctx, cc->probing && !atomic_load(&r->up) ? TE_LOG_DEBUG : TE_LOG_WARN,
-	     "cannot connect to %s (%s): %s", p->name, addr, what);
+	if (cc->probing && !atomic_load(&r->up))
+		TLOG(p->ctx, TE_LOG_DEBUG, "cannot connect to %s (%s): %s", p->name, addr, what);
+	else
+		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "cannot connect to %s (%s): %s", p->name, addr,
+				    what);
 	go_down(cc);
 	cc->addr_next++;
 	/* The name may resolve to several addresses (::1 and 127.0.0.1 for

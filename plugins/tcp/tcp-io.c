@@ -331,19 +331,12 @@ static gpointer thread_main(gpointer data)
 
 /* ----------------------------------------------------------- accepting */
 
-/* A refusal at most once a second, with the count: a flood of connections
- * must not become a flood of log lines (nor block the accepting thread on a
- * full log pipe). Accepting thread only. */
+/* Refusals are rate-limited, with the count held back: a flood of
+ * connections must not become a flood of log lines (nor block the accepting
+ * thread on a full log pipe). */
 static void refuse(tcp_ctx *c, const char *name, const char *why)
 {
-	int64_t now = tcp_now_ms();
-	c->refused++;
-	if (now - c->refuse_warned >= 1000) {
-		TLOG(c, TE_LOG_WARN, "refusing connection from %s: %s; %u refused in the last %lld ms", name, why,
-		     c->refused, c->refuse_warned ? (long long)(now - c->refuse_warned) : 0LL);
-		c->refuse_warned = now;
-		c->refused = 0;
-	}
+	TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "refusing connection from %s: %s", name, why);
 }
 
 static void host_part(const char *name, char *host, size_t size)
@@ -387,7 +380,7 @@ static void adopt(tcp_ctx *c, int fd, const char *name, const char *host, unsign
 	tcp_sockopts(c, fd);
 	tcp_sconn *sc = tcp_sconn_new(c, fd, name);
 	if (sc == NULL) {
-		TLOG(c, TE_LOG_ERROR, "out of memory accepting %s", name);
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_ERROR, "out of memory accepting %s", name);
 		close(fd);
 		tcp_inbound_done(c, host);
 		return;
@@ -435,8 +428,9 @@ static void accept_all(tcp_thread *t, tcp_io *lio)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
 				return;
-			TLOG(c, TE_LOG_WARN, "accept on data port %d: %s; pausing accepts for %d ms", c->port,
-			     g_strerror(errno), SCAN_MS);
+			/* A connection flood can run out of descriptors: limited. */
+			TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "accept on data port %d: %s; pausing accepts for %d ms",
+					    c->port, g_strerror(errno), SCAN_MS);
 			/* Level-triggered: stop listening until the next scan, or spin. */
 			struct epoll_event lev = { .events = 0, .data.ptr = lio };
 			if (epoll_ctl(t->ep, EPOLL_CTL_MOD, lio->fd, &lev) == 0)

@@ -14,6 +14,10 @@
 # when every check passed, 1 otherwise (with the failures and the guest's
 # log printed).
 #
+# The build and source trees may live anywhere, /tmp included: the guest's
+# own tmpfs on /tmp and /run does not hide them (guest-init.sh binds them
+# back; tmp-path.sh checks it).
+#
 # Environment: TE_QEMU_TIMEOUT (s, whole guest run; default 600),
 # TE_QEMU_MEM (MiB, 1536), TE_QEMU_SMP (2), TE_QEMU_KERNEL (a vmlinuz path),
 # TE_QEMU_KEEP=1 (keep the work folder).
@@ -114,6 +118,9 @@ q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
 	echo "/bin/sh $(q "$here/guest.sh") $(q "$build") $(q "$src") $(q "$work/scratch") $(q "$scenario")"
 	echo "echo \$? > $(q "$work/scratch/status")"
 } > "$work/scratch/job.sh"
+# The host folders the job reads at their own paths (guest-init.sh binds them
+# back over the guest's /tmp and /run).
+printf '%s\n' "$src" "$build" | sort -u > "$work/scratch/binds"
 
 # ---------------------------------------------------------------- boot
 limit=${TE_QEMU_TIMEOUT:-600}

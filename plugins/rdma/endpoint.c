@@ -620,8 +620,10 @@ int rd_ep_handle(void *user, const char *peer, const char *body, size_t len, cha
 
 	*reply = NULL;
 	if (rd_hs_decode(body, len, &in, why) < 0) {
-		/* Not a handshake at all: close the connection, answer nothing. */
-		RD_LOG(tr, TE_LOG_WARN, "Connection frame from %s: %s; closing", peer, why->str);
+		/* Not a handshake at all: close the connection, answer nothing. A
+		 * peer can send these at will, so a flood of lines is held back. */
+		TE_HOST_LOG_LIMITED(tr->host, TE_LOG_WARN, "Connection frame from %s: %s; closing", peer,
+				    why->str);
 		g_string_free(why, TRUE);
 		return TE_ERR_PROTOCOL;
 	}

@@ -5,7 +5,9 @@
  *   {"local_gid":"fe:80:...","local_lid":0,"local_nic_path":"h:p@mlx5_0",
  *    "payload":"","peer_nic_path":"h2:p2@mlx5_1","qp_num":[1234,1235],
  *    "ready_ack":false,"reply_msg":""}
- * Decoding trusts nothing: every field's type and range is checked.
+ * Decoding trusts nothing: the text passes te_json_check() with the limits
+ * of this small format before json-glib sees it, then every field's type and
+ * range is checked.
  */
 #include <stdio.h>
 #include <string.h>
@@ -91,7 +93,23 @@ char *rd_hs_encode(const rd_hs *hs, size_t *len)
 	return text;
 }
 
-static const char *str_member(JsonObject *o, const char *name, bool *bad)
+JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, const char *what,
+		       GString *err)
+{
+	char why[200];
+	JsonNode *root;
+
+	if (text == NULL) {
+		g_string_printf(err, "%s: no text", what);
+		return NULL;
+	}
+	root = te_json_load(text, len, lim, why, sizeof why);
+	if (root == NULL)
+		g_string_printf(err, "%s refused: %s", what, why);
+	return root;
+}
+
+const char *rd_json_str(JsonObject *o, const char *name, bool *bad)
 {
 	JsonNode *n = json_object_get_member(o, name);
 	if (n == NULL)
@@ -103,9 +121,19 @@ static const char *str_member(JsonObject *o, const char *name, bool *bad)
 	return json_node_get_string(n);
 }
 
+/* The whole frame is one flat object of short strings, small numbers and the
+ * QP numbers: Mooncake's frames are far inside these. */
+static const te_json_limits hs_limits = {
+	.max_depth = 2,                       /* the object and "qp_num" */
+	.max_items = G_N_ELEMENTS(((rd_hs *)0)->qp_num), /* members; QP numbers */
+	.max_values = 160,
+	.max_string = 1024,                   /* NIC paths are < RD_PATH_MAX, replies short */
+	.max_text = 16384,
+};
+
 int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 {
-	JsonParser *p = json_parser_new_immutable();
+	JsonNode *root = NULL;
 	JsonObject *o;
 	JsonNode *n;
 	const char *s;
@@ -113,27 +141,33 @@ int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 	int rc = -EINVAL;
 
 	memset(hs, 0, sizeof *hs);
-	if (json == NULL || len == 0 || !json_parser_load_from_data(p, json, (gssize)len, NULL) ||
-	    json_parser_get_root(p) == NULL || !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p))) {
+	if (json == NULL || len == 0) {
+		g_string_assign(err, "handshake is empty");
+		goto out;
+	}
+	root = rd_json_load(json, len, &hs_limits, "handshake", err);
+	if (root == NULL)
+		goto out;
+	if (!JSON_NODE_HOLDS_OBJECT(root)) {
 		g_string_assign(err, "handshake is not a JSON object");
 		goto out;
 	}
-	o = json_node_get_object(json_parser_get_root(p));
+	o = json_node_get_object(root);
 
-	s = str_member(o, "local_nic_path", &bad);
+	s = rd_json_str(o, "local_nic_path", &bad);
 	if (s == NULL || strlen(s) >= sizeof hs->local_nic_path || strchr(s, '@') == NULL) {
 		g_string_assign(err, "handshake: missing or bad \"local_nic_path\" (want server@device)");
 		goto out;
 	}
 	g_strlcpy(hs->local_nic_path, s, sizeof hs->local_nic_path);
-	s = str_member(o, "peer_nic_path", &bad);
+	s = rd_json_str(o, "peer_nic_path", &bad);
 	if (s == NULL || strlen(s) >= sizeof hs->peer_nic_path || strchr(s, '@') == NULL) {
 		g_string_assign(err, "handshake: missing or bad \"peer_nic_path\" (want server@device)");
 		goto out;
 	}
 	g_strlcpy(hs->peer_nic_path, s, sizeof hs->peer_nic_path);
 
-	s = str_member(o, "reply_msg", &bad);
+	s = rd_json_str(o, "reply_msg", &bad);
 	if (bad) {
 		g_string_assign(err, "handshake: \"reply_msg\" is not a string");
 		goto out;
@@ -157,7 +191,7 @@ int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 		}
 		hs->local_lid = (uint16_t)json_node_get_int(n);
 	}
-	s = str_member(o, "local_gid", &bad);
+	s = rd_json_str(o, "local_gid", &bad);
 	if (bad || (s != NULL && *s != '\0' && !rd_gid_parse(s, hs->local_gid))) {
 		g_string_assign(err, "handshake: \"local_gid\" is not 16 hex bytes joined by ':'");
 		goto out;
@@ -166,7 +200,7 @@ int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 		g_string_assign(err, "handshake: \"local_gid\" is missing");
 		goto out;
 	}
-	str_member(o, "payload", &bad);
+	rd_json_str(o, "payload", &bad);
 	if (bad) {
 		g_string_assign(err, "handshake: \"payload\" is not a string");
 		goto out;
@@ -202,7 +236,8 @@ int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 	}
 	rc = 0;
 out:
-	g_object_unref(p);
+	if (root != NULL)
+		json_node_unref(root);
 	return rc;
 }
 

@@ -401,6 +401,9 @@ void rd_provider_track(rd_transport *tr, bool up);
  * and a line naming `what` and the fault in `err` when refused. */
 JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, const char *what,
 		       GString *err);
+/* Member `name` of `o` as a string; NULL when missing, NULL and *bad set
+ * when it is there but not a string. */
+const char *rd_json_str(JsonObject *o, const char *name, bool *bad);
 
 /* transport.c */
 /* Routes a failed (or displaced) slice again, or fails it when no path is

@@ -1185,24 +1185,40 @@ static int cmp_rbuf(const void *a, const void *b)
 		goto out;                                                                \
 	} while (0)
 
+/* A peer's whole segment descriptor, every transport's fields in it. Its
+ * own are objects of lists of objects at most (buffers and their keys, the
+ * matrix's lists): depth 16 leaves the other transports room. Strings as
+ * libte allows them in a descriptor (file paths); counts as its defaults (a
+ * segment may hold many buffers). */
+static const te_json_limits desc_limits = { 16, TE_JSON_MAX_ITEMS, TE_JSON_MAX_VALUES, 65536,
+					    TE_JSON_MAX_TEXT };
+
 static int seg_parse(rd_transport *tr, const te_segment_info *info, rd_seg **out, GString *err)
 {
-	JsonParser *p = json_parser_new_immutable();
+	JsonNode *rootn = NULL;
 	JsonObject *root;
 	JsonNode *n;
 	rd_seg *seg = g_new0(rd_seg, 1);
+	bool bad = false;
 	int rc = 0;
 
 	*out = NULL;
 	seg->tr = tr;
 	seg->name = g_strdup(info->name);
-	if (info->descriptor == NULL ||
-	    !json_parser_load_from_data(p, info->descriptor, -1, NULL) ||
-	    json_parser_get_root(p) == NULL || !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(p)))
+	if (info->descriptor == NULL)
+		SEG_BAD("no descriptor");
+	rootn = rd_json_load(info->descriptor, strlen(info->descriptor), &desc_limits, "descriptor", err);
+	if (rootn == NULL) {
+		rc = TE_ERR_METADATA;
+		goto out;
+	}
+	if (!JSON_NODE_HOLDS_OBJECT(rootn))
 		SEG_BAD("descriptor is not a JSON object");
-	root = json_node_get_object(json_parser_get_root(p));
+	root = json_node_get_object(rootn);
 	n = json_object_get_member(root, "devices");
-	if (n == NULL || !JSON_NODE_HOLDS_ARRAY(n) || json_array_get_length(json_node_get_array(n)) == 0) {
+	if (n != NULL && !JSON_NODE_HOLDS_ARRAY(n))
+		SEG_BAD("\"devices\" is not an array");
+	if (n == NULL || json_array_get_length(json_node_get_array(n)) == 0) {
 		g_string_assign(err, "it lists no RDMA devices");
 		rc = -ENOTSUP;
 		goto out;
@@ -1219,10 +1235,8 @@ static int seg_parse(rd_transport *tr, const te_segment_info *info, rd_seg **out
 		if (!JSON_NODE_HOLDS_OBJECT(e))
 			SEG_BAD("device %d is not an object", i);
 		JsonObject *d = json_node_get_object(e);
-		const char *nm = json_object_has_member(d, "name") ? json_object_get_string_member(d, "name")
-								   : NULL;
-		const char *gid = json_object_has_member(d, "gid") ? json_object_get_string_member(d, "gid")
-								   : NULL;
+		const char *nm = rd_json_str(d, "name", &bad);
+		const char *gid = rd_json_str(d, "gid", &bad);
 		if (nm == NULL || *nm == '\0' || strlen(nm) >= RD_NAME_MAX || strchr(nm, '@'))
 			SEG_BAD("device %d has no valid \"name\"", i);
 		if (!get_int(d, "lid", 0, 0xffff, &lid))
@@ -1249,7 +1263,9 @@ static int seg_parse(rd_transport *tr, const te_segment_info *info, rd_seg **out
 		}
 	}
 	n = json_object_get_member(root, "buffers");
-	if (n != NULL && JSON_NODE_HOLDS_ARRAY(n)) {
+	if (n != NULL && !JSON_NODE_HOLDS_ARRAY(n))
+		SEG_BAD("\"buffers\" is not an array");
+	if (n != NULL) {
 		JsonArray *ba = json_node_get_array(n);
 		seg->nbuf = json_array_get_length(ba);
 		seg->bufs = g_new0(rd_rbuf, seg->nbuf ? seg->nbuf : 1);
@@ -1264,11 +1280,11 @@ static int seg_parse(rd_transport *tr, const te_segment_info *info, rd_seg **out
 				SEG_BAD("buffer %zu has no valid addr/length", i);
 			b->addr = (uint64_t)addr;
 			b->length = (uint64_t)len;
-			JsonNode *nm = json_object_get_member(bo, "name");
-			b->location = g_strdup(nm && JSON_NODE_HOLDS_VALUE(nm) &&
-							       json_node_get_value_type(nm) == G_TYPE_STRING
-						       ? json_node_get_string(nm)
-						       : "");
+			bool nbad = false;
+			const char *loc = rd_json_str(bo, "name", &nbad);
+			if (nbad)
+				SEG_BAD("buffer %zu: \"name\" is not a string", i);
+			b->location = g_strdup(loc ? loc : "");
 			JsonNode *rk = json_object_get_member(bo, "rkey");
 			if (rk == NULL)
 				continue; /* a buffer of another transport only */
@@ -1295,7 +1311,8 @@ static int seg_parse(rd_transport *tr, const te_segment_info *info, rd_seg **out
 	seg->pair_fail = g_new0(atomic_uint, pairs);
 	seg->pause_until = g_new0(_Atomic int64_t, pairs);
 out:
-	g_object_unref(p);
+	if (rootn != NULL)
+		json_node_unref(rootn);
 	if (rc < 0) {
 		seg_free(seg);
 		return rc;
@@ -1313,8 +1330,9 @@ static int rd_segment_open(void *ctx, const te_segment_info *info, void **seg_ct
 
 	if (rc == -ENOTSUP)
 		RD_LOG(tr, TE_LOG_DEBUG, "segment %s: %s; not served by RDMA", info->name, err->str);
-	else if (rc < 0)
-		RD_LOG(tr, TE_LOG_ERROR, "segment %s: descriptor rejected: %s", info->name, err->str);
+	else if (rc < 0) /* the peer's text: a flood of these is held back */
+		TE_HOST_LOG_LIMITED(tr->host, TE_LOG_ERROR, "segment %.200s: descriptor rejected: %s",
+				    info->name, err->str);
 	g_string_free(err, TRUE);
 	*seg_ctx = seg;
 	return rc;
@@ -1407,18 +1425,18 @@ static int rd_describe(void *ctx, char **json)
 typedef struct rd_args {
 	GPtrArray *devices;   /* allow-list, or NULL */
 	JsonObject *matrix;   /* user priority matrix, or NULL */
-	JsonParser *parser;   /* owns the arguments */
-	JsonParser *mparser;  /* owns a matrix given as a JSON string */
+	JsonNode *root;       /* owns the arguments */
+	JsonNode *mroot;      /* owns a matrix given as a JSON string */
 } rd_args;
 
 static void args_clear(rd_args *a)
 {
 	if (a->devices)
 		g_ptr_array_unref(a->devices);
-	if (a->parser)
-		g_object_unref(a->parser);
-	if (a->mparser)
-		g_object_unref(a->mparser);
+	if (a->root)
+		json_node_unref(a->root);
+	if (a->mroot)
+		json_node_unref(a->mroot);
 	memset(a, 0, sizeof *a);
 }
 
@@ -1442,7 +1460,7 @@ static int add_device_names(GPtrArray *out, JsonNode *n, GString *err)
 	for (guint i = 0; i < json_array_get_length(a); i++) {
 		JsonNode *e = json_array_get_element(a, i);
 		if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_STRING ||
-		    *json_node_get_string(e) == '\0') {
+		    *json_node_get_string(e) == '\0' || strlen(json_node_get_string(e)) >= RD_NAME_MAX) {
 			g_string_printf(err, "\"devices\" entry %u is not a device name", i);
 			return -EINVAL;
 		}
@@ -1450,6 +1468,14 @@ static int add_device_names(GPtrArray *out, JsonNode *n, GString *err)
 	}
 	return 0;
 }
+
+/* The arguments: {"priority_matrix": {"loc": [[...], [...]]}} is the
+ * deepest form. Devices are at most RD_MAX_DEV, but a matrix may list many
+ * locations; a string may be a whole matrix. */
+static const te_json_limits args_limits = { 4, 1024, 16384, 65536, 1024 * 1024 };
+/* A matrix given as a JSON string: {"loc": [[names], [names]]}; location
+ * and NIC names are at most 64 bytes (escapes allowed for). */
+static const te_json_limits matrix_limits = { 3, 1024, 16384, 512, 65536 };
 
 /* json_args: NULL; a priority matrix {"cpu:0": [[...], [...]], ...}; a list
  * of device names; or {"devices": [...] | "a,b", "priority_matrix": {...}}. */
@@ -1462,12 +1488,9 @@ static int parse_args(const char *text, rd_args *a, GString *err)
 	memset(a, 0, sizeof *a);
 	if (text == NULL || *text == '\0')
 		return 0;
-	a->parser = json_parser_new();
-	if (!json_parser_load_from_data(a->parser, text, -1, NULL) ||
-	    (root = json_parser_get_root(a->parser)) == NULL) {
-		g_string_assign(err, "arguments are not JSON");
+	a->root = root = rd_json_load(text, strlen(text), &args_limits, "arguments", err);
+	if (root == NULL)
 		return -EINVAL;
-	}
 	if (JSON_NODE_HOLDS_ARRAY(root)) {
 		a->devices = g_ptr_array_new_with_free_func(g_free);
 		return add_device_names(a->devices, root, err);
@@ -1497,17 +1520,24 @@ static int parse_args(const char *text, rd_args *a, GString *err)
 		} else if (strcmp(k, "priority_matrix") == 0 || strcmp(k, "nic_priority_matrix") == 0) {
 			if (JSON_NODE_HOLDS_VALUE(v) && json_node_get_value_type(v) == G_TYPE_STRING) {
 				/* a matrix passed as a JSON string */
-				JsonParser *mp = json_parser_new();
-				if (!json_parser_load_from_data(mp, json_node_get_string(v), -1, NULL) ||
-				    !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(mp))) {
-					g_object_unref(mp);
-					g_string_printf(err, "\"%s\" is not a JSON object", k);
+				const char *mt = json_node_get_string(v);
+				GString *why = g_string_new(NULL);
+				JsonNode *mr = rd_json_load(mt, strlen(mt), &matrix_limits, k, why);
+				if (mr == NULL || !JSON_NODE_HOLDS_OBJECT(mr)) {
+					if (mr == NULL)
+						g_string_printf(err, "\"%s\" is not a JSON object (%s)", k, why->str);
+					else
+						g_string_printf(err, "\"%s\" is not a JSON object", k);
+					g_string_free(why, TRUE);
+					if (mr != NULL)
+						json_node_unref(mr);
 					return -EINVAL;
 				}
-				if (a->mparser)
-					g_object_unref(a->mparser);
-				a->mparser = mp;
-				a->matrix = json_node_get_object(json_parser_get_root(mp));
+				g_string_free(why, TRUE);
+				if (a->mroot)
+					json_node_unref(a->mroot);
+				a->mroot = mr;
+				a->matrix = json_node_get_object(mr);
 				continue;
 			}
 			if (!JSON_NODE_HOLDS_OBJECT(v)) {
@@ -1663,7 +1693,8 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	read_config(h, &tr->cfg);
 	rc = parse_args(json_args, &a, err);
 	if (rc < 0) {
-		h->log(h, TE_LOG_ERROR, "invalid arguments %s: %s", json_args, err->str);
+		h->log(h, TE_LOG_ERROR, "invalid arguments %.200s%s: %s", json_args,
+		       strlen(json_args) > 200 ? "..." : "", err->str);
 		goto fail;
 	}
 	if (a.devices == NULL)

@@ -286,7 +286,7 @@ static void test_handshake_codec(void)
 	struct {
 		const char *json, *msg;
 	} bad[] = {
-		{ "not json", "not a JSON object" },
+		{ "not json", "handshake refused: unexpected 'n' at byte 0" },
 		{ "[1,2]", "not a JSON object" },
 		{ "{\"peer_nic_path\":\"b@x\",\"qp_num\":[1]}", "\"local_nic_path\"" },
 		{ "{\"local_nic_path\":\"a\",\"peer_nic_path\":\"b@x\",\"qp_num\":[1]}", "\"local_nic_path\"" },

@@ -23,8 +23,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <errno.h>
-#include <stdatomic.h>
+#ifndef __cplusplus
+#include <stdatomic.h> /* te_ratelimit; C++ has no _Atomic before C++23 */
 #include <time.h>
+#endif
 
 #include <te/te.h>
 
@@ -519,6 +521,7 @@ static inline uint64_t te_host_config_u64(const te_host *h, const char *te_name,
 	return (uint64_t)v;
 }
 
+#ifndef __cplusplus
 /* --------------------------------------------------- rate-limited lines */
 
 /*
@@ -570,6 +573,7 @@ static inline int te_ratelimit_allow(te_ratelimit *rl, unsigned *held)
 			(h)->log((h), (level), fmt " (%u similar lines held back)",   \
 				 ##__VA_ARGS__, te_held_);                            \
 	} while (0)
+#endif /* !__cplusplus */
 
 #ifdef __cplusplus
 }

@@ -172,6 +172,18 @@ int te_transport_install(te_engine *e, const char *name, const char *args)
 		te_err("te_transport_install: NULL engine or empty transport name");
 		return -EINVAL;
 	}
+	/* The arguments reach a plugin's create(), a third party's too: bounded
+	 * like every JSON from outside before any of them parses it. */
+	if (args != NULL && *args != '\0') {
+		static const te_json_limits lim = { TE_JSON_MAX_DEPTH, TE_JSON_MAX_ITEMS, TE_JSON_MAX_VALUES,
+						     65536, 1u << 20 };
+		char why[160];
+		if (te_json_check(args, strlen(args), &lim, why, sizeof why) < 0) {
+			te_err("te_transport_install: the arguments for %s are not acceptable JSON: %s", name,
+			       why);
+			return -EINVAL;
+		}
+	}
 	g_rec_mutex_lock(&e->ctl);
 	if (find_transport(e, name) != NULL) {
 		g_rec_mutex_unlock(&e->ctl);

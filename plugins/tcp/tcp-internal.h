@@ -292,8 +292,6 @@ struct tcp_ctx {
 	unsigned nlisten_extra;
 	char rails[TCP_MAX_RAILS][64];      /* TE_TCP_RAILS resolved to numeric addresses */
 	unsigned nrails;
-	int64_t refuse_warned;   /* last "refusing connection" warning (accepting thread only) */
-	unsigned refused;        /* refusals since then */
 	tcp_thread *threads;
 	unsigned nthreads;
 	atomic_uint next_thread;   /* round robin for new peers */

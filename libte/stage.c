@@ -474,30 +474,14 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 
 /* ---------------------------------------------------------------- engine */
 
-static uint64_t option(te_engine *e, const char *name, uint64_t def, uint64_t min, uint64_t max)
-{
-	const char *v = te_engine_option(e, name);
-	uint64_t n;
-
-	if (v == NULL)
-		v = te_env2(name, NULL);
-	if (v == NULL)
-		return def;
-	if (te_parse_u64(v, &n) && n >= min && n <= max)
-		return n;
-	te_warn("%s=%s is not a number from %llu to %llu; using %llu", name, v,
-		(unsigned long long)min, (unsigned long long)max, (unsigned long long)def);
-	return def;
-}
-
 int te_stage_init(te_engine *e)
 {
 	te_stager *s = g_new0(te_stager, 1);
 
 	s->e = e;
-	s->chunk = (size_t)option(e, "TE_STAGE_CHUNK_BYTES", CHUNK_DEFAULT, CHUNK_MIN, CHUNK_MAX) &
+	s->chunk = (size_t)te_engine_option_u64(e, "TE_STAGE_CHUNK_BYTES", CHUNK_DEFAULT, CHUNK_MIN, CHUNK_MAX) &
 		   ~(size_t)(CHUNK_MIN - 1);
-	s->nslots = (guint)option(e, "TE_STAGE_BUFFERS", BUFFERS_DEFAULT, 1, BUFFERS_MAX);
+	s->nslots = (guint)te_engine_option_u64(e, "TE_STAGE_BUFFERS", BUFFERS_DEFAULT, 1, BUFFERS_MAX);
 	s->slots = g_new0(stage_slot, s->nslots);
 	s->free = g_new(guint, s->nslots);
 	for (guint i = 0; i < s->nslots; i++)

@@ -12,6 +12,7 @@
 #include <te/te-plugin.h>
 
 #include "b64.h"
+#include "../common/hostile.h"
 #include "md-harness.h"
 
 #define BUFSZ (1u << 20)
@@ -1590,36 +1591,13 @@ static void check_reply_limit(void)
 
 /* ------------------------------------------------- hostile store replies */
 
-static char *nested(const char *pre, size_t depth, const char *post)
-{
-	size_t k = 0;
-	char *s = malloc(strlen(pre) + 2 * depth + strlen(post) + 2);
-	REQUIRE(s != NULL);
-	k += (size_t)sprintf(s, "%s", pre);
-	memset(s + k, '[', depth);
-	k += depth;
-	s[k++] = '1';
-	memset(s + k, ']', depth);
-	k += depth;
-	strcpy(s + k, post);
-	return s;
-}
-
 /* An etcd endpoint that answers with hostile JSON: each get fails with a
  * clear error (not "not found", not a crash), and the line says why. */
 static void case_etcd_hostile(void)
 {
-	char *deep = nested("", 300000, ""), *deep_in = nested("{\"kvs\":[{\"value\":", 100000, "}]}");
-	size_t n = 1000000;
-	char *many = malloc(2 * n + 16);
-	REQUIRE(many != NULL);
-	strcpy(many, "{\"kvs\":[");
-	size_t k = strlen(many);
-	for (size_t i = 0; i < n; i++) {
-		many[k++] = '0';
-		many[k++] = ',';
-	}
-	strcpy(many + k - 1, "]}");
+	char *deep = hostile_deep(300000, 0);
+	char *deep_in = hostile_nest("{\"kvs\":[{\"value\":", "[", 100000, "1", "]", "}]}");
+	char *many = hostile_array("{\"kvs\":", 1000000, "0", "}");
 	const struct {
 		const char *body, *says;
 	} cases[] = {
@@ -1673,7 +1651,7 @@ static void case_etcd_hostile(void)
 static void case_http_hostile(void)
 {
 	const char *bin = getenv("TE_METADATA_SERVER_BIN");
-	char *deep = nested("{\"format\":", 300000, "}");
+	char *deep = hostile_nest("{\"format\":", "[", 300000, "1", "]", "}");
 	const char *texts[] = {
 		deep,
 		"{\"format\":\"te-metadata-server/1\",\"entries\":{\"a\":\"1\",\"a\":\"2\"}}",

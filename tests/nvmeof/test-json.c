@@ -12,6 +12,7 @@
  */
 #include <stdarg.h>
 
+#include "../common/hostile.h"
 #include "../../plugins/nvmeof/nvmeof.h"
 #include "nv-util.h"
 
@@ -97,20 +98,6 @@ static void refused(const char *what, const char *text, int want_rc, const char 
 	g_free(ok);
 }
 
-/* "<pre>" + `n` times `open` + "<mid>" + `n` times `close` + "<post>" */
-static char *nest(const char *pre, const char *open, size_t n, const char *mid, const char *close,
-		  const char *post)
-{
-	GString *s = g_string_new(pre);
-	for (size_t i = 0; i < n; i++)
-		g_string_append(s, open);
-	g_string_append(s, mid);
-	for (size_t i = 0; i < n; i++)
-		g_string_append(s, close);
-	g_string_append(s, post);
-	return g_string_free(s, FALSE);
-}
-
 /* A valid descriptor whose buffer object carries `field` ("name":value) in
  * place of its own member of that name. */
 static char *with_buffer_field(const char *field)
@@ -126,23 +113,23 @@ static char *with_buffer_field(const char *field)
 static void test_nesting(void)
 {
 	char *t;
-	t = nest("{\"buffers\":", "[", DEEP, "", "]", ",\"protocol\":\"nvmeof\"}");
+	t = hostile_nest("{\"buffers\":", "[", DEEP, "", "]", ",\"protocol\":\"nvmeof\"}");
 	refused("deep arrays", t, TE_ERR_METADATA, "descriptor refused: nested deeper than 8 levels");
 	g_free(t);
-	t = nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", DEEP, "1", "}", "}");
+	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", DEEP, "1", "}", "}");
 	refused("deep objects", t, TE_ERR_METADATA, "nested deeper than 8 levels");
 	g_free(t);
 	/* where a string belongs: the path, a map entry */
-	t = nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", DEEP, "\"/f\"", "]",
+	t = hostile_nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", DEEP, "\"/f\"", "]",
 		 "}],\"protocol\":\"nvmeof\"}");
 	refused("deep path", t, TE_ERR_METADATA, "nested deeper than 8 levels");
 	g_free(t);
-	t = nest("{\"buffers\":[{\"length\":4096,\"file_path\":\"/f\",\"local_path_map\":{\"nodeA\":", "{\"a\":",
+	t = hostile_nest("{\"buffers\":[{\"length\":4096,\"file_path\":\"/f\",\"local_path_map\":{\"nodeA\":", "{\"a\":",
 		 DEEP, "\"/f\"", "}", "}}],\"protocol\":\"nvmeof\"}");
 	refused("deep map entry", t, TE_ERR_METADATA, "nested deeper than 8 levels");
 	g_free(t);
 	/* just past the limit: 9 levels */
-	t = nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
+	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
 	refused("nine levels", t, TE_ERR_METADATA, "nested deeper than 8 levels");
 	g_free(t);
 	/* a shallow wrong type where the path belongs */
@@ -290,7 +277,7 @@ static void test_engine(void)
 	for (int i = 0; i < 20000; i++)
 		g_string_append(many, i ? ",0" : "0");
 	g_string_append(many, "]");
-	char *deep = nest("", "[", 8, "1", "]", "");
+	char *deep = hostile_nest("", "[", 8, "1", "]", "");
 	char big[20100];
 	snprintf(big, sizeof big, "\"%s\"", pad);
 	/* each in a member nobody reads, under the host's own limits */

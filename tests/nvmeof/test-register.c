@@ -12,6 +12,7 @@
 
 #include <json-glib/json-glib.h>
 
+#include "../common/hostile.h"
 #include "nv-util.h"
 
 static const char *tool;
@@ -246,19 +247,6 @@ static void tool_refuses(const char *what, const char *text, const char *why)
 	CHECK(out_has("\"local_path_map\":{\"h1\":\"/mnt/f\"}"));
 }
 
-static char *nest(const char *pre, const char *open, size_t n, const char *mid, const char *close,
-		  const char *post)
-{
-	GString *s = g_string_new(pre);
-	for (size_t i = 0; i < n; i++)
-		g_string_append(s, open);
-	g_string_append(s, mid);
-	for (size_t i = 0; i < n; i++)
-		g_string_append(s, close);
-	g_string_append(s, post);
-	return g_string_free(s, FALSE);
-}
-
 /* The valid descriptor with `field` in its buffer instead of the member of
  * that name. */
 static char *buffer_with(const char *field)
@@ -271,20 +259,20 @@ static char *buffer_with(const char *field)
 static void test_hostile_descriptors(void)
 {
 	char *t;
-	t = nest("{\"buffers\":", "[", 100000, "", "]", ",\"protocol\":\"nvmeof\"}");
+	t = hostile_nest("{\"buffers\":", "[", 100000, "", "]", ",\"protocol\":\"nvmeof\"}");
 	tool_refuses("deep arrays", t, "nested deeper than 8 levels");
 	g_free(t);
-	t = nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", 100000, "1", "}", "}");
+	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", 100000, "1", "}", "}");
 	tool_refuses("deep objects", t, "nested deeper than 8 levels");
 	g_free(t);
-	t = nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", 100000, "\"/f\"", "]",
+	t = hostile_nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", 100000, "\"/f\"", "]",
 		 "}],\"protocol\":\"nvmeof\"}");
 	tool_refuses("deep path", t, "nested deeper than 8 levels");
 	g_free(t);
-	t = nest("{\"protocol\":\"nvmeof\",\"server_name\":", "{\"a\":", 100000, "\"s\"", "}", "}");
+	t = hostile_nest("{\"protocol\":\"nvmeof\",\"server_name\":", "{\"a\":", 100000, "\"s\"", "}", "}");
 	tool_refuses("deep server name", t, "nested deeper than 8 levels");
 	g_free(t);
-	t = nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
+	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
 	tool_refuses("nine levels", t, "nested deeper than 8 levels");
 	g_free(t);
 

@@ -11,6 +11,7 @@
  * functions; the rest is the shipped plugin's sources (its provider
  * included), with a host of the test's own.
  */
+#include "../common/hostile.h"
 #include "../../plugins/rdma/transport.c"
 
 #include <stdarg.h>
@@ -63,43 +64,6 @@ static void pace(unsigned *calls)
 }
 
 /* ------------------------------------------------------------- the texts */
-
-/* `n` levels of arrays (or objects) around a 1. */
-static char *deep(size_t n, bool objects)
-{
-	GString *s = g_string_sized_new(n * 6 + 8);
-	for (size_t i = 0; i < n; i++)
-		g_string_append(s, objects ? "{\"a\":" : "[");
-	g_string_append_c(s, '1');
-	for (size_t i = 0; i < n; i++)
-		g_string_append_c(s, objects ? '}' : ']');
-	return g_string_free(s, FALSE);
-}
-
-/* An array of `n` copies of `elem`. */
-static char *many(size_t n, const char *elem)
-{
-	GString *s = g_string_sized_new(n * (strlen(elem) + 1) + 2);
-	g_string_append_c(s, '[');
-	for (size_t i = 0; i < n; i++) {
-		if (i)
-			g_string_append_c(s, ',');
-		g_string_append(s, elem);
-	}
-	g_string_append_c(s, ']');
-	return g_string_free(s, FALSE);
-}
-
-/* A JSON string of `n` bytes. */
-static char *huge(size_t n)
-{
-	char *s = g_malloc(n + 3);
-	s[0] = '"';
-	memset(s + 1, 'x', n);
-	s[n + 1] = '"';
-	s[n + 2] = '\0';
-	return s;
-}
 
 /* `tmpl` with each "$" replaced by `v` (g_free). */
 static char *fill(const char *tmpl, const char *v)
@@ -158,8 +122,9 @@ static void test_handshake(void)
 			  "\"peer_nic_path\":\"b:2@x\",\"qp_num\":[1],\"ready_ack\":$}";
 	const char *payload = "{\"local_gid\":" GID ",\"local_lid\":0,\"local_nic_path\":\"a:1@y\","
 			      "\"payload\":$,\"peer_nic_path\":\"b:2@x\",\"qp_num\":[1]}";
-	char *d2000 = deep(2000, false), *o2000 = deep(2000, true), *m1 = many(1000000, "1"),
-	     *m1k = many(1000, "1"), *s1m = huge(1 << 20), *s2k = huge(2000);
+	char *d2000 = hostile_deep(2000, 0), *o2000 = hostile_deep(2000, 1);
+	char *m1 = hostile_array("", 1000000, "1", ""), *m1k = hostile_array("", 1000, "1", "");
+	char *s1m = hostile_string("", 1 << 20, ""), *s2k = hostile_string("", 2000, "");
 	hostile cases[] = {
 		{ "qp_num nested 2000 deep", fill(qp, d2000), "nested deeper than 2 levels" },
 		{ "reply_msg: objects 2000 deep", fill(reply, o2000), "nested deeper than 2 levels" },
@@ -269,8 +234,8 @@ static void test_descriptor(void)
 	const char *rkey = "{\"name\":\"peer\",\"protocol\":\"rdma\"," DEV ",\"buffers\":[{\"name\":\"cpu:0\","
 			   "\"addr\":4096,\"length\":4096,\"rkey\":$}]}";
 	const char *other = "{\"name\":\"peer\",\"protocol\":\"rdma\"," DEV ",\"buffers\":[],\"nvmeof\":$}";
-	char *d2000 = deep(2000, false), *o2000 = deep(2000, true), *m1 = many(1000000, "1"),
-	     *s1m = huge(1 << 20);
+	char *d2000 = hostile_deep(2000, 0), *o2000 = hostile_deep(2000, 1);
+	char *m1 = hostile_array("", 1000000, "1", ""), *s1m = hostile_string("", 1 << 20, "");
 	hostile cases[] = {
 		{ "buffers nested 2000 deep", fill(bufs, d2000), "nested deeper than 16 levels" },
 		{ "a device name: objects 2000 deep", fill(dname, o2000), "nested deeper than 16 levels" },
@@ -345,8 +310,9 @@ static void test_arguments(void)
 	const char *devs = "{\"devices\":$}";
 	const char *matrix = "{\"priority_matrix\":$}";
 	const char *mstring = "{\"devices\":[\"mlx5_0\"],\"nic_priority_matrix\":$}";
-	char *d2000 = deep(2000, false), *o2000 = deep(2000, true), *m2k = many(2000, "\"mlx5_0\""),
-	     *m1 = many(1000000, "\"x\""), *s100k = huge(100000), *name100 = huge(100);
+	char *d2000 = hostile_deep(2000, 0), *o2000 = hostile_deep(2000, 1);
+	char *m2k = hostile_array("", 2000, "\"mlx5_0\"", ""), *m1 = hostile_array("", 1000000, "\"x\"", "");
+	char *s100k = hostile_string("", 100000, ""), *name100 = hostile_string("", 100, "");
 	/* a matrix inside a string: nested, and with a key twice */
 	GString *deep_str = g_string_new("\"");
 	for (int i = 0; i < 2000; i++)

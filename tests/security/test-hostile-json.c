@@ -22,6 +22,7 @@
 
 #include <te/te-plugin.h> /* TE_RATELIMIT_BURST */
 
+#include "../common/hostile.h"
 #include "../tcp/peer-target.h"
 
 static const char *peer_bin, *bench_bin;
@@ -29,49 +30,6 @@ static char dir[] = "/tmp/te-hostile-XXXXXX";
 static char target_log[160];
 
 /* ------------------------------------------------------------ payloads */
-
-static char *nest(const char *pre, size_t depth, const char *open, const char *close,
-		  const char *post)
-{
-	size_t lo = strlen(open), lc = strlen(close), k = 0;
-	char *s = malloc(strlen(pre) + depth * (lo + lc) + strlen(post) + 4);
-	REQUIRE(s != NULL);
-	k += (size_t)sprintf(s, "%s", pre);
-	for (size_t i = 0; i < depth; i++, k += lo)
-		memcpy(s + k, open, lo);
-	s[k++] = '1';
-	for (size_t i = 0; i < depth; i++, k += lc)
-		memcpy(s + k, close, lc);
-	strcpy(s + k, post);
-	return s;
-}
-
-static char *big_array(const char *pre, size_t n, const char *post)
-{
-	size_t k = 0;
-	char *s = malloc(strlen(pre) + 2 * n + strlen(post) + 4);
-	REQUIRE(s != NULL);
-	k += (size_t)sprintf(s, "%s[", pre);
-	for (size_t i = 0; i < n; i++) {
-		s[k++] = '0';
-		s[k++] = ',';
-	}
-	s[k - 1] = ']';
-	strcpy(s + k, post);
-	return s;
-}
-
-static char *big_string(const char *pre, size_t n, const char *post)
-{
-	char *s = malloc(strlen(pre) + n + strlen(post) + 4);
-	REQUIRE(s != NULL);
-	size_t k = (size_t)sprintf(s, "%s\"", pre);
-	memset(s + k, 'x', n);
-	k += n;
-	s[k++] = '"';
-	strcpy(s + k, post);
-	return s;
-}
 
 enum { NPAY = 10 };
 
@@ -81,11 +39,11 @@ enum { NPAY = 10 };
 static void payloads(char *p[NPAY], bool desc, size_t array_n)
 {
 	const char *pre = desc ? "{\"name\":\"x\",\"protocol\":\"tcp\",\"buffers\":" : "{\"name\":\"x\",\"notify_msg\":";
-	p[0] = nest("", 300000, "[", "]", "");
-	p[1] = nest("", 100000, "{\"a\":", "}", "");
-	p[2] = nest("{\"name\":", 200000, "[", "]", ",\"notify_msg\":\"m\",\"protocol\":\"tcp\"}");
-	p[3] = big_array(pre, array_n, "}");
-	p[4] = big_string("{\"name\":", 900 * 1024, ",\"notify_msg\":\"m\",\"protocol\":\"tcp\"}");
+	p[0] = hostile_deep(300000, 0);
+	p[1] = hostile_deep(100000, 1);
+	p[2] = hostile_nest("{\"name\":", "[", 200000, "1", "]", ",\"notify_msg\":\"m\",\"protocol\":\"tcp\"}");
+	p[3] = hostile_array(pre, array_n, "0", "}");
+	p[4] = hostile_string("{\"name\":", 900 * 1024, ",\"notify_msg\":\"m\",\"protocol\":\"tcp\"}");
 	p[5] = strdup("{\"name\":\"a\",\"notify_msg\":\"m\",\"protocol\":\"tcp\",\"name\":\"b\"}");
 	p[6] = strdup(desc ? "{\"name\":5,\"protocol\":[\"tcp\"],\"buffers\":{}}"
 			   : "{\"name\":5,\"notify_msg\":[]}");
@@ -247,26 +205,32 @@ static void evil_stop(evil_peer *ev)
 	close(ev->lfd);
 }
 
-/* te-bench as an initiator against `seg`: its exit status (-signal when a
- * signal ended it). */
-static int bench_against(const char *seg)
+/* te-bench with `argv` (NULL-terminated after the program), its stdout
+ * dropped: its exit status, or -signal when a signal ended it. */
+static int run_bench(char *const argv[])
 {
-	char arg[160];
-	snprintf(arg, sizeof arg, "--segment_id=%s", seg);
-	char *av[] = { (char *)bench_bin, "--mode=initiator", arg, "--protocol=tcp", "--duration=1",
-		       "--buffer_size=1048576", "--quiet", NULL };
 	pid_t pid = fork();
 	REQUIRE(pid >= 0);
 	if (pid == 0) {
 		int null = open("/dev/null", O_WRONLY);
 		if (null >= 0)
 			dup2(null, 1);
-		execv(bench_bin, av);
+		execv(bench_bin, argv);
 		_exit(127);
 	}
 	int st = 0;
 	REQUIRE(waitpid(pid, &st, 0) == pid);
 	return WIFSIGNALED(st) ? -WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+/* te-bench as an initiator against `seg`. */
+static int bench_against(const char *seg)
+{
+	char arg[160];
+	snprintf(arg, sizeof arg, "--segment_id=%s", seg);
+	char *av[] = { (char *)bench_bin, "--mode=initiator", arg, "--protocol=tcp", "--duration=1",
+		       "--buffer_size=1048576", "--quiet", NULL };
+	return run_bench(av);
 }
 
 static void test_descriptor_refused(void)
@@ -334,20 +298,10 @@ static void test_bench_target(void)
 		char *iav[] = { (char *)bench_bin, arg, "--protocol=tcp", "--check", "--duration=1",
 				w ? "--operation=write" : "--operation=read", "--buffer_size=16777216",
 				"--quiet", NULL };
-		pid_t pid = fork();
-		REQUIRE(pid >= 0);
-		if (pid == 0) {
-			int null = open("/dev/null", O_WRONLY);
-			if (null >= 0)
-				dup2(null, 1);
-			execv(bench_bin, iav);
-			_exit(127);
-		}
-		int st = 0;
-		REQUIRE(waitpid(pid, &st, 0) == pid);
-		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		int st = run_bench(iav);
+		if (st != 0)
 			fprintf(stderr, "  te-bench --check (%s) ended with status %d\n", w ? "write" : "read", st);
-		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		CHECK_EQ(st, 0);
 	}
 	CHECK(log_has(log, "refused"));
 	int st = child_stop(&c, SIGTERM);

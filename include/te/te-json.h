@@ -9,7 +9,8 @@
  *
  * What it refuses, each with a line in `why`:
  *   - -EINVAL: not JSON (bad token, trailing bytes, control characters or a
- *     bad escape in a string, NaN/Infinity, comments, single quotes);
+ *     bad escape in a string, NaN/Infinity, comments, single quotes), or a
+ *     string that is not UTF-8 or escapes a NUL or a lone surrogate;
  *   - -E2BIG:  a limit broken (depth, members or elements of one container,
  *     values in the document, bytes of one string, bytes of the text);
  *   - -ERANGE: an integer outside [-2^63, 2^63 - 1] (parsers keep integers
@@ -177,6 +178,54 @@ static inline int te_json__dup(const char *s, te_json__key *keys, size_t n, size
 	return 0;
 }
 
+/* The value of four hex digits at s[k], or -1. */
+static inline long te_json__u16(const char *s, size_t n, size_t k)
+{
+	long v = 0;
+
+	if (k + 3 >= n)
+		return -1;
+	for (size_t j = k; j < k + 4; j++) {
+		int h = te_json__hex(s[j]);
+		if (h < 0)
+			return -1;
+		v = v << 4 | h;
+	}
+	return v;
+}
+
+/* The length of the UTF-8 sequence at s[k] (a byte >= 0x80), or 0 when it is
+ * not one: overlong forms, surrogates and values past U+10FFFF are not. */
+static inline size_t te_json__utf8(const char *s, size_t n, size_t k)
+{
+	const unsigned char *u = (const unsigned char *)s + k;
+	unsigned char lo = 0x80, hi = 0xBF;
+	size_t need;
+
+	if (u[0] >= 0xC2 && u[0] <= 0xDF)
+		need = 2;
+	else if (u[0] >= 0xE0 && u[0] <= 0xEF)
+		need = 3;
+	else if (u[0] >= 0xF0 && u[0] <= 0xF4)
+		need = 4;
+	else
+		return 0;
+	if (u[0] == 0xE0)
+		lo = 0xA0;
+	else if (u[0] == 0xED)
+		hi = 0x9F;
+	else if (u[0] == 0xF0)
+		lo = 0x90;
+	else if (u[0] == 0xF4)
+		hi = 0x8F;
+	if (k + need > n || u[1] < lo || u[1] > hi)
+		return 0;
+	for (size_t j = 2; j < need; j++)
+		if (u[j] < 0x80 || u[j] > 0xBF)
+			return 0;
+	return need;
+}
+
 /* A string at s[*i] == '"'; moves *i past its closing quote. */
 static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max, char *why,
 				  size_t whylen)
@@ -203,17 +252,41 @@ static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max
 			case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
 				k += 2;
 				continue;
-			case 'u':
-				if (k + 5 < n && te_json__hex(s[k + 2]) >= 0 && te_json__hex(s[k + 3]) >= 0 &&
-				    te_json__hex(s[k + 4]) >= 0 && te_json__hex(s[k + 5]) >= 0) {
-					k += 6;
+			case 'u': {
+				long u = te_json__u16(s, n, k + 2);
+				if (u < 0)
+					break;
+				/* Parsers turn a lone surrogate into bytes that are not
+				 * UTF-8, and \u0000 into a NUL that cuts C strings
+				 * short: neither names anything real. */
+				if (u == 0)
+					return te_json__fail(why, whylen, -EINVAL,
+							     "\\u0000 in a string at byte %zu", k);
+				if (u >= 0xDC00 && u <= 0xDFFF)
+					break;
+				if (u >= 0xD800 && u <= 0xDBFF) {
+					long lo = k + 11 < n && s[k + 6] == '\\' && s[k + 7] == 'u'
+							  ? te_json__u16(s, n, k + 8)
+							  : -1;
+					if (lo < 0xDC00 || lo > 0xDFFF)
+						break;
+					k += 12;
 					continue;
 				}
-				/* fall through */
-			default:
-				return te_json__fail(why, whylen, -EINVAL, "bad escape in a string at byte %zu",
-						     k);
+				k += 6;
+				continue;
 			}
+			default:
+				break;
+			}
+			return te_json__fail(why, whylen, -EINVAL, "bad escape in a string at byte %zu", k);
+		}
+		if (c >= 0x80) {
+			size_t need = te_json__utf8(s, n, k);
+			if (need == 0)
+				return te_json__fail(why, whylen, -EINVAL, "not UTF-8 at byte %zu", k);
+			k += need;
+			continue;
 		}
 		k++;
 	}

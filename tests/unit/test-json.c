@@ -40,7 +40,8 @@ static void test_valid(void)
 		"{}", "[]", "1", "-0", "0.5e-3", "\"x\"", "true", "false", "null", " [ 1 , 2 ] ",
 		"{\"a\":[],\"b\":{},\"c\":\"\\u00e9\\n\\\"\",\"d\":-9223372036854775808}",
 		"9223372036854775807", "{\"a\":{\"a\":1},\"b\":{\"a\":2}}", "[[],[[]],{}]",
-		"{ \"k\" : { } }", "1e300", "-1.5E+10",
+		"{ \"k\" : { } }", "1e300", "-1.5E+10", "\"\\ud83d\\ude00 \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"",
+		"\"\\u00e9\\uFFFF\"",
 	};
 	for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
 		int rc = chk(ok[i], NULL);
@@ -57,6 +58,10 @@ static void test_malformed(void)
 		"{1:2}", "[1 2]", "01", "1.", ".5", "-", "1e", "+1", "NaN", "-Infinity", "Infinity",
 		"nul", "tru", "'a'", "\"a", "\"\\x\"", "\"\\u12g4\"", "\"a\tb\"", "[1]]", "[1] x",
 		"{}{}", "// c\n1", "[\"\\u00\"]", "{\"a\":1 \"b\":2}", "[}", "{]",
+		/* lone surrogates, an escaped NUL, bytes that are not UTF-8 */
+		"\"\\ud800\"", "\"\\ud800x\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"a\\u0000b\"",
+		"\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xe2\x82\"",
+		"\"\x80\"",
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		int rc = chk(bad[i], NULL);

@@ -220,6 +220,10 @@ static void test_fatal(void)
 	uint64_t d1 = slices_on(A, "mlx5_1");
 	CHECK(works_again());
 	CHECK_EQ(slices_on(A, "mlx5_1"), d1);
+	/* Still out after the port checks that ran meanwhile: a dead device
+	 * answers no query until it is reset. */
+	usleep(600000);
+	CHECK_EQ(device_active(A, "mlx5_1"), 0);
 	CHECK_EQ(soft_set_link("mlx5_1", 1), 0);
 	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 1, 5000));
 	CHECK(works_again());

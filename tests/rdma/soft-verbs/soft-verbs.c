@@ -470,6 +470,13 @@ static int sv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_
 		return EINVAL;
 	memset(attr, 0, sizeof *attr);
 	g_mutex_lock(&d->lock);
+	/* A device that reported a fatal error answers no query until it is
+	 * reset (here: its link set again), as mlx5 does; answering "active"
+	 * let the plugin's port check put it back in service at once. */
+	if (d->fatal) {
+		g_mutex_unlock(&d->lock);
+		return EIO;
+	}
 	soft_port *p = &d->port[port - 1];
 	attr->state = p->up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
 	attr->phys_state = p->up ? 5 : 3; /* LinkUp, Disabled */

@@ -8,9 +8,11 @@
  * more than max_values nodes, or copies a string longer than max_string.
  *
  * What it refuses, each with a line in `why`:
- *   - -EINVAL: not JSON (bad token, trailing bytes, control characters or a
- *     bad escape in a string, NaN/Infinity, comments, single quotes), or a
- *     string that is not UTF-8 or escapes a NUL or a lone surrogate;
+ *   - -EINVAL: not JSON (bad token, trailing bytes, a bad escape in a
+ *     string, NaN/Infinity, comments, single quotes), or a string that is not
+ *     UTF-8 or holds a NUL, written or escaped, or a lone surrogate (raw
+ *     control characters other than NUL pass, as json-glib reads and writes
+ *     them);
  *   - -E2BIG:  a limit broken (depth, members or elements of one container,
  *     values in the document, bytes of one string, bytes of the text);
  *   - -ERANGE: an integer outside [-2^63, 2^63 - 1] (parsers keep integers
@@ -241,9 +243,11 @@ static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max
 		unsigned char c = (unsigned char)s[k];
 		if (c == '"')
 			break;
-		if (c < 0x20)
-			return te_json__fail(why, whylen, -EINVAL,
-					     "control character in a string at byte %zu", k);
+		/* Raw control characters are not JSON, but json-glib reads them
+		 * and its generator writes 0x1f unescaped: refusing them would
+		 * refuse what libte itself wrote. A NUL still ends C strings. */
+		if (c == 0)
+			return te_json__fail(why, whylen, -EINVAL, "NUL in a string at byte %zu", k);
 		if (c == '\\') {
 			if (k + 1 >= n)
 				return te_json__fail(why, whylen, -EINVAL, "unterminated string at byte %zu",

@@ -33,6 +33,17 @@ bool rd_gid_parse(const char *s, uint8_t gid[16])
 	return true;
 }
 
+/* No control characters: NIC paths and messages are names and text, and
+ * json-glib writes some control characters back unescaped (0x1f) and the
+ * others six bytes long, past what a handshake may hold. */
+static bool printable(const char *s)
+{
+	for (; *s != '\0'; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
 bool rd_nic_path_split(const char *path, char *server, size_t ssize, char *dev, size_t dsize)
 {
 	const char *at = path ? strrchr(path, '@') : NULL;
@@ -155,24 +166,31 @@ int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 	o = json_node_get_object(root);
 
 	s = rd_json_str(o, "local_nic_path", &bad);
-	if (s == NULL || strlen(s) >= sizeof hs->local_nic_path || strchr(s, '@') == NULL) {
+	if (s == NULL || strlen(s) >= sizeof hs->local_nic_path || strchr(s, '@') == NULL ||
+	    !printable(s)) {
 		g_string_assign(err, "handshake: missing or bad \"local_nic_path\" (want server@device)");
 		goto out;
 	}
 	g_strlcpy(hs->local_nic_path, s, sizeof hs->local_nic_path);
 	s = rd_json_str(o, "peer_nic_path", &bad);
-	if (s == NULL || strlen(s) >= sizeof hs->peer_nic_path || strchr(s, '@') == NULL) {
+	if (s == NULL || strlen(s) >= sizeof hs->peer_nic_path || strchr(s, '@') == NULL ||
+	    !printable(s)) {
 		g_string_assign(err, "handshake: missing or bad \"peer_nic_path\" (want server@device)");
 		goto out;
 	}
 	g_strlcpy(hs->peer_nic_path, s, sizeof hs->peer_nic_path);
 
 	s = rd_json_str(o, "reply_msg", &bad);
-	if (bad) {
-		g_string_assign(err, "handshake: \"reply_msg\" is not a string");
+	if (bad || (s != NULL && !printable(s))) {
+		g_string_assign(err, "handshake: \"reply_msg\" is not a string of printable text");
 		goto out;
 	}
 	g_strlcpy(hs->reply_msg, s ? s : "", sizeof hs->reply_msg);
+	/* A long message is cut; cut at a character's start, so that it stays
+	 * UTF-8 when it is written again. */
+	const char *valid_end;
+	if (!g_utf8_validate(hs->reply_msg, -1, &valid_end))
+		hs->reply_msg[valid_end - hs->reply_msg] = '\0';
 
 	n = json_object_get_member(o, "ready_ack");
 	if (n != NULL) {

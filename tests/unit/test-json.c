@@ -41,7 +41,7 @@ static void test_valid(void)
 		"{\"a\":[],\"b\":{},\"c\":\"\\u00e9\\n\\\"\",\"d\":-9223372036854775808}",
 		"9223372036854775807", "{\"a\":{\"a\":1},\"b\":{\"a\":2}}", "[[],[[]],{}]",
 		"{ \"k\" : { } }", "1e300", "-1.5E+10", "\"\\ud83d\\ude00 \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"",
-		"\"\\u00e9\\uFFFF\"",
+		"\"\\u00e9\\uFFFF\"", "\"a\tb\x1f\"", /* raw control characters, as json-glib writes */
 	};
 	for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
 		int rc = chk(ok[i], NULL);
@@ -56,7 +56,7 @@ static void test_malformed(void)
 	const char *bad[] = {
 		"", " ", "[", "]", "{", "[1,]", "[,1]", "{\"a\":1,}", "{,}", "{\"a\"}", "{\"a\" 1}",
 		"{1:2}", "[1 2]", "01", "1.", ".5", "-", "1e", "+1", "NaN", "-Infinity", "Infinity",
-		"nul", "tru", "'a'", "\"a", "\"\\x\"", "\"\\u12g4\"", "\"a\tb\"", "[1]]", "[1] x",
+		"nul", "tru", "'a'", "\"a", "\"\\x\"", "\"\\u12g4\"", "[1]]", "[1] x",
 		"{}{}", "// c\n1", "[\"\\u00\"]", "{\"a\":1 \"b\":2}", "[}", "{]",
 		/* lone surrogates, an escaped NUL, bytes that are not UTF-8 */
 		"\"\\ud800\"", "\"\\ud800x\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"a\\u0000b\"",
@@ -72,6 +72,7 @@ static void test_malformed(void)
 	/* A NUL inside the text is not JSON. */
 	char why[128];
 	CHECK_EQ(te_json_check("[1,\0 2]", 7, NULL, why, sizeof why), -EINVAL);
+	CHECK_EQ(te_json_check("\"a\0b\"", 5, NULL, why, sizeof why), -EINVAL);
 	CHECK_EQ(te_json_check(NULL, 0, NULL, why, sizeof why), -EINVAL);
 }
 

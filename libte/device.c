@@ -6,6 +6,7 @@
  * and copies through them where a side of a copy is device memory.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -90,6 +91,27 @@ int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len)
 	if (rc < 0)
 		te_log(TE_LOG_ERROR, d->hc.plugin->name, "copy of %zu bytes %p -> %p failed: %s", len,
 		       src, dst, te_strerror(rc));
+	return rc;
+}
+
+/* n copies through one plugin: its batch op (queued together, waited for
+ * once) where it has one, else one copy after the other. */
+int te_device_copy_batch_with(te_device *d, const te_copy *v, size_t n, unsigned flags)
+{
+	if (n == 0)
+		return 0;
+	if (n == 1 || !TE_HAS_OP(d->ops, copy_batch)) {
+		for (size_t i = 0; i < n; i++) {
+			int rc = te_device_copy_with(d, v[i].dst, v[i].src, v[i].len);
+			if (rc < 0)
+				return rc;
+		}
+		return 0;
+	}
+	int rc = d->ops->copy_batch(d->ctx, v, n, flags);
+	if (rc < 0)
+		te_log(TE_LOG_ERROR, d->hc.plugin->name, "batch of %zu copies (%p -> %p first) failed: %s",
+		       n, v[0].src, v[0].dst, te_strerror(rc));
 	return rc;
 }
 
@@ -189,6 +211,67 @@ int te_device_copy_at(const char *location, void *dst, const void *src, size_t l
 	if (d == NULL)
 		return -ENODEV;
 	return te_device_copy_with(d, dst, src, len);
+}
+
+int te_device_copy_batch_at(const char *location, const te_copy *v, size_t n, unsigned flags)
+{
+	int index;
+	te_device *d = by_prefix(location, &index);
+
+	if (d == NULL)
+		return -ENODEV;
+	return te_device_copy_batch_with(d, v, n, flags);
+}
+
+/* Host buffers that device memory is copied through: page-locked by the
+ * first plugin that offers it (a GPU's copy engine reaches only such memory
+ * at full speed), else plain. The table says who frees each one. */
+static GHashTable *host_bufs; /* pointer → te_device* (under alloc_lock) */
+
+int te_device_host_alloc(size_t len, void **ptr)
+{
+	GPtrArray *all = usable();
+
+	if (len == 0 || ptr == NULL)
+		return -EINVAL;
+	for (guint i = 0; i < all->len; i++) {
+		te_device *d = g_ptr_array_index(all, i);
+		void *p = NULL;
+		if (!TE_HAS_OP(d->ops, host_alloc) || !TE_HAS_OP(d->ops, host_free) ||
+		    d->ops->host_alloc(d->ctx, len, &p) != 0 || p == NULL)
+			continue;
+		g_mutex_lock(&alloc_lock);
+		if (host_bufs == NULL)
+			host_bufs = g_hash_table_new(g_direct_hash, g_direct_equal);
+		g_hash_table_insert(host_bufs, p, d);
+		g_mutex_unlock(&alloc_lock);
+		*ptr = p;
+		return 0;
+	}
+	void *p = NULL;
+	if (posix_memalign(&p, 4096, len) != 0)
+		return -ENOMEM;
+	*ptr = p;
+	return 0;
+}
+
+void te_device_host_free(void *ptr)
+{
+	te_device *d = NULL;
+
+	if (ptr == NULL)
+		return;
+	g_mutex_lock(&alloc_lock);
+	if (host_bufs != NULL) {
+		d = g_hash_table_lookup(host_bufs, ptr);
+		if (d != NULL)
+			g_hash_table_remove(host_bufs, ptr);
+	}
+	g_mutex_unlock(&alloc_lock);
+	if (d != NULL)
+		d->ops->host_free(d->ctx, ptr);
+	else
+		free(ptr);
 }
 
 /* ------------------------------------------------------- public functions */

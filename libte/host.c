@@ -236,6 +236,72 @@ static int host_buffer_copy(const te_host *h, const te_buffer_pin *pin, void *ds
 	return rc;
 }
 
+/* Pieces between host memory and pinned regions, with every region entered
+ * for the whole batch: runs of consecutive pieces of one device plugin go
+ * to it as one batch, host memory is copied here. */
+static int host_buffer_copy_batch(const te_host *h, const te_buffer_pin *const *pins,
+				  const te_copy *copies, size_t n)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	size_t entered = 0;
+	int rc = 0;
+
+	if (n > 0 && (pins == NULL || copies == NULL))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (pins[i] == NULL || pins[i]->priv == NULL ||
+		    ((copies[i].dst == NULL || copies[i].src == NULL) && copies[i].len > 0))
+			return -EINVAL;
+	for (; entered < n; entered++) {
+		te_region *r = te_pin_region(pins[entered]);
+		if (!te_region_enter(r)) {
+			te_warn_limited("%s: %p+%zu was unregistered under a peer's request; not copied",
+					hc->plugin ? hc->plugin->name : "?", r->addr, r->length);
+			rc = TE_ERR_ADDRESS;
+			break;
+		}
+	}
+	for (size_t i = 0; rc == 0 && i < n;) {
+		te_device *d = te_pin_region(pins[i])->dev;
+		size_t j = i + 1;
+		while (j < n && te_pin_region(pins[j])->dev == d)
+			j++;
+		if (d == NULL)
+			for (size_t k = i; k < j; k++)
+				memmove(copies[k].dst, copies[k].src, copies[k].len);
+		else
+			rc = te_device_copy_batch_with(d, copies + i, j - i, 0);
+		i = j;
+	}
+	while (entered > 0)
+		te_region_leave(te_pin_region(pins[--entered]));
+	return rc;
+}
+
+static int host_device_copy_batch(const te_host *h, const char *location, const te_copy *copies,
+				  size_t n, unsigned flags)
+{
+	(void)h;
+	if (location == NULL || (n > 0 && copies == NULL))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if ((copies[i].dst == NULL || copies[i].src == NULL) && copies[i].len > 0)
+			return -EINVAL;
+	return te_device_copy_batch_at(location, copies, n, flags);
+}
+
+static int host_host_buffer_alloc(const te_host *h, size_t len, void **ptr)
+{
+	(void)h;
+	return te_device_host_alloc(len, ptr);
+}
+
+static void host_host_buffer_free(const te_host *h, void *ptr)
+{
+	(void)h;
+	te_device_host_free(ptr);
+}
+
 static int host_device_dmabuf(const te_host *h, const void *addr, size_t len, int *fd,
 			      uint64_t *offset)
 {
@@ -329,5 +395,9 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.buffer_acquire_revocable = host_buffer_acquire_revocable,
 		.buffer_enter = host_buffer_enter,
 		.buffer_leave = host_buffer_leave,
+		.buffer_copy_batch = host_buffer_copy_batch,
+		.device_copy_batch = host_device_copy_batch,
+		.host_buffer_alloc = host_host_buffer_alloc,
+		.host_buffer_free = host_host_buffer_free,
 	};
 }

@@ -144,6 +144,11 @@ int te_device_ipc_export(const void *addr, size_t len, te_device_ipc *ipc, char 
 int te_device_ipc_open(const char *location, const te_device_ipc *ipc, void **base);
 void te_device_ipc_close(const char *location, void *base);
 int te_device_copy_at(const char *location, void *dst, const void *src, size_t len);
+int te_device_copy_batch_with(te_device *d, const te_copy *v, size_t n, unsigned flags);
+int te_device_copy_batch_at(const char *location, const te_copy *v, size_t n, unsigned flags);
+/* Page-locked host memory where a device plugin offers it, else plain. */
+int te_device_host_alloc(size_t len, void **ptr);
+void te_device_host_free(void *ptr);
 /* The devices of every usable device plugin (te_host.devices). */
 int te_devices_list(te_device_info *out, size_t max, size_t *n);
 

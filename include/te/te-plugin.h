@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 4
+#define TE_PLUGIN_ABI_MINOR 5
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -147,6 +147,20 @@ typedef struct te_device_ipc {
 	uint64_t alloc_base;  /* the allocation, in the exporter's address space */
 	uint64_t alloc_size;
 } te_device_ipc;
+
+/* One copy of a batch (since ABI 1.5): `len` bytes from `src` to `dst`. */
+typedef struct te_copy {
+	void *dst;
+	const void *src;
+	size_t len;
+} te_copy;
+
+enum te_copy_flags {
+	/* Every dst and src of the batch is device memory of the one plugin
+	 * (an opened export counts): it may move them without a copy engine
+	 * call per piece (a gather-copy kernel). A hint: never required. */
+	TE_COPY_DEVICE_ONLY = 1u << 0,
+};
 
 /* Handles one received RPC frame of a registered type. `body` is the JSON
  * (NUL-terminated, `len` bytes), `peer` the remote address as text. Writes a
@@ -284,6 +298,25 @@ struct te_host {
 					te_buffer_pin *pin);
 	int (*buffer_enter)(const te_host *h, const te_buffer_pin *pin);
 	void (*buffer_leave)(const te_host *h, const te_buffer_pin *pin);
+
+	/* ---- since ABI 1.5 (test with TE_HAS_OP) ---- */
+	/* As buffer_copy() for n pieces, copies[i] between host memory and the
+	 * pin pins[i], queued on the device together and waited for once: the
+	 * way to move many pieces of device memory (one waited copy costs the
+	 * copy engine's whole latency, ~15 us on a PCIe GPU). 0 when every
+	 * piece moved, else negative (logged); any piece may then have moved. */
+	int (*buffer_copy_batch)(const te_host *h, const te_buffer_pin *const *pins,
+				 const te_copy *copies, size_t n);
+	/* As device_copy() for n pieces (TE_COPY_* flags), queued together and
+	 * waited for once. */
+	int (*device_copy_batch)(const te_host *h, const char *location, const te_copy *copies,
+				 size_t n, unsigned flags);
+	/* Host memory for buffers that device memory is copied through:
+	 * page-locked by a device plugin where one is usable (copies to and
+	 * from a GPU run at its copy engine's speed only from such memory),
+	 * else ordinary. Free it with host_buffer_free(). */
+	int (*host_buffer_alloc)(const te_host *h, size_t len, void **ptr);
+	void (*host_buffer_free)(const te_host *h, void *ptr);
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -459,6 +492,12 @@ typedef struct te_device_ops {
 	 * stays the caller's. */
 	int (*ipc_open)(void *ctx, const te_device_ipc *ipc, void **base);
 	void (*ipc_close)(void *ctx, void *base);
+	/* ---- since ABI 1.5: optional ---- */
+	/* Copies n pieces (any directions, TE_COPY_* flags as hints), queued
+	 * together and waited for once; returns when all moved. 0, or negative
+	 * (logged): any piece may then have moved. Without it the host calls
+	 * copy() n times. */
+	int (*copy_batch)(void *ctx, const te_copy *copies, size_t n, unsigned flags);
 } te_device_ops;
 
 /* ------------------------------------------------------------- descriptor */

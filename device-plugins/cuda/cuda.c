@@ -25,13 +25,44 @@ typedef void *CUcontext;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
+typedef void *CUevent;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUipcMemHandle {
 	char reserved[64]; /* CU_IPC_HANDLE_SIZE */
 } CUipcMemHandle;
+typedef struct CUmemLocation {
+	int type;
+	int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp {
+	int type;
+	int requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc {
+	CUmemLocation location;
+	int flags;
+} CUmemAccessDesc;
 
 enum {
 	CUDA_SUCCESS = 0,
 	CUDA_ERROR_NO_DEVICE = 100,
+	CUDA_ERROR_NOT_READY = 600,
+	CU_EVENT_DISABLE_TIMING = 2,
+	CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+	CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+	CU_MEM_LOCATION_TYPE_DEVICE = 1,
+	CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+	CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
 	CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
 	CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
 	CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
@@ -75,22 +106,72 @@ typedef struct driver {
 	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
 	CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
 	CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+	/* Optional: copies reported by events (without them, stream callbacks). */
+	CUresult (*EventCreate)(CUevent *, unsigned);
+	CUresult (*EventRecord)(CUevent, CUstream);
+	CUresult (*EventSynchronize)(CUevent);
+	CUresult (*EventDestroy)(CUevent);
+	/* Optional: the gather-copy kernel for device-to-device batches. */
+	CUresult (*ModuleLoadData)(CUmodule *, const void *);
+	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+	CUresult (*ModuleUnload)(CUmodule);
+	CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+				 unsigned, CUstream, void **, void **);
+	/* Optional: memory of the virtual memory API (cuMemCreate). */
+	CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+	CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+			      unsigned long long);
+	CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+	CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+	CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+	CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+	CUresult (*MemUnmap)(CUdeviceptr, size_t);
+	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+	CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+	CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int,
+					       unsigned long long);
+	CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
 } driver;
 
-/* Asynchronous copies go round-robin to this many streams, so that copies
- * into and out of the devices can use both copy engines at once. */
-#define STREAMS 2
+/* Asynchronous copies go round-robin to this many lanes (a stream and a
+ * thread that reports its copies' ends), so that copies into and out of the
+ * devices use both copy engines at once. */
+#define LANES 4
+/* Streams for batches (copy_batch): one per batch in flight. */
+#define POOL_MAX 32
+/* Events kept for reuse. */
+#define EVENTS_KEPT 256
+/* Pieces per launch of the gather kernel: its parameter block (gather.cu). */
+#define GATHER_MAX 128
 
-/* A copy whose end the driver will report. */
 typedef struct cuda_ctx cuda_ctx;
+
+/* A copy whose end its lane reports: the event recorded after it. */
 typedef struct cu_done {
 	struct cu_done *next;
-	cuda_ctx *owner;
 	te_device_done_fn done;
 	void *arg;
 	size_t len;
-	CUresult status;
+	CUevent ev;
 } cu_done;
+
+typedef struct lane {
+	cuda_ctx *owner;
+	CUstream stream;
+	pthread_t thread;
+	pthread_mutex_t lock; /* guards the list and quit */
+	pthread_cond_t cond;
+	cu_done *head, *tail;
+	bool quit, started;
+} lane;
+
+/* Memory of the virtual memory API that this plugin mapped: its own
+ * allocations (TE_CUDA_ALLOC=vmm) and other processes' it opened. */
+typedef struct vmm_map {
+	struct vmm_map *next;
+	CUdeviceptr base;
+	size_t size;
+} vmm_map;
 
 struct cuda_ctx {
 	const te_host *host;
@@ -100,14 +181,26 @@ struct cuda_ctx {
 
 	/* Asynchronous copies (see cu_copy_async) */
 	bool async;
-	CUstream streams[STREAMS];
-	atomic_uint next_stream;
-	atomic_bool said_sync; /* the fall-back to waiting was logged */
-	pthread_t completer;
-	pthread_mutex_t lock; /* guards the finished list and quit */
-	pthread_cond_t cond;
-	cu_done *head, *tail;
-	bool quit;
+	lane lanes[LANES];
+	atomic_uint next_lane;
+	pthread_mutex_t ev_lock; /* guards the kept events */
+	CUevent events[EVENTS_KEPT];
+	unsigned nevents;
+
+	/* Batches (see cu_copy_batch) */
+	pthread_mutex_t pool_lock;
+	CUstream pool[POOL_MAX]; /* free ones first */
+	unsigned pool_free, pool_made;
+	pthread_mutex_t gather_lock;
+	int gather_state; /* 0 not tried, 1 loaded, -1 unusable */
+	bool gather_off;  /* TE_CUDA_GATHER=0 */
+	CUmodule gather_mod;
+	CUfunction gather_fn;
+
+	/* The virtual memory API */
+	bool alloc_vmm; /* TE_CUDA_ALLOC=vmm */
+	pthread_mutex_t vmm_lock;
+	vmm_map *maps;
 };
 
 static const char *errstr(const driver *d, CUresult r)
@@ -164,6 +257,25 @@ static int open_driver(driver *d, char *why, size_t why_len)
 	if (d->IpcOpenMemHandle == NULL)
 		SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle", 0);
 	SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle", 0);
+	SYM(EventCreate, "cuEventCreate", 0);
+	SYM(EventRecord, "cuEventRecord", 0);
+	SYM(EventSynchronize, "cuEventSynchronize", 0);
+	SYM(EventDestroy, "cuEventDestroy_v2", 0);
+	SYM(ModuleLoadData, "cuModuleLoadData", 0);
+	SYM(ModuleGetFunction, "cuModuleGetFunction", 0);
+	SYM(ModuleUnload, "cuModuleUnload", 0);
+	SYM(LaunchKernel, "cuLaunchKernel", 0);
+	SYM(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", 0);
+	SYM(MemCreate, "cuMemCreate", 0);
+	SYM(MemRelease, "cuMemRelease", 0);
+	SYM(MemAddressReserve, "cuMemAddressReserve", 0);
+	SYM(MemAddressFree, "cuMemAddressFree", 0);
+	SYM(MemMap, "cuMemMap", 0);
+	SYM(MemUnmap, "cuMemUnmap", 0);
+	SYM(MemSetAccess, "cuMemSetAccess", 0);
+	SYM(MemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0);
+	SYM(MemExportToShareableHandle, "cuMemExportToShareableHandle", 0);
+	SYM(MemImportFromShareableHandle, "cuMemImportFromShareableHandle", 0);
 #undef SYM
 	CUresult r = d->Init(0);
 	int n = 0;
@@ -219,6 +331,16 @@ static int cu_create(const te_host *h, void **out)
 			c->ctx[i] = NULL;
 		}
 	}
+	const char *alloc = h->config(h, "TE_CUDA_ALLOC", NULL);
+	const char *gather = h->config(h, "TE_CUDA_GATHER", NULL);
+	c->alloc_vmm = alloc != NULL && strcmp(alloc, "vmm") == 0;
+	c->gather_off = gather != NULL && strcmp(gather, "0") == 0;
+	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
+		h->log(h, TE_LOG_WARN, "TE_CUDA_ALLOC=%s: not 'legacy' or 'vmm'; cuMemAlloc it is", alloc);
+	pthread_mutex_init(&c->pool_lock, NULL);
+	pthread_mutex_init(&c->gather_lock, NULL);
+	pthread_mutex_init(&c->vmm_lock, NULL);
+	pthread_mutex_init(&c->ev_lock, NULL);
 	c->async = async_start(c);
 	*out = c;
 	return 0;
@@ -229,6 +351,26 @@ static void cu_destroy(void *ctx)
 	cuda_ctx *c = ctx;
 
 	async_stop(c);
+	make_current(c, 0);
+	for (unsigned i = 0; i < c->pool_made; i++) {
+		c->drv.StreamSynchronize(c->pool[i]);
+		c->drv.StreamDestroy(c->pool[i]);
+	}
+	if (c->gather_state == 1)
+		c->drv.ModuleUnload(c->gather_mod);
+	for (unsigned i = 0; i < c->nevents; i++)
+		c->drv.EventDestroy(c->events[i]);
+	while (c->maps != NULL) { /* left mapped by their users: ours to drop now */
+		vmm_map *m = c->maps;
+		c->maps = m->next;
+		c->drv.MemUnmap(m->base, m->size);
+		c->drv.MemAddressFree(m->base, m->size);
+		free(m);
+	}
+	pthread_mutex_destroy(&c->pool_lock);
+	pthread_mutex_destroy(&c->gather_lock);
+	pthread_mutex_destroy(&c->vmm_lock);
+	pthread_mutex_destroy(&c->ev_lock);
 	for (int i = 0; i < c->ndev; i++)
 		if (c->ctx[i] != NULL)
 			c->drv.DevicePrimaryCtxRelease(i);
@@ -289,54 +431,94 @@ static int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 
 /* ------------------------------------------------------ asynchronous copies */
 
-/* The driver's stream callback: on a driver thread, which must not call the
- * driver. The copy's owner is told on the completer thread instead, where
- * it may start the next copy. */
-static void on_stream_done(CUstream stream, CUresult status, void *user)
-{
-	cu_done *d = user;
-	cuda_ctx *owner = d->owner;
-	(void)stream;
+/* Copies are reported by an event recorded after each on its stream, which
+ * the lane's thread waits for in order. (A stream callback would hold the
+ * stream until the host ran it: every copy would wait for a round trip to
+ * the host before the next could start.) */
 
-	d->status = status;
-	pthread_mutex_lock(&owner->lock);
-	if (owner->tail)
-		owner->tail->next = d;
-	else
-		owner->head = d;
-	owner->tail = d;
-	pthread_cond_signal(&owner->cond);
-	pthread_mutex_unlock(&owner->lock);
+static bool has_events(const driver *d)
+{
+	return d->EventCreate != NULL && d->EventRecord != NULL && d->EventSynchronize != NULL &&
+	       d->EventDestroy != NULL;
 }
 
-static void *completer(void *arg)
+static CUevent event_get(cuda_ctx *c)
 {
-	cuda_ctx *c = arg;
+	CUevent ev = NULL;
 
-	pthread_mutex_lock(&c->lock);
-	for (;;) {
-		while (c->head == NULL && !c->quit)
-			pthread_cond_wait(&c->cond, &c->lock);
-		cu_done *d = c->head;
-		if (d == NULL)
-			break; /* quit, and every reported copy delivered */
-		c->head = d->next;
-		if (c->head == NULL)
-			c->tail = NULL;
-		pthread_mutex_unlock(&c->lock);
-		if (d->status != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
-				     errstr(&c->drv, d->status));
-		d->done(d->arg, d->status == CUDA_SUCCESS ? 0 : -EIO);
-		free(d);
-		pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->nevents > 0)
+		ev = c->events[--c->nevents];
+	pthread_mutex_unlock(&c->ev_lock);
+	if (ev == NULL && c->drv.EventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+		ev = NULL;
+	return ev;
+}
+
+static void event_put(cuda_ctx *c, CUevent ev)
+{
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->nevents < EVENTS_KEPT) {
+		c->events[c->nevents++] = ev;
+		ev = NULL;
 	}
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->ev_lock);
+	if (ev != NULL)
+		c->drv.EventDestroy(ev);
+}
+
+/* The lane's thread: waits for each copy's event in the order they were
+ * queued and tells the copy's owner, who may start the next copy here. */
+static void *lane_main(void *arg)
+{
+	lane *l = arg;
+	cuda_ctx *c = l->owner;
+
+	make_current(c, 0);
+	pthread_mutex_lock(&l->lock);
+	for (;;) {
+		while (l->head == NULL && !l->quit)
+			pthread_cond_wait(&l->cond, &l->lock);
+		cu_done *d = l->head;
+		if (d == NULL)
+			break; /* quit, and every queued copy reported */
+		l->head = d->next;
+		if (l->head == NULL)
+			l->tail = NULL;
+		pthread_mutex_unlock(&l->lock);
+		CUresult r = c->drv.EventSynchronize(d->ev);
+		if (r != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
+				     errstr(&c->drv, r));
+		event_put(c, d->ev);
+		d->done(d->arg, r == CUDA_SUCCESS ? 0 : -EIO);
+		free(d);
+		pthread_mutex_lock(&l->lock);
+	}
+	pthread_mutex_unlock(&l->lock);
 	return NULL;
 }
 
+static void lane_stop(cuda_ctx *c, lane *l)
+{
+	if (l->started) {
+		pthread_mutex_lock(&l->lock);
+		l->quit = true;
+		pthread_cond_signal(&l->cond);
+		pthread_mutex_unlock(&l->lock);
+		pthread_join(l->thread, NULL);
+	}
+	if (l->stream != NULL) {
+		c->drv.StreamSynchronize(l->stream);
+		c->drv.StreamDestroy(l->stream);
+	}
+	pthread_mutex_destroy(&l->lock);
+	pthread_cond_destroy(&l->cond);
+	memset(l, 0, sizeof *l);
+}
+
 /* Streams on device 0's context (unified addressing: any direction, any
- * device) and the completer thread; false (copies stay synchronous) when the
+ * device) and their threads; false (copies stay synchronous) when the
  * driver lacks the calls or refuses. */
 static bool async_start(cuda_ctx *c)
 {
@@ -344,24 +526,31 @@ static bool async_start(cuda_ctx *c)
 	int made = 0;
 
 	if (d->StreamCreate == NULL || d->StreamDestroy == NULL || d->MemcpyAsync == NULL ||
-	    d->StreamAddCallback == NULL || c->ctx[0] == NULL)
+	    !has_events(d) || c->ctx[0] == NULL)
 		return false;
 	make_current(c, 0);
-	for (; made < STREAMS; made++) {
-		CUresult r = d->StreamCreate(&c->streams[made], CU_STREAM_NON_BLOCKING);
+	for (; made < LANES; made++) {
+		lane *l = &c->lanes[made];
+		l->owner = c;
+		pthread_mutex_init(&l->lock, NULL);
+		pthread_cond_init(&l->cond, NULL);
+		CUresult r = d->StreamCreate(&l->stream, CU_STREAM_NON_BLOCKING);
 		if (r != CUDA_SUCCESS) {
 			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", errstr(d, r));
+			l->stream = NULL;
+			made++;
 			break;
 		}
+		if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
+			made++;
+			break;
+		}
+		l->started = true;
 	}
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
-	if (made == STREAMS && pthread_create(&c->completer, NULL, completer, c) == 0)
+	if (made == LANES && c->lanes[LANES - 1].started)
 		return true;
 	while (made > 0)
-		d->StreamDestroy(c->streams[--made]);
-	pthread_mutex_destroy(&c->lock);
-	pthread_cond_destroy(&c->cond);
+		lane_stop(c, &c->lanes[--made]);
 	return false;
 }
 
@@ -373,22 +562,13 @@ static void async_stop(cuda_ctx *c)
 	if (!c->async)
 		return;
 	make_current(c, 0);
-	for (int i = 0; i < STREAMS; i++) {
-		c->drv.StreamSynchronize(c->streams[i]); /* its callbacks have run */
-		c->drv.StreamDestroy(c->streams[i]);
-	}
-	pthread_mutex_lock(&c->lock);
-	c->quit = true;
-	pthread_cond_signal(&c->cond);
-	pthread_mutex_unlock(&c->lock);
-	pthread_join(c->completer, NULL);
-	pthread_mutex_destroy(&c->lock);
-	pthread_cond_destroy(&c->cond);
+	for (int i = 0; i < LANES; i++)
+		lane_stop(c, &c->lanes[i]);
 	c->async = false;
 }
 
-/* cuMemcpyAsync on the next stream, then a stream callback that reports
- * the copy's end: the caller's thread never waits for the copy. */
+/* cuMemcpyAsync and an event on the next lane's stream: the caller's thread
+ * never waits for the copy, and the copy engine never waits for us. */
 static int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
 			 void *arg)
 {
@@ -399,30 +579,206 @@ static int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_d
 	cu_done *d = malloc(sizeof *d);
 	if (d == NULL)
 		return -ENOMEM;
-	*d = (cu_done){ .owner = c, .done = done, .arg = arg, .len = len };
-	CUstream s = c->streams[atomic_fetch_add_explicit(&c->next_stream, 1, memory_order_relaxed) % STREAMS];
+	*d = (cu_done){ .done = done, .arg = arg, .len = len };
+	lane *l = &c->lanes[atomic_fetch_add_explicit(&c->next_lane, 1, memory_order_relaxed) % LANES];
 	make_current(c, 0);
-	CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
+	d->ev = event_get(c);
+	if (d->ev == NULL) {
+		free(d);
+		return -ENOTSUP; /* copied synchronously by the caller */
+	}
+	CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len,
+					l->stream);
+	if (r == CUDA_SUCCESS)
+		r = c->drv.EventRecord(d->ev, l->stream);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", len, errstr(&c->drv, r));
+		c->drv.StreamSynchronize(l->stream); /* nothing of ours left queued */
+		event_put(c, d->ev);
 		free(d);
 		return -EIO;
 	}
-	r = c->drv.StreamAddCallback(s, on_stream_done, d, 0);
-	if (r != CUDA_SUCCESS) {
-		/* The copy is queued and nothing would report its end: wait for
-		 * it here (done may run before copy_async returns). */
-		if (!atomic_exchange(&c->said_sync, true))
-			c->host->log(c->host, TE_LOG_WARN,
-				     "cuStreamAddCallback: %s; waiting for copies instead (said once)",
-				     errstr(&c->drv, r));
-		free(d);
-		r = c->drv.StreamSynchronize(s);
-		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->drv, r));
-		done(arg, r == CUDA_SUCCESS ? 0 : -EIO);
-	}
+	pthread_mutex_lock(&l->lock);
+	if (l->tail)
+		l->tail->next = d;
+	else
+		l->head = d;
+	l->tail = d;
+	pthread_cond_signal(&l->cond);
+	pthread_mutex_unlock(&l->lock);
 	return 0;
+}
+
+/* ----------------------------------------------------------------- batches */
+
+#include "gather-ptx.h"
+
+/* The gather kernel's parameter block (gather.cu's te_gather). */
+typedef struct gather_params {
+	unsigned long long n, chunk;
+	struct {
+		unsigned long long dst, src, len;
+	} p[GATHER_MAX];
+} gather_params;
+_Static_assert(sizeof(gather_params) == 3088, "gather.cu's te_gather layout");
+
+static CUstream pool_get(cuda_ctx *c)
+{
+	CUstream s = NULL;
+
+	pthread_mutex_lock(&c->pool_lock);
+	if (c->pool_free > 0) {
+		s = c->pool[--c->pool_free];
+	} else if (c->pool_made < POOL_MAX) {
+		make_current(c, 0);
+		if (c->drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+			/* Made streams sit at [pool_free, pool_made) while in use. */
+			c->pool[c->pool_made++] = s;
+		} else {
+			s = NULL;
+		}
+	}
+	pthread_mutex_unlock(&c->pool_lock);
+	return s;
+}
+
+static void pool_put(cuda_ctx *c, CUstream s)
+{
+	pthread_mutex_lock(&c->pool_lock);
+	/* Keep every made stream in pool[0, pool_made): swap s to pool_free. */
+	for (unsigned i = c->pool_free; i < c->pool_made; i++)
+		if (c->pool[i] == s) {
+			c->pool[i] = c->pool[c->pool_free];
+			c->pool[c->pool_free++] = s;
+			break;
+		}
+	pthread_mutex_unlock(&c->pool_lock);
+}
+
+static bool gather_ready(cuda_ctx *c)
+{
+	pthread_mutex_lock(&c->gather_lock);
+	if (c->gather_state == 0) {
+		c->gather_state = -1;
+		if (c->gather_off || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
+		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
+			c->host->log(c->host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
+				     c->gather_off ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
+		} else {
+			make_current(c, 0);
+			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, gather_ptx);
+			if (r == CUDA_SUCCESS) {
+				r = c->drv.ModuleGetFunction(&c->gather_fn, c->gather_mod, "te_gather_copy");
+				if (r != CUDA_SUCCESS)
+					c->drv.ModuleUnload(c->gather_mod);
+			}
+			if (r == CUDA_SUCCESS)
+				c->gather_state = 1;
+			else
+				c->host->log(c->host, TE_LOG_INFO,
+					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
+					     errstr(&c->drv, r));
+		}
+	}
+	bool ok = c->gather_state == 1;
+	pthread_mutex_unlock(&c->gather_lock);
+	return ok;
+}
+
+/* The device of a pointer, or -1 when it is not device memory. */
+static int ordinal_of(cuda_ctx *c, const void *p)
+{
+	unsigned type = 0;
+	int ordinal = -1;
+	CUdeviceptr dp = (CUdeviceptr)(uintptr_t)p;
+
+	if (c->drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dp) != CUDA_SUCCESS ||
+	    type != CU_MEMORYTYPE_DEVICE ||
+	    c->drv.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dp) != CUDA_SUCCESS)
+		return -1;
+	return ordinal;
+}
+
+/* Device-to-device pieces in launches of the gather kernel on device 0,
+ * where both sides of every piece are: one launch moves up to GATHER_MAX
+ * pieces (a copy call per piece costs ~10 us whatever its size). */
+static CUresult gather_launch(cuda_ctx *c, const te_copy *v, size_t n, CUstream s)
+{
+	gather_params g;
+	CUresult r = CUDA_SUCCESS;
+
+	for (size_t i = 0; i < n && r == CUDA_SUCCESS;) {
+		unsigned long long maxlen = 0;
+		g.n = 0;
+		for (; i < n && g.n < GATHER_MAX; i++) {
+			if (v[i].len == 0)
+				continue;
+			g.p[g.n].dst = (uintptr_t)v[i].dst;
+			g.p[g.n].src = (uintptr_t)v[i].src;
+			g.p[g.n].len = v[i].len;
+			if (v[i].len > maxlen)
+				maxlen = v[i].len;
+			g.n++;
+		}
+		if (g.n == 0)
+			break;
+		/* Blocks of 16 KiB or more, at most 4096 per piece. */
+		unsigned long long chunk = (maxlen + 4095) / 4096;
+		chunk = chunk < 16384 ? 16384 : (chunk + 15) & ~15ull;
+		unsigned gy = (unsigned)((maxlen + chunk - 1) / chunk);
+		void *args[] = { &g };
+		r = c->drv.LaunchKernel(c->gather_fn, (unsigned)g.n, gy, 1, 256, 1, 1, 0, s, args, NULL);
+	}
+	return r;
+}
+
+static bool all_on_device0(cuda_ctx *c, const te_copy *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (v[i].len > 0 && (ordinal_of(c, v[i].dst) != 0 || ordinal_of(c, v[i].src) != 0))
+			return false;
+	return true;
+}
+
+/* Every piece queued on one stream of the pool, then one wait. */
+static int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
+{
+	cuda_ctx *c = ctx;
+	CUstream s = c->async ? pool_get(c) : NULL;
+	CUresult r = CUDA_SUCCESS;
+
+	if (s == NULL) { /* no streams (or all busy): one copy after the other */
+		for (size_t i = 0; i < n; i++) {
+			int rc = cu_copy(c, v[i].dst, v[i].src, v[i].len);
+			if (rc < 0)
+				return rc;
+		}
+		return 0;
+	}
+	make_current(c, 0);
+	if ((flags & TE_COPY_DEVICE_ONLY) && n > 1 && gather_ready(c) && all_on_device0(c, v, n)) {
+		r = gather_launch(c, v, n, s);
+		if (r != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %zu pieces: %s", n,
+				     errstr(&c->drv, r));
+	} else {
+		for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+			if (v[i].len == 0)
+				continue;
+			r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)v[i].dst,
+					       (CUdeviceptr)(uintptr_t)v[i].src, v[i].len, s);
+			if (r != CUDA_SUCCESS)
+				c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s",
+					     v[i].len, errstr(&c->drv, r));
+		}
+	}
+	/* Wait even after a failure: nothing of this batch may still run when
+	 * the caller reuses its buffers. */
+	CUresult w = c->drv.StreamSynchronize(s);
+	if (w != CUDA_SUCCESS)
+		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->drv, w));
+	pool_put(c, s);
+	return r == CUDA_SUCCESS && w == CUDA_SUCCESS ? 0 : -EIO;
 }
 
 static int cu_host_alloc(void *ctx, size_t len, void **ptr)
@@ -441,6 +797,108 @@ static void cu_host_free(void *ctx, void *ptr)
 	c->drv.MemFreeHost(ptr);
 }
 
+/* ------------------------------------------------ the virtual memory API */
+
+static bool has_vmm(const driver *d)
+{
+	return d->MemGetAllocationGranularity && d->MemCreate && d->MemRelease && d->MemAddressReserve &&
+	       d->MemAddressFree && d->MemMap && d->MemUnmap && d->MemSetAccess &&
+	       d->MemRetainAllocationHandle && d->MemExportToShareableHandle &&
+	       d->MemImportFromShareableHandle;
+}
+
+static void vmm_add(cuda_ctx *c, CUdeviceptr base, size_t size, vmm_map *m)
+{
+	m->base = base;
+	m->size = size;
+	pthread_mutex_lock(&c->vmm_lock);
+	m->next = c->maps;
+	c->maps = m;
+	pthread_mutex_unlock(&c->vmm_lock);
+}
+
+/* Unmaps and frees the range at `base` if this plugin mapped it: true then. */
+static bool vmm_drop(cuda_ctx *c, CUdeviceptr base)
+{
+	vmm_map *m = NULL;
+
+	pthread_mutex_lock(&c->vmm_lock);
+	for (vmm_map **pp = &c->maps; *pp != NULL; pp = &(*pp)->next)
+		if ((*pp)->base == base) {
+			m = *pp;
+			*pp = m->next;
+			break;
+		}
+	pthread_mutex_unlock(&c->vmm_lock);
+	if (m == NULL)
+		return false;
+	make_current(c, 0);
+	c->drv.MemUnmap(m->base, m->size);
+	c->drv.MemAddressFree(m->base, m->size);
+	free(m);
+	return true;
+}
+
+/* Maps a physical allocation at a fresh address, read-write for `dev`. The
+ * mapping holds the allocation: the caller releases its handle. */
+static CUresult vmm_map_handle(cuda_ctx *c, CUmemGenericAllocationHandle ah, size_t size, int dev,
+			       CUdeviceptr *out)
+{
+	CUdeviceptr p = 0;
+	CUmemAccessDesc acc = { .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev },
+				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+	CUresult r = c->drv.MemAddressReserve(&p, size, 0, 0, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = c->drv.MemMap(p, size, 0, ah, 0);
+	if (r == CUDA_SUCCESS) {
+		r = c->drv.MemSetAccess(p, size, &acc, 1);
+		if (r != CUDA_SUCCESS)
+			c->drv.MemUnmap(p, size);
+	}
+	if (r != CUDA_SUCCESS) {
+		c->drv.MemAddressFree(p, size);
+		return r;
+	}
+	*out = p;
+	return CUDA_SUCCESS;
+}
+
+/* te_device_alloc() memory from cuMemCreate (TE_CUDA_ALLOC=vmm), as the
+ * frameworks' newer allocators make it: shareable as a file descriptor. */
+static int vmm_alloc(cuda_ctx *c, int device, size_t len, void **ptr)
+{
+	CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				     .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+				     .location = { CU_MEM_LOCATION_TYPE_DEVICE, device } };
+	CUmemGenericAllocationHandle ah;
+	CUdeviceptr p = 0;
+	size_t gran = 0;
+	vmm_map *m = malloc(sizeof *m);
+
+	if (m == NULL)
+		return -ENOMEM;
+	CUresult r = c->drv.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r == CUDA_SUCCESS && gran == 0)
+		r = CUDA_ERROR_NO_DEVICE;
+	size_t size = r == CUDA_SUCCESS ? (len + gran - 1) / gran * gran : 0;
+	if (r == CUDA_SUCCESS)
+		r = c->drv.MemCreate(&ah, size, &prop, 0);
+	if (r == CUDA_SUCCESS) {
+		r = vmm_map_handle(c, ah, size, device, &p);
+		c->drv.MemRelease(ah);
+	}
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
+			     device, errstr(&c->drv, r));
+		free(m);
+		return -ENOMEM;
+	}
+	vmm_add(c, p, size, m);
+	*ptr = (void *)(uintptr_t)p;
+	return 0;
+}
+
 static int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 {
 	cuda_ctx *c = ctx;
@@ -449,6 +907,8 @@ static int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	if (device < 0 || device >= c->ndev || c->ctx[device] == NULL)
 		return -ENODEV;
 	make_current(c, device);
+	if (c->alloc_vmm && has_vmm(&c->drv))
+		return vmm_alloc(c, device, len, ptr);
 	CUresult r = c->drv.MemAlloc(&p, len);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
@@ -464,6 +924,8 @@ static void cu_mem_free(void *ctx, void *ptr)
 	cuda_ctx *c = ctx;
 	int dev = 0;
 
+	if (vmm_drop(c, (CUdeviceptr)(uintptr_t)ptr))
+		return;
 	c->drv.PointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 				   (CUdeviceptr)(uintptr_t)ptr);
 	make_current(c, dev);
@@ -506,6 +968,71 @@ static bool has_ipc(const cuda_ctx *c)
 	       c->drv.IpcCloseMemHandle != NULL;
 }
 
+/* The tag of an export by file descriptor in te_device_ipc.handle. */
+static const char vmm_tag[4] = { 'V', 'M', 'M', '1' };
+
+/* cuMemCreate memory: the allocation holding [start, start+size) as a
+ * POSIX file descriptor. -ENOTSUP when the driver has no such call or the
+ * range is not one whole mapping of one allocation. */
+static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t size, int dev,
+		      te_device_ipc *ipc)
+{
+	CUmemGenericAllocationHandle ah;
+	int fd = -1;
+
+	(void)addr;
+	if (!has_vmm(&c->drv))
+		return -ENOTSUP;
+	CUresult r = c->drv.MemRetainAllocationHandle(&ah, (void *)(uintptr_t)start);
+	if (r != CUDA_SUCCESS)
+		return -ENOTSUP; /* not cuMemCreate memory */
+	r = c->drv.MemExportToShareableHandle(&fd, ah, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	c->drv.MemRelease(ah);
+	if (r != CUDA_SUCCESS || fd < 0) {
+		c->host->log(c->host, TE_LOG_INFO,
+			     "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
+			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, errstr(&c->drv, r));
+		return -EIO;
+	}
+	memcpy(ipc->handle, vmm_tag, sizeof vmm_tag);
+	ipc->handle_len = sizeof vmm_tag;
+	ipc->device = dev;
+	ipc->fd = fd;
+	ipc->alloc_base = start;
+	ipc->alloc_size = size;
+	return 0;
+}
+
+static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
+{
+	CUmemGenericAllocationHandle ah;
+	CUdeviceptr p = 0;
+	int dev = ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0;
+	vmm_map *m;
+
+	if (!has_vmm(&c->drv) || ipc->fd < 0 || ipc->alloc_size == 0 || ipc->alloc_size > SIZE_MAX)
+		return -EINVAL;
+	m = malloc(sizeof *m);
+	if (m == NULL)
+		return -ENOMEM;
+	make_current(c, dev);
+	CUresult r = c->drv.MemImportFromShareableHandle(&ah, (void *)(uintptr_t)ipc->fd,
+							 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r == CUDA_SUCCESS) {
+		r = vmm_map_handle(c, ah, (size_t)ipc->alloc_size, dev, &p);
+		c->drv.MemRelease(ah);
+	}
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
+			     ipc->device, (unsigned long long)ipc->alloc_size, errstr(&c->drv, r));
+		free(m);
+		return -EIO;
+	}
+	vmm_add(c, p, (size_t)ipc->alloc_size, m);
+	*base = (void *)(uintptr_t)p;
+	return 0;
+}
+
 /* CUDA IPC handles name whole cuMemAlloc allocations: export the
  * allocation holding the range. */
 static int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
@@ -525,8 +1052,14 @@ static int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc 
 	make_current(c, dev);
 	CUresult r = c->drv.IpcGetMemHandle(&h, start);
 	if (r != CUDA_SUCCESS) {
-		/* e.g. memory from cuMemCreate, which IPC handles do not cover */
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s", addr, errstr(&c->drv, r));
+		/* Memory from cuMemCreate, which IPC handles do not cover: its
+		 * physical allocation as a file descriptor, when it was made
+		 * shareable so. */
+		int vr = vmm_export(c, addr, start, size, dev, ipc);
+		if (vr == 0)
+			return 0;
+		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, errstr(&c->drv, r),
+			     vr == -ENOTSUP ? "" : "; nor a file descriptor of its cuMemCreate allocation");
 		return -ENOTSUP;
 	}
 	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
@@ -545,6 +1078,8 @@ static int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 	CUipcMemHandle h;
 	CUdeviceptr p = 0;
 
+	if (ipc->handle_len == sizeof vmm_tag && memcmp(ipc->handle, vmm_tag, sizeof vmm_tag) == 0)
+		return vmm_open(c, ipc, base);
 	if (!has_ipc(c))
 		return -ENOTSUP;
 	if (ipc->handle_len != sizeof h)
@@ -567,6 +1102,8 @@ static void cu_ipc_close(void *ctx, void *base)
 {
 	cuda_ctx *c = ctx;
 
+	if (vmm_drop(c, (CUdeviceptr)(uintptr_t)base))
+		return;
 	make_current(c, 0);
 	CUresult r = c->drv.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
 	if (r != CUDA_SUCCESS)
@@ -650,6 +1187,7 @@ static const te_device_ops ops = {
 	.ipc_export = cu_ipc_export,
 	.ipc_open = cu_ipc_open,
 	.ipc_close = cu_ipc_close,
+	.copy_batch = cu_copy_batch,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "cuda", "1.0", "NVIDIA GPU memory through the CUDA driver API",

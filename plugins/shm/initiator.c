@@ -15,6 +15,7 @@
 #include <json-glib/json-glib.h>
 #include <te/te-json.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -484,13 +485,121 @@ static void done(shm_ctx *c, const piece *p, int err)
 	c->host->complete(c->host, p->t, err ? 0 : p->len, err);
 }
 
+/* Whether the local side of a transfer is device memory. The host hands
+ * this transport its device memory as it is (TE_TRANSPORT_DEVICE_MEMORY:
+ * every device region registers here), never staged. */
+static bool local_is_device(const te_transfer *t)
+{
+	return t->local_location != NULL && strncmp(t->local_location, "cpu", 3) != 0;
+}
+
+/* Whether two locations are of the one device plugin ("cuda:0", "cuda:1"). */
+static bool same_plugin(const char *a, const char *b)
+{
+	size_t la = strcspn(a, ":"), lb = strcspn(b, ":");
+	return la == lb && strncmp(a, b, la) == 0;
+}
+
+/* Device copies of one run, gathered to go to the device plugin as one
+ * batch (queued together, waited for once) instead of one waited copy per
+ * piece: all of one location and kind. */
+typedef struct dev_batch {
+	const char *location;
+	unsigned flags;
+	unsigned n;
+	te_copy copies[SHM_CMA_IOV];
+	shm_slot *slots[SHM_CMA_IOV];
+	unsigned idx[SHM_CMA_IOV];
+} dev_batch;
+
+static void dev_flush(shm_ctx *c, piece *ps, dev_batch *b)
+{
+	const te_host *h = c->host;
+	int rc = 0;
+
+	if (b->n == 0)
+		return;
+	if (b->n > 1 && TE_HAS_OP(h, device_copy_batch)) {
+		rc = h->device_copy_batch(h, b->location, b->copies, b->n, b->flags);
+	} else {
+		for (unsigned k = 0; k < b->n && rc == 0; k++)
+			rc = h->device_copy(h, b->location, b->copies[k].dst, b->copies[k].src, b->copies[k].len);
+	}
+	for (unsigned k = 0; k < b->n; k++) {
+		unpin(b->slots[k]);
+		done(c, &ps[b->idx[k]], rc);
+	}
+	b->n = 0;
+}
+
+static void dev_add(shm_ctx *c, piece *ps, dev_batch *b, const char *location, unsigned flags, void *dst,
+		    const void *src, uint64_t len, shm_slot *slot, unsigned i)
+{
+	if (b->n > 0 && (b->flags != flags || strcmp(b->location, location) != 0))
+		dev_flush(c, ps, b);
+	b->location = location;
+	b->flags = flags;
+	b->copies[b->n] = (te_copy){ dst, src, len };
+	b->slots[b->n] = slot;
+	b->idx[b->n++] = i;
+}
+
+/* Our device memory and memory of the target's that only cross-memory
+ * attach reaches: through a host buffer of this thread's, a slice at a
+ * time. */
+#define BOUNCE_BYTES (1u << 20)
+static _Thread_local char *bounce_buf;
+static pthread_key_t bounce_key;
+static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
+
+static void bounce_key_make(void)
+{
+	(void)pthread_key_create(&bounce_key, free);
+}
+
+static int bounce(shm_ctx *c, shm_seg *s, uint32_t op, char *local, const char *location, uint64_t remote,
+		  uint64_t len)
+{
+	const te_host *h = c->host;
+
+	if (bounce_buf == NULL) {
+		pthread_once(&bounce_once, bounce_key_make);
+		bounce_buf = malloc(BOUNCE_BYTES);
+		if (bounce_buf == NULL)
+			return -ENOMEM;
+		pthread_setspecific(bounce_key, bounce_buf); /* freed when the thread ends */
+	}
+	for (uint64_t off = 0; off < len;) {
+		size_t n = len - off < BOUNCE_BYTES ? (size_t)(len - off) : BOUNCE_BYTES;
+		struct iovec lv = { bounce_buf, n }, rv = { (void *)(uintptr_t)(remote + off), n };
+		int rc = 0;
+		if (op == TE_OP_WRITE)
+			rc = h->device_copy(h, location, bounce_buf, local + off, n);
+		if (rc == 0) {
+			ssize_t got = op == TE_OP_READ ? process_vm_readv(s->pid, &lv, 1, &rv, 1, 0)
+						       : process_vm_writev(s->pid, &lv, 1, &rv, 1, 0);
+			if (got < 0 && errno == ESRCH)
+				atomic_store(&s->dead, true);
+			rc = got < 0 ? (errno == ESRCH ? -ECONNRESET : -errno) : (size_t)got < n ? -EFAULT : 0;
+		}
+		if (rc == 0 && op == TE_OP_READ)
+			rc = h->device_copy(h, location, local + off, bounce_buf, n);
+		if (rc != 0)
+			return rc;
+		off += n;
+	}
+	return 0;
+}
+
 /* Copies pieces (all of one segment and opcode). */
 static void run(shm_ctx *c, shm_seg *s, uint32_t op, piece *ps, unsigned n)
 {
 	struct iovec lv[SHM_CMA_IOV], rv[SHM_CMA_IOV];
 	shm_slot *slots[SHM_CMA_IOV];
 	unsigned idx[SHM_CMA_IOV], nv = 0;
+	dev_batch db;
 
+	db.n = 0;
 	if (atomic_load_explicit(&s->dead, memory_order_relaxed)) {
 		for (unsigned i = 0; i < n; i++)
 			done(c, &ps[i], -ECONNRESET);
@@ -500,6 +609,7 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, piece *ps, unsigned n)
 		piece *p = &ps[i];
 		uint64_t remote = p->t->remote + p->off;
 		char *local = (char *)p->t->local + p->off;
+		bool ldev = local_is_device(p->t);
 		if (c->host->canceled(c->host, p->t)) {
 			done(c, p, -ECANCELED);
 			continue;
@@ -512,17 +622,32 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, piece *ps, unsigned n)
 			continue;
 		}
 		if (atomic_load_explicit(&slot->kind, memory_order_relaxed) == SLOT_DEVICE) {
-			/* Our side is host memory: the host stages our device memory. */
+			/* The target's device memory, opened here: one device
+			 * copy, device to device when ours is device memory too. */
 			const char *loc = NULL;
 			char *dev = device_at(s, slot, remote, p->len, &loc);
-			int rc = dev == NULL ? TE_ERR_REJECTED
-			       : op == TE_OP_READ ? c->host->device_copy(c->host, loc, local, dev, p->len)
-						  : c->host->device_copy(c->host, loc, dev, local, p->len);
-			unpin(slot);
-			done(c, p, rc);
+			if (dev == NULL || (ldev && !same_plugin(loc, p->t->local_location))) {
+				if (dev != NULL)
+					SLOG(c, TE_LOG_WARN, "shm: %s memory to %s memory: not one device plugin's",
+					     p->t->local_location, loc);
+				unpin(slot);
+				done(c, p, TE_ERR_REJECTED);
+				continue;
+			}
+			if (op == TE_OP_READ)
+				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, local, dev, p->len, slot, i);
+			else
+				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, dev, local, p->len, slot, i);
 			continue;
 		}
 		char *there = s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len);
+		if (there != NULL && ldev) {
+			if (op == TE_OP_READ)
+				dev_add(c, ps, &db, p->t->local_location, 0, local, there, p->len, slot, i);
+			else
+				dev_add(c, ps, &db, p->t->local_location, 0, there, local, p->len, slot, i);
+			continue;
+		}
 		if (there != NULL) {
 			if (op == TE_OP_READ)
 				memcpy(local, there, p->len);
@@ -537,11 +662,18 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, piece *ps, unsigned n)
 			done(c, p, TE_ERR_REJECTED);
 			continue;
 		}
+		if (ldev) {
+			int rc = bounce(c, s, op, local, p->t->local_location, remote, p->len);
+			unpin(slot);
+			done(c, p, rc);
+			continue;
+		}
 		lv[nv] = (struct iovec){ local, p->len };
 		rv[nv] = (struct iovec){ (void *)(uintptr_t)remote, p->len };
 		slots[nv] = slot;
 		idx[nv++] = i;
 	}
+	dev_flush(c, ps, &db);
 	if (nv == 0)
 		return;
 	ssize_t got = op == TE_OP_READ ? process_vm_readv(s->pid, lv, nv, rv, nv, 0)
@@ -595,14 +727,19 @@ static void *worker_main(void *arg)
 			return NULL;
 		}
 		/* One slice of the head, or several small whole transfers of the
-		 * same segment and opcode (one cross-memory attach call for all). */
+		 * same segment and opcode (one cross-memory attach call, or one
+		 * device batch, for all) up to a slice's bytes: a batch of
+		 * 1 MiB requests spreads over the workers rather than filling
+		 * one. */
+		uint64_t bytes = 0;
 		while (c->q_head != NULL && n < SHM_CMA_IOV) {
 			te_transfer *t = c->q_head;
 			uint64_t claim = t->plugin_data[Q_CLAIM];
 			uint64_t len = t->length - claim < c->cfg.slice ? t->length - claim : c->cfg.slice;
 			if (n > 0 && (claim != 0 || len != t->length || t->seg_ctx != ps[0].t->seg_ctx ||
-				      t->opcode != ps[0].t->opcode))
+				      t->opcode != ps[0].t->opcode || bytes + len > c->cfg.slice))
 				break;
+			bytes += len;
 			ps[n++] = (piece){ t, claim, len };
 			t->plugin_data[Q_CLAIM] = claim + len;
 			if (claim + len == t->length) {

@@ -280,7 +280,8 @@ static int shm_report(const te_host *h, char **text)
 
 static const te_transport_ops shm_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_SAME_HOST | TE_TRANSPORT_DEVICE_TARGET,
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_SAME_HOST | TE_TRANSPORT_DEVICE_TARGET |
+		 TE_TRANSPORT_DEVICE_MEMORY,
 	.create = shm_create,
 	.destroy = shm_destroy,
 	.describe = shm_describe,

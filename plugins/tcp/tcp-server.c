@@ -94,14 +94,32 @@ static void touch_end(const te_host *h, const te_buffer_pin *pin)
 
 #define REVOKED_WHY "the memory it was reading or writing was unregistered (TE_UNREGISTER_TIMEOUT_MS)"
 
+static void stage_free(const te_host *h, void *p)
+{
+	if (TE_HAS_OP(h, host_buffer_alloc) && TE_HAS_OP(h, host_buffer_free))
+		h->host_buffer_free(h, p);
+	else
+		g_free(p);
+}
+
 static bool stage_ready(tcp_sconn *sc)
 {
+	const te_host *h = ctx_of(sc)->host;
+
 	if (sc->stage == NULL) {
-		/* replies, then bodies, then the list of staged replies */
-		sc->stage = g_try_malloc(TCP_DEV_REPLY_STAGE + TCP_DEV_STAGE +
-					 TCP_STAGE_PIECES * sizeof(tcp_piece));
-		if (sc->stage != NULL)
-			sc->stage_piece = (tcp_piece *)(sc->stage + TCP_DEV_REPLY_STAGE + TCP_DEV_STAGE);
+		/* replies, then bodies; the list of staged replies apart */
+		size_t len = TCP_DEV_REPLY_STAGE + TCP_DEV_STAGE;
+		void *p = NULL;
+		if (TE_HAS_OP(h, host_buffer_alloc) && TE_HAS_OP(h, host_buffer_free)) {
+			if (h->host_buffer_alloc(h, len, &p) != 0)
+				p = NULL;
+		} else {
+			p = g_try_malloc(len);
+		}
+		sc->stage_piece = p != NULL ? g_try_new(tcp_piece, TCP_STAGE_PIECES) : NULL;
+		if (p != NULL && sc->stage_piece == NULL)
+			stage_free(h, p);
+		sc->stage = sc->stage_piece != NULL ? p : NULL;
 		sc->stage_n = 0;
 	}
 	return sc->stage != NULL;
@@ -125,7 +143,9 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 		r->pinned = false;
 	}
 	sc->snd = sc->head = 0;
-	g_free(sc->stage);
+	if (sc->stage != NULL)
+		stage_free(h, sc->stage);
+	g_free(sc->stage_piece);
 	sc->stage = NULL;
 	sc->stage_piece = NULL;
 	sc->stage_n = 0;
@@ -259,6 +279,7 @@ static void parse(tcp_sconn *sc)
 			break;
 		}
 		sc->body_got = take;
+		sc->body_staged = 0;
 		if (sc->body_got == sc->body_len)
 			finish_body(sc);
 	}
@@ -289,6 +310,8 @@ static const tcp_piece *staged(tcp_sconn *sc, uint64_t i, uint64_t done, unsigne
 static int stage_fill(tcp_sconn *sc, uint64_t i, uint64_t done)
 {
 	const te_host *h = ctx_of(sc)->host;
+	const te_buffer_pin *pins[TCP_STAGE_PIECES];
+	te_copy copies[TCP_STAGE_PIECES];
 	uint32_t pos = 0;
 
 	sc->stage_n = 0;
@@ -298,13 +321,27 @@ static int stage_fill(tcp_sconn *sc, uint64_t i, uint64_t done)
 			continue;
 		uint64_t from = j == i ? done : 0;
 		uint32_t piece = (uint32_t)MIN((uint64_t)(TCP_DEV_REPLY_STAGE - pos), r->len - from);
-		if (h->buffer_copy(h, &r->pin, sc->stage + pos, r->data + from, piece) < 0)
-			return sc->stage_n == 0 ? -1 : 0;
+		pins[sc->stage_n] = &r->pin;
+		copies[sc->stage_n] = (te_copy){ sc->stage + pos, r->data + from, piece };
 		sc->stage_piece[sc->stage_n++] = (tcp_piece){ .resp = j, .off = from, .len = piece, .pos = pos };
 		pos += piece;
 		if (from + piece < r->len)
 			break;
 	}
+	if (sc->stage_n == 0)
+		return -1;
+	/* Queued on the device together and waited for once. */
+	if (sc->stage_n > 1 && TE_HAS_OP(h, buffer_copy_batch) &&
+	    h->buffer_copy_batch(h, pins, copies, sc->stage_n) == 0)
+		return 0;
+	/* One at a time (or again, after a failed batch): a failure past the
+	 * first piece ends the stage there, and that piece is tried again
+	 * when its turn comes. */
+	for (unsigned k = 0; k < sc->stage_n; k++)
+		if (h->buffer_copy(h, pins[k], copies[k].dst, copies[k].src, copies[k].len) < 0) {
+			sc->stage_n = k;
+			return k == 0 ? -1 : 0;
+		}
 	return 0;
 }
 
@@ -425,7 +462,8 @@ static int receive(tcp_sconn *sc)
 		int n = 1;
 		uint64_t room = sc->body_len - sc->body_got;
 		if (sc->body_dev) /* into the stage, then on to the device */
-			iov[0] = (struct iovec){ sc->stage + TCP_DEV_REPLY_STAGE, MIN(room, (uint64_t)TCP_DEV_STAGE) };
+			iov[0] = (struct iovec){ sc->stage + TCP_DEV_REPLY_STAGE + sc->body_staged,
+						 MIN(room, (uint64_t)(TCP_DEV_STAGE - sc->body_staged)) };
 		else
 			iov[0] = (struct iovec){ sc->body + sc->body_got, room };
 		/* The next header, in the same call (only once the rest of the
@@ -447,14 +485,20 @@ static int receive(tcp_sconn *sc)
 			if ((size_t)r < want && !sc->io.hup)
 				sc->io.rd = false; /* drained: the next arrival brings a new edge */
 			uint64_t take = MIN((uint64_t)r, (uint64_t)iov[0].iov_len);
+			sc->body_got += take;
 			if (sc->body_dev && take > 0) {
-				if (h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got,
-						   sc->stage + TCP_DEV_REPLY_STAGE, take) < 0) {
+				/* On to the device once the stage is full or the body
+				 * complete. */
+				sc->body_staged += (uint32_t)take;
+				if ((sc->body_staged == TCP_DEV_STAGE || sc->body_got == sc->body_len) &&
+				    h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got - sc->body_staged,
+						   sc->stage + TCP_DEV_REPLY_STAGE, sc->body_staged) < 0) {
 					tcp_sconn_close(sc, "writing device memory failed");
 					return -1;
 				}
+				if (sc->body_staged == TCP_DEV_STAGE || sc->body_got == sc->body_len)
+					sc->body_staged = 0;
 			}
-			sc->body_got += take;
 			sc->hlen += (unsigned)((uint64_t)r - take);
 			sc->io.last_progress = tcp_now_ms();
 			if (sc->body_got == sc->body_len)

@@ -13,6 +13,9 @@
  *                          fill_pattern(SEED) in [OFF, OFF+LEN)
  * Its bytes are read and written through the device plugin only.
  * Transports: "shm" unless TE_PEER_TRANSPORTS says otherwise.
+ * TE_PEER_MEMORY=host makes its regions host memory (malloc: the same-host
+ * transport reaches it by cross-memory attach), =shared host memory from
+ * te_mem_alloc() (reached through a shared mapping).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +31,11 @@ static void *new_region(te_engine *e, unsigned seed)
 {
 	void *p = NULL;
 	unsigned char *h = malloc(REGION);
-	int rc = h == NULL ? -ENOMEM : te_device_alloc("testdev:0", REGION, &p);
+	const char *mem = getenv("TE_PEER_MEMORY");
+	int rc = h == NULL ? -ENOMEM
+	       : mem == NULL ? te_device_alloc("testdev:0", REGION, &p)
+	       : strcmp(mem, "shared") == 0 ? te_mem_alloc(REGION, &p)
+	       : (p = malloc(REGION)) == NULL ? -ENOMEM : 0;
 	if (rc == 0) {
 		fill_pattern(h, REGION, seed);
 		rc = te_device_copy(p, h, REGION);

@@ -190,6 +190,29 @@ static void test_device_memory(void)
 	child_stop(&p.c, SIGTERM);
 }
 
+/* Our device memory against the peer's host memory, reached through a
+ * shared mapping and by cross-memory attach: the same-host transport moves
+ * it itself (the device plugin copies between our device memory and the
+ * peer's bytes, through a host buffer where only the kernel reaches them),
+ * no staging buffer of the engine in between. */
+static void test_device_to_host(void)
+{
+	static const char *const kinds[] = { "TE_PEER_MEMORY=shared", "TE_PEER_MEMORY=host" };
+	for (int k = 0; k < 2; k++) {
+		char *env[] = { (char *)kinds[k], NULL };
+		peer p;
+		fprintf(stderr, " %s\n", kinds[k]);
+		REQUIRE(peer_start(&p, env));
+		te_engine *e = p2p_engine("shm");
+		REQUIRE(e != NULL);
+		te_segment_id seg = te_segment_open(e, p.name);
+		REQUIRE(seg >= 0);
+		both_ways(e, &p, seg, true);
+		te_engine_destroy(e);
+		child_stop(&p.c, SIGTERM);
+	}
+}
+
 /* The target's device plugin cannot share its memory: the same-host
  * transport leaves the segment to TCP (which stages on the target's
  * side), or, alone, does not serve it. */
@@ -228,6 +251,7 @@ int main(int argc, char **argv)
 	peer_prog = argv[1];
 	signal(SIGPIPE, SIG_IGN);
 	TEST_RUN(test_device_memory);
+	TEST_RUN(test_device_to_host);
 	TEST_RUN(test_not_shared);
 	return check_done();
 }

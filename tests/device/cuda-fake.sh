@@ -2,9 +2,10 @@
 # The CUDA device plugin on the stand-in driver of fake-cuda/: te-info lists
 # the driver's devices; te-bench moves device memory over TCP, reads and
 # writes, with every byte checked, and the staging copies go through the
-# plugin's asynchronous copies (stream callbacks); a driver that refuses or
-# fails copies ends the run with FAILED tasks and the driver's reason, not
-# with a crash.
+# plugin's asynchronous copies (each reported by an event or a stream
+# callback), in the direction the operation needs; the same with the
+# driver's H100 cost model on; a driver that refuses or fails copies ends the
+# run with FAILED tasks and the driver's reason, not with a crash.
 # The same-host transport reaches another process's device memory through
 # the driver's IPC handles.
 # Usage: cuda-fake.sh TE_INFO TE_BENCH FAKE_CUDA_DIR
@@ -29,41 +30,57 @@ check "the cuda plugin is active on the stand-in driver ($cuda)" \
 check "te-info lists cuda:1 with its name" \
   sh -c 'printf "%s\n" "$1" | grep -q "^cuda:1: libte fake GPU 1"' _ "$out"
 
-run() { # name, VAR=value for the run (or "-"), te-bench flags...
+run() { # name, "VAR=value ..." for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_CUDA_NONE=1
-  env "$var" FAKE_CUDA_STATS="$tmp/$name.stats" "$bench" --protocol=tcp --use_vram --check \
+  # shellcheck disable=SC2086 # one word per variable
+  env $var FAKE_CUDA_STATS="$tmp/$name.stats" "$bench" --protocol=tcp --use_vram --check \
     --buffer_size=64M --duration=1 --quiet --json "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
 }
-stat() { # name, field: the field's count in the stats line
-  sed -n "s/.*$2 \([0-9]*\).*/\1/p" "$tmp/$1.stats" | tail -1
+stat() { # name, field: the field's count, summed over the stats lines (one per process)
+  [ -e "$tmp/$1.stats" ] || { echo 0; return; }
+  awk -v f="$2" '{ for (i = 1; i < NF; i++) if ($i == f) v += $(i + 1) } END { print v + 0 }' "$tmp/$1.stats"
 }
 
-for op in read write; do
-  for bs in 65536 1000003; do
-    n=$op-$bs
-    if run "$n" - --operation=$op --block_size=$bs; then
-      req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
-      async=$(stat "$n" async)
-      cbs=$(stat "$n" callbacks)
-      if [ "${req:-0}" -gt 0 ] && [ "${async:-0}" -gt 0 ] && [ "${cbs:-0}" -ge "${async:-0}" ]; then
-        ok "$op $bs bytes: $req requests checked, $async asynchronous copies, $cbs stream callbacks"
+# A read lands in a host staging buffer and is copied into the device
+# (host to device); a write is copied out of the device first.
+for costs in - FAKE_CUDA_COSTS=h100; do
+  for op in read write; do
+    for bs in 65536 1000003; do
+      label=
+      [ "$costs" = - ] || label=" (h100 costs)"
+      n=$op-$bs${label:+-h100}
+      [ -z "$label" ] || [ "$bs" = 65536 ] || continue
+      if run "$n" "$costs" --operation=$op --block_size=$bs; then
+        req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
+        async=$(stat "$n" async)
+        # Each copy is reported by an event or a callback, or waited for
+        # with its batch (cuStreamSynchronize).
+        reports=$(( $(stat "$n" callbacks) + $(stat "$n" event_records) + $(stat "$n" stream_waits) ))
+        dir=h2d_bytes
+        [ $op = write ] && dir=d2h_bytes
+        bytes=$(stat "$n" $dir)
+        if [ "${req:-0}" -gt 0 ] && [ "${async:-0}" -gt 0 ] && [ "$reports" -gt 0 ] &&
+           [ "${bytes:-0}" -ge $((req * bs)) ]; then
+          ok "$op $bs bytes$label: $req requests checked, $async asynchronous copies, $reports events, callbacks or stream waits, $bytes bytes $dir"
+        else
+          bad "$op $bs bytes$label: requests '$req', asynchronous copies '$async', events, callbacks or stream waits '$reports', $dir '$bytes'"
+        fi
       else
-        bad "$op $bs bytes: requests '$req', asynchronous copies '$async', callbacks '$cbs'"
+        bad "$op $bs bytes$label: te-bench failed: $(tail -3 "$tmp/$n.err")"
       fi
-    else
-      bad "$op $bs bytes: te-bench failed: $(tail -3 "$tmp/$n.err")"
-    fi
+    done
   done
 done
 
-# A driver that will not queue the stream callback: the plugin waits for
-# the stream instead, and the bytes still arrive.
-if run nocb FAKE_CUDA_NO_CALLBACK=1 --operation=read && [ "$(stat nocb callbacks)" = 0 ] &&
-   [ "$(stat nocb async)" -gt 0 ] && [ "$(grep -c "waiting for copies instead" "$tmp/nocb.err")" = 1 ]; then
-  ok "no stream callback: $(stat nocb async) copies waited for, every byte checked, said once"
+# A driver that will not create events (nor queue stream callbacks): the
+# plugin copies without them, and the bytes still arrive.
+if run noev "FAKE_CUDA_NO_EVENTS=1 FAKE_CUDA_NO_CALLBACK=1" --operation=read &&
+   [ "$(stat noev callbacks)" = 0 ] && [ "$(stat noev event_records)" = 0 ] &&
+   [ "$(( $(stat noev sync) + $(stat noev async) ))" -gt 0 ]; then
+  ok "no events: $(stat noev sync) synchronous and $(stat noev async) queued copies, every byte checked"
 else
-  bad "no stream callback: $(tail -3 "$tmp/nocb.err"); $(cat "$tmp/nocb.stats" 2>/dev/null)"
+  bad "no events: $(tail -3 "$tmp/noev.err"); $(cat "$tmp/noev.stats" 2>/dev/null)"
 fi
 
 # The same-host transport between two processes: the initiator opens the

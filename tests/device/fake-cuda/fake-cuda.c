@@ -9,18 +9,69 @@
  *   plugin does: device pointers come from a view without access rights, and
  *   copies go through a second, read-write view. Code that touches device
  *   memory directly crashes.
- * - Streams are FIFO queues, each with a thread (a GPU's copy engine): an
- *   asynchronous copy and a stream callback run there, in order, and the
- *   callback gets the status of the work before it.
+ * - Streams are FIFO queues, each with a thread: an asynchronous copy, a
+ *   stream callback, an event record and a kernel run there, in order, and
+ *   a callback gets the status of the work before it. An event completes when
+ *   the work queued before it on its stream has.
  * - FAKE_CUDA_FAIL_ASYNC=1 makes cuMemcpyAsync refuse; FAKE_CUDA_FAIL_STREAM=1
  *   makes queued copies fail (the callback sees the error);
- *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback refuse.
- *   FAKE_CUDA_STATS=FILE writes, at exit, how many copies of each kind were
- *   made and how many other processes' allocations were opened.
+ *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback refuse;
+ *   FAKE_CUDA_NO_EVENTS=1 makes cuEventCreate refuse.
+ *   FAKE_CUDA_STATS=FILE appends, at exit, one line of counts:
+ *     sync N async N callbacks N ipc N launches N event_records N
+ *     event_waits N stream_waits N h2d_bytes N d2h_bytes N d2d_bytes N
+ *     vmm_imports N
+ *   (synchronous and queued copies, callbacks run, other processes'
+ *   allocations opened by IPC handle, kernel launches, cuEventRecord calls,
+ *   cuEventSynchronize and cuStreamSynchronize calls, bytes copied per
+ *   direction, allocations imported from a shareable handle).
  * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
  *   the same user may open it), and cuIpcOpenMemHandle maps the allocation
  *   twice as cuInit maps the devices; cuIpcOpenMemHandle in the exporting
  *   process itself fails, as the driver's does.
+ * - Virtual memory management (cuMemCreate and friends, what PyTorch's
+ *   expandable segments use): each allocation is a memfd of its own, mapped
+ *   by cuMemMap as the devices are (no-access view at the reserved address,
+ *   read-write view for copies); cuMemExportToShareableHandle gives that
+ *   memfd (POSIX file descriptor), which another process imports and maps
+ *   the same way. Legacy IPC refuses this memory, as the driver does.
+ * - cuMemHostAlloc and cuMemHostRegister memory is pinned; any other host
+ *   memory is pageable (it matters to the cost model only).
+ * - One kernel, "te_gather_copy" (cuModuleLoadData of PTX text holding
+ *   ".entry te_gather_copy"): the copies of up to 128 pieces of device
+ *   memory in one launch; a piece outside device memory fails the stream
+ *   with CUDA_ERROR_ILLEGAL_ADDRESS, as a faulting kernel would.
+ *
+ * The cost model (docs/gpu-model.md). Without settings copies are free, as
+ * they always were. Read at cuInit; times in microseconds, bandwidths in
+ * GB/s (1e9 bytes/s; 0 means unlimited):
+ *   FAKE_CUDA_COSTS=h100          a preset fitted to an H100 PCIe (below);
+ *                                 the variables after it override its values
+ *   FAKE_CUDA_CALL_US             CPU time of each copy or launch call, spent
+ *                                 on the calling thread (h100: 2.7)
+ *   FAKE_CUDA_COPY_LATENCY_US     fixed time of a host<->device copy on its
+ *                                 copy engine (h100: 2.4)
+ *   FAKE_CUDA_D2D_LATENCY_US      the same for device-to-device (h100: 9.3)
+ *   FAKE_CUDA_SYNC_US             a wait for a stream, an event or
+ *                                 cuMemcpy's own copy returns this long after
+ *                                 the work is done (h100: 3.7)
+ *   FAKE_CUDA_CALLBACK_US         a stream callback runs this long after the
+ *                                 work before it, and the stream goes on only
+ *                                 when it has returned (h100: 20)
+ *   FAKE_CUDA_LAUNCH_US           fixed device time of a kernel (h100: 9.3)
+ *   FAKE_CUDA_H2D_GBPS, FAKE_CUDA_D2H_GBPS           pinned host memory
+ *                                 (h100: 52.7, 53.9)
+ *   FAKE_CUDA_PAGEABLE_H2D_GBPS, FAKE_CUDA_PAGEABLE_D2H_GBPS   pageable host
+ *                                 memory (h100: 18.6, 14.7); a queued copy of
+ *                                 it returns only when it is done
+ *   FAKE_CUDA_D2D_GBPS            device to device, copies and the kernel
+ *                                 (h100: 1400)
+ * The GPU's copy engines are timelines, one per direction (H2D, D2H, D2D)
+ * shared by all streams: a copy ends at max(ready, engine free) + latency +
+ * bytes / bandwidth, where ready is when the work before it on its stream
+ * ended. A stream's thread sleeps to that end (an absolute deadline, so its
+ * lateness does not add up over a queue of copies); the copy's bytes move
+ * before it sleeps.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +83,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -41,8 +94,34 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
 typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct fstream *CUstream;
+typedef struct fevent *CUevent;
+typedef struct fmodule *CUmodule;
+typedef struct ffunction *CUfunction;
 typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
+
+typedef struct CUmemLocation {
+	int type; /* CU_MEM_LOCATION_TYPE_DEVICE */
+	int id;
+} CUmemLocation;
+
+typedef struct CUmemAllocationProp {
+	int type; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+	int requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType, gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+
+typedef struct CUmemAccessDesc {
+	CUmemLocation location;
+	int flags;
+} CUmemAccessDesc;
 
 enum {
 	OK = 0,
@@ -50,24 +129,52 @@ enum {
 	ERR_OUT_OF_MEMORY = 2,
 	ERR_NOT_INITIALIZED = 3,
 	ERR_INVALID_DEVICE = 101,
+	ERR_INVALID_IMAGE = 200,
+	ERR_INVALID_HANDLE = 400,
+	ERR_NOT_FOUND = 500,
+	ERR_NOT_READY = 600,
 	ERR_ILLEGAL_ADDRESS = 700,
+	ERR_HOST_ALREADY_REGISTERED = 712,
+	ERR_HOST_NOT_REGISTERED = 713,
+	ERR_NOT_SUPPORTED = 801,
 	ATTR_MEMORY_TYPE = 2,
 	ATTR_DEVICE_ORDINAL = 9,
 	ATTR_RANGE_START_ADDR = 11,
 	ATTR_RANGE_SIZE = 12,
+	MEMORYTYPE_HOST = 1,
 	MEMORYTYPE_DEVICE = 2,
+	MEM_ALLOCATION_TYPE_PINNED = 1,
+	MEM_LOCATION_TYPE_DEVICE = 1,
+	MEM_HANDLE_TYPE_POSIX_FD = 1,
 };
 
 #define NDEV 2
 #define DEV_SIZE (2ull << 30) /* virtual: pages exist once written */
 #define MAX_ALLOCS 4096
+#define MAX_PINNED 65536
+#define VMM_GRANULARITY (2u << 20) /* what the driver reports on an H100 */
+
+enum { A_MALLOC, A_IPC, A_VMM };
+
+typedef struct vmm vmm;
 
 typedef struct alloc {
 	uintptr_t start;
 	size_t size;
-	char *priv; /* another process's allocation opened here: its read-write view; NULL: ours */
+	char *priv;    /* memory mapped here (A_IPC, A_VMM): its read-write view; NULL: in g.priv */
 	size_t mapped; /* bytes of both views (a whole number of pages) */
+	int kind, dev;
+	vmm *h;        /* A_VMM: the allocation mapped */
 } alloc;
+
+/* A cuMemCreate allocation (or an imported one): a memfd of its own. */
+struct vmm {
+	vmm *next;
+	int fd, dev, types;
+	size_t size;
+	unsigned refs; /* the handle's, each mapping's, each retain's */
+	bool imported;
+};
 
 typedef struct CUipcMemHandle {
 	char reserved[64];
@@ -91,10 +198,153 @@ static struct {
 	size_t next[NDEV];
 	alloc allocs[MAX_ALLOCS];
 	unsigned nallocs;
+	vmm *vmms;  /* live cuMemCreate / imported handles */
+	struct { uintptr_t start; size_t size; } pinned[MAX_PINNED], reserved[MAX_ALLOCS];
+	unsigned npinned, nreserved;
 } g = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
-static atomic_ulong sync_copies, async_copies, callbacks, ipc_opens;
-static atomic_uint nimports; /* opened allocations: none, no lookup (the copies' usual case) */
+static atomic_ulong sync_copies, async_copies, callbacks, ipc_opens, launches, event_records,
+	event_waits, stream_waits, vmm_imports;
+static atomic_ulong bytes_dir[3]; /* H2D, D2H, D2D */
+static atomic_uint nviews; /* allocations with views of their own: none, no lookup (the copies' usual case) */
+
+/* ------------------------------------------------------------ cost model */
+
+enum { H2D, D2H, D2D, H2H };
+
+static struct {
+	bool on;
+	int64_t call, lat, d2d_lat, sync, callback, launch; /* ns */
+	double bw[3], pageable_bw[2]; /* bytes per ns (= GB/s); 0: unlimited */
+} cost;
+
+static struct engine {
+	pthread_mutex_t lock;
+	int64_t busy_until;
+} engines[3] = { { PTHREAD_MUTEX_INITIALIZER, 0 }, { PTHREAD_MUTEX_INITIALIZER, 0 },
+		 { PTHREAD_MUTEX_INITIALIZER, 0 } };
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Waits until t (CLOCK_MONOTONIC ns). Waits shorter than spin_ns spin (a
+ * sleep's wake-up takes longer than they do); longer ones sleep on the
+ * absolute deadline. */
+static void wait_until(int64_t t, int64_t spin_ns)
+{
+	int64_t left = t - now_ns();
+	if (left <= 0)
+		return;
+	if (left > spin_ns) {
+		struct timespec ts = { (time_t)(t / 1000000000), (long)(t % 1000000000) };
+		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+			;
+		return;
+	}
+	while (now_ns() < t)
+		__asm__ __volatile__("" ::: "memory");
+}
+
+/* The GPU side (a stream's thread) sleeps unless the wait is tiny; the
+ * calling thread spins up to 50 µs, as the driver's default wait does when
+ * there are more CPUs than GPU contexts. */
+#define DEVICE_SPIN_NS 5000
+#define CALLER_SPIN_NS 50000
+
+/* CPU work of a call on the calling thread. */
+static void spend(int64_t ns)
+{
+	if (ns > 0)
+		wait_until(now_ns() + ns, CALLER_SPIN_NS);
+}
+
+static int64_t transfer_ns(size_t len, double bw)
+{
+	if (bw <= 0)
+		return 0;
+	double x = (double)len / bw;
+	int64_t n = (int64_t)x;
+	return n < x ? n + 1 : n;
+}
+
+/* Takes the engine of `dir` for `dur` ns from `ready` on: when it ends. */
+static int64_t engine_run(int dir, int64_t ready, int64_t dur)
+{
+	struct engine *e = &engines[dir];
+	pthread_mutex_lock(&e->lock);
+	int64_t start = ready > e->busy_until ? ready : e->busy_until;
+	e->busy_until = start + dur;
+	pthread_mutex_unlock(&e->lock);
+	return start + dur;
+}
+
+static void env_us(const char *name, int64_t *out)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (v == NULL)
+		return;
+	double d = strtod(v, &end);
+	if (end == v || *end != '\0' || !(d >= 0) || d > 1e9)
+		fprintf(stderr, "fake-cuda: %s=%s is not a number of microseconds; ignored\n", name, v);
+	else
+		*out = (int64_t)(d * 1000 + 0.5);
+}
+
+static void env_gbps(const char *name, double *out)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (v == NULL)
+		return;
+	double d = strtod(v, &end);
+	if (end == v || *end != '\0' || !(d >= 0) || d > 1e9)
+		fprintf(stderr, "fake-cuda: %s=%s is not a bandwidth in GB/s; ignored\n", name, v);
+	else
+		*out = d; /* GB/s = bytes per ns */
+}
+
+static void read_costs(void)
+{
+	const char *preset = getenv("FAKE_CUDA_COSTS");
+	if (preset != NULL && strcmp(preset, "h100") == 0) {
+		/* Fitted to an H100 80GB PCIe Gen5 host (docs/gpu-model.md). */
+		cost.call = 2700;
+		cost.lat = 2400;
+		cost.d2d_lat = 9300;
+		cost.sync = 3700;
+		cost.callback = 20000;
+		cost.launch = 9300;
+		cost.bw[H2D] = 52.7;
+		cost.bw[D2H] = 53.9;
+		cost.bw[D2D] = 1400;
+		cost.pageable_bw[H2D] = 18.6;
+		cost.pageable_bw[D2H] = 14.7;
+	} else if (preset != NULL && *preset != '\0' && strcmp(preset, "none") != 0) {
+		fprintf(stderr, "fake-cuda: FAKE_CUDA_COSTS=%s: no such preset (h100, none); copies are free\n",
+			preset);
+	}
+	env_us("FAKE_CUDA_CALL_US", &cost.call);
+	env_us("FAKE_CUDA_COPY_LATENCY_US", &cost.lat);
+	env_us("FAKE_CUDA_D2D_LATENCY_US", &cost.d2d_lat);
+	env_us("FAKE_CUDA_SYNC_US", &cost.sync);
+	env_us("FAKE_CUDA_CALLBACK_US", &cost.callback);
+	env_us("FAKE_CUDA_LAUNCH_US", &cost.launch);
+	env_gbps("FAKE_CUDA_H2D_GBPS", &cost.bw[H2D]);
+	env_gbps("FAKE_CUDA_D2H_GBPS", &cost.bw[D2H]);
+	env_gbps("FAKE_CUDA_D2D_GBPS", &cost.bw[D2D]);
+	env_gbps("FAKE_CUDA_PAGEABLE_H2D_GBPS", &cost.pageable_bw[H2D]);
+	env_gbps("FAKE_CUDA_PAGEABLE_D2H_GBPS", &cost.pageable_bw[D2H]);
+	cost.on = cost.call || cost.lat || cost.d2d_lat || cost.sync || cost.callback || cost.launch ||
+		  cost.bw[H2D] > 0 || cost.bw[D2H] > 0 || cost.bw[D2D] > 0 || cost.pageable_bw[H2D] > 0 ||
+		  cost.pageable_bw[D2H] > 0;
+}
+
+/* ---------------------------------------------------------------- memory */
 
 static bool own(const void *p, size_t len)
 {
@@ -102,13 +352,14 @@ static bool own(const void *p, size_t len)
 	return g.dev != NULL && a >= base && len <= NDEV * DEV_SIZE && a - base <= NDEV * DEV_SIZE - len;
 }
 
-/* An opened allocation of another process holding [p, p+len): its private
- * view of p; NULL when none. */
+/* Memory with a view of its own (another process's allocation opened here,
+ * or a cuMemMap mapping) holding [p, p+len): its read-write view of p; NULL
+ * when none. */
 static char *imported(const void *p, size_t len)
 {
 	uintptr_t a = (uintptr_t)p;
 	char *v = NULL;
-	if (atomic_load(&nimports) == 0)
+	if (atomic_load(&nviews) == 0)
 		return NULL;
 	pthread_mutex_lock(&g.lock);
 	for (unsigned i = 0; i < g.nallocs && v == NULL; i++)
@@ -146,13 +397,85 @@ static bool find_alloc(uintptr_t p, alloc *out)
 	return found;
 }
 
-static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t len)
+/* The pinned range (cuMemHostAlloc, cuMemHostRegister) holding p: its index, or -1. */
+static int pinned_at(uintptr_t p)
+{
+	for (unsigned i = 0; i < g.npinned; i++)
+		if (p >= g.pinned[i].start && p - g.pinned[i].start < g.pinned[i].size)
+			return (int)i;
+	return -1;
+}
+
+static bool pinned(const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+	pthread_mutex_lock(&g.lock);
+	int i = pinned_at(a);
+	bool r = i >= 0 && len <= g.pinned[i].size - (a - g.pinned[i].start);
+	pthread_mutex_unlock(&g.lock);
+	return r;
+}
+
+static CUresult add_pinned(void *p, size_t len)
+{
+	CUresult r = ERR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&g.lock);
+	uintptr_t a = (uintptr_t)p;
+	bool overlap = false;
+	for (unsigned i = 0; i < g.npinned && !overlap; i++)
+		overlap = a < g.pinned[i].start + g.pinned[i].size && g.pinned[i].start < a + len;
+	if (overlap) {
+		r = ERR_HOST_ALREADY_REGISTERED;
+	} else if (g.npinned < MAX_PINNED) {
+		g.pinned[g.npinned].start = a;
+		g.pinned[g.npinned++].size = len;
+		r = OK;
+	}
+	pthread_mutex_unlock(&g.lock);
+	return r;
+}
+
+static bool remove_pinned(void *p)
+{
+	bool found = false;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.npinned && !found; i++)
+		if (g.pinned[i].start == (uintptr_t)p) {
+			g.pinned[i] = g.pinned[--g.npinned];
+			found = true;
+		}
+	pthread_mutex_unlock(&g.lock);
+	return found;
+}
+
+/* A copy's direction, and whether its host side is pageable. */
+static int direction(const void *d, const void *s, size_t len, bool *pageable)
+{
+	bool dd = inside(d, 1), sd = inside(s, 1);
+	int dir = dd ? (sd ? D2D : H2D) : (sd ? D2H : H2H);
+	*pageable = false;
+	if (cost.on && (dir == H2D || dir == D2H))
+		*pageable = !pinned(dir == H2D ? s : d, len);
+	return dir;
+}
+
+/* Moves the bytes; with costs, `*end` is when the copy engine is done with
+ * a copy that could start at `ready`. */
+static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t len, int dir, bool pageable, int64_t ready,
+		     int64_t *end)
 {
 	void *d = (void *)(uintptr_t)dst;
 	const void *s = (const void *)(uintptr_t)src;
+	*end = ready;
 	if ((inside(d, 1) && !inside(d, len)) || (inside(s, 1) && !inside(s, len)))
 		return ERR_ILLEGAL_ADDRESS;
+	if (cost.on && dir != H2H) {
+		double bw = pageable ? cost.pageable_bw[dir] : cost.bw[dir];
+		*end = engine_run(dir, ready, (dir == D2D ? cost.d2d_lat : cost.lat) + transfer_ns(len, bw));
+	}
 	memmove(view(d), view(s), len);
+	if (dir != H2H)
+		atomic_fetch_add(&bytes_dir[dir], len);
 	return OK;
 }
 
@@ -162,8 +485,14 @@ static void write_stats(void)
 	FILE *f = path ? fopen(path, "a") : NULL;
 	if (f == NULL)
 		return;
-	fprintf(f, "sync %lu async %lu callbacks %lu ipc %lu\n", atomic_load(&sync_copies),
-		atomic_load(&async_copies), atomic_load(&callbacks), atomic_load(&ipc_opens));
+	/* The first four fields keep their order: tests/device/cuda-fake.sh reads them. */
+	fprintf(f,
+		"sync %lu async %lu callbacks %lu ipc %lu launches %lu event_records %lu event_waits %lu "
+		"stream_waits %lu h2d_bytes %lu d2h_bytes %lu d2d_bytes %lu vmm_imports %lu\n",
+		atomic_load(&sync_copies), atomic_load(&async_copies), atomic_load(&callbacks),
+		atomic_load(&ipc_opens), atomic_load(&launches), atomic_load(&event_records),
+		atomic_load(&event_waits), atomic_load(&stream_waits), atomic_load(&bytes_dir[H2D]),
+		atomic_load(&bytes_dir[D2H]), atomic_load(&bytes_dir[D2D]), atomic_load(&vmm_imports));
 	fclose(f);
 }
 
@@ -177,10 +506,12 @@ API CUresult cuInit(unsigned flags)
 			g.dev = mmap(NULL, NDEV * DEV_SIZE, PROT_NONE, MAP_SHARED, fd, 0);
 			g.priv = mmap(NULL, NDEV * DEV_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			g.ready = g.dev != MAP_FAILED && g.priv != MAP_FAILED;
-			if (!g.ready)
+			if (!g.ready) {
 				g.dev = g.priv = NULL;
-			else
+			} else {
+				read_costs();
 				atexit(write_stats);
+			}
 		}
 		if (g.ready)
 			g.fd = fd;
@@ -249,7 +580,13 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
 	case OK: *s = "no error"; break;
 	case ERR_INVALID_VALUE: *s = "invalid argument"; break;
 	case ERR_OUT_OF_MEMORY: *s = "out of memory"; break;
+	case ERR_INVALID_IMAGE: *s = "device kernel image is invalid"; break;
+	case ERR_INVALID_HANDLE: *s = "invalid resource handle"; break;
+	case ERR_NOT_FOUND: *s = "named symbol not found"; break;
+	case ERR_NOT_READY: *s = "device not ready"; break;
 	case ERR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
+	case ERR_HOST_ALREADY_REGISTERED: *s = "part or all of the requested memory range is already mapped"; break;
+	case ERR_HOST_NOT_REGISTERED: *s = "pointer does not correspond to a registered memory region"; break;
 	default: *s = "fake CUDA error"; break;
 	}
 	return OK;
@@ -258,15 +595,45 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
 API CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p)
 {
 	alloc a;
-	if (!find_alloc((uintptr_t)p, &a))
-		return ERR_INVALID_VALUE; /* what the driver says of memory it does not know */
+	if (!find_alloc((uintptr_t)p, &a)) {
+		/* Pinned host memory is known to the driver, as host memory. */
+		uintptr_t start = 0;
+		size_t size = 0;
+		pthread_mutex_lock(&g.lock);
+		int i = pinned_at((uintptr_t)p);
+		if (i >= 0) {
+			start = g.pinned[i].start;
+			size = g.pinned[i].size;
+		}
+		pthread_mutex_unlock(&g.lock);
+		if (i < 0)
+			return ERR_INVALID_VALUE; /* what the driver says of memory it does not know */
+		switch (attr) {
+		case ATTR_MEMORY_TYPE: *(unsigned *)out = MEMORYTYPE_HOST; return OK;
+		case ATTR_RANGE_START_ADDR: *(CUdeviceptr *)out = start; return OK;
+		case ATTR_RANGE_SIZE: *(size_t *)out = size; return OK;
+		default: return ERR_INVALID_VALUE;
+		}
+	}
 	switch (attr) {
 	case ATTR_MEMORY_TYPE: *(unsigned *)out = MEMORYTYPE_DEVICE; return OK;
-	case ATTR_DEVICE_ORDINAL: *(int *)out = a.priv ? 0 : (int)((a.start - (uintptr_t)g.dev) / DEV_SIZE); return OK;
+	case ATTR_DEVICE_ORDINAL: *(int *)out = a.dev; return OK;
 	case ATTR_RANGE_START_ADDR: *(CUdeviceptr *)out = a.start; return OK;
 	case ATTR_RANGE_SIZE: *(size_t *)out = a.size; return OK;
 	default: return ERR_INVALID_VALUE;
 	}
+}
+
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	alloc a;
+	if (!find_alloc((uintptr_t)p, &a))
+		return ERR_NOT_FOUND;
+	if (base != NULL)
+		*base = a.start;
+	if (size != NULL)
+		*size = a.size;
+	return OK;
 }
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len)
@@ -281,7 +648,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len)
 			continue;
 		uintptr_t start = (uintptr_t)g.dev + (size_t)d * DEV_SIZE + g.next[d];
 		g.next[d] += want;
-		g.allocs[g.nallocs++] = (alloc){ start, len, NULL, 0 };
+		g.allocs[g.nallocs++] = (alloc){ .start = start, .size = len, .kind = A_MALLOC, .dev = d };
 		*p = start;
 		r = OK;
 	}
@@ -294,7 +661,7 @@ API CUresult cuMemFree_v2(CUdeviceptr p)
 	CUresult r = ERR_INVALID_VALUE;
 	pthread_mutex_lock(&g.lock);
 	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == p && g.allocs[i].priv == NULL) {
+		if (g.allocs[i].start == p && g.allocs[i].kind == A_MALLOC) {
 			g.allocs[i] = g.allocs[--g.nallocs]; /* its space is not reused */
 			r = OK;
 			break;
@@ -306,45 +673,145 @@ API CUresult cuMemFree_v2(CUdeviceptr p)
 API CUresult cuMemHostAlloc(void **p, size_t len, unsigned flags)
 {
 	(void)flags;
-	return posix_memalign(p, 4096, len ? len : 1) == 0 ? OK : ERR_OUT_OF_MEMORY;
+	if (posix_memalign(p, 4096, len ? len : 1) != 0)
+		return ERR_OUT_OF_MEMORY;
+	if (add_pinned(*p, len ? len : 1) != OK) {
+		free(*p);
+		return ERR_OUT_OF_MEMORY;
+	}
+	return OK;
 }
 
 API CUresult cuMemFreeHost(void *p)
 {
+	if (p != NULL && !remove_pinned(p))
+		return ERR_INVALID_VALUE;
 	free(p);
 	return OK;
 }
 
+API CUresult cuMemHostRegister_v2(void *p, size_t len, unsigned flags)
+{
+	(void)flags;
+	if (p == NULL || len == 0)
+		return ERR_INVALID_VALUE;
+	return add_pinned(p, len);
+}
+
+API CUresult cuMemHostUnregister(void *p)
+{
+	return remove_pinned(p) ? OK : ERR_HOST_NOT_REGISTERED;
+}
+
 API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t len)
 {
+	bool pageable;
+	int64_t end;
 	atomic_fetch_add(&sync_copies, 1);
-	return copy(dst, src, len);
+	spend(cost.call);
+	int dir = direction((void *)(uintptr_t)dst, (void *)(uintptr_t)src, len, &pageable);
+	CUresult r = copy(dst, src, len, dir, pageable, now_ns(), &end);
+	if (cost.on && r == OK)
+		wait_until(end + cost.sync, CALLER_SPIN_NS); /* the copy engine's end, then the wait's own cost */
+	return r;
 }
 
 /* ---------------------------------------------------------------- streams */
 
+/* The single kernel's parameter (passed by value). */
+struct te_piece {
+	unsigned long long dst, src, len;
+};
+struct te_gather {
+	unsigned long long n, chunk;
+	struct te_piece p[128];
+};
+
+enum { OP_COPY, OP_CALLBACK, OP_EVENT, OP_GATHER };
+
+struct fevent {
+	uint64_t recorded, completed; /* generations: records made, records reached */
+	int64_t done_at;              /* model time the last one was reached */
+	CUresult status;              /* its stream's error then (a failed copy before it fails it) */
+	unsigned refs;                /* the caller's and each pending record's */
+};
+
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ev_cond = PTHREAD_COND_INITIALIZER;
+
 typedef struct op {
 	struct op *next;
+	int kind, dir;
+	bool pageable;
+	uint64_t seq;
+	int64_t queued; /* when it was queued (ns) */
 	CUdeviceptr dst, src;
 	size_t len;
-	CUstreamCallback cb; /* set: a callback, not a copy */
+	CUstreamCallback cb;
 	void *user;
+	CUevent ev;
+	uint64_t gen;
+	struct te_gather *k;
+	unsigned long long pieces, cover; /* the pieces, and the bytes of each, that the grid covers */
 } op;
 
 struct fstream {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;  /* work queued, or quit */
-	pthread_cond_t idle;  /* the queue ran empty */
+	pthread_cond_t idle;  /* an op finished */
 	op *head, *tail;
 	bool busy, quit;
 	CUresult status;      /* first error of the stream's work */
+	uint64_t queued, done; /* ops queued, ops finished (in order) */
+	int64_t ready;        /* model time the last finished op ended */
 	pthread_t thread;
 };
+
+static void event_unref(CUevent e)
+{
+	pthread_mutex_lock(&ev_lock);
+	bool last = --e->refs == 0;
+	pthread_mutex_unlock(&ev_lock);
+	if (last)
+		free(e);
+}
+
+/* The kernel: every piece's covered bytes, all device memory, or an
+ * illegal address (nothing copied: the fake checks first). */
+static CUresult gather(const op *o, int64_t ready, int64_t *end)
+{
+	unsigned long long total = 0;
+	*end = ready;
+	for (unsigned long long i = 0; i < o->pieces; i++) {
+		const struct te_piece *p = &o->k->p[i];
+		unsigned long long n = p->len < o->cover ? p->len : o->cover;
+		if (n == 0)
+			continue;
+		if (!inside((void *)(uintptr_t)p->dst, (size_t)n) ||
+		    !inside((void *)(uintptr_t)p->src, (size_t)n))
+			return ERR_ILLEGAL_ADDRESS;
+	}
+	for (unsigned long long i = 0; i < o->pieces; i++) {
+		const struct te_piece *p = &o->k->p[i];
+		unsigned long long n = p->len < o->cover ? p->len : o->cover;
+		if (n == 0)
+			continue;
+		memmove(view((void *)(uintptr_t)p->dst), view((void *)(uintptr_t)p->src), (size_t)n);
+		total += n;
+	}
+	atomic_fetch_add(&bytes_dir[D2D], total);
+	if (cost.on)
+		*end = engine_run(D2D, ready, cost.launch + transfer_ns((size_t)total, cost.bw[D2D]));
+	return OK;
+}
 
 static void *stream_thread(void *arg)
 {
 	CUstream s = arg;
 
+	/* This thread is the GPU: its sleeps end on the model's deadlines, not
+	 * up to 50 µs after them (the default timer slack). */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
 		while (s->head == NULL && !s->quit)
@@ -356,24 +823,55 @@ static void *stream_thread(void *arg)
 		if (s->head == NULL)
 			s->tail = NULL;
 		s->busy = true;
-		CUresult status = s->status;
+		CUresult status = s->status, r = OK;
+		int64_t start = o->queued > s->ready ? o->queued : s->ready, end = start;
 		pthread_mutex_unlock(&s->lock);
-		if (o->cb != NULL) {
+		switch (o->kind) {
+		case OP_CALLBACK:
 			atomic_fetch_add(&callbacks, 1);
+			if (cost.on) {
+				/* The GPU tells the host, the host runs the callback, and
+				 * the stream waits for its return. */
+				end = start + cost.callback;
+				wait_until(end, DEVICE_SPIN_NS);
+			}
 			o->cb(s, status, o->user);
-		} else {
-			CUresult r = getenv("FAKE_CUDA_FAIL_STREAM") ? ERR_ILLEGAL_ADDRESS : copy(o->dst, o->src, o->len);
+			if (cost.on && now_ns() > end)
+				end = now_ns();
+			break;
+		case OP_COPY:
+			if (getenv("FAKE_CUDA_FAIL_STREAM"))
+				r = ERR_ILLEGAL_ADDRESS;
+			else
+				r = copy(o->dst, o->src, o->len, o->dir, o->pageable, start, &end);
 			atomic_fetch_add(&async_copies, 1);
-			pthread_mutex_lock(&s->lock);
-			if (s->status == OK)
-				s->status = r;
-			pthread_mutex_unlock(&s->lock);
+			break;
+		case OP_GATHER:
+			r = gather(o, start, &end);
+			free(o->k);
+			break;
+		case OP_EVENT:
+			pthread_mutex_lock(&ev_lock);
+			if (o->gen > o->ev->completed) {
+				o->ev->completed = o->gen;
+				o->ev->done_at = start;
+				o->ev->status = status;
+			}
+			pthread_cond_broadcast(&ev_cond);
+			pthread_mutex_unlock(&ev_lock);
+			event_unref(o->ev);
+			break;
 		}
-		free(o);
+		if (cost.on && o->kind != OP_EVENT)
+			wait_until(end, DEVICE_SPIN_NS);
 		pthread_mutex_lock(&s->lock);
+		if (s->status == OK)
+			s->status = r;
+		s->ready = end;
+		s->done = o->seq;
 		s->busy = false;
-		if (s->head == NULL)
-			pthread_cond_broadcast(&s->idle);
+		free(o);
+		pthread_cond_broadcast(&s->idle);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -396,13 +894,18 @@ API CUresult cuStreamCreate(CUstream *out, unsigned flags)
 	return OK;
 }
 
-static CUresult push(CUstream s, op *o)
+/* Queues o; its sequence number in *seq. */
+static CUresult push(CUstream s, op *o, uint64_t *seq)
 {
 	if (s == NULL || o == NULL) {
 		free(o);
 		return s == NULL ? ERR_INVALID_VALUE : ERR_OUT_OF_MEMORY;
 	}
+	o->queued = cost.on ? now_ns() : 0;
 	pthread_mutex_lock(&s->lock);
+	o->seq = ++s->queued;
+	if (seq != NULL)
+		*seq = o->seq;
 	if (s->tail)
 		s->tail->next = o;
 	else
@@ -413,14 +916,36 @@ static CUresult push(CUstream s, op *o)
 	return OK;
 }
 
+/* Waits until the stream has finished op `seq`: the end of its work in
+ * model time. */
+static int64_t wait_done(CUstream s, uint64_t seq, CUresult *status)
+{
+	pthread_mutex_lock(&s->lock);
+	while (s->done < seq)
+		pthread_cond_wait(&s->idle, &s->lock);
+	int64_t ready = s->ready;
+	if (status != NULL)
+		*status = s->status;
+	pthread_mutex_unlock(&s->lock);
+	return ready;
+}
+
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s)
 {
 	if (getenv("FAKE_CUDA_FAIL_ASYNC") != NULL)
 		return ERR_INVALID_VALUE;
+	spend(cost.call);
 	op *o = calloc(1, sizeof *o);
-	if (o != NULL)
-		*o = (op){ .dst = dst, .src = src, .len = len };
-	return push(s, o);
+	if (o != NULL) {
+		*o = (op){ .kind = OP_COPY, .dst = dst, .src = src, .len = len };
+		o->dir = direction((void *)(uintptr_t)dst, (void *)(uintptr_t)src, len, &o->pageable);
+	}
+	bool sync = o != NULL && o->pageable;
+	uint64_t seq;
+	CUresult r = push(s, o, &seq);
+	if (r == OK && sync)
+		wait_done(s, seq, NULL); /* pageable memory: the driver returns once the copy is done */
+	return r;
 }
 
 API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, unsigned flags)
@@ -429,19 +954,23 @@ API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, un
 		return ERR_INVALID_VALUE;
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
-		*o = (op){ .cb = cb, .user = user };
-	return push(s, o);
+		*o = (op){ .kind = OP_CALLBACK, .cb = cb, .user = user };
+	return push(s, o, NULL);
 }
 
 API CUresult cuStreamSynchronize(CUstream s)
 {
+	atomic_fetch_add(&stream_waits, 1);
 	if (s == NULL)
 		return OK; /* the legacy default stream: nothing runs there */
+	int64_t t0 = cost.on ? now_ns() : 0;
 	pthread_mutex_lock(&s->lock);
-	while (s->head != NULL || s->busy)
-		pthread_cond_wait(&s->idle, &s->lock);
-	CUresult r = s->status;
+	uint64_t seq = s->queued;
 	pthread_mutex_unlock(&s->lock);
+	CUresult r;
+	int64_t end = wait_done(s, seq, &r);
+	if (cost.on)
+		wait_until((end > t0 ? end : t0) + cost.sync, CALLER_SPIN_NS);
 	return r;
 }
 
@@ -461,12 +990,438 @@ API CUresult cuStreamDestroy_v2(CUstream s)
 	return OK;
 }
 
+/* ----------------------------------------------------------------- events */
+
+API CUresult cuEventCreate(CUevent *out, unsigned flags)
+{
+	(void)flags;
+	if (getenv("FAKE_CUDA_NO_EVENTS") != NULL)
+		return ERR_NOT_SUPPORTED;
+	CUevent e = calloc(1, sizeof *e);
+	if (e == NULL)
+		return ERR_OUT_OF_MEMORY;
+	e->refs = 1;
+	*out = e;
+	return OK;
+}
+
+API CUresult cuEventRecord(CUevent e, CUstream s)
+{
+	if (e == NULL)
+		return ERR_INVALID_HANDLE;
+	atomic_fetch_add(&event_records, 1);
+	pthread_mutex_lock(&ev_lock);
+	uint64_t gen = ++e->recorded;
+	if (s == NULL) { /* the legacy default stream: nothing runs there */
+		e->completed = gen;
+		e->done_at = now_ns();
+		e->status = OK;
+		pthread_mutex_unlock(&ev_lock);
+		return OK;
+	}
+	e->refs++;
+	pthread_mutex_unlock(&ev_lock);
+	op *o = calloc(1, sizeof *o);
+	if (o != NULL)
+		*o = (op){ .kind = OP_EVENT, .ev = e, .gen = gen };
+	CUresult r = push(s, o, NULL);
+	if (r != OK) {
+		pthread_mutex_lock(&ev_lock);
+		e->completed = e->recorded; /* nothing to wait for */
+		pthread_mutex_unlock(&ev_lock);
+		event_unref(e);
+	}
+	return r;
+}
+
+API CUresult cuEventQuery(CUevent e)
+{
+	if (e == NULL)
+		return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&ev_lock);
+	CUresult r = e->completed >= e->recorded ? e->status : ERR_NOT_READY;
+	pthread_mutex_unlock(&ev_lock);
+	return r;
+}
+
+API CUresult cuEventSynchronize(CUevent e)
+{
+	if (e == NULL)
+		return ERR_INVALID_HANDLE;
+	atomic_fetch_add(&event_waits, 1);
+	int64_t t0 = cost.on ? now_ns() : 0;
+	pthread_mutex_lock(&ev_lock);
+	uint64_t want = e->recorded;
+	while (e->completed < want)
+		pthread_cond_wait(&ev_cond, &ev_lock);
+	int64_t end = e->done_at;
+	CUresult r = e->status;
+	pthread_mutex_unlock(&ev_lock);
+	if (cost.on)
+		wait_until((end > t0 ? end : t0) + cost.sync, CALLER_SPIN_NS);
+	return r;
+}
+
+API CUresult cuEventDestroy_v2(CUevent e)
+{
+	if (e == NULL)
+		return ERR_INVALID_HANDLE;
+	event_unref(e); /* a pending record keeps it until reached, as the driver does */
+	return OK;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+struct fmodule {
+	uint32_t magic;
+};
+struct ffunction {
+	uint32_t magic;
+};
+#define MODULE_MAGIC 0x4d4f4455u
+static struct ffunction gather_fn = { 0x47415448u };
+
+API CUresult cuModuleLoadData(CUmodule *out, const void *image)
+{
+	if (out == NULL || image == NULL)
+		return ERR_INVALID_VALUE;
+	if (strstr(image, ".entry te_gather_copy") == NULL)
+		return ERR_INVALID_IMAGE; /* the only kernel this driver runs */
+	CUmodule m = calloc(1, sizeof *m);
+	if (m == NULL)
+		return ERR_OUT_OF_MEMORY;
+	m->magic = MODULE_MAGIC;
+	*out = m;
+	return OK;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name)
+{
+	if (out == NULL || m == NULL || m->magic != MODULE_MAGIC || name == NULL)
+		return ERR_INVALID_VALUE;
+	if (strcmp(name, "te_gather_copy") != 0)
+		return ERR_NOT_FOUND;
+	*out = &gather_fn;
+	return OK;
+}
+
+API CUresult cuModuleUnload(CUmodule m)
+{
+	if (m == NULL || m->magic != MODULE_MAGIC)
+		return ERR_INVALID_VALUE;
+	m->magic = 0;
+	free(m);
+	return OK;
+}
+
+/* te_gather_copy: block (x, y) copies bytes [y*chunk, min((y+1)*chunk, len))
+ * of piece x; so the pieces below min(gx, n) move, each its first gy chunks. */
+API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+			    unsigned bz, unsigned shared, CUstream s, void **params, void **extra)
+{
+	(void)shared;
+	(void)extra;
+	if (f != &gather_fn || params == NULL || params[0] == NULL)
+		return ERR_INVALID_VALUE;
+	if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
+		return ERR_INVALID_VALUE;
+	spend(cost.call);
+	op *o = calloc(1, sizeof *o);
+	struct te_gather *k = malloc(sizeof *k);
+	if (o == NULL || k == NULL) {
+		free(o);
+		free(k);
+		return ERR_OUT_OF_MEMORY;
+	}
+	memcpy(k, params[0], sizeof *k); /* by value: the caller may reuse it at once */
+	unsigned long long n = k->n < 128 ? k->n : 128;
+	unsigned long long cover = k->chunk > ~0ull / gy ? ~0ull : k->chunk * gy;
+	*o = (op){ .kind = OP_GATHER, .k = k, .pieces = gx < n ? gx : n, .cover = cover };
+	atomic_fetch_add(&launches, 1);
+	return push(s, o, NULL);
+}
+
+/* ------------------------------------------------ virtual memory management */
+
+static vmm *find_vmm(CUmemGenericAllocationHandle h)
+{
+	vmm *v = g.vmms;
+	while (v != NULL && (uintptr_t)v != h)
+		v = v->next;
+	return v;
+}
+
+/* Drops a reference; under g.lock. */
+static void vmm_unref(vmm *v)
+{
+	if (--v->refs > 0)
+		return;
+	for (vmm **pp = &g.vmms; *pp != NULL; pp = &(*pp)->next)
+		if (*pp == v) {
+			*pp = v->next;
+			break;
+		}
+	close(v->fd);
+	free(v);
+}
+
+static bool prop_ok(const CUmemAllocationProp *prop)
+{
+	return prop != NULL && prop->type == MEM_ALLOCATION_TYPE_PINNED &&
+	       prop->location.type == MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+	       prop->location.id < NDEV;
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *prop, int option)
+{
+	if (gran == NULL || !prop_ok(prop) || option < 0 || option > 1)
+		return ERR_INVALID_VALUE;
+	*gran = VMM_GRANULARITY;
+	return OK;
+}
+
+static CUresult new_vmm(int fd, size_t size, int dev, int types, bool imported, CUmemGenericAllocationHandle *h)
+{
+	vmm *v = calloc(1, sizeof *v);
+	if (v == NULL)
+		return ERR_OUT_OF_MEMORY;
+	*v = (vmm){ .fd = fd, .dev = dev, .types = types, .size = size, .refs = 1, .imported = imported };
+	pthread_mutex_lock(&g.lock);
+	v->next = g.vmms;
+	g.vmms = v;
+	pthread_mutex_unlock(&g.lock);
+	*h = (uintptr_t)v;
+	return OK;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+			 unsigned long long flags)
+{
+	if (!g.ready)
+		return ERR_NOT_INITIALIZED;
+	if (h == NULL || !prop_ok(prop) || flags != 0 || size == 0 || size % VMM_GRANULARITY != 0 ||
+	    (prop->requestedHandleTypes & ~MEM_HANDLE_TYPE_POSIX_FD) != 0)
+		return ERR_INVALID_VALUE;
+	int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return ERR_OUT_OF_MEMORY;
+	}
+	CUresult r = new_vmm(fd, size, prop->location.id, prop->requestedHandleTypes, false, h);
+	if (r != OK)
+		close(fd);
+	return r;
+}
+
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	pthread_mutex_lock(&g.lock);
+	vmm *v = find_vmm(h);
+	if (v != NULL)
+		vmm_unref(v); /* the memory lives on while mapped */
+	pthread_mutex_unlock(&g.lock);
+	return v != NULL ? OK : ERR_INVALID_VALUE;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+				 unsigned long long flags)
+{
+	(void)addr; /* a hint */
+	if (ptr == NULL || size == 0 || size % VMM_GRANULARITY != 0 || flags != 0 || (align & (align - 1)) != 0)
+		return ERR_INVALID_VALUE;
+	if (align < VMM_GRANULARITY)
+		align = VMM_GRANULARITY;
+	/* Inaccessible address space, aligned by trimming a larger reservation. */
+	char *p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return ERR_OUT_OF_MEMORY;
+	uintptr_t a = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+	if (a > (uintptr_t)p)
+		munmap(p, a - (uintptr_t)p);
+	if ((uintptr_t)p + size + align > a + size)
+		munmap((void *)(a + size), (uintptr_t)p + size + align - (a + size));
+	pthread_mutex_lock(&g.lock);
+	bool room = g.nreserved < MAX_ALLOCS;
+	if (room) {
+		g.reserved[g.nreserved].start = a;
+		g.reserved[g.nreserved++].size = size;
+	}
+	pthread_mutex_unlock(&g.lock);
+	if (!room) {
+		munmap((void *)a, size);
+		return ERR_OUT_OF_MEMORY;
+	}
+	*ptr = a;
+	return OK;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	bool found = false;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nreserved && !found; i++)
+		if (g.reserved[i].start == ptr && g.reserved[i].size == size) {
+			g.reserved[i] = g.reserved[--g.nreserved];
+			found = true;
+		}
+	pthread_mutex_unlock(&g.lock);
+	if (!found)
+		return ERR_INVALID_VALUE;
+	munmap((void *)(uintptr_t)ptr, size);
+	return OK;
+}
+
+/* Whether [a, a+len) lies in one reservation; under g.lock. */
+static bool reserved_range(uintptr_t a, size_t len)
+{
+	for (unsigned i = 0; i < g.nreserved; i++)
+		if (a >= g.reserved[i].start && len <= g.reserved[i].size &&
+		    a - g.reserved[i].start <= g.reserved[i].size - len)
+			return true;
+	return false;
+}
+
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+		      unsigned long long flags)
+{
+	if (flags != 0 || size == 0 || size % VMM_GRANULARITY != 0 || offset % VMM_GRANULARITY != 0 ||
+	    ptr % VMM_GRANULARITY != 0)
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&g.lock);
+	vmm *v = find_vmm(h);
+	CUresult r = ERR_INVALID_VALUE;
+	bool busy = false;
+	for (unsigned i = 0; i < g.nallocs && !busy; i++)
+		busy = ptr < g.allocs[i].start + g.allocs[i].size && g.allocs[i].start < ptr + size;
+	if (v != NULL && offset <= v->size && size <= v->size - offset && reserved_range(ptr, size) && !busy &&
+	    g.nallocs < MAX_ALLOCS) {
+		/* As cuInit maps the devices: no access at the caller's address,
+		 * a read-write view for the copies. */
+		char *d = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset);
+		char *rw = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, (off_t)offset);
+		if (d != MAP_FAILED && rw != MAP_FAILED) {
+			g.allocs[g.nallocs++] = (alloc){ .start = ptr, .size = size, .priv = rw, .mapped = size,
+							 .kind = A_VMM, .dev = v->dev, .h = v };
+			v->refs++;
+			atomic_fetch_add(&nviews, 1);
+			r = OK;
+		} else {
+			if (rw != MAP_FAILED)
+				munmap(rw, size);
+			if (d != MAP_FAILED)
+				mmap(d, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+			r = ERR_OUT_OF_MEMORY;
+		}
+	}
+	pthread_mutex_unlock(&g.lock);
+	return r;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	CUresult r = ERR_INVALID_VALUE;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs; i++)
+		if (g.allocs[i].kind == A_VMM && g.allocs[i].start == ptr && g.allocs[i].size == size) {
+			alloc a = g.allocs[i];
+			g.allocs[i] = g.allocs[--g.nallocs];
+			atomic_fetch_sub(&nviews, 1);
+			munmap(a.priv, a.mapped);
+			/* The address range stays reserved. */
+			mmap((void *)a.start, a.mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+			     -1, 0);
+			vmm_unref(a.h);
+			r = OK;
+			break;
+		}
+	pthread_mutex_unlock(&g.lock);
+	return r;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	/* The device view stays without access rights: the CPU may never touch
+	 * device memory. Only checked: the range is mapped, the devices exist. */
+	alloc a;
+	if (desc == NULL || count == 0 || !find_alloc((uintptr_t)ptr, &a) || a.kind != A_VMM ||
+	    size > a.size - (ptr - a.start))
+		return ERR_INVALID_VALUE;
+	for (size_t i = 0; i < count; i++)
+		if (desc[i].location.type != MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+		    desc[i].location.id >= NDEV)
+			return ERR_INVALID_VALUE;
+	return OK;
+}
+
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+	CUresult r = ERR_INVALID_VALUE;
+	uintptr_t p = (uintptr_t)addr;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs; i++)
+		if (g.allocs[i].kind == A_VMM && p >= g.allocs[i].start && p - g.allocs[i].start < g.allocs[i].size) {
+			g.allocs[i].h->refs++;
+			*h = (uintptr_t)g.allocs[i].h;
+			r = OK;
+			break;
+		}
+	pthread_mutex_unlock(&g.lock);
+	return r;
+}
+
+API CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h, int type,
+					  unsigned long long flags)
+{
+	if (shareable == NULL || type != MEM_HANDLE_TYPE_POSIX_FD || flags != 0)
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&g.lock);
+	vmm *v = find_vmm(h);
+	int fd = -1;
+	CUresult r = ERR_INVALID_VALUE;
+	if (v != NULL && (v->types & MEM_HANDLE_TYPE_POSIX_FD)) {
+		fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0); /* a new descriptor, the caller's to close */
+		r = fd >= 0 ? OK : ERR_OUT_OF_MEMORY;
+	} else if (v != NULL) {
+		r = ERR_NOT_SUPPORTED; /* created without that handle type */
+	}
+	pthread_mutex_unlock(&g.lock);
+	if (r == OK)
+		*(int *)shareable = fd;
+	return r;
+}
+
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle, int type)
+{
+	struct stat st;
+	if (!g.ready)
+		return ERR_NOT_INITIALIZED;
+	if (h == NULL || type != MEM_HANDLE_TYPE_POSIX_FD)
+		return ERR_INVALID_VALUE;
+	int fd = (int)(uintptr_t)os_handle;
+	if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % VMM_GRANULARITY != 0)
+		return ERR_INVALID_VALUE;
+	int own_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the caller keeps and closes its descriptor */
+	if (own_fd < 0)
+		return ERR_OUT_OF_MEMORY;
+	CUresult r = new_vmm(own_fd, (size_t)st.st_size, 0, MEM_HANDLE_TYPE_POSIX_FD, true, h);
+	if (r != OK)
+		close(own_fd);
+	else
+		atomic_fetch_add(&vmm_imports, 1);
+	return r;
+}
+
+/* ---------------------------------------------------------------- IPC */
+
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 {
 	alloc a;
 	ipc_handle ih = { .magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = g.fd };
-	if (!find_alloc((uintptr_t)p, &a) || a.priv != NULL || a.start != p)
-		return ERR_INVALID_VALUE; /* handles name whole allocations of this process */
+	/* Handles name whole cuMemAlloc allocations of this process: the
+	 * driver's legacy IPC refuses cuMemCreate memory too. */
+	if (!find_alloc((uintptr_t)p, &a) || a.kind != A_MALLOC || a.start != p)
+		return ERR_INVALID_VALUE;
 	ih.off = a.start - (uintptr_t)g.dev;
 	ih.size = a.size;
 	memset(h, 0, sizeof *h);
@@ -493,8 +1448,9 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned 
 	CUresult r = ERR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&g.lock);
 	if (d != MAP_FAILED && v != MAP_FAILED && g.nallocs < MAX_ALLOCS) {
-		g.allocs[g.nallocs++] = (alloc){ (uintptr_t)d, ih.size, v, len };
-		atomic_fetch_add(&nimports, 1);
+		g.allocs[g.nallocs++] = (alloc){ .start = (uintptr_t)d, .size = ih.size, .priv = v, .mapped = len,
+						 .kind = A_IPC, .dev = 0 };
+		atomic_fetch_add(&nviews, 1);
 		*out = (uintptr_t)d;
 		r = OK;
 	}
@@ -515,10 +1471,10 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 	alloc a = { 0 };
 	pthread_mutex_lock(&g.lock);
 	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == p && g.allocs[i].priv != NULL) {
+		if (g.allocs[i].start == p && g.allocs[i].kind == A_IPC) {
 			a = g.allocs[i];
 			g.allocs[i] = g.allocs[--g.nallocs];
-			atomic_fetch_sub(&nimports, 1);
+			atomic_fetch_sub(&nviews, 1);
 			break;
 		}
 	pthread_mutex_unlock(&g.lock);

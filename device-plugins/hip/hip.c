@@ -141,19 +141,22 @@ static const char *errstr(const runtime *r, hipError_t e)
 
 static int open_runtime(runtime *r, char *why, size_t why_len)
 {
-	const char *err = "";
+	char err[200] = "";
 
 	memset(r, 0, sizeof *r);
 	for (size_t i = 0; i < sizeof LIBS / sizeof LIBS[0] && r->lib == NULL; i++) {
 		r->lib = dlopen(LIBS[i], RTLD_NOW | RTLD_LOCAL);
-		if (r->lib != NULL)
+		if (r->lib != NULL) {
 			r->name = LIBS[i];
-		else if (i == 0)
-			err = dlerror(); /* the first name's reason is the telling one */
+		} else if (i == 0) {
+			/* The first name's reason is the telling one; the next
+			 * dlopen() may reuse dlerror()'s buffer. */
+			const char *e = dlerror();
+			snprintf(err, sizeof err, "%s", e != NULL ? e : "");
+		}
 	}
 	if (r->lib == NULL) {
-		snprintf(why, why_len, "the HIP runtime library libamdhip64.so is not installed (%s)",
-			 err != NULL ? err : "");
+		snprintf(why, why_len, "the HIP runtime library libamdhip64.so is not installed (%s)", err);
 		return -ENODEV;
 	}
 #define SYM(field, sym, required)                                                          \

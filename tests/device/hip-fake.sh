@@ -47,6 +47,13 @@ case $idle in
   *" device(s), memory of locations 'hip:N'"|"idle: no HIP device"*) ok "no stand-in: the system's HIP runtime ($idle)" ;;
   *) bad "no runtime library: '$idle'" ;;
 esac
+# Installs with only the versioned names (no development package).
+for so in libamdhip64.so.6 libamdhip64.so.5; do
+  mkdir -p "$tmp/$so"
+  ln -s "$3/libamdhip64.so" "$tmp/$so/$so"
+  r=$(report "$(LD_LIBRARY_PATH="$tmp/$so${nolib_path:+:$nolib_path}" "$info")")
+  check "only $so installed: found ($r)" test "$r" = "2 device(s), memory of locations 'hip:N'"
+done
 
 for v in 60342134 50731921; do
   if FAKE_HIP_VERSION=$v FAKE_HIP_STATS="$tmp/ops-$v.stats" "$ops" "$plugin" >"$tmp/ops-$v.out" 2>"$tmp/ops-$v.err"; then

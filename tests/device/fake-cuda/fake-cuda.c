@@ -76,6 +76,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -254,6 +255,23 @@ static void wait_until(int64_t t, int64_t spin_ns)
  * there are more CPUs than GPU contexts. */
 #define DEVICE_SPIN_NS 5000
 #define CALLER_SPIN_NS 50000
+#define DEVICE_POLL_NS 20000 /* how long an idle stream looks for work before it sleeps */
+
+/* Spins (with costs) until *v reaches want, for at most CALLER_SPIN_NS:
+ * whether it did. A thread woken by a condition variable on this box runs
+ * tens of µs later, more than most of the waits modelled. */
+static bool poll_until(_Atomic uint64_t *v, uint64_t want)
+{
+	if (!cost.on)
+		return atomic_load(v) >= want;
+	int64_t until = now_ns() + CALLER_SPIN_NS;
+	while (atomic_load_explicit(v, memory_order_acquire) < want) {
+		if (now_ns() > until)
+			return false;
+		sched_yield(); /* to the thread it waits for, where the CPUs are few */
+	}
+	return true;
+}
 
 /* CPU work of a call on the calling thread. */
 static void spend(int64_t ns)
@@ -730,7 +748,8 @@ struct te_gather {
 enum { OP_COPY, OP_CALLBACK, OP_EVENT, OP_GATHER };
 
 struct fevent {
-	uint64_t recorded, completed; /* generations: records made, records reached */
+	uint64_t recorded;            /* records made */
+	_Atomic uint64_t completed;   /* records reached */
 	int64_t done_at;              /* model time the last one was reached */
 	CUresult status;              /* its stream's error then (a failed copy before it fails it) */
 	unsigned refs;                /* the caller's and each pending record's */
@@ -762,7 +781,8 @@ struct fstream {
 	op *head, *tail;
 	bool busy, quit;
 	CUresult status;      /* first error of the stream's work */
-	uint64_t queued, done; /* ops queued, ops finished (in order) */
+	_Atomic uint64_t queued; /* ops queued */
+	_Atomic uint64_t done; /* ops finished (in order) */
 	int64_t ready;        /* model time the last finished op ended */
 	pthread_t thread;
 };
@@ -814,6 +834,16 @@ static void *stream_thread(void *arg)
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
+		if (s->head == NULL && !s->quit && cost.on) {
+			/* A GPU starts queued work within a few µs; a thread woken
+			 * by a condition variable here takes tens. */
+			uint64_t seen = s->queued;
+			pthread_mutex_unlock(&s->lock);
+			int64_t until = now_ns() + DEVICE_POLL_NS;
+			while (atomic_load_explicit(&s->queued, memory_order_acquire) == seen && now_ns() < until)
+				sched_yield();
+			pthread_mutex_lock(&s->lock);
+		}
 		while (s->head == NULL && !s->quit)
 			pthread_cond_wait(&s->cond, &s->lock);
 		if (s->head == NULL)
@@ -835,9 +865,10 @@ static void *stream_thread(void *arg)
 				end = start + cost.callback;
 				wait_until(end, DEVICE_SPIN_NS);
 			}
+			int64_t t = cost.on ? now_ns() : 0;
 			o->cb(s, status, o->user);
-			if (cost.on && now_ns() > end)
-				end = now_ns();
+			if (cost.on)
+				end += now_ns() - t; /* its own run time, not this thread's lateness */
 			break;
 		case OP_COPY:
 			if (getenv("FAKE_CUDA_FAIL_STREAM"))
@@ -920,6 +951,7 @@ static CUresult push(CUstream s, op *o, uint64_t *seq)
  * model time. */
 static int64_t wait_done(CUstream s, uint64_t seq, CUresult *status)
 {
+	poll_until(&s->done, seq);
 	pthread_mutex_lock(&s->lock);
 	while (s->done < seq)
 		pthread_cond_wait(&s->idle, &s->lock);
@@ -1052,6 +1084,9 @@ API CUresult cuEventSynchronize(CUevent e)
 	int64_t t0 = cost.on ? now_ns() : 0;
 	pthread_mutex_lock(&ev_lock);
 	uint64_t want = e->recorded;
+	pthread_mutex_unlock(&ev_lock);
+	poll_until(&e->completed, want);
+	pthread_mutex_lock(&ev_lock);
 	while (e->completed < want)
 		pthread_cond_wait(&ev_cond, &ev_lock);
 	int64_t end = e->done_at;

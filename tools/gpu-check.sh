@@ -30,14 +30,19 @@
 # A step that fails is reported as FAILED (never as a zero) and makes the
 # exit status 1; the other steps still run.
 #
-# Environment: GPU_CHECK_SECS (seconds per run), GPU_CHECK_ROUNDS (3),
-# GPU_CHECK_COPY_ARGS (gpu-copy-bench flags, e.g. "--size=64M" for a short
-# run), GPU_CHECK_GPU (the device index, 0).
+# Environment: GPU_CHECK_SECS (seconds per measured run, 2),
+# GPU_CHECK_CHECK_SECS (per --check run, 1), GPU_CHECK_ROUNDS (3),
+# GPU_CHECK_BUDGET (seconds, 285: runs that would start later are left out
+# and reported, so that the pass ends in time), GPU_CHECK_COPY_ARGS
+# (gpu-copy-bench flags, e.g. "--size=64M" for a short run), GPU_CHECK_GPU
+# (the device index, 0).
 set -euo pipefail
 
 bundle=${1:-.gpu}
 out=${2:-${OUT:-./gpu-check-out}}
 secs=${GPU_CHECK_SECS:-2}
+check_secs=${GPU_CHECK_CHECK_SECS:-1}
+budget=${GPU_CHECK_BUDGET:-285}
 rounds=${GPU_CHECK_ROUNDS:-3}
 gpu=${GPU_CHECK_GPU:-0}
 read -r -a copy_args <<<"${GPU_CHECK_COPY_ARGS:-}"
@@ -48,6 +53,8 @@ command -v python3 >/dev/null || die "python3 is needed for the JSON and the tab
 command -v timeout >/dev/null || die "timeout (coreutils) is needed"
 [[ $secs =~ ^[0-9]+$ && $secs -ge 1 ]] || die "GPU_CHECK_SECS=$secs: want whole seconds"
 [[ $rounds =~ ^[0-9]+$ && $rounds -ge 1 ]] || die "GPU_CHECK_ROUNDS=$rounds: want a count"
+[[ $check_secs =~ ^[0-9]+$ && $check_secs -ge 1 ]] || die "GPU_CHECK_CHECK_SECS=$check_secs: want whole seconds"
+[[ $budget =~ ^[0-9]+$ ]] || die "GPU_CHECK_BUDGET=$budget: want seconds"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # shellcheck disable=SC1091
@@ -140,7 +147,9 @@ main() {
 	printf '%s\n' "${cases[@]}" >"$tmp/cases.txt"
 	printf '%s\n' "${checks[@]}" >"$tmp/checks.txt"
 	local total=$((${#checks[@]} + ${#cases[@]} * rounds)) n=0
-	echo "== te-bench: ${#checks[@]} --check runs, then $rounds rounds of ${#cases[@]} cases, $secs s each ($total runs, about $((total * (secs + 1) / 60 + 1)) min)"
+	echo "== te-bench: ${#checks[@]} --check runs of $check_secs s, then $rounds rounds of ${#cases[@]} cases of $secs s" \
+		"($total runs, about $(((${#checks[@]} * (check_secs + 1) + ${#cases[@]} * rounds * (secs + 1)) / 60 + 1)) min;" \
+		"none starts after ${budget} s)"
 
 	local c
 	for c in "${checks[@]}"; do
@@ -180,9 +189,10 @@ main() {
 	    except (OSError, ValueError):
 	        pass
 	    err = open(base + ".err").read() if os.path.exists(base + ".err") else ""
+	    cmd = open(base + ".cmd").read().strip() if os.path.exists(base + ".cmd") else None
 	    ok = status == "0" and res is not None and res.get("throughput_bytes_per_s", 0) > 0
 	    runs.append(dict(id=id, round=int(rnd), status=status, ok=ok, result=res,
-	                     command=open(base + ".cmd").read().strip(), stderr=err[-4000:]))
+	                     command=cmd, stderr=err[-4000:]))
 
 	def med(id):
 	    v = [r["result"]["throughput_bytes_per_s"] / 1e9 for r in runs if r["id"] == id and r["ok"]]
@@ -191,8 +201,14 @@ main() {
 	def transports(id):
 	    return sorted({r["result"]["transport"] for r in runs if r["id"] == id and r["ok"]})
 
-	def fmt(x):
-	    return "FAILED" if x is None else f"{x:.2f}"
+	def fmt(x, id=None):
+	    if x is None:
+	        return "LEFT OUT (time)" if id in left and id not in failed else "FAILED"
+	    n = med(id)[1] if id else rounds
+	    return f"{x:.2f}" + (f" ({n} of {rounds} runs)" if n < rounds else "")
+
+	failed = sorted({r["id"] for r in runs if not r["ok"] and r["status"] != "out-of-time"})
+	left = sorted({r["id"] for r in runs if r["status"] == "out-of-time"})
 
 	md = []
 	md.append(f"### te-bench between two processes, GB/s, median of {rounds} runs of {secs} s, batch 128\n")
@@ -205,7 +221,7 @@ main() {
 	    ratio = f"{d / h:.2f}" if h and d else "—"
 	    served = transports(dev_id or host_id)
 	    note = f" (served by {', '.join(served)})" if served and served != [label.split()[0]] else ""
-	    md.append(f"| {label}{note} | {fmt(h)} | {fmt(d) if dev_id else '—'} | {ratio} |")
+	    md.append(f"| {label}{note} | {fmt(h, host_id)} | {fmt(d, dev_id) if dev_id else '—'} | {ratio} |")
 	    summary[label] = dict(host_gb_s=h, device_gb_s=d, host_runs=hv, device_runs=dv)
 	size = {"64K": "64 KiB", "1M": "1 MiB"}
 	for p in ("tcp", "shm"):
@@ -225,7 +241,8 @@ main() {
 	md.append("|---|---|---:|---|")
 	for c in checks:
 	    r = next((x for x in runs if x["id"] == c["id"]), None)
-	    res = "missing" if r is None else ("pass" if r["ok"] else f"FAILED (status {r['status']})")
+	    res = "missing" if r is None else "pass" if r["ok"] else "LEFT OUT (time)" if r["status"] == "out-of-time" \
+	        else f"FAILED (status {r['status']})"
 	    g = fmt(r["result"]["throughput_bytes_per_s"] / 1e9) if r and r["ok"] else "—"
 	    t = r["result"]["transport"] if r and r["ok"] else "—"
 	    md.append(f"| {c['protocol']} {c['operation']}{' vmm' if c['allocator'] == 'vmm' else ''} | {res} | {g} | {t} |")
@@ -246,9 +263,10 @@ main() {
 	else:
 	    md.append("\n### gpu-copy-bench: FAILED (see gpu-check.log)")
 
-	failed = sorted({r["id"] for r in runs if not r["ok"]})
 	if failed:
-	    md.append(f"\nFailed runs: {', '.join(failed)}")
+	    md.append(f"\nFailed: {', '.join(failed)}")
+	if left:
+	    md.append(f"\nLeft out for time (GPU_CHECK_BUDGET): {sum(r['status'] == 'out-of-time' for r in runs)} runs of {', '.join(left)}")
 	text = "\n".join(md) + "\n"
 	open(f"{out}/summary.md", "w").write(text)
 	print(text)
@@ -307,6 +325,7 @@ ensure_target() {
 	# One that failed to start twice is not tried again: each try costs a wait.
 	[ "${target_fails[$key]:-0}" -lt 2 ] || return 1
 	file=$tmp/targets/$key.out
+	: >"$file"
 	# shellcheck disable=SC2046
 	env $(target_env "$alloc") timeout 1800 te-bench --mode=target --protocol="$proto" $(mem_flags "$mem") \
 		--buffer_size=512M --local_server_name=127.0.0.1 >"$file" 2>&1 &
@@ -336,6 +355,8 @@ stop_targets() {
 		kill "${target_pid[$k]}" 2>/dev/null || true
 		wait "${target_pid[$k]}" 2>/dev/null || true
 		target_pid[$k]=
+		# What it said while it served, warnings included.
+		{ echo "-- target $k at its end:"; sed 's/^/   /' "$tmp/targets/$k.out"; } >>"$log" 2>/dev/null || true
 	done
 }
 
@@ -344,6 +365,12 @@ bench_run() { # "id proto op block threads tmem imem alloc" round check|measure 
 	read -r id proto op bs th tm im alloc <<<"$1"
 	local round=$2 kind=$3 cuda_ok=$4 base=$tmp/runs/$id.r$2 rc=0 extra=() key
 	local t=$SECONDS
+	if [ $((SECONDS - t0_all)) -ge "$budget" ]; then
+		echo "left out: the pass had run ${budget} s (GPU_CHECK_BUDGET)" >"$base.err"
+		echo out-of-time >"$base.status"
+		printf '[%3d/%d %4ds] %-22s r%d LEFT OUT (time)\n' "$n" "$total" $((SECONDS - t0_all)) "$id" "$round"
+		return 0
+	fi
 	if [ "$cuda_ok" = 0 ] && { [ "$tm" = dev ] || [ "$im" = dev ]; }; then
 		echo "skipped: the CUDA plugin is not active" >"$base.err"
 		echo skipped >"$base.status"
@@ -352,15 +379,16 @@ bench_run() { # "id proto op block threads tmem imem alloc" round check|measure 
 	fi
 	key=$proto.$tm.$alloc
 	if ! ensure_target "$key" "$proto" "$tm" "$alloc"; then
-		echo "the target $key could not be started" >"$base.err"
+		echo "the target $key could not be started: $(tr '\n' ' ' <"$tmp/targets/$key.out")" >"$base.err"
 		echo no-target >"$base.status"
 		printf '[%3d/%d %4ds] %-22s r%d FAILED (no target)\n' "$n" "$total" $((SECONDS - t0_all)) "$id" "$round"
 		return 0
 	fi
-	[ "$kind" = check ] && extra+=(--check)
+	local dur=$secs
+	[ "$kind" = check ] && extra+=(--check) && dur=$check_secs
 	local cmd
 	cmd="$(target_env "$alloc") te-bench --segment_id=$name --protocol=$proto $(mem_flags "$im") --buffer_size=256M"
-	cmd+=" --operation=$op --block_size=$bs --batch_size=128 --threads=$th --duration=$secs --quiet --json ${extra[*]}"
+	cmd+=" --operation=$op --block_size=$bs --batch_size=128 --threads=$th --duration=$dur --quiet --json ${extra[*]}"
 	echo "$cmd" >"$base.cmd"
 	# shellcheck disable=SC2086
 	timeout 60 env $cmd >"$base.json" 2>"$base.err" || rc=$?

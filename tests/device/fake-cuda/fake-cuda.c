@@ -71,7 +71,8 @@
  * bytes / bandwidth, where ready is when the work before it on its stream
  * ended. A stream's thread sleeps to that end (an absolute deadline, so its
  * lateness does not add up over a queue of copies); the copy's bytes move
- * before it sleeps.
+ * before it sleeps. Waiting callers, and idle stream threads, poll briefly
+ * before they sleep: a wake-up here takes longer than most modelled times.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -145,7 +145,10 @@ static int open_runtime(runtime *r, char *why, size_t why_len)
 
 	memset(r, 0, sizeof *r);
 	for (size_t i = 0; i < sizeof LIBS / sizeof LIBS[0] && r->lib == NULL; i++) {
-		r->lib = dlopen(LIBS[i], RTLD_NOW | RTLD_LOCAL);
+		/* Never unloaded: once initialised the runtime has threads of
+		 * its own and thread-local state, which unloading would pull
+		 * from under them (probe and create both open it). */
+		r->lib = dlopen(LIBS[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 		if (r->lib != NULL) {
 			r->name = LIBS[i];
 		} else if (i == 0) {

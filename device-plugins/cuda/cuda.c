@@ -726,6 +726,7 @@ static CUresult gather_launch(cuda_ctx *c, const te_copy *v, size_t n, CUstream 
 		unsigned long long chunk = (maxlen + 4095) / 4096;
 		chunk = chunk < 16384 ? 16384 : (chunk + 15) & ~15ull;
 		unsigned gy = (unsigned)((maxlen + chunk - 1) / chunk);
+		g.chunk = chunk;
 		void *args[] = { &g };
 		r = c->drv.LaunchKernel(c->gather_fn, (unsigned)g.n, gy, 1, 256, 1, 1, 0, s, args, NULL);
 	}

@@ -7,7 +7,7 @@
 # driver's H100 cost model on; a driver that refuses or fails copies ends the
 # run with FAILED tasks and the driver's reason, not with a crash.
 # The same-host transport reaches another process's device memory through
-# the driver's IPC handles.
+# the driver's IPC handles, or a file descriptor of cuMemCreate memory.
 # Usage: cuda-fake.sh TE_INFO TE_BENCH FAKE_CUDA_DIR
 set -u
 info=$1
@@ -84,36 +84,44 @@ else
 fi
 
 # The same-host transport between two processes: the initiator opens the
-# target's device allocation with cuIpcOpenMemHandle and copies with
-# cuMemcpy; reads and writes, every byte checked.
-env FAKE_CUDA_STATS="$tmp/target.stats" "$bench" --mode=target --protocol=shm --use_vram \
-  --buffer_size=64M --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
-target=$!
-name=
-for _ in $(seq 100); do
-  name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
-  [ -n "$name" ] && break
-  sleep 0.1
-done
-for op in read write; do
-  n=shm-$op
-  if [ -n "$name" ] && env FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \
-       --use_vram --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
-       >"$tmp/$n.out" 2>"$tmp/$n.err"; then
-    req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
-    tp=$(sed -n 's/.*"transport":"\([a-z]*\)".*/\1/p' "$tmp/$n.out" | tail -1)
-    ipc=$(stat "$n" ipc)
-    if [ "${req:-0}" -gt 0 ] && [ "$tp" = shm ] && [ "${ipc:-0}" -ge 1 ]; then
-      ok "shm $op between two processes: $req requests checked, the target's allocation opened ($ipc)"
+# target's device allocation and copies with the driver; reads and writes,
+# every byte checked. The target's memory from cuMemAlloc is opened with
+# cuIpcOpenMemHandle; from cuMemCreate (TE_CUDA_ALLOC=vmm) it is shared as a
+# file descriptor and imported (both counted by the driver).
+for alloc in legacy vmm; do
+  export TE_CUDA_ALLOC=$alloc
+  field=ipc how=cuIpcOpenMemHandle
+  [ $alloc = vmm ] && field=vmm_imports how="an imported file descriptor"
+  env FAKE_CUDA_STATS="$tmp/target.stats" "$bench" --mode=target --protocol=shm --use_vram \
+    --buffer_size=64M --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
+  target=$!
+  name=
+  for _ in $(seq 100); do
+    name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
+    [ -n "$name" ] && break
+    sleep 0.1
+  done
+  for op in read write; do
+    n=shm-$alloc-$op
+    if [ -n "$name" ] && env FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \
+         --use_vram --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
+         >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+      req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
+      tp=$(sed -n 's/.*"transport":"\([a-z]*\)".*/\1/p' "$tmp/$n.out" | tail -1)
+      opened=$(stat "$n" $field)
+      if [ "${req:-0}" -gt 0 ] && [ "$tp" = shm ] && [ "${opened:-0}" -ge 1 ]; then
+        ok "shm $op between two processes ($alloc): $req requests checked, the target's allocation opened through $how ($opened)"
+      else
+        bad "shm $op ($alloc): requests '$req', transport '$tp', $field '$opened'"
+      fi
     else
-      bad "shm $op: requests '$req', transport '$tp', allocations opened '$ipc'"
+      bad "shm $op ($alloc): target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null)"
     fi
-  else
-    bad "shm $op: target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null)"
-  fi
+  done
+  kill "$target" 2>/dev/null
+  wait "$target" 2>/dev/null
 done
-kill "$target" 2>/dev/null
-wait "$target" 2>/dev/null
+unset TE_CUDA_ALLOC
 
 # A driver that refuses asynchronous copies, or whose copies fail on the
 # stream: the run fails with FAILED tasks and the reason in the log.

@@ -55,6 +55,12 @@ command -v timeout >/dev/null || die "timeout (coreutils) is needed"
 [[ $rounds =~ ^[0-9]+$ && $rounds -ge 1 ]] || die "GPU_CHECK_ROUNDS=$rounds: want a count"
 [[ $check_secs =~ ^[0-9]+$ && $check_secs -ge 1 ]] || die "GPU_CHECK_CHECK_SECS=$check_secs: want whole seconds"
 [[ $budget =~ ^[0-9]+$ ]] || die "GPU_CHECK_BUDGET=$budget: want seconds"
+# The bundle's libraries were linked against a glibc at least this new.
+need=$(sed -n 's/^needs: glibc >= \([0-9.]*\).*/\1/p' "$bundle/bundle.txt" 2>/dev/null || true)
+have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }' || true)
+if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+	die "the bundle needs glibc >= $need; this machine has $have"
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # shellcheck disable=SC1091

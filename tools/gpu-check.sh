@@ -42,7 +42,7 @@ bundle=${1:-.gpu}
 out=${2:-${OUT:-./gpu-check-out}}
 secs=${GPU_CHECK_SECS:-2}
 check_secs=${GPU_CHECK_CHECK_SECS:-1}
-budget=${GPU_CHECK_BUDGET:-285}
+budget=${GPU_CHECK_BUDGET:-300}
 rounds=${GPU_CHECK_ROUNDS:-3}
 gpu=${GPU_CHECK_GPU:-0}
 read -r -a copy_args <<<"${GPU_CHECK_COPY_ARGS:-}"
@@ -137,6 +137,10 @@ main() {
 	cases+=("tcp.read.1M.idev tcp read 1M 1 host dev -")
 	cases+=("shm.read.1M.host.4t shm read 1M 4 host host -")
 	cases+=("shm.write.1M.host.4t shm write 1M 4 host host -")
+	# What two choices are worth: the gather kernel, the staging chunk.
+	cases+=("shm.read.64K.nogather shm read 64K 1 dev dev nogather")
+	cases+=("shm.read.1M.nogather shm read 1M 1 dev dev nogather")
+	cases+=("tcp.read.1M.chunk1m tcp read 1M 1 dev dev chunk1m")
 	for p in tcp shm; do
 		for o in read write; do
 			cases+=("$p.$o.1M.vmm $p $o 1M 1 dev dev vmm")
@@ -241,6 +245,9 @@ main() {
 	        row(f"{p} {o} 1 MiB, device memory from cuMemCreate (TE_CUDA_ALLOC=vmm)", f"{p}.{o}.1M.host", f"{p}.{o}.1M.vmm")
 	for o in ("read", "write"):
 	    row(f"shm {o} 1 MiB, host memory, 4 threads", f"shm.{o}.1M.host.4t", None)
+	for b in ("64K", "1M"):
+	    row(f"shm read {size[b]}, a copy call per piece (TE_CUDA_GATHER=0)", f"shm.read.{b}.host", f"shm.read.{b}.nogather")
+	row("tcp read 1 MiB, 1 MiB staging chunks (TE_STAGE_CHUNK_BYTES)", "tcp.read.1M.host", "tcp.read.1M.chunk1m")
 
 	md.append("\n### --check runs (device memory both sides, 64 KiB, every byte compared)\n")
 	md.append("| run | result | GB/s | served by |")
@@ -306,7 +313,12 @@ main() {
 declare -A target_pid target_name target_fails
 
 target_env() { # allocator: the variables of its runs, for env(1)
-	if [ "$1" = vmm ]; then echo TE_CUDA_ALLOC=vmm; else echo GPU_CHECK_ALLOC=default; fi
+	case $1 in
+	vmm) echo TE_CUDA_ALLOC=vmm ;;
+	nogather) echo TE_CUDA_GATHER=0 ;;        # a copy call per device-to-device piece
+	chunk1m) echo TE_STAGE_CHUNK_BYTES=1048576 ;; # larger staging chunks
+	*) echo GPU_CHECK_ALLOC=default ;;
+	esac
 }
 
 mem_flags() { # host|dev

@@ -22,7 +22,7 @@
 # Printed per case and build: the median GB/s of host and device memory
 # over the rounds and their ratio (— where a run failed; its error is said
 # on stderr). A whole run takes about ROUNDS * cases * 2 * builds * (SECS + 1)
-# seconds: 2.5 minutes for one build with the defaults, 5 for two.
+# seconds: about 2 minutes for one build with the defaults, 4 for two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}

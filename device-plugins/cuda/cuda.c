@@ -57,6 +57,7 @@ enum {
 	CUDA_SUCCESS = 0,
 	CUDA_ERROR_NO_DEVICE = 100,
 	CUDA_ERROR_NOT_READY = 600,
+	CU_EVENT_BLOCKING_SYNC = 1,
 	CU_EVENT_DISABLE_TIMING = 2,
 	CU_MEM_ALLOCATION_TYPE_PINNED = 1,
 	CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
@@ -197,6 +198,13 @@ struct cuda_ctx {
 	CUmodule gather_mod;
 	CUfunction gather_fn;
 
+	/* Waits sleep on blocking events (TE_CUDA_WAIT=block, the default)
+	 * rather than spinning a core each (=spin, the driver's default while
+	 * a process has fewer contexts than cores): many threads wait at once
+	 * here (a TCP server's connections, the copy lanes), and spinning ones
+	 * take the cores the transports' threads need. */
+	bool wait_spin;
+
 	/* The virtual memory API */
 	bool alloc_vmm; /* TE_CUDA_ALLOC=vmm */
 	pthread_mutex_t vmm_lock;
@@ -333,6 +341,10 @@ static int cu_create(const te_host *h, void **out)
 	}
 	const char *alloc = h->config(h, "TE_CUDA_ALLOC", NULL);
 	const char *gather = h->config(h, "TE_CUDA_GATHER", NULL);
+	const char *wait = h->config(h, "TE_CUDA_WAIT", NULL);
+	c->wait_spin = wait != NULL && strcmp(wait, "spin") == 0;
+	if (wait != NULL && !c->wait_spin && strcmp(wait, "block") != 0)
+		h->log(h, TE_LOG_WARN, "TE_CUDA_WAIT=%s: not 'block' or 'spin'; blocking it is", wait);
 	c->alloc_vmm = alloc != NULL && strcmp(alloc, "vmm") == 0;
 	c->gather_off = gather != NULL && strcmp(gather, "0") == 0;
 	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
@@ -414,11 +426,30 @@ static int cu_classify(void *ctx, const void *addr, size_t len, int *device)
 	return 1;
 }
 
+static CUstream pool_get(cuda_ctx *c);
+static void pool_put(cuda_ctx *c, CUstream s);
+static CUresult stream_wait(cuda_ctx *c, CUstream s);
+
 static int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 {
 	cuda_ctx *c = ctx;
 
 	make_current(c, 0);
+	/* Queued and waited for on a blocking event, so that the wait sleeps
+	 * (cuMemcpy would spin). */
+	CUstream s = c->async && !c->wait_spin ? pool_get(c) : NULL;
+	if (s != NULL) {
+		CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
+		CUresult w = stream_wait(c, s);
+		pool_put(c, s);
+		if (r == CUDA_SUCCESS && w == CUDA_SUCCESS)
+			return 0;
+		if (w != CUDA_SUCCESS) {
+			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->drv, w));
+			return -EIO;
+		}
+		/* Not queued: cuMemcpy says whether it can be done at all. */
+	}
 	/* Unified addressing: one call for every direction. */
 	CUresult r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
 	if (r != CUDA_SUCCESS) {
@@ -450,7 +481,9 @@ static CUevent event_get(cuda_ctx *c)
 	if (c->nevents > 0)
 		ev = c->events[--c->nevents];
 	pthread_mutex_unlock(&c->ev_lock);
-	if (ev == NULL && c->drv.EventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+	if (ev == NULL &&
+	    c->drv.EventCreate(&ev, CU_EVENT_DISABLE_TIMING | (c->wait_spin ? 0 : CU_EVENT_BLOCKING_SYNC)) !=
+		    CUDA_SUCCESS)
 		ev = NULL;
 	return ev;
 }
@@ -741,6 +774,20 @@ static bool all_on_device0(cuda_ctx *c, const te_copy *v, size_t n)
 	return true;
 }
 
+/* Waits for what is queued on `s`: on a blocking event (the thread
+ * sleeps), or spinning in cuStreamSynchronize with TE_CUDA_WAIT=spin. */
+static CUresult stream_wait(cuda_ctx *c, CUstream s)
+{
+	CUevent ev = c->wait_spin ? NULL : event_get(c);
+
+	if (ev == NULL)
+		return c->drv.StreamSynchronize(s);
+	CUresult r = c->drv.EventRecord(ev, s);
+	r = r == CUDA_SUCCESS ? c->drv.EventSynchronize(ev) : c->drv.StreamSynchronize(s);
+	event_put(c, ev);
+	return r;
+}
+
 /* Every piece queued on one stream of the pool, then one wait. */
 static int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 {
@@ -775,7 +822,7 @@ static int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
 	 * the caller reuses its buffers. */
-	CUresult w = c->drv.StreamSynchronize(s);
+	CUresult w = stream_wait(c, s);
 	if (w != CUDA_SUCCESS)
 		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->drv, w));
 	pool_put(c, s);

@@ -248,6 +248,17 @@ typedef struct tcp_resp {
 #define TCP_DEV_STAGE (1024u << 10)
 /* Most READ replies of device memory staged at once. */
 #define TCP_STAGE_PIECES 64u
+/* Most WRITE bodies for device memory waiting in the stage to be copied on
+ * together (their acknowledgments wait with them). */
+#define TCP_PEND_MAX 64u
+
+/* A WRITE body complete in the stage, not yet copied to device memory. */
+typedef struct tcp_pend {
+	te_buffer_pin pin;
+	char *dst;
+	uint32_t off, len; /* in the body part of the stage */
+	bool v2;
+} tcp_pend;
 
 /* Bytes [off, off + len) of reply number `resp`'s data, at `pos` in the
  * connection's stage. */
@@ -270,6 +281,15 @@ struct tcp_sconn {
 	char *body;
 	uint64_t body_len, body_got;
 	uint32_t body_staged; /* of body_got, bytes in the stage not yet copied on */
+	/* Device WRITE bodies that fit in the stage whole are received one
+	 * after the other into it and copied on in one batch (one wait for the
+	 * device instead of one each) before any other reply goes out or the
+	 * connection waits for bytes; their acknowledgments follow the batch.
+	 * body_base: where the body being received starts in the stage. */
+	bool body_defer;
+	uint32_t body_base, pend_bytes;
+	unsigned pend_n;
+	tcp_pend *pend; /* TCP_PEND_MAX, allocated with the stage */
 	te_buffer_pin body_pin;
 	bool body_dev;        /* the body goes to device memory, through `stage` */
 	/* Device memory's bytes pass through here (allocated at the first such

@@ -117,10 +117,18 @@ static bool stage_ready(tcp_sconn *sc)
 			p = g_try_malloc(len);
 		}
 		sc->stage_piece = p != NULL ? g_try_new(tcp_piece, TCP_STAGE_PIECES) : NULL;
-		if (p != NULL && sc->stage_piece == NULL)
-			stage_free(h, p);
-		sc->stage = sc->stage_piece != NULL ? p : NULL;
+		sc->pend = sc->stage_piece != NULL ? g_try_new(tcp_pend, TCP_PEND_MAX) : NULL;
+		if (sc->pend == NULL) {
+			if (p != NULL)
+				stage_free(h, p);
+			g_free(sc->stage_piece);
+			sc->stage_piece = NULL;
+			p = NULL;
+		}
+		sc->stage = p;
 		sc->stage_n = 0;
+		sc->pend_n = 0;
+		sc->pend_bytes = 0;
 	}
 	return sc->stage != NULL;
 }
@@ -143,9 +151,15 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 		r->pinned = false;
 	}
 	sc->snd = sc->head = 0;
+	for (unsigned i = 0; i < sc->pend_n; i++) /* never copied, never acknowledged */
+		h->buffer_release(h, &sc->pend[i].pin);
+	sc->pend_n = 0;
+	sc->pend_bytes = 0;
 	if (sc->stage != NULL)
 		stage_free(h, sc->stage);
 	g_free(sc->stage_piece);
+	g_free(sc->pend);
+	sc->pend = NULL;
 	sc->stage = NULL;
 	sc->stage_piece = NULL;
 	sc->stage_n = 0;
@@ -190,6 +204,57 @@ static void finish_body(tcp_sconn *sc)
 		push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
 }
 
+/* Copies the bodies waiting in the stage to device memory, as one batch,
+ * then acknowledges them in order. 0, or -1 when the copy failed: then none
+ * is acknowledged and the connection ends once the replies before them are
+ * out (as for a single failed WRITE). */
+static int pend_flush(tcp_sconn *sc)
+{
+	const te_host *h = ctx_of(sc)->host;
+	const te_buffer_pin *pins[TCP_PEND_MAX];
+	te_copy copies[TCP_PEND_MAX];
+	unsigned n = sc->pend_n;
+	int rc = 0;
+
+	if (n == 0)
+		return 0;
+	for (unsigned i = 0; i < n; i++) {
+		pins[i] = &sc->pend[i].pin;
+		copies[i] = (te_copy){ sc->pend[i].dst, sc->stage + TCP_DEV_REPLY_STAGE + sc->pend[i].off,
+				       sc->pend[i].len };
+	}
+	if (n > 1 && TE_HAS_OP(h, buffer_copy_batch))
+		rc = h->buffer_copy_batch(h, pins, copies, n);
+	else
+		for (unsigned i = 0; i < n && rc == 0; i++)
+			rc = h->buffer_copy(h, pins[i], copies[i].dst, copies[i].src, copies[i].len);
+	for (unsigned i = 0; i < n; i++) {
+		h->buffer_release(h, &sc->pend[i].pin);
+		if (rc == 0 && sc->pend[i].v2)
+			push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
+	}
+	sc->pend_n = 0;
+	sc->pend_bytes = 0;
+	if (rc < 0) {
+		TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "%u WRITEs from %s failed: copying to device memory failed; "
+				    "closing the connection", n, sc->io.name);
+		sc->state = SS_FLUSH;
+		return -1;
+	}
+	return 0;
+}
+
+/* A body complete in the stage waits there with the others. */
+static void pend_add(tcp_sconn *sc)
+{
+	sc->pend[sc->pend_n++] = (tcp_pend){ .pin = sc->body_pin, .dst = sc->body, .off = sc->body_base,
+					     .len = (uint32_t)sc->body_len, .v2 = sc->body_v2 };
+	sc->pend_bytes = sc->body_base + (uint32_t)sc->body_len;
+	sc->in_body = false;
+	if (sc->pend_n == TCP_PEND_MAX || sc->pend_bytes == TCP_DEV_STAGE)
+		pend_flush(sc);
+}
+
 /* Parses the complete headers in hbuf while the reply ring has room. */
 static void parse(tcp_sconn *sc)
 {
@@ -208,6 +273,11 @@ static void parse(tcp_sconn *sc)
 		bool v2 = (p[16] & TCP_OP_V2) != 0;
 		unsigned op = p[16] & TCP_OP_MASK;
 		pos += TCP_HDR_SIZE;
+		/* Bodies waiting in the stage go first unless this one can wait
+		 * beside them: no reply may overtake their acknowledgments. */
+		if (sc->pend_n > 0 && (op != TE_OP_WRITE || size > TCP_DEV_STAGE - sc->pend_bytes) &&
+		    pend_flush(sc) < 0)
+			break;
 
 		if (op != TE_OP_READ && op != TE_OP_WRITE) {
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
@@ -220,6 +290,12 @@ static void parse(tcp_sconn *sc)
 		int rc = TE_ERR_ADDRESS;
 		if (size > 0 && addr + size >= addr)
 			rc = pin_acquire(h, addr, size, &pin);
+		bool dev = rc == 0 && pin_is_device(h, &pin);
+		if (sc->pend_n > 0 && (rc < 0 || !dev) && pend_flush(sc) < 0) {
+			if (rc == 0)
+				h->buffer_release(h, &pin);
+			break;
+		}
 		if (rc < 0) {
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
 					    "rejected %s 0x%llx+%llu from %s: %s; closing the connection",
@@ -233,7 +309,6 @@ static void parse(tcp_sconn *sc)
 			sc->state = SS_FLUSH;
 			break;
 		}
-		bool dev = pin_is_device(h, &pin);
 		if (dev && !stage_ready(sc)) {
 			TE_HOST_LOG_LIMITED(h, TE_LOG_ERROR,
 					    "no memory to stage device memory for %s; closing the connection",
@@ -255,6 +330,10 @@ static void parse(tcp_sconn *sc)
 		sc->body_len = size;
 		sc->body_pin = pin;
 		sc->body_dev = dev;
+		/* Whole in the stage beside the bodies already there (room was
+		 * made above), or, larger than the stage, through all of it. */
+		sc->body_defer = dev && size <= TCP_DEV_STAGE - sc->pend_bytes;
+		sc->body_base = sc->body_defer ? sc->pend_bytes : 0;
 		sc->bulk = false;
 		/* Body bytes that came with a bulk header read. */
 		uint64_t take = MIN((uint64_t)(sc->hlen - pos), size);
@@ -266,7 +345,8 @@ static void parse(tcp_sconn *sc)
 				touch_end(h, &pin);
 			}
 		} else if (take > 0) {
-			ok = h->buffer_copy(h, &pin, sc->body, sc->hbuf + pos, take) == 0; /* logged by the host */
+			/* Into the stage (TCP_HBUF is far smaller) with the rest. */
+			memcpy(sc->stage + TCP_DEV_REPLY_STAGE + sc->body_base, sc->hbuf + pos, take);
 		}
 		pos += (unsigned)take;
 		if (!ok) {
@@ -279,9 +359,23 @@ static void parse(tcp_sconn *sc)
 			break;
 		}
 		sc->body_got = take;
-		sc->body_staged = 0;
-		if (sc->body_got == sc->body_len)
-			finish_body(sc);
+		sc->body_staged = dev ? (uint32_t)take : 0;
+		if (sc->body_got == sc->body_len && dev && !sc->body_defer &&
+		    h->buffer_copy(h, &pin, sc->body, sc->stage + TCP_DEV_REPLY_STAGE, take) < 0) {
+			h->buffer_release(h, &pin);
+			sc->in_body = false;
+			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "WRITE 0x%llx+%llu from %s failed: copying to device "
+					    "memory failed; closing the connection", (unsigned long long)addr,
+					    (unsigned long long)size, sc->io.name);
+			sc->state = SS_FLUSH;
+			break;
+		}
+		if (sc->body_got == sc->body_len) {
+			if (sc->body_defer)
+				pend_add(sc);
+			else
+				finish_body(sc);
+		}
 	}
 	if (pos > 0) {
 		memmove(sc->hbuf, sc->hbuf + pos, sc->hlen - pos);
@@ -462,8 +556,8 @@ static int receive(tcp_sconn *sc)
 		int n = 1;
 		uint64_t room = sc->body_len - sc->body_got;
 		if (sc->body_dev) /* into the stage, then on to the device */
-			iov[0] = (struct iovec){ sc->stage + TCP_DEV_REPLY_STAGE + sc->body_staged,
-						 MIN(room, (uint64_t)(TCP_DEV_STAGE - sc->body_staged)) };
+			iov[0] = (struct iovec){ sc->stage + TCP_DEV_REPLY_STAGE + sc->body_base + sc->body_staged,
+						 MIN(room, (uint64_t)(TCP_DEV_STAGE - sc->body_base - sc->body_staged)) };
 		else
 			iov[0] = (struct iovec){ sc->body + sc->body_got, room };
 		/* The next header, in the same call (only once the rest of the
@@ -487,22 +581,28 @@ static int receive(tcp_sconn *sc)
 			uint64_t take = MIN((uint64_t)r, (uint64_t)iov[0].iov_len);
 			sc->body_got += take;
 			if (sc->body_dev && take > 0) {
-				/* On to the device once the stage is full or the body
-				 * complete. */
+				/* A body larger than the stage goes on to the device
+				 * each time the stage is full, and at its end; one that
+				 * fits waits there for the batch (pend_add). */
 				sc->body_staged += (uint32_t)take;
-				if ((sc->body_staged == TCP_DEV_STAGE || sc->body_got == sc->body_len) &&
-				    h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got - sc->body_staged,
-						   sc->stage + TCP_DEV_REPLY_STAGE, sc->body_staged) < 0) {
+				bool flush = !sc->body_defer &&
+					     (sc->body_staged == TCP_DEV_STAGE || sc->body_got == sc->body_len);
+				if (flush && h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got - sc->body_staged,
+							    sc->stage + TCP_DEV_REPLY_STAGE, sc->body_staged) < 0) {
 					tcp_sconn_close(sc, "writing device memory failed");
 					return -1;
 				}
-				if (sc->body_staged == TCP_DEV_STAGE || sc->body_got == sc->body_len)
+				if (flush)
 					sc->body_staged = 0;
 			}
 			sc->hlen += (unsigned)((uint64_t)r - take);
 			sc->io.last_progress = tcp_now_ms();
-			if (sc->body_got == sc->body_len)
-				finish_body(sc);
+			if (sc->body_got == sc->body_len) {
+				if (sc->body_dev && sc->body_defer)
+					pend_add(sc);
+				else
+					finish_body(sc);
+			}
 			parse(sc);
 			return 1;
 		}
@@ -593,6 +693,12 @@ void tcp_sconn_drive(tcp_sconn *sc)
 				return;
 			if (rc == 0)
 				break;
+			moved = true;
+		}
+		/* What this burst left waiting in the stage goes to the device
+		 * now, its acknowledgments with the replies below. */
+		if (sc->pend_n > 0 && sc->state == SS_OPEN) {
+			pend_flush(sc);
 			moved = true;
 		}
 		if (sc->snd < sc->head && sc->io.wr) {

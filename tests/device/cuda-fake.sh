@@ -125,8 +125,11 @@ unset TE_CUDA_ALLOC
 
 # A driver that refuses asynchronous copies, or whose copies fail on the
 # stream: the run fails with FAILED tasks and the reason in the log.
+# (Spinning waits: the plugin's own synchronous copies then use cuMemcpy,
+# which a failing stream leaves alone, so te-bench can fill its buffers and
+# the failure meets the transfers' copies.)
 for f in FAKE_CUDA_FAIL_ASYNC FAKE_CUDA_FAIL_STREAM; do
-  run "$f" "$f=1" --operation=read
+  run "$f" "$f=1 TE_CUDA_WAIT=spin" --operation=read
   rc=$?
   want="cuMemcpyAsync"
   [ "$f" = FAKE_CUDA_FAIL_STREAM ] && want="an illegal memory access"

@@ -28,7 +28,7 @@
 #define CHUNK_DEFAULT (256u << 10)
 #define CHUNK_MIN (4u << 10)
 #define CHUNK_MAX (64u << 20)
-#define BUFFERS_DEFAULT 64u
+#define BUFFERS_DEFAULT 256u /* 64 MiB with 256 KiB chunks: what keeps a GPU host's TCP busy (docs/gpu.md) */
 #define BUFFERS_MAX 1024u
 
 /* Work items for the pool, as pointers: slot index and what to do. */

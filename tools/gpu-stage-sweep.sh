@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The staging choices on a GPU machine, in one pass from a bundle of
+# tools/gpu-bundle.sh: te-bench between a target and an initiator process,
+# both in device memory (cuda:0), over TCP, reads and writes of 64 KiB and
+# 1 MiB (batch 128, one thread), under each variant of the initiator's
+# staging (TE_STAGE_BUFFERS, TE_STAGE_CHUNK_BYTES, TE_TCP_WINDOW) and of the
+# CUDA plugin's waits (TE_CUDA_WAIT, on both sides); host memory beside them.
+# Medians of GPU_SWEEP_ROUNDS (2) runs of GPU_SWEEP_SECS (2) seconds, every
+# run with a 60 s timeout. About 3 minutes.
+#
+#   tools/gpu-stage-sweep.sh [BUNDLE_DIR=.gpu] [OUT_DIR=$OUT or ./gpu-sweep-out]
+#
+# Writes OUT_DIR/sweep.md (the table) and OUT_DIR/sweep.log.
+set -euo pipefail
+bundle=${1:-.gpu}
+out=${2:-${OUT:-./gpu-sweep-out}}
+secs=${GPU_SWEEP_SECS:-2}
+rounds=${GPU_SWEEP_ROUNDS:-2}
+[ -f "$bundle/env.sh" ] || { echo "gpu-stage-sweep: no $bundle/env.sh (tools/gpu-bundle.sh)" >&2; exit 1; }
+# shellcheck disable=SC1091
+. "$bundle/env.sh"
+mkdir -p "$out"
+log=$out/sweep.log
+: >"$log"
+tmp=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
+
+target() { # name mem-flags env...: starts a target, prints its segment name
+	local n=$1 mem=$2
+	shift 2
+	env "$@" te-bench --mode=target --protocol=tcp $mem --buffer_size=512M --local_server_name=127.0.0.1 \
+		>"$tmp/t.$n" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 300); do
+		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/t.$n")
+		[ -n "$name" ] && { echo "$name"; return 0; }
+		sleep 0.1
+	done
+	echo "target $n did not start: $(cat "$tmp/t.$n")" >&2
+	return 1
+}
+host=$(target host "--memory=libte")
+dev=$(target dev "--use_vram")
+spin=$(target spin "--use_vram" TE_CUDA_WAIT=spin)
+
+variants=(
+	"host|$host|--memory=libte|GPU_SWEEP=host"
+	"64 x 256 KiB (the old default)|$dev|--use_vram|TE_STAGE_BUFFERS=64"
+	"256 x 256 KiB|$dev|--use_vram|TE_STAGE_BUFFERS=256"
+	"1024 x 256 KiB|$dev|--use_vram|TE_STAGE_BUFFERS=1024"
+	"64 x 1 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=64 TE_STAGE_CHUNK_BYTES=1048576"
+	"256 x 1 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_STAGE_CHUNK_BYTES=1048576"
+	"256 x 256 KiB, TCP window 2 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_TCP_WINDOW=2097152"
+	"256 x 256 KiB, spinning waits|$spin|--use_vram|TE_STAGE_BUFFERS=256 TE_CUDA_WAIT=spin"
+)
+cases=("read 1048576" "read 65536" "write 1048576" "write 65536")
+for v in "${variants[@]}"; do echo "${v%%|*}"; done >"$tmp/labels"
+for r in $(seq "$rounds"); do
+	for v in "${!variants[@]}"; do
+		IFS='|' read -r label seg mem vars <<<"${variants[$v]}"
+		for c in "${!cases[@]}"; do
+			read -r op bs <<<"${cases[$c]}"
+			f=$tmp/r.$v.$c.$r
+			# shellcheck disable=SC2086
+			if timeout 60 env $vars te-bench --segment_id="$seg" --protocol=tcp $mem --buffer_size=256M \
+				--operation="$op" --block_size="$bs" --batch_size=128 --duration="$secs" --quiet --json \
+				>"$f" 2>"$f.err"; then
+				g=$(sed -n 's/.*"throughput_bytes_per_s":\([0-9.e+]*\).*/\1/p' "$f" | tail -1)
+				echo "$g" >"$f.gbs"
+			else
+				echo "FAILED" >"$f.gbs"
+			fi
+			echo "r$r [$label] $op $bs: $(cat "$f.gbs") $(tail -1 "$f.err")" | tee -a "$log"
+		done
+	done
+done
+python3 - "$tmp" "$rounds" "${#variants[@]}" "${#cases[@]}" >"$out/sweep.md" <<'PY'
+import statistics, sys
+tmp, rounds, nv, nc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+labels = open(f"{tmp}/labels").read().split("\n")
+heads = ["read 1 MiB", "read 64 KiB", "write 1 MiB", "write 64 KiB"]
+def med(v, c):
+    xs = []
+    for r in range(1, rounds + 1):
+        s = open(f"{tmp}/r.{v}.{c}.{r}.gbs").read().strip()
+        if s != "FAILED" and s:
+            xs.append(float(s) / 1e9)
+    return statistics.median(xs) if xs else None
+host = [med(0, c) for c in range(nc)]
+print("| initiator's staging (TCP, device memory both sides) | " + " | ".join(heads) + " |")
+print("|---|" + "---:|" * nc)
+for v in range(nv):
+    cells = []
+    for c in range(nc):
+        m = med(v, c)
+        if m is None:
+            cells.append("FAILED")
+        elif v == 0:
+            cells.append(f"{m:.2f} GB/s")
+        else:
+            cells.append(f"{m:.2f} ({m / host[c]:.2f})" if host[c] else f"{m:.2f}")
+    print(f"| {labels[v]} | " + " | ".join(cells) + " |")
+PY

@@ -17,6 +17,8 @@
 
 #include <te/te-plugin.h>
 
+#include "../pci-numa.h"
+
 /* ----------------------------------------------------- driver API subset */
 
 typedef int CUresult; /* CUDA_SUCCESS = 0 */
@@ -1171,25 +1173,6 @@ static int cu_stream_wait(void *ctx, void *stream)
 	return 0;
 }
 
-static int numa_of(const char *bus_id)
-{
-	char path[128], lower[32];
-	size_t i;
-	int node = -1;
-
-	for (i = 0; bus_id[i] != '\0' && i + 1 < sizeof lower; i++)
-		lower[i] = (char)(bus_id[i] >= 'A' && bus_id[i] <= 'F' ? bus_id[i] + 32 : bus_id[i]);
-	lower[i] = '\0';
-	snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", lower);
-	FILE *f = fopen(path, "r");
-	if (f != NULL) {
-		if (fscanf(f, "%d", &node) != 1)
-			node = -1;
-		fclose(f);
-	}
-	return node;
-}
-
 static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 {
 	cuda_ctx *c = ctx;
@@ -1209,7 +1192,7 @@ static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 			d->memory = mem;
 		if (c->drv.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, dev) ==
 		    CUDA_SUCCESS)
-			d->numa_node = numa_of(d->pci_bus_id);
+			d->numa_node = te_pci_numa_node(d->pci_bus_id);
 		else
 			d->pci_bus_id[0] = '\0';
 	}

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Shared by the device plugins: the NUMA node of a PCI device from sysfs,
+ * for te_device_info.numa_node (the topology places a GPU by it when its
+ * PCI bus id is not behind a known switch). Drivers report bus ids in
+ * upper case ("0000:3B:00.0"); sysfs names them in lower case.
+ */
+#ifndef TE_DEVICE_PCI_NUMA_H
+#define TE_DEVICE_PCI_NUMA_H
+
+#include <stdio.h>
+
+/* -1 when unknown. */
+static inline int te_pci_numa_node(const char *bus_id)
+{
+	char path[128], lower[32];
+	size_t i;
+	int node = -1;
+
+	for (i = 0; bus_id[i] != '\0' && i + 1 < sizeof lower; i++)
+		lower[i] = (char)(bus_id[i] >= 'A' && bus_id[i] <= 'F' ? bus_id[i] + 32 : bus_id[i]);
+	lower[i] = '\0';
+	snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", lower);
+	FILE *f = fopen(path, "r");
+	if (f != NULL) {
+		if (fscanf(f, "%d", &node) != 1)
+			node = -1;
+		fclose(f);
+	}
+	return node;
+}
+
+#endif

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,13 +76,11 @@ static void kick_all(tcp_peer *p)
 	atomic_fetch_sub(&p->kicking, 1);
 }
 
-/* Marks the rail of `cc` down (once). Every connection of the peer is kicked:
+/* Marks rail `r` of `p` down (once). Every connection of the peer is kicked:
  * the rail's own ones close and hand their requests over, the others pull
  * them. The rail's first connection probes it from now on. */
-static void rail_down(tcp_cconn *cc, const char *why)
+static void rail_down_r(tcp_peer *p, tcp_rail *r, const char *why)
 {
-	tcp_peer *p = cc->peer;
-	tcp_rail *r = rail_of(cc);
 	int one = 1;
 
 	if (p->nrails == 1 || !atomic_compare_exchange_strong(&r->up, &one, 0))
@@ -99,6 +98,70 @@ static void rail_down(tcp_cconn *cc, const char *why)
 	kick_all(p);
 }
 
+static void rail_down(tcp_cconn *cc, const char *why)
+{
+	rail_down_r(cc->peer, rail_of(cc), why);
+}
+
+/* A rail of `p` other than `r` that is up and answered after `since`, or
+ * answered everything asked of it until shortly before (`slack` ms). */
+static tcp_rail *other_rail_moving(tcp_peer *p, const tcp_rail *r, int64_t since, int64_t slack)
+{
+	for (unsigned i = 0; i < p->nrails; i++) {
+		tcp_rail *o = &p->rails[i];
+		if (o == r || !atomic_load(&o->up))
+			continue;
+		int64_t rx = atomic_load_explicit(&o->last_rx, memory_order_relaxed);
+		if (rx > since || (rx + slack >= since && atomic_load(&o->inflight) == 0))
+			return o;
+	}
+	return NULL;
+}
+
+void tcp_rails_link_event(tcp_ctx *c, int ifindex, const struct sockaddr *addr, bool up, const char *why)
+{
+	int64_t now = tcp_now_ms();
+
+	g_mutex_lock(&c->lock); /* peers leave all_peers under it before they are freed */
+	for (guint i = 0; i < c->all_peers->len; i++) {
+		tcp_peer *p = g_ptr_array_index(c->all_peers, i);
+		if (p->nrails < 2 || atomic_load(&p->closing))
+			continue;
+		for (unsigned k = 0; k < p->nrails; k++) {
+			tcp_rail *r = &p->rails[k];
+			if (ifindex <= 0 || atomic_load(&r->ifindex) != ifindex)
+				continue;
+			if (addr != NULL) {
+				g_mutex_lock(&p->lock);
+				bool mine = tcp_link_same_ip(addr, (struct sockaddr *)&r->local);
+				g_mutex_unlock(&p->lock);
+				if (!mine)
+					continue;
+			}
+			if (!up) {
+				atomic_store(&r->link_down, 1);
+				if (!atomic_load(&r->up))
+					continue;
+				/* The last rail up stays: with nowhere else to go, its
+				 * requests wait for the link (or the stall timeout). */
+				if (atomic_load(&p->rails_up) <= 1) {
+					TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rail %s of %s: %s; no other rail is up",
+							    r->name, p->name, why);
+					continue;
+				}
+				rail_down_r(p, r, why);
+			} else if (atomic_exchange(&r->link_down, 0) && !atomic_load(&r->up)) {
+				/* Probed at the next check rather than after its backoff. */
+				atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
+				atomic_store(&r->next_probe, now);
+				TE_HOST_LOG_LIMITED(c->host, TE_LOG_INFO, "rail %s of %s: %s; probing it", r->name, p->name,
+						    why);
+			}
+		}
+	}
+	g_mutex_unlock(&c->lock);
+}
+
 /* A connection over a down rail came up: the rail is back. */
 static void rail_up(tcp_cconn *cc)
 {
@@ -111,6 +174,11 @@ static void rail_up(tcp_cconn *cc)
 	atomic_fetch_add(&p->rails_up, 1);
 	TLOG(p->ctx, TE_LOG_INFO, "rail %s of %s is up again after %lld ms", r->name, p->name,
 	     (long long)(tcp_now_ms() - atomic_load(&r->down_at)));
+	/* A rail whose link went while it was the last one up was kept; now
+	 * its work has somewhere else to go. */
+	for (unsigned i = 0; i < p->nrails; i++)
+		if (&p->rails[i] != r && atomic_load(&p->rails[i].link_down))
+			rail_down_r(p, &p->rails[i], "its local interface is down");
 	kick_all(p); /* its other connections connect when there is work */
 }
 
@@ -257,8 +325,10 @@ static void pull(tcp_cconn *cc)
 	g_mutex_unlock(&p->lock);
 	for (uint64_t i = first; i < cc->head; i++)
 		prep(cc, slot_at(cc, i));
+	if (cc->head != first)
+		atomic_fetch_add_explicit(&rail_of(cc)->inflight, (long long)(cc->head - first), memory_order_relaxed);
 	if (was_empty && cc->head != first)
-		cc->io.last_progress = tcp_now_ms(); /* the stall clock starts now */
+		cc->io.last_progress = cc->last_rx = tcp_now_ms(); /* the stall clocks start now */
 }
 
 /* ------------------------------------------------------------ failures */
@@ -302,6 +372,15 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	struct done { te_transfer *t; uint64_t bytes; int err; } *done = n ? g_new(struct done, n) : NULL;
 	size_t ndone = 0;
 
+	/* With requests on it, the connection is reset, not closed: a graceful
+	 * close would leave the kernel sending what its buffer holds when the
+	 * path returns, and a WRITE moved to another rail and completed could
+	 * then be overwritten by its stale copy after the application reused
+	 * the range. */
+	if (busy && cc->io.fd >= 0) {
+		struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+		(void)setsockopt(cc->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	}
 	go_down(cc);
 	for (uint64_t i = cc->tail; i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
@@ -319,6 +398,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			nfail++;
 		}
 	}
+	atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	cc->bytes = 0;
 	if (mode == FAIL_RAIL)
@@ -401,6 +481,7 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 		tcp_slot *s = slot_at(cc, i);
 		h->complete(h, s->t, 0, err);
 	}
+	atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	cc->bytes = 0;
 	go_down(cc);
@@ -408,15 +489,36 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 
 /* ----------------------------------------------------------- connecting */
 
+/* Which local interface the rail leaves by, for the link events: the one
+ * holding the connection's local address (the route the kernel chose). */
+static void learn_interface(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+	tcp_rail *r = rail_of(cc);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+
+	if (getsockname(cc->io.fd, (struct sockaddr *)&ss, &sl) < 0)
+		return;
+	int idx = tcp_link_ifindex((struct sockaddr *)&ss);
+	g_mutex_lock(&p->lock);
+	r->local = ss;
+	g_mutex_unlock(&p->lock);
+	atomic_store(&r->ifindex, idx);
+	atomic_store(&r->link_down, 0); /* it just connected over it */
+}
+
 static void become_up(tcp_cconn *cc)
 {
 	cc->state = CS_UP;
 	cc->addr_tries = 0;
 	cc->io.wr = true;
-	cc->io.last_progress = tcp_now_ms();
+	cc->io.last_progress = cc->last_rx = tcp_now_ms();
 	TLOG(cc->peer->ctx, TE_LOG_DEBUG, "connection %u to %s is up (%s)", cc->idx, cc->peer->name,
 	     rail_of(cc)->name);
 	cc->probing = false;
+	if (cc->peer->nrails > 1)
+		learn_interface(cc);
 	rail_up(cc);
 }
 
@@ -649,7 +751,8 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 	}
 	if ((size_t)r < total && !cc->io.hup)
 		cc->io.rd = false; /* drained: the next arrival brings a new edge */
-	cc->io.last_progress = tcp_now_ms();
+	cc->io.last_progress = cc->last_rx = tcp_now_ms();
+	atomic_store_explicit(&rail_of(cc)->last_rx, cc->last_rx, memory_order_relaxed);
 	uint64_t left = (uint64_t)r;
 	for (uint64_t i = cc->rcv; left > 0 && i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
@@ -669,7 +772,7 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 static void reap(tcp_cconn *cc)
 {
 	const te_host *h = host_of(cc);
-	uint64_t moved = 0;
+	uint64_t moved = 0, first = cc->tail;
 
 	while (cc->tail < cc->head) {
 		tcp_slot *s = slot_at(cc, cc->tail);
@@ -682,6 +785,8 @@ static void reap(tcp_cconn *cc)
 	}
 	if (moved > 0 && cc->peer->nrails > 1)
 		atomic_fetch_add_explicit(&rail_of(cc)->bytes, moved, memory_order_relaxed);
+	if (cc->tail != first)
+		atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->tail - first), memory_order_relaxed);
 	if (cc->snd < cc->tail)
 		cc->snd = cc->tail;
 	if (cc->rcv < cc->tail)
@@ -793,6 +898,42 @@ bool tcp_cconn_busy(const tcp_cconn *cc)
 	return cc->state == CS_CONNECTING || cc->head > cc->tail;
 }
 
+/*
+ * A dead path or a slow peer? A connection with work that received nothing
+ * for TE_TCP_SUSPECT_MS, whose socket saw no packet from the peer for as long
+ * (TCP_INFO; a WRITE still being sent keeps getting ACKs, a READ its data),
+ * while the peer answered on another rail after this connection's last byte,
+ * is on a path that lost its packets: its rail is abandoned like a broken
+ * one. A peer slow on every rail answers on none, and is left to
+ * TE_TCP_TIMEOUT_MS. The other rail need not be busy now: the application may
+ * be waiting for what is stuck here. Closing the connection first means no
+ * late answer can arrive on it, so each slice completes once, over whichever
+ * rail carries it then. True: the connection failed over.
+ */
+static bool suspect(tcp_cconn *cc, int64_t now)
+{
+	tcp_peer *p = cc->peer;
+	int64_t ms = p->ctx->cfg.suspect_ms;
+	tcp_rail *r = rail_of(cc), *o;
+	char why[256];
+
+	if (ms <= 0 || p->nrails < 2 || !atomic_load(&r->up) || now - cc->last_rx <= ms ||
+	    (o = other_rail_moving(p, r, cc->last_rx, ms)) == NULL)
+		return false;
+	struct tcp_info ti;
+	socklen_t tl = sizeof ti;
+	if (getsockopt(cc->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0)
+		return false;
+	if ((int64_t)ti.tcpi_last_ack_recv < ms)
+		return false; /* packets still arrive: slow, not dead */
+	snprintf(why, sizeof why,
+		 "suspect: connection %u received nothing for %lld ms, no ACK for %u ms, %u segments unacknowledged, "
+		 "while %s answered (TE_TCP_SUSPECT_MS)",
+		 cc->idx, (long long)(now - cc->last_rx), ti.tcpi_last_ack_recv, ti.tcpi_unacked, o->name);
+	cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
+	return true;
+}
+
 void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
 {
 	tcp_peer *p = cc->peer;
@@ -803,6 +944,7 @@ void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
 	 * another rail carries the work (with none up, work connects itself). */
 	if (p->nrails > 1 && cc == &p->conns[cc->rail] && cc->state == CS_DOWN &&
 	    !atomic_load(&rail_of(cc)->up) && atomic_load(&p->rails_up) > 0 &&
+	    !atomic_load(&rail_of(cc)->link_down) &&
 	    now >= atomic_load(&rail_of(cc)->next_probe) && !atomic_load(&c->stopping)) {
 		TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", rail_of(cc)->name, p->name);
 		cc->probing = true;
@@ -813,6 +955,8 @@ void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
 		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",
 			 (long long)c->cfg.connect_timeout_ms);
 		connect_failed(cc, -EHOSTUNREACH, why);
+	} else if (cc->state == CS_UP && cc->head > cc->tail && suspect(cc, now)) {
+		return; /* its requests went to the other rails */
 	} else if (cc->state == CS_UP && cc->head > cc->tail &&
 		   now - cc->io.last_progress > c->cfg.timeout_ms) {
 		/* Not -ETIMEDOUT: that would end the tasks as TIMEOUT, and a peer

@@ -65,6 +65,7 @@ typedef struct tcp_config {
 	uint64_t window;         /* bytes in flight per connection */
 	int64_t timeout_ms;      /* no progress for this long with work pending: fail */
 	int64_t connect_timeout_ms;
+	int64_t suspect_ms;      /* a rail stalled this long while another moved data: abandoned; 0: never */
 	int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
 	unsigned max_inbound;    /* accepted connections at once */
 	unsigned max_per_peer;   /* accepted connections at once from one address */
@@ -95,7 +96,7 @@ typedef struct tcp_sconn tcp_sconn;
 
 /* ------------------------------------------------------------ I/O objects */
 
-enum tcp_io_kind { IO_WAKE, IO_LISTEN, IO_CLIENT, IO_SERVER };
+enum tcp_io_kind { IO_WAKE, IO_LISTEN, IO_CLIENT, IO_SERVER, IO_NETLINK };
 
 /* Requests other threads post to a connection's owner (bits of `mail`). */
 enum tcp_mail {
@@ -171,6 +172,7 @@ struct tcp_cconn {
 	tcp_slot *ring;
 	uint64_t head, snd, rcv, tail; /* free-running indices */
 	uint64_t bytes; /* payload bytes in flight */
+	int64_t last_rx; /* ms, the last byte received, or when work arrived on an idle connection */
 };
 
 /* A slice put back for another try (after a peer rejected an earlier request
@@ -193,6 +195,14 @@ typedef struct tcp_rail {
 	atomic_llong next_probe;   /* ms, the next connect attempt while down */
 	atomic_llong backoff;      /* ms between connect attempts while down */
 	atomic_ullong bytes;       /* payload bytes of the requests it completed */
+	atomic_llong last_rx;      /* ms, when one of its connections last received a byte */
+	atomic_llong inflight;     /* requests on its connections' rings */
+	/* The local interface its connections leave by (learned at connect, 0:
+	 * unknown) and whether rtnetlink said that interface lost its carrier or
+	 * the local address (then the rail is not probed until they return). */
+	atomic_int ifindex;
+	atomic_int link_down;
+	struct sockaddr_storage local; /* the local address of its last connection (peer lock) */
 } tcp_rail;
 
 struct tcp_peer {
@@ -317,6 +327,7 @@ struct tcp_ctx {
 	unsigned nlisten_extra;
 	char rails[TCP_MAX_RAILS][64];      /* TE_TCP_RAILS resolved to numeric addresses */
 	unsigned nrails;
+	tcp_io netlink_io;         /* rtnetlink link and address events (I/O thread 0), fd -1: none */
 	tcp_thread *threads;
 	unsigned nthreads;
 	atomic_uint next_thread;   /* round robin for new peers */
@@ -357,8 +368,19 @@ void tcp_cconn_drive(tcp_cconn *cc);
 void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now);
 void tcp_cconn_shutdown(tcp_cconn *cc, int err);
 bool tcp_cconn_busy(const tcp_cconn *cc);
+/* An interface's carrier or address went away (up false) or came back: the
+ * rails of every peer leaving by it go down (while another rail is up) or are
+ * probed at once. `addr` (may be NULL): only rails whose local address it is. */
+void tcp_rails_link_event(tcp_ctx *c, int ifindex, const struct sockaddr *addr, bool up, const char *why);
 void tcp_peer_fail_pending(tcp_peer *p, int err);
 void tcp_peer_retire_conn(tcp_peer *p);
+
+/* tcp-io.c: link events */
+int tcp_link_open(tcp_ctx *c);          /* the rtnetlink socket, registered with I/O thread 0 */
+void tcp_link_close(tcp_ctx *c);
+void tcp_link_event(tcp_ctx *c);        /* thread 0: the socket is readable */
+int tcp_link_ifindex(const struct sockaddr *local); /* the interface holding a local address, 0: none */
+bool tcp_link_same_ip(const struct sockaddr *a, const struct sockaddr *b);
 
 /* tcp-server.c */
 tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name);

@@ -12,6 +12,10 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -19,6 +23,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -296,6 +301,9 @@ static gpointer thread_main(gpointer data)
 			case IO_LISTEN:
 				accept_all(t, io);
 				break;
+			case IO_NETLINK:
+				tcp_link_event(t->ctx);
+				break;
 			case IO_CLIENT:
 				if (io->fd >= 0)
 					tcp_cconn_event((tcp_cconn *)io, ev[i].events);
@@ -498,6 +506,11 @@ int tcp_threads_start(tcp_ctx *c)
 		if (rc < 0)
 			return rc;
 	}
+	/* Without it (no rtnetlink, as in some sandboxes) a rail's link loss is
+	 * still found by the stall checks. */
+	rc = tcp_link_open(c);
+	if (rc < 0)
+		TLOG(c, TE_LOG_DEBUG, "no link events (rtnetlink: %s)", g_strerror(-rc));
 	for (unsigned i = 0; i < c->nthreads; i++) {
 		char name[24];
 		snprintf(name, sizeof name, "te-tcp-%u", i);
@@ -541,4 +554,196 @@ void tcp_threads_stop(tcp_ctx *c)
 	}
 	g_free(c->threads);
 	c->threads = NULL;
+}
+
+/* ---------------------------------------------------------- link events */
+
+/*
+ * Local link state from rtnetlink. A rail whose local interface loses its
+ * carrier (or is set down, or loses the address its connections leave from)
+ * cannot carry anything until it comes back, and TCP alone would only find
+ * out through retransmissions and the stall timeout: the kernel tells us at
+ * once instead, with no polling. The socket is one more descriptor in I/O
+ * thread 0's epoll set.
+ */
+/* <linux/if.h> has it, but clashes with <net/if.h>. */
+#ifndef IFF_LOWER_UP
+#define IFF_LOWER_UP 0x10000
+#endif
+
+int tcp_link_open(tcp_ctx *c)
+{
+	c->netlink_io.kind = IO_NETLINK;
+	c->netlink_io.fd = -1;
+	int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
+	if (fd < 0)
+		return -errno;
+	struct sockaddr_nl sa = { .nl_family = AF_NETLINK,
+				  .nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR };
+	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		int err = -errno;
+		close(fd);
+		return err;
+	}
+	c->netlink_io.fd = fd;
+	c->netlink_io.thr = &c->threads[0];
+	int rc = tcp_io_register(&c->netlink_io, EPOLLIN);
+	if (rc < 0) {
+		close(fd);
+		c->netlink_io.fd = -1;
+	}
+	return rc;
+}
+
+void tcp_link_close(tcp_ctx *c)
+{
+	if (c->netlink_io.fd >= 0)
+		close(c->netlink_io.fd);
+	c->netlink_io.fd = -1;
+}
+
+static void if_label(int ifindex, char *buf, size_t size)
+{
+	char name[IF_NAMESIZE];
+
+	if (if_indextoname((unsigned)ifindex, name) != NULL)
+		snprintf(buf, size, "%s", name);
+	else
+		snprintf(buf, size, "#%d", ifindex);
+}
+
+static void on_link(tcp_ctx *c, const struct nlmsghdr *nh)
+{
+	const struct ifinfomsg *ifi = NLMSG_DATA(nh);
+	char name[IF_NAMESIZE + 8], why[96];
+
+	if (nh->nlmsg_len < NLMSG_LENGTH(sizeof *ifi))
+		return;
+	/* The name from the message: a deleted interface has none to look up. */
+	name[0] = '\0';
+	int len = (int)IFLA_PAYLOAD(nh);
+	for (const struct rtattr *a = IFLA_RTA(ifi); RTA_OK(a, len); a = RTA_NEXT(a, len))
+		if (a->rta_type == IFLA_IFNAME)
+			snprintf(name, sizeof name, "%.*s", (int)RTA_PAYLOAD(a), (const char *)RTA_DATA(a));
+	if (name[0] == '\0')
+		if_label(ifi->ifi_index, name, sizeof name);
+	bool admin = ifi->ifi_flags & IFF_UP;
+	bool carrier = ifi->ifi_flags & IFF_LOWER_UP;
+	if (nh->nlmsg_type == RTM_DELLINK)
+		snprintf(why, sizeof why, "local interface %s was removed", name);
+	else if (!admin)
+		snprintf(why, sizeof why, "local interface %s is down", name);
+	else if (!carrier)
+		snprintf(why, sizeof why, "local interface %s lost its carrier", name);
+	else
+		snprintf(why, sizeof why, "local interface %s has its carrier again", name);
+	tcp_rails_link_event(c, ifi->ifi_index, NULL, nh->nlmsg_type == RTM_NEWLINK && admin && carrier, why);
+}
+
+static void on_addr(tcp_ctx *c, const struct nlmsghdr *nh)
+{
+	const struct ifaddrmsg *ifa = NLMSG_DATA(nh);
+	struct sockaddr_storage ss = { 0 };
+	bool have = false;
+
+	if (nh->nlmsg_len < NLMSG_LENGTH(sizeof *ifa))
+		return;
+	int len = (int)IFA_PAYLOAD(nh);
+	for (const struct rtattr *a = IFA_RTA(ifa); RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+		/* IFA_LOCAL is the address itself on point-to-point links, where
+		 * IFA_ADDRESS is the far end's; elsewhere they are the same. */
+		if (a->rta_type != IFA_LOCAL && !(a->rta_type == IFA_ADDRESS && !have))
+			continue;
+		if (ifa->ifa_family == AF_INET && RTA_PAYLOAD(a) == 4) {
+			struct sockaddr_in *s = (struct sockaddr_in *)&ss;
+			s->sin_family = AF_INET;
+			memcpy(&s->sin_addr, RTA_DATA(a), 4);
+			have = true;
+		} else if (ifa->ifa_family == AF_INET6 && RTA_PAYLOAD(a) == 16) {
+			struct sockaddr_in6 *s = (struct sockaddr_in6 *)&ss;
+			s->sin6_family = AF_INET6;
+			memcpy(&s->sin6_addr, RTA_DATA(a), 16);
+			have = true;
+		}
+	}
+	if (!have)
+		return;
+	char name[IF_NAMESIZE + 8], addr[80], why[160];
+	if_label((int)ifa->ifa_index, name, sizeof name);
+	tcp_addr_name((struct sockaddr *)&ss, addr, sizeof addr);
+	char *colon = strrchr(addr, ':'); /* no port here */
+	if (colon != NULL)
+		*colon = '\0';
+	bool up = nh->nlmsg_type == RTM_NEWADDR;
+	snprintf(why, sizeof why, "local address %s %s interface %s", addr, up ? "is back on" : "was removed from",
+		 name);
+	tcp_rails_link_event(c, (int)ifa->ifa_index, (struct sockaddr *)&ss, up, why);
+}
+
+void tcp_link_event(tcp_ctx *c)
+{
+	/* Aligned for the nlmsghdr casts. */
+	union { char b[16384]; struct nlmsghdr h; } buf;
+
+	for (;;) {
+		ssize_t n = recv(c->netlink_io.fd, buf.b, sizeof buf.b, MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			/* ENOBUFS: events were lost in a burst; the probes and the
+			 * stall checks still cover whatever they said. */
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				TLOG(c, TE_LOG_DEBUG, "rtnetlink: %s", g_strerror(errno));
+			if (errno == ENOBUFS)
+				continue;
+			return;
+		}
+		int len = (int)n;
+		for (const struct nlmsghdr *nh = &buf.h; NLMSG_OK(nh, (unsigned)len); nh = NLMSG_NEXT(nh, len)) {
+			switch (nh->nlmsg_type) {
+			case RTM_NEWLINK:
+			case RTM_DELLINK:
+				on_link(c, nh);
+				break;
+			case RTM_NEWADDR:
+			case RTM_DELADDR:
+				on_addr(c, nh);
+				break;
+			default:
+				break;
+			}
+		}
+	}
+}
+
+static bool same_ip(const struct sockaddr *a, const struct sockaddr *b)
+{
+	if (a->sa_family != b->sa_family)
+		return false;
+	if (a->sa_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	if (a->sa_family == AF_INET6)
+		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+			      16) == 0;
+	return false;
+}
+
+int tcp_link_ifindex(const struct sockaddr *local)
+{
+	struct ifaddrs *ifs;
+	int idx = 0;
+
+	if (getifaddrs(&ifs) < 0)
+		return 0;
+	for (struct ifaddrs *i = ifs; i != NULL && idx == 0; i = i->ifa_next)
+		if (i->ifa_addr != NULL && same_ip(i->ifa_addr, local))
+			idx = (int)if_nametoindex(i->ifa_name);
+	freeifaddrs(ifs);
+	return idx;
+}
+
+bool tcp_link_same_ip(const struct sockaddr *a, const struct sockaddr *b)
+{
+	return same_ip(a, b);
 }

@@ -25,6 +25,7 @@
 #define DEFAULT_WINDOW (512u << 10)
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_CONNECT_TIMEOUT_MS 5000
+#define DEFAULT_SUSPECT_MS 500
 #define DEFAULT_MAX_INBOUND 1024
 #define DEFAULT_MAX_PER_PEER 256 /* every engine of a host shares its address */
 #define LISTEN_BACKLOG 1024
@@ -60,6 +61,7 @@ static void read_config(const te_host *h, tcp_config *cfg)
 							      100, 3600000);
 	cfg->connect_timeout_ms = (int64_t)te_host_config_u64(h, "TE_TCP_CONNECT_TIMEOUT_MS", NULL,
 								   DEFAULT_CONNECT_TIMEOUT_MS, 100, 600000);
+	cfg->suspect_ms = (int64_t)te_host_config_u64(h, "TE_TCP_SUSPECT_MS", NULL, DEFAULT_SUSPECT_MS, 0, 3600000);
 	cfg->sockbuf = (int)te_host_config_u64(h, "TE_TCP_SOCKBUF", NULL, 0, 0, 1u << 30);
 	cfg->max_inbound = (unsigned)te_host_config_u64(h, "TE_TCP_MAX_INBOUND", NULL, DEFAULT_MAX_INBOUND, 1,
 							1u << 20);
@@ -380,6 +382,7 @@ static void tcp_destroy(void *ctx)
 	c->auth_pool = NULL;
 	/* The threads fail what their connections still carry and close them. */
 	tcp_threads_stop(c);
+	tcp_link_close(c);
 	if (c->listen_fd >= 0)
 		close(c->listen_fd);
 	for (unsigned i = 0; i < c->nlisten_extra; i++)
@@ -408,6 +411,7 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 
 	c->host = h;
 	c->listen_fd = -1;
+	c->netlink_io.fd = -1;
 	g_mutex_init(&c->lock);
 	c->peers = g_hash_table_new(g_str_hash, g_str_equal);
 	c->all_peers = g_ptr_array_new();
@@ -789,10 +793,11 @@ static int tcp_report(const te_host *h, char **text)
 		"  requests in flight     %u per connection (TE_TCP_QUEUE_DEPTH)\n"
 		"  bytes in flight        %llu per connection (TE_TCP_WINDOW)\n"
 		"  stall timeout          %lld ms (TE_TCP_TIMEOUT_MS)\n"
+		"  rail suspect after     %lld ms without progress (TE_TCP_SUSPECT_MS, 0: off)\n"
 		"  data port              %s (TE_TCP_PORT)\n"
 		"  data addresses         %s (TE_TCP_RAILS)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
-		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, cfg.port ? "fixed" : "any free one",
+		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms, cfg.port ? "fixed" : "any free one",
 		cfg.rails[0] ? cfg.rails : "the engine's address");
 	if (*text == NULL)
 		return -ENOMEM;

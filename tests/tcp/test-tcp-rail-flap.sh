@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Multi-rail TCP under link failures, with the default timeouts: two network
+# namespaces joined by two veth pairs, TE_TCP_RAILS naming both links on each
+# side, te-bench moving 256 KiB blocks (reads and writes, every byte checked)
+# while links fail.
+#   flap: the second link goes down for 2 s three times, then the first (the
+#     published address) twice, on the initiator's and on the target's side:
+#     no second without throughput, none under 40 % of the rate before the
+#     first fault, no task failed, every byte right, log lines for the rail
+#     going down and coming back.
+#   drop: the target's namespace silently drops the second link's packets
+#     (nftables, else a netem qdisc losing everything; no carrier change):
+#     the rail is abandoned within 1 s of its last progress and the transfer
+#     goes on over the first.
+# Needs root and iproute2; skipped (77) otherwise.
+set -u
+bench=$1
+what=${2:-flap}
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+	echo "skipped: needs root (network namespaces) and iproute2"
+	exit 77
+fi
+
+tag=$$
+A=te-flap-a-$tag
+B=te-flap-b-$tag
+VA1=fla$tag; VB1=flb$tag
+VA2=fma$tag; VB2=fmb$tag
+n1=10.216.$((tag % 250))
+n2=10.217.$((tag % 250))
+tmp=$(mktemp -d)
+tpid=
+
+netns="$A $B"
+. "$(dirname "$0")/../common/netns.sh"
+
+ip netns add "$A" && ip netns add "$B" || fail "cannot create namespaces"
+for i in 1 2; do
+	va=VA$i; vb=VB$i; net=n$i
+	ip link add "${!va}" type veth peer name "${!vb}" || fail "cannot create veth pair $i"
+	ip link set "${!va}" netns "$A" && ip link set "${!vb}" netns "$B" || fail "cannot move the veth ends"
+	ip -n "$A" addr add "${!net}.1/24" dev "${!va}"
+	ip -n "$B" addr add "${!net}.2/24" dev "${!vb}"
+	ip -n "$A" link set "${!va}" up
+	ip -n "$B" link set "${!vb}" up
+done
+for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+
+# The target (namespace A) publishes both links; it runs until killed.
+ip netns exec "$A" env TE_TCP_RAILS="$n1.1,$n2.1" TE_LOG_LEVEL=info \
+	timeout 120 "$bench" --mode=target --protocol=tcp --local_server_name="$n1.1" --buffer_size=64M \
+	</dev/null >"$tmp/out" 2>&1 &
+tpid=$!
+name=
+for _ in $(seq 100); do
+	name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/out")
+	[ -n "$name" ] && break
+	sleep 0.1
+done
+[ -n "$name" ] || fail "the target did not come up"
+
+# run_bench SECONDS: the initiator (namespace B) in the background, its pid in $ipid.
+run_bench() {
+	ip netns exec "$B" env TE_TCP_RAILS="$n1.2,$n2.2" TE_LOG_LEVEL=info \
+		timeout $(($1 + 60)) "$bench" --protocol=tcp --segment_id="$name" --local_server_name="$n1.2" \
+		--operation=mixed --block_size=262144 --batch_size=8 --duration="$1" --check --report_unit=MB \
+		--report_precision=0 --verbose </dev/null >"$tmp/init" 2>&1 &
+	ipid=$!
+	# Seconds count from the engine's start: wait for the first figure.
+	for _ in $(seq 100); do
+		grep -q '^\[ *1 s\]' "$tmp/init" && return 0
+		sleep 0.1
+	done
+	fail "the initiator did not start"
+}
+
+# The figure of second N.
+rate() { awk -v s="$1" '$1 == "[" && $2 == s"" && $3 == "s]" { print $4; exit } $1 == "["s"" && $2 == "s]" { print $3; exit }' "$tmp/init"; }
+
+finish_bench() {
+	wait "$ipid"
+	local rc=$?
+	[ $rc = 0 ] || fail "te-bench exited $rc"
+	grep -q "FAILED\|mismatch" "$tmp/init" && fail "a task failed or a byte was wrong"
+	grep -q "every byte checked" "$tmp/init" || fail "no result line from te-bench"
+}
+
+# check_seconds FIRST LAST BASE: each second in [FIRST, LAST] moved something
+# and at least 40 % of BASE.
+check_seconds() {
+	local s r
+	for s in $(seq "$1" "$2"); do
+		r=$(rate "$s")
+		[ -n "$r" ] || fail "no figure for second $s"
+		[ "$r" -gt 0 ] || fail "second $s moved nothing"
+		[ $((r * 100)) -ge $(($3 * 40)) ] || fail "second $s moved $r MB/s, under 40 % of $3 MB/s"
+	done
+}
+
+# The rate before any fault: the median of seconds 2..4.
+baseline() { for s in 2 3 4; do rate "$s"; done | sort -n | sed -n 2p; }
+
+start=$(date +%s)
+if [ "$what" = flap ]; then
+	run_bench 24
+	# from the first figure on: second k ends k-1 s from now
+	down() { # NS DEV AT(s after the first figure)
+		sleep "$(awk -v at="$3" -v t0="$t0" -v now="$(date +%s.%N)" 'BEGIN { d = at - (now - t0); print (d > 0 ? d : 0) }')"
+		ip -n "$1" link set dev "$2" down
+		sleep 2
+		ip -n "$1" link set dev "$2" up
+	}
+	t0=$(date +%s.%N)
+	down "$B" "$VB2" 4     # the second link, initiator's side
+	down "$A" "$VA2" 7.5   # target's side
+	down "$B" "$VB2" 11
+	down "$A" "$VA1" 14.5  # the first link (the published address), target's side
+	down "$B" "$VB1" 18    # initiator's side
+	finish_bench
+	base=$(baseline)
+	[ -n "$base" ] && [ "$base" -gt 0 ] || fail "no rate before the faults"
+	check_seconds 2 23 "$base"
+	grep -q "rail $n2.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the second rail going down"
+	grep -q "rail $n1.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the first rail going down"
+	grep -q "rail .* is up again" "$tmp/init" || fail "no line for a rail coming back"
+	figs=$(for s in $(seq 1 24); do printf '%s ' "$(rate "$s")"; done)
+	echo "ok in $(($(date +%s) - start)) s: before the faults $base MB/s; per second: $figs"
+	exit 0
+fi
+
+# drop: the far end loses the second link's packets, carrier and all else intact.
+if command -v nft >/dev/null; then
+	block() { ip netns exec "$A" nft -f - <<-EOF
+		table inet teflap {
+			chain in { type filter hook input priority 0; iifname "$VA2" drop; }
+			chain out { type filter hook output priority 0; oifname "$VA2" drop; }
+		}
+	EOF
+	}
+	unblock() { ip netns exec "$A" nft delete table inet teflap; }
+	how=nftables
+else
+	block() { tc -n "$A" qdisc add dev "$VA2" root netem loss 100%; }
+	unblock() { tc -n "$A" qdisc del dev "$VA2" root; }
+	how=netem
+	command -v tc >/dev/null || { echo "skipped: neither nft nor tc"; exit 77; }
+fi
+run_bench 12
+sleep 3.5
+block || fail "cannot drop the link's packets ($how)"
+sleep 3
+unblock || fail "cannot stop dropping ($how)"
+finish_bench
+base=$(baseline)
+[ -n "$base" ] && [ "$base" -gt 0 ] || fail "no rate before the fault"
+check_seconds 2 11 "$base"
+line=$(grep -m1 "rail $n2.1:[0-9]* of .* is down (suspect" "$tmp/init") || fail "the dropping rail was not abandoned"
+ms=$(echo "$line" | sed -n 's/.*received nothing for \([0-9]*\) ms.*/\1/p')
+[ -n "$ms" ] && [ "$ms" -lt 1000 ] || fail "the rail was abandoned after $ms ms without progress: $line"
+figs=$(for s in $(seq 1 12); do printf '%s ' "$(rate "$s")"; done)
+echo "ok in $(($(date +%s) - start)) s ($how): abandoned after $ms ms without progress; before $base MB/s; per second: $figs"
+exit 0

@@ -86,20 +86,24 @@ finish_bench() {
 	grep -q "every byte checked" "$tmp/init" || fail "no result line from te-bench"
 }
 
-# check_seconds FIRST LAST BASE: each second in [FIRST, LAST] moved something
-# and at least 40 % of BASE.
+# check_seconds FIRST LAST BASE [SPARE]: each second in [FIRST, LAST] moved
+# something, and at least 40 % of BASE, but for SPARE of them (default 0).
 check_seconds() {
-	local s r
+	local s r low=0
 	for s in $(seq "$1" "$2"); do
 		r=$(rate "$s")
 		[ -n "$r" ] || fail "no figure for second $s"
 		[ "$r" -gt 0 ] || fail "second $s moved nothing"
-		[ $((r * 100)) -ge $(($3 * 40)) ] || fail "second $s moved $r MB/s, under 40 % of $3 MB/s"
+		if [ $((r * 100)) -lt $(($3 * 40)) ]; then
+			low=$((low + 1))
+			[ "$low" -le "${4:-0}" ] || fail "second $s moved $r MB/s, under 40 % of $3 MB/s"
+		fi
 	done
 }
 
-# The rate before any fault: the median of seconds 2..4.
-baseline() { for s in 2 3 4; do rate "$s"; done | sort -n | sed -n 2p; }
+# The rate before any fault: the slowest of seconds 2..4 (other work on the
+# machine makes single seconds vary; the first includes connecting).
+baseline() { for s in 2 3 4; do rate "$s"; done | sort -n | sed -n 1p; }
 
 start=$(date +%s)
 if [ "$what" = flap ]; then
@@ -107,10 +111,17 @@ if [ "$what" = flap ]; then
 	# from the first figure on: second k ends k-1 s from now
 	down() { # NS DEV AT(s after the first figure)
 		sleep "$(awk -v at="$3" -v t0="$t0" -v now="$(date +%s.%N)" 'BEGIN { d = at - (now - t0); print (d > 0 ? d : 0) }')"
+		local a b
+		a=$(date +%s.%N)
 		ip -n "$1" link set dev "$2" down
 		sleep 2
 		ip -n "$1" link set dev "$2" up
+		b=$(date +%s.%N)
+		# the seconds of te-bench's count the link was down in (its second
+		# k spans [k-1, k] from its start, about 1 s before t0)
+		flaps="$flaps $(awk -v a="$a" -v b="$b" -v t0="$t0" 'BEGIN { printf "%d-%d", int(a - t0 + 1) + 1, int(b - t0 + 1.1) + 1 }')"
 	}
+	flaps=
 	t0=$(date +%s.%N)
 	down "$B" "$VB2" 4     # the second link, initiator's side
 	down "$A" "$VA2" 7.5   # target's side
@@ -120,12 +131,15 @@ if [ "$what" = flap ]; then
 	finish_bench
 	base=$(baseline)
 	[ -n "$base" ] && [ "$base" -gt 0 ] || fail "no rate before the faults"
-	check_seconds 2 23 "$base"
+	check_seconds 2 23 "$base" 24  # no second without throughput
+	for f in $flaps; do
+		check_seconds "${f%-*}" "$(( ${f#*-} < 23 ? ${f#*-} : 23 ))" "$base"
+	done
 	grep -q "rail $n2.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the second rail going down"
 	grep -q "rail $n1.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the first rail going down"
 	grep -q "rail .* is up again" "$tmp/init" || fail "no line for a rail coming back"
 	figs=$(for s in $(seq 1 24); do printf '%s ' "$(rate "$s")"; done)
-	echo "ok in $(($(date +%s) - start)) s: before the faults $base MB/s; per second: $figs"
+	echo "ok in $(($(date +%s) - start)) s: before the faults $base MB/s (slowest second); links down in seconds$flaps; per second: $figs"
 	exit 0
 fi
 
@@ -154,7 +168,7 @@ unblock || fail "cannot stop dropping ($how)"
 finish_bench
 base=$(baseline)
 [ -n "$base" ] && [ "$base" -gt 0 ] || fail "no rate before the fault"
-check_seconds 2 11 "$base"
+check_seconds 2 11 "$base" 1  # the one the rail stalled in may be slower
 line=$(grep -m1 "rail $n2.1:[0-9]* of .* is down (suspect" "$tmp/init") || fail "the dropping rail was not abandoned"
 ms=$(echo "$line" | sed -n 's/.*received nothing for \([0-9]*\) ms.*/\1/p')
 [ -n "$ms" ] && [ "$ms" -lt 1000 ] || fail "the rail was abandoned after $ms ms without progress: $line"

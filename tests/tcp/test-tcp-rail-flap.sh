@@ -113,6 +113,7 @@ if [ "$what" = flap ]; then
 		sleep "$(awk -v at="$3" -v t0="$t0" -v now="$(date +%s.%N)" 'BEGIN { d = at - (now - t0); print (d > 0 ? d : 0) }')"
 		local a b
 		a=$(date +%s.%N)
+		date +%H:%M:%S.%3N >>"$tmp/downs"
 		ip -n "$1" link set dev "$2" down
 		sleep 2
 		ip -n "$1" link set dev "$2" up
@@ -139,7 +140,15 @@ if [ "$what" = flap ]; then
 	grep -q "rail $n1.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the first rail going down"
 	grep -q "rail .* is up again" "$tmp/init" || fail "no line for a rail coming back"
 	figs=$(for s in $(seq 1 24); do printf '%s ' "$(rate "$s")"; done)
-	echo "ok in $(($(date +%s) - start)) s: before the faults $base MB/s (slowest second); links down in seconds$flaps; per second: $figs"
+	# From each `ip link set down` to the log line of the rail going down.
+	lag=$(awk 'function ms(t, a) { split(t, a, ":"); return (a[1] * 3600 + a[2] * 60 + a[3]) * 1000 }
+		FNR == NR { d[n++] = ms($1); next }
+		/ is down \(/ { l[m++] = ms($1) }
+		END { for (i = 0; i < n; i++) { g = "-"
+			for (j = 0; j < m; j++) if (l[j] >= d[i] && (i + 1 == n || l[j] < d[i + 1])) { g = int(l[j] - d[i] + 0.5); break }
+			printf "%s ", g } }' "$tmp/downs" "$tmp/init")
+	echo "ok in $(($(date +%s) - start)) s: before the faults $base MB/s (slowest second); links down in seconds$flaps;" \
+		"rail down after (ms): $lag; per second: $figs"
 	exit 0
 fi
 

@@ -26,7 +26,6 @@ typedef int CUdevice;
 typedef void *CUcontext;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
-typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
 typedef void *CUevent;
 typedef void *CUmodule;
 typedef void *CUfunction;
@@ -102,7 +101,6 @@ typedef struct driver {
 	CUresult (*StreamCreate)(CUstream *, unsigned);
 	CUresult (*StreamDestroy)(CUstream);
 	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-	CUresult (*StreamAddCallback)(CUstream, CUstreamCallback, void *, unsigned);
 	/* Optional (CUDA 11.7 and later drivers). */
 	CUresult (*MemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 	/* Optional: sharing cuMemAlloc memory with other processes. */
@@ -260,7 +258,6 @@ static int open_driver(driver *d, char *why, size_t why_len)
 	SYM(StreamCreate, "cuStreamCreate", 0);
 	SYM(StreamDestroy, "cuStreamDestroy_v2", 0);
 	SYM(MemcpyAsync, "cuMemcpyAsync", 0);
-	SYM(StreamAddCallback, "cuStreamAddCallback", 0);
 	SYM(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 0);
 	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", 0);
 	SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", 0);

@@ -6,7 +6,7 @@
 # staging (TE_STAGE_BUFFERS, TE_STAGE_CHUNK_BYTES, TE_TCP_WINDOW) and of the
 # CUDA plugin's waits (TE_CUDA_WAIT, on both sides); host memory beside them.
 # Medians of GPU_SWEEP_ROUNDS (2) runs of GPU_SWEEP_SECS (2) seconds, every
-# run with a 60 s timeout. About 3 minutes.
+# run with a 60 s timeout. About 4 minutes.
 #
 #   tools/gpu-stage-sweep.sh [BUNDLE_DIR=.gpu] [OUT_DIR=$OUT or ./gpu-sweep-out]
 #
@@ -43,6 +43,7 @@ target() { # name mem-flags env...: starts a target, prints its segment name
 host=$(target host "--memory=libte")
 dev=$(target dev "--use_vram")
 spin=$(target spin "--use_vram" TE_CUDA_WAIT=spin)
+poll=$(target poll "--use_vram" TE_CUDA_WAIT=poll)
 
 variants=(
 	"host|$host|--memory=libte|GPU_SWEEP=host"
@@ -53,6 +54,8 @@ variants=(
 	"256 x 1 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_STAGE_CHUNK_BYTES=1048576"
 	"256 x 256 KiB, TCP window 2 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_TCP_WINDOW=2097152"
 	"256 x 256 KiB, spinning waits|$spin|--use_vram|TE_STAGE_BUFFERS=256 TE_CUDA_WAIT=spin"
+	"64 x 1 MiB, waits that poll 20 us first|$poll|--use_vram|TE_CUDA_WAIT=poll"
+	"64 x 1 MiB, spinning waits|$spin|--use_vram|TE_CUDA_WAIT=spin"
 )
 cases=("read 1048576" "read 65536" "write 1048576" "write 65536")
 for v in "${variants[@]}"; do echo "${v%%|*}"; done >"$tmp/labels"

@@ -9,11 +9,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <te/te-plugin.h>
 
@@ -111,6 +113,7 @@ typedef struct driver {
 	CUresult (*EventCreate)(CUevent *, unsigned);
 	CUresult (*EventRecord)(CUevent, CUstream);
 	CUresult (*EventSynchronize)(CUevent);
+	CUresult (*EventQuery)(CUevent);
 	CUresult (*EventDestroy)(CUevent);
 	/* Optional: the gather-copy kernel for device-to-device batches. */
 	CUresult (*ModuleLoadData)(CUmodule *, const void *);
@@ -204,6 +207,10 @@ struct cuda_ctx {
 	 * here (a TCP server's connections, the copy lanes), and spinning ones
 	 * take the cores the transports' threads need. */
 	bool wait_spin;
+	/* TE_CUDA_WAIT=poll: look for the event's end this long (yielding the
+	 * core between looks) before sleeping on it: a short copy's end is
+	 * caught without a wake-up, a long one costs no spinning core. */
+	unsigned poll_us;
 
 	/* The virtual memory API */
 	bool alloc_vmm; /* TE_CUDA_ALLOC=vmm */
@@ -267,6 +274,7 @@ static int open_driver(driver *d, char *why, size_t why_len)
 	SYM(EventCreate, "cuEventCreate", 0);
 	SYM(EventRecord, "cuEventRecord", 0);
 	SYM(EventSynchronize, "cuEventSynchronize", 0);
+	SYM(EventQuery, "cuEventQuery", 0);
 	SYM(EventDestroy, "cuEventDestroy_v2", 0);
 	SYM(ModuleLoadData, "cuModuleLoadData", 0);
 	SYM(ModuleGetFunction, "cuModuleGetFunction", 0);
@@ -342,8 +350,10 @@ static int cu_create(const te_host *h, void **out)
 	const char *gather = h->config(h, "TE_CUDA_GATHER", NULL);
 	const char *wait = h->config(h, "TE_CUDA_WAIT", NULL);
 	c->wait_spin = wait != NULL && strcmp(wait, "spin") == 0;
-	if (wait != NULL && !c->wait_spin && strcmp(wait, "block") != 0)
-		h->log(h, TE_LOG_WARN, "TE_CUDA_WAIT=%s: not 'block' or 'spin'; blocking it is", wait);
+	if (wait != NULL && strcmp(wait, "poll") == 0)
+		c->poll_us = (unsigned)te_host_config_u64(h, "TE_CUDA_POLL_US", NULL, 20, 1, 10000);
+	else if (wait != NULL && !c->wait_spin && strcmp(wait, "block") != 0)
+		h->log(h, TE_LOG_WARN, "TE_CUDA_WAIT=%s: not 'block', 'poll' or 'spin'; blocking it is", wait);
 	c->alloc_vmm = alloc != NULL && strcmp(alloc, "vmm") == 0;
 	c->gather_off = gather != NULL && strcmp(gather, "0") == 0;
 	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
@@ -499,6 +509,25 @@ static void event_put(cuda_ctx *c, CUevent ev)
 		c->drv.EventDestroy(ev);
 }
 
+/* Waits for an event: polling first with TE_CUDA_WAIT=poll. */
+static CUresult event_sync(cuda_ctx *c, CUevent ev)
+{
+	if (c->poll_us > 0 && c->drv.EventQuery != NULL) {
+		struct timespec t0, t;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (;;) {
+			CUresult r = c->drv.EventQuery(ev);
+			if (r != CUDA_ERROR_NOT_READY)
+				return r;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 >= (long)c->poll_us)
+				break;
+			sched_yield();
+		}
+	}
+	return c->drv.EventSynchronize(ev);
+}
+
 /* The lane's thread: waits for each copy's event in the order they were
  * queued and tells the copy's owner, who may start the next copy here. */
 static void *lane_main(void *arg)
@@ -518,7 +547,7 @@ static void *lane_main(void *arg)
 		if (l->head == NULL)
 			l->tail = NULL;
 		pthread_mutex_unlock(&l->lock);
-		CUresult r = c->drv.EventSynchronize(d->ev);
+		CUresult r = event_sync(c, d->ev);
 		if (r != CUDA_SUCCESS)
 			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
 				     errstr(&c->drv, r));
@@ -782,7 +811,7 @@ static CUresult stream_wait(cuda_ctx *c, CUstream s)
 	if (ev == NULL)
 		return c->drv.StreamSynchronize(s);
 	CUresult r = c->drv.EventRecord(ev, s);
-	r = r == CUDA_SUCCESS ? c->drv.EventSynchronize(ev) : c->drv.StreamSynchronize(s);
+	r = r == CUDA_SUCCESS ? event_sync(c, ev) : c->drv.StreamSynchronize(s);
 	event_put(c, ev);
 	return r;
 }

@@ -103,16 +103,21 @@ static void rail_down(tcp_cconn *cc, const char *why)
 	rail_down_r(cc->peer, rail_of(cc), why);
 }
 
-/* A rail of `p` other than `r` that is up and answered after `since`, or
- * answered everything asked of it until shortly before (`slack` ms). */
-static tcp_rail *other_rail_moving(tcp_peer *p, const tcp_rail *r, int64_t since, int64_t slack)
+/* A rail of `p` other than `r` that is up and shows the peer alive: it
+ * answered within the last `ms` (it carries on), or it has nothing in flight
+ * and answered until at most `ms` before `since` (it finished its share and
+ * waits, like the application, for what is stuck elsewhere; a peer that
+ * stopped right after answering it looks the same, and costs one needless
+ * fail-over). A rail with requests in flight and no answer for as long says
+ * the peer is slow. */
+static tcp_rail *other_rail_alive(tcp_peer *p, const tcp_rail *r, int64_t now, int64_t since, int64_t ms)
 {
 	for (unsigned i = 0; i < p->nrails; i++) {
 		tcp_rail *o = &p->rails[i];
 		if (o == r || !atomic_load(&o->up))
 			continue;
 		int64_t rx = atomic_load_explicit(&o->last_rx, memory_order_relaxed);
-		if (rx > since || (rx + slack >= since && atomic_load(&o->inflight) == 0))
+		if (now - rx <= ms || (rx + ms >= since && atomic_load(&o->inflight) == 0))
 			return o;
 	}
 	return NULL;
@@ -902,11 +907,10 @@ bool tcp_cconn_busy(const tcp_cconn *cc)
  * A dead path or a slow peer? A connection with work that received nothing
  * for TE_TCP_SUSPECT_MS, whose socket saw no packet from the peer for as long
  * (TCP_INFO; a WRITE still being sent keeps getting ACKs, a READ its data),
- * while the peer answered on another rail after this connection's last byte,
- * is on a path that lost its packets: its rail is abandoned like a broken
- * one. A peer slow on every rail answers on none, and is left to
- * TE_TCP_TIMEOUT_MS. The other rail need not be busy now: the application may
- * be waiting for what is stuck here. Closing the connection first means no
+ * while another rail shows the peer alive (other_rail_alive), is on a path
+ * that lost its packets: its rail is abandoned like a broken one. A peer slow
+ * on every rail leaves requests unanswered on all of them, and is left to
+ * TE_TCP_TIMEOUT_MS. Closing the connection first means no
  * late answer can arrive on it, so each slice completes once, over whichever
  * rail carries it then. True: the connection failed over.
  */
@@ -918,7 +922,7 @@ static bool suspect(tcp_cconn *cc, int64_t now)
 	char why[256];
 
 	if (ms <= 0 || p->nrails < 2 || !atomic_load(&r->up) || now - cc->last_rx <= ms ||
-	    (o = other_rail_moving(p, r, cc->last_rx, ms)) == NULL)
+	    (o = other_rail_alive(p, r, now, cc->last_rx, ms)) == NULL)
 		return false;
 	struct tcp_info ti;
 	socklen_t tl = sizeof ti;

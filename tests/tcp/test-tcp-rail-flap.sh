@@ -8,6 +8,9 @@
 #     no second without throughput, none under 40 % of the rate before the
 #     first fault, no task failed, every byte right, log lines for the rail
 #     going down and coming back.
+#   stop: the target process stops for 2 s: every rail stalls, which is a
+#     slow peer and not a dead path: no task fails, at most one rail is
+#     abandoned, the transfer goes on after.
 #   drop: the target's namespace silently drops the second link's packets
 #     (nftables, else a netem qdisc losing everything; no carrier change):
 #     the rail is abandoned within 1 s of its last progress and the transfer
@@ -149,6 +152,28 @@ if [ "$what" = flap ]; then
 			printf "%s ", g } }' "$tmp/downs" "$tmp/init")
 	echo "ok in $(($(date +%s) - start)) s: before the faults $base MB/s (slowest second); links down in seconds$flaps;" \
 		"rail down after (ms): $lag; per second: $figs"
+	exit 0
+fi
+
+# stop: the target stops (SIGSTOP) for 2 s, every rail stalls at once: a slow
+# peer, not a dead path; nothing fails and the transfer goes on after.
+if [ "$what" = stop ]; then
+	run_bench 10
+	tb=$(ps -o pid= --ppid "$tpid" | tr -d ' ')
+	[ -n "$tb" ] || fail "cannot find the target's process"
+	sleep 3
+	kill -STOP "$tb"
+	sleep 2
+	kill -CONT "$tb"
+	finish_bench
+	# A rail that had finished its share just before the stop looks like
+	# one whose peer still answers: at most one needless fail-over.
+	n=$(grep -c "is down (suspect" "$tmp/init")
+	[ "$n" -le 1 ] || fail "$n rails were suspect while the whole peer was stopped"
+	r=$(rate 10)
+	[ -n "$r" ] && [ "$r" -gt 0 ] || fail "nothing moved after the target went on"
+	figs=$(for s in $(seq 1 10); do printf '%s ' "$(rate "$s")"; done)
+	echo "ok in $(($(date +%s) - start)) s: $n rails suspect; per second: $figs"
 	exit 0
 fi
 

@@ -83,6 +83,26 @@ else
   bad "no events: $(tail -3 "$tmp/noev.err"); $(cat "$tmp/noev.stats" 2>/dev/null)"
 fi
 
+# Each way of waiting, every byte checked: block and spin wait for every
+# event they record (cuEventSynchronize), poll finds most ends with
+# cuEventQuery first and sleeps on the rest.
+for w in poll block spin; do
+  for op in read write; do
+    n=wait-$w-$op
+    if run "$n" "TE_CUDA_WAIT=$w" --operation=$op --block_size=65536; then
+      rec=$(stat "$n" event_records) waits=$(stat "$n" event_waits)
+      if [ "$rec" -gt 0 ] && { { [ "$w" = poll ] && [ "$waits" -lt "$rec" ]; } ||
+                               { [ "$w" != poll ] && [ "$waits" = "$rec" ]; }; }; then
+        ok "TE_CUDA_WAIT=$w, $op: every byte checked, $rec events recorded, $waits slept on"
+      else
+        bad "TE_CUDA_WAIT=$w, $op: $rec events recorded, $waits slept on"
+      fi
+    else
+      bad "TE_CUDA_WAIT=$w, $op: $(tail -3 "$tmp/$n.err")"
+    fi
+  done
+done
+
 # The same-host transport between two processes: the initiator opens the
 # target's device allocation and copies with the driver; reads and writes,
 # every byte checked. The target's memory from cuMemAlloc is opened with

@@ -97,8 +97,18 @@ static void die(int code, const char *fmt, ...)
 static void open_driver(void)
 {
 	D.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (D.lib == NULL)
-		die(EXIT_SKIP, "skipped: the CUDA driver library libcuda.so.1 is not installed (%s)", dlerror());
+	if (D.lib == NULL) {
+		/* A copy: the next dl call anywhere (a printf wrapper's dlsym)
+		 * frees dlerror()'s string. */
+		char why[512] = "?";
+		const char *e = dlerror();
+		if (e != NULL) {
+			size_t n = strlen(e) < sizeof why - 1 ? strlen(e) : sizeof why - 1;
+			memcpy(why, e, n);
+			why[n] = '\0';
+		}
+		die(EXIT_SKIP, "skipped: the CUDA driver library libcuda.so.1 is not installed (%s)", why);
+	}
 #define SYM(field, name, required)                                                         \
 	do {                                                                               \
 		*(void **)&D.field = dlsym(D.lib, name);                                   \

@@ -515,6 +515,15 @@ static void write_stats(void)
 	fclose(f);
 }
 
+/* At dlclose and at exit, for an initialised instance: tied to this library
+ * (an atexit() handler is not where ThreadSanitizer keeps it: it ran after
+ * the library had been unloaded, and crashed). */
+__attribute__((destructor)) static void fake_fini(void)
+{
+	if (g.ready)
+		write_stats();
+}
+
 API CUresult cuInit(unsigned flags)
 {
 	(void)flags;
@@ -529,7 +538,6 @@ API CUresult cuInit(unsigned flags)
 				g.dev = g.priv = NULL;
 			} else {
 				read_costs();
-				atexit(write_stats);
 			}
 		}
 		if (g.ready)

@@ -38,17 +38,7 @@ tpid=
 netns="$A $B"
 . "$(dirname "$0")/../common/netns.sh"
 
-ip netns add "$A" && ip netns add "$B" || fail "cannot create namespaces"
-for i in 1 2; do
-	va=VA$i; vb=VB$i; net=n$i
-	ip link add "${!va}" type veth peer name "${!vb}" || fail "cannot create veth pair $i"
-	ip link set "${!va}" netns "$A" && ip link set "${!vb}" netns "$B" || fail "cannot move the veth ends"
-	ip -n "$A" addr add "${!net}.1/24" dev "${!va}"
-	ip -n "$B" addr add "${!net}.2/24" dev "${!vb}"
-	ip -n "$A" link set "${!va}" up
-	ip -n "$B" link set "${!vb}" up
-done
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+two_links
 
 # The target (namespace A) publishes both links; it runs until killed.
 ip netns exec "$A" env TE_TCP_RAILS="$n1.1,$n2.1" TE_LOG_LEVEL=info \

@@ -28,17 +28,7 @@ tpid=
 netns="$A $B"
 . "$(dirname "$0")/../common/netns.sh"
 
-ip netns add "$A" && ip netns add "$B" || fail "cannot create namespaces"
-for i in 1 2; do
-	va=VA$i; vb=VB$i; net=n$i
-	ip link add "${!va}" type veth peer name "${!vb}" || fail "cannot create veth pair $i"
-	ip link set "${!va}" netns "$A" && ip link set "${!vb}" netns "$B" || fail "cannot move the veth ends"
-	ip -n "$A" addr add "${!net}.1/24" dev "${!va}"
-	ip -n "$B" addr add "${!net}.2/24" dev "${!vb}"
-	ip -n "$A" link set "${!va}" up
-	ip -n "$B" link set "${!vb}" up
-done
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+two_links
 
 # A rail list naming neither an address of the host nor an interface fails
 # the install, with a line saying which item was wrong.

@@ -213,29 +213,6 @@ static int host_buffer_is_device(const te_host *h, const te_buffer_pin *pin)
 	return pin != NULL && pin->priv != NULL && te_pin_region(pin)->dev != NULL;
 }
 
-static int host_buffer_copy(const te_host *h, const te_buffer_pin *pin, void *dst, const void *src,
-			    size_t len)
-{
-	const te_host_ctx *hc = ctx_of(h);
-	int rc = 0;
-
-	if (pin == NULL || pin->priv == NULL || (dst == NULL && len > 0) || (src == NULL && len > 0))
-		return -EINVAL;
-	te_region *r = te_pin_region(pin);
-	if (!te_region_enter(r)) {
-		/* Unregistered under the request (TE_UNREGISTER_TIMEOUT_MS). */
-		te_warn_limited("%s: %p+%zu was unregistered under a peer's request; not copied",
-				hc->plugin ? hc->plugin->name : "?", r->addr, r->length);
-		return TE_ERR_ADDRESS;
-	}
-	if (r->dev == NULL)
-		memmove(dst, src, len);
-	else
-		rc = te_device_copy_with(r->dev, dst, src, len);
-	te_region_leave(r);
-	return rc;
-}
-
 /* Pieces between host memory and pinned regions, with every region entered
  * for the whole batch: runs of consecutive pieces of one device plugin go
  * to it as one batch, host memory is copied here. */
@@ -255,6 +232,7 @@ static int host_buffer_copy_batch(const te_host *h, const te_buffer_pin *const *
 	for (; entered < n; entered++) {
 		te_region *r = te_pin_region(pins[entered]);
 		if (!te_region_enter(r)) {
+			/* Unregistered under the request (TE_UNREGISTER_TIMEOUT_MS). */
 			te_warn_limited("%s: %p+%zu was unregistered under a peer's request; not copied",
 					hc->plugin ? hc->plugin->name : "?", r->addr, r->length);
 			rc = TE_ERR_ADDRESS;
@@ -276,6 +254,13 @@ static int host_buffer_copy_batch(const te_host *h, const te_buffer_pin *const *
 	while (entered > 0)
 		te_region_leave(te_pin_region(pins[--entered]));
 	return rc;
+}
+
+static int host_buffer_copy(const te_host *h, const te_buffer_pin *pin, void *dst, const void *src,
+			    size_t len)
+{
+	te_copy c = { dst, src, len };
+	return host_buffer_copy_batch(h, &pin, &c, 1);
 }
 
 static int host_device_copy_batch(const te_host *h, const char *location, const te_copy *copies,

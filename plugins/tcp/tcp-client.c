@@ -108,7 +108,7 @@ static void rail_down(tcp_cconn *cc, const char *why)
  * and answered until at most `ms` before `since` (it finished its share and
  * waits, like the application, for what is stuck elsewhere; a peer that
  * stopped right after answering it looks the same, and costs one needless
- * fail-over). A rail with requests in flight and no answer for as long says
+ * fail-over; a rail abandoned since its last answer does not count). A rail with requests in flight and no answer for as long says
  * the peer is slow. */
 static tcp_rail *other_rail_alive(tcp_peer *p, const tcp_rail *r, int64_t now, int64_t since, int64_t ms)
 {
@@ -117,7 +117,10 @@ static tcp_rail *other_rail_alive(tcp_peer *p, const tcp_rail *r, int64_t now, i
 		if (o == r || !atomic_load(&o->up))
 			continue;
 		int64_t rx = atomic_load_explicit(&o->last_rx, memory_order_relaxed);
-		if (now - rx <= ms || (rx + ms >= since && atomic_load(&o->inflight) == 0))
+		/* A rail that went down after its last answer had its work taken
+		 * away, not finished: its idleness says nothing of the peer. */
+		bool finished = atomic_load(&o->inflight) == 0 && atomic_load(&o->down_at) < rx;
+		if (now - rx <= ms || (rx + ms >= since && finished))
 			return o;
 	}
 	return NULL;

@@ -17,12 +17,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tcp-internal.h"
 
 #define ROUNDS 16 /* send/receive rounds per turn before yielding to other connections */
+
+/* The iovecs of one sendmsg or readv, of whichever thread drives a
+ * connection: its I/O thread or a caller. */
+static _Thread_local struct iovec tls_iov[TCP_IOV_MAX + 2];
 
 /* FAIL_RAIL: the connection's rail failed while another rail is up: what it
  * carried goes to the other rails (re-sending a READ or WRITE of the same
@@ -600,7 +607,7 @@ static void start_connect(tcp_cconn *cc)
 /* 1: bytes moved, 0: nothing to do or would block, <0: error. */
 static int do_send(tcp_cconn *cc)
 {
-	struct iovec *iov = cc->io.thr->iov;
+	struct iovec *iov = tls_iov;
 	unsigned n = 0;
 	size_t total = 0;
 
@@ -707,7 +714,7 @@ static int recv_error(tcp_cconn *cc, rx_result *res)
 /* 1: bytes moved, 0: would block or idle, <0: failed (details in `res`). */
 static int do_recv(tcp_cconn *cc, rx_result *res)
 {
-	struct iovec *iov = cc->io.thr->iov;
+	struct iovec *iov = tls_iov;
 	bool v2 = cc->peer->version >= 2;
 	unsigned n = 0;
 	size_t total = 0;
@@ -732,8 +739,9 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 	ssize_t r;
 	if (n == 0) {
 		/* Nothing expected: only an EOF (an idle close) or junk can come. */
+		char junk[64];
 		do
-			r = recv(cc->io.fd, cc->io.thr->scratch, 64, MSG_DONTWAIT);
+			r = recv(cc->io.fd, junk, sizeof junk, MSG_DONTWAIT);
 		while (r < 0 && errno == EINTR);
 		if (r < 0)
 			return recv_error(cc, res);
@@ -803,7 +811,8 @@ static void reap(tcp_cconn *cc)
 
 /* ---------------------------------------------------------------- drive */
 
-void tcp_cconn_drive(tcp_cconn *cc)
+/* One turn of the I/O thread on a connection it holds. */
+static void drive(tcp_cconn *cc)
 {
 	tcp_peer *p = cc->peer;
 
@@ -859,53 +868,6 @@ void tcp_cconn_drive(tcp_cconn *cc)
 	tcp_io_ready(&cc->io); /* more to do: after the other connections had a turn */
 }
 
-void tcp_cconn_event(tcp_cconn *cc, uint32_t events)
-{
-	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-		cc->io.rd = true;
-	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-		cc->io.hup = true; /* read on to the EOF: no further edge will come */
-	if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
-		cc->io.wr = true;
-	if (cc->state == CS_CONNECTING) {
-		if (!(events & (EPOLLOUT | EPOLLHUP | EPOLLERR)))
-			return;
-		int err = 0;
-		socklen_t el = sizeof err;
-		if (getsockopt(cc->io.fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
-			err = errno;
-		if (err != 0) {
-			connect_failed(cc, -err, g_strerror(err));
-			return;
-		}
-		if (!authenticated(cc))
-			return;
-		become_up(cc);
-	}
-	tcp_cconn_drive(cc);
-}
-
-void tcp_cconn_mail(tcp_cconn *cc, unsigned mail)
-{
-	tcp_io_list(cc->io.thr, &cc->io);
-	if (mail & MAIL_CLOSE) {
-		if (cc->head > cc->tail)
-			tcp_cconn_shutdown(cc, -ECANCELED);
-		go_down(cc);
-		g_free(cc->ring);
-		cc->ring = NULL;
-		tcp_io_bury(&cc->io);
-		return;
-	}
-	if (mail & MAIL_WORK)
-		tcp_cconn_drive(cc);
-}
-
-bool tcp_cconn_busy(const tcp_cconn *cc)
-{
-	return cc->state == CS_CONNECTING || cc->head > cc->tail;
-}
-
 /*
  * A dead path or a slow peer? A connection with work that received nothing
  * for TE_TCP_SUSPECT_MS, whose socket saw no packet from the peer for as long
@@ -941,7 +903,25 @@ static bool suspect(tcp_cconn *cc, int64_t now)
 	return true;
 }
 
-void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
+/* The checks of a connection that carries requests: a suspect path, or no
+ * progress at all for TE_TCP_TIMEOUT_MS. */
+static void check_stall(tcp_cconn *cc, int64_t now)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	char why[128];
+
+	if (cc->state != CS_UP || cc->head == cc->tail || suspect(cc, now))
+		return;
+	if (now - cc->io.last_progress > c->cfg.timeout_ms) {
+		/* Not -ETIMEDOUT: that would end the tasks as TIMEOUT, and a peer
+		 * that stopped answering is a failure. */
+		snprintf(why, sizeof why, "no progress for %lld ms (TE_TCP_TIMEOUT_MS)",
+			 (long long)(now - cc->io.last_progress));
+		cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
+	}
+}
+
+static void check_timeout(tcp_cconn *cc, int64_t now)
 {
 	tcp_peer *p = cc->peer;
 	tcp_ctx *c = p->ctx;
@@ -962,16 +942,409 @@ void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now)
 		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",
 			 (long long)c->cfg.connect_timeout_ms);
 		connect_failed(cc, -EHOSTUNREACH, why);
-	} else if (cc->state == CS_UP && cc->head > cc->tail && suspect(cc, now)) {
-		return; /* its requests went to the other rails */
-	} else if (cc->state == CS_UP && cc->head > cc->tail &&
-		   now - cc->io.last_progress > c->cfg.timeout_ms) {
-		/* Not -ETIMEDOUT: that would end the tasks as TIMEOUT, and a peer
-		 * that stopped answering is a failure. */
-		snprintf(why, sizeof why, "no progress for %lld ms (TE_TCP_TIMEOUT_MS)",
-			 (long long)(now - cc->io.last_progress));
-		cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
+		return;
 	}
+	check_stall(cc, now);
+}
+
+/* ------------------------------------------------------- the I/O thread */
+
+static void apply_events(tcp_cconn *cc, unsigned m)
+{
+	if (m & MISS_RD)
+		cc->io.rd = true;
+	if (m & MISS_HUP)
+		cc->io.hup = true; /* read on to the EOF: no further edge will come */
+	if (m & MISS_WR)
+		cc->io.wr = true;
+}
+
+/* The I/O thread takes the connection for `*what` (MISS_* bits), adding
+ * what it missed before. False when a caller holds it: the caller hands
+ * `*what` back when it lets go. */
+static bool io_enter(tcp_cconn *cc, unsigned *what)
+{
+	int free_ = 0;
+
+	if (!atomic_compare_exchange_strong(&cc->drv, &free_, 1)) {
+		atomic_fetch_or(&cc->missed, *what);
+		/* The holder may have let go before these bits landed: one more
+		 * look (if it still holds it, its letting go comes after them). */
+		free_ = 0;
+		if (!atomic_compare_exchange_strong(&cc->drv, &free_, 1))
+			return false;
+	}
+	*what |= atomic_exchange(&cc->missed, 0);
+	apply_events(cc, *what);
+	return true;
+}
+
+static void io_service(tcp_cconn *cc, unsigned what)
+{
+	if (!io_enter(cc, &what))
+		return;
+	if (what & MISS_CLOSE) {
+		if (cc->head > cc->tail)
+			tcp_cconn_shutdown(cc, -ECANCELED);
+		go_down(cc);
+		g_free(cc->ring);
+		cc->ring = NULL;
+		tcp_io_bury(&cc->io);
+		return; /* held for good: nobody takes a closed connection */
+	}
+	if (what & MISS_SCAN)
+		check_timeout(cc, tcp_now_ms());
+	if (cc->state == CS_CONNECTING && cc->io.fd >= 0 && (what & MISS_WR)) {
+		int err = 0;
+		socklen_t el = sizeof err;
+		if (getsockopt(cc->io.fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+			err = errno;
+		if (err != 0)
+			connect_failed(cc, -err, g_strerror(err));
+		else if (authenticated(cc))
+			become_up(cc);
+	}
+	/* Events of a socket closed since (by a caller) are stale. */
+	if (cc->state != CS_CONNECTING && ((what & MISS_WORK) || ((what & MISS_EVENTS) && cc->io.fd >= 0)))
+		drive(cc);
+	atomic_store(&cc->drv, 0);
+}
+
+void tcp_cconn_event(tcp_cconn *cc, uint32_t events)
+{
+	unsigned what = 0;
+
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		what |= MISS_RD;
+	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		what |= MISS_HUP;
+	if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+		what |= MISS_WR;
+	io_service(cc, what);
+}
+
+void tcp_cconn_mail(tcp_cconn *cc, unsigned mail)
+{
+	tcp_io_list(cc->io.thr, &cc->io);
+	io_service(cc, (mail & MAIL_CLOSE ? MISS_CLOSE : 0) | (mail & MAIL_WORK ? MISS_WORK : 0));
+}
+
+void tcp_cconn_ready(tcp_cconn *cc)
+{
+	io_service(cc, MISS_WORK);
+}
+
+void tcp_cconn_scan(tcp_cconn *cc, int64_t now)
+{
+	(void)now;
+	io_service(cc, MISS_SCAN);
+}
+
+/* -------------------------------------------------------------- callers */
+
+/*
+ * One request, waited for, costs four thread hand-offs when the I/O threads
+ * do everything: the submitter wakes the connection's I/O thread, which
+ * sends; the reply wakes it again, and it wakes the waiter. A thread that
+ * submits a small run of requests to a peer whose connection is idle sends
+ * them itself instead (tcp_direct_submit), and when it then waits
+ * (te_batch_wait, through tcp_progress) it receives the replies itself,
+ * sleeping in poll() on the socket: the reply wakes the waiter directly. The
+ * I/O thread keeps everything else: deep batches, busy connections, connects,
+ * a request whose submitter does not wait for it (the reply raises its epoll
+ * edge as always, and a caller that holds the connection then hands that over
+ * when it lets go).
+ *
+ * A caller only ever tries to take a connection (never waits for it), holds
+ * the peer's `kicking` count meanwhile so that the segment's close waits for
+ * it, and lets go before it returns to the application.
+ */
+
+/* This thread's last submit that went out directly. The peer is only a name
+ * until it is found in live_peers (it may have been freed since). */
+static _Thread_local struct {
+	tcp_ctx *c;
+	tcp_peer *p;
+	unsigned idx;
+} tls_direct;
+
+static inline int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static bool caller_take(tcp_cconn *cc)
+{
+	int free_ = 0;
+
+	return atomic_compare_exchange_strong(&cc->drv, &free_, 1);
+}
+
+/* Lets go of a connection, handing to its I/O thread what it missed
+ * meanwhile: mail, a timeout check, and readiness while requests are still
+ * on the ring (the I/O thread finishes them). With nothing on the ring, a
+ * missed readable or writable edge means nothing (an EOF also raises
+ * MISS_HUP). */
+static void caller_let_go(tcp_cconn *cc)
+{
+	const unsigned idle_noise = MISS_RD | MISS_WR;
+	bool work = cc->head != cc->tail;
+	unsigned m = atomic_load(&cc->missed);
+
+	if ((m & MISS_SCAN) && cc->state == CS_UP) {
+		/* The periodic check came while the application held it: done
+		 * here (a caller may hold it turn after turn of its wait). */
+		atomic_fetch_and(&cc->missed, ~(unsigned)MISS_SCAN);
+		check_stall(cc, tcp_now_ms());
+		work = cc->head != cc->tail;
+	}
+	if (!work)
+		atomic_fetch_and(&cc->missed, ~idle_noise);
+	atomic_store(&cc->drv, 0);
+	m = atomic_load(&cc->missed);
+	if (!work)
+		m &= ~idle_noise;
+	if (m != 0)
+		tcp_kick(&cc->io, MAIL_WORK);
+}
+
+/* Sends what is pending, takes in what arrived, completes what finished.
+ * 1: something moved, 0: nothing, -1: the connection failed (its requests
+ * completed or moved). */
+static int caller_turn(tcp_cconn *cc)
+{
+	rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
+	int moved = 0, rc;
+
+	if (cc->snd < cc->head) {
+		rc = do_send(cc);
+		if (rc < 0) {
+			char why[128];
+			snprintf(why, sizeof why, "send failed: %s", g_strerror(-rc));
+			cconn_fail(cc, rc, FAIL_PEER, UINT64_MAX, why);
+			return -1;
+		}
+		moved |= rc;
+	}
+	if (cc->rcv < cc->head || cc->tail < cc->head) {
+		rc = do_recv(cc, &res);
+		if (rc < 0) {
+			reap(cc);
+			cconn_fail(cc, res.err, res.mode, res.at, res.why);
+			return -1;
+		}
+		moved |= rc;
+	}
+	reap(cc);
+	return moved;
+}
+
+bool tcp_direct_submit(tcp_peer *p)
+{
+	tcp_ctx *c = p->ctx;
+	bool sent = false;
+
+	atomic_fetch_add(&p->kicking, 1);
+	for (unsigned k = 0; k < p->nconns && !atomic_load(&p->closing); k++) {
+		tcp_cconn *cc = &p->conns[k];
+		if (!caller_take(cc))
+			continue;
+		/* Only an idle connection that is up and whose rail is up: the rest
+		 * is the I/O thread's. */
+		if (cc->state != CS_UP || cc->head != cc->tail || !rail_usable(cc) ||
+		    (p->nrails > 1 && !atomic_load(&rail_of(cc)->up))) {
+			caller_let_go(cc);
+			continue;
+		}
+		pull(cc);
+		if (cc->head != cc->tail && caller_turn(cc) >= 0 && cc->head != cc->tail) {
+			tls_direct.c = c;
+			tls_direct.p = p;
+			tls_direct.idx = k;
+		}
+		caller_let_go(cc);
+		sent = true;
+		break;
+	}
+	atomic_fetch_sub(&p->kicking, 1);
+	return sent;
+}
+
+void tcp_direct_forget(void)
+{
+	tls_direct.c = NULL;
+}
+
+/* Callers asleep in tcp_progress(), each on an eventfd that tcp_wake()
+ * rings. The eventfds are kept for reuse, per instance (not per thread: a
+ * plugin cannot rely on a thread-exit hook after it is unloaded). */
+typedef struct tcp_sleeper {
+	int efd;
+	struct tcp_sleeper *next, *prev;
+} tcp_sleeper;
+
+static tcp_sleeper *sleeper_get(tcp_ctx *c)
+{
+	g_mutex_lock(&c->sleep_lock);
+	tcp_sleeper *s = c->idle_sleepers;
+	if (s != NULL) {
+		c->idle_sleepers = s->next;
+	} else {
+		int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (fd < 0) {
+			g_mutex_unlock(&c->sleep_lock);
+			return NULL;
+		}
+		s = g_new0(tcp_sleeper, 1);
+		s->efd = fd;
+	}
+	s->prev = NULL;
+	s->next = c->sleepers;
+	if (c->sleepers != NULL)
+		c->sleepers->prev = s;
+	c->sleepers = s;
+	g_mutex_unlock(&c->sleep_lock);
+	uint64_t v;
+	while (read(s->efd, &v, sizeof v) > 0) /* rung for an earlier sleep */
+		;
+	return s;
+}
+
+static void sleeper_put(tcp_ctx *c, tcp_sleeper *s)
+{
+	g_mutex_lock(&c->sleep_lock);
+	if (s->prev != NULL)
+		s->prev->next = s->next;
+	else
+		c->sleepers = s->next;
+	if (s->next != NULL)
+		s->next->prev = s->prev;
+	s->prev = NULL;
+	s->next = c->idle_sleepers;
+	c->idle_sleepers = s;
+	g_mutex_unlock(&c->sleep_lock);
+}
+
+void tcp_wake(void *ctx)
+{
+	tcp_ctx *c = ctx;
+	uint64_t one = 1;
+
+	g_mutex_lock(&c->sleep_lock);
+	for (tcp_sleeper *s = c->sleepers; s != NULL; s = s->next)
+		if (write(s->efd, &one, sizeof one) < 0 && errno != EAGAIN)
+			TLOG(c, TE_LOG_ERROR, "cannot wake a waiting thread: %s", g_strerror(errno));
+	g_mutex_unlock(&c->sleep_lock);
+}
+
+void tcp_sleepers_free(tcp_ctx *c)
+{
+	for (int i = 0; i < 2; i++) {
+		tcp_sleeper *s = i ? c->idle_sleepers : c->sleepers;
+		while (s != NULL) {
+			tcp_sleeper *next = s->next;
+			close(s->efd);
+			g_free(s);
+			s = next;
+		}
+	}
+	c->sleepers = c->idle_sleepers = NULL;
+}
+
+/* Sleeps until the socket has something for the connection, tcp_wake()
+ * rings, or `left_ns` passes. */
+static void caller_sleep(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t left_ns)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	tcp_sleeper *s = sleeper_get(c);
+	struct pollfd pf[2] = {
+		{ .fd = cc->io.fd, .events = (short)(POLLIN | (cc->snd < cc->head ? POLLOUT : 0)) },
+		{ .fd = s != NULL ? s->efd : -1, .events = POLLIN },
+	};
+	/* Without an eventfd, a drain elsewhere is seen within a millisecond. */
+	if (s == NULL && left_ns > 1000000)
+		left_ns = 1000000;
+	/* Registered first, then checked: a drain after the check rings. */
+	if (!done(arg)) {
+		struct timespec ts = { .tv_sec = left_ns / 1000000000, .tv_nsec = left_ns % 1000000000 };
+		if (ppoll(pf, 2, &ts, NULL) < 0 && errno != EINTR)
+			TLOG(c, TE_LOG_DEBUG, "poll: %s", g_strerror(errno));
+	}
+	if (s != NULL)
+		sleeper_put(c, s);
+}
+
+/* Drives the connection until done(arg), the time is up, or nothing of
+ * ours can be on it any more (its ring is empty: -EAGAIN, the host waits
+ * its usual way). */
+static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t timeout_ns)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	int64_t start = now_ns();
+	int64_t end = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+	int64_t spin_end = start + c->cfg.spin_ns;
+
+	for (;;) {
+		if (cc->state != CS_UP || cc->head == cc->tail)
+			return done != NULL && done(arg) ? 0 : -EAGAIN;
+		int rc = caller_turn(cc);
+		if (done == NULL || done(arg))
+			return 0;
+		if (rc != 0)
+			continue;
+		int64_t now = now_ns();
+		if (now >= end)
+			return -ETIMEDOUT;
+		if (now < spin_end) {
+			cpu_relax();
+			continue;
+		}
+		caller_sleep(cc, done, arg, end - now);
+	}
+}
+
+int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns)
+{
+	tcp_ctx *c = ctx;
+	tcp_peer *p = tls_direct.p;
+	int rc = -EAGAIN;
+
+	if (tls_direct.c != c)
+		return -EAGAIN;
+	g_mutex_lock(&c->lock);
+	bool live = g_hash_table_contains(c->live_peers, p);
+	if (live)
+		atomic_fetch_add(&p->kicking, 1); /* p stays until this drops */
+	g_mutex_unlock(&c->lock);
+	if (!live) {
+		tls_direct.c = NULL;
+		return -EAGAIN;
+	}
+	if (!atomic_load(&p->closing) && tls_direct.idx < p->nconns) {
+		tcp_cconn *cc = &p->conns[tls_direct.idx];
+		/* A connection whose I/O thread has business with it (mail, a
+		 * check) is left to it: taken turn after turn of a long wait, it
+		 * would never get its turn. */
+		if ((atomic_load(&cc->missed) & ~(unsigned)MISS_EVENTS) == 0 && caller_take(cc)) {
+			rc = caller_wait(cc, done, arg, timeout_ns);
+			if (rc == -EAGAIN && cc->head == cc->tail)
+				tls_direct.c = NULL; /* nothing left there */
+			caller_let_go(cc);
+		}
+	}
+	atomic_fetch_sub(&p->kicking, 1);
+	return rc;
 }
 
 /* Called once per connection at the end of the loop iteration that retired
@@ -986,7 +1359,12 @@ void tcp_peer_retire_conn(tcp_peer *p)
 		     (unsigned long long)atomic_load(&p->rails[r].bytes));
 	g_mutex_lock(&c->lock);
 	g_ptr_array_remove_fast(c->all_peers, p);
+	g_hash_table_remove(c->live_peers, p);
 	g_mutex_unlock(&c->lock);
+	/* A caller that found it live just before is done with it in moments
+	 * (it sees `closing` and lets go). */
+	while (atomic_load(&p->kicking) > 0)
+		g_thread_yield();
 	tcp_peer_fail_pending(p, -ECANCELED); /* nothing should be left; safe if so */
 	g_mutex_clear(&p->lock);
 	g_free(p->rails);

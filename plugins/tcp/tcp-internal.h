@@ -73,6 +73,8 @@ typedef struct tcp_config {
 	int proto;               /* protocol version we ask peers for and advertise */
 	char bind[64];           /* listen on this address only; "": every interface */
 	char rails[256];         /* TE_TCP_RAILS as given; "": the engine's address only */
+	bool direct;             /* a submitting or waiting thread may drive an idle connection itself */
+	int64_t spin_ns;         /* TE_SPIN_US: look this long before sleeping (waiters, I/O threads) */
 } tcp_config;
 
 #define TCP_MAX_CONNS_PER_PEER 16
@@ -86,6 +88,7 @@ typedef struct tcp_config {
 #define TCP_MAX_FAILOVERS 16 /* moves of one slice to another rail before it fails */
 #define TCP_PROBE_MIN_MS 1000 /* a down rail is tried again after this long, */
 #define TCP_PROBE_MAX_MS 4000 /* doubling up to this while it stays down */
+#define TCP_MAX_SPIN_US 1000  /* TE_SPIN_US */
 
 typedef struct tcp_ctx tcp_ctx;
 typedef struct tcp_thread tcp_thread;
@@ -173,7 +176,28 @@ struct tcp_cconn {
 	uint64_t head, snd, rcv, tail; /* free-running indices */
 	uint64_t bytes; /* payload bytes in flight */
 	int64_t last_rx; /* ms, the last byte received, or when work arrived on an idle connection */
+	/* Who drives the connection: its I/O thread, or now and then a thread
+	 * of the application that sends its own request on the connection while
+	 * it is idle and collects the reply while it waits (tcp-client.c,
+	 * "callers"). 1 while one of them holds it; everything below `io`'s
+	 * mailbox fields and above belongs to the holder. Never waited for:
+	 * whoever finds it held leaves what it came for in `missed` (MISS_*),
+	 * and the holder hands that to the I/O thread when it lets go. */
+	atomic_int drv;
+	atomic_uint missed;
 };
+
+/* What a connection's I/O thread could not do while a caller held it. */
+enum tcp_miss {
+	MISS_RD = 1u << 0,    /* readable (an EPOLLIN edge) */
+	MISS_WR = 1u << 1,    /* writable */
+	MISS_HUP = 1u << 2,   /* hang-up or error */
+	MISS_WORK = 1u << 3,  /* mail: the backlog grew; or its turn on the ready list */
+	MISS_SCAN = 1u << 4,  /* the periodic check of its timeouts */
+	MISS_CLOSE = 1u << 5, /* mail: the peer is going away */
+	MISS_CONN = 1u << 6,  /* an event while connecting */
+};
+#define MISS_EVENTS (MISS_RD | MISS_WR | MISS_HUP)
 
 /* A slice put back for another try (after a peer rejected an earlier request
  * on the same connection and closed it). */
@@ -334,6 +358,9 @@ struct tcp_ctx {
 	GMutex lock;               /* peers table */
 	GHashTable *peers;         /* key → tcp_peer*, open ones */
 	GPtrArray *all_peers;      /* every peer not yet freed */
+	GHashTable *live_peers;    /* the same, as a set: a caller's remembered peer is checked in it */
+	GMutex sleep_lock;         /* callers sleeping in progress() (see tcp-client.c) */
+	struct tcp_sleeper *sleepers, *idle_sleepers;
 	atomic_int inbound;        /* accepted connections open */
 	GMutex inbound_lock;
 	GHashTable *per_peer;      /* host → accepted connections open (inbound_lock) */
@@ -361,13 +388,21 @@ void tcp_inbound_done(tcp_ctx *c, const char *host);
 /* The auth pool's function: authenticates one accepted connection. */
 void tcp_auth_job(gpointer job, gpointer ctx);
 
-/* tcp-client.c */
+/* tcp-client.c: the I/O thread's entries (each takes the connection, or
+ * leaves its business in `missed` when a caller holds it) */
 void tcp_cconn_mail(tcp_cconn *cc, unsigned mail);
 void tcp_cconn_event(tcp_cconn *cc, uint32_t events);
-void tcp_cconn_drive(tcp_cconn *cc);
-void tcp_cconn_check_timeout(tcp_cconn *cc, int64_t now);
-void tcp_cconn_shutdown(tcp_cconn *cc, int err);
-bool tcp_cconn_busy(const tcp_cconn *cc);
+void tcp_cconn_ready(tcp_cconn *cc);     /* its turn on the ready list */
+void tcp_cconn_scan(tcp_cconn *cc, int64_t now);
+void tcp_cconn_shutdown(tcp_cconn *cc, int err); /* the threads stop: no caller is left */
+/* tcp-client.c: callers. Sends a submit's run of transfers to `p` (already
+ * in its backlog) on an idle connection from the submitting thread; false
+ * when none could be taken (the I/O threads are kicked as before). */
+bool tcp_direct_submit(tcp_peer *p);
+void tcp_direct_forget(void);            /* this thread's last submit went the usual way */
+int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns);
+void tcp_wake(void *ctx);
+void tcp_sleepers_free(tcp_ctx *c);
 /* An interface's carrier or address went away (up false) or came back: the
  * rails of every peer leaving by it go down (while another rail is up) or are
  * probed at once. `addr` (may be NULL): only rails whose local address it is. */

@@ -32,6 +32,14 @@
 #define SCAN_MS 100
 #define EVENTS 64
 
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 int64_t tcp_now_ms(void)
 {
 	struct timespec ts;
@@ -222,7 +230,7 @@ static void scan(tcp_thread *t, int64_t now)
 	for (tcp_io *io = t->conns, *next; io != NULL; io = next) {
 		next = io->next;
 		if (io->kind == IO_CLIENT)
-			tcp_cconn_check_timeout((tcp_cconn *)io, now);
+			tcp_cconn_scan((tcp_cconn *)io, now);
 		else if (io->kind == IO_SERVER)
 			tcp_sconn_check_timeout((tcp_sconn *)io, now);
 	}
@@ -256,6 +264,8 @@ static gpointer thread_main(gpointer data)
 	tcp_thread *t = data;
 	struct epoll_event ev[EVENTS];
 	GPtrArray *g = g_ptr_array_sized_new(64);
+	const int64_t spin_ns = t->ctx->cfg.spin_ns;
+	int64_t busy_at = 0;
 
 	tls_grave = g;
 	for (;;) {
@@ -267,12 +277,11 @@ static gpointer thread_main(gpointer data)
 		while (r != NULL) {
 			tcp_io *next = r->ready_next;
 			r->in_ready = false;
-			if (r->fd >= 0) {
-				if (r->kind == IO_CLIENT)
-					tcp_cconn_drive((tcp_cconn *)r);
-				else if (r->kind == IO_SERVER)
-					tcp_sconn_drive((tcp_sconn *)r);
-			}
+			/* (a client connection's fd is read once it is held) */
+			if (r->kind == IO_CLIENT)
+				tcp_cconn_ready((tcp_cconn *)r);
+			else if (r->kind == IO_SERVER && r->fd >= 0)
+				tcp_sconn_drive((tcp_sconn *)r);
 			r = next;
 		}
 		finalize_all(g);
@@ -280,11 +289,17 @@ static gpointer thread_main(gpointer data)
 			break;
 
 		int timeout = t->n_conns > 0 || t->idx == 0 ? SCAN_MS : -1;
-		atomic_store(&t->sleeping, 1);
-		if (t->ready != NULL || atomic_load(&t->mailbox) != NULL)
+		/* TE_SPIN_US: for that long after its last event the thread looks
+		 * without sleeping (and kickers need not ring its eventfd). */
+		bool spin = spin_ns > 0 && now_ns() - busy_at < spin_ns;
+		if (!spin)
+			atomic_store(&t->sleeping, 1);
+		if (spin || t->ready != NULL || atomic_load(&t->mailbox) != NULL)
 			timeout = 0;
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
+		if (n > 0 && spin_ns > 0)
+			busy_at = now_ns();
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
 			g_usleep(10000);
@@ -305,8 +320,7 @@ static gpointer thread_main(gpointer data)
 				tcp_link_event(t->ctx);
 				break;
 			case IO_CLIENT:
-				if (io->fd >= 0)
-					tcp_cconn_event((tcp_cconn *)io, ev[i].events);
+				tcp_cconn_event((tcp_cconn *)io, ev[i].events);
 				break;
 			case IO_SERVER:
 				if (io->fd >= 0)

@@ -75,6 +75,8 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	g_strlcpy(cfg->bind, b ? b : "", sizeof cfg->bind);
 	const char *r = h->config(h, "TE_TCP_RAILS", NULL);
 	g_strlcpy(cfg->rails, r ? r : "", sizeof cfg->rails);
+	cfg->direct = te_host_config_u64(h, "TE_TCP_DIRECT", NULL, 1, 0, 1) != 0;
+	cfg->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, TCP_MAX_SPIN_US);
 }
 
 /* ------------------------------------------------------------------ rails */
@@ -397,6 +399,10 @@ static void tcp_destroy(void *ctx)
 	}
 	if (c->peers != NULL)
 		g_hash_table_unref(c->peers);
+	if (c->live_peers != NULL)
+		g_hash_table_unref(c->live_peers);
+	tcp_sleepers_free(c);
+	g_mutex_clear(&c->sleep_lock);
 	if (c->per_peer != NULL)
 		g_hash_table_unref(c->per_peer);
 	g_mutex_clear(&c->inbound_lock);
@@ -415,6 +421,8 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	g_mutex_init(&c->lock);
 	c->peers = g_hash_table_new(g_str_hash, g_str_equal);
 	c->all_peers = g_ptr_array_new();
+	c->live_peers = g_hash_table_new(g_direct_hash, g_direct_equal);
+	g_mutex_init(&c->sleep_lock);
 	g_mutex_init(&c->inbound_lock);
 	c->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	/* ABI 1.2 hosts can hold a cluster key; then every data connection is
@@ -672,6 +680,7 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 		p = peer_new(c, key, seg->host, port, version, res, rails, nrails);
 		g_hash_table_insert(c->peers, p->key, p);
 		g_ptr_array_add(c->all_peers, p);
+		g_hash_table_add(c->live_peers, p);
 	}
 	p->refs++;
 	g_mutex_unlock(&c->lock);
@@ -726,6 +735,7 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 
 	if (atomic_load(&c->stopping))
 		return -ESHUTDOWN;
+	tcp_direct_forget();
 	while (i < n) {
 		tcp_peer *p = ts[i]->seg_ctx;
 		te_transfer *first = NULL, *last = NULL;
@@ -756,6 +766,9 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 		if (first == NULL)
 			continue;
 		g_mutex_lock(&p->lock);
+		/* A small run to a peer with nothing queued may go out from this
+		 * thread at once, on an idle connection (tcp-client.c, callers). */
+		bool direct = c->cfg.direct && bytes <= slice && p->bl_head == NULL && p->nretry == 0;
 		if (p->bl_tail)
 			p->bl_tail->plugin_data[0] = (uintptr_t)first;
 		else
@@ -764,6 +777,8 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 		p->bl_bytes += bytes;
 		atomic_store_explicit(&p->has_work, 1, memory_order_release);
 		g_mutex_unlock(&p->lock);
+		if (direct && tcp_direct_submit(p) && !atomic_load(&p->has_work))
+			continue;
 		for (unsigned k = 0; k < p->nconns; k++)
 			tcp_kick(&p->conns[k].io, MAIL_WORK);
 	}
@@ -795,10 +810,13 @@ static int tcp_report(const te_host *h, char **text)
 		"  stall timeout          %lld ms (TE_TCP_TIMEOUT_MS)\n"
 		"  rail suspect after     %lld ms without progress (TE_TCP_SUSPECT_MS, 0: off)\n"
 		"  data port              %s (TE_TCP_PORT)\n"
-		"  data addresses         %s (TE_TCP_RAILS)\n",
+		"  data addresses         %s (TE_TCP_RAILS)\n"
+		"  callers send and wait  %s (TE_TCP_DIRECT)\n"
+		"  spin before sleeping   %lld us (TE_SPIN_US, 0: off)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
 		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms, cfg.port ? "fixed" : "any free one",
-		cfg.rails[0] ? cfg.rails : "the engine's address");
+		cfg.rails[0] ? cfg.rails : "the engine's address", cfg.direct ? "on an idle connection" : "never",
+		(long long)(cfg.spin_ns / 1000));
 	if (*text == NULL)
 		return -ENOMEM;
 	/* The host frees with free(): hand it a malloc()ed copy. */
@@ -819,6 +837,8 @@ static const te_transport_ops tcp_ops = {
 	.segment_close = tcp_segment_close,
 	.submit = tcp_submit,
 	.report = tcp_report,
+	.progress = tcp_progress,
+	.wake = tcp_wake,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "tcp", "1.0.0",

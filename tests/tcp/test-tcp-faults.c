@@ -339,6 +339,21 @@ static void test_stopped(void)
 	kill(c.pid, SIGCONT);
 	/* awake again: the next transfer reconnects */
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 1u << 20, &st), TE_TASK_COMPLETED);
+
+	/* One small request at a time: its submitter sends it on the idle
+	 * connection and waits on the socket itself; a target that stops is
+	 * found all the same, within the stall timeout. */
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_COMPLETED);
+	kill(c.pid, SIGSTOP);
+	long long t0 = now_ms();
+	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_FAILED);
+	dt = now_ms() - t0;
+	fprintf(stderr, "  stopped under one request: failed (%s) in %lld ms\n", te_strerror(st.error), dt);
+	CHECK_EQ(st.error, -ECONNABORTED);
+	CHECK(dt >= 800 && dt < 1000 + 3000);
+	kill(c.pid, SIGCONT);
+	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_COMPLETED);
 	child_stop(&c, 0);
 	CHECK_EQ(te_segment_close(a, seg), 0);
 	te_engine_destroy(a);

@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * One request at a time: a thread that submits a small request to an idle
+ * connection sends it itself and, when it waits, receives the reply itself
+ * (plugins/tcp/tcp-client.c, "callers"). These tests mix that with what the
+ * I/O threads keep: deep batches, requests nobody waits for, a wait from
+ * another thread, status polls, several callers on one connection, and the
+ * spin option; every byte and every completion is checked.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include <te/te.h>
+
+#include "tcp-test.h"
+
+enum { AREA = 4u << 20 }; /* bytes of each side's buffer per thread */
+
+static void pair_up(pair *p, const te_option *o, size_t n, unsigned threads)
+{
+	pair_open(p, (size_t)threads * AREA, o, n, (size_t)threads * AREA, o, n);
+}
+
+/* A length of round `i`: mostly small, now and then above the 1 MiB slice
+ * (which goes through the backlog as before). */
+static size_t len_of(unsigned i, unsigned id)
+{
+	unsigned k = (i * 2654435761u + id * 40503u) >> 7;
+	switch (k % 8) {
+	case 0: return 1 + k % 64;
+	case 1: case 2: case 3: return 4096;
+	case 4: return 1 + k % 70000;
+	case 5: return 1u << 20;
+	case 6: return (1u << 20) + 1 + k % 100000; /* two slices */
+	default: return 65536;
+	}
+}
+
+typedef struct job {
+	pair *p;
+	unsigned id;
+	unsigned rounds;
+	int style; /* 0: wait, 1: poll te_batch_status, 2: deep batches, 3: another thread waits */
+	int bad, failed;
+} job;
+
+/* Waits for `b` from a thread of its own (style 3). */
+typedef struct waiter {
+	te_engine *e;
+	te_batch_id b;
+	int rc;
+} waiter;
+
+static void *wait_main(void *arg)
+{
+	waiter *w = arg;
+	w->rc = te_batch_wait(w->e, w->b, 30000);
+	return NULL;
+}
+
+static bool finish(job *j, te_batch_id b, size_t n)
+{
+	pair *p = j->p;
+	if (j->style == 1) {
+		int32_t state = TE_TASK_PENDING;
+		long long end = now_ms() + 30000;
+		while (now_ms() < end) {
+			if (te_batch_status(p->a, b, NULL, NULL, &state) != 0)
+				return false;
+			if (state == TE_TASK_COMPLETED || state == TE_TASK_FAILED)
+				break;
+			usleep(20);
+		}
+	} else if (j->style == 3) {
+		waiter w = { p->a, b, -1 };
+		pthread_t t;
+		if (pthread_create(&t, NULL, wait_main, &w) != 0)
+			return false;
+		pthread_join(t, NULL);
+		if (w.rc != 0)
+			return false;
+	} else if (te_batch_wait(p->a, b, 30000) != 0) {
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		te_task_status st;
+		if (te_get_status(p->a, b, i, &st) != 0 || st.state != TE_TASK_COMPLETED)
+			return false;
+	}
+	return true;
+}
+
+static void *job_main(void *arg)
+{
+	job *j = arg;
+	pair *p = j->p;
+	unsigned char *la = p->abuf + (size_t)j->id * AREA, *rb = p->bbuf + (size_t)j->id * AREA;
+	enum { DEEP = 32 };
+	te_request r[DEEP];
+
+	for (unsigned i = 0; i < j->rounds; i++) {
+		uint32_t op = (i + j->id) % 2 ? TE_OP_WRITE : TE_OP_READ;
+		size_t n = j->style == 2 ? DEEP : 1, off = 0;
+		for (size_t k = 0; k < n; k++) {
+			size_t len = j->style == 2 ? 65536 + k : len_of(i, j->id);
+			r[k] = (te_request){ op, p->seg, la + off, (uintptr_t)(rb + off) + 3, len };
+			off += len + 7;
+		}
+		unsigned seed = i * 7919u + j->id;
+		if (op == TE_OP_WRITE) {
+			fill_pattern(la, off, seed);
+		} else {
+			fill_pattern(rb + 3, off, seed);
+			memset(la, 0, off);
+		}
+		te_batch_id b;
+		if (te_batch_alloc(p->a, n, &b) != 0) {
+			j->failed++;
+			return NULL;
+		}
+		bool ok = te_submit(p->a, b, r, n) == 0 && finish(j, b, n);
+		te_batch_free(p->a, b);
+		if (!ok) {
+			j->failed++;
+			return NULL;
+		}
+		for (size_t k = 0; k < n; k++)
+			j->bad += memcmp(r[k].local, (void *)(uintptr_t)r[k].remote, r[k].length) != 0;
+	}
+	return NULL;
+}
+
+/* Callers in every style at once, against one peer. */
+static void mixed(const te_option *o, size_t no, unsigned rounds)
+{
+	enum { T = 6 };
+	static const int styles[T] = { 0, 0, 0, 1, 2, 3 };
+	pair p;
+	pair_up(&p, o, no, T);
+	pthread_t th[T];
+	job jobs[T];
+	for (unsigned i = 0; i < T; i++) {
+		jobs[i] = (job){ &p, i, styles[i] == 2 ? rounds / 8 : rounds, styles[i], 0, 0 };
+		REQUIRE(pthread_create(&th[i], NULL, job_main, &jobs[i]) == 0);
+	}
+	int bad = 0, failed = 0;
+	for (unsigned i = 0; i < T; i++) {
+		pthread_join(th[i], NULL);
+		bad += jobs[i].bad;
+		failed += jobs[i].failed;
+	}
+	CHECK_EQ(failed, 0);
+	CHECK_EQ(bad, 0);
+	pair_down(&p);
+}
+
+static void test_mixed_default(void)
+{
+	mixed(NULL, 0, 400);
+}
+
+/* One connection for everybody: callers and the I/O thread take turns on it. */
+static void test_mixed_one_connection(void)
+{
+	te_option o[] = { { "TE_TCP_CONNS_PER_PEER", "1" }, { "TE_TCP_THREADS", "1" } };
+	mixed(o, 2, 400);
+}
+
+static void test_mixed_spin(void)
+{
+	te_option o[] = { { "TE_SPIN_US", "30" } };
+	mixed(o, 1, 300);
+}
+
+/* The usual path only (TE_TCP_DIRECT=0) still works. */
+static void test_mixed_no_direct(void)
+{
+	te_option o[] = { { "TE_TCP_DIRECT", "0" } };
+	mixed(o, 1, 200);
+}
+
+/* A request sent by its submitter, which then never waits: the I/O thread
+ * takes the reply, and a status read later finds it done without any
+ * collecting of its own (te_batch_status would collect; the clock decides). */
+static void test_submit_and_leave(void)
+{
+	pair p;
+	pair_up(&p, NULL, 0, 1);
+	for (int i = 0; i < 20; i++) {
+		fill_pattern(p.bbuf, 4096, (unsigned)i);
+		te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		usleep(30000);
+		/* Completed by now without this thread: a wait of 0 ms only looks. */
+		CHECK_EQ(te_batch_wait(p.a, b, 0), 0);
+		CHECK(memcmp(p.abuf, p.bbuf, 4096) == 0);
+		te_batch_free(p.a, b);
+	}
+	pair_down(&p);
+}
+
+/* te_batch_wait with a zero timeout, again and again: the caller collects
+ * what is there and never sleeps; the request completes. */
+static void test_zero_timeout_polls(void)
+{
+	pair p;
+	pair_up(&p, NULL, 0, 1);
+	for (int i = 0; i < 50; i++) {
+		fill_pattern(p.bbuf, 65536, (unsigned)i + 100);
+		te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 65536 };
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		int rc;
+		long long end = now_ms() + 10000;
+		while ((rc = te_batch_wait(p.a, b, 0)) == -ETIMEDOUT && now_ms() < end)
+			;
+		CHECK_EQ(rc, 0);
+		CHECK(memcmp(p.abuf, p.bbuf, 65536) == 0);
+		te_batch_free(p.a, b);
+	}
+	pair_down(&p);
+}
+
+/* A wait shorter than its request returns -ETIMEDOUT (or 0, on a machine
+ * fast enough) and leaves the request going; the next wait finishes it. */
+static void test_short_timeout(void)
+{
+	pair p;
+	pair_up(&p, NULL, 0, 8);
+	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 16u << 20 };
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+	int rc = te_batch_wait(p.a, b, 1);
+	CHECK(rc == -ETIMEDOUT || rc == 0);
+	CHECK_EQ(te_batch_wait(p.a, b, 30000), 0);
+	te_task_status st;
+	CHECK_EQ(te_get_status(p.a, b, 0, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_COMPLETED);
+	te_batch_free(p.a, b);
+	pair_down(&p);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	TEST_RUN(test_submit_and_leave);
+	TEST_RUN(test_zero_timeout_polls);
+	TEST_RUN(test_short_timeout);
+	TEST_RUN(test_mixed_default);
+	TEST_RUN(test_mixed_one_connection);
+	TEST_RUN(test_mixed_spin);
+	TEST_RUN(test_mixed_no_direct);
+	return check_done();
+}

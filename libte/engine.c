@@ -518,6 +518,8 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	e->mem.unregister_ms = (int64_t)te_engine_option_u64(e, "TE_UNREGISTER_TIMEOUT_MS",
 							     TE_UNREGISTER_TIMEOUT_DEFAULT_MS, 0,
 							     TIMEOUT_MAX_MS);
+	/* Off by default: a waiting thread that spins burns its core. */
+	e->spin_us = (int64_t)te_engine_option_u64(e, "TE_SPIN_US", 0, 0, 1000);
 	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
 	e->notify_pool = te_notify_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);

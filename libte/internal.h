@@ -17,6 +17,16 @@
 #define TE_RPC_HARD_MAX_FRAME (128u << 20)
 #define TE_MAX_NAME 256
 
+/* A pause inside a busy-wait loop (kinder to the sibling hyperthread). */
+static inline void te_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 typedef struct te_transport_inst te_transport_inst;
 
 /* ---------------------------------------------------------------- log.c */
@@ -458,6 +468,7 @@ struct te_engine {
 	bool published;
 	atomic_bool closing; /* read by completion and pool threads */
 	int64_t drain_ms;    /* how long destroy and uninstall wait for tasks (TE_DRAIN_TIMEOUT_MS) */
+	int64_t spin_us;     /* te_batch_wait looks this long before it sleeps (TE_SPIN_US) */
 };
 
 int te_engine_publish(struct te_engine *e);

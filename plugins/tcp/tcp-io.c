@@ -289,8 +289,8 @@ static gpointer thread_main(gpointer data)
 			break;
 
 		int timeout = t->n_conns > 0 || t->idx == 0 ? SCAN_MS : -1;
-		/* TE_SPIN_US: for that long after its last event the thread looks
-		 * without sleeping (and kickers need not ring its eventfd). */
+		/* TE_SPIN_US: for that long after it last served a request the
+		 * thread looks without sleeping (kickers need not ring it then). */
 		bool spin = spin_ns > 0 && now_ns() - busy_at < spin_ns;
 		if (!spin)
 			atomic_store(&t->sleeping, 1);
@@ -298,8 +298,7 @@ static gpointer thread_main(gpointer data)
 			timeout = 0;
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
-		if (n > 0 && spin_ns > 0)
-			busy_at = now_ns();
+		bool served = false;
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
 			g_usleep(10000);
@@ -325,9 +324,15 @@ static gpointer thread_main(gpointer data)
 			case IO_SERVER:
 				if (io->fd >= 0)
 					tcp_sconn_event((tcp_sconn *)io, ev[i].events);
+				served = true;
 				break;
 			}
 		}
+		/* Only a thread serving peers' requests spins: on the initiating
+		 * side the waiting caller does (a reply it collects itself still
+		 * raises its connection's edge here). */
+		if (served && spin_ns > 0)
+			busy_at = now_ns();
 		int64_t now = tcp_now_ms();
 		if (now >= t->next_scan) {
 			t->next_scan = now + SCAN_MS;

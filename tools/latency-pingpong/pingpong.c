@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The floors under tools/bench-latency.sh, one operation at a time:
+ *
+ *   pingpong tcp sleep|busy SECONDS [RESPONSE_BYTES]
+ *       A server process (forked) and a client over loopback TCP with
+ *       TCP_NODELAY: the client sends a 24-byte request, the server answers
+ *       RESPONSE_BYTES (default 4096 + 8) and the client waits for all of it
+ *       before the next request. "sleep": both sides wait in epoll_wait()
+ *       before reading (the kernel wakes them); "busy": both spin on
+ *       non-blocking recv() (no wake-up).
+ *
+ *   pingpong memcpy BYTES SECONDS
+ *       memcpy of the same BYTES between two cached buffers; each sample times
+ *       enough copies to last about 2 us (clock_gettime's cost kept out of
+ *       small copies) and counts as that time divided by the copies.
+ *
+ * Prints one JSON object on stdout:
+ *   {"what", "bytes", "count", "latency_us": {"p50", "p99", "p999", "mean", "max"}}
+ * The first 0.2 s (at most 10 % of the run) are warm-up and not counted.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REQ_BYTES 24
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "pingpong: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+/* ---------------------------------------------------------------- samples */
+
+typedef struct samples {
+	double *v; /* nanoseconds */
+	size_t n, cap;
+} samples;
+
+static void add(samples *s, double ns)
+{
+	if (s->n == s->cap) {
+		s->cap = s->cap ? 2 * s->cap : 1 << 16;
+		s->v = realloc(s->v, s->cap * sizeof *s->v);
+		if (s->v == NULL)
+			die("realloc");
+	}
+	s->v[s->n++] = ns;
+}
+
+static int cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(const samples *s, double p)
+{
+	size_t i = (size_t)(p * (double)s->n);
+	return s->v[i < s->n ? i : s->n - 1];
+}
+
+static void report(const char *what, size_t bytes, samples *s)
+{
+	if (s->n == 0) {
+		fprintf(stderr, "pingpong: no samples\n");
+		exit(1);
+	}
+	qsort(s->v, s->n, sizeof *s->v, cmp);
+	double sum = 0;
+	for (size_t i = 0; i < s->n; i++)
+		sum += s->v[i];
+	printf("{\"what\":\"%s\",\"bytes\":%zu,\"count\":%zu,\"latency_us\":{\"p50\":%.3f,\"p99\":%.3f,"
+	       "\"p999\":%.3f,\"mean\":%.3f,\"max\":%.3f}}\n",
+	       what, bytes, s->n, pct(s, 0.5) / 1e3, pct(s, 0.99) / 1e3, pct(s, 0.999) / 1e3,
+	       sum / (double)s->n / 1e3, s->v[s->n - 1] / 1e3);
+}
+
+/* -------------------------------------------------------------- TCP ping */
+
+static int busy;
+static int ep = -1;
+
+/* Reads exactly n bytes; 0 when the peer closed first. */
+static int read_full(int fd, char *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		if (!busy) {
+			struct epoll_event ev;
+			int r = epoll_wait(ep, &ev, 1, -1);
+			if (r < 0) {
+				if (errno == EINTR)
+					continue;
+				die("epoll_wait");
+			}
+		}
+		ssize_t r = recv(fd, buf + got, n - got, MSG_DONTWAIT);
+		if (r > 0)
+			got += (size_t)r;
+		else if (r == 0)
+			return 0;
+		else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			die("recv");
+	}
+	return 1;
+}
+
+static void write_full(int fd, const char *buf, size_t n)
+{
+	size_t put = 0;
+	while (put < n) {
+		ssize_t r = send(fd, buf + put, n - put, MSG_NOSIGNAL);
+		if (r > 0)
+			put += (size_t)r;
+		else if (r < 0 && errno != EINTR && errno != EAGAIN)
+			die("send");
+	}
+}
+
+static void setup_fd(int fd)
+{
+	int one = 1;
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+		die("TCP_NODELAY");
+	if (!busy) {
+		ep = epoll_create1(EPOLL_CLOEXEC);
+		struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+		if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+			die("epoll");
+	}
+}
+
+static void server(int lfd, size_t resp_bytes)
+{
+	int fd = accept(lfd, NULL, NULL);
+	if (fd < 0)
+		die("accept");
+	close(lfd);
+	setup_fd(fd);
+	char req[REQ_BYTES];
+	char *resp = calloc(1, resp_bytes);
+	if (resp == NULL)
+		die("calloc");
+	uint64_t seq = 0;
+	while (read_full(fd, req, sizeof req)) {
+		memcpy(resp, req, 8); /* the request's sequence number, echoed */
+		memcpy(resp + resp_bytes - 8, &seq, 8);
+		write_full(fd, resp, resp_bytes);
+		seq++;
+	}
+	_exit(0);
+}
+
+static int run_tcp(const char *mode, double secs, size_t resp_bytes)
+{
+	if (strcmp(mode, "busy") == 0)
+		busy = 1;
+	else if (strcmp(mode, "sleep") != 0) {
+		fprintf(stderr, "pingpong: mode is sleep or busy\n");
+		return 2;
+	}
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t alen = sizeof a;
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 1) < 0 ||
+	    getsockname(lfd, (struct sockaddr *)&a, &alen) < 0)
+		die("listen");
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the client */
+		server(lfd, resp_bytes);
+	}
+	close(lfd);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		die("connect");
+	setup_fd(fd);
+	char req[REQ_BYTES] = { 0 };
+	char *resp = malloc(resp_bytes);
+	if (resp == NULL)
+		die("malloc");
+	samples s = { 0 };
+	uint64_t t_start = now_ns();
+	uint64_t warm = (uint64_t)(secs * 1e9 / 10 < 2e8 ? secs * 1e9 / 10 : 2e8);
+	uint64_t end = t_start + warm + (uint64_t)(secs * 1e9);
+	for (uint64_t seq = 0;; seq++) {
+		memcpy(req, &seq, 8);
+		uint64_t t0 = now_ns();
+		write_full(fd, req, sizeof req);
+		if (!read_full(fd, resp, resp_bytes)) {
+			fprintf(stderr, "pingpong: the server closed the connection\n");
+			return 1;
+		}
+		uint64_t t1 = now_ns();
+		if (memcmp(resp, &seq, 8) != 0) {
+			fprintf(stderr, "pingpong: answer out of order\n");
+			return 1;
+		}
+		if (t0 >= t_start + warm)
+			add(&s, (double)(t1 - t0));
+		if (t1 >= end)
+			break;
+	}
+	close(fd);
+	int st;
+	waitpid(pid, &st, 0);
+	char what[32];
+	snprintf(what, sizeof what, "tcp-%s", mode);
+	report(what, resp_bytes, &s);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- memcpy */
+
+static int run_memcpy(size_t bytes, double secs)
+{
+	char *src = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+	char *dst = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+	if (src == NULL || dst == NULL)
+		die("aligned_alloc");
+	memset(src, 1, bytes);
+	memset(dst, 2, bytes);
+	/* copies per sample: enough for about 2 us */
+	unsigned per = 1;
+	for (;;) {
+		uint64_t t0 = now_ns();
+		for (unsigned i = 0; i < per; i++) {
+			memcpy(dst, src, bytes);
+			__asm__ volatile("" : : "r"(dst) : "memory");
+		}
+		if (now_ns() - t0 >= 2000 || per >= 1u << 20)
+			break;
+		per *= 2;
+	}
+	samples s = { 0 };
+	uint64_t t_start = now_ns();
+	uint64_t warm = (uint64_t)(secs * 1e9 / 10 < 2e8 ? secs * 1e9 / 10 : 2e8);
+	uint64_t end = t_start + warm + (uint64_t)(secs * 1e9);
+	for (;;) {
+		uint64_t t0 = now_ns();
+		for (unsigned i = 0; i < per; i++) {
+			memcpy(dst, src, bytes);
+			__asm__ volatile("" : : "r"(dst) : "memory");
+		}
+		uint64_t t1 = now_ns();
+		if (t0 >= t_start + warm)
+			add(&s, (double)(t1 - t0) / per);
+		if (t1 >= end)
+			break;
+	}
+	report("memcpy", bytes, &s);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 4 && strcmp(argv[1], "tcp") == 0) {
+		double secs = strtod(argv[3], NULL);
+		size_t resp = argc > 4 ? strtoull(argv[4], NULL, 0) : 4096 + 8;
+		if (secs <= 0 || resp < 16 || resp > 1u << 30)
+			return 2;
+		return run_tcp(argv[2], secs, resp);
+	}
+	if (argc >= 4 && strcmp(argv[1], "memcpy") == 0) {
+		size_t bytes = strtoull(argv[2], NULL, 0);
+		double secs = strtod(argv[3], NULL);
+		if (bytes == 0 || bytes > 1ull << 32 || secs <= 0)
+			return 2;
+		return run_memcpy(bytes, secs);
+	}
+	fprintf(stderr, "usage: pingpong tcp sleep|busy SECONDS [RESPONSE_BYTES]\n"
+			"       pingpong memcpy BYTES SECONDS\n");
+	return 2;
+}

@@ -5,6 +5,7 @@
  * counters only, and the batch's mutex is taken once per submit call and once
  * when the batch drains (to wake waiters), never per slice.
  */
+#include <sched.h>
 #include <string.h>
 
 #include "internal.h"
@@ -800,8 +801,12 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 		if (timeout_ms >= 0 && end < until)
 			until = end;
 		for (unsigned i = 1; atomic_load(&b->inflight) > 0; i++) {
-			if (i % 64 == 0 && g_get_monotonic_time() >= until)
-				break;
+			if (i % 64 == 0) {
+				if (g_get_monotonic_time() >= until)
+					break;
+				/* the thread completing it may wait for this core */
+				sched_yield();
+			}
 			te_cpu_relax();
 		}
 	}

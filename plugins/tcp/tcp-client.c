@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -591,7 +592,8 @@ static void start_connect(tcp_cconn *cc)
 		connect_failed(cc, -err, g_strerror(err));
 		return;
 	}
-	rc = tcp_io_register(&cc->io, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
+	cc->ep_events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+	rc = tcp_io_register(&cc->io, cc->ep_events);
 	if (rc < 0) {
 		connect_failed(cc, rc, "cannot add the socket to the epoll set");
 		return;
@@ -600,6 +602,35 @@ static void start_connect(tcp_cconn *cc)
 		become_up(cc);
 	else
 		cc->connect_deadline = tcp_now_ms() + c->cfg.connect_timeout_ms;
+}
+
+/* ------------------------------------------------------- epoll events */
+
+/*
+ * What the owner's epoll set watches on the connection. Readable, unless a
+ * caller waits on the socket itself (`muted`: else every piece of its reply
+ * would wake the I/O thread too, for nothing). Writable only while a send
+ * waits for room or a connect for its end: every change of the set raises
+ * an edge for a writable socket, which would wake the I/O thread for
+ * nothing; with no send waiting, `wr` is simply assumed (a send that finds
+ * the buffer full arms it).
+ */
+static void set_events(tcp_cconn *cc, bool muted)
+{
+	bool out = cc->state == CS_CONNECTING || (!cc->io.wr && cc->snd < cc->head);
+	uint32_t want = EPOLLRDHUP | EPOLLET | (muted ? 0 : EPOLLIN) | (out && !muted ? EPOLLOUT : 0);
+
+	if (!out && cc->state == CS_UP)
+		cc->io.wr = true;
+	if (cc->io.fd < 0 || want == cc->ep_events)
+		return;
+	struct epoll_event ev = { .events = want, .data.ptr = &cc->io };
+	if (epoll_ctl(cc->io.thr->ep, EPOLL_CTL_MOD, cc->io.fd, &ev) < 0) {
+		TLOG(cc->peer->ctx, TE_LOG_ERROR, "connection %u to %s: epoll_ctl: %s", cc->idx, cc->peer->name,
+		     g_strerror(errno));
+		return;
+	}
+	cc->ep_events = want;
 }
 
 /* ---------------------------------------------------------------- send */
@@ -836,7 +867,8 @@ static void drive(tcp_cconn *cc)
 			cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
 		return;
 	}
-	for (int round = 0; round < ROUNDS; round++) {
+	bool more = true;
+	for (int round = 0; round < ROUNDS && more; round++) {
 		rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
 		bool moved = false;
 		int rc;
@@ -862,10 +894,12 @@ static void drive(tcp_cconn *cc)
 			moved |= rc > 0;
 		}
 		reap(cc);
-		if (!moved)
-			return;
+		more = moved;
 	}
-	tcp_io_ready(&cc->io); /* more to do: after the other connections had a turn */
+	if (cc->state == CS_UP)
+		set_events(cc, false);
+	if (more)
+		tcp_io_ready(&cc->io); /* more to do: after the other connections had a turn */
 }
 
 /*
@@ -1075,15 +1109,6 @@ static inline int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
 static bool caller_take(tcp_cconn *cc)
 {
 	int free_ = 0;
@@ -1173,6 +1198,8 @@ bool tcp_direct_submit(tcp_peer *p)
 			tls_direct.p = p;
 			tls_direct.idx = k;
 		}
+		if (cc->state == CS_UP)
+			set_events(cc, false); /* a send that waits for room: the I/O thread's if need be */
 		caller_let_go(cc);
 		sent = true;
 		break;
@@ -1307,9 +1334,14 @@ static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t ti
 		if (now >= end)
 			return -ETIMEDOUT;
 		if (now < spin_end) {
-			cpu_relax();
+			/* Yield, not just pause: a thread that has work for us (the
+			 * target's, on a machine with few cores) may be waiting for
+			 * this very core; a spinner that keeps it only adds its spin
+			 * to the round trip. */
+			sched_yield();
 			continue;
 		}
+		set_events(cc, true);
 		caller_sleep(cc, done, arg, end - now);
 	}
 }
@@ -1340,6 +1372,8 @@ int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_n
 			rc = caller_wait(cc, done, arg, timeout_ns);
 			if (rc == -EAGAIN && cc->head == cc->tail)
 				tls_direct.c = NULL; /* nothing left there */
+			if (cc->state == CS_UP)
+				set_events(cc, false); /* an edge now if bytes wait for the I/O thread */
 			caller_let_go(cc);
 		}
 	}

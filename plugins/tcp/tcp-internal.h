@@ -185,6 +185,7 @@ struct tcp_cconn {
 	 * and the holder hands that to the I/O thread when it lets go. */
 	atomic_int drv;
 	atomic_uint missed;
+	uint32_t ep_events; /* as registered in the owner's epoll set (set_events) */
 };
 
 /* What a connection's I/O thread could not do while a caller held it. */

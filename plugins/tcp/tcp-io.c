@@ -20,6 +20,7 @@
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -298,6 +299,8 @@ static gpointer thread_main(gpointer data)
 			timeout = 0;
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
+		if (spin && n == 0)
+			sched_yield(); /* the core may be the one a thread with work for us waits for */
 		bool served = false;
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));

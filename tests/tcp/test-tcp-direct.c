@@ -179,49 +179,45 @@ static void test_mixed_no_direct(void)
 	mixed(o, 1, 200);
 }
 
-/* A request sent by its submitter, which then never waits: the I/O thread
- * takes the reply, and a status read later finds it done without any
- * collecting of its own (te_batch_status would collect; the clock decides). */
-static void test_submit_and_leave(void)
+/* Reads of `len` bytes, one at a time, each waited for with zero timeouts
+ * only: after `sleep_us` (then the first look must find it done: the
+ * submitter sent it, never waited, and the I/O thread took the reply), or at
+ * once and again and again (the caller collects what is there and never
+ * sleeps) until it completes. */
+static void zero_timeout_reads(int rounds, size_t len, unsigned sleep_us)
 {
 	pair p;
 	pair_up(&p, NULL, 0, 1);
-	for (int i = 0; i < 20; i++) {
-		fill_pattern(p.bbuf, 4096, (unsigned)i);
-		te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
+	for (int i = 0; i < rounds; i++) {
+		fill_pattern(p.bbuf, len, (unsigned)i + (unsigned)len);
+		te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, len };
 		te_batch_id b;
 		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
 		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
-		usleep(30000);
-		/* Completed by now without this thread: a wait of 0 ms only looks. */
-		CHECK_EQ(te_batch_wait(p.a, b, 0), 0);
-		CHECK(memcmp(p.abuf, p.bbuf, 4096) == 0);
+		int rc;
+		if (sleep_us > 0) {
+			usleep(sleep_us);
+			rc = te_batch_wait(p.a, b, 0);
+		} else {
+			long long end = now_ms() + 10000;
+			while ((rc = te_batch_wait(p.a, b, 0)) == -ETIMEDOUT && now_ms() < end)
+				;
+		}
+		CHECK_EQ(rc, 0);
+		CHECK(memcmp(p.abuf, p.bbuf, len) == 0);
 		te_batch_free(p.a, b);
 	}
 	pair_down(&p);
 }
 
-/* te_batch_wait with a zero timeout, again and again: the caller collects
- * what is there and never sleeps; the request completes. */
+static void test_submit_and_leave(void)
+{
+	zero_timeout_reads(20, 4096, 30000);
+}
+
 static void test_zero_timeout_polls(void)
 {
-	pair p;
-	pair_up(&p, NULL, 0, 1);
-	for (int i = 0; i < 50; i++) {
-		fill_pattern(p.bbuf, 65536, (unsigned)i + 100);
-		te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 65536 };
-		te_batch_id b;
-		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
-		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
-		int rc;
-		long long end = now_ms() + 10000;
-		while ((rc = te_batch_wait(p.a, b, 0)) == -ETIMEDOUT && now_ms() < end)
-			;
-		CHECK_EQ(rc, 0);
-		CHECK(memcmp(p.abuf, p.bbuf, 65536) == 0);
-		te_batch_free(p.a, b);
-	}
-	pair_down(&p);
+	zero_timeout_reads(50, 65536, 0);
 }
 
 /* A wait shorter than its request returns -ETIMEDOUT (or 0, on a machine

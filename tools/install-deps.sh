@@ -4,8 +4,9 @@
 # and tools the tests start (etcd, redis, iperf3, fio), and the toolchains of
 # the language bindings (CPython headers and pytest, Go, Rust), qemu and
 # valgrind for the reliability suite, clang with its libFuzzer runtime
-# (libclang-rt-14-dev, not pulled in without recommends) for the fuzzers. Debian 12 or
-# newer; root.
+# (libclang-rt-14-dev, not pulled in without recommends) for the fuzzers,
+# abigail-tools for the ABI check, scdoc and man-db for the manual pages.
+# Debian 12 or newer; root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
@@ -16,4 +17,5 @@ apt-get install -y --no-install-recommends \
   etcd-server etcd-client redis-server iperf3 fio iproute2 nftables procps \
   python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy \
   qemu-system-x86 linux-image-amd64 busybox-static valgrind \
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev \
+  abigail-tools scdoc man-db

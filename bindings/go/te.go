@@ -36,7 +36,7 @@ import (
 	"strings"
 )
 
-// Version returns libte's version ("1.1.0").
+// Version returns libte's version ("1.2.0").
 func Version() string { return C.GoString(C.te_version()) }
 
 // LogLevel is the level of libte's log lines.

@@ -53,7 +53,8 @@ enum {
 /* Text for an error code (negative) or 0. Never NULL; static storage. */
 TE_API const char *te_strerror(int err);
 
-/* "1.1.0": the library's version. */
+/* "1.2.0": the library's version; its major and minor are TE_ABI_MAJOR and
+ * TE_ABI_MINOR of the library that runs (docs/abi.md). */
 TE_API const char *te_version(void);
 
 /* The text of the last error libte logged on the calling thread ("" when

@@ -10,6 +10,7 @@
 #include <dirent.h>
 
 #include <te/te.h>
+#include <te/te-plugin.h> /* TE_PLUGIN_ABI_*: the plugin ABI this libte hosts */
 
 static void print_dir(const char *dir, int exists, void *user)
 {
@@ -30,7 +31,7 @@ static void print_plugin(const te_plugin_info *p, void *user)
 	int *transports = user;
 
 	if (p->loaded) {
-		printf("  %-10s %-9s %-8s ABI %u.%u  %s\n", p->name, kind_name(p->kind),
+		printf("  %-10s %-9s %-8s plugin ABI %u.%u  %s\n", p->name, kind_name(p->kind),
 		       p->version ? p->version : "?", p->abi_major, p->abi_minor, p->path);
 		if (p->description)
 			printf("             %s\n", p->description);
@@ -132,8 +133,17 @@ int main(int argc, char **argv)
 		fprintf(stderr, "te-info: unknown argument '%s' (try --help)\n", argv[1]);
 		return 2;
 	}
-	printf("libte %s (ABI %d.%d)\n\nPlugin directories searched, in order:\n", te_version(),
-	       TE_ABI_MAJOR, TE_ABI_MINOR);
+	/* Three versions (docs/abi.md): the library's, whose major.minor is the
+	 * API version of te.h and whose major is the soname's; and the plugin ABI,
+	 * counted on its own. The API version is the running library's, not the
+	 * header's this program was built with. */
+	unsigned api_major = 0, api_minor = 0;
+	if (sscanf(te_version(), "%u.%u", &api_major, &api_minor) != 2)
+		api_major = TE_ABI_MAJOR, api_minor = TE_ABI_MINOR;
+	printf("libte %s (API %u.%u, soname libte.so.%u, plugin ABI %d.%d)\n\n"
+	       "Plugin directories searched, in order:\n",
+	       te_version(), api_major, api_minor, api_major, TE_PLUGIN_ABI_MAJOR,
+	       TE_PLUGIN_ABI_MINOR);
 	te_plugin_dirs(print_dir, NULL);
 	printf("\nPlugins:\n");
 	int usable = te_plugin_foreach(print_plugin, &transports);

@@ -6,7 +6,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::RwLock;
 
-/// libte's version ("1.1.0").
+/// libte's version ("1.2.0").
 pub fn version() -> &'static str {
     // SAFETY: static NUL-terminated string.
     let s: &'static CStr = unsafe { CStr::from_ptr(sys::te_version()) };

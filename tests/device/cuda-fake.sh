@@ -135,7 +135,7 @@ for alloc in legacy vmm; do
         bad "shm $op ($alloc): requests '$req', transport '$tp', $field '$opened'"
       fi
     else
-      bad "shm $op ($alloc): target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null)"
+      bad "shm $op ($alloc): target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null); the target said: $(tail -5 "$tmp/target.out" 2>/dev/null)"
     fi
   done
   kill "$target" 2>/dev/null

@@ -1838,6 +1838,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "temporary directory %s\n", tmp_root);
 		cases[i].fn();
 		fprintf(stderr, "%s %s\n", check_failures ? "FAIL" : "ok  ", cases[i].name);
+		harness_passed = check_failures == 0;
 		return check_done();
 	}
 	fprintf(stderr, "test-md: unknown case %s\n", argv[1]);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 #define TE_MAX_BATCH (1u << 20)
 #define DISPATCH_CHUNK 64
@@ -376,6 +377,10 @@ static void task_finish(te_task *t, int state, bool from_completion)
 	te_transport_inst *tp = t->tp;
 
 	t->sv = NULL;
+	/* Counted before the state is published: whoever sees the task ended
+	 * sees it counted. */
+	if (e->metrics != NULL)
+		te_metrics_task_end(e->metrics, t, state);
 	if (sv != NULL && state == TE_TASK_FAILED) {
 		int err = atomic_load(&t->error);
 		ask_refresh(e, sv, err);
@@ -480,6 +485,7 @@ static void note_transport(te_batch *b, te_transport_inst *tp)
 typedef struct seg_cache {
 	te_segment_id id;
 	te_segver *sv;
+	te_mpeer *peer;
 } seg_cache;
 
 #define ROUTE_EMPTY 1
@@ -530,6 +536,8 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 		}
 		if (t->dev == NULL)
 			t->dev = rr->dev;
+		if (e->metrics != NULL)
+			te_metrics_task_start(e->metrics, t);
 		te_local_submit(e, t);
 		return 0;
 	}
@@ -538,16 +546,21 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 		te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(r->segment));
 		sc->id = r->segment;
 		sc->sv = s ? s->cur : NULL;
+		sc->peer = s ? s->mpeer : NULL;
 		if (s == NULL) {
 			te_err("submit: task %td: unknown segment id %d", t - b->tasks, r->segment);
 			sc->id = -1;
 			return TE_ERR_SEGMENT;
 		}
 	}
+	/* From here on the task counts as the segment's and its transport's,
+	 * refused or not. */
+	t->mpeer = sc->peer;
 	if (sc->sv == NULL) {
 		te_err("submit: task %td: segment %d has no transport", t - b->tasks, r->segment);
 		return TE_ERR_NO_TRANSPORT;
 	}
+	t->mb = sc->sv->tp->hc.mb;
 	if (r->length == 0)
 		return ROUTE_EMPTY;
 	if (!te_desc_contains(sc->sv->desc, r->remote, r->length))
@@ -558,6 +571,8 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	t->tp = sc->sv->tp;
 	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
 	note_transport(b, t->tp);
+	if (e->metrics != NULL)
+		te_metrics_task_start(e->metrics, t);
 	if (t->dev != NULL && !te_region_direct(lr, t->tp))
 		te_stage_submit(e, t);
 	else
@@ -616,6 +631,8 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	g_mutex_unlock(&b->lock);
 	canceled = atomic_load(&b->canceled);
 
+	/* One clock reading serves every task of the call. */
+	uint64_t t0 = e->metrics != NULL ? te_metrics_now_ns() : 0;
 	dispatch d = { 0 };
 	seg_cache sc = { .id = -1 };
 	size_t stale[MAX_STALE], n_stale = 0;
@@ -641,6 +658,10 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
 		t->dev = NULL;
 		t->stage = NULL;
+		t->mb = NULL;
+		t->mpeer = NULL;
+		t->t0_ns = t0;
+		t->mcounted = false;
 		if (canceled) {
 			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 #define DRAIN_TIMEOUT_DEFAULT_MS 60000
 #define TIMEOUT_MAX_MS 3600000 /* an hour: any bound above it is a mistake */
@@ -207,6 +208,7 @@ int te_transport_install(te_engine *e, const char *name, const char *args)
 	}
 	tp = g_new0(te_transport_inst, 1);
 	te_host_init(&tp->hc, e, p);
+	tp->hc.mb = te_metrics_block(e->metrics, name);
 	tp->ops = p->desc->ops;
 	rc = tp->ops->create(&tp->hc.host, args, &tp->ctx);
 	if (rc < 0) {
@@ -520,6 +522,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 							     TIMEOUT_MAX_MS);
 	/* Off by default: a waiting thread that spins burns its core. */
 	e->spin_us = (int64_t)te_engine_option_u64(e, "TE_SPIN_US", 0, 0, 1000);
+	e->metrics = te_metrics_new(e);
 	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
 	e->notify_pool = te_notify_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
@@ -568,6 +571,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	} else {
 		e->name = g_strdup(local_name);
 	}
+	te_metrics_named(e->metrics, e->name);
 	e->handlers[TE_RPC_NOTIFY] = (te_rpc_handler_slot){ te_notify_rpc, e, e };
 
 	rc = install_from_options(e);
@@ -665,5 +669,6 @@ void te_engine_destroy(te_engine *e)
 	g_rw_lock_clear(&e->rpc_lock);
 	g_mutex_clear(&e->desc_lock);
 	g_mutex_clear(&e->notify_lock);
+	te_metrics_free(e->metrics);
 	g_free(e);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 static inline const te_host_ctx *ctx_of(const te_host *h)
 {
@@ -204,7 +205,10 @@ static int host_auth_accept(const te_host *h, int fd, int channel, const char *p
 	const te_host_ctx *hc = ctx_of(h);
 	if (hc->engine == NULL || hc->engine->auth == NULL)
 		return 0;
-	return te_auth_server(hc->engine->auth, fd, channel, peer, timeout_ms, NULL, NULL);
+	int rc = te_auth_server(hc->engine->auth, fd, channel, peer, timeout_ms, NULL, NULL);
+	if (rc == TE_ERR_AUTH)
+		te_metric_count_auth(hc->engine);
+	return rc;
 }
 
 static int host_buffer_is_device(const te_host *h, const te_buffer_pin *pin)
@@ -345,6 +349,32 @@ static int host_device_copy(const te_host *h, const char *location, void *dst, c
 	return len == 0 ? 0 : te_device_copy_at(location, dst, src, len);
 }
 
+/* Metrics (ABI 1.6): a transport's devices count into its engine's table;
+ * plugins without an engine (tools, exporters) get no device and count
+ * nothing. */
+static te_metric_dev *host_metric_device(const te_host *h, const char *name)
+{
+	const te_host_ctx *hc = ctx_of(h);
+
+	if (hc->engine == NULL || hc->engine->metrics == NULL)
+		return NULL;
+	return te_metrics_device(hc->engine->metrics, hc->plugin->name, name);
+}
+
+static void host_metric_add(const te_host *h, te_metric_dev *dev, int what, int64_t delta)
+{
+	const te_host_ctx *hc = ctx_of(h);
+
+	if (hc->engine != NULL && hc->engine->metrics != NULL)
+		te_metrics_dev_add(hc->engine->metrics, hc->mb, dev, what, delta);
+}
+
+static int host_metrics_text(const te_host *h, char **text, size_t *len)
+{
+	(void)h;
+	return te_metrics_text(NULL, text, len);
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -384,5 +414,8 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.device_copy_batch = host_device_copy_batch,
 		.host_buffer_alloc = host_host_buffer_alloc,
 		.host_buffer_free = host_host_buffer_free,
+		.metric_device = host_metric_device,
+		.metric_add = host_metric_add,
+		.metrics_text = host_metrics_text,
 	};
 }

@@ -28,6 +28,10 @@ static inline void te_cpu_relax(void)
 }
 
 typedef struct te_transport_inst te_transport_inst;
+/* metrics.c (metrics.h): an engine's counters, a transport's, a peer's. */
+typedef struct te_metrics te_metrics;
+typedef struct te_mblock te_mblock;
+typedef struct te_mpeer te_mpeer;
 
 /* ---------------------------------------------------------------- log.c */
 void te_log(int level, const char *domain, const char *fmt, ...) TE_PRINTF(3, 4);
@@ -127,6 +131,7 @@ typedef struct te_host_ctx {
 	te_host host;
 	struct te_engine *engine; /* NULL for standalone uses (tools) */
 	const te_plugin *plugin;
+	te_mblock *mb; /* an installed transport's counters; NULL otherwise or when counting is off */
 } te_host_ctx;
 
 void te_host_init(te_host_ctx *hc, struct te_engine *engine, const te_plugin *plugin);
@@ -330,6 +335,7 @@ typedef struct te_segment {
 	te_segver *cur; /* NULL when no transport serves it now */
 	int64_t last_auto_refresh; /* te_now_ms() of the last refresh on a stale range */
 	int64_t last_lost_refresh; /* te_now_ms() of the last refresh after a lost peer */
+	te_mpeer *mpeer; /* the peer counters it counts into; NULL when counting is off */
 } te_segment;
 
 void te_segver_unref(te_segver *sv, bool from_completion);
@@ -366,6 +372,12 @@ typedef struct te_task {
 	 * remote task is staged through host memory (stage.c). */
 	te_device *dev;
 	struct te_stager *stage; /* a staging sub-transfer: its stager */
+	/* Metrics: where it counts (set once routing knows), when it was
+	 * submitted, and whether its request was counted yet. */
+	te_mblock *mb;
+	te_mpeer *mpeer;
+	uint64_t t0_ns;
+	bool mcounted;
 } te_task;
 
 typedef struct te_batch {
@@ -469,6 +481,7 @@ struct te_engine {
 	atomic_bool closing; /* read by completion and pool threads */
 	int64_t drain_ms;    /* how long destroy and uninstall wait for tasks (TE_DRAIN_TIMEOUT_MS) */
 	int64_t spin_us;     /* te_batch_wait looks this long before it sleeps (TE_SPIN_US) */
+	te_metrics *metrics; /* NULL when counting is off (TE_METRICS=0) */
 };
 
 int te_engine_publish(struct te_engine *e);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 static void region_free(te_region *r)
 {
@@ -503,6 +504,8 @@ static int register_regions(te_engine *e, const te_memory_region *regs, size_t n
 			te_region *r = g_ptr_array_index(added, i);
 			te_dbg("registered %p+%zu at %s%s", r->addr, r->length, r->location,
 			       (r->flags & TE_MEM_REMOTE_ACCESS) ? " (remote access)" : "");
+			if (!r->hidden) /* libte's own staging is not the application's */
+				te_metric_count_memory(e, (int64_t)r->length, 1);
 		}
 		int prc = te_engine_publish(e);
 		if (prc < 0)
@@ -563,8 +566,12 @@ int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
 		g_rw_lock_writer_unlock(&e->mem.lock);
 		/* One bound for the whole call. */
 		gint64 deadline = retire_deadline(e);
-		for (guint i = 0; i < gone->len; i++)
-			region_retire(e, g_ptr_array_index(gone, i), deadline);
+		for (guint i = 0; i < gone->len; i++) {
+			te_region *r = g_ptr_array_index(gone, i);
+			if (!r->hidden)
+				te_metric_count_memory(e, -(int64_t)r->length, -1);
+			region_retire(e, r, deadline);
+		}
 	}
 	g_ptr_array_unref(gone);
 	g_rec_mutex_unlock(&e->ctl);
@@ -579,8 +586,12 @@ void te_memreg_revoke_all(te_engine *e)
 	e->mem.regions = g_ptr_array_new();
 	g_rw_lock_writer_unlock(&e->mem.lock);
 	gint64 deadline = retire_deadline(e);
-	for (guint i = 0; i < gone->len; i++)
-		region_retire(e, g_ptr_array_index(gone, i), deadline);
+	for (guint i = 0; i < gone->len; i++) {
+		te_region *r = g_ptr_array_index(gone, i);
+		if (!r->hidden)
+			te_metric_count_memory(e, -(int64_t)r->length, -1);
+		region_retire(e, r, deadline);
+	}
 	g_ptr_array_unref(gone);
 	g_rec_mutex_unlock(&e->ctl);
 }

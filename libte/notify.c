@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 #define QUEUE_MAX 65536
 
@@ -29,6 +30,7 @@ int te_notify_enqueue(te_engine *e, const char *name, const char *msg)
 	}
 	g_queue_push_tail(&e->notifications, n);
 	g_mutex_unlock(&e->notify_lock);
+	te_metric_count_notify(e, true);
 	return 0;
 }
 
@@ -116,6 +118,8 @@ int te_notify_send_name(te_engine *e, const char *segment_name, const char *send
 		rc = TE_ERR_REJECTED;
 	} else if (rc < 0) {
 		te_err("notify to %s (%s:%d) failed: %s", segment_name, host, port, te_strerror(rc));
+	} else {
+		te_metric_count_notify(e, false); /* delivered: the peer took it */
 	}
 	free(reply);
 	g_free(host);

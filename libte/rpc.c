@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 #define CONNECT_TIMEOUT_MS 5000
 #define CLIENT_RECV_TIMEOUT_MS 60000
@@ -256,6 +257,8 @@ static void serve_conn(gpointer data, gpointer user)
 				    &plain);
 		if (rc < 0 && plain)
 			answer_plain(job->fd, first, job->peer);
+		if (rc == TE_ERR_AUTH)
+			te_metric_count_auth(e);
 		if (rc < 0)
 			goto out;
 	}
@@ -263,6 +266,8 @@ static void serve_conn(gpointer data, gpointer user)
 	if (rc < 0) {
 		if (rc != TE_ERR_PROTOCOL)
 			te_dbg("rpc: reading a frame from %s: %s", job->peer, te_strerror(rc));
+		else /* a length out of bounds: not a frame of any kind */
+			te_metric_count_rpc(e, TE_MRPC_UNKNOWN, true);
 		goto out;
 	}
 	int kind = type < 0 ? TE_RPC_CONNECTION : type;
@@ -277,6 +282,7 @@ static void serve_conn(gpointer data, gpointer user)
 	     te_json_check(body, len, &frame_lim, why, sizeof why) < 0)) {
 		te_warn_limited("rpc: %s frame from %s refused: %s; closing", rpc_kind_name(kind),
 				job->peer, why);
+		te_metric_count_rpc(e, kind, true);
 		goto out;
 	}
 	if (kind == TE_RPC_PROBE || kind == TE_RPC_METADATA) {
@@ -288,6 +294,7 @@ static void serve_conn(gpointer data, gpointer user)
 			g_rw_lock_reader_unlock(&e->rpc_lock);
 			te_warn_limited("rpc: %s frame from %s but nothing handles it; closing",
 					rpc_kind_name(kind), job->peer);
+			te_metric_count_rpc(e, kind, true);
 			goto out;
 		}
 		/* Held across the call: unregistering a handler waits for it. */
@@ -297,8 +304,10 @@ static void serve_conn(gpointer data, gpointer user)
 	if (rc < 0 || reply == NULL) {
 		te_warn_limited("rpc: %s request from %s refused: %s", rpc_kind_name(kind), job->peer,
 				te_strerror(rc < 0 ? rc : -EINVAL));
+		te_metric_count_rpc(e, kind, true);
 		goto out;
 	}
+	te_metric_count_rpc(e, kind, false);
 	rc = write_frame(job->fd, type, reply, reply_len, te_now_ms() + SERVER_FRAME_TIMEOUT_MS);
 	if (rc < 0) {
 		te_dbg("rpc: reply to %s failed: %s", job->peer, te_strerror(rc));

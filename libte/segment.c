@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "metrics.h"
 
 /* ---------------------------------------------------------- versions */
 
@@ -360,6 +361,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	s->forced = g_strdup(transport);
 	s->opens = 1;
 	s->cur = sv;
+	s->mpeer = te_metrics_peer(e->metrics, name);
 	int id = ++e->next_segment;
 	sv->id = id;
 	g_rw_lock_writer_lock(&e->data);

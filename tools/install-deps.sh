@@ -14,7 +14,7 @@ apt-get install -y --no-install-recommends \
   build-essential meson ninja-build pkg-config python3 ca-certificates openssl binutils \
   libglib2.0-dev libjson-glib-dev libnuma-dev libsoup-3.0-dev libhiredis-dev \
   libibverbs-dev rdma-core ibverbs-providers liburing-dev \
-  etcd-server etcd-client redis-server iperf3 fio iproute2 nftables procps \
+  etcd-server etcd-client redis-server iperf3 fio iproute2 nftables procps prometheus \
   python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy \
   qemu-system-x86 linux-image-amd64 busybox-static valgrind \
   clang libclang-rt-14-dev \

@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 5
+#define TE_PLUGIN_ABI_MINOR 6
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -172,6 +172,7 @@ typedef int (*te_rpc_handler)(void *user, const char *peer, const char *body, si
 /* ------------------------------------------------------------ host table */
 
 typedef struct te_host te_host;
+typedef struct te_metric_dev te_metric_dev; /* the host's */
 struct te_host {
 	uint32_t size;
 	uint32_t abi_minor;
@@ -317,6 +318,30 @@ struct te_host {
 	 * else ordinary. Free it with host_buffer_free(). */
 	int (*host_buffer_alloc)(const te_host *h, size_t len, void **ptr);
 	void (*host_buffer_free)(const te_host *h, void *ptr);
+
+	/* ---- since ABI 1.6 (test with TE_HAS_OP) ---- */
+	/* Metrics of a transport's own (docs/metrics.md). A device of this
+	 * plugin instance (a NIC "mlx5_0", a rail "eth1", an NVMe file), named
+	 * as the `device` label shows it; the same name gives the same handle,
+	 * valid until the instance is destroyed. NULL when counting is off or
+	 * the engine's device table is full (TE_METRICS_DEVICES): metric_add()
+	 * then counts for the transport alone. */
+	te_metric_dev *(*metric_device)(const te_host *h, const char *name);
+	/* Adds `delta` to counter `what` (enum te_metric_kind) of `dev`, or of
+	 * the transport itself when `dev` is NULL. Any thread, never blocks,
+	 * contention-free: call it on the data path. */
+	void (*metric_add)(const te_host *h, te_metric_dev *dev, int what, int64_t delta);
+	/* For exporter plugins: te_metrics_text(NULL), malloc()ed. */
+	int (*metrics_text)(const te_host *h, char **text, size_t *len);
+};
+
+/* What metric_add() counts (since ABI 1.6). */
+enum te_metric_kind {
+	TE_METRIC_BYTES = 1,          /* bytes moved through the device; feeds its moving-average bandwidth */
+	TE_METRIC_INFLIGHT_BYTES = 2, /* a gauge: +len when posted, -len when done */
+	TE_METRIC_RETRIES = 3,        /* a request sent again */
+	TE_METRIC_FAILOVERS = 4,      /* requests moved off this device (or transport) to another */
+	TE_METRIC_ERRORS = 5,         /* device errors: a link lost, a failed work completion */
 };
 
 /* ------------------------------------------------------ transport plugins */
@@ -499,6 +524,24 @@ typedef struct te_device_ops {
 	 * copy() n times. */
 	int (*copy_batch)(void *ctx, const te_copy *copies, size_t n, unsigned flags);
 } te_device_ops;
+
+/*
+ * Exporters (since ABI 1.6): serve the process's metrics somewhere
+ * (TE_METRICS_ADDR). One instance per process, created when the first engine
+ * that asks for one starts and destroyed with the last; it gets the text
+ * through host->metrics_text() whenever it is asked.
+ */
+typedef struct te_exporter_ops {
+	uint32_t size;
+	uint32_t reserved;
+	/* Required. Starts serving at `addr` ("host:port"; port 0 picks one).
+	 * `json_args`: {"token_file": PATH} or NULL. Returns at once, serving
+	 * from a thread of its own. */
+	int (*create)(const te_host *h, const char *addr, const char *json_args, void **ctx);
+	void (*destroy)(void *ctx);
+	/* Optional. Where it serves ("http://127.0.0.1:9464/metrics") into `buf`. */
+	int (*url)(void *ctx, char *buf, size_t size);
+} te_exporter_ops;
 
 /* ------------------------------------------------------------- descriptor */
 

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define TE_ABI_MAJOR 1
-#define TE_ABI_MINOR 2
+#define TE_ABI_MINOR 3
 
 /* ------------------------------------------------------------------ errors */
 
@@ -396,12 +396,58 @@ TE_API int te_metadata_rpc_key(const char *name, char *buf, size_t size);
 /* Frees memory libte returned to the caller. */
 TE_API void te_free(void *p);
 
+/* ----------------------------------------------------------------- metrics */
+
+/*
+ * Every engine counts what it moves (docs/metrics.md): per transport and
+ * operation, per peer segment (the busiest TE_METRICS_PEERS, 64 by default,
+ * and one "other"), and per device a transport names (a NIC, a TCP rail, an
+ * NVMe file). Counting is on by default and contention-free on the data
+ * path; TE_METRICS=0 (environment or engine option) turns it off, and the
+ * calls below then return -ENOTSUP. Since 1.3.
+ */
+
+/* Engine-wide totals. Versioned by `size`: set it to sizeof(te_stats)
+ * before the call; fields that lie beyond it are left alone. Arrays are
+ * indexed by enum te_opcode. */
+typedef struct te_stats {
+	uint32_t size;
+	uint32_t reserved;
+	uint64_t requests[2];   /* tasks submitted, refused ones included */
+	uint64_t bytes[2];      /* bytes moved by tasks that ended, partial moves included */
+	uint64_t completed[2];  /* tasks that ended COMPLETED */
+	uint64_t failed[2];     /* ended FAILED, TIMEOUT, or INVALID (refused at submit) */
+	uint64_t canceled[2];   /* ended CANCELED */
+	uint64_t in_flight;     /* tasks submitted and not ended */
+	uint64_t in_flight_bytes;
+	uint64_t retries;       /* requests a transport sent again */
+	uint64_t failovers;     /* requests a transport moved to another device or rail */
+	uint64_t notifies_sent;
+	uint64_t notifies_received;
+	uint64_t registered_bytes;   /* memory registered now */
+	uint64_t registered_regions;
+	uint64_t rpc_served;    /* RPC frames answered on the handshake port */
+	uint64_t rpc_refused;   /* frames refused: malformed, unknown, over a bound */
+	uint64_t auth_refused;  /* peers refused by the cluster key (TE_AUTH_KEY_FILE) */
+} te_stats;
+
+/* Fills `out` (its `size` set by the caller). */
+TE_API int te_engine_stats(te_engine *engine, te_stats *out);
+/* Every counter of `engine` as one JSON object (its form: docs/metrics.md).
+ * Release `*json` with te_free(). */
+TE_API int te_engine_stats_json(te_engine *engine, char **json);
+/* The Prometheus text exposition (format 0.0.4) of `engine`, or of every
+ * engine of the process when `engine` is NULL. Release `*text` with
+ * te_free(). */
+TE_API int te_metrics_text(te_engine *engine, char **text, size_t *len);
+
 /* ----------------------------------------------------------------- plugins */
 
 enum te_plugin_kind_id {
 	TE_KIND_TRANSPORT = 1,
 	TE_KIND_METADATA = 2,
 	TE_KIND_DEVICE = 3, /* since 1.2: device memory (GPUs) */
+	TE_KIND_EXPORTER = 4, /* since 1.3: serves the metrics (TE_METRICS_ADDR) */
 };
 
 /* What the loader found. Versioned by `size`: read fields only when

@@ -4,6 +4,11 @@
  * tests can observe tasks in flight (free-while-busy, cancel, wait timeouts).
  * Serves only segments of its own process. te_test_hold_* are looked up by
  * the tests with dlsym.
+ *
+ * It reports to the host's metrics (ABI 1.6) as one device, "hold0": bytes
+ * in flight while held, bytes moved on release; a transfer released with an
+ * error counts one device error, one fail-over off the device and one retry
+ * of the transport itself, so tests know the exact counts to expect.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -18,7 +23,19 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static te_transfer *held[MAX_HELD];
 static const te_host *held_host[MAX_HELD];
+static te_metric_dev *held_dev[MAX_HELD];
 static size_t n_held;
+
+typedef struct hold_ctx {
+	const te_host *host;
+	te_metric_dev *dev; /* NULL when the host counts nothing */
+} hold_ctx;
+
+static void count(const te_host *h, te_metric_dev *dev, int what, int64_t delta)
+{
+	if (TE_HAS_OP(h, metric_add))
+		h->metric_add(h, dev, what, delta);
+}
 
 __attribute__((visibility("default"))) size_t te_test_hold_count(void);
 __attribute__((visibility("default"))) size_t te_test_hold_release(int error);
@@ -35,17 +52,27 @@ size_t te_test_hold_count(void)
  * canceled, or failed with `error`. */
 size_t te_test_hold_release(int error)
 {
-	te_transfer *t[MAX_HELD];
-	const te_host *h[MAX_HELD];
+	static te_transfer *t[MAX_HELD];
+	static const te_host *h[MAX_HELD];
+	static te_metric_dev *d[MAX_HELD];
+	static pthread_mutex_t release_lock = PTHREAD_MUTEX_INITIALIZER;
 	size_t n;
 
+	pthread_mutex_lock(&release_lock); /* the copies above are static: one release at a time */
 	pthread_mutex_lock(&lock);
 	n = n_held;
 	memcpy(t, held, n * sizeof *t);
 	memcpy(h, held_host, n * sizeof *h);
+	memcpy(d, held_dev, n * sizeof *d);
 	n_held = 0;
 	pthread_mutex_unlock(&lock);
 	for (size_t i = 0; i < n; i++) {
+		count(h[i], d[i], TE_METRIC_INFLIGHT_BYTES, -(int64_t)t[i]->length);
+		if (error != 0) {
+			count(h[i], d[i], TE_METRIC_ERRORS, 1);
+			count(h[i], d[i], TE_METRIC_FAILOVERS, 1);
+			count(h[i], NULL, TE_METRIC_RETRIES, 1);
+		}
 		if (error == 0 && h[i]->canceled(h[i], t[i])) {
 			h[i]->complete(h[i], t[i], 0, -ECANCELED);
 			continue;
@@ -56,22 +83,30 @@ size_t te_test_hold_release(int error)
 				memcpy(t[i]->local, remote, t[i]->length);
 			else
 				memcpy(remote, t[i]->local, t[i]->length);
+			count(h[i], d[i], TE_METRIC_BYTES, (int64_t)t[i]->length);
 		}
 		h[i]->complete(h[i], t[i], error ? 0 : t[i]->length, error);
 	}
+	pthread_mutex_unlock(&release_lock);
 	return n;
 }
 
 static int hold_create(const te_host *h, const char *args, void **ctx)
 {
+	hold_ctx *c = calloc(1, sizeof *c);
 	(void)args;
-	*ctx = (void *)h;
+	if (c == NULL)
+		return -ENOMEM;
+	c->host = h;
+	if (TE_HAS_OP(h, metric_device))
+		c->dev = h->metric_device(h, "hold0");
+	*ctx = c;
 	return 0;
 }
 
 static void hold_destroy(void *ctx)
 {
-	(void)ctx;
+	free(ctx);
 }
 
 static int hold_describe(void *ctx, char **json)
@@ -96,7 +131,7 @@ static int hold_segment_open(void *ctx, const te_segment_info *seg, void **seg_c
 
 static int hold_submit(void *ctx, te_transfer *const *ts, size_t n)
 {
-	const te_host *h = ctx;
+	const hold_ctx *c = ctx;
 
 	pthread_mutex_lock(&lock);
 	if (n_held + n > MAX_HELD) {
@@ -104,8 +139,11 @@ static int hold_submit(void *ctx, te_transfer *const *ts, size_t n)
 		return -ENOSPC;
 	}
 	for (size_t i = 0; i < n; i++) {
+		/* Counted before the transfer can be released by another thread. */
+		count(c->host, c->dev, TE_METRIC_INFLIGHT_BYTES, (int64_t)ts[i]->length);
 		held[n_held] = ts[i];
-		held_host[n_held++] = h;
+		held_dev[n_held] = c->dev;
+		held_host[n_held++] = c->host;
 	}
 	pthread_mutex_unlock(&lock);
 	return 0;

@@ -1,0 +1,1106 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Counters cheap enough to leave on (docs/metrics.md). The data path adds
+ * with relaxed atomics into one of SHARDS cache-line-aligned copies, chosen
+ * per thread, so threads that move data rarely share a line; reading sums
+ * the copies. A reading is therefore not one instant: gauges derived from
+ * two counters (in flight = requests - ended) are clamped at zero.
+ */
+#include <json-glib/json-glib.h>
+#include <stdalign.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "metrics.h"
+
+#if TE_METRICS_BUILD
+
+#define SHARDS 16 /* a power of two */
+#define LINE 64
+/* Latency buckets: le 1 µs, 2 µs, … 2^23 µs (8.4 s), then +Inf. */
+#define LAT_BOUNDS 24
+#define LAT_BUCKETS (LAT_BOUNDS + 1)
+#define PEERS_DEFAULT 64
+#define PEERS_MAX 4096
+#define DEVICES_DEFAULT 256
+#define DEVICES_MAX 65536
+#define BW_TAU_NS 1000000000.0 /* the bandwidth average's time constant: 1 s */
+
+typedef _Atomic uint64_t counter;
+
+/* One operation's counters in one shard. */
+typedef struct mop {
+	counter requests, req_bytes, bytes, ended_bytes, completed, failed, canceled, lat_sum_ns;
+	counter lat[LAT_BUCKETS];
+} mop;
+
+typedef struct mshard {
+	alignas(LINE) mop op[2];
+} mshard;
+
+struct te_mblock {
+	char *transport;
+	mshard *shards;
+	/* Counted by transports through metric_add() with no device: rare
+	 * events (a retry, a lost link), one line is enough. */
+	counter retries, failovers, errors;
+};
+
+typedef struct pshard {
+	alignas(LINE) counter bytes[2], requests[2], failed[2];
+} pshard;
+
+struct te_mpeer {
+	char *name; /* NULL for "other" */
+	pshard *shards;
+};
+
+typedef struct dshard {
+	alignas(LINE) counter bytes, inflight_bytes, retries, failovers, errors;
+} dshard;
+
+struct te_metric_dev {
+	char *transport;
+	char *name;
+	dshard *shards;
+	/* The moving average, advanced by readers under the engine's lock. */
+	uint64_t last_bytes;
+	uint64_t last_ns;
+	double bw;
+};
+
+struct te_metrics {
+	GMutex lock; /* the tables below and the averages; never on the data path */
+	char *segment;
+	te_mblock *local;
+	GPtrArray *blocks; /* te_mblock*, the local one first */
+	GHashTable *peers; /* name → te_mpeer*, the exposed ones */
+	GPtrArray *peer_order; /* the same, in the order they joined */
+	unsigned max_peers;
+	te_mpeer *other;
+	te_metric_dev **devs;
+	unsigned n_devs, max_devs;
+	counter notify_sent, notify_received;
+	counter reg_bytes, reg_regions; /* gauges, by two's complement */
+	counter rpc[TE_MRPC_KINDS][2];
+	counter auth_refused;
+};
+
+/* Every engine that counts, for te_metrics_text(NULL). */
+static GMutex engines_lock;
+static GPtrArray *engines; /* te_metrics* */
+
+static atomic_uint next_shard;
+static _Thread_local unsigned my_shard; /* 1 + index; 0 before the first use */
+
+static inline unsigned shard(void)
+{
+	unsigned s = my_shard;
+
+	if (s == 0)
+		my_shard = s = 1 + (atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) & (SHARDS - 1));
+	return s - 1;
+}
+
+static inline void add(counter *c, uint64_t v)
+{
+	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static inline uint64_t get(const counter *c)
+{
+	return atomic_load_explicit((counter *)c, memory_order_relaxed);
+}
+
+static void *shards_new(size_t each)
+{
+	void *p = aligned_alloc(LINE, each * SHARDS);
+
+	if (p == NULL)
+		g_error("out of memory for %zu bytes of counters", each * SHARDS);
+	memset(p, 0, each * SHARDS);
+	return p;
+}
+
+uint64_t te_metrics_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static te_mblock *block_new(const char *transport)
+{
+	te_mblock *b = g_new0(te_mblock, 1);
+
+	b->transport = g_strdup(transport);
+	b->shards = shards_new(sizeof(mshard));
+	return b;
+}
+
+static void block_free(gpointer p)
+{
+	te_mblock *b = p;
+
+	free(b->shards);
+	g_free(b->transport);
+	g_free(b);
+}
+
+static te_mpeer *peer_new(const char *name)
+{
+	te_mpeer *p = g_new0(te_mpeer, 1);
+
+	p->name = g_strdup(name);
+	p->shards = shards_new(sizeof(pshard));
+	return p;
+}
+
+static void peer_free(gpointer v)
+{
+	te_mpeer *p = v;
+
+	free(p->shards);
+	g_free(p->name);
+	g_free(p);
+}
+
+te_metrics *te_metrics_new(te_engine *e)
+{
+	if (te_engine_option_u64(e, "TE_METRICS", 1, 0, 1) == 0)
+		return NULL;
+	te_metrics *m = g_new0(te_metrics, 1);
+	g_mutex_init(&m->lock);
+	m->max_peers = (unsigned)te_engine_option_u64(e, "TE_METRICS_PEERS", PEERS_DEFAULT, 0, PEERS_MAX);
+	m->max_devs = (unsigned)te_engine_option_u64(e, "TE_METRICS_DEVICES", DEVICES_DEFAULT, 0, DEVICES_MAX);
+	m->local = block_new("local");
+	m->blocks = g_ptr_array_new_with_free_func(block_free);
+	g_ptr_array_add(m->blocks, m->local);
+	m->peers = g_hash_table_new(g_str_hash, g_str_equal);
+	m->peer_order = g_ptr_array_new_with_free_func(peer_free);
+	m->other = peer_new(NULL);
+	m->devs = g_new0(te_metric_dev *, m->max_devs ? m->max_devs : 1);
+	m->segment = g_strdup("");
+	g_mutex_lock(&engines_lock);
+	if (engines == NULL)
+		engines = g_ptr_array_new();
+	g_ptr_array_add(engines, m);
+	g_mutex_unlock(&engines_lock);
+	return m;
+}
+
+void te_metrics_free(te_metrics *m)
+{
+	if (m == NULL)
+		return;
+	g_mutex_lock(&engines_lock);
+	g_ptr_array_remove(engines, m);
+	g_mutex_unlock(&engines_lock);
+	for (unsigned i = 0; i < m->n_devs; i++) {
+		free(m->devs[i]->shards);
+		g_free(m->devs[i]->transport);
+		g_free(m->devs[i]->name);
+		g_free(m->devs[i]);
+	}
+	g_free(m->devs);
+	peer_free(m->other);
+	g_hash_table_unref(m->peers);
+	g_ptr_array_unref(m->peer_order);
+	g_ptr_array_unref(m->blocks);
+	g_free(m->segment);
+	g_mutex_clear(&m->lock);
+	g_free(m);
+}
+
+void te_metrics_named(te_metrics *m, const char *name)
+{
+	if (m == NULL)
+		return;
+	g_mutex_lock(&m->lock);
+	g_free(m->segment);
+	m->segment = g_strdup(name ? name : "");
+	g_mutex_unlock(&m->lock);
+}
+
+te_mblock *te_metrics_block(te_metrics *m, const char *transport)
+{
+	te_mblock *b = NULL;
+
+	if (m == NULL)
+		return NULL;
+	g_mutex_lock(&m->lock);
+	for (guint i = 0; i < m->blocks->len && b == NULL; i++) {
+		te_mblock *x = g_ptr_array_index(m->blocks, i);
+		if (strcmp(x->transport, transport) == 0)
+			b = x;
+	}
+	if (b == NULL) {
+		b = block_new(transport);
+		g_ptr_array_add(m->blocks, b);
+	}
+	g_mutex_unlock(&m->lock);
+	return b;
+}
+
+/* A peer joins the exposed set while it has room and keeps its place for
+ * the engine's life: every series shown stays monotonic (a segment closed
+ * and opened again continues its own), and memory stays bounded by
+ * TE_METRICS_PEERS whatever the application opens. */
+te_mpeer *te_metrics_peer(te_metrics *m, const char *name)
+{
+	te_mpeer *p;
+
+	if (m == NULL)
+		return NULL;
+	g_mutex_lock(&m->lock);
+	p = g_hash_table_lookup(m->peers, name);
+	if (p == NULL && m->peer_order->len < m->max_peers) {
+		p = peer_new(name);
+		g_ptr_array_add(m->peer_order, p);
+		g_hash_table_insert(m->peers, p->name, p);
+	}
+	g_mutex_unlock(&m->lock);
+	return p != NULL ? p : m->other;
+}
+
+static inline unsigned op_index(const te_task *t)
+{
+	/* A request refused for its unknown opcode counts as a read. */
+	return t->xfer.opcode == TE_OP_WRITE ? 1 : 0;
+}
+
+void te_metrics_task_start(te_metrics *m, te_task *t)
+{
+	unsigned s = shard(), op = op_index(t);
+
+	if (t->mb == NULL)
+		t->mb = m->local;
+	mop *o = &t->mb->shards[s].op[op];
+	add(&o->requests, 1);
+	add(&o->req_bytes, t->xfer.length);
+	if (t->mpeer != NULL)
+		add(&t->mpeer->shards[s].requests[op], 1);
+	t->mcounted = true;
+}
+
+static inline unsigned lat_bucket(uint64_t ns)
+{
+	uint64_t us = (ns + 999) / 1000; /* in the first bucket whose bound is not below it */
+
+	if (us <= 1)
+		return 0;
+	unsigned k = 64u - (unsigned)__builtin_clzll(us - 1); /* ceil(log2(us)) */
+	return k < LAT_BOUNDS ? k : LAT_BOUNDS;
+}
+
+void te_metrics_task_end(te_metrics *m, te_task *t, int state)
+{
+	if (!t->mcounted)
+		te_metrics_task_start(m, t);
+	unsigned s = shard(), op = op_index(t);
+	mop *o = &t->mb->shards[s].op[op];
+	uint64_t moved = atomic_load_explicit(&t->transferred, memory_order_relaxed);
+	bool failed = false;
+
+	add(&o->bytes, moved);
+	add(&o->ended_bytes, t->xfer.length);
+	switch (state) {
+	case TE_TASK_COMPLETED:
+		add(&o->completed, 1);
+		break;
+	case TE_TASK_CANCELED:
+		add(&o->canceled, 1);
+		break;
+	default:
+		add(&o->failed, 1);
+		failed = true;
+		break;
+	}
+	/* Canceled tasks stay out of the latency: they measure the caller. */
+	if (state != TE_TASK_CANCELED) {
+		uint64_t now = te_metrics_now_ns();
+		uint64_t ns = now > t->t0_ns ? now - t->t0_ns : 0;
+		add(&o->lat[lat_bucket(ns)], 1);
+		add(&o->lat_sum_ns, ns);
+	}
+	if (t->mpeer != NULL) {
+		pshard *p = &t->mpeer->shards[s];
+		add(&p->bytes[op], moved);
+		if (failed)
+			add(&p->failed[op], 1);
+	}
+}
+
+void te_metrics_add(counter *c, int64_t delta)
+{
+	add(c, (uint64_t)delta);
+}
+
+counter *te_metrics_counter_notify(te_metrics *m, bool received)
+{
+	return received ? &m->notify_received : &m->notify_sent;
+}
+
+counter *te_metrics_counter_memory(te_metrics *m, bool regions)
+{
+	return regions ? &m->reg_regions : &m->reg_bytes;
+}
+
+counter *te_metrics_counter_rpc(te_metrics *m, int kind, bool refused)
+{
+	if (kind < 0 || kind >= TE_MRPC_KINDS)
+		kind = TE_MRPC_UNKNOWN;
+	return &m->rpc[kind][refused ? 1 : 0];
+}
+
+counter *te_metrics_counter_auth(te_metrics *m)
+{
+	return &m->auth_refused;
+}
+
+te_metric_dev *te_metrics_device(te_metrics *m, const char *transport, const char *name)
+{
+	te_metric_dev *d = NULL;
+
+	if (m == NULL || name == NULL || *name == '\0' || strlen(name) >= TE_MAX_NAME)
+		return NULL;
+	g_mutex_lock(&m->lock);
+	for (unsigned i = 0; i < m->n_devs && d == NULL; i++)
+		if (strcmp(m->devs[i]->transport, transport) == 0 && strcmp(m->devs[i]->name, name) == 0)
+			d = m->devs[i];
+	if (d == NULL && m->n_devs < m->max_devs) {
+		d = g_new0(te_metric_dev, 1);
+		d->transport = g_strdup(transport);
+		d->name = g_strdup(name);
+		d->shards = shards_new(sizeof(dshard));
+		m->devs[m->n_devs++] = d;
+	}
+	g_mutex_unlock(&m->lock);
+	return d;
+}
+
+void te_metrics_dev_add(te_metrics *m, te_mblock *tp, te_metric_dev *dev, int what, int64_t delta)
+{
+	(void)m;
+	if (dev == NULL) {
+		if (tp == NULL)
+			return;
+		switch (what) {
+		case TE_METRIC_RETRIES: add(&tp->retries, (uint64_t)delta); break;
+		case TE_METRIC_FAILOVERS: add(&tp->failovers, (uint64_t)delta); break;
+		case TE_METRIC_ERRORS: add(&tp->errors, (uint64_t)delta); break;
+		default: break; /* bytes belong to a device */
+		}
+		return;
+	}
+	dshard *d = &dev->shards[shard()];
+	switch (what) {
+	case TE_METRIC_BYTES: add(&d->bytes, (uint64_t)delta); break;
+	case TE_METRIC_INFLIGHT_BYTES: add(&d->inflight_bytes, (uint64_t)delta); break;
+	case TE_METRIC_RETRIES: add(&d->retries, (uint64_t)delta); break;
+	case TE_METRIC_FAILOVERS: add(&d->failovers, (uint64_t)delta); break;
+	case TE_METRIC_ERRORS: add(&d->errors, (uint64_t)delta); break;
+	default: break; /* a kind from a newer ABI: nothing to count it in */
+	}
+}
+
+/* ------------------------------------------------------------- reading */
+
+typedef struct op_snap {
+	uint64_t requests, bytes, completed, failed, canceled, in_flight, in_flight_bytes, lat_sum_ns;
+	uint64_t lat[LAT_BUCKETS];
+} op_snap;
+
+typedef struct tp_snap {
+	char *transport;
+	op_snap op[2];
+	uint64_t retries, failovers, errors;
+} tp_snap;
+
+typedef struct peer_snap {
+	char *name;
+	uint64_t bytes[2], requests[2], failed[2];
+} peer_snap;
+
+typedef struct dev_snap {
+	char *transport, *name;
+	uint64_t bytes, inflight_bytes, retries, failovers, errors;
+	double bw;
+} dev_snap;
+
+typedef struct snap {
+	char *segment;
+	GArray *tps;   /* tp_snap */
+	GArray *peers; /* peer_snap, "other" last */
+	GArray *devs;  /* dev_snap */
+	uint64_t notify_sent, notify_received, reg_bytes, reg_regions, auth_refused;
+	uint64_t rpc[TE_MRPC_KINDS][2];
+} snap;
+
+static uint64_t gauge(uint64_t raw)
+{
+	return (int64_t)raw < 0 ? 0 : raw;
+}
+
+static uint64_t diff(uint64_t a, uint64_t b)
+{
+	return a > b ? a - b : 0;
+}
+
+static void read_block(const te_mblock *b, tp_snap *out)
+{
+	memset(out, 0, sizeof *out);
+	out->transport = b->transport;
+	for (unsigned op = 0; op < 2; op++) {
+		op_snap *o = &out->op[op];
+		uint64_t req_bytes = 0, ended_bytes = 0;
+		for (unsigned s = 0; s < SHARDS; s++) {
+			const mop *x = &b->shards[s].op[op];
+			o->requests += get(&x->requests);
+			req_bytes += get(&x->req_bytes);
+			o->bytes += get(&x->bytes);
+			ended_bytes += get(&x->ended_bytes);
+			o->completed += get(&x->completed);
+			o->failed += get(&x->failed);
+			o->canceled += get(&x->canceled);
+			o->lat_sum_ns += get(&x->lat_sum_ns);
+			for (unsigned k = 0; k < LAT_BUCKETS; k++)
+				o->lat[k] += get(&x->lat[k]);
+		}
+		o->in_flight = diff(o->requests, o->completed + o->failed + o->canceled);
+		o->in_flight_bytes = diff(req_bytes, ended_bytes);
+	}
+	out->retries = get(&b->retries);
+	out->failovers = get(&b->failovers);
+	out->errors = get(&b->errors);
+}
+
+static void read_peer(const te_mpeer *p, peer_snap *out)
+{
+	memset(out, 0, sizeof *out);
+	out->name = p->name;
+	for (unsigned s = 0; s < SHARDS; s++)
+		for (unsigned op = 0; op < 2; op++) {
+			out->bytes[op] += get(&p->shards[s].bytes[op]);
+			out->requests[op] += get(&p->shards[s].requests[op]);
+			out->failed[op] += get(&p->shards[s].failed[op]);
+		}
+}
+
+/* Under m->lock: advances the device's average with the bytes since the
+ * last reading, weighted dt / (τ + dt), τ = 1 s. */
+static void read_dev(te_metric_dev *d, uint64_t now, dev_snap *out)
+{
+	memset(out, 0, sizeof *out);
+	out->transport = d->transport;
+	out->name = d->name;
+	for (unsigned s = 0; s < SHARDS; s++) {
+		out->bytes += get(&d->shards[s].bytes);
+		out->inflight_bytes += get(&d->shards[s].inflight_bytes);
+		out->retries += get(&d->shards[s].retries);
+		out->failovers += get(&d->shards[s].failovers);
+		out->errors += get(&d->shards[s].errors);
+	}
+	out->inflight_bytes = gauge(out->inflight_bytes);
+	if (d->last_ns != 0 && now > d->last_ns) {
+		double dt = (double)(now - d->last_ns);
+		double rate = (double)diff(out->bytes, d->last_bytes) * 1e9 / dt;
+		d->bw += (rate - d->bw) * dt / (BW_TAU_NS + dt);
+	}
+	if (d->last_ns == 0 || now > d->last_ns) {
+		d->last_ns = now;
+		d->last_bytes = out->bytes;
+	}
+	out->bw = d->bw;
+}
+
+/* Strings in a snapshot point into `m`: used under m->lock only. */
+static void snap_take(te_metrics *m, snap *sn)
+{
+	uint64_t now = te_metrics_now_ns();
+
+	memset(sn, 0, sizeof *sn);
+	sn->segment = m->segment;
+	sn->tps = g_array_sized_new(FALSE, FALSE, sizeof(tp_snap), m->blocks->len);
+	for (guint i = 0; i < m->blocks->len; i++) {
+		tp_snap t;
+		read_block(g_ptr_array_index(m->blocks, i), &t);
+		g_array_append_val(sn->tps, t);
+	}
+	sn->peers = g_array_sized_new(FALSE, FALSE, sizeof(peer_snap), m->peer_order->len + 1);
+	for (guint i = 0; i < m->peer_order->len; i++) {
+		peer_snap p;
+		read_peer(g_ptr_array_index(m->peer_order, i), &p);
+		g_array_append_val(sn->peers, p);
+	}
+	peer_snap other;
+	read_peer(m->other, &other);
+	g_array_append_val(sn->peers, other);
+	sn->devs = g_array_sized_new(FALSE, FALSE, sizeof(dev_snap), m->n_devs);
+	for (unsigned i = 0; i < m->n_devs; i++) {
+		dev_snap d;
+		read_dev(m->devs[i], now, &d);
+		g_array_append_val(sn->devs, d);
+	}
+	sn->notify_sent = get(&m->notify_sent);
+	sn->notify_received = get(&m->notify_received);
+	sn->reg_bytes = gauge(get(&m->reg_bytes));
+	sn->reg_regions = gauge(get(&m->reg_regions));
+	sn->auth_refused = get(&m->auth_refused);
+	for (unsigned k = 0; k < TE_MRPC_KINDS; k++)
+		for (unsigned r = 0; r < 2; r++)
+			sn->rpc[k][r] = get(&m->rpc[k][r]);
+}
+
+static void snap_clear(snap *sn)
+{
+	g_array_unref(sn->tps);
+	g_array_unref(sn->peers);
+	g_array_unref(sn->devs);
+}
+
+/* ------------------------------------------------------------ te_stats */
+
+int te_engine_stats(te_engine *e, te_stats *out)
+{
+	if (e == NULL || out == NULL || out->size < offsetof(te_stats, requests)) {
+		te_err("te_engine_stats: NULL engine or output, or an output size below %zu",
+		       offsetof(te_stats, requests));
+		return -EINVAL;
+	}
+	if (e->metrics == NULL)
+		return -ENOTSUP;
+	te_metrics *m = e->metrics;
+	te_stats st = { 0 };
+	snap sn;
+
+	g_mutex_lock(&m->lock);
+	snap_take(m, &sn);
+	for (guint i = 0; i < sn.tps->len; i++) {
+		const tp_snap *t = &g_array_index(sn.tps, tp_snap, i);
+		for (unsigned op = 0; op < 2; op++) {
+			st.requests[op] += t->op[op].requests;
+			st.bytes[op] += t->op[op].bytes;
+			st.completed[op] += t->op[op].completed;
+			st.failed[op] += t->op[op].failed;
+			st.canceled[op] += t->op[op].canceled;
+			st.in_flight += t->op[op].in_flight;
+			st.in_flight_bytes += t->op[op].in_flight_bytes;
+		}
+		st.retries += t->retries;
+		st.failovers += t->failovers;
+	}
+	for (guint i = 0; i < sn.devs->len; i++) {
+		st.retries += g_array_index(sn.devs, dev_snap, i).retries;
+		st.failovers += g_array_index(sn.devs, dev_snap, i).failovers;
+	}
+	st.notifies_sent = sn.notify_sent;
+	st.notifies_received = sn.notify_received;
+	st.registered_bytes = sn.reg_bytes;
+	st.registered_regions = sn.reg_regions;
+	for (unsigned k = 0; k < TE_MRPC_KINDS; k++) {
+		st.rpc_served += sn.rpc[k][0];
+		st.rpc_refused += sn.rpc[k][1];
+	}
+	st.auth_refused = sn.auth_refused;
+	snap_clear(&sn);
+	g_mutex_unlock(&m->lock);
+
+	/* Whole fields only, up to what the caller's struct holds. */
+	size_t n = out->size < sizeof st ? out->size : sizeof st;
+	n -= n % sizeof(uint64_t);
+	memcpy((char *)out + offsetof(te_stats, requests), (char *)&st + offsetof(te_stats, requests),
+	       n - offsetof(te_stats, requests));
+	return 0;
+}
+
+/* ----------------------------------------------------------------- JSON */
+
+static const char *const op_names[2] = { "read", "write" };
+static const char *const rpc_names[TE_MRPC_KINDS] = { "Connection", "Metadata", "Notify", "Probe",
+						      "unknown" };
+
+static void jint(JsonBuilder *b, const char *k, uint64_t v)
+{
+	json_builder_set_member_name(b, k);
+	json_builder_add_int_value(b, (gint64)(v > INT64_MAX ? INT64_MAX : v));
+}
+
+static void jstr(JsonBuilder *b, const char *k, const char *v)
+{
+	json_builder_set_member_name(b, k);
+	json_builder_add_string_value(b, v);
+}
+
+static void json_of(const snap *sn, JsonBuilder *b)
+{
+	json_builder_begin_object(b);
+	jstr(b, "segment", sn->segment);
+	json_builder_set_member_name(b, "transports");
+	json_builder_begin_array(b);
+	for (guint i = 0; i < sn->tps->len; i++) {
+		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
+		for (unsigned op = 0; op < 2; op++) {
+			const op_snap *o = &t->op[op];
+			json_builder_begin_object(b);
+			jstr(b, "transport", t->transport);
+			jstr(b, "op", op_names[op]);
+			jint(b, "requests", o->requests);
+			jint(b, "bytes", o->bytes);
+			jint(b, "completed", o->completed);
+			jint(b, "failed", o->failed);
+			jint(b, "canceled", o->canceled);
+			jint(b, "in_flight", o->in_flight);
+			jint(b, "in_flight_bytes", o->in_flight_bytes);
+			json_builder_set_member_name(b, "latency");
+			json_builder_begin_object(b);
+			json_builder_set_member_name(b, "le_us");
+			json_builder_begin_array(b);
+			for (unsigned k = 0; k < LAT_BOUNDS; k++)
+				json_builder_add_int_value(b, (gint64)1 << k);
+			json_builder_end_array(b);
+			json_builder_set_member_name(b, "counts");
+			json_builder_begin_array(b);
+			uint64_t count = 0;
+			for (unsigned k = 0; k < LAT_BUCKETS; k++) {
+				json_builder_add_int_value(b, (gint64)o->lat[k]);
+				count += o->lat[k];
+			}
+			json_builder_end_array(b);
+			jint(b, "sum_us", o->lat_sum_ns / 1000);
+			jint(b, "count", count);
+			json_builder_end_object(b);
+			json_builder_end_object(b);
+		}
+	}
+	json_builder_end_array(b);
+	json_builder_set_member_name(b, "transport_events");
+	json_builder_begin_array(b);
+	for (guint i = 0; i < sn->tps->len; i++) {
+		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
+		json_builder_begin_object(b);
+		jstr(b, "transport", t->transport);
+		jint(b, "retries", t->retries);
+		jint(b, "failovers", t->failovers);
+		jint(b, "errors", t->errors);
+		json_builder_end_object(b);
+	}
+	json_builder_end_array(b);
+	json_builder_set_member_name(b, "peers");
+	json_builder_begin_array(b);
+	for (guint i = 0; i < sn->peers->len; i++) {
+		const peer_snap *p = &g_array_index(sn->peers, peer_snap, i);
+		for (unsigned op = 0; op < 2; op++) {
+			json_builder_begin_object(b);
+			jstr(b, "peer", p->name ? p->name : "other");
+			json_builder_set_member_name(b, "other");
+			json_builder_add_boolean_value(b, p->name == NULL);
+			jstr(b, "op", op_names[op]);
+			jint(b, "bytes", p->bytes[op]);
+			jint(b, "requests", p->requests[op]);
+			jint(b, "failed", p->failed[op]);
+			json_builder_end_object(b);
+		}
+	}
+	json_builder_end_array(b);
+	json_builder_set_member_name(b, "devices");
+	json_builder_begin_array(b);
+	for (guint i = 0; i < sn->devs->len; i++) {
+		const dev_snap *d = &g_array_index(sn->devs, dev_snap, i);
+		json_builder_begin_object(b);
+		jstr(b, "transport", d->transport);
+		jstr(b, "device", d->name);
+		jint(b, "bytes", d->bytes);
+		jint(b, "in_flight_bytes", d->inflight_bytes);
+		json_builder_set_member_name(b, "bandwidth_bytes_per_second");
+		json_builder_add_double_value(b, d->bw);
+		jint(b, "retries", d->retries);
+		jint(b, "failovers", d->failovers);
+		jint(b, "errors", d->errors);
+		json_builder_end_object(b);
+	}
+	json_builder_end_array(b);
+	json_builder_set_member_name(b, "notifies");
+	json_builder_begin_object(b);
+	jint(b, "sent", sn->notify_sent);
+	jint(b, "received", sn->notify_received);
+	json_builder_end_object(b);
+	json_builder_set_member_name(b, "memory");
+	json_builder_begin_object(b);
+	jint(b, "registered_bytes", sn->reg_bytes);
+	jint(b, "registered_regions", sn->reg_regions);
+	json_builder_end_object(b);
+	json_builder_set_member_name(b, "rpc");
+	json_builder_begin_array(b);
+	for (unsigned k = 0; k < TE_MRPC_KINDS; k++) {
+		json_builder_begin_object(b);
+		jstr(b, "kind", rpc_names[k]);
+		jint(b, "served", sn->rpc[k][0]);
+		jint(b, "refused", sn->rpc[k][1]);
+		json_builder_end_object(b);
+	}
+	json_builder_end_array(b);
+	jint(b, "auth_refused", sn->auth_refused);
+	json_builder_end_object(b);
+}
+
+/* GLib allocates with malloc(): what it returns te_free() can release. */
+static char *as_malloced(char *g, size_t len)
+{
+	char *p = malloc(len + 1);
+
+	if (p != NULL)
+		memcpy(p, g, len + 1);
+	g_free(g);
+	return p;
+}
+
+int te_engine_stats_json(te_engine *e, char **json)
+{
+	if (e == NULL || json == NULL) {
+		te_err("te_engine_stats_json: NULL engine or output");
+		return -EINVAL;
+	}
+	*json = NULL;
+	if (e->metrics == NULL)
+		return -ENOTSUP;
+	te_metrics *m = e->metrics;
+	JsonBuilder *b = json_builder_new();
+	snap sn;
+
+	g_mutex_lock(&m->lock);
+	snap_take(m, &sn);
+	json_of(&sn, b);
+	snap_clear(&sn);
+	g_mutex_unlock(&m->lock);
+
+	JsonNode *root = json_builder_get_root(b);
+	JsonGenerator *g = json_generator_new();
+	json_generator_set_root(g, root);
+	gsize len = 0;
+	char *text = json_generator_to_data(g, &len);
+	g_object_unref(g);
+	json_node_unref(root);
+	g_object_unref(b);
+	*json = as_malloced(text, len);
+	return *json != NULL ? 0 : -ENOMEM;
+}
+
+/* ----------------------------------------------------------- exposition */
+
+/* A label value as the text format wants it. */
+static void put_label(GString *s, const char *name, const char *v)
+{
+	g_string_append_printf(s, "%s=\"", name);
+	for (; *v; v++) {
+		if (*v == '\\')
+			g_string_append(s, "\\\\");
+		else if (*v == '"')
+			g_string_append(s, "\\\"");
+		else if (*v == '\n')
+			g_string_append(s, "\\n");
+		else
+			g_string_append_c(s, *v);
+	}
+	g_string_append_c(s, '"');
+}
+
+static void family(GString *s, const char *name, const char *type, const char *help)
+{
+	g_string_append_printf(s, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The start of a sample: `name{segment="…"` (the caller adds labels and
+ * closes with value_u64 or value_f). */
+static void sample(GString *s, const char *name, const snap *sn)
+{
+	g_string_append_printf(s, "%s{", name);
+	put_label(s, "segment", sn->segment);
+}
+
+static void label(GString *s, const char *name, const char *v)
+{
+	g_string_append_c(s, ',');
+	put_label(s, name, v);
+}
+
+static void value_u64(GString *s, uint64_t v)
+{
+	g_string_append_printf(s, "} %llu\n", (unsigned long long)v);
+}
+
+static void value_f(GString *s, double v)
+{
+	g_string_append_printf(s, "} %.9g\n", v);
+}
+
+enum { F_TP_REQ, F_TP_BYTES, F_TP_DONE, F_TP_FAIL, F_TP_CANCEL };
+
+static uint64_t tp_field(const op_snap *o, int f)
+{
+	switch (f) {
+	case F_TP_REQ: return o->requests;
+	case F_TP_BYTES: return o->bytes;
+	case F_TP_DONE: return o->completed;
+	case F_TP_FAIL: return o->failed;
+	default: return o->canceled;
+	}
+}
+
+static void text_of(GString *s, const snap *sns, size_t n)
+{
+	static const struct {
+		const char *name, *help;
+	} tpf[] = {
+		{ "te_transfer_requests_total", "Transfer requests submitted, refused ones included." },
+		{ "te_transfer_bytes_total", "Bytes moved by transfers that ended, partial moves included." },
+		{ "te_transfer_completed_total", "Transfers that completed." },
+		{ "te_transfer_failed_total", "Transfers that failed, timed out, or were refused at submit." },
+		{ "te_transfer_canceled_total", "Transfers canceled." },
+	};
+	for (int f = 0; f < 5; f++) {
+		family(s, tpf[f].name, "counter", tpf[f].help);
+		for (size_t i = 0; i < n; i++)
+			for (guint j = 0; j < sns[i].tps->len; j++) {
+				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+				for (unsigned op = 0; op < 2; op++) {
+					sample(s, tpf[f].name, &sns[i]);
+					label(s, "transport", t->transport);
+					label(s, "op", op_names[op]);
+					value_u64(s, tp_field(&t->op[op], f));
+				}
+			}
+	}
+	family(s, "te_transfer_in_flight", "gauge", "Transfers submitted and not ended.");
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].tps->len; j++) {
+			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			sample(s, "te_transfer_in_flight", &sns[i]);
+			label(s, "transport", t->transport);
+			value_u64(s, t->op[0].in_flight + t->op[1].in_flight);
+		}
+	family(s, "te_transfer_in_flight_bytes", "gauge", "Bytes of the transfers submitted and not ended.");
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].tps->len; j++) {
+			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			sample(s, "te_transfer_in_flight_bytes", &sns[i]);
+			label(s, "transport", t->transport);
+			value_u64(s, t->op[0].in_flight_bytes + t->op[1].in_flight_bytes);
+		}
+	family(s, "te_transfer_latency_seconds", "histogram",
+	       "Time from submit to the end of a transfer (canceled ones left out).");
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].tps->len; j++) {
+			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			for (unsigned op = 0; op < 2; op++) {
+				const op_snap *o = &t->op[op];
+				uint64_t cum = 0;
+				for (unsigned k = 0; k < LAT_BUCKETS; k++) {
+					char le[32];
+					cum += o->lat[k];
+					if (k < LAT_BOUNDS)
+						g_snprintf(le, sizeof le, "%.6f", (double)(1u << k) / 1e6);
+					else
+						g_strlcpy(le, "+Inf", sizeof le);
+					sample(s, "te_transfer_latency_seconds_bucket", &sns[i]);
+					label(s, "transport", t->transport);
+					label(s, "op", op_names[op]);
+					label(s, "le", le);
+					value_u64(s, cum);
+				}
+				sample(s, "te_transfer_latency_seconds_sum", &sns[i]);
+				label(s, "transport", t->transport);
+				label(s, "op", op_names[op]);
+				value_f(s, (double)o->lat_sum_ns / 1e9);
+				sample(s, "te_transfer_latency_seconds_count", &sns[i]);
+				label(s, "transport", t->transport);
+				label(s, "op", op_names[op]);
+				value_u64(s, cum);
+			}
+		}
+
+	static const struct {
+		const char *name, *help;
+	} pf[] = {
+		{ "te_peer_bytes_total", "Bytes moved to or from a peer segment (\"other\": peers not shown one by one)." },
+		{ "te_peer_requests_total", "Transfer requests to a peer segment." },
+		{ "te_peer_failed_total", "Failed transfer requests to a peer segment." },
+	};
+	for (int f = 0; f < 3; f++) {
+		family(s, pf[f].name, "counter", pf[f].help);
+		for (size_t i = 0; i < n; i++)
+			for (guint j = 0; j < sns[i].peers->len; j++) {
+				const peer_snap *p = &g_array_index(sns[i].peers, peer_snap, j);
+				for (unsigned op = 0; op < 2; op++) {
+					sample(s, pf[f].name, &sns[i]);
+					label(s, "peer", p->name ? p->name : "other");
+					label(s, "op", op_names[op]);
+					value_u64(s, f == 0 ? p->bytes[op] : f == 1 ? p->requests[op] : p->failed[op]);
+				}
+			}
+	}
+
+	static const struct {
+		const char *name, *type, *help;
+	} df[] = {
+		{ "te_device_bytes_total", "counter", "Bytes a transport moved through a device." },
+		{ "te_device_in_flight_bytes", "gauge", "Bytes posted to a device and not done." },
+		{ "te_device_bandwidth_bytes_per_second", "gauge",
+		  "The device's bandwidth, a moving average with a time constant of 1 s." },
+		{ "te_device_retries_total", "counter", "Requests sent again on a device." },
+		{ "te_device_failovers_total", "counter", "Requests moved off a device to another." },
+		{ "te_device_errors_total", "counter", "Device errors: links lost, failed work completions." },
+	};
+	for (int f = 0; f < 6; f++) {
+		family(s, df[f].name, df[f].type, df[f].help);
+		for (size_t i = 0; i < n; i++)
+			for (guint j = 0; j < sns[i].devs->len; j++) {
+				const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, j);
+				sample(s, df[f].name, &sns[i]);
+				label(s, "transport", d->transport);
+				label(s, "device", d->name);
+				if (f == 2)
+					value_f(s, d->bw);
+				else
+					value_u64(s, f == 0 ? d->bytes : f == 1 ? d->inflight_bytes : f == 3 ? d->retries
+										  : f == 4 ? d->failovers
+											   : d->errors);
+			}
+	}
+
+	static const struct {
+		const char *name, *help;
+	} tf[] = {
+		{ "te_transport_retries_total", "Requests a transport sent again (its devices' included)." },
+		{ "te_transport_failovers_total", "Requests a transport moved to another device or rail (its devices' included)." },
+		{ "te_transport_errors_total", "Errors of a transport (its devices' included)." },
+	};
+	for (int f = 0; f < 3; f++) {
+		family(s, tf[f].name, "counter", tf[f].help);
+		for (size_t i = 0; i < n; i++)
+			for (guint j = 0; j < sns[i].tps->len; j++) {
+				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+				uint64_t v = f == 0 ? t->retries : f == 1 ? t->failovers : t->errors;
+				for (guint k = 0; k < sns[i].devs->len; k++) {
+					const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, k);
+					if (strcmp(d->transport, t->transport) == 0)
+						v += f == 0 ? d->retries : f == 1 ? d->failovers : d->errors;
+				}
+				sample(s, tf[f].name, &sns[i]);
+				label(s, "transport", t->transport);
+				value_u64(s, v);
+			}
+	}
+
+	static const struct {
+		const char *name, *type, *help;
+	} ef[] = {
+		{ "te_notify_sent_total", "counter", "Notifications sent to peers." },
+		{ "te_notify_received_total", "counter", "Notifications received from peers." },
+		{ "te_registered_memory_bytes", "gauge", "Memory registered with the engine now." },
+		{ "te_registered_memory_regions", "gauge", "Regions registered with the engine now." },
+		{ "te_auth_refused_total", "counter", "Peers refused by the cluster key." },
+	};
+	for (int f = 0; f < 5; f++) {
+		family(s, ef[f].name, ef[f].type, ef[f].help);
+		for (size_t i = 0; i < n; i++) {
+			const snap *x = &sns[i];
+			sample(s, ef[f].name, x);
+			value_u64(s, f == 0 ? x->notify_sent : f == 1 ? x->notify_received : f == 2 ? x->reg_bytes
+								: f == 3 ? x->reg_regions
+									 : x->auth_refused);
+		}
+	}
+	family(s, "te_rpc_frames_total", "counter", "RPC frames on the handshake port, by kind and result.");
+	for (size_t i = 0; i < n; i++)
+		for (unsigned k = 0; k < TE_MRPC_KINDS; k++)
+			for (unsigned r = 0; r < 2; r++) {
+				sample(s, "te_rpc_frames_total", &sns[i]);
+				label(s, "kind", rpc_names[k]);
+				label(s, "result", r ? "refused" : "served");
+				value_u64(s, sns[i].rpc[k][r]);
+			}
+}
+
+int te_metrics_text(te_engine *e, char **text, size_t *len)
+{
+	if (text == NULL) {
+		te_err("te_metrics_text: NULL output");
+		return -EINVAL;
+	}
+	*text = NULL;
+	if (len != NULL)
+		*len = 0;
+	if (e != NULL && e->metrics == NULL)
+		return -ENOTSUP;
+
+	GString *s = g_string_sized_new(16384);
+	GArray *sns = g_array_new(FALSE, FALSE, sizeof(snap));
+	GPtrArray *held = g_ptr_array_new();
+
+	/* The list's lock keeps every engine's counters alive while it is held;
+	 * each engine's own lock keeps its tables still while read. */
+	g_mutex_lock(&engines_lock);
+	if (e != NULL) {
+		g_ptr_array_add(held, e->metrics);
+	} else if (engines != NULL) {
+		for (guint i = 0; i < engines->len; i++)
+			g_ptr_array_add(held, g_ptr_array_index(engines, i));
+	}
+	for (guint i = 0; i < held->len; i++) {
+		te_metrics *m = g_ptr_array_index(held, i);
+		snap sn;
+		g_mutex_lock(&m->lock);
+		snap_take(m, &sn);
+		g_array_append_val(sns, sn);
+	}
+	if (held->len > 0)
+		text_of(s, (const snap *)(void *)sns->data, sns->len);
+	for (guint i = 0; i < held->len; i++) {
+		te_metrics *m = g_ptr_array_index(held, i);
+		snap_clear(&g_array_index(sns, snap, i));
+		g_mutex_unlock(&m->lock);
+	}
+	g_mutex_unlock(&engines_lock);
+	g_ptr_array_unref(held);
+	g_array_unref(sns);
+
+	size_t n = s->len;
+	*text = as_malloced(g_string_free(s, FALSE), n);
+	if (*text == NULL)
+		return -ENOMEM;
+	if (len != NULL)
+		*len = n;
+	return 0;
+}
+
+#else /* counting compiled out */
+
+int te_engine_stats(te_engine *e, te_stats *out)
+{
+	(void)e;
+	(void)out;
+	return -ENOTSUP;
+}
+
+int te_engine_stats_json(te_engine *e, char **json)
+{
+	(void)e;
+	if (json != NULL)
+		*json = NULL;
+	return -ENOTSUP;
+}
+
+int te_metrics_text(te_engine *e, char **text, size_t *len)
+{
+	(void)e;
+	if (text != NULL)
+		*text = NULL;
+	if (len != NULL)
+		*len = 0;
+	return -ENOTSUP;
+}
+
+#endif

@@ -797,6 +797,60 @@ static PyObject *engine_descriptor(PyteEngine *self, PyObject *unused)
 	return r;
 }
 
+/* ------------------------------------------------------------ metrics */
+
+/* te_engine_stats_json() as a dict. The text is libte's own rendering of
+ * its counters, not a peer's, so it goes to json.loads() as it is. */
+static PyObject *engine_stats(PyteEngine *self, PyObject *unused)
+{
+	char *json = NULL;
+	int rc;
+
+	(void)unused;
+	if (pyte_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_engine_stats_json(self->e, &json);
+	Py_END_ALLOW_THREADS
+	pyte_leave(self);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "stats(): %s", te_strerror(rc));
+	PyObject *text = PyUnicode_DecodeUTF8(json, (Py_ssize_t)strlen(json), "replace");
+	te_free(json);
+	if (text == NULL)
+		return NULL;
+	PyObject *mod = PyImport_ImportModule("json");
+	PyObject *r = mod != NULL ? PyObject_CallMethod(mod, "loads", "O", text) : NULL;
+	Py_XDECREF(mod);
+	Py_DECREF(text);
+	return r;
+}
+
+static PyObject *engine_metrics_text(PyteEngine *self, PyObject *unused)
+{
+	char *text = NULL;
+	size_t len = 0;
+	int rc;
+
+	(void)unused;
+	if (pyte_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_metrics_text(self->e, &text, &len);
+	Py_END_ALLOW_THREADS
+	pyte_leave(self);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "metrics_text(): %s", te_strerror(rc));
+	if (len > (size_t)PY_SSIZE_T_MAX) {
+		te_free(text);
+		return pyte_raise_msg(-EOVERFLOW, "metrics_text(): %zu bytes", len);
+	}
+	PyObject *r = PyUnicode_DecodeUTF8(text != NULL ? text : "", text != NULL ? (Py_ssize_t)len : 0,
+					   "replace");
+	te_free(text);
+	return r;
+}
+
 /* ------------------------------------------------ local byte access */
 
 /* The registration (of this engine, in host memory) that holds
@@ -1077,6 +1131,13 @@ static PyMethodDef engine_methods[] = {
 	  "read_bytes(address, length)\n--\n\nA bytes copy of registered memory at `address`." },
 	{ "descriptor", (PyCFunction)engine_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThis engine's segment descriptor (JSON) as last published." },
+	{ "stats", (PyCFunction)engine_stats, METH_NOARGS,
+	  "stats()\n--\n\nEvery counter of the engine as plain data (a dict): per transport and operation\n"
+	  "(\"transports\": requests, bytes, completed, failed, in flight, latency histogram),\n"
+	  "per peer, per device, notifications, memory, RPC (docs/metrics.md). NotSupportedError\n"
+	  "when counting is off (TE_METRICS=0)." },
+	{ "metrics_text", (PyCFunction)engine_metrics_text, METH_NOARGS,
+	  "metrics_text()\n--\n\nThe same counters in the Prometheus text format (a str)." },
 	{ "open_segment", (PyCFunction)(void (*)(void))engine_open_segment, METH_VARARGS | METH_KEYWORDS,
 	  "open_segment(name, transport=None)\n--\n\nOpens another engine's segment (\"host:port\" with P2PHANDSHAKE, or\n"
 	  "its name in the store). `transport` forces one. Returns a Segment." },

@@ -13,7 +13,7 @@ use std::marker::{PhantomData, PhantomPinned};
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 pub const TE_ABI_MAJOR: c_int = 1;
-pub const TE_ABI_MINOR: c_int = 2;
+pub const TE_ABI_MINOR: c_int = 3;
 
 // ------------------------------------------------------------------ errors
 
@@ -149,12 +149,42 @@ pub struct te_metadata {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
+// ----------------------------------------------------------------- metrics
+
+/// Engine-wide totals (since 1.3). Versioned by `size`: set it to
+/// `size_of::<te_stats>()` before te_engine_stats(). Arrays are indexed by
+/// opcode (TE_OP_READ, TE_OP_WRITE).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct te_stats {
+    pub size: u32,
+    pub reserved: u32,
+    pub requests: [u64; 2],
+    pub bytes: [u64; 2],
+    pub completed: [u64; 2],
+    pub failed: [u64; 2],
+    pub canceled: [u64; 2],
+    pub in_flight: u64,
+    pub in_flight_bytes: u64,
+    pub retries: u64,
+    pub failovers: u64,
+    pub notifies_sent: u64,
+    pub notifies_received: u64,
+    pub registered_bytes: u64,
+    pub registered_regions: u64,
+    pub rpc_served: u64,
+    pub rpc_refused: u64,
+    pub auth_refused: u64,
+}
+
 // ----------------------------------------------------------------- plugins
 
 pub const TE_KIND_TRANSPORT: c_int = 1;
 pub const TE_KIND_METADATA: c_int = 2;
 /// Device memory plugins (GPUs), since 1.2.
 pub const TE_KIND_DEVICE: c_int = 3;
+/// Metrics exporters (TE_METRICS_ADDR), since 1.3.
+pub const TE_KIND_EXPORTER: c_int = 4;
 
 /// Versioned by `size`: read a field only when `size` covers it.
 #[repr(C)]
@@ -294,4 +324,9 @@ extern "C" {
     pub fn te_device_copy(dst: *mut c_void, src: *const c_void, len: usize) -> c_int;
     pub fn te_device_locate(addr: *const c_void, len: usize, buf: *mut c_char, size: usize) -> c_int;
     pub fn te_device_stream_wait(location: *const c_char, stream: *mut c_void) -> c_int;
+
+    // Metrics (since 1.3). The texts are released with te_free().
+    pub fn te_engine_stats(engine: *mut te_engine, out: *mut te_stats) -> c_int;
+    pub fn te_engine_stats_json(engine: *mut te_engine, json: *mut *mut c_char) -> c_int;
+    pub fn te_metrics_text(engine: *mut te_engine, text: *mut *mut c_char, len: *mut usize) -> c_int;
 }

@@ -97,6 +97,31 @@ fn rust_layouts() -> Vec<Layout> {
                 ("reason", offset!(te_plugin_info, reason)),
             ],
         ),
+        (
+            "te_stats",
+            size_of::<te_stats>(),
+            align_of::<te_stats>(),
+            vec![
+                ("size", offset!(te_stats, size)),
+                ("reserved", offset!(te_stats, reserved)),
+                ("requests", offset!(te_stats, requests)),
+                ("bytes", offset!(te_stats, bytes)),
+                ("completed", offset!(te_stats, completed)),
+                ("failed", offset!(te_stats, failed)),
+                ("canceled", offset!(te_stats, canceled)),
+                ("in_flight", offset!(te_stats, in_flight)),
+                ("in_flight_bytes", offset!(te_stats, in_flight_bytes)),
+                ("retries", offset!(te_stats, retries)),
+                ("failovers", offset!(te_stats, failovers)),
+                ("notifies_sent", offset!(te_stats, notifies_sent)),
+                ("notifies_received", offset!(te_stats, notifies_received)),
+                ("registered_bytes", offset!(te_stats, registered_bytes)),
+                ("registered_regions", offset!(te_stats, registered_regions)),
+                ("rpc_served", offset!(te_stats, rpc_served)),
+                ("rpc_refused", offset!(te_stats, rpc_refused)),
+                ("auth_refused", offset!(te_stats, auth_refused)),
+            ],
+        ),
     ]
 }
 
@@ -111,6 +136,10 @@ fn lp64_layout() {
         ("te_memory_region", (32, 8, vec![0, 8, 16, 24])),
         ("te_notification", (16, 8, vec![0, 8])),
         ("te_plugin_info", (64, 8, vec![0, 8, 16, 24, 32, 40, 44, 48, 52, 56])),
+        (
+            "te_stats",
+            (176, 8, vec![0, 4, 8, 24, 40, 56, 72, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160, 168]),
+        ),
     ]
     .into_iter()
     .collect();
@@ -162,6 +191,7 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         ("TE_KIND_TRANSPORT", TE_KIND_TRANSPORT as i64),
         ("TE_KIND_METADATA", TE_KIND_METADATA as i64),
         ("TE_KIND_DEVICE", TE_KIND_DEVICE as i64),
+        ("TE_KIND_EXPORTER", TE_KIND_EXPORTER as i64),
         ("TE_INVALID_BATCH_IS_MAX", (TE_INVALID_BATCH == u64::MAX) as i64),
         ("SEGMENT_NAME_BYTES", std::mem::size_of::<[std::os::raw::c_char; 64]>() as i64),
     ]

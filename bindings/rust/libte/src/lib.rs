@@ -148,6 +148,7 @@ mod batch;
 mod engine;
 mod error;
 mod memory;
+mod metrics;
 mod process;
 mod segment;
 
@@ -155,6 +156,7 @@ pub use batch::{Batch, BatchSummary, Opcode, ReadTarget, Request, TaskState, Tas
 pub use engine::{Engine, Notification};
 pub use error::{code, strerror, Error, Result};
 pub use memory::{Local, Registration, SharedMemory};
+pub use metrics::{OpTotals, Stats, Totals};
 pub use process::{
     log, log_level, plugins, reset_log_handler, set_log_handler, set_log_level, version, LogLevel, PluginInfo, PluginKind,
 };

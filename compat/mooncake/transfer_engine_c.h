@@ -278,6 +278,35 @@ int warmupEfaSegment(transfer_engine_t engine, const char *segment_name);
  */
 int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json);
 
+/* ------------------------------------------------------------ NIC load */
+
+struct nic_load_stat {
+	char device_name[64];
+	uint64_t inflight_bytes;
+	double ewma_bandwidth_bps; /* bytes per second, a moving average */
+};
+
+typedef struct nic_load_stat nic_load_stat_t;
+
+/*
+ * The load of every device the engine's transports report (RDMA NICs, TCP
+ * rails, NVMe-oF files; docs/metrics.md): its name, the bytes of requests
+ * posted on it and not yet done, and its moving-average bandwidth. Copies
+ * up to *count entries into `stats` and sets *count to how many devices
+ * there are (call again with more room when it grew). 0 on success; -1 for
+ * a NULL engine, `stats` or `count`, as in Mooncake; MC_STATUS_CODE_NOT_IMPLEMENTED
+ * (999) when the engine counts nothing (TE_METRICS=0). A transport that
+ * reports no devices (same host, memcpy) adds none. Since libte 1.3.
+ *
+ * MC_TE_METRIC=1 (or true, yes, on, any case) in the environment when the
+ * engine is created makes it log a line at level info every
+ * MC_TE_METRIC_INTERVAL_SECONDS (default 5; a value that is no positive
+ * integer is logged and replaced by the default) with the throughput since
+ * the line before, in total and per operation, and the tasks that ended.
+ * An interval in which nothing moved logs nothing.
+ */
+int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, size_t *count);
+
 /* ---------------------------------------------------------------- segments */
 
 /*

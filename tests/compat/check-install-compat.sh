@@ -34,16 +34,23 @@ echo "$cflags" | grep -q -- "-I$incdir/mooncake" || fail "Cflags lack -I\${inclu
 # only Mooncake's C API leaves the library
 want="allocateBatchID closeSegment createTransferEngine destroyTransferEngine discoverTopology
 enableGracefulShutdown freeBatchID freeNotifsMsgBuf genNotifyInEngine getLocalIpAndPort
-getNotifsFromEngine getTransferStatus installTransport openSegment openSegmentNoCache
+getNicLoadStats getNotifsFromEngine getTransferStatus installTransport openSegment openSegmentNoCache
 registerLocalMemory registerLocalMemoryBatch removeLocalSegment showLinks submitTransfer
 submitTransferWithNotify syncSegmentCache uninstallTransport unregisterLocalMemory
 unregisterLocalMemoryBatch warmupEfaSegment"
 want=$(echo $want | tr ' ' '\n' | sort)
-# Names without their symbol version (TE_MOONCAKE_1.1, docs/abi.md), and
+# Names without their symbol version (TE_MOONCAKE_1.1, 1.3; docs/abi.md), and
 # without the version nodes themselves (absolute symbols, type A).
 got=$(nm -D --defined-only "$lib" | awk '$2 != "A" {print $3}' | sed 's/@.*//' | sort)
 [ "$got" = "$want" ] || fail "exported names differ from Mooncake's C API:
 $(printf '%s\n' "$want" > "$tmp/want"; printf '%s\n' "$got" > "$tmp/got"; diff "$tmp/want" "$tmp/got")"
+
+# each call in the version node of the release that added it
+versions=$(nm -D --defined-only "$lib" | awk '$2 != "A" {print $3}')
+echo "$versions" | grep -qx 'getNicLoadStats@@TE_MOONCAKE_1.3' \
+  || fail "getNicLoadStats is not in TE_MOONCAKE_1.3: $(echo "$versions" | grep getNicLoadStats)"
+old_api=$(echo "$versions" | grep -v '^getNicLoadStats@' | grep -vc '@@TE_MOONCAKE_1.1$' || true)
+[ "$old_api" = 0 ] || fail "calls of the first release outside TE_MOONCAKE_1.1: $(echo "$versions" | grep -v '@@TE_MOONCAKE_1.1$')"
 
 # the header: standard C only, strict C11 and C++, and next to Mooncake's
 # own error.h (which defines the ERR_* codes too) in either order

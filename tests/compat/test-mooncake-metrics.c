@@ -1,0 +1,463 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The load and throughput reports of Mooncake's C API: getNicLoadStats()
+ * while transfers are in flight and after they ended, and the periodic line
+ * MC_TE_METRIC asks for. One mode per run (the first argument):
+ *   hold  the "hold" test transport (device "hold0"), TEST_PLUGIN_DIR set
+ *   log   MC_TE_METRIC and MC_TE_METRIC_INTERVAL_SECONDS over TCP
+ *   off   TE_METRICS=0 in the environment: nothing is counted
+ *   rdma  the software verbs layer, two NICs per engine (TE_RDMA_PLUGIN,
+ *         TE_RDMA_SOFT and TE_RDMA_SYSFS_ROOT set by the test)
+ * Log lines are caught through te.h's log handler, where the library writes
+ * them.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <transfer_engine_c.h>
+
+#include <te/te.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int failures, checks;
+
+#define CHECK(cond)                                                                  \
+	do {                                                                         \
+		checks++;                                                            \
+		if (!(cond)) {                                                       \
+			failures++;                                                  \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+		}                                                                    \
+	} while (0)
+
+#define CHECK_EQ(a, b)                                                               \
+	do {                                                                         \
+		long long a_ = (long long)(a), b_ = (long long)(b);                  \
+		checks++;                                                            \
+		if (a_ != b_) {                                                      \
+			failures++;                                                  \
+			fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld != %lld)\n", \
+				__FILE__, __LINE__, #a, #b, a_, b_);                 \
+		}                                                                    \
+	} while (0)
+
+#define REQUIRE(cond)                                                                \
+	do {                                                                         \
+		checks++;                                                            \
+		if (!(cond)) {                                                       \
+			fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
+			exit(1);                                                     \
+		}                                                                    \
+	} while (0)
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------ log capture */
+
+#define MAX_LINES 256
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *lines[MAX_LINES];
+static size_t n_lines;
+
+static void on_log(int level, const char *domain, const char *msg, void *user)
+{
+	(void)user;
+	if (strcmp(domain, "mooncake") != 0) {
+		fprintf(stderr, "[%d %s] %s\n", level, domain, msg);
+		return;
+	}
+	pthread_mutex_lock(&log_lock);
+	if (n_lines < MAX_LINES)
+		lines[n_lines++] = strdup(msg);
+	pthread_mutex_unlock(&log_lock);
+}
+
+static size_t log_mark(void)
+{
+	pthread_mutex_lock(&log_lock);
+	size_t n = n_lines;
+	pthread_mutex_unlock(&log_lock);
+	return n;
+}
+
+/* The first line after `mark` that contains `s`, copied into `out`. */
+static int log_find(size_t mark, const char *s, char *out, size_t size)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&log_lock);
+	for (size_t i = mark; i < n_lines && !found; i++)
+		if (lines[i] != NULL && strstr(lines[i], s) != NULL) {
+			if (out != NULL)
+				snprintf(out, size, "%s", lines[i]);
+			found = 1;
+		}
+	pthread_mutex_unlock(&log_lock);
+	return found;
+}
+
+static size_t log_count(size_t mark, const char *s)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&log_lock);
+	for (size_t i = mark; i < n_lines; i++)
+		n += lines[i] != NULL && strstr(lines[i], s) != NULL;
+	pthread_mutex_unlock(&log_lock);
+	return n;
+}
+
+/* --------------------------------------------------------------- helpers */
+
+static int wait_tasks(transfer_engine_t e, batch_id_t b, size_t n)
+{
+	long long end = now_ms() + 20000;
+	int result = STATUS_COMPLETED;
+
+	for (size_t i = 0; i < n; i++) {
+		transfer_status_t st;
+		for (;;) {
+			if (getTransferStatus(e, b, i, &st) != 0)
+				return -1;
+			if (st.status != STATUS_WAITING && st.status != STATUS_PENDING)
+				break;
+			if (now_ms() > end)
+				return -1;
+			sleep_ms(1);
+		}
+		if (st.status != STATUS_COMPLETED && result == STATUS_COMPLETED)
+			result = st.status;
+	}
+	return result;
+}
+
+/* The entry of device `name` among `n`, or NULL. */
+static const nic_load_stat_t *find_dev(const nic_load_stat_t *s, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(s[i].device_name, name) == 0)
+			return &s[i];
+	return NULL;
+}
+
+typedef struct pair {
+	transfer_engine_t a, b;
+	unsigned char *abuf, *bbuf;
+	segment_id_t seg;
+} pair;
+
+#define BUF (1u << 20)
+
+/* Two engines with `proto` installed (args[0] for each when given), a
+ * buffer each, b's segment open in a. */
+static pair pair_new(const char *proto, const char *args_a, const char *args_b)
+{
+	pair p;
+	char name[128];
+	void *args[2] = { NULL, NULL };
+
+	p.a = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 0);
+	p.b = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 0);
+	REQUIRE(p.a != NULL && p.b != NULL);
+	args[0] = (void *)args_a;
+	REQUIRE(installTransport(p.a, proto, args_a != NULL ? args : NULL) != NULL);
+	args[0] = (void *)args_b;
+	REQUIRE(installTransport(p.b, proto, args_b != NULL ? args : NULL) != NULL);
+	p.abuf = calloc(1, BUF);
+	p.bbuf = calloc(1, BUF);
+	REQUIRE(p.abuf != NULL && p.bbuf != NULL);
+	for (size_t i = 0; i < BUF; i++)
+		p.bbuf[i] = (unsigned char)(i * 7 + 1);
+	REQUIRE(registerLocalMemory(p.a, p.abuf, BUF, "cpu:0", 1) == 0);
+	REQUIRE(registerLocalMemory(p.b, p.bbuf, BUF, "cpu:0", 1) == 0);
+	REQUIRE(getLocalIpAndPort(p.b, name, sizeof name) == 0);
+	p.seg = openSegment(p.a, name);
+	REQUIRE(p.seg >= 0);
+	return p;
+}
+
+static void pair_free(pair *p)
+{
+	destroyTransferEngine(p->a);
+	destroyTransferEngine(p->b);
+	free(p->abuf);
+	free(p->bbuf);
+}
+
+/* Submits `n` requests of `len` bytes each (consecutive ranges) as one batch. */
+static batch_id_t submit_n(pair *p, int opcode, size_t n, uint64_t len)
+{
+	transfer_request_t r[16];
+	batch_id_t b = allocateBatchID(p->a, n);
+
+	REQUIRE(b != INVALID_BATCH && n <= 16 && n * len <= BUF);
+	for (size_t i = 0; i < n; i++)
+		r[i] = (transfer_request_t){ opcode, p->abuf + i * len, p->seg,
+					     (uint64_t)(uintptr_t)p->bbuf + i * len, len };
+	REQUIRE(submitTransfer(p->a, b, r, n) == 0);
+	return b;
+}
+
+/* ------------------------------------------------------------------ hold */
+
+static void mode_hold(void)
+{
+	const char *dir = getenv("TEST_PLUGIN_DIR");
+	char path[4096];
+	nic_load_stat_t s[8], probe;
+	size_t n;
+
+	REQUIRE(dir != NULL);
+	pair p = pair_new("hold", NULL, NULL);
+	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* libte's copy */
+	REQUIRE(h != NULL);
+	size_t (*release)(int);
+	*(void **)&release = dlsym(h, "te_test_hold_release");
+	REQUIRE(release != NULL);
+
+	/* Before any transfer: the call works; whatever it lists is idle. */
+	n = 8;
+	CHECK_EQ(getNicLoadStats(p.a, s, &n), 0);
+	for (size_t i = 0; i < n && i < 8; i++)
+		CHECK_EQ(s[i].inflight_bytes, 0);
+
+	/* Two reads held in flight: 4096 + 8192 bytes on the transport's device. */
+	transfer_request_t r[2] = {
+		{ OPCODE_READ, p.abuf, p.seg, (uint64_t)(uintptr_t)p.bbuf, 4096 },
+		{ OPCODE_READ, p.abuf + 65536, p.seg, (uint64_t)(uintptr_t)p.bbuf + 65536, 8192 },
+	};
+	batch_id_t b = allocateBatchID(p.a, 2);
+	REQUIRE(b != INVALID_BATCH);
+	REQUIRE(submitTransfer(p.a, b, r, 2) == 0);
+	n = 8;
+	CHECK_EQ(getNicLoadStats(p.a, s, &n), 0);
+	REQUIRE(n >= 1 && n <= 8);
+	const nic_load_stat_t *d = find_dev(s, n, "hold0");
+	REQUIRE(d != NULL);
+	CHECK_EQ(d->inflight_bytes, 4096 + 8192);
+
+	/* Room for none: the count comes back, the array is left alone. */
+	size_t want = n;
+	memset(&probe, 0xab, sizeof probe);
+	n = 0;
+	CHECK_EQ(getNicLoadStats(p.a, &probe, &n), 0);
+	CHECK_EQ(n, want);
+	CHECK_EQ((unsigned char)probe.device_name[0], 0xab);
+	/* Room for fewer than there are: as many as fit, the full count back. */
+	if (want > 1) {
+		n = 1;
+		CHECK_EQ(getNicLoadStats(p.a, s, &n), 0);
+		CHECK_EQ(n, want);
+	}
+
+	/* Bad arguments: -1, as Mooncake. */
+	n = 8;
+	CHECK_EQ(getNicLoadStats(NULL, s, &n), -1);
+	CHECK_EQ(getNicLoadStats(p.a, NULL, &n), -1);
+	CHECK_EQ(getNicLoadStats(p.a, s, NULL), -1);
+
+	/* Released: nothing in flight, and the bytes moved since the reading
+	 * above give the device a bandwidth. */
+	CHECK_EQ(release(0), 2);
+	CHECK_EQ(wait_tasks(p.a, b, 2), STATUS_COMPLETED);
+	sleep_ms(20);
+	n = 8;
+	CHECK_EQ(getNicLoadStats(p.a, s, &n), 0);
+	d = find_dev(s, n, "hold0");
+	REQUIRE(d != NULL);
+	CHECK_EQ(d->inflight_bytes, 0);
+	CHECK(d->ewma_bandwidth_bps > 0);
+	CHECK(memcmp(p.abuf + 65536, p.bbuf + 65536, 8192) == 0);
+	CHECK_EQ(freeBatchID(p.a, b), 0);
+	pair_free(&p);
+}
+
+/* ------------------------------------------------------------------- off */
+
+static void mode_off(void)
+{
+	nic_load_stat_t s[4];
+	size_t n = 4;
+	pair p = pair_new("tcp", NULL, NULL);
+
+	CHECK_EQ(getNicLoadStats(p.a, s, &n), MC_STATUS_CODE_NOT_IMPLEMENTED);
+	pair_free(&p);
+}
+
+/* ------------------------------------------------------------------- log */
+
+/* An engine created with MC_TE_METRIC=`on` and the interval `interval`
+ * (NULL: unset), and destroyed again; returns how long the destroy took. */
+static long long create_destroy(const char *on, const char *interval)
+{
+	if (on != NULL)
+		setenv("MC_TE_METRIC", on, 1);
+	else
+		unsetenv("MC_TE_METRIC");
+	if (interval != NULL)
+		setenv("MC_TE_METRIC_INTERVAL_SECONDS", interval, 1);
+	else
+		unsetenv("MC_TE_METRIC_INTERVAL_SECONDS");
+	transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 0);
+	REQUIRE(e != NULL);
+	long long t0 = now_ms();
+	destroyTransferEngine(e);
+	return now_ms() - t0;
+}
+
+static void mode_log(void)
+{
+	static const char prefix[] = "[Metrics] Transfer Engine Stats (over last 1s): Throughput: ";
+	char line[512];
+	size_t mark;
+
+	te_set_log_level(TE_LOG_INFO);
+
+	/* Interval values as Mooncake reads them (std::stoi). */
+	mark = log_mark();
+	create_destroy("1", "abc");
+	CHECK(log_find(mark, "Failed to parse MC_TE_METRIC_INTERVAL_SECONDS: abc, using default: 5",
+		       NULL, 0));
+	mark = log_mark();
+	create_destroy("1", "99999999999");
+	CHECK(log_find(mark, "Failed to parse MC_TE_METRIC_INTERVAL_SECONDS: 99999999999", NULL, 0));
+	mark = log_mark();
+	create_destroy("1", "0");
+	CHECK(log_find(mark, "Invalid MC_TE_METRIC_INTERVAL_SECONDS value: 0, must be positive. "
+			     "Using default: 5", NULL, 0));
+	mark = log_mark();
+	create_destroy("1", "-3");
+	CHECK(log_find(mark, "Invalid MC_TE_METRIC_INTERVAL_SECONDS value: -3", NULL, 0));
+	mark = log_mark();
+	create_destroy("1", " 7s");
+	CHECK(log_find(mark, "Metrics reporting interval set to 7 seconds", NULL, 0));
+	/* Off: the interval is not even read. */
+	mark = log_mark();
+	create_destroy("0", "abc");
+	create_destroy("maybe", "abc");
+	create_destroy(NULL, "abc");
+	CHECK(!log_find(mark, "MC_TE_METRIC_INTERVAL_SECONDS", NULL, 0));
+	/* Destroy does not wait for the interval (5 s by default) to run out. */
+	CHECK(create_destroy("yes", NULL) < 2500);
+
+	/* Enabled ("TRUE", any case) with a 1 s interval: while data moves, one
+	 * line a second with the throughput, total and per operation. */
+	setenv("MC_TE_METRIC", "TRUE", 1);
+	setenv("MC_TE_METRIC_INTERVAL_SECONDS", "1", 1);
+	pair p = pair_new("tcp", NULL, NULL);
+	mark = log_mark();
+	long long end = now_ms() + 2600;
+	size_t rounds = 0;
+	while (now_ms() < end) {
+		batch_id_t b = submit_n(&p, OPCODE_WRITE, 4, 256 << 10);
+		CHECK_EQ(wait_tasks(p.a, b, 4), STATUS_COMPLETED);
+		CHECK_EQ(freeBatchID(p.a, b), 0);
+		rounds++;
+		sleep_ms(5);
+	}
+	size_t reported = log_count(mark, prefix);
+	CHECK(reported >= 1 && reported <= 3);
+	REQUIRE(log_find(mark, prefix, line, sizeof line));
+	fprintf(stderr, "%zu rounds; %s\n", rounds, line);
+	double mbs = -1, rd = -1, wr = -1;
+	unsigned long long done = 0, failed = 1;
+	const char *at = line + strlen(prefix);
+	CHECK_EQ(sscanf(at, "%lf MB/s | read: %lf B/s, write: %lf B/s | tasks: %llu completed, %llu failed",
+			&mbs, &rd, &wr, &done, &failed),
+		 5);
+	CHECK(mbs > 0 && wr > 0);
+	CHECK(rd == 0);
+	CHECK(done > 0 && failed == 0);
+	/* 1 MiB a round: the line's rate is at most what moved in its second. */
+	CHECK(wr <= (double)rounds * (1 << 20) * 1.5);
+	/* Once the last busy second is reported, idle seconds log nothing, and
+	 * the target engine, which started no transfer, never logs. */
+	sleep_ms(1100);
+	mark = log_mark();
+	sleep_ms(1300);
+	CHECK_EQ(log_count(mark, "[Metrics]"), 0);
+	pair_free(&p);
+	unsetenv("MC_TE_METRIC");
+	unsetenv("MC_TE_METRIC_INTERVAL_SECONDS");
+}
+
+/* ------------------------------------------------------------------ rdma */
+
+static void mode_rdma(void)
+{
+	const char *path = getenv("TE_RDMA_PLUGIN");
+	nic_load_stat_t s[8];
+	size_t n = 8;
+	int (*set_latency)(const char *, unsigned);
+
+	REQUIRE(path != NULL);
+	pair p = pair_new("rdma", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}",
+			  "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}");
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL);
+	*(void **)&set_latency = dlsym(h, "te_rdma_soft_set_latency");
+	REQUIRE(set_latency != NULL);
+
+	/* Slow work requests keep 8 x 64 KiB in flight long enough to look. */
+	REQUIRE(set_latency(NULL, 20000) == 0);
+	batch_id_t b = submit_n(&p, OPCODE_READ, 8, 64 << 10);
+	sleep_ms(5);
+	CHECK_EQ(getNicLoadStats(p.a, s, &n), 0);
+	const nic_load_stat_t *d0 = find_dev(s, n, "mlx5_0"), *d1 = find_dev(s, n, "mlx5_1");
+	REQUIRE(d0 != NULL && d1 != NULL);
+	CHECK(find_dev(s, n, "mlx5_2") == NULL); /* b's NICs are b's */
+	uint64_t during = d0->inflight_bytes + d1->inflight_bytes;
+	CHECK(during > 0 && during <= 8 * (64 << 10));
+	CHECK_EQ(wait_tasks(p.a, b, 8), STATUS_COMPLETED);
+	REQUIRE(set_latency(NULL, 0) == 0);
+	CHECK(memcmp(p.abuf, p.bbuf, 8 * (64 << 10)) == 0);
+	n = 8;
+	CHECK_EQ(getNicLoadStats(p.a, s, &n), 0);
+	d0 = find_dev(s, n, "mlx5_0");
+	d1 = find_dev(s, n, "mlx5_1");
+	REQUIRE(d0 != NULL && d1 != NULL);
+	CHECK_EQ(d0->inflight_bytes + d1->inflight_bytes, 0);
+	CHECK(d0->ewma_bandwidth_bps > 0 || d1->ewma_bandwidth_bps > 0);
+	CHECK_EQ(freeBatchID(p.a, b), 0);
+	pair_free(&p);
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "hold";
+
+	te_set_log_handler(on_log, NULL);
+	if (strcmp(mode, "hold") == 0)
+		mode_hold();
+	else if (strcmp(mode, "log") == 0)
+		mode_log();
+	else if (strcmp(mode, "off") == 0)
+		mode_off();
+	else if (strcmp(mode, "rdma") == 0)
+		mode_rdma();
+	else {
+		fprintf(stderr, "usage: %s hold|log|off|rdma\n", argv[0]);
+		return 2;
+	}
+	te_set_log_handler(NULL, NULL);
+	for (size_t i = 0; i < n_lines; i++)
+		free(lines[i]);
+	fprintf(stderr, "%s: %d of %d checks failed\n", mode, failures, checks);
+	return failures == 0 ? 0 : 1;
+}

@@ -155,12 +155,24 @@ static void pass_add(const te_host *h, nv_pass *p, te_transfer *t, uint64_t byte
  * call once the lock is released, or at once when the pass has no room.
  * Touches nothing of the transfer after complete(): that may have been its
  * last slice. */
+/* Counts for the file of a slot: a relaxed add in the host, no lock. */
+static inline void count(const nv_ctx *c, const nv_file *f, int what, int64_t delta)
+{
+	if (c->metrics)
+		c->host->metric_add(c->host, f->mdev, what, delta);
+}
+
 static void slot_finish(nv_worker *w, uint32_t idx, int err, nv_pass *p)
 {
 	const te_host *h = w->ctx->host;
 	nv_slot *sl = &w->slots[idx];
 	te_transfer *t = sl->t;
 	uint64_t bytes = err ? sl->done : sl->len;
+
+	count(w->ctx, sl->f, TE_METRIC_INFLIGHT_BYTES, -(int64_t)sl->len);
+	count(w->ctx, sl->f, TE_METRIC_BYTES, (int64_t)bytes);
+	if (err != 0 && err != -ECANCELED)
+		count(w->ctx, sl->f, TE_METRIC_ERRORS, 1);
 
 	if (err != 0 && t->plugin_data[NV_PD_ERROR] == 0)
 		t->plugin_data[NV_PD_ERROR] = (uintptr_t)(intptr_t)err; /* stop its unissued slices */
@@ -269,6 +281,7 @@ static void issue(nv_worker *w, nv_pass *p)
 		t->plugin_data[NV_PD_FILE] = fi;
 		if (cur == t->length)
 			fifo_pop(w);
+		count(c, f, TE_METRIC_INFLIGHT_BYTES, (int64_t)len);
 		slot_prep(w, idx, p);
 	}
 }
@@ -349,6 +362,7 @@ static void on_cqe(nv_worker *w, uint64_t tag, int res, nv_pass *p)
 	 * thread that submitted it exited (caller submission) and the kernel
 	 * dropped its queued work, so it is submitted again. */
 	if ((res == -EAGAIN || res == -EINTR || res == -ECANCELED) && ++sl->retries <= NV_MAX_RETRIES) {
+		count(c, f, TE_METRIC_RETRIES, 1);
 		slot_prep(w, idx, p);
 		return;
 	}

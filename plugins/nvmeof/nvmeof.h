@@ -63,6 +63,9 @@ typedef struct nv_file {
 	uint32_t off_align;
 	atomic_int direct;  /* cleared when the kernel refuses direct I/O at run time */
 	atomic_uint errors; /* error lines logged, for rate limiting */
+	/* The host's counters of this file (ABI 1.6, the path as the device);
+	 * NULL: the transport's own, or counting is off. */
+	te_metric_dev *mdev;
 } nv_file;
 
 typedef struct nv_segment {
@@ -152,6 +155,7 @@ typedef struct nv_worker {
 
 struct nv_ctx {
 	const te_host *host;
+	bool metrics; /* the host counts for its transports (ABI 1.6) */
 	uint32_t depth;
 	uint64_t slice;
 	unsigned n_workers;

@@ -82,6 +82,7 @@ static int nv_create(const te_host *h, const char *json_args, void **out)
 
 	(void)json_args; /* Mooncake passes a NIC matrix here; files need none */
 	c->host = h;
+	c->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
 	read_config(c);
 	rc = nv_workers_start(c);
 	if (rc < 0) {

@@ -169,6 +169,8 @@ static int parse_descriptor(nv_ctx *c, const te_segment_info *seg, nv_segment *s
 			}
 		}
 		f->path = g_strdup(mapped ? mapped : path);
+		if (TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add))
+			f->mdev = h->metric_device(h, f->path);
 		f->start = s->total;
 		if (s->total + f->length < s->total) {
 			h->log(h, TE_LOG_ERROR, "segment %s: total length overflows", s->name);

@@ -135,6 +135,8 @@ int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **ou
 	c->tr = tr;
 	c->index = index;
 	g_strlcpy(c->name, v->get_device_name(dev), sizeof c->name);
+	if (tr->metrics)
+		c->mdev = tr->host->metric_device(tr->host, c->name);
 	snprintf(c->nic_path, sizeof c->nic_path, "%s@%s", tr->local_name, c->name);
 	g_mutex_init(&c->qlock);
 	g_mutex_init(&c->ep_lock);

@@ -223,6 +223,9 @@ struct rd_ctx {
 	rd_transport *tr;
 	int index;
 	char name[RD_NAME_MAX];
+	/* The host's counters of this NIC (ABI 1.6); NULL: the transport's own,
+	 * or counting is off. */
+	te_metric_dev *mdev;
 	char nic_path[RD_PATH_MAX];
 	struct ibv_context *vctx;
 	struct ibv_pd *pd;
@@ -265,6 +268,13 @@ struct rd_ctx {
 	atomic_ullong slices_done;
 };
 
+/* Counts for NIC `c`: a relaxed add in the host, no lock. */
+#define RD_COUNT(tr, c, what, delta)                                                           \
+	do {                                                                                   \
+		if ((tr)->metrics)                                                             \
+			(tr)->host->metric_add((tr)->host, (c)->mdev, (what), (int64_t)(delta)); \
+	} while (0)
+
 struct rd_slice {
 	rd_slice *next;
 	te_transfer *t;
@@ -296,6 +306,7 @@ typedef struct rd_counters {
 
 struct rd_transport {
 	const te_host *host;
+	bool metrics; /* the host counts for its transports (ABI 1.6) */
 	const rv_verbs *verbs;
 	rd_config cfg;
 	char *sysfs_root;

@@ -385,7 +385,11 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
 			pause_pair(tr, s);
 	}
 	atomic_fetch_add(&tr->stats.retries, 1);
+	int from = s->ldev;
 	int rc = route(tr, s, s->attempts <= tr->cfg.retry_cnt);
+	/* Sent again: a fail-over of the NIC it left when it goes by another. */
+	if (rc >= 0 && from >= 0)
+		RD_COUNT(tr, tr->ctx[from], s->ldev != from ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, 1);
 	if (rc < 0) {
 		int err = rc == -ENETDOWN ? -ENETDOWN : s->last_error ? s->last_error : error;
 		slice_fail(tr, s, err,
@@ -439,7 +443,9 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 
 	atomic_fetch_sub_explicit(&ep->depth[s->qp], 1, memory_order_relaxed);
 	atomic_fetch_sub_explicit(&c->cq_out[q], 1, memory_order_relaxed);
+	RD_COUNT(tr, c, TE_METRIC_INFLIGHT_BYTES, -(int64_t)s->length);
 	if (wc->status == IBV_WC_SUCCESS) {
+		RD_COUNT(tr, c, TE_METRIC_BYTES, s->length);
 		atomic_store_explicit(&ep->last_used, now, memory_order_relaxed);
 		s->ep = NULL;
 		slice_done(tr, s);
@@ -447,6 +453,7 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 		return;
 	}
 	int err = wc_error(wc->status);
+	RD_COUNT(tr, c, TE_METRIC_ERRORS, 1);
 	rd_ep_fail(ep, err, wc_status_name(wc->status));
 	if (wc->status == IBV_WC_RETRY_EXC_ERR) {
 		/* Our own port may be the one that went down: check it now
@@ -527,8 +534,15 @@ static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back,
 		struct ibv_send_wr *bad = NULL;
 		int rc = v->post_send(ep->qps[qi], wr, &bad);
 		int posted = m;
-		if (rc != 0) {
+		if (rc != 0)
 			posted = bad ? (int)(bad - wr) : 0;
+		if (c->tr->metrics) { /* each posted request completes once, and is counted out then */
+			uint64_t bytes = 0;
+			for (int i = 0; i < posted; i++)
+				bytes += sge[i].length;
+			RD_COUNT(c->tr, c, TE_METRIC_INFLIGHT_BYTES, bytes);
+		}
+		if (rc != 0) {
 			int failed = m - posted;
 			atomic_fetch_sub(&ep->depth[qi], failed);
 			atomic_fetch_sub(&c->cq_out[ep->cq], failed);
@@ -1682,6 +1696,7 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 
 	*out = NULL;
 	tr->host = h;
+	tr->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
 	g_mutex_init(&tr->pend_lock);
 	g_cond_init(&tr->pend_cond);
 	g_mutex_init(&tr->pool_lock);

@@ -11,6 +11,7 @@
  * sendmsg carries many headers and WRITE payloads, straight from the
  * registered sources.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -50,6 +51,16 @@ static inline const te_host *host_of(tcp_cconn *cc)
 static const char *op_name(unsigned op)
 {
 	return op == TE_OP_WRITE ? "WRITE" : "READ";
+}
+
+/* Counts for the device (local address) of a connection: a relaxed add in
+ * the host, no lock. */
+static inline void count(tcp_cconn *cc, int what, int64_t delta)
+{
+	const tcp_ctx *c = cc->peer->ctx;
+
+	if (c->metrics && delta != 0)
+		c->host->metric_add(c->host, cc->mdev, what, delta);
 }
 
 /* ---------------------------------------------------------------- rails */
@@ -339,6 +350,7 @@ static void pull(tcp_cconn *cc)
 	}
 	atomic_store_explicit(&p->has_work, p->bl_head != NULL || p->nretry > 0, memory_order_release);
 	g_mutex_unlock(&p->lock);
+	count(cc, TE_METRIC_INFLIGHT_BYTES, (int64_t)took);
 	for (uint64_t i = first; i < cc->head; i++)
 		prep(cc, slot_at(cc, i));
 	if (cc->head != first)
@@ -387,6 +399,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	}
 	struct done { te_transfer *t; uint64_t bytes; int err; } *done = n ? g_new(struct done, n) : NULL;
 	size_t ndone = 0;
+	uint64_t moved = 0, held = cc->bytes;
 
 	/* With requests on it, the connection is reset, not closed: a graceful
 	 * close would leave the kernel sending what its buffer holds when the
@@ -405,6 +418,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			nfail++;
 		} else if (s->sent == s->stot && s->rcvd == s->rtot) {
 			done[ndone++] = (struct done){ s->t, s->len, 0 };
+			moved += s->len;
 		} else if (mode == FAIL_REJECT && i > at && s->tries + 1 < TCP_MAX_TRIES) {
 			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
 		} else if (mode == FAIL_RAIL && s->tries + 1 < TCP_MAX_FAILOVERS) {
@@ -417,6 +431,13 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	cc->bytes = 0;
+	count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)held);
+	count(cc, TE_METRIC_BYTES, (int64_t)moved);
+	/* Slices put back: moved to another rail, or sent again behind a
+	 * rejected one; a connection lost is an error of its local side. */
+	count(cc, mode == FAIL_RAIL ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, (int64_t)nback);
+	if (mode == FAIL_PEER || mode == FAIL_RAIL)
+		count(cc, TE_METRIC_ERRORS, 1);
 	if (mode == FAIL_RAIL)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN,
 				    "connection %u to %s over %s closed: %s; %zu requests go to the other rails, %zu failed",
@@ -499,6 +520,7 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 	}
 	atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
+	count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)cc->bytes);
 	cc->bytes = 0;
 	go_down(cc);
 }
@@ -524,9 +546,37 @@ static void learn_interface(tcp_cconn *cc)
 	atomic_store(&r->link_down, 0); /* it just connected over it */
 }
 
+/* The device a connection counts for: its local address (one per rail
+ * or NIC), looked up once per connect. */
+static void learn_device(tcp_cconn *cc)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	char name[INET6_ADDRSTRLEN] = "";
+
+	if (!c->metrics)
+		return;
+	if (getsockname(cc->io.fd, (struct sockaddr *)&ss, &sl) == 0) {
+		if (ss.ss_family == AF_INET)
+			inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, name, sizeof name);
+		else if (ss.ss_family == AF_INET6)
+			inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, name, sizeof name);
+	}
+	te_metric_dev *dev = c->host->metric_device(c->host, name[0] ? name : "unknown");
+	/* Slices taken while connecting move to the device they now leave by. */
+	if (dev != cc->mdev && cc->bytes > 0) {
+		count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)cc->bytes);
+		cc->mdev = dev;
+		count(cc, TE_METRIC_INFLIGHT_BYTES, (int64_t)cc->bytes);
+	}
+	cc->mdev = dev;
+}
+
 static void become_up(tcp_cconn *cc)
 {
 	cc->state = CS_UP;
+	learn_device(cc);
 	cc->addr_tries = 0;
 	cc->io.wr = true;
 	cc->io.last_progress = cc->last_rx = tcp_now_ms();
@@ -832,6 +882,10 @@ static void reap(tcp_cconn *cc)
 	}
 	if (moved > 0 && cc->peer->nrails > 1)
 		atomic_fetch_add_explicit(&rail_of(cc)->bytes, moved, memory_order_relaxed);
+	if (moved > 0) {
+		count(cc, TE_METRIC_BYTES, (int64_t)moved);
+		count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)moved);
+	}
 	if (cc->tail != first)
 		atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->tail - first), memory_order_relaxed);
 	if (cc->snd < cc->tail)

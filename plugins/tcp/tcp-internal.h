@@ -186,6 +186,9 @@ struct tcp_cconn {
 	atomic_int drv;
 	atomic_uint missed;
 	uint32_t ep_events; /* as registered in the owner's epoll set (set_events) */
+	/* The host's counters of the local address it leaves by (ABI 1.6;
+	 * NULL: the transport's own, or counting is off). Set when it comes up. */
+	te_metric_dev *mdev;
 };
 
 /* What a connection's I/O thread could not do while a caller held it. */
@@ -366,6 +369,7 @@ struct tcp_ctx {
 	GMutex inbound_lock;
 	GHashTable *per_peer;      /* host → accepted connections open (inbound_lock) */
 	bool auth;                 /* the engine has a key: authenticate every connection */
+	bool metrics;              /* the host counts for its transports (ABI 1.6) */
 	GThreadPool *auth_pool;    /* accepted connections being authenticated */
 	atomic_int stopping;
 };

@@ -416,6 +416,7 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	int rc;
 
 	c->host = h;
+	c->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
 	c->listen_fd = -1;
 	c->netlink_io.fd = -1;
 	g_mutex_init(&c->lock);

@@ -176,6 +176,13 @@ static void known_transfers(const char *transport)
 	snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"read\"", bn);
 	CHECK_EQ(metric(t, "te_peer_bytes_total", an, lbl), 2 * 8192);
 	CHECK_EQ(metric(t, "te_peer_requests_total", an, "peer=\"other\",op=\"write\""), 0);
+	if (strcmp(transport, "tcp") == 0) {
+		/* one device, the local address the connections leave by */
+		CHECK_EQ(metric(t, "te_device_bytes_total", an, "transport=\"tcp\",device=\"127.0.0.1\""),
+			 3 * 4096 + 2 * 8192);
+		CHECK_EQ(metric(t, "te_device_in_flight_bytes", an, "transport=\"tcp\",device=\"127.0.0.1\""), 0);
+		CHECK_EQ(metric(t, "te_device_errors_total", an, "transport=\"tcp\",device=\"127.0.0.1\""), 0);
+	}
 	CHECK_EQ(metric(t, "te_registered_memory_bytes", an, ""), BUF);
 	CHECK_EQ(metric(t, "te_registered_memory_regions", an, ""), 1);
 	te_free(t);

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <string.h>
 
+#include "exporter.h"
 #include "internal.h"
 #include "metrics.h"
 
@@ -584,6 +585,9 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 		te_err("te_engine_create: publishing to %s failed: %s", e->md->conn, te_strerror(rc));
 		goto fail;
 	}
+	rc = te_exporter_acquire(e);
+	if (rc < 0)
+		goto fail;
 	te_info("engine %s up: rpc port %d, metadata %s", e->name, e->rpc_port, e->md->conn);
 	g_free(host);
 	*out = e;
@@ -615,6 +619,7 @@ void te_engine_destroy(te_engine *e)
 {
 	if (e == NULL)
 		return;
+	te_exporter_release(e);
 	e->closing = true;
 	te_batches_cancel_all(e);
 	if (!drain(&e->inflight, "engine shutdown", e->drain_ms)) {

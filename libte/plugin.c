@@ -47,6 +47,7 @@ static const char *kind_name(int kind)
 	return kind == TE_KIND_TRANSPORT  ? "transport"
 	       : kind == TE_KIND_METADATA ? "metadata"
 	       : kind == TE_KIND_DEVICE   ? "device"
+	       : kind == TE_KIND_EXPORTER ? "exporter"
 					  : "unknown";
 }
 
@@ -103,6 +104,17 @@ static bool check_ops(const te_plugin_desc *d, char **why)
 		    o->copy == NULL || o->devices == NULL) {
 			*why = g_strdup("device ops lack prefix, probe, create, destroy, classify, copy "
 					"or devices");
+			return false;
+		}
+	} else if (d->kind == TE_KIND_EXPORTER) {
+		const te_exporter_ops *o = d->ops;
+		if (d->abi_minor < 6 || o->size < offsetof(te_exporter_ops, destroy) + sizeof o->destroy) {
+			*why = g_strdup_printf("exporter ops table too small (%u bytes, ABI minor %u)", o->size,
+					       d->abi_minor);
+			return false;
+		}
+		if (o->create == NULL || o->destroy == NULL) {
+			*why = g_strdup("exporter ops lack create or destroy");
 			return false;
 		}
 	} else {
@@ -171,7 +183,7 @@ static void load_file(const char *path)
 		goto fail;
 	}
 	if (d->kind != TE_KIND_TRANSPORT && d->kind != TE_KIND_METADATA &&
-	    d->kind != TE_KIND_DEVICE) {
+	    d->kind != TE_KIND_DEVICE && d->kind != TE_KIND_EXPORTER) {
 		p->reason = g_strdup_printf("unknown plugin kind %u", d->kind);
 		goto fail;
 	}

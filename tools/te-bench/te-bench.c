@@ -37,6 +37,8 @@ typedef struct flags {
 	const char *device_name;
 	const char *nic_priority_matrix;
 	const char *auth_key_file;
+	const char *metrics_addr;
+	uint64_t metrics_linger;
 	bool auto_discovery;
 	const char *operation;
 	uint64_t batch_size;
@@ -107,6 +109,11 @@ static const flag_def DEFS[] = {
 	{ "auth_key_file", F_STR, &F.auth_key_file, 0, 0,
 	  "the cluster key file: peers authenticate each connection (give it to target and initiator; "
 	  "default: TE_AUTH_KEY_FILE, else none)" },
+	{ "metrics_addr", F_STR, &F.metrics_addr, 0, 0,
+	  "serve the engines' metrics at HOST:PORT while the run lasts (port 0 picks one; the URL is printed "
+	  "on stderr); default: TE_METRICS_ADDR, else none" },
+	{ "metrics_linger", F_U64, &F.metrics_linger, 0, 3600,
+	  "seconds to keep the engines, and their metrics endpoint, after the run ends (default 0)" },
 	{ "auto_discovery", F_BOOL, &F.auto_discovery, 0, 0,
 	  "the same as --protocol=auto" },
 	{ "operation", F_STR, &F.operation, 0, 0, "read | write | mixed (reads and writes by turns) (default read)" },
@@ -282,6 +289,12 @@ static char last_log[512];
 static void keep_log(int level, const char *domain, const char *msg, void *user)
 {
 	(void)user;
+	/* Where the metrics are served: a scraper needs it, a port 0 in
+	 * particular. */
+	if (level == TE_LOG_INFO && strncmp(msg, "metrics at ", 11) == 0) {
+		fprintf(stderr, PROG ": %s\n", msg);
+		return;
+	}
 	if (level > TE_LOG_WARN)
 		return;
 	pthread_mutex_lock(&log_lock);
@@ -506,11 +519,13 @@ static const char *store_for_log(void)
 static te_engine *make_engine(const char *name, bool loopback_alias)
 {
 	te_engine *e = NULL;
-	te_option opt[2];
+	te_option opt[3];
 	size_t n = 0;
 
 	if (F.auth_key_file != NULL && *F.auth_key_file != '\0')
 		opt[n++] = (te_option){ "auth_key_file", F.auth_key_file };
+	if (F.metrics_addr != NULL && *F.metrics_addr != '\0')
+		opt[n++] = (te_option){ "metrics_addr", F.metrics_addr };
 	/* Outside P2PHANDSHAKE two loopback engines need distinct names that
 	 * still say where to reach them. */
 	if (loopback_alias)
@@ -926,6 +941,17 @@ static int run_initiator(te_engine *e, const char *target, const char *mode_name
 
 /* ------------------------------------------------------------------ main */
 
+/* --metrics_linger: the engines stay, idle, so that a scraper sees the
+ * run's final counts. Ctrl-C ends it early. */
+static void linger(void)
+{
+	if (F.metrics_linger == 0)
+		return;
+	uint64_t end = now_ns() + F.metrics_linger * 1000000000ull;
+	while (!interrupted && now_ns() < end)
+		usleep(20000);
+}
+
 static const char *hostname(void)
 {
 	static char h[256];
@@ -970,6 +996,8 @@ int main(int argc, char **argv)
 		te_set_log_level(TE_LOG_INFO);
 	} else if (getenv("TE_LOG_LEVEL") == NULL && getenv("MC_LOG_LEVEL") == NULL) {
 		te_set_log_handler(keep_log, NULL);
+		if (F.metrics_addr != NULL || getenv("TE_METRICS_ADDR") != NULL)
+			te_set_log_level(TE_LOG_INFO); /* for the endpoint's URL; keep_log drops the rest */
 	}
 	struct sigaction sa = { .sa_handler = on_signal };
 	sigemptyset(&sa.sa_mask);
@@ -992,6 +1020,7 @@ int main(int argc, char **argv)
 	if (!strcmp(F.mode, "initiator")) {
 		te_engine *e = make_engine(F.local_server_name ? F.local_server_name : hostname(), false);
 		int rc = run_initiator(e, F.segment_id, "initiator");
+		linger();
 		drop_engines();
 		return rc;
 	}
@@ -1010,6 +1039,7 @@ int main(int argc, char **argv)
 	register_buffer(target, F.buffer_size, need, true, F.use_vram);
 	te_engine *init = make_engine(iname, !p2p);
 	int rc = run_initiator(init, te_engine_name(target), "loopback");
+	linger();
 	drop_engines(); /* the initiator first, then the target */
 	return rc;
 }

@@ -23,6 +23,7 @@ static const char *kind_name(int k)
 	return k == TE_KIND_TRANSPORT  ? "transport"
 	       : k == TE_KIND_METADATA ? "metadata"
 	       : k == TE_KIND_DEVICE   ? "device"
+	       : k == TE_KIND_EXPORTER ? "exporter"
 				       : "?";
 }
 

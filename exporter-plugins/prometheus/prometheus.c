@@ -1,0 +1,562 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The Prometheus exporter: libsoup 3's SoupServer, on a thread and a
+ * GMainContext of its own, serving the process's metrics.
+ *
+ *   GET /metrics   200, text format 0.0.4: host->metrics_text()
+ *   other paths    404
+ *   other methods  405
+ *   a request body 413 (never read)
+ *
+ * With a token file every request needs "Authorization: Bearer <token>"
+ * (401 otherwise), compared through its SHA-256 in constant time, as
+ * te-metadata-server does. Connections are accepted here, not by libsoup,
+ * so that their number is bounded (TE_METRICS_MAX_CONNECTIONS) and an idle
+ * one is closed (TE_METRICS_IDLE_TIMEOUT_S).
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gio/gio.h>
+#include <glib.h>
+#include <json-glib/json-glib.h>
+#include <libsoup/soup.h>
+#include <te/te-json.h>
+
+#include <te/te-plugin.h>
+
+#define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define TOKEN_MAX 4096
+
+typedef struct exporter {
+	const te_host *h;
+	GMainContext *ctx;
+	GMainLoop *loop;
+	GThread *thread;
+	GSocketAddress *want; /* where to listen */
+	SoupServer *srv;
+	GSocketService *svc;
+	char *url;
+	bool token_on;
+	guint8 token_sum[32];
+	unsigned max_conns;
+	unsigned idle_s;
+	unsigned conns; /* accepted and not yet released by libsoup (server thread only) */
+	/* create() waits for the server thread to listen or to fail */
+	GMutex lock;
+	GCond cond;
+	bool settled;
+	int start_rc;
+	char why[256];
+} exporter;
+
+static te_ratelimit refusal_rl, busy_rl;
+
+static void sha256(const char *data, size_t len, guint8 out[32])
+{
+	GChecksum *c = g_checksum_new(G_CHECKSUM_SHA256);
+	gsize n = 32;
+
+	g_checksum_update(c, (const guchar *)data, (gssize)len);
+	g_checksum_get_digest(c, out, &n);
+	g_checksum_free(c);
+}
+
+/* NULL when `msg` may go on, else why not (for the log, never the token).
+ * Every byte of the digests is compared, so the time taken tells a client
+ * nothing about how much of a guess was right. */
+static const char *unauthorized(exporter *x, SoupServerMessage *msg)
+{
+	if (!x->token_on)
+		return NULL;
+	const char *a = soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+						     "Authorization");
+	if (a == NULL)
+		return "no Authorization header";
+	if (g_ascii_strncasecmp(a, "Bearer ", 7) != 0)
+		return "not a Bearer token";
+	const char *t = a + 7;
+	while (*t == ' ')
+		t++;
+	guint8 sum[32];
+	unsigned diff = 0;
+	sha256(t, strlen(t), sum);
+	for (int i = 0; i < 32; i++)
+		diff |= (unsigned)(sum[i] ^ x->token_sum[i]);
+	return diff == 0 ? NULL : "wrong token";
+}
+
+static void log_refusal(exporter *x, SoupServerMessage *msg, unsigned status, const char *why)
+{
+	unsigned held;
+
+	if (!te_ratelimit_allow(&refusal_rl, &held))
+		return;
+	const char *host = soup_server_message_get_remote_host(msg);
+	x->h->log(x->h, TE_LOG_WARN, "metrics endpoint: %u to %s for %s %s: %s (%u similar lines held back)",
+		  status, host ? host : "?", soup_server_message_get_method(msg),
+		  g_uri_get_path(soup_server_message_get_uri(msg)), why, held);
+}
+
+/* A refusal written on the connection taken from libsoup, which is then
+ * closed: libsoup would otherwise read the request's body first. */
+typedef struct refusal {
+	SoupServerMessage *msg;
+	unsigned status;
+} refusal;
+
+static gboolean send_refusal(gpointer data)
+{
+	refusal *r = data;
+	GIOStream *io = soup_server_message_steal_connection(r->msg);
+
+	if (io != NULL) {
+		const char *phrase = soup_status_get_phrase(r->status);
+		char *resp = g_strdup_printf("HTTP/1.1 %u %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+					     "%sConnection: close\r\n\r\n%s\n",
+					     r->status, phrase, strlen(phrase) + 1,
+					     r->status == SOUP_STATUS_UNAUTHORIZED
+						     ? "WWW-Authenticate: Bearer realm=\"libte metrics\"\r\n"
+						     : "",
+					     phrase);
+		GOutputStream *os = g_io_stream_get_output_stream(io);
+		/* Best effort, bounded by the socket buffer: the client may be
+		 * blocked sending the body that is refused. */
+		g_pollable_output_stream_write_nonblocking(G_POLLABLE_OUTPUT_STREAM(os), resp, strlen(resp), NULL,
+							   NULL);
+		g_io_stream_close(io, NULL, NULL);
+		g_object_unref(io);
+		g_free(resp);
+	}
+	g_object_unref(r->msg);
+	g_free(r);
+	return G_SOURCE_REMOVE;
+}
+
+static void refuse_early(exporter *x, SoupServerMessage *msg, unsigned status)
+{
+	refusal *r = g_new0(refusal, 1);
+
+	r->msg = g_object_ref(msg);
+	r->status = status;
+	soup_server_message_pause(msg);
+	GSource *s = g_idle_source_new();
+	g_source_set_callback(s, send_refusal, r, NULL);
+	g_source_attach(s, x->ctx);
+	g_source_unref(s);
+}
+
+/* Runs once the headers are in, before any body is read. */
+static void early_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
+			  gpointer data)
+{
+	exporter *x = data;
+	(void)srv;
+	(void)path;
+	(void)query;
+
+	const char *why = unauthorized(x, msg);
+	if (why != NULL) {
+		log_refusal(x, msg, SOUP_STATUS_UNAUTHORIZED, why);
+		refuse_early(x, msg, SOUP_STATUS_UNAUTHORIZED);
+		return;
+	}
+	SoupMessageHeaders *hd = soup_server_message_get_request_headers(msg);
+	SoupEncoding enc = soup_message_headers_get_encoding(hd);
+	if (enc == SOUP_ENCODING_CHUNKED || enc == SOUP_ENCODING_EOF ||
+	    (enc == SOUP_ENCODING_CONTENT_LENGTH && soup_message_headers_get_content_length(hd) > 0))
+		refuse_early(x, msg, SOUP_STATUS_REQUEST_ENTITY_TOO_LARGE);
+}
+
+static void reply_text(SoupServerMessage *msg, unsigned status, const char *text)
+{
+	soup_server_message_set_status(msg, status, NULL);
+	soup_server_message_set_response(msg, "text/plain; charset=utf-8", SOUP_MEMORY_COPY, text,
+					 strlen(text));
+}
+
+static void handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
+		    gpointer data)
+{
+	exporter *x = data;
+	const char *method = soup_server_message_get_method(msg);
+	(void)srv;
+	(void)query;
+
+	if (unauthorized(x, msg) != NULL) { /* the early handler's check, once more */
+		soup_message_headers_replace(soup_server_message_get_response_headers(msg), "WWW-Authenticate",
+					     "Bearer realm=\"libte metrics\"");
+		reply_text(msg, SOUP_STATUS_UNAUTHORIZED, "Unauthorized\n");
+		return;
+	}
+	if (strcmp(path, "/metrics") != 0) {
+		reply_text(msg, SOUP_STATUS_NOT_FOUND, "Not Found: the metrics are at /metrics\n");
+		return;
+	}
+	if (strcmp(method, SOUP_METHOD_GET) != 0 && strcmp(method, SOUP_METHOD_HEAD) != 0) {
+		soup_message_headers_replace(soup_server_message_get_response_headers(msg), "Allow", "GET, HEAD");
+		reply_text(msg, SOUP_STATUS_METHOD_NOT_ALLOWED, "Method Not Allowed\n");
+		return;
+	}
+	char *text = NULL;
+	size_t len = 0;
+	int rc = x->h->metrics_text(x->h, &text, &len);
+	if (rc < 0 || text == NULL) {
+		/* Counting is off (TE_METRICS=0) or memory ran out: say so
+		 * rather than serve an empty page that looks like idle engines. */
+		char *t = g_strdup_printf("metrics unavailable: %s\n",
+					  rc == -ENOTSUP ? "counting is off (TE_METRICS=0)" : g_strerror(-rc));
+		reply_text(msg, SOUP_STATUS_SERVICE_UNAVAILABLE, t);
+		g_free(t);
+		free(text);
+		return;
+	}
+	soup_server_message_set_status(msg, SOUP_STATUS_OK, NULL);
+	soup_server_message_set_response(msg, CONTENT_TYPE, SOUP_MEMORY_COPY, text, len);
+	free(text);
+}
+
+/* ------------------------------------------------------------ connections */
+
+static void conn_gone(gpointer data, GObject *where_it_was)
+{
+	exporter *x = data;
+	(void)where_it_was;
+	x->conns--;
+}
+
+/* Accepted here, handed to libsoup while under the bound; the weak
+ * reference counts it until libsoup lets go of it. */
+static gboolean on_incoming(GSocketService *svc, GSocketConnection *conn, GObject *source, gpointer data)
+{
+	exporter *x = data;
+	GError *err = NULL;
+	(void)svc;
+	(void)source;
+
+	GSocket *sock = g_socket_connection_get_socket(conn);
+	if (x->conns >= x->max_conns) {
+		static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+					   "Retry-After: 1\r\nConnection: close\r\n\r\n";
+		unsigned held;
+		if (te_ratelimit_allow(&busy_rl, &held))
+			x->h->log(x->h, TE_LOG_WARN,
+				  "metrics endpoint: %u connections open (TE_METRICS_MAX_CONNECTIONS); one more refused "
+				  "(%u similar lines held back)", x->conns, held);
+		g_socket_send(sock, busy, sizeof busy - 1, NULL, NULL); /* non-blocking, best effort */
+		g_io_stream_close(G_IO_STREAM(conn), NULL, NULL);
+		return TRUE;
+	}
+	/* An idle or stalled client is dropped after this long. */
+	g_socket_set_timeout(sock, x->idle_s);
+	GSocketAddress *local = g_socket_connection_get_local_address(conn, NULL);
+	GSocketAddress *remote = g_socket_connection_get_remote_address(conn, NULL);
+	if (local == NULL || remote == NULL ||
+	    !soup_server_accept_iostream(x->srv, G_IO_STREAM(conn), local, remote, &err)) {
+		x->h->log(x->h, TE_LOG_WARN, "metrics endpoint: a connection could not be served: %s",
+			  err ? err->message : "no address");
+		g_clear_error(&err);
+		g_io_stream_close(G_IO_STREAM(conn), NULL, NULL);
+	} else {
+		x->conns++;
+		g_object_weak_ref(G_OBJECT(conn), conn_gone, x);
+	}
+	g_clear_object(&local);
+	g_clear_object(&remote);
+	return TRUE;
+}
+
+/* ---------------------------------------------------------------- thread */
+
+static void settle(exporter *x, int rc)
+{
+	g_mutex_lock(&x->lock);
+	x->start_rc = rc;
+	x->settled = true;
+	g_cond_signal(&x->cond);
+	g_mutex_unlock(&x->lock);
+}
+
+static char *url_of(GSocketAddress *a)
+{
+	GInetAddress *ia = g_inet_socket_address_get_address(G_INET_SOCKET_ADDRESS(a));
+	char *host = g_inet_address_to_string(ia);
+	guint16 port = g_inet_socket_address_get_port(G_INET_SOCKET_ADDRESS(a));
+	char *u = g_inet_address_get_family(ia) == G_SOCKET_FAMILY_IPV6
+			  ? g_strdup_printf("http://[%s]:%u/metrics", host, port)
+			  : g_strdup_printf("http://%s:%u/metrics", host, port);
+	g_free(host);
+	return u;
+}
+
+static gpointer server_main(gpointer data)
+{
+	exporter *x = data;
+	GError *err = NULL;
+	GSocketAddress *got = NULL;
+
+	/* Every source below (listener, connections, libsoup's I/O) is made in
+	 * this context, so it runs on this thread only. */
+	g_main_context_push_thread_default(x->ctx);
+	x->srv = soup_server_new("server-header", "libte-metrics", NULL);
+	soup_server_add_early_handler(x->srv, NULL, early_handler, x, NULL);
+	soup_server_add_handler(x->srv, NULL, handler, x, NULL);
+	x->svc = g_socket_service_new();
+	g_socket_listener_set_backlog(G_SOCKET_LISTENER(x->svc), 64);
+	if (!g_socket_listener_add_address(G_SOCKET_LISTENER(x->svc), x->want, G_SOCKET_TYPE_STREAM,
+					   G_SOCKET_PROTOCOL_TCP, NULL, (GSocketAddress **)&got, &err)) {
+		int rc = g_error_matches(err, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE) ? -EADDRINUSE
+										     : -EADDRNOTAVAIL;
+		g_strlcpy(x->why, err->message, sizeof x->why);
+		g_error_free(err);
+		settle(x, rc);
+		goto out;
+	}
+	x->url = url_of(got);
+	g_object_unref(got);
+	g_signal_connect(x->svc, "incoming", G_CALLBACK(on_incoming), x);
+	g_socket_service_start(x->svc);
+	settle(x, 0);
+	g_main_loop_run(x->loop);
+	g_socket_service_stop(x->svc);
+	g_socket_listener_close(G_SOCKET_LISTENER(x->svc));
+out:
+	soup_server_disconnect(x->srv);
+	g_clear_object(&x->svc);
+	g_clear_object(&x->srv);
+	/* Connections closed above release their sources on the way out. */
+	while (g_main_context_iteration(x->ctx, FALSE))
+		;
+	g_main_context_pop_thread_default(x->ctx);
+	return NULL;
+}
+
+static gboolean quit_loop(gpointer data)
+{
+	g_main_loop_quit(data);
+	return G_SOURCE_REMOVE;
+}
+
+/* ------------------------------------------------------------------- ops */
+
+/* "host:port", "[v6]:port", ":port" or "port" (the last two: loopback).
+ * Numeric addresses and "localhost" only: where the endpoint listens must
+ * not depend on a resolver. */
+static GSocketAddress *parse_addr(const char *s, char *why, size_t whylen)
+{
+	char *host = NULL;
+	const char *port_s;
+
+	if (s[0] == '[') {
+		const char *rb = strchr(s, ']');
+		if (rb == NULL || rb[1] != ':')
+			goto bad;
+		host = g_strndup(s + 1, (gsize)(rb - s - 1));
+		port_s = rb + 2;
+	} else {
+		const char *colon = strrchr(s, ':');
+		if (colon != NULL && strchr(s, ':') != colon)
+			goto bad; /* a bare IPv6 address: [addr]:port */
+		host = colon ? g_strndup(s, (gsize)(colon - s)) : g_strdup("");
+		port_s = colon ? colon + 1 : s;
+	}
+	guint64 port;
+	if (*port_s == '\0' || !g_ascii_string_to_unsigned(port_s, 10, 0, 65535, &port, NULL))
+		goto bad;
+	if (*host == '\0' || g_ascii_strcasecmp(host, "localhost") == 0) {
+		g_free(host);
+		host = g_strdup("127.0.0.1");
+	}
+	GInetAddress *ia = g_inet_address_new_from_string(host);
+	if (ia == NULL)
+		goto bad;
+	GSocketAddress *a = g_inet_socket_address_new(ia, (guint16)port);
+	g_object_unref(ia);
+	g_free(host);
+	return a;
+bad:
+	g_free(host);
+	g_snprintf(why, whylen, "'%s' is not HOST:PORT with a numeric address and a port from 0 to 65535", s);
+	return NULL;
+}
+
+/* The token: the first line of the file, of letters, digits and -._~+/=
+ * (what te-metadata-server accepts). Only its digest is kept. */
+static int load_token(exporter *x, const char *path)
+{
+	char *data = NULL;
+	gsize n = 0;
+	GError *err = NULL;
+
+	if (!g_file_get_contents(path, &data, &n, &err)) {
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: cannot read the token file: %s", err->message);
+		g_error_free(err);
+		return -EINVAL;
+	}
+	char *nl = memchr(data, '\n', n);
+	char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
+	size_t tl = strlen(tok);
+	bool ok = tl > 0 && tl <= TOKEN_MAX &&
+		  strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") == tl;
+	if (ok) {
+		sha256(tok, tl, x->token_sum);
+		x->token_on = true;
+		if (tl < 16)
+			x->h->log(x->h, TE_LOG_WARN,
+				  "metrics endpoint: the token in %s is shorter than 16 characters; a long random "
+				  "one (openssl rand -hex 32) resists guessing", path);
+	} else {
+		x->h->log(x->h, TE_LOG_ERROR,
+			  "metrics endpoint: %s: the first line must be a token of letters, digits and -._~+/= "
+			  "(at most %d)", path, TOKEN_MAX);
+	}
+	memset(data, 0, n);
+	memset(tok, 0, tl);
+	g_free(data);
+	g_free(tok);
+	return ok ? 0 : -EINVAL;
+}
+
+/* {"token_file": PATH}: bounded before it is parsed, like every JSON
+ * text from outside. */
+static int parse_args(exporter *x, const char *json_args)
+{
+	static const te_json_limits lim = { 2, 16, 16, 4096, 8192 };
+	char why[160];
+	int rc = 0;
+
+	if (json_args == NULL || *json_args == '\0')
+		return 0;
+	JsonNode *root = te_json_load(json_args, strlen(json_args), &lim, why, sizeof why);
+	if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: arguments are not a JSON object: %s",
+			  root ? "not an object" : why);
+		if (root)
+			json_node_unref(root);
+		return -EINVAL;
+	}
+	JsonObject *o = json_node_get_object(root);
+	GList *members = json_object_get_members(o);
+	for (GList *l = members; l != NULL && rc == 0; l = l->next) {
+		const char *k = l->data;
+		JsonNode *v = json_object_get_member(o, k);
+		if (strcmp(k, "token_file") != 0) {
+			x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: unknown argument '%s'", k);
+			rc = -EINVAL;
+		} else if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING ||
+			   *json_node_get_string(v) == '\0') {
+			x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: token_file is not a file name");
+			rc = -EINVAL;
+		} else {
+			rc = load_token(x, json_node_get_string(v));
+		}
+	}
+	g_list_free(members);
+	json_node_unref(root);
+	return rc;
+}
+
+static void prom_free(exporter *x)
+{
+	if (x->ctx)
+		g_main_context_unref(x->ctx);
+	if (x->loop)
+		g_main_loop_unref(x->loop);
+	g_clear_object(&x->want);
+	g_free(x->url);
+	g_mutex_clear(&x->lock);
+	g_cond_clear(&x->cond);
+	explicit_bzero(x->token_sum, sizeof x->token_sum);
+	g_free(x);
+}
+
+static int prom_create(const te_host *h, const char *addr, const char *json_args, void **ctx)
+{
+	if (h == NULL || ctx == NULL)
+		return -EINVAL;
+	*ctx = NULL;
+	if (!TE_HAS_OP(h, metrics_text)) {
+		h->log(h, TE_LOG_ERROR, "metrics endpoint: this libte offers no metrics_text (plugin ABI 1.6)");
+		return -ENOTSUP;
+	}
+	if (addr == NULL || *addr == '\0') {
+		h->log(h, TE_LOG_ERROR, "metrics endpoint: no address to listen on");
+		return -EINVAL;
+	}
+	exporter *x = g_new0(exporter, 1);
+	char why[200];
+	x->h = h;
+	g_mutex_init(&x->lock);
+	g_cond_init(&x->cond);
+	x->max_conns = (unsigned)te_host_config_u64(h, "TE_METRICS_MAX_CONNECTIONS", NULL, 16, 1, 1024);
+	x->idle_s = (unsigned)te_host_config_u64(h, "TE_METRICS_IDLE_TIMEOUT_S", NULL, 30, 1, 3600);
+	x->want = parse_addr(addr, why, sizeof why);
+	if (x->want == NULL) {
+		h->log(h, TE_LOG_ERROR, "metrics endpoint: TE_METRICS_ADDR %s", why);
+		prom_free(x);
+		return -EINVAL;
+	}
+	int rc = parse_args(x, json_args);
+	if (rc < 0) {
+		prom_free(x);
+		return rc;
+	}
+	x->ctx = g_main_context_new();
+	x->loop = g_main_loop_new(x->ctx, FALSE);
+	x->thread = g_thread_try_new("te-metrics", server_main, x, NULL);
+	if (x->thread == NULL) {
+		h->log(h, TE_LOG_ERROR, "metrics endpoint: cannot start its thread");
+		prom_free(x);
+		return -ENOMEM;
+	}
+	g_mutex_lock(&x->lock);
+	while (!x->settled)
+		g_cond_wait(&x->cond, &x->lock);
+	g_mutex_unlock(&x->lock);
+	if (x->start_rc < 0) {
+		g_thread_join(x->thread);
+		h->log(h, TE_LOG_ERROR, "metrics endpoint: cannot listen on %s: %s", addr, x->why);
+		rc = x->start_rc;
+		prom_free(x);
+		return rc;
+	}
+	*ctx = x;
+	return 0;
+}
+
+static void prom_destroy(void *ctx)
+{
+	exporter *x = ctx;
+
+	if (x == NULL)
+		return;
+	GSource *s = g_idle_source_new();
+	g_source_set_callback(s, quit_loop, x->loop, NULL);
+	g_source_attach(s, x->ctx);
+	g_source_unref(s);
+	g_thread_join(x->thread);
+	prom_free(x);
+}
+
+static int prom_url(void *ctx, char *buf, size_t size)
+{
+	exporter *x = ctx;
+
+	if (x == NULL || buf == NULL || size == 0)
+		return -EINVAL;
+	if (g_strlcpy(buf, x->url, size) >= size)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+static const te_exporter_ops prom_ops = {
+	.size = sizeof(te_exporter_ops),
+	.create = prom_create,
+	.destroy = prom_destroy,
+	.url = prom_url,
+};
+
+TE_PLUGIN_DEFINE(TE_KIND_EXPORTER, "prometheus", "1.0.0",
+		 "Prometheus endpoint: GET /metrics in the text format (libsoup 3)", "Apache-2.0", &prom_ops)

@@ -1,0 +1,437 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The metrics endpoint (TE_METRICS_ADDR, the prometheus exporter plugin):
+ * what it serves, what it refuses, how engines share it, and that an
+ * endpoint that cannot start fails the engine. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../common/util.h"
+
+/* ---------------------------------------------------------- HTTP client */
+
+typedef struct reply {
+	int status;
+	char head[4096];
+	char *body; /* malloc()ed */
+	size_t len;
+} reply;
+
+static int connect_port(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+/* Reads until the server closes, at most 5 s. */
+static int read_reply(int fd, reply *r)
+{
+	size_t cap = 1 << 16, len = 0;
+	char *buf = malloc(cap);
+	long long end = now_ms() + 5000;
+
+	memset(r, 0, sizeof *r);
+	for (;;) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		long long left = end - now_ms();
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0) {
+			free(buf);
+			return -ETIMEDOUT;
+		}
+		if (len + 4096 > cap)
+			buf = realloc(buf, cap *= 2);
+		ssize_t n = read(fd, buf + len, cap - len - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	buf[len] = '\0';
+	char *sep = strstr(buf, "\r\n\r\n");
+	if (sep == NULL || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
+		free(buf);
+		return -EPROTO;
+	}
+	snprintf(r->head, sizeof r->head, "%.*s", (int)(sep - buf), buf);
+	r->len = len - (size_t)(sep + 4 - buf);
+	r->body = malloc(r->len + 1);
+	memcpy(r->body, sep + 4, r->len);
+	r->body[r->len] = '\0';
+	free(buf);
+	return 0;
+}
+
+/* One request; `extra` is more header lines (each ending in \r\n). */
+static int http(int port, const char *method, const char *path, const char *extra, reply *r)
+{
+	char req[2048];
+	int fd = connect_port(port);
+	if (fd < 0)
+		return fd;
+	int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n",
+			 method, path, extra ? extra : "");
+	if (write(fd, req, (size_t)n) != n) {
+		close(fd);
+		return -EIO;
+	}
+	int rc = read_reply(fd, r);
+	close(fd);
+	return rc;
+}
+
+static void reply_free(reply *r)
+{
+	free(r->body);
+	r->body = NULL;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+/* The port of the last "metrics at http://127.0.0.1:PORT/metrics" line. */
+static int logged_port(void)
+{
+	int port = -1;
+	pthread_mutex_lock(&cap_lock);
+	const char *p = cap_buf, *hit;
+	while ((hit = strstr(p, "metrics at http://127.0.0.1:")) != NULL) {
+		port = atoi(hit + strlen("metrics at http://127.0.0.1:"));
+		p = hit + 1;
+	}
+	pthread_mutex_unlock(&cap_lock);
+	return port;
+}
+
+static te_engine *engine_with(const te_option *opt, size_t n, int *rc)
+{
+	te_engine *e = NULL;
+	*rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", opt, n, &e);
+	return e;
+}
+
+static bool port_bindable(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0;
+	close(fd);
+	return ok;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+/* GET /metrics serves te_metrics_text(NULL), as it is, with the format's
+ * content type; other paths, methods and request bodies are refused. */
+static void test_serves_text(void)
+{
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
+	int rc;
+
+	cap_start();
+	te_engine *e = engine_with(o, 1, &rc);
+	REQUIRE(rc == 0 && e != NULL);
+	int port = logged_port();
+	REQUIRE(port > 0);
+
+	reply r;
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	CHECK(strstr(r.head, "Content-Type: text/plain; version=0.0.4; charset=utf-8") != NULL);
+	char *text = NULL;
+	size_t len = 0;
+	CHECK_EQ(te_metrics_text(NULL, &text, &len), 0);
+	/* The engine is idle and has no transport: nothing moves between the
+	 * two readings, so they are the same text. */
+	CHECK_EQ(r.len, len);
+	CHECK(text != NULL && r.len == len && memcmp(r.body, text, len) == 0);
+	char seg[300];
+	snprintf(seg, sizeof seg, "segment=\"%s\"", te_engine_name(e));
+	CHECK(strstr(r.body, seg) != NULL);
+	CHECK(strstr(r.body, "# TYPE te_transfer_bytes_total counter") != NULL);
+	te_free(text);
+	reply_free(&r);
+
+	REQUIRE(http(port, "HEAD", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	CHECK_EQ(r.len, 0);
+	reply_free(&r);
+	REQUIRE(http(port, "GET", "/", NULL, &r) == 0);
+	CHECK_EQ(r.status, 404);
+	reply_free(&r);
+	REQUIRE(http(port, "GET", "/metrics/x", NULL, &r) == 0);
+	CHECK_EQ(r.status, 404);
+	reply_free(&r);
+	REQUIRE(http(port, "DELETE", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 405);
+	CHECK(strstr(r.head, "Allow: GET, HEAD") != NULL);
+	reply_free(&r);
+	REQUIRE(http(port, "POST", "/metrics", "Content-Length: 0\r\n", &r) == 0);
+	CHECK_EQ(r.status, 405);
+	reply_free(&r);
+	/* A body is refused before it is read: 64 MiB announced, none sent. */
+	REQUIRE(http(port, "POST", "/metrics", "Content-Length: 67108864\r\n", &r) == 0);
+	CHECK_EQ(r.status, 413);
+	reply_free(&r);
+	REQUIRE(http(port, "GET", "/metrics", "Transfer-Encoding: chunked\r\n", &r) == 0);
+	CHECK_EQ(r.status, 413);
+	reply_free(&r);
+	/* Still serving after the refusals. */
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	reply_free(&r);
+	te_engine_destroy(e);
+	CHECK(connect_port(port) == -ECONNREFUSED);
+}
+
+/* Two engines, one endpoint: both are in its text; it lives until the
+ * last one goes, and then its port is free to bind again. */
+static void test_shared(void)
+{
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
+	int rc;
+
+	cap_start();
+	te_engine *a = engine_with(o, 1, &rc);
+	REQUIRE(rc == 0);
+	int port = logged_port();
+	REQUIRE(port > 0);
+	cap_start();
+	te_engine *b = engine_with(o, 1, &rc);
+	REQUIRE(rc == 0);
+	CHECK(!cap_has_quiet("metrics at ")); /* no second endpoint */
+
+	char sa[300], sb[300];
+	snprintf(sa, sizeof sa, "segment=\"%s\"", te_engine_name(a));
+	snprintf(sb, sizeof sb, "segment=\"%s\"", te_engine_name(b));
+	reply r;
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	CHECK(strstr(r.body, sa) != NULL);
+	CHECK(strstr(r.body, sb) != NULL);
+	reply_free(&r);
+
+	te_engine_destroy(a);
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	CHECK(strstr(r.body, sa) == NULL);
+	CHECK(strstr(r.body, sb) != NULL);
+	reply_free(&r);
+
+	te_engine_destroy(b);
+	CHECK(connect_port(port) == -ECONNREFUSED);
+	CHECK(port_bindable(port));
+	/* And an engine asking for that very port gets it. */
+	char addr[64];
+	snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+	te_option same[] = { { "metrics_addr", addr } };
+	te_engine *c = engine_with(same, 1, &rc);
+	CHECK_EQ(rc, 0);
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	reply_free(&r);
+	te_engine_destroy(c);
+}
+
+/* TE_METRICS_ADDR in the environment works like the option. */
+static void test_env(void)
+{
+	int rc;
+
+	cap_start();
+	setenv("TE_METRICS_ADDR", "127.0.0.1:0", 1);
+	te_engine *e = engine_with(NULL, 0, &rc);
+	unsetenv("TE_METRICS_ADDR");
+	REQUIRE(rc == 0);
+	int port = logged_port();
+	CHECK(port > 0);
+	reply r;
+	CHECK(port > 0 && http(port, "GET", "/metrics", NULL, &r) == 0 && r.status == 200);
+	reply_free(&r);
+	te_engine_destroy(e);
+}
+
+/* An endpoint asked for and impossible fails the engine, saying why. */
+static void test_bad_addr(void)
+{
+	int rc;
+	te_engine *e;
+
+	cap_start();
+	te_option junk[] = { { "metrics_addr", "nonsense" } };
+	e = engine_with(junk, 1, &rc);
+	CHECK_EQ(rc, -EINVAL);
+	CHECK(e == NULL);
+	CHECK(cap_has("TE_METRICS_ADDR=nonsense"));
+
+	cap_start();
+	te_option big[] = { { "metrics_addr", "127.0.0.1:65536" } };
+	e = engine_with(big, 1, &rc);
+	CHECK_EQ(rc, -EINVAL);
+
+	cap_start();
+	te_option host[] = { { "metrics_addr", "300.1.1.1:9464" } };
+	e = engine_with(host, 1, &rc);
+	CHECK_EQ(rc, -EINVAL);
+	CHECK(e == NULL);
+	CHECK(cap_has("300.1.1.1"));
+
+	cap_start();
+	setenv("TE_METRICS_ADDR", "[::1:9464", 1);
+	e = engine_with(NULL, 0, &rc);
+	unsetenv("TE_METRICS_ADDR");
+	CHECK_EQ(rc, -EINVAL);
+
+	/* In use: a listener of this test holds the port. */
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	socklen_t al = sizeof a;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0);
+	getsockname(fd, (struct sockaddr *)&a, &al);
+	char addr[64];
+	snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+	te_option busy[] = { { "metrics_addr", addr } };
+	cap_start();
+	e = engine_with(busy, 1, &rc);
+	CHECK_EQ(rc, -EADDRINUSE);
+	CHECK(e == NULL);
+	CHECK(cap_has(addr));
+	close(fd);
+
+	/* No such exporter plugin. */
+	te_option none[] = { { "metrics_addr", "127.0.0.1:0" }, { "metrics_exporter", "no-such-exporter" } };
+	cap_start();
+	e = engine_with(none, 2, &rc);
+	CHECK_EQ(rc, -ENOENT);
+	CHECK(e == NULL);
+	CHECK(cap_has("no-such-exporter"));
+
+	/* A token file that is not there. */
+	te_option tok[] = { { "metrics_addr", "127.0.0.1:0" }, { "metrics_token_file", "/nonexistent/token" } };
+	cap_start();
+	e = engine_with(tok, 2, &rc);
+	CHECK_EQ(rc, -EINVAL);
+	CHECK(cap_has("token file"));
+
+	/* After all of these an endpoint still starts. */
+	te_option ok[] = { { "metrics_addr", "127.0.0.1:0" } };
+	e = engine_with(ok, 1, &rc);
+	CHECK_EQ(rc, 0);
+	te_engine_destroy(e);
+}
+
+/* With a token file: the right bearer token or 401. */
+static void test_token(void)
+{
+	char path[] = "/tmp/te-metrics-token-XXXXXX";
+	int fd = mkstemp(path);
+	REQUIRE(fd >= 0);
+	const char *tok = "0123456789abcdef0123456789abcdef\n";
+	REQUIRE(write(fd, tok, strlen(tok)) == (ssize_t)strlen(tok));
+	close(fd);
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" }, { "metrics_token_file", path } };
+	int rc;
+
+	cap_start();
+	te_engine *e = engine_with(o, 2, &rc);
+	REQUIRE(rc == 0);
+	int port = logged_port();
+	REQUIRE(port > 0);
+	reply r;
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 401);
+	CHECK(strstr(r.head, "WWW-Authenticate: Bearer") != NULL);
+	CHECK(strstr(r.body, "te_transfer") == NULL);
+	reply_free(&r);
+	REQUIRE(http(port, "GET", "/metrics", "Authorization: Bearer 0123456789abcdef0123456789abcdeX\r\n", &r) == 0);
+	CHECK_EQ(r.status, 401);
+	reply_free(&r);
+	REQUIRE(http(port, "GET", "/metrics", "Authorization: Basic MDEyMzQ1\r\n", &r) == 0);
+	CHECK_EQ(r.status, 401);
+	reply_free(&r);
+	/* Refused before the path is looked at: nothing to learn without it. */
+	REQUIRE(http(port, "GET", "/nothing", NULL, &r) == 0);
+	CHECK_EQ(r.status, 401);
+	reply_free(&r);
+	REQUIRE(http(port, "GET", "/metrics", "Authorization: Bearer 0123456789abcdef0123456789abcdef\r\n", &r) == 0);
+	CHECK_EQ(r.status, 200);
+	CHECK(strstr(r.body, "te_transfer_bytes_total") != NULL);
+	reply_free(&r);
+	CHECK(cap_has("401"));
+	CHECK(!cap_has_quiet("0123456789abcdef0123456789abcdef")); /* never logged */
+	te_engine_destroy(e);
+	unlink(path);
+}
+
+/* At most TE_METRICS_MAX_CONNECTIONS connections; one more is turned away
+ * with a 503, and a place that frees up serves again. */
+static void test_connection_bound(void)
+{
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
+	int rc;
+
+	setenv("TE_METRICS_MAX_CONNECTIONS", "2", 1);
+	cap_start();
+	te_engine *e = engine_with(o, 1, &rc);
+	unsetenv("TE_METRICS_MAX_CONNECTIONS");
+	REQUIRE(rc == 0);
+	int port = logged_port();
+	REQUIRE(port > 0);
+	int idle1 = connect_port(port), idle2 = connect_port(port);
+	REQUIRE(idle1 >= 0 && idle2 >= 0);
+	usleep(200000); /* both accepted */
+	reply r;
+	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 503);
+	reply_free(&r);
+	CHECK(cap_has("TE_METRICS_MAX_CONNECTIONS"));
+	close(idle1);
+	int status = 0;
+	for (int i = 0; i < 50 && status != 200; i++) { /* the server sees the close soon */
+		usleep(50000);
+		if (http(port, "GET", "/metrics", NULL, &r) == 0)
+			status = r.status;
+		reply_free(&r);
+	}
+	CHECK_EQ(status, 200);
+	close(idle2);
+	te_engine_destroy(e);
+}
+
+/* An engine without TE_METRICS_ADDR starts no endpoint. */
+static void test_off_by_default(void)
+{
+	int rc;
+
+	cap_start();
+	te_engine *e = engine_with(NULL, 0, &rc);
+	REQUIRE(rc == 0);
+	CHECK(!cap_has_quiet("metrics at "));
+	te_engine_destroy(e);
+}
+
+int main(void)
+{
+	unsetenv("TE_METRICS_ADDR");
+	te_set_log_level(TE_LOG_INFO);
+	TEST_RUN(test_serves_text);
+	TEST_RUN(test_shared);
+	TEST_RUN(test_env);
+	TEST_RUN(test_bad_addr);
+	TEST_RUN(test_token);
+	TEST_RUN(test_connection_bound);
+	TEST_RUN(test_off_by_default);
+	return check_done();
+}

@@ -410,6 +410,48 @@ static void test_connection_bound(void)
 	te_engine_destroy(e);
 }
 
+typedef struct seen {
+	int prometheus_kind;
+	const char *why[3]; /* badsize, badminor, nocreate */
+	int loaded_bad;
+} seen;
+
+static void look(const te_plugin_info *p, void *user)
+{
+	seen *s = user;
+	static const char *const bad[] = { "libte-exporter-badsize.so", "libte-exporter-badminor.so",
+					   "libte-exporter-nocreate.so" };
+
+	if (p->loaded && p->name != NULL && strcmp(p->name, "prometheus") == 0)
+		s->prometheus_kind = p->kind;
+	for (int i = 0; i < 3; i++)
+		if (strstr(p->path, bad[i]) != NULL) {
+			s->why[i] = p->reason;
+			s->loaded_bad += p->loaded;
+		}
+}
+
+/* The loader takes the exporter kind, checks its ops like the other kinds,
+ * and refuses what would crash: the refused ones cannot be asked for. */
+static void test_loader(void)
+{
+	seen s = { 0 };
+	int rc;
+
+	te_plugin_foreach(look, &s);
+	CHECK_EQ(s.prometheus_kind, TE_KIND_EXPORTER);
+	CHECK_EQ(s.loaded_bad, 0);
+	CHECK(s.why[0] != NULL && strstr(s.why[0], "exporter ops table too small") != NULL);
+	CHECK(s.why[1] != NULL && strstr(s.why[1], "ABI minor 5") != NULL);
+	CHECK(s.why[2] != NULL && strstr(s.why[2], "lack create") != NULL);
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" }, { "metrics_exporter", "nocreate" } };
+	cap_start();
+	te_engine *e = engine_with(o, 2, &rc);
+	CHECK_EQ(rc, -ENOENT);
+	CHECK(e == NULL);
+	CHECK(cap_has("no exporter plugin named 'nocreate'"));
+}
+
 /* An engine without TE_METRICS_ADDR starts no endpoint. */
 static void test_off_by_default(void)
 {
@@ -426,6 +468,7 @@ int main(void)
 {
 	unsetenv("TE_METRICS_ADDR");
 	te_set_log_level(TE_LOG_INFO);
+	TEST_RUN(test_loader);
 	TEST_RUN(test_serves_text);
 	TEST_RUN(test_shared);
 	TEST_RUN(test_env);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What serving the metrics costs: te-bench 4 KiB reads over TCP (loopback,
+# both engines in one process) without the endpoint and with it scraped once
+# a second by curl, in pairs whose order alternates (off/on, on/off, ...);
+# prints each pair's requests/s, their ratio, and the median ratio.
+#   [BUILD_DIR=build] [ROUNDS=6] [RUN_SECONDS=5] tools/bench-metrics-endpoint.sh
+set -uo pipefail
+build=${BUILD_DIR:-build}
+rounds=${ROUNDS:-6}
+secs=${RUN_SECONDS:-5}
+bench=$build/tools/te-bench/te-bench
+[ -x "$bench" ] || { echo "no $bench: build first (meson setup $build && ninja -C $build)"; exit 2; }
+command -v curl >/dev/null || { echo "curl is needed"; exit 2; }
+export TE_PLUGIN_PATH=${TE_PLUGIN_PATH:-$build/plugins/tcp:$build/exporter-plugins/prometheus}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+free_port() {
+  python3 -c '
+import random, socket
+for _ in range(500):
+    p = random.randint(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); print(p); break
+    except OSError: pass
+    finally: s.close()'
+}
+
+# One run; prints its requests/s. $1: off or on.
+one() {
+  local extra=() port pid scrapes=0
+  if [ "$1" = on ]; then
+    port=$(free_port)
+    extra=(--metrics_addr="127.0.0.1:$port")
+  fi
+  "$bench" --protocol=tcp --block_size=4096 --duration="$secs" --json --quiet "${extra[@]}" \
+    >"$tmp/out" 2>"$tmp/err" &
+  pid=$!
+  if [ "$1" = on ]; then
+    while kill -0 "$pid" 2>/dev/null; do
+      curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$port/metrics" && scrapes=$((scrapes + 1))
+      sleep 1
+    done
+    echo "$scrapes" >"$tmp/scrapes"
+  fi
+  wait "$pid" || { echo "te-bench failed: $(cat "$tmp/err")" >&2; exit 1; }
+  sed -n 's/.*"iops":\([0-9]*\).*/\1/p' "$tmp/out"
+}
+
+ratios=()
+printf '%-5s %14s %14s %8s %8s\n' pair 'off req/s' 'on req/s' ratio scrapes
+for r in $(seq "$rounds"); do
+  if [ $((r % 2)) -eq 1 ]; then
+    off=$(one off); on=$(one on)
+  else
+    on=$(one on); off=$(one off)
+  fi
+  ratio=$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.4f", a / b }')
+  ratios+=("$ratio")
+  printf '%-5s %14s %14s %8s %8s\n' "$r" "$off" "$on" "$ratio" "$(cat "$tmp/scrapes")"
+done
+printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END {
+  m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+  printf "median ratio (on/off) %.4f over %d pairs; quartiles %.4f..%.4f\n", m, NR, v[int((NR + 3) / 4)], v[int((3 * NR + 3) / 4)] }'

@@ -14,6 +14,8 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shm-internal.h"
@@ -50,6 +52,13 @@ static void read_config(const te_host *h, shm_config *cfg)
 	cfg->threads = (unsigned)te_host_config_u64(h, "TE_SHM_THREADS", NULL, cpus > 0 ? (uint64_t)cpus : 1, 1, 64);
 	cfg->inline_bytes = te_host_config_u64(h, "TE_SHM_INLINE_BYTES", NULL, 512u << 10, 0, 1ull << 30);
 	cfg->slice = te_host_config_u64(h, "TE_SHM_SLICE_SIZE", NULL, 4u << 20, 4096, 1ull << 30);
+	/* Up to 4 MiB (source and destination in the cache) a waiting caller
+	 * copying alone beats it sharing with woken workers; from 16 MiB
+	 * sharing wins (docs/benchmarks.md). */
+	cfg->caller_bytes = te_host_config_u64(h, "TE_SHM_CALLER_BYTES", NULL, 4u << 20, 0, 1ull << 40);
+	/* The engine-wide bounded busy-wait of a waiting caller (other
+	 * transports read it too). */
+	cfg->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, 1000);
 	cfg->max_regions = (unsigned)te_host_config_u64(h, "TE_SHM_MAX_REGIONS", NULL, 4096, 16, 1u << 20);
 	cfg->unregister_timeout_ms =
 		(int64_t)te_host_config_u64(h, "TE_SHM_UNREGISTER_TIMEOUT_MS", NULL, 10000, 10, 3600000);
@@ -79,7 +88,13 @@ static void *ctl_main(void *arg)
 		shm_target_sweep(c);
 		for (int i = 0; i < n; i++) {
 			uint64_t tag = ev[i].data.u64 >> 62, val = ev[i].data.u64 & ((1ull << 62) - 1);
-			if (tag == W_WAKE) {
+			if (tag == W_WAKE && val == (uint64_t)c->kick_fd) {
+				uint64_t x;
+				/* (EAGAIN: re-armed since it expired; it fires again) */
+				if (read(c->kick_fd, &x, sizeof x) < 0 && errno != EAGAIN)
+					SLOG(c, TE_LOG_DEBUG, "kick timer: %s", strerror(errno));
+				shm_kick(c);
+			} else if (tag == W_WAKE) {
 				uint64_t x;
 				if (read(c->wake_fd, &x, sizeof x) < 0 && errno != EAGAIN)
 					SLOG(c, TE_LOG_DEBUG, "wake: %s", strerror(errno));
@@ -132,19 +147,44 @@ static int shm_create(const te_host *h, const char *json_args, void **out)
 	if (c == NULL)
 		return -ENOMEM;
 	c->host = h;
-	c->ctl_fd = c->listen_fd = c->ep = c->wake_fd = -1;
+	c->ctl_fd = c->listen_fd = c->ep = c->wake_fd = c->kick_fd = -1;
 	read_config(h, &c->cfg);
 	pthread_mutex_init(&c->reg_lock, NULL);
 	pthread_mutex_init(&c->seg_lock, NULL);
 	pthread_mutex_init(&c->q_lock, NULL);
 	pthread_cond_init(&c->q_cond, NULL);
+	/* progress() deadlines are CLOCK_MONOTONIC, like the host's */
+	pthread_condattr_t ca;
+	rc = pthread_condattr_init(&ca);
+	if (rc == 0) {
+		rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		if (rc == 0)
+			rc = pthread_cond_init(&c->p_cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	if (rc == 0) {
+		rc = pthread_key_create(&c->waiter_key, NULL);
+		if (rc != 0)
+			pthread_cond_destroy(&c->p_cond);
+	}
+	if (rc != 0) {
+		h->log(h, TE_LOG_ERROR, "shm transport not started: %s", strerror(rc));
+		pthread_mutex_destroy(&c->reg_lock);
+		pthread_mutex_destroy(&c->seg_lock);
+		pthread_mutex_destroy(&c->q_lock);
+		pthread_cond_destroy(&c->q_cond);
+		free(c);
+		return -rc;
+	}
 	c->ep = epoll_create1(EPOLL_CLOEXEC);
 	c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (c->ep < 0 || c->wake_fd < 0) {
+	c->kick_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+	if (c->ep < 0 || c->wake_fd < 0 || c->kick_fd < 0) {
 		rc = -errno;
 		goto fail;
 	}
-	if ((rc = shm_watch(c, c->wake_fd, W_WAKE)) < 0 || (rc = shm_target_start(c)) < 0 ||
+	if ((rc = shm_watch(c, c->wake_fd, W_WAKE)) < 0 || (rc = shm_watch(c, c->kick_fd, W_WAKE)) < 0 ||
+	    (rc = shm_target_start(c)) < 0 ||
 	    (rc = shm_watch(c, c->listen_fd, W_LISTEN)) < 0 || (rc = shm_workers_start(c)) < 0)
 		goto fail;
 	if (pthread_create(&c->ctl_thread, NULL, ctl_main, c) != 0) {
@@ -163,10 +203,14 @@ fail:
 		close(c->ep);
 	if (c->wake_fd >= 0)
 		close(c->wake_fd);
+	if (c->kick_fd >= 0)
+		close(c->kick_fd);
 	pthread_mutex_destroy(&c->reg_lock);
 	pthread_mutex_destroy(&c->seg_lock);
 	pthread_mutex_destroy(&c->q_lock);
 	pthread_cond_destroy(&c->q_cond);
+	pthread_cond_destroy(&c->p_cond);
+	pthread_key_delete(c->waiter_key);
 	free(c);
 	return rc;
 }
@@ -184,10 +228,13 @@ static void shm_destroy(void *ctx)
 	shm_target_stop(c);
 	close(c->ep);
 	close(c->wake_fd);
+	close(c->kick_fd);
 	pthread_mutex_destroy(&c->reg_lock);
 	pthread_mutex_destroy(&c->seg_lock);
 	pthread_mutex_destroy(&c->q_lock);
 	pthread_cond_destroy(&c->q_cond);
+	pthread_cond_destroy(&c->p_cond);
+	pthread_key_delete(c->waiter_key);
 	free(c);
 }
 
@@ -249,6 +296,16 @@ static int shm_submit_op(void *ctx, te_transfer *const *t, size_t n)
 	return shm_submit(ctx, t, n);
 }
 
+static int shm_progress_op(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns)
+{
+	return shm_progress(ctx, done, arg, timeout_ns);
+}
+
+static void shm_wake_op(void *ctx)
+{
+	shm_wake(ctx);
+}
+
 static int shm_report(const te_host *h, char **text)
 {
 	shm_config cfg;
@@ -265,9 +322,12 @@ static int shm_report(const te_host *h, char **text)
 				  "  host identity          %s (TE_SHM_HOST_ID)\n"
 				  "  copy threads           %u (TE_SHM_THREADS)\n"
 				  "  copied by the caller   up to %llu bytes per submit (TE_SHM_INLINE_BYTES)\n"
+				  "  waiting caller alone   up to %llu bytes per submit (TE_SHM_CALLER_BYTES); spins %llu us "
+				  "(TE_SPIN_US)\n"
 				  "  cross-memory attach    %s (TE_SHM_CMA); Yama ptrace_scope %s%s\n"
 				  "  socket folder          %s (TE_SHM_DIR)\n",
 				  cfg.host, cfg.threads, (unsigned long long)cfg.inline_bytes,
+				  (unsigned long long)cfg.caller_bytes, (unsigned long long)(cfg.spin_ns / 1000),
 				  cfg.cma ? "on" : "off", scope < 0 ? "absent" : scope == 0 ? "0" : scope == 1 ? "1" : "2+",
 				  scope == 1 ? (cfg.grant_ptrace ? " (targets grant their initiators: TE_SHM_GRANT_PTRACE)"
 								 : " (no grant: TE_SHM_GRANT_PTRACE=0)")
@@ -291,6 +351,8 @@ static const te_transport_ops shm_ops = {
 	.segment_close = shm_seg_close,
 	.submit = shm_submit_op,
 	.report = shm_report,
+	.progress = shm_progress_op,
+	.wake = shm_wake_op,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "shm", "1.0.0",

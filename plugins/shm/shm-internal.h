@@ -110,6 +110,8 @@ typedef struct shm_config {
 	unsigned threads;        /* copy workers */
 	uint64_t inline_bytes;   /* submits up to this many bytes are copied by the caller */
 	uint64_t slice;          /* larger requests are split for the workers */
+	uint64_t caller_bytes;   /* a waiting caller copies queued submits up to this alone */
+	int64_t spin_ns;         /* TE_SPIN_US: a waiting caller's look for its completions before it sleeps */
 	unsigned max_regions;    /* slots in the control block */
 	int64_t unregister_timeout_ms;
 	bool cma;                /* use cross-memory attach */
@@ -178,14 +180,30 @@ struct shm_ctx {
 	pthread_mutex_t seg_lock; /* segments list and the watcher's use of them */
 	shm_seg *segs;
 
-	/* copy workers */
+	/* copy workers, and the callers waiting in progress(): both draw from
+	 * the queue (q_lock) */
 	pthread_t *workers;
 	unsigned nworkers;
 	pthread_mutex_t q_lock;
-	pthread_cond_t q_cond;
+	pthread_cond_t q_cond;     /* workers sleep here */
+	pthread_cond_t p_cond;     /* callers in progress() sleep here (CLOCK_MONOTONIC) */
 	te_transfer *q_head, *q_tail;
+	atomic_bool q_any;         /* q_head != NULL, for looks without the lock */
+	atomic_bool q_lazy;        /* queued work no worker was told of */
+	bool kick_armed;           /* q_lock: the kick timer runs */
+	int kick_fd;               /* timerfd: workers are told of lazy work after SHM_KICK_NS */
+	atomic_uint p_sleepers;    /* callers asleep on p_cond or about to be */
+	atomic_uint copiers;       /* threads copying queued work (workers, waiting callers) */
+	/* Set for a thread that waited in progress() since its last queued
+	 * submit. A key, not _Thread_local: a dlopen()ed module's TLS trips
+	 * LeakSanitizer's scan of threads (and a key is per instance). */
+	pthread_key_t waiter_key;
 	bool q_stop;
 };
+
+/* How long queued work waits for the caller that was expected to copy it
+ * (it waited for its previous submit) before the workers are told of it. */
+#define SHM_KICK_NS 1000000
 
 #define SLOG(c, lvl, ...) (c)->host->log((c)->host, (lvl), __VA_ARGS__)
 
@@ -211,6 +229,9 @@ void shm_target_drop_clients(shm_ctx *c);
 int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out);
 void shm_segment_close(shm_ctx *c, shm_seg *s);
 int shm_submit(shm_ctx *c, te_transfer *const *t, size_t n);
+int shm_progress(shm_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns);
+void shm_wake(shm_ctx *c);
+void shm_kick(shm_ctx *c);
 int shm_workers_start(shm_ctx *c);
 void shm_workers_stop(shm_ctx *c);
 

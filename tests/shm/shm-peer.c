@@ -3,13 +3,14 @@
  * A target engine in a process of its own, for the same-host transport's
  * tests, steered through stdin:
  *
- *   shm-peer [KIND]    KIND: "both" (default): region A (anonymous memory,
- *                      reached by cross-memory attach), region B (shared,
- *                      from te_mem_alloc) and region C (not remote-
- *                      accessible); "shared": region B only.
+ *   shm-peer [KIND [MIB]]  KIND: "both" (default): region A (anonymous
+ *                      memory, reached by cross-memory attach), region B
+ *                      (shared, from te_mem_alloc) and region C (not remote-
+ *                      accessible); "shared": region B only. MIB: each
+ *                      region's size (default 8).
  *
  * Prints "READY <segment name> <A> <B> <C>" (addresses in hex, 0 when
- * absent), each region REGION_SIZE bytes filled with fill_pattern(1, 2, 3).
+ * absent), each region filled with fill_pattern(1, 2, 3).
  * Commands, one per line:
  *   fill R SEED            fills region R (A, B, C) with fill_pattern(SEED)
  *   check R SEED OFF LEN   "OK", or "BAD <offset>" where the region differs
@@ -26,7 +27,7 @@
 
 #include "../common/child.h"
 
-#define REGION_SIZE (8u << 20)
+static size_t region_size = 8u << 20;
 
 static unsigned char *region[3];
 static bool shared[3];
@@ -34,6 +35,14 @@ static bool shared[3];
 int main(int argc, char **argv)
 {
 	const char *kind = argc > 1 ? argv[1] : "both";
+	if (argc > 2) {
+		unsigned long mib = strtoul(argv[2], NULL, 10);
+		if (mib == 0 || mib > 4096) {
+			printf("FAIL size\n");
+			return 1;
+		}
+		region_size = (size_t)mib << 20;
+	}
 	te_engine *e = peer_engine("tcp,shm");
 	char line[256];
 	int rc;
@@ -45,10 +54,10 @@ int main(int argc, char **argv)
 			continue;
 		void *p;
 		if (i == 1) {
-			rc = te_mem_alloc(REGION_SIZE, &p);
+			rc = te_mem_alloc(region_size, &p);
 			shared[i] = true;
 		} else {
-			p = mmap(NULL, REGION_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			p = mmap(NULL, region_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 			rc = p == MAP_FAILED ? -1 : 0;
 		}
 		if (rc < 0) {
@@ -56,8 +65,8 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		region[i] = p;
-		fill_pattern(region[i], REGION_SIZE, (unsigned)i + 1);
-		rc = te_register_memory(e, p, REGION_SIZE, "cpu:0", i == 2 ? 0 : TE_MEM_REMOTE_ACCESS);
+		fill_pattern(region[i], region_size, (unsigned)i + 1);
+		rc = te_register_memory(e, p, region_size, "cpu:0", i == 2 ? 0 : TE_MEM_REMOTE_ACCESS);
 		if (rc < 0) {
 			printf("FAIL register: %s\n", te_strerror(rc));
 			return 1;
@@ -74,12 +83,12 @@ int main(int argc, char **argv)
 			idx = r - 'A';
 		if (strncmp(line, "fill ", 5) == 0 && idx >= 0 && region[idx] &&
 		    sscanf(line, "fill %c %u", &r, &seed) == 2) {
-			fill_pattern(region[idx], REGION_SIZE, seed);
+			fill_pattern(region[idx], region_size, seed);
 			printf("FILLED\n");
 		} else if (strncmp(line, "check ", 6) == 0 && idx >= 0 && region[idx] &&
-			   sscanf(line, "check %c %u %llu %llu", &r, &seed, &off, &len) == 4 && off + len <= REGION_SIZE) {
-			unsigned char *want = malloc(REGION_SIZE);
-			fill_pattern(want, REGION_SIZE, seed);
+			   sscanf(line, "check %c %u %llu %llu", &r, &seed, &off, &len) == 4 && off + len <= region_size) {
+			unsigned char *want = malloc(region_size);
+			fill_pattern(want, region_size, seed);
 			unsigned long long bad = off;
 			while (bad < off + len && want[bad] == region[idx][bad])
 				bad++;
@@ -94,7 +103,7 @@ int main(int argc, char **argv)
 			if (shared[idx])
 				te_mem_free(region[idx]);
 			else
-				munmap(region[idx], REGION_SIZE);
+				munmap(region[idx], region_size);
 			region[idx] = NULL;
 			printf("UNREG %d\n", rc);
 		} else if (strncmp(line, "nondumpable", 11) == 0) {

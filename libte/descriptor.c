@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Segment descriptors in Mooncake's JSON (wire-compat.md section 2): encoded
- * compact with sorted keys from the engine's registry and the fields each
- * transport contributes; decoded with every field checked, since the text
- * comes from a peer or a shared store.
+ * Segment descriptors in Mooncake's JSON (docs/wire.md, "Segment
+ * descriptors"): encoded compact with sorted keys from the engine's registry
+ * and the fields each transport contributes; decoded with every field
+ * checked, since the text comes from a peer or a shared store.
  */
 #include <json-glib/json-glib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The RPC/handshake socket (wire-compat.md section 3). A frame is a native
+ * The RPC/handshake socket (docs/wire.md, "RPC frames"). A frame is a native
  * u64 length (little-endian on every platform we run on, written as LE), a
  * type byte and a JSON body. The server reads one frame per connection,
  * answers with one frame of the same type, shuts its side down and waits for

@@ -50,7 +50,7 @@ extern "C" {
 #define TE_PRINTF(a, b)
 #endif
 
-/* RPC frame types of the handshake socket (wire-compat.md section 3). */
+/* RPC frame types of the handshake socket (docs/wire.md, "RPC frames"). */
 enum te_rpc_type {
 	TE_RPC_CONNECTION = 0,
 	TE_RPC_METADATA = 1,

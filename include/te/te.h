@@ -254,9 +254,9 @@ TE_API int te_segment_refresh(te_engine *engine, te_segment_id segment);
  * own name), without network traffic and without taking a reference;
  * -ENOENT when it is not open. Since 1.1. */
 TE_API te_segment_id te_segment_find(te_engine *engine, const char *name);
-/* The segment descriptor (Mooncake's JSON, wire-compat section 2) of an open
- * segment as last fetched, or for TE_LOCAL_SEGMENT this engine's own as last
- * published. NUL-terminated; release with te_free(). Since 1.1. */
+/* The segment descriptor (Mooncake's JSON, docs/wire.md "Segment
+ * descriptors") of an open segment as last fetched, or for TE_LOCAL_SEGMENT
+ * this engine's own as last published. NUL-terminated; release with te_free(). Since 1.1. */
 TE_API int te_segment_descriptor(te_engine *engine, te_segment_id segment, char **json);
 /* Refreshes every open segment. Returns how many were refreshed, or the
  * first error when one failed (the others are still tried). Since 1.1. */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libte's TCP transport: Mooncake's TCP data protocol (wire-compat.md
- * section 5) over persistent, pipelined connections. This file holds the
- * plugin entry points, the configuration and the peers; tcp-io.c runs the
- * I/O threads, tcp-client.c and tcp-server.c the two ends of a connection.
+ * libte's TCP transport: Mooncake's TCP data protocol (docs/wire.md, "TCP
+ * data protocol") over persistent, pipelined connections. This file holds
+ * the plugin entry points, the configuration and the peers; tcp-io.c runs
+ * the I/O threads, tcp-client.c and tcp-server.c the two ends of a connection.
  */
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Segment descriptors and rpc_meta records (wire-compat.md sections 1 and 2)
- * as a peer or a shared store hands them over: te_desc_decode(), then, on
- * success, te_desc_contains() must never accept a range that lies outside
- * every buffer (it guards every remote READ/WRITE). segment.c is compiled in
- * for its static rpc_meta parser.
+ * Segment descriptors and rpc_meta records (docs/wire.md, "Metadata keys" and
+ * "Segment descriptors") as a peer or a shared store hands them over:
+ * te_desc_decode(), then, on success, te_desc_contains() must never accept a
+ * range that lies outside every buffer (it guards every remote READ/WRITE).
+ * segment.c is compiled in for its static rpc_meta parser.
  */
 #include "../../libte/segment.c"
 

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The RDMA transport's Connection message (wire-compat.md section 3), as the
- * peer's request or reply carries it: rd_hs_decode(). What it accepts must
- * survive a round trip: encoded again and decoded, every field the same.
- * The NIC paths it accepted are split as the endpoint code splits them.
+ * The RDMA transport's Connection message (docs/wire.md, "The RDMA Connection
+ * frame"), as the peer's request or reply carries it: rd_hs_decode(). What it
+ * accepts must survive a round trip: encoded again and decoded, every field
+ * the same. The NIC paths it accepted are split as the endpoint code splits
+ * them.
  */
 #include <string.h>
 

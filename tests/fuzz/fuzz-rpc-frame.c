@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The RPC socket's frames (wire-compat.md section 3), as a peer sends them.
+ * The RPC socket's frames (docs/wire.md, "RPC frames"), as a peer sends them.
  * rpc.c is compiled in, so its static reader and server are reachable:
  *  1. the bytes go through a socketpair into read_frame(), frame after frame,
  *     until the reader refuses or the stream ends;

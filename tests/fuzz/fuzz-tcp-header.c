@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The TCP transport's server side (wire-compat.md section 5): a peer's byte
- * stream of 24-byte request headers and WRITE bodies, read and checked by
- * tcp-server.c. The input goes through a socketpair into a server connection
- * driven the way an I/O thread drives it, until the connection closes; the
- * replies are drained from the other end. One 64 KiB region at 0x20000000
- * is "registered" (fuzz-host.h), so requests inside it are served and the
- * rest are refused. Afterwards every pin taken must have been released, and
- * the reply stream must hold exactly what the requests asked for.
- * tcp-io.c is compiled in for its per-thread list of closed connections.
+ * The TCP transport's server side (docs/wire.md, "TCP data protocol"): a
+ * peer's byte stream of 24-byte request headers and WRITE bodies, read and
+ * checked by tcp-server.c. The input goes through a socketpair into a server
+ * connection driven the way an I/O thread drives it, until the connection
+ * closes; the replies are drained from the other end. One 64 KiB region at
+ * 0x20000000 is "registered" (fuzz-host.h), so requests inside it are served
+ * and the rest are refused. Afterwards every pin taken must have been
+ * released, and the reply stream must hold exactly what the requests asked
+ * for. tcp-io.c is compiled in for its per-thread list of closed connections.
  */
 #include "../../plugins/tcp/tcp-server.c"
 #include "../../plugins/tcp/tcp-io.c"

@@ -120,7 +120,7 @@ def sanitized(pid):
 
 
 def rpc_call(port, typ, body=b"{}"):
-    """One frame of the RPC protocol (wire-compat section 3) and its answer."""
+    """One frame of the RPC protocol (docs/wire.md, "RPC frames") and its answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(struct.pack("<QB", len(body) + 1, typ) + body)
         data = b""

@@ -26,7 +26,7 @@
 #include "../common/util.h"
 
 /* The wire constants, spelled out here on purpose rather than taken from the
- * plugin, so that the tests check the plugin against wire-compat.md. */
+ * plugin, so that the tests check the plugin against docs/wire.md. */
 #define W_HDR 24
 #define W_STATUS_OK 0x4D43545600000000ull
 #define W_STATUS_REJECTED 0x4D43545600000001ull
@@ -181,7 +181,7 @@ static inline uint64_t get_le64(const void *p)
 	return le64toh(v);
 }
 
-/* One RPC exchange by hand (wire-compat.md section 3); returns the reply
+/* One RPC exchange by hand (docs/wire.md, "RPC frames"); returns the reply
  * body, malloc()ed, or NULL. */
 static inline char *rpc_exchange(int port, int type, const char *json)
 {

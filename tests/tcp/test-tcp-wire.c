@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The TCP data protocol byte by byte (wire-compat.md section 5), from both
- * sides: a client written by hand against a libte target, and a fake target
- * written by hand that checks what a libte initiator sends and answers it,
- * rightly and wrongly.
+ * The TCP data protocol byte by byte (docs/wire.md, "TCP data protocol"),
+ * from both sides: a client written by hand against a libte target, and a
+ * fake target written by hand that checks what a libte initiator sends and
+ * answers it, rightly and wrongly.
  */
 #include <pthread.h>
 #include <stdatomic.h>

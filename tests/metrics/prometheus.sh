@@ -3,11 +3,14 @@
 # data over TCP to a te-bench target; after the run has ended the sum it
 # stores equals, to the byte, what te-bench reports. On the way: promtool
 # accepts a scraped body and te-top shows non-zero throughput.
-#   prometheus.sh TE_BENCH TE_TOP
+#   prometheus.sh TE_BENCH TE_TOP [DASHBOARD]
+# With DASHBOARD (docs/grafana-libte.json) every query of its panels must be
+# valid PromQL and the throughput panel's must find the run.
 # Exits 77 (skipped) without prometheus and promtool (Debian: prometheus).
 set -uo pipefail
 bench=${1:?usage: prometheus.sh TE_BENCH TE_TOP}
 top=${2:?usage: prometheus.sh TE_BENCH TE_TOP}
+dashboard=${3:-}
 for p in prometheus promtool curl python3; do
   command -v "$p" >/dev/null || { echo "SKIP: $p is not installed"; exit 77; }
 done
@@ -155,5 +158,24 @@ n=$(query 'count_over_time(te_transfer_bytes_total{job="te-bench",transport="tcp
 reqs=$(query 'sum(te_transfer_requests_total{job="te-bench",transport="tcp",op="read"})')
 [ "$reqs" = "$((want / 4096))" ] || fail "Prometheus holds $reqs requests, te-bench made $((want / 4096))"
 
+if [ -n "$dashboard" ]; then
+  python3 - "$dashboard" "$api" >"$dir/dashboard.out" 2>&1 <<'PY' || fail "the dashboard: $(cat "$dir/dashboard.out")"
+import json, sys, urllib.parse, urllib.request
+dash, api = sys.argv[1], sys.argv[2]
+panels = json.load(open(dash))["panels"]  # bounded: a file of this repository
+bad = 0
+for p in panels:
+    for t in p["targets"]:
+        q = t["expr"].replace("$__rate_interval", "1m").replace("$segment", ".*")
+        url = api + "/query?" + urllib.parse.urlencode({"query": q})
+        r = json.load(urllib.request.urlopen(url, timeout=5))  # bounded: the local Prometheus
+        if r.get("status") != "success":
+            print("refused:", q, r); bad = 1
+        elif p["title"].startswith("Throughput per transport") and not r["data"]["result"]:
+            print("no data:", q); bad = 1
+print(len(panels), "panels checked")
+sys.exit(bad)
+PY
+fi
 kill -0 "$bench_pid" 2>/dev/null || fail "te-bench ended before its linger"
-echo "ok: Prometheus holds $got bytes and $reqs requests, as te-bench reports; te-top showed $rate views of tcp reads"
+echo "ok: Prometheus holds $got bytes and $reqs requests, as te-bench reports; te-top showed $rate views of tcp reads${dashboard:+; dashboard: $(tail -1 "$dir/dashboard.out")}"

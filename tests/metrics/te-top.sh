@@ -36,7 +36,9 @@ timeout 20 "$top" --count=2 --interval=0.5 --token_file="$dir/token" "$url" >"$d
   fail "with the token te-top failed: $(cat "$dir/yes.err")"
 [ "$(grep -c '^[0-9][0-9]:[0-9][0-9]:[0-9][0-9] ' "$dir/yes.out")" -eq 2 ] || fail "not 2 views: $(cat "$dir/yes.out")"
 grep -qE '^  tcp +read +[0-9.]+ +[1-9][0-9]* ' "$dir/yes.out" || fail "no tcp reads shown: $(cat "$dir/yes.out")"
-grep -qE '0\.50 s' "$dir/yes.out" || fail "the interval is not 0.5 s: $(head -1 "$dir/yes.out")"
+# Views 0.5 s apart (give or take a late wake-up), not the default 1 s.
+awk '/^[0-9][0-9]:[0-9][0-9]:[0-9][0-9] / { sub(/,$/, "", $3); if ($3 < 0.3 || $3 > 0.95) bad = 1 } END { exit bad }' \
+  "$dir/yes.out" || fail "the views are not 0.5 s apart: $(grep '^[0-9]' "$dir/yes.out")"
 
 wait "$pid" || fail "te-bench failed: $(cat "$dir/bench.err")"
 pid=

@@ -351,43 +351,47 @@ int main(int argc, char **argv)
 					     "(TE_METRICS_ADDR of the engine's process)\n");
 	bool parsed = g_option_context_parse(oc, &argc, &argv, &gerr);
 	g_option_context_free(oc);
+	te_http *http = NULL;
+	scrape before = { 0 }, now = { 0 };
+	int rc = 2;
 	if (!parsed) {
 		fprintf(stderr, PROG ": %s\n", gerr->message);
 		g_error_free(gerr);
-		return 2;
+		goto out;
 	}
 	if (argc != 2 || !(g_str_has_prefix(argv[1], "http://") || g_str_has_prefix(argv[1], "https://"))) {
 		fprintf(stderr, PROG ": want one http:// URL (see --help)\n");
-		return 2;
+		goto out;
 	}
 	if (!(interval >= 0.05 && interval <= 3600) || count < 0) {
 		fprintf(stderr, PROG ": --interval must lie in [0.05, 3600] and --count must not be negative\n");
-		return 2;
+		goto out;
 	}
 	if (token_file != NULL) {
 		char *tok = te_http_read_secret(token_file, &err);
 		if (tok == NULL) {
 			fprintf(stderr, PROG ": cannot use the token file: %s\n", err);
 			g_free(err);
-			return 2;
+			goto out;
 		}
 		auth = g_strconcat("Bearer ", tok, NULL);
 		te_http_secret_free(tok);
 	}
 	te_http_opts o = { .max_reply = prom_default_limits.max_body, .max_conns = 1 };
-	te_http *http = te_http_new(&o, &err);
+	http = te_http_new(&o, &err);
 	if (http == NULL) {
 		fprintf(stderr, PROG ": %s\n", err ? err : "HTTP client failed to start");
 		g_free(err);
-		return 1;
+		rc = 1;
+		goto out;
 	}
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 
 	const char *url = argv[1];
-	scrape before = { 0 }, now = { 0 };
-	int rc = 0, failures = 0;
+	int failures = 0;
 	gint64 shown = 0;
+	rc = 0;
 	bool have_before = scrape_once(http, url, auth, &before);
 	if (!have_before && count > 0) {
 		rc = 1; /* a bounded run against nothing: say so at once */
@@ -424,10 +428,9 @@ int main(int argc, char **argv)
 out:
 	scrape_clear(&before);
 	scrape_clear(&now);
-	te_http_free(http);
-	if (auth) {
-		te_http_secret_free(auth);
-	}
+	if (http != NULL)
+		te_http_free(http);
+	te_http_secret_free(auth);
 	g_free(token_file);
 	return rc;
 }

@@ -96,7 +96,7 @@ static void reply_free(reply *r)
 	r->body = NULL;
 }
 
-/* ---------------------------------------------------------------- helpers */
+/* -------------------------------------------------------------- utilities */
 
 /* The port of the last "metrics at http://127.0.0.1:PORT/metrics" line. */
 static int logged_port(void)

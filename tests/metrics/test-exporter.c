@@ -452,6 +452,32 @@ static void test_loader(void)
 	CHECK(cap_has("no exporter plugin named 'nocreate'"));
 }
 
+/* A connection that sends nothing is closed after TE_METRICS_IDLE_TIMEOUT_S:
+ * silent clients cannot hold the connection slots. */
+static void test_idle_timeout(void)
+{
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
+	int rc;
+
+	setenv("TE_METRICS_IDLE_TIMEOUT_S", "1", 1);
+	cap_start();
+	te_engine *e = engine_with(o, 1, &rc);
+	unsetenv("TE_METRICS_IDLE_TIMEOUT_S");
+	REQUIRE(rc == 0);
+	int port = logged_port();
+	REQUIRE(port > 0);
+	int fd = connect_port(port);
+	REQUIRE(fd >= 0);
+	long long t0 = now_ms();
+	struct pollfd p = { fd, POLLIN, 0 };
+	char c;
+	CHECK(poll(&p, 1, 10000) == 1 && read(fd, &c, 1) <= 0); /* closed, nothing said */
+	long long waited = now_ms() - t0;
+	CHECK(waited >= 900 && waited < 8000);
+	close(fd);
+	te_engine_destroy(e);
+}
+
 /* An engine without TE_METRICS_ADDR starts no endpoint. */
 static void test_off_by_default(void)
 {
@@ -475,6 +501,7 @@ int main(void)
 	TEST_RUN(test_bad_addr);
 	TEST_RUN(test_token);
 	TEST_RUN(test_connection_bound);
+	TEST_RUN(test_idle_timeout);
 	TEST_RUN(test_off_by_default);
 	return check_done();
 }

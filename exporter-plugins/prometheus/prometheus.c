@@ -130,9 +130,16 @@ static gboolean send_refusal(gpointer data)
 		g_object_unref(io);
 		g_free(resp);
 	}
+	return G_SOURCE_REMOVE;
+}
+
+/* Also when the exporter stops with the refusal still queued. */
+static void refusal_free(gpointer data)
+{
+	refusal *r = data;
+
 	g_object_unref(r->msg);
 	g_free(r);
-	return G_SOURCE_REMOVE;
 }
 
 static void refuse_early(exporter *x, SoupServerMessage *msg, unsigned status)
@@ -143,7 +150,7 @@ static void refuse_early(exporter *x, SoupServerMessage *msg, unsigned status)
 	r->status = status;
 	soup_server_message_pause(msg);
 	GSource *s = g_idle_source_new();
-	g_source_set_callback(s, send_refusal, r, NULL);
+	g_source_set_callback(s, send_refusal, r, refusal_free);
 	g_source_attach(s, x->ctx);
 	g_source_unref(s);
 }

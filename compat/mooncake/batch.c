@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Mooncake's batch calls: the engine's table of the batches it allocated,
+ * allocateBatchID, freeBatchID, submitTransfer and getTransferStatus. */
+#include "mc-internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+/* ----------------------------------------------------------------- batches */
+/* Mixes the id so sequential or pointer-like ids spread over the buckets. */
+static size_t batch_hash(te_batch_id id, size_t n_buckets)
+{
+	uint64_t z = id + 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return (size_t)((z ^ (z >> 31)) & (n_buckets - 1));
+}
+
+/* Doubles the table when it gets crowded; a failed allocation keeps the old
+ * table (longer chains, still correct). Under the engine's lock. */
+static void batches_grow(struct mc_engine *e)
+{
+	size_t n = e->n_buckets * 2;
+	struct mc_batch **nb;
+
+	if (e->n_batches <= e->n_buckets * 2)
+		return;
+	nb = calloc(n, sizeof *nb);
+	if (nb == NULL)
+		return;
+	for (size_t i = 0; i < e->n_buckets; i++) {
+		struct mc_batch *b = e->buckets[i], *next;
+		for (; b != NULL; b = next) {
+			size_t k = batch_hash(b->id, n);
+			next = b->next;
+			b->next = nb[k];
+			nb[k] = b;
+		}
+	}
+	free(e->buckets);
+	e->buckets = nb;
+	e->n_buckets = n;
+}
+
+/* Finds a live batch and takes a reference, or NULL. */
+static struct mc_batch *batch_get(struct mc_engine *e, te_batch_id id)
+{
+	struct mc_batch *b;
+
+	pthread_mutex_lock(&e->lock);
+	for (b = e->buckets[batch_hash(id, e->n_buckets)]; b != NULL; b = b->next)
+		if (b->id == id && !b->freed) {
+			b->refs++;
+			break;
+		}
+	pthread_mutex_unlock(&e->lock);
+	return b;
+}
+
+static void batch_put(struct mc_engine *e, struct mc_batch *b)
+{
+	int last;
+
+	pthread_mutex_lock(&e->lock);
+	last = --b->refs == 0 && b->freed;
+	pthread_mutex_unlock(&e->lock);
+	if (last) {
+		pthread_mutex_destroy(&b->submit_lock);
+		free(b);
+	}
+}
+
+/* Takes a freed batch out of the table (its memory goes with the last
+ * reference). Under the engine's lock. */
+static void batch_unlink(struct mc_engine *e, struct mc_batch *b)
+{
+	struct mc_batch **p = &e->buckets[batch_hash(b->id, e->n_buckets)];
+
+	while (*p != NULL && *p != b)
+		p = &(*p)->next;
+	if (*p == b) {
+		*p = b->next;
+		e->n_batches--;
+	}
+	b->freed = 1;
+}
+
+MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
+{
+	static const char fn[] = "allocateBatchID";
+	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_batch *b;
+	te_batch_id id;
+	int rc;
+
+	if (e == NULL)
+		return INVALID_BATCH;
+	if (batch_size == 0) {
+		mc_err("%s: zero batch size", fn);
+		return INVALID_BATCH;
+	}
+	b = calloc(1, sizeof *b);
+	if (b == NULL) {
+		mc_err("%s: out of memory", fn);
+		return INVALID_BATCH;
+	}
+	rc = te_batch_alloc(e->te, batch_size, &id);
+	if (rc < 0) {
+		mc_err("%s: %zu tasks: %s", fn, batch_size, te_strerror(rc));
+		free(b);
+		return INVALID_BATCH;
+	}
+	b->id = id;
+	b->capacity = batch_size;
+	pthread_mutex_init(&b->submit_lock, NULL);
+	pthread_mutex_lock(&e->lock);
+	size_t k = batch_hash(id, e->n_buckets);
+	b->next = e->buckets[k];
+	e->buckets[k] = b;
+	e->n_batches++;
+	batches_grow(e);
+	pthread_mutex_unlock(&e->lock);
+	return id;
+}
+
+MC_API int freeBatchID(transfer_engine_t engine, batch_id_t batch_id)
+{
+	static const char fn[] = "freeBatchID";
+	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_batch *b;
+	int rc;
+
+	if (e == NULL)
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	b = batch_get(e, batch_id);
+	if (b == NULL) {
+		mc_err("%s: unknown or freed batch id %llu", fn, (unsigned long long)batch_id);
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	}
+	/* Waits for a submit in progress on another thread, so a batch is not
+	 * freed between that submit's libte call and its status checks. */
+	pthread_mutex_lock(&b->submit_lock);
+	rc = te_batch_free(e->te, batch_id);
+	if (rc == 0) {
+		pthread_mutex_lock(&e->lock);
+		batch_unlink(e, b);
+		pthread_mutex_unlock(&e->lock);
+	}
+	pthread_mutex_unlock(&b->submit_lock);
+	batch_put(e, b);
+	if (rc < 0 && rc != -EBUSY)
+		mc_err("%s: batch %llu: %s", fn, (unsigned long long)batch_id, te_strerror(rc));
+	return to_status(fn, rc);
+}
+
+/* Requests converted on the stack up to this many, else on the heap. */
+#define MC_STACK_REQS 32
+
+static int submit(const char *fn, transfer_engine_t engine, batch_id_t batch_id,
+		  const struct transfer_request *entries, size_t count, const notify_msg_t *notify)
+{
+	struct mc_engine *e = engine_of(fn, engine);
+	te_request stack_reqs[MC_STACK_REQS], *reqs = stack_reqs;
+	struct mc_batch *b;
+	size_t first;
+	int status = MC_STATUS_CODE_OK, rc;
+
+	if (e == NULL)
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	if (entries == NULL && count > 0) {
+		mc_err("%s: NULL entries for %zu requests", fn, count);
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	}
+	if (notify != NULL && (count == 0 || notify->msg == NULL)) {
+		mc_err("%s: %s", fn, count == 0 ? "no request to notify about" : "NULL notify msg");
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	}
+	b = batch_get(e, batch_id);
+	if (b == NULL) {
+		mc_err("%s: unknown or freed batch id %llu", fn, (unsigned long long)batch_id);
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	}
+	pthread_mutex_lock(&b->submit_lock);
+	if (count > b->capacity - b->submitted) {
+		mc_err("%s: batch %llu holds %zu tasks, %zu submitted, %zu more refused", fn,
+		       (unsigned long long)batch_id, b->capacity, b->submitted, count);
+		status = MC_STATUS_CODE_TOO_MANY_REQUESTS;
+		goto out;
+	}
+	if (count == 0)
+		goto out;
+	if (count > MC_STACK_REQS) {
+		reqs = malloc(count * sizeof *reqs); /* count <= capacity: no overflow */
+		if (reqs == NULL) {
+			mc_err("%s: out of memory for %zu requests", fn, count);
+			status = MC_STATUS_CODE_MEMORY;
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < count; i++) {
+		/* A negative opcode becomes a huge one, which libte refuses. */
+		reqs[i] = (te_request){ (uint32_t)entries[i].opcode, entries[i].target_id,
+					entries[i].source, entries[i].target_offset,
+					entries[i].length };
+	}
+	rc = te_submit(e->te, batch_id, reqs, count);
+	if (rc < 0) {
+		mc_err("%s: batch %llu: %s", fn, (unsigned long long)batch_id, te_strerror(rc));
+		status = to_status(fn, rc);
+		goto out;
+	}
+	first = b->submitted;
+	b->submitted += count;
+	if (rc > 0) {
+		/* Report the first refused request; the others run. */
+		for (size_t i = 0; i < count; i++) {
+			te_task_status st;
+			if (te_get_status(e->te, batch_id, first + i, &st) == 0 &&
+			    st.state == TE_TASK_INVALID) {
+				mc_err("%s: request %zu of %zu refused: %s", fn, i, count,
+				       te_strerror(st.error));
+				status = to_status(fn, st.error < 0 ? st.error : -EINVAL);
+				break;
+			}
+		}
+		if (status == MC_STATUS_CODE_OK) /* libte said some were refused */
+			status = MC_STATUS_CODE_INVALID_ARGUMENT;
+		goto out;
+	}
+	if (notify != NULL) {
+		rc = te_batch_notify_as(e->te, batch_id, entries[0].target_id, notify->name,
+					notify->msg);
+		if (rc < 0) {
+			mc_err("%s: notification to segment %d: %s", fn, (int)entries[0].target_id,
+			       te_strerror(rc));
+			status = to_status(fn, rc);
+		}
+	}
+out:
+	pthread_mutex_unlock(&b->submit_lock);
+	batch_put(e, b);
+	if (reqs != stack_reqs)
+		free(reqs);
+	return status;
+}
+
+MC_API int submitTransfer(transfer_engine_t engine, batch_id_t batch_id,
+			  struct transfer_request *entries, size_t count)
+{
+	return submit("submitTransfer", engine, batch_id, entries, count, NULL);
+}
+
+MC_API int submitTransferWithNotify(transfer_engine_t engine, batch_id_t batch_id,
+				    struct transfer_request *entries, size_t count,
+				    notify_msg_t notify_msg)
+{
+	return submit("submitTransferWithNotify", engine, batch_id, entries, count, &notify_msg);
+}
+
+MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size_t task_id,
+			     struct transfer_status *status)
+{
+	static const char fn[] = "getTransferStatus";
+	struct mc_engine *e = engine_of(fn, engine);
+	te_task_status st;
+	int rc;
+
+	if (e == NULL)
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	if (status == NULL) {
+		mc_err("%s: NULL status pointer", fn);
+		return MC_STATUS_CODE_INVALID_ARGUMENT;
+	}
+	rc = te_get_status(e->te, batch_id, task_id, &st);
+	if (rc < 0) {
+		mc_err("%s: batch %llu task %zu: %s", fn, (unsigned long long)batch_id, task_id,
+		       te_strerror(rc));
+		return to_status(fn, rc);
+	}
+	/* libte's task states carry Mooncake's numbers */
+	status->status = st.state;
+	status->transferred_bytes = st.transferred;
+	return MC_STATUS_CODE_OK;
+}

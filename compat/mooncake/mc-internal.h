@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What the files of libtransfer_engine share: the engine and batch records,
+ * the log and error-code helpers. Internal: the library is built with hidden
+ * visibility and the version script exports only Mooncake's API.
+ */
+#ifndef MC_INTERNAL_H
+#define MC_INTERNAL_H
+
+#include "transfer_engine_c.h"
+
+#include <te/te.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The library is built with hidden visibility; only the Mooncake API leaves
+ * it (the linker version script says the same). */
+#define MC_API __attribute__((visibility("default")))
+
+/* Through libte's log (its level and handler), under the domain "mooncake". */
+void mc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define mc_err(...) mc_log(TE_LOG_ERROR, __VA_ARGS__)
+#define mc_warn(...) mc_log(TE_LOG_WARN, __VA_ARGS__)
+#define mc_info(...) mc_log(TE_LOG_INFO, __VA_ARGS__)
+
+/* libte error (< 0) -> Mooncake negative error; 0 and above pass through. */
+int to_err(const char *fn, int te_rc);
+/* libte error (< 0) -> Mooncake positive Status code; 0 stays 0. */
+int to_status(const char *fn, int te_rc);
+
+#define MC_ENGINE_MAGIC 0x4d43454eu    /* "MCEN" */
+#define MC_TRANSPORT_MAGIC 0x4d435452u /* "MCTR": a transport_t, never an engine */
+
+/* A batch this engine allocated. Looked up under the engine's lock and kept
+ * alive by `refs` while a call uses it, so freeBatchID() racing a submit on
+ * another thread cannot free it under that submit. */
+struct mc_batch {
+	te_batch_id id;
+	size_t capacity;
+	size_t submitted;         /* tasks appended so far, under `submit_lock` */
+	pthread_mutex_t submit_lock; /* serializes submits: the first refused task's
+				      * id is known only if no other submit interleaves */
+	unsigned refs;            /* under the engine's lock */
+	int freed;                /* under the engine's lock */
+	struct mc_batch *next;
+};
+
+struct mc_transport {
+	uint32_t magic;
+	struct mc_transport *next;
+	char name[]; /* the proto it was installed for */
+};
+
+struct mc_engine {
+	uint32_t magic;
+	te_engine *te;
+	pthread_mutex_t lock; /* batches and transports lists */
+	struct mc_batch **buckets;
+	size_t n_buckets, n_batches;
+	struct mc_transport *transports;
+	atomic_int graceful;
+	/* MC_TE_METRIC's reporter: started with the engine when asked for,
+	 * stopped and joined before the engine goes. */
+	pthread_t metric_thread;
+	int metric_started;
+	unsigned metric_interval_s;
+	pthread_mutex_t metric_lock;
+	pthread_cond_t metric_wake; /* on CLOCK_MONOTONIC */
+	int metric_stop;            /* under metric_lock */
+};
+
+/* A handle from the caller, checked: NULL, and a transport handle passed by
+ * mistake (both are void * in Mooncake's API), are refused. */
+struct mc_engine *engine_of(const char *fn, transfer_engine_t h);
+
+/* MC_TE_METRIC's reporter (metrics.c): started by createTransferEngine when
+ * the variable asks for it, stopped before the engine goes. */
+void metric_start(struct mc_engine *e);
+void metric_stop(struct mc_engine *e);
+
+#endif

@@ -416,10 +416,48 @@ JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, 
  * when it is there but not a string. */
 const char *rd_json_str(JsonObject *o, const char *name, bool *bad);
 
-/* transport.c */
+/* config.c */
+/* The install arguments (json_args), parsed. */
+typedef struct rd_args {
+	GPtrArray *devices;   /* allow-list, or NULL */
+	JsonObject *matrix;   /* user priority matrix, or NULL */
+	JsonNode *root;       /* owns the arguments */
+	JsonNode *mroot;      /* owns a matrix given as a JSON string */
+} rd_args;
+void rd_read_config(const te_host *h, rd_config *c);
+void rd_args_clear(rd_args *a);
+int rd_parse_args(const char *text, rd_args *a, GString *err);
+int rd_select_devices(const rv_verbs *v, const char *root, GPtrArray *allow,
+		      struct ibv_device ***list_out, int *num_out, GPtrArray *names, GString *err);
+GPtrArray *rd_env_devices(const te_host *h);
+
+/* slice.c */
+void rd_pool_put(rd_transport *tr, rd_slice *s);
+rd_slice *rd_pool_try_get(rd_transport *tr);
+bool rd_failure_log_allowed(rd_transport *tr, te_transfer *t, unsigned *suppressed);
+void rd_slice_fail(rd_transport *tr, rd_slice *s, int error, const char *why);
+void rd_slice_done(rd_transport *tr, rd_slice *s);
+int rd_route(rd_transport *tr, rd_slice *s, bool allow_tried);
 /* Routes a failed (or displaced) slice again, or fails it when no path is
  * left; drops its endpoint reference. */
 void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why);
+
+/* worker.c */
 gpointer rd_worker_thread(gpointer data);
+
+/* dispatcher.c */
+gpointer rd_dispatcher_thread(gpointer data);
+gpointer rd_reclaimer_thread(gpointer data);
+int rd_submit(void *ctx, te_transfer *const *ts, size_t n);
+
+/* mr.c */
+void rd_mr_unref(rd_mr *m);
+char *rd_json_text(JsonNode *root);
+int rd_mem_register(void *ctx, const te_mem_info *mem, char **json);
+int rd_mem_unregister(void *ctx, void *addr, size_t length);
+
+/* segment.c */
+int rd_segment_open(void *ctx, const te_segment_info *info, void **seg_ctx);
+void rd_segment_close(void *ctx, void *seg_ctx);
 
 #endif

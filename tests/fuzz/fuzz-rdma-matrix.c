@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The RDMA priority matrix, from the two places it comes from:
- *  - the transport's install arguments (parse_args() of transport.c,
- *    compiled in: a matrix object, a list of devices, or an object of
+ *  - the transport's install arguments (rd_parse_args() of config.c, with
+ *    transport.c compiled in: a matrix object, a list of devices, or an object of
  *    options with the matrix inside, possibly as a JSON string), then
  *    rd_topo_from_matrix() against the two-socket sysfs fixture;
  *  - a peer's descriptor ("priority_matrix" against its "devices"):
@@ -77,7 +77,7 @@ static void from_arguments(const char *text)
 		const char *fx = getenv("TE_FUZZ_RDMA_FIXTURES");
 		snprintf(root, sizeof root, "%s/two-socket", fx ? fx : "tests/rdma/fixtures");
 	}
-	if (parse_args(text, &a, err) == 0 && a.matrix != NULL) {
+	if (rd_parse_args(text, &a, err) == 0 && a.matrix != NULL) {
 		rd_topo t;
 		char *known[] = { devs[0], devs[1], devs[2], devs[3] };
 		g_string_truncate(err, 0);
@@ -92,7 +92,7 @@ static void from_arguments(const char *text)
 		}
 		from_descriptor(a.matrix);
 	}
-	args_clear(&a);
+	rd_args_clear(&a);
 	g_string_free(err, TRUE);
 }
 

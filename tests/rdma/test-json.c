@@ -362,9 +362,9 @@ static void test_arguments(void)
 	for (size_t i = 0; i < G_N_ELEMENTS(good); i++) {
 		rd_args a;
 		GString *err = g_string_new(NULL);
-		CHECK_EQ(parse_args(good[i], &a, err), 0);
+		CHECK_EQ(rd_parse_args(good[i], &a, err), 0);
 		CHECK(a.devices != NULL || a.matrix != NULL);
-		args_clear(&a);
+		rd_args_clear(&a);
 		g_string_free(err, TRUE);
 	}
 	g_string_free(deep_str, TRUE);

@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* submit() and the dispatcher thread that cuts the queued transfers into
+ * slices and routes them; the reclaimer thread for idle endpoints. */
+#include <string.h>
+
+#include "rdma-internal.h"
+
+/* ------------------------------------------------------------- dispatcher */
+
+static rd_mr *mr_find(rd_transport *tr, uint64_t addr, uint64_t len)
+{
+	rd_mr *found = NULL;
+	guint lo = 0, hi;
+
+	g_rw_lock_reader_lock(&tr->mr_lock);
+	hi = tr->mrs->len;
+	while (lo < hi) {
+		guint mid = lo + (hi - lo) / 2;
+		rd_mr *m = g_ptr_array_index(tr->mrs, mid);
+		if ((uintptr_t)m->addr <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo > 0) {
+		rd_mr *m = g_ptr_array_index(tr->mrs, lo - 1);
+		uint64_t start = (uintptr_t)m->addr;
+		if (addr + len >= addr && addr - start <= m->length && len <= m->length - (addr - start)) {
+			found = m;
+			atomic_fetch_add(&m->refs, 1);
+		}
+	}
+	g_rw_lock_reader_unlock(&tr->mr_lock);
+	return found;
+}
+
+static const rd_rbuf *rbuf_find(const rd_seg *seg, uint64_t addr, uint64_t len)
+{
+	size_t lo = 0, hi = seg->nbuf;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (seg->bufs[mid].addr <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0 || addr + len < addr)
+		return NULL;
+	const rd_rbuf *b = &seg->bufs[lo - 1];
+	if (addr - b->addr > b->length || len > b->length - (addr - b->addr))
+		return NULL;
+	return b;
+}
+
+/* Completes `n` slices of a transfer that cannot be cut. */
+static void fail_transfer(rd_transport *tr, te_transfer *t, uint32_t n, int error, const char *why)
+{
+	unsigned more = 0;
+
+	if (error != -ECANCELED && rd_failure_log_allowed(tr, t, &more))
+		RD_LOG(tr, TE_LOG_ERROR, "%s of %llu bytes at 0x%llx failed: %s%s",
+		       t->opcode == TE_OP_READ ? "READ" : "WRITE", (unsigned long long)t->length,
+		       (unsigned long long)t->remote, why, more ? " (more failures not logged)" : "");
+	for (uint32_t i = 0; i < n; i++)
+		tr->host->complete(tr->host, t, 0, error);
+}
+
+typedef struct staged {
+	rd_slice *head[RD_MAX_DEV], *tail[RD_MAX_DEV];
+} staged;
+
+static void stage_flush(rd_transport *tr, staged *st)
+{
+	for (int i = 0; i < tr->nctx; i++) {
+		if (st->head[i] != NULL)
+			rd_ctx_enqueue(tr->ctx[i], st->head[i], st->tail[i], false);
+		st->head[i] = st->tail[i] = NULL;
+	}
+}
+
+/* A free slice; flushes staged work and waits while the pool is empty. */
+static rd_slice *pool_get(rd_transport *tr, staged *st)
+{
+	rd_slice *s = rd_pool_try_get(tr);
+
+	if (s != NULL)
+		return s;
+	stage_flush(tr, st);
+	g_mutex_lock(&tr->pool_lock);
+	atomic_fetch_add(&tr->pool_waiters, 1);
+	while ((s = rd_pool_try_get(tr)) == NULL && !atomic_load(&tr->stopping))
+		g_cond_wait_until(&tr->pool_cond, &tr->pool_lock, g_get_monotonic_time() + 100000);
+	atomic_fetch_sub(&tr->pool_waiters, 1);
+	g_mutex_unlock(&tr->pool_lock);
+	return s;
+}
+
+static void dispatch_one(rd_transport *tr, te_transfer *t, staged *st)
+{
+	rd_seg *seg = t->seg_ctx;
+	uint32_t n = t->nr_slices;
+	uint64_t slice = tr->cfg.slice_size;
+	rd_mr *mr;
+	const rd_rbuf *rb;
+
+	if (atomic_load(&tr->stopping)) {
+		fail_transfer(tr, t, n, -ECANCELED, "transport shutting down");
+		return;
+	}
+	mr = mr_find(tr, (uintptr_t)t->local, t->length);
+	if (mr == NULL) {
+		fail_transfer(tr, t, n, TE_ERR_ADDRESS, "the local range is not registered with RDMA");
+		return;
+	}
+	rb = rbuf_find(seg, t->remote, t->length);
+	if (rb == NULL || rb->rkey == NULL) {
+		char why[160];
+		snprintf(why, sizeof why, "segment %s has %s at 0x%llx+%llu", seg->name,
+			 rb ? "no rkey (not remote-accessible)" : "no RDMA buffer",
+			 (unsigned long long)t->remote, (unsigned long long)t->length);
+		fail_transfer(tr, t, n, TE_ERR_ADDRESS, why);
+		rd_mr_unref(mr);
+		return;
+	}
+	const rd_loc *lloc = rd_loc_find(tr->topo.locs, tr->topo.nloc, t->local_location);
+	const rd_loc *rloc = rd_loc_find(seg->locs, seg->nloc, rb->location);
+	uint32_t seq = atomic_fetch_add_explicit(&tr->route_seq, n, memory_order_relaxed);
+
+	for (uint32_t i = 0; i < n; i++) {
+		if (tr->host->canceled(tr->host, t) || atomic_load(&tr->stopping)) {
+			fail_transfer(tr, t, n - i, -ECANCELED, "canceled");
+			break;
+		}
+		rd_slice *s = pool_get(tr, st);
+		if (s == NULL) { /* stopping */
+			fail_transfer(tr, t, n - i, -ECANCELED, "transport shutting down");
+			break;
+		}
+		uint64_t off = (uint64_t)i * slice;
+		atomic_fetch_add_explicit(&mr->refs, 1, memory_order_relaxed);
+		s->t = t;
+		s->mr = mr;
+		s->seg = seg;
+		s->local_addr = (uintptr_t)t->local + off;
+		s->remote_addr = t->remote + off;
+		s->length = (uint32_t)(i + 1 == n ? t->length - off : slice);
+		s->opcode = t->opcode;
+		s->rkey = rb->rkey;
+		s->lloc = lloc;
+		s->rloc = rloc;
+		s->seq = seq + i;
+		int rc = rd_route(tr, s, false);
+		if (rc < 0) {
+			rd_slice_fail(tr, s, rc,
+				   rc == -ENETDOWN ? "every local RDMA device is out of service"
+						   : "every path to the peer is paused");
+			continue;
+		}
+		int d = s->ldev;
+		if (st->tail[d])
+			st->tail[d]->next = s;
+		else
+			st->head[d] = s;
+		st->tail[d] = s;
+	}
+	rd_mr_unref(mr);
+}
+
+gpointer rd_dispatcher_thread(gpointer data)
+{
+	rd_transport *tr = data;
+	staged st = { 0 };
+
+	for (;;) {
+		g_mutex_lock(&tr->pend_lock);
+		while (tr->pend_head == NULL && !atomic_load(&tr->stopping))
+			g_cond_wait(&tr->pend_cond, &tr->pend_lock);
+		te_transfer *t = tr->pend_head;
+		tr->pend_head = tr->pend_tail = NULL;
+		g_mutex_unlock(&tr->pend_lock);
+		if (t == NULL)
+			break; /* stopping and nothing left */
+		unsigned since_flush = 0;
+		while (t != NULL) {
+			te_transfer *next = (te_transfer *)t->plugin_data[0];
+			dispatch_one(tr, t, &st);
+			t = next;
+			/* Hand work to the NICs early for large batches. */
+			if (++since_flush == 16) {
+				stage_flush(tr, &st);
+				since_flush = 0;
+			}
+		}
+		stage_flush(tr, &st);
+	}
+	return NULL;
+}
+
+gpointer rd_reclaimer_thread(gpointer data)
+{
+	rd_transport *tr = data;
+	int64_t interval = (int64_t)MIN(tr->cfg.reclaim_interval_ms, 500);
+
+	if (tr->cfg.ready_grace_ms > 0 && (int64_t)tr->cfg.ready_grace_ms < interval)
+		interval = tr->cfg.ready_grace_ms;
+	g_mutex_lock(&tr->reclaim_lock);
+	while (!atomic_load(&tr->stopping)) {
+		g_cond_wait_until(&tr->reclaim_cond, &tr->reclaim_lock,
+				  g_get_monotonic_time() + interval * 1000);
+		if (atomic_load(&tr->stopping))
+			break;
+		g_mutex_unlock(&tr->reclaim_lock);
+		int64_t now = rd_now_ms();
+		for (int i = 0; i < tr->nctx; i++) {
+			rd_ctx_check_port(tr->ctx[i]);
+			rd_ep_reclaim(tr->ctx[i], now);
+		}
+		g_mutex_lock(&tr->reclaim_lock);
+	}
+	g_mutex_unlock(&tr->reclaim_lock);
+	return NULL;
+}
+
+
+/* ---------------------------------------------------------------- submit */
+
+int rd_submit(void *ctx, te_transfer *const *ts, size_t n)
+{
+	rd_transport *tr = ctx;
+	te_transfer *head = NULL, *tail = NULL;
+	uint64_t slice = tr->cfg.slice_size;
+
+	for (size_t i = 0; i < n; i++) {
+		te_transfer *t = ts[i];
+		uint64_t k = (t->length + slice - 1) / slice;
+		/* A short tail rides with the slice before it. */
+		if (k > 1 && (t->length - (k - 1) * slice) * tr->cfg.fragment_ratio <= slice)
+			k--;
+		t->plugin_data[0] = 0;
+		t->plugin_data[1] = 0;
+		if (t->seg_ctx == NULL || k == 0 || k > UINT32_MAX) {
+			t->nr_slices = 1;
+			RD_LOG(tr, TE_LOG_ERROR, "submit: transfer of %llu bytes cannot be sliced",
+			       (unsigned long long)t->length);
+			tr->host->complete(tr->host, t, 0, -EINVAL);
+			continue;
+		}
+		t->nr_slices = (uint32_t)k;
+		if (tail)
+			tail->plugin_data[0] = (uintptr_t)t;
+		else
+			head = t;
+		tail = t;
+	}
+	if (head == NULL)
+		return 0;
+	g_mutex_lock(&tr->pend_lock);
+	if (tr->pend_tail)
+		tr->pend_tail->plugin_data[0] = (uintptr_t)head;
+	else
+		tr->pend_head = head;
+	tr->pend_tail = tail;
+	g_cond_signal(&tr->pend_cond);
+	g_mutex_unlock(&tr->pend_lock);
+	return 0;
+}

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libte._native: the CPython extension behind the `libte` package. It sits on
- * te.h only. Shared between its three files: module.c (errors, module
- * functions, libte.Memory), engine.c (Engine, Segment), batch.c (Batch,
- * request parsing, the synchronous helpers).
+ * te.h only. Shared between its files: module.c (errors, module functions,
+ * libte.Memory), engine.c (Engine), memory.c (the Engine's registered
+ * memory), segment.c (Segment), batch.c (Batch, request parsing, the
+ * synchronous helpers).
  */
 #ifndef PYTE_H
 #define PYTE_H
@@ -75,6 +76,8 @@ extern PyTypeObject PyteEngineType, PyteSegmentType, PyteBatchType, PyteMemoryTy
  * engine is closed or closing. GIL held. */
 int pyte_enter(PyteEngine *eo);
 void pyte_leave(PyteEngine *eo);
+/* pyte_enter() for deallocators, which must not raise: -1, no exception. */
+int pyte_try_enter(PyteEngine *eo);
 void pyte_use_link(PyteEngine *eo, pyte_use *u);
 void pyte_use_unlink(PyteEngine *eo, pyte_use *u);
 /* Waits for a batch with the GIL released by the caller (`*save` its
@@ -87,6 +90,20 @@ int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **
 /* Segment id from a Segment object or an int. -1 with an exception set. */
 int pyte_segment_id(PyObject *o, te_segment_id *out);
 PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
+/* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
+ * Engine and Segment alike; the engine entered by the caller. */
+PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
+PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id);
+
+/* Engine methods that live in memory.c. */
+PyObject *pyte_engine_register(PyteEngine *self, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_register_many(PyteEngine *self, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_unregister(PyteEngine *self, PyObject *obj);
+PyObject *pyte_engine_unregister_many(PyteEngine *self, PyObject *seq);
+PyObject *pyte_engine_local_buffers(PyteEngine *self, PyObject *unused);
+PyObject *pyte_engine_descriptor(PyteEngine *self, PyObject *unused);
+PyObject *pyte_engine_write_bytes(PyteEngine *self, PyObject *args, PyObject *kw);
+PyObject *pyte_engine_read_bytes(PyteEngine *self, PyObject *args, PyObject *kw);
 
 /* ------------------------------------------------------------- batch */
 

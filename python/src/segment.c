@@ -1,0 +1,288 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libte.Segment, and a segment's buffers and descriptor as Python values. */
+#include "pyte.h"
+
+#include <string.h>
+
+static PyObject *segment_buffer_list(te_segment_buffer *sb, int n)
+{
+	PyObject *list = PyList_New(n);
+	for (int i = 0; list != NULL && i < n; i++) {
+		PyObject *o = PyStructSequence_New(&PyteSegmentBufferType);
+		PyObject *a = PyLong_FromUnsignedLongLong(sb[i].addr), *l = PyLong_FromUnsignedLongLong(sb[i].length),
+			 *nm = PyUnicode_DecodeUTF8(sb[i].name, (Py_ssize_t)strnlen(sb[i].name, sizeof sb[i].name),
+						    "replace");
+		if (o == NULL || a == NULL || l == NULL || nm == NULL) {
+			Py_XDECREF(o);
+			Py_XDECREF(a);
+			Py_XDECREF(l);
+			Py_XDECREF(nm);
+			Py_CLEAR(list);
+			break;
+		}
+		PyStructSequence_SET_ITEM(o, 0, a);
+		PyStructSequence_SET_ITEM(o, 1, l);
+		PyStructSequence_SET_ITEM(o, 2, nm);
+		PyList_SET_ITEM(list, i, o);
+	}
+	return list;
+}
+
+/* te_segment_buffers into a list; engine entered by the caller. */
+PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
+{
+	te_segment_buffer stack[16], *sb = stack;
+	int n = te_segment_buffers(eo->e, id, sb, 16);
+	while (n > 16 && sb == stack) { /* more than fit: ask again with room (it may grow meanwhile) */
+		int cap = n + 16;
+		sb = PyMem_Calloc((size_t)cap, sizeof *sb);
+		if (sb == NULL)
+			return PyErr_NoMemory();
+		n = te_segment_buffers(eo->e, id, sb, (size_t)cap);
+		if (n > cap) {
+			PyMem_Free(sb);
+			sb = stack;
+			n = te_segment_buffers(eo->e, id, sb, 16);
+		}
+	}
+	PyObject *r = n < 0 ? pyte_raise_msg(n, "buffers of segment %d: %s", id, te_strerror(n)) : segment_buffer_list(sb, n);
+	if (sb != stack)
+		PyMem_Free(sb);
+	return r;
+}
+
+PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id)
+{
+	char *json = NULL;
+	int rc = te_segment_descriptor(eo->e, id, &json);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "descriptor of segment %d: %s", id, te_strerror(rc));
+	PyObject *r = PyUnicode_DecodeUTF8(json, (Py_ssize_t)strlen(json), "replace");
+	te_free(json);
+	return r;
+}
+
+/* ------------------------------------------------------------- Segment */
+
+typedef struct {
+	PyObject_HEAD
+	PyteEngine *engine;
+	te_segment_id id;
+	PyObject *name;
+	int closed;
+} PyteSegment;
+
+PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name)
+{
+	PyteSegment *s = PyObject_New(PyteSegment, &PyteSegmentType);
+	if (s == NULL) {
+		if (pyte_enter(eo) == 0) {
+			te_segment_close(eo->e, id);
+			pyte_leave(eo);
+		}
+		return NULL;
+	}
+	s->engine = (PyteEngine *)Py_NewRef((PyObject *)eo);
+	s->id = id;
+	s->name = Py_NewRef(name);
+	s->closed = 0;
+	return (PyObject *)s;
+}
+
+int pyte_segment_id(PyObject *o, te_segment_id *out)
+{
+	if (Py_IS_TYPE(o, &PyteSegmentType)) {
+		PyteSegment *s = (PyteSegment *)o;
+		if (s->closed) {
+			pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
+			return -1;
+		}
+		*out = s->id;
+		return 0;
+	}
+	if (!PyLong_Check(o)) {
+		PyErr_Format(PyExc_TypeError, "a segment is a Segment or an int id, not %.100s", Py_TYPE(o)->tp_name);
+		return -1;
+	}
+	long v = PyLong_AsLong(o);
+	if (v == -1 && PyErr_Occurred())
+		return -1;
+	if (v < 0 || v > INT32_MAX) {
+		PyErr_Format(PyExc_ValueError, "segment id %ld is out of range", v);
+		return -1;
+	}
+	*out = (te_segment_id)v;
+	return 0;
+}
+
+static void segment_close_quiet(PyteSegment *s)
+{
+	if (s->closed)
+		return;
+	s->closed = 1;
+	if (pyte_try_enter(s->engine) == 0) {
+		te_segment_close(s->engine->e, s->id);
+		pyte_leave(s->engine);
+	}
+}
+
+static void segment_dealloc(PyteSegment *s)
+{
+	segment_close_quiet(s);
+	Py_XDECREF(s->engine);
+	Py_XDECREF(s->name);
+	PyObject_Free(s);
+}
+
+static PyObject *segment_close(PyteSegment *s, PyObject *unused)
+{
+	(void)unused;
+	segment_close_quiet(s);
+	Py_RETURN_NONE;
+}
+
+static PyObject *segment_enter(PyObject *s, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(s);
+}
+
+static PyObject *segment_exit(PyteSegment *s, PyObject *args)
+{
+	(void)args;
+	segment_close_quiet(s);
+	Py_RETURN_FALSE;
+}
+
+static int segment_ready(PyteSegment *s)
+{
+	if (s->closed) {
+		pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
+		return -1;
+	}
+	return pyte_enter(s->engine);
+}
+
+static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
+{
+	(void)unused;
+	int rc;
+	if (segment_ready(s) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = te_segment_refresh(s->engine->e, s->id);
+	Py_END_ALLOW_THREADS
+	pyte_leave(s->engine);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "Segment(%U).refresh(): %s", s->name, te_strerror(rc));
+	Py_RETURN_NONE;
+}
+
+static PyObject *segment_buffers(PyteSegment *s, PyObject *unused)
+{
+	(void)unused;
+	if (segment_ready(s) < 0)
+		return NULL;
+	PyObject *r = pyte_segment_buffers(s->engine, s->id);
+	pyte_leave(s->engine);
+	return r;
+}
+
+static PyObject *segment_descriptor(PyteSegment *s, PyObject *unused)
+{
+	(void)unused;
+	if (segment_ready(s) < 0)
+		return NULL;
+	PyObject *r = pyte_segment_descriptor(s->engine, s->id);
+	pyte_leave(s->engine);
+	return r;
+}
+
+static PyObject *segment_index(PyteSegment *s)
+{
+	return PyLong_FromLong(s->id);
+}
+
+static PyObject *segment_repr(PyteSegment *s)
+{
+	return PyUnicode_FromFormat("<libte.Segment %U id %d%s>", s->name, s->id, s->closed ? " closed" : "");
+}
+
+static PyObject *segment_get_id(PyteSegment *s, void *c)
+{
+	(void)c;
+	return PyLong_FromLong(s->id);
+}
+
+static PyObject *segment_get_name(PyteSegment *s, void *c)
+{
+	(void)c;
+	return Py_NewRef(s->name);
+}
+
+static PyObject *segment_get_closed(PyteSegment *s, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(s->closed);
+}
+
+static PyObject *segment_get_transport(PyteSegment *s, void *c)
+{
+	(void)c;
+	if (segment_ready(s) < 0)
+		return NULL;
+	const char *t = te_segment_transport(s->engine->e, s->id);
+	pyte_leave(s->engine);
+	if (t == NULL)
+		return pyte_raise_msg(TE_ERR_SEGMENT, "segment %U has no transport", s->name);
+	return PyUnicode_FromString(t);
+}
+
+static PyObject *segment_get_engine(PyteSegment *s, void *c)
+{
+	(void)c;
+	return Py_NewRef((PyObject *)s->engine);
+}
+
+static PyNumberMethods segment_as_number = {
+	.nb_int = (unaryfunc)segment_index,
+	.nb_index = (unaryfunc)segment_index,
+};
+
+static PyMethodDef segment_methods[] = {
+	{ "close", (PyCFunction)segment_close, METH_NOARGS,
+	  "close()\n--\n\nReleases this handle's open of the segment (also on collection)." },
+	{ "refresh", (PyCFunction)segment_refresh, METH_NOARGS,
+	  "refresh()\n--\n\nFetches the segment's descriptor again." },
+	{ "buffers", (PyCFunction)segment_buffers, METH_NOARGS,
+	  "buffers()\n--\n\nThe segment's buffers as its descriptor lists them (SegmentBuffer, by address)." },
+	{ "descriptor", (PyCFunction)segment_descriptor, METH_NOARGS,
+	  "descriptor()\n--\n\nThe segment's descriptor (JSON) as last fetched." },
+	{ "__enter__", segment_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)segment_exit, METH_VARARGS, NULL },
+	{ NULL, NULL, 0, NULL },
+};
+
+static PyGetSetDef segment_getset[] = {
+	{ "id", (getter)segment_get_id, NULL, "The segment id (what requests carry).", NULL },
+	{ "name", (getter)segment_get_name, NULL, "The segment name.", NULL },
+	{ "closed", (getter)segment_get_closed, NULL, "True after close().", NULL },
+	{ "engine", (getter)segment_get_engine, NULL, "The engine that opened it.", NULL },
+	{ "transport", (getter)segment_get_transport, NULL,
+	  "The transport serving it (\"shm\" for an engine on this host, \"tcp\", ...).", NULL },
+	{ NULL, NULL, NULL, NULL, NULL },
+};
+
+PyTypeObject PyteSegmentType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "libte.Segment",
+	.tp_basicsize = sizeof(PyteSegment),
+	.tp_dealloc = (destructor)segment_dealloc,
+	.tp_repr = (reprfunc)segment_repr,
+	.tp_as_number = &segment_as_number,
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "An open segment of another engine (from Engine.open_segment). Usable wherever a\n"
+		  "segment id is (int(segment) is the id). A context manager: leaving the block closes it.",
+	.tp_methods = segment_methods,
+	.tp_getset = segment_getset,
+};

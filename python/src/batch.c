@@ -844,14 +844,11 @@ static PyObject *batch_free(PyteBatch *b, PyObject *unused)
 
 static PyObject *batch_notify(PyteBatch *b, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "segment", "msg", "sender", NULL };
-	PyObject *seg_o;
-	const char *msg, *sender = NULL;
+	const char *msg, *sender;
 	te_segment_id seg;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, &msg, &sender) ||
-	    pyte_segment_id(seg_o, &seg) < 0)
+	if (pyte_notify_args(args, kw, &seg, &msg, &sender) < 0)
 		return NULL;
 	if (batch_ready(b) < 0)
 		return NULL;

@@ -550,16 +550,24 @@ static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)
 
 /* ------------------------------------------------------- notifications */
 
-static PyObject *engine_notify(PyteEngine *self, PyObject *args, PyObject *kw)
+int pyte_notify_args(PyObject *args, PyObject *kw, te_segment_id *seg, const char **msg, const char **sender)
 {
 	static char *kwlist[] = { "segment", "msg", "sender", NULL };
 	PyObject *seg_o;
-	const char *msg, *sender = NULL;
+
+	*sender = NULL;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, msg, sender))
+		return -1;
+	return pyte_segment_id(seg_o, seg);
+}
+
+static PyObject *engine_notify(PyteEngine *self, PyObject *args, PyObject *kw)
+{
+	const char *msg, *sender;
 	te_segment_id seg;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, &msg, &sender) ||
-	    pyte_segment_id(seg_o, &seg) < 0)
+	if (pyte_notify_args(args, kw, &seg, &msg, &sender) < 0)
 		return NULL;
 	if (pyte_enter(self) < 0)
 		return NULL;

@@ -346,6 +346,29 @@ static int host_location(PyteEngine *eo, uint64_t addr)
 	return n > 64; /* more regions than looked at: the table check stands */
 }
 
+/* Copies `len` bytes between `buf` and memory registered with this engine
+ * at `addr` (into the registration when `in`), if [addr, addr+len) lies
+ * inside one registration in host memory. 1 when copied, 0 when refused.
+ * GIL released; sublock held shared meanwhile, so no unregister runs. */
+static int copy_registered(PyteEngine *eo, uint64_t addr, void *buf, size_t len, int in)
+{
+	int ok;
+
+	pthread_rwlock_rdlock(&eo->sublock);
+	pthread_mutex_lock(&eo->mu);
+	ok = local_range_ok(eo, addr, len);
+	pthread_mutex_unlock(&eo->mu);
+	ok = ok && host_location(eo, addr);
+	if (ok && len > 0) {
+		if (in)
+			memmove((void *)(uintptr_t)addr, buf, len);
+		else
+			memcpy(buf, (const void *)(uintptr_t)addr, len);
+	}
+	pthread_rwlock_unlock(&eo->sublock);
+	return ok;
+}
+
 /* Copies between Python bytes and memory registered with this engine, the
  * range checked against the registrations first, so a wrong address is an
  * error and never a crash. Unregistering waits for a copy in progress. */
@@ -363,14 +386,7 @@ PyObject *pyte_engine_write_bytes(PyteEngine *self, PyObject *args, PyObject *kw
 		return NULL;
 	}
 	Py_BEGIN_ALLOW_THREADS
-	pthread_rwlock_rdlock(&self->sublock);
-	pthread_mutex_lock(&self->mu);
-	ok = local_range_ok(self, addr, (uint64_t)data.len);
-	pthread_mutex_unlock(&self->mu);
-	ok = ok && host_location(self, addr);
-	if (ok && data.len > 0)
-		memmove((void *)(uintptr_t)addr, data.buf, (size_t)data.len);
-	pthread_rwlock_unlock(&self->sublock);
+	ok = copy_registered(self, addr, data.buf, (size_t)data.len, 1);
 	Py_END_ALLOW_THREADS
 	pyte_leave(self);
 	PyBuffer_Release(&data);
@@ -402,14 +418,7 @@ PyObject *pyte_engine_read_bytes(PyteEngine *self, PyObject *args, PyObject *kw)
 		return NULL;
 	}
 	Py_BEGIN_ALLOW_THREADS
-	pthread_rwlock_rdlock(&self->sublock);
-	pthread_mutex_lock(&self->mu);
-	ok = local_range_ok(self, addr, (uint64_t)len);
-	pthread_mutex_unlock(&self->mu);
-	ok = ok && host_location(self, addr);
-	if (ok && len > 0)
-		memcpy(dst, (const void *)(uintptr_t)addr, (size_t)len);
-	pthread_rwlock_unlock(&self->sublock);
+	ok = copy_registered(self, addr, dst, (size_t)len, 0);
 	Py_END_ALLOW_THREADS
 	pyte_leave(self);
 	if (!ok) {

@@ -90,6 +90,9 @@ int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **
 /* Segment id from a Segment object or an int. -1 with an exception set. */
 int pyte_segment_id(PyObject *o, te_segment_id *out);
 PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
+/* The arguments of Engine.notify and Batch.notify: (segment, msg, *,
+ * sender=None). -1 with an exception set. */
+int pyte_notify_args(PyObject *args, PyObject *kw, te_segment_id *seg, const char **msg, const char **sender);
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
  * Engine and Segment alike; the engine entered by the caller. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);

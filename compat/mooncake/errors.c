@@ -78,42 +78,29 @@ static const struct mc_code_map {
 	{ -ENOTSUP, ERR_NOT_IMPLEMENTED, MC_STATUS_CODE_NOT_IMPLEMENTED },
 };
 
-static const struct mc_code_map *code_find(int te_rc)
+/* The table's entry for a libte error (< 0); a code it does not list is
+ * logged with libte's name for it and reads as invalid argument. */
+static const struct mc_code_map *code_find(const char *fn, int te_rc)
 {
+	static const struct mc_code_map unknown = { 0, ERR_INVALID_ARGUMENT,
+						     MC_STATUS_CODE_INVALID_ARGUMENT };
+
 	for (size_t i = 0; i < sizeof code_map / sizeof code_map[0]; i++)
 		if (code_map[i].te == te_rc)
 			return &code_map[i];
-	return NULL;
+	mc_err("%s: %s (libte error %d, reported as invalid argument)", fn, te_strerror(te_rc),
+	       te_rc);
+	return &unknown;
 }
 
 /* libte error (< 0) -> Mooncake negative error; 0 and above pass through. */
 int to_err(const char *fn, int te_rc)
 {
-	const struct mc_code_map *m;
-
-	if (te_rc >= 0)
-		return te_rc;
-	m = code_find(te_rc);
-	if (m == NULL) {
-		mc_err("%s: %s (libte error %d, reported as invalid argument)", fn,
-		       te_strerror(te_rc), te_rc);
-		return ERR_INVALID_ARGUMENT;
-	}
-	return m->err;
+	return te_rc >= 0 ? te_rc : code_find(fn, te_rc)->err;
 }
 
 /* libte error (< 0) -> Mooncake positive Status code; 0 stays 0. */
 int to_status(const char *fn, int te_rc)
 {
-	const struct mc_code_map *m;
-
-	if (te_rc >= 0)
-		return MC_STATUS_CODE_OK;
-	m = code_find(te_rc);
-	if (m == NULL) {
-		mc_err("%s: %s (libte error %d, reported as invalid argument)", fn,
-		       te_strerror(te_rc), te_rc);
-		return MC_STATUS_CODE_INVALID_ARGUMENT;
-	}
-	return m->status;
+	return te_rc >= 0 ? MC_STATUS_CODE_OK : code_find(fn, te_rc)->status;
 }

@@ -133,6 +133,26 @@ int shm_watch(shm_ctx *c, int fd, int kind)
 
 static void shm_destroy(void *ctx);
 
+/* Takes down what shm_create() set up once its threads are gone (or were
+ * never started): the target socket, the descriptors, the locks. */
+static void shm_ctx_free(shm_ctx *c)
+{
+	shm_target_stop(c);
+	if (c->ep >= 0)
+		close(c->ep);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
+	if (c->kick_fd >= 0)
+		close(c->kick_fd);
+	pthread_mutex_destroy(&c->reg_lock);
+	pthread_mutex_destroy(&c->seg_lock);
+	pthread_mutex_destroy(&c->q_lock);
+	pthread_cond_destroy(&c->q_cond);
+	pthread_cond_destroy(&c->p_cond);
+	pthread_key_delete(c->waiter_key);
+	free(c);
+}
+
 static int shm_create(const te_host *h, const char *json_args, void **out)
 {
 	shm_ctx *c;
@@ -198,20 +218,7 @@ static int shm_create(const te_host *h, const char *json_args, void **out)
 	return 0;
 fail:
 	SLOG(c, TE_LOG_ERROR, "shm transport not started: %s", strerror(-rc));
-	shm_target_stop(c);
-	if (c->ep >= 0)
-		close(c->ep);
-	if (c->wake_fd >= 0)
-		close(c->wake_fd);
-	if (c->kick_fd >= 0)
-		close(c->kick_fd);
-	pthread_mutex_destroy(&c->reg_lock);
-	pthread_mutex_destroy(&c->seg_lock);
-	pthread_mutex_destroy(&c->q_lock);
-	pthread_cond_destroy(&c->q_cond);
-	pthread_cond_destroy(&c->p_cond);
-	pthread_key_delete(c->waiter_key);
-	free(c);
+	shm_ctx_free(c);
 	return rc;
 }
 
@@ -225,17 +232,7 @@ static void shm_destroy(void *ctx)
 	if (write(c->wake_fd, &one, sizeof one) < 0)
 		SLOG(c, TE_LOG_DEBUG, "wake: %s", strerror(errno));
 	pthread_join(c->ctl_thread, NULL);
-	shm_target_stop(c);
-	close(c->ep);
-	close(c->wake_fd);
-	close(c->kick_fd);
-	pthread_mutex_destroy(&c->reg_lock);
-	pthread_mutex_destroy(&c->seg_lock);
-	pthread_mutex_destroy(&c->q_lock);
-	pthread_cond_destroy(&c->q_cond);
-	pthread_cond_destroy(&c->p_cond);
-	pthread_key_delete(c->waiter_key);
-	free(c);
+	shm_ctx_free(c);
 }
 
 static int shm_describe(void *ctx, char **json)

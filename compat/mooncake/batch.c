@@ -42,8 +42,9 @@ static void batches_grow(struct mc_engine *e)
 	e->n_buckets = n;
 }
 
-/* Finds a live batch and takes a reference, or NULL. */
-static struct mc_batch *batch_get(struct mc_engine *e, te_batch_id id)
+/* Finds a live batch and takes a reference; NULL, logged for `fn`, when
+ * the id is unknown or freed. */
+static struct mc_batch *batch_get(const char *fn, struct mc_engine *e, te_batch_id id)
 {
 	struct mc_batch *b;
 
@@ -54,6 +55,8 @@ static struct mc_batch *batch_get(struct mc_engine *e, te_batch_id id)
 			break;
 		}
 	pthread_mutex_unlock(&e->lock);
+	if (b == NULL)
+		mc_err("%s: unknown or freed batch id %llu", fn, (unsigned long long)id);
 	return b;
 }
 
@@ -132,11 +135,9 @@ MC_API int freeBatchID(transfer_engine_t engine, batch_id_t batch_id)
 
 	if (e == NULL)
 		return MC_STATUS_CODE_INVALID_ARGUMENT;
-	b = batch_get(e, batch_id);
-	if (b == NULL) {
-		mc_err("%s: unknown or freed batch id %llu", fn, (unsigned long long)batch_id);
+	b = batch_get(fn, e, batch_id);
+	if (b == NULL)
 		return MC_STATUS_CODE_INVALID_ARGUMENT;
-	}
 	/* Waits for a submit in progress on another thread, so a batch is not
 	 * freed between that submit's libte call and its status checks. */
 	pthread_mutex_lock(&b->submit_lock);
@@ -175,11 +176,9 @@ static int submit(const char *fn, transfer_engine_t engine, batch_id_t batch_id,
 		mc_err("%s: %s", fn, count == 0 ? "no request to notify about" : "NULL notify msg");
 		return MC_STATUS_CODE_INVALID_ARGUMENT;
 	}
-	b = batch_get(e, batch_id);
-	if (b == NULL) {
-		mc_err("%s: unknown or freed batch id %llu", fn, (unsigned long long)batch_id);
+	b = batch_get(fn, e, batch_id);
+	if (b == NULL)
 		return MC_STATUS_CODE_INVALID_ARGUMENT;
-	}
 	pthread_mutex_lock(&b->submit_lock);
 	if (count > b->capacity - b->submitted) {
 		mc_err("%s: batch %llu holds %zu tasks, %zu submitted, %zu more refused", fn,

@@ -63,168 +63,6 @@ static inline void count(tcp_cconn *cc, int what, int64_t delta)
 		c->host->metric_add(c->host, cc->mdev, what, delta);
 }
 
-/* ---------------------------------------------------------------- rails */
-
-static inline tcp_rail *rail_of(tcp_cconn *cc)
-{
-	return &cc->peer->rails[cc->rail];
-}
-
-/* Whether `cc` may carry requests: its rail is up, or none is (then every
- * connection tries, as for a single-rail peer, so that work fails or goes
- * through rather than waiting for a probe). */
-static bool rail_usable(tcp_cconn *cc)
-{
-	tcp_peer *p = cc->peer;
-
-	return p->nrails == 1 || atomic_load(&rail_of(cc)->up) || atomic_load(&p->rails_up) == 0;
-}
-
-/* Kicks every connection of the peer from an I/O thread. Rails change state
- * at any time, even while the segment closes: a kick that reached a
- * connection after its close would bring it back to life in its thread's
- * lists after the peer is freed. tcp_segment_close sets `closing` and waits
- * for `kicking` to drop before it sends the closes, so every kick is either
- * ahead of them or not sent. */
-static void kick_all(tcp_peer *p)
-{
-	atomic_fetch_add(&p->kicking, 1);
-	if (!atomic_load(&p->closing))
-		for (unsigned i = 0; i < p->nconns; i++)
-			tcp_kick(&p->conns[i].io, MAIL_WORK);
-	atomic_fetch_sub(&p->kicking, 1);
-}
-
-/* Marks rail `r` of `p` down (once). Every connection of the peer is kicked:
- * the rail's own ones close and hand their requests over, the others pull
- * them. The rail's first connection probes it from now on. */
-static void rail_down_r(tcp_peer *p, tcp_rail *r, const char *why)
-{
-	int one = 1;
-
-	if (p->nrails == 1 || !atomic_compare_exchange_strong(&r->up, &one, 0))
-		return;
-	int left = atomic_fetch_sub(&p->rails_up, 1) - 1;
-	int64_t now = tcp_now_ms();
-	atomic_store(&r->down_at, now);
-	atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
-	atomic_store(&r->next_probe, now + TCP_PROBE_MIN_MS);
-	/* A peer can close its connections at will: every line it can cause
-	 * this way is rate-limited. */
-	TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "rail %s of %s is down (%s) after %llu bytes; %d of %u rails left%s",
-			    r->name, p->name, why, (unsigned long long)atomic_load(&r->bytes), left, p->nrails,
-			    left > 0 ? ", probing it" : "");
-	kick_all(p);
-}
-
-static void rail_down(tcp_cconn *cc, const char *why)
-{
-	rail_down_r(cc->peer, rail_of(cc), why);
-}
-
-/* A rail of `p` other than `r` that is up and shows the peer alive: it
- * answered within the last `ms` (it carries on), or it has nothing in flight
- * and answered until at most `ms` before `since` (it finished its share and
- * waits, like the application, for what is stuck elsewhere; a peer that
- * stopped right after answering it looks the same, and costs one needless
- * fail-over; a rail abandoned since its last answer does not count). A rail with requests in flight and no answer for as long says
- * the peer is slow. */
-static tcp_rail *other_rail_alive(tcp_peer *p, const tcp_rail *r, int64_t now, int64_t since, int64_t ms)
-{
-	for (unsigned i = 0; i < p->nrails; i++) {
-		tcp_rail *o = &p->rails[i];
-		if (o == r || !atomic_load(&o->up))
-			continue;
-		int64_t rx = atomic_load_explicit(&o->last_rx, memory_order_relaxed);
-		/* A rail that went down after its last answer had its work taken
-		 * away, not finished: its idleness says nothing of the peer. */
-		bool finished = atomic_load(&o->inflight) == 0 && atomic_load(&o->down_at) < rx;
-		if (now - rx <= ms || (rx + ms >= since && finished))
-			return o;
-	}
-	return NULL;
-}
-
-void tcp_rails_link_event(tcp_ctx *c, int ifindex, const struct sockaddr *addr, bool up, const char *why)
-{
-	int64_t now = tcp_now_ms();
-
-	g_mutex_lock(&c->lock); /* peers leave all_peers under it before they are freed */
-	for (guint i = 0; i < c->all_peers->len; i++) {
-		tcp_peer *p = g_ptr_array_index(c->all_peers, i);
-		if (p->nrails < 2 || atomic_load(&p->closing))
-			continue;
-		for (unsigned k = 0; k < p->nrails; k++) {
-			tcp_rail *r = &p->rails[k];
-			if (ifindex <= 0 || atomic_load(&r->ifindex) != ifindex)
-				continue;
-			if (addr != NULL) {
-				g_mutex_lock(&p->lock);
-				bool mine = tcp_link_same_ip(addr, (struct sockaddr *)&r->local);
-				g_mutex_unlock(&p->lock);
-				if (!mine)
-					continue;
-			}
-			if (!up) {
-				atomic_store(&r->link_down, 1);
-				if (!atomic_load(&r->up))
-					continue;
-				/* The last rail up stays: with nowhere else to go, its
-				 * requests wait for the link (or the stall timeout). */
-				if (atomic_load(&p->rails_up) <= 1) {
-					TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rail %s of %s: %s; no other rail is up",
-							    r->name, p->name, why);
-					continue;
-				}
-				rail_down_r(p, r, why);
-			} else if (atomic_exchange(&r->link_down, 0) && !atomic_load(&r->up)) {
-				/* Probed at the next check rather than after its backoff. */
-				atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
-				atomic_store(&r->next_probe, now);
-				TE_HOST_LOG_LIMITED(c->host, TE_LOG_INFO, "rail %s of %s: %s; probing it", r->name, p->name,
-						    why);
-			}
-		}
-	}
-	g_mutex_unlock(&c->lock);
-}
-
-/* A connection over a down rail came up: the rail is back. */
-static void rail_up(tcp_cconn *cc)
-{
-	tcp_peer *p = cc->peer;
-	tcp_rail *r = rail_of(cc);
-	int zero = 0;
-
-	if (p->nrails == 1 || !atomic_compare_exchange_strong(&r->up, &zero, 1))
-		return;
-	atomic_fetch_add(&p->rails_up, 1);
-	TLOG(p->ctx, TE_LOG_INFO, "rail %s of %s is up again after %lld ms", r->name, p->name,
-	     (long long)(tcp_now_ms() - atomic_load(&r->down_at)));
-	/* A rail whose link went while it was the last one up was kept; now
-	 * its work has somewhere else to go. */
-	for (unsigned i = 0; i < p->nrails; i++)
-		if (&p->rails[i] != r && atomic_load(&p->rails[i].link_down))
-			rail_down_r(p, &p->rails[i], "its local interface is down");
-	kick_all(p); /* its other connections connect when there is work */
-}
-
-/* A failed connect over a down rail: the next try waits longer. Only the
- * rail's first connection, which probes it, sets the pace. */
-static void probe_failed(tcp_cconn *cc)
-{
-	tcp_peer *p = cc->peer;
-	tcp_rail *r = rail_of(cc);
-
-	cc->probing = false;
-	if (cc != &p->conns[cc->rail])
-		return;
-	long long b = MIN(atomic_load(&r->backoff) * 2, TCP_PROBE_MAX_MS);
-	atomic_store(&r->backoff, b);
-	atomic_store(&r->next_probe, tcp_now_ms() + b);
-	TLOG(p->ctx, TE_LOG_DEBUG, "rail %s of %s still down; next try in %lld ms", r->name, p->name, b);
-}
-
 /* ----------------------------------------------------------- the backlog */
 
 /* Completes every slice still waiting in the peer's backlog and retry list. */
@@ -297,7 +135,7 @@ static void pull(tcp_cconn *cc)
 	bool was_empty = cc->head == cc->tail;
 
 	if (room == 0 || !window_open(cc, c->cfg.window) ||
-	    !atomic_load_explicit(&p->has_work, memory_order_acquire) || !rail_usable(cc))
+	    !atomic_load_explicit(&p->has_work, memory_order_acquire) || !tcp_rail_usable(cc))
 		return;
 	g_mutex_lock(&p->lock);
 	/* A fair share of what is queued, so that one burst of requests keeps
@@ -354,7 +192,7 @@ static void pull(tcp_cconn *cc)
 	for (uint64_t i = first; i < cc->head; i++)
 		prep(cc, slot_at(cc, i));
 	if (cc->head != first)
-		atomic_fetch_add_explicit(&rail_of(cc)->inflight, (long long)(cc->head - first), memory_order_relaxed);
+		atomic_fetch_add_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->head - first), memory_order_relaxed);
 	if (was_empty && cc->head != first)
 		cc->io.last_progress = cc->last_rx = tcp_now_ms(); /* the stall clocks start now */
 }
@@ -393,7 +231,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	/* A broken link (an errno, not a protocol error) takes the rail down;
 	 * while another rail is up, nothing fails for it. */
 	if (p->nrails > 1 && mode == FAIL_PEER && err < 0 && err > -TE_ERR_BASE) {
-		rail_down(cc, why);
+		tcp_rail_down(cc, why);
 		if (atomic_load(&p->rails_up) > 0)
 			mode = FAIL_RAIL;
 	}
@@ -428,7 +266,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 			nfail++;
 		}
 	}
-	atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
+	atomic_fetch_sub_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	cc->bytes = 0;
 	count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)held);
@@ -441,7 +279,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	if (mode == FAIL_RAIL)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN,
 				    "connection %u to %s over %s closed: %s; %zu requests go to the other rails, %zu failed",
-				    cc->idx, p->name, rail_of(cc)->name, why, nback, nfail);
+				    cc->idx, p->name, tcp_rail_of(cc)->name, why, nback, nfail);
 	else if (mode != FAIL_QUIET)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "connection %u to %s closed: %s; %zu requests failed%s",
 				    cc->idx, p->name, why, nfail,
@@ -468,7 +306,7 @@ static void cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char
 	 * down now, as the others may be (a target can refuse on all of them at
 	 * once): each is woken to take it, connecting again if need be. */
 	if (atomic_load(&p->has_work))
-		kick_all(p);
+		tcp_peer_kick_all(p);
 	for (size_t i = 0; i < ndone; i++)
 		h->complete(h, done[i].t, done[i].bytes, done[i].err);
 	g_free(back);
@@ -480,7 +318,7 @@ static void start_connect(tcp_cconn *cc);
 static void connect_failed(tcp_cconn *cc, int err, const char *what)
 {
 	tcp_peer *p = cc->peer;
-	tcp_rail *r = rail_of(cc);
+	tcp_rail *r = tcp_rail_of(cc);
 	char addr[80];
 
 	tcp_addr_name((struct sockaddr *)&r->addr[cc->addr_next % r->naddr], addr, sizeof addr);
@@ -500,8 +338,8 @@ static void connect_failed(tcp_cconn *cc, int err, const char *what)
 	}
 	cc->addr_tries = 0;
 	if (p->nrails > 1) {
-		rail_down(cc, what);
-		probe_failed(cc);
+		tcp_rail_down(cc, what);
+		tcp_rail_probe_failed(cc);
 		if (atomic_load(&p->rails_up) > 0)
 			return; /* the other rails take the work */
 	}
@@ -518,7 +356,7 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 		tcp_slot *s = slot_at(cc, i);
 		h->complete(h, s->t, 0, err);
 	}
-	atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
+	atomic_fetch_sub_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
 	count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)cc->bytes);
 	cc->bytes = 0;
@@ -532,7 +370,7 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 static void learn_interface(tcp_cconn *cc)
 {
 	tcp_peer *p = cc->peer;
-	tcp_rail *r = rail_of(cc);
+	tcp_rail *r = tcp_rail_of(cc);
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof ss;
 
@@ -581,11 +419,11 @@ static void become_up(tcp_cconn *cc)
 	cc->io.wr = true;
 	cc->io.last_progress = cc->last_rx = tcp_now_ms();
 	TLOG(cc->peer->ctx, TE_LOG_DEBUG, "connection %u to %s is up (%s)", cc->idx, cc->peer->name,
-	     rail_of(cc)->name);
+	     tcp_rail_of(cc)->name);
 	cc->probing = false;
 	if (cc->peer->nrails > 1)
 		learn_interface(cc);
-	rail_up(cc);
+	tcp_rail_up(cc);
 }
 
 /* With a cluster key, a connection carries requests only once both sides
@@ -611,7 +449,7 @@ static void start_connect(tcp_cconn *cc)
 {
 	tcp_peer *p = cc->peer;
 	tcp_ctx *c = p->ctx;
-	tcp_rail *r = rail_of(cc);
+	tcp_rail *r = tcp_rail_of(cc);
 	unsigned ai = cc->addr_next % r->naddr;
 	const struct sockaddr *sa = (const struct sockaddr *)&r->addr[ai];
 	int fd, rc;
@@ -849,7 +687,7 @@ static int do_recv(tcp_cconn *cc, rx_result *res)
 	if ((size_t)r < total && !cc->io.hup)
 		cc->io.rd = false; /* drained: the next arrival brings a new edge */
 	cc->io.last_progress = cc->last_rx = tcp_now_ms();
-	atomic_store_explicit(&rail_of(cc)->last_rx, cc->last_rx, memory_order_relaxed);
+	atomic_store_explicit(&tcp_rail_of(cc)->last_rx, cc->last_rx, memory_order_relaxed);
 	uint64_t left = (uint64_t)r;
 	for (uint64_t i = cc->rcv; left > 0 && i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
@@ -881,13 +719,13 @@ static void reap(tcp_cconn *cc)
 		h->complete(h, s->t, s->len, 0);
 	}
 	if (moved > 0 && cc->peer->nrails > 1)
-		atomic_fetch_add_explicit(&rail_of(cc)->bytes, moved, memory_order_relaxed);
+		atomic_fetch_add_explicit(&tcp_rail_of(cc)->bytes, moved, memory_order_relaxed);
 	if (moved > 0) {
 		count(cc, TE_METRIC_BYTES, (int64_t)moved);
 		count(cc, TE_METRIC_INFLIGHT_BYTES, -(int64_t)moved);
 	}
 	if (cc->tail != first)
-		atomic_fetch_sub_explicit(&rail_of(cc)->inflight, (long long)(cc->tail - first), memory_order_relaxed);
+		atomic_fetch_sub_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->tail - first), memory_order_relaxed);
 	if (cc->snd < cc->tail)
 		cc->snd = cc->tail;
 	if (cc->rcv < cc->tail)
@@ -904,14 +742,14 @@ static void drive(tcp_cconn *cc)
 	if (cc->state == CS_DOWN) {
 		if (!atomic_load(&p->has_work) || atomic_load(&p->ctx->stopping))
 			return;
-		if (!rail_usable(cc))
+		if (!tcp_rail_usable(cc))
 			return; /* a down rail is probed, not used */
-		cc->probing = p->nrails > 1 && !atomic_load(&rail_of(cc)->up);
+		cc->probing = p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up);
 		start_connect(cc);
 	}
 	if (cc->state != CS_UP)
 		return;
-	if (p->nrails > 1 && !atomic_load(&rail_of(cc)->up)) {
+	if (p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up)) {
 		/* Another connection found the rail broken: this one is likely
 		 * stuck too, so its requests move now rather than after a timeout
 		 * (an idle one just closes). */
@@ -960,7 +798,7 @@ static void drive(tcp_cconn *cc)
  * A dead path or a slow peer? A connection with work that received nothing
  * for TE_TCP_SUSPECT_MS, whose socket saw no packet from the peer for as long
  * (TCP_INFO; a WRITE still being sent keeps getting ACKs, a READ its data),
- * while another rail shows the peer alive (other_rail_alive), is on a path
+ * while another rail shows the peer alive (tcp_other_rail_alive), is on a path
  * that lost its packets: its rail is abandoned like a broken one. A peer slow
  * on every rail leaves requests unanswered on all of them, and is left to
  * TE_TCP_TIMEOUT_MS. Closing the connection first means no
@@ -971,11 +809,11 @@ static bool suspect(tcp_cconn *cc, int64_t now)
 {
 	tcp_peer *p = cc->peer;
 	int64_t ms = p->ctx->cfg.suspect_ms;
-	tcp_rail *r = rail_of(cc), *o;
+	tcp_rail *r = tcp_rail_of(cc), *o;
 	char why[256];
 
 	if (ms <= 0 || p->nrails < 2 || !atomic_load(&r->up) || now - cc->last_rx <= ms ||
-	    (o = other_rail_alive(p, r, now, cc->last_rx, ms)) == NULL)
+	    (o = tcp_other_rail_alive(p, r, now, cc->last_rx, ms)) == NULL)
 		return false;
 	struct tcp_info ti;
 	socklen_t tl = sizeof ti;
@@ -1018,10 +856,10 @@ static void check_timeout(tcp_cconn *cc, int64_t now)
 	/* A down rail's first connection tries it again now and then, while
 	 * another rail carries the work (with none up, work connects itself). */
 	if (p->nrails > 1 && cc == &p->conns[cc->rail] && cc->state == CS_DOWN &&
-	    !atomic_load(&rail_of(cc)->up) && atomic_load(&p->rails_up) > 0 &&
-	    !atomic_load(&rail_of(cc)->link_down) &&
-	    now >= atomic_load(&rail_of(cc)->next_probe) && !atomic_load(&c->stopping)) {
-		TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", rail_of(cc)->name, p->name);
+	    !atomic_load(&tcp_rail_of(cc)->up) && atomic_load(&p->rails_up) > 0 &&
+	    !atomic_load(&tcp_rail_of(cc)->link_down) &&
+	    now >= atomic_load(&tcp_rail_of(cc)->next_probe) && !atomic_load(&c->stopping)) {
+		TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", tcp_rail_of(cc)->name, p->name);
 		cc->probing = true;
 		start_connect(cc);
 		return;
@@ -1241,8 +1079,8 @@ bool tcp_direct_submit(tcp_peer *p)
 			continue;
 		/* Only an idle connection that is up and whose rail is up: the rest
 		 * is the I/O thread's. */
-		if (cc->state != CS_UP || cc->head != cc->tail || !rail_usable(cc) ||
-		    (p->nrails > 1 && !atomic_load(&rail_of(cc)->up))) {
+		if (cc->state != CS_UP || cc->head != cc->tail || !tcp_rail_usable(cc) ||
+		    (p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up))) {
 			caller_let_go(cc);
 			continue;
 		}

@@ -408,12 +408,30 @@ void tcp_direct_forget(void);            /* this thread's last submit went the u
 int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns);
 void tcp_wake(void *ctx);
 void tcp_sleepers_free(tcp_ctx *c);
-/* An interface's carrier or address went away (up false) or came back: the
- * rails of every peer leaving by it go down (while another rail is up) or are
- * probed at once. `addr` (may be NULL): only rails whose local address it is. */
-void tcp_rails_link_event(tcp_ctx *c, int ifindex, const struct sockaddr *addr, bool up, const char *why);
 void tcp_peer_fail_pending(tcp_peer *p, int err);
 void tcp_peer_retire_conn(tcp_peer *p);
+
+/* tcp-rail.c: a peer's rails. An interface's carrier or address went away
+ * (up false) or came back: the rails of every peer leaving by it go down
+ * (while another rail is up) or are probed at once. `addr` (may be NULL):
+ * only rails whose local address it is. */
+void tcp_rails_link_event(tcp_ctx *c, int ifindex, const struct sockaddr *addr, bool up, const char *why);
+static inline tcp_rail *tcp_rail_of(tcp_cconn *cc)
+{
+	return &cc->peer->rails[cc->rail];
+}
+/* Whether `cc` may carry requests (its rail is up, or none is). */
+bool tcp_rail_usable(tcp_cconn *cc);
+/* Kicks every connection of the peer from an I/O thread (not after its close). */
+void tcp_peer_kick_all(tcp_peer *p);
+/* The connection's rail is down (once); its work goes to the other rails. */
+void tcp_rail_down(tcp_cconn *cc, const char *why);
+/* A rail of `p` other than `r` that shows the peer alive, or NULL. */
+tcp_rail *tcp_other_rail_alive(tcp_peer *p, const tcp_rail *r, int64_t now, int64_t since, int64_t ms);
+/* A connection over a down rail came up: the rail is back. */
+void tcp_rail_up(tcp_cconn *cc);
+/* A probing connect over a down rail failed: the next waits longer. */
+void tcp_rail_probe_failed(tcp_cconn *cc);
 
 /* tcp-io.c: link events */
 int tcp_link_open(tcp_ctx *c);          /* the rtnetlink socket, registered with I/O thread 0 */

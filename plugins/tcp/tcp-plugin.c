@@ -715,7 +715,7 @@ static void tcp_segment_close(void *ctx, void *seg_ctx)
 	 * one more live connection and retires it last. */
 	unsigned n = p->nconns;
 	tcp_cconn *conns = p->conns;
-	/* No I/O thread kicks a connection after its close (see kick_all). */
+	/* No I/O thread kicks a connection after its close (see tcp_peer_kick_all). */
 	atomic_store(&p->closing, 1);
 	while (atomic_load(&p->kicking) > 0)
 		g_thread_yield();

@@ -430,6 +430,7 @@ typedef struct dispatch {
 	te_transport_inst *tp;
 	te_transfer *pend[DISPATCH_CHUNK];
 	size_t n;
+	te_msubmit ms; /* what the call counts as handed over */
 } dispatch;
 
 static void flush(dispatch *d)
@@ -537,7 +538,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 		if (t->dev == NULL)
 			t->dev = rr->dev;
 		if (e->metrics != NULL)
-			te_metrics_task_start(e->metrics, t);
+			te_metrics_submit_one(e->metrics, &d->ms, t);
 		te_local_submit(e, t);
 		return 0;
 	}
@@ -572,7 +573,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	atomic_fetch_add_explicit(&t->tp->inflight, 1, memory_order_relaxed);
 	note_transport(b, t->tp);
 	if (e->metrics != NULL)
-		te_metrics_task_start(e->metrics, t);
+		te_metrics_submit_one(e->metrics, &d->ms, t);
 	if (t->dev != NULL && !te_region_direct(lr, t->tp))
 		te_stage_submit(e, t);
 	else
@@ -632,7 +633,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	canceled = atomic_load(&b->canceled);
 
 	/* One clock reading serves every task of the call. */
-	uint64_t t0 = e->metrics != NULL ? te_metrics_now_ns() : 0;
+	uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
 	dispatch d = { 0 };
 	seg_cache sc = { .id = -1 };
 	size_t stale[MAX_STALE], n_stale = 0;
@@ -660,7 +661,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		t->stage = NULL;
 		t->mb = NULL;
 		t->mpeer = NULL;
-		t->t0_ns = t0;
+		t->t0 = t0;
 		t->mcounted = false;
 		if (canceled) {
 			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
@@ -717,6 +718,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		te_stage_flush(e);
 		g_rw_lock_reader_unlock(&e->data);
 	}
+	te_metrics_submit_flush(&d.ms);
 	box_unref(box);
 	return invalid;
 }

@@ -414,8 +414,15 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.device_copy_batch = host_device_copy_batch,
 		.host_buffer_alloc = host_host_buffer_alloc,
 		.host_buffer_free = host_host_buffer_free,
+#if TE_METRICS_BUILD
 		.metric_device = host_metric_device,
 		.metric_add = host_metric_add,
+#endif
 		.metrics_text = host_metrics_text,
 	};
+#if !TE_METRICS_BUILD
+	/* Counting compiled out: plugins see no counters to call at all. */
+	(void)host_metric_device;
+	(void)host_metric_add;
+#endif
 }

@@ -376,7 +376,7 @@ typedef struct te_task {
 	 * submitted, and whether its request was counted yet. */
 	te_mblock *mb;
 	te_mpeer *mpeer;
-	uint64_t t0_ns;
+	uint64_t t0; /* te_metrics_now() */
 	bool mcounted;
 } te_task;
 

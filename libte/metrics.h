@@ -15,6 +15,15 @@
 #define TE_MRPC_UNKNOWN 4
 #define TE_MRPC_KINDS 5
 
+/* What one te_submit() call counts as handed over, added to the shared
+ * counters when the transport or peer changes and once at the end: no
+ * atomic operation per task on the way in. */
+typedef struct te_msubmit {
+	te_mblock *mb;
+	te_mpeer *peer;
+	uint64_t n[2], bytes[2];
+} te_msubmit;
+
 #if TE_METRICS_BUILD
 
 /* Created with the engine (NULL when TE_METRICS=0) and freed with it. */
@@ -29,11 +38,158 @@ te_mblock *te_metrics_block(te_metrics *m, const char *transport);
  * among the exposed peers, else the shared "other" ones. */
 te_mpeer *te_metrics_peer(te_metrics *m, const char *name);
 
-/* The data path: a task handed over (counted once), a task ended (counts
- * it as handed over first when it never was). */
-void te_metrics_task_start(te_metrics *m, te_task *t);
-void te_metrics_task_end(te_metrics *m, te_task *t, int state);
-uint64_t te_metrics_now_ns(void);
+#include <stdalign.h>
+
+/* ------------------------------------------------------------ data path */
+/* Inline: every task ends through here. */
+
+/* Each thread that counts owns one of TE_MSLOTS shards while it lives and
+ * adds to it with plain loads and stores; threads beyond them share the
+ * last shard with atomic adds. */
+#define TE_MSLOTS 32
+#define TE_MSHARDS (TE_MSLOTS + 1)
+#define TE_MLINE 64
+/* Latency buckets: le 1 µs, 2 µs, … 2^23 µs (8.4 s), then +Inf. */
+#define TE_MLAT_BOUNDS 24
+#define TE_MLAT_BUCKETS (TE_MLAT_BOUNDS + 1)
+
+typedef _Atomic uint64_t te_mcounter;
+
+/* One operation's counters in one shard. */
+typedef struct te_mop {
+	te_mcounter requests, req_bytes, bytes, ended_bytes, completed, failed, canceled;
+	te_mcounter lat_sum; /* in clock ticks */
+	te_mcounter lat[TE_MLAT_BUCKETS];
+} te_mop;
+
+typedef struct te_mshard {
+	alignas(TE_MLINE) te_mop op[2];
+} te_mshard;
+
+struct te_mblock {
+	char *transport;
+	te_mshard *shards;
+	/* Counted by transports through metric_add() with no device: rare
+	 * events (a retry, a lost link), one line is enough. */
+	te_mcounter retries, failovers, errors;
+};
+
+typedef struct te_pshard {
+	alignas(TE_MLINE) te_mcounter bytes[2], requests[2], failed[2];
+} te_pshard;
+
+struct te_mpeer {
+	char *name; /* NULL for "other" */
+	te_pshard *shards;
+};
+
+/* 1 + this thread's shard; 0 before its first count. Initial-exec: a lookup
+ * per count must not cost a call. */
+extern _Thread_local unsigned te_mshard_tls __attribute__((tls_model("initial-exec")));
+unsigned te_mshard_take(void);
+
+static inline unsigned te_mshard_index(void)
+{
+	unsigned s = te_mshard_tls;
+
+	return s != 0 ? s - 1 : te_mshard_take();
+}
+
+/* In the thread's own shard a plain add (no other writer); in the shared
+ * one an atomic add. Readers load atomically either way. */
+static inline void te_madd(unsigned s, te_mcounter *c, uint64_t v)
+{
+	if (s < TE_MSLOTS)
+		atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+	else
+		atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+/* Task latency comes from the TSC where it is invariant (one instruction,
+ * no call), scaled by a ratio measured once against CLOCK_MONOTONIC; from
+ * clock_gettime() elsewhere. */
+extern double te_mclock_ns_per_tick;
+extern uint64_t te_mclock_us_mult; /* microseconds per tick, times 2^32 */
+extern bool te_mclock_tsc;
+uint64_t te_metrics_mono_ns(void);
+
+static inline uint64_t te_metrics_now(void)
+{
+#if defined(__x86_64__)
+	if (te_mclock_tsc)
+		return __builtin_ia32_rdtsc();
+#endif
+	return te_metrics_mono_ns();
+}
+
+/* The bucket of a latency: the first whose bound is not below it. */
+static inline unsigned te_mlat_bucket(uint64_t ticks)
+{
+	if (ticks > (1ull << 43))
+		return TE_MLAT_BOUNDS; /* beyond any bound, and past the multiply's range */
+	uint64_t us = (ticks * te_mclock_us_mult + 0xffffffffull) >> 32;
+	if (us <= 1)
+		return 0;
+	unsigned k = 64u - (unsigned)__builtin_clzll(us - 1); /* ceil(log2(us)) */
+	return k < TE_MLAT_BOUNDS ? k : TE_MLAT_BOUNDS;
+}
+
+static inline unsigned te_mop_index(const te_task *t)
+{
+	/* A request refused for its unknown opcode counts as a read. */
+	return t->xfer.opcode == TE_OP_WRITE ? 1 : 0;
+}
+
+void te_metrics_task_unsubmitted(te_metrics *m, te_task *t);
+
+/* A task ended (task_finish). */
+static inline void te_metrics_task_end(te_metrics *m, te_task *t, int state)
+{
+	if (!t->mcounted)
+		te_metrics_task_unsubmitted(m, t);
+	unsigned s = te_mshard_index(), op = te_mop_index(t);
+	uint64_t moved = atomic_load_explicit(&t->transferred, memory_order_relaxed);
+	te_mop *o = &t->mb->shards[s].op[op];
+
+	te_madd(s, &o->bytes, moved);
+	te_madd(s, &o->ended_bytes, t->xfer.length);
+	if (state == TE_TASK_COMPLETED)
+		te_madd(s, &o->completed, 1);
+	else if (state == TE_TASK_CANCELED)
+		te_madd(s, &o->canceled, 1);
+	else
+		te_madd(s, &o->failed, 1);
+	/* Canceled tasks stay out of the latency: they measure the caller. */
+	if (state != TE_TASK_CANCELED) {
+		uint64_t now = te_metrics_now();
+		uint64_t d = now > t->t0 ? now - t->t0 : 0;
+		te_madd(s, &o->lat[te_mlat_bucket(d)], 1);
+		te_madd(s, &o->lat_sum, d);
+	}
+	if (t->mpeer != NULL) {
+		te_pshard *p = &t->mpeer->shards[s];
+		te_madd(s, &p->bytes[op], moved);
+		if (state != TE_TASK_COMPLETED && state != TE_TASK_CANCELED)
+			te_madd(s, &p->failed[op], 1);
+	}
+}
+
+te_mblock *te_metrics_local(te_metrics *m);
+void te_metrics_submit_switch(te_msubmit *acc, te_mblock *mb, te_mpeer *peer);
+void te_metrics_submit_flush(te_msubmit *acc);
+
+static inline void te_metrics_submit_one(te_metrics *m, te_msubmit *acc, te_task *t)
+{
+	unsigned op = t->xfer.opcode == TE_OP_WRITE ? 1 : 0;
+
+	if (t->mb == NULL)
+		t->mb = te_metrics_local(m);
+	if (t->mb != acc->mb || t->mpeer != acc->peer)
+		te_metrics_submit_switch(acc, t->mb, t->mpeer);
+	acc->n[op]++;
+	acc->bytes[op] += t->xfer.length;
+	t->mcounted = true;
+}
 
 void te_metrics_add(_Atomic uint64_t *c, int64_t delta);
 _Atomic uint64_t *te_metrics_counter_notify(te_metrics *m, bool received);
@@ -75,9 +231,13 @@ static inline void te_metrics_free(te_metrics *m) { (void)m; }
 static inline void te_metrics_named(te_metrics *m, const char *n) { (void)m; (void)n; }
 static inline te_mblock *te_metrics_block(te_metrics *m, const char *t) { (void)m; (void)t; return NULL; }
 static inline te_mpeer *te_metrics_peer(te_metrics *m, const char *n) { (void)m; (void)n; return NULL; }
-static inline void te_metrics_task_start(te_metrics *m, te_task *t) { (void)m; (void)t; }
 static inline void te_metrics_task_end(te_metrics *m, te_task *t, int s) { (void)m; (void)t; (void)s; }
-static inline uint64_t te_metrics_now_ns(void) { return 0; }
+static inline uint64_t te_metrics_now(void) { return 0; }
+static inline void te_metrics_submit_one(te_metrics *m, te_msubmit *acc, te_task *t)
+{
+	(void)m; (void)acc; (void)t;
+}
+static inline void te_metrics_submit_flush(te_msubmit *acc) { (void)acc; }
 static inline te_metric_dev *te_metrics_device(te_metrics *m, const char *t, const char *n)
 {
 	(void)m; (void)t; (void)n;

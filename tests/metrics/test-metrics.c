@@ -106,6 +106,8 @@ static long long metric(const char *text, const char *name, const char *segment,
 	return sample_of(text, prefix);
 }
 
+static int count_lines(const char *text, const char *prefix);
+
 static te_stats stats_of(te_engine *e)
 {
 	te_stats s = { .size = sizeof s };
@@ -290,6 +292,34 @@ static void test_hold_devices_cancel(void)
 	CHECK_EQ(te_engine_stats_json(p.a, &json), 0);
 	CHECK(json && strstr(json, "{\"transport\":\"hold\",\"device\":\"hold0\",\"bytes\":2000,\"in_flight_bytes\":0,"));
 	te_free(json);
+	te_batch_free(p.a, b);
+	pair_down(&p);
+}
+
+/* TE_METRICS_DEVICES=0: no device gets counters; what a transport counts
+ * for one goes to the transport itself, bytes aside. */
+static void test_devices_bound(void)
+{
+	pair p;
+	te_request r;
+
+	find_hold();
+	setenv("TE_METRICS_DEVICES", "0", 1);
+	pair_up(&p, "hold");
+	unsetenv("TE_METRICS_DEVICES");
+	const char *an = te_engine_name(p.a);
+	r = (te_request){ TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 1000 };
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(p.a, 4, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+	CHECK_EQ(hold_release(-EIO), 1);
+	CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
+	char *t = text_of(p.a);
+	CHECK_EQ(count_lines(t, "te_device_"), 0);
+	CHECK_EQ(metric(t, "te_transport_failovers_total", an, "transport=\"hold\""), 1);
+	CHECK_EQ(metric(t, "te_transport_retries_total", an, "transport=\"hold\""), 1);
+	CHECK_EQ(metric(t, "te_transport_errors_total", an, "transport=\"hold\""), 1);
+	te_free(t);
 	te_batch_free(p.a, b);
 	pair_down(&p);
 }
@@ -671,6 +701,7 @@ int main(int argc, char **argv)
 	TEST_RUN(test_tcp);
 	TEST_RUN(test_shm);
 	TEST_RUN(test_hold_devices_cancel);
+	TEST_RUN(test_devices_bound);
 	TEST_RUN(test_exposition);
 	TEST_RUN(test_off);
 	TEST_RUN(test_size_versioning);

@@ -255,10 +255,10 @@ static void serve_conn(gpointer data, gpointer user)
 		bool plain = false;
 		rc = te_auth_server(e->auth, job->fd, TE_AUTH_RPC, job->peer, SERVER_FRAME_TIMEOUT_MS, first,
 				    &plain);
+		if (rc == TE_ERR_AUTH) /* before the answer: the peer may read the count next */
+			te_metric_count_auth(e);
 		if (rc < 0 && plain)
 			answer_plain(job->fd, first, job->peer);
-		if (rc == TE_ERR_AUTH)
-			te_metric_count_auth(e);
 		if (rc < 0)
 			goto out;
 	}

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "../common/rpc-raw.h"
 #include "../common/util.h"
 
 #define BUF (1u << 20)
@@ -549,6 +550,49 @@ static void test_peers_option(void)
 	pair_down(&p);
 }
 
+/* RPC frames served and refused by kind; a peer refused by the key. */
+static void test_rpc_auth(void)
+{
+	te_engine *e = p2p_engine(NULL);
+	char in[4096];
+	REQUIRE(e != NULL);
+	int port = te_engine_rpc_port(e);
+	CHECK(raw_frame(port, 3, "{}", in, sizeof in) > 0);
+	CHECK_EQ(raw_frame(port, 3, "not json", in, sizeof in), 0);
+	uint64_t huge = htole64(1ull << 40);
+	CHECK_EQ(exchange_raw(port, &huge, 8, in, sizeof in), 0);
+	te_stats s = stats_of(e);
+	CHECK_EQ(s.rpc_served, 1);
+	CHECK_EQ(s.rpc_refused, 2);
+	CHECK_EQ(s.auth_refused, 0);
+	char *t = text_of(e);
+	const char *n = te_engine_name(e);
+	CHECK_EQ(metric(t, "te_rpc_frames_total", n, "kind=\"Probe\",result=\"served\""), 1);
+	CHECK_EQ(metric(t, "te_rpc_frames_total", n, "kind=\"Probe\",result=\"refused\""), 1);
+	CHECK_EQ(metric(t, "te_rpc_frames_total", n, "kind=\"unknown\",result=\"refused\""), 1);
+	CHECK_EQ(metric(t, "te_rpc_frames_total", n, "kind=\"Metadata\",result=\"served\""), 0);
+	te_free(t);
+	te_engine_destroy(e);
+
+	/* a server with a cluster key refuses a peer that does not authenticate */
+	char path[] = "/tmp/te-metrics-key-XXXXXX";
+	int fd = mkstemp(path);
+	REQUIRE(fd >= 0);
+	const char *key = "0123456789abcdef0123456789abcdef\n";
+	CHECK_EQ(write(fd, key, strlen(key)), (ssize_t)strlen(key));
+	close(fd);
+	te_option opt[1] = { { "auth_key_file", path } };
+	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", opt, 1, &e) == 0);
+	port = te_engine_rpc_port(e);
+	CHECK(raw_frame(port, 3, "{}", in, sizeof in) > 0); /* answered: authentication required */
+	CHECK(strstr(in + 9, "auth_required") != NULL);
+	s = stats_of(e);
+	CHECK_EQ(s.auth_refused, 1);
+	CHECK_EQ(s.rpc_served, 0);
+	te_engine_destroy(e);
+	unlink(path);
+}
+
 /* --------------------------------------------------------------- the API */
 
 static void test_off(void)
@@ -703,6 +747,7 @@ int main(int argc, char **argv)
 	TEST_RUN(test_hold_devices_cancel);
 	TEST_RUN(test_devices_bound);
 	TEST_RUN(test_exposition);
+	TEST_RUN(test_rpc_auth);
 	TEST_RUN(test_off);
 	TEST_RUN(test_size_versioning);
 	TEST_RUN(test_peers_option);

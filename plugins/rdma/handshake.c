@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The Connection frame's JSON (wire-compat.md section 3), in Mooncake's field
- * set: compact, keys sorted, GIDs as 16 bytes "%02x" joined by ':'.
+ * The Connection frame's JSON (docs/wire.md, "The RDMA Connection frame"), in
+ * Mooncake's field set: compact, keys sorted, GIDs as 16 bytes "%02x" joined
+ * by ':'.
  *   {"local_gid":"fe:80:...","local_lid":0,"local_nic_path":"h:p@mlx5_0",
  *    "payload":"","peer_nic_path":"h2:p2@mlx5_1","qp_num":[1234,1235],
  *    "ready_ack":false,"reply_msg":""}

@@ -110,7 +110,7 @@ JsonNode *rd_matrix_to_json(const rd_loc *locs, int n, char (*devs)[RD_NAME_MAX]
 
 /* ------------------------------------------------------------- handshake */
 
-/* A Connection frame (wire-compat.md section 3). */
+/* A Connection frame (docs/wire.md, "The RDMA Connection frame"). */
 typedef struct rd_hs {
 	char local_nic_path[RD_PATH_MAX];
 	char peer_nic_path[RD_PATH_MAX];

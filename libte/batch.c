@@ -634,6 +634,9 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 
 	/* One clock reading serves every task of the call. */
 	uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
+	te_mlate late;
+	if (e->metrics != NULL)
+		te_metrics_late_begin(e->metrics, t0, &late);
 	dispatch d = { 0 };
 	seg_cache sc = { .id = -1 };
 	size_t stale[MAX_STALE], n_stale = 0;
@@ -718,6 +721,8 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		te_stage_flush(e);
 		g_rw_lock_reader_unlock(&e->data);
 	}
+	if (e->metrics != NULL)
+		te_metrics_late_end(&late);
 	te_metrics_submit_flush(&d.ms);
 	box_unref(box);
 	return invalid;

@@ -71,6 +71,7 @@ static _Atomic uint64_t slots_free = (TE_MSLOTS >= 64 ? ~0ull : (1ull << TE_MSLO
 static pthread_key_t slot_key;
 static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
 _Thread_local unsigned te_mshard_tls;
+_Thread_local te_mlate *te_mlate_tls;
 double te_mclock_ns_per_tick = 1.0;
 uint64_t te_mclock_us_mult = (1ull << 32) / 1000;
 bool te_mclock_tsc;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# te-top against a te-bench whose endpoint wants a token: refused without it
+# te-top against a te-bench whose endpoint wants a token (a run long enough
+# for every call below, even under a sanitizer on a loaded machine): refused without it
 # (exit 1, the 401 named), a view with it; nothing listening: exit 1 at once;
 # bad arguments: exit 2.
 #   te-top.sh TE_BENCH TE_TOP
@@ -18,7 +19,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 printf 'a-token-of-32-characters-0123456\n' >"$dir/token"
 printf 'a-wrong-token-of-32-characters-0\n' >"$dir/wrong"
 TE_METRICS_TOKEN_FILE="$dir/token" env -u TE_LOG_LEVEL "$bench" --protocol=tcp --block_size=4096 \
-  --batch_size=16 --buffer_size=16M --duration=4 --quiet --json --metrics_addr=127.0.0.1:0 \
+  --batch_size=16 --buffer_size=16M --duration=12 --quiet --json --metrics_addr=127.0.0.1:0 \
   >"$dir/bench.out" 2>"$dir/bench.err" &
 pid=$!
 for _ in $(seq 200); do grep -q 'metrics at http' "$dir/bench.err" && break; sleep 0.1; done

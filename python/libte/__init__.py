@@ -20,8 +20,32 @@ that carry libte's code (``err.code``) and the line libte logged (``err.detail``
 import enum as _enum
 from typing import NamedTuple as _NamedTuple
 
-from . import _native
-from ._native import (  # noqa: F401  (re-exported)
+
+def _load_bundled_libte():
+    # A wheel carries libte in .libte.mesonpy.libs beside this package, as
+    # libte.so.<version> (the wheel holds no symbolic links), with its
+    # plugins in te-1 next to it, where libte looks for them. Loaded here
+    # first, it is the libte.so.1 that _native needs (the dynamic linker
+    # matches the soname of a loaded library). A system or build-tree
+    # install has no such folder and links libte the usual way.
+    import ctypes
+    import os
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        ".libte.mesonpy.libs")
+    try:
+        names = sorted(n for n in os.listdir(libs) if n.startswith("libte.so.1"))
+    except OSError:
+        return None
+    if not names:
+        return None
+    return ctypes.CDLL(os.path.join(libs, names[0]))
+
+
+_bundled_libte = _load_bundled_libte()
+
+from . import _native  # noqa: E402  (after the bundled libte)
+from ._native import (  # noqa: F401,E402  (re-exported)
     ABI_MAJOR,
     ABI_MINOR,
     LOCAL_SEGMENT,

@@ -387,7 +387,9 @@ static gpointer accept_loop(gpointer data)
 	size_t npend = 0;
 
 	for (;;) {
-		int64_t now = te_now_ms(), next = now + 1000;
+		/* Asleep until a connection or the stop: only a pending connection's
+		 * deadline needs a timer (an idle engine wakes for nothing). */
+		int64_t now = te_now_ms(), next = INT64_MAX;
 		pf[0] = (struct pollfd){ .fd = s->fd, .events = POLLIN };
 		pf[1] = (struct pollfd){ .fd = s->wake_fd, .events = POLLIN };
 		for (size_t i = 0; i < npend; i++) {
@@ -395,7 +397,7 @@ static gpointer accept_loop(gpointer data)
 			if (pend[i].deadline < next)
 				next = pend[i].deadline;
 		}
-		int n = poll(pf, 2 + npend, next > now ? (int)(next - now) : 0);
+		int n = poll(pf, 2 + npend, next == INT64_MAX ? -1 : next > now ? (int)MIN(next - now, 60000) : 0);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -523,6 +525,13 @@ static int parse_bind_address(te_engine *e, bind_addr *ba)
 	return -EINVAL;
 }
 
+static const char *rpc_port_env(const char *te_name, const char *mc_name, const char *mc_old)
+{
+	const char *v = te_env2(te_name, mc_name);
+
+	return v != NULL ? v : te_env2(NULL, mc_old);
+}
+
 int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_server **out)
 {
 	te_rpc_server *s;
@@ -540,9 +549,13 @@ int te_rpc_server_start(te_engine *e, int port_wanted, int *port_out, te_rpc_ser
 	fd = listen_socket(&ba, &family);
 	if (fd < 0)
 		return fd;
-	if ((v = te_env2("TE_MIN_RPC_PORT", "MC_MIN_PRC_PORT")) && (!te_parse_u64(v, &lo) || lo > 65535))
+	/* Mooncake reads MC_{MIN,MAX}_RPC_PORT and, only when unset, its older
+	 * misspelt MC_{MIN,MAX}_PRC_PORT. */
+	if ((v = rpc_port_env("TE_MIN_RPC_PORT", "MC_MIN_RPC_PORT", "MC_MIN_PRC_PORT")) &&
+	    (!te_parse_u64(v, &lo) || lo > 65535))
 		lo = 15000;
-	if ((v = te_env2("TE_MAX_RPC_PORT", "MC_MAX_PRC_PORT")) && (!te_parse_u64(v, &hi) || hi > 65535))
+	if ((v = rpc_port_env("TE_MAX_RPC_PORT", "MC_MAX_RPC_PORT", "MC_MAX_PRC_PORT")) &&
+	    (!te_parse_u64(v, &hi) || hi > 65535))
 		hi = 17000;
 	if (hi < lo)
 		hi = lo;

@@ -90,6 +90,11 @@ MC_API transfer_engine_t createTransferEngine(const char *metadata_conn_string,
 			name = host;
 		}
 	} else {
+		/* With a metadata store Mooncake publishes MC_TCP_BIND_ADDRESS, when
+		 * set, as the address peers reach this engine at. */
+		const char *bind = getenv("MC_TCP_BIND_ADDRESS");
+		if (bind != NULL && *bind != '\0')
+			ip_or_host_name = bind;
 		if (ip_or_host_name != NULL && *ip_or_host_name != '\0')
 			opts[n_opts++] = (te_option){ "ip_or_host_name", ip_or_host_name };
 		if (rpc_port != 0) {

@@ -25,7 +25,7 @@ import libte
 
 __all__ = [
     "TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write",
-    "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK",
+    "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MUSA", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK",
 ]
 
 _log = logging.getLogger("libte.mooncake")
@@ -34,6 +34,7 @@ _log = logging.getLogger("libte.mooncake")
 SUPPORT_CUDA = False
 SUPPORT_EFA = False
 SUPPORT_HIP = False
+SUPPORT_MUSA = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
 
@@ -182,6 +183,11 @@ class TransferEngine:
                 host, _ = _split_host_port(local_hostname)
                 local_hostname = f"[{host}]" if ":" in host else host
             options["rpc_port"] = "0"
+            # With a metadata store Mooncake publishes MC_TCP_BIND_ADDRESS, when
+            # set, as the address peers reach this engine at (not the name's host).
+            bind = os.environ.get("MC_TCP_BIND_ADDRESS")
+            if conn != P2PHANDSHAKE and bind:
+                options["ip_or_host_name"] = bind
         if self._engine is not None:
             self._close()
         try:
@@ -562,11 +568,12 @@ class TransferEngine:
     def batch_transfer_async(self, target_hostname: str, buffers: Sequence[int],
                              peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                              opcode: TransferOpcode, transport_hint: str = "") -> int:
-        """Starts the transfers and returns a batch id for get_batch_transfer_status();
-        0 on failure (-1 when the segment cannot be opened), as Mooncake."""
+        """Starts the transfers and returns a batch id for get_batch_transfer_status(),
+        or 0 on any failure: Mooncake's sentinel (its batch ids are never 0), also
+        when the segment cannot be opened."""
         seg = self._segment(target_hostname)
         if seg is None:
-            return -1
+            return 0
         if not (len(buffers) == len(peer_buffer_addresses) == len(lengths)):
             _log.error("buffers, peer_buffer_addresses and lengths have different sizes")
             return 0
@@ -654,12 +661,13 @@ class TransferEngine:
 
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                               length: int, transport_hint: str = "") -> int:
-        """Starts one write; returns its batch id for transfer_check_status(), or -1."""
+        """Starts one write; returns its batch id for transfer_check_status(), or 0
+        (Mooncake's sentinel) when the segment cannot be opened or the write not started."""
         seg = self._segment(target_hostname)
         if seg is None:
-            return -1
+            return 0
         return self._submit_async(seg, target_hostname, [buffer], [peer_buffer_address], [length],
-                                  libte.WRITE, -1)
+                                  libte.WRITE, 0)
 
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, 0 still moving, -1 failed (1 and -1 free the batch), -2 timed out."""
@@ -719,14 +727,16 @@ class TransferEngine:
             return False
 
     def transfer_write_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int,
-                               length: int, stream_ptr: int) -> int:
+                               length: int, stream_ptr: int = 0,
+                               transport_hint: str = "") -> int:
         """Writes once the work queued on the CUDA stream is done. 0 or -1."""
         if not self._stream_wait("transfer_write_on_cuda", [buffer], stream_ptr):
             return -1
         return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Write)
 
     def transfer_read_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int,
-                              length: int, stream_ptr: int) -> int:
+                              length: int, stream_ptr: int = 0,
+                              transport_hint: str = "") -> int:
         """Reads once the work queued on the CUDA stream is done. 0 or -1."""
         if not self._stream_wait("transfer_read_on_cuda", [buffer], stream_ptr):
             return -1
@@ -734,7 +744,7 @@ class TransferEngine:
 
     def batch_transfer_write_on_cuda(self, target_hostname: str, buffers: Sequence[int],
                                      peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                                     stream_ptr: int) -> int:
+                                     stream_ptr: int = 0, transport_hint: str = "") -> int:
         if not self._stream_wait("batch_transfer_write_on_cuda", buffers, stream_ptr):
             return -1
         return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
@@ -742,7 +752,7 @@ class TransferEngine:
 
     def batch_transfer_read_on_cuda(self, target_hostname: str, buffers: Sequence[int],
                                     peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                                    stream_ptr: int) -> int:
+                                    stream_ptr: int = 0, transport_hint: str = "") -> int:
         if not self._stream_wait("batch_transfer_read_on_cuda", buffers, stream_ptr):
             return -1
         return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """libte.mooncake.TransferEngine used the way serving frameworks use Mooncake's class."""
 import json
+import socket
 import threading
 import time
 
@@ -44,6 +45,7 @@ def test_opcodes_and_flags():
     assert TransferEngine.TransferOpcode is TransferOpcode
     import libte.mooncake as mc
     assert mc.Read is TransferOpcode.Read and mc.SUPPORT_CUDA is False
+    assert mc.SUPPORT_MUSA is False  # Mooncake's module has the flag too
     n = TransferNotify("a", "b")
     assert (n.name, n.msg) == ("a", "b") and n == TransferNotify("a", "b")
 
@@ -163,7 +165,6 @@ def test_bad_input_never_crashes(prefill_decode):
     assert p.transfer_sync_write(target, src, remote + (1 << 40), 10) == -1  # outside the peer
     assert p.batch_transfer_sync_write(target, [src, src], [remote], [1, 1]) == -1
     assert p.batch_transfer_async_write(target, [src], [remote, remote], [1]) == 0
-    assert p.batch_transfer_async_write("127.0.0.1:1", [src], [remote], [1]) == -1
     assert p.transfer_check_status(987654) == -1
     assert p.get_batch_transfer_status([987654]) == -1
     assert p.write_bytes_to_buffer(4096, b"x", 1) == -1
@@ -180,8 +181,6 @@ def test_bad_input_never_crashes(prefill_decode):
     # host memory, and no CUDA device here: the stream cannot be waited for
     assert p.transfer_write_on_cuda(target, src, remote, 10, 0) == -1
     assert p.batch_transfer_read_on_cuda(target, [src], [remote], [10], 0) == -1
-    with pytest.raises(TypeError):
-        p.transfer_read_on_cuda(target, src, remote, 10)  # the stream is required
     with pytest.raises(libte.NotSupportedError):
         p.get_engine_ptr()
     # the peer is still fine after all that
@@ -209,3 +208,84 @@ def test_before_initialize_and_bad_initialize(monkeypatch):
     assert u.get_rpc_port() == port
     u.close()
     t.close()
+
+
+def test_async_sentinel_is_zero(prefill_decode):
+    """Mooncake's async calls return 0, never -1, when the segment cannot be
+    opened: its batch ids are never 0, and callers test ``batch_id != 0``."""
+    p, d, pkv, _ = prefill_decode
+    src, remote = pkv.ctypes.data, d.get_first_buffer_address(session(d))
+    for peer in ("127.0.0.1:1", "unreachable_peer:9"):
+        assert p.batch_transfer_async_write(peer, [src], [remote], [16]) == 0
+        assert p.batch_transfer_async_read(peer, [src], [remote], [16]) == 0
+        assert p.batch_transfer_async(peer, [src], [remote], [16], TransferOpcode.Write) == 0
+        assert p.transfer_submit_write(peer, src, remote, 16) == 0
+    # a write that cannot start (unregistered source) is 0 too
+    assert p.transfer_submit_write(session(d), 4096, remote, 16) == 0
+
+
+def test_cuda_stream_calls_take_mooncake_defaults(prefill_decode):
+    """stream_ptr defaults to 0 (the default stream) and transport_hint is
+    accepted, as in Mooncake's binding: the short call behaves as the long one."""
+    p, d, pkv, _ = prefill_decode
+    target, src = session(d), pkv.ctypes.data
+    remote = d.get_first_buffer_address(target)
+    for short, full in (
+            (lambda: p.transfer_read_on_cuda(target, src, remote, 10),
+             lambda: p.transfer_read_on_cuda(target, src, remote, 10, 0, "")),
+            (lambda: p.batch_transfer_write_on_cuda(target, [src], [remote], [10]),
+             lambda: p.batch_transfer_write_on_cuda(target, [src], [remote], [10],
+                                                    stream_ptr=0, transport_hint="tcp"))):
+        assert short() == full()
+
+
+def test_rpc_port_variables(monkeypatch):
+    """MC_MIN/MAX_RPC_PORT bound the port; the misspelt MC_MIN/MAX_PRC_PORT
+    count only when the correct names are unset (Mooncake's order)."""
+    p1 = free_port()
+    p2 = free_port()
+    while p2 == p1:
+        p2 = free_port()
+    for name in ("TE_MIN_RPC_PORT", "TE_MAX_RPC_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MC_MIN_RPC_PORT", str(p1))
+    monkeypatch.setenv("MC_MAX_RPC_PORT", str(p1))
+    monkeypatch.setenv("MC_MIN_PRC_PORT", str(p2))
+    monkeypatch.setenv("MC_MAX_PRC_PORT", str(p2))
+    t = TransferEngine()
+    assert t.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert t.get_rpc_port() == p1
+    t.close()
+    monkeypatch.delenv("MC_MIN_RPC_PORT")
+    monkeypatch.delenv("MC_MAX_RPC_PORT")
+    t = TransferEngine()
+    assert t.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert t.get_rpc_port() == p2
+    t.close()
+
+
+def test_tcp_bind_address_is_published(monkeypatch, redis_url):
+    """With a metadata store, MC_TCP_BIND_ADDRESS is the address the engine
+    publishes and peers reach it at, whatever host its name carries."""
+    for name in ("TE_BIND_ADDRESS", "MC_LEGACY_RPC_PORT_BINDING"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.2")
+    a = TransferEngine()
+    assert a.initialize("127.0.0.1:1", redis_url, "tcp", "") == 0
+    monkeypatch.delenv("MC_TCP_BIND_ADDRESS")
+    b = TransferEngine()
+    assert b.initialize("127.0.0.1:2", redis_url, "tcp", "") == 0
+    try:
+        # the RPC port answers at the published address only
+        with socket.create_connection(("127.0.0.2", a.get_rpc_port()), timeout=5):
+            pass
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", a.get_rpc_port()), timeout=5).close()
+        dst, src = np.zeros(BLOCK, dtype=np.uint8), kv_cache(7)[:BLOCK].copy()
+        assert a.register_memory(dst.ctypes.data, dst.nbytes) == 0
+        assert b.register_memory(src.ctypes.data, src.nbytes) == 0
+        assert b.transfer_sync_write("127.0.0.1:1", src.ctypes.data, dst.ctypes.data, BLOCK) == 0
+        assert np.array_equal(dst, src)
+    finally:
+        b.close()
+        a.close()

@@ -871,6 +871,35 @@ static void check_timeout(tcp_cconn *cc, int64_t now)
 		return;
 	}
 	check_stall(cc, now);
+	/* Idle for TE_TCP_IDLE_MS: closed, so that the descriptors and rings an
+	 * engine holds follow the peers it talks to now, not every peer it ever
+	 * talked to; the next transfer connects again. Connections that fall
+	 * idle within the last sixteenth of the time go with it, so that one
+	 * wake-up closes a peer's connections together. */
+	int64_t idle = c->cfg.idle_ms;
+	if (idle > 0 && cc->state == CS_UP && cc->head == cc->tail && !atomic_load(&p->has_work) &&
+	    now - cc->io.last_progress >= idle - idle / 16) {
+		TLOG(c, TE_LOG_DEBUG, "connection %u to %s idle for %lld ms: closed (TE_TCP_IDLE_MS)", cc->idx,
+		     p->name, (long long)(now - cc->io.last_progress));
+		go_down(cc);
+		g_free(cc->ring);
+		cc->ring = NULL;
+	}
+}
+
+/* When the connection wants its timeouts checked next (its holder calls):
+ * 0 while it has work, connects or its rail is down (every check); its idle
+ * close when it is up and idle; else never (INT64_MAX). */
+static int64_t next_check(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+
+	if (cc->state == CS_CONNECTING || cc->head != cc->tail || atomic_load(&p->has_work) ||
+	    (p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up)))
+		return 0;
+	if (cc->state == CS_UP && p->ctx->cfg.idle_ms > 0)
+		return cc->io.last_progress + p->ctx->cfg.idle_ms;
+	return INT64_MAX;
 }
 
 /* ------------------------------------------------------- the I/O thread */
@@ -905,10 +934,12 @@ static bool io_enter(tcp_cconn *cc, unsigned *what)
 	return true;
 }
 
-static void io_service(tcp_cconn *cc, unsigned what)
+/* Returns when the connection wants its next check (next_check; 0 too when
+ * a caller holds it, INT64_MAX once it is closed). */
+static int64_t io_service(tcp_cconn *cc, unsigned what)
 {
 	if (!io_enter(cc, &what))
-		return;
+		return 0;
 	if (what & MISS_CLOSE) {
 		if (cc->head > cc->tail)
 			tcp_cconn_shutdown(cc, -ECANCELED);
@@ -916,7 +947,7 @@ static void io_service(tcp_cconn *cc, unsigned what)
 		g_free(cc->ring);
 		cc->ring = NULL;
 		tcp_io_bury(&cc->io);
-		return; /* held for good: nobody takes a closed connection */
+		return INT64_MAX; /* held for good: nobody takes a closed connection */
 	}
 	if (what & MISS_SCAN)
 		check_timeout(cc, tcp_now_ms());
@@ -933,7 +964,9 @@ static void io_service(tcp_cconn *cc, unsigned what)
 	/* Events of a socket closed since (by a caller) are stale. */
 	if (cc->state != CS_CONNECTING && ((what & MISS_WORK) || ((what & MISS_EVENTS) && cc->io.fd >= 0)))
 		drive(cc);
+	int64_t due = next_check(cc);
 	atomic_store(&cc->drv, 0);
+	return due;
 }
 
 void tcp_cconn_event(tcp_cconn *cc, uint32_t events)
@@ -960,10 +993,10 @@ void tcp_cconn_ready(tcp_cconn *cc)
 	io_service(cc, MISS_WORK);
 }
 
-void tcp_cconn_scan(tcp_cconn *cc, int64_t now)
+int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now)
 {
 	(void)now;
-	io_service(cc, MISS_SCAN);
+	return io_service(cc, MISS_SCAN);
 }
 
 /* -------------------------------------------------------------- callers */
@@ -1034,6 +1067,8 @@ static void caller_let_go(tcp_cconn *cc)
 		m &= ~idle_noise;
 	if (m != 0)
 		tcp_kick(&cc->io, MAIL_WORK);
+	else if (work)
+		tcp_io_arm(cc->io.thr); /* its I/O thread may be asleep with no check due */
 }
 
 /* Sends what is pending, takes in what arrived, completes what finished.

@@ -66,6 +66,7 @@ typedef struct tcp_config {
 	int64_t timeout_ms;      /* no progress for this long with work pending: fail */
 	int64_t connect_timeout_ms;
 	int64_t suspect_ms;      /* a rail stalled this long while another moved data: abandoned; 0: never */
+	int64_t idle_ms;         /* an outgoing connection idle this long is closed; 0: never */
 	int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
 	unsigned max_inbound;    /* accepted connections at once */
 	unsigned max_per_peer;   /* accepted connections at once from one address */
@@ -136,11 +137,12 @@ struct tcp_thread {
 	tcp_io wake;                 /* eventfd */
 	_Atomic(tcp_io *) mailbox;   /* Treiber stack of kicked connections */
 	atomic_int sleeping;
+	atomic_int armed;            /* a caller left work on a connection: check timeouts again */
 	atomic_int stop;
 	tcp_io *conns;               /* all connections owned */
 	unsigned n_conns;
 	tcp_io *ready;               /* to service again (fairness cap hit, backlog) */
-	int64_t next_scan;
+	int64_t next_scan;           /* ms, the next check of timeouts; INT64_MAX: none due */
 	unsigned rr;                 /* next thread for accepted connections (thread 0) */
 	struct iovec iov[TCP_IOV_MAX + 2];
 	char scratch[65536];         /* discarded bytes (lingering closes) */
@@ -379,6 +381,9 @@ int tcp_threads_start(tcp_ctx *c);
 void tcp_threads_stop(tcp_ctx *c);
 void tcp_kick(tcp_io *io, unsigned mail);
 void tcp_io_ready(tcp_io *io);           /* owner thread: service again soon */
+/* Any thread: work was left on a connection of `t` behind its back (a
+ * caller's): its timeouts are checked again (an idle thread checks none). */
+void tcp_io_arm(tcp_thread *t);
 int tcp_io_register(tcp_io *io, uint32_t events);
 void tcp_io_unlist(tcp_io *io);          /* owner thread: forget a connection */
 void tcp_io_list(tcp_thread *t, tcp_io *io);
@@ -398,7 +403,9 @@ void tcp_auth_job(gpointer job, gpointer ctx);
 void tcp_cconn_mail(tcp_cconn *cc, unsigned mail);
 void tcp_cconn_event(tcp_cconn *cc, uint32_t events);
 void tcp_cconn_ready(tcp_cconn *cc);     /* its turn on the ready list */
-void tcp_cconn_scan(tcp_cconn *cc, int64_t now);
+/* Checks its timeouts; returns when it wants the next check: 0 at the usual
+ * period, else a time in ms (INT64_MAX: not until something happens on it). */
+int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now);
 void tcp_cconn_shutdown(tcp_cconn *cc, int err); /* the threads stop: no caller is left */
 /* tcp-client.c: callers. Sends a submit's run of transfers to `p` (already
  * in its backlog) on an idle connection from the submitting thread; false

@@ -226,14 +226,54 @@ static void handle_mail(tcp_thread *t)
 	}
 }
 
-static void scan(tcp_thread *t, int64_t now)
+/* Checks the timeouts of every connection; returns when the next check is
+ * due: SCAN_MS on while any has work, connects or lingers, the earliest idle
+ * close otherwise, and never (INT64_MAX) when all are idle for good. An idle
+ * thread then sleeps until a socket, a kick or tcp_io_arm() wakes it. */
+static int64_t scan(tcp_thread *t, int64_t now)
 {
-	for (tcp_io *io = t->conns, *next; io != NULL; io = next) {
-		next = io->next;
-		if (io->kind == IO_CLIENT)
-			tcp_cconn_scan((tcp_cconn *)io, now);
-		else if (io->kind == IO_SERVER)
-			tcp_sconn_check_timeout((tcp_sconn *)io, now);
+	int64_t next = INT64_MAX;
+
+	for (tcp_io *io = t->conns, *nx; io != NULL; io = nx) {
+		nx = io->next;
+		int64_t due = INT64_MAX;
+		if (io->kind == IO_CLIENT) {
+			due = tcp_cconn_scan((tcp_cconn *)io, now);
+			if (due == 0)
+				due = now + SCAN_MS;
+		} else if (io->kind == IO_SERVER) {
+			tcp_sconn *sc = (tcp_sconn *)io;
+			tcp_sconn_check_timeout(sc, now);
+			/* (a connection it closed is buried, and is not busy) */
+			if (io->fd >= 0 && tcp_sconn_busy(sc))
+				due = now + SCAN_MS;
+		}
+		next = MIN(next, due);
+	}
+	/* Accepting paused (out of descriptors): tried again at the next check. */
+	for (unsigned l = 0; t->idx == 0 && l <= t->ctx->nlisten_extra; l++) {
+		tcp_io *lio = l == 0 ? &t->ctx->listen_io : &t->ctx->listen_extra[l - 1];
+		if (!lio->hup)
+			continue;
+		struct epoll_event lev = { .events = EPOLLIN, .data.ptr = lio };
+		if (epoll_ctl(t->ep, EPOLL_CTL_MOD, lio->fd, &lev) == 0)
+			lio->hup = false;
+		else
+			next = MIN(next, now + SCAN_MS);
+	}
+	return MAX(next, now + 1);
+}
+
+void tcp_io_arm(tcp_thread *t)
+{
+	/* Pairs with the owner's store of `sleeping` and exchange of `armed`:
+	 * it either sees this or is woken. */
+	if (atomic_exchange(&t->armed, 1))
+		return;
+	if (atomic_load(&t->sleeping)) {
+		uint64_t one = 1;
+		if (write(t->wake.fd, &one, sizeof one) < 0 && errno != EAGAIN)
+			TLOG(t->ctx, TE_LOG_ERROR, "cannot wake I/O thread %u: %s", t->idx, g_strerror(errno));
 	}
 }
 
@@ -269,7 +309,11 @@ static gpointer thread_main(gpointer data)
 	int64_t busy_at = 0;
 
 	tls_grave = g;
+	t->next_scan = INT64_MAX;
 	for (;;) {
+		/* Anything that happens on a connection may start work with a
+		 * timeout: the checks run every SCAN_MS until scan() finds none. */
+		bool active = atomic_load(&t->mailbox) != NULL || t->ready != NULL;
 		handle_mail(t);
 		/* Connections that stopped short of EAGAIN (fairness cap) or that
 		 * have backlog to pull get another turn. */
@@ -289,12 +333,16 @@ static gpointer thread_main(gpointer data)
 		if (atomic_load(&t->stop))
 			break;
 
-		int timeout = t->n_conns > 0 || t->idx == 0 ? SCAN_MS : -1;
 		/* TE_SPIN_US: for that long after it last served a request the
 		 * thread looks without sleeping (kickers need not ring it then). */
 		bool spin = spin_ns > 0 && now_ns() - busy_at < spin_ns;
 		if (!spin)
 			atomic_store(&t->sleeping, 1);
+		int64_t now = tcp_now_ms();
+		if (active || atomic_exchange(&t->armed, 0))
+			t->next_scan = MIN(t->next_scan, now + SCAN_MS);
+		/* Sleeps until the next check is due; forever when none is. */
+		int timeout = t->next_scan == INT64_MAX ? -1 : (int)MIN(MAX(t->next_scan - now, 0), 3600000);
 		if (spin || t->ready != NULL || atomic_load(&t->mailbox) != NULL)
 			timeout = 0;
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
@@ -320,14 +368,17 @@ static gpointer thread_main(gpointer data)
 				break;
 			case IO_NETLINK:
 				tcp_link_event(t->ctx);
+				active = true;
 				break;
 			case IO_CLIENT:
 				tcp_cconn_event((tcp_cconn *)io, ev[i].events);
+				active = true;
 				break;
 			case IO_SERVER:
 				if (io->fd >= 0)
 					tcp_sconn_event((tcp_sconn *)io, ev[i].events);
 				served = true;
+				active = true;
 				break;
 			}
 		}
@@ -336,20 +387,11 @@ static gpointer thread_main(gpointer data)
 		 * raises its connection's edge here). */
 		if (served && spin_ns > 0)
 			busy_at = now_ns();
-		int64_t now = tcp_now_ms();
-		if (now >= t->next_scan) {
-			t->next_scan = now + SCAN_MS;
-			scan(t, now);
-			for (unsigned l = 0; t->idx == 0 && l <= t->ctx->nlisten_extra; l++) {
-				tcp_io *lio = l == 0 ? &t->ctx->listen_io : &t->ctx->listen_extra[l - 1];
-				if (!lio->hup)
-					continue;
-				/* accepting was paused */
-				struct epoll_event lev = { .events = EPOLLIN, .data.ptr = lio };
-				if (epoll_ctl(t->ep, EPOLL_CTL_MOD, lio->fd, &lev) == 0)
-					lio->hup = false;
-			}
-		}
+		now = tcp_now_ms();
+		if (active)
+			t->next_scan = MIN(t->next_scan, now + SCAN_MS);
+		if (now >= t->next_scan)
+			t->next_scan = scan(t, now);
 		finalize_all(g);
 	}
 	shutdown_all(t);
@@ -465,6 +507,7 @@ static void accept_all(tcp_thread *t, tcp_io *lio)
 			struct epoll_event lev = { .events = 0, .data.ptr = lio };
 			if (epoll_ctl(t->ep, EPOLL_CTL_MOD, lio->fd, &lev) == 0)
 				lio->hup = true;
+			t->next_scan = MIN(t->next_scan, tcp_now_ms() + SCAN_MS);
 			return;
 		}
 		char name[80], host[64], why[96];

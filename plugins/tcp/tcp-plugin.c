@@ -26,6 +26,7 @@
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_CONNECT_TIMEOUT_MS 5000
 #define DEFAULT_SUSPECT_MS 500
+#define DEFAULT_IDLE_MS 120000
 #define DEFAULT_MAX_INBOUND 1024
 #define DEFAULT_MAX_PER_PEER 256 /* every engine of a host shares its address */
 #define LISTEN_BACKLOG 1024
@@ -62,6 +63,12 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	cfg->connect_timeout_ms = (int64_t)te_host_config_u64(h, "TE_TCP_CONNECT_TIMEOUT_MS", NULL,
 								   DEFAULT_CONNECT_TIMEOUT_MS, 100, 600000);
 	cfg->suspect_ms = (int64_t)te_host_config_u64(h, "TE_TCP_SUSPECT_MS", NULL, DEFAULT_SUSPECT_MS, 0, 3600000);
+	/* An idle outgoing connection is closed after this long (0: never), so
+	 * that an engine's descriptors do not grow with every peer it ever
+	 * talked to. */
+	cfg->idle_ms = (int64_t)te_host_config_u64(h, "TE_TCP_IDLE_MS", NULL, DEFAULT_IDLE_MS, 0, 86400000);
+	if (cfg->idle_ms > 0 && cfg->idle_ms < 100)
+		cfg->idle_ms = 100;
 	cfg->sockbuf = (int)te_host_config_u64(h, "TE_TCP_SOCKBUF", NULL, 0, 0, 1u << 30);
 	cfg->max_inbound = (unsigned)te_host_config_u64(h, "TE_TCP_MAX_INBOUND", NULL, DEFAULT_MAX_INBOUND, 1,
 							1u << 20);
@@ -810,12 +817,14 @@ static int tcp_report(const te_host *h, char **text)
 		"  bytes in flight        %llu per connection (TE_TCP_WINDOW)\n"
 		"  stall timeout          %lld ms (TE_TCP_TIMEOUT_MS)\n"
 		"  rail suspect after     %lld ms without progress (TE_TCP_SUSPECT_MS, 0: off)\n"
+		"  idle connections close %lld ms after their last use (TE_TCP_IDLE_MS, 0: never)\n"
 		"  data port              %s (TE_TCP_PORT)\n"
 		"  data addresses         %s (TE_TCP_RAILS)\n"
 		"  callers send and wait  %s (TE_TCP_DIRECT)\n"
 		"  spin before sleeping   %lld us (TE_SPIN_US, 0: off)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
-		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms, cfg.port ? "fixed" : "any free one",
+		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms,
+		(long long)cfg.idle_ms, cfg.port ? "fixed" : "any free one",
 		cfg.rails[0] ? cfg.rails : "the engine's address", cfg.direct ? "on an idle connection" : "never",
 		(long long)(cfg.spin_ns / 1000));
 	if (*text == NULL)

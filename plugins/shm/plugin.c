@@ -83,9 +83,12 @@ static void *ctl_main(void *arg)
 	shm_ctx *c = arg;
 	struct epoll_event ev[32];
 
+	int waiting = 0;
+
 	while (!atomic_load(&c->stop)) {
-		int n = epoll_wait(c->ep, ev, 32, 500);
-		shm_target_sweep(c);
+		/* A timer only while a connection owes its first message: an idle
+		 * engine's control thread sleeps until something happens. */
+		int n = epoll_wait(c->ep, ev, 32, waiting > 0 ? 500 : -1);
 		for (int i = 0; i < n; i++) {
 			uint64_t tag = ev[i].data.u64 >> 62, val = ev[i].data.u64 & ((1ull << 62) - 1);
 			if (tag == W_WAKE && val == (uint64_t)c->kick_fd) {
@@ -118,6 +121,7 @@ static void *ctl_main(void *arg)
 				pthread_mutex_unlock(&c->seg_lock);
 			}
 		}
+		waiting = shm_target_sweep(c); /* (after the accepts: their deadlines count) */
 	}
 	return NULL;
 }

@@ -222,7 +222,9 @@ int shm_target_unregister(shm_ctx *c, void *addr, size_t length);
 void shm_target_accept(shm_ctx *c);
 int shm_target_hello(shm_ctx *c, int fd);
 void shm_target_client(shm_ctx *c, int fd);
-void shm_target_sweep(shm_ctx *c);
+/* Closes connections silent past their first-contact deadline; returns how
+ * many still wait for their first message (0: no deadline to watch). */
+int shm_target_sweep(shm_ctx *c);
 void shm_target_drop_clients(shm_ctx *c);
 
 /* initiator.c */

@@ -326,21 +326,25 @@ void shm_target_client(shm_ctx *c, int fd)
 		g_hash_table_insert(c->clients, GINT_TO_POINTER(fd), GINT_TO_POINTER(0)); /* attached */
 }
 
-void shm_target_sweep(shm_ctx *c)
+int shm_target_sweep(shm_ctx *c)
 {
 	GHashTableIter it;
 	gpointer k, v;
-	int now = (int)(now_ms() / 100), late[64], n = 0;
+	int now = (int)(now_ms() / 100), late[64], n = 0, waiting = 0;
 
 	g_hash_table_iter_init(&it, c->clients);
-	while (g_hash_table_iter_next(&it, &k, &v) && n < 64)
-		if (GPOINTER_TO_INT(v) != 0 && GPOINTER_TO_INT(v) < now)
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		if (GPOINTER_TO_INT(v) != 0 && GPOINTER_TO_INT(v) < now && n < 64)
 			late[n++] = GPOINTER_TO_INT(k);
+		else if (GPOINTER_TO_INT(v) != 0)
+			waiting++;
+	}
 	for (int i = 0; i < n; i++) {
 		TE_HOST_LOG_LIMITED(c->host, TE_LOG_INFO, "shm: a connection said nothing for %d ms; closed",
 				    HELLO_TIMEOUT_MS);
 		drop_client(c, late[i]);
 	}
+	return waiting;
 }
 
 void shm_target_drop_clients(shm_ctx *c)

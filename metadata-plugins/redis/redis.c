@@ -13,6 +13,19 @@
  * closed connection is retried once on a fresh one. Every connect and every
  * command is bounded by TE_REDIS_TIMEOUT_MS.
  *
+ * Sentinel: redis-sentinel://[user:password@]host:port[,host:port...]/master
+ * asks the sentinels (SENTINEL get-master-addr-by-name) where the master is
+ * before every connect, and checks with ROLE that it is one; a connection
+ * error, a READONLY answer (the old master, now a replica) or a refused
+ * connect drops the connection and asks again, with backoff, within the
+ * call's timeout, so calls follow a fail-over. The keeper below puts back
+ * the owned keys a promoted replica had not received.
+ *
+ * Retries are bounded and back off exponentially with jitter (so that many
+ * engines meeting one failing store do not retry in step): a few attempts
+ * for a single redis, until the call's timeout behind sentinels (a
+ * fail-over takes seconds).
+ *
  * Liveness: keys put with TE_META_OWNED get an expiry (TE_REDIS_KEY_TTL
  * seconds, 0 for none) that a keeper thread pushes back every third of it,
  * so a crashed engine's keys vanish on their own. A kept key found missing
@@ -34,7 +47,21 @@
 #include "../common/te-keeper.h"
 
 #define DEFAULT_PORT 6379
+#define DEFAULT_SENTINEL_PORT 26379
+#define MAX_SENTINELS 8
 #define SCAN_COUNT "1000"
+/* Retries of one call: backoff from BACKOFF_MIN_MS doubling to
+ * BACKOFF_MAX_MS, each wait drawn from its upper half; a single redis gets
+ * PLAIN_ATTEMPTS tries in all (a refused connect is then a fact, not a
+ * fail-over in progress). */
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 800
+#define PLAIN_ATTEMPTS 3
+
+typedef struct rsentinel {
+	char *host;
+	int port;
+} rsentinel;
 
 typedef struct rstore {
 	const te_host *h;
@@ -45,6 +72,13 @@ typedef struct rstore {
 	char *password;
 	int db;
 	int timeout_ms;
+	/* Behind sentinels (nsentinels > 0): host and port are the master they
+	 * named last. */
+	rsentinel sentinels[MAX_SENTINELS];
+	int nsentinels;
+	int sentinel_next;     /* the one that answered last: asked first */
+	char *master_name;
+	char *sentinel_password; /* TE_REDIS_SENTINEL_PASSWORD: the sentinels' own */
 	GMutex lock;
 	redisContext *c; /* NULL: connect on the next call */
 	/* owned keys */
@@ -146,13 +180,138 @@ static gpointer bound_fns_init(gpointer reader_fns)
 	return &bounded_fns;
 }
 
-/* Connects, authenticates and selects the database. With the lock held. */
+/* Asks one sentinel where the master is: 0 and *host, *port set, or an error. */
+static int ask_sentinel(rstore *s, const rsentinel *sn, char **host, int *port)
+{
+	/* A sentinel that does not answer within a second is skipped: another may. */
+	int ms = s->timeout_ms < 1000 ? s->timeout_ms : 1000;
+	redisContext *c = redisConnectWithTimeout(sn->host, sn->port, tv_of(ms));
+	redisReply *r = NULL;
+	int rc = TE_ERR_METADATA;
+
+	if (c == NULL)
+		return -ENOMEM;
+	if (c->err) {
+		rc = errno_of_ctx(c);
+		s->h->log(s->h, TE_LOG_DEBUG, "redis sentinel %s:%d: %s", sn->host, sn->port, c->errstr);
+		redisFree(c);
+		return rc;
+	}
+	static GOnce fns_once = G_ONCE_INIT;
+	if (c->reader->fn != NULL && c->reader->fn->createArray != NULL)
+		c->reader->fn = g_once(&fns_once, bound_fns_init, c->reader->fn);
+	(void)redisSetTimeout(c, tv_of(ms));
+	if (s->sentinel_password != NULL) {
+		const char *av[2] = { "AUTH", s->sentinel_password };
+		size_t lv[2] = { 4, strlen(s->sentinel_password) };
+		r = redisCommandArgv(c, 2, av, lv);
+		bool ok = r != NULL && r->type != REDIS_REPLY_ERROR;
+		if (r != NULL)
+			freeReplyObject(r);
+		if (!ok) {
+			s->h->log(s->h, TE_LOG_WARN, "redis sentinel %s:%d refused AUTH (TE_REDIS_SENTINEL_PASSWORD)",
+				  sn->host, sn->port);
+			redisFree(c);
+			return -EACCES;
+		}
+	}
+	const char *argv[3] = { "SENTINEL", "get-master-addr-by-name", s->master_name };
+	size_t lens[3] = { 8, 23, strlen(s->master_name) };
+	r = redisCommandArgv(c, 3, argv, lens);
+	if (r == NULL) {
+		rc = errno_of_ctx(c);
+		s->h->log(s->h, TE_LOG_DEBUG, "redis sentinel %s:%d: %s", sn->host, sn->port, c->errstr);
+	} else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
+		   r->element[1]->type == REDIS_REPLY_STRING && r->element[0]->len > 0 && r->element[0]->len < 256 &&
+		   r->element[1]->len > 0 && r->element[1]->len < 6) {
+		char *end = NULL;
+		long p = strtol(r->element[1]->str, &end, 10);
+		if (end != NULL && *end == '\0' && p > 0 && p < 65536 &&
+		    strlen(r->element[0]->str) == r->element[0]->len) {
+			*host = g_strdup(r->element[0]->str);
+			*port = (int)p;
+			rc = 0;
+		} else {
+			s->h->log(s->h, TE_LOG_WARN, "redis sentinel %s:%d named a malformed master address", sn->host,
+				  sn->port);
+		}
+	} else if (r->type == REDIS_REPLY_NIL || (r->type == REDIS_REPLY_ARRAY && r->elements == 0)) {
+		s->h->log(s->h, TE_LOG_WARN, "redis sentinel %s:%d does not know master '%s'", sn->host, sn->port,
+			  s->master_name);
+		rc = -ENOENT;
+	} else {
+		s->h->log(s->h, TE_LOG_WARN, "redis sentinel %s:%d: unexpected answer to get-master-addr-by-name%s%s",
+			  sn->host, sn->port, r->type == REDIS_REPLY_ERROR ? ": " : "",
+			  r->type == REDIS_REPLY_ERROR ? r->str : "");
+	}
+	if (r != NULL)
+		freeReplyObject(r);
+	redisFree(c);
+	return rc;
+}
+
+/* Where the master is now, from the first sentinel that knows (the one that
+ * answered last is asked first). With the lock held. */
+static int resolve_master(rstore *s)
+{
+	int rc = -EHOSTUNREACH;
+
+	for (int i = 0; i < s->nsentinels; i++) {
+		int k = (s->sentinel_next + i) % s->nsentinels;
+		char *host = NULL;
+		int port = 0;
+		int r = ask_sentinel(s, &s->sentinels[k], &host, &port);
+		if (r == 0) {
+			if (s->host == NULL || strcmp(host, s->host) != 0 || port != s->port)
+				s->h->log(s->h, s->host ? TE_LOG_WARN : TE_LOG_INFO,
+					  "redis %s: master '%s' is at %s:%d (sentinel %s:%d)", s->conn, s->master_name,
+					  host, port, s->sentinels[k].host, s->sentinels[k].port);
+			g_free(s->host);
+			s->host = host;
+			s->port = port;
+			s->sentinel_next = k;
+			return 0;
+		}
+		rc = r;
+	}
+	s->h->log(s->h, TE_LOG_WARN, "redis %s: no sentinel named the master '%s'", s->conn, s->master_name);
+	return rc == -EACCES ? rc : -EHOSTUNREACH;
+}
+
+/* Behind sentinels: whether the server is a master (ROLE). A replica that
+ * the sentinels still name (a fail-over in progress) is refused with -EAGAIN. */
+static int check_master(rstore *s)
+{
+	const char *argv[1] = { "ROLE" };
+	size_t lens[1] = { 4 };
+	redisReply *r = command(s, 1, argv, lens);
+	int rc = 0;
+
+	if (r == NULL)
+		return errno_of_ctx(s->c);
+	if (r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING &&
+	    strcmp(r->element[0]->str, "master") != 0) {
+		s->h->log(s->h, TE_LOG_WARN, "redis %s: %s:%d is a %s, not the master; asking the sentinels again",
+			  s->conn, s->host, s->port, r->element[0]->str);
+		rc = -EAGAIN;
+	}
+	freeReplyObject(r);
+	return rc;
+}
+
+/* Connects (behind sentinels: to the master they name), authenticates and
+ * selects the database. With the lock held. */
 static int connect_store(rstore *s)
 {
 	redisReply *r;
 	int rc;
 
 	drop(s);
+	if (s->nsentinels > 0) {
+		rc = resolve_master(s);
+		if (rc < 0)
+			return rc;
+	}
 	s->c = redisConnectWithTimeout(s->host, s->port, tv_of(s->timeout_ms));
 	if (s->c == NULL) {
 		s->h->log(s->h, TE_LOG_ERROR, "redis %s: out of memory connecting", s->conn);
@@ -216,7 +375,38 @@ static int connect_store(rstore *s)
 		}
 		freeReplyObject(r);
 	}
+	if (s->nsentinels > 0) {
+		rc = check_master(s);
+		if (rc < 0) {
+			drop(s);
+			return rc;
+		}
+	}
 	return 0;
+}
+
+/* Errors after which another try may succeed: the store went away, refused
+ * the connection, or (behind sentinels) is changing masters. */
+static bool transient(int rc)
+{
+	return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EIO || rc == -EAGAIN || rc == -EHOSTUNREACH;
+}
+
+/* Waits before try number `attempt` + 1 (from 1): exponential, with jitter,
+ * never past `deadline`; false when no time is left or the tries are used up. */
+static bool back_off(const rstore *s, int attempt, gint64 deadline)
+{
+	if (s->nsentinels == 0 && attempt + 1 >= PLAIN_ATTEMPTS)
+		return false;
+	int64_t ms = BACKOFF_MIN_MS << (attempt < 5 ? attempt : 5);
+	if (ms > BACKOFF_MAX_MS)
+		ms = BACKOFF_MAX_MS;
+	ms = ms / 2 + g_random_int_range(0, (gint32)(ms / 2) + 1);
+	gint64 left = deadline - g_get_monotonic_time();
+	if (left <= ms * 1000)
+		return false;
+	g_usleep((gulong)(ms * 1000));
+	return true;
 }
 
 /*
@@ -236,31 +426,57 @@ static redisReply *run(rstore *s, const char *what, const char *key, int argc, c
 
 	pipe_block(&g);
 	g_mutex_lock(&s->lock);
-	for (int attempt = 0;; attempt++) {
+	for (int attempt = 0, tries = 0;; attempt++) {
 		bool fresh = false;
 		if (s->c == NULL) {
 			*rc = connect_store(s);
-			if (*rc < 0)
+			if (*rc < 0) {
+				if (transient(*rc) && back_off(s, tries++, deadline))
+					continue;
 				break;
+			}
 			fresh = true;
 		}
 		r = command(s, argc, argv, lens);
 		if (r == NULL) {
 			*rc = errno_of_ctx(s->c);
-			s->h->log(s->h, fresh || attempt > 0 || *rc == -ETIMEDOUT ? TE_LOG_ERROR : TE_LOG_WARN,
-				  "redis %s: %s '%s': %s%s", s->conn, what, key, s->c->errstr,
-				  *rc == -ETIMEDOUT ? " (timed out)" : "");
+			bool quiet = !fresh && attempt == 0 && *rc != -ETIMEDOUT;
+			s->h->log(s->h, quiet ? TE_LOG_WARN : TE_LOG_ERROR, "redis %s: %s '%s': %s%s", s->conn, what, key,
+				  s->c->errstr, *rc == -ETIMEDOUT ? " (timed out)" : "");
 			drop(s);
-			if (*rc != -ETIMEDOUT && !fresh && attempt == 0)
-				continue; /* the old connection was dead: once more on a new one */
+			/* A timeout is not retried: the call's time is spent. */
+			if (*rc == -ETIMEDOUT)
+				break;
+			if (quiet)
+				continue; /* the old connection was dead: once more on a new one, now */
+			if (transient(*rc) && back_off(s, tries++, deadline))
+				continue;
 			break;
 		}
 		if (r->type == REDIS_REPLY_ERROR) {
-			/* LOADING: a restarted redis reads its data back; wait, bounded. */
-			if (strncmp(r->str, "LOADING", 7) == 0 && g_get_monotonic_time() < deadline) {
+			/* LOADING: a restarted redis reads its data back; wait, bounded.
+			 * READONLY: we reached a replica (the old master, demoted);
+			 * MASTERDOWN, TRYAGAIN: a fail-over in progress. Behind
+			 * sentinels, ask them again. */
+			bool loading = strncmp(r->str, "LOADING", 7) == 0;
+			bool moved = s->nsentinels > 0 && (strncmp(r->str, "READONLY", 8) == 0 ||
+							   strncmp(r->str, "MASTERDOWN", 10) == 0 ||
+							   strncmp(r->str, "TRYAGAIN", 8) == 0);
+			if (moved)
+				drop(s); /* (the reply stays readable) */
+			bool again = false;
+			if (loading)
+				again = g_get_monotonic_time() + 50000 < deadline;
+			else if (moved)
+				again = back_off(s, tries++, deadline);
+			if (again) {
+				if (moved)
+					s->h->log(s->h, TE_LOG_WARN, "redis %s: %s '%s': %s; asking the sentinels again",
+						  s->conn, what, key, r->str);
+				else
+					g_usleep(50000);
 				freeReplyObject(r);
 				r = NULL;
-				g_usleep(50000);
 				continue;
 			}
 			*rc = strncmp(r->str, "NOAUTH", 6) == 0 || strncmp(r->str, "WRONGPASS", 9) == 0 ||
@@ -551,6 +767,13 @@ static void redis_close(void *ctx)
 	g_free(s->conn);
 	g_free(s->host);
 	g_free(s->user);
+	for (int i = 0; i < s->nsentinels; i++)
+		g_free(s->sentinels[i].host);
+	g_free(s->master_name);
+	if (s->sentinel_password) {
+		memset(s->sentinel_password, 0, strlen(s->sentinel_password));
+		g_free(s->sentinel_password);
+	}
 	if (s->password) {
 		memset(s->password, 0, strlen(s->password));
 		g_free(s->password);
@@ -559,8 +782,140 @@ static void redis_close(void *ctx)
 	g_free(s);
 }
 
+/* One "host[:port]" or "[v6]:port" of a sentinel list. */
+static bool parse_hostport(const char *item, char **host, int *port)
+{
+	const char *colon, *h = item;
+	size_t hl;
+
+	if (item[0] == '[') {
+		const char *close = strchr(item, ']');
+		if (close == NULL || close == item + 1)
+			return false;
+		h = item + 1;
+		hl = (size_t)(close - h);
+		colon = close[1] == ':' ? close + 1 : NULL;
+		if (close[1] != '\0' && colon == NULL)
+			return false;
+	} else {
+		colon = strrchr(item, ':');
+		hl = colon ? (size_t)(colon - item) : strlen(item);
+		if (colon != NULL && strchr(item, ':') != colon)
+			return false; /* a bare IPv6 address needs brackets */
+	}
+	if (hl == 0 || hl > 253)
+		return false;
+	*port = DEFAULT_SENTINEL_PORT;
+	if (colon != NULL) {
+		char *end = NULL;
+		errno = 0;
+		long p = strtol(colon + 1, &end, 10);
+		if (errno || end == colon + 1 || *end != '\0' || p <= 0 || p > 65535)
+			return false;
+		*port = (int)p;
+	}
+	*host = g_strndup(h, hl);
+	return true;
+}
+
+/* redis-sentinel://[user:password@]host[:port][,host[:port]...]/master[/db] */
+static int parse_sentinel_conn(const te_host *h, rstore *s, const char *conn)
+{
+	const char *rest = conn + strlen("redis-sentinel://");
+	const char *slash = strchr(rest, '/');
+	int rc = -EINVAL;
+
+	if (slash == NULL || slash[1] == '\0' || strpbrk(conn, "?#") != NULL) {
+		h->log(h, TE_LOG_ERROR,
+		       "redis: '%s' needs the form redis-sentinel://[user:password@]host:port[,host:port...]/master[/db]",
+		       s->conn);
+		return -EINVAL;
+	}
+	char *auth = NULL, *hosts;
+	/* The last '@' before the path ends the credentials. */
+	const char *at = NULL;
+	for (const char *a = rest; a < slash; a++)
+		if (*a == '@')
+			at = a;
+	if (at != NULL) {
+		auth = g_strndup(rest, (size_t)(at - rest));
+		hosts = g_strndup(at + 1, (size_t)(slash - at - 1));
+	} else {
+		hosts = g_strndup(rest, (size_t)(slash - rest));
+	}
+	char **items = g_strsplit(hosts, ",", -1);
+	guint n = g_strv_length(items);
+	if (n == 0 || n > MAX_SENTINELS) {
+		h->log(h, TE_LOG_ERROR, "redis: '%s' names %u sentinels (1..%d)", s->conn, n, MAX_SENTINELS);
+		goto out;
+	}
+	for (guint i = 0; i < n; i++) {
+		if (!parse_hostport(items[i], &s->sentinels[i].host, &s->sentinels[i].port)) {
+			h->log(h, TE_LOG_ERROR, "redis: sentinel '%s' in '%s' is not host[:port]", items[i], s->conn);
+			goto out;
+		}
+		s->nsentinels++;
+	}
+	const char *name = slash + 1, *dbs = strchr(name, '/');
+	size_t nl = dbs ? (size_t)(dbs - name) : strlen(name);
+	if (nl == 0 || nl > 200) {
+		h->log(h, TE_LOG_ERROR, "redis: '%s' needs a master name after the sentinels", s->conn);
+		goto out;
+	}
+	s->master_name = g_uri_unescape_segment(name, name + nl, NULL);
+	if (s->master_name == NULL || *s->master_name == '\0') {
+		h->log(h, TE_LOG_ERROR, "redis: master name in '%s' is malformed", s->conn);
+		goto out;
+	}
+	s->db = -1;
+	if (dbs != NULL) {
+		char *end = NULL;
+		errno = 0;
+		long db = strtol(dbs + 1, &end, 10);
+		if (errno || end == dbs + 1 || *end != '\0' || db < 0 || db > 255) {
+			h->log(h, TE_LOG_ERROR, "redis: database '%s' in '%s' is not a number in 0..255", dbs + 1,
+			       s->conn);
+			goto out;
+		}
+		s->db = (int)db;
+	}
+	if (auth != NULL) {
+		char *colon = strchr(auth, ':');
+		char *user = colon ? g_uri_unescape_segment(auth, colon, NULL) : NULL;
+		char *pw = g_uri_unescape_string(colon ? colon + 1 : auth, NULL);
+		if (pw == NULL || (colon != NULL && user == NULL)) {
+			h->log(h, TE_LOG_ERROR, "redis: credentials in the connection string are malformed");
+			g_free(user);
+			g_free(pw);
+			goto out;
+		}
+		if (user != NULL && *user == '\0') {
+			g_free(user);
+			user = NULL;
+		}
+		s->user = user;
+		if (*pw != '\0') {
+			s->password = pw;
+		} else {
+			g_free(pw);
+		}
+	}
+	rc = 0;
+out:
+	if (auth != NULL) {
+		memset(auth, 0, strlen(auth));
+		g_free(auth);
+	}
+	g_free(hosts);
+	g_strfreev(items);
+	return rc;
+}
+
 static int parse_conn(const te_host *h, rstore *s, const char *conn)
 {
+	if (g_ascii_strncasecmp(conn, "redis-sentinel://", strlen("redis-sentinel://")) == 0)
+		return parse_sentinel_conn(h, s, conn);
+
 	GError *e = NULL;
 	GUri *u = g_uri_parse(conn, G_URI_FLAGS_HAS_PASSWORD, &e);
 
@@ -622,7 +977,8 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 	s->h = h;
 	/* Logs name the store without its password. */
 	const char *at = strrchr(conn, '@');
-	s->conn = at ? g_strdup_printf("redis://%s", at + 1) : g_strdup(conn);
+	bool sentinel = g_ascii_strncasecmp(conn, "redis-sentinel://", strlen("redis-sentinel://")) == 0;
+	s->conn = at ? g_strdup_printf("%s://%s", sentinel ? "redis-sentinel" : "redis", at + 1) : g_strdup(conn);
 	rc = parse_conn(h, s, conn);
 	if (rc < 0) {
 		redis_close(s);
@@ -647,6 +1003,11 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 		s->db = (int)te_host_config_u64(h, "TE_REDIS_DB_INDEX", "MC_REDIS_DB_INDEX", 0, 0, 255);
 	s->timeout_ms = (int)te_host_config_u64(h, "TE_REDIS_TIMEOUT_MS", NULL, 5000, 10, 600000);
 	s->ttl_ms = (int64_t)te_host_config_u64(h, "TE_REDIS_KEY_TTL", NULL, 10, 0, 86400) * 1000;
+	if (sentinel) {
+		const char *v = h->config(h, "TE_REDIS_SENTINEL_PASSWORD", NULL);
+		if (v && *v)
+			s->sentinel_password = g_strdup(v);
+	}
 
 	/* Connect now, so a wrong address or password fails engine creation
 	 * with a clear reason instead of the first lookup. */
@@ -679,7 +1040,7 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 	return 0;
 }
 
-static const char *const redis_schemes[] = { "redis", NULL };
+static const char *const redis_schemes[] = { "redis", "redis-sentinel", NULL };
 
 static const te_metadata_ops redis_ops = {
 	.size = sizeof(te_metadata_ops),

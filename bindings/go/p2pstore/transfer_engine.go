@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 
@@ -85,6 +86,11 @@ func NewTransferEngine(metadataConnString string, localServerName string,
 	localIpAddress string, rpcPort int) (*TransferEngine, error) {
 	if rpcPort < 0 || rpcPort > 65535 {
 		return nil, fail("NewTransferEngine", te.ErrInvalid, fmt.Sprintf("rpc port %d", rpcPort))
+	}
+	// With a metadata store Mooncake publishes MC_TCP_BIND_ADDRESS, when set,
+	// as the address peers reach this engine at.
+	if bind := os.Getenv("MC_TCP_BIND_ADDRESS"); bind != "" && metadataConnString != "P2PHANDSHAKE" {
+		localIpAddress = bind
 	}
 	var opts []te.Option
 	if localIpAddress != "" {

@@ -208,6 +208,46 @@ func TestP2PStoreP2PHandshake(t *testing.T) { storeFlow(t, "P2PHANDSHAKE") }
 
 func TestP2PStoreRedis(t *testing.T) { storeFlow(t, testenv.Redis(t)) }
 
+// MC_TCP_BIND_ADDRESS: with a metadata store, the address published (and
+// reached by peers) instead of the one NewTransferEngine was given.
+func TestTCPBindAddress(t *testing.T) {
+	const size = 1 << 20
+	redis := testenv.Redis(t)
+	gold, goldAddr := mmap(t, size)
+	copyBuf, copyAddr := mmap(t, size)
+	testenv.Fill(gold, 7)
+	port := testenv.FreePort(t)
+	name := fmt.Sprintf("127.0.0.1:%d", port)
+	t.Setenv("MC_TCP_BIND_ADDRESS", "127.0.0.2")
+	e, err := NewTransferEngine(redis, name, "127.0.0.1", port)
+	if err != nil {
+		t.Fatalf("NewTransferEngine: %v", err)
+	}
+	t.Cleanup(e.Close)
+	if got, err := e.GetLocalIpAndPort(); err != nil || got != fmt.Sprintf("127.0.0.2:%d", port) {
+		t.Fatalf("GetLocalIpAndPort = %q, %v; want 127.0.0.2:%d", got, err, port)
+	}
+	if err := e.installTransport("tcp", ""); err != nil {
+		t.Fatalf("installTransport: %v", err)
+	}
+	os.Unsetenv("MC_TCP_BIND_ADDRESS")
+	peer, _ := newEngine(t, redis)
+	if err := registerChunks(e, goldAddr, size, size, "cpu:0"); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	if err := registerChunks(peer, copyAddr, size, size, "cpu:0"); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fetchShard(ctx, peer, copyAddr, name, uint64(goldAddr), size, 0); err != nil {
+		t.Fatalf("reading from the engine at its published address: %v", err)
+	}
+	if d := testenv.Diff(copyBuf, gold); d != "" {
+		t.Fatalf("copy: %s", d)
+	}
+}
+
 func TestCompatErrors(t *testing.T) {
 	is := func(what string, err error, code te.Code) {
 		t.Helper()

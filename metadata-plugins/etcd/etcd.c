@@ -483,7 +483,7 @@ static int64_t keepalive_period_ms(etcd *s)
 static gpointer keeper(gpointer data)
 {
 	etcd *s = data;
-	int64_t period, retry_ms = 250;
+	int64_t period, backoff = 0, retry_ms = 0;
 	bool failing = false;
 
 	g_mutex_lock(&s->lease_lock);
@@ -502,6 +502,17 @@ static gpointer keeper(gpointer data)
 		else if (rc == 0 && failing)
 			s->h->log(s->h, TE_LOG_INFO, "etcd %s: lease keep-alives go through again", s->conn);
 		failing = rc < 0;
+		/* Failing: tried again after 250 ms doubling up to the period, each
+		 * wait drawn from the upper half of that, so that the engines of a
+		 * cluster whose store refuses or times out do not retry in step
+		 * (nor faster as they grow). Within the period, the lease (three
+		 * periods long) outlives a short outage. */
+		if (failing) {
+			backoff = backoff == 0 ? 250 : MIN(backoff * 2, MAX(period, 250));
+			retry_ms = backoff / 2 + g_random_int_range(0, (gint32)(backoff / 2) + 1);
+		} else {
+			backoff = 0;
+		}
 	}
 	return NULL;
 }

@@ -69,6 +69,7 @@ static void batch_put(struct mc_engine *e, struct mc_batch *b)
 	pthread_mutex_unlock(&e->lock);
 	if (last) {
 		pthread_mutex_destroy(&b->submit_lock);
+		free(b->submit_ms);
 		free(b);
 	}
 }
@@ -103,6 +104,13 @@ MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 		return INVALID_BATCH;
 	}
 	b = calloc(1, sizeof *b);
+	if (b != NULL && e->slice_timeout_s > 0) {
+		b->submit_ms = calloc(batch_size, sizeof *b->submit_ms);
+		if (b->submit_ms == NULL) {
+			free(b);
+			b = NULL;
+		}
+	}
 	if (b == NULL) {
 		mc_err("%s: out of memory", fn);
 		return INVALID_BATCH;
@@ -110,6 +118,7 @@ MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 	rc = te_batch_alloc(e->te, batch_size, &id);
 	if (rc < 0) {
 		mc_err("%s: %zu tasks: %s", fn, batch_size, te_strerror(rc));
+		free(b->submit_ms);
 		free(b);
 		return INVALID_BATCH;
 	}
@@ -210,6 +219,11 @@ static int submit(const char *fn, transfer_engine_t engine, batch_id_t batch_id,
 	}
 	first = b->submitted;
 	b->submitted += count;
+	if (b->submit_ms != NULL) {
+		int64_t now = mc_now_ms();
+		for (size_t i = 0; i < count; i++)
+			b->submit_ms[first + i] = now;
+	}
 	if (rc > 0) {
 		/* Report the first refused request; the others run. */
 		for (size_t i = 0; i < count; i++) {
@@ -278,6 +292,20 @@ MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size
 	}
 	/* libte's task states carry Mooncake's numbers */
 	status->status = st.state;
+	if (e->slice_timeout_s > 0 &&
+	    (st.state == TE_TASK_WAITING || st.state == TE_TASK_PENDING)) {
+		/* Mooncake reports a task whose slice has been in flight longer
+		 * than MC_SLICE_TIMEOUT as TIMEOUT; the task itself goes on. */
+		struct mc_batch *b = batch_get(fn, e, batch_id);
+		if (b != NULL) {
+			pthread_mutex_lock(&b->submit_lock);
+			if (task_id < b->submitted && b->submit_ms != NULL &&
+			    mc_now_ms() - b->submit_ms[task_id] > (int64_t)e->slice_timeout_s * 1000)
+				status->status = STATUS_TIMEOUT;
+			pthread_mutex_unlock(&b->submit_lock);
+			batch_put(e, b);
+		}
+	}
 	status->transferred_bytes = st.transferred;
 	return MC_STATUS_CODE_OK;
 }

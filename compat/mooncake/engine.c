@@ -58,6 +58,25 @@ static void host_part(const char *name, char *out, size_t size)
 	out[n] = '\0';
 }
 
+/* MC_SLICE_TIMEOUT: seconds (1..65535, as Mooncake) after which a task
+ * still in flight reads as STATUS_TIMEOUT; unset or out of range, off. */
+static int slice_timeout_env(void)
+{
+	const char *v = getenv("MC_SLICE_TIMEOUT");
+	char *end;
+	long n;
+
+	if (v == NULL || *v == '\0')
+		return 0;
+	errno = 0;
+	n = strtol(v, &end, 10);
+	if (errno != 0 || *end != '\0' || n <= 0 || n >= 65536) {
+		mc_warn("ignoring MC_SLICE_TIMEOUT=%s: not a number of seconds in [1, 65535]", v);
+		return 0;
+	}
+	return (int)n;
+}
+
 MC_API transfer_engine_t createTransferEngine(const char *metadata_conn_string,
 					      const char *local_server_name,
 					      const char *ip_or_host_name, uint64_t rpc_port,
@@ -132,6 +151,7 @@ MC_API transfer_engine_t createTransferEngine(const char *metadata_conn_string,
 	}
 	pthread_mutex_init(&e->lock, NULL);
 	atomic_init(&e->graceful, 0);
+	e->slice_timeout_s = slice_timeout_env();
 	metric_start(e);
 	e->magic = MC_ENGINE_MAGIC;
 	return e;
@@ -171,6 +191,7 @@ MC_API void destroyTransferEngine(transfer_engine_t engine)
 		for (; b != NULL; b = next) {
 			next = b->next;
 			pthread_mutex_destroy(&b->submit_lock);
+			free(b->submit_ms);
 			free(b);
 		}
 	}

@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* The library is built with hidden visibility; only the Mooncake API leaves
  * it (the linker version script says the same). */
@@ -26,6 +27,14 @@ void mc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 #define mc_err(...) mc_log(TE_LOG_ERROR, __VA_ARGS__)
 #define mc_warn(...) mc_log(TE_LOG_WARN, __VA_ARGS__)
 #define mc_info(...) mc_log(TE_LOG_INFO, __VA_ARGS__)
+
+static inline int64_t mc_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 /* libte error (< 0) -> Mooncake negative error; 0 and above pass through. */
 int to_err(const char *fn, int te_rc);
@@ -44,6 +53,8 @@ struct mc_batch {
 	size_t submitted;         /* tasks appended so far, under `submit_lock` */
 	pthread_mutex_t submit_lock; /* serializes submits: the first refused task's
 				      * id is known only if no other submit interleaves */
+	int64_t *submit_ms;       /* per task, CLOCK_MONOTONIC, when MC_SLICE_TIMEOUT
+				   * is on (else NULL); written under `submit_lock` */
 	unsigned refs;            /* under the engine's lock */
 	int freed;                /* under the engine's lock */
 	struct mc_batch *next;
@@ -63,6 +74,7 @@ struct mc_engine {
 	size_t n_buckets, n_batches;
 	struct mc_transport *transports;
 	atomic_int graceful;
+	int slice_timeout_s;  /* MC_SLICE_TIMEOUT at creation; 0: off */
 	/* MC_TE_METRIC's reporter: started with the engine when asked for,
 	 * stopped and joined before the engine goes. */
 	pthread_t metric_thread;

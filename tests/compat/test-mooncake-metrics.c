@@ -10,6 +10,9 @@
  *   rdma  two NICs per engine: the software verbs layer (TE_RDMA_PLUGIN,
  *         TE_RDMA_SOFT and TE_RDMA_SYSFS_ROOT set by the test), or a real
  *         provider's devices named by TE_RDMA_TEST_DEVICES
+ *   slice-timeout  MC_SLICE_TIMEOUT=1 (set by the test): a task held in
+ *         flight by the "hold" transport reads as STATUS_TIMEOUT after a
+ *         second, and completes once released; unset, it stays in flight
  * Log lines are caught through te.h's log handler, where the library writes
  * them.
  */
@@ -290,6 +293,63 @@ static void mode_hold(void)
 	pair_free(&p);
 }
 
+/* --------------------------------------------------------- slice-timeout */
+
+/* The status of task 0 of a batch of one read held by the hold transport,
+ * `wait_ms` after the submit. */
+static int held_status(pair *p, batch_id_t *b, long wait_ms)
+{
+	transfer_request_t r = { OPCODE_READ, p->abuf, p->seg, (uint64_t)(uintptr_t)p->bbuf, 4096 };
+	transfer_status_t st;
+
+	*b = allocateBatchID(p->a, 1);
+	REQUIRE(*b != INVALID_BATCH);
+	REQUIRE(submitTransfer(p->a, *b, &r, 1) == 0);
+	sleep_ms(wait_ms);
+	REQUIRE(getTransferStatus(p->a, *b, 0, &st) == 0);
+	return st.status;
+}
+
+static void mode_slice_timeout(void)
+{
+	const char *dir = getenv("TEST_PLUGIN_DIR");
+	char path[4096];
+	batch_id_t b;
+
+	REQUIRE(dir != NULL);
+	REQUIRE(getenv("MC_SLICE_TIMEOUT") != NULL && strcmp(getenv("MC_SLICE_TIMEOUT"), "1") == 0);
+	pair p = pair_new("hold", NULL, NULL); /* made while MC_SLICE_TIMEOUT=1 */
+	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL);
+	size_t (*release)(int);
+	*(void **)&release = dlsym(h, "te_test_hold_release");
+	REQUIRE(release != NULL);
+
+	/* in flight, then past the second: TIMEOUT, though the task goes on */
+	int st = held_status(&p, &b, 0);
+	CHECK(st == STATUS_WAITING || st == STATUS_PENDING);
+	transfer_status_t ts;
+	sleep_ms(1300);
+	REQUIRE(getTransferStatus(p.a, b, 0, &ts) == 0);
+	CHECK_EQ(ts.status, STATUS_TIMEOUT);
+	CHECK_EQ(release(0), 1);
+	CHECK_EQ(wait_tasks(p.a, b, 1), STATUS_COMPLETED);
+	CHECK(memcmp(p.abuf, p.bbuf, 4096) == 0);
+	CHECK_EQ(freeBatchID(p.a, b), 0);
+	pair_free(&p);
+
+	/* engines made without it: still in flight after the same wait */
+	unsetenv("MC_SLICE_TIMEOUT");
+	p = pair_new("hold", NULL, NULL);
+	st = held_status(&p, &b, 1300);
+	CHECK(st == STATUS_WAITING || st == STATUS_PENDING);
+	CHECK_EQ(release(0), 1);
+	CHECK_EQ(wait_tasks(p.a, b, 1), STATUS_COMPLETED);
+	CHECK_EQ(freeBatchID(p.a, b), 0);
+	pair_free(&p);
+}
+
 /* ------------------------------------------------------------------- tcp */
 
 /* TCP reports its rails (one here, on the loopback address). */
@@ -525,8 +585,10 @@ int main(int argc, char **argv)
 		mode_tcp();
 	else if (strcmp(mode, "rdma") == 0)
 		mode_rdma();
+	else if (strcmp(mode, "slice-timeout") == 0)
+		mode_slice_timeout();
 	else {
-		fprintf(stderr, "usage: %s hold|log|off|tcp|rdma\n", argv[0]);
+		fprintf(stderr, "usage: %s hold|log|off|tcp|rdma|slice-timeout\n", argv[0]);
 		return 2;
 	}
 	te_set_log_handler(NULL, NULL);

@@ -101,6 +101,11 @@ static int publish_rpc_meta(te_engine *e)
 	return rc;
 }
 
+/* The engine te_engine_create() is installing the transports of on this
+ * thread: its descriptor goes to the store once, when they are all in, not
+ * once per transport (one put per key for an engine's start). */
+static _Thread_local te_engine *creating;
+
 /* Called with ctl held. */
 int te_engine_publish(te_engine *e)
 {
@@ -112,7 +117,7 @@ int te_engine_publish(te_engine *e)
 	g_free(e->desc_cache);
 	e->desc_cache = g_strdup(desc);
 	g_mutex_unlock(&e->desc_lock);
-	if (!e->md->p2p) {
+	if (!e->md->p2p && creating != e) {
 		rc = te_metadata_segment_key(e->name, key, sizeof key);
 		if (rc >= 0 && (size_t)rc < sizeof key)
 			rc = te_metadata_put_flags(e->md, key, desc, strlen(desc), TE_META_OWNED);
@@ -575,7 +580,9 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	te_metrics_named(e->metrics, e->name);
 	e->handlers[TE_RPC_NOTIFY] = (te_rpc_handler_slot){ te_notify_rpc, e, e };
 
+	creating = e;
 	rc = install_from_options(e);
+	creating = NULL;
 	if (rc < 0)
 		goto fail;
 	g_rec_mutex_lock(&e->ctl);

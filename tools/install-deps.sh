@@ -5,7 +5,9 @@
 # the language bindings (CPython headers and pytest, Go, Rust), qemu and
 # valgrind for the reliability suite, clang with its libFuzzer runtime
 # (libclang-rt-14-dev, not pulled in without recommends) for the fuzzers,
-# abigail-tools for the ABI check, scdoc and man-db for the manual pages.
+# abigail-tools for the ABI check, scdoc and man-db for the manual pages,
+# debhelper, dh-python, lintian and fakeroot for the Debian packages, and
+# meson-python, venv, pip and patchelf for the Python wheel (tests/install).
 # Debian 12 or newer; root.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -18,4 +20,6 @@ apt-get install -y --no-install-recommends \
   python3-dev python3-pytest python3-numpy golang-go cargo rustc rust-clippy \
   qemu-system-x86 linux-image-amd64 busybox-static valgrind \
   clang libclang-rt-14-dev \
-  abigail-tools scdoc man-db
+  abigail-tools scdoc man-db \
+  git dpkg-dev debhelper dh-python lintian fakeroot \
+  python3-mesonpy python3-venv python3-pip patchelf

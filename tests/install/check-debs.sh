@@ -15,7 +15,7 @@ fail() { echo "check-debs: $*" >&2; exit 1; }
 for t in dpkg-buildpackage lintian dpkg dh git python3 cc pkg-config setpriv; do
   command -v "$t" >/dev/null || skip "$t is missing (tools/install-deps.sh installs it)"
 done
-git -C "$src" rev-parse --git-dir >/dev/null 2>&1 || skip "$src is not a git checkout"
+git -c safe.directory="$src" -C "$src" rev-parse --git-dir >/dev/null 2>&1 || skip "$src is not a git checkout"
 pkgs=$(sed -n 's/^Package: //p' "$src/debian/control")
 [ -n "$pkgs" ] || fail "no packages in debian/control"
 # Never touch a copy someone installed: the purge at the end would remove it.
@@ -48,7 +48,7 @@ trap 'exit 1' INT TERM
 # The tracked files as they are in the work tree (uncommitted changes
 # included, build folders and other untracked files left out).
 mkdir "$tmp/src"
-git -C "$src" ls-files -z | (cd "$src" && tar --null -T - --ignore-failed-read -cf - 2>/dev/null) |
+git -c safe.directory="$src" -C "$src" ls-files -z | (cd "$src" && tar --null -T - --ignore-failed-read -cf - 2>/dev/null) |
   tar -xf - -C "$tmp/src" || fail "cannot copy the sources"
 (cd "$tmp/src" && DEB_BUILD_OPTIONS="nocheck noddebs parallel=${TE_DEB_JOBS:-2}" \
   dpkg-buildpackage -us -uc -b >"$tmp/build.log" 2>&1) || {

@@ -20,13 +20,13 @@ py=/usr/bin/python3
 for t in git patchelf; do
   command -v "$t" >/dev/null || skip "$t is missing (tools/install-deps.sh installs it)"
 done
-git -C "$src" rev-parse --git-dir >/dev/null 2>&1 || skip "$src is not a git checkout"
+git -c safe.directory="$src" -C "$src" rev-parse --git-dir >/dev/null 2>&1 || skip "$src is not a git checkout"
 
 tmp=$(mktemp -d /tmp/te-wheel.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' INT TERM
 mkdir "$tmp/src"
-git -C "$src" ls-files -z | (cd "$src" && tar --null -T - --ignore-failed-read -cf - 2>/dev/null) |
+git -c safe.directory="$src" -C "$src" ls-files -z | (cd "$src" && tar --null -T - --ignore-failed-read -cf - 2>/dev/null) |
   tar -xf - -C "$tmp/src" || fail "cannot copy the sources"
 
 # Debian's meson-python and pytest come from the system site; nothing is

@@ -304,7 +304,12 @@ static int worker_main(rd_worker *w)
 			idle = 0;
 			continue;
 		}
-		if (poll(pf, (nfds_t)npf, atomic_load(&tr->stopping) ? 10 : 1000) < 0 && errno != EINTR)
+		/* With nothing in flight and nothing queued only new work (which
+		 * rings wake_fd) can end the sleep: no timer, so an idle engine's
+		 * workers do not wake. With requests out, or work waiting for
+		 * room, a look every second besides the events. */
+		int wait_ms = atomic_load(&tr->stopping) ? 10 : outstanding(c) || blocked ? 1000 : -1;
+		if (poll(pf, (nfds_t)npf, wait_ms) < 0 && errno != EINTR)
 			RD_LOG(tr, TE_LOG_WARN, "%s: worker poll failed: %s", c->name, g_strerror(errno));
 		atomic_store(&w->sleeping, 0);
 		uint64_t val;

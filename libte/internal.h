@@ -378,6 +378,7 @@ typedef struct te_task {
 	te_mpeer *mpeer;
 	uint64_t t0; /* te_metrics_now() */
 	bool mcounted;
+	uint64_t stage_t0; /* TE_STAGE_STATS: when it was queued for buffers */
 } te_task;
 
 typedef struct te_batch {

@@ -20,9 +20,24 @@
  * run on a small pool of staging threads otherwise; a chunk's parent task
  * counts its chunks as slices, so it completes once, with the first error.
  */
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
+
+/* TE_STAGE_STATS=1: where a staged chunk's time goes, printed at exit of
+ * the engine (a diagnostic for tuning on a GPU machine). */
+static bool stats_on;
+static struct {
+	atomic_ullong chunks[2], wait_ns[2], copy1_ns[2], xport_ns[2], copy2_ns[2], total_ns[2], bytes[2];
+} st;
+static inline uint64_t st_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 #define THREADS 2
 #define CHUNK_DEFAULT (1024u << 10)
@@ -40,6 +55,7 @@ typedef struct stage_slot {
 	te_task *parent;
 	uint64_t off;   /* in the parent */
 	uint64_t len;
+	uint64_t t_give, t_xport, t_xdone; /* TE_STAGE_STATS */
 } stage_slot;
 
 struct te_stager {
@@ -135,8 +151,13 @@ static void dispatch_locked(te_stager *s, ready_ring *ready)
 		guint slot = s->free[--s->nfree];
 		stage_slot *sl = &s->slots[slot];
 		sl->parent = t;
+		sl->sub.stage = s; /* write_copied() finds its stager there */
 		sl->off = (uint64_t)idx * s->chunk;
 		sl->len = MIN((uint64_t)s->chunk, t->xfer.length - sl->off);
+		if (stats_on) {
+			sl->t_give = st_now();
+			sl->t_xport = sl->t_xdone = 0;
+		}
 		if (ready != NULL && s->area != NULL &&
 		    (t->xfer.opcode == TE_OP_READ || (ready->copies && TE_HAS_OP(t->dev->ops, copy_async))))
 			ready->slot[(ready->head + ready->n++) % BUFFERS_MAX] = slot;
@@ -151,6 +172,17 @@ static void release(te_stager *s, guint slot, uint64_t bytes, int error, ready_r
 	stage_slot *sl = &s->slots[slot];
 	te_task *parent = sl->parent;
 
+	if (stats_on && error == 0 && sl->t_xport != 0 && sl->t_xdone != 0) {
+		uint64_t end = st_now();
+		int w = parent->xfer.opcode == TE_OP_WRITE;
+		atomic_fetch_add(&st.chunks[w], 1);
+		atomic_fetch_add(&st.bytes[w], sl->len);
+		atomic_fetch_add(&st.wait_ns[w], sl->t_give - parent->stage_t0);
+		atomic_fetch_add(&st.copy1_ns[w], sl->t_xport - sl->t_give);
+		atomic_fetch_add(&st.xport_ns[w], sl->t_xdone - sl->t_xport);
+		atomic_fetch_add(&st.copy2_ns[w], end - sl->t_xdone);
+		atomic_fetch_add(&st.total_ns[w], end - parent->stage_t0);
+	}
 	sl->parent = NULL;
 	g_mutex_lock(&s->lock);
 	s->free[s->nfree++] = slot;
@@ -213,6 +245,8 @@ static te_transfer *sub_transfer(te_stager *s, guint slot)
 	atomic_store(&sub->slices_done, 0);
 	atomic_store(&sub->error, 0);
 	atomic_store(&sub->transferred, 0);
+	if (stats_on)
+		sl->t_xport = st_now();
 	return &sub->xfer;
 }
 
@@ -457,6 +491,8 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 	unsigned done = atomic_fetch_add_explicit(&sub->slices_done, 1, memory_order_acq_rel) + 1;
 	if (done != slices)
 		return;
+	if (stats_on)
+		sl->t_xdone = st_now();
 	int rc = atomic_load(&sub->error);
 	if (rc == 0 && atomic_load(&sub->transferred) < sl->len)
 		rc = -EIO;
@@ -490,6 +526,8 @@ int te_stage_init(te_engine *e)
 	g_queue_init(&s->pending);
 	s->pool = g_thread_pool_new(run, s, THREADS, FALSE, NULL);
 	e->stager = s;
+	const char *sv = getenv("TE_STAGE_STATS");
+	stats_on = sv != NULL && sv[0] == '1';
 	return 0;
 }
 
@@ -501,6 +539,16 @@ void te_stage_fini(te_engine *e)
 	if (s == NULL)
 		return;
 	g_thread_pool_free(s->pool, FALSE, TRUE);
+	for (int w = 0; stats_on && w < 2; w++) {
+		unsigned long long n = atomic_load(&st.chunks[w]);
+		if (n == 0)
+			continue;
+		fprintf(stderr, "stage-stats %s: %llu chunks, %.0f bytes avg; us avg: wait %.1f copy-before %.1f transport %.1f copy-after %.1f total %.1f\n",
+			w ? "write" : "read", n, (double)atomic_load(&st.bytes[w]) / n,
+			atomic_load(&st.wait_ns[w]) / 1e3 / n, atomic_load(&st.copy1_ns[w]) / 1e3 / n,
+			atomic_load(&st.xport_ns[w]) / 1e3 / n, atomic_load(&st.copy2_ns[w]) / 1e3 / n,
+			atomic_load(&st.total_ns[w]) / 1e3 / n);
+	}
 	if (s->area != NULL) {
 		if (s->area_dev != NULL)
 			s->area_dev->ops->host_free(s->area_dev->ctx, s->area);
@@ -532,6 +580,8 @@ void te_stage_submit(te_engine *e, te_task *t)
 	/* Each chunk is a slice of the task. */
 	t->xfer.nr_slices = (uint32_t)((t->xfer.length + s->chunk - 1) / s->chunk);
 	atomic_store(&t->chunk_next, 0);
+	if (stats_on)
+		t->stage_t0 = st_now();
 	g_mutex_lock(&s->lock);
 	g_queue_push_tail(&s->pending, t);
 	g_mutex_unlock(&s->lock);
@@ -550,7 +600,11 @@ void te_stage_flush(te_engine *e)
 	if (s == NULL || !atomic_exchange(&s->queued, false))
 		return;
 	ready.head = ready.n = 0;
-	ready.copies = false; /* the caller of te_submit does not wait for copies */
+	/* WRITE chunks start their copies out of the device here too: a
+	 * device plugin's copy_async only queues them (the staging threads'
+	 * synchronous copies, one at a time each, held 64 KiB WRITEs to a
+	 * fraction of the copy engine on an H100). */
+	ready.copies = true;
 	g_mutex_lock(&s->lock);
 	dispatch_locked(s, &ready);
 	g_mutex_unlock(&s->lock);

@@ -31,6 +31,33 @@
 
 #include "tcp-internal.h"
 
+#include <stdatomic.h>
+#include <time.h>
+
+/* TE_TCP_STATS=1: the device stage's copies, printed when the plugin is
+ * unloaded (a diagnostic for tuning on a GPU machine). */
+static struct {
+	atomic_ullong fills, fill_pieces, fill_bytes, fill_ns, flushes, flush_pieces, flush_bytes, flush_ns;
+} tst;
+static inline uint64_t tst_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+__attribute__((destructor)) static void tst_print(void)
+{
+	const char *v = getenv("TE_TCP_STATS");
+	if (v == NULL || v[0] != '1')
+		return;
+	unsigned long long f = atomic_load(&tst.fills), b = atomic_load(&tst.flushes);
+	fprintf(stderr, "tcp-stats: read fills %llu, %.1f pieces %.0f bytes %.1f us avg; write flushes %llu, %.1f pieces %.0f bytes %.1f us avg\n",
+		f, f ? (double)atomic_load(&tst.fill_pieces) / f : 0, f ? (double)atomic_load(&tst.fill_bytes) / f : 0,
+		f ? atomic_load(&tst.fill_ns) / 1e3 / f : 0,
+		b, b ? (double)atomic_load(&tst.flush_pieces) / b : 0, b ? (double)atomic_load(&tst.flush_bytes) / b : 0,
+		b ? atomic_load(&tst.flush_ns) / 1e3 / b : 0);
+}
+
 #define ROUNDS 16
 #define RX_BURST 64 /* receive calls before the replies go out */
 
@@ -218,6 +245,10 @@ static int pend_flush(tcp_sconn *sc)
 
 	if (n == 0)
 		return 0;
+	uint64_t t0 = tst_now();
+	atomic_fetch_add(&tst.flushes, 1);
+	atomic_fetch_add(&tst.flush_pieces, n);
+	atomic_fetch_add(&tst.flush_bytes, sc->pend_bytes);
 	for (unsigned i = 0; i < n; i++) {
 		pins[i] = &sc->pend[i].pin;
 		copies[i] = (te_copy){ sc->pend[i].dst, sc->stage + TCP_DEV_REPLY_STAGE + sc->pend[i].off,
@@ -228,6 +259,7 @@ static int pend_flush(tcp_sconn *sc)
 	else
 		for (unsigned i = 0; i < n && rc == 0; i++)
 			rc = h->buffer_copy(h, pins[i], copies[i].dst, copies[i].src, copies[i].len);
+	atomic_fetch_add(&tst.flush_ns, tst_now() - t0);
 	for (unsigned i = 0; i < n; i++) {
 		h->buffer_release(h, &sc->pend[i].pin);
 		if (rc == 0 && sc->pend[i].v2)
@@ -424,10 +456,16 @@ static int stage_fill(tcp_sconn *sc, uint64_t i, uint64_t done)
 	}
 	if (sc->stage_n == 0)
 		return -1;
+	uint64_t t0 = tst_now();
+	atomic_fetch_add(&tst.fills, 1);
+	atomic_fetch_add(&tst.fill_pieces, sc->stage_n);
+	atomic_fetch_add(&tst.fill_bytes, pos);
 	/* Queued on the device together and waited for once. */
 	if (sc->stage_n > 1 && TE_HAS_OP(h, buffer_copy_batch) &&
-	    h->buffer_copy_batch(h, pins, copies, sc->stage_n) == 0)
+	    h->buffer_copy_batch(h, pins, copies, sc->stage_n) == 0) {
+		atomic_fetch_add(&tst.fill_ns, tst_now() - t0);
 		return 0;
+	}
 	/* One at a time (or again, after a failed batch): a failure past the
 	 * first piece ends the stage there, and that piece is tried again
 	 * when its turn comes. */

@@ -168,6 +168,12 @@ static void start_engine(int i)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(c2p[0]);
 		close(p2c[1]);
+		/* The other engines' pipes are not this engine's descriptors. */
+		for (int k = 0; k < MAX_N; k++)
+			if (k != i && engs[k].alive) {
+				close(engs[k].in);
+				close(engs[k].out);
+			}
 		_exit(engine_main(i, p2c[0], c2p[1]));
 	}
 	close(c2p[1]);

@@ -109,6 +109,22 @@ def _class_of(size: int) -> int:
     return -1
 
 
+def _slice_timeout() -> int:
+    """MC_SLICE_TIMEOUT: seconds (1..65535, as Mooncake) after which a transfer
+    still moving reads as timed out; 0 (off) when unset or out of range."""
+    env = os.environ.get("MC_SLICE_TIMEOUT")
+    if not env:
+        return 0
+    try:
+        v = int(env)
+    except ValueError:
+        v = 0
+    if not 0 < v < 65536:
+        _log.warning("ignoring MC_SLICE_TIMEOUT=%r: not a number of seconds in [1, 65535]", env)
+        return 0
+    return v
+
+
 def _split_host_port(name: str):
     """('host', 'port' or None); IPv6 in brackets."""
     if name.startswith("["):
@@ -132,10 +148,12 @@ class TransferEngine:
         self._lock = threading.Lock()
         self._segments: Dict[str, libte.Segment] = {}
         self._batches: Dict[int, tuple] = {}  # id -> (Batch, deadline)
+        self._started: Dict[int, float] = {}  # id -> submit time (monotonic)
         self._free: List[List[int]] = [[] for _ in _SLAB_KB]
         self._regions: List[libte.Memory] = []
         self._large: Dict[int, libte.Memory] = {}
         self._owned: Dict[int, int] = {}  # managed block address -> class
+        self._slice_timeout = _slice_timeout()
         env = os.environ.get("MC_TRANSFER_TIMEOUT")
         try:
             self._timeout = max(5, int(env)) if env else 30
@@ -232,6 +250,7 @@ class TransferEngine:
             engine, self._engine = self._engine, None
             segments, self._segments = self._segments, {}
             self._batches.clear()
+            self._started.clear()
             regions, self._regions = self._regions, []
             large, self._large = self._large, {}
             self._free = [[] for _ in _SLAB_KB]
@@ -604,7 +623,9 @@ class TransferEngine:
             b.free()
             return fail_value
         with self._lock:
-            self._batches[b.id] = (b, time.monotonic() + self._deadline(sum(lengths)))
+            now = time.monotonic()
+            self._batches[b.id] = (b, now + self._deadline(sum(lengths)))
+            self._started[b.id] = now
         return b.id
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
@@ -619,6 +640,7 @@ class TransferEngine:
 
     def _take(self, batch_id: int):
         with self._lock:
+            self._started.pop(batch_id, None)
             return self._batches.pop(batch_id, (None, 0))
 
     def _settle(self, b: libte.Batch):
@@ -686,8 +708,11 @@ class TransferEngine:
             b.wait()
             b.free()
             return -1
-        if st.state == libte.TaskState.TIMEOUT or time.monotonic() > deadline:
+        now = time.monotonic()
+        if st.state == libte.TaskState.TIMEOUT or now > deadline:
             return -2
+        if self._slice_timeout and now - self._started.get(batch_id, now) > self._slice_timeout:
+            return -2  # Mooncake's MC_SLICE_TIMEOUT: reported, the transfer goes on
         return 0
 
     # -------------------------------------------------------- notifications

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """libte.mooncake.TransferEngine used the way serving frameworks use Mooncake's class."""
+import ctypes
 import json
+import os
 import socket
 import threading
 import time
@@ -289,3 +291,57 @@ def test_tcp_bind_address_is_published(monkeypatch, redis_url):
     finally:
         b.close()
         a.close()
+
+
+def _held_write(hold_lib, protocol="hold"):
+    """Two engines over the 'hold' test transport, and one write from the
+    first to the second, kept in flight until hold_lib releases it."""
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
+    src, dst = kv_cache(3)[:4096].copy(), np.zeros(4096, dtype=np.uint8)
+    assert a.register_memory(src.ctypes.data, src.nbytes) == 0
+    assert b.register_memory(dst.ctypes.data, dst.nbytes) == 0
+    bid = a.transfer_submit_write(session(b), src.ctypes.data, dst.ctypes.data, 4096)
+    assert bid != 0
+    return a, b, bid, src, dst
+
+
+def _finish(a, bid, hold_lib):
+    assert hold_lib.te_test_hold_release(0) == 1
+    deadline = time.monotonic() + 10
+    while (rc := a.transfer_check_status(bid)) in (0, -2) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return rc
+
+
+def test_slice_timeout(monkeypatch, hold):
+    """MC_SLICE_TIMEOUT=1: a write still in flight after a second reads as
+    timed out (-2), and still completes once it can; unset, it reads as
+    moving (0) however long it takes."""
+    lib = ctypes.CDLL(os.path.join(os.environ["TEST_PLUGIN_DIR"], "libte-transport-hold.so"),
+                      mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    lib.te_test_hold_release.argtypes = [ctypes.c_int]
+    lib.te_test_hold_release.restype = ctypes.c_size_t
+    monkeypatch.setenv("MC_SLICE_TIMEOUT", "1")
+    a, b, bid, src, dst = _held_write(lib)
+    try:
+        assert a.transfer_check_status(bid) == 0
+        time.sleep(1.3)
+        assert a.transfer_check_status(bid) == -2
+        assert _finish(a, bid, lib) == 1
+        assert np.array_equal(dst, src)
+    finally:
+        lib.te_test_hold_release(0)  # closing waits for transfers in flight
+        a.close()
+        b.close()
+    monkeypatch.delenv("MC_SLICE_TIMEOUT")
+    a, b, bid, src, dst = _held_write(lib)
+    try:
+        time.sleep(1.3)
+        assert a.transfer_check_status(bid) == 0
+        assert _finish(a, bid, lib) == 1
+    finally:
+        lib.te_test_hold_release(0)
+        a.close()
+        b.close()

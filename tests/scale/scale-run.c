@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Many engines on one store, measured: scale-run N [K]
+ * Many engines on one store, measured: scale-run N [K [TTL]]
  *
  * A real 3-member etcd cluster on loopback ports; N engines, each in its own
  * process (TCP, 127.0.0.1), started all at once. Then:
@@ -38,7 +38,9 @@
 #define BLOCK (64u << 10)
 #define MAX_N 256
 #define ROUNDS 8
-#define LEASE_TTL_S 3
+/* The engines' etcd lease TTL, seconds (third argument): short, so that the
+ * churn step sees a killed engine's keys go soon. */
+static int lease_ttl_s = 3;
 /* A transfer to a killed engine ends within: its socket is reset or
  * refused at once; the connect timeout is the bound when neither comes. */
 #define DEAD_BOUND_MS 7000
@@ -382,7 +384,7 @@ static int etcd_leader(const etcd_member *m)
 int main(int argc, char **argv)
 {
 	if (argc < 2 || (n_engines = atoi(argv[1])) < 2 || n_engines > MAX_N) {
-		fprintf(stderr, "usage: scale-run N [K]  (2 <= N <= %d)\n", MAX_N);
+		fprintf(stderr, "usage: scale-run N [K [TTL]]  (2 <= N <= %d; K peers each, 8; lease TTL, 3 s)\n", MAX_N);
 		return 2;
 	}
 	k_peers = argc > 2 ? atoi(argv[2]) : 8;
@@ -390,6 +392,8 @@ int main(int argc, char **argv)
 		k_peers = 1;
 	if (k_peers > n_engines - 1)
 		k_peers = n_engines - 1;
+	if (argc > 3 && (lease_ttl_s = atoi(argv[3])) < 2)
+		lease_ttl_s = 2;
 	harness_init("scale");
 	fprintf(stderr, "temporary directory %s\n", tmp_root);
 	etcd_member m[3];
@@ -397,7 +401,7 @@ int main(int argc, char **argv)
 	snprintf(conn, sizeof conn, "etcd://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", m[0].client_port,
 		 m[1].client_port, m[2].client_port);
 	char ttl[16];
-	snprintf(ttl, sizeof ttl, "%d", LEASE_TTL_S);
+	snprintf(ttl, sizeof ttl, "%d", lease_ttl_s);
 	setenv("TE_ETCD_LEASE_TTL", ttl, 1);
 	char line[512];
 	unsigned seed = (unsigned)getpid();
@@ -519,7 +523,7 @@ int main(int argc, char **argv)
 #endif
 
 	printf("scale-run: %d engines, %d peers each, etcd cluster of 3, lease TTL %d s\n", n_engines, k_peers,
-	       LEASE_TTL_S);
+	       lease_ttl_s);
 	printf("start: all published in %lld ms, the etcd leader killed after half of them were started; %d keys "
 	       "in the store (%.1f per engine)\n",
 	       start_ms, keys, (double)keys / n_engines);
@@ -575,7 +579,7 @@ int main(int argc, char **argv)
 	}
 	CHECK(worst_fail <= DEAD_BOUND_MS);
 	long long gone_ms = -1;
-	while (now_ms() - k0 < (LEASE_TTL_S + 5) * 1000LL) {
+	while (now_ms() - k0 < (lease_ttl_s + 5) * 1000LL) {
 		if (etcd_count(m, "mooncake/") == 2 * (n_engines - nvict)) {
 			gone_ms = now_ms() - k0;
 			break;
@@ -602,7 +606,7 @@ int main(int argc, char **argv)
 	CHECK_EQ(etcd_count(m, "mooncake/"), 2 * n_engines);
 	printf("churn: %d of %d killed; a transfer to one ended FAILED after %lld ms at most; their keys left the "
 	       "store %lld ms after the kill (lease TTL %d s); restarted, each was opened and served again\n",
-	       nvict, n_engines, worst_fail, gone_ms, LEASE_TTL_S);
+	       nvict, n_engines, worst_fail, gone_ms, lease_ttl_s);
 	fflush(stdout);
 
 	/* Everyone leaves; their keys with them. */

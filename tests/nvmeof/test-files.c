@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include "nv-util.h"
+#include "../metrics/metric-util.h"
 
 #define NF 3
 static const uint64_t flen[NF] = { (1u << 20) + 3 * 4096, 100001, (2u << 20) + 7 };
@@ -144,6 +145,51 @@ static void test_three_files(void)
 	/* a zero-length request completes without touching anything */
 	te_task_status st;
 	CHECK_EQ(run_one(eng, TE_OP_READ, seg, mem, 0, 0, &st), TE_TASK_COMPLETED);
+	CHECK_EQ(te_segment_close(eng, seg), 0);
+}
+
+/* The device counters (docs/metrics.md): one device per file, named by its
+ * path, counting exactly the bytes that went to or from that file; nothing
+ * in flight once the requests are done. */
+static long long file_bytes(int i)
+{
+	char name[32];
+	snprintf(name, sizeof name, "f%d", i);
+	return device_metric(eng, "te_device_bytes_total", "nvmeof", nv_path(name));
+}
+
+static long long file_in_flight(int i)
+{
+	char name[32];
+	snprintf(name, sizeof name, "f%d", i);
+	return device_metric(eng, "te_device_in_flight_bytes", "nvmeof", nv_path(name));
+}
+
+static void test_device_counts(void)
+{
+	te_segment_id seg = te_segment_open(eng, "nvmeof/three");
+	REQUIRE(seg > 0);
+	long long b0[NF], b1[NF];
+	uint64_t b01 = flen[0], b12 = flen[0] + flen[1];
+
+	for (int i = 0; i < NF; i++)
+		REQUIRE((b0[i] = file_bytes(i)) >= 0);
+	/* a read of everything: each file its length */
+	CHECK_EQ(read_at(seg, 0, 0, total), TE_TASK_COMPLETED);
+	for (int i = 0; i < NF; i++)
+		CHECK_EQ(file_bytes(i) - b0[i], (long long)flen[i]);
+	/* a write across the first boundary: 1000 bytes of f0, 4000 of f1;
+	 * a read across the second: 12345 bytes of f1, 7 of f2 */
+	for (int i = 0; i < NF; i++)
+		b1[i] = file_bytes(i);
+	CHECK_EQ(write_at(seg, 4096, b01 - 1000, 5000, 77), TE_TASK_COMPLETED);
+	CHECK_EQ(read_at(seg, 65536, b12 - 12345, 12352), TE_TASK_COMPLETED);
+	CHECK_EQ(file_bytes(0) - b1[0], 1000);
+	CHECK_EQ(file_bytes(1) - b1[1], 4000 + 12345);
+	CHECK_EQ(file_bytes(2) - b1[2], 7);
+	for (int i = 0; i < NF; i++)
+		CHECK_EQ(file_in_flight(i), 0);
+	CHECK(files_match_model());
 	CHECK_EQ(te_segment_close(eng, seg), 0);
 }
 
@@ -338,6 +384,7 @@ int main(void)
 
 	TEST_RUN(test_one_file);
 	TEST_RUN(test_three_files);
+	TEST_RUN(test_device_counts);
 	TEST_RUN(test_many_in_one_batch);
 	TEST_RUN(test_local_path_map);
 	TEST_RUN(test_direct_and_buffered);

@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "tcp-test.h"
+#include "../metrics/metric-util.h"
 
 #define MIB (1u << 20)
 #define RD_AREA (32u * MIB) /* pattern, read only */
@@ -523,6 +524,14 @@ static int loopback_main(void)
 		big[i] = (te_request){ TE_OP_READ, seg, local + (size_t)i * 256 * 1024,
 				       rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
 	bool moved = false;
+	/* The requests moved are counted as fail-overs (docs/metrics.md), of
+	 * the rail's device and so of the transport. */
+	long long fo0 = transport_metric(e, "te_transport_failovers_total", "tcp");
+	long long dfo0 = transport_sum(e, "te_device_failovers_total", "tcp");
+	if (fo0 < 0 || dfo0 < 0) {
+		fprintf(stderr, "tcp-rails: no fail-over counters\n");
+		goto out_relay;
+	}
 	for (int tries = 0; tries < 20 && !moved; tries++) {
 		te_batch_id b;
 		int c, fl, o;
@@ -543,14 +552,21 @@ static int loopback_main(void)
 				goto out_relay;
 			}
 		/* Only a reset that caught requests on the rail tests anything. */
-		moved = cap_has_quiet("requests go to the other rails");
+		moved = cap_has_quiet("requests go to the other rails") &&
+			transport_metric(e, "te_transport_failovers_total", "tcp") > fo0;
 		usleep(1100 * 1000); /* the rail's next try brings it back */
 	}
 	if (!moved) {
 		fprintf(stderr, "tcp-rails: no reset caught requests on the relayed rail in 20 tries\n");
 		goto out_relay;
 	}
-	printf("OK reset\n");
+	long long fo = transport_metric(e, "te_transport_failovers_total", "tcp") - fo0;
+	long long dfo = transport_sum(e, "te_device_failovers_total", "tcp") - dfo0;
+	if (fo < 1 || dfo != fo) {
+		fprintf(stderr, "tcp-rails: %lld fail-overs counted, %lld of them on devices\n", fo, dfo);
+		goto out_relay;
+	}
+	printf("OK reset %lld fail-overs\n", fo);
 	rc = 0;
 out_relay:
 	relay_stop(&r);

@@ -2,8 +2,9 @@
 /*
  * libte's same-host transport: the plugin's entry points, its configuration,
  * the host identity it publishes, and the control thread that answers first
- * contacts and notices targets going away. target.c serves, initiator.c moves
- * the data.
+ * contacts and notices targets going away. target.c serves; on the
+ * initiator's side contact.c opens a target's segment, copy.c moves the
+ * data and queue.c decides which thread copies it.
  */
 #include <errno.h>
 #include <fcntl.h>

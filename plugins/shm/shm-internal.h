@@ -227,9 +227,20 @@ void shm_target_client(shm_ctx *c, int fd);
 int shm_target_sweep(shm_ctx *c);
 void shm_target_drop_clients(shm_ctx *c);
 
-/* initiator.c */
+/* contact.c */
 int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out);
 void shm_segment_close(shm_ctx *c, shm_seg *s);
+
+/* copy.c: one piece of a transfer, [off, off+len) of it; shm_run_all()
+ * copies pieces and completes them, grouped by (segment, opcode) in runs
+ * of up to SHM_CMA_IOV. */
+typedef struct shm_piece {
+	te_transfer *t;
+	uint64_t off, len;
+} shm_piece;
+void shm_run_all(shm_ctx *c, shm_piece *ps, unsigned n);
+
+/* queue.c */
 int shm_submit(shm_ctx *c, te_transfer *const *t, size_t n);
 int shm_progress(shm_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns);
 void shm_wake(shm_ctx *c);

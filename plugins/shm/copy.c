@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The initiator's copies: pieces of transfers, all of one segment and
+ * opcode, moved by the first path that applies: straight between our own
+ * addresses (the target is this process), through our mapping of the
+ * target's shared allocation (memcpy), or through cross-memory attach
+ * (process_vm_readv/writev, up to SHM_CMA_IOV requests per call); the
+ * target's device memory through the device plugin, at the address its
+ * allocation was opened at here. Each copy runs inside a pinned slot of the
+ * target's control block. Who calls it, and in which thread: queue.c.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "shm-internal.h"
+
+/* ---------------------------------------------------------------- pins */
+
+/* Pins the live slot holding [addr, addr+len), or NULL: the target never
+ * registered that range, or is unregistering it. */
+static shm_slot *pin(shm_seg *s, uint64_t addr, uint64_t len)
+{
+	shm_slot *sl = SHM_SLOTS(s->ctl);
+	uint32_t high = atomic_load_explicit(&s->ctl->high, memory_order_acquire);
+	uint32_t hint = atomic_load_explicit(&s->hint, memory_order_relaxed);
+
+	if (high > s->ctl->nslots) /* the target's word: never past our mapping */
+		high = s->ctl->nslots;
+	for (uint32_t k = 0; k < high; k++) {
+		uint32_t i = (hint + k) % high;
+		uint64_t st = atomic_load_explicit(&sl[i].state, memory_order_acquire);
+		if (slot_state(st) != SLOT_LIVE)
+			continue;
+		uint64_t a = atomic_load_explicit(&sl[i].addr, memory_order_relaxed);
+		uint64_t l = atomic_load_explicit(&sl[i].length, memory_order_relaxed);
+		if (addr < a || addr - a > l || len > l - (addr - a))
+			continue;
+		atomic_fetch_add(&sl[i].pins, 1);
+		if (atomic_load(&sl[i].state) != st) { /* dying, or reused meanwhile */
+			atomic_fetch_sub(&sl[i].pins, 1);
+			return NULL;
+		}
+		if (i != hint)
+			atomic_store_explicit(&s->hint, i, memory_order_relaxed);
+		return &sl[i];
+	}
+	return NULL;
+}
+
+static void unpin(shm_slot *slot)
+{
+	atomic_fetch_sub_explicit(&slot->pins, 1, memory_order_release);
+}
+
+/* Our address for [addr, addr+len) of a pinned slot through a shared
+ * allocation, or NULL. */
+static char *mapped(shm_seg *s, shm_slot *slot, uint64_t addr, uint64_t len)
+{
+	int32_t idx = atomic_load_explicit(&slot->export_idx, memory_order_relaxed);
+	uint64_t off = atomic_load_explicit(&slot->export_off, memory_order_relaxed);
+	uint64_t a = atomic_load_explicit(&slot->addr, memory_order_relaxed);
+
+	if (idx < 0 || (unsigned)idx >= s->nmaps || s->maps[idx].local == NULL || s->maps[idx].device)
+		return NULL;
+	off += addr - a;
+	if (off < addr - a || off > s->maps[idx].size || len > s->maps[idx].size - off)
+		return NULL;
+	return s->maps[idx].local + off;
+}
+
+/* For [addr, addr+len) of a pinned device slot: where it lies in this
+ * process (the target's own address when it is this process) and the
+ * location whose device plugin copies it; NULL when the export is not
+ * known here (registered after first contact: the descriptor is fetched
+ * again) or could not be opened. */
+static char *device_at(shm_seg *s, shm_slot *slot, uint64_t addr, uint64_t len, const char **location)
+{
+	int32_t idx = atomic_load_explicit(&slot->export_idx, memory_order_relaxed);
+	uint64_t off = atomic_load_explicit(&slot->export_off, memory_order_relaxed);
+	uint64_t a = atomic_load_explicit(&slot->addr, memory_order_relaxed);
+
+	if (idx < 0 || (unsigned)idx >= s->nmaps || !s->maps[idx].device)
+		return NULL;
+	*location = s->maps[idx].location;
+	if (s->self)
+		return (char *)(uintptr_t)addr;
+	if (s->maps[idx].local == NULL)
+		return NULL;
+	off += addr - a;
+	if (off < addr - a || off > s->maps[idx].size || len > s->maps[idx].size - off)
+		return NULL;
+	return s->maps[idx].local + off;
+}
+
+/* ---------------------------------------------------------- data path */
+
+static void done(shm_ctx *c, const shm_piece *p, int err)
+{
+	c->host->complete(c->host, p->t, err ? 0 : p->len, err);
+}
+
+/* Whether the local side of a transfer is device memory. The host hands
+ * this transport its device memory as it is (TE_TRANSPORT_DEVICE_MEMORY:
+ * every device region registers here), never staged. */
+static bool local_is_device(const te_transfer *t)
+{
+	return t->local_location != NULL && strncmp(t->local_location, "cpu", 3) != 0;
+}
+
+/* Whether two locations are of the one device plugin ("cuda:0", "cuda:1"). */
+static bool same_plugin(const char *a, const char *b)
+{
+	size_t la = strcspn(a, ":"), lb = strcspn(b, ":");
+	return la == lb && strncmp(a, b, la) == 0;
+}
+
+/* Device copies of one run, gathered to go to the device plugin as one
+ * batch (queued together, waited for once) instead of one waited copy per
+ * piece: all of one location and kind. */
+typedef struct dev_batch {
+	const char *location;
+	unsigned flags;
+	unsigned n;
+	te_copy copies[SHM_CMA_IOV];
+	shm_slot *slots[SHM_CMA_IOV];
+	unsigned idx[SHM_CMA_IOV];
+} dev_batch;
+
+static void dev_flush(shm_ctx *c, shm_piece *ps, dev_batch *b)
+{
+	const te_host *h = c->host;
+	int rc = 0;
+
+	if (b->n == 0)
+		return;
+	if (b->n > 1 && TE_HAS_OP(h, device_copy_batch)) {
+		rc = h->device_copy_batch(h, b->location, b->copies, b->n, b->flags);
+	} else {
+		for (unsigned k = 0; k < b->n && rc == 0; k++)
+			rc = h->device_copy(h, b->location, b->copies[k].dst, b->copies[k].src, b->copies[k].len);
+	}
+	for (unsigned k = 0; k < b->n; k++) {
+		unpin(b->slots[k]);
+		done(c, &ps[b->idx[k]], rc);
+	}
+	b->n = 0;
+}
+
+static void dev_add(shm_ctx *c, shm_piece *ps, dev_batch *b, const char *location, unsigned flags, void *dst,
+		    const void *src, uint64_t len, shm_slot *slot, unsigned i)
+{
+	if (b->n > 0 && (b->flags != flags || strcmp(b->location, location) != 0))
+		dev_flush(c, ps, b);
+	b->location = location;
+	b->flags = flags;
+	b->copies[b->n] = (te_copy){ dst, src, len };
+	b->slots[b->n] = slot;
+	b->idx[b->n++] = i;
+}
+
+/* Our device memory and memory of the target's that only cross-memory
+ * attach reaches: through a host buffer of this thread's, a slice at a
+ * time. */
+#define BOUNCE_BYTES (1u << 20)
+static _Thread_local char *bounce_buf;
+static pthread_key_t bounce_key;
+static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
+
+static void bounce_key_make(void)
+{
+	(void)pthread_key_create(&bounce_key, free);
+}
+
+static int bounce(shm_ctx *c, shm_seg *s, uint32_t op, char *local, const char *location, uint64_t remote,
+		  uint64_t len)
+{
+	const te_host *h = c->host;
+
+	if (bounce_buf == NULL) {
+		pthread_once(&bounce_once, bounce_key_make);
+		bounce_buf = malloc(BOUNCE_BYTES);
+		if (bounce_buf == NULL)
+			return -ENOMEM;
+		pthread_setspecific(bounce_key, bounce_buf); /* freed when the thread ends */
+	}
+	for (uint64_t off = 0; off < len;) {
+		size_t n = len - off < BOUNCE_BYTES ? (size_t)(len - off) : BOUNCE_BYTES;
+		struct iovec lv = { bounce_buf, n }, rv = { (void *)(uintptr_t)(remote + off), n };
+		int rc = 0;
+		if (op == TE_OP_WRITE)
+			rc = h->device_copy(h, location, bounce_buf, local + off, n);
+		if (rc == 0) {
+			ssize_t got = op == TE_OP_READ ? process_vm_readv(s->pid, &lv, 1, &rv, 1, 0)
+						       : process_vm_writev(s->pid, &lv, 1, &rv, 1, 0);
+			if (got < 0 && errno == ESRCH)
+				atomic_store(&s->dead, true);
+			rc = got < 0 ? (errno == ESRCH ? -ECONNRESET : -errno) : (size_t)got < n ? -EFAULT : 0;
+		}
+		if (rc == 0 && op == TE_OP_READ)
+			rc = h->device_copy(h, location, local + off, bounce_buf, n);
+		if (rc != 0)
+			return rc;
+		off += n;
+	}
+	return 0;
+}
+
+/* Copies pieces (all of one segment and opcode). */
+static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n)
+{
+	struct iovec lv[SHM_CMA_IOV], rv[SHM_CMA_IOV];
+	shm_slot *slots[SHM_CMA_IOV];
+	unsigned idx[SHM_CMA_IOV], nv = 0;
+	dev_batch db;
+
+	db.n = 0;
+	if (atomic_load_explicit(&s->dead, memory_order_relaxed)) {
+		for (unsigned i = 0; i < n; i++)
+			done(c, &ps[i], -ECONNRESET);
+		return;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		shm_piece *p = &ps[i];
+		uint64_t remote = p->t->remote + p->off;
+		char *local = (char *)p->t->local + p->off;
+		bool ldev = local_is_device(p->t);
+		if (c->host->canceled(c->host, p->t)) {
+			done(c, p, -ECANCELED);
+			continue;
+		}
+		shm_slot *slot = pin(s, remote, p->len);
+		if (slot == NULL) {
+			/* Not a live region of the target (unregistered since its
+			 * descriptor was read): refused, as any transport refuses. */
+			done(c, p, TE_ERR_REJECTED);
+			continue;
+		}
+		if (atomic_load_explicit(&slot->kind, memory_order_relaxed) == SLOT_DEVICE) {
+			/* The target's device memory, opened here: one device
+			 * copy, device to device when ours is device memory too. */
+			const char *loc = NULL;
+			char *dev = device_at(s, slot, remote, p->len, &loc);
+			if (dev == NULL || (ldev && !same_plugin(loc, p->t->local_location))) {
+				if (dev != NULL)
+					SLOG(c, TE_LOG_WARN, "shm: %s memory to %s memory: not one device plugin's",
+					     p->t->local_location, loc);
+				unpin(slot);
+				done(c, p, TE_ERR_REJECTED);
+				continue;
+			}
+			if (op == TE_OP_READ)
+				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, local, dev, p->len, slot, i);
+			else
+				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, dev, local, p->len, slot, i);
+			continue;
+		}
+		char *there = s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len);
+		if (there != NULL && ldev) {
+			if (op == TE_OP_READ)
+				dev_add(c, ps, &db, p->t->local_location, 0, local, there, p->len, slot, i);
+			else
+				dev_add(c, ps, &db, p->t->local_location, 0, there, local, p->len, slot, i);
+			continue;
+		}
+		if (there != NULL) {
+			if (op == TE_OP_READ)
+				memcpy(local, there, p->len);
+			else
+				memcpy(there, local, p->len);
+			unpin(slot);
+			done(c, p, 0);
+			continue;
+		}
+		if (!s->cma) {
+			unpin(slot);
+			done(c, p, TE_ERR_REJECTED);
+			continue;
+		}
+		if (ldev) {
+			int rc = bounce(c, s, op, local, p->t->local_location, remote, p->len);
+			unpin(slot);
+			done(c, p, rc);
+			continue;
+		}
+		lv[nv] = (struct iovec){ local, p->len };
+		rv[nv] = (struct iovec){ (void *)(uintptr_t)remote, p->len };
+		slots[nv] = slot;
+		idx[nv++] = i;
+	}
+	dev_flush(c, ps, &db);
+	if (nv == 0)
+		return;
+	ssize_t got = op == TE_OP_READ ? process_vm_readv(s->pid, lv, nv, rv, nv, 0)
+				       : process_vm_writev(s->pid, lv, nv, rv, nv, 0);
+	int err = got < 0 ? -errno : 0;
+	uint64_t left = got < 0 ? 0 : (uint64_t)got;
+	for (unsigned k = 0; k < nv; k++) {
+		unpin(slots[k]);
+		/* The kernel stops at the first page it cannot reach. */
+		if (left >= lv[k].iov_len) {
+			left -= lv[k].iov_len;
+			done(c, &ps[idx[k]], 0);
+		} else {
+			left = 0;
+			if (err == -ESRCH)
+				atomic_store(&s->dead, true);
+			done(c, &ps[idx[k]], err ? (err == -ESRCH ? -ECONNRESET : err) : -EFAULT);
+		}
+	}
+}
+
+/* Runs pieces grouped by (segment, opcode) in runs of up to SHM_CMA_IOV. */
+void shm_run_all(shm_ctx *c, shm_piece *ps, unsigned n)
+{
+	unsigned i = 0;
+	while (i < n) {
+		shm_seg *s = ps[i].t->seg_ctx;
+		uint32_t op = ps[i].t->opcode;
+		unsigned j = i + 1;
+		while (j < n && j - i < SHM_CMA_IOV && ps[j].t->seg_ctx == s && ps[j].t->opcode == op)
+			j++;
+		run(c, s, op, ps + i, j - i);
+		i = j;
+	}
+}

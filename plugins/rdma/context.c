@@ -303,6 +303,7 @@ void rd_ctx_set_active(rd_ctx *c, bool active, const char *why)
 		/* Flush what is in flight so it is retried elsewhere now, not
 		 * after the transport timeout. */
 		fail_all(c, -ENETDOWN, "device out of service");
+		rd_reclaimer_kick(c->tr); /* its port is polled until it returns */
 	} else {
 		RD_LOG(c->tr, TE_LOG_WARN, "%s: back in service (%s) after %lld ms", c->name, why,
 		       (long long)(rd_now_ms() - c->down_since));

@@ -197,6 +197,19 @@ gpointer rd_dispatcher_thread(gpointer data)
 	return NULL;
 }
 
+void rd_reclaimer_kick(rd_transport *tr)
+{
+	g_mutex_lock(&tr->reclaim_lock);
+	tr->reclaim_kick = true;
+	g_cond_signal(&tr->reclaim_cond);
+	g_mutex_unlock(&tr->reclaim_lock);
+}
+
+/* Closes idle endpoints and watches devices that are out of service. It
+ * wakes when a pass is due, not on a fixed tick: every interval while a
+ * device is down or an endpoint is being set up or used, at the earliest
+ * idle close otherwise, and not at all (until an endpoint comes) when there
+ * is none: an idle engine's reclaimer sleeps. */
 gpointer rd_reclaimer_thread(gpointer data)
 {
 	rd_transport *tr = data;
@@ -204,18 +217,34 @@ gpointer rd_reclaimer_thread(gpointer data)
 
 	if (tr->cfg.ready_grace_ms > 0 && (int64_t)tr->cfg.ready_grace_ms < interval)
 		interval = tr->cfg.ready_grace_ms;
+	int64_t next = rd_now_ms() + interval;
 	g_mutex_lock(&tr->reclaim_lock);
 	while (!atomic_load(&tr->stopping)) {
-		g_cond_wait_until(&tr->reclaim_cond, &tr->reclaim_lock,
-				  g_get_monotonic_time() + interval * 1000);
+		while (!tr->reclaim_kick && !atomic_load(&tr->stopping)) {
+			int64_t left = next == INT64_MAX ? -1 : next - rd_now_ms();
+			if (left < 0 && next != INT64_MAX)
+				break;
+			if (left < 0)
+				g_cond_wait(&tr->reclaim_cond, &tr->reclaim_lock);
+			else if (!g_cond_wait_until(&tr->reclaim_cond, &tr->reclaim_lock,
+						    g_get_monotonic_time() + left * 1000))
+				break;
+		}
+		tr->reclaim_kick = false;
 		if (atomic_load(&tr->stopping))
 			break;
 		g_mutex_unlock(&tr->reclaim_lock);
 		int64_t now = rd_now_ms();
+		next = INT64_MAX;
 		for (int i = 0; i < tr->nctx; i++) {
 			rd_ctx_check_port(tr->ctx[i]);
-			rd_ep_reclaim(tr->ctx[i], now);
+			if (!atomic_load(&tr->ctx[i]->active))
+				next = MIN(next, now + interval); /* (its port is polled) */
+			next = MIN(next, rd_ep_reclaim(tr->ctx[i], now, interval));
 		}
+		/* Not sooner than a tenth of the interval: coalesced. */
+		if (next != INT64_MAX)
+			next = MAX(next, now + interval / 10);
 		g_mutex_lock(&tr->reclaim_lock);
 	}
 	g_mutex_unlock(&tr->reclaim_lock);

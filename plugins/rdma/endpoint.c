@@ -171,6 +171,7 @@ static void pool_insert(rd_ctx *c, rd_ep *ep, GPtrArray *gone)
 	ep->in_pool = true;
 	c->nep++;
 	g_hash_table_insert(c->eps, ep->peer_nic_path, ep);
+	rd_reclaimer_kick(c->tr); /* (lock order: ep_lock, then reclaim_lock) */
 }
 
 /* Slices parked on an endpoint leave with it: they are routed again. */
@@ -324,10 +325,11 @@ static void ep_ready(rd_ep *ep)
 	g_ptr_array_unref(gone);
 }
 
-void rd_ep_reclaim(rd_ctx *c, int64_t now)
+int64_t rd_ep_reclaim(rd_ctx *c, int64_t now, int64_t interval)
 {
 	const rd_config *cfg = &c->tr->cfg;
 	GPtrArray *gone = g_ptr_array_new(), *ready = g_ptr_array_new();
+	int64_t due = INT64_MAX;
 
 	g_mutex_lock(&c->ep_lock);
 	for (rd_ep *ep = c->head, *next; ep != NULL; ep = next) {
@@ -339,6 +341,13 @@ void rd_ep_reclaim(rd_ctx *c, int64_t now)
 			g_ptr_array_add(ready, ep);
 			continue;
 		}
+		/* When this endpoint needs a look: its idle close when it is
+		 * ready and unused; every interval while it is used or being
+		 * set up. */
+		if (st == EP_READY && atomic_load(&ep->refs) == 1)
+			due = MIN(due, atomic_load(&ep->last_used) + (int64_t)cfg->ep_idle_ms);
+		else
+			due = MIN(due, now + interval);
 		/* Idle: nothing posted (only the pool's reference) for long. */
 		if (st == EP_READY && atomic_load(&ep->refs) == 1 &&
 		    now - atomic_load(&ep->last_used) >= (int64_t)cfg->ep_idle_ms) {
@@ -357,9 +366,12 @@ void rd_ep_reclaim(rd_ctx *c, int64_t now)
 		ep_ready(ep);
 		rd_ep_unref(ep);
 	}
+	if (ready->len > 0)
+		due = MIN(due, now + interval);
 	release_gone(gone);
 	g_ptr_array_unref(gone);
 	g_ptr_array_unref(ready);
+	return due;
 }
 
 /* ------------------------------------------------------------ QP states */

@@ -339,6 +339,7 @@ struct rd_transport {
 	GThread *reclaimer;
 	GMutex reclaim_lock;
 	GCond reclaim_cond;
+	bool reclaim_kick; /* (reclaim_lock) an endpoint came: the reclaimer plans again */
 
 	rd_counters stats;
 	int64_t fail_log_sec; /* under stats.lock */
@@ -387,7 +388,11 @@ void rd_ep_pool_clear(rd_ctx *c);
 void rd_ep_fail_qp(rd_ctx *c, struct ibv_qp *qp, const char *why);
 /* Moves every endpoint's QPs to the error state (shutdown). */
 void rd_ep_pool_flush(rd_ctx *c);
-void rd_ep_reclaim(rd_ctx *c, int64_t now);
+/* Closes idle endpoints; returns when the next pass is due for this
+ * context's endpoints (ms; INT64_MAX: none until an endpoint comes). */
+int64_t rd_ep_reclaim(rd_ctx *c, int64_t now, int64_t interval);
+/* An endpoint was added or a device went down: the reclaimer looks again. */
+void rd_reclaimer_kick(rd_transport *tr);
 unsigned rd_ep_count(rd_ctx *c);
 
 /* ------------------------------------------------------------- provider */

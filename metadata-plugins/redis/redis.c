@@ -319,7 +319,9 @@ static int connect_store(rstore *s)
 	}
 	if (s->c->err) {
 		rc = errno_of_ctx(s->c);
-		s->h->log(s->h, TE_LOG_ERROR, "redis %s: cannot connect: %s", s->conn, s->c->errstr);
+		/* Retried with backoff (a fail-over, a restart): limited. */
+		TE_HOST_LOG_LIMITED(s->h, TE_LOG_ERROR, "redis %s: cannot connect to %s:%d: %s", s->conn, s->host,
+				    s->port, s->c->errstr);
 		drop(s);
 		return rc;
 	}

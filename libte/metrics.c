@@ -8,6 +8,7 @@
  * ended) are clamped at zero.
  */
 #include <json-glib/json-glib.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdalign.h>
 #include <stdlib.h>
@@ -28,6 +29,8 @@ typedef te_mshard mshard;
 typedef te_pshard pshard;
 #define PEERS_DEFAULT 64
 #define PEERS_MAX 4096
+#define NAMES_DEFAULT 16384
+#define NAMES_MAX 1048576
 #define DEVICES_DEFAULT 256
 #define DEVICES_MAX 65536
 #define BW_TAU_NS 1000000000.0 /* the bandwidth average's time constant: 1 s */
@@ -51,10 +54,12 @@ struct te_metrics {
 	char *segment;
 	te_mblock *local;
 	GPtrArray *blocks; /* te_mblock*, the local one first */
-	GHashTable *peers; /* name → te_mpeer*, the exposed ones */
-	GPtrArray *peer_order; /* the same, in the order they joined */
-	unsigned max_peers;
-	te_mpeer *other;
+	GHashTable *peers; /* name → te_mpeer*, every tracked one */
+	GPtrArray *peer_recs; /* the same, in the order they were first seen */
+	GPtrArray *shown; /* those with series of their own, at most max_peers */
+	unsigned max_peers, max_names, n_wide, max_wide;
+	te_mpeer *untracked; /* every name past max_names */
+	uint64_t other[3][2]; /* what peer="other" shows: bytes, requests, failed */
 	te_metric_dev **devs;
 	unsigned n_devs, max_devs;
 	counter notify_sent, notify_received;
@@ -205,12 +210,16 @@ static void block_free(gpointer p)
 	g_free(b);
 }
 
-static te_mpeer *peer_new(const char *name)
+static te_mpeer *peer_new(const char *name, unsigned order)
 {
-	te_mpeer *p = g_new0(te_mpeer, 1);
+	te_mpeer *p = aligned_alloc(LINE, (sizeof(te_mpeer) + LINE - 1) / LINE * LINE);
 
+	if (p == NULL)
+		g_error("out of memory for a peer's counters");
+	memset(p, 0, sizeof *p);
+	atomic_init(&p->wide, NULL);
 	p->name = g_strdup(name);
-	p->shards = shards_new(sizeof(pshard));
+	p->order = order;
 	return p;
 }
 
@@ -218,9 +227,9 @@ static void peer_free(gpointer v)
 {
 	te_mpeer *p = v;
 
-	free(p->shards);
+	free(atomic_load_explicit(&p->wide, memory_order_relaxed));
 	g_free(p->name);
-	g_free(p);
+	free(p);
 }
 
 te_metrics *te_metrics_new(te_engine *e)
@@ -231,13 +240,20 @@ te_metrics *te_metrics_new(te_engine *e)
 	te_metrics *m = g_new0(te_metrics, 1);
 	g_mutex_init(&m->lock);
 	m->max_peers = (unsigned)te_engine_option_u64(e, "TE_METRICS_PEERS", PEERS_DEFAULT, 0, PEERS_MAX);
+	m->max_names = (unsigned)te_engine_option_u64(e, "TE_METRICS_PEER_NAMES", NAMES_DEFAULT, 0, NAMES_MAX);
+	if (m->max_names < m->max_peers)
+		m->max_names = m->max_peers;
+	/* Sharded counters go to the busiest; a bound on how many ever get
+	 * them keeps a ranking that keeps changing from adding without end. */
+	m->max_wide = 4 * m->max_peers;
 	m->max_devs = (unsigned)te_engine_option_u64(e, "TE_METRICS_DEVICES", DEVICES_DEFAULT, 0, DEVICES_MAX);
 	m->local = block_new("local");
 	m->blocks = g_ptr_array_new_with_free_func(block_free);
 	g_ptr_array_add(m->blocks, m->local);
 	m->peers = g_hash_table_new(g_str_hash, g_str_equal);
-	m->peer_order = g_ptr_array_new_with_free_func(peer_free);
-	m->other = peer_new(NULL);
+	m->peer_recs = g_ptr_array_new_with_free_func(peer_free);
+	m->shown = g_ptr_array_new();
+	m->untracked = peer_new(NULL, UINT_MAX);
 	m->devs = g_new0(te_metric_dev *, m->max_devs ? m->max_devs : 1);
 	m->segment = g_strdup("");
 	g_mutex_lock(&engines_lock);
@@ -262,9 +278,10 @@ void te_metrics_free(te_metrics *m)
 		g_free(m->devs[i]);
 	}
 	g_free(m->devs);
-	peer_free(m->other);
+	peer_free(m->untracked);
 	g_hash_table_unref(m->peers);
-	g_ptr_array_unref(m->peer_order);
+	g_ptr_array_unref(m->shown);
+	g_ptr_array_unref(m->peer_recs);
 	g_ptr_array_unref(m->blocks);
 	g_free(m->segment);
 	g_mutex_clear(&m->lock);
@@ -301,10 +318,22 @@ te_mblock *te_metrics_block(te_metrics *m, const char *transport)
 	return b;
 }
 
-/* A peer joins the exposed set while it has room and keeps its place for
- * the engine's life: every series shown stays monotonic (a segment closed
- * and opened again continues its own), and memory stays bounded by
- * TE_METRICS_PEERS whatever the application opens. */
+/* Under m->lock: the peer gets a series of its own, and sharded counters
+ * while the bound allows. */
+static void peer_show(te_metrics *m, te_mpeer *p)
+{
+	p->is_shown = true;
+	g_ptr_array_add(m->shown, p);
+	if (atomic_load_explicit(&p->wide, memory_order_relaxed) == NULL && m->n_wide < m->max_wide) {
+		atomic_store_explicit(&p->wide, shards_new(sizeof(pshard)), memory_order_release);
+		m->n_wide++;
+	}
+}
+
+/* One record per distinct name for the engine's life (a segment holds its
+ * pointer and the data path writes into it), up to TE_METRICS_PEER_NAMES;
+ * later names share one record counted as "other". A name joins the shown
+ * set at once while it has room; past that, the readings rank (below). */
 te_mpeer *te_metrics_peer(te_metrics *m, const char *name)
 {
 	te_mpeer *p;
@@ -313,13 +342,15 @@ te_mpeer *te_metrics_peer(te_metrics *m, const char *name)
 		return NULL;
 	g_mutex_lock(&m->lock);
 	p = g_hash_table_lookup(m->peers, name);
-	if (p == NULL && m->peer_order->len < m->max_peers) {
-		p = peer_new(name);
-		g_ptr_array_add(m->peer_order, p);
+	if (p == NULL && m->peer_recs->len < m->max_names) {
+		p = peer_new(name, m->peer_recs->len);
+		g_ptr_array_add(m->peer_recs, p);
 		g_hash_table_insert(m->peers, p->name, p);
+		if (m->shown->len < m->max_peers)
+			peer_show(m, p);
 	}
 	g_mutex_unlock(&m->lock);
-	return p != NULL ? p : m->other;
+	return p != NULL ? p : m->untracked;
 }
 
 
@@ -334,8 +365,10 @@ void te_metrics_submit_flush(te_msubmit *acc)
 		mop *o = &acc->mb->shards[s].op[op];
 		add_in(s, &o->requests, acc->n[op]);
 		add_in(s, &o->req_bytes, acc->bytes[op]);
-		if (acc->peer != NULL)
-			add_in(s, &acc->peer->shards[s].requests[op], acc->n[op]);
+		if (acc->peer != NULL) {
+			unsigned ps = s;
+			add_in(ps, &te_mpeer_line(acc->peer, &ps)->requests[op], acc->n[op]);
+		}
 		acc->n[op] = acc->bytes[op] = 0;
 	}
 }
@@ -512,16 +545,119 @@ static void read_block(const te_mblock *b, tp_snap *out)
 	out->errors = get(&b->errors);
 }
 
-static void read_peer(const te_mpeer *p, peer_snap *out)
+/* ---------------------------------------------------------------- peers */
+/*
+ * The shown set is re-ranked at each reading (docs/metrics.md, "Peers"):
+ *  - each record's counts since the previous reading go to its own series
+ *    when it was shown during the interval, else to "other"; a series only
+ *    ever adds, so every exported counter is monotonic;
+ *  - then the tracked peers with the most bytes (both operations, since
+ *    first seen) make the new set; on a tie the one shown stays, then the
+ *    one seen first. A peer that leaves the set keeps its series' values
+ *    (not exported meanwhile) and continues them if it comes back; its
+ *    traffic in between goes to "other".
+ * Under m->lock; the data path never waits for it.
+ */
+static void peer_raw(te_mpeer *p, uint64_t raw[3][2])
 {
-	memset(out, 0, sizeof *out);
-	out->name = p->name;
-	for (unsigned s = 0; s < SHARDS; s++)
-		for (unsigned op = 0; op < 2; op++) {
-			out->bytes[op] += get(&p->shards[s].bytes[op]);
-			out->requests[op] += get(&p->shards[s].requests[op]);
-			out->failed[op] += get(&p->shards[s].failed[op]);
+	te_pshard *w = atomic_load_explicit(&p->wide, memory_order_acquire);
+
+	for (unsigned op = 0; op < 2; op++) {
+		raw[0][op] = get(&p->narrow.bytes[op]);
+		raw[1][op] = get(&p->narrow.requests[op]);
+		raw[2][op] = get(&p->narrow.failed[op]);
+		for (unsigned s = 0; w != NULL && s < SHARDS; s++) {
+			raw[0][op] += get(&w[s].bytes[op]);
+			raw[1][op] += get(&w[s].requests[op]);
+			raw[2][op] += get(&w[s].failed[op]);
 		}
+	}
+}
+
+static void peer_advance(te_metrics *m, te_mpeer *p)
+{
+	uint64_t raw[3][2];
+
+	peer_raw(p, raw);
+	for (unsigned f = 0; f < 3; f++)
+		for (unsigned op = 0; op < 2; op++) {
+			uint64_t d = diff(raw[f][op], p->seen[f][op]);
+			p->seen[f][op] += d;
+			if (p->is_shown)
+				p->shown[f][op] += d;
+			else
+				m->other[f][op] += d;
+		}
+	p->rank_bytes = p->seen[0][0] + p->seen[0][1];
+}
+
+/* Busier first; on a tie the shown one, then the one seen first. */
+static int peer_rank_cmp(const void *a, const void *b)
+{
+	const te_mpeer *x = *(te_mpeer *const *)a, *y = *(te_mpeer *const *)b;
+
+	if (x->rank_bytes != y->rank_bytes)
+		return x->rank_bytes > y->rank_bytes ? -1 : 1;
+	if (x->is_shown != y->is_shown)
+		return x->is_shown ? -1 : 1;
+	return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static void peers_rank(te_metrics *m)
+{
+	GPtrArray *r = m->peer_recs;
+	uint64_t least = UINT64_MAX;
+	bool change = false;
+
+	if (m->shown->len < m->max_peers || r->len <= m->shown->len)
+		return; /* every tracked name is shown already */
+	for (guint i = 0; i < m->shown->len; i++) {
+		const te_mpeer *p = g_ptr_array_index(m->shown, i);
+		if (p->rank_bytes < least)
+			least = p->rank_bytes;
+	}
+	for (guint i = 0; i < r->len && !change; i++) {
+		const te_mpeer *p = g_ptr_array_index(r, i);
+		change = !p->is_shown && p->rank_bytes > least;
+	}
+	if (!change)
+		return;
+	te_mpeer **v = g_new(te_mpeer *, r->len);
+	memcpy(v, r->pdata, sizeof *v * r->len);
+	qsort(v, r->len, sizeof *v, peer_rank_cmp);
+	/* Those staying keep their place in the exposition; newcomers follow. */
+	GPtrArray *old = m->shown;
+	m->shown = g_ptr_array_sized_new(m->max_peers);
+	for (guint i = m->max_peers; i < r->len; i++)
+		v[i]->is_shown = false;
+	for (guint i = 0; i < old->len; i++) {
+		te_mpeer *p = g_ptr_array_index(old, i);
+		if (p->is_shown)
+			g_ptr_array_add(m->shown, p);
+	}
+	for (guint i = 0; i < m->max_peers; i++)
+		if (!v[i]->is_shown)
+			peer_show(m, v[i]);
+	g_ptr_array_unref(old);
+	g_free(v);
+}
+
+static void peers_update(te_metrics *m)
+{
+	for (guint i = 0; i < m->peer_recs->len; i++)
+		peer_advance(m, g_ptr_array_index(m->peer_recs, i));
+	peer_advance(m, m->untracked);
+	peers_rank(m);
+}
+
+static void peer_snap_of(const char *name, const uint64_t v[3][2], peer_snap *out)
+{
+	out->name = (char *)name;
+	for (unsigned op = 0; op < 2; op++) {
+		out->bytes[op] = v[0][op];
+		out->requests[op] = v[1][op];
+		out->failed[op] = v[2][op];
+	}
 }
 
 /* Under m->lock: advances the device's average with the bytes since the
@@ -564,14 +700,16 @@ static void snap_take(te_metrics *m, snap *sn)
 		read_block(g_ptr_array_index(m->blocks, i), &t);
 		g_array_append_val(sn->tps, t);
 	}
-	sn->peers = g_array_sized_new(FALSE, FALSE, sizeof(peer_snap), m->peer_order->len + 1);
-	for (guint i = 0; i < m->peer_order->len; i++) {
+	peers_update(m);
+	sn->peers = g_array_sized_new(FALSE, FALSE, sizeof(peer_snap), m->shown->len + 1);
+	for (guint i = 0; i < m->shown->len; i++) {
+		const te_mpeer *x = g_ptr_array_index(m->shown, i);
 		peer_snap p;
-		read_peer(g_ptr_array_index(m->peer_order, i), &p);
+		peer_snap_of(x->name, (const uint64_t(*)[2])x->shown, &p);
 		g_array_append_val(sn->peers, p);
 	}
 	peer_snap other;
-	read_peer(m->other, &other);
+	peer_snap_of(NULL, (const uint64_t(*)[2])m->other, &other);
 	g_array_append_val(sn->peers, other);
 	sn->devs = g_array_sized_new(FALSE, FALSE, sizeof(dev_snap), m->n_devs);
 	for (unsigned i = 0; i < m->n_devs; i++) {

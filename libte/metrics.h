@@ -95,10 +95,34 @@ typedef struct te_pshard {
 	alignas(TE_MLINE) te_mcounter bytes[2], requests[2], failed[2];
 } te_pshard;
 
+/* A peer segment's counters, one per distinct name (docs/metrics.md,
+ * "Peers"). Writers add into `narrow` with atomic adds until a reader that
+ * ranks the peer among the busiest gives it sharded counters (`wide`,
+ * published once and kept): a busy peer costs plain adds in the thread's
+ * own shard, a quiet one a shared line. Readers sum both. The rest is the
+ * readers', under the engine's lock. */
 struct te_mpeer {
-	char *name; /* NULL for "other" */
-	te_pshard *shards;
+	te_pshard narrow;
+	_Atomic(te_pshard *) wide;
+	char *name; /* NULL for the shared record of names past the tracked bound */
+	uint64_t seen[3][2];  /* bytes, requests, failed at the last reading */
+	uint64_t shown[3][2]; /* what the peer's own series shows */
+	uint64_t rank_bytes;  /* bytes at the last reading, both operations */
+	unsigned order;       /* when it was first seen: ties keep the earlier */
+	bool is_shown;
 };
+
+/* The line of `p` a count in shard `s` goes to, and the shard index that
+ * says how to add there (the shared index: atomically). */
+static inline te_pshard *te_mpeer_line(te_mpeer *p, unsigned *s)
+{
+	te_pshard *w = atomic_load_explicit(&p->wide, memory_order_acquire);
+
+	if (w != NULL)
+		return &w[*s];
+	*s = TE_MSLOTS;
+	return &p->narrow;
+}
 
 /* 1 + this thread's shard; 0 before its first count. Initial-exec: a lookup
  * per count must not cost a call. */
@@ -231,10 +255,11 @@ static inline void te_metrics_task_end(te_metrics *m, te_task *t, int state)
 		te_madd(s, &o->lat_sum, d);
 	}
 	if (t->mpeer != NULL) {
-		te_pshard *p = &t->mpeer->shards[s];
-		te_madd(s, &p->bytes[op], moved);
+		unsigned ps = s;
+		te_pshard *p = te_mpeer_line(t->mpeer, &ps);
+		te_madd(ps, &p->bytes[op], moved);
 		if (state != TE_TASK_COMPLETED && state != TE_TASK_CANCELED)
-			te_madd(s, &p->failed[op], 1);
+			te_madd(ps, &p->failed[op], 1);
 	}
 }
 

@@ -8,6 +8,7 @@
  * versioning of te_stats; reading while other threads submit.
  */
 #include <dlfcn.h>
+#include <glib.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -535,6 +536,155 @@ static void test_many_peers(void)
 	free(bbuf);
 }
 
+/* The peer series of an exposition: name → bytes written, and every
+ * te_peer_* sample by its full label set, for the monotonic check. */
+static GHashTable *peer_samples(const char *text)
+{
+	GHashTable *h = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+	for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		if (strncmp(l, "te_peer_", 8) != 0)
+			continue;
+		const char *sp = strstr(l, "} ");
+		const char *nl = strchr(l, '\n');
+		if (sp == NULL || (nl != NULL && sp > nl))
+			continue;
+		g_hash_table_insert(h, g_strndup(l, (size_t)(sp + 1 - l)), GINT_TO_POINTER(atoi(sp + 2)));
+	}
+	return h;
+}
+
+/* Every sample of `before` that `after` still exports has not gone down. */
+static int samples_monotonic(GHashTable *before, GHashTable *after)
+{
+	GHashTableIter it;
+	gpointer k, v;
+	int bad = 0;
+	g_hash_table_iter_init(&it, before);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		gpointer w;
+		if (g_hash_table_lookup_extended(after, k, NULL, &w) && GPOINTER_TO_INT(w) < GPOINTER_TO_INT(v)) {
+			fprintf(stderr, "  %s went from %d to %d\n", (char *)k, GPOINTER_TO_INT(v), GPOINTER_TO_INT(w));
+			bad++;
+		}
+	}
+	return bad;
+}
+
+#define TOPN 8
+/* 10,000 peer names, TE_METRICS_PEERS=8: the exposition holds the 8 with
+ * the most bytes and "other", whatever order they were opened in; the
+ * series of each reading are monotonic against the previous one; a peer
+ * that left the set and comes back continues its series. */
+static void test_busiest_peers(void)
+{
+	const char *env = getenv("TE_TEST_PEERS");
+	int n = env ? atoi(env) : 10000;
+	REQUIRE(n >= 100);
+	setenv("TE_METRICS_PEERS", "8", 1);
+	te_engine *a = p2p_engine("memcpy"), *b = NULL;
+	unsetenv("TE_METRICS_PEERS");
+	te_option bopt[2] = { { "transports", "memcpy" }, { "TE_BIND_ADDRESS", "*" } };
+	REQUIRE(a != NULL);
+	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", bopt, 2, &b) == 0);
+	unsigned char *abuf = aligned_alloc(4096, 65536), *bbuf = aligned_alloc(4096, 65536);
+	REQUIRE(abuf && bbuf);
+	REQUIRE(te_register_memory(a, abuf, 65536, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(b, bbuf, 65536, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	int port = te_engine_rpc_port(b);
+	const char *an = te_engine_name(a);
+	/* The busy ones, spread over the opening order (the first, the middle,
+	 * the last): busy k moves 1000 * (k + 2) bytes, every other one 64. */
+	int busy[TOPN] = { 0, 1, n / 3, n / 2, n / 2 + 1, n - 100, n - 2, n - 1 };
+	char name[64], lbl[160];
+#define PEER_NAME(i) snprintf(name, sizeof name, "127.%d.%d.%d:%d", 1 + (i) / 62500, ((i) / 250) % 250, 1 + (i) % 250, port)
+	long long total = 0;
+	for (int i = 0; i < n; i++) {
+		size_t len = 64;
+		for (int k = 0; k < TOPN; k++)
+			if (busy[k] == i)
+				len = 1000u * (unsigned)(k + 2);
+		PEER_NAME(i);
+		te_segment_id seg = te_segment_open(a, name);
+		REQUIRE(seg > 0);
+		CHECK_EQ(run_one(a, TE_OP_WRITE, seg, abuf, (uintptr_t)bbuf, len, NULL), TE_TASK_COMPLETED);
+		total += (long long)len;
+		CHECK_EQ(te_segment_close(a, seg), 0);
+	}
+	/* Reading 1: peers 0 .. 7 were shown from their first byte (the set had
+	 * room); this reading moves peers 0 and 1 on and ranks the busy ones in. */
+	char *t1 = text_of(a);
+	CHECK_EQ(count_lines(t1, "te_peer_bytes_total{"), 2 * (TOPN + 1));
+	/* peers 2..7 (64 bytes each, shown while they moved them) left */
+	CHECK_EQ(metric(t1, "te_peer_bytes_total", an, "peer=\"other\",op=\"write\""),
+		 total - 2000 - 3000 - 6 * 64);
+	char *t2 = text_of(a);
+	GHashTable *s1 = peer_samples(t1), *s2 = peer_samples(t2);
+	CHECK_EQ(samples_monotonic(s1, s2), 0);
+	for (int k = 0; k < TOPN; k++) {
+		PEER_NAME(busy[k]);
+		snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name);
+		/* shown from the start (0, 1) or from reading 1 on (their bytes
+		 * before it are in "other") */
+		CHECK_EQ(metric(t2, "te_peer_bytes_total", an, lbl), k < 2 ? 1000 * (k + 2) : 0);
+	}
+	/* More to each busy peer: its series counts it exactly. */
+	for (int k = 0; k < TOPN; k++) {
+		PEER_NAME(busy[k]);
+		te_segment_id seg = te_segment_open(a, name);
+		REQUIRE(seg > 0);
+		CHECK_EQ(run_one(a, TE_OP_WRITE, seg, abuf, (uintptr_t)bbuf, 4096, NULL), TE_TASK_COMPLETED);
+		CHECK_EQ(te_segment_close(a, seg), 0);
+	}
+	char *t3 = text_of(a);
+	GHashTable *s3 = peer_samples(t3);
+	CHECK_EQ(samples_monotonic(s2, s3), 0);
+	CHECK_EQ(count_lines(t3, "te_peer_bytes_total{"), 2 * (TOPN + 1));
+	for (int k = 0; k < TOPN; k++) {
+		PEER_NAME(busy[k]);
+		snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name);
+		CHECK_EQ(metric(t3, "te_peer_bytes_total", an, lbl), (k < 2 ? 1000 * (k + 2) : 0) + 4096);
+		CHECK_EQ(metric(t3, "te_peer_requests_total", an, lbl), k < 2 ? 2 : 1);
+	}
+	/* Peer 5 (shown at first with 64 bytes, then left) becomes the busiest:
+	 * its traffic goes to "other" until the reading that ranks it in, and
+	 * its series then continues from 64; peer 0, now the least busy of the
+	 * set (2000 + 4096 bytes), leaves it. */
+	PEER_NAME(5);
+	snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name);
+	CHECK_EQ(metric(t3, "te_peer_bytes_total", an, lbl), -1);
+	te_segment_id seg5 = te_segment_open(a, name);
+	REQUIRE(seg5 > 0);
+	CHECK_EQ(run_one(a, TE_OP_WRITE, seg5, abuf, (uintptr_t)bbuf, 65536, NULL), TE_TASK_COMPLETED);
+	long long other3 = metric(t3, "te_peer_bytes_total", an, "peer=\"other\",op=\"write\"");
+	char *t4 = text_of(a);
+	GHashTable *s4 = peer_samples(t4);
+	CHECK_EQ(samples_monotonic(s3, s4), 0);
+	CHECK_EQ(count_lines(t4, "te_peer_bytes_total{"), 2 * (TOPN + 1));
+	CHECK_EQ(metric(t4, "te_peer_bytes_total", an, "peer=\"other\",op=\"write\""), other3 + 65536);
+	CHECK_EQ(metric(t4, "te_peer_bytes_total", an, lbl), 64);
+	CHECK_EQ(run_one(a, TE_OP_WRITE, seg5, abuf, (uintptr_t)bbuf, 100, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(te_segment_close(a, seg5), 0);
+	char *t5 = text_of(a);
+	GHashTable *s5 = peer_samples(t5);
+	CHECK_EQ(samples_monotonic(s4, s5), 0);
+	CHECK_EQ(metric(t5, "te_peer_bytes_total", an, lbl), 164);
+	PEER_NAME(busy[0]);
+	snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name);
+	CHECK_EQ(metric(t5, "te_peer_bytes_total", an, lbl), -1);
+	CHECK_EQ(metric(t5, "te_peer_bytes_total", an, "peer=\"other\",op=\"write\""), other3 + 65536);
+#undef PEER_NAME
+	GHashTable *all[] = { s1, s2, s3, s4, s5 };
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		g_hash_table_unref(all[i]);
+	char *all_t[] = { t1, t2, t3, t4, t5 };
+	for (size_t i = 0; i < sizeof all_t / sizeof *all_t; i++)
+		te_free(all_t[i]);
+	te_engine_destroy(a);
+	te_engine_destroy(b);
+	free(abuf);
+	free(bbuf);
+}
+
 /* TE_METRICS_PEERS bounds the set; 0 leaves only "other". */
 static void test_peers_option(void)
 {
@@ -753,5 +903,6 @@ int main(int argc, char **argv)
 	TEST_RUN(test_peers_option);
 	TEST_RUN(test_concurrent);
 	TEST_RUN(test_many_peers);
+	TEST_RUN(test_busiest_peers);
 	return check_done();
 }

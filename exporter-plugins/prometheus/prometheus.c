@@ -24,11 +24,11 @@
 #include <json-glib/json-glib.h>
 #include <libsoup/soup.h>
 #include <te/te-json.h>
+#include "../common/te-bearer.h"
 
 #include <te/te-plugin.h>
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
-#define TOKEN_MAX 4096
 
 typedef struct exporter {
 	const te_host *h;
@@ -39,8 +39,7 @@ typedef struct exporter {
 	SoupServer *srv;
 	GSocketService *svc;
 	char *url;
-	bool token_on;
-	guint8 token_sum[32];
+	te_bearer token;
 	unsigned max_conns;
 	unsigned idle_s;
 	unsigned conns; /* accepted and not yet released by libsoup (server thread only) */
@@ -54,38 +53,11 @@ typedef struct exporter {
 
 static te_ratelimit refusal_rl, busy_rl;
 
-static void sha256(const char *data, size_t len, guint8 out[32])
-{
-	GChecksum *c = g_checksum_new(G_CHECKSUM_SHA256);
-	gsize n = 32;
-
-	g_checksum_update(c, (const guchar *)data, (gssize)len);
-	g_checksum_get_digest(c, out, &n);
-	g_checksum_free(c);
-}
-
-/* NULL when `msg` may go on, else why not (for the log, never the token).
- * Every byte of the digests is compared, so the time taken tells a client
- * nothing about how much of a guess was right. */
+/* NULL when `msg` may go on, else why not (for the log, never the token). */
 static const char *unauthorized(exporter *x, SoupServerMessage *msg)
 {
-	if (!x->token_on)
-		return NULL;
-	const char *a = soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
-						     "Authorization");
-	if (a == NULL)
-		return "no Authorization header";
-	if (g_ascii_strncasecmp(a, "Bearer ", 7) != 0)
-		return "not a Bearer token";
-	const char *t = a + 7;
-	while (*t == ' ')
-		t++;
-	guint8 sum[32];
-	unsigned diff = 0;
-	sha256(t, strlen(t), sum);
-	for (int i = 0; i < 32; i++)
-		diff |= (unsigned)(sum[i] ^ x->token_sum[i]);
-	return diff == 0 ? NULL : "wrong token";
+	return te_bearer_refuse(&x->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+									 "Authorization"));
 }
 
 static void log_refusal(exporter *x, SoupServerMessage *msg, unsigned status, const char *why)
@@ -389,41 +361,22 @@ bad:
 	return NULL;
 }
 
-/* The token: the first line of the file, of letters, digits and -._~+/=
- * (what te-metadata-server accepts). Only its digest is kept. */
+/* The token (exporter-plugins/common/te-bearer.h says what one is). */
 static int load_token(exporter *x, const char *path)
 {
-	char *data = NULL;
-	gsize n = 0;
-	GError *err = NULL;
+	char why[512];
+	bool weak = false;
+	int rc = te_bearer_load(&x->token, path, &weak, why, sizeof why);
 
-	if (!g_file_get_contents(path, &data, &n, &err)) {
-		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: cannot read the token file: %s", err->message);
-		g_error_free(err);
+	if (rc < 0) {
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %s", why);
 		return -EINVAL;
 	}
-	char *nl = memchr(data, '\n', n);
-	char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
-	size_t tl = strlen(tok);
-	bool ok = tl > 0 && tl <= TOKEN_MAX &&
-		  strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") == tl;
-	if (ok) {
-		sha256(tok, tl, x->token_sum);
-		x->token_on = true;
-		if (tl < 16)
-			x->h->log(x->h, TE_LOG_WARN,
-				  "metrics endpoint: the token in %s is shorter than 16 characters; a long random "
-				  "one (openssl rand -hex 32) resists guessing", path);
-	} else {
-		x->h->log(x->h, TE_LOG_ERROR,
-			  "metrics endpoint: %s: the first line must be a token of letters, digits and -._~+/= "
-			  "(at most %d)", path, TOKEN_MAX);
-	}
-	memset(data, 0, n);
-	memset(tok, 0, tl);
-	g_free(data);
-	g_free(tok);
-	return ok ? 0 : -EINVAL;
+	if (weak)
+		x->h->log(x->h, TE_LOG_WARN,
+			  "metrics endpoint: the token in %s is shorter than 16 characters; a long random "
+			  "one (openssl rand -hex 32) resists guessing", path);
+	return 0;
 }
 
 /* {"token_file": PATH}: bounded before it is parsed, like every JSON
@@ -475,7 +428,7 @@ static void prom_free(exporter *x)
 	g_free(x->url);
 	g_mutex_clear(&x->lock);
 	g_cond_clear(&x->cond);
-	explicit_bzero(x->token_sum, sizeof x->token_sum);
+	te_bearer_clear(&x->token);
 	g_free(x);
 }
 

@@ -31,6 +31,8 @@
 #include <te/te-json.h>
 #include <libsoup/soup.h>
 
+#include "../../exporter-plugins/common/te-bearer.h"
+
 #define PERSIST_FORMAT "te-metadata-server/1"
 
 typedef struct server {
@@ -43,8 +45,7 @@ typedef struct server {
 	gboolean verbose;
 	GMainLoop *loop;
 	/* bearer token: SHA-256 of it, compared in constant time; none when unset */
-	gboolean token_on;
-	guint8 token_sum[32];
+	te_bearer token;
 	gboolean public_reads;
 	gint64 refusal_logged_us; /* when the last refusal line was written */
 	guint refusals_unlogged;  /* refusals since */
@@ -299,41 +300,17 @@ static void refuse_early(SoupServerMessage *msg, guint status, char *text)
 	g_idle_add(send_refusal, r);
 }
 
-static void sha256(const char *data, size_t len, guint8 out[32])
-{
-	GChecksum *c = g_checksum_new(G_CHECKSUM_SHA256);
-	gsize n = 32;
-
-	g_checksum_update(c, (const guchar *)data, (gssize)len);
-	g_checksum_get_digest(c, out, &n);
-	g_checksum_free(c);
-}
-
-/* NULL when `msg` may go on; else why it may not (for the log). The token
- * is compared through its SHA-256 with every byte looked at, so neither the
- * time taken nor an early exit tells a client how much of a guess was right,
- * nor the token's length. */
+/* NULL when `msg` may go on; else why it may not (for the log). With
+ * --public-reads a GET or HEAD needs no token. */
 static const char *unauthorized(server *s, SoupServerMessage *msg)
 {
-	if (!s->token_on)
+	if (!s->token.on)
 		return NULL;
 	const char *m = soup_server_message_get_method(msg);
 	if (s->public_reads && (strcmp(m, SOUP_METHOD_GET) == 0 || strcmp(m, SOUP_METHOD_HEAD) == 0))
 		return NULL;
-	const char *h = soup_message_headers_get_one(soup_server_message_get_request_headers(msg), "Authorization");
-	if (h == NULL)
-		return "no Authorization header";
-	if (g_ascii_strncasecmp(h, "Bearer ", 7) != 0)
-		return "not a Bearer token";
-	const char *t = h + 7;
-	while (*t == ' ')
-		t++;
-	guint8 sum[32];
-	unsigned diff = 0;
-	sha256(t, strlen(t), sum);
-	for (int i = 0; i < 32; i++)
-		diff |= (unsigned)(sum[i] ^ s->token_sum[i]);
-	return diff == 0 ? NULL : "wrong token";
+	return te_bearer_refuse(&s->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+									 "Authorization"));
 }
 
 /* One line per refusal, at most one a second (the others are counted):
@@ -655,36 +632,18 @@ int main(int argc, char **argv)
 	if (token_file == NULL && g_getenv("TE_METADATA_TOKEN_FILE") && *g_getenv("TE_METADATA_TOKEN_FILE"))
 		token_file = g_strdup(g_getenv("TE_METADATA_TOKEN_FILE"));
 	if (token_file != NULL) {
-		char *data = NULL;
-		gsize n = 0;
-		if (!g_file_get_contents(token_file, &data, &n, &err)) {
-			g_printerr("te-metadata-server: cannot read the token file: %s\n", err->message);
-			rc = 1;
+		char why[512];
+		bool weak = false;
+		int trc = te_bearer_load(&s.token, token_file, &weak, why, sizeof why);
+		if (trc < 0) {
+			g_printerr("te-metadata-server: %s\n", why);
+			rc = trc == -EIO ? 1 : 2;
 			goto out;
 		}
-		char *nl = memchr(data, '\n', n);
-		char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
-		gboolean ok = *tok != '\0' && strlen(tok) <= 4096 &&
-			      strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") ==
-				      strlen(tok);
-		if (ok) {
-			sha256(tok, strlen(tok), s.token_sum);
-			s.token_on = TRUE;
-			if (strlen(tok) < 16)
-				g_printerr("te-metadata-server: warning: the token in %s is shorter than 16 "
-					   "characters; a long random one (openssl rand -hex 32) resists guessing\n",
-					   token_file);
-		}
-		memset(data, 0, n);
-		memset(tok, 0, strlen(tok));
-		g_free(data);
-		g_free(tok);
-		if (!ok) {
-			g_printerr("te-metadata-server: %s: the first line must be a token of letters, digits "
-				   "and -._~+/= (at most 4096)\n", token_file);
-			rc = 2;
-			goto out;
-		}
+		if (weak)
+			g_printerr("te-metadata-server: warning: the token in %s is shorter than 16 "
+				   "characters; a long random one (openssl rand -hex 32) resists guessing\n",
+				   token_file);
 	} else if (s.public_reads) {
 		g_printerr("te-metadata-server: --public-reads needs --token-file\n");
 		goto out;
@@ -735,7 +694,7 @@ int main(int argc, char **argv)
 		char *u = g_uri_to_string(uris->data);
 		fprintf(stderr, "te-metadata-server: %zu keys, listening on %s (store at %s%s)\n",
 			(size_t)g_hash_table_size(s.kv), u, s.path,
-			!s.token_on ? ", no token" : s.public_reads ? ", token for writes" : ", token for all calls");
+			!s.token.on ? ", no token" : s.public_reads ? ", token for writes" : ", token for all calls");
 		g_free(u);
 	}
 	g_slist_free_full(uris, (GDestroyNotify)g_uri_unref);

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The server's side of a bearer token, for the HTTP servers libte ships: the
+ * Prometheus exporter (TE_METRICS_TOKEN_FILE) and te-metadata-server
+ * (--token-file). One rule for both, so a token file that one accepts the
+ * other accepts too: the token is the file's first line, white space around
+ * it dropped, 1 to TE_BEARER_MAX characters of letters, digits and -._~+/=
+ * (what may follow "Bearer " in an Authorization header, RFC 6750). Only its
+ * SHA-256 is kept; the file's bytes are overwritten before they are freed.
+ *
+ * Header-only and compiled into each user (it is no library and is not
+ * installed); it needs GLib (GChecksum, g_file_get_contents).
+ */
+#ifndef TE_BEARER_H
+#define TE_BEARER_H
+
+#include <errno.h>
+#include <glib.h>
+#include <stdbool.h>
+#include <string.h>
+
+#define TE_BEARER_MAX 4096
+/* Shorter tokens are taken, with a warning: they can be guessed. */
+#define TE_BEARER_WEAK 16
+
+typedef struct te_bearer {
+	bool on;
+	guint8 sum[32]; /* SHA-256 of the token */
+} te_bearer;
+
+static inline void te_bearer__sha256(const char *data, size_t len, guint8 out[32])
+{
+	GChecksum *c = g_checksum_new(G_CHECKSUM_SHA256);
+	gsize n = 32;
+
+	g_checksum_update(c, (const guchar *)data, (gssize)len);
+	g_checksum_get_digest(c, out, &n);
+	g_checksum_free(c);
+}
+
+/* Requires `token` (len bytes) from now on. */
+static inline void te_bearer_set(te_bearer *b, const char *token, size_t len)
+{
+	te_bearer__sha256(token, len, b->sum);
+	b->on = true;
+}
+
+/* Reads the token in `path` into `b`: 0 (and *weak when it is shorter than
+ * TE_BEARER_WEAK), -EIO when the file cannot be read, -EINVAL when its
+ * first line is no token. On an error `why` says why (never the token). */
+static inline int te_bearer_load(te_bearer *b, const char *path, bool *weak, char *why, size_t whylen)
+{
+	char *data = NULL;
+	gsize n = 0;
+	GError *err = NULL;
+
+	*weak = false;
+	if (!g_file_get_contents(path, &data, &n, &err)) {
+		g_snprintf(why, whylen, "cannot read the token file: %s", err->message);
+		g_error_free(err);
+		return -EIO;
+	}
+	char *nl = memchr(data, '\n', n);
+	char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
+	size_t tl = strlen(tok);
+	bool ok = tl > 0 && tl <= TE_BEARER_MAX &&
+		  strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") == tl;
+	if (ok) {
+		te_bearer_set(b, tok, tl);
+		*weak = tl < TE_BEARER_WEAK;
+	} else {
+		g_snprintf(why, whylen, "%s: the first line must be a token of letters, digits and -._~+/= (at most %d)",
+			   path, TE_BEARER_MAX);
+	}
+	memset(data, 0, n);
+	memset(tok, 0, tl);
+	g_free(data);
+	g_free(tok);
+	return ok ? 0 : -EINVAL;
+}
+
+/* NULL when a request with this Authorization header (NULL: none) may go
+ * on, else why not (for the log, never the token). The header's token is
+ * compared through its SHA-256 with every byte looked at, so neither the
+ * time taken nor an early exit tells a client how much of a guess was
+ * right, nor the token's length. */
+static inline const char *te_bearer_refuse(const te_bearer *b, const char *authorization)
+{
+	if (!b->on)
+		return NULL;
+	if (authorization == NULL)
+		return "no Authorization header";
+	if (g_ascii_strncasecmp(authorization, "Bearer ", 7) != 0)
+		return "not a Bearer token";
+	const char *t = authorization + 7;
+	while (*t == ' ')
+		t++;
+	guint8 sum[32];
+	unsigned diff = 0;
+	te_bearer__sha256(t, strlen(t), sum);
+	for (int i = 0; i < 32; i++)
+		diff |= (unsigned)(sum[i] ^ b->sum[i]);
+	return diff == 0 ? NULL : "wrong token";
+}
+
+static inline void te_bearer_clear(te_bearer *b)
+{
+	explicit_bzero(b->sum, sizeof b->sum);
+	b->on = false;
+}
+
+#endif

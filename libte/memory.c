@@ -394,6 +394,21 @@ static gint64 retire_deadline(te_engine *e)
 	return g_get_monotonic_time() + e->mem.unregister_ms * 1000;
 }
 
+/* Retires registered regions already out of the registry, under one bound
+ * for them all, and takes them off the memory metrics (hidden ones were
+ * never on them). */
+static void regions_unregistered(te_engine *e, GPtrArray *gone)
+{
+	gint64 deadline = retire_deadline(e);
+
+	for (guint i = 0; i < gone->len; i++) {
+		te_region *r = g_ptr_array_index(gone, i);
+		if (!r->hidden)
+			te_metric_count_memory(e, -(int64_t)r->length, -1);
+		region_retire(e, r, deadline);
+	}
+}
+
 static int register_regions(te_engine *e, const te_memory_region *regs, size_t n, bool hidden);
 
 int te_register_memory_batch(te_engine *e, const te_memory_region *regs, size_t n)
@@ -564,14 +579,7 @@ int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
 		for (guint i = 0; i < gone->len; i++)
 			region_remove_locked(&e->mem, g_ptr_array_index(gone, i));
 		g_rw_lock_writer_unlock(&e->mem.lock);
-		/* One bound for the whole call. */
-		gint64 deadline = retire_deadline(e);
-		for (guint i = 0; i < gone->len; i++) {
-			te_region *r = g_ptr_array_index(gone, i);
-			if (!r->hidden)
-				te_metric_count_memory(e, -(int64_t)r->length, -1);
-			region_retire(e, r, deadline);
-		}
+		regions_unregistered(e, gone);
 	}
 	g_ptr_array_unref(gone);
 	g_rec_mutex_unlock(&e->ctl);
@@ -585,13 +593,7 @@ void te_memreg_revoke_all(te_engine *e)
 	GPtrArray *gone = e->mem.regions;
 	e->mem.regions = g_ptr_array_new();
 	g_rw_lock_writer_unlock(&e->mem.lock);
-	gint64 deadline = retire_deadline(e);
-	for (guint i = 0; i < gone->len; i++) {
-		te_region *r = g_ptr_array_index(gone, i);
-		if (!r->hidden)
-			te_metric_count_memory(e, -(int64_t)r->length, -1);
-		region_retire(e, r, deadline);
-	}
+	regions_unregistered(e, gone);
 	g_ptr_array_unref(gone);
 	g_rec_mutex_unlock(&e->ctl);
 }

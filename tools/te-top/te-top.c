@@ -218,6 +218,27 @@ static GPtrArray *sorted_keys(GHashTable *t)
 	return k;
 }
 
+/* One key's movement between two scrapes; `before` is NULL for a key the
+ * earlier scrape did not have (all of its counts are new). */
+typedef struct change {
+	const agg *now, *before;
+	double bytes, reqs, failed;
+} change;
+
+/* False when the key moved nothing: a line of zeros says nothing. */
+static bool changed(GHashTable *now, GHashTable *before, const char *k, change *c)
+{
+	static const agg zero = { 0 };
+
+	c->now = g_hash_table_lookup(now, k);
+	c->before = g_hash_table_lookup(before, k);
+	const agg *b = c->before != NULL ? c->before : &zero;
+	c->bytes = delta(c->now->bytes, b->bytes);
+	c->reqs = delta(c->now->requests, b->requests);
+	c->failed = delta(c->now->failed, b->failed);
+	return c->reqs != 0 || c->bytes != 0 || c->failed != 0;
+}
+
 static void print_view(const char *url, const scrape *now, const scrape *before)
 {
 	double dt = now->t - before->t;
@@ -236,43 +257,31 @@ static void print_view(const char *url, const scrape *now, const scrape *before)
 	GPtrArray *keys = sorted_keys(now->tp);
 	for (guint i = 0; i < keys->len; i++) {
 		const char *k = g_ptr_array_index(keys, i);
-		const agg *a = g_hash_table_lookup(now->tp, k);
-		const agg *b = g_hash_table_lookup(before->tp, k);
-		agg zero = { 0 };
-		if (b == NULL)
-			b = &zero;
-		double bytes = delta(a->bytes, b->bytes), reqs = delta(a->requests, b->requests);
-		double failed = delta(a->failed, b->failed);
-		if (reqs == 0 && bytes == 0 && failed == 0)
-			continue; /* idle: a line of zeros says nothing */
+		change c;
+		if (!changed(now->tp, before->tp, k, &c))
+			continue;
 		char p50[24], p99[24];
-		fmt_secs(p50, sizeof p50, quantile(a, b == &zero ? NULL : b, 0.50));
-		fmt_secs(p99, sizeof p99, quantile(a, b == &zero ? NULL : b, 0.99));
+		fmt_secs(p50, sizeof p50, quantile(c.now, c.before, 0.50));
+		fmt_secs(p99, sizeof p99, quantile(c.now, c.before, 0.99));
 		const char *tab = strchr(k, '\t');
 		printf("  %-12.*s %-5s %12.2f %12.0f %10s %10s %10.0f\n", (int)(tab - k), k, tab + 1,
-		       bytes / dt / 1e6, reqs / dt, p50, p99, failed / dt);
+		       c.bytes / dt / 1e6, c.reqs / dt, p50, p99, c.failed / dt);
 	}
 	g_ptr_array_unref(keys);
 	keys = sorted_keys(now->peers);
 	bool header = false;
 	for (guint i = 0; i < keys->len; i++) {
 		const char *k = g_ptr_array_index(keys, i);
-		const agg *a = g_hash_table_lookup(now->peers, k);
-		const agg *b = g_hash_table_lookup(before->peers, k);
-		agg zero = { 0 };
-		if (b == NULL)
-			b = &zero;
-		double bytes = delta(a->bytes, b->bytes), reqs = delta(a->requests, b->requests);
-		double failed = delta(a->failed, b->failed);
-		if (reqs == 0 && bytes == 0 && failed == 0)
+		change c;
+		if (!changed(now->peers, before->peers, k, &c))
 			continue;
 		if (!header) {
 			printf("  %-30s %-5s %12s %12s %10s\n", "peer", "op", "MB/s", "requests/s", "failed/s");
 			header = true;
 		}
 		const char *tab = strchr(k, '\t');
-		printf("  %-30.*s %-5s %12.2f %12.0f %10.0f\n", (int)(tab - k), k, tab + 1, bytes / dt / 1e6,
-		       reqs / dt, failed / dt);
+		printf("  %-30.*s %-5s %12.2f %12.0f %10.0f\n", (int)(tab - k), k, tab + 1, c.bytes / dt / 1e6,
+		       c.reqs / dt, c.failed / dt);
 	}
 	g_ptr_array_unref(keys);
 	keys = sorted_keys(now->devbw);

@@ -522,13 +522,13 @@ static void read_block(const te_mblock *b, tp_snap *out)
 	out->transport = b->transport;
 	for (unsigned op = 0; op < 2; op++) {
 		op_snap *o = &out->op[op];
-		uint64_t req_bytes = 0, ended_bytes = 0;
+		uint64_t req_bytes = 0, unmoved = 0;
 		for (unsigned s = 0; s < SHARDS; s++) {
 			const mop *x = &b->shards[s].op[op];
 			o->requests += get(&x->requests);
 			req_bytes += get(&x->req_bytes);
 			o->bytes += get(&x->bytes);
-			ended_bytes += get(&x->ended_bytes);
+			unmoved += get(&x->unmoved);
 			o->completed += get(&x->completed);
 			o->failed += get(&x->failed);
 			o->canceled += get(&x->canceled);
@@ -538,7 +538,7 @@ static void read_block(const te_mblock *b, tp_snap *out)
 		}
 		o->lat_sum_ns = (uint64_t)((double)o->lat_sum_ns * te_mclock_ns_per_tick);
 		o->in_flight = diff(o->requests, o->completed + o->failed + o->canceled);
-		o->in_flight_bytes = diff(req_bytes, ended_bytes);
+		o->in_flight_bytes = diff(req_bytes, o->bytes + unmoved);
 	}
 	out->retries = get(&b->retries);
 	out->failovers = get(&b->failovers);

@@ -74,7 +74,10 @@ typedef _Atomic uint64_t te_mcounter;
 
 /* One operation's counters in one shard. */
 typedef struct te_mop {
-	te_mcounter requests, req_bytes, bytes, ended_bytes, completed, failed, canceled;
+	/* unmoved: what ended tasks did not move (length - moved), added only
+	 * when not zero: bytes + unmoved is what ended, without a second add
+	 * for every task that completed. */
+	te_mcounter requests, req_bytes, bytes, unmoved, completed, failed, canceled;
 	te_mcounter lat_sum; /* in clock ticks */
 	te_mcounter lat[TE_MLAT_BUCKETS];
 } te_mop;
@@ -240,7 +243,8 @@ static inline void te_metrics_task_end(te_metrics *m, te_task *t, int state)
 	te_mop *o = &t->mb->shards[s].op[op];
 
 	te_madd(s, &o->bytes, moved);
-	te_madd(s, &o->ended_bytes, t->xfer.length);
+	if (moved < t->xfer.length)
+		te_madd(s, &o->unmoved, t->xfer.length - moved);
 	if (state == TE_TASK_COMPLETED)
 		te_madd(s, &o->completed, 1);
 	else if (state == TE_TASK_CANCELED)

@@ -380,6 +380,24 @@ void te_metrics_submit_switch(te_msubmit *acc, te_mblock *mb, te_mpeer *peer)
 	acc->peer = peer;
 }
 
+int te_mlate_slot_find(te_mlate *l, const te_task *t, unsigned op)
+{
+	for (unsigned i = 0; i < l->n; i++)
+		if (l->slot[i].mb == t->mb && l->slot[i].peer == t->mpeer && l->slot[i].op == op) {
+			l->last = i;
+			return (int)i;
+		}
+	if (l->n == TE_MLATE_SLOTS)
+		return -1;
+	unsigned i = l->n++;
+	l->slot[i].mb = t->mb;
+	l->slot[i].peer = t->mpeer;
+	l->slot[i].op = op;
+	l->slot[i].ended = l->slot[i].done = l->slot[i].bytes = 0;
+	l->last = i;
+	return (int)i;
+}
+
 te_mblock *te_metrics_local(te_metrics *m)
 {
 	return m->local;

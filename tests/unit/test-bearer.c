@@ -113,26 +113,28 @@ static void test_weak_and_longest(void)
 	g_free(big);
 }
 
+/* First lines that are no token; the file is named for its index. */
+static const char *const not_tokens[] = {
+	"",                                  /* empty */
+	"\nlater-line-is-not-read\n",        /* a blank first line */
+	"abcdefgh ijklmnopq\n",              /* a space inside */
+	"abcdefghijklmnop\"\n",              /* a quote */
+	"user:password-password\n",          /* a colon */
+	"abcdefghijklmnop\xc3\xa9\n",        /* not ASCII */
+};
+
 static void test_refused_files(void)
 {
-	static const struct {
-		const char *name, *data;
-	} bad[] = {
-		{ "empty", "" },
-		{ "blank-line", "\nlater-line-is-not-read\n" },
-		{ "space-inside", "abcdefgh ijklmnopq\n" },
-		{ "quote", "abcdefghijklmnop\"\n" },
-		{ "colon", "user:password-password\n" },
-		{ "non-ascii", "abcdefghijklmnop\xc3\xa9\n" },
-	};
-	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-		char *path = file_of(bad[i].name, bad[i].data, strlen(bad[i].data));
+	for (size_t i = 0; i < sizeof not_tokens / sizeof *not_tokens; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "bad-%zu", i);
+		char *path = file_of(name, not_tokens[i], strlen(not_tokens[i]));
 		te_bearer b = { 0 };
 		bool weak = false;
 		char why[512] = "";
 		int rc = te_bearer_load(&b, path, &weak, why, sizeof why);
 		if (rc != -EINVAL || b.on || strstr(why, "the first line must be a token") == NULL) {
-			fprintf(stderr, "file '%s': rc %d, on %d, why '%s'\n", bad[i].name, rc, b.on, why);
+			fprintf(stderr, "file %s: rc %d, on %d, why '%s'\n", name, rc, b.on, why);
 			failures++;
 		}
 		CHECK(refused_as(&b, "Bearer anything", NULL)); /* nothing asked for */

@@ -3,7 +3,8 @@
  * The metrics (docs/metrics.md): exact counts after known transfers over
  * TCP, shm and local copies, a refused request, a cancel; the Prometheus
  * exposition parsed back (families, cumulative buckets, label escaping,
- * promtool when installed); the peer series bounded with 10,000 peers;
+ * promtool when installed); the peer series bounded with 10,000 peers, and
+ * the busiest of them shown, every series monotonic across the re-ranking;
  * device counters from the "hold" test transport; TE_METRICS=0; the size
  * versioning of te_stats; reading while other threads submit.
  */

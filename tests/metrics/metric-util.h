@@ -12,6 +12,18 @@
 
 #include <te/te.h>
 
+/* Whether e counts (not built with -Dmetrics=false, not TE_METRICS=0):
+ * the transport tests check their device counters only then. */
+static inline int engine_counts(te_engine *e)
+{
+	char *t = NULL;
+	size_t len = 0;
+	int rc = te_metrics_text(e, &t, &len);
+
+	te_free(t);
+	return rc == 0;
+}
+
 /* The value of `family{segment="<e's name>",<labels>}` in e's exposition;
  * -1 when the series is absent, -2 when the text cannot be read. */
 static inline long long engine_metric(te_engine *e, const char *family, const char *labels)

@@ -1,0 +1,604 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The CUDA plugin's copies: synchronous ones, asynchronous ones through one
+ * submitting thread and four lanes, batches (a stream of a pool, or the
+ * gather kernel for device-to-device pieces), and the page-locked host
+ * memory they run at full speed from.
+ */
+#include "cuda-internal.h"
+
+/* TE_CUDA_STATS=1: copy timings, printed when the plugin is unloaded (a
+ * diagnostic for tuning on a GPU machine). */
+static struct {
+	atomic_ullong async_n, async_bytes, async_lat_ns, async_sync_ns, async_call_ns;
+	atomic_ullong batch_n, batch_pieces, batch_bytes, batch_ns, batch_wait_ns, batch_nostream;
+} cst;
+static inline uint64_t cst_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+__attribute__((destructor)) static void cst_print(void)
+{
+	const char *v = getenv("TE_CUDA_STATS");
+	if (v == NULL || v[0] != '1')
+		return;
+	unsigned long long a = atomic_load(&cst.async_n), b = atomic_load(&cst.batch_n);
+	fprintf(stderr, "cuda-stats[%d]: async %llu, %.0f bytes, us avg: call %.1f, latency %.1f, in sync %.1f; "
+		"batch %llu, %.1f pieces %.0f bytes, us avg: %.1f, wait %.1f; no stream %llu\n", (int)getpid(),
+		a, a ? (double)atomic_load(&cst.async_bytes) / a : 0, a ? atomic_load(&cst.async_call_ns) / 1e3 / a : 0,
+		a ? atomic_load(&cst.async_lat_ns) / 1e3 / a : 0, a ? atomic_load(&cst.async_sync_ns) / 1e3 / a : 0,
+		b, b ? (double)atomic_load(&cst.batch_pieces) / b : 0, b ? (double)atomic_load(&cst.batch_bytes) / b : 0,
+		b ? atomic_load(&cst.batch_ns) / 1e3 / b : 0, b ? atomic_load(&cst.batch_wait_ns) / 1e3 / b : 0,
+		(unsigned long long)atomic_load(&cst.batch_nostream));
+}
+
+static CUstream pool_get(cuda_ctx *c);
+static void pool_put(cuda_ctx *c, CUstream s);
+static CUresult stream_wait(cuda_ctx *c, CUstream s);
+
+int cu_copy(void *ctx, void *dst, const void *src, size_t len)
+{
+	cuda_ctx *c = ctx;
+
+	cu_make_current(c, 0);
+	/* Queued and waited for on a blocking event, so that the wait sleeps
+	 * (cuMemcpy would spin). */
+	CUstream s = c->async && !c->wait_spin ? pool_get(c) : NULL;
+	if (s != NULL) {
+		CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
+		CUresult w = stream_wait(c, s);
+		pool_put(c, s);
+		if (r == CUDA_SUCCESS && w == CUDA_SUCCESS)
+			return 0;
+		if (w != CUDA_SUCCESS) {
+			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, cu_errstr(&c->drv, w));
+			return -EIO;
+		}
+		/* Not queued: cuMemcpy says whether it can be done at all. */
+	}
+	/* Unified addressing: one call for every direction. */
+	CUresult r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len,
+			     cu_errstr(&c->drv, r));
+		return -EIO;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------ asynchronous copies */
+
+/* Asynchronous copies go to one submitting thread per context, which
+ * queues whatever has gathered since its last look on the next lane's stream
+ * with one event after it; the lane's thread waits for the events in order
+ * and reports each copy. Driver calls from many threads at once (every
+ * transport thread finishing a staged chunk) contend inside the driver: on
+ * an H100 the call and its event cost 20-80 us each from sixteen threads,
+ * against ~4 us a queued 64 KiB copy from one. One thread also turns many
+ * small copies into one wait. (A stream callback would hold the stream
+ * until the host ran it: events instead.) */
+
+/* Groups are cut at this many bytes or jobs, so that the first copies of a
+ * burst are reported while later ones still run. */
+#define GROUP_BYTES (4u << 20)
+#define GROUP_JOBS 64
+
+static bool has_events(const driver *d)
+{
+	return d->EventCreate != NULL && d->EventRecord != NULL && d->EventSynchronize != NULL &&
+	       d->EventDestroy != NULL;
+}
+
+static CUevent event_get(cuda_ctx *c)
+{
+	CUevent ev = NULL;
+
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->nevents > 0)
+		ev = c->events[--c->nevents];
+	pthread_mutex_unlock(&c->ev_lock);
+	if (ev == NULL &&
+	    c->drv.EventCreate(&ev, CU_EVENT_DISABLE_TIMING | (c->wait_spin ? 0 : CU_EVENT_BLOCKING_SYNC)) !=
+		    CUDA_SUCCESS)
+		ev = NULL;
+	return ev;
+}
+
+static void event_put(cuda_ctx *c, CUevent ev)
+{
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->nevents < EVENTS_KEPT) {
+		c->events[c->nevents++] = ev;
+		ev = NULL;
+	}
+	pthread_mutex_unlock(&c->ev_lock);
+	if (ev != NULL)
+		c->drv.EventDestroy(ev);
+}
+
+/* Waits for an event: polling first with TE_CUDA_WAIT=poll. */
+static CUresult event_sync(cuda_ctx *c, CUevent ev)
+{
+	if (c->poll_us > 0 && c->drv.EventQuery != NULL) {
+		struct timespec t0, t;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (;;) {
+			CUresult r = c->drv.EventQuery(ev);
+			if (r != CUDA_ERROR_NOT_READY)
+				return r;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 >= (long)c->poll_us)
+				break;
+			sched_yield();
+		}
+	}
+	return c->drv.EventSynchronize(ev);
+}
+
+/* Tells a job's owner how it ended; the job is gone afterwards. */
+static void job_end(cu_job *j, int rc)
+{
+	j->done(j->arg, rc);
+	free(j);
+}
+
+/* The lane's thread: waits for each group's event in the order they were
+ * queued and reports its jobs, whose owners may start the next copies here. */
+static void *lane_main(void *arg)
+{
+	lane *l = arg;
+	cuda_ctx *c = l->owner;
+
+	cu_make_current(c, 0);
+	pthread_mutex_lock(&l->lock);
+	for (;;) {
+		while (l->head == NULL && !l->quit)
+			pthread_cond_wait(&l->cond, &l->lock);
+		cu_group *g = l->head;
+		if (g == NULL)
+			break; /* quit, and every queued group reported */
+		l->head = g->next;
+		if (l->head == NULL)
+			l->tail = NULL;
+		pthread_mutex_unlock(&l->lock);
+		uint64_t ts = cst_now();
+		CUresult r = g->ev != NULL ? event_sync(c, g->ev) : c->drv.StreamSynchronize(l->stream);
+		uint64_t te = cst_now();
+		if (r != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
+				     cu_errstr(&c->drv, r));
+		if (g->ev != NULL)
+			event_put(c, g->ev);
+		atomic_fetch_add(&cst.async_sync_ns, te - ts);
+		for (cu_job *j = g->jobs, *next; j != NULL; j = next) {
+			next = j->next;
+			atomic_fetch_add(&cst.async_n, 1);
+			atomic_fetch_add(&cst.async_bytes, j->len);
+			atomic_fetch_add(&cst.async_lat_ns, te - j->t0);
+			job_end(j, j->rc < 0 ? j->rc : r == CUDA_SUCCESS ? 0 : -EIO);
+		}
+		free(g);
+		pthread_mutex_lock(&l->lock);
+	}
+	pthread_mutex_unlock(&l->lock);
+	return NULL;
+}
+
+/* Queues a group's copies on the next lane's stream and hands it to that
+ * lane's thread. */
+static void group_issue(cuda_ctx *c, cu_job *jobs)
+{
+	lane *l = &c->lanes[c->next_lane++ % LANES];
+	cu_group *g = malloc(sizeof *g);
+
+	if (g == NULL) {
+		for (cu_job *j = jobs, *next; j != NULL; j = next) {
+			next = j->next;
+			job_end(j, -ENOMEM);
+		}
+		return;
+	}
+	*g = (cu_group){ .jobs = jobs };
+	for (cu_job *j = jobs; j != NULL; j = j->next) {
+		for (size_t i = 0; i < j->n && j->rc == 0; i++) {
+			if (j->v[i].len == 0)
+				continue;
+			CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)j->v[i].dst,
+							(CUdeviceptr)(uintptr_t)j->v[i].src, j->v[i].len, l->stream);
+			if (r != CUDA_SUCCESS) {
+				c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", j->v[i].len,
+					     cu_errstr(&c->drv, r));
+				j->rc = -EIO;
+			}
+		}
+		g->len += j->len;
+	}
+	g->ev = event_get(c);
+	if (g->ev != NULL && c->drv.EventRecord(g->ev, l->stream) != CUDA_SUCCESS) {
+		event_put(c, g->ev);
+		g->ev = NULL;
+	}
+	pthread_mutex_lock(&l->lock);
+	if (l->tail)
+		l->tail->next = g;
+	else
+		l->head = g;
+	l->tail = g;
+	pthread_cond_signal(&l->cond);
+	pthread_mutex_unlock(&l->lock);
+}
+
+/* The submitting thread: takes what gathered in the queue, in groups. */
+static void *submit_main(void *arg)
+{
+	cuda_ctx *c = arg;
+
+	cu_make_current(c, 0);
+	pthread_mutex_lock(&c->sub_lock);
+	for (;;) {
+		while (c->sub_head == NULL && !c->sub_quit)
+			pthread_cond_wait(&c->sub_cond, &c->sub_lock);
+		cu_job *jobs = c->sub_head;
+		if (jobs == NULL)
+			break; /* quit, and every job queued */
+		c->sub_head = c->sub_tail = NULL;
+		pthread_mutex_unlock(&c->sub_lock);
+		while (jobs != NULL) {
+			cu_job *first = jobs, *last = jobs;
+			size_t bytes = jobs->len;
+			unsigned n = 1;
+			while (last->next != NULL && n < GROUP_JOBS && bytes < GROUP_BYTES) {
+				last = last->next;
+				bytes += last->len;
+				n++;
+			}
+			jobs = last->next;
+			last->next = NULL;
+			group_issue(c, first);
+		}
+		pthread_mutex_lock(&c->sub_lock);
+	}
+	pthread_mutex_unlock(&c->sub_lock);
+	return NULL;
+}
+
+static void job_queue(cuda_ctx *c, cu_job *j)
+{
+	j->next = NULL;
+	pthread_mutex_lock(&c->sub_lock);
+	if (c->sub_tail != NULL) {
+		c->sub_tail->next = j;
+	} else {
+		c->sub_head = j;
+		pthread_cond_signal(&c->sub_cond); /* it sleeps only on an empty queue */
+	}
+	c->sub_tail = j;
+	pthread_mutex_unlock(&c->sub_lock);
+}
+
+static void lane_stop(cuda_ctx *c, lane *l)
+{
+	if (l->started) {
+		pthread_mutex_lock(&l->lock);
+		l->quit = true;
+		pthread_cond_signal(&l->cond);
+		pthread_mutex_unlock(&l->lock);
+		pthread_join(l->thread, NULL);
+	}
+	if (l->stream != NULL) {
+		c->drv.StreamSynchronize(l->stream);
+		c->drv.StreamDestroy(l->stream);
+	}
+	pthread_mutex_destroy(&l->lock);
+	pthread_cond_destroy(&l->cond);
+	memset(l, 0, sizeof *l);
+}
+
+static void submitter_stop(cuda_ctx *c)
+{
+	if (c->sub_started) {
+		pthread_mutex_lock(&c->sub_lock);
+		c->sub_quit = true;
+		pthread_cond_signal(&c->sub_cond);
+		pthread_mutex_unlock(&c->sub_lock);
+		pthread_join(c->sub_thread, NULL);
+		c->sub_started = false;
+	}
+	pthread_mutex_destroy(&c->sub_lock);
+	pthread_cond_destroy(&c->sub_cond);
+}
+
+/* Streams on device 0's context (unified addressing: any direction, any
+ * device), their threads and the submitter; false (copies stay synchronous)
+ * when the driver lacks the calls or refuses. */
+bool cu_async_start(cuda_ctx *c)
+{
+	driver *d = &c->drv;
+	int made = 0;
+
+	if (d->StreamCreate == NULL || d->StreamDestroy == NULL || d->MemcpyAsync == NULL ||
+	    !has_events(d) || c->ctx[0] == NULL)
+		return false;
+	cu_make_current(c, 0);
+	pthread_mutex_init(&c->sub_lock, NULL);
+	pthread_cond_init(&c->sub_cond, NULL);
+	for (; made < LANES; made++) {
+		lane *l = &c->lanes[made];
+		l->owner = c;
+		pthread_mutex_init(&l->lock, NULL);
+		pthread_cond_init(&l->cond, NULL);
+		CUresult r = d->StreamCreate(&l->stream, CU_STREAM_NON_BLOCKING);
+		if (r != CUDA_SUCCESS) {
+			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", cu_errstr(d, r));
+			l->stream = NULL;
+			made++;
+			break;
+		}
+		if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
+			made++;
+			break;
+		}
+		l->started = true;
+	}
+	if (made == LANES && c->lanes[LANES - 1].started &&
+	    pthread_create(&c->sub_thread, NULL, submit_main, c) == 0) {
+		c->sub_started = true;
+		return true;
+	}
+	submitter_stop(c);
+	while (made > 0)
+		lane_stop(c, &c->lanes[--made]);
+	return false;
+}
+
+/* Every copy started has been reported to its owner when this returns. The
+ * host destroys device plugins after every engine, so no done() starts a
+ * copy here any more. */
+void cu_async_stop(cuda_ctx *c)
+{
+	if (!c->async)
+		return;
+	cu_make_current(c, 0);
+	submitter_stop(c); /* every job handed to a lane */
+	for (int i = 0; i < LANES; i++)
+		lane_stop(c, &c->lanes[i]);
+	c->async = false;
+}
+
+/* Queued for the submitter: the caller's thread never waits for the copy
+ * nor calls the driver, and the copy engine never waits for us. */
+int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
+			 void *arg)
+{
+	cuda_ctx *c = ctx;
+
+	if (!c->async)
+		return -ENOTSUP;
+	cu_job *j = malloc(sizeof *j);
+	if (j == NULL)
+		return -ENOMEM;
+	*j = (cu_job){ .one = { dst, src, len }, .n = 1, .done = done, .arg = arg, .len = len, .t0 = cst_now() };
+	j->v = &j->one;
+	job_queue(c, j);
+	return 0;
+}
+
+/* ----------------------------------------------------------------- batches */
+
+#include "gather-ptx.h"
+
+/* The gather kernel's parameter block (gather.cu's te_gather). */
+typedef struct gather_params {
+	unsigned long long n, chunk;
+	struct {
+		unsigned long long dst, src, len;
+	} p[GATHER_MAX];
+} gather_params;
+_Static_assert(sizeof(gather_params) == 3088, "gather.cu's te_gather layout");
+
+static CUstream pool_get(cuda_ctx *c)
+{
+	CUstream s = NULL;
+
+	pthread_mutex_lock(&c->pool_lock);
+	if (c->pool_free > 0) {
+		s = c->pool[--c->pool_free];
+	} else if (c->pool_made < POOL_MAX) {
+		cu_make_current(c, 0);
+		if (c->drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+			/* Made streams sit at [pool_free, pool_made) while in use. */
+			c->pool[c->pool_made++] = s;
+		} else {
+			s = NULL;
+		}
+	}
+	pthread_mutex_unlock(&c->pool_lock);
+	return s;
+}
+
+static void pool_put(cuda_ctx *c, CUstream s)
+{
+	pthread_mutex_lock(&c->pool_lock);
+	/* Keep every made stream in pool[0, pool_made): swap s to pool_free. */
+	for (unsigned i = c->pool_free; i < c->pool_made; i++)
+		if (c->pool[i] == s) {
+			c->pool[i] = c->pool[c->pool_free];
+			c->pool[c->pool_free++] = s;
+			break;
+		}
+	pthread_mutex_unlock(&c->pool_lock);
+}
+
+static bool gather_ready(cuda_ctx *c)
+{
+	pthread_mutex_lock(&c->gather_lock);
+	if (c->gather_state == 0) {
+		c->gather_state = -1;
+		if (c->gather_off || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
+		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
+			c->host->log(c->host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
+				     c->gather_off ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
+		} else {
+			cu_make_current(c, 0);
+			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, gather_ptx);
+			if (r == CUDA_SUCCESS) {
+				r = c->drv.ModuleGetFunction(&c->gather_fn, c->gather_mod, "te_gather_copy");
+				if (r != CUDA_SUCCESS)
+					c->drv.ModuleUnload(c->gather_mod);
+			}
+			if (r == CUDA_SUCCESS)
+				c->gather_state = 1;
+			else
+				c->host->log(c->host, TE_LOG_INFO,
+					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
+					     cu_errstr(&c->drv, r));
+		}
+	}
+	bool ok = c->gather_state == 1;
+	pthread_mutex_unlock(&c->gather_lock);
+	return ok;
+}
+
+/* The device of a pointer, or -1 when it is not device memory. */
+static int ordinal_of(cuda_ctx *c, const void *p)
+{
+	unsigned type = 0;
+	int ordinal = -1;
+	CUdeviceptr dp = (CUdeviceptr)(uintptr_t)p;
+
+	if (c->drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dp) != CUDA_SUCCESS ||
+	    type != CU_MEMORYTYPE_DEVICE ||
+	    c->drv.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dp) != CUDA_SUCCESS)
+		return -1;
+	return ordinal;
+}
+
+/* Device-to-device pieces in launches of the gather kernel on device 0,
+ * where both sides of every piece are: one launch moves up to GATHER_MAX
+ * pieces (a copy call per piece costs ~10 us whatever its size). */
+static CUresult gather_launch(cuda_ctx *c, const te_copy *v, size_t n, CUstream s)
+{
+	gather_params g;
+	CUresult r = CUDA_SUCCESS;
+
+	for (size_t i = 0; i < n && r == CUDA_SUCCESS;) {
+		unsigned long long maxlen = 0;
+		g.n = 0;
+		for (; i < n && g.n < GATHER_MAX; i++) {
+			if (v[i].len == 0)
+				continue;
+			g.p[g.n].dst = (uintptr_t)v[i].dst;
+			g.p[g.n].src = (uintptr_t)v[i].src;
+			g.p[g.n].len = v[i].len;
+			if (v[i].len > maxlen)
+				maxlen = v[i].len;
+			g.n++;
+		}
+		if (g.n == 0)
+			break;
+		/* Blocks of 16 KiB or more, at most 4096 per piece. */
+		unsigned long long chunk = (maxlen + 4095) / 4096;
+		chunk = chunk < 16384 ? 16384 : (chunk + 15) & ~15ull;
+		unsigned gy = (unsigned)((maxlen + chunk - 1) / chunk);
+		g.chunk = chunk;
+		void *args[] = { &g };
+		r = c->drv.LaunchKernel(c->gather_fn, (unsigned)g.n, gy, 1, 256, 1, 1, 0, s, args, NULL);
+	}
+	return r;
+}
+
+static bool all_on_device0(cuda_ctx *c, const te_copy *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (v[i].len > 0 && (ordinal_of(c, v[i].dst) != 0 || ordinal_of(c, v[i].src) != 0))
+			return false;
+	return true;
+}
+
+/* Waits for what is queued on `s`: on a blocking event (the thread
+ * sleeps), or spinning in cuStreamSynchronize with TE_CUDA_WAIT=spin. */
+static CUresult stream_wait(cuda_ctx *c, CUstream s)
+{
+	CUevent ev = c->wait_spin ? NULL : event_get(c);
+
+	if (ev == NULL)
+		return c->drv.StreamSynchronize(s);
+	CUresult r = c->drv.EventRecord(ev, s);
+	r = r == CUDA_SUCCESS ? event_sync(c, ev) : c->drv.StreamSynchronize(s);
+	event_put(c, ev);
+	return r;
+}
+
+/* Every piece queued on one stream of the pool, then one wait. */
+int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
+{
+	cuda_ctx *c = ctx;
+	bool gather = (flags & TE_COPY_DEVICE_ONLY) && n > 1 && c->async && gather_ready(c);
+	uint64_t t0 = cst_now();
+
+	atomic_fetch_add(&cst.batch_n, 1);
+	atomic_fetch_add(&cst.batch_pieces, n);
+	for (size_t i = 0; i < n; i++)
+		atomic_fetch_add(&cst.batch_bytes, v[i].len);
+	if (gather) {
+		cu_make_current(c, 0);
+		gather = all_on_device0(c, v, n);
+	}
+	CUstream s = c->async ? pool_get(c) : NULL;
+	CUresult r = CUDA_SUCCESS;
+
+	if (s == NULL) { /* no streams (or all busy): one copy after the other */
+		atomic_fetch_add(&cst.batch_nostream, 1);
+		for (size_t i = 0; i < n; i++) {
+			int rc = cu_copy(c, v[i].dst, v[i].src, v[i].len);
+			if (rc < 0)
+				return rc;
+		}
+		return 0;
+	}
+	cu_make_current(c, 0);
+	if (gather) {
+		r = gather_launch(c, v, n, s);
+		if (r != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %zu pieces: %s", n,
+				     cu_errstr(&c->drv, r));
+	} else {
+		for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+			if (v[i].len == 0)
+				continue;
+			r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)v[i].dst,
+					       (CUdeviceptr)(uintptr_t)v[i].src, v[i].len, s);
+			if (r != CUDA_SUCCESS)
+				c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s",
+					     v[i].len, cu_errstr(&c->drv, r));
+		}
+	}
+	/* Wait even after a failure: nothing of this batch may still run when
+	 * the caller reuses its buffers. */
+	uint64_t tw = cst_now();
+	CUresult w = stream_wait(c, s);
+	atomic_fetch_add(&cst.batch_wait_ns, cst_now() - tw);
+	atomic_fetch_add(&cst.batch_ns, cst_now() - t0);
+	if (w != CUDA_SUCCESS)
+		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, cu_errstr(&c->drv, w));
+	pool_put(c, s);
+	return r == CUDA_SUCCESS && w == CUDA_SUCCESS ? 0 : -EIO;
+}
+
+int cu_host_alloc(void *ctx, size_t len, void **ptr)
+{
+	cuda_ctx *c = ctx;
+
+	cu_make_current(c, 0);
+	return c->drv.MemHostAlloc(ptr, len, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS ? 0
+										      : -ENOMEM;
+}
+
+void cu_host_free(void *ctx, void *ptr)
+{
+	cuda_ctx *c = ctx;
+	cu_make_current(c, 0);
+	c->drv.MemFreeHost(ptr);
+}

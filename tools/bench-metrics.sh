@@ -10,6 +10,10 @@
 # Environment: ROUNDS (default 7), SECS per run (default 5), CASES (default
 # "tcp:write tcp:read shm:write shm:read"), BLOCK (default 4096).
 # Quiet the machine first.
+#
+# INSTR=1 counts instructions instead, which the machine's load does not
+# change: one run per build and case under valgrind's callgrind, collecting
+# only inside libte's calls on the initiator, divided by the requests made.
 set -euo pipefail
 
 on=${1:?ON_BUILD}
@@ -77,6 +81,56 @@ assert d["transport"] == sys.argv[2], d["transport"]
 print(d["iops"])
 PY
 }
+
+# instr BUILD PROTOCOL OP -> "instructions requests" of one run under
+# callgrind, counted inside libte's calls only.
+instr() {
+	local b=$1 proto=$2 op=$3 name tproto=$2
+	local bench=$b/tools/te-bench/te-bench
+	[ "$proto" = shm ] && tproto=auto
+	export TE_PLUGIN_PATH="$PWD/$b/plugins/tcp:$PWD/$b/plugins/shm"
+	"$bench" --mode=target --local_server_name=127.0.0.1 --protocol="$tproto" --buffer_size=64M \
+		>"$tmp/target" 2>&1 &
+	target_pid=$!
+	for _ in $(seq 100); do
+		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target")
+		[ -n "$name" ] && break
+		sleep 0.1
+	done
+	[ -n "$name" ] || { echo "bench-metrics: the target did not start" >&2; exit 1; }
+	local toggles=() f
+	for f in te_submit te_batch_status te_batch_wait te_get_status te_batch_alloc te_batch_free; do
+		toggles+=("--toggle-collect=$f")
+	done
+	valgrind --tool=callgrind --callgrind-out-file="$tmp/cg" "${toggles[@]}" \
+		"$bench" --segment_id="$name" --protocol="$tproto" --operation="$op" --block_size="$block" \
+		--duration="$secs" --quiet --json >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+	kill "$target_pid" 2>/dev/null || true
+	wait "$target_pid" 2>/dev/null || true
+	target_pid=
+	python3 - "$tmp/out" "$tmp/cg" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+ir = 0
+for line in open(sys.argv[2]):
+    if line.startswith("summary:") or line.startswith("totals:"):
+        ir = int(line.split()[1])
+print(ir, d["requests"])
+PY
+}
+
+if [ "${INSTR:-0}" = 1 ]; then
+	command -v valgrind >/dev/null || { echo "bench-metrics: INSTR=1 needs valgrind" >&2; exit 1; }
+	echo "| case | metrics on, instructions per request | compiled out | on - off |"
+	echo "|---|---:|---:|---:|"
+	for c in $cases; do
+		proto=${c%%:*} op=${c##*:}
+		read -r ia ra < <(instr "$on" "$proto" "$op")
+		read -r ib rb < <(instr "$off" "$proto" "$op")
+		python3 -c "import sys; a=$ia/$ra; b=$ib/$rb; print(f'| {sys.argv[1]} {sys.argv[2]} B | {a:,.1f} | {b:,.1f} | {a-b:+,.1f} |')" "$c" "$block"
+	done
+	exit 0
+fi
 
 echo "# $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $rounds pairs of $secs s runs per case, $block-byte requests, order alternating"

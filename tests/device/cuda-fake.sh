@@ -8,6 +8,8 @@
 # run with FAILED tasks and the driver's reason, not with a crash.
 # The same-host transport reaches another process's device memory through
 # the driver's IPC handles, or a file descriptor of cuMemCreate memory.
+# The diagnostic counters (TE_STAGE_STATS, TE_CUDA_STATS, TE_TCP_STATS) print
+# what they counted, and nothing unless asked for.
 # Usage: cuda-fake.sh TE_INFO TE_BENCH FAKE_CUDA_DIR
 set -u
 info=$1
@@ -87,6 +89,23 @@ for costs in - FAKE_CUDA_COSTS=h100; do
     done
   done
 done
+
+# The diagnostic counters (docs/gpu.md): each prints its line, with what it
+# counted, when its engine or plugin goes away.
+if run diag "TE_STAGE_STATS=1 TE_CUDA_STATS=1 TE_TCP_STATS=1" --operation=read --block_size=65536 &&
+   grep -Eq '^stage-stats read: [1-9][0-9]* chunks' "$tmp/diag.err" &&
+   grep -Eq '^cuda-stats\[[0-9]+\]: async [1-9][0-9]*,' "$tmp/diag.err" &&
+   grep -Eq '^tcp-stats: read fills [1-9][0-9]*,' "$tmp/diag.err"; then
+  ok "TE_STAGE_STATS, TE_CUDA_STATS, TE_TCP_STATS: each printed what it counted"
+else
+  bad "diagnostic counters: $(grep stats "$tmp/diag.err" | head -5)"
+fi
+# Without them, nothing is printed.
+if run nodiag - --operation=read --block_size=65536 && ! grep -q -- '-stats' "$tmp/nodiag.err"; then
+  ok "no diagnostic lines unless asked for"
+else
+  bad "diagnostic lines printed unasked: $(grep -- -stats "$tmp/nodiag.err" | head -3)"
+fi
 
 # A driver that will not create events (nor queue stream callbacks): the
 # plugin copies without them, and the bytes still arrive.

@@ -686,6 +686,55 @@ static void test_busiest_peers(void)
 	free(bbuf);
 }
 
+/* TE_METRICS_PEER_NAMES bounds the names ranked: with 2 shown and 3
+ * tracked, the busiest of five peers is the fifth, past the bound: it
+ * counts into "other" and is never shown; the busier of the tracked
+ * third and the first two takes a place. */
+static void test_peer_names_bound(void)
+{
+	setenv("TE_METRICS_PEERS", "2", 1);
+	setenv("TE_METRICS_PEER_NAMES", "3", 1);
+	te_engine *a = p2p_engine("memcpy"), *b = NULL;
+	unsetenv("TE_METRICS_PEERS");
+	unsetenv("TE_METRICS_PEER_NAMES");
+	te_option bopt[2] = { { "transports", "memcpy" }, { "TE_BIND_ADDRESS", "*" } };
+	REQUIRE(a != NULL);
+	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", bopt, 2, &b) == 0);
+	unsigned char *abuf = aligned_alloc(4096, 65536), *bbuf = aligned_alloc(4096, 65536);
+	REQUIRE(abuf && bbuf);
+	REQUIRE(te_register_memory(a, abuf, 65536, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(b, bbuf, 65536, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	int port = te_engine_rpc_port(b);
+	const char *an = te_engine_name(a);
+	static const size_t len[5] = { 100, 200, 3000, 50, 60000 };
+	char name[5][64], lbl[400];
+	for (int i = 0; i < 5; i++) {
+		snprintf(name[i], sizeof name[i], "127.0.0.%d:%d", i + 1, port);
+		te_segment_id seg = te_segment_open(a, name[i]);
+		REQUIRE(seg > 0);
+		CHECK_EQ(run_one(a, TE_OP_WRITE, seg, abuf, (uintptr_t)bbuf, len[i], NULL), TE_TASK_COMPLETED);
+		CHECK_EQ(te_segment_close(a, seg), 0);
+	}
+	char *t = text_of(a);
+	CHECK_EQ(count_lines(t, "te_peer_bytes_total{"), 2 * 3);
+	/* shown: peer 2 (ranked in, from 0) and peer 1 (200 bytes, shown from
+	 * the start); peer 0 left; peers 3 and 4 counted into "other" */
+	snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name[2]);
+	CHECK_EQ(metric(t, "te_peer_bytes_total", an, lbl), 0);
+	snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name[1]);
+	CHECK_EQ(metric(t, "te_peer_bytes_total", an, lbl), 200);
+	for (int i = 0; i < 5; i += 4) {
+		snprintf(lbl, sizeof lbl, "peer=\"%s\",op=\"write\"", name[i]);
+		CHECK_EQ(metric(t, "te_peer_bytes_total", an, lbl), -1);
+	}
+	CHECK_EQ(metric(t, "te_peer_bytes_total", an, "peer=\"other\",op=\"write\""), 3000 + 50 + 60000);
+	te_free(t);
+	te_engine_destroy(a);
+	te_engine_destroy(b);
+	free(abuf);
+	free(bbuf);
+}
+
 /* TE_METRICS_PEERS bounds the set; 0 leaves only "other". */
 static void test_peers_option(void)
 {
@@ -905,5 +954,6 @@ int main(int argc, char **argv)
 	TEST_RUN(test_concurrent);
 	TEST_RUN(test_many_peers);
 	TEST_RUN(test_busiest_peers);
+	TEST_RUN(test_peer_names_bound);
 	return check_done();
 }

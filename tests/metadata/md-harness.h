@@ -373,6 +373,10 @@ static void etcd_start(etcd_member *m, int n, const char *tag)
 	etcd_start_ex(m, n, tag, NULL, false);
 }
 
+/* An address of this host etcd's members listen on too (their clients'
+ * port), beside 127.0.0.1: for clients in other network namespaces. */
+static const char *etcd_also_listen;
+
 static void etcd_start_ex(etcd_member *m, int n, const char *tag, const char *const *extra, bool tls)
 {
 	char cluster[1024] = "";
@@ -387,12 +391,18 @@ static void etcd_start_ex(etcd_member *m, int n, const char *tag, const char *co
 	}
 	for (int i = 0; i < n; i++) {
 		char curl[64], purl[64], dir[512], log[512];
+		char lurl[160];
 		snprintf(curl, sizeof curl, "%s://127.0.0.1:%d", tls ? "https" : "http", m[i].client_port);
+		if (etcd_also_listen != NULL)
+			snprintf(lurl, sizeof lurl, "%s,%s://%s:%d", curl, tls ? "https" : "http", etcd_also_listen,
+				 m[i].client_port);
+		else
+			snprintf(lurl, sizeof lurl, "%s", curl);
 		snprintf(purl, sizeof purl, "http://127.0.0.1:%d", m[i].peer_port);
 		snprintf(dir, sizeof dir, "%s", tmp_path("%s-etcd-%d", tag, i));
 		snprintf(log, sizeof log, "%s", tmp_path("%s-etcd-%d.log", tag, i));
 		char *argv[48] = { "etcd", "--name", m[i].name, "--data-dir", dir,
-				 "--listen-client-urls", curl, "--advertise-client-urls", curl,
+				 "--listen-client-urls", lurl, "--advertise-client-urls", curl,
 				 "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
 				 "--initial-cluster", cluster, "--initial-cluster-state", "new",
 				 "--initial-cluster-token", (char *)tag,

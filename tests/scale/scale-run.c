@@ -19,7 +19,16 @@
  *     else.
  * Exits non-zero when a check fails. Prints one table; docs/scale.md has the
  * figures of runs by hand.
+ *
+ * SCALE_HOSTS=M SCALE_SUBNET=a.b.c (set by scale-hosts.sh, which makes them):
+ * engine i runs in network namespace te-scale-<SCALE_TAG>-(i % M) at
+ * a.b.c.(2 + i % M), as on M hosts; etcd listens on a.b.c.1 too, the bridge
+ * that joins them.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* setns */
+#endif
+#include <sched.h>
 #include <dirent.h>
 #include <math.h>
 
@@ -47,6 +56,9 @@ static int lease_ttl_s = 3;
 
 static char conn[512];
 static int n_engines, k_peers;
+/* Simulated hosts (SCALE_HOSTS): 0, all on 127.0.0.1. */
+static int n_hosts;
+static const char *subnet, *host_tag;
 
 /* ------------------------------------------------------------- engines */
 
@@ -90,7 +102,10 @@ static int block_both_ways(te_engine *e, te_segment_id seg, char *local, unsigne
  *   open NAME | close NAME | xfer NAME SLOT ROUNDS | quit */
 static int engine_main(int idx, int in, int out)
 {
-	te_option opt[] = { { "ip_or_host_name", "127.0.0.1" }, { "transports", "tcp" } };
+	char ip[32] = "127.0.0.1";
+	if (n_hosts > 0)
+		snprintf(ip, sizeof ip, "%s.%d", subnet, 2 + idx % n_hosts);
+	te_option opt[] = { { "ip_or_host_name", ip }, { "transports", "tcp" } };
 	char name[64], line[512];
 	te_engine *e;
 	void *mem;
@@ -176,6 +191,16 @@ static void start_engine(int i)
 				close(engs[k].in);
 				close(engs[k].out);
 			}
+		if (n_hosts > 0) { /* onto its host */
+			char ns[128];
+			snprintf(ns, sizeof ns, "/run/netns/te-scale-%s-%d", host_tag, i % n_hosts);
+			int fd = open(ns, O_RDONLY | O_CLOEXEC);
+			if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+				say(c2p[1], "ERR cannot enter %s: %s\n", ns, strerror(errno));
+				_exit(1);
+			}
+			close(fd);
+		}
 		_exit(engine_main(i, p2c[0], c2p[1]));
 	}
 	close(c2p[1]);
@@ -394,12 +419,27 @@ int main(int argc, char **argv)
 		k_peers = n_engines - 1;
 	if (argc > 3 && (lease_ttl_s = atoi(argv[3])) < 2)
 		lease_ttl_s = 2;
+	const char *hv = getenv("SCALE_HOSTS");
+	if (hv != NULL && (n_hosts = atoi(hv)) > 0) {
+		subnet = getenv("SCALE_SUBNET");
+		host_tag = getenv("SCALE_TAG");
+		if (subnet == NULL || host_tag == NULL || n_hosts > 250) {
+			fprintf(stderr, "scale-run: SCALE_HOSTS needs SCALE_SUBNET and SCALE_TAG (scale-hosts.sh sets them), at most 250 hosts\n");
+			return 2;
+		}
+	}
 	harness_init("scale");
 	fprintf(stderr, "temporary directory %s\n", tmp_root);
 	etcd_member m[3];
+	char hub[40];
+	const char *store = "127.0.0.1";
+	if (n_hosts > 0) {
+		snprintf(hub, sizeof hub, "%s.1", subnet);
+		etcd_also_listen = store = hub;
+	}
 	etcd_start(m, 3, "scale");
-	snprintf(conn, sizeof conn, "etcd://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", m[0].client_port,
-		 m[1].client_port, m[2].client_port);
+	snprintf(conn, sizeof conn, "etcd://%s:%d,%s:%d,%s:%d", store, m[0].client_port, store, m[1].client_port,
+		 store, m[2].client_port);
 	char ttl[16];
 	snprintf(ttl, sizeof ttl, "%d", lease_ttl_s);
 	setenv("TE_ETCD_LEASE_TTL", ttl, 1);
@@ -522,8 +562,12 @@ int main(int argc, char **argv)
 	CHECK(pct(other, n_engines, 1.0) <= 100);
 #endif
 
-	printf("scale-run: %d engines, %d peers each, etcd cluster of 3, lease TTL %d s\n", n_engines, k_peers,
+	printf("scale-run: %d engines, %d peers each, etcd cluster of 3, lease TTL %d s, ", n_engines, k_peers,
 	       lease_ttl_s);
+	if (n_hosts > 0)
+		printf("on %d hosts (network namespaces on a bridge, %s.0/24)\n", n_hosts, subnet);
+	else
+		printf("all on 127.0.0.1\n");
 	printf("start: all published in %lld ms, the etcd leader killed after half of them were started; %d keys "
 	       "in the store (%.1f per engine)\n",
 	       start_ms, keys, (double)keys / n_engines);

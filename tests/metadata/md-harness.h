@@ -337,6 +337,30 @@ static bool wait_until(bool (*ready)(int), int port, int timeout_ms)
 
 static bool tcp_ready(int port);
 
+/* One line a child process wrote on `fd` (its newline dropped), within
+ * timeout_ms; false on timeout, end of file or a line longer than cap. */
+static bool harness_read_line(int fd, char *buf, size_t cap, int timeout_ms)
+{
+	size_t n = 0;
+	long long end = now_ms() + timeout_ms;
+
+	buf[0] = '\0';
+	while (n + 1 < cap) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		long long left = end - now_ms();
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+			return false;
+		if (read(fd, buf + n, 1) != 1)
+			return false;
+		if (buf[n] == '\n') {
+			buf[n] = '\0';
+			return true;
+		}
+		n++;
+	}
+	return false;
+}
+
 static bool etcd_ready(int port)
 {
 	char body[512];

@@ -116,29 +116,6 @@ typedef struct peer {
 	char name[64];
 } peer;
 
-static bool read_line(int fd, char *buf, size_t cap, int timeout_ms)
-{
-	size_t n = 0;
-	long long end = now_ms() + timeout_ms;
-
-	buf[0] = '\0';
-	while (n + 1 < cap) {
-		struct pollfd p = { fd, POLLIN, 0 };
-		long long left = end - now_ms();
-		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
-			return false;
-		ssize_t r = read(fd, buf + n, 1);
-		if (r <= 0)
-			return false;
-		if (buf[n] == '\n') {
-			buf[n] = '\0';
-			return true;
-		}
-		n++;
-	}
-	return false;
-}
-
 static bool peer_start(peer *p, const char *tag, char *const env[])
 {
 	char size[32], seed[16], line[256];
@@ -149,7 +126,7 @@ static bool peer_start(peer *p, const char *tag, char *const env[])
 	char *argv[] = { getenv("TE_MD_PEER"), conn, p->name, size, seed, NULL };
 	REQUIRE(argv[0] != NULL);
 	p->pid = spawn(argv, env, tmp_path("%s.log", tag), &p->in, &p->out);
-	if (!read_line(p->out, line, sizeof line, 30000) || strncmp(line, "READY ", 6) != 0) {
+	if (!harness_read_line(p->out, line, sizeof line, 30000) || strncmp(line, "READY ", 6) != 0) {
 		fprintf(stderr, "  peer %s did not come up (said '%s')\n", p->name, line);
 		return false;
 	}
@@ -161,7 +138,7 @@ static int peer_quit(peer *p)
 	char line[64];
 	if (write(p->in, "quit\n", 5) != 5)
 		return -1;
-	bool bye = read_line(p->out, line, sizeof line, 30000) && strcmp(line, "BYE") == 0;
+	bool bye = harness_read_line(p->out, line, sizeof line, 30000) && strcmp(line, "BYE") == 0;
 	int st = wait_child(p->pid, 30000);
 	close(p->in);
 	close(p->out);

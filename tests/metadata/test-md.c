@@ -315,28 +315,6 @@ typedef struct peer {
 	char name[64];
 } peer;
 
-static bool read_line(int fd, char *buf, size_t cap, int timeout_ms)
-{
-	size_t n = 0;
-	long long end = now_ms() + timeout_ms;
-
-	while (n + 1 < cap) {
-		struct pollfd p = { fd, POLLIN, 0 };
-		long long left = end - now_ms();
-		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
-			return false;
-		ssize_t r = read(fd, buf + n, 1);
-		if (r <= 0)
-			return false;
-		if (buf[n] == '\n') {
-			buf[n] = '\0';
-			return true;
-		}
-		n++;
-	}
-	return false;
-}
-
 /* Starts a target engine; `transport` "" installs none (for tests of keys
  * only), NULL the default (tcp). */
 static bool peer_start_with(peer *p, const char *conn, const char *tag, unsigned seed, char *const env[],
@@ -350,7 +328,7 @@ static bool peer_start_with(peer *p, const char *conn, const char *tag, unsigned
 	char *argv[] = { getenv("TE_MD_PEER"), (char *)conn, p->name, size, seeds, (char *)transport, NULL };
 	REQUIRE(argv[0] != NULL);
 	p->pid = spawn(argv, env, NULL, &p->in, &p->out);
-	if (!read_line(p->out, line, sizeof line, 30000) || strncmp(line, "READY ", 6) != 0) {
+	if (!harness_read_line(p->out, line, sizeof line, 30000) || strncmp(line, "READY ", 6) != 0) {
 		fprintf(stderr, "  peer %s did not come up (said '%s')\n", p->name, line);
 		return false;
 	}
@@ -367,7 +345,7 @@ static bool peer_cmd(peer *p, const char *cmd, char *reply, size_t cap)
 	size_t n = strlen(cmd);
 	if (write(p->in, cmd, n) != (ssize_t)n || write(p->in, "\n", 1) != 1)
 		return false;
-	return read_line(p->out, reply, cap, 30000);
+	return harness_read_line(p->out, reply, cap, 30000);
 }
 
 /* Asks the peer to quit; its exit status (0 = clean) or -1. */

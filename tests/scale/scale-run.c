@@ -38,6 +38,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function" /* the harness serves many tests */
 #include "../metadata/b64.h"
 #include "../metadata/md-harness.h"
+#include "../../tools/idle-cost/proc-usage.h"
 
 #ifndef MIN
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -217,23 +218,7 @@ static void start_engine(int i)
 
 static bool get_line(int i, char *buf, size_t cap, int timeout_ms)
 {
-	size_t n = 0;
-	long long end = now_ms() + timeout_ms;
-	buf[0] = '\0';
-	while (n + 1 < cap) {
-		struct pollfd p = { engs[i].out, POLLIN, 0 };
-		long long left = end - now_ms();
-		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
-			return false;
-		if (read(engs[i].out, buf + n, 1) != 1)
-			return false;
-		if (buf[n] == '\n') {
-			buf[n] = '\0';
-			return true;
-		}
-		n++;
-	}
-	return false;
+	return harness_read_line(engs[i].out, buf, cap, timeout_ms);
 }
 
 static void cmd(int i, const char *fmt, ...)
@@ -267,29 +252,6 @@ typedef struct usage {
 	int threads, fds, tcp;
 	long rss_kb;
 } usage;
-
-static bool established(pid_t pid, unsigned long ino)
-{
-	static const char *const tables[] = { "tcp", "tcp6" };
-	char path[64], line[512];
-	for (int i = 0; i < 2; i++) {
-		snprintf(path, sizeof path, "/proc/%d/net/%s", (int)pid, tables[i]);
-		FILE *f = fopen(path, "r");
-		if (f == NULL)
-			continue;
-		bool found = false;
-		while (!found && fgets(line, sizeof line, f) != NULL) {
-			unsigned st;
-			unsigned long in;
-			if (sscanf(line, " %*s %*s %*s %x %*s %*s %*s %*s %*s %lu", &st, &in) == 2 && in == ino)
-				found = st == 1;
-		}
-		fclose(f);
-		if (found)
-			return true;
-	}
-	return false;
-}
 
 static void usage_of(pid_t pid, usage *u)
 {
@@ -339,31 +301,8 @@ static void usage_of(pid_t pid, usage *u)
 			u->ticks = ut + st;
 		fclose(f);
 	}
-	snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-	d = opendir(path);
-	while (d != NULL && (de = readdir(d)) != NULL) {
-		if (de->d_name[0] == '.')
-			continue;
-		u->fds++;
-		char link[300], to[64];
-		snprintf(link, sizeof link, "/proc/%d/fd/%s", (int)pid, de->d_name);
-		ssize_t n = readlink(link, to, sizeof to - 1);
-		unsigned long ino;
-		if (n > 0) {
-			to[n] = '\0';
-			if (sscanf(to, "socket:[%lu]", &ino) == 1 && established(pid, ino))
-				u->tcp++;
-		}
-	}
-	if (d != NULL)
-		closedir(d);
-	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	while (f != NULL && fgets(line, sizeof line, f) != NULL)
-		if (sscanf(line, "VmRSS: %ld", &u->rss_kb) == 1)
-			break;
-	if (f != NULL)
-		fclose(f);
+	proc_fds(pid, &u->fds, &u->tcp);
+	u->rss_kb = proc_rss_kb(pid);
 }
 
 /* ------------------------------------------------------------- the store */

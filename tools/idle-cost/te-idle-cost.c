@@ -31,6 +31,8 @@
 
 #include <te/te.h>
 
+#include "proc-usage.h"
+
 #define BLOCK (64u << 10)
 #define MAX_PEERS 64
 #define MAX_THREADS 512
@@ -191,33 +193,6 @@ typedef struct sample {
 	long rss_kb;
 } sample;
 
-/* Whether socket inode `ino` is an established connection in a
- * /proc/PID/net/tcp{,6} table. */
-static bool established(pid_t pid, unsigned long ino)
-{
-	static const char *const tables[] = { "tcp", "tcp6" };
-	char path[64], line[512];
-
-	for (int i = 0; i < 2; i++) {
-		snprintf(path, sizeof path, "/proc/%d/net/%s", (int)pid, tables[i]);
-		FILE *f = fopen(path, "r");
-		if (f == NULL)
-			continue;
-		bool found = false;
-		while (!found && fgets(line, sizeof line, f) != NULL) {
-			unsigned st;
-			unsigned long in;
-			/* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
-			if (sscanf(line, " %*s %*s %*s %x %*s %*s %*s %*s %*s %lu", &st, &in) == 2 && in == ino)
-				found = st == 1; /* TCP_ESTABLISHED */
-		}
-		fclose(f);
-		if (found)
-			return true;
-	}
-	return false;
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
@@ -284,33 +259,8 @@ static void take(pid_t pid, sample *s)
 		s->n++;
 	}
 	closedir(d);
-	snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-	d = opendir(path);
-	if (d != NULL) {
-		while ((de = readdir(d)) != NULL) {
-			if (de->d_name[0] == '.')
-				continue;
-			s->fds++;
-			char link[300], to[64];
-			snprintf(link, sizeof link, "/proc/%d/fd/%s", (int)pid, de->d_name);
-			ssize_t n = readlink(link, to, sizeof to - 1);
-			unsigned long ino;
-			if (n > 0) {
-				to[n] = '\0';
-				if (sscanf(to, "socket:[%lu]", &ino) == 1 && established(pid, ino))
-					s->tcp++;
-			}
-		}
-		closedir(d);
-	}
-	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (f != NULL) {
-		while (fgets(line, sizeof line, f) != NULL)
-			if (sscanf(line, "VmRSS: %ld", &s->rss_kb) == 1)
-				break;
-		fclose(f);
-	}
+	proc_fds(pid, &s->fds, &s->tcp);
+	s->rss_kb = proc_rss_kb(pid);
 }
 
 static void usage(void)

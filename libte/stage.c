@@ -26,9 +26,15 @@
 
 #include "internal.h"
 
-/* TE_STAGE_STATS=1: where a staged chunk's time goes, printed at exit of
- * the engine (a diagnostic for tuning on a GPU machine). */
+/* TE_STAGE_STATS=1: where a staged chunk's time goes, the process's totals
+ * so far printed when an engine is destroyed (a diagnostic for tuning on a
+ * GPU machine). Read once at load: when off, a branch not taken. */
 static bool stats_on;
+__attribute__((constructor)) static void stats_init(void)
+{
+	const char *v = getenv("TE_STAGE_STATS");
+	stats_on = v != NULL && v[0] == '1';
+}
 static struct {
 	atomic_ullong chunks[2], wait_ns[2], copy1_ns[2], xport_ns[2], copy2_ns[2], total_ns[2], bytes[2];
 } st;
@@ -526,8 +532,6 @@ int te_stage_init(te_engine *e)
 	g_queue_init(&s->pending);
 	s->pool = g_thread_pool_new(run, s, THREADS, FALSE, NULL);
 	e->stager = s;
-	const char *sv = getenv("TE_STAGE_STATS");
-	stats_on = sv != NULL && sv[0] == '1';
 	return 0;
 }
 

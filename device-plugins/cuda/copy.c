@@ -10,24 +10,37 @@
 /* TE_CUDA_STATS=1: copy timings, printed when the plugin is unloaded (a
  * diagnostic for tuning on a GPU machine). */
 static struct {
-	atomic_ullong async_n, async_bytes, async_lat_ns, async_sync_ns, async_call_ns;
+	atomic_ullong async_n, async_bytes, async_lat_ns, async_sync_ns;
 	atomic_ullong batch_n, batch_pieces, batch_bytes, batch_ns, batch_wait_ns, batch_nostream;
 } cst;
+/* Read once at load: when off, counting is a branch not taken. */
+static bool cst_on;
+__attribute__((constructor)) static void cst_init(void)
+{
+	const char *v = getenv("TE_CUDA_STATS");
+	cst_on = v != NULL && v[0] == '1';
+}
+#define CST_ADD(field, v)                                          \
+	do {                                                      \
+		if (cst_on)                                        \
+			atomic_fetch_add(&cst.field, (v));         \
+	} while (0)
 static inline uint64_t cst_now(void)
 {
+	if (!cst_on)
+		return 0;
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 __attribute__((destructor)) static void cst_print(void)
 {
-	const char *v = getenv("TE_CUDA_STATS");
-	if (v == NULL || v[0] != '1')
+	if (!cst_on)
 		return;
 	unsigned long long a = atomic_load(&cst.async_n), b = atomic_load(&cst.batch_n);
-	fprintf(stderr, "cuda-stats[%d]: async %llu, %.0f bytes, us avg: call %.1f, latency %.1f, in sync %.1f; "
+	fprintf(stderr, "cuda-stats[%d]: async %llu, %.0f bytes, us avg: latency %.1f, in sync %.1f; "
 		"batch %llu, %.1f pieces %.0f bytes, us avg: %.1f, wait %.1f; no stream %llu\n", (int)getpid(),
-		a, a ? (double)atomic_load(&cst.async_bytes) / a : 0, a ? atomic_load(&cst.async_call_ns) / 1e3 / a : 0,
+		a, a ? (double)atomic_load(&cst.async_bytes) / a : 0,
 		a ? atomic_load(&cst.async_lat_ns) / 1e3 / a : 0, a ? atomic_load(&cst.async_sync_ns) / 1e3 / a : 0,
 		b, b ? (double)atomic_load(&cst.batch_pieces) / b : 0, b ? (double)atomic_load(&cst.batch_bytes) / b : 0,
 		b ? atomic_load(&cst.batch_ns) / 1e3 / b : 0, b ? atomic_load(&cst.batch_wait_ns) / 1e3 / b : 0,
@@ -171,12 +184,12 @@ static void *lane_main(void *arg)
 				     cu_errstr(&c->drv, r));
 		if (g->ev != NULL)
 			event_put(c, g->ev);
-		atomic_fetch_add(&cst.async_sync_ns, te - ts);
+		CST_ADD(async_sync_ns, te - ts);
 		for (cu_job *j = g->jobs, *next; j != NULL; j = next) {
 			next = j->next;
-			atomic_fetch_add(&cst.async_n, 1);
-			atomic_fetch_add(&cst.async_bytes, j->len);
-			atomic_fetch_add(&cst.async_lat_ns, te - j->t0);
+			CST_ADD(async_n, 1);
+			CST_ADD(async_bytes, j->len);
+			CST_ADD(async_lat_ns, te - j->t0);
 			job_end(j, j->rc < 0 ? j->rc : r == CUDA_SUCCESS ? 0 : -EIO);
 		}
 		free(g);
@@ -538,10 +551,10 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	bool gather = (flags & TE_COPY_DEVICE_ONLY) && n > 1 && c->async && gather_ready(c);
 	uint64_t t0 = cst_now();
 
-	atomic_fetch_add(&cst.batch_n, 1);
-	atomic_fetch_add(&cst.batch_pieces, n);
-	for (size_t i = 0; i < n; i++)
-		atomic_fetch_add(&cst.batch_bytes, v[i].len);
+	CST_ADD(batch_n, 1);
+	CST_ADD(batch_pieces, n);
+	for (size_t i = 0; cst_on && i < n; i++)
+		CST_ADD(batch_bytes, v[i].len);
 	if (gather) {
 		cu_make_current(c, 0);
 		gather = all_on_device0(c, v, n);
@@ -550,7 +563,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	CUresult r = CUDA_SUCCESS;
 
 	if (s == NULL) { /* no streams (or all busy): one copy after the other */
-		atomic_fetch_add(&cst.batch_nostream, 1);
+		CST_ADD(batch_nostream, 1);
 		for (size_t i = 0; i < n; i++) {
 			int rc = cu_copy(c, v[i].dst, v[i].src, v[i].len);
 			if (rc < 0)
@@ -579,8 +592,8 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	 * the caller reuses its buffers. */
 	uint64_t tw = cst_now();
 	CUresult w = stream_wait(c, s);
-	atomic_fetch_add(&cst.batch_wait_ns, cst_now() - tw);
-	atomic_fetch_add(&cst.batch_ns, cst_now() - t0);
+	CST_ADD(batch_wait_ns, cst_now() - tw);
+	CST_ADD(batch_ns, cst_now() - t0);
 	if (w != CUDA_SUCCESS)
 		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, cu_errstr(&c->drv, w));
 	pool_put(c, s);

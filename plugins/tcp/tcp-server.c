@@ -39,16 +39,29 @@
 static struct {
 	atomic_ullong fills, fill_pieces, fill_bytes, fill_ns, flushes, flush_pieces, flush_bytes, flush_ns;
 } tst;
+/* Read once at load: when off, counting is a branch not taken. */
+static bool tst_on;
+__attribute__((constructor)) static void tst_init(void)
+{
+	const char *v = getenv("TE_TCP_STATS");
+	tst_on = v != NULL && v[0] == '1';
+}
+#define TST_ADD(field, v)                                          \
+	do {                                                      \
+		if (tst_on)                                        \
+			atomic_fetch_add(&tst.field, (v));         \
+	} while (0)
 static inline uint64_t tst_now(void)
 {
+	if (!tst_on)
+		return 0;
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 __attribute__((destructor)) static void tst_print(void)
 {
-	const char *v = getenv("TE_TCP_STATS");
-	if (v == NULL || v[0] != '1')
+	if (!tst_on)
 		return;
 	unsigned long long f = atomic_load(&tst.fills), b = atomic_load(&tst.flushes);
 	fprintf(stderr, "tcp-stats: read fills %llu, %.1f pieces %.0f bytes %.1f us avg; write flushes %llu, %.1f pieces %.0f bytes %.1f us avg\n",
@@ -246,9 +259,9 @@ static int pend_flush(tcp_sconn *sc)
 	if (n == 0)
 		return 0;
 	uint64_t t0 = tst_now();
-	atomic_fetch_add(&tst.flushes, 1);
-	atomic_fetch_add(&tst.flush_pieces, n);
-	atomic_fetch_add(&tst.flush_bytes, sc->pend_bytes);
+	TST_ADD(flushes, 1);
+	TST_ADD(flush_pieces, n);
+	TST_ADD(flush_bytes, sc->pend_bytes);
 	for (unsigned i = 0; i < n; i++) {
 		pins[i] = &sc->pend[i].pin;
 		copies[i] = (te_copy){ sc->pend[i].dst, sc->stage + TCP_DEV_REPLY_STAGE + sc->pend[i].off,
@@ -259,7 +272,7 @@ static int pend_flush(tcp_sconn *sc)
 	else
 		for (unsigned i = 0; i < n && rc == 0; i++)
 			rc = h->buffer_copy(h, pins[i], copies[i].dst, copies[i].src, copies[i].len);
-	atomic_fetch_add(&tst.flush_ns, tst_now() - t0);
+	TST_ADD(flush_ns, tst_now() - t0);
 	for (unsigned i = 0; i < n; i++) {
 		h->buffer_release(h, &sc->pend[i].pin);
 		if (rc == 0 && sc->pend[i].v2)
@@ -457,13 +470,13 @@ static int stage_fill(tcp_sconn *sc, uint64_t i, uint64_t done)
 	if (sc->stage_n == 0)
 		return -1;
 	uint64_t t0 = tst_now();
-	atomic_fetch_add(&tst.fills, 1);
-	atomic_fetch_add(&tst.fill_pieces, sc->stage_n);
-	atomic_fetch_add(&tst.fill_bytes, pos);
+	TST_ADD(fills, 1);
+	TST_ADD(fill_pieces, sc->stage_n);
+	TST_ADD(fill_bytes, pos);
 	/* Queued on the device together and waited for once. */
 	if (sc->stage_n > 1 && TE_HAS_OP(h, buffer_copy_batch) &&
 	    h->buffer_copy_batch(h, pins, copies, sc->stage_n) == 0) {
-		atomic_fetch_add(&tst.fill_ns, tst_now() - t0);
+		TST_ADD(fill_ns, tst_now() - t0);
 		return 0;
 	}
 	/* One at a time (or again, after a failed batch): a failure past the

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The CUDA device plugin's shared declarations: the few driver types,
- * constants and prototypes it uses (declared here, so that neither the
- * plugin nor libte needs the CUDA toolkit), the driver table filled by
- * dlopen(), and the plugin's context. cuda.c opens the driver and holds the
+ * The CUDA device plugin's shared declarations: the plugin's context and
+ * the functions its files share (the driver's types, calls and table are in
+ * cuda-driver.h, so that neither the plugin nor libte needs the CUDA
+ * toolkit). cuda.c opens the driver and holds the
  * ops table; copy.c the copies; share.c the virtual memory API, dma-bufs and
  * other processes' memory.
  */
@@ -24,122 +24,9 @@
 
 #include <te/te-plugin.h>
 
-
-/* ----------------------------------------------------- driver API subset */
-
-typedef int CUresult; /* CUDA_SUCCESS = 0 */
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUstream;
-typedef void *CUevent;
-typedef void *CUmodule;
-typedef void *CUfunction;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct CUipcMemHandle {
-	char reserved[64]; /* CU_IPC_HANDLE_SIZE */
-} CUipcMemHandle;
-typedef struct CUmemLocation {
-	int type;
-	int id;
-} CUmemLocation;
-typedef struct CUmemAllocationProp {
-	int type;
-	int requestedHandleTypes;
-	CUmemLocation location;
-	void *win32HandleMetaData;
-	struct {
-		unsigned char compressionType;
-		unsigned char gpuDirectRDMACapable;
-		unsigned short usage;
-		unsigned char reserved[4];
-	} allocFlags;
-} CUmemAllocationProp;
-typedef struct CUmemAccessDesc {
-	CUmemLocation location;
-	int flags;
-} CUmemAccessDesc;
-
-enum {
-	CUDA_SUCCESS = 0,
-	CUDA_ERROR_NO_DEVICE = 100,
-	CUDA_ERROR_NOT_READY = 600,
-	CU_EVENT_BLOCKING_SYNC = 1,
-	CU_EVENT_DISABLE_TIMING = 2,
-	CU_MEM_ALLOCATION_TYPE_PINNED = 1,
-	CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
-	CU_MEM_LOCATION_TYPE_DEVICE = 1,
-	CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
-	CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
-	CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
-	CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
-	CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
-	CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
-	CU_MEMORYTYPE_DEVICE = 2,
-	CU_MEMHOSTALLOC_PORTABLE = 1,
-	CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
-	CU_STREAM_NON_BLOCKING = 1,
-	CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
-};
+#include "cuda-driver.h"
 
 #define MAX_DEVICES 64
-
-typedef struct driver {
-	void *lib;
-	CUresult (*Init)(unsigned);
-	CUresult (*DeviceGetCount)(int *);
-	CUresult (*DeviceGet)(CUdevice *, int);
-	CUresult (*DeviceGetName)(char *, int, CUdevice);
-	CUresult (*DeviceTotalMem)(size_t *, CUdevice);
-	CUresult (*DeviceGetPCIBusId)(char *, int, CUdevice);
-	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-	CUresult (*DevicePrimaryCtxRelease)(CUdevice);
-	CUresult (*CtxSetCurrent)(CUcontext);
-	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
-	CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
-	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
-	CUresult (*MemFreeHost)(void *);
-	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-	CUresult (*MemFree)(CUdeviceptr);
-	CUresult (*GetErrorString)(CUresult, const char **);
-	CUresult (*StreamSynchronize)(CUstream);
-	/* Optional: without them copies are synchronous only. */
-	CUresult (*StreamCreate)(CUstream *, unsigned);
-	CUresult (*StreamDestroy)(CUstream);
-	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-	/* Optional (CUDA 11.7 and later drivers). */
-	CUresult (*MemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
-	/* Optional: sharing cuMemAlloc memory with other processes. */
-	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
-	CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
-	CUresult (*IpcCloseMemHandle)(CUdeviceptr);
-	/* Optional: copies reported by events (without them, stream callbacks). */
-	CUresult (*EventCreate)(CUevent *, unsigned);
-	CUresult (*EventRecord)(CUevent, CUstream);
-	CUresult (*EventSynchronize)(CUevent);
-	CUresult (*EventQuery)(CUevent);
-	CUresult (*EventDestroy)(CUevent);
-	/* Optional: the gather-copy kernel for device-to-device batches. */
-	CUresult (*ModuleLoadData)(CUmodule *, const void *);
-	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
-	CUresult (*ModuleUnload)(CUmodule);
-	CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-				 unsigned, CUstream, void **, void **);
-	/* Optional: memory of the virtual memory API (cuMemCreate). */
-	CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
-	CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-			      unsigned long long);
-	CUresult (*MemRelease)(CUmemGenericAllocationHandle);
-	CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-	CUresult (*MemAddressFree)(CUdeviceptr, size_t);
-	CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-	CUresult (*MemUnmap)(CUdeviceptr, size_t);
-	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-	CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
-	CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int,
-					       unsigned long long);
-	CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
-} driver;
 
 /* Asynchronous copies go round-robin to this many lanes (a stream and a
  * thread that reports its copies' ends), so that copies into and out of the
@@ -241,7 +128,6 @@ struct cuda_ctx {
 
 
 /* cuda.c */
-const char *cu_errstr(const driver *d, CUresult r);
 /* Driver calls need a current context in the calling thread. */
 void cu_make_current(cuda_ctx *c, int dev);
 int cu_classify(void *ctx, const void *addr, size_t len, int *device);

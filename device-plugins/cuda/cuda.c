@@ -11,80 +11,11 @@
 #include "cuda-internal.h"
 #include "../pci-numa.h"
 
-const char *cu_errstr(const driver *d, CUresult r)
-{
-	const char *s = NULL;
-	if (d->GetErrorString == NULL || d->GetErrorString(r, &s) != CUDA_SUCCESS || s == NULL)
-		return "unknown CUDA error";
-	return s;
-}
-
 static int open_driver(driver *d, char *why, size_t why_len)
 {
-	memset(d, 0, sizeof *d);
-	d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (d->lib == NULL) {
-		snprintf(why, why_len, "the CUDA driver library libcuda.so.1 is not installed (%s)",
-			 dlerror());
-		return -ENODEV;
-	}
-#define SYM(field, name, required)                                                         \
-	do {                                                                               \
-		*(void **)&d->field = dlsym(d->lib, name);                                 \
-		if (d->field == NULL && (required)) {                                      \
-			snprintf(why, why_len, "libcuda.so.1 lacks %s", name);             \
-			dlclose(d->lib);                                                   \
-			d->lib = NULL;                                                     \
-			return -ENOTSUP;                                                   \
-		}                                                                          \
-	} while (0)
-	SYM(Init, "cuInit", 1);
-	SYM(DeviceGetCount, "cuDeviceGetCount", 1);
-	SYM(DeviceGet, "cuDeviceGet", 1);
-	SYM(DeviceGetName, "cuDeviceGetName", 1);
-	SYM(DeviceTotalMem, "cuDeviceTotalMem_v2", 1);
-	SYM(DeviceGetPCIBusId, "cuDeviceGetPCIBusId", 1);
-	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 1);
-	SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", 1);
-	SYM(CtxSetCurrent, "cuCtxSetCurrent", 1);
-	SYM(PointerGetAttribute, "cuPointerGetAttribute", 1);
-	SYM(Memcpy, "cuMemcpy", 1);
-	SYM(MemHostAlloc, "cuMemHostAlloc", 1);
-	SYM(MemFreeHost, "cuMemFreeHost", 1);
-	SYM(MemAlloc, "cuMemAlloc_v2", 1);
-	SYM(MemFree, "cuMemFree_v2", 1);
-	SYM(GetErrorString, "cuGetErrorString", 0);
-	SYM(StreamSynchronize, "cuStreamSynchronize", 1);
-	SYM(StreamCreate, "cuStreamCreate", 0);
-	SYM(StreamDestroy, "cuStreamDestroy_v2", 0);
-	SYM(MemcpyAsync, "cuMemcpyAsync", 0);
-	SYM(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 0);
-	SYM(IpcGetMemHandle, "cuIpcGetMemHandle", 0);
-	SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", 0);
-	if (d->IpcOpenMemHandle == NULL)
-		SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle", 0);
-	SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle", 0);
-	SYM(EventCreate, "cuEventCreate", 0);
-	SYM(EventRecord, "cuEventRecord", 0);
-	SYM(EventSynchronize, "cuEventSynchronize", 0);
-	SYM(EventQuery, "cuEventQuery", 0);
-	SYM(EventDestroy, "cuEventDestroy_v2", 0);
-	SYM(ModuleLoadData, "cuModuleLoadData", 0);
-	SYM(ModuleGetFunction, "cuModuleGetFunction", 0);
-	SYM(ModuleUnload, "cuModuleUnload", 0);
-	SYM(LaunchKernel, "cuLaunchKernel", 0);
-	SYM(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", 0);
-	SYM(MemCreate, "cuMemCreate", 0);
-	SYM(MemRelease, "cuMemRelease", 0);
-	SYM(MemAddressReserve, "cuMemAddressReserve", 0);
-	SYM(MemAddressFree, "cuMemAddressFree", 0);
-	SYM(MemMap, "cuMemMap", 0);
-	SYM(MemUnmap, "cuMemUnmap", 0);
-	SYM(MemSetAccess, "cuMemSetAccess", 0);
-	SYM(MemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0);
-	SYM(MemExportToShareableHandle, "cuMemExportToShareableHandle", 0);
-	SYM(MemImportFromShareableHandle, "cuMemImportFromShareableHandle", 0);
-#undef SYM
+	int rc = cu_driver_open(d, why, why_len);
+	if (rc != 0)
+		return rc;
 	CUresult r = d->Init(0);
 	int n = 0;
 	if (r == CUDA_SUCCESS)

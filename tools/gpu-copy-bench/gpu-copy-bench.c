@@ -5,9 +5,9 @@
  * cuStreamSynchronize; cuMemcpy for pageable memory), so that te-bench's
  * device-memory figures can be set beside the hardware's limits.
  *
- * libcuda.so.1 is opened with dlopen() and the few driver types and
- * prototypes are declared here, as device-plugins/cuda/cuda.c does: no CUDA
- * toolkit is needed to build it. Without the driver library or a device it
+ * libcuda.so.1 is opened with dlopen() and its types and calls come from
+ * the plugin's device-plugins/cuda/cuda-driver.h: no CUDA toolkit is needed
+ * to build it. Without the driver library or a device it
  * exits 77 with one line saying why (the status meson and automake read as
  * "skipped").
  *
@@ -28,51 +28,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../device-plugins/cuda/cuda-driver.h"
+
 #define PROG "gpu-copy-bench"
 #define EXIT_SKIP 77
 
-/* ----------------------------------------------------- driver API subset */
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUstream;
-
-enum { CUDA_SUCCESS = 0, CU_STREAM_NON_BLOCKING = 1 };
-
-static struct {
-	void *lib;
-	CUresult (*Init)(unsigned);
-	CUresult (*DeviceGetCount)(int *);
-	CUresult (*DeviceGet)(CUdevice *, int);
-	CUresult (*DeviceGetName)(char *, int, CUdevice);
-	CUresult (*DeviceTotalMem)(size_t *, CUdevice);
-	CUresult (*DeviceGetPCIBusId)(char *, int, CUdevice);
-	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-	CUresult (*DevicePrimaryCtxRelease)(CUdevice);
-	CUresult (*CtxSetCurrent)(CUcontext);
-	CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
-	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
-	CUresult (*MemFreeHost)(void *);
-	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-	CUresult (*MemFree)(CUdeviceptr);
-	CUresult (*StreamCreate)(CUstream *, unsigned);
-	CUresult (*StreamDestroy)(CUstream);
-	CUresult (*StreamSynchronize)(CUstream);
-	/* Optional: only for the messages and the header. */
-	CUresult (*GetErrorString)(CUresult, const char **);
-	CUresult (*DriverGetVersion)(int *);
-} D;
-
-static const char *errstr(CUresult r)
-{
-	const char *s = NULL;
-	if (D.GetErrorString == NULL || D.GetErrorString(r, &s) != CUDA_SUCCESS || s == NULL)
-		return "unknown CUDA error";
-	return s;
-}
+static driver D;
 
 static void die(int code, const char *fmt, ...)
 {
@@ -91,51 +52,24 @@ static void die(int code, const char *fmt, ...)
 	do {                                                                               \
 		CUresult r_ = (call);                                                      \
 		if (r_ != CUDA_SUCCESS)                                                    \
-			die(1, "%s failed: %s (%d)", #call, errstr(r_), r_);               \
+			die(1, "%s failed: %s (%d)", #call, cu_errstr(&D, r_), r_);        \
 	} while (0)
 
 static void open_driver(void)
 {
-	D.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (D.lib == NULL) {
-		/* A copy: the next dl call anywhere (a printf wrapper's dlsym)
-		 * frees dlerror()'s string. */
-		char why[512] = "?";
-		const char *e = dlerror();
-		if (e != NULL) {
-			size_t n = strlen(e) < sizeof why - 1 ? strlen(e) : sizeof why - 1;
-			memcpy(why, e, n);
-			why[n] = '\0';
-		}
-		die(EXIT_SKIP, "skipped: the CUDA driver library libcuda.so.1 is not installed (%s)", why);
-	}
-#define SYM(field, name, required)                                                         \
-	do {                                                                               \
-		*(void **)&D.field = dlsym(D.lib, name);                                   \
-		if (D.field == NULL && (required))                                         \
-			die(EXIT_SKIP, "skipped: libcuda.so.1 lacks %s", name);            \
-	} while (0)
-	SYM(Init, "cuInit", 1);
-	SYM(DeviceGetCount, "cuDeviceGetCount", 1);
-	SYM(DeviceGet, "cuDeviceGet", 1);
-	SYM(DeviceGetName, "cuDeviceGetName", 1);
-	SYM(DeviceTotalMem, "cuDeviceTotalMem_v2", 1);
-	SYM(DeviceGetPCIBusId, "cuDeviceGetPCIBusId", 1);
-	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 1);
-	SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", 1);
-	SYM(CtxSetCurrent, "cuCtxSetCurrent", 1);
-	SYM(Memcpy, "cuMemcpy", 1);
-	SYM(MemcpyAsync, "cuMemcpyAsync", 1);
-	SYM(MemHostAlloc, "cuMemHostAlloc", 1);
-	SYM(MemFreeHost, "cuMemFreeHost", 1);
-	SYM(MemAlloc, "cuMemAlloc_v2", 1);
-	SYM(MemFree, "cuMemFree_v2", 1);
-	SYM(StreamCreate, "cuStreamCreate", 1);
-	SYM(StreamDestroy, "cuStreamDestroy_v2", 1);
-	SYM(StreamSynchronize, "cuStreamSynchronize", 1);
-	SYM(GetErrorString, "cuGetErrorString", 0);
-	SYM(DriverGetVersion, "cuDriverGetVersion", 0);
-#undef SYM
+	char why[512];
+	if (cu_driver_open(&D, why, sizeof why) != 0)
+		die(EXIT_SKIP, "skipped: %s", why);
+	/* Optional for the plugin, needed here. */
+	const char *lacks = NULL;
+	if (D.StreamCreate == NULL)
+		lacks = "cuStreamCreate";
+	else if (D.StreamDestroy == NULL)
+		lacks = "cuStreamDestroy_v2";
+	else if (D.MemcpyAsync == NULL)
+		lacks = "cuMemcpyAsync";
+	if (lacks != NULL)
+		die(EXIT_SKIP, "skipped: libcuda.so.1 lacks %s", lacks);
 }
 
 /* ---------------------------------------------------------------- options */
@@ -384,12 +318,12 @@ int main(int argc, char **argv)
 
 	CUresult r = D.Init(0);
 	if (r != CUDA_SUCCESS)
-		die(EXIT_SKIP, "skipped: cuInit failed: %s (%d)", errstr(r), r);
+		die(EXIT_SKIP, "skipped: cuInit failed: %s (%d)", cu_errstr(&D, r), r);
 	int ndev = 0;
 	r = D.DeviceGetCount(&ndev);
 	if (r != CUDA_SUCCESS || ndev <= 0)
 		die(EXIT_SKIP, "skipped: no CUDA device (%s)",
-		    r != CUDA_SUCCESS ? errstr(r) : "the driver counts none");
+		    r != CUDA_SUCCESS ? cu_errstr(&D, r) : "the driver counts none");
 	if (O.device >= ndev)
 		die(EXIT_SKIP, "skipped: --device=%d, but the driver counts %d device(s)", O.device, ndev);
 

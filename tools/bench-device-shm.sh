@@ -14,6 +14,7 @@
 # run the same te-bench commands with --use_vram (cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/bench-lib.sh
 build=${1:-build}
 rounds=${2:-5}
 secs=${3:-3}
@@ -31,11 +32,7 @@ run() { # protocol op bs out: one initiator against a fresh target
 	local proto=$1 op=$2 bs=$3 out=$4 name=
 	"$bench" --mode=target --protocol="$proto" "${vram[@]}" --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
 	target=$!
-	for _ in $(seq 100); do
-		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
-		[ -n "$name" ] && break
-		sleep 0.1
-	done
+	name=$(bench_target_name "$tmp/target.out")
 	[ -n "$name" ] || { echo "bench-device-shm: the target did not start: $(cat "$tmp/target.out")" >&2; exit 1; }
 	"$bench" --segment_id="$name" --protocol="$proto" "${vram[@]}" --operation="$op" --block_size="$bs" \
 		--duration="$secs" --quiet --json >"$out"
@@ -45,16 +42,7 @@ run() { # protocol op bs out: one initiator against a fresh target
 }
 
 echo "bench-device-shm: $rounds rounds of 4 runs of $secs s; $(nproc) CPUs; $(uname -r); load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-for c in $cases; do
-	op=${c%%:*} bs=${c##*:}
-	for r in $(seq "$rounds"); do
-		run tcp "$op" "$bs" "$tmp/tcp.$op.$bs.$r.a"
-		run shm "$op" "$bs" "$tmp/shm.$op.$bs.$r.a"
-		run shm "$op" "$bs" "$tmp/shm.$op.$bs.$r.b"
-		run tcp "$op" "$bs" "$tmp/tcp.$op.$bs.$r.b"
-		echo "  $c round $r done" >&2
-	done
-done
+bench_abba tcp shm
 
 python3 - "$tmp" "$rounds" "$cases" <<'PY'
 import json, statistics, sys

@@ -24,6 +24,7 @@
 # run the same te-bench commands with --use_vram (cuda) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/bench-lib.sh
 build=${1:-build}
 rounds=${2:-5}
 secs=${3:-3}
@@ -49,16 +50,7 @@ run() { # kind op bs out
 }
 
 echo "bench-device: $rounds rounds of 4 runs of $secs s; $(nproc) CPUs; $(uname -r); load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-for c in $cases; do
-	op=${c%%:*} bs=${c##*:}
-	for r in $(seq "$rounds"); do
-		run host "$op" "$bs" "$tmp/host.$op.$bs.$r.a"
-		run dev "$op" "$bs" "$tmp/dev.$op.$bs.$r.a"
-		run dev "$op" "$bs" "$tmp/dev.$op.$bs.$r.b"
-		run host "$op" "$bs" "$tmp/host.$op.$bs.$r.b"
-		echo "  $c round $r done" >&2
-	done
-done
+bench_abba host dev
 echo "bench-device: load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 python3 - "$tmp" "$rounds" "$cases" <<'PY'

@@ -25,6 +25,7 @@
 # seconds: about 2 minutes for one build with the defaults, 4 for two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/bench-lib.sh
 build=${1:-build}
 base=${2:-}
 rounds=${ROUNDS:-3}
@@ -64,11 +65,7 @@ run() {
 	fi
 	env "${env[@]}" "$bench" --mode=target "${flags[@]}" --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
 	target=$!
-	for _ in $(seq 100); do
-		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
-		[ -n "$name" ] && break
-		sleep 0.1
-	done
+	name=$(bench_target_name "$tmp/target.out")
 	[ -n "$name" ] || { echo "bench-gpu-model: the target did not start: $(cat "$tmp/target.out")" >&2; exit 1; }
 	env "${env[@]}" "$bench" --segment_id="$name" "${flags[@]}" --operation="$op" --block_size="$bs" \
 		--batch_size=128 --duration="$secs" --quiet --json >"$out" 2>"$out.err" || true

@@ -37,6 +37,7 @@ set -euo pipefail
 orig=$PWD
 cd "$(dirname "$0")/.."
 root=$PWD
+. tools/bench-lib.sh
 build=${1:-build}
 rounds=${2:-5}
 secs=${3:-3}
@@ -128,12 +129,7 @@ start_target() {
 			--protocol="$proto" --memory="$mem" --buffer_size=16M >"$log" 2>&1 &
 	fi
 	pids+=("$!")
-	for _ in $(seq 100); do
-		n=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$log")
-		[ -n "$n" ] && break
-		kill -0 "${pids[-1]}" 2>/dev/null || break
-		sleep 0.1
-	done
+	n=$(bench_target_name "$log" "${pids[-1]}")
 	[ -n "$n" ] || { warn "target ($proto, $mem, spin $sp) did not start:"; cat "$log" >&2; exit 1; }
 	printf -v "$var" %s "$n"
 }

@@ -15,6 +15,7 @@
 # change: one run per build and case under valgrind's callgrind, collecting
 # only inside libte's calls on the initiator, divided by the requests made.
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 
 on=${1:?ON_BUILD}
 off=${2:?OFF_BUILD}
@@ -47,29 +48,35 @@ run() {
 	exit 1
 }
 
-# run_once BUILD PROTOCOL OP: the target and the initiator are both of BUILD
-# (its libte and its plugins).
-run_once() {
-	local b=$1 proto=$2 op=$3 name
-	local bench=$b/tools/te-bench/te-bench
-	local tproto=$proto
+# start_target BUILD PROTOCOL: a target of BUILD (its te-bench and its
+# plugins) in the background, its pid in target_pid and its segment name in
+# name; the protocol the initiator asks for in tproto.
+start_target() {
+	local b=$1 proto=$2
+	tproto=$proto
 	[ "$proto" = shm ] && tproto=auto
 	export TE_PLUGIN_PATH="$PWD/$b/plugins/tcp:$PWD/$b/plugins/shm"
-	"$bench" --mode=target --local_server_name=127.0.0.1 --protocol="$tproto" --buffer_size=64M \
-		>"$tmp/target" 2>&1 &
+	"$b/tools/te-bench/te-bench" --mode=target --local_server_name=127.0.0.1 --protocol="$tproto" \
+		--buffer_size=64M >"$tmp/target" 2>&1 &
 	target_pid=$!
-	for _ in $(seq 100); do
-		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target")
-		[ -n "$name" ] && break
-		sleep 0.1
-	done
+	name=$(bench_target_name "$tmp/target")
 	[ -n "$name" ] || { echo "bench-metrics: the target did not start" >&2; cat "$tmp/target" >&2; exit 1; }
-	local rc=0
-	"$bench" --segment_id="$name" --protocol="$tproto" --operation="$op" --block_size="$block" \
-		--duration="$secs" --quiet --json >"$tmp/out" 2>"$tmp/err" || rc=$?
+}
+
+stop_target() {
 	kill "$target_pid" 2>/dev/null || true
 	wait "$target_pid" 2>/dev/null || true
 	target_pid=
+}
+
+# run_once BUILD PROTOCOL OP: the target and the initiator are both of BUILD.
+run_once() {
+	local b=$1 proto=$2 op=$3 name tproto
+	start_target "$b" "$proto"
+	local rc=0
+	"$b/tools/te-bench/te-bench" --segment_id="$name" --protocol="$tproto" --operation="$op" \
+		--block_size="$block" --duration="$secs" --quiet --json >"$tmp/out" 2>"$tmp/err" || rc=$?
+	stop_target
 	if [ $rc -ne 0 ]; then
 		cat "$tmp/err" >&2
 		return 1
@@ -85,29 +92,17 @@ PY
 # instr BUILD PROTOCOL OP -> "instructions requests" of one run under
 # callgrind, counted inside libte's calls only.
 instr() {
-	local b=$1 proto=$2 op=$3 name tproto=$2
-	local bench=$b/tools/te-bench/te-bench
-	[ "$proto" = shm ] && tproto=auto
-	export TE_PLUGIN_PATH="$PWD/$b/plugins/tcp:$PWD/$b/plugins/shm"
-	"$bench" --mode=target --local_server_name=127.0.0.1 --protocol="$tproto" --buffer_size=64M \
-		>"$tmp/target" 2>&1 &
-	target_pid=$!
-	for _ in $(seq 100); do
-		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target")
-		[ -n "$name" ] && break
-		sleep 0.1
-	done
-	[ -n "$name" ] || { echo "bench-metrics: the target did not start" >&2; exit 1; }
+	local b=$1 proto=$2 op=$3 name tproto
+	start_target "$b" "$proto"
 	local toggles=() f
 	for f in te_submit te_batch_status te_batch_wait te_get_status te_batch_alloc te_batch_free; do
 		toggles+=("--toggle-collect=$f")
 	done
 	valgrind --tool=callgrind --callgrind-out-file="$tmp/cg" "${toggles[@]}" \
-		"$bench" --segment_id="$name" --protocol="$tproto" --operation="$op" --block_size="$block" \
-		--duration="$secs" --quiet --json >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
-	kill "$target_pid" 2>/dev/null || true
-	wait "$target_pid" 2>/dev/null || true
-	target_pid=
+		"$b/tools/te-bench/te-bench" --segment_id="$name" --protocol="$tproto" --operation="$op" \
+		--block_size="$block" --duration="$secs" --quiet --json >"$tmp/out" 2>"$tmp/err" ||
+		{ cat "$tmp/err" >&2; exit 1; }
+	stop_target
 	python3 - "$tmp/out" "$tmp/cg" <<'PY'
 import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])

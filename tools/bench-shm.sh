@@ -11,6 +11,7 @@
 #   tools/bench-shm.sh [BUILD_DIR] [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/bench-lib.sh
 build=${1:-build}
 rounds=${2:-5}
 secs=${3:-5}
@@ -33,12 +34,9 @@ target() {
 	"$bench" --mode=target --local_server_name=127.0.0.1 --protocol="$1" --memory="$2" --buffer_size=256M \
 		>"$tmp/target.$1.$2" 2>&1 &
 	echo $! >>"$tmp/pids" # this runs in a $(...) subshell: the parent reads the file
-	for _ in $(seq 100); do
-		local n
-		n=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.$1.$2")
-		[ -n "$n" ] && { echo "$n"; return; }
-		sleep 0.1
-	done
+	local n
+	n=$(bench_target_name "$tmp/target.$1.$2")
+	[ -n "$n" ] && { echo "$n"; return; }
 	echo "bench-shm: target ($1, $2) did not start" >&2
 	exit 1
 }

@@ -37,6 +37,7 @@
 # (gpu-copy-bench flags, e.g. "--size=64M" for a short run), GPU_CHECK_GPU
 # (the device index, 0).
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 
 bundle=${1:-.gpu}
 out=${2:-${OUT:-./gpu-check-out}}
@@ -348,12 +349,7 @@ ensure_target() {
 	env $(target_env "$alloc") timeout 1800 te-bench --mode=target --protocol="$proto" $(mem_flags "$mem") \
 		--buffer_size=512M --local_server_name=127.0.0.1 >"$file" 2>&1 &
 	target_pid[$key]=$!
-	for _ in $(seq 300); do
-		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$file")
-		[ -n "$name" ] && break
-		kill -0 "${target_pid[$key]}" 2>/dev/null || break
-		sleep 0.1
-	done
+	name=$(bench_target_name "$file" "${target_pid[$key]}" 300)
 	if [ -z "$name" ]; then
 		echo "  target $key did not start: $(tr '\n' ' ' <"$file")"
 		kill "${target_pid[$key]}" 2>/dev/null || true

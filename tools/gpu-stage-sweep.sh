@@ -12,6 +12,7 @@
 #
 # Writes OUT_DIR/sweep.md (the table) and OUT_DIR/sweep.log.
 set -euo pipefail
+. "$(dirname "$0")/bench-lib.sh"
 bundle=${1:-.gpu}
 out=${2:-${OUT:-./gpu-sweep-out}}
 secs=${GPU_SWEEP_SECS:-2}
@@ -32,11 +33,8 @@ target() { # name mem-flags env...: starts a target, prints its segment name
 	env "$@" te-bench --mode=target --protocol=tcp $mem --buffer_size=512M --local_server_name=127.0.0.1 \
 		>"$tmp/t.$n" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 300); do
-		name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/t.$n")
-		[ -n "$name" ] && { echo "$name"; return 0; }
-		sleep 0.1
-	done
+	name=$(bench_target_name "$tmp/t.$n" "" 300)
+	[ -n "$name" ] && { echo "$name"; return 0; }
 	echo "target $n did not start: $(cat "$tmp/t.$n")" >&2
 	return 1
 }

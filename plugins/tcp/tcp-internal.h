@@ -180,14 +180,14 @@ struct tcp_cconn {
 	int64_t last_rx; /* ms, the last byte received, or when work arrived on an idle connection */
 	/* Who drives the connection: its I/O thread, or now and then a thread
 	 * of the application that sends its own request on the connection while
-	 * it is idle and collects the reply while it waits (tcp-client.c,
-	 * "callers"). 1 while one of them holds it; everything below `io`'s
-	 * mailbox fields and above belongs to the holder. Never waited for:
+	 * it is idle and collects the reply while it waits (tcp-client-caller.c).
+	 * 1 while one of them holds it; everything below `io`'s mailbox fields
+	 * and above belongs to the holder. Never waited for:
 	 * whoever finds it held leaves what it came for in `missed` (MISS_*),
 	 * and the holder hands that to the I/O thread when it lets go. */
 	atomic_int drv;
 	atomic_uint missed;
-	uint32_t ep_events; /* as registered in the owner's epoll set (set_events) */
+	uint32_t ep_events; /* as registered in the owner's epoll set (tcp_cconn_set_events) */
 	/* The host's counters of the local address it leaves by (ABI 1.6;
 	 * NULL: the transport's own, or counting is off). Set when it comes up. */
 	te_metric_dev *mdev;
@@ -365,7 +365,7 @@ struct tcp_ctx {
 	GHashTable *peers;         /* key → tcp_peer*, open ones */
 	GPtrArray *all_peers;      /* every peer not yet freed */
 	GHashTable *live_peers;    /* the same, as a set: a caller's remembered peer is checked in it */
-	GMutex sleep_lock;         /* callers sleeping in progress() (see tcp-client.c) */
+	GMutex sleep_lock;         /* callers sleeping in progress() (see tcp-client-caller.c) */
 	struct tcp_sleeper *sleepers, *idle_sleepers;
 	atomic_int inbound;        /* accepted connections open */
 	GMutex inbound_lock;
@@ -398,7 +398,7 @@ void tcp_inbound_done(tcp_ctx *c, const char *host);
 /* The auth pool's function: authenticates one accepted connection. */
 void tcp_auth_job(gpointer job, gpointer ctx);
 
-/* tcp-client.c: the I/O thread's entries (each takes the connection, or
+/* tcp-client-drive.c: the I/O thread's entries (each takes the connection, or
  * leaves its business in `missed` when a caller holds it) */
 void tcp_cconn_mail(tcp_cconn *cc, unsigned mail);
 void tcp_cconn_event(tcp_cconn *cc, uint32_t events);
@@ -406,8 +406,11 @@ void tcp_cconn_ready(tcp_cconn *cc);     /* its turn on the ready list */
 /* Checks its timeouts; returns when it wants the next check: 0 at the usual
  * period, else a time in ms (INT64_MAX: not until something happens on it). */
 int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now);
+/* tcp-client.c: the connection and its peer's backlog */
 void tcp_cconn_shutdown(tcp_cconn *cc, int err); /* the threads stop: no caller is left */
-/* tcp-client.c: callers. Sends a submit's run of transfers to `p` (already
+void tcp_peer_fail_pending(tcp_peer *p, int err);
+void tcp_peer_retire_conn(tcp_peer *p);
+/* tcp-client-caller.c: callers. Sends a submit's run of transfers to `p` (already
  * in its backlog) on an idle connection from the submitting thread; false
  * when none could be taken (the I/O threads are kicked as before). */
 bool tcp_direct_submit(tcp_peer *p);
@@ -415,8 +418,6 @@ void tcp_direct_forget(void);            /* this thread's last submit went the u
 int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns);
 void tcp_wake(void *ctx);
 void tcp_sleepers_free(tcp_ctx *c);
-void tcp_peer_fail_pending(tcp_peer *p, int err);
-void tcp_peer_retire_conn(tcp_peer *p);
 
 /* tcp-rail.c: a peer's rails. An interface's carrier or address went away
  * (up false) or came back: the rails of every peer leaving by it go down

@@ -3,7 +3,7 @@
  * libte's TCP transport: Mooncake's TCP data protocol (docs/wire.md, "TCP
  * data protocol") over persistent, pipelined connections. This file holds
  * the plugin entry points, the configuration and the peers; tcp-io.c runs
- * the I/O threads, tcp-client.c and tcp-server.c the two ends of a connection.
+ * the I/O threads, tcp-client*.c and tcp-server.c the two ends of a connection.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -775,7 +775,7 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 			continue;
 		g_mutex_lock(&p->lock);
 		/* A small run to a peer with nothing queued may go out from this
-		 * thread at once, on an idle connection (tcp-client.c, callers). */
+		 * thread at once, on an idle connection (tcp-client-caller.c). */
 		bool direct = c->cfg.direct && bytes <= slice && p->bl_head == NULL && p->nretry == 0;
 		if (p->bl_tail)
 			p->bl_tail->plugin_data[0] = (uintptr_t)first;

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Private to the client connection's files: tcp-client.c (the backlog,
+ * failures, connecting), tcp-client-wire.c (requests out, replies in),
+ * tcp-client-drive.c (the I/O thread's turns and timeouts) and
+ * tcp-client-caller.c (callers that drive a connection themselves).
+ */
+#ifndef TE_TCP_CLIENT_H
+#define TE_TCP_CLIENT_H
+
+#include "tcp-internal.h"
+
+/* FAIL_RAIL: the connection's rail failed while another rail is up: what it
+ * carried goes to the other rails (re-sending a READ or WRITE of the same
+ * range is harmless, even if the peer applied part of it). */
+enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2, FAIL_RAIL = 3 };
+
+static inline tcp_slot *slot_at(tcp_cconn *cc, uint64_t i)
+{
+	return &cc->ring[i & (cc->peer->ctx->cfg.depth - 1)];
+}
+
+static inline const te_host *host_of(tcp_cconn *cc)
+{
+	return cc->peer->ctx->host;
+}
+
+/* Counts for the device (local address) of a connection: a relaxed add in
+ * the host, no lock. */
+static inline void count(tcp_cconn *cc, int what, int64_t delta)
+{
+	const tcp_ctx *c = cc->peer->ctx;
+
+	if (c->metrics && delta != 0)
+		c->host->metric_add(c->host, cc->mdev, what, delta);
+}
+
+/* What a failed receive leaves for tcp_cconn_fail(). */
+typedef struct tcp_rx_result {
+	int err;
+	int mode;
+	uint64_t at;
+	char why[160];
+} tcp_rx_result;
+
+/* tcp-client.c. Takes slices from the peer's retry list and backlog into
+ * the ring, while the depth and the window allow. */
+void tcp_cconn_pull(tcp_cconn *cc);
+/* Closes the socket (no request is touched). */
+void tcp_cconn_go_down(tcp_cconn *cc);
+/* Ends the connection; its requests fail, or go back to the peer (mode). */
+void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *why);
+/* A connect failed: the next address, the rail down, or the backlog failed. */
+void tcp_cconn_connect_failed(tcp_cconn *cc, int err, const char *what);
+void tcp_cconn_start_connect(tcp_cconn *cc);
+void tcp_cconn_become_up(tcp_cconn *cc);
+/* False: the cluster key's exchange failed and was handled. */
+bool tcp_cconn_authenticated(tcp_cconn *cc);
+
+/* tcp-client-wire.c. 1: bytes moved, 0: nothing to do or would block, <0:
+ * failed (a receive's details in `res`). */
+int tcp_cconn_send(tcp_cconn *cc);
+int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res);
+/* Completes finished requests, in order. */
+void tcp_cconn_reap(tcp_cconn *cc);
+
+/* tcp-client-drive.c. What the owner's epoll set watches (`muted`: a caller
+ * waits on the socket itself). */
+void tcp_cconn_set_events(tcp_cconn *cc, bool muted);
+/* A suspect path, or no progress for TE_TCP_TIMEOUT_MS: the connection fails. */
+void tcp_cconn_check_stall(tcp_cconn *cc, int64_t now);
+
+#endif

@@ -7,11 +7,8 @@
 #   tools/bench-auth.sh [BUILD_DIR] [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-rounds=${2:-9}
-secs=${3:-3}
-bench=$build/tools/te-bench/te-bench
-[ -x "$bench" ] || { echo "bench-auth: $bench not built" >&2; exit 1; }
+. tools/bench-lib.sh
+bench_args bench-auth 9 3 "$@"
 export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -13,15 +13,13 @@
 # write:65536" by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-rounds=${2:-5}
-secs=${3:-5}
+. tools/bench-lib.sh
+bench_args bench-bindings 5 5 "$@"
 cases=${CASES:-read:4096 write:4096 read:65536 write:65536}
 py=${PYTHON:-/usr/bin/python3}
 export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
 export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp"
-tebench="$build/tools/te-bench/te-bench"
-[ -x "$tebench" ] || { echo "bench-bindings: $tebench not built" >&2; exit 1; }
+tebench=$bench
 "$py" -c 'import libte' || { echo "bench-bindings: the Python package is not built in $build" >&2; exit 1; }
 
 declare -A runners=(

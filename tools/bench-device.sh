@@ -25,14 +25,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-lib.sh
-build=${1:-build}
-rounds=${2:-5}
-secs=${3:-3}
+bench_args bench-device 5 3 "$@"
 cases=${CASES:-read:65536 write:65536 read:1048576 write:1048576}
 read -r -a hostenv <<<"${BENCH_ENV:-}"
 read -r -a devenv <<<"${BENCH_ENV:-} ${DEVICE_ENV:-}"
-bench=$build/tools/te-bench/te-bench
-[ -x "$bench" ] || { echo "bench-device: $bench not built" >&2; exit 1; }
 [ -e "$build/tests/device/libte-device-testdev.so" ] || { echo "bench-device: the test device plugin is not built" >&2; exit 1; }
 export TE_PLUGIN_PATH="$PWD/$build/tests/device:$PWD/$build/plugins/tcp"
 tmp=$(mktemp -d)

@@ -1,9 +1,24 @@
-# shellcheck shell=bash disable=SC2154
-# (cases, rounds and tmp are the sourcing script's)
+# shellcheck shell=bash disable=SC2154,SC2034
+# (cases, rounds and tmp are the sourcing script's; build, rounds, secs and
+# bench are set for it)
 # Sourced by the tools/bench-*.sh and tools/gpu-*.sh scripts (bash): what
 # they do alike around te-bench.
 #
 #   . "$(dirname "$0")/bench-lib.sh"
+
+# bench_args NAME ROUNDS SECONDS [BUILD_DIR] [ROUNDS] [SECONDS]: the
+# arguments the bench scripts take (defaults: build, and the ROUNDS and
+# SECONDS given first). Sets build, rounds, secs and bench, BUILD_DIR's
+# te-bench, which must be built (else NAME says so and the script ends).
+bench_args() {
+	local name=$1 r=$2 s=$3
+	shift 3
+	build=${1:-build}
+	rounds=${2:-$r}
+	secs=${3:-$s}
+	bench=$build/tools/te-bench/te-bench
+	[ -x "$bench" ] || { echo "$name: $bench not built" >&2; exit 1; }
+}
 
 # bench_target_name LOG [PID] [TRIES]: prints the segment name that a te-bench
 # target writes to LOG ("target ready, segment name NAME ..."), looking every

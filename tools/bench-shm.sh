@@ -12,13 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-lib.sh
-build=${1:-build}
-rounds=${2:-5}
-secs=${3:-5}
+bench_args bench-shm 5 5 "$@"
 cases=${CASES:-read:4096 write:4096 read:65536 write:65536 read:1048576 write:1048576}
-bench=$build/tools/te-bench/te-bench
 mcpy=$build/tests/shm/memcpy-bench
-for f in "$bench" "$mcpy"; do [ -x "$f" ] || { echo "bench-shm: $f not built" >&2; exit 1; }; done
+[ -x "$mcpy" ] || { echo "bench-shm: $mcpy not built" >&2; exit 1; }
 export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp:$PWD/$build/plugins/shm"
 tmp=$(mktemp -d)
 pids=()

@@ -37,7 +37,6 @@
 # (gpu-copy-bench flags, e.g. "--size=64M" for a short run), GPU_CHECK_GPU
 # (the device index, 0).
 set -euo pipefail
-. "$(dirname "$0")/bench-lib.sh"
 
 bundle=${1:-.gpu}
 out=${2:-${OUT:-./gpu-check-out}}
@@ -66,6 +65,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # shellcheck disable=SC1091
 . "$bundle/env.sh" || die "$bundle/env.sh failed"
+. "$(dirname "$0")/bench-lib.sh"
 log=$out/gpu-check.log
 : >"$log"
 tmp=$(mktemp -d)

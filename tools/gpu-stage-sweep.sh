@@ -12,7 +12,6 @@
 #
 # Writes OUT_DIR/sweep.md (the table) and OUT_DIR/sweep.log.
 set -euo pipefail
-. "$(dirname "$0")/bench-lib.sh"
 bundle=${1:-.gpu}
 out=${2:-${OUT:-./gpu-sweep-out}}
 secs=${GPU_SWEEP_SECS:-2}
@@ -20,6 +19,7 @@ rounds=${GPU_SWEEP_ROUNDS:-2}
 [ -f "$bundle/env.sh" ] || { echo "gpu-stage-sweep: no $bundle/env.sh (tools/gpu-bundle.sh)" >&2; exit 1; }
 # shellcheck disable=SC1091
 . "$bundle/env.sh"
+. "$(dirname "$0")/bench-lib.sh"
 mkdir -p "$out"
 log=$out/sweep.log
 : >"$log"

@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "../../device-plugins/cuda/cuda-driver.h"
+#include "../fmt-bytes.h"
 
 #define PROG "gpu-copy-bench"
 #define EXIT_SKIP 77
@@ -223,18 +224,17 @@ static double run_once(mode m, CUdeviceptr dst, CUdeviceptr src, uint64_t bytes,
 		break;
 	case SINGLE:
 	case QUEUED:
-		for (uint64_t off = 0; off < bytes; off += chunk) {
-			uint64_t n = bytes - off < chunk ? bytes - off : chunk;
-			CU(D.MemcpyAsync(dst + off, src + off, n, B.s[0]));
-		}
-		CU(D.StreamSynchronize(B.s[0]));
-		break;
 	case WAIT_EACH:
+		/* The stream is waited for after each chunk (WAIT_EACH) or once
+		 * after all. */
 		for (uint64_t off = 0; off < bytes; off += chunk) {
 			uint64_t n = bytes - off < chunk ? bytes - off : chunk;
 			CU(D.MemcpyAsync(dst + off, src + off, n, B.s[0]));
-			CU(D.StreamSynchronize(B.s[0]));
+			if (m == WAIT_EACH)
+				CU(D.StreamSynchronize(B.s[0]));
 		}
+		if (m != WAIT_EACH)
+			CU(D.StreamSynchronize(B.s[0]));
 		break;
 	case BOTH_WAYS:
 		/* Host to device on one stream and device to host on the other, as
@@ -282,18 +282,6 @@ static void measure(const char *name, const char *dir, const char *memory, mode 
 		fprintf(stderr, "  %-26s %9.2f GB/s\n", name, r->gbs);
 		fflush(stderr);
 	}
-}
-
-static void size_str(char *out, size_t len, uint64_t v)
-{
-	if (v >= (1ull << 30) && v % (1ull << 30) == 0)
-		snprintf(out, len, "%" PRIu64 " GiB", v >> 30);
-	else if (v >= (1ull << 20) && v % (1ull << 20) == 0)
-		snprintf(out, len, "%" PRIu64 " MiB", v >> 20);
-	else if (v >= 1024 && v % 1024 == 0)
-		snprintf(out, len, "%" PRIu64 " KiB", v >> 10);
-	else
-		snprintf(out, len, "%" PRIu64 " B", v);
 }
 
 static void json_str(const char *s)
@@ -365,10 +353,10 @@ int main(int argc, char **argv)
 	CU(D.Memcpy(B.dev_b, hp(B.pinned_b), B.span));
 
 	char sz[32], big[32], small[32], tot[32];
-	size_str(sz, sizeof sz, O.size);
-	size_str(big, sizeof big, O.big_chunk);
-	size_str(small, sizeof small, O.small_chunk);
-	size_str(tot, sizeof tot, O.chunk_total);
+	fmt_bytes(sz, sizeof sz, O.size);
+	fmt_bytes(big, sizeof big, O.big_chunk);
+	fmt_bytes(small, sizeof small, O.small_chunk);
+	fmt_bytes(tot, sizeof tot, O.chunk_total);
 	if (!O.json)
 		fprintf(stderr, PROG ": device %d (%s, %s), one copy %s, chunked %s, median of %u runs\n",
 			O.device, name, bus, sz, tot, O.repeats);
@@ -424,7 +412,7 @@ int main(int argc, char **argv)
 		for (unsigned i = 0; i < nresults; i++) {
 			const result *x = &results[i];
 			char ch[32];
-			size_str(ch, sizeof ch, x->chunk);
+			fmt_bytes(ch, sizeof ch, x->chunk);
 			printf("| %s | %s | %" PRIu64 " | %.2f | %.2f–%.2f | %.1f |\n", x->name, ch, x->calls,
 			       x->gbs, x->gbs_min, x->gbs_max, x->us_per_call);
 		}

@@ -16,6 +16,8 @@
 
 #include <te/te.h>
 
+#include "../fmt-bytes.h"
+
 #define PROG "te-bench"
 
 typedef struct flags {
@@ -79,7 +81,6 @@ typedef struct hist {
 void hist_add(hist *h, uint64_t v, uint64_t times);
 void hist_merge(hist *into, const hist *h);
 double hist_pct(const hist *h, double p);
-void fmt_bytes(char *buf, size_t n, uint64_t v);
 /* The closing lines: text in the form of Mooncake's bench, or JSON. */
 void report(const char *mode_name, const char *target, const char *transport, double duration,
 	    uint64_t batches, const hist *h);

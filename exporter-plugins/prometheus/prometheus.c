@@ -25,6 +25,7 @@
 #include <libsoup/soup.h>
 #include <te/te-json.h>
 #include "../common/te-bearer.h"
+#include "../common/te-refuse.h"
 
 #include <te/te-plugin.h>
 
@@ -72,59 +73,10 @@ static void log_refusal(exporter *x, SoupServerMessage *msg, unsigned status, co
 		  g_uri_get_path(soup_server_message_get_uri(msg)), why, held);
 }
 
-/* A refusal written on the connection taken from libsoup, which is then
- * closed: libsoup would otherwise read the request's body first. */
-typedef struct refusal {
-	SoupServerMessage *msg;
-	unsigned status;
-} refusal;
-
-static gboolean send_refusal(gpointer data)
-{
-	refusal *r = data;
-	GIOStream *io = soup_server_message_steal_connection(r->msg);
-
-	if (io != NULL) {
-		const char *phrase = soup_status_get_phrase(r->status);
-		char *resp = g_strdup_printf("HTTP/1.1 %u %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
-					     "%sConnection: close\r\n\r\n%s\n",
-					     r->status, phrase, strlen(phrase) + 1,
-					     r->status == SOUP_STATUS_UNAUTHORIZED
-						     ? "WWW-Authenticate: Bearer realm=\"libte metrics\"\r\n"
-						     : "",
-					     phrase);
-		GOutputStream *os = g_io_stream_get_output_stream(io);
-		/* Best effort, bounded by the socket buffer: the client may be
-		 * blocked sending the body that is refused. */
-		g_pollable_output_stream_write_nonblocking(G_POLLABLE_OUTPUT_STREAM(os), resp, strlen(resp), NULL,
-							   NULL);
-		g_io_stream_close(io, NULL, NULL);
-		g_object_unref(io);
-		g_free(resp);
-	}
-	return G_SOURCE_REMOVE;
-}
-
-/* Also when the exporter stops with the refusal still queued. */
-static void refusal_free(gpointer data)
-{
-	refusal *r = data;
-
-	g_object_unref(r->msg);
-	g_free(r);
-}
-
 static void refuse_early(exporter *x, SoupServerMessage *msg, unsigned status)
 {
-	refusal *r = g_new0(refusal, 1);
-
-	r->msg = g_object_ref(msg);
-	r->status = status;
-	soup_server_message_pause(msg);
-	GSource *s = g_idle_source_new();
-	g_source_set_callback(s, send_refusal, r, refusal_free);
-	g_source_attach(s, x->ctx);
-	g_source_unref(s);
+	te_refuse_early(x->ctx, msg, status, NULL, "libte metrics",
+			g_strdup_printf("%s\n", soup_status_get_phrase(status)));
 }
 
 /* Runs once the headers are in, before any body is read. */

@@ -32,6 +32,7 @@
 #include <libsoup/soup.h>
 
 #include "../../exporter-plugins/common/te-bearer.h"
+#include "../../exporter-plugins/common/te-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
 
@@ -251,53 +252,11 @@ static void reply_text(SoupServerMessage *msg, guint status, const char *text)
 	reply(msg, status, "text/plain", text, strlen(text));
 }
 
-/* A refusal sent on a connection taken over from libsoup: libsoup would read
- * (and keep) the whole body before answering, which is what a body limit must
- * avoid. The reply is short; the connection is closed after it. */
-typedef struct refusal {
-	SoupServerMessage *msg;
-	guint status;
-	char *text;
-} refusal;
-
-static gboolean send_refusal(gpointer data)
-{
-	refusal *r = data;
-	GIOStream *io = soup_server_message_steal_connection(r->msg);
-
-	if (io != NULL) {
-		char *resp = g_strdup_printf("HTTP/1.1 %u %s\r\nServer: te-metadata-server\r\n"
-					     "Content-Type: text/plain\r\nContent-Length: %zu\r\n%s"
-					     "Connection: close\r\n\r\n%s",
-					     r->status, soup_status_get_phrase(r->status), strlen(r->text),
-					     r->status == SOUP_STATUS_UNAUTHORIZED
-						     ? "WWW-Authenticate: Bearer realm=\"te-metadata-server\"\r\n"
-						     : "",
-					     r->text);
-		GOutputStream *os = g_io_stream_get_output_stream(io);
-		/* Best effort, bounded by the socket's buffer: the client may be
-		 * blocked sending the body we refuse to read. */
-		g_pollable_output_stream_write_nonblocking(G_POLLABLE_OUTPUT_STREAM(os), resp, strlen(resp),
-							   NULL, NULL);
-		g_io_stream_close(io, NULL, NULL);
-		g_object_unref(io);
-		g_free(resp);
-	}
-	g_object_unref(r->msg);
-	g_free(r->text);
-	g_free(r);
-	return G_SOURCE_REMOVE;
-}
-
+/* Before the body is read (exporter-plugins/common/te-refuse.h); the
+ * connection is closed after the short reply. */
 static void refuse_early(SoupServerMessage *msg, guint status, char *text)
 {
-	refusal *r = g_new0(refusal, 1);
-
-	r->msg = g_object_ref(msg);
-	r->status = status;
-	r->text = text;
-	soup_server_message_pause(msg);
-	g_idle_add(send_refusal, r);
+	te_refuse_early(NULL, msg, status, "te-metadata-server", "te-metadata-server", text);
 }
 
 /* NULL when `msg` may go on; else why it may not (for the log). With

@@ -181,6 +181,25 @@ func (e *Engine) rlock(op string) (*C.te_engine, error) {
 	return e.h, nil
 }
 
+// rlockString is rlock for a call that passes s (a `what`, for the error)
+// as a C string: on success the caller runs the returned release, which
+// frees the string and unlocks.
+func (e *Engine) rlockString(op, what, s string) (*C.te_engine, *C.char, func(), error) {
+	cs, err := cstring(op, what, s)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := e.rlock(op)
+	if err != nil {
+		C.free(unsafe.Pointer(cs))
+		return nil, nil, nil, err
+	}
+	return h, cs, func() {
+		e.mu.RUnlock()
+		C.free(unsafe.Pointer(cs))
+	}, nil
+}
+
 // Name is the engine's segment name (with P2PHANDSHAKE: "host:rpc_port").
 func (e *Engine) Name() string { return e.name }
 
@@ -218,16 +237,11 @@ func (e *Engine) InstallTransport(name, jsonArgs string) error {
 // UninstallTransport removes an installed transport.
 func (e *Engine) UninstallTransport(name string) error {
 	const op = "UninstallTransport"
-	cname, err := cstring(op, "transport name", name)
+	h, cname, release, err := e.rlockString(op, "transport name", name)
 	if err != nil {
 		return err
 	}
-	defer C.free(unsafe.Pointer(cname))
-	h, err := e.rlock(op)
-	if err != nil {
-		return err
-	}
-	defer e.mu.RUnlock()
+	defer release()
 	return cerr(op, func() C.int { return C.te_transport_uninstall(h, cname) })
 }
 
@@ -350,16 +364,11 @@ func (e *Engine) register(op string, p, n uintptr, a *allocation, location strin
 	for _, fl := range flags {
 		f |= C.uint(fl)
 	}
-	cloc, err := cstring(op, "location", location)
+	h, cloc, release, err := e.rlockString(op, "location", location)
 	if err != nil {
 		return err
 	}
-	defer C.free(unsafe.Pointer(cloc))
-	h, err := e.rlock(op)
-	if err != nil {
-		return err
-	}
-	defer e.mu.RUnlock()
+	defer release()
 	e.memMu.Lock()
 	defer e.memMu.Unlock()
 	rc, detail := ccall(func() C.int {

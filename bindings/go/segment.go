@@ -93,16 +93,11 @@ func (e *Engine) openSegment(op, name, transport string) (*Segment, error) {
 // traffic and without taking a reference (ErrNotFound when not open).
 func (e *Engine) FindSegment(name string) (SegmentID, error) {
 	const op = "FindSegment"
-	cname, err := cstring(op, "segment name", name)
+	h, cname, release, err := e.rlockString(op, "segment name", name)
 	if err != nil {
 		return -1, err
 	}
-	defer C.free(unsafe.Pointer(cname))
-	h, err := e.rlock(op)
-	if err != nil {
-		return -1, err
-	}
-	defer e.mu.RUnlock()
+	defer release()
 	id, detail := ccall(func() C.int { return C.int(C.te_segment_find(h, cname)) })
 	if id < 0 {
 		if detail == "" {
@@ -117,11 +112,6 @@ func (e *Engine) FindSegment(name string) (SegmentID, error) {
 // timeout <= 0 uses libte's RPC defaults.
 func (e *Engine) Probe(name string, timeout time.Duration) error {
 	const op = "Probe"
-	cname, err := cstring(op, "segment name", name)
-	if err != nil {
-		return err
-	}
-	defer C.free(unsafe.Pointer(cname))
 	ms := timeout.Milliseconds()
 	if timeout > 0 && ms == 0 {
 		ms = 1
@@ -129,11 +119,11 @@ func (e *Engine) Probe(name string, timeout time.Duration) error {
 	if ms > 1<<30 {
 		ms = 1 << 30
 	}
-	h, err := e.rlock(op)
+	h, cname, release, err := e.rlockString(op, "segment name", name)
 	if err != nil {
 		return err
 	}
-	defer e.mu.RUnlock()
+	defer release()
 	return cerr(op, func() C.int { return C.te_segment_probe(h, cname, C.int(ms)) })
 }
 

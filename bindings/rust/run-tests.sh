@@ -10,39 +10,16 @@ src=$2
 work=$3
 testplugins=$4
 flipdir=${5:-}
-fail() { echo "rust: $*" >&2; exit 1; }
+. "$(dirname "$0")/../install-build.sh"
 
-# One install path from run to run: cargo keeps the -L path build.rs gave
-# (build.rs runs again only when the pkg-config variables change).
-mkdir -p "$work"
-root=$work/root
-tmp=$(mktemp -d "$work/run.XXXXXX")
-trap 'rm -rf "$tmp" "$root"' EXIT INT TERM
-rm -rf "$root"
-
-echo "rust: installing the build into $root"
-meson install -C "$build" --destdir "$root" --no-rebuild --quiet >/dev/null \
-  || fail "meson install failed (it installs what is built: ninja -C $build first)"
-pc=$(find "$root" -name libte.pc | head -n 1)
-[ -n "$pc" ] || fail "libte.pc not installed"
-export PKG_CONFIG_PATH="$(dirname "$pc")" PKG_CONFIG_SYSROOT_DIR="$root"
-libdir=$root$(env -u PKG_CONFIG_SYSROOT_DIR pkg-config --variable=libdir libte)
-[ -e "$libdir/libte.so.1" ] || fail "libte.so.1 missing in $libdir"
-[ -e "$libdir/te-1/libte-transport-tcp.so" ] || fail "tcp plugin not installed in $libdir/te-1"
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-# The installed plugins come from the installed library's own directory;
-# only the test transports (not installed) come from TE_PLUGIN_PATH: "hold"
-# keeps tasks in flight, "flip" corrupts data for the bench's --check.
-unset TE_PLUGINS
-mkdir -p "$tmp/plugins"
-cp "$testplugins/libte-transport-hold.so" "$tmp/plugins/" || fail "hold test transport not built"
-export TE_TEST_HOLD_PLUGIN="$tmp/plugins/libte-transport-hold.so"
+# cargo keeps the -L path build.rs gave (build.rs runs again only when the
+# pkg-config variables change): install_build keeps one install path.
+install_build rust "$build" "$work" "$testplugins"
+# "flip" corrupts data for the bench's --check.
 if [ -n "$flipdir" ]; then
   cp "$flipdir/libte-transport-flip.so" "$tmp/plugins/" || fail "flip test transport not built"
   export LIBTE_RUST_REQUIRE_TEST_PLUGINS=1
 fi
-export TE_PLUGIN_PATH="$tmp/plugins"
 command -v cc >/dev/null && export LIBTE_RUST_REQUIRE_CC=1
 
 # Debian's toolchain when it is there (the oldest we support), whatever

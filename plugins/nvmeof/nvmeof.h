@@ -213,13 +213,15 @@ int nv_open_resolved(const char *rp, int flags, const struct stat *want);
 /* Text for a file's open error (g_strerror(), and the plugin's own). */
 const char *nv_strerror(int err);
 
-/* io.c */
+/* worker.c */
 int nv_workers_start(nv_ctx *c);
 void nv_workers_stop(nv_ctx *c);
+/* io.c */
 /* Queues a chain of transfers (linked newest first through NV_PD_NEXT,
  * `oldest` last) holding `slices` slices on a worker, and wakes it if it
  * sleeps and waits for no more. */
 void nv_worker_push(nv_worker *w, te_transfer *newest, te_transfer *oldest, uint32_t slices);
+/* caller.c */
 /* The same with caller submission: queues the chain (may be empty) and
  * submits what fits into free slots from the calling thread; transfers of
  * `failed` (linked the same way, error in NV_PD_ERROR) end through the ring. */
@@ -227,11 +229,46 @@ void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest, te
 /* The transport's progress and wake ops (see te-plugin.h). */
 int nv_progress(nv_ctx *c, int (*done)(void *arg), void *arg, int64_t timeout_ns);
 void nv_wake(nv_ctx *c);
+/* worker.c */
 /* Registers `fd` in every ring's file table; its index, or -1 (the table
  * is full or absent: requests then name the descriptor itself). */
 int nv_fixed_add(nv_ctx *c, int fd);
 void nv_fixed_remove(nv_ctx *c, int idx);
 /* Whether an io_uring can be created here; fills `why` when not. */
 int nv_uring_probe(char *why, size_t why_len);
+
+/* The rings' internals, shared by io.c (slices and their completions),
+ * worker.c (the threads, worker submission) and caller.c (caller
+ * submission). */
+#define NV_WAKE_TAG (UINT64_MAX - 2) /* a no-op posted to wake the collector */
+#define NV_PASS_CQES 32u /* completions taken from the ring per lock hold */
+#define NV_PASS_DONE (2 * NV_PASS_CQES)
+
+static inline te_transfer *pd_next(const te_transfer *t)
+{
+	return (te_transfer *)t->plugin_data[NV_PD_NEXT];
+}
+
+/* io.c */
+/* Moves everything pushed so far to the end of the worker's FIFO, oldest first. */
+void nv_take_inbox(nv_worker *w);
+/* A free submission entry of the ring, or NULL. */
+struct io_uring_sqe *nv_get_sqe(nv_worker *w);
+/* Polls the worker's eventfd through the ring (NV_POLL_TAG). */
+void nv_arm_wake(nv_worker *w);
+/* Makes the complete() calls a pass queued. */
+void nv_pass_flush(const te_host *h, nv_pass *p);
+/* Caller submission: ends `count` slices of `t` with `err` through the ring. */
+void nv_fail_via_ring(nv_worker *w, te_transfer *t, uint32_t count, int err, nv_pass *p);
+/* Hands slices of the queued transfers to free slots. */
+void nv_issue(nv_worker *w, nv_pass *p);
+/* Handles up to `max` completions from the ring; returns how many. */
+unsigned nv_reap(nv_worker *w, nv_pass *p, unsigned max);
+
+/* caller.c */
+/* Wakes the worker wherever it sleeps (the ring, or between its looks). */
+void nv_kick_worker(nv_worker *w);
+/* The worker's loop under caller submission. */
+void nv_caller_loop(nv_worker *w);
 
 #endif

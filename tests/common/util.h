@@ -16,6 +16,7 @@
 #include <te/te.h>
 
 #include "check.h"
+#include "clock.h"
 
 /* Captures log lines so tests can check that errors name what was wrong. */
 static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -71,13 +72,6 @@ static inline te_engine *p2p_engine(const char *transports)
 	return e;
 }
 
-static inline long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
-
 /* Submits one request and waits for it; returns the final state. */
 static inline int run_one(te_engine *e, uint32_t op, te_segment_id seg, void *local, uint64_t remote,
 			  uint64_t len, te_task_status *st)
@@ -94,6 +88,64 @@ static inline int run_one(te_engine *e, uint32_t op, te_segment_id seg, void *lo
 	if (st)
 		*st = s;
 	return s.state;
+}
+
+/* Two engines of this process over `transports`: a with len bytes at abuf
+ * (registered as "cpu:0", local only), b with len bytes at bbuf that peers
+ * may reach, open on a as seg. */
+typedef struct engine_pair {
+	te_engine *a, *b;
+	unsigned char *abuf, *bbuf;
+	te_segment_id seg; /* b as seen from a */
+} engine_pair;
+
+static inline void engine_pair_up(engine_pair *p, const char *transports, size_t len)
+{
+	p->a = p2p_engine(transports);
+	p->b = p2p_engine(transports);
+	REQUIRE(p->a && p->b);
+	p->abuf = aligned_alloc(4096, len);
+	p->bbuf = aligned_alloc(4096, len);
+	REQUIRE(p->abuf && p->bbuf);
+	memset(p->abuf, 1, len); /* different bytes on each side: a copy shows */
+	memset(p->bbuf, 2, len);
+	REQUIRE(te_register_memory(p->a, p->abuf, len, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(p->b, p->bbuf, len, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	p->seg = te_segment_open(p->a, te_engine_name(p->b));
+	REQUIRE(p->seg > 0);
+}
+
+static inline void engine_pair_down(engine_pair *p)
+{
+	CHECK_EQ(te_segment_close(p->a, p->seg), 0);
+	te_engine_destroy(p->a);
+	te_engine_destroy(p->b);
+	free(p->abuf);
+	free(p->bbuf);
+}
+
+/* Submits n requests as one batch of e, waits up to timeout_ms and checks
+ * that every step worked and the batch completed; frees the batch. */
+static inline void batch_complete(te_engine *e, const te_request *r, size_t n, int timeout_ms)
+{
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(e, n, &b) == 0);
+	CHECK_EQ(te_submit(e, b, r, n), 0);
+	CHECK_EQ(te_batch_wait(e, b, timeout_ms), 0);
+	int32_t state;
+	CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	CHECK_EQ(te_batch_free(e, b), 0);
+}
+
+/* How many of n requests, both of whose ends lie in this process, left
+ * their local and remote bytes different. */
+static inline int ranges_differ(const te_request *r, size_t n)
+{
+	int bad = 0;
+	for (size_t i = 0; i < n; i++)
+		bad += memcmp(r[i].local, (const void *)(uintptr_t)r[i].remote, r[i].length) != 0;
+	return bad;
 }
 
 /* A loopback TCP port free right now, for a server a test starts later. It

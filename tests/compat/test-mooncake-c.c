@@ -20,58 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ------------------------------------------------------------- checking */
-
-static int failures, checks;
-
-#define CHECK(cond)                                                              \
-	do {                                                                         \
-		checks++;                                                                \
-		if (!(cond)) {                                                           \
-			failures++;                                                          \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-		}                                                                        \
-	} while (0)
-
-#define CHECK_EQ(a, b)                                                           \
-	do {                                                                         \
-		long long a_ = (long long)(a), b_ = (long long)(b);                      \
-		checks++;                                                                \
-		if (a_ != b_) {                                                          \
-			failures++;                                                          \
-			fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld != %lld)\n",    \
-				__FILE__, __LINE__, #a, #b, a_, b_);                                 \
-		}                                                                        \
-	} while (0)
-
-#define REQUIRE(cond)                                                            \
-	do {                                                                         \
-		checks++;                                                                \
-		if (!(cond)) {                                                           \
-			fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
-			exit(1);                                                             \
-		}                                                                        \
-	} while (0)
-
-#define RUN(fn)                                                                  \
-	do {                                                                         \
-		int before_ = failures;                                                  \
-		fn();                                                                    \
-		fprintf(stderr, "%s %s\n", failures == before_ ? "ok  " : "FAIL", #fn);  \
-	} while (0)
-
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
-}
+#include "../common/check.h"
+#include "mc-util.h"
 
 /* A pattern that differs per seed and per byte, so a misplaced byte shows. */
 static void fill(unsigned char *p, size_t n, unsigned seed)
@@ -94,31 +44,6 @@ static int matches(const unsigned char *p, size_t n, unsigned seed)
 	return ok;
 }
 
-/* Polls every task of the batch until none is WAITING or PENDING (Mooncake
- * programs poll the same way). Returns STATUS_COMPLETED when all completed,
- * else the first other final state; -1 on a status error or after 20 s. */
-static int wait_tasks(transfer_engine_t e, batch_id_t b, size_t first, size_t n)
-{
-	long long end = now_ms() + 20000;
-	int result = STATUS_COMPLETED;
-
-	for (size_t i = first; i < first + n; i++) {
-		transfer_status_t st;
-		for (;;) {
-			if (getTransferStatus(e, b, i, &st) != 0)
-				return -1;
-			if (st.status != STATUS_WAITING && st.status != STATUS_PENDING)
-				break;
-			if (now_ms() > end)
-				return -1;
-			sleep_ms(1);
-		}
-		if (st.status != STATUS_COMPLETED && result == STATUS_COMPLETED)
-			result = st.status;
-	}
-	return result;
-}
-
 /* One request through a batch of its own; the submit code, and the final
  * state in *state (STATUS_INVALID when refused at submit). */
 static int transfer_one(transfer_engine_t e, int opcode, void *local, segment_id_t seg,
@@ -131,7 +56,7 @@ static int transfer_one(transfer_engine_t e, int opcode, void *local, segment_id
 
 	REQUIRE(b != INVALID_BATCH);
 	rc = submitTransfer(e, b, &r, 1);
-	*state = wait_tasks(e, b, 0, 1);
+	*state = wait_tasks(e, b, 1);
 	if (getTransferStatus(e, b, 0, &st) == 0 && st.status == STATUS_INVALID)
 		*state = STATUS_INVALID;
 	CHECK_EQ(freeBatchID(e, b), 0);
@@ -270,7 +195,7 @@ static void test_write_read(void)
 	batch_id_t b = allocateBatchID(A, N);
 	REQUIRE(b != INVALID_BATCH);
 	CHECK_EQ(submitTransfer(A, b, reqs, N), 0);
-	CHECK_EQ(wait_tasks(A, b, 0, N), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(A, b, N), STATUS_COMPLETED);
 	for (int i = 0; i < N; i++) {
 		transfer_status_t st;
 		CHECK_EQ(getTransferStatus(A, b, i, &st), 0);
@@ -291,7 +216,7 @@ static void test_write_read(void)
 		r.source = dst + ((unsigned char *)reqs[i].source - src);
 		CHECK_EQ(submitTransfer(A, b, &r, 1), 0);
 	}
-	CHECK_EQ(wait_tasks(A, b, 0, N), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(A, b, N), STATUS_COMPLETED);
 	for (int i = 0; i < N; i++) {
 		size_t at = (size_t)((unsigned char *)reqs[i].source - src);
 		CHECK(memcmp(dst + at, src + at, sizes[i]) == 0);
@@ -346,7 +271,7 @@ static void test_notify(void)
 	CHECK(strcmp(name, "writer-7") == 0);
 	CHECK(strcmp(msg, "done-1") == 0);
 	CHECK(matches(tbuf, 1 << 20, 3));
-	CHECK_EQ(wait_tasks(A, b, 0, 1), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(A, b, 1), STATUS_COMPLETED);
 	CHECK_EQ(freeBatchID(A, b), 0);
 
 	/* bad input */
@@ -411,7 +336,7 @@ static void test_submit_errors(void)
 	batch_id_t b = allocateBatchID(A, 3);
 	REQUIRE(b != INVALID_BATCH);
 	CHECK_EQ(submitTransfer(A, b, mixed, 3), MC_STATUS_CODE_ADDRESS_NOT_REGISTERED);
-	CHECK_EQ(wait_tasks(A, b, 0, 1), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(A, b, 1), STATUS_COMPLETED);
 	transfer_status_t st;
 	CHECK_EQ(getTransferStatus(A, b, 1, &st), 0);
 	CHECK_EQ(st.status, STATUS_INVALID);
@@ -449,7 +374,7 @@ static void test_submit_errors(void)
 	CHECK_EQ(submitTransfer(A, b, two, 2), 0);
 	CHECK_EQ(submitTransfer(A, b, two, 1), MC_STATUS_CODE_TOO_MANY_REQUESTS);
 	CHECK_EQ(submitTransfer(A, b, two, 0), 0);
-	CHECK_EQ(wait_tasks(A, b, 0, 2), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(A, b, 2), STATUS_COMPLETED);
 	CHECK_EQ(freeBatchID(A, b), 0);
 	CHECK(allocateBatchID(A, 0) == INVALID_BATCH);
 	CHECK_EQ(submitTransfer(A, b, NULL, 1), MC_STATUS_CODE_INVALID_ARGUMENT);
@@ -570,7 +495,7 @@ static void test_threads(void)
 		pthread_join(th[i], NULL);
 		CHECK_EQ(s[i].rc, 0);
 	}
-	CHECK_EQ(wait_tasks(A, b, 0, T * PER_THREAD), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(A, b, T * PER_THREAD), STATUS_COMPLETED);
 	CHECK(matches(tbuf, T * PER_THREAD * CHUNK, 20));
 	transfer_request_t r = { OPCODE_WRITE, src, seg_b, (uint64_t)(uintptr_t)tbuf, 1 };
 	CHECK_EQ(submitTransfer(A, b, &r, 1), MC_STATUS_CODE_TOO_MANY_REQUESTS);
@@ -691,19 +616,19 @@ static void test_segment_cache(void)
 
 static void run_in_process(void)
 {
-	RUN(test_create);
-	RUN(test_local_ip_and_port);
-	RUN(test_register);
-	RUN(test_open_segment);
-	RUN(test_write_read);
-	RUN(test_local_segment);
-	RUN(test_notify);
-	RUN(test_submit_errors);
-	RUN(test_null_engine);
-	RUN(test_batch_registration);
-	RUN(test_threads);
-	RUN(test_transports);
-	RUN(test_segment_cache);
+	TEST_RUN(test_create);
+	TEST_RUN(test_local_ip_and_port);
+	TEST_RUN(test_register);
+	TEST_RUN(test_open_segment);
+	TEST_RUN(test_write_read);
+	TEST_RUN(test_local_segment);
+	TEST_RUN(test_notify);
+	TEST_RUN(test_submit_errors);
+	TEST_RUN(test_null_engine);
+	TEST_RUN(test_batch_registration);
+	TEST_RUN(test_threads);
+	TEST_RUN(test_transports);
+	TEST_RUN(test_segment_cache);
 	destroyTransferEngine(A);
 	destroyTransferEngine(B);
 	free(src);
@@ -882,7 +807,7 @@ static void run_two_processes(void)
 	CHECK(st.status == STATUS_WAITING || st.status == STATUS_PENDING);
 	CHECK_EQ(freeBatchID(e, b), MC_STATUS_CODE_BATCH_BUSY);
 	REQUIRE(kill(pid, SIGCONT) == 0);
-	CHECK_EQ(wait_tasks(e, b, 0, 1), STATUS_COMPLETED);
+	CHECK_EQ(wait_tasks(e, b, 1), STATUS_COMPLETED);
 	CHECK_EQ(freeBatchID(e, b), 0);
 	CHECK_EQ(ask('v', 0, 65536, 52, NULL, NULL), 1);
 	destroyTransferEngine(e);
@@ -936,9 +861,8 @@ static void run_two_processes(void)
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "fork") == 0)
-		RUN(run_two_processes);
+		TEST_RUN(run_two_processes);
 	else
 		run_in_process();
-	fprintf(stderr, "%d checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+	return check_done();
 }

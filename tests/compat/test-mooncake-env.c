@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
+
 static int failures;
 
 #define CHECK(cond)                                                              \
@@ -42,12 +44,6 @@ static int failures;
 			exit(1);                                                             \
 		}                                                                        \
 	} while (0)
-
-static void sleep_ms(long ms)
-{
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
-}
 
 /* A port nobody listens on now, from a range of its own (below the
  * ephemeral ports, so the kernel hands it to no one else meanwhile). */

@@ -28,49 +28,9 @@
 #include <string.h>
 #include <time.h>
 
-static int failures, checks;
-
-#define CHECK(cond)                                                                  \
-	do {                                                                         \
-		checks++;                                                            \
-		if (!(cond)) {                                                       \
-			failures++;                                                  \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-		}                                                                    \
-	} while (0)
-
-#define CHECK_EQ(a, b)                                                               \
-	do {                                                                         \
-		long long a_ = (long long)(a), b_ = (long long)(b);                  \
-		checks++;                                                            \
-		if (a_ != b_) {                                                      \
-			failures++;                                                  \
-			fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld != %lld)\n", \
-				__FILE__, __LINE__, #a, #b, a_, b_);                 \
-		}                                                                    \
-	} while (0)
-
-#define REQUIRE(cond)                                                                \
-	do {                                                                         \
-		checks++;                                                            \
-		if (!(cond)) {                                                       \
-			fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
-			exit(1);                                                     \
-		}                                                                    \
-	} while (0)
-
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
-}
+#include "../common/check.h"
+#include "mc-util.h"
+#include "../plugins/hold.h"
 
 /* ------------------------------------------------------------ log capture */
 
@@ -128,28 +88,6 @@ static size_t log_count(size_t mark, const char *s)
 }
 
 /* --------------------------------------------------------------- helpers */
-
-static int wait_tasks(transfer_engine_t e, batch_id_t b, size_t n)
-{
-	long long end = now_ms() + 20000;
-	int result = STATUS_COMPLETED;
-
-	for (size_t i = 0; i < n; i++) {
-		transfer_status_t st;
-		for (;;) {
-			if (getTransferStatus(e, b, i, &st) != 0)
-				return -1;
-			if (st.status != STATUS_WAITING && st.status != STATUS_PENDING)
-				break;
-			if (now_ms() > end)
-				return -1;
-			sleep_ms(1);
-		}
-		if (st.status != STATUS_COMPLETED && result == STATUS_COMPLETED)
-			result = st.status;
-	}
-	return result;
-}
 
 /* The entry of device `name` among `n`, or NULL. */
 static const nic_load_stat_t *find_dev(const nic_load_stat_t *s, size_t n, const char *name)
@@ -222,19 +160,11 @@ static batch_id_t submit_n(pair *p, int opcode, size_t n, uint64_t len)
 
 static void mode_hold(void)
 {
-	const char *dir = getenv("TEST_PLUGIN_DIR");
-	char path[4096];
 	nic_load_stat_t s[8], probe;
 	size_t n;
 
-	REQUIRE(dir != NULL);
 	pair p = pair_new("hold", NULL, NULL);
-	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
-	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* libte's copy */
-	REQUIRE(h != NULL);
-	size_t (*release)(int);
-	*(void **)&release = dlsym(h, "te_test_hold_release");
-	REQUIRE(release != NULL);
+	hold_find();
 
 	/* Before any transfer: the call works; whatever it lists is idle. */
 	n = 8;
@@ -279,7 +209,7 @@ static void mode_hold(void)
 
 	/* Released: nothing in flight, and the bytes moved since the reading
 	 * above give the device a bandwidth. */
-	CHECK_EQ(release(0), 2);
+	CHECK_EQ(hold_release(0), 2);
 	CHECK_EQ(wait_tasks(p.a, b, 2), STATUS_COMPLETED);
 	sleep_ms(20);
 	n = 8;
@@ -312,19 +242,11 @@ static int held_status(pair *p, batch_id_t *b, long wait_ms)
 
 static void mode_slice_timeout(void)
 {
-	const char *dir = getenv("TEST_PLUGIN_DIR");
-	char path[4096];
 	batch_id_t b;
 
-	REQUIRE(dir != NULL);
 	REQUIRE(getenv("MC_SLICE_TIMEOUT") != NULL && strcmp(getenv("MC_SLICE_TIMEOUT"), "1") == 0);
 	pair p = pair_new("hold", NULL, NULL); /* made while MC_SLICE_TIMEOUT=1 */
-	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
-	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-	REQUIRE(h != NULL);
-	size_t (*release)(int);
-	*(void **)&release = dlsym(h, "te_test_hold_release");
-	REQUIRE(release != NULL);
+	hold_find();
 
 	/* in flight, then past the second: TIMEOUT, though the task goes on */
 	int st = held_status(&p, &b, 0);
@@ -333,7 +255,7 @@ static void mode_slice_timeout(void)
 	sleep_ms(1300);
 	REQUIRE(getTransferStatus(p.a, b, 0, &ts) == 0);
 	CHECK_EQ(ts.status, STATUS_TIMEOUT);
-	CHECK_EQ(release(0), 1);
+	CHECK_EQ(hold_release(0), 1);
 	CHECK_EQ(wait_tasks(p.a, b, 1), STATUS_COMPLETED);
 	CHECK(memcmp(p.abuf, p.bbuf, 4096) == 0);
 	CHECK_EQ(freeBatchID(p.a, b), 0);
@@ -344,7 +266,7 @@ static void mode_slice_timeout(void)
 	p = pair_new("hold", NULL, NULL);
 	st = held_status(&p, &b, 1300);
 	CHECK(st == STATUS_WAITING || st == STATUS_PENDING);
-	CHECK_EQ(release(0), 1);
+	CHECK_EQ(hold_release(0), 1);
 	CHECK_EQ(wait_tasks(p.a, b, 1), STATUS_COMPLETED);
 	CHECK_EQ(freeBatchID(p.a, b), 0);
 	pair_free(&p);
@@ -600,6 +522,6 @@ int main(int argc, char **argv)
 	te_set_log_handler(NULL, NULL);
 	for (size_t i = 0; i < n_lines; i++)
 		free(lines[i]);
-	fprintf(stderr, "%s: %d of %d checks failed\n", mode, failures, checks);
-	return failures == 0 ? 0 : 1;
+	fprintf(stderr, "%s: %d of %d checks failed\n", mode, (int)check_failures, (int)check_count);
+	return check_failures == 0 ? 0 : 1;
 }

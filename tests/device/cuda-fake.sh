@@ -17,13 +17,8 @@ bench=$2
 export LD_LIBRARY_PATH="$3${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
-check() { # description, command...
-  what=$1; shift
-  if "$@"; then ok "$what"; else bad "$what"; fi
-}
+. "$(dirname "$0")/../common/poll.sh"
+. "$(dirname "$0")/../common/check.sh"
 
 out=$("$info") || { echo "te-info failed"; exit 1; }
 cuda=$(printf '%s\n' "$out" | sed -n '/^\[cuda\] (device memory)$/{n;p;}')
@@ -149,12 +144,7 @@ for alloc in legacy vmm; do
   env FAKE_CUDA_STATS="$tmp/target.stats" "$bench" --mode=target --protocol=shm --use_vram \
     --buffer_size=64M --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
   target=$!
-  name=
-  for _ in $(seq 100); do
-    name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
-    [ -n "$name" ] && break
-    sleep 0.1
-  done
+  name=$(bench_name "$tmp/target.out")
   for op in read write; do
     n=shm-$alloc-$op
     if [ -n "$name" ] && env FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \

@@ -21,13 +21,8 @@ export LD_LIBRARY_PATH="$3${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 tmp=$(mktemp -d)
 target=
 trap '[ -n "$target" ] && kill "$target" 2>/dev/null; rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
-check() { # description, command...
-  what=$1; shift
-  if "$@"; then ok "$what"; else bad "$what"; fi
-}
+. "$(dirname "$0")/../common/poll.sh"
+. "$(dirname "$0")/../common/check.sh"
 report() { # te-info output: the line after the hip plugin's header
   printf '%s\n' "$1" | sed -n '/^\[hip\] (device memory)$/{n;p;}'
 }
@@ -130,12 +125,7 @@ fi
 env FAKE_HIP_STATS="$tmp/target.stats" "$bench" --mode=target --protocol=shm --use_vram --vram_device=hip \
   --buffer_size=64M --local_server_name=127.0.0.1 >"$tmp/target.out" 2>&1 &
 target=$!
-name=
-for _ in $(seq 100); do
-  name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.out")
-  [ -n "$name" ] && break
-  sleep 0.1
-done
+name=$(bench_name "$tmp/target.out")
 for op in read write; do
   n=shm-$op
   if [ -n "$name" ] && env FAKE_HIP_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \

@@ -12,11 +12,7 @@ info=$1
 fixtures=$2
 with_cuda=$3
 soft_dir=${4:-}
-fail=0
-check() { # description, command...
-  what=$1; shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fail=1; fi
-}
+. "$(dirname "$0")/../common/check.sh"
 out=$("$info") || { echo "te-info failed"; exit 1; }
 if [ "$with_cuda" = yes ]; then
 check "the cuda plugin is loaded as a device plugin" \

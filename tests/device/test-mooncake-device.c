@@ -11,9 +11,7 @@
 #include <te/te.h>
 
 #include "../common/check.h"
-
-#include <time.h>
-#include <unistd.h>
+#include "../compat/mc-util.h"
 
 #define N ((1u << 20) * 3 + 11)
 
@@ -21,18 +19,12 @@ static int run(transfer_engine_t e, int op, void *local, segment_id_t seg, uint6
 {
 	transfer_request_t r = { op, local, seg, remote, N };
 	batch_id_t b = allocateBatchID(e, 1);
-	transfer_status_t st = { 0 };
 
 	REQUIRE(b != INVALID_BATCH);
 	CHECK_EQ(submitTransfer(e, b, &r, 1), 0);
-	for (int i = 0; i < 20000; i++) {
-		REQUIRE(getTransferStatus(e, b, 0, &st) == 0);
-		if (st.status != STATUS_WAITING && st.status != STATUS_PENDING)
-			break;
-		usleep(1000);
-	}
+	int status = wait_tasks(e, b, 1);
 	CHECK_EQ(freeBatchID(e, b), 0);
-	return st.status;
+	return status;
 }
 
 static int dev_matches(const void *dev, unsigned seed)

@@ -18,25 +18,8 @@
 
 #include "../common/rpc-raw.h"
 #include "../common/util.h"
+#include "../plugins/hold.h"
 
-typedef size_t (*hold_count_fn)(void);
-typedef size_t (*hold_release_fn)(int);
-static hold_count_fn hold_count;
-static hold_release_fn hold_release;
-
-static void find_hold(void)
-{
-	char path[4096];
-	const char *dir = getenv("TEST_PLUGIN_DIR");
-	REQUIRE(dir != NULL);
-	te_plugin_foreach(NULL, NULL); /* makes libte load the plugins */
-	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
-	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-	REQUIRE(h != NULL); /* loaded by libte already */
-	*(void **)&hold_count = dlsym(h, "te_test_hold_count");
-	*(void **)&hold_release = dlsym(h, "te_test_hold_release");
-	REQUIRE(hold_count && hold_release);
-}
 
 static bool probe_ok(int port)
 {
@@ -140,39 +123,11 @@ static void test_rpc_random(void)
 
 #define BUF (4u << 20)
 
-typedef struct pair {
-	te_engine *a, *b;
-	unsigned char *abuf, *bbuf;
-	te_segment_id seg; /* b as seen from a */
-} pair;
-
-static void pair_up(pair *p, const char *transports)
-{
-	p->a = p2p_engine(transports);
-	p->b = p2p_engine(transports);
-	REQUIRE(p->a && p->b);
-	p->abuf = aligned_alloc(4096, BUF);
-	p->bbuf = aligned_alloc(4096, BUF);
-	REQUIRE(te_register_memory(p->a, p->abuf, BUF, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, BUF, "*", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
-}
-
-static void pair_down(pair *p)
-{
-	CHECK_EQ(te_segment_close(p->a, p->seg), 0);
-	te_engine_destroy(p->a);
-	te_engine_destroy(p->b);
-	free(p->abuf);
-	free(p->bbuf);
-}
-
 static void test_memcpy_transfers(void)
 {
-	pair p;
+	engine_pair p;
 	te_task_status st;
-	pair_up(&p, "memcpy");
+	engine_pair_up(&p, "memcpy", BUF);
 
 	te_segment_buffer sb[4];
 	CHECK_EQ(te_segment_buffers(p.a, p.seg, sb, 4), 1);
@@ -223,35 +178,25 @@ static void test_memcpy_transfers(void)
 	CHECK(cap_has("outside the buffers of segment"));
 
 	/* a batch of many requests to many offsets */
-	te_batch_id b;
 	enum { N = 512 };
 	te_request reqs[N];
 	fill_pattern(p.abuf, BUF, 99);
 	for (int i = 0; i < N; i++)
 		reqs[i] = (te_request){ TE_OP_WRITE, p.seg, p.abuf + i * 4096, (uintptr_t)(p.bbuf + (N - 1 - i) * 4096), 4096 };
-	REQUIRE(te_batch_alloc(p.a, N, &b) == 0);
-	CHECK_EQ(te_submit(p.a, b, reqs, N), 0);
-	CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
-	int32_t state;
-	CHECK_EQ(te_batch_status(p.a, b, NULL, NULL, &state), 0);
-	CHECK_EQ(state, TE_TASK_COMPLETED);
-	int bad = 0;
-	for (int i = 0; i < N; i++)
-		bad += memcmp(p.abuf + i * 4096, p.bbuf + (N - 1 - i) * 4096, 4096) != 0;
-	CHECK_EQ(bad, 0);
-	CHECK_EQ(te_batch_free(p.a, b), 0);
+	batch_complete(p.a, reqs, N, 10000);
+	CHECK_EQ(ranges_differ(reqs, N), 0);
 
 	/* a forced transport that is not installed */
 	CHECK(te_segment_open_with(p.b, te_engine_name(p.a), "hold") < 0);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 static void test_notifications(void)
 {
-	pair p;
+	engine_pair p;
 	te_notification *list = NULL;
 	size_t n = 0;
-	pair_up(&p, "hold");
+	engine_pair_up(&p, "hold", BUF);
 
 	CHECK_EQ(te_notify_send(p.a, p.seg, "hello from a"), 0);
 	CHECK_EQ(te_notify_fetch(p.b, &list, &n), 0);
@@ -309,15 +254,15 @@ static void test_notifications(void)
 	longname[TE_NOTIFY_MAX + 1] = '\0';
 	CHECK_EQ(te_notify_send_as(p.a, p.seg, longname, "x"), -EMSGSIZE);
 	free(longname);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 /* te_segment_find, te_segment_refresh_all, te_segment_probe,
  * te_engine_address and te_last_error. */
 static void test_lookup_probe(void)
 {
-	pair p;
-	pair_up(&p, "memcpy");
+	engine_pair p;
+	engine_pair_up(&p, "memcpy", BUF);
 	const char *bn = te_engine_name(p.b);
 
 	CHECK(strcmp(te_engine_address(p.a), "127.0.0.1") == 0);
@@ -368,10 +313,10 @@ static void test_lookup_probe(void)
 	te_last_error_clear();
 	CHECK_EQ(te_segment_buffers(p.a, 999, sb, 4), TE_ERR_SEGMENT);
 	CHECK(strstr(te_last_error(), "unknown segment id 999") != NULL);
-	pair_down(&p);
+	engine_pair_down(&p);
 
 	/* a closed peer: probe fails, refresh_all reports the failure */
-	pair_up(&p, "memcpy");
+	engine_pair_up(&p, "memcpy", BUF);
 	char name[64];
 	snprintf(name, sizeof name, "%s", te_engine_name(p.b));
 	te_engine_destroy(p.b);
@@ -387,10 +332,10 @@ static void test_lookup_probe(void)
 
 static void test_in_flight(void)
 {
-	pair p;
+	engine_pair p;
 	te_task_status st;
 	te_batch_id b;
-	pair_up(&p, "hold");
+	engine_pair_up(&p, "hold", BUF);
 
 	te_request r[3] = {
 		{ TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 100 },
@@ -454,14 +399,14 @@ static void test_in_flight(void)
 		CHECK_EQ(st.state, TE_TASK_CANCELED);
 	}
 	CHECK_EQ(te_batch_free(p.a, b), 0);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 static void test_uninstall_reroutes(void)
 {
-	pair p;
+	engine_pair p;
 	te_task_status st;
-	pair_up(&p, "memcpy,hold");
+	engine_pair_up(&p, "memcpy,hold", BUF);
 	/* memcpy comes first: the descriptor names it, transfers finish at once */
 	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 10, &st), TE_TASK_COMPLETED);
 	CHECK_EQ(hold_count(), 0);
@@ -484,7 +429,7 @@ static void test_uninstall_reroutes(void)
 	CHECK_EQ(te_transport_install(p.a, "memcpy", NULL), 0);
 	CHECK_EQ(te_segment_refresh(p.a, p.seg), 0);
 	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 10, &st), TE_TASK_COMPLETED);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 static void test_unreachable_peer(void)
@@ -500,7 +445,7 @@ static void test_unreachable_peer(void)
 
 int main(void)
 {
-	find_hold();
+	hold_find();
 	TEST_RUN(test_probe_and_bad_frames);
 	TEST_RUN(test_rpc_random);
 	TEST_RUN(test_memcpy_transfers);

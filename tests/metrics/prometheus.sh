@@ -43,19 +43,7 @@ wait_for() {
   return 1
 }
 
-# A loopback port free now, below the ephemeral range (so no outgoing
-# connection of a test beside takes it before Prometheus binds it).
-free_port() {
-  python3 -c '
-import random, socket
-for _ in range(500):
-    p = random.randint(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p)); print(p); break
-    except OSError: pass
-    finally: s.close()'
-}
+. "$(dirname "$0")/../common/poll.sh" # free_port
 
 "$bench" --mode=target --protocol=tcp --local_server_name=127.0.0.1 --buffer_size=16M \
   >"$dir/target.out" 2>"$dir/target.err" &

@@ -18,27 +18,10 @@
 
 #include "../common/rpc-raw.h"
 #include "../common/util.h"
+#include "../plugins/hold.h"
 
 #define BUF (1u << 20)
 
-typedef size_t (*hold_count_fn)(void);
-typedef size_t (*hold_release_fn)(int);
-static hold_count_fn hold_count;
-static hold_release_fn hold_release;
-
-static void find_hold(void)
-{
-	char path[4096];
-	const char *dir = getenv("TEST_PLUGIN_DIR");
-	REQUIRE(dir != NULL);
-	te_plugin_foreach(NULL, NULL);
-	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
-	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-	REQUIRE(h != NULL);
-	*(void **)&hold_count = dlsym(h, "te_test_hold_count");
-	*(void **)&hold_release = dlsym(h, "te_test_hold_release");
-	REQUIRE(hold_count && hold_release);
-}
 
 static bool have_transport(const char *name)
 {
@@ -47,37 +30,6 @@ static bool have_transport(const char *name)
 		return false;
 	te_engine_destroy(e);
 	return true;
-}
-
-typedef struct pair {
-	te_engine *a, *b;
-	unsigned char *abuf, *bbuf;
-	te_segment_id seg;
-} pair;
-
-static void pair_up(pair *p, const char *transports)
-{
-	p->a = p2p_engine(transports);
-	p->b = p2p_engine(transports);
-	REQUIRE(p->a && p->b);
-	p->abuf = aligned_alloc(4096, BUF);
-	p->bbuf = aligned_alloc(4096, BUF);
-	REQUIRE(p->abuf && p->bbuf);
-	memset(p->abuf, 1, BUF);
-	memset(p->bbuf, 2, BUF);
-	REQUIRE(te_register_memory(p->a, p->abuf, BUF, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, BUF, "*", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
-}
-
-static void pair_down(pair *p)
-{
-	te_segment_close(p->a, p->seg);
-	te_engine_destroy(p->a);
-	te_engine_destroy(p->b);
-	free(p->abuf);
-	free(p->bbuf);
 }
 
 static char *text_of(te_engine *e)
@@ -121,10 +73,10 @@ static te_stats stats_of(te_engine *e)
 /* Known transfers over `transport`, then every count. */
 static void known_transfers(const char *transport)
 {
-	pair p;
+	engine_pair p;
 	char lbl[256];
 
-	pair_up(&p, transport);
+	engine_pair_up(&p, transport, BUF);
 	const char *an = te_engine_name(p.a), *bn = te_engine_name(p.b);
 	/* three writes of 4 KiB, two reads of 8 KiB, one local copy (a read of
 	 * 1000 bytes), one write outside the peer's buffers (refused) */
@@ -215,7 +167,7 @@ static void known_transfers(const char *transport)
 	CHECK_EQ(te_unregister_memory(p.b, p.bbuf), 0);
 	CHECK_EQ(stats_of(p.b).registered_bytes, 0);
 	CHECK_EQ(stats_of(p.b).registered_regions, 0);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 static void test_tcp(void)
@@ -235,12 +187,12 @@ static void test_shm(void)
 /* Held transfers: in flight, failed with device errors, canceled. */
 static void test_hold_devices_cancel(void)
 {
-	pair p;
+	engine_pair p;
 	te_batch_id b;
 	te_request r[3];
 
-	find_hold();
-	pair_up(&p, "hold");
+	hold_find();
+	engine_pair_up(&p, "hold", BUF);
 	const char *an = te_engine_name(p.a);
 	for (int i = 0; i < 3; i++)
 		r[i] = (te_request){ TE_OP_WRITE, p.seg, p.abuf + 1000 * i, (uintptr_t)p.bbuf + 1000 * i, 1000 };
@@ -296,19 +248,19 @@ static void test_hold_devices_cancel(void)
 	CHECK(json && strstr(json, "{\"transport\":\"hold\",\"device\":\"hold0\",\"bytes\":2000,\"in_flight_bytes\":0,"));
 	te_free(json);
 	te_batch_free(p.a, b);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 /* TE_METRICS_DEVICES=0: no device gets counters; what a transport counts
  * for one goes to the transport itself, bytes aside. */
 static void test_devices_bound(void)
 {
-	pair p;
+	engine_pair p;
 	te_request r;
 
-	find_hold();
+	hold_find();
 	setenv("TE_METRICS_DEVICES", "0", 1);
-	pair_up(&p, "hold");
+	engine_pair_up(&p, "hold", BUF);
 	unsetenv("TE_METRICS_DEVICES");
 	const char *an = te_engine_name(p.a);
 	r = (te_request){ TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 1000 };
@@ -324,7 +276,7 @@ static void test_devices_bound(void)
 	CHECK_EQ(metric(t, "te_transport_errors_total", an, "transport=\"hold\""), 1);
 	te_free(t);
 	te_batch_free(p.a, b);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 /* ------------------------------------------------------- the exposition */
@@ -738,16 +690,16 @@ static void test_peer_names_bound(void)
 /* TE_METRICS_PEERS bounds the set; 0 leaves only "other". */
 static void test_peers_option(void)
 {
-	pair p;
+	engine_pair p;
 	setenv("TE_METRICS_PEERS", "0", 1);
-	pair_up(&p, "memcpy");
+	engine_pair_up(&p, "memcpy", BUF);
 	unsetenv("TE_METRICS_PEERS");
 	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 100, NULL), TE_TASK_COMPLETED);
 	char *t = text_of(p.a);
 	CHECK_EQ(count_lines(t, "te_peer_bytes_total{"), 2);
 	CHECK_EQ(metric(t, "te_peer_bytes_total", te_engine_name(p.a), "peer=\"other\",op=\"write\""), 100);
 	te_free(t);
-	pair_down(&p);
+	engine_pair_down(&p);
 }
 
 /* RPC frames served and refused by kind; a peer refused by the key. */

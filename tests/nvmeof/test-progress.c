@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 
 #include "nv-util.h"
+#include "../plugins/hold.h"
 
 #define FILE_LEN (8u << 20)
 #define MEM (32u << 20)
@@ -268,24 +269,6 @@ static void test_mixed_with_copies(void)
 	close_disk(e, seg);
 }
 
-typedef size_t (*hold_release_fn)(int);
-
-/* The "hold" test transport, loaded by libte, keeps its transfers until
- * te_test_hold_release(). */
-static hold_release_fn find_hold(void)
-{
-	char path[4096];
-	const char *dir = getenv("TEST_PLUGIN_DIR");
-	REQUIRE(dir != NULL);
-	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
-	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-	REQUIRE(h != NULL);
-	hold_release_fn fn;
-	*(void **)&fn = dlsym(h, "te_test_hold_release");
-	REQUIRE(fn != NULL);
-	return fn;
-}
-
 typedef struct waiter {
 	te_engine *e;
 	te_batch_id b;
@@ -316,7 +299,7 @@ static void test_woken_by_other_transport(void)
 	REQUIRE(te_register_memory(b, peer_mem, 1u << 20, "*", TE_MEM_REMOTE_ACCESS) == 0);
 	te_segment_id peer = te_segment_open(a, "nodeB");
 	REQUIRE(peer > 0);
-	hold_release_fn release = find_hold();
+	hold_find(); /* the "hold" transport keeps its transfers until released */
 	long long late = 0;
 	int bad = 0;
 	for (int i = 0; i < 10; i++) {
@@ -332,7 +315,7 @@ static void test_woken_by_other_transport(void)
 		REQUIRE(pthread_create(&th, NULL, wait_thread, &w) == 0);
 		usleep(20 * 1000); /* the read is done by now; the waiter sleeps */
 		long long t0 = now_ms();
-		CHECK_EQ(release(0), 1);
+		CHECK_EQ(hold_release(0), 1);
 		pthread_join(th, NULL);
 		CHECK_EQ(w.rc, 0);
 		late += w.returned - t0;

@@ -129,19 +129,12 @@ static void test_sieve(void)
 	 * succeed with the pool never above its cap. */
 	enum { N = 40 };
 	te_request r[N];
-	te_batch_id b;
 	for (int round = 0; round < 3; round++) {
 		for (int i = 0; i < N; i++)
 			r[i] = (te_request){ TE_OP_WRITE, c.seg[i % NPEER], c.buf + (size_t)(i / NPEER) * 4096,
 					     (uintptr_t)(pbuf[i % NPEER] + (size_t)(i / NPEER) * 4096), 4096 };
 		fill_pattern(c.buf, LEN, (unsigned)round + 50);
-		REQUIRE(te_batch_alloc(c.e, N, &b) == 0);
-		CHECK_EQ(te_submit(c.e, b, r, N), 0);
-		CHECK_EQ(te_batch_wait(c.e, b, 30000), 0);
-		int32_t state;
-		CHECK_EQ(te_batch_status(c.e, b, NULL, NULL, &state), 0);
-		CHECK_EQ(state, TE_TASK_COMPLETED);
-		CHECK_EQ(te_batch_free(c.e, b), 0);
+		batch_complete(c.e, r, N, 30000);
 		for (int i = 0; i < NPEER; i++)
 			CHECK(memcmp(c.buf, pbuf[i], (N / NPEER) * 4096) == 0);
 		/* Endpoints connecting at once may briefly exceed the cap;

@@ -126,7 +126,6 @@ static void test_spread(void)
 {
 	enum { N = 256, LEN = 256 << 10 }; /* 4 slices each */
 	te_request r[N];
-	te_batch_id b;
 	te_rdma_soft_counters c0a, c1a, c2a, c3a, c0b, c1b, c2b, c3b;
 	uint64_t s0 = slices_on(P.a, "mlx5_0"), s1 = slices_on(P.a, "mlx5_1");
 
@@ -141,30 +140,16 @@ static void test_spread(void)
 	for (int i = 0; i < N; i++) /* reversed order, 32 KiB apart: every slice lands elsewhere */
 		r[i] = (te_request){ TE_OP_WRITE, P.seg, P.abuf + (size_t)i * 32768,
 				     (uintptr_t)(P.bbuf + (size_t)(N - 1 - i) * 32768), 32768 };
-	REQUIRE(te_batch_alloc(P.a, N, &b) == 0);
-	CHECK_EQ(te_submit(P.a, b, r, N), 0);
-	CHECK_EQ(te_batch_wait(P.a, b, 30000), 0);
-	int32_t state;
-	CHECK_EQ(te_batch_status(P.a, b, NULL, NULL, &state), 0);
-	CHECK_EQ(state, TE_TASK_COMPLETED);
-	int bad = 0;
-	for (int i = 0; i < N; i++)
-		bad += memcmp(P.abuf + (size_t)i * 32768, P.bbuf + (size_t)(N - 1 - i) * 32768, 32768) != 0;
-	CHECK_EQ(bad, 0);
-	CHECK_EQ(te_batch_free(P.a, b), 0);
+	batch_complete(P.a, r, N, 30000);
+	CHECK_EQ(ranges_differ(r, N), 0);
 
 	/* Large transfers: 64 KiB slices over both NICs. */
-	REQUIRE(te_batch_alloc(P.a, 16, &b) == 0);
 	for (int i = 0; i < 16; i++)
 		r[i] = (te_request){ TE_OP_READ, P.seg, P.abuf + (size_t)i * (LEN * 2),
 				     (uintptr_t)(P.bbuf + (size_t)i * (LEN * 2)), LEN * 2 };
 	fill_pattern(P.bbuf, BUF, 43);
-	CHECK_EQ(te_submit(P.a, b, r, 16), 0);
-	CHECK_EQ(te_batch_wait(P.a, b, 30000), 0);
-	CHECK_EQ(te_batch_status(P.a, b, NULL, NULL, &state), 0);
-	CHECK_EQ(state, TE_TASK_COMPLETED);
+	batch_complete(P.a, r, 16, 30000);
 	CHECK(memcmp(P.abuf, P.bbuf, 16 * LEN * 2) == 0);
-	CHECK_EQ(te_batch_free(P.a, b), 0);
 
 	uint64_t d0 = slices_on(P.a, "mlx5_0") - s0, d1 = slices_on(P.a, "mlx5_1") - s1;
 	/* 256 single-slice tasks + 16 x 8 slices */

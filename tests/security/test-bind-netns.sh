@@ -8,18 +8,12 @@
 set -u
 peer=$1
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-	echo "skipped: needs root and iproute2"
-	exit 77
-fi
-
-tag=$$
+. "$(dirname "$0")/../common/netns.sh"
 NS=te-sec-$tag
+netns=$NS
 net=10.214.$((tag % 250))
 A=$net.1
 B=$net.2
-tmp=$(mktemp -d)
-tpid=
 
 stop_target() {
 	exec 7>&- 2>/dev/null
@@ -30,9 +24,6 @@ stop_target() {
 	fi
 	tpid=
 }
-
-netns=$NS
-. "$(dirname "$0")/../common/netns.sh"
 
 ip netns add "$NS" || fail "cannot create the namespace"
 ip -n "$NS" link set lo up
@@ -59,13 +50,7 @@ start_target() {
 		"$peer" target "$A" 4194304 3 <"$tmp/in" >"$tmp/out" 2>&1 &
 	tpid=$!
 	exec 7>"$tmp/in"
-	name=
-	for _ in $(seq 100); do
-		name=$(awk '/^READY/ { print $2; exit }' "$tmp/out")
-		[ -n "$name" ] && break
-		sleep 0.1
-	done
-	[ -n "$name" ] || fail "the target did not come up"
+	name=$(ready_name "$tmp/out") || fail "the target did not come up"
 	rpc_port=${name##*:}
 }
 

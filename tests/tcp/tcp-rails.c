@@ -359,19 +359,6 @@ static bool lo_round(void)
 	return true;
 }
 
-static int try_connect(const char *addr, int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
-	if (fd < 0)
-		return -errno;
-	inet_pton(AF_INET, addr, &a.sin_addr);
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
-		rc = -errno;
-	close(fd);
-	return rc;
-}
-
 /* The descriptor an engine publishes holds `want`. */
 static bool publishes(te_engine *x, const char *want)
 {

@@ -99,6 +99,20 @@ static inline int tcp_connect_port(int port)
 	return fd;
 }
 
+/* 0 when something listens at addr:port (IPv4), else -errno. */
+static inline int try_connect(const char *addr, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
+	if (fd < 0)
+		return -errno;
+	inet_pton(AF_INET, addr, &a.sin_addr);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
 static inline bool send_all(int fd, const void *p, size_t n)
 {
 	const char *c = p;

@@ -119,14 +119,7 @@ int main(int argc, char **argv)
 		r[i] = (te_request){ TE_OP_READ, seg[i], buf + (size_t)i * TBYTES, addrs[i], TBYTES };
 	int rounds = 0, socks;
 	do {
-		te_batch_id b;
-		REQUIRE(te_batch_alloc(e, PEERS, &b) == 0);
-		CHECK_EQ(te_submit(e, b, r, PEERS), 0);
-		CHECK_EQ(te_batch_wait(e, b, 30000), 0);
-		int32_t state;
-		CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
-		CHECK_EQ(state, TE_TASK_COMPLETED);
-		CHECK_EQ(te_batch_free(e, b), 0);
+		batch_complete(e, r, PEERS, 30000);
 		usleep(300000); /* the last connections finish connecting */
 		socks = sockets_open() - socks_before;
 	} while (++rounds < 4 && socks < 2 * PEERS);

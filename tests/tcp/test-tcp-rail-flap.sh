@@ -20,38 +20,15 @@ set -u
 bench=$1
 what=${2:-flap}
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-	echo "skipped: needs root (network namespaces) and iproute2"
-	exit 77
-fi
-
-tag=$$
-A=te-flap-a-$tag
-B=te-flap-b-$tag
-VA1=fla$tag; VB1=flb$tag
-VA2=fma$tag; VB2=fmb$tag
-n1=10.216.$((tag % 250))
-n2=10.217.$((tag % 250))
-tmp=$(mktemp -d)
-tpid=
-
-netns="$A $B"
 . "$(dirname "$0")/../common/netns.sh"
-
-two_links
+links 2 flap 216
 
 # The target (namespace A) publishes both links; it runs until killed.
 ip netns exec "$A" env TE_TCP_RAILS="$n1.1,$n2.1" TE_LOG_LEVEL=info \
 	timeout 120 "$bench" --mode=target --protocol=tcp --local_server_name="$n1.1" --buffer_size=64M \
 	</dev/null >"$tmp/out" 2>&1 &
 tpid=$!
-name=
-for _ in $(seq 100); do
-	name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/out")
-	[ -n "$name" ] && break
-	sleep 0.1
-done
-[ -n "$name" ] || fail "the target did not come up"
+name=$(bench_name "$tmp/out") || fail "the target did not come up"
 
 # run_bench SECONDS: the initiator (namespace B) in the background, its pid in $ipid.
 run_bench() {

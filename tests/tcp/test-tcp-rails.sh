@@ -10,25 +10,8 @@ set -u
 peer=$1
 rails=$2
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-	echo "skipped: needs root (network namespaces) and iproute2"
-	exit 77
-fi
-
-tag=$$
-A=te-rails-a-$tag
-B=te-rails-b-$tag
-VA1=rla$tag; VB1=rlb$tag
-VA2=rma$tag; VB2=rmb$tag
-n1=10.214.$((tag % 250))
-n2=10.215.$((tag % 250))
-tmp=$(mktemp -d)
-tpid=
-
-netns="$A $B"
 . "$(dirname "$0")/../common/netns.sh"
-
-two_links
+links 2 rails 214
 
 # A rail list naming neither an address of the host nor an interface fails
 # the install, with a line saying which item was wrong.
@@ -46,13 +29,7 @@ ip netns exec "$A" env TE_TCP_RAILS="$n1.1,$VA2" TE_TCP_BIND_ADDRESS="$n1.1" TE_
 	"$peer" target "$n1.1" 67108864 3 <"$tmp/in" >"$tmp/out" 2>&1 &
 tpid=$!
 exec 7>"$tmp/in"
-name=
-for _ in $(seq 100); do
-	name=$(awk '/^READY/ { print $2; exit }' "$tmp/out")
-	[ -n "$name" ] && break
-	sleep 0.1
-done
-[ -n "$name" ] || fail "the target did not come up"
+name=$(ready_name "$tmp/out") || fail "the target did not come up"
 grep -q "data addresses (TE_TCP_RAILS): $n1.1, $n2.1" "$tmp/out" || fail "the target does not list both rails"
 # Both rail addresses listen, nothing else does.
 lst=$(ip netns exec "$A" ss -Htln)

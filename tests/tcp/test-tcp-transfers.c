@@ -105,18 +105,8 @@ static void test_mixed_batch(void)
 		off += n + 17;
 	}
 	REQUIRE(off + 64 < (64u << 20));
-	te_batch_id b;
-	REQUIRE(te_batch_alloc(p.a, N, &b) == 0);
-	CHECK_EQ(te_submit(p.a, b, r, N), 0);
-	CHECK_EQ(te_batch_wait(p.a, b, 30000), 0);
-	int32_t state;
-	CHECK_EQ(te_batch_status(p.a, b, NULL, NULL, &state), 0);
-	CHECK_EQ(state, TE_TASK_COMPLETED);
-	int bad = 0;
-	for (int i = 0; i < N; i++)
-		bad += memcmp(r[i].local, (void *)(uintptr_t)r[i].remote, r[i].length) != 0;
-	CHECK_EQ(bad, 0);
-	CHECK_EQ(te_batch_free(p.a, b), 0);
+	batch_complete(p.a, r, N, 30000);
+	CHECK_EQ(ranges_differ(r, N), 0);
 	pair_down(&p);
 }
 
@@ -289,20 +279,6 @@ static void test_descriptor(void)
 		close(fd);
 	free(d);
 	te_engine_destroy(e);
-}
-
-/* 0 when something listens at addr:port, else -errno. */
-static int try_connect(const char *addr, int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
-	if (fd < 0)
-		return -errno;
-	inet_pton(AF_INET, addr, &a.sin_addr);
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
-		rc = -errno;
-	close(fd);
-	return rc;
 }
 
 /* TE_BIND_ADDRESS: the RPC and TCP data sockets listen on that address only

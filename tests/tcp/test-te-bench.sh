@@ -54,23 +54,7 @@ one_line_error() { # NAME PATTERN
 	ok "$1"
 }
 
-# A free port from below the kernel's ephemeral range (32768 and up): one from
-# that range may be taken by an outgoing connection of a test running beside.
-free_port() {
-	python3 -c '
-import random, socket
-for _ in range(500):
-    p = random.randrange(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-        print(p)
-        break
-    except OSError:
-        pass
-    finally:
-        s.close()'
-}
+. "$(dirname "$0")/../common/poll.sh" # free_port, bench_name
 # wait_port PORT: until something accepts on 127.0.0.1:PORT (at most 10 s)
 wait_port() {
 	for _ in $(seq 50); do
@@ -186,12 +170,7 @@ kill "$atpid"
 # --- two processes: target and initiator ----------------------------------------
 "$bench" --mode=target --local_server_name=127.0.0.1 --buffer_size=64M >"$tmp/target" 2>&1 &
 pids+=($!)
-name=
-for _ in $(seq 100); do
-	name=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target")
-	[ -n "$name" ] && break
-	sleep 0.1
-done
+name=$(bench_name "$tmp/target")
 if [ -z "$name" ]; then
 	bad "target did not start"; cat "$tmp/target"
 elif run initiator 0 --segment_id="$name" --duration=1 --check --quiet --block_size=4096 --threads=2; then

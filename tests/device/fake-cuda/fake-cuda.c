@@ -5,10 +5,9 @@
  * touch, so the real plugin's code runs end to end on a machine without a
  * GPU. Never installed; the tests put its folder on LD_LIBRARY_PATH.
  *
- * - Two devices. Their memory is one memfd mapped twice, as the test device
- *   plugin does: device pointers come from a view without access rights, and
- *   copies go through a second, read-write view. Code that touches device
- *   memory directly crashes.
+ * - Two devices, their memory and IPC handles as fake-gpu.h makes them (the
+ *   core shared with the stand-in HIP runtime), as the test device plugin
+ *   does.
  * - Streams are FIFO queues, each with a thread: an asynchronous copy, a
  *   stream callback, an event record and a kernel run there, in order, and
  *   a callback gets the status of the work before it. An event completes when
@@ -25,10 +24,6 @@
  *   allocations opened by IPC handle, kernel launches, cuEventRecord calls,
  *   cuEventSynchronize and cuStreamSynchronize calls, bytes copied per
  *   direction, allocations imported from a shareable handle).
- * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
- *   the same user may open it), and cuIpcOpenMemHandle maps the allocation
- *   twice as cuInit maps the devices; cuIpcOpenMemHandle in the exporting
- *   process itself fails, as the driver's does.
  * - Virtual memory management (cuMemCreate and friends, what PyTorch's
  *   expandable segments use): each allocation is a memfd of its own, mapped
  *   by cuMemMap as the devices are (no-access view at the reserved address,
@@ -75,74 +70,30 @@
  * before they sleep: a wake-up here takes longer than most modelled times.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
-#define API __attribute__((visibility("default")))
+#include "../fake-gpu.h"
+#include "cuda-abi.h"
 
-typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct fstream *CUstream;
 typedef struct fevent *CUevent;
 typedef struct fmodule *CUmodule;
 typedef struct ffunction *CUfunction;
 typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
 
-typedef struct CUmemLocation {
-	int type; /* CU_MEM_LOCATION_TYPE_DEVICE */
-	int id;
-} CUmemLocation;
-
-typedef struct CUmemAllocationProp {
-	int type; /* CU_MEM_ALLOCATION_TYPE_PINNED */
-	int requestedHandleTypes;
-	CUmemLocation location;
-	void *win32HandleMetaData;
-	struct {
-		unsigned char compressionType, gpuDirectRDMACapable;
-		unsigned short usage;
-		unsigned char reserved[4];
-	} allocFlags;
-} CUmemAllocationProp;
-
-typedef struct CUmemAccessDesc {
-	CUmemLocation location;
-	int flags;
-} CUmemAccessDesc;
-
 enum {
-	OK = 0,
-	ERR_INVALID_VALUE = 1,
-	ERR_OUT_OF_MEMORY = 2,
-	ERR_NOT_INITIALIZED = 3,
-	ERR_INVALID_DEVICE = 101,
 	ERR_INVALID_IMAGE = 200,
 	ERR_INVALID_HANDLE = 400,
 	ERR_NOT_FOUND = 500,
 	ERR_NOT_READY = 600,
-	ERR_ILLEGAL_ADDRESS = 700,
 	ERR_HOST_ALREADY_REGISTERED = 712,
 	ERR_HOST_NOT_REGISTERED = 713,
-	ERR_NOT_SUPPORTED = 801,
-	ATTR_MEMORY_TYPE = 2,
-	ATTR_DEVICE_ORDINAL = 9,
-	ATTR_RANGE_START_ADDR = 11,
-	ATTR_RANGE_SIZE = 12,
 	MEMORYTYPE_HOST = 1,
 	MEMORYTYPE_DEVICE = 2,
 	MEM_ALLOCATION_TYPE_PINNED = 1,
@@ -150,24 +101,8 @@ enum {
 	MEM_HANDLE_TYPE_POSIX_FD = 1,
 };
 
-#define NDEV 2
-#define DEV_SIZE (2ull << 30) /* virtual: pages exist once written */
-#define MAX_ALLOCS 4096
 #define MAX_PINNED 65536
 #define VMM_GRANULARITY (2u << 20) /* what the driver reports on an H100 */
-
-enum { A_MALLOC, A_IPC, A_VMM };
-
-typedef struct vmm vmm;
-
-typedef struct alloc {
-	uintptr_t start;
-	size_t size;
-	char *priv;    /* memory mapped here (A_IPC, A_VMM): its read-write view; NULL: in g.priv */
-	size_t mapped; /* bytes of both views (a whole number of pages) */
-	int kind, dev;
-	vmm *h;        /* A_VMM: the allocation mapped */
-} alloc;
 
 /* A cuMemCreate allocation (or an imported one): a memfd of its own. */
 struct vmm {
@@ -178,37 +113,18 @@ struct vmm {
 	bool imported;
 };
 
-typedef struct CUipcMemHandle {
-	char reserved[64];
-} CUipcMemHandle;
-
-typedef struct ipc_handle {
-	uint32_t magic;
-	int32_t pid, fd;
-	uint32_t pad;
-	uint64_t off, size; /* the allocation in the memfd */
-} ipc_handle;
-
 #define IPC_MAGIC 0x43504946u
 
+/* The driver's own bookkeeping beside fake-gpu.h's g, under g.lock too. */
 static struct {
-	pthread_mutex_t lock;
-	bool ready;
-	char *dev;  /* PROT_NONE view: what callers get */
-	char *priv; /* read-write view */
-	int fd;     /* the memfd, open for other processes' cuIpcOpenMemHandle */
-	size_t next[NDEV];
-	alloc allocs[MAX_ALLOCS];
-	unsigned nallocs;
 	vmm *vmms;  /* live cuMemCreate / imported handles */
 	struct { uintptr_t start; size_t size; } pinned[MAX_PINNED], reserved[MAX_ALLOCS];
 	unsigned npinned, nreserved;
-} g = { .lock = PTHREAD_MUTEX_INITIALIZER };
+} cu;
 
 static atomic_ulong sync_copies, async_copies, callbacks, ipc_opens, launches, event_records,
 	event_waits, stream_waits, vmm_imports;
 static atomic_ulong bytes_dir[3]; /* H2D, D2H, D2D */
-static atomic_uint nviews; /* allocations with views of their own: none, no lookup (the copies' usual case) */
 
 /* ------------------------------------------------------------ cost model */
 
@@ -301,29 +217,33 @@ static int64_t engine_run(int dir, int64_t ready, int64_t dur)
 	return start + dur;
 }
 
-static void env_us(const char *name, int64_t *out)
+/* The number (0 to 1e9) the variable `name` holds, in *d: whether it holds
+ * one; a line saying it is not `what` when it holds something else. */
+static bool env_number(const char *name, const char *what, double *d)
 {
 	const char *v = getenv(name);
 	char *end;
 	if (v == NULL)
-		return;
-	double d = strtod(v, &end);
-	if (end == v || *end != '\0' || !(d >= 0) || d > 1e9)
-		fprintf(stderr, "fake-cuda: %s=%s is not a number of microseconds; ignored\n", name, v);
-	else
+		return false;
+	*d = strtod(v, &end);
+	if (end == v || *end != '\0' || !(*d >= 0) || *d > 1e9) {
+		fprintf(stderr, "fake-cuda: %s=%s is not %s; ignored\n", name, v, what);
+		return false;
+	}
+	return true;
+}
+
+static void env_us(const char *name, int64_t *out)
+{
+	double d;
+	if (env_number(name, "a number of microseconds", &d))
 		*out = (int64_t)(d * 1000 + 0.5);
 }
 
 static void env_gbps(const char *name, double *out)
 {
-	const char *v = getenv(name);
-	char *end;
-	if (v == NULL)
-		return;
-	double d = strtod(v, &end);
-	if (end == v || *end != '\0' || !(d >= 0) || d > 1e9)
-		fprintf(stderr, "fake-cuda: %s=%s is not a bandwidth in GB/s; ignored\n", name, v);
-	else
+	double d;
+	if (env_number(name, "a bandwidth in GB/s", &d))
 		*out = d; /* GB/s = bytes per ns */
 }
 
@@ -365,62 +285,11 @@ static void read_costs(void)
 
 /* ---------------------------------------------------------------- memory */
 
-static bool own(const void *p, size_t len)
-{
-	uintptr_t a = (uintptr_t)p, base = (uintptr_t)g.dev;
-	return g.dev != NULL && a >= base && len <= NDEV * DEV_SIZE && a - base <= NDEV * DEV_SIZE - len;
-}
-
-/* Memory with a view of its own (another process's allocation opened here,
- * or a cuMemMap mapping) holding [p, p+len): its read-write view of p; NULL
- * when none. */
-static char *imported(const void *p, size_t len)
-{
-	uintptr_t a = (uintptr_t)p;
-	char *v = NULL;
-	if (atomic_load(&nviews) == 0)
-		return NULL;
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs && v == NULL; i++)
-		if (g.allocs[i].priv != NULL && a >= g.allocs[i].start && len <= g.allocs[i].size &&
-		    a - g.allocs[i].start <= g.allocs[i].size - len)
-			v = g.allocs[i].priv + (a - g.allocs[i].start);
-	pthread_mutex_unlock(&g.lock);
-	return v;
-}
-
-static bool inside(const void *p, size_t len)
-{
-	return own(p, len) || imported(p, len) != NULL;
-}
-
-static void *view(const void *p)
-{
-	if (own(p, 1))
-		return g.priv + ((const char *)p - g.dev);
-	char *v = imported(p, 1);
-	return v != NULL ? v : (void *)p;
-}
-
-/* The allocation holding `p` (a copy: cuMemFree moves entries). */
-static bool find_alloc(uintptr_t p, alloc *out)
-{
-	bool found = false;
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs && !found; i++)
-		if (p >= g.allocs[i].start && p - g.allocs[i].start < g.allocs[i].size) {
-			*out = g.allocs[i];
-			found = true;
-		}
-	pthread_mutex_unlock(&g.lock);
-	return found;
-}
-
 /* The pinned range (cuMemHostAlloc, cuMemHostRegister) holding p: its index, or -1. */
 static int pinned_at(uintptr_t p)
 {
-	for (unsigned i = 0; i < g.npinned; i++)
-		if (p >= g.pinned[i].start && p - g.pinned[i].start < g.pinned[i].size)
+	for (unsigned i = 0; i < cu.npinned; i++)
+		if (p >= cu.pinned[i].start && p - cu.pinned[i].start < cu.pinned[i].size)
 			return (int)i;
 	return -1;
 }
@@ -430,7 +299,7 @@ static bool pinned(const void *p, size_t len)
 	uintptr_t a = (uintptr_t)p;
 	pthread_mutex_lock(&g.lock);
 	int i = pinned_at(a);
-	bool r = i >= 0 && len <= g.pinned[i].size - (a - g.pinned[i].start);
+	bool r = i >= 0 && len <= cu.pinned[i].size - (a - cu.pinned[i].start);
 	pthread_mutex_unlock(&g.lock);
 	return r;
 }
@@ -441,13 +310,13 @@ static CUresult add_pinned(void *p, size_t len)
 	pthread_mutex_lock(&g.lock);
 	uintptr_t a = (uintptr_t)p;
 	bool overlap = false;
-	for (unsigned i = 0; i < g.npinned && !overlap; i++)
-		overlap = a < g.pinned[i].start + g.pinned[i].size && g.pinned[i].start < a + len;
+	for (unsigned i = 0; i < cu.npinned && !overlap; i++)
+		overlap = a < cu.pinned[i].start + cu.pinned[i].size && cu.pinned[i].start < a + len;
 	if (overlap) {
 		r = ERR_HOST_ALREADY_REGISTERED;
-	} else if (g.npinned < MAX_PINNED) {
-		g.pinned[g.npinned].start = a;
-		g.pinned[g.npinned++].size = len;
+	} else if (cu.npinned < MAX_PINNED) {
+		cu.pinned[cu.npinned].start = a;
+		cu.pinned[cu.npinned++].size = len;
 		r = OK;
 	}
 	pthread_mutex_unlock(&g.lock);
@@ -458,9 +327,9 @@ static bool remove_pinned(void *p)
 {
 	bool found = false;
 	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.npinned && !found; i++)
-		if (g.pinned[i].start == (uintptr_t)p) {
-			g.pinned[i] = g.pinned[--g.npinned];
+	for (unsigned i = 0; i < cu.npinned && !found; i++)
+		if (cu.pinned[i].start == (uintptr_t)p) {
+			cu.pinned[i] = cu.pinned[--cu.npinned];
 			found = true;
 		}
 	pthread_mutex_unlock(&g.lock);
@@ -528,23 +397,8 @@ API CUresult cuInit(unsigned flags)
 {
 	(void)flags;
 	pthread_mutex_lock(&g.lock);
-	if (!g.ready) {
-		int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
-		if (fd >= 0 && ftruncate(fd, NDEV * DEV_SIZE) == 0) {
-			g.dev = mmap(NULL, NDEV * DEV_SIZE, PROT_NONE, MAP_SHARED, fd, 0);
-			g.priv = mmap(NULL, NDEV * DEV_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			g.ready = g.dev != MAP_FAILED && g.priv != MAP_FAILED;
-			if (!g.ready) {
-				g.dev = g.priv = NULL;
-			} else {
-				read_costs();
-			}
-		}
-		if (g.ready)
-			g.fd = fd;
-		else if (fd >= 0)
-			close(fd);
-	}
+	if (!g.ready && map_devices("fake-cuda"))
+		read_costs();
 	CUresult r = g.ready ? OK : ERR_OUT_OF_MEMORY;
 	pthread_mutex_unlock(&g.lock);
 	return r;
@@ -629,8 +483,8 @@ API CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p)
 		pthread_mutex_lock(&g.lock);
 		int i = pinned_at((uintptr_t)p);
 		if (i >= 0) {
-			start = g.pinned[i].start;
-			size = g.pinned[i].size;
+			start = cu.pinned[i].start;
+			size = cu.pinned[i].size;
 		}
 		pthread_mutex_unlock(&g.lock);
 		if (i < 0)
@@ -744,15 +598,6 @@ API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t len)
 }
 
 /* ---------------------------------------------------------------- streams */
-
-/* The single kernel's parameter (passed by value). */
-struct te_piece {
-	unsigned long long dst, src, len;
-};
-struct te_gather {
-	unsigned long long n, chunk;
-	struct te_piece p[128];
-};
 
 enum { OP_COPY, OP_CALLBACK, OP_EVENT, OP_GATHER };
 
@@ -1189,7 +1034,7 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
 
 static vmm *find_vmm(CUmemGenericAllocationHandle h)
 {
-	vmm *v = g.vmms;
+	vmm *v = cu.vmms;
 	while (v != NULL && (uintptr_t)v != h)
 		v = v->next;
 	return v;
@@ -1200,7 +1045,7 @@ static void vmm_unref(vmm *v)
 {
 	if (--v->refs > 0)
 		return;
-	for (vmm **pp = &g.vmms; *pp != NULL; pp = &(*pp)->next)
+	for (vmm **pp = &cu.vmms; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == v) {
 			*pp = v->next;
 			break;
@@ -1231,8 +1076,8 @@ static CUresult new_vmm(int fd, size_t size, int dev, int types, bool imported, 
 		return ERR_OUT_OF_MEMORY;
 	*v = (vmm){ .fd = fd, .dev = dev, .types = types, .size = size, .refs = 1, .imported = imported };
 	pthread_mutex_lock(&g.lock);
-	v->next = g.vmms;
-	g.vmms = v;
+	v->next = cu.vmms;
+	cu.vmms = v;
 	pthread_mutex_unlock(&g.lock);
 	*h = (uintptr_t)v;
 	return OK;
@@ -1286,10 +1131,10 @@ API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CU
 	if ((uintptr_t)p + size + align > a + size)
 		munmap((void *)(a + size), (uintptr_t)p + size + align - (a + size));
 	pthread_mutex_lock(&g.lock);
-	bool room = g.nreserved < MAX_ALLOCS;
+	bool room = cu.nreserved < MAX_ALLOCS;
 	if (room) {
-		g.reserved[g.nreserved].start = a;
-		g.reserved[g.nreserved++].size = size;
+		cu.reserved[cu.nreserved].start = a;
+		cu.reserved[cu.nreserved++].size = size;
 	}
 	pthread_mutex_unlock(&g.lock);
 	if (!room) {
@@ -1304,9 +1149,9 @@ API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
 	bool found = false;
 	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nreserved && !found; i++)
-		if (g.reserved[i].start == ptr && g.reserved[i].size == size) {
-			g.reserved[i] = g.reserved[--g.nreserved];
+	for (unsigned i = 0; i < cu.nreserved && !found; i++)
+		if (cu.reserved[i].start == ptr && cu.reserved[i].size == size) {
+			cu.reserved[i] = cu.reserved[--cu.nreserved];
 			found = true;
 		}
 	pthread_mutex_unlock(&g.lock);
@@ -1319,9 +1164,9 @@ API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 /* Whether [a, a+len) lies in one reservation; under g.lock. */
 static bool reserved_range(uintptr_t a, size_t len)
 {
-	for (unsigned i = 0; i < g.nreserved; i++)
-		if (a >= g.reserved[i].start && len <= g.reserved[i].size &&
-		    a - g.reserved[i].start <= g.reserved[i].size - len)
+	for (unsigned i = 0; i < cu.nreserved; i++)
+		if (a >= cu.reserved[i].start && len <= cu.reserved[i].size &&
+		    a - cu.reserved[i].start <= cu.reserved[i].size - len)
 			return true;
 	return false;
 }
@@ -1461,50 +1306,21 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, voi
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 {
 	alloc a;
-	ipc_handle ih = { .magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = g.fd };
 	/* Handles name whole cuMemAlloc allocations of this process: the
 	 * driver's legacy IPC refuses cuMemCreate memory too. */
 	if (!find_alloc((uintptr_t)p, &a) || a.kind != A_MALLOC || a.start != p)
 		return ERR_INVALID_VALUE;
-	ih.off = a.start - (uintptr_t)g.dev;
-	ih.size = a.size;
-	memset(h, 0, sizeof *h);
-	memcpy(h->reserved, &ih, sizeof ih);
+	ipc_export(h->reserved, &a, IPC_MAGIC);
 	return OK;
 }
 
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned flags)
 {
-	ipc_handle ih;
-	char path[64];
+	void *d;
 	(void)flags;
-	memcpy(&ih, h.reserved, sizeof ih);
-	if (ih.magic != IPC_MAGIC || ih.size == 0 || ih.off % 4096 != 0 || ih.pid == (int32_t)getpid())
-		return ERR_INVALID_VALUE;
-	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ih.pid, (int)ih.fd);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0)
-		return ERR_INVALID_VALUE;
-	size_t len = (ih.size + 4095) / 4096 * 4096;
-	char *d = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, (off_t)ih.off);
-	char *v = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)ih.off);
-	close(fd);
-	CUresult r = ERR_OUT_OF_MEMORY;
-	pthread_mutex_lock(&g.lock);
-	if (d != MAP_FAILED && v != MAP_FAILED && g.nallocs < MAX_ALLOCS) {
-		g.allocs[g.nallocs++] = (alloc){ .start = (uintptr_t)d, .size = ih.size, .priv = v, .mapped = len,
-						 .kind = A_IPC, .dev = 0 };
-		atomic_fetch_add(&nviews, 1);
+	CUresult r = ipc_open(h.reserved, IPC_MAGIC, 0, &d);
+	if (r == OK) {
 		*out = (uintptr_t)d;
-		r = OK;
-	}
-	pthread_mutex_unlock(&g.lock);
-	if (r != OK) {
-		if (d != MAP_FAILED)
-			munmap(d, len);
-		if (v != MAP_FAILED)
-			munmap(v, len);
-	} else {
 		atomic_fetch_add(&ipc_opens, 1);
 	}
 	return r;
@@ -1512,19 +1328,5 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned 
 
 API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
-	alloc a = { 0 };
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == p && g.allocs[i].kind == A_IPC) {
-			a = g.allocs[i];
-			g.allocs[i] = g.allocs[--g.nallocs];
-			atomic_fetch_sub(&nviews, 1);
-			break;
-		}
-	pthread_mutex_unlock(&g.lock);
-	if (a.priv == NULL)
-		return ERR_INVALID_VALUE;
-	munmap((void *)a.start, a.mapped);
-	munmap(a.priv, a.mapped);
-	return OK;
+	return ipc_close(p) ? OK : ERR_INVALID_VALUE;
 }

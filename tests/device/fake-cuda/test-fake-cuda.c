@@ -26,39 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUmemGenericAllocationHandle;
+#include "cuda-abi.h"
+
 typedef void *CUstream, *CUevent, *CUmodule, *CUfunction, *CUcontext;
-
-typedef struct {
-	int type, id;
-} CUmemLocation;
-typedef struct {
-	int type, requestedHandleTypes;
-	CUmemLocation location;
-	void *win32HandleMetaData;
-	struct {
-		unsigned char compressionType, gpuDirectRDMACapable;
-		unsigned short usage;
-		unsigned char reserved[4];
-	} allocFlags;
-} CUmemAllocationProp;
-typedef struct {
-	CUmemLocation location;
-	int flags;
-} CUmemAccessDesc;
-typedef struct {
-	char reserved[64];
-} CUipcMemHandle;
-
-struct te_piece {
-	unsigned long long dst, src, len;
-};
-struct te_gather {
-	unsigned long long n, chunk;
-	struct te_piece p[128];
-};
 
 static struct {
 	CUresult (*Init)(unsigned);

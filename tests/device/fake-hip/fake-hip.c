@@ -5,10 +5,9 @@
  * so the real plugin's code runs end to end on a machine without a GPU.
  * Never installed; the tests put its folder on LD_LIBRARY_PATH.
  *
- * - Two devices. Their memory is one memfd mapped twice: device pointers
- *   come from a view without access rights, and copies go through a second,
- *   read-write view. Code that touches device memory directly crashes.
- *   hipMalloc allocates on the calling thread's current device.
+ * - Two devices, their memory and IPC handles as fake-gpu.h makes them (the
+ *   core shared with the stand-in CUDA driver). hipMalloc allocates on the
+ *   calling thread's current device.
  * - Streams are FIFO queues, each with a thread (a GPU's copy engine):
  *   asynchronous copies and event records run there, in order; an event
  *   gets the status of the stream's work before it. No stream callbacks.
@@ -19,25 +18,12 @@
  *   queued copies fail (events and stream waits see the error);
  *   FAKE_HIP_NO_EVENT_RECORD=1: hipEventRecord refuses.
  *   FAKE_HIP_STATS=FILE appends, at exit, how many calls of each kind ran.
- * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
- *   the same user may open it), and hipIpcOpenMemHandle maps the allocation
- *   twice as the devices are; opening in the exporting process itself
- *   fails, as the runtime's does.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#define API __attribute__((visibility("default")))
+#include "../fake-gpu.h"
 
 typedef int hipError_t;
 typedef int hipDevice_t;
@@ -45,62 +31,21 @@ typedef struct fstream *hipStream_t;
 typedef struct fevent *hipEvent_t;
 
 enum {
-	OK = 0,
-	ERR_INVALID_VALUE = 1,
-	ERR_OUT_OF_MEMORY = 2,
-	ERR_NOT_INITIALIZED = 3,
 	ERR_NO_DEVICE = 100,
-	ERR_INVALID_DEVICE = 101,
-	ERR_ILLEGAL_ADDRESS = 700,
-	ERR_NOT_SUPPORTED = 801,
-	ATTR_MEMORY_TYPE = 2,
-	ATTR_DEVICE_ORDINAL = 9,
-	ATTR_RANGE_START_ADDR = 11,
-	ATTR_RANGE_SIZE = 12,
 	MEMCPY_DEFAULT = 4,
 	IPC_LAZY = 1,
 };
 
-#define NDEV 2
-#define DEV_SIZE (2ull << 30) /* virtual: pages exist once written */
-#define MAX_ALLOCS 4096
 #define DEFAULT_VERSION 60342134
-
-typedef struct alloc {
-	uintptr_t start;
-	size_t size;
-	char *priv;    /* another process's allocation opened here: its read-write view */
-	size_t mapped; /* bytes of both views (a whole number of pages) */
-	int device;
-	bool host;     /* hipHostMalloc memory */
-} alloc;
 
 typedef struct hipIpcMemHandle {
 	char reserved[64];
 } hipIpcMemHandle_t;
 
-typedef struct ipc_handle {
-	uint32_t magic;
-	int32_t pid, fd, device;
-	uint64_t off, size; /* the allocation in the memfd */
-} ipc_handle;
-
 #define IPC_MAGIC 0x50494846u
-
-static struct {
-	pthread_mutex_t lock;
-	bool ready;
-	char *dev;  /* PROT_NONE view: what callers get */
-	char *priv; /* read-write view */
-	int fd;     /* the memfd, open for other processes' hipIpcOpenMemHandle */
-	size_t next[NDEV];
-	alloc allocs[MAX_ALLOCS];
-	unsigned nallocs;
-} g = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 static _Thread_local int current; /* the thread's current device */
 static atomic_ulong sync_copies, async_copies, events, event_waits, batches, ipc_opens, set_devices;
-static atomic_uint nimports; /* opened allocations: none, no lookup (the copies' usual case) */
 
 static bool env(const char *name)
 {
@@ -112,56 +57,6 @@ static bool rocm5(void)
 {
 	const char *v = getenv("FAKE_HIP_VERSION");
 	return v != NULL && atol(v) < 60000000;
-}
-
-static bool own(const void *p, size_t len)
-{
-	uintptr_t a = (uintptr_t)p, base = (uintptr_t)g.dev;
-	return g.dev != NULL && a >= base && len <= NDEV * DEV_SIZE && a - base <= NDEV * DEV_SIZE - len;
-}
-
-/* An opened allocation of another process holding [p, p+len): its private
- * view of p; NULL when none. */
-static char *imported(const void *p, size_t len)
-{
-	uintptr_t a = (uintptr_t)p;
-	char *v = NULL;
-	if (atomic_load(&nimports) == 0)
-		return NULL;
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs && v == NULL; i++)
-		if (g.allocs[i].priv != NULL && a >= g.allocs[i].start && len <= g.allocs[i].size &&
-		    a - g.allocs[i].start <= g.allocs[i].size - len)
-			v = g.allocs[i].priv + (a - g.allocs[i].start);
-	pthread_mutex_unlock(&g.lock);
-	return v;
-}
-
-static bool inside(const void *p, size_t len)
-{
-	return own(p, len) || imported(p, len) != NULL;
-}
-
-static void *view(const void *p)
-{
-	if (own(p, 1))
-		return g.priv + ((const char *)p - g.dev);
-	char *v = imported(p, 1);
-	return v != NULL ? v : (void *)p;
-}
-
-/* The allocation holding `p` (a copy: hipFree moves entries). */
-static bool find_alloc(uintptr_t p, alloc *out)
-{
-	bool found = false;
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs && !found; i++)
-		if (p >= g.allocs[i].start && p - g.allocs[i].start < g.allocs[i].size) {
-			*out = g.allocs[i];
-			found = true;
-		}
-	pthread_mutex_unlock(&g.lock);
-	return found;
 }
 
 static hipError_t copy(void *d, const void *s, size_t len, int kind)
@@ -190,22 +85,8 @@ static void write_stats(void)
 static bool init(void)
 {
 	pthread_mutex_lock(&g.lock);
-	if (!g.ready) {
-		int fd = memfd_create("fake-hip", MFD_CLOEXEC);
-		if (fd >= 0 && ftruncate(fd, NDEV * DEV_SIZE) == 0) {
-			g.dev = mmap(NULL, NDEV * DEV_SIZE, PROT_NONE, MAP_SHARED, fd, 0);
-			g.priv = mmap(NULL, NDEV * DEV_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			g.ready = g.dev != MAP_FAILED && g.priv != MAP_FAILED;
-			if (!g.ready)
-				g.dev = g.priv = NULL;
-			else
-				atexit(write_stats);
-		}
-		if (g.ready)
-			g.fd = fd;
-		else if (fd >= 0)
-			close(fd);
-	}
+	if (!g.ready && map_devices("fake-hip"))
+		atexit(write_stats);
 	bool ok = g.ready;
 	pthread_mutex_unlock(&g.lock);
 	return ok;
@@ -300,9 +181,9 @@ API hipError_t hipPointerGetAttribute(void *out, int attr, void *p)
 	switch (attr) {
 	case ATTR_MEMORY_TYPE:
 		/* ROCm 5: Host 0, Device 1; ROCm 6: Host 1, Device 2. */
-		*(unsigned *)out = (a.host ? 0u : 1u) + (rocm5() ? 0u : 1u);
+		*(unsigned *)out = (a.kind == A_HOST ? 0u : 1u) + (rocm5() ? 0u : 1u);
 		return OK;
-	case ATTR_DEVICE_ORDINAL: *(int *)out = a.device; return OK;
+	case ATTR_DEVICE_ORDINAL: *(int *)out = a.dev; return OK;
 	case ATTR_RANGE_START_ADDR: *(void **)out = (void *)a.start; return OK;
 	case ATTR_RANGE_SIZE: *(size_t *)out = a.size; return OK;
 	default: return ERR_INVALID_VALUE;
@@ -318,7 +199,7 @@ API hipError_t hipMalloc(void **p, size_t len)
 	if (g.ready && want > 0 && g.nallocs < MAX_ALLOCS && g.next[d] + want <= DEV_SIZE) {
 		uintptr_t start = (uintptr_t)g.dev + (size_t)d * DEV_SIZE + g.next[d];
 		g.next[d] += want;
-		g.allocs[g.nallocs++] = (alloc){ .start = start, .size = len, .device = d };
+		g.allocs[g.nallocs++] = (alloc){ .start = start, .size = len, .kind = A_MALLOC, .dev = d };
 		*p = (void *)start;
 		r = OK;
 	}
@@ -331,7 +212,7 @@ static hipError_t forget(void *p, bool host)
 	hipError_t r = ERR_INVALID_VALUE;
 	pthread_mutex_lock(&g.lock);
 	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == (uintptr_t)p && g.allocs[i].priv == NULL && g.allocs[i].host == host) {
+		if (g.allocs[i].start == (uintptr_t)p && g.allocs[i].kind == (host ? A_HOST : A_MALLOC)) {
 			g.allocs[i] = g.allocs[--g.nallocs]; /* device space is not reused */
 			r = OK;
 			break;
@@ -353,7 +234,7 @@ API hipError_t hipHostMalloc(void **p, size_t len, unsigned flags)
 	pthread_mutex_lock(&g.lock);
 	bool ok = g.nallocs < MAX_ALLOCS;
 	if (ok)
-		g.allocs[g.nallocs++] = (alloc){ .start = (uintptr_t)*p, .size = len ? len : 1, .host = true };
+		g.allocs[g.nallocs++] = (alloc){ .start = (uintptr_t)*p, .size = len ? len : 1, .kind = A_HOST };
 	pthread_mutex_unlock(&g.lock);
 	if (!ok) {
 		free(*p);
@@ -601,69 +482,23 @@ API hipError_t hipEventDestroy(hipEvent_t e)
 API hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *h, void *p)
 {
 	alloc a;
-	ipc_handle ih = { .magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = g.fd };
-	if (!find_alloc((uintptr_t)p, &a) || a.priv != NULL || a.host || a.start != (uintptr_t)p)
+	if (!find_alloc((uintptr_t)p, &a) || a.kind != A_MALLOC || a.start != (uintptr_t)p)
 		return ERR_INVALID_VALUE; /* handles name whole allocations of this process */
-	ih.off = a.start - (uintptr_t)g.dev;
-	ih.size = a.size;
-	ih.device = a.device;
-	memset(h, 0, sizeof *h);
-	memcpy(h->reserved, &ih, sizeof ih);
+	ipc_export(h->reserved, &a, IPC_MAGIC);
 	return OK;
 }
 
 API hipError_t hipIpcOpenMemHandle(void **out, hipIpcMemHandle_t h, unsigned flags)
 {
-	ipc_handle ih;
-	char path[64];
-	memcpy(&ih, h.reserved, sizeof ih);
-	if (flags != IPC_LAZY || ih.magic != IPC_MAGIC || ih.size == 0 || ih.off % 4096 != 0 ||
-	    ih.pid == (int32_t)getpid())
+	if (flags != IPC_LAZY)
 		return ERR_INVALID_VALUE;
-	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ih.pid, (int)ih.fd);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0)
-		return ERR_INVALID_VALUE;
-	size_t len = (ih.size + 4095) / 4096 * 4096;
-	char *d = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, (off_t)ih.off);
-	char *v = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)ih.off);
-	close(fd);
-	hipError_t r = ERR_OUT_OF_MEMORY;
-	pthread_mutex_lock(&g.lock);
-	if (d != MAP_FAILED && v != MAP_FAILED && g.nallocs < MAX_ALLOCS) {
-		g.allocs[g.nallocs++] = (alloc){ .start = (uintptr_t)d, .size = ih.size, .priv = v,
-						 .mapped = len, .device = current };
-		atomic_fetch_add(&nimports, 1);
-		*out = d;
-		r = OK;
-	}
-	pthread_mutex_unlock(&g.lock);
-	if (r != OK) {
-		if (d != MAP_FAILED)
-			munmap(d, len);
-		if (v != MAP_FAILED)
-			munmap(v, len);
-	} else {
+	hipError_t r = ipc_open(h.reserved, IPC_MAGIC, current, out);
+	if (r == OK)
 		atomic_fetch_add(&ipc_opens, 1);
-	}
 	return r;
 }
 
 API hipError_t hipIpcCloseMemHandle(void *p)
 {
-	alloc a = { 0 };
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == (uintptr_t)p && g.allocs[i].priv != NULL) {
-			a = g.allocs[i];
-			g.allocs[i] = g.allocs[--g.nallocs];
-			atomic_fetch_sub(&nimports, 1);
-			break;
-		}
-	pthread_mutex_unlock(&g.lock);
-	if (a.priv == NULL)
-		return ERR_INVALID_VALUE;
-	munmap((void *)a.start, a.mapped);
-	munmap(a.priv, a.mapped);
-	return OK;
+	return ipc_close((uintptr_t)p) ? OK : ERR_INVALID_VALUE;
 }

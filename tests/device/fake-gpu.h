@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The core both stand-in GPU drivers (fake-cuda/, fake-hip/) are built on,
+ * included once by each:
+ *
+ * - NDEV devices whose memory is one memfd mapped twice: device pointers
+ *   come from a view without access rights (code that touches device memory
+ *   directly crashes), copies go through a second, read-write view;
+ * - the table of allocations, and the way from a device pointer to the
+ *   read-write view of its bytes;
+ * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
+ *   the same user may open it), and another process maps the allocation
+ *   twice as the devices are; opening in the exporting process itself fails,
+ *   as the real drivers' does.
+ *
+ * CUDA and HIP number the errors and pointer attributes below alike.
+ */
+#ifndef TE_FAKE_GPU_H
+#define TE_FAKE_GPU_H
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+enum {
+	OK = 0,
+	ERR_INVALID_VALUE = 1,
+	ERR_OUT_OF_MEMORY = 2,
+	ERR_NOT_INITIALIZED = 3,
+	ERR_INVALID_DEVICE = 101,
+	ERR_ILLEGAL_ADDRESS = 700,
+	ERR_NOT_SUPPORTED = 801,
+	ATTR_MEMORY_TYPE = 2,
+	ATTR_DEVICE_ORDINAL = 9,
+	ATTR_RANGE_START_ADDR = 11,
+	ATTR_RANGE_SIZE = 12,
+};
+
+#define NDEV 2
+#define DEV_SIZE (2ull << 30) /* virtual: pages exist once written */
+#define MAX_ALLOCS 4096
+
+/* An allocation is the driver's device memory, another process's opened by
+ * IPC handle, a mapping of virtual memory management (fake-cuda) or pinned
+ * host memory (fake-hip). */
+enum { A_MALLOC, A_IPC, A_VMM, A_HOST };
+
+typedef struct vmm vmm; /* fake-cuda's cuMemCreate allocations */
+
+typedef struct alloc {
+	uintptr_t start;
+	size_t size;
+	char *priv;    /* memory mapped here (A_IPC, A_VMM): its read-write view; NULL: in g.priv */
+	size_t mapped; /* bytes of both views (a whole number of pages) */
+	int kind, dev;
+	vmm *h;        /* A_VMM: the allocation mapped */
+} alloc;
+
+/* What the drivers' 64-byte IPC handles hold. */
+typedef struct ipc_handle {
+	uint32_t magic;
+	int32_t pid, fd, device;
+	uint64_t off, size; /* the allocation in the memfd */
+} ipc_handle;
+
+static struct {
+	pthread_mutex_t lock;
+	bool ready;
+	char *dev;  /* PROT_NONE view: what callers get */
+	char *priv; /* read-write view */
+	int fd;     /* the memfd, open for other processes' IPC opens */
+	size_t next[NDEV];
+	alloc allocs[MAX_ALLOCS];
+	unsigned nallocs;
+} g = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static atomic_uint nviews; /* allocations with views of their own: none, no lookup (the copies' usual case) */
+
+/* Creates the devices' memory, g.lock held and g not ready yet: whether it
+ * is ready now. */
+static bool map_devices(const char *name)
+{
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd >= 0 && ftruncate(fd, NDEV * DEV_SIZE) == 0) {
+		g.dev = mmap(NULL, NDEV * DEV_SIZE, PROT_NONE, MAP_SHARED, fd, 0);
+		g.priv = mmap(NULL, NDEV * DEV_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		g.ready = g.dev != MAP_FAILED && g.priv != MAP_FAILED;
+		if (!g.ready)
+			g.dev = g.priv = NULL;
+	}
+	if (g.ready)
+		g.fd = fd;
+	else if (fd >= 0)
+		close(fd);
+	return g.ready;
+}
+
+static bool own(const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p, base = (uintptr_t)g.dev;
+	return g.dev != NULL && a >= base && len <= NDEV * DEV_SIZE && a - base <= NDEV * DEV_SIZE - len;
+}
+
+/* Memory with a view of its own (another process's allocation opened here,
+ * or a cuMemMap mapping) holding [p, p+len): its read-write view of p; NULL
+ * when none. */
+static char *imported(const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+	char *v = NULL;
+	if (atomic_load(&nviews) == 0)
+		return NULL;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs && v == NULL; i++)
+		if (g.allocs[i].priv != NULL && a >= g.allocs[i].start && len <= g.allocs[i].size &&
+		    a - g.allocs[i].start <= g.allocs[i].size - len)
+			v = g.allocs[i].priv + (a - g.allocs[i].start);
+	pthread_mutex_unlock(&g.lock);
+	return v;
+}
+
+static bool inside(const void *p, size_t len)
+{
+	return own(p, len) || imported(p, len) != NULL;
+}
+
+static void *view(const void *p)
+{
+	if (own(p, 1))
+		return g.priv + ((const char *)p - g.dev);
+	char *v = imported(p, 1);
+	return v != NULL ? v : (void *)p;
+}
+
+/* The allocation holding `p` (a copy: freeing moves entries). */
+static bool find_alloc(uintptr_t p, alloc *out)
+{
+	bool found = false;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs && !found; i++)
+		if (p >= g.allocs[i].start && p - g.allocs[i].start < g.allocs[i].size) {
+			*out = g.allocs[i];
+			found = true;
+		}
+	pthread_mutex_unlock(&g.lock);
+	return found;
+}
+
+/* The handle of this process's allocation `a`, into a driver's 64 bytes. */
+static void ipc_export(char out[64], const alloc *a, uint32_t magic)
+{
+	ipc_handle ih = { .magic = magic, .pid = (int32_t)getpid(), .fd = g.fd, .device = a->dev,
+			  .off = a->start - (uintptr_t)g.dev, .size = a->size };
+	memset(out, 0, 64);
+	memcpy(out, &ih, sizeof ih);
+}
+
+/* Opens the allocation a handle of another process names, recorded as A_IPC
+ * memory of device `dev`: OK and its no-access address in *out, or the
+ * error the driver returns. */
+static int ipc_open(const char in[64], uint32_t magic, int dev, void **out)
+{
+	ipc_handle ih;
+	char path[64];
+	memcpy(&ih, in, sizeof ih);
+	if (ih.magic != magic || ih.size == 0 || ih.off % 4096 != 0 || ih.pid == (int32_t)getpid())
+		return ERR_INVALID_VALUE;
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ih.pid, (int)ih.fd);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return ERR_INVALID_VALUE;
+	size_t len = (ih.size + 4095) / 4096 * 4096;
+	char *d = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, (off_t)ih.off);
+	char *v = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)ih.off);
+	close(fd);
+	int r = ERR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&g.lock);
+	if (d != MAP_FAILED && v != MAP_FAILED && g.nallocs < MAX_ALLOCS) {
+		g.allocs[g.nallocs++] = (alloc){ .start = (uintptr_t)d, .size = ih.size, .priv = v, .mapped = len,
+						 .kind = A_IPC, .dev = dev };
+		atomic_fetch_add(&nviews, 1);
+		*out = d;
+		r = OK;
+	}
+	pthread_mutex_unlock(&g.lock);
+	if (r != OK) {
+		if (d != MAP_FAILED)
+			munmap(d, len);
+		if (v != MAP_FAILED)
+			munmap(v, len);
+	}
+	return r;
+}
+
+/* Unmaps an allocation ipc_open opened at p: whether there was one. */
+static bool ipc_close(uintptr_t p)
+{
+	alloc a = { 0 };
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs; i++)
+		if (g.allocs[i].start == p && g.allocs[i].kind == A_IPC) {
+			a = g.allocs[i];
+			g.allocs[i] = g.allocs[--g.nallocs];
+			atomic_fetch_sub(&nviews, 1);
+			break;
+		}
+	pthread_mutex_unlock(&g.lock);
+	if (a.priv == NULL)
+		return false;
+	munmap((void *)a.start, a.mapped);
+	munmap(a.priv, a.mapped);
+	return true;
+}
+
+#endif

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The "hold" test transport (hold-transport.c) as a test reaches it: libte
+ * loads it from TEST_PLUGIN_DIR, and the test calls libte's copy of it. */
+#ifndef TE_TEST_HOLD_H
+#define TE_TEST_HOLD_H
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <te/te.h>
+
+#include "../common/check.h"
+
+/* How many transfers it holds; completes them all (with `error`, or moved
+ * when 0) and says how many. Set by hold_find(). */
+static size_t (*hold_count)(void);
+static size_t (*hold_release)(int error);
+
+/* Looks both calls up in the copy libte loaded (dlopen with RTLD_NOLOAD: a
+ * second copy would hold nothing). */
+static inline void hold_find(void)
+{
+	char path[4096];
+	const char *dir = getenv("TEST_PLUGIN_DIR");
+	REQUIRE(dir != NULL);
+	te_plugin_foreach(NULL, NULL); /* makes libte load the plugins */
+	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL);
+	*(void **)&hold_count = dlsym(h, "te_test_hold_count");
+	*(void **)&hold_release = dlsym(h, "te_test_hold_release");
+	REQUIRE(hold_count && hold_release);
+}
+
+#endif

@@ -19,12 +19,25 @@ static void jstr(JsonBuilder *b, const char *k, const char *v)
 	json_builder_add_string_value(b, v);
 }
 
+/* A member holding an array or an object, opened: the caller fills and
+ * closes it. */
+static void jarray(JsonBuilder *b, const char *k)
+{
+	json_builder_set_member_name(b, k);
+	json_builder_begin_array(b);
+}
+
+static void jobject(JsonBuilder *b, const char *k)
+{
+	json_builder_set_member_name(b, k);
+	json_builder_begin_object(b);
+}
+
 static void json_of(const snap *sn, JsonBuilder *b)
 {
 	json_builder_begin_object(b);
 	jstr(b, "segment", sn->segment);
-	json_builder_set_member_name(b, "transports");
-	json_builder_begin_array(b);
+	jarray(b, "transports");
 	for (guint i = 0; i < sn->tps->len; i++) {
 		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
 		for (unsigned op = 0; op < 2; op++) {
@@ -39,15 +52,12 @@ static void json_of(const snap *sn, JsonBuilder *b)
 			jint(b, "canceled", o->canceled);
 			jint(b, "in_flight", o->in_flight);
 			jint(b, "in_flight_bytes", o->in_flight_bytes);
-			json_builder_set_member_name(b, "latency");
-			json_builder_begin_object(b);
-			json_builder_set_member_name(b, "le_us");
-			json_builder_begin_array(b);
+			jobject(b, "latency");
+			jarray(b, "le_us");
 			for (unsigned k = 0; k < LAT_BOUNDS; k++)
 				json_builder_add_int_value(b, (gint64)1 << k);
 			json_builder_end_array(b);
-			json_builder_set_member_name(b, "counts");
-			json_builder_begin_array(b);
+			jarray(b, "counts");
 			uint64_t count = 0;
 			for (unsigned k = 0; k < LAT_BUCKETS; k++) {
 				json_builder_add_int_value(b, (gint64)o->lat[k]);
@@ -61,8 +71,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		}
 	}
 	json_builder_end_array(b);
-	json_builder_set_member_name(b, "transport_events");
-	json_builder_begin_array(b);
+	jarray(b, "transport_events");
 	for (guint i = 0; i < sn->tps->len; i++) {
 		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
 		json_builder_begin_object(b);
@@ -73,8 +82,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		json_builder_end_object(b);
 	}
 	json_builder_end_array(b);
-	json_builder_set_member_name(b, "peers");
-	json_builder_begin_array(b);
+	jarray(b, "peers");
 	for (guint i = 0; i < sn->peers->len; i++) {
 		const peer_snap *p = &g_array_index(sn->peers, peer_snap, i);
 		for (unsigned op = 0; op < 2; op++) {
@@ -90,8 +98,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		}
 	}
 	json_builder_end_array(b);
-	json_builder_set_member_name(b, "devices");
-	json_builder_begin_array(b);
+	jarray(b, "devices");
 	for (guint i = 0; i < sn->devs->len; i++) {
 		const dev_snap *d = &g_array_index(sn->devs, dev_snap, i);
 		json_builder_begin_object(b);
@@ -107,18 +114,15 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		json_builder_end_object(b);
 	}
 	json_builder_end_array(b);
-	json_builder_set_member_name(b, "notifies");
-	json_builder_begin_object(b);
+	jobject(b, "notifies");
 	jint(b, "sent", sn->notify_sent);
 	jint(b, "received", sn->notify_received);
 	json_builder_end_object(b);
-	json_builder_set_member_name(b, "memory");
-	json_builder_begin_object(b);
+	jobject(b, "memory");
 	jint(b, "registered_bytes", sn->reg_bytes);
 	jint(b, "registered_regions", sn->reg_regions);
 	json_builder_end_object(b);
-	json_builder_set_member_name(b, "rpc");
-	json_builder_begin_array(b);
+	jarray(b, "rpc");
 	for (unsigned k = 0; k < TE_MRPC_KINDS; k++) {
 		json_builder_begin_object(b);
 		jstr(b, "kind", te_mrpc_names[k]);

@@ -24,9 +24,14 @@ static void put_label(GString *s, const char *name, const char *v)
 	g_string_append_c(s, '"');
 }
 
-static void family(GString *s, const char *name, const char *type, const char *help)
+/* A metric family: its name, type and help line. */
+typedef struct fam {
+	const char *name, *type, *help;
+} fam;
+
+static void family(GString *s, const fam *f)
 {
-	g_string_append_printf(s, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	g_string_append_printf(s, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, f->type);
 }
 
 /* The start of a sample: `name{segment="…"` (the caller adds labels and
@@ -53,6 +58,14 @@ static void value_f(GString *s, double v)
 	g_string_append_printf(s, "} %.9g\n", v);
 }
 
+/* The start of a sample of one operation of a transport. */
+static void tp_sample(GString *s, const char *name, const snap *sn, const tp_snap *t, unsigned op)
+{
+	sample(s, name, sn);
+	label(s, "transport", t->transport);
+	label(s, "op", te_mop_names[op]);
+}
+
 enum { F_TP_REQ, F_TP_BYTES, F_TP_DONE, F_TP_FAIL, F_TP_CANCEL };
 
 static uint64_t tp_field(const op_snap *o, int f)
@@ -68,46 +81,42 @@ static uint64_t tp_field(const op_snap *o, int f)
 
 static void text_of(GString *s, const snap *sns, size_t n)
 {
-	static const struct {
-		const char *name, *help;
-	} tpf[] = {
-		{ "te_transfer_requests_total", "Transfer requests submitted, refused ones included." },
-		{ "te_transfer_bytes_total", "Bytes moved by transfers that ended, partial moves included." },
-		{ "te_transfer_completed_total", "Transfers that completed." },
-		{ "te_transfer_failed_total", "Transfers that failed, timed out, or were refused at submit." },
-		{ "te_transfer_canceled_total", "Transfers canceled." },
+	static const fam tpf[] = {
+		{ "te_transfer_requests_total", "counter", "Transfer requests submitted, refused ones included." },
+		{ "te_transfer_bytes_total", "counter", "Bytes moved by transfers that ended, partial moves included." },
+		{ "te_transfer_completed_total", "counter", "Transfers that completed." },
+		{ "te_transfer_failed_total", "counter", "Transfers that failed, timed out, or were refused at submit." },
+		{ "te_transfer_canceled_total", "counter", "Transfers canceled." },
 	};
 	for (int f = 0; f < 5; f++) {
-		family(s, tpf[f].name, "counter", tpf[f].help);
+		family(s, &tpf[f]);
 		for (size_t i = 0; i < n; i++)
 			for (guint j = 0; j < sns[i].tps->len; j++) {
 				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
 				for (unsigned op = 0; op < 2; op++) {
-					sample(s, tpf[f].name, &sns[i]);
-					label(s, "transport", t->transport);
-					label(s, "op", te_mop_names[op]);
+					tp_sample(s, tpf[f].name, &sns[i], t, op);
 					value_u64(s, tp_field(&t->op[op], f));
 				}
 			}
 	}
-	family(s, "te_transfer_in_flight", "gauge", "Transfers submitted and not ended.");
-	for (size_t i = 0; i < n; i++)
-		for (guint j = 0; j < sns[i].tps->len; j++) {
-			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
-			sample(s, "te_transfer_in_flight", &sns[i]);
-			label(s, "transport", t->transport);
-			value_u64(s, t->op[0].in_flight + t->op[1].in_flight);
-		}
-	family(s, "te_transfer_in_flight_bytes", "gauge", "Bytes of the transfers submitted and not ended.");
-	for (size_t i = 0; i < n; i++)
-		for (guint j = 0; j < sns[i].tps->len; j++) {
-			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
-			sample(s, "te_transfer_in_flight_bytes", &sns[i]);
-			label(s, "transport", t->transport);
-			value_u64(s, t->op[0].in_flight_bytes + t->op[1].in_flight_bytes);
-		}
-	family(s, "te_transfer_latency_seconds", "histogram",
-	       "Time from submit to the end of a transfer (canceled ones left out).");
+	static const fam gf[] = {
+		{ "te_transfer_in_flight", "gauge", "Transfers submitted and not ended." },
+		{ "te_transfer_in_flight_bytes", "gauge", "Bytes of the transfers submitted and not ended." },
+	};
+	for (int f = 0; f < 2; f++) {
+		family(s, &gf[f]);
+		for (size_t i = 0; i < n; i++)
+			for (guint j = 0; j < sns[i].tps->len; j++) {
+				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+				sample(s, gf[f].name, &sns[i]);
+				label(s, "transport", t->transport);
+				value_u64(s, f == 0 ? t->op[0].in_flight + t->op[1].in_flight
+						    : t->op[0].in_flight_bytes + t->op[1].in_flight_bytes);
+			}
+	}
+	static const fam lat = { "te_transfer_latency_seconds", "histogram",
+				 "Time from submit to the end of a transfer (canceled ones left out)." };
+	family(s, &lat);
 	for (size_t i = 0; i < n; i++)
 		for (guint j = 0; j < sns[i].tps->len; j++) {
 			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
@@ -121,32 +130,24 @@ static void text_of(GString *s, const snap *sns, size_t n)
 						g_snprintf(le, sizeof le, "%.6f", (double)(1u << k) / 1e6);
 					else
 						g_strlcpy(le, "+Inf", sizeof le);
-					sample(s, "te_transfer_latency_seconds_bucket", &sns[i]);
-					label(s, "transport", t->transport);
-					label(s, "op", te_mop_names[op]);
+					tp_sample(s, "te_transfer_latency_seconds_bucket", &sns[i], t, op);
 					label(s, "le", le);
 					value_u64(s, cum);
 				}
-				sample(s, "te_transfer_latency_seconds_sum", &sns[i]);
-				label(s, "transport", t->transport);
-				label(s, "op", te_mop_names[op]);
+				tp_sample(s, "te_transfer_latency_seconds_sum", &sns[i], t, op);
 				value_f(s, (double)o->lat_sum_ns / 1e9);
-				sample(s, "te_transfer_latency_seconds_count", &sns[i]);
-				label(s, "transport", t->transport);
-				label(s, "op", te_mop_names[op]);
+				tp_sample(s, "te_transfer_latency_seconds_count", &sns[i], t, op);
 				value_u64(s, cum);
 			}
 		}
 
-	static const struct {
-		const char *name, *help;
-	} pf[] = {
-		{ "te_peer_bytes_total", "Bytes moved to or from a peer segment (\"other\": peers not shown one by one)." },
-		{ "te_peer_requests_total", "Transfer requests to a peer segment." },
-		{ "te_peer_failed_total", "Failed transfer requests to a peer segment." },
+	static const fam pf[] = {
+		{ "te_peer_bytes_total", "counter", "Bytes moved to or from a peer segment (\"other\": peers not shown one by one)." },
+		{ "te_peer_requests_total", "counter", "Transfer requests to a peer segment." },
+		{ "te_peer_failed_total", "counter", "Failed transfer requests to a peer segment." },
 	};
 	for (int f = 0; f < 3; f++) {
-		family(s, pf[f].name, "counter", pf[f].help);
+		family(s, &pf[f]);
 		for (size_t i = 0; i < n; i++)
 			for (guint j = 0; j < sns[i].peers->len; j++) {
 				const peer_snap *p = &g_array_index(sns[i].peers, peer_snap, j);
@@ -159,9 +160,7 @@ static void text_of(GString *s, const snap *sns, size_t n)
 			}
 	}
 
-	static const struct {
-		const char *name, *type, *help;
-	} df[] = {
+	static const fam df[] = {
 		{ "te_device_bytes_total", "counter", "Bytes a transport moved through a device." },
 		{ "te_device_in_flight_bytes", "gauge", "Bytes posted to a device and not done." },
 		{ "te_device_bandwidth_bytes_per_second", "gauge",
@@ -171,7 +170,7 @@ static void text_of(GString *s, const snap *sns, size_t n)
 		{ "te_device_errors_total", "counter", "Device errors: links lost, failed work completions." },
 	};
 	for (int f = 0; f < 6; f++) {
-		family(s, df[f].name, df[f].type, df[f].help);
+		family(s, &df[f]);
 		for (size_t i = 0; i < n; i++)
 			for (guint j = 0; j < sns[i].devs->len; j++) {
 				const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, j);
@@ -187,15 +186,13 @@ static void text_of(GString *s, const snap *sns, size_t n)
 			}
 	}
 
-	static const struct {
-		const char *name, *help;
-	} tf[] = {
-		{ "te_transport_retries_total", "Requests a transport sent again (its devices' included)." },
-		{ "te_transport_failovers_total", "Requests a transport moved to another device or rail (its devices' included)." },
-		{ "te_transport_errors_total", "Errors of a transport (its devices' included)." },
+	static const fam tf[] = {
+		{ "te_transport_retries_total", "counter", "Requests a transport sent again (its devices' included)." },
+		{ "te_transport_failovers_total", "counter", "Requests a transport moved to another device or rail (its devices' included)." },
+		{ "te_transport_errors_total", "counter", "Errors of a transport (its devices' included)." },
 	};
 	for (int f = 0; f < 3; f++) {
-		family(s, tf[f].name, "counter", tf[f].help);
+		family(s, &tf[f]);
 		for (size_t i = 0; i < n; i++)
 			for (guint j = 0; j < sns[i].tps->len; j++) {
 				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
@@ -211,9 +208,7 @@ static void text_of(GString *s, const snap *sns, size_t n)
 			}
 	}
 
-	static const struct {
-		const char *name, *type, *help;
-	} ef[] = {
+	static const fam ef[] = {
 		{ "te_notify_sent_total", "counter", "Notifications sent to peers." },
 		{ "te_notify_received_total", "counter", "Notifications received from peers." },
 		{ "te_registered_memory_bytes", "gauge", "Memory registered with the engine now." },
@@ -221,7 +216,7 @@ static void text_of(GString *s, const snap *sns, size_t n)
 		{ "te_auth_refused_total", "counter", "Peers refused by the cluster key." },
 	};
 	for (int f = 0; f < 5; f++) {
-		family(s, ef[f].name, ef[f].type, ef[f].help);
+		family(s, &ef[f]);
 		for (size_t i = 0; i < n; i++) {
 			const snap *x = &sns[i];
 			sample(s, ef[f].name, x);
@@ -230,7 +225,8 @@ static void text_of(GString *s, const snap *sns, size_t n)
 									 : x->auth_refused);
 		}
 	}
-	family(s, "te_rpc_frames_total", "counter", "RPC frames on the handshake port, by kind and result.");
+	static const fam rpc = { "te_rpc_frames_total", "counter", "RPC frames on the handshake port, by kind and result." };
+	family(s, &rpc);
 	for (size_t i = 0; i < n; i++)
 		for (unsigned k = 0; k < TE_MRPC_KINDS; k++)
 			for (unsigned r = 0; r < 2; r++) {

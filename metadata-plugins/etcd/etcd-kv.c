@@ -1,0 +1,279 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The store's operations: get, put (owned keys under the lease), remove and
+ * list, each one call of the gateway with base64 keys and values.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "etcd.h"
+
+/* ---------------------------------------------------------------- ops */
+
+int etcd_put_raw(etcd *s, const char *key, const char *value, size_t len, int64_t lease)
+{
+	char *k = etcd_b64(key, strlen(key)), *v = etcd_b64(value, len);
+	char *body = lease ? g_strdup_printf("{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%" PRId64 "\"}",
+					     k, v, lease)
+			   : g_strdup_printf("{\"key\":\"%s\",\"value\":\"%s\"}", k, v);
+	te_http_reply r;
+	int rc;
+
+	g_free(k);
+	g_free(v);
+	rc = etcd_post(s, "/kv/put", body, &r);
+	g_free(body);
+	if (rc < 0) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: put '%s' failed: %s", s->conn, key, strerror(-rc));
+		return rc;
+	}
+	if (r.status == 200) {
+		te_http_reply_clear(&r);
+		return 0;
+	}
+	char *m = etcd_error_text(&r);
+	rc = lease && r.status == 404 && strstr(m, "lease not found") ? -ENOENT : TE_ERR_METADATA;
+	if (rc != -ENOENT)
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: put '%s' refused: %s", s->conn, key, m);
+	g_free(m);
+	te_http_reply_clear(&r);
+	return rc;
+}
+
+int etcd_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
+{
+	etcd *s = ctx;
+	int rc;
+
+	if (key == NULL || *key == '\0' || (value == NULL && len > 0)) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd put: empty key or NULL value");
+		return -EINVAL;
+	}
+	if (!(flags & TE_META_OWNED) || !s->lease_on)
+		return etcd_put_raw(s, key, value ? value : "", len, 0);
+
+	g_mutex_lock(&s->lease_lock);
+	rc = etcd_lease_ensure(s);
+	if (rc == 0) {
+		rc = etcd_put_raw(s, key, value, len, s->lease_id);
+		if (rc == -ENOENT) { /* the lease expired under us */
+			rc = etcd_lease_renew(s);
+			if (rc == 0)
+				rc = etcd_put_raw(s, key, value, len, s->lease_id);
+		}
+	}
+	if (rc == 0)
+		g_hash_table_replace(s->owned, g_strdup(key), g_bytes_new(value, len));
+	g_mutex_unlock(&s->lease_lock);
+	if (rc == -ENOENT) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: put '%s' failed: its lease vanished again", s->conn, key);
+		rc = TE_ERR_METADATA;
+	}
+	return rc;
+}
+
+int etcd_get(void *ctx, const char *key, char **value, size_t *len)
+{
+	etcd *s = ctx;
+	te_http_reply r;
+	JsonNode *p = NULL;
+	int rc;
+
+	*value = NULL;
+	if (key == NULL || *key == '\0') {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd get: empty key");
+		return -EINVAL;
+	}
+	char *k = etcd_b64(key, strlen(key));
+	char *body = g_strdup_printf("{\"key\":\"%s\"}", k);
+	g_free(k);
+	rc = etcd_post(s, "/kv/range", body, &r);
+	g_free(body);
+	if (rc < 0) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s' failed: %s", s->conn, key, strerror(-rc));
+		return rc;
+	}
+	if (r.status != 200) {
+		char *m = etcd_error_text(&r);
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s' refused: %s", s->conn, key, m);
+		g_free(m);
+		te_http_reply_clear(&r);
+		return TE_ERR_METADATA;
+	}
+	JsonObject *o = etcd_reply_object(s, &r, "get", key, &p);
+	rc = TE_ERR_METADATA;
+	if (o != NULL) {
+		JsonArray *kvs = etcd_arr_member(o, "kvs");
+		if (kvs == NULL && json_object_has_member(o, "kvs")) {
+			s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s': \"kvs\" is not an array", s->conn,
+				  key);
+		} else if (kvs == NULL || json_array_get_length(kvs) == 0) {
+			rc = -ENOENT;
+		} else {
+			JsonNode *n = json_array_get_element(kvs, 0);
+			JsonObject *kv = JSON_NODE_HOLDS_OBJECT(n) ? json_node_get_object(n) : NULL;
+			/* proto3 leaves out an empty value */
+			const char *v64 = kv ? etcd_str_member(kv, "value", "") : NULL;
+			if (v64 == NULL) {
+				s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s': malformed kvs entry", s->conn, key);
+			} else {
+				gsize n_out = 0;
+				guchar *raw = *v64 ? g_base64_decode(v64, &n_out) : NULL;
+				char *out = malloc(n_out + 1);
+				if (out == NULL) {
+					rc = -ENOMEM;
+				} else {
+					if (n_out)
+						memcpy(out, raw, n_out);
+					out[n_out] = '\0';
+					*value = out;
+					if (len)
+						*len = n_out;
+					rc = 0;
+				}
+				g_free(raw);
+			}
+		}
+	}
+	if (p)
+		json_node_unref(p);
+	te_http_reply_clear(&r);
+	return rc;
+}
+
+static int delete_raw(etcd *s, const char *key)
+{
+	te_http_reply r;
+	char *k = etcd_b64(key, strlen(key));
+	char *body = g_strdup_printf("{\"key\":\"%s\"}", k);
+	int rc;
+
+	g_free(k);
+	rc = etcd_post(s, "/kv/deleterange", body, &r);
+	g_free(body);
+	if (rc < 0) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: remove '%s' failed: %s", s->conn, key, strerror(-rc));
+		return rc;
+	}
+	if (r.status != 200) {
+		char *m = etcd_error_text(&r);
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: remove '%s' refused: %s", s->conn, key, m);
+		g_free(m);
+		rc = TE_ERR_METADATA;
+	}
+	te_http_reply_clear(&r);
+	return rc;
+}
+
+int etcd_remove(void *ctx, const char *key)
+{
+	etcd *s = ctx;
+
+	if (key == NULL || *key == '\0') {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd remove: empty key");
+		return -EINVAL;
+	}
+	if (s->lease_on) {
+		/* No longer ours to keep alive or to restore. */
+		g_mutex_lock(&s->lease_lock);
+		g_hash_table_remove(s->owned, key);
+		g_mutex_unlock(&s->lease_lock);
+	}
+	return delete_raw(s, key);
+}
+
+/* The end of the range of keys starting with `prefix`: the prefix with its
+ * last byte below 0xff incremented; "\0" (all keys) when there is none. */
+static GByteArray *range_end(const char *prefix)
+{
+	GByteArray *a = g_byte_array_new();
+	size_t n = strlen(prefix);
+
+	g_byte_array_append(a, (const guint8 *)prefix, (guint)n);
+	while (a->len > 0 && a->data[a->len - 1] == 0xff)
+		g_byte_array_set_size(a, a->len - 1);
+	if (a->len == 0)
+		g_byte_array_append(a, (const guint8 *)"", 1);
+	else
+		a->data[a->len - 1]++;
+	return a;
+}
+
+int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
+{
+	etcd *s = ctx;
+	te_http_reply r;
+	JsonNode *p = NULL;
+	int rc;
+
+	*keys = NULL;
+	*n = 0;
+	if (prefix == NULL)
+		prefix = "";
+	GByteArray *end = range_end(prefix);
+	char *k = *prefix ? etcd_b64(prefix, strlen(prefix)) : etcd_b64("", 1);
+	char *e = etcd_b64(end->data, end->len);
+	char *body = g_strdup_printf("{\"key\":\"%s\",\"range_end\":\"%s\",\"keys_only\":true}", k, e);
+	g_byte_array_unref(end);
+	g_free(k);
+	g_free(e);
+	rc = etcd_post(s, "/kv/range", body, &r);
+	g_free(body);
+	if (rc < 0) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: list '%s' failed: %s", s->conn, prefix, strerror(-rc));
+		return rc;
+	}
+	if (r.status != 200) {
+		char *m = etcd_error_text(&r);
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: list '%s' refused: %s", s->conn, prefix, m);
+		g_free(m);
+		te_http_reply_clear(&r);
+		return TE_ERR_METADATA;
+	}
+	JsonObject *o = etcd_reply_object(s, &r, "list", prefix, &p);
+	rc = o ? 0 : TE_ERR_METADATA;
+	JsonArray *kvs = o ? etcd_arr_member(o, "kvs") : NULL;
+	guint count = kvs ? json_array_get_length(kvs) : 0;
+	char **out = count ? calloc(count, sizeof *out) : NULL;
+	size_t got = 0;
+	if (count && out == NULL)
+		rc = -ENOMEM;
+	for (guint i = 0; rc == 0 && i < count; i++) {
+		JsonNode *nd = json_array_get_element(kvs, i);
+		const char *k64 = JSON_NODE_HOLDS_OBJECT(nd)
+					  ? etcd_str_member(json_node_get_object(nd), "key", NULL)
+					  : NULL;
+		gsize kl = 0;
+		guchar *raw = k64 ? g_base64_decode(k64, &kl) : NULL;
+		/* Not a key we could name, or one outside the prefix asked for
+		 * (the store's answer is not trusted to match the range). */
+		if (raw == NULL || memchr(raw, '\0', kl) != NULL || kl < strlen(prefix) ||
+		    memcmp(raw, prefix, strlen(prefix)) != 0) {
+			g_free(raw);
+			continue;
+		}
+		out[got] = malloc(kl + 1);
+		if (out[got] == NULL) {
+			g_free(raw);
+			rc = -ENOMEM;
+			break;
+		}
+		memcpy(out[got], raw, kl);
+		out[got][kl] = '\0';
+		got++;
+		g_free(raw);
+	}
+	if (rc < 0) {
+		for (size_t i = 0; i < got; i++)
+			free(out[i]);
+		free(out);
+	} else {
+		*keys = out;
+		*n = got;
+	}
+	if (p)
+		json_node_unref(p);
+	te_http_reply_clear(&r);
+	return rc;
+}

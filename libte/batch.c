@@ -581,6 +581,25 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	return 0;
 }
 
+/* What becomes of a task that route() did not hand to a transport: an empty
+ * one is done, a refused one (its range still outside the peer's descriptor
+ * after any refresh) fails. Returns 1 when it was refused. */
+static int route_settle(te_task *t, const te_request *r, int rc, const seg_cache *sc)
+{
+	if (rc == ROUTE_EMPTY) {
+		task_finish(t, TE_TASK_COMPLETED, false);
+		return 0;
+	}
+	if (rc == ROUTE_STALE) {
+		reject_range(t, r, sc->sv->desc->name);
+		rc = TE_ERR_ADDRESS;
+	}
+	if (rc >= 0)
+		return 0;
+	task_reject(t, TE_TASK_INVALID, rc);
+	return 1;
+}
+
 int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 {
 	batch_box *box;
@@ -671,18 +690,10 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 			continue;
 		}
 		int rc = route(e, b, t, r, &sc, &d);
-		if (rc == ROUTE_STALE && n_stale < MAX_STALE) {
+		if (rc == ROUTE_STALE && n_stale < MAX_STALE)
 			stale[n_stale++] = i; /* decided after a refresh, below */
-		} else if (rc == ROUTE_STALE) {
-			reject_range(t, r, sc.sv->desc->name);
-			task_reject(t, TE_TASK_INVALID, TE_ERR_ADDRESS);
-			invalid++;
-		} else if (rc == ROUTE_EMPTY) {
-			task_finish(t, TE_TASK_COMPLETED, false);
-		} else if (rc < 0) {
-			task_reject(t, TE_TASK_INVALID, rc);
-			invalid++;
-		}
+		else
+			invalid += route_settle(t, r, rc, &sc);
 	}
 	g_rw_lock_reader_unlock(&e->mem.lock);
 	flush(&d);
@@ -706,15 +717,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		for (size_t k = 0; k < n_stale; k++) {
 			te_task *t = &b->tasks[base + stale[k]];
 			const te_request *r = &reqs[stale[k]];
-			int rc = route(e, b, t, r, &sc2, &d);
-			if (rc == ROUTE_STALE) {
-				reject_range(t, r, sc2.sv->desc->name);
-				rc = TE_ERR_ADDRESS;
-			}
-			if (rc < 0) {
-				task_reject(t, TE_TASK_INVALID, rc);
-				invalid++;
-			}
+			invalid += route_settle(t, r, route(e, b, t, r, &sc2, &d), &sc2);
 		}
 		g_rw_lock_reader_unlock(&e->mem.lock);
 		flush(&d);

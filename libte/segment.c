@@ -303,6 +303,24 @@ static bool check_name(const char *name, const char *what)
 	return true;
 }
 
+/* An engine and a segment name fit to look up, else a log line naming fn. */
+static bool usable(te_engine *e, const char *name, const char *fn)
+{
+	if (e == NULL) {
+		te_err("%s: NULL engine", fn);
+		return false;
+	}
+	return check_name(name, fn);
+}
+
+/* One more open of the open segment idp; the caller holds the control lock. */
+static void reopen_locked(te_engine *e, gpointer idp)
+{
+	te_segment *s = g_hash_table_lookup(e->segments, idp);
+
+	s->opens++;
+}
+
 te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *transport)
 {
 	te_desc *desc = NULL;
@@ -310,11 +328,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	int port = 0, rc;
 	te_segver *sv = NULL;
 
-	if (e == NULL) {
-		te_err("te_segment_open: NULL engine");
-		return -EINVAL;
-	}
-	if (!check_name(name, "te_segment_open"))
+	if (!usable(e, name, "te_segment_open"))
 		return -EINVAL;
 	if (strcmp(name, e->name) == 0)
 		return TE_LOCAL_SEGMENT;
@@ -322,8 +336,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	g_rec_mutex_lock(&e->ctl);
 	gpointer idp = g_hash_table_lookup(e->seg_by_name, name);
 	if (idp != NULL) {
-		te_segment *s = g_hash_table_lookup(e->segments, idp);
-		s->opens++;
+		reopen_locked(e, idp);
 		g_rec_mutex_unlock(&e->ctl);
 		return GPOINTER_TO_INT(idp);
 	}
@@ -337,8 +350,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	g_rec_mutex_lock(&e->ctl);
 	idp = g_hash_table_lookup(e->seg_by_name, name);
 	if (idp != NULL) { /* opened meanwhile by another thread */
-		te_segment *s = g_hash_table_lookup(e->segments, idp);
-		s->opens++;
+		reopen_locked(e, idp);
 		g_rec_mutex_unlock(&e->ctl);
 		te_desc_free(desc);
 		g_free(host);
@@ -380,11 +392,7 @@ te_segment_id te_segment_open(te_engine *e, const char *name)
 
 te_segment_id te_segment_find(te_engine *e, const char *name)
 {
-	if (e == NULL) {
-		te_err("te_segment_find: NULL engine");
-		return -EINVAL;
-	}
-	if (!check_name(name, "te_segment_find"))
+	if (!usable(e, name, "te_segment_find"))
 		return -EINVAL;
 	if (strcmp(name, e->name) == 0)
 		return TE_LOCAL_SEGMENT;

@@ -7,13 +7,8 @@
 set -eu
 build=$1
 src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT INT TERM
-unset TE_PLUGIN_PATH TE_PLUGINS
-fail() { echo "check-install-compat: $*" >&2; exit 1; }
-
-meson install -C "$build" --destdir "$tmp/root" --no-rebuild --quiet >/dev/null \
-  || fail "meson install failed"
+me=check-install-compat
+. "$src/tests/install/scratch-root.sh"
 pc=$(find "$tmp/root" -name libte-mooncake.pc | head -n 1)
 [ -n "$pc" ] || fail "libte-mooncake.pc not installed"
 export PKG_CONFIG_PATH="$(dirname "$pc")" PKG_CONFIG_SYSROOT_DIR="$tmp/root"

@@ -10,8 +10,8 @@
 
 #include <te/te.h>
 
-#include "../common/check.h"
 #include "../compat/mc-util.h"
+#include "device-util.h"
 
 #define N ((1u << 20) * 3 + 11)
 
@@ -25,16 +25,6 @@ static int run(transfer_engine_t e, int op, void *local, segment_id_t seg, uint6
 	int status = wait_tasks(e, b, 1);
 	CHECK_EQ(freeBatchID(e, b), 0);
 	return status;
-}
-
-static int dev_matches(const void *dev, unsigned seed)
-{
-	unsigned char *got = malloc(N), *want = malloc(N);
-	fill_pattern(want, N, seed);
-	int ok = te_device_copy(got, dev, N) == 0 && memcmp(got, want, N) == 0;
-	free(got);
-	free(want);
-	return ok;
 }
 
 static void test_device_to_device(void)
@@ -57,12 +47,12 @@ static void test_device_to_device(void)
 	fill_pattern(host, N, 21);
 	REQUIRE(te_device_copy(src, host, N) == 0);
 	CHECK_EQ(run(a, OPCODE_WRITE, src, seg, (uintptr_t)dst), STATUS_COMPLETED);
-	CHECK(dev_matches(dst, 21));
+	CHECK(dev_equals(dst, N, 21));
 
 	fill_pattern(host, N, 22);
 	REQUIRE(te_device_copy(dst, host, N) == 0);
 	CHECK_EQ(run(a, OPCODE_READ, src, seg, (uintptr_t)dst), STATUS_COMPLETED);
-	CHECK(dev_matches(src, 22));
+	CHECK(dev_equals(src, N, 22));
 
 	CHECK_EQ(unregisterLocalMemory(a, src), 0);
 	CHECK_EQ(unregisterLocalMemory(b, dst), 0);

@@ -6,13 +6,8 @@
 set -eu
 build=$1
 src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT INT TERM
-unset TE_PLUGIN_PATH TE_PLUGINS
-fail() { echo "check-install: $*" >&2; exit 1; }
-
-meson install -C "$build" --destdir "$tmp/root" --no-rebuild --quiet >/dev/null \
-  || fail "meson install failed"
+me=check-install
+. "$src/tests/install/scratch-root.sh"
 pc=$(find "$tmp/root" -name libte.pc | head -n 1)
 [ -n "$pc" ] || fail "libte.pc not installed"
 [ -f "$(dirname "$pc")/libte-plugin.pc" ] || fail "libte-plugin.pc not installed"

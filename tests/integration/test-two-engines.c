@@ -123,6 +123,17 @@ static void test_rpc_random(void)
 
 #define BUF (4u << 20)
 
+/* Fetches e's notifications until some have come or ms have passed. */
+static void fetch_within(te_engine *e, te_notification **list, size_t *n, int ms)
+{
+	long long end = now_ms() + ms;
+	do {
+		te_notify_fetch(e, list, n);
+		if (*n == 0)
+			usleep(10000);
+	} while (*n == 0 && now_ms() < end);
+}
+
 static void test_memcpy_transfers(void)
 {
 	engine_pair p;
@@ -217,12 +228,7 @@ static void test_notifications(void)
 	CHECK_EQ(n, 0);
 	CHECK_EQ(hold_release(0), 1);
 	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
-	long long end = now_ms() + 5000;
-	do {
-		te_notify_fetch(p.b, &list, &n);
-		if (n == 0)
-			usleep(10000);
-	} while (n == 0 && now_ms() < end);
+	fetch_within(p.b, &list, &n, 5000);
 	REQUIRE(n == 1);
 	CHECK(strcmp(list[0].msg, "batch done") == 0);
 	te_notifications_free(list, n);
@@ -239,12 +245,7 @@ static void test_notifications(void)
 	CHECK_EQ(te_batch_notify_as(p.a, b, p.seg, "agent-8", "named batch"), 0);
 	CHECK_EQ(hold_release(0), 1);
 	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
-	end = now_ms() + 5000;
-	do {
-		te_notify_fetch(p.b, &list, &n);
-		if (n == 0)
-			usleep(10000);
-	} while (n == 0 && now_ms() < end);
+	fetch_within(p.b, &list, &n, 5000);
 	REQUIRE(n == 1);
 	CHECK(strcmp(list[0].name, "agent-8") == 0 && strcmp(list[0].msg, "named batch") == 0);
 	te_notifications_free(list, n);

@@ -443,20 +443,38 @@ static int count_lines(const char *text, const char *prefix)
 	return n;
 }
 
+/* The peer-set tests' engines: a (made by the caller, memcpy) with 64 KiB
+ * at *abuf; b (memcpy) listening on every address, so that 127.x.y.z:port
+ * all reach it, with 64 KiB at *bbuf that peers may write. */
+static void peers_up(te_engine *a, te_engine **b, unsigned char **abuf, unsigned char **bbuf)
+{
+	te_option bopt[2] = { { "transports", "memcpy" }, { "TE_BIND_ADDRESS", "*" } };
+	REQUIRE(a != NULL);
+	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", bopt, 2, b) == 0);
+	*abuf = aligned_alloc(4096, 65536);
+	*bbuf = aligned_alloc(4096, 65536);
+	REQUIRE(*abuf && *bbuf);
+	REQUIRE(te_register_memory(a, *abuf, 65536, "cpu:0", 0) == 0);
+	REQUIRE(te_register_memory(*b, *bbuf, 65536, "*", TE_MEM_REMOTE_ACCESS) == 0);
+}
+
+static void peers_down(te_engine *a, te_engine *b, unsigned char *abuf, unsigned char *bbuf)
+{
+	te_engine_destroy(a);
+	te_engine_destroy(b);
+	free(abuf);
+	free(bbuf);
+}
+
 /* 10,000 peer segments: b under as many names (127.x.y.z all reach its
  * port on any address), one write to each. */
 static void test_many_peers(void)
 {
 	const char *env = getenv("TE_TEST_PEERS");
 	int n = env ? atoi(env) : 10000;
-	te_option bopt[2] = { { "transports", "memcpy" }, { "TE_BIND_ADDRESS", "*" } };
 	te_engine *a = p2p_engine("memcpy"), *b = NULL;
-	REQUIRE(a != NULL);
-	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", bopt, 2, &b) == 0);
-	unsigned char *abuf = aligned_alloc(4096, 65536), *bbuf = aligned_alloc(4096, 65536);
-	REQUIRE(abuf && bbuf);
-	REQUIRE(te_register_memory(a, abuf, 65536, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(b, bbuf, 65536, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	unsigned char *abuf, *bbuf;
+	peers_up(a, &b, &abuf, &bbuf);
 	int port = te_engine_rpc_port(b);
 	int opened = 0;
 	for (int i = 0; i < n; i++) {
@@ -483,10 +501,7 @@ static void test_many_peers(void)
 	snprintf(lbl, sizeof lbl, "peer=\"127.1.0.1:%d\",op=\"write\"", port);
 	CHECK_EQ(metric(t, "te_peer_bytes_total", an, lbl), 64);
 	te_free(t);
-	te_engine_destroy(a);
-	te_engine_destroy(b);
-	free(abuf);
-	free(bbuf);
+	peers_down(a, b, abuf, bbuf);
 }
 
 /* The peer series of an exposition: name → bytes written, and every
@@ -536,13 +551,8 @@ static void test_busiest_peers(void)
 	setenv("TE_METRICS_PEERS", "8", 1);
 	te_engine *a = p2p_engine("memcpy"), *b = NULL;
 	unsetenv("TE_METRICS_PEERS");
-	te_option bopt[2] = { { "transports", "memcpy" }, { "TE_BIND_ADDRESS", "*" } };
-	REQUIRE(a != NULL);
-	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", bopt, 2, &b) == 0);
-	unsigned char *abuf = aligned_alloc(4096, 65536), *bbuf = aligned_alloc(4096, 65536);
-	REQUIRE(abuf && bbuf);
-	REQUIRE(te_register_memory(a, abuf, 65536, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(b, bbuf, 65536, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	unsigned char *abuf, *bbuf;
+	peers_up(a, &b, &abuf, &bbuf);
 	int port = te_engine_rpc_port(b);
 	const char *an = te_engine_name(a);
 	/* The busy ones, spread over the opening order (the first, the middle,
@@ -632,10 +642,7 @@ static void test_busiest_peers(void)
 	char *all_t[] = { t1, t2, t3, t4, t5 };
 	for (size_t i = 0; i < sizeof all_t / sizeof *all_t; i++)
 		te_free(all_t[i]);
-	te_engine_destroy(a);
-	te_engine_destroy(b);
-	free(abuf);
-	free(bbuf);
+	peers_down(a, b, abuf, bbuf);
 }
 
 /* TE_METRICS_PEER_NAMES bounds the names ranked: with 2 shown and 3
@@ -649,13 +656,8 @@ static void test_peer_names_bound(void)
 	te_engine *a = p2p_engine("memcpy"), *b = NULL;
 	unsetenv("TE_METRICS_PEERS");
 	unsetenv("TE_METRICS_PEER_NAMES");
-	te_option bopt[2] = { { "transports", "memcpy" }, { "TE_BIND_ADDRESS", "*" } };
-	REQUIRE(a != NULL);
-	REQUIRE(te_engine_create("P2PHANDSHAKE", "127.0.0.1", bopt, 2, &b) == 0);
-	unsigned char *abuf = aligned_alloc(4096, 65536), *bbuf = aligned_alloc(4096, 65536);
-	REQUIRE(abuf && bbuf);
-	REQUIRE(te_register_memory(a, abuf, 65536, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(b, bbuf, 65536, "*", TE_MEM_REMOTE_ACCESS) == 0);
+	unsigned char *abuf, *bbuf;
+	peers_up(a, &b, &abuf, &bbuf);
 	int port = te_engine_rpc_port(b);
 	const char *an = te_engine_name(a);
 	static const size_t len[5] = { 100, 200, 3000, 50, 60000 };
@@ -681,10 +683,7 @@ static void test_peer_names_bound(void)
 	}
 	CHECK_EQ(metric(t, "te_peer_bytes_total", an, "peer=\"other\",op=\"write\""), 3000 + 50 + 60000);
 	te_free(t);
-	te_engine_destroy(a);
-	te_engine_destroy(b);
-	free(abuf);
-	free(bbuf);
+	peers_down(a, b, abuf, bbuf);
 }
 
 /* TE_METRICS_PEERS bounds the set; 0 leaves only "other". */

@@ -177,4 +177,27 @@ static inline uint64_t nv_rand(uint64_t *s)
 	return *s * 2685821657736338717ull;
 }
 
+/* n reads from seg of 1 to maxlen bytes each, at random offsets below span,
+ * into base, each starting a page of its own (rnd: nv_rand's state). */
+static inline void nv_random_reads(te_request *r, int n, te_segment_id seg, unsigned char *base, uint64_t *rnd,
+				   uint64_t maxlen, uint64_t span)
+{
+	size_t lo = 0;
+	for (int i = 0; i < n; i++) {
+		uint64_t len = 1 + nv_rand(rnd) % maxlen;
+		uint64_t at = nv_rand(rnd) % (span - len);
+		r[i] = (te_request){ TE_OP_READ, seg, base + lo, at, len };
+		lo += (len + 4095) & ~4095ull;
+	}
+}
+
+/* How many of n reads brought other bytes than model holds at their offsets. */
+static inline int nv_reads_differ(const te_request *r, int n, const unsigned char *model)
+{
+	int bad = 0;
+	for (int i = 0; i < n; i++)
+		bad += memcmp(r[i].local, model + r[i].remote, r[i].length) != 0;
+	return bad;
+}
+
 #endif

@@ -154,23 +154,16 @@ static void test_sizes(void)
 	refused("many members", s->str, TE_ERR_METADATA, "object with more than 16384 members");
 	g_string_free(s, TRUE);
 
-	char *big = g_malloc(1u << 20);
-	memset(big, 'a', (1u << 20) - 1);
-	big[(1u << 20) - 1] = '\0';
-	char *field = g_strdup_printf("\"file_path\":\"/%s\"", big);
+	/* a path of 1 MiB less one byte; 9 MiB of blanks inside the object */
+	char *field = hostile_nest("\"file_path\":\"/", "a", (1u << 20) - 1, "", "", "\"");
 	char *t = with_buffer_field(field);
 	refused("huge path", t, TE_ERR_METADATA, "longer than 16384 bytes");
 	g_free(t);
-	g_free(field);
-	g_free(big);
+	free(field);
 
-	big = g_malloc(9u << 20);
-	memset(big, ' ', (9u << 20) - 1);
-	big[(9u << 20) - 1] = '\0';
-	t = g_strdup_printf("{\"protocol\":\"nvmeof\"%s}", big);
+	t = hostile_nest("{\"protocol\":\"nvmeof\"", " ", (9u << 20) - 1, "", "", "}");
 	refused("huge text", t, TE_ERR_METADATA, "over the limit of 8388608");
-	g_free(t);
-	g_free(big);
+	free(t);
 }
 
 static void test_duplicates(void)

@@ -49,10 +49,7 @@ static void test_depth_one(void)
 		r[i] = (te_request){ TE_OP_READ, seg, mem + 4 * FILE_LEN + (size_t)i * 5000,
 				     FILE_LEN - 1000 + (uint64_t)i * 31, 4999 };
 	CHECK_EQ(nv_run(e, r, 66, NULL), 0);
-	int bad = 0;
-	for (int i = 0; i < 66; i++)
-		bad += memcmp(r[i].local, model + r[i].remote, r[i].length) != 0;
-	CHECK_EQ(bad, 0);
+	CHECK_EQ(nv_reads_differ(r, 66, model), 0);
 	CHECK_EQ(te_segment_close(e, seg), 0);
 	CHECK_EQ(te_unregister_memory(e, mem), 0);
 	te_engine_destroy(e);
@@ -73,16 +70,9 @@ static void *submit_thread(void *arg)
 	unsigned char *base = mem + (size_t)s->index * (MEM / 4);
 	for (int round = 0; round < 20; round++) {
 		te_request r[32];
-		size_t lo = 0;
-		for (int i = 0; i < 32; i++) {
-			uint64_t len = 1 + nv_rand(&rnd) % 65536;
-			uint64_t at = nv_rand(&rnd) % (2 * FILE_LEN - len);
-			r[i] = (te_request){ TE_OP_READ, s->seg, base + lo, at, len };
-			lo += (len + 4095) & ~4095ull;
-		}
+		nv_random_reads(r, 32, s->seg, base, &rnd, 65536, 2 * FILE_LEN);
 		s->bad += nv_run(s->e, r, 32, NULL);
-		for (int i = 0; i < 32; i++)
-			s->bad += memcmp(r[i].local, model + r[i].remote, r[i].length) != 0;
+		s->bad += nv_reads_differ(r, 32, model);
 	}
 	return NULL;
 }

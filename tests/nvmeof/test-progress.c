@@ -190,13 +190,7 @@ static void *run_thread(void *arg)
 	unsigned char *base = mem + (size_t)r->index * (MEM / 8);
 	for (int round = 0; round < 40; round++) {
 		te_request q[8];
-		size_t lo = 0;
-		for (int i = 0; i < 8; i++) {
-			uint64_t len = 1 + nv_rand(&rnd) % 40000;
-			uint64_t at = nv_rand(&rnd) % (FILE_LEN - len);
-			q[i] = (te_request){ TE_OP_READ, r->seg, base + lo, at, len };
-			lo += (len + 4095) & ~4095ull;
-		}
+		nv_random_reads(q, 8, r->seg, base, &rnd, 40000, FILE_LEN);
 		te_batch_id b;
 		REQUIRE(te_batch_alloc(r->e, 8, &b) == 0);
 		CHECK_EQ(te_submit(r->e, b, q, 8), 0);
@@ -212,8 +206,7 @@ static void *run_thread(void *arg)
 		int32_t state = 0;
 		CHECK_EQ(te_batch_status(r->e, b, NULL, NULL, &state), 0);
 		r->bad += state != TE_TASK_COMPLETED;
-		for (int i = 0; i < 8; i++)
-			r->bad += memcmp(q[i].local, model + q[i].remote, q[i].length) != 0;
+		r->bad += nv_reads_differ(q, 8, model);
 		CHECK_EQ(te_batch_free(r->e, b), 0);
 	}
 	return NULL;

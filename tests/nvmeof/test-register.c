@@ -282,22 +282,15 @@ static void test_hostile_descriptors(void)
 	g_string_append(g, "]}");
 	tool_refuses("million elements", g->str, "array with more than 16384 elements");
 	g_string_free(g, TRUE);
-	char *big = g_malloc(1u << 20);
-	memset(big, 'a', (1u << 20) - 1);
-	big[(1u << 20) - 1] = '\0';
-	char *field = g_strdup_printf("\"file_path\":\"/%s\"", big);
+	/* a path of 1 MiB less one byte; 9 MiB of blanks inside the object */
+	char *field = hostile_nest("\"file_path\":\"/", "a", (1u << 20) - 1, "", "", "\"");
 	t = buffer_with(field);
 	tool_refuses("huge path", t, "longer than 16384 bytes");
 	g_free(t);
-	g_free(field);
-	g_free(big);
-	big = g_malloc(9u << 20);
-	memset(big, ' ', (9u << 20) - 1);
-	big[(9u << 20) - 1] = '\0';
-	t = g_strdup_printf("{\"protocol\":\"nvmeof\"%s}", big);
+	free(field);
+	t = hostile_nest("{\"protocol\":\"nvmeof\"", " ", (9u << 20) - 1, "", "", "}");
 	tool_refuses("huge text", t, "over the limit of 8388608");
-	g_free(t);
-	g_free(big);
+	free(t);
 
 	tool_refuses("protocol twice", "{\"protocol\":\"nvmeof\",\"buffers\":[],\"protocol\":\"nvmeof\"}",
 		     "key repeated");

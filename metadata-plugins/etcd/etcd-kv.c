@@ -7,9 +7,33 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "../common/te-store.h"
 #include "etcd.h"
 
 /* ---------------------------------------------------------------- ops */
+
+/* POSTs `body` (freed here) to `path` for the op `what` on `key`: 0 with a
+ * 200 reply in *r, else the error, logged ("failed" when no endpoint
+ * answered, "refused" with the store's message). */
+static int kv_call(etcd *s, const char *path, char *body, const char *what, const char *key,
+		   te_http_reply *r)
+{
+	int rc = etcd_post(s, path, body, r);
+
+	g_free(body);
+	if (rc < 0) {
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: %s '%s' failed: %s", s->conn, what, key, strerror(-rc));
+		return rc;
+	}
+	if (r->status != 200) {
+		char *m = etcd_error_text(r);
+		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: %s '%s' refused: %s", s->conn, what, key, m);
+		g_free(m);
+		te_http_reply_clear(r);
+		return TE_ERR_METADATA;
+	}
+	return 0;
+}
 
 int etcd_put_raw(etcd *s, const char *key, const char *value, size_t len, int64_t lease)
 {
@@ -46,10 +70,8 @@ int etcd_put(void *ctx, const char *key, const char *value, size_t len, unsigned
 	etcd *s = ctx;
 	int rc;
 
-	if (key == NULL || *key == '\0' || (value == NULL && len > 0)) {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd put: empty key or NULL value");
+	if (te_store_bad_put(s->h, "etcd", key, value, len))
 		return -EINVAL;
-	}
 	if (!(flags & TE_META_OWNED) || !s->lease_on)
 		return etcd_put_raw(s, key, value ? value : "", len, 0);
 
@@ -81,26 +103,13 @@ int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 	int rc;
 
 	*value = NULL;
-	if (key == NULL || *key == '\0') {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd get: empty key");
+	if (te_store_bad_key(s->h, "etcd", "get", key))
 		return -EINVAL;
-	}
 	char *k = etcd_b64(key, strlen(key));
-	char *body = g_strdup_printf("{\"key\":\"%s\"}", k);
+	rc = kv_call(s, "/kv/range", g_strdup_printf("{\"key\":\"%s\"}", k), "get", key, &r);
 	g_free(k);
-	rc = etcd_post(s, "/kv/range", body, &r);
-	g_free(body);
-	if (rc < 0) {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s' failed: %s", s->conn, key, strerror(-rc));
+	if (rc < 0)
 		return rc;
-	}
-	if (r.status != 200) {
-		char *m = etcd_error_text(&r);
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: get '%s' refused: %s", s->conn, key, m);
-		g_free(m);
-		te_http_reply_clear(&r);
-		return TE_ERR_METADATA;
-	}
 	JsonObject *o = etcd_reply_object(s, &r, "get", key, &p);
 	rc = TE_ERR_METADATA;
 	if (o != NULL) {
@@ -146,23 +155,11 @@ static int delete_raw(etcd *s, const char *key)
 {
 	te_http_reply r;
 	char *k = etcd_b64(key, strlen(key));
-	char *body = g_strdup_printf("{\"key\":\"%s\"}", k);
-	int rc;
+	int rc = kv_call(s, "/kv/deleterange", g_strdup_printf("{\"key\":\"%s\"}", k), "remove", key, &r);
 
 	g_free(k);
-	rc = etcd_post(s, "/kv/deleterange", body, &r);
-	g_free(body);
-	if (rc < 0) {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: remove '%s' failed: %s", s->conn, key, strerror(-rc));
-		return rc;
-	}
-	if (r.status != 200) {
-		char *m = etcd_error_text(&r);
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: remove '%s' refused: %s", s->conn, key, m);
-		g_free(m);
-		rc = TE_ERR_METADATA;
-	}
-	te_http_reply_clear(&r);
+	if (rc == 0)
+		te_http_reply_clear(&r);
 	return rc;
 }
 
@@ -170,10 +167,8 @@ int etcd_remove(void *ctx, const char *key)
 {
 	etcd *s = ctx;
 
-	if (key == NULL || *key == '\0') {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd remove: empty key");
+	if (te_store_bad_key(s->h, "etcd", "remove", key))
 		return -EINVAL;
-	}
 	if (s->lease_on) {
 		/* No longer ours to keep alive or to restore. */
 		g_mutex_lock(&s->lease_lock);
@@ -218,19 +213,9 @@ int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 	g_byte_array_unref(end);
 	g_free(k);
 	g_free(e);
-	rc = etcd_post(s, "/kv/range", body, &r);
-	g_free(body);
-	if (rc < 0) {
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: list '%s' failed: %s", s->conn, prefix, strerror(-rc));
+	rc = kv_call(s, "/kv/range", body, "list", prefix, &r);
+	if (rc < 0)
 		return rc;
-	}
-	if (r.status != 200) {
-		char *m = etcd_error_text(&r);
-		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: list '%s' refused: %s", s->conn, prefix, m);
-		g_free(m);
-		te_http_reply_clear(&r);
-		return TE_ERR_METADATA;
-	}
 	JsonObject *o = etcd_reply_object(s, &r, "list", prefix, &p);
 	rc = o ? 0 : TE_ERR_METADATA;
 	JsonArray *kvs = o ? etcd_arr_member(o, "kvs") : NULL;
@@ -264,14 +249,7 @@ int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		got++;
 		g_free(raw);
 	}
-	if (rc < 0) {
-		for (size_t i = 0; i < got; i++)
-			free(out[i]);
-		free(out);
-	} else {
-		*keys = out;
-		*n = got;
-	}
+	rc = te_store_keys_done(out, got, rc, keys, n);
 	if (p)
 		json_node_unref(p);
 	te_http_reply_clear(&r);

@@ -21,6 +21,7 @@
 #include <te/te-plugin.h>
 
 #include "../common/te-http.h"
+#include "../common/te-store.h"
 
 typedef struct hstore {
 	const te_host *h;
@@ -204,14 +205,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 		else
 			got++;
 	}
-	if (rc < 0) {
-		for (size_t i = 0; i < got; i++)
-			free(out[i]);
-		free(out);
-	} else {
-		*keys = out;
-		*n = got;
-	}
+	rc = te_store_keys_done(out, got, rc, keys, n);
 	json_node_unref(p);
 	te_http_reply_clear(&r);
 	return rc;

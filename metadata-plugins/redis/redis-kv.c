@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "../common/te-store.h"
 #include "redis.h"
 
 #define SCAN_COUNT "1000"
@@ -18,10 +19,8 @@ int redis_get(void *ctx, const char *key, char **value, size_t *len)
 	int rc;
 
 	*value = NULL;
-	if (key == NULL || *key == '\0') {
-		s->h->log(s->h, TE_LOG_ERROR, "redis get: empty key");
+	if (te_store_bad_key(s->h, "redis", "get", key))
 		return -EINVAL;
-	}
 	const char *argv[2] = { "GET", key };
 	size_t lens[2] = { 3, strlen(key) };
 	redisReply *r = redis_run(s, "GET", key, 2, argv, lens, &rc);
@@ -76,10 +75,8 @@ int redis_put(void *ctx, const char *key, const char *value, size_t len, unsigne
 	rstore *s = ctx;
 	int rc;
 
-	if (key == NULL || *key == '\0' || (value == NULL && len > 0)) {
-		s->h->log(s->h, TE_LOG_ERROR, "redis put: empty key or NULL value");
+	if (te_store_bad_put(s->h, "redis", key, value, len))
 		return -EINVAL;
-	}
 	if (!(flags & TE_META_OWNED) || s->ttl_ms == 0)
 		return set_key(s, key, value, len, 0);
 
@@ -155,10 +152,8 @@ int redis_remove(void *ctx, const char *key)
 	rstore *s = ctx;
 	int rc;
 
-	if (key == NULL || *key == '\0') {
-		s->h->log(s->h, TE_LOG_ERROR, "redis remove: empty key");
+	if (te_store_bad_key(s->h, "redis", "remove", key))
 		return -EINVAL;
-	}
 	const char *argv[2] = { "DEL", key };
 	size_t lens[2] = { 3, strlen(key) };
 	g_mutex_lock(&s->owned_lock);
@@ -251,14 +246,7 @@ int redis_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 			else
 				got++;
 		}
-		if (rc < 0) {
-			for (size_t i = 0; i < got; i++)
-				free(arr[i]);
-			free(arr);
-		} else {
-			*keys = arr;
-			*n = got;
-		}
+		rc = te_store_keys_done(arr, got, rc, keys, n);
 	}
 	g_ptr_array_foreach(out, (GFunc)(void *)g_free, NULL);
 	g_ptr_array_free(out, TRUE);

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What the metadata plugins' ops share: the checks of their arguments and
+ * the key list that list() hands back (an array of NUL-terminated copies,
+ * array and keys freed by the caller with free()). Header-only: each plugin
+ * compiles it in.
+ */
+#ifndef TE_STORE_H
+#define TE_STORE_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include <te/te-plugin.h>
+
+/* Whether `key` is unusable (NULL or empty), logged as "<store> <op>: ...". */
+static inline bool te_store_bad_key(const te_host *h, const char *store, const char *op, const char *key)
+{
+	if (key != NULL && *key != '\0')
+		return false;
+	h->log(h, TE_LOG_ERROR, "%s %s: empty key", store, op);
+	return true;
+}
+
+/* The same for put(), which also refuses a NULL value of non-zero length. */
+static inline bool te_store_bad_put(const te_host *h, const char *store, const char *key, const char *value,
+				    size_t len)
+{
+	if (key != NULL && *key != '\0' && (value != NULL || len == 0))
+		return false;
+	h->log(h, TE_LOG_ERROR, "%s put: empty key or NULL value", store);
+	return true;
+}
+
+/* Ends a list(): with rc 0 hands the `got` keys of `out` to the caller,
+ * otherwise frees them. Returns rc. */
+static inline int te_store_keys_done(char **out, size_t got, int rc, char ***keys, size_t *n)
+{
+	if (rc < 0) {
+		for (size_t i = 0; i < got; i++)
+			free(out[i]);
+		free(out);
+		return rc;
+	}
+	*keys = out;
+	*n = got;
+	return rc;
+}
+
+#endif

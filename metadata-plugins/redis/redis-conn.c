@@ -90,12 +90,22 @@ static void *create_array_bounded(const redisReadTask *t, int elements)
 	return hiredis_create_array(t, elements);
 }
 
-gpointer redis_bound_fns_init(gpointer reader_fns)
+static gpointer bound_fns_init(gpointer reader_fns)
 {
 	bounded_fns = *(const redisReplyObjectFunctions *)reader_fns;
 	hiredis_create_array = bounded_fns.createArray;
 	bounded_fns.createArray = create_array_bounded;
 	return &bounded_fns;
+}
+
+void redis_bound_replies(redisContext *c)
+{
+	/* One table for every context (the store's and the sentinels'): all
+	 * start from hiredis's own functions. */
+	static GOnce fns_once = G_ONCE_INIT;
+
+	if (c->reader->fn != NULL && c->reader->fn->createArray != NULL)
+		c->reader->fn = g_once(&fns_once, bound_fns_init, c->reader->fn);
 }
 
 /* Connects (behind sentinels: to the master they name), authenticates and
@@ -124,9 +134,7 @@ int redis_connect(rstore *s)
 		redis_drop(s);
 		return rc;
 	}
-	static GOnce fns_once = G_ONCE_INIT;
-	if (s->c->reader->fn != NULL && s->c->reader->fn->createArray != NULL)
-		s->c->reader->fn = g_once(&fns_once, redis_bound_fns_init, s->c->reader->fn);
+	redis_bound_replies(s->c);
 	if (redisSetTimeout(s->c, tv_of(s->timeout_ms)) != REDIS_OK)
 		s->h->log(s->h, TE_LOG_WARN, "redis %s: cannot set the command timeout", s->conn);
 	redisEnableKeepAlive(s->c);

@@ -26,9 +26,7 @@ static int ask_sentinel(rstore *s, const rsentinel *sn, char **host, int *port)
 		redisFree(c);
 		return rc;
 	}
-	static GOnce fns_once = G_ONCE_INIT;
-	if (c->reader->fn != NULL && c->reader->fn->createArray != NULL)
-		c->reader->fn = g_once(&fns_once, redis_bound_fns_init, c->reader->fn);
+	redis_bound_replies(c);
 	(void)redisSetTimeout(c, tv_of(ms));
 	if (s->sentinel_password != NULL) {
 		const char *av[2] = { "AUTH", s->sentinel_password };

@@ -70,8 +70,9 @@ int redis_errno_of_ctx(const redisContext *c);
 void redis_drop(rstore *s);
 /* Runs a command on the live connection; the reply or NULL (s->c->err set). */
 redisReply *redis_command(rstore *s, int argc, const char **argv, const size_t *lens);
-/* For g_once(): hiredis's reply functions with a bound on array sizes. */
-gpointer redis_bound_fns_init(gpointer reader_fns);
+/* Bounds the arrays that replies on `c` may announce (a hostile count
+ * would have hiredis allocate gigabytes). */
+void redis_bound_replies(redisContext *c);
 /* Connects (behind sentinels: to the master they name), authenticates and
  * selects the database. With the lock held. */
 int redis_connect(rstore *s);

@@ -255,25 +255,16 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 		free(rp);
 		return;
 	}
-	if (fstat(fd, &st) != 0) {
-		f->err = -errno;
-		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): fstat failed: %s", s->name, i, f->path,
-		       g_strerror(errno));
-		close(fd);
-		free(rp);
-		return;
-	}
+	const char *call = "fstat"; /* for the log line when a call below fails */
+	int fl;
+	if (fstat(fd, &st) != 0)
+		goto failed;
 	/* io_uring honours O_NONBLOCK on regular files by failing with EAGAIN
 	 * instead of waiting for the disk: clear it. */
-	int fl = fcntl(fd, F_GETFL);
-	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-		f->err = -errno;
-		h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): fcntl failed: %s", s->name, i, f->path,
-		       g_strerror(errno));
-		close(fd);
-		free(rp);
-		return;
-	}
+	call = "fcntl";
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+		goto failed;
 	f->fd = fd;
 	f->blockdev = S_ISBLK(st.st_mode);
 	f->size = (uint64_t)st.st_size;
@@ -300,6 +291,13 @@ static void open_file(nv_ctx *c, nv_segment *s, size_t i)
 	       f->fixed >= 0 && (f->dfd < 0 || f->dfixed >= 0) ? "registered with the rings"
 	       : c->n_fixed > 0 ? "not registered with the rings (their file tables are full)"
 				: "not registered with the rings");
+	return;
+failed:
+	f->err = -errno;
+	h->log(h, TE_LOG_WARN, "segment %s: file %zu (%s): %s failed: %s", s->name, i, f->path, call,
+	       g_strerror(errno));
+	close(fd);
+	free(rp);
 }
 
 /* Opens the O_DIRECT descriptor of an open file, when its file system has

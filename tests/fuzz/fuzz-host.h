@@ -16,6 +16,18 @@
 
 #include "fuzz.h"
 
+/* What a metadata plugin's get gave back: a NUL-terminated value of `len`
+ * bytes when it returned 0 (freed here), none otherwise. */
+static inline void fuzz_check_value(int rc, char *value, size_t len)
+{
+	if (rc == 0) {
+		FUZZ_CHECK(value != NULL && value[len] == '\0');
+		free(value);
+	} else {
+		FUZZ_CHECK(value == NULL);
+	}
+}
+
 #define FUZZ_REGION_ADDR 0x20000000ul
 #define FUZZ_REGION_SIZE 65536ul
 

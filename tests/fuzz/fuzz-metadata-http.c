@@ -65,12 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		char *value = (char *)1;
 		size_t len = 12345;
 		rc = OPS.get(ctx, key, &value, &len);
-		if (rc == 0) {
-			FUZZ_CHECK(value != NULL && value[len] == '\0');
-			free(value);
-		} else {
-			FUZZ_CHECK(value == NULL);
-		}
+		fuzz_check_value(rc, value, len);
 		break;
 	}
 	case 1: {

@@ -35,15 +35,7 @@ redisContext *redisConnectWithTimeout(const char *ip, int port, const struct tim
 		redisContext *c = redisConnectFd(-1);
 		return c;
 	}
-	int big = 1 << 20;
-	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
-	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-	size_t off = 0;
-	while (off < script_len) {
-		ssize_t w = send(sv[1], script + off, script_len - off, MSG_NOSIGNAL);
-		FUZZ_CHECK(w > 0);
-		off += (size_t)w;
-	}
+	fuzz_send_all(sv[1], sv[0], script, script_len, 1 << 20);
 	script_len = 0;
 	/* End of stream after the script; the end stays open for the
 	 * commands the plugin writes. */
@@ -89,12 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			char *value = NULL;
 			size_t len = 0;
 			rc = redis_get(ctx, key, &value, &len);
-			if (rc == 0) {
-				FUZZ_CHECK(value != NULL && value[len] == '\0');
-				free(value);
-			} else {
-				FUZZ_CHECK(value == NULL);
-			}
+			fuzz_check_value(rc, value, len);
 			break;
 		}
 		case 1: {

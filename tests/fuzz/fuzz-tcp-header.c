@@ -87,15 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	setup();
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
-	int big = 4 << 20;
-	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
-	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-	size_t off = 0;
-	while (off < size) {
-		ssize_t w = send(sv[1], data + off, size - off, MSG_NOSIGNAL);
-		FUZZ_CHECK(w > 0);
-		off += (size_t)w;
-	}
+	fuzz_send_all(sv[1], sv[0], data, size, 4 << 20);
 
 	thr->ready = NULL;
 	tcp_sconn *sc = tcp_sconn_new(ctx, sv[0], "127.0.0.2:40000");

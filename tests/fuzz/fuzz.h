@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -44,6 +45,21 @@ static inline char *fuzz_split(const uint8_t *data, size_t size, uint8_t sep, co
 	*rest = p ? p + 1 : data + size;
 	*rest_len = p ? size - n - 1 : 0;
 	return fuzz_str(data, n);
+}
+
+/* Sends all of data from socket `to` to its peer `from` of a socket pair,
+ * both buffers grown to `room` bytes first so that the whole input fits in
+ * them before the code under test reads. */
+static inline void fuzz_send_all(int to, int from, const void *data, size_t size, int room)
+{
+	setsockopt(to, SOL_SOCKET, SO_SNDBUF, &room, sizeof room);
+	setsockopt(from, SOL_SOCKET, SO_RCVBUF, &room, sizeof room);
+	size_t off = 0;
+	while (off < size) {
+		ssize_t w = send(to, (const char *)data + off, size - off, MSG_NOSIGNAL);
+		FUZZ_CHECK(w > 0);
+		off += (size_t)w;
+	}
 }
 
 #endif

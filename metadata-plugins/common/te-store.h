@@ -8,8 +8,10 @@
 #ifndef TE_STORE_H
 #define TE_STORE_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <te/te-plugin.h>
 
@@ -30,6 +32,37 @@ static inline bool te_store_bad_put(const te_host *h, const char *store, const c
 		return false;
 	h->log(h, TE_LOG_ERROR, "%s put: empty key or NULL value", store);
 	return true;
+}
+
+/* Hands back a value for get(): a NUL-terminated copy of its `n` bytes in
+ * *value, its length in *len (when asked for). 0 or -ENOMEM. */
+static inline int te_store_value(const void *data, size_t n, char **value, size_t *len)
+{
+	char *out = malloc(n + 1);
+
+	if (out == NULL)
+		return -ENOMEM;
+	if (n > 0)
+		memcpy(out, data, n);
+	out[n] = '\0';
+	*value = out;
+	if (len)
+		*len = n;
+	return 0;
+}
+
+/* Appends a NUL-terminated copy of the `n` bytes of key `k` to list()'s
+ * `out` (which has room for it). 0 or -ENOMEM. */
+static inline int te_store_key_add(char **out, size_t *got, const void *k, size_t n)
+{
+	char *copy = malloc(n + 1);
+
+	if (copy == NULL)
+		return -ENOMEM;
+	memcpy(copy, k, n);
+	copy[n] = '\0';
+	out[(*got)++] = copy;
+	return 0;
 }
 
 /* Ends a list(): with rc 0 hands the `got` keys of `out` to the caller,

@@ -129,18 +129,7 @@ int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 			} else {
 				gsize n_out = 0;
 				guchar *raw = *v64 ? g_base64_decode(v64, &n_out) : NULL;
-				char *out = malloc(n_out + 1);
-				if (out == NULL) {
-					rc = -ENOMEM;
-				} else {
-					if (n_out)
-						memcpy(out, raw, n_out);
-					out[n_out] = '\0';
-					*value = out;
-					if (len)
-						*len = n_out;
-					rc = 0;
-				}
+				rc = te_store_value(raw, n_out, value, len);
 				g_free(raw);
 			}
 		}
@@ -238,15 +227,7 @@ int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 			g_free(raw);
 			continue;
 		}
-		out[got] = malloc(kl + 1);
-		if (out[got] == NULL) {
-			g_free(raw);
-			rc = -ENOMEM;
-			break;
-		}
-		memcpy(out[got], raw, kl);
-		out[got][kl] = '\0';
-		got++;
+		rc = te_store_key_add(out, &got, raw, kl);
 		g_free(raw);
 	}
 	rc = te_store_keys_done(out, got, rc, keys, n);

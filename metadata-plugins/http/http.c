@@ -102,17 +102,9 @@ static int http_get(void *ctx, const char *key, char **value, size_t *len)
 	}
 	if (r.status != 200)
 		return refused(s, "GET", key, &r);
-	char *out = malloc(r.len + 1);
-	if (out == NULL) {
-		te_http_reply_clear(&r);
-		return -ENOMEM;
-	}
-	memcpy(out, r.body, r.len + 1);
-	*value = out;
-	if (len)
-		*len = r.len;
+	rc = te_store_value(r.body, r.len, value, len);
 	te_http_reply_clear(&r);
-	return 0;
+	return rc;
 }
 
 static int http_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
@@ -199,11 +191,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 					: NULL;
 		if (k == NULL || !g_str_has_prefix(k, prefix))
 			continue;
-		out[got] = strdup(k);
-		if (out[got] == NULL)
-			rc = -ENOMEM;
-		else
-			got++;
+		rc = te_store_key_add(out, &got, k, strlen(k));
 	}
 	rc = te_store_keys_done(out, got, rc, keys, n);
 	json_node_unref(p);

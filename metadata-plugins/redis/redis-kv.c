@@ -13,6 +13,15 @@
 
 /* ---------------------------------------------------------------- ops */
 
+/* A command on one key (GET, DEL), through redis_run(). */
+static redisReply *run_key(rstore *s, const char *cmd, const char *key, int *rc)
+{
+	const char *argv[2] = { cmd, key };
+	size_t lens[2] = { strlen(cmd), strlen(key) };
+
+	return redis_run(s, cmd, key, 2, argv, lens, rc);
+}
+
 int redis_get(void *ctx, const char *key, char **value, size_t *len)
 {
 	rstore *s = ctx;
@@ -21,9 +30,7 @@ int redis_get(void *ctx, const char *key, char **value, size_t *len)
 	*value = NULL;
 	if (te_store_bad_key(s->h, "redis", "get", key))
 		return -EINVAL;
-	const char *argv[2] = { "GET", key };
-	size_t lens[2] = { 3, strlen(key) };
-	redisReply *r = redis_run(s, "GET", key, 2, argv, lens, &rc);
+	redisReply *r = run_key(s, "GET", key, &rc);
 	if (r == NULL)
 		return rc;
 	if (r->type == REDIS_REPLY_NIL) {
@@ -33,16 +40,7 @@ int redis_get(void *ctx, const char *key, char **value, size_t *len)
 			  s->conn, key, r->type);
 		rc = TE_ERR_METADATA;
 	} else {
-		char *out = malloc(r->len + 1);
-		if (out == NULL) {
-			rc = -ENOMEM;
-		} else {
-			memcpy(out, r->str, r->len);
-			out[r->len] = '\0';
-			*value = out;
-			if (len)
-				*len = r->len;
-		}
+		rc = te_store_value(r->str, r->len, value, len);
 	}
 	freeReplyObject(r);
 	return rc;
@@ -154,10 +152,8 @@ int redis_remove(void *ctx, const char *key)
 
 	if (te_store_bad_key(s->h, "redis", "remove", key))
 		return -EINVAL;
-	const char *argv[2] = { "DEL", key };
-	size_t lens[2] = { 3, strlen(key) };
 	g_mutex_lock(&s->owned_lock);
-	redisReply *r = redis_run(s, "DEL", key, 2, argv, lens, &rc);
+	redisReply *r = run_key(s, "DEL", key, &rc);
 	if (r != NULL) {
 		freeReplyObject(r);
 		g_hash_table_remove(s->owned, key);
@@ -240,11 +236,7 @@ int redis_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 			const char *k = g_ptr_array_index(out, i);
 			if (got > 0 && strcmp(arr[got - 1], k) == 0)
 				continue;
-			arr[got] = strdup(k);
-			if (arr[got] == NULL)
-				rc = -ENOMEM;
-			else
-				got++;
+			rc = te_store_key_add(arr, &got, k, strlen(k));
 		}
 		rc = te_store_keys_done(arr, got, rc, keys, n);
 	}

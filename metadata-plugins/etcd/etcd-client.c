@@ -32,6 +32,7 @@ const char *etcd_str_member(JsonObject *o, const char *name, const char *def)
 	return JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n)
 											: NULL;
 }
+
 /* ----------------------------------------------------------- transport */
 
 static JsonNode *load_reply(etcd *s, const te_http_reply *r, const char *what, const char *key);

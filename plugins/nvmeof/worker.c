@@ -62,8 +62,6 @@ static int ring_setup(nv_worker *w)
 	return rc;
 }
 
-
-
 /* Worker submission: the worker is the ring's only user. */
 static void worker_loop(nv_worker *w)
 {

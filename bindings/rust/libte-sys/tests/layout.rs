@@ -23,104 +23,63 @@ macro_rules! offset {
 /// (name, size, align, [(field, offset)]) of a mirrored struct.
 type Layout = (&'static str, usize, usize, Vec<(&'static str, usize)>);
 
+/// The Layout of struct `$ty` with the offsets of the fields named.
+macro_rules! layout {
+    ($ty:ident, [$($field:ident),* $(,)?]) => {
+        (
+            stringify!($ty),
+            size_of::<$ty>(),
+            align_of::<$ty>(),
+            vec![$((stringify!($field), offset!($ty, $field))),*],
+        )
+    };
+}
+
 fn rust_layouts() -> Vec<Layout> {
     vec![
-        (
-            "te_request",
-            size_of::<te_request>(),
-            align_of::<te_request>(),
-            vec![
-                ("opcode", offset!(te_request, opcode)),
-                ("segment", offset!(te_request, segment)),
-                ("local", offset!(te_request, local)),
-                ("remote", offset!(te_request, remote)),
-                ("length", offset!(te_request, length)),
-            ],
+        layout!(te_request, [opcode, segment, local, remote, length]),
+        layout!(te_task_status, [state, error, transferred]),
+        layout!(te_segment_buffer, [addr, length, name]),
+        layout!(te_option, [key, value]),
+        layout!(te_memory_region, [addr, length, location, flags]),
+        layout!(te_notification, [name, msg]),
+        layout!(
+            te_plugin_info,
+            [
+                size,
+                path,
+                name,
+                version,
+                description,
+                kind,
+                abi_major,
+                abi_minor,
+                loaded,
+                reason,
+            ]
         ),
-        (
-            "te_task_status",
-            size_of::<te_task_status>(),
-            align_of::<te_task_status>(),
-            vec![
-                ("state", offset!(te_task_status, state)),
-                ("error", offset!(te_task_status, error)),
-                ("transferred", offset!(te_task_status, transferred)),
-            ],
-        ),
-        (
-            "te_segment_buffer",
-            size_of::<te_segment_buffer>(),
-            align_of::<te_segment_buffer>(),
-            vec![
-                ("addr", offset!(te_segment_buffer, addr)),
-                ("length", offset!(te_segment_buffer, length)),
-                ("name", offset!(te_segment_buffer, name)),
-            ],
-        ),
-        (
-            "te_option",
-            size_of::<te_option>(),
-            align_of::<te_option>(),
-            vec![("key", offset!(te_option, key)), ("value", offset!(te_option, value))],
-        ),
-        (
-            "te_memory_region",
-            size_of::<te_memory_region>(),
-            align_of::<te_memory_region>(),
-            vec![
-                ("addr", offset!(te_memory_region, addr)),
-                ("length", offset!(te_memory_region, length)),
-                ("location", offset!(te_memory_region, location)),
-                ("flags", offset!(te_memory_region, flags)),
-            ],
-        ),
-        (
-            "te_notification",
-            size_of::<te_notification>(),
-            align_of::<te_notification>(),
-            vec![("name", offset!(te_notification, name)), ("msg", offset!(te_notification, msg))],
-        ),
-        (
-            "te_plugin_info",
-            size_of::<te_plugin_info>(),
-            align_of::<te_plugin_info>(),
-            vec![
-                ("size", offset!(te_plugin_info, size)),
-                ("path", offset!(te_plugin_info, path)),
-                ("name", offset!(te_plugin_info, name)),
-                ("version", offset!(te_plugin_info, version)),
-                ("description", offset!(te_plugin_info, description)),
-                ("kind", offset!(te_plugin_info, kind)),
-                ("abi_major", offset!(te_plugin_info, abi_major)),
-                ("abi_minor", offset!(te_plugin_info, abi_minor)),
-                ("loaded", offset!(te_plugin_info, loaded)),
-                ("reason", offset!(te_plugin_info, reason)),
-            ],
-        ),
-        (
-            "te_stats",
-            size_of::<te_stats>(),
-            align_of::<te_stats>(),
-            vec![
-                ("size", offset!(te_stats, size)),
-                ("reserved", offset!(te_stats, reserved)),
-                ("requests", offset!(te_stats, requests)),
-                ("bytes", offset!(te_stats, bytes)),
-                ("completed", offset!(te_stats, completed)),
-                ("failed", offset!(te_stats, failed)),
-                ("canceled", offset!(te_stats, canceled)),
-                ("in_flight", offset!(te_stats, in_flight)),
-                ("in_flight_bytes", offset!(te_stats, in_flight_bytes)),
-                ("retries", offset!(te_stats, retries)),
-                ("failovers", offset!(te_stats, failovers)),
-                ("notifies_sent", offset!(te_stats, notifies_sent)),
-                ("notifies_received", offset!(te_stats, notifies_received)),
-                ("registered_bytes", offset!(te_stats, registered_bytes)),
-                ("registered_regions", offset!(te_stats, registered_regions)),
-                ("rpc_served", offset!(te_stats, rpc_served)),
-                ("rpc_refused", offset!(te_stats, rpc_refused)),
-                ("auth_refused", offset!(te_stats, auth_refused)),
-            ],
+        layout!(
+            te_stats,
+            [
+                size,
+                reserved,
+                requests,
+                bytes,
+                completed,
+                failed,
+                canceled,
+                in_flight,
+                in_flight_bytes,
+                retries,
+                failovers,
+                notifies_sent,
+                notifies_received,
+                registered_bytes,
+                registered_regions,
+                rpc_served,
+                rpc_refused,
+                auth_refused,
+            ]
         ),
     ]
 }
@@ -138,7 +97,13 @@ fn lp64_layout() {
         ("te_plugin_info", (64, 8, vec![0, 8, 16, 24, 32, 40, 44, 48, 52, 56])),
         (
             "te_stats",
-            (176, 8, vec![0, 4, 8, 24, 40, 56, 72, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160, 168]),
+            (
+                176,
+                8,
+                vec![
+                    0, 4, 8, 24, 40, 56, 72, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160, 168,
+                ],
+            ),
         ),
     ]
     .into_iter()
@@ -156,45 +121,54 @@ fn lp64_layout() {
 
 /// name -> value of every constant the header defines.
 fn rust_constants() -> Vec<(&'static str, i64)> {
-    vec![
-        ("TE_ABI_MAJOR", TE_ABI_MAJOR as i64),
-        ("TE_ABI_MINOR", TE_ABI_MINOR as i64),
-        ("TE_ERR_BASE", TE_ERR_BASE as i64),
-        ("TE_ERR_PLUGIN", TE_ERR_PLUGIN as i64),
-        ("TE_ERR_NO_TRANSPORT", TE_ERR_NO_TRANSPORT as i64),
-        ("TE_ERR_METADATA", TE_ERR_METADATA as i64),
-        ("TE_ERR_PROTOCOL", TE_ERR_PROTOCOL as i64),
-        ("TE_ERR_REJECTED", TE_ERR_REJECTED as i64),
-        ("TE_ERR_BATCH_FULL", TE_ERR_BATCH_FULL as i64),
-        ("TE_ERR_ADDRESS", TE_ERR_ADDRESS as i64),
-        ("TE_ERR_OVERLAP", TE_ERR_OVERLAP as i64),
-        ("TE_ERR_SEGMENT", TE_ERR_SEGMENT as i64),
-        ("TE_ERR_BATCH", TE_ERR_BATCH as i64),
-        ("TE_ERR_AUTH", TE_ERR_AUTH as i64),
-        ("TE_LOG_ERROR", TE_LOG_ERROR as i64),
-        ("TE_LOG_WARN", TE_LOG_WARN as i64),
-        ("TE_LOG_INFO", TE_LOG_INFO as i64),
-        ("TE_LOG_DEBUG", TE_LOG_DEBUG as i64),
-        ("TE_LOG_TRACE", TE_LOG_TRACE as i64),
-        ("TE_MEM_REMOTE_ACCESS", TE_MEM_REMOTE_ACCESS as i64),
-        ("TE_LOCAL_SEGMENT", TE_LOCAL_SEGMENT as i64),
-        ("TE_OP_READ", TE_OP_READ as i64),
-        ("TE_OP_WRITE", TE_OP_WRITE as i64),
-        ("TE_TASK_WAITING", TE_TASK_WAITING as i64),
-        ("TE_TASK_PENDING", TE_TASK_PENDING as i64),
-        ("TE_TASK_INVALID", TE_TASK_INVALID as i64),
-        ("TE_TASK_CANCELED", TE_TASK_CANCELED as i64),
-        ("TE_TASK_COMPLETED", TE_TASK_COMPLETED as i64),
-        ("TE_TASK_TIMEOUT", TE_TASK_TIMEOUT as i64),
-        ("TE_TASK_FAILED", TE_TASK_FAILED as i64),
-        ("TE_NOTIFY_MAX", TE_NOTIFY_MAX as i64),
-        ("TE_KIND_TRANSPORT", TE_KIND_TRANSPORT as i64),
-        ("TE_KIND_METADATA", TE_KIND_METADATA as i64),
-        ("TE_KIND_DEVICE", TE_KIND_DEVICE as i64),
-        ("TE_KIND_EXPORTER", TE_KIND_EXPORTER as i64),
-        ("TE_INVALID_BATCH_IS_MAX", (TE_INVALID_BATCH == u64::MAX) as i64),
-        ("SEGMENT_NAME_BYTES", std::mem::size_of::<[std::os::raw::c_char; 64]>() as i64),
-    ]
+    macro_rules! constants {
+        ($($name:ident),* $(,)?) => {
+            vec![$((stringify!($name), $name as i64)),*]
+        };
+    }
+    let mut v = constants![
+        TE_ABI_MAJOR,
+        TE_ABI_MINOR,
+        TE_ERR_BASE,
+        TE_ERR_PLUGIN,
+        TE_ERR_NO_TRANSPORT,
+        TE_ERR_METADATA,
+        TE_ERR_PROTOCOL,
+        TE_ERR_REJECTED,
+        TE_ERR_BATCH_FULL,
+        TE_ERR_ADDRESS,
+        TE_ERR_OVERLAP,
+        TE_ERR_SEGMENT,
+        TE_ERR_BATCH,
+        TE_ERR_AUTH,
+        TE_LOG_ERROR,
+        TE_LOG_WARN,
+        TE_LOG_INFO,
+        TE_LOG_DEBUG,
+        TE_LOG_TRACE,
+        TE_MEM_REMOTE_ACCESS,
+        TE_LOCAL_SEGMENT,
+        TE_OP_READ,
+        TE_OP_WRITE,
+        TE_TASK_WAITING,
+        TE_TASK_PENDING,
+        TE_TASK_INVALID,
+        TE_TASK_CANCELED,
+        TE_TASK_COMPLETED,
+        TE_TASK_TIMEOUT,
+        TE_TASK_FAILED,
+        TE_NOTIFY_MAX,
+        TE_KIND_TRANSPORT,
+        TE_KIND_METADATA,
+        TE_KIND_DEVICE,
+        TE_KIND_EXPORTER,
+    ];
+    v.push(("TE_INVALID_BATCH_IS_MAX", (TE_INVALID_BATCH == u64::MAX) as i64));
+    v.push((
+        "SEGMENT_NAME_BYTES",
+        std::mem::size_of::<[std::os::raw::c_char; 64]>() as i64,
+    ));
+    v
 }
 
 /// Builds and runs a C program that prints the same facts from the installed
@@ -283,7 +257,13 @@ fn matches_the_c_compiler() {
         assert_eq!(facts[&format!("{}/size", name)], size as i64, "size of {}", name);
         assert_eq!(facts[&format!("{}/align", name)], align as i64, "alignment of {}", name);
         for (f, off) in fields {
-            assert_eq!(facts[&format!("{}.{}", name, f)], off as i64, "offset of {}.{}", name, f);
+            assert_eq!(
+                facts[&format!("{}.{}", name, f)],
+                off as i64,
+                "offset of {}.{}",
+                name,
+                f
+            );
             checked += 1;
         }
     }
@@ -300,10 +280,17 @@ fn links_and_names_errors() {
     let (version, segment) = unsafe {
         (
             std::ffi::CStr::from_ptr(te_version()).to_str().unwrap().to_string(),
-            std::ffi::CStr::from_ptr(te_strerror(TE_ERR_SEGMENT)).to_str().unwrap().to_string(),
+            std::ffi::CStr::from_ptr(te_strerror(TE_ERR_SEGMENT))
+                .to_str()
+                .unwrap()
+                .to_string(),
         )
     };
-    assert!(version.starts_with(&format!("{}.", TE_ABI_MAJOR)), "version {}", version);
+    assert!(
+        version.starts_with(&format!("{}.", TE_ABI_MAJOR)),
+        "version {}",
+        version
+    );
     assert!(!segment.is_empty());
     // SAFETY: as above.
     let other = unsafe { std::ffi::CStr::from_ptr(te_strerror(TE_ERR_BATCH)) };

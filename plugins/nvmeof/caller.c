@@ -5,7 +5,6 @@
  * progress(), else the worker) takes completions from the ring.
  */
 #include <errno.h>
-#include <sys/eventfd.h>
 #include <time.h>
 
 #include "nvmeof.h"
@@ -287,9 +286,8 @@ void nv_wake(nv_ctx *c)
 	}
 	int rc = flush_sq(w);
 	g_mutex_unlock(&w->lock);
-	if ((sqe == NULL || rc < 0) && eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
-		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
-				  g_strerror(errno));
+	if (sqe == NULL || rc < 0)
+		nv_efd_wake(w);
 	/* The others wait aside. */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load(&w->secondaries) > 0)
@@ -304,9 +302,7 @@ void nv_kick_worker(nv_worker *w)
 	w->lazy_kick = true;
 	g_cond_signal(&w->lazy_cond);
 	g_mutex_unlock(&w->lazy_lock);
-	if (eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
-		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
-				  g_strerror(errno));
+	nv_efd_wake(w);
 }
 
 static void lazy_sleep(nv_worker *w, int64_t ns)

@@ -55,11 +55,16 @@ void nv_worker_push(nv_worker *w, te_transfer *newest, te_transfer *oldest, uint
 	unsigned q = atomic_fetch_add(&w->queued, slices) + slices;
 	/* Pairs with the worker's store of `sleeping` then loads of `inbox` and
 	 * `queued`: one of the two sides sees the other's write (all seq_cst). */
-	if (q >= atomic_load(&w->want) && atomic_load(&w->sleeping) && atomic_exchange(&w->sleeping, 0)) {
-		if (eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
-			w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s",
-					  w->index, g_strerror(errno));
-	}
+	if (q >= atomic_load(&w->want) && atomic_load(&w->sleeping) && atomic_exchange(&w->sleeping, 0))
+		nv_efd_wake(w);
+}
+
+void nv_efd_wake(nv_worker *w)
+{
+	/* EAGAIN: the counter is full, so the worker has a wake-up pending. */
+	if (eventfd_write(w->efd, 1) != 0 && errno != EAGAIN)
+		w->ctx->host->log(w->ctx->host, TE_LOG_ERROR, "worker %u: wake-up failed: %s", w->index,
+				  g_strerror(errno));
 }
 
 /* Moves everything pushed so far to the end of the worker's FIFO, oldest first. */

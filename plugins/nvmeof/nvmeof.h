@@ -250,6 +250,8 @@ static inline te_transfer *pd_next(const te_transfer *t)
 }
 
 /* io.c */
+/* Writes the worker's eventfd, which wakes it where it waits for one. */
+void nv_efd_wake(nv_worker *w);
 /* Moves everything pushed so far to the end of the worker's FIFO, oldest first. */
 void nv_take_inbox(nv_worker *w);
 /* A free submission entry of the ring, or NULL. */

@@ -96,6 +96,16 @@ static void reply_free(reply *r)
 	r->body = NULL;
 }
 
+/* The status of one request (nothing else of the reply matters). */
+static int http_status(int port, const char *method, const char *path, const char *extra)
+{
+	reply r;
+	REQUIRE(http(port, method, path, extra, &r) == 0);
+	int status = r.status;
+	reply_free(&r);
+	return status;
+}
+
 /* -------------------------------------------------------------- utilities */
 
 /* The port of the last "metrics at http://127.0.0.1:PORT/metrics" line. */
@@ -132,18 +142,32 @@ static bool port_bindable(int port)
 
 /* ------------------------------------------------------------------ tests */
 
-/* GET /metrics serves te_metrics_text(NULL), as it is, with the format's
- * content type; other paths, methods and request bodies are refused. */
-static void test_serves_text(void)
+/* An engine serving its metrics on a free loopback port (in *port), with
+ * the variable `name` set to `value` while it starts (NULL: none); the log
+ * captured from its start. */
+static te_engine *endpoint_up(const char *name, const char *value, int *port)
 {
 	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
 	int rc;
 
+	if (name != NULL)
+		setenv(name, value, 1);
 	cap_start();
 	te_engine *e = engine_with(o, 1, &rc);
+	if (name != NULL)
+		unsetenv(name);
 	REQUIRE(rc == 0 && e != NULL);
-	int port = logged_port();
-	REQUIRE(port > 0);
+	*port = logged_port();
+	REQUIRE(*port > 0);
+	return e;
+}
+
+/* GET /metrics serves te_metrics_text(NULL), as it is, with the format's
+ * content type; other paths, methods and request bodies are refused. */
+static void test_serves_text(void)
+{
+	int port;
+	te_engine *e = endpoint_up(NULL, NULL, &port);
 
 	reply r;
 	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
@@ -167,30 +191,18 @@ static void test_serves_text(void)
 	CHECK_EQ(r.status, 200);
 	CHECK_EQ(r.len, 0);
 	reply_free(&r);
-	REQUIRE(http(port, "GET", "/", NULL, &r) == 0);
-	CHECK_EQ(r.status, 404);
-	reply_free(&r);
-	REQUIRE(http(port, "GET", "/metrics/x", NULL, &r) == 0);
-	CHECK_EQ(r.status, 404);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/", NULL), 404);
+	CHECK_EQ(http_status(port, "GET", "/metrics/x", NULL), 404);
 	REQUIRE(http(port, "DELETE", "/metrics", NULL, &r) == 0);
 	CHECK_EQ(r.status, 405);
 	CHECK(strstr(r.head, "Allow: GET, HEAD") != NULL);
 	reply_free(&r);
-	REQUIRE(http(port, "POST", "/metrics", "Content-Length: 0\r\n", &r) == 0);
-	CHECK_EQ(r.status, 405);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "POST", "/metrics", "Content-Length: 0\r\n"), 405);
 	/* A body is refused before it is read: 64 MiB announced, none sent. */
-	REQUIRE(http(port, "POST", "/metrics", "Content-Length: 67108864\r\n", &r) == 0);
-	CHECK_EQ(r.status, 413);
-	reply_free(&r);
-	REQUIRE(http(port, "GET", "/metrics", "Transfer-Encoding: chunked\r\n", &r) == 0);
-	CHECK_EQ(r.status, 413);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "POST", "/metrics", "Content-Length: 67108864\r\n"), 413);
+	CHECK_EQ(http_status(port, "GET", "/metrics", "Transfer-Encoding: chunked\r\n"), 413);
 	/* Still serving after the refusals. */
-	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
-	CHECK_EQ(r.status, 200);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/metrics", NULL), 200);
 	te_engine_destroy(e);
 	CHECK(connect_port(port) == -ECONNREFUSED);
 }
@@ -238,9 +250,7 @@ static void test_shared(void)
 	te_option same[] = { { "metrics_addr", addr } };
 	te_engine *c = engine_with(same, 1, &rc);
 	CHECK_EQ(rc, 0);
-	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
-	CHECK_EQ(r.status, 200);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/metrics", NULL), 200);
 	te_engine_destroy(c);
 }
 
@@ -355,16 +365,10 @@ static void test_token(void)
 	CHECK(strstr(r.head, "WWW-Authenticate: Bearer") != NULL);
 	CHECK(strstr(r.body, "te_transfer") == NULL);
 	reply_free(&r);
-	REQUIRE(http(port, "GET", "/metrics", "Authorization: Bearer 0123456789abcdef0123456789abcdeX\r\n", &r) == 0);
-	CHECK_EQ(r.status, 401);
-	reply_free(&r);
-	REQUIRE(http(port, "GET", "/metrics", "Authorization: Basic MDEyMzQ1\r\n", &r) == 0);
-	CHECK_EQ(r.status, 401);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/metrics", "Authorization: Bearer 0123456789abcdef0123456789abcdeX\r\n"), 401);
+	CHECK_EQ(http_status(port, "GET", "/metrics", "Authorization: Basic MDEyMzQ1\r\n"), 401);
 	/* Refused before the path is looked at: nothing to learn without it. */
-	REQUIRE(http(port, "GET", "/nothing", NULL, &r) == 0);
-	CHECK_EQ(r.status, 401);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/nothing", NULL), 401);
 	REQUIRE(http(port, "GET", "/metrics", "Authorization: Bearer 0123456789abcdef0123456789abcdef\r\n", &r) == 0);
 	CHECK_EQ(r.status, 200);
 	CHECK(strstr(r.body, "te_transfer_bytes_total") != NULL);
@@ -379,23 +383,13 @@ static void test_token(void)
  * with a 503, and a place that frees up serves again. */
 static void test_connection_bound(void)
 {
-	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
-	int rc;
-
-	setenv("TE_METRICS_MAX_CONNECTIONS", "2", 1);
-	cap_start();
-	te_engine *e = engine_with(o, 1, &rc);
-	unsetenv("TE_METRICS_MAX_CONNECTIONS");
-	REQUIRE(rc == 0);
-	int port = logged_port();
-	REQUIRE(port > 0);
+	int port;
+	te_engine *e = endpoint_up("TE_METRICS_MAX_CONNECTIONS", "2", &port);
 	int idle1 = connect_port(port), idle2 = connect_port(port);
 	REQUIRE(idle1 >= 0 && idle2 >= 0);
 	usleep(200000); /* both accepted */
 	reply r;
-	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
-	CHECK_EQ(r.status, 503);
-	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/metrics", NULL), 503);
 	CHECK(cap_has("TE_METRICS_MAX_CONNECTIONS"));
 	close(idle1);
 	int status = 0;
@@ -456,16 +450,8 @@ static void test_loader(void)
  * silent clients cannot hold the connection slots. */
 static void test_idle_timeout(void)
 {
-	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
-	int rc;
-
-	setenv("TE_METRICS_IDLE_TIMEOUT_S", "1", 1);
-	cap_start();
-	te_engine *e = engine_with(o, 1, &rc);
-	unsetenv("TE_METRICS_IDLE_TIMEOUT_S");
-	REQUIRE(rc == 0);
-	int port = logged_port();
-	REQUIRE(port > 0);
+	int port;
+	te_engine *e = endpoint_up("TE_METRICS_IDLE_TIMEOUT_S", "1", &port);
 	int fd = connect_port(port);
 	REQUIRE(fd >= 0);
 	long long t0 = now_ms();

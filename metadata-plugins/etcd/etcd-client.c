@@ -54,23 +54,16 @@ static bool token_refused(const te_http_reply *r)
  * refused the user or password, or a transport error. */
 int etcd_authenticate(etcd *s, int ep)
 {
-	JsonBuilder *b = json_builder_new();
+	JsonObject *o = json_object_new();
 	te_http_reply r;
 	char *err = NULL;
 
-	json_builder_begin_object(b);
-	json_builder_set_member_name(b, "name");
-	json_builder_add_string_value(b, s->user);
-	json_builder_set_member_name(b, "password");
-	json_builder_add_string_value(b, s->password);
-	json_builder_end_object(b);
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	char *body = json_generator_to_data(g, NULL);
+	json_object_set_string_member(o, "name", s->user);
+	json_object_set_string_member(o, "password", s->password);
+	JsonNode *root = json_node_init_object(json_node_alloc(), o);
+	char *body = json_to_string(root, FALSE);
 	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
+	json_object_unref(o);
 
 	char *url = g_strconcat(s->urls[ep], "/auth/authenticate", NULL);
 	int rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body), NULL,

@@ -8,6 +8,8 @@
  *   directly crashes), copies go through a second, read-write view;
  * - the table of allocations, and the way from a device pointer to the
  *   read-write view of its bytes;
+ * - streams: a FIFO of work and the thread that runs it (a GPU's copy
+ *   engine), what each driver queues on it its own;
  * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
  *   the same user may open it), and another process maps the allocation
  *   twice as the devices are; opening in the exporting process itself fails,
@@ -24,6 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -153,6 +156,118 @@ static bool find_alloc(uintptr_t p, alloc *out)
 	pthread_mutex_unlock(&g.lock);
 	return found;
 }
+
+/* Records len bytes of device d (its space is never reused), g.lock held:
+ * OK and their device address in *start, or ERR_OUT_OF_MEMORY. */
+static int alloc_device(int d, size_t len, uintptr_t *start)
+{
+	size_t want = (len + 4095) / 4096 * 4096;
+	if (!g.ready || want == 0 || g.nallocs >= MAX_ALLOCS || g.next[d] + want > DEV_SIZE)
+		return ERR_OUT_OF_MEMORY;
+	*start = (uintptr_t)g.dev + (size_t)d * DEV_SIZE + g.next[d];
+	g.next[d] += want;
+	g.allocs[g.nallocs++] = (alloc){ .start = *start, .size = len, .kind = A_MALLOC, .dev = d };
+	return OK;
+}
+
+/* Drops the allocation of `kind` that starts at p from the table: whether
+ * there was one. */
+static bool forget(uintptr_t p, int kind)
+{
+	bool found = false;
+	pthread_mutex_lock(&g.lock);
+	for (unsigned i = 0; i < g.nallocs && !found; i++)
+		if (g.allocs[i].start == p && g.allocs[i].kind == kind) {
+			g.allocs[i] = g.allocs[--g.nallocs]; /* device space is not reused */
+			found = true;
+		}
+	pthread_mutex_unlock(&g.lock);
+	return found;
+}
+
+static int device_get(int *dev, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= NDEV)
+		return ERR_INVALID_DEVICE;
+	*dev = ordinal;
+	return OK;
+}
+
+/* ------------------------------------------------------------ streams */
+
+/* A stream's work items start with a qnode. */
+typedef struct qnode {
+	struct qnode *next;
+} qnode;
+
+typedef struct worker {
+	pthread_mutex_t lock;
+	pthread_cond_t cond; /* work queued, or quit */
+	pthread_cond_t idle; /* work finished (when: each driver's own) */
+	qnode *head, *tail;
+	bool busy, quit;
+	pthread_t thread;
+} worker;
+
+/* A new stream: `size` zeroed bytes that start with its worker, whose
+ * thread runs run(the stream); NULL when out of memory or threads. */
+static void *stream_new(size_t size, void *(*run)(void *))
+{
+	worker *w = calloc(1, size);
+	if (w == NULL)
+		return NULL;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->cond, NULL);
+	pthread_cond_init(&w->idle, NULL);
+	if (pthread_create(&w->thread, NULL, run, w) != 0) {
+		free(w);
+		return NULL;
+	}
+	return w;
+}
+
+/* Ends a stream of stream_new once the work queued on it has run. */
+static void stream_free(worker *w)
+{
+	pthread_mutex_lock(&w->lock);
+	w->quit = true; /* queued work still runs first */
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	pthread_join(w->thread, NULL);
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->cond);
+	pthread_cond_destroy(&w->idle);
+	free(w);
+}
+
+/* Queues n, w->lock held. */
+static void worker_push(worker *w, qnode *n)
+{
+	if (w->tail)
+		w->tail->next = n;
+	else
+		w->head = n;
+	w->tail = n;
+	pthread_cond_signal(&w->cond);
+}
+
+/* The thread's next item, w->lock held (and let go while it waits), with
+ * the worker marked busy; NULL once it is to quit and nothing is queued. */
+static qnode *worker_take(worker *w)
+{
+	while (w->head == NULL && !w->quit)
+		pthread_cond_wait(&w->cond, &w->lock);
+	qnode *n = w->head;
+	if (n == NULL)
+		return NULL;
+	w->head = n->next;
+	if (w->head == NULL)
+		w->tail = NULL;
+	w->busy = true;
+	return n;
+}
+
+/* ---------------------------------------------------------------- IPC */
 
 /* The handle of this process's allocation `a`, into a driver's 64 bytes. */
 static void ipc_export(char out[64], const alloc *a, uint32_t magic)

@@ -412,10 +412,7 @@ API CUresult cuDeviceGetCount(int *n)
 
 API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
-	if (ordinal < 0 || ordinal >= NDEV)
-		return ERR_INVALID_DEVICE;
-	*dev = ordinal;
-	return OK;
+	return device_get(dev, ordinal);
 }
 
 API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
@@ -521,34 +518,20 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len)
 {
 	/* The current context is not tracked: device 0, or device 1 once 0 is
 	 * full (enough for the tests, which use one at a time). */
-	size_t want = (len + 4095) / 4096 * 4096;
 	CUresult r = ERR_OUT_OF_MEMORY;
+	uintptr_t start = 0;
 	pthread_mutex_lock(&g.lock);
-	for (int d = 0; d < NDEV && r != OK && g.nallocs < MAX_ALLOCS && g.ready; d++) {
-		if (want == 0 || g.next[d] + want > DEV_SIZE)
-			continue;
-		uintptr_t start = (uintptr_t)g.dev + (size_t)d * DEV_SIZE + g.next[d];
-		g.next[d] += want;
-		g.allocs[g.nallocs++] = (alloc){ .start = start, .size = len, .kind = A_MALLOC, .dev = d };
-		*p = start;
-		r = OK;
-	}
+	for (int d = 0; d < NDEV && r != OK; d++)
+		r = alloc_device(d, len, &start);
 	pthread_mutex_unlock(&g.lock);
+	if (r == OK)
+		*p = start;
 	return r;
 }
 
 API CUresult cuMemFree_v2(CUdeviceptr p)
 {
-	CUresult r = ERR_INVALID_VALUE;
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == p && g.allocs[i].kind == A_MALLOC) {
-			g.allocs[i] = g.allocs[--g.nallocs]; /* its space is not reused */
-			r = OK;
-			break;
-		}
-	pthread_mutex_unlock(&g.lock);
-	return r;
+	return forget(p, A_MALLOC) ? OK : ERR_INVALID_VALUE;
 }
 
 API CUresult cuMemHostAlloc(void **p, size_t len, unsigned flags)
@@ -613,7 +596,7 @@ static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ev_cond = PTHREAD_COND_INITIALIZER;
 
 typedef struct op {
-	struct op *next;
+	qnode q; /* first: the stream queues ops as qnodes */
 	int kind, dir;
 	bool pageable;
 	uint64_t seq;
@@ -629,16 +612,11 @@ typedef struct op {
 } op;
 
 struct fstream {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;  /* work queued, or quit */
-	pthread_cond_t idle;  /* an op finished */
-	op *head, *tail;
-	bool busy, quit;
+	worker w; /* first (stream_new); idle: an op finished */
 	CUresult status;      /* first error of the stream's work */
 	_Atomic uint64_t queued; /* ops queued */
 	_Atomic uint64_t done; /* ops finished (in order) */
 	int64_t ready;        /* model time the last finished op ended */
-	pthread_t thread;
 };
 
 static void event_unref(CUevent e)
@@ -686,30 +664,24 @@ static void *stream_thread(void *arg)
 	/* This thread is the GPU: its sleeps end on the model's deadlines, not
 	 * up to 50 µs after them (the default timer slack). */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-	pthread_mutex_lock(&s->lock);
+	pthread_mutex_lock(&s->w.lock);
 	for (;;) {
-		if (s->head == NULL && !s->quit && cost.on) {
+		if (s->w.head == NULL && !s->w.quit && cost.on) {
 			/* A GPU starts queued work within a few µs; a thread woken
 			 * by a condition variable here takes tens. */
 			uint64_t seen = s->queued;
-			pthread_mutex_unlock(&s->lock);
+			pthread_mutex_unlock(&s->w.lock);
 			int64_t until = now_ns() + DEVICE_POLL_NS;
 			while (atomic_load_explicit(&s->queued, memory_order_acquire) == seen && now_ns() < until)
 				sched_yield();
-			pthread_mutex_lock(&s->lock);
+			pthread_mutex_lock(&s->w.lock);
 		}
-		while (s->head == NULL && !s->quit)
-			pthread_cond_wait(&s->cond, &s->lock);
-		if (s->head == NULL)
+		op *o = (op *)worker_take(&s->w);
+		if (o == NULL)
 			break;
-		op *o = s->head;
-		s->head = o->next;
-		if (s->head == NULL)
-			s->tail = NULL;
-		s->busy = true;
 		CUresult status = s->status, r = OK;
 		int64_t start = o->queued > s->ready ? o->queued : s->ready, end = start;
-		pthread_mutex_unlock(&s->lock);
+		pthread_mutex_unlock(&s->w.lock);
 		switch (o->kind) {
 		case OP_CALLBACK:
 			atomic_fetch_add(&callbacks, 1);
@@ -749,34 +721,24 @@ static void *stream_thread(void *arg)
 		}
 		if (cost.on && o->kind != OP_EVENT)
 			wait_until(end, DEVICE_SPIN_NS);
-		pthread_mutex_lock(&s->lock);
+		pthread_mutex_lock(&s->w.lock);
 		if (s->status == OK)
 			s->status = r;
 		s->ready = end;
 		s->done = o->seq;
-		s->busy = false;
+		s->w.busy = false;
 		free(o);
-		pthread_cond_broadcast(&s->idle);
+		pthread_cond_broadcast(&s->w.idle);
 	}
-	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->w.lock);
 	return NULL;
 }
 
 API CUresult cuStreamCreate(CUstream *out, unsigned flags)
 {
 	(void)flags;
-	CUstream s = calloc(1, sizeof *s);
-	if (s == NULL)
-		return ERR_OUT_OF_MEMORY;
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
-	pthread_cond_init(&s->idle, NULL);
-	if (pthread_create(&s->thread, NULL, stream_thread, s) != 0) {
-		free(s);
-		return ERR_OUT_OF_MEMORY;
-	}
-	*out = s;
-	return OK;
+	*out = stream_new(sizeof **out, stream_thread); /* its worker first */
+	return *out != NULL ? OK : ERR_OUT_OF_MEMORY;
 }
 
 /* Queues o; its sequence number in *seq. */
@@ -787,17 +749,12 @@ static CUresult push(CUstream s, op *o, uint64_t *seq)
 		return s == NULL ? ERR_INVALID_VALUE : ERR_OUT_OF_MEMORY;
 	}
 	o->queued = cost.on ? now_ns() : 0;
-	pthread_mutex_lock(&s->lock);
+	pthread_mutex_lock(&s->w.lock);
 	o->seq = ++s->queued;
 	if (seq != NULL)
 		*seq = o->seq;
-	if (s->tail)
-		s->tail->next = o;
-	else
-		s->head = o;
-	s->tail = o;
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
+	worker_push(&s->w, &o->q);
+	pthread_mutex_unlock(&s->w.lock);
 	return OK;
 }
 
@@ -806,13 +763,13 @@ static CUresult push(CUstream s, op *o, uint64_t *seq)
 static int64_t wait_done(CUstream s, uint64_t seq, CUresult *status)
 {
 	poll_until(&s->done, seq);
-	pthread_mutex_lock(&s->lock);
+	pthread_mutex_lock(&s->w.lock);
 	while (s->done < seq)
-		pthread_cond_wait(&s->idle, &s->lock);
+		pthread_cond_wait(&s->w.idle, &s->w.lock);
 	int64_t ready = s->ready;
 	if (status != NULL)
 		*status = s->status;
-	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->w.lock);
 	return ready;
 }
 
@@ -850,9 +807,9 @@ API CUresult cuStreamSynchronize(CUstream s)
 	if (s == NULL)
 		return OK; /* the legacy default stream: nothing runs there */
 	int64_t t0 = cost.on ? now_ns() : 0;
-	pthread_mutex_lock(&s->lock);
+	pthread_mutex_lock(&s->w.lock);
 	uint64_t seq = s->queued;
-	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->w.lock);
 	CUresult r;
 	int64_t end = wait_done(s, seq, &r);
 	if (cost.on)
@@ -864,15 +821,7 @@ API CUresult cuStreamDestroy_v2(CUstream s)
 {
 	if (s == NULL)
 		return ERR_INVALID_VALUE;
-	pthread_mutex_lock(&s->lock);
-	s->quit = true; /* queued work still runs first */
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-	pthread_join(s->thread, NULL);
-	pthread_mutex_destroy(&s->lock);
-	pthread_cond_destroy(&s->cond);
-	pthread_cond_destroy(&s->idle);
-	free(s);
+	stream_free(&s->w);
 	return OK;
 }
 

@@ -133,10 +133,7 @@ API hipError_t hipSetDevice(int dev)
 
 API hipError_t hipDeviceGet(hipDevice_t *dev, int ordinal)
 {
-	if (ordinal < 0 || ordinal >= NDEV)
-		return ERR_INVALID_DEVICE;
-	*dev = ordinal;
-	return OK;
+	return device_get(dev, ordinal);
 }
 
 API hipError_t hipDeviceGetName(char *name, int len, hipDevice_t dev)
@@ -192,38 +189,18 @@ API hipError_t hipPointerGetAttribute(void *out, int attr, void *p)
 
 API hipError_t hipMalloc(void **p, size_t len)
 {
-	size_t want = (len + 4095) / 4096 * 4096;
-	int d = current;
-	hipError_t r = ERR_OUT_OF_MEMORY;
+	uintptr_t start = 0;
 	pthread_mutex_lock(&g.lock);
-	if (g.ready && want > 0 && g.nallocs < MAX_ALLOCS && g.next[d] + want <= DEV_SIZE) {
-		uintptr_t start = (uintptr_t)g.dev + (size_t)d * DEV_SIZE + g.next[d];
-		g.next[d] += want;
-		g.allocs[g.nallocs++] = (alloc){ .start = start, .size = len, .kind = A_MALLOC, .dev = d };
+	hipError_t r = alloc_device(current, len, &start);
+	pthread_mutex_unlock(&g.lock);
+	if (r == OK)
 		*p = (void *)start;
-		r = OK;
-	}
-	pthread_mutex_unlock(&g.lock);
-	return r;
-}
-
-static hipError_t forget(void *p, bool host)
-{
-	hipError_t r = ERR_INVALID_VALUE;
-	pthread_mutex_lock(&g.lock);
-	for (unsigned i = 0; i < g.nallocs; i++)
-		if (g.allocs[i].start == (uintptr_t)p && g.allocs[i].kind == (host ? A_HOST : A_MALLOC)) {
-			g.allocs[i] = g.allocs[--g.nallocs]; /* device space is not reused */
-			r = OK;
-			break;
-		}
-	pthread_mutex_unlock(&g.lock);
 	return r;
 }
 
 API hipError_t hipFree(void *p)
 {
-	return p == NULL ? OK : forget(p, false);
+	return p == NULL || forget((uintptr_t)p, A_MALLOC) ? OK : ERR_INVALID_VALUE;
 }
 
 API hipError_t hipHostMalloc(void **p, size_t len, unsigned flags)
@@ -247,10 +224,10 @@ API hipError_t hipHostFree(void *p)
 {
 	if (p == NULL)
 		return OK;
-	hipError_t r = forget(p, true);
-	if (r == OK)
-		free(p);
-	return r;
+	if (!forget((uintptr_t)p, A_HOST))
+		return ERR_INVALID_VALUE;
+	free(p);
+	return OK;
 }
 
 API hipError_t hipMemcpy(void *dst, const void *src, size_t len, int kind)
@@ -278,7 +255,7 @@ struct fevent {
 };
 
 typedef struct op {
-	struct op *next;
+	qnode q; /* first: the stream queues ops as qnodes */
 	void *dst;
 	const void *src;
 	size_t len;
@@ -287,33 +264,22 @@ typedef struct op {
 } op;
 
 struct fstream {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;  /* work queued, or quit */
-	pthread_cond_t idle;  /* the queue ran empty */
-	op *head, *tail;
-	bool busy, quit;
+	worker w; /* first (stream_new); idle: the queue ran empty */
 	hipError_t status;    /* first error of the stream's work */
 	unsigned since_wait;  /* copies queued since the last hipStreamSynchronize */
-	pthread_t thread;
 };
 
 static void *stream_thread(void *arg)
 {
 	hipStream_t s = arg;
 
-	pthread_mutex_lock(&s->lock);
+	pthread_mutex_lock(&s->w.lock);
 	for (;;) {
-		while (s->head == NULL && !s->quit)
-			pthread_cond_wait(&s->cond, &s->lock);
-		if (s->head == NULL)
+		op *o = (op *)worker_take(&s->w);
+		if (o == NULL)
 			break;
-		op *o = s->head;
-		s->head = o->next;
-		if (s->head == NULL)
-			s->tail = NULL;
-		s->busy = true;
 		hipError_t status = s->status;
-		pthread_mutex_unlock(&s->lock);
+		pthread_mutex_unlock(&s->w.lock);
 		if (o->ev != NULL) {
 			pthread_mutex_lock(&o->ev->lock);
 			if (o->seq > o->ev->reached) {
@@ -326,36 +292,26 @@ static void *stream_thread(void *arg)
 			hipError_t r = env("FAKE_HIP_FAIL_STREAM") ? ERR_ILLEGAL_ADDRESS
 								   : copy(o->dst, o->src, o->len, MEMCPY_DEFAULT);
 			atomic_fetch_add(&async_copies, 1);
-			pthread_mutex_lock(&s->lock);
+			pthread_mutex_lock(&s->w.lock);
 			if (s->status == OK)
 				s->status = r;
-			pthread_mutex_unlock(&s->lock);
+			pthread_mutex_unlock(&s->w.lock);
 		}
 		free(o);
-		pthread_mutex_lock(&s->lock);
-		s->busy = false;
-		if (s->head == NULL)
-			pthread_cond_broadcast(&s->idle);
+		pthread_mutex_lock(&s->w.lock);
+		s->w.busy = false;
+		if (s->w.head == NULL)
+			pthread_cond_broadcast(&s->w.idle);
 	}
-	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->w.lock);
 	return NULL;
 }
 
 API hipError_t hipStreamCreateWithFlags(hipStream_t *out, unsigned flags)
 {
 	(void)flags;
-	hipStream_t s = calloc(1, sizeof *s);
-	if (s == NULL)
-		return ERR_OUT_OF_MEMORY;
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
-	pthread_cond_init(&s->idle, NULL);
-	if (pthread_create(&s->thread, NULL, stream_thread, s) != 0) {
-		free(s);
-		return ERR_OUT_OF_MEMORY;
-	}
-	*out = s;
-	return OK;
+	*out = stream_new(sizeof **out, stream_thread); /* its worker first */
+	return *out != NULL ? OK : ERR_OUT_OF_MEMORY;
 }
 
 static hipError_t push(hipStream_t s, op *o)
@@ -364,16 +320,11 @@ static hipError_t push(hipStream_t s, op *o)
 		free(o);
 		return s == NULL ? ERR_INVALID_VALUE : ERR_OUT_OF_MEMORY;
 	}
-	pthread_mutex_lock(&s->lock);
-	if (s->tail)
-		s->tail->next = o;
-	else
-		s->head = o;
-	s->tail = o;
+	pthread_mutex_lock(&s->w.lock);
 	if (o->ev == NULL)
 		s->since_wait++;
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
+	worker_push(&s->w, &o->q);
+	pthread_mutex_unlock(&s->w.lock);
 	return OK;
 }
 
@@ -391,14 +342,14 @@ API hipError_t hipStreamSynchronize(hipStream_t s)
 {
 	if (s == NULL)
 		return OK; /* the null stream: nothing runs there */
-	pthread_mutex_lock(&s->lock);
-	while (s->head != NULL || s->busy)
-		pthread_cond_wait(&s->idle, &s->lock);
+	pthread_mutex_lock(&s->w.lock);
+	while (s->w.head != NULL || s->w.busy)
+		pthread_cond_wait(&s->w.idle, &s->w.lock);
 	if (s->since_wait > 1)
 		atomic_fetch_add(&batches, 1); /* several copies waited for at once */
 	s->since_wait = 0;
 	hipError_t r = s->status;
-	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->w.lock);
 	return r;
 }
 
@@ -406,15 +357,7 @@ API hipError_t hipStreamDestroy(hipStream_t s)
 {
 	if (s == NULL)
 		return ERR_INVALID_VALUE;
-	pthread_mutex_lock(&s->lock);
-	s->quit = true; /* queued work still runs first */
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-	pthread_join(s->thread, NULL);
-	pthread_mutex_destroy(&s->lock);
-	pthread_cond_destroy(&s->cond);
-	pthread_cond_destroy(&s->idle);
-	free(s);
+	stream_free(&s->w);
 	return OK;
 }
 

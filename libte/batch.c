@@ -581,10 +581,11 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	return 0;
 }
 
-/* What becomes of a task that route() did not hand to a transport: an empty
+/* What becomes of a task that route() did not hand to a transport (rc not
+ * 0; out of line, as the tasks that go on are the ones that count): an empty
  * one is done, a refused one (its range still outside the peer's descriptor
  * after any refresh) fails. Returns 1 when it was refused. */
-static int route_settle(te_task *t, const te_request *r, int rc, const seg_cache *sc)
+static __attribute__((noinline)) int route_settle(te_task *t, const te_request *r, int rc, const seg_cache *sc)
 {
 	if (rc == ROUTE_EMPTY) {
 		task_finish(t, TE_TASK_COMPLETED, false);
@@ -692,7 +693,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		int rc = route(e, b, t, r, &sc, &d);
 		if (rc == ROUTE_STALE && n_stale < MAX_STALE)
 			stale[n_stale++] = i; /* decided after a refresh, below */
-		else
+		else if (rc != 0)
 			invalid += route_settle(t, r, rc, &sc);
 	}
 	g_rw_lock_reader_unlock(&e->mem.lock);
@@ -717,7 +718,9 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		for (size_t k = 0; k < n_stale; k++) {
 			te_task *t = &b->tasks[base + stale[k]];
 			const te_request *r = &reqs[stale[k]];
-			invalid += route_settle(t, r, route(e, b, t, r, &sc2, &d), &sc2);
+			int rc = route(e, b, t, r, &sc2, &d);
+			if (rc != 0)
+				invalid += route_settle(t, r, rc, &sc2);
 		}
 		g_rw_lock_reader_unlock(&e->mem.lock);
 		flush(&d);

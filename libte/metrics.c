@@ -348,7 +348,7 @@ int te_mlate_slot_find(te_mlate *l, const te_task *t, unsigned op)
 	l->slot[i].mb = t->mb;
 	l->slot[i].peer = t->mpeer;
 	l->slot[i].op = op;
-	l->slot[i].ended = l->slot[i].done = l->slot[i].bytes = 0;
+	l->slot[i].done = l->slot[i].bytes = l->slot[i].other = 0;
 	l->last = i;
 	return (int)i;
 }

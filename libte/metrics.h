@@ -40,9 +40,9 @@ typedef struct te_mlate {
 		te_mblock *mb;
 		te_mpeer *peer;
 		unsigned op;
-		uint64_t ended; /* tasks whose latency ends with the call */
-		uint64_t done;  /* of them, completed whole and counted only here */
+		uint64_t done;  /* tasks completed whole, counted only here */
 		uint64_t bytes; /* what those moved */
+		uint64_t other; /* other tasks whose latency ends with the call */
 	} slot[TE_MLATE_SLOTS];
 	struct te_mlate *outer;
 } te_mlate;
@@ -233,8 +233,9 @@ static inline void te_metrics_late_end(te_mlate *l)
 	for (unsigned i = 0; i < l->n; i++) {
 		unsigned op = l->slot[i].op;
 		te_mop *o = &l->slot[i].mb->shards[s].op[op];
-		te_madd(s, &o->lat[b], l->slot[i].ended);
-		te_madd(s, &o->lat_sum, d * l->slot[i].ended);
+		uint64_t ended = l->slot[i].done + l->slot[i].other;
+		te_madd(s, &o->lat[b], ended);
+		te_madd(s, &o->lat_sum, d * ended);
 		if (l->slot[i].done == 0)
 			continue;
 		te_madd(s, &o->completed, l->slot[i].done);
@@ -257,7 +258,6 @@ static inline void te_metrics_task_end(te_metrics *m, te_task *t, int state)
 	te_mlate *l = te_mlate_tls;
 	int k = state != TE_TASK_CANCELED ? te_mlate_slot(l, m, t, op) : -1;
 	if (k >= 0 && state == TE_TASK_COMPLETED && moved >= t->xfer.length) {
-		l->slot[k].ended++;
 		l->slot[k].done++;
 		l->slot[k].bytes += moved;
 		return;
@@ -275,7 +275,7 @@ static inline void te_metrics_task_end(te_metrics *m, te_task *t, int state)
 	else
 		te_madd(s, &o->failed, 1);
 	if (k >= 0) {
-		l->slot[k].ended++;
+		l->slot[k].other++;
 	} else if (state != TE_TASK_CANCELED) {
 		uint64_t now = te_metrics_now();
 		uint64_t d = now > t->t0 ? now - t->t0 : 0;

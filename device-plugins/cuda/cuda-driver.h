@@ -17,38 +17,14 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef int CUresult; /* CUDA_SUCCESS = 0 */
+#include "cuda-types.h"
+
 typedef int CUdevice;
 typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 typedef void *CUevent;
 typedef void *CUmodule;
 typedef void *CUfunction;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct CUipcMemHandle {
-	char reserved[64]; /* CU_IPC_HANDLE_SIZE */
-} CUipcMemHandle;
-typedef struct CUmemLocation {
-	int type;
-	int id;
-} CUmemLocation;
-typedef struct CUmemAllocationProp {
-	int type;
-	int requestedHandleTypes;
-	CUmemLocation location;
-	void *win32HandleMetaData;
-	struct {
-		unsigned char compressionType;
-		unsigned char gpuDirectRDMACapable;
-		unsigned short usage;
-		unsigned char reserved[4];
-	} allocFlags;
-} CUmemAllocationProp;
-typedef struct CUmemAccessDesc {
-	CUmemLocation location;
-	int flags;
-} CUmemAccessDesc;
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -130,6 +106,11 @@ typedef struct driver {
 	CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
 	/* Optional: for messages only. */
 	CUresult (*DriverGetVersion)(int *);
+	/* Not used by the plugin: for tools and the stand-in driver's test. */
+	CUresult (*MemHostRegister)(void *, size_t, unsigned);
+	CUresult (*MemHostUnregister)(void *);
+	CUresult (*StreamAddCallback)(CUstream, void (*)(CUstream, CUresult, void *), void *, unsigned);
+	CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
 } driver;
 
 /* Where each call of the table is found. A field named twice takes the
@@ -186,18 +167,22 @@ static const struct cu_symbol {
 	CU_SYM(MemExportToShareableHandle, "cuMemExportToShareableHandle", false),
 	CU_SYM(MemImportFromShareableHandle, "cuMemImportFromShareableHandle", false),
 	CU_SYM(DriverGetVersion, "cuDriverGetVersion", false),
+	CU_SYM(MemHostRegister, "cuMemHostRegister_v2", false),
+	CU_SYM(MemHostUnregister, "cuMemHostUnregister", false),
+	CU_SYM(StreamAddCallback, "cuStreamAddCallback", false),
+	CU_SYM(MemGetAddressRange, "cuMemGetAddressRange_v2", false),
 #undef CU_SYM
 };
 
-/* Opens libcuda.so.1 into `d` (zeroed first): 0; -ENODEV when the library
- * is not there, -ENOTSUP when it lacks a required call (closed again); `why`
- * says which. */
-static inline int cu_driver_open(driver *d, char *why, size_t why_len)
+/* Opens the driver library `path` into `d` (zeroed first): 0; -ENODEV when
+ * the library is not there, -ENOTSUP when it lacks a required call (closed
+ * again); `why` says which. */
+static inline int cu_driver_open_at(driver *d, const char *path, char *why, size_t why_len)
 {
 	memset(d, 0, sizeof *d);
-	d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (d->lib == NULL) {
-		snprintf(why, why_len, "the CUDA driver library libcuda.so.1 is not installed (%s)", dlerror());
+		snprintf(why, why_len, "the CUDA driver library %s is not installed (%s)", path, dlerror());
 		return -ENODEV;
 	}
 	for (size_t i = 0; i < sizeof cu_symbols / sizeof cu_symbols[0]; i++) {
@@ -206,13 +191,19 @@ static inline int cu_driver_open(driver *d, char *why, size_t why_len)
 		if (*slot == NULL)
 			*slot = dlsym(d->lib, s->name);
 		if (*slot == NULL && s->required) {
-			snprintf(why, why_len, "libcuda.so.1 lacks %s", s->name);
+			snprintf(why, why_len, "%s lacks %s", path, s->name);
 			dlclose(d->lib);
 			d->lib = NULL;
 			return -ENOTSUP;
 		}
 	}
 	return 0;
+}
+
+/* The driver as the plugin finds it: libcuda.so.1 on the loader's path. */
+static inline int cu_driver_open(driver *d, char *why, size_t why_len)
+{
+	return cu_driver_open_at(d, "libcuda.so.1", why, why_len);
 }
 
 static inline const char *cu_errstr(const driver *d, CUresult r)

@@ -26,51 +26,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../../device-plugins/cuda/cuda-driver.h"
 #include "cuda-abi.h"
 
-typedef void *CUstream, *CUevent, *CUmodule, *CUfunction, *CUcontext;
-
-static struct {
-	CUresult (*Init)(unsigned);
-	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, int);
-	CUresult (*CtxSetCurrent)(CUcontext);
-	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
-	CUresult (*MemFreeHost)(void *);
-	CUresult (*MemHostRegister)(void *, size_t, unsigned);
-	CUresult (*MemHostUnregister)(void *);
-	CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
-	CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-	CUresult (*StreamCreate)(CUstream *, unsigned);
-	CUresult (*StreamDestroy)(CUstream);
-	CUresult (*StreamSynchronize)(CUstream);
-	CUresult (*StreamAddCallback)(CUstream, void (*)(CUstream, CUresult, void *), void *, unsigned);
-	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
-	CUresult (*EventCreate)(CUevent *, unsigned);
-	CUresult (*EventRecord)(CUevent, CUstream);
-	CUresult (*EventQuery)(CUevent);
-	CUresult (*EventSynchronize)(CUevent);
-	CUresult (*EventDestroy)(CUevent);
-	CUresult (*ModuleLoadData)(CUmodule *, const void *);
-	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
-	CUresult (*ModuleUnload)(CUmodule);
-	CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-				 CUstream, void **, void **);
-	CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
-	CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-			      unsigned long long);
-	CUresult (*MemRelease)(CUmemGenericAllocationHandle);
-	CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-	CUresult (*MemAddressFree)(CUdeviceptr, size_t);
-	CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-	CUresult (*MemUnmap)(CUdeviceptr, size_t);
-	CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-	CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
-	CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
-	CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
-	CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
-	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
-} cu;
+/* The driver's calls, found as the plugin finds them (cu_driver_open_at),
+ * plus the ones only this test makes. */
+static driver cu;
 
 static int failed;
 
@@ -91,39 +52,40 @@ static void check(bool ok, const char *fmt, ...)
 
 static void load(const char *path)
 {
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h == NULL) {
-		fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+	char why[256];
+
+	if (cu_driver_open_at(&cu, path, why, sizeof why) != 0) {
+		fprintf(stderr, "%s\n", why);
 		exit(1);
 	}
-	struct {
-		void **fn;
+	/* Optional for the plugin, needed here. */
+	const struct {
+		void *fn;
 		const char *name;
-	} syms[] = {
-#define S(f, n) { (void **)&cu.f, n }
-		S(Init, "cuInit"), S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
-		S(CtxSetCurrent, "cuCtxSetCurrent"), S(MemAlloc, "cuMemAlloc_v2"), S(MemHostAlloc, "cuMemHostAlloc"),
-		S(MemFreeHost, "cuMemFreeHost"), S(MemHostRegister, "cuMemHostRegister_v2"),
-		S(MemHostUnregister, "cuMemHostUnregister"), S(Memcpy, "cuMemcpy"), S(MemcpyAsync, "cuMemcpyAsync"),
-		S(StreamCreate, "cuStreamCreate"), S(StreamDestroy, "cuStreamDestroy_v2"),
-		S(StreamSynchronize, "cuStreamSynchronize"), S(StreamAddCallback, "cuStreamAddCallback"),
-		S(PointerGetAttribute, "cuPointerGetAttribute"), S(EventCreate, "cuEventCreate"),
-		S(EventRecord, "cuEventRecord"), S(EventQuery, "cuEventQuery"),
-		S(EventSynchronize, "cuEventSynchronize"), S(EventDestroy, "cuEventDestroy_v2"),
-		S(ModuleLoadData, "cuModuleLoadData"), S(ModuleGetFunction, "cuModuleGetFunction"),
-		S(ModuleUnload, "cuModuleUnload"), S(LaunchKernel, "cuLaunchKernel"),
-		S(MemGetAllocationGranularity, "cuMemGetAllocationGranularity"), S(MemCreate, "cuMemCreate"),
-		S(MemRelease, "cuMemRelease"), S(MemAddressReserve, "cuMemAddressReserve"),
-		S(MemAddressFree, "cuMemAddressFree"), S(MemMap, "cuMemMap"), S(MemUnmap, "cuMemUnmap"),
-		S(MemSetAccess, "cuMemSetAccess"), S(MemRetainAllocationHandle, "cuMemRetainAllocationHandle"),
-		S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
-		S(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
-		S(MemGetAddressRange, "cuMemGetAddressRange_v2"), S(IpcGetMemHandle, "cuIpcGetMemHandle"),
-#undef S
+	} need[] = {
+		{ (void *)cu.MemcpyAsync, "cuMemcpyAsync" }, { (void *)cu.StreamCreate, "cuStreamCreate" },
+		{ (void *)cu.StreamDestroy, "cuStreamDestroy_v2" }, { (void *)cu.StreamAddCallback, "cuStreamAddCallback" },
+		{ (void *)cu.EventCreate, "cuEventCreate" }, { (void *)cu.EventRecord, "cuEventRecord" },
+		{ (void *)cu.EventQuery, "cuEventQuery" }, { (void *)cu.EventSynchronize, "cuEventSynchronize" },
+		{ (void *)cu.EventDestroy, "cuEventDestroy_v2" }, { (void *)cu.ModuleLoadData, "cuModuleLoadData" },
+		{ (void *)cu.ModuleGetFunction, "cuModuleGetFunction" }, { (void *)cu.ModuleUnload, "cuModuleUnload" },
+		{ (void *)cu.LaunchKernel, "cuLaunchKernel" },
+		{ (void *)cu.MemGetAllocationGranularity, "cuMemGetAllocationGranularity" },
+		{ (void *)cu.MemCreate, "cuMemCreate" }, { (void *)cu.MemRelease, "cuMemRelease" },
+		{ (void *)cu.MemAddressReserve, "cuMemAddressReserve" }, { (void *)cu.MemAddressFree, "cuMemAddressFree" },
+		{ (void *)cu.MemMap, "cuMemMap" }, { (void *)cu.MemUnmap, "cuMemUnmap" },
+		{ (void *)cu.MemSetAccess, "cuMemSetAccess" },
+		{ (void *)cu.MemRetainAllocationHandle, "cuMemRetainAllocationHandle" },
+		{ (void *)cu.MemExportToShareableHandle, "cuMemExportToShareableHandle" },
+		{ (void *)cu.MemImportFromShareableHandle, "cuMemImportFromShareableHandle" },
+		{ (void *)cu.MemGetAddressRange, "cuMemGetAddressRange_v2" },
+		{ (void *)cu.IpcGetMemHandle, "cuIpcGetMemHandle" },
+		{ (void *)cu.MemHostRegister, "cuMemHostRegister_v2" },
+		{ (void *)cu.MemHostUnregister, "cuMemHostUnregister" },
 	};
-	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
-		if ((*syms[i].fn = dlsym(h, syms[i].name)) == NULL) {
-			fprintf(stderr, "the driver has no %s\n", syms[i].name);
+	for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+		if (need[i].fn == NULL) {
+			fprintf(stderr, "the driver has no %s\n", need[i].name);
 			exit(1);
 		}
 	CUcontext ctx;

@@ -418,8 +418,14 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 		te_err("task completed %u times for %u slices: transport bug", done, slices);
 }
 
+/* A task that ends in te_submit() before it was handed on (canceled,
+ * refused, empty): its request is counted here, as routing did not. */
 static void task_reject(te_task *t, int state, int error)
 {
+	te_engine *e = t->batch->engine;
+
+	if (e->metrics != NULL)
+		te_metrics_task_unsubmitted(e->metrics, t);
 	atomic_store(&t->error, error);
 	task_finish(t, state, false);
 }
@@ -588,7 +594,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 static __attribute__((noinline)) int route_settle(te_task *t, const te_request *r, int rc, const seg_cache *sc)
 {
 	if (rc == ROUTE_EMPTY) {
-		task_finish(t, TE_TASK_COMPLETED, false);
+		task_reject(t, TE_TASK_COMPLETED, 0);
 		return 0;
 	}
 	if (rc == ROUTE_STALE) {
@@ -685,7 +691,6 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 		t->mb = NULL;
 		t->mpeer = NULL;
 		t->t0 = t0;
-		t->mcounted = false;
 		if (canceled) {
 			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;

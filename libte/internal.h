@@ -372,12 +372,12 @@ typedef struct te_task {
 	 * remote task is staged through host memory (stage.c). */
 	te_device *dev;
 	struct te_stager *stage; /* a staging sub-transfer: its stager */
-	/* Metrics: where it counts (set once routing knows), when it was
-	 * submitted, and whether its request was counted yet. */
+	/* Metrics: where it counts (set once routing knows) and when it was
+	 * submitted. Its request is counted as routing hands it on, or as it
+	 * is refused (task_reject). */
 	te_mblock *mb;
 	te_mpeer *mpeer;
 	uint64_t t0; /* te_metrics_now() */
-	bool mcounted;
 	uint64_t stage_t0; /* TE_STAGE_STATS: when it was queued for buffers */
 } te_task;
 

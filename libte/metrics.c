@@ -358,8 +358,6 @@ te_mblock *te_metrics_local(te_metrics *m)
 	return m->local;
 }
 
-/* A task that ended before it was handed over (refused, canceled, empty):
- * counted as handed over first. */
 void te_metrics_task_unsubmitted(te_metrics *m, te_task *t)
 {
 	unsigned op = te_mop_index(t);
@@ -369,7 +367,6 @@ void te_metrics_task_unsubmitted(te_metrics *m, te_task *t)
 	one.bytes[op] = t->xfer.length;
 	t->mb = one.mb;
 	te_metrics_submit_flush(&one);
-	t->mcounted = true;
 }
 
 void te_metrics_add(counter *c, int64_t delta)

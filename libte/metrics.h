@@ -190,6 +190,8 @@ static inline unsigned te_mop_index(const te_task *t)
 	return t->xfer.opcode == TE_OP_WRITE ? 1 : 0;
 }
 
+/* A task that ends before it was handed over (refused, canceled at
+ * submit, empty): its request counts now, before its end does. */
 void te_metrics_task_unsubmitted(te_metrics *m, te_task *t);
 
 /* The te_submit() call running on this thread, if it counts. */
@@ -250,8 +252,6 @@ static inline void te_metrics_late_end(te_mlate *l)
 /* A task ended (task_finish). */
 static inline void te_metrics_task_end(te_metrics *m, te_task *t, int state)
 {
-	if (!t->mcounted)
-		te_metrics_task_unsubmitted(m, t);
 	unsigned op = te_mop_index(t);
 	uint64_t moved = atomic_load_explicit(&t->transferred, memory_order_relaxed);
 	/* Canceled tasks stay out of the latency: they measure the caller. */
@@ -305,7 +305,6 @@ static inline void te_metrics_submit_one(te_metrics *m, te_msubmit *acc, te_task
 		te_metrics_submit_switch(acc, t->mb, t->mpeer);
 	acc->n[op]++;
 	acc->bytes[op] += t->xfer.length;
-	t->mcounted = true;
 }
 
 void te_metrics_add(_Atomic uint64_t *c, int64_t delta);
@@ -349,6 +348,7 @@ static inline void te_metrics_named(te_metrics *m, const char *n) { (void)m; (vo
 static inline te_mblock *te_metrics_block(te_metrics *m, const char *t) { (void)m; (void)t; return NULL; }
 static inline te_mpeer *te_metrics_peer(te_metrics *m, const char *n) { (void)m; (void)n; return NULL; }
 static inline void te_metrics_task_end(te_metrics *m, te_task *t, int s) { (void)m; (void)t; (void)s; }
+static inline void te_metrics_task_unsubmitted(te_metrics *m, te_task *t) { (void)m; (void)t; }
 static inline uint64_t te_metrics_now(void) { return 0; }
 static inline void te_metrics_submit_one(te_metrics *m, te_msubmit *acc, te_task *t)
 {

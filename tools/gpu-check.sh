@@ -14,7 +14,8 @@
 #     host memory with 4 threads; the device runs again with TE_CUDA_ALLOC=vmm
 #     (the CUDA plugin's cuMemCreate allocations) at 1 MiB;
 #   - --check runs (every byte compared) of device memory over tcp and shm,
-#     reads and writes, with and without TE_CUDA_ALLOC=vmm: they must pass.
+#     reads and writes, with and without TE_CUDA_ALLOC=vmm, and over tcp
+#     with TE_CUDA_GATHER=host: they must pass.
 #
 #   tools/gpu-check.sh [BUNDLE_DIR=.gpu] [OUT_DIR=$OUT or ./gpu-check-out]
 #
@@ -155,6 +156,11 @@ main() {
 			done
 		done
 	done
+	# The gather kernel on page-locked host memory (TE_CUDA_GATHER=host):
+	# staged chunks and the TCP target's stage.
+	for o in read write; do
+		checks+=("check.tcp.$o.dev.ghost tcp $o 64K 1 dev dev ghost")
+	done
 	printf '%s\n' "${cases[@]}" >"$tmp/cases.txt"
 	printf '%s\n' "${checks[@]}" >"$tmp/checks.txt"
 	local total=$((${#checks[@]} + ${#cases[@]} * rounds)) n=0
@@ -259,7 +265,7 @@ main() {
 	        else f"FAILED (status {r['status']})"
 	    g = fmt(r["result"]["throughput_bytes_per_s"] / 1e9) if r and r["ok"] else "—"
 	    t = r["result"]["transport"] if r and r["ok"] else "—"
-	    md.append(f"| {c['protocol']} {c['operation']}{' vmm' if c['allocator'] == 'vmm' else ''} | {res} | {g} | {t} |")
+	    md.append(f"| {c['protocol']} {c['operation']}{ {'vmm': ' vmm', 'ghost': ' TE_CUDA_GATHER=host'}.get(c['allocator'], '')} | {res} | {g} | {t} |")
 
 	copy = None
 	if os.path.exists(f"{tmp}/copy.json"):
@@ -317,6 +323,7 @@ target_env() { # allocator: the variables of its runs, for env(1)
 	case $1 in
 	vmm) echo TE_CUDA_ALLOC=vmm ;;
 	nogather) echo TE_CUDA_GATHER=0 ;;        # a copy call per device-to-device piece
+	ghost) echo TE_CUDA_GATHER=host ;;        # the gather kernel on page-locked host memory too
 	chunk1m) echo TE_STAGE_CHUNK_BYTES=1048576 ;; # larger staging chunks
 	*) echo GPU_CHECK_ALLOC=default ;;
 	esac

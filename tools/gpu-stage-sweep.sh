@@ -3,8 +3,9 @@
 # tools/gpu-bundle.sh: te-bench between a target and an initiator process,
 # both in device memory (cuda:0), over TCP, reads and writes of 64 KiB and
 # 1 MiB (batch 128, one thread), under each variant of the initiator's
-# staging (TE_STAGE_BUFFERS, TE_STAGE_CHUNK_BYTES, TE_TCP_WINDOW) and of the
-# CUDA plugin's waits (TE_CUDA_WAIT, on both sides); host memory beside them.
+# staging (TE_STAGE_BUFFERS, TE_STAGE_CHUNK_BYTES), of the CUDA plugin's
+# waits (TE_CUDA_WAIT) and of its gather kernel (TE_CUDA_GATHER=host), these
+# two on both sides; host memory beside them.
 # Medians of GPU_SWEEP_ROUNDS (2) runs of GPU_SWEEP_SECS (2) seconds, every
 # run with a 60 s timeout. About 4 minutes.
 #
@@ -42,18 +43,21 @@ host=$(target host "--memory=libte")
 dev=$(target dev "--use_vram")
 spin=$(target spin "--use_vram" TE_CUDA_WAIT=spin)
 poll=$(target poll "--use_vram" TE_CUDA_WAIT=poll)
+gath=$(target gath "--use_vram" TE_CUDA_GATHER=host)
+gpoll=$(target gpoll "--use_vram" TE_CUDA_GATHER=host TE_CUDA_WAIT=poll)
 
+# The staging counts measured before (docs/benchmarks.md) keep two rows for
+# reference; the gather kernel for host pieces (TE_CUDA_GATHER=host, on both
+# sides: the initiator's staged chunks, the target's device stage) is new.
 variants=(
 	"host|$host|--memory=libte|GPU_SWEEP=host"
-	"64 x 256 KiB (the old default)|$dev|--use_vram|TE_STAGE_BUFFERS=64"
-	"256 x 256 KiB|$dev|--use_vram|TE_STAGE_BUFFERS=256"
-	"1024 x 256 KiB|$dev|--use_vram|TE_STAGE_BUFFERS=1024"
-	"64 x 1 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=64 TE_STAGE_CHUNK_BYTES=1048576"
-	"256 x 1 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_STAGE_CHUNK_BYTES=1048576"
-	"256 x 256 KiB, TCP window 2 MiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_TCP_WINDOW=2097152"
-	"256 x 256 KiB, spinning waits|$spin|--use_vram|TE_STAGE_BUFFERS=256 TE_CUDA_WAIT=spin"
+	"64 x 1 MiB (the default)|$dev|--use_vram|GPU_SWEEP=default"
+	"256 x 256 KiB|$dev|--use_vram|TE_STAGE_BUFFERS=256 TE_STAGE_CHUNK_BYTES=262144"
 	"64 x 1 MiB, waits that poll 20 us first|$poll|--use_vram|TE_CUDA_WAIT=poll"
 	"64 x 1 MiB, spinning waits|$spin|--use_vram|TE_CUDA_WAIT=spin"
+	"64 x 1 MiB, the gather kernel for staged pieces (TE_CUDA_GATHER=host)|$gath|--use_vram|TE_CUDA_GATHER=host"
+	"the same, waits that poll 20 us first|$gpoll|--use_vram|TE_CUDA_GATHER=host TE_CUDA_WAIT=poll"
+	"256 x 256 KiB, the gather kernel for staged pieces|$gath|--use_vram|TE_CUDA_GATHER=host TE_STAGE_BUFFERS=256 TE_STAGE_CHUNK_BYTES=262144"
 )
 cases=("read 1048576" "read 65536" "write 1048576" "write 65536")
 for v in "${variants[@]}"; do echo "${v%%|*}"; done >"$tmp/labels"

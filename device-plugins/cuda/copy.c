@@ -12,6 +12,7 @@
 static struct {
 	atomic_ullong async_n, async_bytes, async_lat_ns, async_sync_ns;
 	atomic_ullong batch_n, batch_pieces, batch_bytes, batch_ns, batch_wait_ns, batch_nostream;
+	atomic_ullong launches, launch_pieces;
 } cst;
 /* Read once at load: when off, counting is a branch not taken. */
 static bool cst_on;
@@ -39,17 +40,32 @@ __attribute__((destructor)) static void cst_print(void)
 		return;
 	unsigned long long a = atomic_load(&cst.async_n), b = atomic_load(&cst.batch_n);
 	fprintf(stderr, "cuda-stats[%d]: async %llu, %.0f bytes, us avg: latency %.1f, in sync %.1f; "
-		"batch %llu, %.1f pieces %.0f bytes, us avg: %.1f, wait %.1f; no stream %llu\n", (int)getpid(),
+		"batch %llu, %.1f pieces %.0f bytes, us avg: %.1f, wait %.1f; no stream %llu; "
+		"gather launches %llu, %llu pieces\n", (int)getpid(),
 		a, a ? (double)atomic_load(&cst.async_bytes) / a : 0,
 		a ? atomic_load(&cst.async_lat_ns) / 1e3 / a : 0, a ? atomic_load(&cst.async_sync_ns) / 1e3 / a : 0,
 		b, b ? (double)atomic_load(&cst.batch_pieces) / b : 0, b ? (double)atomic_load(&cst.batch_bytes) / b : 0,
 		b ? atomic_load(&cst.batch_ns) / 1e3 / b : 0, b ? atomic_load(&cst.batch_wait_ns) / 1e3 / b : 0,
-		(unsigned long long)atomic_load(&cst.batch_nostream));
+		(unsigned long long)atomic_load(&cst.batch_nostream), (unsigned long long)atomic_load(&cst.launches),
+		(unsigned long long)atomic_load(&cst.launch_pieces));
 }
+
+#include "gather.h"
+#include "gather-ptx.h"
 
 static CUstream pool_get(cuda_ctx *c);
 static void pool_put(cuda_ctx *c, CUstream s);
 static CUresult stream_wait(cuda_ctx *c, CUstream s);
+static bool gather_ready(cuda_ctx *c);
+static bool kernel_piece(cuda_ctx *c, const te_copy *v, CUdeviceptr *dst, CUdeviceptr *src);
+static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, size_t n, CUstream s);
+
+/* gather_flush, counted for TE_CUDA_STATS. */
+static CUresult launch(cuda_ctx *c, gather_params *g, CUstream s)
+{
+	CST_ADD(launches, g->n > 0);
+	return gather_flush(&c->drv, c->gather_fn, g, s);
+}
 
 int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 {
@@ -200,11 +216,14 @@ static void *lane_main(void *arg)
 }
 
 /* Queues a group's copies on the next lane's stream and hands it to that
- * lane's thread. */
+ * lane's thread. With TE_CUDA_GATHER=host the pieces the kernel reaches go
+ * in launches of it (a staged chunk's copy between device memory and a
+ * staging buffer is one such piece), the others in a copy call each. */
 static void group_issue(cuda_ctx *c, cu_job *jobs)
 {
 	lane *l = &c->lanes[c->next_lane++ % LANES];
 	cu_group *g = malloc(sizeof *g);
+	gather_params *gp = NULL;
 
 	if (g == NULL) {
 		for (cu_job *j = jobs, *next; j != NULL; j = next) {
@@ -214,20 +233,26 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 		return;
 	}
 	*g = (cu_group){ .jobs = jobs };
+	if (c->gather_mode == GATHER_HOST && jobs->next != NULL && gather_ready(c))
+		gp = malloc(sizeof *gp);
+	if (gp != NULL)
+		gp->n = 0;
 	for (cu_job *j = jobs; j != NULL; j = j->next) {
-		for (size_t i = 0; i < j->n && j->rc == 0; i++) {
-			if (j->v[i].len == 0)
-				continue;
-			CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)j->v[i].dst,
-							(CUdeviceptr)(uintptr_t)j->v[i].src, j->v[i].len, l->stream);
-			if (r != CUDA_SUCCESS) {
-				c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", j->v[i].len,
-					     cu_errstr(&c->drv, r));
-				j->rc = -EIO;
-			}
-		}
+		/* A launch may hold pieces of earlier jobs too: one that fails
+		 * fails them all. */
+		CUresult r = pieces_queue(c, gp, j->v, j->n, l->stream);
+		for (cu_job *k = gp != NULL ? jobs : j; r != CUDA_SUCCESS && k != j->next; k = k->next)
+			if (k->rc == 0)
+				k->rc = -EIO;
 		g->len += j->len;
 	}
+	if (gp != NULL && launch(c, gp, l->stream) != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies failed to launch");
+		for (cu_job *k = jobs; k != NULL; k = k->next)
+			if (k->rc == 0)
+				k->rc = -EIO;
+	}
+	free(gp);
 	g->ev = event_get(c);
 	if (g->ev != NULL && c->drv.EventRecord(g->ev, l->stream) != CUDA_SUCCESS) {
 		event_put(c, g->ev);
@@ -400,17 +425,6 @@ int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_d
 
 /* ----------------------------------------------------------------- batches */
 
-#include "gather-ptx.h"
-
-/* The gather kernel's parameter block (gather.cu's te_gather). */
-typedef struct gather_params {
-	unsigned long long n, chunk;
-	struct {
-		unsigned long long dst, src, len;
-	} p[GATHER_MAX];
-} gather_params;
-_Static_assert(sizeof(gather_params) == 3088, "gather.cu's te_gather layout");
-
 static CUstream pool_get(cuda_ctx *c)
 {
 	CUstream s = NULL;
@@ -449,10 +463,10 @@ static bool gather_ready(cuda_ctx *c)
 	pthread_mutex_lock(&c->gather_lock);
 	if (c->gather_state == 0) {
 		c->gather_state = -1;
-		if (c->gather_off || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
+		if (c->gather_mode == GATHER_OFF || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
 		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
 			c->host->log(c->host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
-				     c->gather_off ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
+				     c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
 		} else {
 			cu_make_current(c, 0);
 			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, gather_ptx);
@@ -488,38 +502,88 @@ static int ordinal_of(cuda_ctx *c, const void *p)
 	return ordinal;
 }
 
-/* Device-to-device pieces in launches of the gather kernel on device 0,
- * where both sides of every piece are: one launch moves up to GATHER_MAX
- * pieces (a copy call per piece costs ~10 us whatever its size). */
-static CUresult gather_launch(cuda_ctx *c, const te_copy *v, size_t n, CUstream s)
+/* The page-locked host memory of cu_host_alloc holding [p, p+len): the
+ * address the device reaches p at, or 0. */
+static CUdeviceptr host_dev_addr(cuda_ctx *c, const void *p, size_t len)
 {
-	gather_params g;
+	uintptr_t a = (uintptr_t)p;
+	CUdeviceptr d = 0;
+
+	pthread_mutex_lock(&c->host_lock);
+	for (host_map *m = c->hosts; m != NULL; m = m->next)
+		if (a >= m->start && a - m->start < m->size) {
+			if (len <= m->size - (a - m->start))
+				d = m->dev + (a - m->start);
+			break;
+		}
+	pthread_mutex_unlock(&c->host_lock);
+	return d;
+}
+
+/* Whether the gather kernel (on device 0) can move piece `v`, and at which
+ * addresses: device memory of device 0 on both sides or, with
+ * TE_CUDA_GATHER=host, on one side and this plugin's page-locked memory on
+ * the other. Nothing else: a kernel touching memory the device cannot
+ * reach would fault and poison the context. */
+static bool kernel_piece(cuda_ctx *c, const te_copy *v, CUdeviceptr *dst, CUdeviceptr *src)
+{
+	bool dd = ordinal_of(c, v->dst) == 0, sd = ordinal_of(c, v->src) == 0;
+
+	*dst = (uintptr_t)v->dst;
+	*src = (uintptr_t)v->src;
+	if (dd && sd)
+		return true;
+	if (c->gather_mode != GATHER_HOST || (!dd && !sd))
+		return false;
+	if (!dd)
+		*dst = host_dev_addr(c, v->dst, v->len);
+	else
+		*src = host_dev_addr(c, v->src, v->len);
+	return *dst != 0 && *src != 0;
+}
+
+/* Queues pieces on `s`: those the kernel can move into `g` (launched when
+ * full; the caller launches the rest), the others with a copy call each.
+ * Without `g`, a copy call each. */
+static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, size_t n, CUstream s)
+{
 	CUresult r = CUDA_SUCCESS;
 
-	for (size_t i = 0; i < n && r == CUDA_SUCCESS;) {
-		unsigned long long maxlen = 0;
-		g.n = 0;
-		for (; i < n && g.n < GATHER_MAX; i++) {
-			if (v[i].len == 0)
-				continue;
-			g.p[g.n].dst = (uintptr_t)v[i].dst;
-			g.p[g.n].src = (uintptr_t)v[i].src;
-			g.p[g.n].len = v[i].len;
-			if (v[i].len > maxlen)
-				maxlen = v[i].len;
-			g.n++;
+	for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+		CUdeviceptr dst, src;
+		if (v[i].len == 0)
+			continue;
+		if (g != NULL && kernel_piece(c, &v[i], &dst, &src)) {
+			CST_ADD(launch_pieces, 1);
+			if (gather_add(g, dst, src, v[i].len)) {
+				r = launch(c, g, s);
+				if (r != CUDA_SUCCESS)
+					c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
+						     GATHER_MAX, cu_errstr(&c->drv, r));
+			}
+			continue;
 		}
-		if (g.n == 0)
-			break;
-		/* Blocks of 16 KiB or more, at most 4096 per piece. */
-		unsigned long long chunk = (maxlen + 4095) / 4096;
-		chunk = chunk < 16384 ? 16384 : (chunk + 15) & ~15ull;
-		unsigned gy = (unsigned)((maxlen + chunk - 1) / chunk);
-		g.chunk = chunk;
-		void *args[] = { &g };
-		r = c->drv.LaunchKernel(c->gather_fn, (unsigned)g.n, gy, 1, 256, 1, 1, 0, s, args, NULL);
+		r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)v[i].dst, (CUdeviceptr)(uintptr_t)v[i].src, v[i].len,
+				       s);
+		if (r != CUDA_SUCCESS)
+			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
+				     cu_errstr(&c->drv, r));
 	}
 	return r;
+}
+
+/* Device-to-device pieces on device 0 (the caller checked), in launches of
+ * the gather kernel: one launch moves up to GATHER_MAX pieces (a copy call
+ * per piece costs ~10 us whatever its size). */
+static CUresult gather_launch(cuda_ctx *c, const te_copy *v, size_t n, CUstream s)
+{
+	gather_params g = { .n = 0 };
+	CUresult r = CUDA_SUCCESS;
+
+	for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+		if (v[i].len > 0 && gather_add(&g, (uintptr_t)v[i].dst, (uintptr_t)v[i].src, v[i].len))
+			r = launch(c, &g, s);
+	return r == CUDA_SUCCESS ? launch(c, &g, s) : r;
 }
 
 static bool all_on_device0(cuda_ctx *c, const te_copy *v, size_t n)
@@ -548,7 +612,9 @@ static CUresult stream_wait(cuda_ctx *c, CUstream s)
 int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 {
 	cuda_ctx *c = ctx;
-	bool gather = (flags & TE_COPY_DEVICE_ONLY) && n > 1 && c->async && gather_ready(c);
+	bool multi = n > 1 && c->async;
+	bool gather = multi && (flags & TE_COPY_DEVICE_ONLY) && gather_ready(c);
+	bool host = multi && !gather && c->gather_mode == GATHER_HOST && gather_ready(c);
 	uint64_t t0 = cst_now();
 
 	CST_ADD(batch_n, 1);
@@ -558,6 +624,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	if (gather) {
 		cu_make_current(c, 0);
 		gather = all_on_device0(c, v, n);
+		host = !gather && c->gather_mode == GATHER_HOST;
 	}
 	CUstream s = c->async ? pool_get(c) : NULL;
 	CUresult r = CUDA_SUCCESS;
@@ -578,14 +645,15 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %zu pieces: %s", n,
 				     cu_errstr(&c->drv, r));
 	} else {
-		for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
-			if (v[i].len == 0)
-				continue;
-			r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)v[i].dst,
-					       (CUdeviceptr)(uintptr_t)v[i].src, v[i].len, s);
+		/* With TE_CUDA_GATHER=host, the pieces the kernel reaches in
+		 * launches, the others a copy call each. */
+		gather_params g = { .n = 0 };
+		r = pieces_queue(c, host ? &g : NULL, v, n, s);
+		if (r == CUDA_SUCCESS && g.n > 0) {
+			r = launch(c, &g, s);
 			if (r != CUDA_SUCCESS)
-				c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s",
-					     v[i].len, cu_errstr(&c->drv, r));
+				c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
+					     cu_errstr(&c->drv, r));
 		}
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
@@ -600,18 +668,46 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	return r == CUDA_SUCCESS && w == CUDA_SUCCESS ? 0 : -EIO;
 }
 
+/* Page-locked, and mapped for the devices (with unified addressing every
+ * such allocation is; the flag says so where it is not implied). Its device
+ * address is kept for the gather kernel. */
 int cu_host_alloc(void *ctx, size_t len, void **ptr)
 {
 	cuda_ctx *c = ctx;
 
 	cu_make_current(c, 0);
-	return c->drv.MemHostAlloc(ptr, len, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS ? 0
-										      : -ENOMEM;
+	if (c->drv.MemHostAlloc(ptr, len, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS &&
+	    c->drv.MemHostAlloc(ptr, len, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS)
+		return -ENOMEM;
+	CUdeviceptr dev = 0;
+	host_map *m = NULL;
+	if (c->gather_mode == GATHER_HOST &&
+	    c->drv.PointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, (uintptr_t)*ptr) == CUDA_SUCCESS &&
+	    dev != 0 && (m = malloc(sizeof *m)) != NULL) {
+		*m = (host_map){ .start = (uintptr_t)*ptr, .size = len, .dev = dev };
+		pthread_mutex_lock(&c->host_lock);
+		m->next = c->hosts;
+		c->hosts = m;
+		pthread_mutex_unlock(&c->host_lock);
+	}
+	return 0;
 }
 
 void cu_host_free(void *ctx, void *ptr)
 {
 	cuda_ctx *c = ctx;
+	host_map *gone = NULL;
+
+	/* Out of the kernel's reach before it is freed. */
+	pthread_mutex_lock(&c->host_lock);
+	for (host_map **pp = &c->hosts; *pp != NULL; pp = &(*pp)->next)
+		if ((*pp)->start == (uintptr_t)ptr) {
+			gone = *pp;
+			*pp = gone->next;
+			break;
+		}
+	pthread_mutex_unlock(&c->host_lock);
+	free(gone);
 	cu_make_current(c, 0);
 	c->drv.MemFreeHost(ptr);
 }

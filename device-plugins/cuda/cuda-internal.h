@@ -36,10 +36,23 @@
 #define POOL_MAX 32
 /* Events kept for reuse. */
 #define EVENTS_KEPT 256
-/* Pieces per launch of the gather kernel: its parameter block (gather.cu). */
-#define GATHER_MAX 128
 
 typedef struct cuda_ctx cuda_ctx;
+
+/* What the gather kernel moves (TE_CUDA_GATHER): nothing, device-to-device
+ * batches (the default), or also pieces between device memory and the
+ * page-locked host memory this plugin allocated (=host). */
+enum { GATHER_OFF, GATHER_DEVICE, GATHER_HOST };
+
+/* Page-locked host memory from cu_host_alloc, and the address the device
+ * reaches it at: the only host memory the gather kernel is given, as the
+ * plugin alone knows when it goes away. */
+typedef struct host_map {
+	struct host_map *next;
+	uintptr_t start;
+	size_t size;
+	CUdeviceptr dev;
+} host_map;
 
 /* A copy_async() handed to the submitting thread. */
 typedef struct cu_job {
@@ -105,7 +118,9 @@ struct cuda_ctx {
 	unsigned pool_free, pool_made;
 	pthread_mutex_t gather_lock;
 	int gather_state; /* 0 not tried, 1 loaded, -1 unusable */
-	bool gather_off;  /* TE_CUDA_GATHER=0 */
+	int gather_mode;  /* TE_CUDA_GATHER */
+	pthread_mutex_t host_lock; /* guards hosts */
+	host_map *hosts;
 	CUmodule gather_mod;
 	CUfunction gather_fn;
 

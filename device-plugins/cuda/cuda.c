@@ -79,11 +79,19 @@ static int cu_create(const te_host *h, void **out)
 	else if (wait != NULL && !c->wait_spin && strcmp(wait, "block") != 0)
 		h->log(h, TE_LOG_WARN, "TE_CUDA_WAIT=%s: not 'block', 'poll' or 'spin'; blocking it is", wait);
 	c->alloc_vmm = alloc != NULL && strcmp(alloc, "vmm") == 0;
-	c->gather_off = gather != NULL && strcmp(gather, "0") == 0;
+	c->gather_mode = gather == NULL || strcmp(gather, "1") == 0 || strcmp(gather, "device") == 0 ? GATHER_DEVICE
+			 : strcmp(gather, "0") == 0				   ? GATHER_OFF
+			 : strcmp(gather, "host") == 0				   ? GATHER_HOST
+										   : -1;
+	if (c->gather_mode < 0) {
+		h->log(h, TE_LOG_WARN, "TE_CUDA_GATHER=%s: not '0', 'device' or 'host'; device it is", gather);
+		c->gather_mode = GATHER_DEVICE;
+	}
 	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
 		h->log(h, TE_LOG_WARN, "TE_CUDA_ALLOC=%s: not 'legacy' or 'vmm'; cuMemAlloc it is", alloc);
 	pthread_mutex_init(&c->pool_lock, NULL);
 	pthread_mutex_init(&c->gather_lock, NULL);
+	pthread_mutex_init(&c->host_lock, NULL);
 	pthread_mutex_init(&c->vmm_lock, NULL);
 	pthread_mutex_init(&c->ev_lock, NULL);
 	c->async = cu_async_start(c);
@@ -114,6 +122,12 @@ static void cu_destroy(void *ctx)
 	}
 	pthread_mutex_destroy(&c->pool_lock);
 	pthread_mutex_destroy(&c->gather_lock);
+	while (c->hosts != NULL) { /* page-locked memory its users did not free */
+		host_map *m = c->hosts;
+		c->hosts = m->next;
+		free(m);
+	}
+	pthread_mutex_destroy(&c->host_lock);
 	pthread_mutex_destroy(&c->vmm_lock);
 	pthread_mutex_destroy(&c->ev_lock);
 	for (int i = 0; i < c->ndev; i++)

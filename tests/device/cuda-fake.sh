@@ -9,7 +9,9 @@
 # The same-host transport reaches another process's device memory through
 # the driver's IPC handles, or a file descriptor of cuMemCreate memory.
 # The diagnostic counters (TE_STAGE_STATS, TE_CUDA_STATS, TE_TCP_STATS) print
-# what they counted, and nothing unless asked for.
+# what they counted, and nothing unless asked for. TE_CUDA_GATHER=host puts
+# the pieces between device memory and the plugin's page-locked memory in
+# launches of the gather kernel, and nothing else.
 # Usage: cuda-fake.sh TE_INFO TE_BENCH FAKE_CUDA_DIR
 set -u
 info=$1
@@ -166,6 +168,50 @@ for alloc in legacy vmm; do
   wait "$target" 2>/dev/null
 done
 unset TE_CUDA_ALLOC
+
+# The gather kernel on page-locked host memory (TE_CUDA_GATHER=host): the
+# staged chunks' copies and the TCP target's device stage go in launches of
+# the kernel, several pieces a launch, every byte checked; by default those
+# pieces take copy calls (no launch at all over TCP).
+for op in read write; do
+  n=ghost-$op
+  if run "$n" "TE_CUDA_GATHER=host TE_CUDA_STATS=1" --operation=$op --block_size=65536; then
+    launches=$(stat "$n" launches) plain=$(stat "$op-65536" launches)
+    pieces=$(sed -n 's/.*gather launches [0-9]*, \([0-9]*\) pieces.*/\1/p' "$tmp/$n.err" | awk '{ s += $1 } END { print s + 0 }')
+    if [ "$launches" -gt 0 ] && [ "$pieces" -gt "$launches" ] && [ "$plain" = 0 ]; then
+      ok "TE_CUDA_GATHER=host, tcp $op: $pieces pieces in $launches launches, every byte checked (default: $plain launches)"
+    else
+      bad "TE_CUDA_GATHER=host, tcp $op: launches '$launches', pieces '$pieces', default launches '$plain'"
+    fi
+  else
+    bad "TE_CUDA_GATHER=host, tcp $op: $(tail -3 "$tmp/$n.err")"
+  fi
+done
+# The kernel is given only the plugin's own page-locked memory: the
+# same-host transport's copies between device memory and a target's host
+# memory (a shared mapping the kernel cannot reach: the stand-in's kernel
+# fails the stream on it, as a real one would fault) stay copy calls.
+env TE_CUDA_GATHER=host "$bench" --mode=target --protocol=shm --memory=libte --buffer_size=64M \
+  --local_server_name=127.0.0.1 >"$tmp/htarget.out" 2>&1 &
+target=$!
+name=$(bench_name "$tmp/htarget.out")
+for op in read write; do
+  n=ghost-shm-$op
+  if [ -n "$name" ] && env TE_CUDA_GATHER=host FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" \
+       --protocol=shm --use_vram --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
+       >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+    req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
+    if [ "${req:-0}" -gt 0 ] && [ "$(stat "$n" launches)" = 0 ] && [ "$(stat "$n" async)" -gt 0 ]; then
+      ok "TE_CUDA_GATHER=host, shm $op to a target's host memory: $req requests checked, copy calls, no launch"
+    else
+      bad "TE_CUDA_GATHER=host, shm $op: requests '$req', launches '$(stat "$n" launches)', async '$(stat "$n" async)'"
+    fi
+  else
+    bad "TE_CUDA_GATHER=host, shm $op: target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null)"
+  fi
+done
+kill "$target" 2>/dev/null
+wait "$target" 2>/dev/null
 
 # A driver that refuses asynchronous copies, or whose copies fail on the
 # stream: the run fails with FAILED tasks and the reason in the log.

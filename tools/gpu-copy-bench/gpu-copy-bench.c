@@ -29,6 +29,8 @@
 #include <time.h>
 
 #include "../../device-plugins/cuda/cuda-driver.h"
+#include "../../device-plugins/cuda/gather.h"
+#include "../../device-plugins/cuda/gather-ptx.h"
 #include "../fmt-bytes.h"
 
 #define PROG "gpu-copy-bench"
@@ -119,6 +121,8 @@ static void usage(FILE *f)
 		"    all queued then waited once; both directions at once on two streams\n"
 		"  pageable host<->device: one --size cuMemcpy\n"
 		"  device->device: one --size copy, and the two chunk sizes queued\n"
+		"  the CUDA plugin's gather kernel: the two chunk sizes, up to 128 a launch,\n"
+		"    pinned host->device, device->pinned host, device->device\n"
 		"Medians of --repeats runs (after one untimed run). Sizes take K, M, G.\n"
 		"Exit 77 with one line when there is no driver or no device.\n");
 }
@@ -171,8 +175,8 @@ static void parse_args(int argc, char **argv)
 
 /* ------------------------------------------------------------ the cases */
 
-typedef enum { SINGLE, WAIT_EACH, QUEUED, BOTH_WAYS, PAGEABLE } mode;
-static const char *const mode_keys[] = { "single", "wait_each", "queued", "both_ways", "pageable" };
+typedef enum { SINGLE, WAIT_EACH, QUEUED, BOTH_WAYS, PAGEABLE, GATHER } mode;
+static const char *const mode_keys[] = { "single", "wait_each", "queued", "both_ways", "pageable", "gather" };
 
 typedef struct result {
 	char name[48];
@@ -191,6 +195,8 @@ static struct {
 	CUstream s[2];
 	CUdeviceptr dev_a, dev_b; /* each max(size, chunk_total) */
 	void *pinned_a, *pinned_b;
+	CUdeviceptr pinned_a_dev; /* where kernels reach pinned_a */
+	CUfunction gather;        /* the plugin's gather kernel, or NULL */
 	char *pageable;
 	uint64_t span;
 } B;
@@ -236,6 +242,18 @@ static double run_once(mode m, CUdeviceptr dst, CUdeviceptr src, uint64_t bytes,
 		if (m != WAIT_EACH)
 			CU(D.StreamSynchronize(B.s[0]));
 		break;
+	case GATHER: {
+		/* The CUDA plugin's gather kernel: up to GATHER_MAX chunks a
+		 * launch, all queued then waited for once. */
+		static gather_params g;
+		g.n = 0;
+		for (uint64_t off = 0; off < bytes; off += chunk)
+			if (gather_add(&g, dst + off, src + off, bytes - off < chunk ? bytes - off : chunk))
+				CU(gather_flush(&D, B.gather, &g, B.s[0]));
+		CU(gather_flush(&D, B.gather, &g, B.s[0]));
+		CU(D.StreamSynchronize(B.s[0]));
+		break;
+	}
 	case BOTH_WAYS:
 		/* Host to device on one stream and device to host on the other, as
 		 * the plugin's two streams may run them. */
@@ -263,6 +281,8 @@ static void measure(const char *name, const char *dir, const char *memory, mode 
 	double med = O.repeats % 2 ? secs[O.repeats / 2] : (secs[O.repeats / 2 - 1] + secs[O.repeats / 2]) / 2;
 	uint64_t moved = m == BOTH_WAYS ? 2 * bytes : bytes;
 	uint64_t calls = m == BOTH_WAYS ? 2 : (bytes + chunk - 1) / chunk;
+	if (m == GATHER) /* launches */
+		calls = (calls + GATHER_MAX - 1) / GATHER_MAX;
 	if (med <= 0 || secs[0] <= 0)
 		die(1, "%s: the clock did not advance", name);
 	result *r = &results[nresults++];
@@ -297,6 +317,23 @@ static void json_str(const char *s)
 			putchar(c);
 	}
 	putchar('"');
+}
+
+/* Loads the plugin's gather kernel: false, with a line saying why, when the
+ * driver cannot (its cases are left out). */
+static bool gather_load(void)
+{
+	CUmodule m;
+	bool calls = D.ModuleLoadData != NULL && D.ModuleGetFunction != NULL && D.LaunchKernel != NULL;
+	CUresult r = CUDA_ERROR_NO_DEVICE; /* replaced by the driver's answer when it has the calls */
+	if (calls && (r = D.ModuleLoadData(&m, gather_ptx)) == CUDA_SUCCESS)
+		r = D.ModuleGetFunction(&B.gather, m, "te_gather_copy");
+	if (r == CUDA_SUCCESS)
+		r = D.PointerGetAttribute(&B.pinned_a_dev, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hp(B.pinned_a));
+	if (r != CUDA_SUCCESS)
+		fprintf(stderr, PROG ": no gather kernel cases: %s\n",
+			calls ? cu_errstr(&D, r) : "the driver has no kernel launches");
+	return r == CUDA_SUCCESS;
 }
 
 int main(int argc, char **argv)
@@ -385,6 +422,19 @@ int main(int argc, char **argv)
 		char n[48];
 		snprintf(n, sizeof n, "d2d %s queued", cn[c]);
 		measure(n, "d2d", "device", QUEUED, B.dev_b, B.dev_a, O.chunk_total, chunks[c], 0, 0);
+	}
+	/* The gather kernel (TE_CUDA_GATHER): device to device, and between
+	 * device memory and pinned host memory (=host), in chunks. */
+	if (gather_load()) {
+		for (int c = 0; c < 2; c++) {
+			char n[48];
+			snprintf(n, sizeof n, "h2d pinned %s gather", cn[c]);
+			measure(n, "h2d", "pinned", GATHER, B.dev_a, B.pinned_a_dev, O.chunk_total, chunks[c], 0, 0);
+			snprintf(n, sizeof n, "d2h pinned %s gather", cn[c]);
+			measure(n, "d2h", "pinned", GATHER, B.pinned_a_dev, B.dev_a, O.chunk_total, chunks[c], 0, 0);
+			snprintf(n, sizeof n, "d2d %s gather", cn[c]);
+			measure(n, "d2d", "device", GATHER, B.dev_b, B.dev_a, O.chunk_total, chunks[c], 0, 0);
+		}
 	}
 
 	if (O.json) {

@@ -33,9 +33,11 @@
  * - cuMemHostAlloc and cuMemHostRegister memory is pinned; any other host
  *   memory is pageable (it matters to the cost model only).
  * - One kernel, "te_gather_copy" (cuModuleLoadData of PTX text holding
- *   ".entry te_gather_copy"): the copies of up to 128 pieces of device
- *   memory in one launch; a piece outside device memory fails the stream
- *   with CUDA_ERROR_ILLEGAL_ADDRESS, as a faulting kernel would.
+ *   ".entry te_gather_copy"): the copies of up to 128 pieces in one launch,
+ *   each side device memory or pinned host memory (at the address
+ *   cuPointerGetAttribute's CU_POINTER_ATTRIBUTE_DEVICE_POINTER gives, its
+ *   own, as with unified addressing); a piece touching other memory fails
+ *   the stream with CUDA_ERROR_ILLEGAL_ADDRESS, as a faulting kernel would.
  *
  * The cost model (docs/gpu-model.md). Without settings copies are free, as
  * they always were. Read at cuInit; times in microseconds, bandwidths in
@@ -61,6 +63,9 @@
  *                                 it returns only when it is done
  *   FAKE_CUDA_D2D_GBPS            device to device, copies and the kernel
  *                                 (h100: 1400)
+ *   A kernel's piece to or from pinned host memory moves at that
+ *   direction's pinned bandwidth; a launch's pieces follow each other on
+ *   the kernel's own timeline (the copy engines' timelines do not see it).
  * The GPU's copy engines are timelines, one per direction (H2D, D2H, D2D)
  * shared by all streams: a copy ends at max(ready, engine free) + latency +
  * bytes / bandwidth, where ready is when the work before it on its stream
@@ -488,6 +493,7 @@ API CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p)
 			return ERR_INVALID_VALUE; /* what the driver says of memory it does not know */
 		switch (attr) {
 		case ATTR_MEMORY_TYPE: *(unsigned *)out = MEMORYTYPE_HOST; return OK;
+		case ATTR_DEVICE_POINTER: *(CUdeviceptr *)out = p; return OK; /* unified addressing */
 		case ATTR_RANGE_START_ADDR: *(CUdeviceptr *)out = start; return OK;
 		case ATTR_RANGE_SIZE: *(size_t *)out = size; return OK;
 		default: return ERR_INVALID_VALUE;
@@ -628,19 +634,26 @@ static void event_unref(CUevent e)
 		free(e);
 }
 
-/* The kernel: every piece's covered bytes, all device memory, or an
- * illegal address (nothing copied: the fake checks first). */
+/* Whether the kernel reaches [p, p+n): device memory, or pinned host memory. */
+static bool kernel_reaches(const void *p, size_t n)
+{
+	return inside(p, n) || pinned(p, n);
+}
+
+/* The kernel: every piece's covered bytes, each side device memory or
+ * pinned host memory, or an illegal address (nothing copied: the fake
+ * checks first). */
 static CUresult gather(const op *o, int64_t ready, int64_t *end)
 {
-	unsigned long long total = 0;
+	int64_t dur = cost.launch;
 	*end = ready;
 	for (unsigned long long i = 0; i < o->pieces; i++) {
 		const struct te_piece *p = &o->k->p[i];
 		unsigned long long n = p->len < o->cover ? p->len : o->cover;
 		if (n == 0)
 			continue;
-		if (!inside((void *)(uintptr_t)p->dst, (size_t)n) ||
-		    !inside((void *)(uintptr_t)p->src, (size_t)n))
+		if (!kernel_reaches((void *)(uintptr_t)p->dst, (size_t)n) ||
+		    !kernel_reaches((void *)(uintptr_t)p->src, (size_t)n))
 			return ERR_ILLEGAL_ADDRESS;
 	}
 	for (unsigned long long i = 0; i < o->pieces; i++) {
@@ -648,12 +661,16 @@ static CUresult gather(const op *o, int64_t ready, int64_t *end)
 		unsigned long long n = p->len < o->cover ? p->len : o->cover;
 		if (n == 0)
 			continue;
+		bool pageable;
+		int dir = direction((void *)(uintptr_t)p->dst, (void *)(uintptr_t)p->src, (size_t)n, &pageable);
 		memmove(view((void *)(uintptr_t)p->dst), view((void *)(uintptr_t)p->src), (size_t)n);
-		total += n;
+		if (dir != H2H) {
+			atomic_fetch_add(&bytes_dir[dir], n);
+			dur += transfer_ns((size_t)n, cost.bw[dir]);
+		}
 	}
-	atomic_fetch_add(&bytes_dir[D2D], total);
 	if (cost.on)
-		*end = engine_run(D2D, ready, cost.launch + transfer_ns((size_t)total, cost.bw[D2D]));
+		*end = engine_run(D2D, ready, dur);
 	return OK;
 }
 

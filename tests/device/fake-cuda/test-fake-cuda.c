@@ -241,6 +241,38 @@ static void test_gather(void)
 	check(cu.EventSynchronize(ev) == 700, "gather: an event after the fault reports it");
 	cu.EventDestroy(ev);
 	cu.StreamDestroy(s2);
+
+	/* Pinned host memory is reached at its device pointer (its own address,
+	 * unified addressing), both ways, in one launch with a device piece. */
+	void *pin = NULL;
+	CUdeviceptr pdev = 0;
+	check(cu.MemHostAlloc(&pin, 65536, 2) == 0 && cu.PointerGetAttribute(&pdev, 3, D(pin)) == 0 && pdev == D(pin),
+	      "gather: pinned host memory's device pointer is its address");
+	memset(pin, 0, 65536);
+	memset(back, 0, BIG);
+	cu.Memcpy(dst, D(back), BIG);
+	g.n = 3;
+	g.chunk = 16384;
+	g.p[0] = (struct te_piece){ pdev, src + 3, 40000 };           /* device to host */
+	g.p[1] = (struct te_piece){ dst, pdev, 0 };                     /* empty: skipped */
+	g.p[2] = (struct te_piece){ dst + 8, src + 100, 20000 };        /* device to device */
+	check(cu.LaunchKernel(f, 3, 3, 1, 256, 1, 1, 0, s, args, NULL) == 0 && cu.StreamSynchronize(s) == 0,
+	      "gather: a launch with a pinned host piece");
+	cu.Memcpy(D(back), dst, 65536);
+	check(memcmp(pin, host + 3, 40000) == 0 && ((unsigned char *)pin)[40000] == 0 &&
+		      memcmp(back + 8, host + 100, 20000) == 0,
+	      "gather: device to pinned host memory and device to device, in one launch");
+	memset(back, 0, 65536);
+	cu.Memcpy(dst, D(back), 65536);
+	g.n = 1;
+	g.p[0] = (struct te_piece){ dst + 1, pdev + 2, 30000 };         /* host to device */
+	check(cu.LaunchKernel(f, 1, 2, 1, 256, 1, 1, 0, s, args, NULL) == 0 && cu.StreamSynchronize(s) == 0,
+	      "gather: a launch reading pinned host memory");
+	cu.Memcpy(D(back), dst, 65536);
+	check(memcmp(back + 1, host + 5, 30000) == 0 && back[0] == 0 && back[30001] == 0,
+	      "gather: pinned host memory to device, its bytes only");
+	check(cu.PointerGetAttribute(&pdev, 3, D(host)) != 0, "gather: plain host memory has no device pointer");
+	cu.MemFreeHost(pin);
 	cu.StreamDestroy(s);
 	check(cu.ModuleUnload(m) == 0, "gather: module unloaded");
 }

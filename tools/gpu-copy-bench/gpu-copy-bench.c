@@ -196,6 +196,7 @@ static struct {
 	CUdeviceptr dev_a, dev_b; /* each max(size, chunk_total) */
 	void *pinned_a, *pinned_b;
 	CUdeviceptr pinned_a_dev; /* where kernels reach pinned_a */
+	CUmodule gather_mod;      /* holds it */
 	CUfunction gather;        /* the plugin's gather kernel, or NULL */
 	char *pageable;
 	uint64_t span;
@@ -323,13 +324,15 @@ static void json_str(const char *s)
  * driver cannot (its cases are left out). */
 static bool gather_load(void)
 {
-	CUmodule m;
 	bool calls = D.ModuleLoadData != NULL && D.ModuleGetFunction != NULL && D.LaunchKernel != NULL;
 	CUresult r = CUDA_ERROR_NO_DEVICE; /* replaced by the driver's answer when it has the calls */
-	if (calls && (r = D.ModuleLoadData(&m, gather_ptx)) == CUDA_SUCCESS)
-		r = D.ModuleGetFunction(&B.gather, m, "te_gather_copy");
-	if (r == CUDA_SUCCESS)
-		r = D.PointerGetAttribute(&B.pinned_a_dev, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hp(B.pinned_a));
+	if (calls && (r = D.ModuleLoadData(&B.gather_mod, gather_ptx)) == CUDA_SUCCESS) {
+		r = D.ModuleGetFunction(&B.gather, B.gather_mod, "te_gather_copy");
+		if (r == CUDA_SUCCESS)
+			r = D.PointerGetAttribute(&B.pinned_a_dev, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hp(B.pinned_a));
+		if (r != CUDA_SUCCESS)
+			D.ModuleUnload(B.gather_mod);
+	}
 	if (r != CUDA_SUCCESS)
 		fprintf(stderr, PROG ": no gather kernel cases: %s\n",
 			calls ? cu_errstr(&D, r) : "the driver has no kernel launches");
@@ -435,6 +438,7 @@ int main(int argc, char **argv)
 			snprintf(n, sizeof n, "d2d %s gather", cn[c]);
 			measure(n, "d2d", "device", GATHER, B.dev_b, B.dev_a, O.chunk_total, chunks[c], 0, 0);
 		}
+		D.ModuleUnload(B.gather_mod);
 	}
 
 	if (O.json) {

@@ -527,19 +527,22 @@ static CUdeviceptr host_dev_addr(cuda_ctx *c, const void *p, size_t len)
  * reach would fault and poison the context. */
 static bool kernel_piece(cuda_ctx *c, const te_copy *v, CUdeviceptr *dst, CUdeviceptr *src)
 {
-	bool dd = ordinal_of(c, v->dst) == 0, sd = ordinal_of(c, v->src) == 0;
-
 	*dst = (uintptr_t)v->dst;
 	*src = (uintptr_t)v->src;
-	if (dd && sd)
-		return true;
-	if (c->gather_mode != GATHER_HOST || (!dd && !sd))
-		return false;
-	if (!dd)
-		*dst = host_dev_addr(c, v->dst, v->len);
-	else
-		*src = host_dev_addr(c, v->src, v->len);
-	return *dst != 0 && *src != 0;
+	if (c->gather_mode == GATHER_HOST) {
+		/* The plugin's own page-locked memory first: no driver call. */
+		CUdeviceptr h = host_dev_addr(c, v->dst, v->len);
+		if (h != 0) {
+			*dst = h;
+			return ordinal_of(c, v->src) == 0;
+		}
+		h = host_dev_addr(c, v->src, v->len);
+		if (h != 0) {
+			*src = h;
+			return ordinal_of(c, v->dst) == 0;
+		}
+	}
+	return ordinal_of(c, v->dst) == 0 && ordinal_of(c, v->src) == 0;
 }
 
 /* Queues pieces on `s`: those the kernel can move into `g` (launched when

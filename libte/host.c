@@ -369,6 +369,12 @@ static void host_metric_add(const te_host *h, te_metric_dev *dev, int what, int6
 		te_metrics_dev_add(hc->engine->metrics, hc->mb, dev, what, delta);
 }
 
+static void host_device_done_burst(const te_host *h, int begin)
+{
+	(void)h;
+	te_stage_burst(begin);
+}
+
 static int host_metrics_text(const te_host *h, char **text, size_t *len)
 {
 	(void)h;
@@ -419,6 +425,7 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.metric_add = host_metric_add,
 #endif
 		.metrics_text = host_metrics_text,
+		.device_done_burst = host_device_done_burst,
 	};
 #if !TE_METRICS_BUILD
 	/* Counting compiled out: plugins see no counters to call at all. */

@@ -427,6 +427,10 @@ void te_stage_flush(struct te_engine *e);
 void te_stage_quiesce(struct te_engine *e);
 /* A transport completed a slice of a staging sub-transfer. */
 void te_stage_slice_done(te_task *sub, uint64_t bytes, int error);
+/* A device plugin's burst of copy completions on this thread begins (1) or
+ * ends (0): chunks they make ready wait for its end (te_host's
+ * device_done_burst). */
+void te_stage_burst(int begin);
 
 /* ------------------------------------------------------------- notify.c */
 int te_notify_enqueue(struct te_engine *e, const char *name, const char *msg);

@@ -37,6 +37,7 @@ __attribute__((constructor)) static void stats_init(void)
 }
 static struct {
 	atomic_ullong chunks[2], wait_ns[2], copy1_ns[2], xport_ns[2], copy2_ns[2], total_ns[2], bytes[2];
+	atomic_ullong handover_calls, handover_chunks;
 } st;
 static inline uint64_t st_now(void)
 {
@@ -78,7 +79,8 @@ struct te_stager {
 	te_device *area_dev; /* the plugin that allocated it, or NULL (posix_memalign) */
 	int area_rc;     /* negative once setting it up failed */
 	atomic_bool queued; /* te_stage_submit queued tasks since the last flush */
-	atomic_uint busy; /* transport submit calls in progress */
+	atomic_uint busy; /* transport submit calls in progress, and bursts holding chunks */
+	bool burst;       /* TE_STAGE_BURST: chunks ready in a burst go over together */
 };
 
 /* Set while this thread is inside a transport's complete() (a staged
@@ -284,6 +286,10 @@ static int transport_submit(te_stager *s, te_transport_inst *tp, te_transfer **x
 		held[i] = ((stage_slot *)xs[i])->parent->sv; /* set until the task ends */
 		atomic_fetch_add_explicit(&held[i]->refs, 1, memory_order_relaxed);
 	}
+	if (stats_on) {
+		atomic_fetch_add(&st.handover_calls, 1);
+		atomic_fetch_add(&st.handover_chunks, n);
+	}
 	int rc = tp->ops->submit(tp->ctx, xs, n);
 	for (size_t i = 0; i < n; i++)
 		te_segver_unref(held[i], in_complete);
@@ -292,10 +298,74 @@ static int transport_submit(te_stager *s, te_transport_inst *tp, te_transfer **x
 }
 
 static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
+			 ready_ring *ready);
+
+/* A burst of device copy completions on this thread (te_host's
+ * device_done_burst): the chunks they make ready go to their transport
+ * together at its end, one call per transport and up to SUBMIT_MAX chunks,
+ * rather than a call (and a wake-up of the transport's thread) per copy.
+ * While chunks wait here their stager counts as busy, so an engine being
+ * destroyed waits for them. */
+static _Thread_local struct {
+	unsigned depth;
+	te_stager *s;
+	te_transport_inst *tp;
+	size_t n;
+	te_transfer *xs[SUBMIT_MAX];
+} burst;
+
+/* Hands over what the burst holds (its thread, any depth). */
+static void burst_flush(void)
+{
+	te_transfer *xs[SUBMIT_MAX];
+	size_t n = burst.n;
+	te_stager *s = burst.s;
+
+	if (n == 0)
+		return;
+	/* Emptied first: a transport completing inside its submit may start
+	 * chunks of its own into the burst. */
+	memcpy(xs, burst.xs, n * sizeof xs[0]);
+	burst.n = 0;
+	submit_group(s, burst.tp, xs, n, NULL);
+	atomic_fetch_sub(&s->busy, 1);
+}
+
+/* Keeps a chunk for the burst's end: false when no burst is on. */
+static bool burst_keep(te_stager *s, te_transport_inst *tp, te_transfer *x)
+{
+	if (burst.depth == 0 || !s->burst)
+		return false;
+	if (burst.n > 0 && (burst.s != s || burst.tp != tp || burst.n == SUBMIT_MAX))
+		burst_flush();
+	if (burst.n == 0) {
+		burst.s = s;
+		burst.tp = tp;
+		atomic_fetch_add(&s->busy, 1);
+	}
+	burst.xs[burst.n++] = x;
+	return true;
+}
+
+void te_stage_burst(int begin)
+{
+	if (begin) {
+		burst.depth++;
+	} else if (burst.depth > 0 && --burst.depth == 0) {
+		burst_flush();
+	}
+}
+
+static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
 			 ready_ring *ready)
 {
 	if (n == 0)
 		return;
+	if (burst.depth > 0 && s->burst) {
+		for (size_t i = 0; i < n; i++)
+			burst_keep(s, tp, xs[i]);
+		return;
+	}
 	int rc = transport_submit(s, tp, xs, n);
 	if (rc >= 0)
 		return;
@@ -310,6 +380,8 @@ static void submit_one(te_stager *s, guint slot)
 {
 	te_transport_inst *tp = s->slots[slot].parent->tp;
 	te_transfer *x = sub_transfer(s, slot);
+	if (burst_keep(s, tp, x))
+		return;
 	int rc = transport_submit(s, tp, &x, 1);
 
 	if (rc < 0) {
@@ -524,6 +596,7 @@ int te_stage_init(te_engine *e)
 	s->chunk = (size_t)te_engine_option_u64(e, "TE_STAGE_CHUNK_BYTES", CHUNK_DEFAULT, CHUNK_MIN, CHUNK_MAX) &
 		   ~(size_t)(CHUNK_MIN - 1);
 	s->nslots = (guint)te_engine_option_u64(e, "TE_STAGE_BUFFERS", BUFFERS_DEFAULT, 1, BUFFERS_MAX);
+	s->burst = te_engine_option_u64(e, "TE_STAGE_BURST", 1, 0, 1) == 1;
 	s->slots = g_new0(stage_slot, s->nslots);
 	s->free = g_new(guint, s->nslots);
 	for (guint i = 0; i < s->nslots; i++)
@@ -553,6 +626,10 @@ void te_stage_fini(te_engine *e)
 			atomic_load(&st.xport_ns[w]) / 1e3 / n, atomic_load(&st.copy2_ns[w]) / 1e3 / n,
 			atomic_load(&st.total_ns[w]) / 1e3 / n);
 	}
+	if (stats_on && atomic_load(&st.handover_calls) > 0)
+		fprintf(stderr, "stage-stats hand-overs: %llu calls, %llu chunks\n",
+			(unsigned long long)atomic_load(&st.handover_calls),
+			(unsigned long long)atomic_load(&st.handover_chunks));
 	if (s->area != NULL) {
 		if (s->area_dev != NULL)
 			s->area_dev->ops->host_free(s->area_dev->ctx, s->area);

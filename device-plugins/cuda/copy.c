@@ -201,6 +201,11 @@ static void *lane_main(void *arg)
 		if (g->ev != NULL)
 			event_put(c, g->ev);
 		CST_ADD(async_sync_ns, te - ts);
+		/* A group's reports are one burst for the host: what they start
+		 * (staged chunks for a transport) it hands over together. */
+		bool burst = g->jobs != NULL && g->jobs->next != NULL && TE_HAS_OP(c->host, device_done_burst);
+		if (burst)
+			c->host->device_done_burst(c->host, 1);
 		for (cu_job *j = g->jobs, *next; j != NULL; j = next) {
 			next = j->next;
 			CST_ADD(async_n, 1);
@@ -208,6 +213,8 @@ static void *lane_main(void *arg)
 			CST_ADD(async_lat_ns, te - j->t0);
 			job_end(j, j->rc < 0 ? j->rc : r == CUDA_SUCCESS ? 0 : -EIO);
 		}
+		if (burst)
+			c->host->device_done_burst(c->host, 0);
 		free(g);
 		pthread_mutex_lock(&l->lock);
 	}

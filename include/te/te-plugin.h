@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 6
+#define TE_PLUGIN_ABI_MINOR 7
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -333,6 +333,16 @@ struct te_host {
 	void (*metric_add)(const te_host *h, te_metric_dev *dev, int what, int64_t delta);
 	/* For exporter plugins: te_metrics_text(NULL), malloc()ed. */
 	int (*metrics_text)(const te_host *h, char **text, size_t *len);
+
+	/* ---- since ABI 1.7 (test with TE_HAS_OP) ---- */
+	/* For device plugins: brackets the te_device_done_fn calls one thread
+	 * makes together (the copies one wait found finished), begin = 1
+	 * before the first and 0 after the last, with no other op of the
+	 * plugin in between. What those done() calls start (staged chunks
+	 * handed to their transport) the host then starts together at the
+	 * end, in one call per transport instead of one per copy. done()
+	 * calls outside a burst are handled at once, as before. */
+	void (*device_done_burst)(const te_host *h, int begin);
 };
 
 /* What metric_add() counts (since ABI 1.6). */

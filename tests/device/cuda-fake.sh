@@ -53,7 +53,7 @@ run() { # name, "VAR=value ..." for the run (or "-"), te-bench flags...
 }
 stat() { # name, field: the field's count, summed over the stats lines (one per process)
   [ -e "$tmp/$1.stats" ] || { echo 0; return; }
-  awk -v f="$2" '{ for (i = 1; i < NF; i++) if ($i == f) v += $(i + 1) } END { print v + 0 }' "$tmp/$1.stats"
+  awk -v f="$2" '{ for (i = 1; i < NF; i++) if ($i == f) v += $(i + 1) } END { printf "%.0f\n", v }' "$tmp/$1.stats"
 }
 
 # A read lands in a host staging buffer and is copied into the device
@@ -97,6 +97,24 @@ if run diag "TE_STAGE_STATS=1 TE_CUDA_STATS=1 TE_TCP_STATS=1" --operation=read -
 else
   bad "diagnostic counters: $(grep stats "$tmp/diag.err" | head -5)"
 fi
+# A copy lane's group of finished copies is one burst for the host
+# (device_done_burst): the WRITE chunks it makes ready go to TCP together,
+# fewer calls than chunks; with TE_STAGE_BURST=0 one call per chunk. (No
+# --check: its read-back would count too.)
+for b in 1 0; do
+  n=burst-$b
+  env TE_STAGE_BURST=$b TE_STAGE_STATS=1 "$bench" --protocol=tcp --use_vram --buffer_size=64M --duration=1 \
+    --quiet --json --operation=write --block_size=65536 >"$tmp/$n.out" 2>"$tmp/$n.err"
+  rc=$?
+  set -- $(sed -n 's/^stage-stats hand-overs: \([0-9]*\) calls, \([0-9]*\) chunks$/\1 \2/p' "$tmp/$n.err" | tail -1)
+  calls=${1:-0} chunks=${2:-0}
+  if [ $rc = 0 ] && [ "$chunks" -gt 0 ] &&
+     { { [ $b = 1 ] && [ "$calls" -lt "$chunks" ]; } || { [ $b = 0 ] && [ "$calls" = "$chunks" ]; }; }; then
+    ok "TE_STAGE_BURST=$b: $chunks staged WRITE chunks handed to TCP in $calls calls"
+  else
+    bad "TE_STAGE_BURST=$b: exit $rc, '$calls' calls for '$chunks' chunks: $(tail -2 "$tmp/$n.err")"
+  fi
+done
 # Without them, nothing is printed.
 if run nodiag - --operation=read --block_size=65536 && ! grep -q -- '-stats' "$tmp/nodiag.err"; then
   ok "no diagnostic lines unless asked for"
@@ -177,7 +195,7 @@ for op in read write; do
   n=ghost-$op
   if run "$n" "TE_CUDA_GATHER=host TE_CUDA_STATS=1" --operation=$op --block_size=65536; then
     launches=$(stat "$n" launches) plain=$(stat "$op-65536" launches)
-    pieces=$(sed -n 's/.*gather launches [0-9]*, \([0-9]*\) pieces.*/\1/p' "$tmp/$n.err" | awk '{ s += $1 } END { print s + 0 }')
+    pieces=$(sed -n 's/.*gather launches [0-9]*, \([0-9]*\) pieces.*/\1/p' "$tmp/$n.err" | awk '{ s += $1 } END { printf "%.0f\n", s }')
     if [ "$launches" -gt 0 ] && [ "$pieces" -gt "$launches" ] && [ "$plain" = 0 ]; then
       ok "TE_CUDA_GATHER=host, tcp $op: $pieces pieces in $launches launches, every byte checked (default: $plain launches)"
     else

@@ -5,7 +5,8 @@
 # 1 MiB (batch 128, one thread), under each variant of the initiator's
 # staging (TE_STAGE_BUFFERS, TE_STAGE_CHUNK_BYTES), of the CUDA plugin's
 # waits (TE_CUDA_WAIT) and of its gather kernel (TE_CUDA_GATHER=host), these
-# two on both sides; host memory beside them.
+# two on both sides, and the hand-over of a burst's chunks (TE_STAGE_BURST=0:
+# one by one, as before plugin ABI 1.7); host memory beside them.
 # Medians of GPU_SWEEP_ROUNDS (2) runs of GPU_SWEEP_SECS (2) seconds, every
 # run with a 60 s timeout. About 4 minutes.
 #
@@ -48,7 +49,8 @@ gpoll=$(target gpoll "--use_vram" TE_CUDA_GATHER=host TE_CUDA_WAIT=poll)
 
 # The staging counts measured before (docs/benchmarks.md) keep two rows for
 # reference; the gather kernel for host pieces (TE_CUDA_GATHER=host, on both
-# sides: the initiator's staged chunks, the target's device stage) is new.
+# sides: the initiator's staged chunks, the target's device stage) and the
+# burst hand-over (the default; TE_STAGE_BURST=0 is the old way) are new.
 variants=(
 	"host|$host|--memory=libte|GPU_SWEEP=host"
 	"64 x 1 MiB (the default)|$dev|--use_vram|GPU_SWEEP=default"
@@ -58,6 +60,7 @@ variants=(
 	"64 x 1 MiB, the gather kernel for staged pieces (TE_CUDA_GATHER=host)|$gath|--use_vram|TE_CUDA_GATHER=host"
 	"the same, waits that poll 20 us first|$gpoll|--use_vram|TE_CUDA_GATHER=host TE_CUDA_WAIT=poll"
 	"256 x 256 KiB, the gather kernel for staged pieces|$gath|--use_vram|TE_CUDA_GATHER=host TE_STAGE_BUFFERS=256 TE_STAGE_CHUNK_BYTES=262144"
+	"64 x 1 MiB, chunks handed to TCP one by one (TE_STAGE_BURST=0)|$dev|--use_vram|TE_STAGE_BURST=0"
 )
 cases=("read 1048576" "read 65536" "write 1048576" "write 65536")
 for v in "${variants[@]}"; do echo "${v%%|*}"; done >"$tmp/labels"

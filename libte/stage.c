@@ -297,8 +297,7 @@ static int transport_submit(te_stager *s, te_transport_inst *tp, te_transfer **x
 	return rc;
 }
 
-static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
-			 ready_ring *ready);
+static void submit_now(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n, ready_ring *ready);
 
 /* A burst of device copy completions on this thread (te_host's
  * device_done_burst): the chunks they make ready go to their transport
@@ -327,7 +326,7 @@ static void burst_flush(void)
 	 * chunks of its own into the burst. */
 	memcpy(xs, burst.xs, n * sizeof xs[0]);
 	burst.n = 0;
-	submit_group(s, burst.tp, xs, n, NULL);
+	submit_now(s, burst.tp, xs, n, NULL);
 	atomic_fetch_sub(&s->busy, 1);
 }
 
@@ -356,22 +355,28 @@ void te_stage_burst(int begin)
 	}
 }
 
-static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
-			 ready_ring *ready)
+/* Hands chunks to their transport now; a refusal ends them. */
+static void submit_now(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n, ready_ring *ready)
 {
 	if (n == 0)
 		return;
-	if (burst.depth > 0 && s->burst) {
-		for (size_t i = 0; i < n; i++)
-			burst_keep(s, tp, xs[i]);
-		return;
-	}
 	int rc = transport_submit(s, tp, xs, n);
 	if (rc >= 0)
 		return;
 	te_err("staging: transport %s refused %zu chunks: %s", tp->hc.plugin->name, n, te_strerror(rc));
 	for (size_t i = 0; i < n; i++)
 		release(s, (guint)((stage_slot *)xs[i] - s->slots), 0, rc, ready);
+}
+
+/* Hands chunks to their transport, or keeps them for the burst's end. */
+static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
+			 ready_ring *ready)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!burst_keep(s, tp, xs[i])) {
+			submit_now(s, tp, xs + i, n - i, ready);
+			return;
+		}
 }
 
 /* One chunk to its transport; a refusal ends it (its successors start on

@@ -122,20 +122,26 @@ static void test_tcp(void)
  * queued ones), more than the stager hands a transport at once, and READ
  * replies the TCP server stages several at a time. Then the same with three
  * 4 KiB buffers and READs and WRITEs mixed, and a batch canceled while its
- * chunks wait for buffers: every task ends, none hangs. */
-static void many_case(te_engine *target, te_engine *init, unsigned n, size_t step)
+ * chunks wait for buffers: every task ends, none hangs. With `target2`,
+ * every other pair of tasks goes to it instead (another transport, say),
+ * so that chunks of two transports are staged side by side. */
+static void many_case(te_engine *target, te_engine *target2, te_engine *init, unsigned n, size_t step)
 {
 	size_t span = n * step + 64;
 	side t = side_new(true, "testdev:0", span), l = side_new(true, "testdev:1", span);
+	side t2 = side_new(true, "testdev:0", target2 != NULL ? span : 64);
 	te_request *r = calloc(n, sizeof *r);
-	unsigned char *want = malloc(span), *got = malloc(span), *tgt = malloc(span);
+	unsigned char *want = malloc(span), *got = malloc(span), *tgt = malloc(span), *tgt2 = malloc(span);
 	te_batch_id b;
 
 	REQUIRE(target != NULL && init != NULL && r != NULL);
 	CHECK_EQ(te_register_memory(target, t.p, span, "*", TE_MEM_REMOTE_ACCESS), 0);
+	if (target2 != NULL)
+		CHECK_EQ(te_register_memory(target2, t2.p, span, "*", TE_MEM_REMOTE_ACCESS), 0);
 	CHECK_EQ(te_register_memory(init, l.p, span, "*", 0), 0);
 	te_segment_id seg = te_segment_open(init, te_engine_name(target));
-	REQUIRE(seg >= 0);
+	te_segment_id seg2 = target2 != NULL ? te_segment_open(init, te_engine_name(target2)) : seg;
+	REQUIRE(seg >= 0 && seg2 >= 0);
 	/* Task k moves step - k % 7 bytes at 1 + k * step: odd sizes and
 	 * offsets, gaps between them that must stay untouched. Odd tasks READ
 	 * the target's pattern, even ones WRITE the initiator's. */
@@ -143,20 +149,30 @@ static void many_case(te_engine *target, te_engine *init, unsigned n, size_t ste
 	side_fill(l, span, 42);
 	fill_pattern(tgt, span, 41);
 	fill_pattern(want, span, 42);
+	if (target2 != NULL) {
+		side_fill(t2, span, 44);
+		fill_pattern(tgt2, span, 44);
+	}
 	for (unsigned k = 0; k < n; k++) {
 		size_t off = 1 + (size_t)k * step, len = step - k % 7;
-		bool rd = k % 2 == 1;
-		r[k] = (te_request){ rd ? TE_OP_READ : TE_OP_WRITE, seg, l.p + off, (uintptr_t)t.p + off, len };
+		bool rd = k % 2 == 1, two = target2 != NULL && (k / 2) % 2 == 1;
+		unsigned char *tm = two ? tgt2 : tgt;
+		uintptr_t base = (uintptr_t)(two ? t2.p : t.p);
+		r[k] = (te_request){ rd ? TE_OP_READ : TE_OP_WRITE, two ? seg2 : seg, l.p + off, base + off, len };
 		if (rd)
-			memcpy(want + off, tgt + off, len);
+			memcpy(want + off, tm + off, len);
 		else
-			memcpy(tgt + off, want + off, len);
+			memcpy(tm + off, want + off, len);
 	}
 	CHECK_EQ(run_batch(init, r, n), TE_TASK_COMPLETED);
 	CHECK_EQ(te_device_copy(got, l.p, span), 0);
 	CHECK(memcmp(got, want, span) == 0);
 	CHECK_EQ(te_device_copy(got, t.p, span), 0);
 	CHECK(memcmp(got, tgt, span) == 0);
+	if (target2 != NULL) {
+		CHECK_EQ(te_device_copy(got, t2.p, span), 0);
+		CHECK(memcmp(got, tgt2, span) == 0);
+	}
 
 	/* Canceled while most chunks wait: each task ends (CANCELED, or
 	 * COMPLETED if it was done first), and the engine still works after. */
@@ -180,24 +196,60 @@ static void many_case(te_engine *target, te_engine *init, unsigned n, size_t ste
 
 	te_engine_destroy(init);
 	te_engine_destroy(target);
+	if (target2 != NULL)
+		te_engine_destroy(target2);
 	side_free(t);
+	side_free(t2);
 	side_free(l);
 	free(r);
 	free(want);
 	free(got);
 	free(tgt);
+	free(tgt2);
 }
 
 static void test_tcp_many(void)
 {
-	many_case(p2p_engine("tcp"), p2p_engine("tcp"), 300, 5000);
+	many_case(p2p_engine("tcp"), NULL, p2p_engine("tcp"), 300, 5000);
 	/* The stager reads its sizes when the engine starts. */
 	setenv("TE_STAGE_BUFFERS", "3", 1);
 	setenv("TE_STAGE_CHUNK_BYTES", "4096", 1);
 	te_engine *init = p2p_engine("tcp");
 	unsetenv("TE_STAGE_BUFFERS");
 	unsetenv("TE_STAGE_CHUNK_BYTES");
-	many_case(p2p_engine("tcp"), init, 120, 9000);
+	many_case(p2p_engine("tcp"), NULL, init, 120, 9000);
+}
+
+/* Copies reported in bursts (a device plugin's device_done_burst, plugin
+ * ABI 1.7) of up to 1000, more than the stager hands a transport in one
+ * call (64), with READs and WRITEs mixed and the chunks of two transports
+ * (TCP and the same-host one) side by side in one batch: every byte where
+ * it belongs, every task ends; then the same with TE_STAGE_BURST=0. */
+static void test_burst(void)
+{
+	void *h = dlopen(getenv("TE_TESTDEV_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL);
+	unsigned long (*bursts)(void), (*burst_max)(void);
+	*(void **)&bursts = dlsym(h, "te_testdev_bursts");
+	*(void **)&burst_max = dlsym(h, "te_testdev_burst_max");
+	REQUIRE(bursts != NULL && burst_max != NULL);
+	setenv("TE_TESTDEV_BURST", "1000", 1);
+	for (int off = 0; off < 2; off++) {
+		setenv("TE_STAGE_BUFFERS", "512", 1);
+		setenv("TE_STAGE_CHUNK_BYTES", "4096", 1);
+		setenv("TE_STAGE_BURST", off ? "0" : "1", 1);
+		te_engine *init = p2p_engine("tcp,shm");
+		unsetenv("TE_STAGE_BUFFERS");
+		unsetenv("TE_STAGE_CHUNK_BYTES");
+		unsetenv("TE_STAGE_BURST");
+		unsigned long before = bursts();
+		many_case(p2p_engine("tcp"), p2p_engine("shm"), init, 600, 5000);
+		fprintf(stderr, "  %lu bursts, the largest %lu copies\n", bursts() - before, burst_max());
+		CHECK(bursts() > before);
+	}
+	CHECK(burst_max() > 64);
+	unsetenv("TE_TESTDEV_BURST");
+	dlclose(h);
 }
 
 /* The same-host transport with both engines in this process: the
@@ -234,6 +286,7 @@ int main(void)
 	TEST_RUN(test_local);
 	TEST_RUN(test_tcp);
 	TEST_RUN(test_tcp_many);
+	TEST_RUN(test_burst);
 	TEST_RUN(test_shm);
 	return check_done();
 }

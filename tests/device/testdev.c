@@ -21,7 +21,8 @@
  * TE_TESTDEV_FAIL=1 in the environment makes every copy fail with -EIO;
  * TE_TESTDEV_NO_DMABUF=1 makes the export fail (no GPUDirect);
  * TE_TESTDEV_OFF=1 makes the plugin idle; TE_TESTDEV_NO_ASYNC=1 makes
- * copy_async decline. te_testdev_copies() counts the
+ * copy_async decline; TE_TESTDEV_BURST=N makes its copies run on a thread
+ * of the plugin's and be reported in bursts of up to N. te_testdev_copies() counts the
  * copies made. Never installed.
  *
  * Other processes reach a device through the memfd too (ipc_export hands it
@@ -57,8 +58,24 @@
 #define MADV_COLLAPSE 25 /* Linux 6.1; older C libraries do not name it */
 #endif
 
+/* A copy queued for the burst thread (TE_TESTDEV_BURST). */
+typedef struct td_job {
+	struct td_job *next;
+	void *dst;
+	const void *src;
+	size_t len;
+	te_device_done_fn done;
+	void *arg;
+} td_job;
+
 typedef struct tdev {
 	const te_host *host;
+	/* TE_TESTDEV_BURST: the copies' thread and its queue */
+	pthread_mutex_t burst_lock;
+	pthread_cond_t burst_cond;
+	td_job *head, *tail;
+	pthread_t burst_thread;
+	bool burst_started, burst_quit;
 	char *dev;  /* PROT_NONE view */
 	char *priv; /* read-write view, on a 2 MiB boundary */
 	char *priv_area; /* the reservation it was placed in */
@@ -110,6 +127,8 @@ static int td_create(const te_host *h, void **out)
 	t->host = h;
 	t->fd = fd;
 	pthread_mutex_init(&t->import_lock, NULL);
+	pthread_mutex_init(&t->burst_lock, NULL);
+	pthread_cond_init(&t->burst_cond, NULL);
 	t->dev = mmap(NULL, SIZE, PROT_NONE, MAP_SHARED, fd, 0);
 	/* File offset 0 at a 2 MiB boundary: only then can a 2 MiB page of the
 	 * memfd be mapped whole. */
@@ -135,6 +154,14 @@ static int td_create(const te_host *h, void **out)
 static void td_destroy(void *ctx)
 {
 	tdev *t = ctx;
+	pthread_mutex_lock(&t->burst_lock);
+	t->burst_quit = true;
+	pthread_cond_signal(&t->burst_cond);
+	pthread_mutex_unlock(&t->burst_lock);
+	if (t->burst_started) /* it reports what is queued before it ends */
+		pthread_join(t->burst_thread, NULL);
+	pthread_mutex_destroy(&t->burst_lock);
+	pthread_cond_destroy(&t->burst_cond);
 	munmap(t->dev, SIZE);
 	munmap(t->priv_area, SIZE + HUGE); /* the private view with it */
 	for (int i = 0; i < MAX_IMPORTS; i++) {
@@ -282,14 +309,107 @@ unsigned long te_testdev_async_copies(void)
 	return atomic_load(&async_copies);
 }
 
+/* TE_TESTDEV_BURST=N (read at each call): copy_async queues the copy for
+ * a thread of the plugin's, which makes up to N queued copies at a time
+ * and reports them as one burst of the host's (device_done_burst), as a
+ * GPU plugin's lane reports the copies one event covered.
+ * te_testdev_bursts() counts the bursts of two copies or more and
+ * te_testdev_burst_max() gives the largest. */
+static atomic_ulong bursts, burst_max;
+
+__attribute__((visibility("default"))) unsigned long te_testdev_bursts(void);
+unsigned long te_testdev_bursts(void)
+{
+	return atomic_load(&bursts);
+}
+
+__attribute__((visibility("default"))) unsigned long te_testdev_burst_max(void);
+unsigned long te_testdev_burst_max(void)
+{
+	return atomic_load(&burst_max);
+}
+
+static void *burst_main(void *arg)
+{
+	tdev *t = arg;
+	const te_host *h = t->host;
+
+	pthread_mutex_lock(&t->burst_lock);
+	for (;;) {
+		while (t->head == NULL && !t->burst_quit)
+			pthread_cond_wait(&t->burst_cond, &t->burst_lock);
+		td_job *jobs = t->head;
+		if (jobs == NULL)
+			break;
+		const char *v = getenv("TE_TESTDEV_BURST");
+		unsigned long max = v != NULL ? strtoul(v, NULL, 10) : 1, n = 1;
+		td_job *last = jobs;
+		while (last->next != NULL && n < max) {
+			last = last->next;
+			n++;
+		}
+		t->head = last->next;
+		if (t->head == NULL)
+			t->tail = NULL;
+		last->next = NULL;
+		pthread_mutex_unlock(&t->burst_lock);
+		bool burst = n > 1 && TE_HAS_OP(h, device_done_burst);
+		if (burst) {
+			atomic_fetch_add(&bursts, 1);
+			unsigned long m = atomic_load(&burst_max);
+			while (n > m && !atomic_compare_exchange_weak(&burst_max, &m, n))
+				;
+			h->device_done_burst(h, 1);
+		}
+		for (td_job *j = jobs, *next; j != NULL; j = next) {
+			next = j->next;
+			j->done(j->arg, td_copy(t, j->dst, j->src, j->len));
+			free(j);
+		}
+		if (burst)
+			h->device_done_burst(h, 0);
+		pthread_mutex_lock(&t->burst_lock);
+	}
+	pthread_mutex_unlock(&t->burst_lock);
+	return NULL;
+}
+
 static int td_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done,
 			 void *arg)
 {
+	tdev *t = ctx;
+
 	if (getenv("TE_TESTDEV_NO_ASYNC") != NULL)
 		return -ENOTSUP;
 	atomic_fetch_add(&async_copies, 1);
-	done(arg, td_copy(ctx, dst, src, len));
-	return 0;
+	if (getenv("TE_TESTDEV_BURST") == NULL) {
+		done(arg, td_copy(ctx, dst, src, len));
+		return 0;
+	}
+	td_job *j = malloc(sizeof *j);
+	if (j == NULL)
+		return -ENOMEM;
+	*j = (td_job){ .dst = dst, .src = src, .len = len, .done = done, .arg = arg };
+	pthread_mutex_lock(&t->burst_lock);
+	int rc = 0;
+	if (!t->burst_started) {
+		if (pthread_create(&t->burst_thread, NULL, burst_main, t) == 0)
+			t->burst_started = true;
+		else
+			rc = -EAGAIN;
+	}
+	if (rc == 0) {
+		if (t->tail != NULL)
+			t->tail->next = j;
+		else
+			t->head = j;
+		t->tail = j;
+		pthread_cond_signal(&t->burst_cond);
+	}
+	pthread_mutex_unlock(&t->burst_lock);
+	if (rc != 0)
+		free(j);
+	return rc;
 }
 
 static int td_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset)

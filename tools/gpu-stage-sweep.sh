@@ -29,23 +29,27 @@ tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 
-target() { # name mem-flags env...: starts a target, prints its segment name
-	local n=$1 mem=$2
+# Starts a target and sets the variable NAME to its segment name. In this
+# shell, not in a $(...) subshell, so that the exit trap knows its pid.
+target() { # name mem-flags env...
+	local n=$1 mem=$2 seg
 	shift 2
 	env "$@" te-bench --mode=target --protocol=tcp $mem --buffer_size=512M --local_server_name=127.0.0.1 \
 		>"$tmp/t.$n" 2>&1 &
 	pids+=($!)
-	name=$(bench_target_name "$tmp/t.$n" "" 300)
-	[ -n "$name" ] && { echo "$name"; return 0; }
-	echo "target $n did not start: $(cat "$tmp/t.$n")" >&2
-	return 1
+	seg=$(bench_target_name "$tmp/t.$n" "$!" 300)
+	if [ -z "$seg" ]; then
+		echo "target $n did not start: $(cat "$tmp/t.$n")" >&2
+		exit 1
+	fi
+	printf -v "$n" '%s' "$seg"
 }
-host=$(target host "--memory=libte")
-dev=$(target dev "--use_vram")
-spin=$(target spin "--use_vram" TE_CUDA_WAIT=spin)
-poll=$(target poll "--use_vram" TE_CUDA_WAIT=poll)
-gath=$(target gath "--use_vram" TE_CUDA_GATHER=host)
-gpoll=$(target gpoll "--use_vram" TE_CUDA_GATHER=host TE_CUDA_WAIT=poll)
+target host "--memory=libte"
+target dev "--use_vram"
+target spin "--use_vram" TE_CUDA_WAIT=spin
+target poll "--use_vram" TE_CUDA_WAIT=poll
+target gath "--use_vram" TE_CUDA_GATHER=host
+target gpoll "--use_vram" TE_CUDA_GATHER=host TE_CUDA_WAIT=poll
 
 # The staging counts measured before (docs/benchmarks.md) keep two rows for
 # reference; the gather kernel for host pieces (TE_CUDA_GATHER=host, on both

@@ -253,8 +253,9 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 				k->rc = -EIO;
 		g->len += j->len;
 	}
-	if (gp != NULL && launch(c, gp, l->stream) != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies failed to launch");
+	CUresult lr = gp != NULL ? launch(c, gp, l->stream) : CUDA_SUCCESS;
+	if (lr != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", cu_errstr(&c->drv, lr));
 		for (cu_job *k = jobs; k != NULL; k = k->next)
 			if (k->rc == 0)
 				k->rc = -EIO;

@@ -330,11 +330,15 @@ static void burst_flush(void)
 	atomic_fetch_sub(&s->busy, 1);
 }
 
-/* Keeps a chunk for the burst's end: false when no burst is on. */
-static bool burst_keep(te_stager *s, te_transport_inst *tp, te_transfer *x)
+/* Whether chunks of `s` made ready on this thread now wait for a burst's end. */
+static inline bool burst_on(const te_stager *s)
 {
-	if (burst.depth == 0 || !s->burst)
-		return false;
+	return burst.depth > 0 && s->burst;
+}
+
+/* Keeps a chunk for the burst's end (burst_on). */
+static void burst_keep(te_stager *s, te_transport_inst *tp, te_transfer *x)
+{
 	if (burst.n > 0 && (burst.s != s || burst.tp != tp || burst.n == SUBMIT_MAX))
 		burst_flush();
 	if (burst.n == 0) {
@@ -343,7 +347,6 @@ static bool burst_keep(te_stager *s, te_transport_inst *tp, te_transfer *x)
 		atomic_fetch_add(&s->busy, 1);
 	}
 	burst.xs[burst.n++] = x;
-	return true;
 }
 
 void te_stage_burst(int begin)
@@ -372,11 +375,12 @@ static void submit_now(te_stager *s, te_transport_inst *tp, te_transfer **xs, si
 static void submit_group(te_stager *s, te_transport_inst *tp, te_transfer **xs, size_t n,
 			 ready_ring *ready)
 {
+	if (!burst_on(s)) {
+		submit_now(s, tp, xs, n, ready);
+		return;
+	}
 	for (size_t i = 0; i < n; i++)
-		if (!burst_keep(s, tp, xs[i])) {
-			submit_now(s, tp, xs + i, n - i, ready);
-			return;
-		}
+		burst_keep(s, tp, xs[i]);
 }
 
 /* One chunk to its transport; a refusal ends it (its successors start on
@@ -385,8 +389,10 @@ static void submit_one(te_stager *s, guint slot)
 {
 	te_transport_inst *tp = s->slots[slot].parent->tp;
 	te_transfer *x = sub_transfer(s, slot);
-	if (burst_keep(s, tp, x))
+	if (burst_on(s)) {
+		burst_keep(s, tp, x);
 		return;
+	}
 	int rc = transport_submit(s, tp, &x, 1);
 
 	if (rc < 0) {

@@ -50,7 +50,6 @@ __attribute__((destructor)) static void cst_print(void)
 		(unsigned long long)atomic_load(&cst.launch_pieces));
 }
 
-#include "gather.h"
 #include "gather-ptx.h"
 
 static CUstream pool_get(cuda_ctx *c);
@@ -240,10 +239,10 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 		return;
 	}
 	*g = (cu_group){ .jobs = jobs };
-	if (c->gather_mode == GATHER_HOST && jobs->next != NULL && gather_ready(c))
-		gp = malloc(sizeof *gp);
-	if (gp != NULL)
+	if (c->gather_mode == GATHER_HOST && jobs->next != NULL && gather_ready(c)) {
+		gp = &c->sub_gather;
 		gp->n = 0;
+	}
 	for (cu_job *j = jobs; j != NULL; j = j->next) {
 		/* A launch may hold pieces of earlier jobs too: one that fails
 		 * fails them all. */
@@ -260,7 +259,6 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 			if (k->rc == 0)
 				k->rc = -EIO;
 	}
-	free(gp);
 	g->ev = event_get(c);
 	if (g->ev != NULL && c->drv.EventRecord(g->ev, l->stream) != CUDA_SUCCESS) {
 		event_put(c, g->ev);
@@ -466,11 +464,17 @@ static void pool_put(cuda_ctx *c, CUstream s)
 	pthread_mutex_unlock(&c->pool_lock);
 }
 
+/* Loads the gather kernel at the first batch that wants it; after that a
+ * lock-free look (batches ask each time). */
 static bool gather_ready(cuda_ctx *c)
 {
+	int state = atomic_load_explicit(&c->gather_state, memory_order_acquire);
+	if (state != 0)
+		return state == 1;
 	pthread_mutex_lock(&c->gather_lock);
-	if (c->gather_state == 0) {
-		c->gather_state = -1;
+	state = atomic_load_explicit(&c->gather_state, memory_order_relaxed);
+	if (state == 0) {
+		state = -1;
 		if (c->gather_mode == GATHER_OFF || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
 		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
 			c->host->log(c->host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
@@ -484,16 +488,17 @@ static bool gather_ready(cuda_ctx *c)
 					c->drv.ModuleUnload(c->gather_mod);
 			}
 			if (r == CUDA_SUCCESS)
-				c->gather_state = 1;
+				state = 1;
 			else
 				c->host->log(c->host, TE_LOG_INFO,
 					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
 					     cu_errstr(&c->drv, r));
 		}
+		/* Published after the module and function it covers. */
+		atomic_store_explicit(&c->gather_state, state, memory_order_release);
 	}
-	bool ok = c->gather_state == 1;
 	pthread_mutex_unlock(&c->gather_lock);
-	return ok;
+	return state == 1;
 }
 
 /* The device of a pointer, or -1 when it is not device memory. */
@@ -583,28 +588,6 @@ static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, si
 	return r;
 }
 
-/* Device-to-device pieces on device 0 (the caller checked), in launches of
- * the gather kernel: one launch moves up to GATHER_MAX pieces (a copy call
- * per piece costs ~10 us whatever its size). */
-static CUresult gather_launch(cuda_ctx *c, const te_copy *v, size_t n, CUstream s)
-{
-	gather_params g = { .n = 0 };
-	CUresult r = CUDA_SUCCESS;
-
-	for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
-		if (v[i].len > 0 && gather_add(&g, (uintptr_t)v[i].dst, (uintptr_t)v[i].src, v[i].len))
-			r = launch(c, &g, s);
-	return r == CUDA_SUCCESS ? launch(c, &g, s) : r;
-}
-
-static bool all_on_device0(cuda_ctx *c, const te_copy *v, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (v[i].len > 0 && (ordinal_of(c, v[i].dst) != 0 || ordinal_of(c, v[i].src) != 0))
-			return false;
-	return true;
-}
-
 /* Waits for what is queued on `s`: on a blocking event (the thread
  * sleeps), or spinning in cuStreamSynchronize with TE_CUDA_WAIT=spin. */
 static CUresult stream_wait(cuda_ctx *c, CUstream s)
@@ -619,26 +602,23 @@ static CUresult stream_wait(cuda_ctx *c, CUstream s)
 	return r;
 }
 
-/* Every piece queued on one stream of the pool, then one wait. */
+/* Every piece queued on one stream of the pool, then one wait. The gather
+ * kernel takes the pieces it reaches (kernel_piece) when the batch says it
+ * is device memory only (TE_COPY_DEVICE_ONLY) or with TE_CUDA_GATHER=host:
+ * one launch for up to GATHER_MAX of them, as a copy call per piece costs
+ * ~10 us whatever its size; the others take a copy call each. */
 int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 {
 	cuda_ctx *c = ctx;
-	bool multi = n > 1 && c->async;
-	bool gather = multi && (flags & TE_COPY_DEVICE_ONLY) && gather_ready(c);
-	bool host = multi && !gather && c->gather_mode == GATHER_HOST && gather_ready(c);
+	bool kernel = n > 1 && c->async && ((flags & TE_COPY_DEVICE_ONLY) || c->gather_mode == GATHER_HOST) &&
+		      gather_ready(c);
 	uint64_t t0 = cst_now();
 
 	CST_ADD(batch_n, 1);
 	CST_ADD(batch_pieces, n);
 	for (size_t i = 0; cst_on && i < n; i++)
 		CST_ADD(batch_bytes, v[i].len);
-	if (gather) {
-		cu_make_current(c, 0);
-		gather = all_on_device0(c, v, n);
-		host = !gather && c->gather_mode == GATHER_HOST;
-	}
 	CUstream s = c->async ? pool_get(c) : NULL;
-	CUresult r = CUDA_SUCCESS;
 
 	if (s == NULL) { /* no streams (or all busy): one copy after the other */
 		CST_ADD(batch_nostream, 1);
@@ -650,22 +630,13 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 		return 0;
 	}
 	cu_make_current(c, 0);
-	if (gather) {
-		r = gather_launch(c, v, n, s);
+	gather_params g = { .n = 0 };
+	CUresult r = pieces_queue(c, kernel ? &g : NULL, v, n, s);
+	if (r == CUDA_SUCCESS) {
+		r = launch(c, &g, s);
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %zu pieces: %s", n,
+			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
 				     cu_errstr(&c->drv, r));
-	} else {
-		/* With TE_CUDA_GATHER=host, the pieces the kernel reaches in
-		 * launches, the others a copy call each. */
-		gather_params g = { .n = 0 };
-		r = pieces_queue(c, host ? &g : NULL, v, n, s);
-		if (r == CUDA_SUCCESS && g.n > 0) {
-			r = launch(c, &g, s);
-			if (r != CUDA_SUCCESS)
-				c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
-					     cu_errstr(&c->drv, r));
-		}
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
 	 * the caller reuses its buffers. */

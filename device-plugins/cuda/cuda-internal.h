@@ -25,6 +25,7 @@
 #include <te/te-plugin.h>
 
 #include "cuda-driver.h"
+#include "gather.h"
 
 #define MAX_DEVICES 64
 
@@ -108,6 +109,7 @@ struct cuda_ctx {
 	pthread_mutex_t sub_lock; /* guards the queue and sub_quit */
 	pthread_cond_t sub_cond;
 	cu_job *sub_head, *sub_tail;
+	gather_params sub_gather; /* the submitter's launches (TE_CUDA_GATHER=host) */
 	pthread_mutex_t ev_lock; /* guards the kept events */
 	CUevent events[EVENTS_KEPT];
 	unsigned nevents;
@@ -117,7 +119,7 @@ struct cuda_ctx {
 	CUstream pool[POOL_MAX]; /* free ones first */
 	unsigned pool_free, pool_made;
 	pthread_mutex_t gather_lock;
-	int gather_state; /* 0 not tried, 1 loaded, -1 unusable */
+	atomic_int gather_state; /* 0 not tried, 1 loaded, -1 unusable */
 	int gather_mode;  /* TE_CUDA_GATHER */
 	pthread_mutex_t host_lock; /* guards hosts */
 	host_map *hosts;

@@ -109,7 +109,7 @@ static void cu_destroy(void *ctx)
 		c->drv.StreamSynchronize(c->pool[i]);
 		c->drv.StreamDestroy(c->pool[i]);
 	}
-	if (c->gather_state == 1)
+	if (atomic_load(&c->gather_state) == 1)
 		c->drv.ModuleUnload(c->gather_mod);
 	for (unsigned i = 0; i < c->nevents; i++)
 		c->drv.EventDestroy(c->events[i]);

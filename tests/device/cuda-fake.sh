@@ -172,11 +172,12 @@ for alloc in legacy vmm; do
          >"$tmp/$n.out" 2>"$tmp/$n.err"; then
       req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
       tp=$(sed -n 's/.*"transport":"\([a-z]*\)".*/\1/p' "$tmp/$n.out" | tail -1)
-      opened=$(stat "$n" $field)
-      if [ "${req:-0}" -gt 0 ] && [ "$tp" = shm ] && [ "${opened:-0}" -ge 1 ]; then
-        ok "shm $op between two processes ($alloc): $req requests checked, the target's allocation opened through $how ($opened)"
+      opened=$(stat "$n" $field) launches=$(stat "$n" launches)
+      # Device to device: the pieces of a run in launches of the gather kernel.
+      if [ "${req:-0}" -gt 0 ] && [ "$tp" = shm ] && [ "${opened:-0}" -ge 1 ] && [ "$launches" -gt 0 ]; then
+        ok "shm $op between two processes ($alloc): $req requests checked, the target's allocation opened through $how ($opened), $launches gather launches"
       else
-        bad "shm $op ($alloc): requests '$req', transport '$tp', $field '$opened'"
+        bad "shm $op ($alloc): requests '$req', transport '$tp', $field '$opened', launches '$launches'"
       fi
     else
       bad "shm $op ($alloc): target '${name:-not ready}'; $(tail -3 "$tmp/$n.err" 2>/dev/null); the target said: $(tail -5 "$tmp/target.out" 2>/dev/null)"

@@ -172,4 +172,24 @@ static inline int te_test_free_port(void)
 	return -1;
 }
 
+/* Keeps a port that a test's server has closed from being taken by a test
+ * running beside, so that a connection to it is refused: binds
+ * 127.0.0.1:port without listening and without SO_REUSEADDR (no other
+ * socket can bind it then, wildcard or not). The descriptor to close after,
+ * or -1 when the port is in use already. */
+static inline int te_test_hold_port(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -1;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 #endif

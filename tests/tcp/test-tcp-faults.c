@@ -298,12 +298,22 @@ static void test_killed_and_restarted(void)
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf + (8u << 20), raddr + 5, 1u << 20, &st), TE_TASK_COMPLETED);
 	CHECK(memcmp(buf, buf + (8u << 20), 1u << 20) == 0);
 	child_stop(&c, 0);
+	/* Its ports stay closed: a test beside may pick the same free ports. */
+	int hold_rpc = te_test_hold_port(rpc), hold_dp = te_test_hold_port(dp);
 
 	/* Gone for good: a transfer fails at once (connection refused). */
 	long long t0 = now_ms();
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_FAILED);
 	CHECK(now_ms() - t0 < 3000);
-	CHECK_EQ(st.error, -ECONNREFUSED);
+	if (hold_rpc >= 0 && hold_dp >= 0)
+		CHECK_EQ(st.error, -ECONNREFUSED);
+	else
+		fprintf(stderr, "  a port of the stopped target was taken again: %s\n",
+			te_strerror(st.error));
+	if (hold_rpc >= 0)
+		close(hold_rpc);
+	if (hold_dp >= 0)
+		close(hold_dp);
 	CHECK_EQ(te_segment_close(a, seg), 0);
 	te_engine_destroy(a);
 	munmap(buf, 64u << 20);

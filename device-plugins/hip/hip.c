@@ -83,6 +83,7 @@ typedef struct runtime {
 	hipError_t (*EventRecord)(hipEvent_t, hipStream_t);
 	hipError_t (*EventSynchronize)(hipEvent_t);
 	hipError_t (*EventDestroy)(hipEvent_t);
+	hipError_t (*EventQuery)(hipEvent_t); /* optional too: without it, no bursts */
 	/* Optional: dma-buf export (newer runtimes). */
 	hipError_t (*MemGetHandleForAddressRange)(void *, void *, size_t, int, unsigned long long);
 	/* Optional: sharing hipMalloc memory with other processes. */
@@ -98,6 +99,8 @@ typedef struct runtime {
 #define BATCH_STREAMS 4
 /* Events kept for reuse: creating one per copy costs a runtime call. */
 #define SPARE_EVENTS 256
+/* The most copies the completer reports in one burst (as a CUDA lane group). */
+#define BURST_MAX 64
 
 /* A queued copy whose event the completer waits for. */
 typedef struct hip_pending {
@@ -198,6 +201,7 @@ static int open_runtime(runtime *r, char *why, size_t why_len)
 	SYM(EventRecord, "hipEventRecord", 0);
 	SYM(EventSynchronize, "hipEventSynchronize", 0);
 	SYM(EventDestroy, "hipEventDestroy", 0);
+	SYM(EventQuery, "hipEventQuery", 0);
 	SYM(MemGetHandleForAddressRange, "hipMemGetHandleForAddressRange", 0);
 	SYM(IpcGetMemHandle, "hipIpcGetMemHandle", 0);
 	SYM(IpcOpenMemHandle, "hipIpcOpenMemHandle", 0);
@@ -352,7 +356,47 @@ static int hip_copy(void *ctx, void *dst, const void *src, size_t len)
  * waits for the events in the order the copies were queued. Stream callbacks
  * would do the same work, but HIP runs a stream's callback as a blocking
  * step of that stream, so every copy would wait for the callback before it.
+ * The copies queued after the one waited for that have ended too are
+ * reported with it, as one burst for the host (device_done_burst): the
+ * staged chunks they make ready go to their transport in one call.
  */
+
+/* The next queued copy if its event has ended (without waiting), else NULL. */
+static hip_pending *take_ended(hip_ctx *c)
+{
+	hip_pending *d = NULL;
+
+	if (c->rt.EventQuery == NULL)
+		return NULL;
+	pthread_mutex_lock(&c->lock);
+	/* An error is left for EventSynchronize to report, on the next turn. */
+	if (c->head != NULL && c->rt.EventQuery(c->head->ev) == hipSuccess) {
+		d = c->head;
+		c->head = d->next;
+		if (c->head == NULL)
+			c->tail = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return d;
+}
+
+/* Recycles the copy's event and tells its owner. */
+static void report(hip_ctx *c, hip_pending *d, hipError_t e)
+{
+	if (e != hipSuccess)
+		c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
+			     errstr(&c->rt, e));
+	pthread_mutex_lock(&c->lock);
+	/* An event that reported an error is not trusted again. */
+	if (e == hipSuccess && c->nspare < SPARE_EVENTS)
+		c->spare[c->nspare++] = d->ev;
+	else
+		c->rt.EventDestroy(d->ev);
+	pthread_mutex_unlock(&c->lock);
+	d->done(d->arg, e == hipSuccess ? 0 : -EIO);
+	free(d);
+}
+
 static void *completer(void *arg)
 {
 	hip_ctx *c = arg;
@@ -369,18 +413,18 @@ static void *completer(void *arg)
 			c->tail = NULL;
 		pthread_mutex_unlock(&c->lock);
 		hipError_t e = c->rt.EventSynchronize(d->ev);
-		if (e != hipSuccess)
-			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
-				     errstr(&c->rt, e));
-		pthread_mutex_lock(&c->lock);
-		/* An event that reported an error is not trusted again. */
-		if (e == hipSuccess && c->nspare < SPARE_EVENTS)
-			c->spare[c->nspare++] = d->ev;
-		else
-			c->rt.EventDestroy(d->ev);
-		pthread_mutex_unlock(&c->lock);
-		d->done(d->arg, e == hipSuccess ? 0 : -EIO);
-		free(d);
+		hip_pending *more = take_ended(c);
+		bool burst = more != NULL && TE_HAS_OP(c->host, device_done_burst);
+		if (burst)
+			c->host->device_done_burst(c->host, 1);
+		report(c, d, e);
+		for (int n = 1; more != NULL;) {
+			d = more;
+			more = ++n < BURST_MAX ? take_ended(c) : NULL;
+			report(c, d, hipSuccess);
+		}
+		if (burst)
+			c->host->device_done_burst(c->host, 0);
 		pthread_mutex_lock(&c->lock);
 	}
 	pthread_mutex_unlock(&c->lock);

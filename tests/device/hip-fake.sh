@@ -4,7 +4,8 @@
 # called directly (hip-ops: copy_batch, copy_async, classify, IPC); te-bench
 # moves device memory over TCP, reads and writes, with every byte checked,
 # the staging copies going through the plugin's asynchronous copies (events
-# waited for by its completer thread, no stream callbacks), on ROCm 6's and
+# waited for by its completer thread, no stream callbacks, the copies found
+# ended with one reported as a burst), on ROCm 6's and
 # ROCm 5's numbering of memory types; the same-host transport reaches
 # another process's device memory through HIP IPC handles; a runtime that
 # refuses or fails copies ends the run with FAILED tasks and the runtime's
@@ -64,8 +65,9 @@ stat() { # name, field: the field's count in the stats line
 b=$(stat ops-60342134 batches)
 e=$(stat ops-60342134 events)
 w=$(stat ops-60342134 event_waits)
-check "hip-ops went through copy_batch ($b batches waited once) and copy_async ($e events, $w waited)" \
-  test "${b:-0}" -ge 2 -a "${e:-0}" -ge 1000 -a "${w:-0}" -ge 1000
+x=$(stat ops-60342134 event_ended)
+check "hip-ops went through copy_batch ($b batches waited once) and copy_async ($e events, $w waited, $x found ended)" \
+  test "${b:-0}" -ge 2 -a "${e:-0}" -ge 1000 -a "$(( ${w:-0} + ${x:-0} ))" -ge 1000
 
 # LeakSanitizer's own failure at exit (it could not stop the threads: "fatal
 # error", not a leak report) says nothing of the run: that run goes again,
@@ -99,14 +101,36 @@ for case in read:65536:- write:65536:- read:1000003:- write:1000003:- \
     async=$(stat "$n" async)
     events=$(stat "$n" events)
     waits=$(stat "$n" event_waits)
+    ended=$(stat "$n" event_ended)
+    # Every event is waited for, or found ended when the one before was.
     if [ "${req:-0}" -gt 0 ] && [ "${async:-0}" -gt 0 ] && [ "${events:-0}" -gt 0 ] &&
-       [ "${waits:-0}" -ge "${events:-0}" ]; then
-      ok "$op $bs bytes ($var): $req requests checked, $async asynchronous copies, $events events waited for"
+       [ "$(( ${waits:-0} + ${ended:-0} ))" -ge "${events:-0}" ]; then
+      ok "$op $bs bytes ($var): $req requests checked, $async asynchronous copies, $events events ($waits waited for, $ended found ended)"
     else
-      bad "$op $bs bytes ($var): requests '$req', asynchronous copies '$async', events '$events', waits '$waits'"
+      bad "$op $bs bytes ($var): requests '$req', asynchronous copies '$async', events '$events', waits '$waits', ended '$ended'"
     fi
   else
     bad "$op $bs bytes ($var): te-bench failed: $(tail -3 "$tmp/$n.err")"
+  fi
+done
+
+# The copies the completer finds ended after the one it waited for are one
+# burst for the host (device_done_burst): the WRITE chunks they make ready go
+# to TCP together, fewer calls than chunks; with TE_STAGE_BURST=0 one call
+# per chunk. (No --check: its read-back would count too.)
+for b in 1 0; do
+  n=burst-$b
+  env TE_STAGE_BURST=$b TE_STAGE_STATS=1 FAKE_HIP_STATS="$tmp/$n.stats" "$bench" --protocol=tcp \
+    --use_vram --vram_device=hip --buffer_size=64M --duration=1 --quiet --json --operation=write \
+    --block_size=65536 >"$tmp/$n.out" 2>"$tmp/$n.err"
+  rc=$?
+  set -- $(sed -n 's/^stage-stats hand-overs: \([0-9]*\) calls, \([0-9]*\) chunks$/\1 \2/p' "$tmp/$n.err" | tail -1)
+  calls=${1:-0} chunks=${2:-0}
+  if [ $rc = 0 ] && [ "$chunks" -gt 0 ] &&
+     { { [ $b = 1 ] && [ "$calls" -lt "$chunks" ]; } || { [ $b = 0 ] && [ "$calls" = "$chunks" ]; }; }; then
+    ok "TE_STAGE_BURST=$b: $chunks staged WRITE chunks handed to TCP in $calls calls"
+  else
+    bad "TE_STAGE_BURST=$b: exit $rc, '$calls' calls for '$chunks' chunks: $(tail -2 "$tmp/$n.err")"
   fi
 done
 

@@ -32,6 +32,7 @@ typedef struct fevent *hipEvent_t;
 
 enum {
 	ERR_NO_DEVICE = 100,
+	ERR_NOT_READY = 600,
 	MEMCPY_DEFAULT = 4,
 	IPC_LAZY = 1,
 };
@@ -45,7 +46,8 @@ typedef struct hipIpcMemHandle {
 #define IPC_MAGIC 0x50494846u
 
 static _Thread_local int current; /* the thread's current device */
-static atomic_ulong sync_copies, async_copies, events, event_waits, batches, ipc_opens, set_devices;
+static atomic_ulong sync_copies, async_copies, events, event_waits, event_ended, batches, ipc_opens,
+	set_devices;
 
 static bool env(const char *name)
 {
@@ -75,10 +77,12 @@ static void write_stats(void)
 	FILE *f = path ? fopen(path, "a") : NULL;
 	if (f == NULL)
 		return;
-	fprintf(f, "sync %lu async %lu events %lu event_waits %lu batches %lu ipc %lu set_device %lu\n",
+	fprintf(f,
+		"sync %lu async %lu events %lu event_waits %lu event_ended %lu batches %lu ipc %lu "
+		"set_device %lu\n",
 		atomic_load(&sync_copies), atomic_load(&async_copies), atomic_load(&events),
-		atomic_load(&event_waits), atomic_load(&batches), atomic_load(&ipc_opens),
-		atomic_load(&set_devices));
+		atomic_load(&event_waits), atomic_load(&event_ended), atomic_load(&batches),
+		atomic_load(&ipc_opens), atomic_load(&set_devices));
 	fclose(f);
 }
 
@@ -164,6 +168,7 @@ API const char *hipGetErrorString(hipError_t e)
 	case ERR_INVALID_VALUE: return "hipErrorInvalidValue";
 	case ERR_OUT_OF_MEMORY: return "hipErrorOutOfMemory";
 	case ERR_NO_DEVICE: return "hipErrorNoDevice";
+	case ERR_NOT_READY: return "hipErrorNotReady";
 	case ERR_ILLEGAL_ADDRESS: return "hipErrorIllegalAddress";
 	case ERR_NOT_SUPPORTED: return "hipErrorNotSupported";
 	default: return "fake HIP error";
@@ -405,6 +410,21 @@ API hipError_t hipEventSynchronize(hipEvent_t e)
 		return ERR_INVALID_VALUE;
 	atomic_fetch_add(&event_waits, 1);
 	return wait_event(e);
+}
+
+/* hipErrorNotReady while work before the event's last record runs; else
+ * that work's status. event_ended counts the queries that found it ended. */
+API hipError_t hipEventQuery(hipEvent_t e)
+{
+	if (e == NULL)
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&e->lock);
+	bool ended = e->reached >= e->recorded;
+	hipError_t r = ended ? e->status : ERR_NOT_READY;
+	pthread_mutex_unlock(&e->lock);
+	if (ended)
+		atomic_fetch_add(&event_ended, 1);
+	return r;
 }
 
 API hipError_t hipEventDestroy(hipEvent_t e)

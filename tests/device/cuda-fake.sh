@@ -21,6 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/../common/poll.sh"
 . "$(dirname "$0")/../common/check.sh"
+. "$(dirname "$0")/bursts.sh"
 
 out=$("$info") || { echo "te-info failed"; exit 1; }
 cuda=$(printf '%s\n' "$out" | sed -n '/^\[cuda\] (device memory)$/{n;p;}')
@@ -97,24 +98,8 @@ if run diag "TE_STAGE_STATS=1 TE_CUDA_STATS=1 TE_TCP_STATS=1" --operation=read -
 else
   bad "diagnostic counters: $(grep stats "$tmp/diag.err" | head -5)"
 fi
-# A copy lane's group of finished copies is one burst for the host
-# (device_done_burst): the WRITE chunks it makes ready go to TCP together,
-# fewer calls than chunks; with TE_STAGE_BURST=0 one call per chunk. (No
-# --check: its read-back would count too.)
-for b in 1 0; do
-  n=burst-$b
-  env TE_STAGE_BURST=$b TE_STAGE_STATS=1 "$bench" --protocol=tcp --use_vram --buffer_size=64M --duration=1 \
-    --quiet --json --operation=write --block_size=65536 >"$tmp/$n.out" 2>"$tmp/$n.err"
-  rc=$?
-  set -- $(sed -n 's/^stage-stats hand-overs: \([0-9]*\) calls, \([0-9]*\) chunks$/\1 \2/p' "$tmp/$n.err" | tail -1)
-  calls=${1:-0} chunks=${2:-0}
-  if [ $rc = 0 ] && [ "$chunks" -gt 0 ] &&
-     { { [ $b = 1 ] && [ "$calls" -lt "$chunks" ]; } || { [ $b = 0 ] && [ "$calls" = "$chunks" ]; }; }; then
-    ok "TE_STAGE_BURST=$b: $chunks staged WRITE chunks handed to TCP in $calls calls"
-  else
-    bad "TE_STAGE_BURST=$b: exit $rc, '$calls' calls for '$chunks' chunks: $(tail -2 "$tmp/$n.err")"
-  fi
-done
+# A plugin's copies finished together are one burst for the host (bursts.sh).
+check_bursts "$bench" "$tmp"
 # Without them, nothing is printed.
 if run nodiag - --operation=read --block_size=65536 && ! grep -q -- '-stats' "$tmp/nodiag.err"; then
   ok "no diagnostic lines unless asked for"

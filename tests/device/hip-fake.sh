@@ -24,6 +24,7 @@ target=
 trap '[ -n "$target" ] && kill "$target" 2>/dev/null; rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/../common/poll.sh"
 . "$(dirname "$0")/../common/check.sh"
+. "$(dirname "$0")/bursts.sh"
 report() { # te-info output: the line after the hip plugin's header
   printf '%s\n' "$1" | sed -n '/^\[hip\] (device memory)$/{n;p;}'
 }
@@ -114,25 +115,8 @@ for case in read:65536:- write:65536:- read:1000003:- write:1000003:- \
   fi
 done
 
-# The copies the completer finds ended after the one it waited for are one
-# burst for the host (device_done_burst): the WRITE chunks they make ready go
-# to TCP together, fewer calls than chunks; with TE_STAGE_BURST=0 one call
-# per chunk. (No --check: its read-back would count too.)
-for b in 1 0; do
-  n=burst-$b
-  env TE_STAGE_BURST=$b TE_STAGE_STATS=1 FAKE_HIP_STATS="$tmp/$n.stats" "$bench" --protocol=tcp \
-    --use_vram --vram_device=hip --buffer_size=64M --duration=1 --quiet --json --operation=write \
-    --block_size=65536 >"$tmp/$n.out" 2>"$tmp/$n.err"
-  rc=$?
-  set -- $(sed -n 's/^stage-stats hand-overs: \([0-9]*\) calls, \([0-9]*\) chunks$/\1 \2/p' "$tmp/$n.err" | tail -1)
-  calls=${1:-0} chunks=${2:-0}
-  if [ $rc = 0 ] && [ "$chunks" -gt 0 ] &&
-     { { [ $b = 1 ] && [ "$calls" -lt "$chunks" ]; } || { [ $b = 0 ] && [ "$calls" = "$chunks" ]; }; }; then
-    ok "TE_STAGE_BURST=$b: $chunks staged WRITE chunks handed to TCP in $calls calls"
-  else
-    bad "TE_STAGE_BURST=$b: exit $rc, '$calls' calls for '$chunks' chunks: $(tail -2 "$tmp/$n.err")"
-  fi
-done
+# A plugin's copies finished together are one burst for the host (bursts.sh).
+check_bursts "$bench" "$tmp" --vram_device=hip
 
 # A runtime that will not record events: the plugin waits for the stream
 # instead, and the bytes still arrive.

@@ -369,13 +369,17 @@ static hip_pending *take_ended(hip_ctx *c)
 	if (c->rt.EventQuery == NULL)
 		return NULL;
 	pthread_mutex_lock(&c->lock);
-	/* An error is left for EventSynchronize to report, on the next turn. */
-	if (c->head != NULL && c->rt.EventQuery(c->head->ev) == hipSuccess) {
-		d = c->head;
-		c->head = d->next;
-		if (c->head == NULL)
-			c->tail = NULL;
-	}
+	d = c->head;
+	pthread_mutex_unlock(&c->lock);
+	/* Asked outside the lock, not to hold up the submitters; only this
+	 * thread takes from the list, so d is still its head after. An error
+	 * is left for EventSynchronize to report, on the next turn. */
+	if (d == NULL || c->rt.EventQuery(d->ev) != hipSuccess)
+		return NULL;
+	pthread_mutex_lock(&c->lock);
+	c->head = d->next;
+	if (c->head == NULL)
+		c->tail = NULL;
 	pthread_mutex_unlock(&c->lock);
 	return d;
 }

@@ -9,9 +9,9 @@ check_bursts() {
   _bench=$1 _dir=$2
   shift 2
   for _b in 1 0; do
-    env TE_STAGE_BURST=$_b TE_STAGE_STATS=1 "$_bench" --protocol=tcp --use_vram --buffer_size=64M \
-      --duration=1 --quiet --json --operation=write --block_size=65536 "$@" \
-      >"$_dir/burst-$_b.out" 2>"$_dir/burst-$_b.err"
+    lsan_run "$_dir/burst-$_b.out" "$_dir/burst-$_b.err" env TE_STAGE_BURST=$_b TE_STAGE_STATS=1 \
+      "$_bench" --protocol=tcp --use_vram --buffer_size=64M --duration=1 --quiet --json \
+      --operation=write --block_size=65536 "$@"
     _rc=$?
     _got=$(sed -n 's/^stage-stats hand-overs: \([0-9]*\) calls, \([0-9]*\) chunks$/\1 \2/p' \
       "$_dir/burst-$_b.err" | tail -1)

@@ -30,14 +30,6 @@ check "the cuda plugin is active on the stand-in driver ($cuda)" \
 check "te-info lists cuda:1 with its name" \
   sh -c 'printf "%s\n" "$1" | grep -q "^cuda:1: libte fake GPU 1"' _ "$out"
 
-# LeakSanitizer's own failure at exit (it could not stop the threads: "fatal
-# error", not a leak report) says nothing of the run: that run goes again,
-# once. A leak it finds ("detected memory leaks") fails as any error does.
-lsan_broke() { # rc, stderr file
-  [ "$1" -ne 0 ] && grep -q 'LeakSanitizer has encountered a fatal error' "$2" &&
-    echo "note: LeakSanitizer failed at exit (not a finding); running it again" >&2
-}
-
 run() { # name, "VAR=value ..." for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_CUDA_NONE=1
@@ -152,9 +144,9 @@ for alloc in legacy vmm; do
   name=$(bench_name "$tmp/target.out")
   for op in read write; do
     n=shm-$alloc-$op
-    if [ -n "$name" ] && env FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \
-         --use_vram --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
-         >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+    if [ -n "$name" ] && lsan_run "$tmp/$n.out" "$tmp/$n.err" env FAKE_CUDA_STATS="$tmp/$n.stats" \
+         "$bench" --segment_id="$name" --protocol=shm --use_vram --check --buffer_size=64M --duration=1 \
+         --quiet --json --operation=$op; then
       req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
       tp=$(sed -n 's/.*"transport":"\([a-z]*\)".*/\1/p' "$tmp/$n.out" | tail -1)
       opened=$(stat "$n" $field) launches=$(stat "$n" launches)
@@ -201,9 +193,9 @@ target=$!
 name=$(bench_name "$tmp/htarget.out")
 for op in read write; do
   n=ghost-shm-$op
-  if [ -n "$name" ] && env TE_CUDA_GATHER=host FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" \
-       --protocol=shm --use_vram --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
-       >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+  if [ -n "$name" ] && lsan_run "$tmp/$n.out" "$tmp/$n.err" env TE_CUDA_GATHER=host \
+       FAKE_CUDA_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm --use_vram --check \
+       --buffer_size=64M --duration=1 --quiet --json --operation=$op; then
     req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
     if [ "${req:-0}" -gt 0 ] && [ "$(stat "$n" launches)" = 0 ] && [ "$(stat "$n" async)" -gt 0 ]; then
       ok "TE_CUDA_GATHER=host, shm $op to a target's host memory: $req requests checked, copy calls, no launch"

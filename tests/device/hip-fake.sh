@@ -70,14 +70,6 @@ x=$(stat ops-60342134 event_ended)
 check "hip-ops went through copy_batch ($b batches waited once) and copy_async ($e events, $w waited, $x found ended)" \
   test "${b:-0}" -ge 2 -a "${e:-0}" -ge 1000 -a "$(( ${w:-0} + ${x:-0} ))" -ge 1000
 
-# LeakSanitizer's own failure at exit (it could not stop the threads: "fatal
-# error", not a leak report) says nothing of the run: that run goes again,
-# once. A leak it finds ("detected memory leaks") fails as any error does.
-lsan_broke() { # rc, stderr file
-  [ "$1" -ne 0 ] && grep -q 'LeakSanitizer has encountered a fatal error' "$2" &&
-    echo "note: LeakSanitizer failed at exit (not a finding); running it again" >&2
-}
-
 run() { # name, VAR=value for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_HIP_NONE=1
@@ -136,9 +128,9 @@ target=$!
 name=$(bench_name "$tmp/target.out")
 for op in read write; do
   n=shm-$op
-  if [ -n "$name" ] && env FAKE_HIP_STATS="$tmp/$n.stats" "$bench" --segment_id="$name" --protocol=shm \
-       --use_vram --vram_device=hip --check --buffer_size=64M --duration=1 --quiet --json --operation=$op \
-       >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+  if [ -n "$name" ] && lsan_run "$tmp/$n.out" "$tmp/$n.err" env FAKE_HIP_STATS="$tmp/$n.stats" \
+       "$bench" --segment_id="$name" --protocol=shm --use_vram --vram_device=hip --check \
+       --buffer_size=64M --duration=1 --quiet --json --operation=$op; then
     req=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$tmp/$n.out" | tail -1)
     tp=$(sed -n 's/.*"transport":"\([a-z]*\)".*/\1/p' "$tmp/$n.out" | tail -1)
     ipc=$(stat "$n" ipc)

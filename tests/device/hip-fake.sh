@@ -109,6 +109,15 @@ done
 
 # A plugin's copies finished together are one burst for the host (bursts.sh).
 check_bursts "$bench" "$tmp" --vram_device=hip
+# A runtime whose hipEventQuery refuses: every copy is waited for and
+# reported on its own, every byte still checked.
+if run noquery FAKE_HIP_FAIL_EVENT_QUERY=1 --operation=write --block_size=65536 &&
+   [ "$(stat noquery event_ended)" = 0 ] && [ "$(stat noquery event_waits)" -ge "$(stat noquery events)" ] &&
+   [ "$(stat noquery events)" -gt 0 ]; then
+  ok "hipEventQuery refusing: $(stat noquery events) events, each waited for, every byte checked"
+else
+  bad "hipEventQuery refusing: $(tail -3 "$tmp/noquery.err"); $(cat "$tmp/noquery.stats" 2>/dev/null)"
+fi
 
 # A runtime that will not record events: the plugin waits for the stream
 # instead, and the bytes still arrive.

@@ -16,7 +16,8 @@
  *   FAKE_HIP_NO_DEVICE=1: no device. FAKE_HIP_FAIL_COPY=1: hipMemcpy fails;
  *   FAKE_HIP_FAIL_ASYNC=1: hipMemcpyAsync refuses; FAKE_HIP_FAIL_STREAM=1:
  *   queued copies fail (events and stream waits see the error);
- *   FAKE_HIP_NO_EVENT_RECORD=1: hipEventRecord refuses.
+ *   FAKE_HIP_NO_EVENT_RECORD=1: hipEventRecord refuses;
+ *   FAKE_HIP_FAIL_EVENT_QUERY=1: hipEventQuery refuses.
  *   FAKE_HIP_STATS=FILE appends, at exit, how many calls of each kind ran.
  */
 #include <errno.h>
@@ -416,7 +417,7 @@ API hipError_t hipEventSynchronize(hipEvent_t e)
  * that work's status. event_ended counts the queries that found it ended. */
 API hipError_t hipEventQuery(hipEvent_t e)
 {
-	if (e == NULL)
+	if (e == NULL || env("FAKE_HIP_FAIL_EVENT_QUERY"))
 		return ERR_INVALID_VALUE;
 	pthread_mutex_lock(&e->lock);
 	bool ended = e->reached >= e->recorded;

@@ -414,7 +414,8 @@ API hipError_t hipEventSynchronize(hipEvent_t e)
 }
 
 /* hipErrorNotReady while work before the event's last record runs; else
- * that work's status. event_ended counts the queries that found it ended. */
+ * that work's status. event_ended counts the queries that found it ended
+ * well (those the plugin reports a copy on, as a wait would). */
 API hipError_t hipEventQuery(hipEvent_t e)
 {
 	if (e == NULL || env("FAKE_HIP_FAIL_EVENT_QUERY"))
@@ -423,7 +424,7 @@ API hipError_t hipEventQuery(hipEvent_t e)
 	bool ended = e->reached >= e->recorded;
 	hipError_t r = ended ? e->status : ERR_NOT_READY;
 	pthread_mutex_unlock(&e->lock);
-	if (ended)
+	if (ended && r == OK)
 		atomic_fetch_add(&event_ended, 1);
 	return r;
 }

@@ -351,6 +351,14 @@ static void ask_refresh(te_engine *e, te_segver *sv, int error)
 	g_thread_pool_push(e->refresh_pool, sv, NULL);
 }
 
+void te_task_stale(te_task *t)
+{
+	/* A staging chunk's sub-transfer has no version of its own; its
+	 * parent's completion asks when the task fails. */
+	if (t->sv != NULL && t->batch != NULL)
+		ask_refresh(t->batch->engine, t->sv, TE_ERR_ADDRESS);
+}
+
 /* Errors that say the peer process or its host went away. */
 static bool peer_gone(int error)
 {

@@ -132,6 +132,30 @@ int te_engine_publish(te_engine *e)
 	return rc < 0 ? rc : 0;
 }
 
+static void publish_job(gpointer data, gpointer user)
+{
+	te_engine *e = user;
+
+	(void)data;
+	/* Cleared first: an ask that comes while this one publishes gets a
+	 * publication of its own. */
+	atomic_store(&e->publish_queued, false);
+	g_rec_mutex_lock(&e->ctl);
+	if (!atomic_load(&e->closing)) {
+		int rc = te_engine_publish(e);
+		if (rc < 0)
+			te_warn("publishing the descriptor a transport changed failed: %s", te_strerror(rc));
+	}
+	g_rec_mutex_unlock(&e->ctl);
+}
+
+void te_engine_publish_later(te_engine *e)
+{
+	if (e->publish_pool == NULL || atomic_exchange(&e->publish_queued, true))
+		return;
+	g_thread_pool_push(e->publish_pool, GINT_TO_POINTER(1), NULL);
+}
+
 static void unpublish(te_engine *e)
 {
 	char key[TE_MAX_NAME + 64];
@@ -532,6 +556,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
 	e->notify_pool = te_notify_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
+	e->publish_pool = g_thread_pool_new(publish_job, e, 1, FALSE, NULL);
 	rc = te_local_init(e);
 	if (rc == 0)
 		rc = te_stage_init(e);
@@ -661,6 +686,10 @@ void te_engine_destroy(te_engine *e)
 		te_memreg_revoke_all(e);
 		return;
 	}
+	/* The transports, which ask for its jobs, are gone; a job queued
+	 * sees `closing` and publishes nothing. */
+	g_thread_pool_free(e->publish_pool, FALSE, TRUE);
+	e->publish_pool = NULL;
 	te_local_fini(e);
 	te_metadata_close(e->md);
 	te_notify_clear(e);

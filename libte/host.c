@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The services table libte hands each plugin instance. */
+#include <json-glib/json-glib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -375,6 +376,41 @@ static void host_device_done_burst(const te_host *h, int begin)
 	te_stage_burst(begin);
 }
 
+static int host_buffer_fields(const te_host *h, const void *addr, const char *json_object)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
+	char why[160] = "";
+
+	if (hc->engine == NULL || hc->plugin == NULL || hc->plugin->kind != TE_KIND_TRANSPORT)
+		return -ENOTSUP;
+	if (addr == NULL || json_object == NULL) {
+		te_err("buffer_fields from %s: %s is NULL", hc->plugin->name, addr ? "the text" : "addr");
+		return -EINVAL;
+	}
+	JsonNode *root = te_json_load(json_object, strlen(json_object), &lim, why, sizeof why);
+	bool object = root != NULL && JSON_NODE_HOLDS_OBJECT(root);
+	if (root != NULL)
+		json_node_unref(root);
+	if (!object) {
+		te_err("buffer_fields from %s for %p: not a JSON object (%s)", hc->plugin->name, addr,
+		       root ? "another JSON value" : why);
+		return -EINVAL;
+	}
+	/* Not under ctl: the engine's teardown joins transport threads with
+	 * it held. A transport calls this only while installed (its own
+	 * threads stop in its destroy), so the instance is the one in the
+	 * table; hc is its first member. */
+	return te_region_set_fields(hc->engine, (te_transport_inst *)(void *)hc, addr, json_object);
+}
+
+static void host_transfer_stale(const te_host *h, const te_transfer *t)
+{
+	(void)h;
+	if (t != NULL)
+		te_task_stale((te_task *)(void *)t);
+}
+
 static int host_metrics_text(const te_host *h, char **text, size_t *len)
 {
 	(void)h;
@@ -426,6 +462,8 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 #endif
 		.metrics_text = host_metrics_text,
 		.device_done_burst = host_device_done_burst,
+		.buffer_fields = host_buffer_fields,
+		.transfer_stale = host_transfer_stale,
 	};
 #if !TE_METRICS_BUILD
 	/* Counting compiled out: plugins see no counters to call at all. */

@@ -228,6 +228,13 @@ void te_region_leave(te_region *r);
 void te_memreg_revoke_all(struct te_engine *e);
 int te_region_attach(struct te_engine *e, te_transport_inst *tp, te_region *r);
 void te_region_detach(struct te_engine *e, te_transport_inst *tp, te_region *r);
+/* te_host's buffer_fields: replaces `tp`'s fields of the region starting at
+ * `addr` (-ENOENT: none) and has the descriptor published again soon. */
+int te_region_set_fields(struct te_engine *e, te_transport_inst *tp, const void *addr,
+			 const char *json_object);
+/* Publishes the descriptor again on the engine's own thread, soon (calls
+ * that come before it ran share it). */
+void te_engine_publish_later(struct te_engine *e);
 int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
 /* Registers libte's own local-only memory (staging buffers): every transport
  * sees it, the descriptor does not. */
@@ -403,6 +410,9 @@ typedef struct te_batch {
 } te_batch;
 
 void te_task_complete(te_task *t, uint64_t bytes, int error);
+/* te_host's transfer_stale: the task's peer refused keys its descriptor
+ * gave; fetch the descriptor again (once per version). */
+void te_task_stale(te_task *t);
 void te_batches_init(struct te_engine *e);
 void te_batches_clear(struct te_engine *e);
 void te_batches_cancel_all(struct te_engine *e);
@@ -481,6 +491,11 @@ struct te_engine {
 	GThreadPool *reaper;
 	GThreadPool *notify_pool;
 	GThreadPool *refresh_pool; /* refreshes asked for by failed transfers */
+	/* Publications a transport asked for from its own threads
+	 * (te_host's buffer_fields): never on the caller's thread, which
+	 * the engine's teardown may be joining with ctl held. */
+	GThreadPool *publish_pool;
+	atomic_bool publish_queued; /* one queued publication covers every ask */
 
 	bool published;
 	atomic_bool closing; /* read by completion and pool threads */

@@ -275,7 +275,6 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 		.flags = r->flags,
 		.device = r->dev != NULL,
 	};
-	(void)e;
 
 	/* Device memory goes only to transports that may move it themselves;
 	 * the others never see it (the host stages it for them). */
@@ -305,9 +304,38 @@ int te_region_attach(te_engine *e, te_transport_inst *tp, te_region *r)
 		return rc;
 	}
 	if (fields != NULL) {
-		g_hash_table_replace(r->fields, tp, g_strdup(fields));
+		/* Fields the transport replaced meanwhile (buffer_fields, from
+		 * its own threads) are newer than what registration returned. */
+		g_rw_lock_writer_lock(&e->mem.lock);
+		if (!g_hash_table_contains(r->fields, tp))
+			g_hash_table_insert(r->fields, tp, g_strdup(fields));
+		g_rw_lock_writer_unlock(&e->mem.lock);
 		free(fields);
 	}
+	return 0;
+}
+
+int te_region_set_fields(te_engine *e, te_transport_inst *tp, const void *addr,
+			 const char *json_object)
+{
+	int rc = -ENOENT;
+
+	g_rw_lock_writer_lock(&e->mem.lock);
+	for (guint i = 0; i < e->mem.regions->len; i++) {
+		te_region *r = g_ptr_array_index(e->mem.regions, i);
+		if (r->addr == addr && !r->dying) {
+			g_hash_table_replace(r->fields, tp, g_strdup(json_object));
+			rc = 0;
+			break;
+		}
+	}
+	g_rw_lock_writer_unlock(&e->mem.lock);
+	if (rc < 0) {
+		te_warn("transport %s changed the fields of buffer %p, which is not registered",
+			tp->hc.plugin->name, addr);
+		return rc;
+	}
+	te_engine_publish_later(e);
 	return 0;
 }
 

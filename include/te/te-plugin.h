@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 7
+#define TE_PLUGIN_ABI_MINOR 8
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -343,6 +343,21 @@ struct te_host {
 	 * end, in one call per transport instead of one per copy. done()
 	 * calls outside a burst are handled at once, as before. */
 	void (*device_done_burst)(const te_host *h, int begin);
+
+	/* ---- since ABI 1.8 (test with TE_HAS_OP) ---- */
+	/* For transports: the buffer fields this transport gave for the
+	 * region registered at `addr` (mem_register's json_object) changed,
+	 * e.g. its keys after a NIC was opened again: `json_object` replaces
+	 * them in the descriptor from its next publication (republish()).
+	 * -ENOENT when no region starts at `addr`, -EINVAL when the text is
+	 * not a JSON object. */
+	int (*buffer_fields)(const te_host *h, const void *addr, const char *json_object);
+	/* For transports: a peer refused this transfer's keys or range on one
+	 * path though it was moved by another (a peer's NIC opened again with
+	 * new keys): the host fetches the peer's descriptor again, off the
+	 * caller's thread, at most once per descriptor version, so later
+	 * transfers use what the peer publishes now. */
+	void (*transfer_stale)(const te_host *h, const te_transfer *t);
 };
 
 /* What metric_add() counts (since ABI 1.6). */

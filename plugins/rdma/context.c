@@ -4,7 +4,8 @@
  * and channels, the port's LID/GID/MTU, its worker threads and the thread
  * that reads its asynchronous events. A context whose port goes down or that
  * reports a fatal error is taken out of service (no new slices, its
- * endpoints flushed) and brought back once its port is active again.
+ * endpoints flushed) and brought back once its port is active again; after
+ * a fatal error, on verbs objects made anew (ctx_revive).
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -121,134 +122,12 @@ static int set_nonblock(int fd)
 	return 0;
 }
 
-int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **out, GString *err)
+/* Frees the verbs objects of the context (which may be half built) and
+ * closes its device context. */
+static void ctx_teardown(rd_ctx *c)
 {
-	const rv_verbs *v = tr->verbs;
-	const rd_config *cfg = &tr->cfg;
-	rd_ctx *c = g_new0(rd_ctx, 1);
-	struct ibv_device_attr da;
-	struct ibv_port_attr pa;
-	GString *why = g_string_new(NULL);
-	int rc;
+	const rv_verbs *v = c->tr->verbs;
 
-	*out = NULL;
-	c->tr = tr;
-	c->index = index;
-	g_strlcpy(c->name, v->get_device_name(dev), sizeof c->name);
-	if (tr->metrics)
-		c->mdev = tr->host->metric_device(tr->host, c->name);
-	snprintf(c->nic_path, sizeof c->nic_path, "%s@%s", tr->local_name, c->name);
-	g_mutex_init(&c->qlock);
-	g_mutex_init(&c->ep_lock);
-	g_mutex_init(&c->gid_lock);
-	c->eps = g_hash_table_new(g_str_hash, g_str_equal);
-	c->async_wake = -1;
-
-	c->vctx = v->open_device(dev);
-	if (c->vctx == NULL) {
-		g_string_printf(err, "%s: cannot open the device: %s", c->name, g_strerror(errno));
-		rc = -ENODEV;
-		goto fail;
-	}
-	rc = v->query_device(c->vctx, &da);
-	if (rc != 0) {
-		g_string_printf(err, "%s: cannot query the device: %s", c->name, g_strerror(rc));
-		rc = -rc;
-		goto fail;
-	}
-	if (cfg->ib_port < 1 || cfg->ib_port > da.phys_port_cnt) {
-		g_string_printf(err, "%s: port %u requested (TE_RDMA_IB_PORT/MC_IB_PORT) but the device "
-				     "has %u",
-				c->name, cfg->ib_port, da.phys_port_cnt);
-		rc = -EINVAL;
-		goto fail;
-	}
-	c->port = (uint8_t)cfg->ib_port;
-	/* The platform's limits cap the configured values. */
-	c->max_wr = MIN(cfg->max_wr, (unsigned)MAX(da.max_qp_wr, 1));
-	c->max_sge = MIN(cfg->max_sge, (unsigned)MAX(da.max_sge, 1));
-	c->max_cqe = MIN(cfg->max_cqe, (unsigned)MAX(da.max_cqe, 1));
-	c->max_inline = cfg->max_inline;
-	/* Devices refuse more outstanding READs than they can track (16 on
-	 * most NICs, 128 on rdma_rxe, fewer on some); 16 is plenty. */
-	c->max_rd_atomic = (uint8_t)MAX(MIN(16, da.max_qp_init_rd_atom), 1);
-	c->max_dest_rd_atomic = (uint8_t)MAX(MIN(16, da.max_qp_rd_atom), 1);
-	rc = v->query_port(c->vctx, c->port, &pa);
-	if (rc != 0) {
-		g_string_printf(err, "%s: cannot query port %u: %s", c->name, c->port, g_strerror(rc));
-		rc = -rc;
-		goto fail;
-	}
-	c->lid = pa.lid;
-	c->link_layer = pa.link_layer;
-	c->mtu = MIN(mtu_enum(cfg->mtu), pa.active_mtu ? pa.active_mtu : IBV_MTU_4096);
-	rc = rd_pick_gid(v, c->vctx, c->port, cfg->gid_index, &c->gid_index, c->gid, why);
-	if (rc < 0) {
-		g_string_printf(err, "%s: %s", c->name, why->str);
-		goto fail;
-	}
-	char gs[48];
-	rd_gid_format(c->gid, gs);
-	RD_LOG(tr, TE_LOG_INFO, "%s port %u: %s: %s", c->name, c->port, why->str, gs);
-
-	c->pd = v->alloc_pd(c->vctx);
-	if (c->pd == NULL) {
-		g_string_printf(err, "%s: cannot allocate a protection domain: %s", c->name, g_strerror(errno));
-		rc = -ENOMEM;
-		goto fail;
-	}
-	c->ncq = (int)MAX(cfg->num_cq_per_ctx, 1);
-	c->nchan = (int)MIN(MAX(cfg->num_comp_channels, 1), (unsigned)c->ncq);
-	c->chans = g_new0(struct ibv_comp_channel *, c->nchan);
-	c->cqs = g_new0(struct ibv_cq *, c->ncq);
-	c->cq_out = g_new0(atomic_int, c->ncq);
-	for (int i = 0; i < c->nchan; i++) {
-		c->chans[i] = v->create_comp_channel(c->vctx);
-		if (c->chans[i] == NULL || set_nonblock(c->chans[i]->fd) < 0) {
-			g_string_printf(err, "%s: cannot create a completion channel: %s", c->name,
-					g_strerror(errno));
-			rc = -ENOMEM;
-			goto fail;
-		}
-	}
-	for (int i = 0; i < c->ncq; i++) {
-		int vec = c->vctx->num_comp_vectors > 0 ? i % c->vctx->num_comp_vectors : 0;
-		c->cqs[i] = v->create_cq(c->vctx, (int)c->max_cqe, c, c->chans[i % c->nchan], vec);
-		if (c->cqs[i] == NULL) {
-			g_string_printf(err, "%s: cannot create a completion queue of %u entries: %s", c->name,
-					c->max_cqe, g_strerror(errno));
-			rc = -ENOMEM;
-			goto fail;
-		}
-	}
-	if (set_nonblock(c->vctx->async_fd) < 0) {
-		g_string_printf(err, "%s: cannot make the async event file non-blocking", c->name);
-		rc = -EIO;
-		goto fail;
-	}
-	atomic_store(&c->active, pa.state == IBV_PORT_ACTIVE);
-	if (pa.state != IBV_PORT_ACTIVE) {
-		c->down_since = rd_now_ms();
-		RD_LOG(tr, TE_LOG_WARN, "%s port %u is not active: out of service until it is", c->name,
-		       c->port);
-	}
-	g_string_free(why, TRUE);
-	*out = c;
-	return 0;
-fail:
-	g_string_free(why, TRUE);
-	rd_ctx_close(c);
-	return rc;
-}
-
-void rd_ctx_close(rd_ctx *c)
-{
-	const rv_verbs *v;
-
-	if (c == NULL)
-		return;
-	v = c->tr->verbs;
-	rd_ep_pool_clear(c);
 	for (int i = 0; c->cqs && i < c->ncq; i++)
 		if (c->cqs[i] && v->destroy_cq(c->cqs[i]) != 0)
 			RD_LOG(c->tr, TE_LOG_WARN, "%s: destroying a completion queue failed", c->name);
@@ -262,10 +141,171 @@ void rd_ctx_close(rd_ctx *c)
 	g_free(c->cqs);
 	g_free(c->chans);
 	g_free(c->cq_out);
+	c->cqs = NULL;
+	c->chans = NULL;
+	c->cq_out = NULL;
+	c->ncq = c->nchan = 0;
+	c->pd = NULL;
+	c->vctx = NULL;
+}
+
+/* Builds the context's verbs objects on an opened device context `vctx`
+ * (owned from here on, closed by ctx_teardown): the device's limits, the
+ * port, the GID, the protection domain, the completion channels and
+ * queues. The port's attributes in `pa`. */
+static int ctx_build(rd_ctx *c, struct ibv_context *vctx, struct ibv_port_attr *pa, GString *err)
+{
+	rd_transport *tr = c->tr;
+	const rv_verbs *v = tr->verbs;
+	const rd_config *cfg = &tr->cfg;
+	struct ibv_device_attr da;
+	GString *why = g_string_new(NULL);
+	int rc;
+
+	c->vctx = vctx;
+	rc = v->query_device(c->vctx, &da);
+	if (rc != 0) {
+		g_string_printf(err, "%s: cannot query the device: %s", c->name, g_strerror(rc));
+		rc = -rc;
+		goto out;
+	}
+	if (cfg->ib_port < 1 || cfg->ib_port > da.phys_port_cnt) {
+		g_string_printf(err, "%s: port %u requested (TE_RDMA_IB_PORT/MC_IB_PORT) but the device "
+				     "has %u",
+				c->name, cfg->ib_port, da.phys_port_cnt);
+		rc = -EINVAL;
+		goto out;
+	}
+	c->port = (uint8_t)cfg->ib_port;
+	/* The platform's limits cap the configured values. */
+	c->max_wr = MIN(cfg->max_wr, (unsigned)MAX(da.max_qp_wr, 1));
+	c->max_sge = MIN(cfg->max_sge, (unsigned)MAX(da.max_sge, 1));
+	c->max_cqe = MIN(cfg->max_cqe, (unsigned)MAX(da.max_cqe, 1));
+	c->max_inline = cfg->max_inline;
+	/* Devices refuse more outstanding READs than they can track (16 on
+	 * most NICs, 128 on rdma_rxe, fewer on some); 16 is plenty. */
+	c->max_rd_atomic = (uint8_t)MAX(MIN(16, da.max_qp_init_rd_atom), 1);
+	c->max_dest_rd_atomic = (uint8_t)MAX(MIN(16, da.max_qp_rd_atom), 1);
+	rc = v->query_port(c->vctx, c->port, pa);
+	if (rc != 0) {
+		g_string_printf(err, "%s: cannot query port %u: %s", c->name, c->port, g_strerror(rc));
+		rc = -rc;
+		goto out;
+	}
+	c->lid = pa->lid;
+	c->link_layer = pa->link_layer;
+	c->mtu = MIN(mtu_enum(cfg->mtu), pa->active_mtu ? pa->active_mtu : IBV_MTU_4096);
+	uint8_t gid[16];
+	int gid_index = -1;
+	rc = rd_pick_gid(v, c->vctx, c->port, cfg->gid_index, &gid_index, gid, why);
+	if (rc < 0) {
+		g_string_printf(err, "%s: %s", c->name, why->str);
+		goto out;
+	}
+	g_mutex_lock(&c->gid_lock);
+	memcpy(c->gid, gid, 16);
+	c->gid_index = gid_index;
+	g_mutex_unlock(&c->gid_lock);
+	char gs[48];
+	rd_gid_format(gid, gs);
+	RD_LOG(tr, TE_LOG_INFO, "%s port %u: %s: %s", c->name, c->port, why->str, gs);
+
+	c->pd = v->alloc_pd(c->vctx);
+	if (c->pd == NULL) {
+		g_string_printf(err, "%s: cannot allocate a protection domain: %s", c->name, g_strerror(errno));
+		rc = -ENOMEM;
+		goto out;
+	}
+	int ncq = (int)MAX(cfg->num_cq_per_ctx, 1);
+	int nchan = (int)MIN(MAX(cfg->num_comp_channels, 1), (unsigned)ncq);
+	c->chans = g_new0(struct ibv_comp_channel *, nchan);
+	c->cqs = g_new0(struct ibv_cq *, ncq);
+	c->cq_out = g_new0(atomic_int, ncq);
+	c->nchan = nchan;
+	c->ncq = ncq;
+	for (int i = 0; i < c->nchan; i++) {
+		c->chans[i] = v->create_comp_channel(c->vctx);
+		if (c->chans[i] == NULL || set_nonblock(c->chans[i]->fd) < 0) {
+			g_string_printf(err, "%s: cannot create a completion channel: %s", c->name,
+					g_strerror(errno));
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	for (int i = 0; i < c->ncq; i++) {
+		int vec = c->vctx->num_comp_vectors > 0 ? i % c->vctx->num_comp_vectors : 0;
+		c->cqs[i] = v->create_cq(c->vctx, (int)c->max_cqe, c, c->chans[i % c->nchan], vec);
+		if (c->cqs[i] == NULL) {
+			g_string_printf(err, "%s: cannot create a completion queue of %u entries: %s", c->name,
+					c->max_cqe, g_strerror(errno));
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	if (set_nonblock(c->vctx->async_fd) < 0) {
+		g_string_printf(err, "%s: cannot make the async event file non-blocking", c->name);
+		rc = -EIO;
+		goto out;
+	}
+	rc = 0;
+out:
+	g_string_free(why, TRUE);
+	return rc;
+}
+
+int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **out, GString *err)
+{
+	const rv_verbs *v = tr->verbs;
+	rd_ctx *c = g_new0(rd_ctx, 1);
+	struct ibv_port_attr pa;
+	int rc;
+
+	*out = NULL;
+	c->tr = tr;
+	c->index = index;
+	g_strlcpy(c->name, v->get_device_name(dev), sizeof c->name);
+	if (tr->metrics)
+		c->mdev = tr->host->metric_device(tr->host, c->name);
+	snprintf(c->nic_path, sizeof c->nic_path, "%s@%s", tr->local_name, c->name);
+	g_mutex_init(&c->qlock);
+	g_mutex_init(&c->ep_lock);
+	g_mutex_init(&c->gid_lock);
+	g_rw_lock_init(&c->verbs_lock);
+	c->eps = g_hash_table_new(g_str_hash, g_str_equal);
+	c->async_wake = -1;
+
+	struct ibv_context *vctx = v->open_device(dev);
+	if (vctx == NULL) {
+		g_string_printf(err, "%s: cannot open the device: %s", c->name, g_strerror(errno));
+		rd_ctx_close(c);
+		return -ENODEV;
+	}
+	rc = ctx_build(c, vctx, &pa, err);
+	if (rc < 0) {
+		rd_ctx_close(c);
+		return rc;
+	}
+	atomic_store(&c->active, pa.state == IBV_PORT_ACTIVE);
+	if (pa.state != IBV_PORT_ACTIVE) {
+		c->down_since = rd_now_ms();
+		RD_LOG(tr, TE_LOG_WARN, "%s port %u is not active: out of service until it is", c->name,
+		       c->port);
+	}
+	*out = c;
+	return 0;
+}
+
+void rd_ctx_close(rd_ctx *c)
+{
+	if (c == NULL)
+		return;
+	rd_ep_pool_clear(c);
+	ctx_teardown(c);
 	g_hash_table_unref(c->eps);
 	g_mutex_clear(&c->qlock);
 	g_mutex_clear(&c->ep_lock);
 	g_mutex_clear(&c->gid_lock);
+	g_rw_lock_clear(&c->verbs_lock);
 	g_free(c);
 }
 
@@ -352,17 +392,220 @@ bool rd_ctx_refresh_gid(rd_ctx *c)
 	return true;
 }
 
+/* ------------------------------------------------- after a fatal error */
+
+static bool ctx_outstanding(rd_ctx *c)
+{
+	for (int q = 0; q < c->ncq; q++)
+		if (atomic_load(&c->cq_out[q]) > 0)
+			return true;
+	return false;
+}
+
+/* Says, at most every 5 s, what a dead device waits for to be opened again. */
+static void revive_note(rd_ctx *c, const char *what)
+{
+	int64_t now = rd_now_ms();
+
+	if (now - c->revive_note_ms < 5000)
+		return;
+	c->revive_note_ms = now;
+	RD_LOG(c->tr, TE_LOG_INFO, "%s: reset, opened again once %s", c->name, what);
+}
+
+/* The device, opened anew: NULL while it is not back from its reset. */
+static struct ibv_context *open_again(rd_ctx *c)
+{
+	const rv_verbs *v = c->tr->verbs;
+	struct ibv_context *nv = NULL;
+	int num = 0;
+	struct ibv_device **list = v->get_device_list(c->tr->sysfs_root, &num);
+
+	for (int k = 0; list != NULL && k < num; k++)
+		if (strcmp(v->get_device_name(list[k]), c->name) == 0) {
+			nv = v->open_device(list[k]);
+			break;
+		}
+	if (list != NULL)
+		v->free_device_list(list);
+	struct ibv_port_attr pa;
+	if (nv != NULL && (v->query_port(nv, c->port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE)) {
+		v->close_device(nv);
+		nv = NULL;
+	}
+	return nv;
+}
+
+static gpointer async_thread(gpointer data);
+
+/* Stops the context's threads for a while. Their wake-up files stay: other
+ * threads may ring them meanwhile (rd_ctx_kick). */
+static void threads_halt(rd_ctx *c)
+{
+	uint64_t one = 1, val;
+
+	atomic_store(&c->halt, true);
+	if (c->async_thread != NULL) {
+		if (write(c->async_wake, &one, sizeof one) < 0)
+			RD_LOG(c->tr, TE_LOG_WARN, "%s: cannot wake the async thread", c->name);
+		g_thread_join(c->async_thread);
+		c->async_thread = NULL;
+	}
+	for (int i = 0; i < c->nworkers; i++) {
+		rd_worker *w = &c->workers[i];
+		if (w->thread == NULL)
+			continue;
+		if (write(w->wake_fd, &one, sizeof one) < 0)
+			RD_LOG(c->tr, TE_LOG_WARN, "%s: cannot wake a worker", c->name);
+		g_thread_join(w->thread);
+		w->thread = NULL;
+	}
+	atomic_store(&c->halt, false);
+	while (read(c->async_wake, &val, sizeof val) > 0)
+		; /* or the next async thread would stop at once */
+}
+
+static void threads_resume(rd_ctx *c)
+{
+	for (int i = 0; i < c->nworkers; i++)
+		if (c->workers[i].thread == NULL)
+			c->workers[i].thread = g_thread_new("te-rdma-worker", rd_worker_thread, &c->workers[i]);
+	if (c->async_thread == NULL)
+		c->async_thread = g_thread_new("te-rdma-async", async_thread, c);
+}
+
+typedef struct fields {
+	void *addr;
+	char *json;
+} fields;
+
+static void fields_free(gpointer p)
+{
+	fields *f = p;
+	free(f->json);
+	g_free(f);
+}
+
+/*
+ * A device that reported a fatal error keeps its context dead for good: its
+ * queues, QPs and memory registrations answer nothing, and only a context
+ * opened after the device's reset works. So, once the device opens again
+ * with its port up and nothing of the dead context is in use (its requests
+ * flushed, its endpoints destroyed), every verbs object is made anew: the
+ * workers and the event thread stop, every buffer's MR with it is dropped
+ * and registered again (new keys), and the descriptor gets the new keys
+ * (te_host's buffer_fields). Peers holding the old ones are refused on this
+ * NIC, move those requests to another path, and fetch the descriptor again
+ * (transfer_stale). Runs on the reclaimer's thread only.
+ */
+static bool ctx_revive(rd_ctx *c)
+{
+	rd_transport *tr = c->tr;
+	const te_host *h = tr->host;
+	struct ibv_port_attr pa;
+	GString *err;
+
+	if (ctx_outstanding(c)) {
+		revive_note(c, "the requests it had in flight are flushed");
+		return false;
+	}
+	struct ibv_context *nv = open_again(c);
+	if (nv == NULL)
+		return false; /* not reset yet: its next pass looks again */
+	threads_halt(c);
+	rd_ep_pool_clear(c);
+	g_rw_lock_writer_lock(&c->verbs_lock);
+	if (atomic_load(&c->nep_live) > 0 || ctx_outstanding(c)) {
+		g_rw_lock_writer_unlock(&c->verbs_lock);
+		tr->verbs->close_device(nv);
+		if (c->vctx != NULL)
+			threads_resume(c);
+		revive_note(c, "its endpoints are gone");
+		return false;
+	}
+	g_mutex_lock(&tr->live_lock);
+	GHashTableIter it;
+	gpointer key;
+	g_hash_table_iter_init(&it, tr->live);
+	while (g_hash_table_iter_next(&it, &key, NULL))
+		rd_mr_dereg_locked(tr, key, c->index);
+	g_mutex_unlock(&tr->live_lock);
+	ctx_teardown(c);
+
+	err = g_string_new(NULL);
+	int rc = ctx_build(c, nv, &pa, err);
+	if (rc < 0) {
+		RD_LOG(tr, TE_LOG_ERROR, "%s: opening it again after its fatal error failed: %s", c->name,
+		       err->str);
+		g_string_free(err, TRUE);
+		ctx_teardown(c); /* no threads until a later pass builds it */
+		g_rw_lock_writer_unlock(&c->verbs_lock);
+		return false;
+	}
+	g_string_free(err, TRUE);
+
+	int nreg = 0, nfail = 0;
+	GPtrArray *pub = g_ptr_array_new_with_free_func(fields_free);
+	g_rw_lock_reader_lock(&tr->mr_lock);
+	for (guint i = 0; i < tr->mrs->len; i++) {
+		rd_mr *m = g_ptr_array_index(tr->mrs, i);
+		int r = rd_mr_reg_locked(tr, m, c->index);
+		if (r < 0) {
+			nfail++;
+			RD_LOG(tr, TE_LOG_ERROR, "%s: registering %p+%zu again failed: %s", c->name, m->addr,
+			       m->length, g_strerror(-r));
+		} else {
+			nreg++;
+		}
+	}
+	/* Under mr_lock: a buffer registered meanwhile either is in the table
+	 * now (done above) or sees the device back when it is listed. */
+	atomic_store(&c->fatal, false);
+	for (guint i = 0; i < tr->mrs->len; i++) {
+		rd_mr *m = g_ptr_array_index(tr->mrs, i);
+		if (!m->remote)
+			continue;
+		fields *f = g_new0(fields, 1);
+		f->addr = m->addr;
+		f->json = rd_mr_json(tr, m);
+		g_ptr_array_add(pub, f);
+	}
+	g_rw_lock_reader_unlock(&tr->mr_lock);
+	g_rw_lock_writer_unlock(&c->verbs_lock);
+
+	threads_resume(c);
+	atomic_fetch_add(&c->revivals, 1);
+	RD_LOG(tr, TE_LOG_WARN, "%s: opened again after its fatal error: %d buffers registered anew%s",
+	       c->name, nreg, nfail ? " (some failed, see above)" : "");
+	rd_ctx_set_active(c, true, "device opened again after a fatal error");
+	/* The new keys go to the descriptor (published by the host soon). */
+	bool told = TE_HAS_OP(h, buffer_fields);
+	for (guint i = 0; told && i < pub->len; i++) {
+		fields *f = g_ptr_array_index(pub, i);
+		if (f->json == NULL || h->buffer_fields(h, f->addr, f->json) < 0)
+			RD_LOG(tr, TE_LOG_DEBUG, "%s: new keys of %p not published (unregistered meanwhile?)",
+			       c->name, f->addr);
+	}
+	if (!told && pub->len > 0)
+		RD_LOG(tr, TE_LOG_WARN, "%s: this libte cannot publish the buffers' new keys (plugin ABI "
+		       "< 1.8): peers reach them through the other NICs only", c->name);
+	g_ptr_array_unref(pub);
+	return true;
+}
+
 void rd_ctx_check_port(rd_ctx *c)
 {
 	struct ibv_port_attr pa;
 
 	if (atomic_load(&c->active))
 		return;
-	if (c->tr->verbs->query_port(c->vctx, c->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
-	    rd_ctx_refresh_gid(c)) {
-		atomic_store(&c->fatal, false);
-		rd_ctx_set_active(c, true, "port active");
+	if (atomic_load(&c->fatal)) {
+		ctx_revive(c);
+		return;
 	}
+	if (c->tr->verbs->query_port(c->vctx, c->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
+	    rd_ctx_refresh_gid(c))
+		rd_ctx_set_active(c, true, "port active");
 }
 
 static const char *event_name(enum ibv_event_type t)
@@ -389,7 +632,11 @@ static void handle_event(rd_ctx *c, struct ibv_async_event *ev)
 			rd_ctx_set_active(c, false, "port went down");
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
-		if (ev->element.port_num == c->port)
+		/* A dead context is opened again by the reclaimer, which stops
+		 * this thread to do it. */
+		if (atomic_load(&c->fatal))
+			rd_reclaimer_kick(c->tr);
+		else if (ev->element.port_num == c->port)
 			rd_ctx_check_port(c);
 		break;
 	case IBV_EVENT_DEVICE_FATAL:
@@ -397,7 +644,7 @@ static void handle_event(rd_ctx *c, struct ibv_async_event *ev)
 		rd_ctx_set_active(c, false, "device reported a fatal error");
 		break;
 	case IBV_EVENT_GID_CHANGE:
-		if (ev->element.port_num == c->port)
+		if (ev->element.port_num == c->port && !atomic_load(&c->fatal))
 			rd_ctx_refresh_gid(c);
 		break;
 	case IBV_EVENT_CQ_ERR:

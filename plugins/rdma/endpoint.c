@@ -36,23 +36,28 @@ static rd_ep *ep_new(rd_ctx *c, const char *peer_nic_path, bool passive)
 	ep->passive = passive;
 	atomic_init(&ep->state, EP_NEW);
 	atomic_init(&ep->refs, 1);
-	ep->cq = (int)(atomic_fetch_add(&c->ep_seq, 1) % (unsigned)c->ncq);
+	ep->cq = (int)(atomic_fetch_add(&c->ep_seq, 1) % (unsigned)MAX(c->ncq, 1));
 	atomic_store(&ep->last_used, rd_now_ms());
+	atomic_fetch_add(&c->nep_live, 1);
 	return ep;
 }
 
 static void ep_destroy(rd_ep *ep)
 {
-	const rv_verbs *v = ep->ctx->tr->verbs;
+	rd_ctx *c = ep->ctx;
+	const rv_verbs *v = c->tr->verbs;
 
+	g_rw_lock_reader_lock(&c->verbs_lock);
 	for (int i = 0; i < ep->nqp; i++)
 		if (ep->qps[i] != NULL && v->destroy_qp(ep->qps[i]) != 0)
-			RD_LOG(ep->ctx->tr, TE_LOG_WARN, "%s: destroying a QP of the endpoint to %s failed",
-			       ep->ctx->name, ep->peer_nic_path);
+			RD_LOG(c->tr, TE_LOG_WARN, "%s: destroying a QP of the endpoint to %s failed",
+			       c->name, ep->peer_nic_path);
+	g_rw_lock_reader_unlock(&c->verbs_lock);
 	g_free(ep->qps);
 	g_free(ep->depth);
 	g_free(ep->peer_nic_path);
 	g_free(ep);
+	atomic_fetch_sub(&c->nep_live, 1); /* last: the context may be torn down after */
 }
 
 void rd_ep_unref(rd_ep *ep)
@@ -387,6 +392,13 @@ static int create_qps(rd_ep *ep, GString *why)
 	struct ibv_qp **qps = g_new0(struct ibv_qp *, n);
 	atomic_int *depth = g_new0(atomic_int, n);
 
+	/* Held until the endpoint is published: a device being opened again
+	 * waits for it, and then sees it among the live endpoints. */
+	g_rw_lock_reader_lock(&c->verbs_lock);
+	if (atomic_load(&c->fatal) || c->pd == NULL || ep->cq >= c->ncq) {
+		g_string_printf(why, "%s is out of service after a fatal error", c->name);
+		rc = -ENETDOWN;
+	}
 	for (int i = 0; i < n && rc == 0; i++) {
 		struct ibv_qp_init_attr a = {
 			.qp_context = ep,
@@ -430,6 +442,7 @@ static int create_qps(rd_ep *ep, GString *why)
 	ep->depth = depth;
 	ep->nqp = n;
 	g_mutex_unlock(&c->ep_lock);
+	g_rw_lock_reader_unlock(&c->verbs_lock);
 	return rc;
 }
 

@@ -142,18 +142,22 @@ typedef struct rd_ep rd_ep;
 typedef struct rd_slice rd_slice;
 typedef struct rd_seg rd_seg;
 
-/* A local registered buffer: one MR per device. */
+/* A local registered buffer: one MR per device. mr[i] changes only under
+ * device i's verbs_lock; the keys are atomics as a device opened again
+ * after a fatal error re-registers the buffer while others read them. */
 typedef struct rd_mr {
 	void *addr;
 	size_t length;
 	char *location;
 	bool remote;
 	bool device;     /* device memory (GPUDirect): the CPU must not touch it */
+	bool listed;     /* (mr_lock) in the table: registered, not yet unregistered */
+	int access;
 	atomic_int refs; /* the table's, plus one per slice using it */
 	rd_transport *tr;
-	struct ibv_mr *mr[RD_MAX_DEV];
-	uint32_t lkey[RD_MAX_DEV];
-	uint32_t rkey[RD_MAX_DEV];
+	struct ibv_mr *mr[RD_MAX_DEV]; /* NULL: not registered with that device (out of service) */
+	_Atomic uint32_t lkey[RD_MAX_DEV];
+	_Atomic uint32_t rkey[RD_MAX_DEV];
 } rd_mr;
 
 /* A remote buffer from a peer's descriptor. */
@@ -249,6 +253,15 @@ struct rd_ctx {
 	atomic_bool fatal;
 	int64_t down_since;
 
+	/* The verbs objects above (vctx, pd, chans, cqs) and every MR of this
+	 * device: read-held by whoever makes or frees one, write-held while
+	 * the device is opened again after a fatal error (ctx_revive). */
+	GRWLock verbs_lock;
+	atomic_bool halt;       /* workers stop now (the device is re-opened) */
+	atomic_int nep_live;    /* endpoints not yet destroyed: their QPs */
+	atomic_uint revivals;   /* times opened again after a fatal error */
+	int64_t revive_note_ms; /* the last "waiting for ..." line */
+
 	/* Slices waiting to be posted through this device. */
 	GMutex qlock;
 	rd_slice *qhead, *qtail;
@@ -318,6 +331,10 @@ struct rd_transport {
 	/* Local registrations, sorted by address. */
 	GRWLock mr_lock;
 	GPtrArray *mrs;
+	/* Every rd_mr not yet freed, unregistered ones in use included: what
+	 * a device opened again must deregister from its dead context. */
+	GMutex live_lock;
+	GHashTable *live;
 
 	/* Transfers submitted and not yet cut into slices. */
 	GMutex pend_lock;
@@ -358,7 +375,9 @@ int rd_ctx_start(rd_ctx *c);
 void rd_ctx_stop(rd_ctx *c);
 /* Takes the context out of service (down) or back in. */
 void rd_ctx_set_active(rd_ctx *c, bool active, const char *why);
-/* Re-reads the port; brings the context back when it is active again. */
+/* Re-reads the port; brings the context back when it is active again. A
+ * context dead of a fatal error is opened anew instead, once the device
+ * was reset: only from the reclaimer's thread. */
 void rd_ctx_check_port(rd_ctx *c);
 /* A consistent copy of the context's GID and its index. */
 void rd_ctx_gid(rd_ctx *c, uint8_t gid[16], int *index);
@@ -457,6 +476,12 @@ int rd_submit(void *ctx, te_transfer *const *ts, size_t n);
 
 /* mr.c */
 void rd_mr_unref(rd_mr *m);
+/* Registers `m` with device `dev` where it is not; its verbs_lock held. */
+int rd_mr_reg_locked(rd_transport *tr, rd_mr *m, int dev);
+/* Drops `m`'s registration with device `dev`; its verbs_lock held. */
+void rd_mr_dereg_locked(rd_transport *tr, rd_mr *m, int dev);
+/* The buffer's fields for the descriptor: {"lkey": [...], "name", "rkey": [...]}. */
+char *rd_mr_json(rd_transport *tr, rd_mr *m);
 char *rd_json_text(JsonNode *root);
 int rd_mem_register(void *ctx, const te_mem_info *mem, char **json);
 int rd_mem_unregister(void *ctx, void *addr, size_t length);

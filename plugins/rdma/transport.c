@@ -84,6 +84,8 @@ static void tr_free(rd_transport *tr)
 	g_mutex_clear(&tr->reclaim_lock);
 	g_cond_clear(&tr->reclaim_cond);
 	g_rw_lock_clear(&tr->mr_lock);
+	g_hash_table_unref(tr->live);
+	g_mutex_clear(&tr->live_lock);
 	g_mutex_clear(&tr->stats.lock);
 	g_free(tr);
 }
@@ -133,6 +135,8 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	g_mutex_init(&tr->reclaim_lock);
 	g_cond_init(&tr->reclaim_cond);
 	g_rw_lock_init(&tr->mr_lock);
+	g_mutex_init(&tr->live_lock);
+	tr->live = g_hash_table_new(g_direct_hash, g_direct_equal);
 	g_mutex_init(&tr->stats.lock);
 	rd_read_config(h, &tr->cfg);
 	rc = rd_parse_args(json_args, &a, err);

@@ -63,6 +63,11 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 	int err = wc_error(wc->status);
 	RD_COUNT(tr, c, TE_METRIC_ERRORS, 1);
 	rd_ep_fail(ep, err, wc_status_name(wc->status));
+	/* Keys the peer's NIC no longer knows (opened again after a fatal
+	 * error, or the buffer gone): other paths may still serve this slice,
+	 * and the host fetches the peer's descriptor for the next ones. */
+	if (wc->status == IBV_WC_REM_ACCESS_ERR && TE_HAS_OP(tr->host, transfer_stale))
+		tr->host->transfer_stale(tr->host, s->t);
 	if (wc->status == IBV_WC_RETRY_EXC_ERR) {
 		/* Our own port may be the one that went down: check it now
 		 * rather than wait for the event. */
@@ -271,6 +276,8 @@ static int worker_main(rd_worker *w)
 		pf[npf++] = (struct pollfd){ .fd = c->chans[i]->fd, .events = POLLIN };
 
 	for (;;) {
+		if (atomic_load(&c->halt))
+			break; /* the device is being opened again: its queues go */
 		int progress = poll_completions(c);
 		if (progress > 0)
 			blocked = false;

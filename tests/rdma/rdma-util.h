@@ -283,6 +283,18 @@ static inline uint64_t slices_on(te_engine *e, const char *dev)
 	return 0;
 }
 
+/* Times `dev` of engine `e` was opened again after a fatal error; -1 when unknown. */
+static inline int device_revivals(te_engine *e, const char *dev)
+{
+	te_rdma_stats st;
+	if (stats_of(e, &st) != 0)
+		return -1;
+	for (int i = 0; i < st.n_devices; i++)
+		if (strcmp(st.device[i], dev_name(dev)) == 0)
+			return (int)st.revivals[i];
+	return -1;
+}
+
 static inline int device_active(te_engine *e, const char *dev)
 {
 	te_rdma_stats st;

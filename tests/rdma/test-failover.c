@@ -6,7 +6,9 @@
  *    one; the NIC is out of service, and back in service once its link is up;
  *  - a peer NIC taken down mid-batch: the paths to it fail, are paused, and
  *    the tasks complete through the peer's other NIC;
- *  - a device reporting a fatal error: out of service until its port is up;
+ *  - a device reporting a fatal error: out of service until it is reset, then
+ *    opened anew (new queues, new keys) and back in service; on the target's
+ *    side its peers learn the new keys and use them;
  *  - all local NICs down: tasks FAIL at once with -ENETDOWN and a clear log;
  *  - all peer NICs down: tasks FAIL (peer unreachable, or handshakes refused
  *    by the peer for NICs it took out of service), bounded in time;
@@ -259,10 +261,61 @@ static void test_fatal(void)
 	 * answers no query until it is reset. */
 	usleep(600000);
 	CHECK_EQ(device_active(A, "mlx5_1"), 0);
+	CHECK_EQ(device_revivals(A, "mlx5_1"), 0);
+	/* Reset: the dead context stays dead, the device opens anew. */
 	CHECK_EQ(soft_set_link("mlx5_1", 1), 0);
 	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 1, 5000));
+	CHECK_EQ(device_revivals(A, "mlx5_1"), 1);
+	CHECK(cap_has("mlx5_1: opened again after its fatal error"));
 	CHECK(works_again());
-	CHECK(slices_on(A, "mlx5_1") > d1);
+	CHECK(slices_on(A, "mlx5_1") > d1); /* new QPs, new MRs: it moves bytes */
+}
+
+/* The target's NIC dies: B opens it anew with new keys for its buffers,
+ * publishes them, and A, refused on that NIC with the old ones, fetches
+ * B's descriptor again and moves bytes through it. A buffer B registers
+ * while the NIC is dead is registered with it when it returns. */
+static void test_fatal_target(void)
+{
+	SOFT_ONLY("device fatal events");
+	const size_t len2 = 1 << 20;
+	unsigned char *b2 = buf_new(len2);
+
+	cap_start();
+	CHECK_EQ(soft_fatal("mlx5_3"), 0);
+	CHECK(WAIT_FOR(device_active(B, "mlx5_3") == 0, 5000));
+	CHECK(works_again()); /* through mlx5_2 */
+	CHECK_EQ(te_register_memory(B, b2, len2, "cpu:1", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK(cap_has("registered without 1 device(s) out of service after a fatal error"));
+	CHECK_EQ(soft_set_link("mlx5_3", 1), 0);
+	CHECK(WAIT_FOR(device_active(B, "mlx5_3") == 1, 5000));
+	CHECK_EQ(device_revivals(B, "mlx5_3"), 1);
+	CHECK(cap_has("mlx5_3: opened again after its fatal error"));
+	/* A still has B's old keys for mlx5_3: refused there, its slices go by
+	 * mlx5_2, and it fetches the descriptor B published. Bytes land
+	 * through mlx5_3 again once it has. */
+	uint64_t rx = rx_count("mlx5_3");
+	int rounds = 0;
+	while (rx_count("mlx5_3") == rx && rounds < 40) {
+		CHECK(works_again());
+		rounds++;
+		usleep(100000);
+	}
+	fprintf(stderr, "  bytes through the re-opened mlx5_3 after %d batches\n", rounds);
+	CHECK(rx_count("mlx5_3") > rx);
+	/* The buffer registered while it was dead: reached through it too. */
+	te_segment_id seg = te_segment_open(A, te_engine_name(B));
+	CHECK(seg > 0);
+	te_task_status st;
+	fill_pattern(abuf, len2, 7);
+	for (int i = 0; i < 8; i++) {
+		memset(b2, 0, len2);
+		CHECK_EQ(run_one(A, TE_OP_WRITE, seg, abuf, (uintptr_t)b2, len2, &st), TE_TASK_COMPLETED);
+		CHECK(memcmp(abuf, b2, len2) == 0);
+	}
+	CHECK_EQ(te_segment_close(A, seg), 0);
+	CHECK_EQ(te_unregister_memory(B, b2), 0);
+	free(b2);
 }
 
 static void test_all_local_down(void)
@@ -377,6 +430,7 @@ int main(void)
 	TEST_RUN(test_local_nic_down);
 	TEST_RUN(test_peer_nic_down);
 	TEST_RUN(test_fatal);
+	TEST_RUN(test_fatal_target);
 	TEST_RUN(test_all_local_down);
 	TEST_RUN(test_all_peer_down);
 	TEST_RUN(test_peer_gone);

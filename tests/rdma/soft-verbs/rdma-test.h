@@ -56,6 +56,8 @@ typedef struct te_rdma_stats {
 	/* Peer NIC paths of evicted endpoints, oldest first (the last 64). */
 	unsigned n_evicted;
 	char evicted[TE_RDMA_STATS_EVICTIONS][128];
+	/* Times each device was opened again after a fatal error. */
+	unsigned revivals[TE_RDMA_STATS_MAX_DEV];
 } te_rdma_stats;
 
 typedef int (*te_rdma_get_stats_fn)(const char *engine, te_rdma_stats *out);

@@ -56,6 +56,7 @@ int te_rdma_get_stats(const char *engine, te_rdma_stats *out)
 			out->slices[i] = atomic_load(&c->slices_done);
 			out->active[i] = atomic_load(&c->active);
 			out->endpoints[i] = rd_ep_count(c);
+			out->revivals[i] = atomic_load(&c->revivals);
 		}
 		rd_counters *s = &tr->stats;
 		out->endpoints_created = atomic_load(&s->created);

@@ -19,6 +19,10 @@
  *    responder's QP to ERR. A request towards a down port, a missing or
  *    unconnected QP, or a GID the peer device does not own is lost like a
  *    packet and completes with IBV_WC_RETRY_EXC_ERR.
+ *  - A fatal device error kills every context then open: their queued
+ *    requests are flushed, every later verb but the tear-down ones fails
+ *    with EIO, their keys and QPs answer no peer, and the device opens
+ *    anew only once it is reset (its link set up again).
  *  - Each device has a thread that executes work requests one at a time per
  *    QP (round robin), so completions arrive asynchronously; completion
  *    channels and the async event queue are eventfds that poll() like the
@@ -103,7 +107,16 @@ typedef struct soft_ctx {
 	GMutex lock;
 	GQueue events; /* struct ibv_async_event* */
 	int npd;
+	/* Opened before the device's last fatal error: like hardware's, it
+	 * stays dead after the device is reset (only tearing down works), and
+	 * the device serves only contexts opened anew. */
+	atomic_bool dead;
 } soft_ctx;
+
+static bool ctx_dead(struct ibv_context *ctx)
+{
+	return atomic_load(&((soft_ctx *)ctx)->dead);
+}
 
 typedef struct soft_pd {
 	struct ibv_pd pd;
@@ -390,7 +403,16 @@ static void push_event(soft_ctx *c, enum ibv_event_type type, void *element, int
 static struct ibv_context *sv_open_device(struct ibv_device *ibdev)
 {
 	soft_dev *d = dev_of(ibdev);
-	soft_ctx *c = g_new0(soft_ctx, 1);
+	soft_ctx *c;
+
+	g_mutex_lock(&d->lock);
+	bool fatal = d->fatal;
+	g_mutex_unlock(&d->lock);
+	if (fatal) { /* not reset yet */
+		errno = EIO;
+		return NULL;
+	}
+	c = g_new0(soft_ctx, 1);
 
 	c->ctx.device = ibdev;
 	c->ctx.cmd_fd = -1;
@@ -444,6 +466,8 @@ static int sv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr
 {
 	soft_ctx *c = (soft_ctx *)ctx;
 
+	if (ctx_dead(ctx))
+		return EIO;
 	memset(attr, 0, sizeof *attr);
 	g_strlcpy(attr->fw_ver, "soft-1.0", sizeof attr->fw_ver);
 	attr->max_mr_size = UINT64_MAX;
@@ -472,8 +496,9 @@ static int sv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_
 	g_mutex_lock(&d->lock);
 	/* A device that reported a fatal error answers no query until it is
 	 * reset (here: its link set again), as mlx5 does; answering "active"
-	 * let the plugin's port check put it back in service at once. */
-	if (d->fatal) {
+	 * let the plugin's port check put it back in service at once. A
+	 * context opened before the error never answers again. */
+	if (d->fatal || ctx_dead(ctx)) {
 		g_mutex_unlock(&d->lock);
 		return EIO;
 	}
@@ -517,8 +542,13 @@ static int sv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t inde
 static struct ibv_pd *sv_alloc_pd(struct ibv_context *ctx)
 {
 	soft_ctx *c = (soft_ctx *)ctx;
-	soft_pd *pd = g_new0(soft_pd, 1);
+	soft_pd *pd;
 
+	if (ctx_dead(ctx)) {
+		errno = EIO;
+		return NULL;
+	}
+	pd = g_new0(soft_pd, 1);
 	pd->pd.context = ctx;
 	g_mutex_lock(&c->lock);
 	c->npd++;
@@ -558,6 +588,10 @@ static struct ibv_mr *mr_new(struct ibv_pd *ibpd, void *addr, size_t length, int
 {
 	soft_mr *mr;
 
+	if (ctx_dead(ibpd->context)) {
+		errno = EIO;
+		return NULL;
+	}
 	if (addr == NULL || length == 0 ||
 	    ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 	     !(access & IBV_ACCESS_LOCAL_WRITE))) {
@@ -640,8 +674,13 @@ static int sv_dereg_mr(struct ibv_mr *ibmr)
 
 static struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *ctx)
 {
-	soft_channel *ch = g_new0(soft_channel, 1);
+	soft_channel *ch;
 
+	if (ctx_dead(ctx)) {
+		errno = EIO;
+		return NULL;
+	}
+	ch = g_new0(soft_channel, 1);
 	ch->ch.context = ctx;
 	ch->ch.fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
 	if (ch->ch.fd < 0) {
@@ -671,6 +710,10 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
 {
 	soft_cq *cq;
 
+	if (ctx_dead(ctx)) {
+		errno = EIO;
+		return NULL;
+	}
 	if (cqe < 1 || cqe > SOFT_MAX_CQE || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
 		errno = EINVAL;
 		return NULL;
@@ -841,6 +884,10 @@ static struct ibv_qp *sv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_attr 
 {
 	soft_qp *qp;
 
+	if (ctx_dead(ibpd->context)) {
+		errno = EIO;
+		return NULL;
+	}
 	if (attr == NULL || attr->qp_type != IBV_QPT_RC || attr->send_cq == NULL ||
 	    attr->recv_cq == NULL || attr->send_cq->context != ibpd->context ||
 	    attr->recv_cq->context != ibpd->context || attr->srq != NULL ||
@@ -920,7 +967,9 @@ static int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	const int rts_need = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 			     IBV_QP_MAX_QP_RD_ATOMIC;
 
-	if (to == IBV_QPS_RESET) {
+	if (ctx_dead(ibqp->context) && to != IBV_QPS_ERR && to != IBV_QPS_RESET) {
+		rc = EIO;
+	} else if (to == IBV_QPS_RESET) {
 		qp->count = 0; /* work requests vanish without completions */
 		qp->head = 0;
 	} else if (to == IBV_QPS_ERR) {
@@ -1012,6 +1061,10 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 
 	g_mutex_lock(&qp->lock);
 	for (; wr != NULL; wr = wr->next) {
+		if (ctx_dead(ibqp->context)) {
+			rc = EIO;
+			break;
+		}
 		if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) {
 			rc = EINVAL;
 			break;
@@ -1145,6 +1198,8 @@ static enum ibv_wc_status execute(soft_qp *qp, const qp_view *me, soft_wr *w, ui
 	*peer_err = NULL;
 	for (int i = 0; i < w->num_sge; i++)
 		total += w->sge[i].length;
+	if (ctx_dead(qp->qp.context))
+		return IBV_WC_WR_FLUSH_ERR; /* what a dead device had queued is flushed */
 	if (!port_up(d, me->port))
 		return IBV_WC_RETRY_EXC_ERR;
 
@@ -1156,7 +1211,7 @@ static enum ibv_wc_status execute(soft_qp *qp, const qp_view *me, soft_wr *w, ui
 	}
 	g_mutex_lock(&peer->lock);
 	bool peer_ok = (peer->state == IBV_QPS_RTR || peer->state == IBV_QPS_RTS) &&
-		       peer->dest_qpn == me->qpn;
+		       peer->dest_qpn == me->qpn && !ctx_dead(peer->qp.context);
 	int peer_access = peer->access;
 	uint8_t peer_port = peer->port;
 	g_mutex_unlock(&peer->lock);
@@ -1386,6 +1441,8 @@ static void set_fatal(soft_dev *d, void *arg)
 	(void)arg;
 	g_mutex_lock(&d->lock);
 	d->fatal = true;
+	for (GList *l = d->contexts; l != NULL; l = l->next)
+		atomic_store(&((soft_ctx *)l->data)->dead, true);
 	GList *ctxs = g_list_copy(d->contexts);
 	g_mutex_unlock(&d->lock);
 	for (GList *l = ctxs; l != NULL; l = l->next)

@@ -20,4 +20,13 @@ static inline void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Waits up to `ms` for `cond` to hold, looking every 2 ms; its last value. */
+#define WAIT_FOR(cond, ms)                                                       \
+	({                                                                           \
+		long long _end = now_ms() + (ms);                                        \
+		while (!(cond) && now_ms() < _end)                                       \
+			sleep_ms(2);                                                         \
+		(cond);                                                                  \
+	})
+
 #endif

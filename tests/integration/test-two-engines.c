@@ -4,7 +4,9 @@
  * and malformed frames on the RPC socket, transfers through a transport
  * plugin (the out-of-tree example, built in-tree here), notifications,
  * in-flight behaviour (free while busy, wait timeouts, cancel, failures)
- * through the "hold" test transport, and re-routing on uninstall.
+ * through the "hold" test transport, and re-routing on uninstall; a
+ * transport changing a buffer's descriptor fields (buffer_fields) and telling
+ * the host a transfer's keys were refused (transfer_stale).
  */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -433,6 +435,54 @@ static void test_uninstall_reroutes(void)
 	engine_pair_down(&p);
 }
 
+/* Whether the descriptor of `seg` as `e` last fetched it holds `needle`. */
+static bool desc_has(te_engine *e, te_segment_id seg, const char *needle)
+{
+	char *json = NULL;
+	bool has = te_segment_descriptor(e, seg, &json) == 0 && strstr(json, needle) != NULL;
+	free(json);
+	return has;
+}
+
+/* B's transport gives its buffer new fields: B publishes them by itself;
+ * A, holding the old descriptor, fetches it again when its transport says a
+ * transfer's keys were refused, without te_segment_refresh(). Bad calls are
+ * refused with a code and a line. */
+static void test_fields_and_stale(void)
+{
+	engine_pair p;
+	te_batch_id b;
+	engine_pair_up(&p, "hold", BUF);
+	const char *bname = te_engine_name(p.b);
+
+	CHECK(desc_has(p.a, p.seg, "\"hold_gen\":0"));
+	cap_start();
+	CHECK_EQ(hold_fields(bname, p.bbuf + 1, "{\"hold_gen\":1}"), -ENOENT);
+	CHECK(cap_has("which is not registered"));
+	CHECK_EQ(hold_fields(bname, p.bbuf, "[1]"), -EINVAL);
+	CHECK_EQ(hold_fields(bname, p.bbuf, "{\"hold_gen\":"), -EINVAL);
+	CHECK_EQ(hold_fields(bname, NULL, "{}"), -EINVAL);
+	CHECK_EQ(hold_fields(bname, p.bbuf, NULL), -EINVAL);
+	CHECK(cap_has("not a JSON object"));
+	CHECK(cap_has("is NULL"));
+
+	CHECK_EQ(hold_fields(bname, p.bbuf, "{\"hold_gen\":1}"), 0);
+	CHECK(WAIT_FOR(desc_has(p.b, TE_LOCAL_SEGMENT, "\"hold_gen\":1"), 5000)); /* published */
+	usleep(200000);
+	CHECK(desc_has(p.a, p.seg, "\"hold_gen\":0")); /* A did not look again on its own */
+
+	te_request r = { TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 100 };
+	REQUIRE(te_batch_alloc(p.a, 4, &b) == 0);
+	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+	CHECK_EQ(hold_count(), 1);
+	CHECK_EQ(hold_stale(), 0);
+	CHECK(WAIT_FOR(desc_has(p.a, p.seg, "\"hold_gen\":1"), 5000));
+	CHECK_EQ(hold_release(0), 1);
+	CHECK_EQ(te_batch_wait(p.a, b, 5000), 0);
+	CHECK_EQ(te_batch_free(p.a, b), 0);
+	engine_pair_down(&p);
+}
+
 static void test_unreachable_peer(void)
 {
 	te_engine *a = p2p_engine("memcpy"), *b = p2p_engine("memcpy");
@@ -454,6 +504,7 @@ int main(void)
 	TEST_RUN(test_lookup_probe);
 	TEST_RUN(test_in_flight);
 	TEST_RUN(test_uninstall_reroutes);
+	TEST_RUN(test_fields_and_stale);
 	TEST_RUN(test_unreachable_peer);
 	return check_done();
 }

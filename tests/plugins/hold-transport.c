@@ -9,6 +9,11 @@
  * in flight while held, bytes moved on release; a transfer released with an
  * error counts one device error, one fail-over off the device and one retry
  * of the transport itself, so tests know the exact counts to expect.
+ *
+ * Each buffer registered with it gets the field "hold_gen": 0 in the
+ * descriptor; te_test_hold_fields() replaces an engine's fields through the
+ * host (buffer_fields, ABI 1.8) and te_test_hold_stale() says a held
+ * transfer's keys were refused (transfer_stale).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -39,6 +44,44 @@ static void count(const te_host *h, te_metric_dev *dev, int what, int64_t delta)
 
 __attribute__((visibility("default"))) size_t te_test_hold_count(void);
 __attribute__((visibility("default"))) size_t te_test_hold_release(int error);
+__attribute__((visibility("default"))) int te_test_hold_fields(const char *engine, const void *addr,
+								const char *json);
+__attribute__((visibility("default"))) int te_test_hold_stale(void);
+
+/* The instances, by their engine's name, for te_test_hold_fields(). */
+#define MAX_INST 16
+static const te_host *inst[MAX_INST];
+
+int te_test_hold_fields(const char *engine, const void *addr, const char *json)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < MAX_INST; i++) {
+		const te_host *h = inst[i];
+		const char *name = h ? h->local_name(h) : NULL;
+		if (name != NULL && strcmp(name, engine) == 0) {
+			rc = TE_HAS_OP(h, buffer_fields) ? h->buffer_fields(h, addr, json) : -ENOTSUP;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+
+/* The first held transfer's peer refused its keys; -ENOENT when none is held. */
+int te_test_hold_stale(void)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&lock);
+	if (n_held > 0) {
+		const te_host *h = held_host[0];
+		rc = TE_HAS_OP(h, transfer_stale) ? 0 : -ENOTSUP;
+		if (rc == 0)
+			h->transfer_stale(h, held[0]);
+	}
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
 
 size_t te_test_hold_count(void)
 {
@@ -100,13 +143,42 @@ static int hold_create(const te_host *h, const char *args, void **ctx)
 	c->host = h;
 	if (TE_HAS_OP(h, metric_device))
 		c->dev = h->metric_device(h, "hold0");
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < MAX_INST; i++)
+		if (inst[i] == NULL) {
+			inst[i] = h;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
 	*ctx = c;
 	return 0;
 }
 
 static void hold_destroy(void *ctx)
 {
+	hold_ctx *c = ctx;
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < MAX_INST; i++)
+		if (inst[i] == c->host)
+			inst[i] = NULL;
+	pthread_mutex_unlock(&lock);
 	free(ctx);
+}
+
+static int hold_mem_register(void *ctx, const te_mem_info *mem, char **json)
+{
+	(void)ctx;
+	(void)mem;
+	*json = strdup("{\"hold_gen\":0}");
+	return *json ? 0 : -ENOMEM;
+}
+
+static int hold_mem_unregister(void *ctx, void *addr, size_t length)
+{
+	(void)ctx;
+	(void)addr;
+	(void)length;
+	return 0;
 }
 
 static int hold_describe(void *ctx, char **json)
@@ -155,6 +227,8 @@ static const te_transport_ops hold_ops = {
 	.create = hold_create,
 	.destroy = hold_destroy,
 	.describe = hold_describe,
+	.mem_register = hold_mem_register,
+	.mem_unregister = hold_mem_unregister,
 	.segment_open = hold_segment_open,
 	.submit = hold_submit,
 };

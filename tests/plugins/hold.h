@@ -16,6 +16,11 @@
  * when 0) and says how many. Set by hold_find(). */
 static size_t (*hold_count)(void);
 static size_t (*hold_release)(int error);
+/* Through engine `engine`'s instance: replaces the fields of the buffer at
+ * `addr` (te_host's buffer_fields); says the first held transfer's keys were
+ * refused (transfer_stale). */
+static int (*hold_fields)(const char *engine, const void *addr, const char *json);
+static int (*hold_stale)(void);
 
 /* Looks both calls up in the copy libte loaded (dlopen with RTLD_NOLOAD: a
  * second copy would hold nothing). */
@@ -30,7 +35,9 @@ static inline void hold_find(void)
 	REQUIRE(h != NULL);
 	*(void **)&hold_count = dlsym(h, "te_test_hold_count");
 	*(void **)&hold_release = dlsym(h, "te_test_hold_release");
-	REQUIRE(hold_count && hold_release);
+	*(void **)&hold_fields = dlsym(h, "te_test_hold_fields");
+	*(void **)&hold_stale = dlsym(h, "te_test_hold_stale");
+	REQUIRE(hold_count && hold_release && hold_fields && hold_stale);
 }
 
 #endif

@@ -306,15 +306,6 @@ static inline int device_active(te_engine *e, const char *dev)
 	return -1;
 }
 
-/* Waits up to `ms` for cond() to hold. */
-#define WAIT_FOR(cond, ms)                                                       \
-	({                                                                           \
-		long long _end = now_ms() + (ms);                                        \
-		while (!(cond) && now_ms() < _end)                                       \
-			usleep(2000);                                                        \
-		(cond);                                                                  \
-	})
-
 /* ------------------------------------------------------------- raw frames */
 
 /* The engine's descriptor, through a Metadata frame (malloc()ed). */

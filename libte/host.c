@@ -160,7 +160,12 @@ static int host_republish(const te_host *h)
 
 	if (hc->engine == NULL)
 		return -ENOTSUP;
-	g_rec_mutex_lock(&hc->engine->ctl);
+	/* A transport's own thread may ask while the engine's teardown, holding
+	 * ctl, waits for that thread: never wait for ctl, publish soon instead. */
+	if (!g_rec_mutex_trylock(&hc->engine->ctl)) {
+		te_engine_publish_later(hc->engine);
+		return 0;
+	}
 	int rc = te_engine_publish(hc->engine);
 	g_rec_mutex_unlock(&hc->engine->ctl);
 	return rc;

@@ -209,7 +209,10 @@ struct te_host {
 	 * reply body (malloc()ed, NUL-terminated). timeout_ms <= 0: the defaults. */
 	int (*rpc_call)(const te_host *h, const char *segment_name, int type, const char *body,
 			size_t len, char **reply, size_t *reply_len, int timeout_ms);
-	/* The plugin's descriptor fields changed: publish the descriptor again. */
+	/* The plugin's descriptor fields changed: publish the descriptor again,
+	 * at once, or (since 1.8, when the engine is busy, e.g. tearing down
+	 * while it waits for the caller's thread) soon after on a thread of
+	 * the host's; any thread may call it. */
 	int (*republish)(const te_host *h);
 	/* This engine's segment name and the address peers reach it at. */
 	const char *(*local_name)(const te_host *h);
@@ -348,9 +351,9 @@ struct te_host {
 	/* For transports: the buffer fields this transport gave for the
 	 * region registered at `addr` (mem_register's json_object) changed,
 	 * e.g. its keys after a NIC was opened again: `json_object` replaces
-	 * them in the descriptor from its next publication (republish()).
-	 * -ENOENT when no region starts at `addr`, -EINVAL when the text is
-	 * not a JSON object. */
+	 * them, and the host publishes the descriptor again soon, on a thread
+	 * of its own. -ENOENT when no region starts at `addr`, -EINVAL when
+	 * the text is not a JSON object. */
 	int (*buffer_fields)(const te_host *h, const void *addr, const char *json_object);
 	/* For transports: a peer refused this transfer's keys or range on one
 	 * path though it was moved by another (a peer's NIC opened again with

@@ -311,6 +311,16 @@ void rd_ctx_close(rd_ctx *c)
 
 /* ------------------------------------------------------------- service */
 
+/* The descriptor's device part (GID, LID) changed: the host publishes it
+ * again, at once or, while it is busy, soon after on a thread of its own. */
+static void republish(rd_transport *tr)
+{
+	int rc = tr->host->republish(tr->host);
+	if (rc < 0)
+		RD_LOG(tr, TE_LOG_WARN, "publishing the descriptor with the NICs' new addresses failed: %s",
+		       rd_strerror(rc));
+}
+
 /* Drops every endpoint of the context: their slices go elsewhere now, and
  * the next transfer builds new ones. */
 static void fail_all(rd_ctx *c, int error, const char *why)
@@ -387,6 +397,7 @@ bool rd_ctx_refresh_gid(rd_ctx *c)
 		RD_LOG(c->tr, TE_LOG_WARN, "%s port %u: the GID changed: %s (was index %d, %s); endpoints rebuilt",
 		       c->name, c->port, why->str, old_index, os);
 		fail_all(c, -ENETDOWN, "the device's GID changed");
+		republish(c->tr); /* the descriptor lists each NIC's GID */
 	}
 	g_string_free(why, TRUE);
 	return true;
@@ -590,6 +601,7 @@ static bool ctx_revive(rd_ctx *c)
 		RD_LOG(tr, TE_LOG_WARN, "%s: this libte cannot publish the buffers' new keys (plugin ABI "
 		       "< 1.8): peers reach them through the other NICs only", c->name);
 	g_ptr_array_unref(pub);
+	republish(tr); /* its GID and LID may be new too */
 	return true;
 }
 

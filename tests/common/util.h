@@ -48,9 +48,9 @@ static inline int cap_has(const char *needle)
 {
 	pthread_mutex_lock(&cap_lock);
 	int r = strstr(cap_buf, needle) != NULL;
-	pthread_mutex_unlock(&cap_lock);
-	if (!r)
+	if (!r) /* under the lock: engine threads may be logging */
 		fprintf(stderr, "  (log lacks \"%s\"; it holds: %.400s)\n", needle, cap_buf);
+	pthread_mutex_unlock(&cap_lock);
 	return r;
 }
 

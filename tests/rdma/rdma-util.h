@@ -36,6 +36,7 @@
 
 static te_rdma_soft_set_link_fn soft_set_link;
 static te_rdma_soft_fatal_fn soft_fatal;
+static te_rdma_soft_replace_gid_fn soft_replace_gid;
 static te_rdma_soft_fail_next_fn soft_fail_next;
 static te_rdma_soft_set_latency_fn soft_set_latency;
 static te_rdma_soft_get_counters_fn soft_counters;
@@ -210,9 +211,10 @@ static inline void find_controls(void)
 	*(void **)&soft_fail_next = dlsym(h, "te_rdma_soft_fail_next");
 	*(void **)&soft_set_latency = dlsym(h, "te_rdma_soft_set_latency");
 	*(void **)&soft_counters = dlsym(h, "te_rdma_soft_get_counters");
+	*(void **)&soft_replace_gid = dlsym(h, "te_rdma_soft_replace_gid");
 	*(void **)&rdma_stats = dlsym(h, "te_rdma_get_stats");
 	REQUIRE(soft_set_link && soft_fatal && soft_fail_next && soft_set_latency && soft_counters &&
-		rdma_stats);
+		soft_replace_gid && rdma_stats);
 	if (real_mode()) {
 		fprintf(stderr, "real-device mode: %s\n", getenv("TE_RDMA_TEST_DEVICES"));
 		soft_set_link = real_set_link;
@@ -272,38 +274,37 @@ static inline int stats_of(te_engine *e, te_rdma_stats *st)
 	return rdma_stats(te_engine_name(e), st);
 }
 
+/* `e`'s statistics, and the index of `dev` in them; -1 when unknown. */
+static inline int stats_dev(te_engine *e, const char *dev, te_rdma_stats *st)
+{
+	if (stats_of(e, st) != 0)
+		return -1;
+	for (int i = 0; i < st->n_devices; i++)
+		if (strcmp(st->device[i], dev_name(dev)) == 0)
+			return i;
+	return -1;
+}
+
 static inline uint64_t slices_on(te_engine *e, const char *dev)
 {
 	te_rdma_stats st;
-	if (stats_of(e, &st) != 0)
-		return 0;
-	for (int i = 0; i < st.n_devices; i++)
-		if (strcmp(st.device[i], dev_name(dev)) == 0)
-			return st.slices[i];
-	return 0;
+	int i = stats_dev(e, dev, &st);
+	return i >= 0 ? st.slices[i] : 0;
 }
 
 /* Times `dev` of engine `e` was opened again after a fatal error; -1 when unknown. */
 static inline int device_revivals(te_engine *e, const char *dev)
 {
 	te_rdma_stats st;
-	if (stats_of(e, &st) != 0)
-		return -1;
-	for (int i = 0; i < st.n_devices; i++)
-		if (strcmp(st.device[i], dev_name(dev)) == 0)
-			return (int)st.revivals[i];
-	return -1;
+	int i = stats_dev(e, dev, &st);
+	return i >= 0 ? (int)st.revivals[i] : -1;
 }
 
 static inline int device_active(te_engine *e, const char *dev)
 {
 	te_rdma_stats st;
-	if (stats_of(e, &st) != 0)
-		return -1;
-	for (int i = 0; i < st.n_devices; i++)
-		if (strcmp(st.device[i], dev_name(dev)) == 0)
-			return st.active[i];
-	return -1;
+	int i = stats_dev(e, dev, &st);
+	return i >= 0 ? st.active[i] : -1;
 }
 
 /* ------------------------------------------------------------- raw frames */

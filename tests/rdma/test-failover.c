@@ -13,6 +13,8 @@
  *  - all peer NICs down: tasks FAIL (peer unreachable, or handshakes refused
  *    by the peer for NICs it took out of service), bounded in time;
  *  - the peer engine gone altogether: tasks FAIL cleanly, bounded in time;
+ *  - a peer NIC readdressed (its GID changes): the peer publishes the new
+ *    GID, and transfers go on through that NIC;
  *  and after each fault, with the links back, transfers succeed again.
  */
 #include <infiniband/verbs.h>
@@ -318,6 +320,49 @@ static void test_fatal_target(void)
 	free(b2);
 }
 
+/* Whether engine `e`'s own descriptor, as it publishes it, holds `s`. */
+static bool local_desc_has(te_engine *e, const char *s)
+{
+	char *json = NULL;
+	bool has = te_segment_descriptor(e, TE_LOCAL_SEGMENT, &json) == 0 && strstr(json, s) != NULL;
+	free(json);
+	return has;
+}
+
+static void test_gid_change(void)
+{
+	SOFT_ONLY("GID changes");
+	/* mlx5_3's address in the fixture, and a new one */
+	const char *old = "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:04";
+	const char *neu = "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:24";
+	char *json = NULL;
+
+	CHECK(local_desc_has(B, old));
+	CHECK(!local_desc_has(B, neu));
+	CHECK_EQ(soft_replace_gid("mlx5_3", "00:11", neu), -EINVAL);
+	CHECK_EQ(soft_replace_gid("mlx5_3", neu, old), -ENOENT);
+	cap_start();
+	CHECK_EQ(soft_replace_gid("mlx5_3", old, neu), 0);
+	CHECK(WAIT_FOR(cap_has_quiet("mlx5_3 port 1: the GID changed"), 5000));
+	CHECK(WAIT_FOR(local_desc_has(B, neu), 5000)); /* published again */
+	CHECK(!local_desc_has(B, old));
+	CHECK_EQ(te_segment_refresh(A, SEG), 0);
+	CHECK_EQ(te_segment_descriptor(A, SEG, &json), 0);
+	CHECK(json != NULL && strstr(json, neu) != NULL);
+	free(json);
+	/* Paths to the old address were paused: bytes reach mlx5_3 again. */
+	uint64_t rx = rx_count("mlx5_3");
+	for (int i = 0; i < 40 && rx_count("mlx5_3") == rx; i++) {
+		CHECK(works_again());
+		usleep(100000);
+	}
+	CHECK(rx_count("mlx5_3") > rx);
+	CHECK_EQ(soft_replace_gid("mlx5_3", neu, old), 0);
+	CHECK(WAIT_FOR(local_desc_has(B, old), 5000));
+	usleep(400000); /* past the pauses */
+	CHECK(works_again());
+}
+
 static void test_all_local_down(void)
 {
 	int c, f, e;
@@ -431,6 +476,7 @@ int main(void)
 	TEST_RUN(test_peer_nic_down);
 	TEST_RUN(test_fatal);
 	TEST_RUN(test_fatal_target);
+	TEST_RUN(test_gid_change);
 	TEST_RUN(test_all_local_down);
 	TEST_RUN(test_all_peer_down);
 	TEST_RUN(test_peer_gone);

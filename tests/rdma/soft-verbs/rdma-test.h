@@ -26,9 +26,15 @@ typedef struct te_rdma_soft_counters {
  * every open context, and work requests touching a down port fail with
  * IBV_WC_RETRY_EXC_ERR. Returns 0, or -ENOENT for an unknown device. */
 typedef int (*te_rdma_soft_set_link_fn)(const char *dev, int up);
-/* IBV_EVENT_DEVICE_FATAL on every context of the device; the port goes down
- * until te_rdma_soft_set_link(dev, 1). */
+/* IBV_EVENT_DEVICE_FATAL on every context of the device. Those contexts are
+ * dead for good (their requests flushed, EIO from every verb but the
+ * tear-down ones); te_rdma_soft_set_link(dev, 1) resets the device, which
+ * then opens anew. */
 typedef int (*te_rdma_soft_fatal_fn)(const char *dev);
+/* The GID table entry `from` ("xx:xx:...", 16 bytes) becomes `to`, with
+ * IBV_EVENT_GID_CHANGE on every open context; -ENOENT when no entry was
+ * `from`, -EINVAL for bad text. */
+typedef int (*te_rdma_soft_replace_gid_fn)(const char *dev, const char *from, const char *to);
 /* The next `n` work requests executed by the device complete with
  * `wc_status` (an enum ibv_wc_status) instead of running. */
 typedef int (*te_rdma_soft_fail_next_fn)(const char *dev, unsigned n, int wc_status);

@@ -387,7 +387,7 @@ static void push_event(soft_ctx *c, enum ibv_event_type type, void *element, int
 	uint64_t one = 1;
 
 	ev->event_type = type;
-	if (type == IBV_EVENT_PORT_ACTIVE || type == IBV_EVENT_PORT_ERR)
+	if (type == IBV_EVENT_PORT_ACTIVE || type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_GID_CHANGE)
 		ev->element.port_num = port;
 	else if (type == IBV_EVENT_CQ_ERR)
 		ev->element.cq = element;
@@ -529,7 +529,9 @@ static int sv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t inde
 	if ((int)index >= p->ngid)
 		return ENODATA; /* an empty table entry, as rdma-core reports it */
 	memset(entry, 0, sizeof *entry);
+	g_mutex_lock(&d->lock);
 	entry->gid = p->gid[index];
+	g_mutex_unlock(&d->lock);
 	entry->gid_index = index;
 	entry->port_num = port;
 	entry->gid_type = p->gid_type[index];
@@ -1153,11 +1155,13 @@ static void sv_ack_async_event(struct ibv_async_event *event)
 
 static bool dev_owns_gid(soft_dev *d, const union ibv_gid *gid)
 {
-	for (int p = 0; p < d->nports; p++)
-		for (int i = 0; i < d->port[p].ngid; i++)
-			if (memcmp(d->port[p].gid[i].raw, gid->raw, 16) == 0)
-				return true;
-	return false;
+	bool owns = false;
+	g_mutex_lock(&d->lock); /* the table may be readdressed (te_rdma_soft_replace_gid) */
+	for (int p = 0; p < d->nports && !owns; p++)
+		for (int i = 0; i < d->port[p].ngid && !owns; i++)
+			owns = memcmp(d->port[p].gid[i].raw, gid->raw, 16) == 0;
+	g_mutex_unlock(&d->lock);
+	return owns;
 }
 
 static bool port_up(soft_dev *d, uint8_t port)
@@ -1450,6 +1454,51 @@ static void set_fatal(soft_dev *d, void *arg)
 	g_list_free(ctxs);
 }
 
+typedef struct gid_arg {
+	union ibv_gid from, to;
+	int found;
+} gid_arg;
+
+/* The interface behind a GID readdressed: the entry equal to `from` becomes
+ * `to`, and every open context hears IBV_EVENT_GID_CHANGE on its port. */
+static void replace_gid(soft_dev *d, void *arg)
+{
+	gid_arg *g = arg;
+	bool changed[SOFT_MAX_PORTS] = { false };
+
+	g_mutex_lock(&d->lock);
+	for (int p = 0; p < d->nports; p++)
+		for (int i = 0; i < d->port[p].ngid; i++)
+			if (memcmp(d->port[p].gid[i].raw, g->from.raw, 16) == 0) {
+				d->port[p].gid[i] = g->to;
+				changed[p] = true;
+				g->found++;
+			}
+	GList *ctxs = g_list_copy(d->contexts);
+	g_mutex_unlock(&d->lock);
+	for (GList *l = ctxs; l != NULL; l = l->next)
+		for (int p = 0; p < d->nports; p++)
+			if (changed[p])
+				push_event(l->data, IBV_EVENT_GID_CHANGE, NULL, p + 1);
+	g_list_free(ctxs);
+}
+
+/* "xx:xx:...:xx", 16 bytes. */
+static bool gid_text(const char *s, union ibv_gid *out)
+{
+	for (int i = 0; i < 16; i++) {
+		unsigned v;
+		int n = 0;
+		if (sscanf(s, "%2x%n", &v, &n) != 1 || n != 2)
+			return false;
+		out->raw[i] = (uint8_t)v;
+		s += 2;
+		if (i < 15 && *s++ != ':')
+			return false;
+	}
+	return *s == '\0';
+}
+
 typedef struct fail_arg {
 	unsigned n;
 	int status;
@@ -1489,6 +1538,18 @@ SOFT_EXPORT int te_rdma_soft_fatal(const char *dev);
 SOFT_EXPORT int te_rdma_soft_fail_next(const char *dev, unsigned n, int wc_status);
 SOFT_EXPORT int te_rdma_soft_set_latency(const char *dev, unsigned usec);
 SOFT_EXPORT int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out);
+SOFT_EXPORT int te_rdma_soft_replace_gid(const char *dev, const char *from, const char *to);
+
+int te_rdma_soft_replace_gid(const char *dev, const char *from, const char *to)
+{
+	gid_arg g = { .found = 0 };
+
+	if (dev == NULL || from == NULL || to == NULL || !gid_text(from, &g.from) ||
+	    !gid_text(to, &g.to))
+		return -EINVAL;
+	int rc = for_devices(dev, replace_gid, &g);
+	return rc < 0 ? rc : g.found > 0 ? 0 : -ENOENT;
+}
 
 int te_rdma_soft_set_link(const char *dev, int up)
 {

@@ -9,6 +9,14 @@
  * backend (glib-networking) is installed. With TE_HTTP_TOKEN_FILE every
  * request carries "Authorization: Bearer <token>" (te-metadata-server
  * --token-file); the token is never logged.
+ *
+ * Liveness: keys put with TE_META_OWNED carry "&ttl=<TE_HTTP_KEY_TTL>"
+ * (seconds, 10 by default, 0 for none). A store that honours it says so in
+ * its reply ("... expires in N s", te-metadata-server); then a keeper thread
+ * puts every owned key again each third of the TTL, with the value last put,
+ * so a crashed engine's keys vanish on their own, and one deleted behind the
+ * engine's back comes back. Other stores ignore the parameter and keep the
+ * keys until they are removed, as before.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -21,7 +29,10 @@
 #include <te/te-plugin.h>
 
 #include "../common/te-http.h"
+#include "../common/te-keeper.h"
 #include "../common/te-store.h"
+
+#define TTL_REPLY "metadata updated; expires in "
 
 typedef struct hstore {
 	const te_host *h;
@@ -31,6 +42,14 @@ typedef struct hstore {
 	char sep;    /* '?' or '&': whether base already has a query */
 	int timeout_ms;
 	te_http *http;
+	unsigned ttl_s;      /* TE_HTTP_KEY_TTL: 0, owned keys are put as any other */
+	/* Owned keys, key -> GBytes (the value last put), kept while the store
+	 * honours TTLs. put_lock orders their PUTs and DELETEs with the
+	 * keeper's, so it never puts back a removed key or an older value. */
+	GMutex put_lock;
+	GHashTable *owned;
+	te_keeper keeper;
+	bool told_no_ttl;    /* (put_lock) logged once: the store ignores TTLs */
 } hstore;
 
 static char *key_url(hstore *s, const char *key)
@@ -107,17 +126,80 @@ static int http_get(void *ctx, const char *key, char **value, size_t *len)
 	return rc;
 }
 
+/* PUT with this store's TTL; *honoured: the reply said the key expires. */
+static int put_ttl(hstore *s, const char *key, const void *value, size_t len, bool *honoured)
+{
+	te_http_reply r;
+	char *base = key_url(s, key);
+	char *url = g_strdup_printf("%s&ttl=%u", base, s->ttl_s);
+	int rc = call(s, "PUT", url, key, value, len, &r);
+
+	g_free(url);
+	g_free(base);
+	if (rc < 0)
+		return rc;
+	if (r.status != 200)
+		return refused(s, "PUT", key, &r);
+	*honoured = r.body != NULL && g_str_has_prefix(r.body, TTL_REPLY);
+	te_http_reply_clear(&r);
+	return 0;
+}
+
+/* Each third of the TTL, every owned key again, with its latest value. */
+static gpointer keeper_main(gpointer data)
+{
+	hstore *s = data;
+	int64_t period = (int64_t)s->ttl_s * 1000 / 3;
+
+	while (te_keeper_sleep(&s->keeper, period)) {
+		g_mutex_lock(&s->put_lock);
+		GList *keys = g_hash_table_get_keys(s->owned);
+		for (GList *l = keys; l != NULL; l = l->next)
+			l->data = g_strdup(l->data);
+		g_mutex_unlock(&s->put_lock);
+		for (GList *l = keys; l != NULL; l = l->next) {
+			bool honoured = false;
+			g_mutex_lock(&s->put_lock);
+			GBytes *v = g_hash_table_lookup(s->owned, l->data); /* NULL: removed meanwhile */
+			gsize n = 0;
+			const void *d = v ? g_bytes_get_data(v, &n) : NULL;
+			if (v != NULL && put_ttl(s, l->data, d ? d : "", n, &honoured) < 0)
+				s->h->log(s->h, TE_LOG_WARN, "http store %s: renewing '%s' failed; tried again in "
+					  "%lld ms", s->log, (const char *)l->data, (long long)period);
+			g_mutex_unlock(&s->put_lock);
+		}
+		g_list_free_full(keys, g_free);
+	}
+	return NULL;
+}
+
 static int http_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
 {
 	hstore *s = ctx;
 	te_http_reply r;
 
-	(void)flags; /* the REST protocol has no notion of liveness */
 	if (bad_key(s, key, "put"))
 		return -EINVAL;
 	if (value == NULL && len > 0) {
 		s->h->log(s->h, TE_LOG_ERROR, "http store %s: put '%s' with a NULL value", s->log, key);
 		return -EINVAL;
+	}
+	if ((flags & TE_META_OWNED) && s->ttl_s > 0) {
+		bool honoured = false;
+		g_mutex_lock(&s->put_lock);
+		int rc = put_ttl(s, key, value ? value : "", len, &honoured);
+		if (rc == 0 && honoured) {
+			g_hash_table_replace(s->owned, g_strdup(key), g_bytes_new(value ? value : "", len));
+			if (!te_keeper_start(&s->keeper, "te-http-keeper", keeper_main, s))
+				s->h->log(s->h, TE_LOG_WARN, "http store %s: cannot start the thread that renews "
+					  "the engine's keys: they expire in %u s", s->log, s->ttl_s);
+		} else if (rc == 0 && !s->told_no_ttl) {
+			s->told_no_ttl = true;
+			s->h->log(s->h, TE_LOG_INFO, "http store %s keeps keys until they are removed (it "
+				  "ignores TTLs): a crashed engine's keys stay", s->log);
+		}
+		g_mutex_unlock(&s->put_lock);
+		return rc;
 	}
 	int rc = key_call(s, "PUT", key, value ? value : "", len, &r);
 	if (rc < 0)
@@ -135,7 +217,12 @@ static int http_remove(void *ctx, const char *key)
 
 	if (bad_key(s, key, "remove"))
 		return -EINVAL;
+	/* Not renewed from here on, and never put back by a renewal already
+	 * under way (it holds put_lock). */
+	g_mutex_lock(&s->put_lock);
+	g_hash_table_remove(s->owned, key);
 	int rc = key_call(s, "DELETE", key, NULL, 0, &r);
+	g_mutex_unlock(&s->put_lock);
 	if (rc < 0)
 		return rc;
 	if (r.status != 200 && r.status != 404)
@@ -205,6 +292,9 @@ static void http_close(void *ctx)
 
 	if (s == NULL)
 		return;
+	te_keeper_clear(&s->keeper);
+	g_hash_table_destroy(s->owned);
+	g_mutex_clear(&s->put_lock);
 	te_http_free(s->http);
 	te_http_secret_free(s->base);
 	g_free(s->log);
@@ -238,6 +328,9 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	}
 	hstore *s = g_new0(hstore, 1);
 	s->h = h;
+	g_mutex_init(&s->put_lock);
+	te_keeper_init(&s->keeper);
+	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 	GUri *nofrag = g_uri_build(g_uri_get_flags(u), scheme, g_uri_get_userinfo(u), g_uri_get_host(u),
 				   g_uri_get_port(u), g_uri_get_path(u), g_uri_get_query(u), NULL);
 	s->base = g_uri_to_string(nofrag);
@@ -247,6 +340,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	g_uri_unref(u);
 
 	s->timeout_ms = (int)te_host_config_u64(h, "TE_HTTP_TIMEOUT_MS", NULL, 5000, 10, 600000);
+	s->ttl_s = (unsigned)te_host_config_u64(h, "TE_HTTP_KEY_TTL", NULL, 10, 0, 86400);
 	te_http_opts o = {
 		.max_reply = te_host_config_u64(h, "TE_HTTP_MAX_REPLY", NULL, 64u << 20, 4096, 1ull << 32),
 		.max_conns = 8,

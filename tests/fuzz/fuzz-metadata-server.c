@@ -26,6 +26,7 @@ static void setup(void)
 	if (srv != NULL)
 		return;
 	store.kv = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
+	store.expiry = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
 	store.path = g_strdup("/metadata");
 	store.max_body = 4096;
 	store.max_keys = 16;
@@ -118,7 +119,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	close(sv[1]);
 	/* The store's limits hold whatever was put. */
 	FUZZ_CHECK(g_hash_table_size(store.kv) <= store.max_keys);
-	if (g_hash_table_size(store.kv) >= store.max_keys)
+	/* Every key with a TTL is a key of the store. */
+	FUZZ_CHECK(g_hash_table_size(store.expiry) <= g_hash_table_size(store.kv));
+	if (g_hash_table_size(store.kv) >= store.max_keys) {
 		g_hash_table_remove_all(store.kv);
+		g_hash_table_remove_all(store.expiry);
+	}
 	return 0;
 }

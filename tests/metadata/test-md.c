@@ -1347,6 +1347,78 @@ static void case_http_persist(void)
 	CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
 }
 
+/* Keys with a TTL: te-metadata-server's rules first (raw requests), then an
+ * engine's keys, kept alive by the plugin while it runs, put back when
+ * deleted behind its back, gone within the TTL once it is killed; with
+ * TE_HTTP_KEY_TTL=0 they stay. */
+static void case_http_ttl(void)
+{
+	static char ttl_env[] = "TE_HTTP_KEY_TTL=2";
+	static char off_env[] = "TE_HTTP_KEY_TTL=0";
+	char *kept[] = { ttl_env, NULL };
+	char *unkept[] = { off_env, NULL };
+	const char *file = tmp_path("ttl-store.json");
+	const char *extra[] = { "--persist", file, NULL };
+	char body[512];
+	te_metadata *md = NULL;
+	peer p;
+	char k[256];
+
+	pid_t srv = http_single(extra);
+	const char *bad[] = { "0", "86401", "1x", "-1", "", "99999999999999999999" };
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		char t[128];
+		snprintf(t, sizeof t, "/metadata?key=t&ttl=%s", bad[i]);
+		CHECK_EQ(http_raw(mds_port, "PUT", t, NULL, "{}", 2, body, sizeof body), 400);
+	}
+	CHECK(strstr(body, "ttl must be a whole number of seconds") != NULL);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=t", NULL, NULL, 0, NULL, 0), 404);
+	/* TTL 1 s: there, then gone; "u", put again without one, stays */
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=t&ttl=1", NULL, "{}", 2, body, sizeof body), 200);
+	CHECK(strstr(body, "expires in 1 s") != NULL);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=u&ttl=1", NULL, "{}", 2, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=u", NULL, "{}", 2, body, sizeof body), 200);
+	CHECK(strstr(body, "expires") == NULL);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=t", NULL, NULL, 0, NULL, 0), 200);
+	usleep(1300 * 1000);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=t", NULL, NULL, 0, NULL, 0), 404);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=u", NULL, NULL, 0, NULL, 0), 200);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata", NULL, NULL, 0, body, sizeof body), 200);
+	CHECK(strstr(body, "\"t\"") == NULL && strstr(body, "\"u\"") != NULL);
+	/* A restart (kill -9) keeps a key with its TTL, given in full again */
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=v&ttl=2", NULL, "{}", 2, NULL, 0), 200);
+	stop_child(srv, SIGKILL);
+	srv = mds_start(mds_port, extra);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=v", NULL, NULL, 0, NULL, 0), 200);
+	usleep(2300 * 1000);
+	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=v", NULL, NULL, 0, NULL, 0), 404);
+	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata?key=u", NULL, NULL, 0, NULL, 0), 200);
+
+	REQUIRE(te_metadata_open(http_conn, &md) == 0);
+	/* Alive for three TTLs: the renewals hold the keys. */
+	REQUIRE(peer_start_with(&p, http_conn, "kept", 1, kept, ""));
+	usleep(6000 * 1000);
+	CHECK_EQ(keys_of(md, p.name), 2);
+	/* Deleted behind the engine's back: it puts the key back. */
+	te_metadata_rpc_key(p.name, k, sizeof k);
+	CHECK_EQ(te_metadata_remove(md, k), 0);
+	long long back = wait_keys(md, p.name, 2, 3000);
+	CHECK(back >= 0);
+	fprintf(stderr, "  key back %lld ms after it was deleted\n", back);
+	/* kill -9: the keys vanish within the TTL. */
+	long long t0 = now_ms();
+	peer_kill(&p);
+	long long gone = wait_keys(md, p.name, 0, 10000);
+	gone = gone < 0 ? -1 : now_ms() - t0;
+	fprintf(stderr, "  keys of the killed engine gone after %lld ms (TTL 2 s)\n", gone);
+	CHECK(gone >= 0 && gone <= 2000 + 500);
+	/* With TTLs off the keys of a killed engine stay. */
+	REQUIRE(peer_start_with(&p, http_conn, "unkept", 2, unkept, ""));
+	killed_keys_stay(md, &p, 3000);
+	te_metadata_close(md);
+	stop_child(srv, SIGTERM);
+}
+
 static void check_reply_limit(void);
 
 static void case_http_limits(void)
@@ -1799,6 +1871,7 @@ static const struct {
 	{ "redis-ttl", case_redis_ttl },
 	{ "http-basic", case_http_basic },	   { "http-engines", case_http_engines },
 	{ "http-persist", case_http_persist },	   { "http-limits", case_http_limits },
+	{ "http-ttl", case_http_ttl },
 	{ "http-tls", case_http_tls },		   { "http-token", case_http_token },
 	{ "etcd-hostile", case_etcd_hostile },	   { "http-hostile", case_http_hostile },
 };

@@ -9,9 +9,19 @@
  *   GET    <path>         200 + JSON array of the keys (optional ?prefix=P)
  *   GET    /health        200 + {"status":"ok","keys":N}
  *
+ *   PUT    <path>?key=K&ttl=S   the same, and the key expires S seconds
+ *                                (1 to 86400) after its last such PUT
+ *
  * With --persist FILE every change is written to FILE (a new file, fsync'ed,
  * renamed over the old one) before the reply, so a restart, even after
- * kill -9, loses nothing that was acknowledged.
+ * kill -9, loses nothing that was acknowledged. A key with a TTL is kept
+ * with the seconds it had left; after a restart it gets them again in full,
+ * so that its owner has the time to renew it.
+ *
+ * A TTL is how a crashed engine's keys vanish: libte's http plugin puts its
+ * engine's keys with one and puts them again every third of it (the reply to
+ * a PUT with a TTL says "expires in S s", which tells the client that this
+ * store honours it; other stores ignore the parameter).
  *
  * With --token-file FILE (or TE_METADATA_TOKEN_FILE) requests to the store
  * need "Authorization: Bearer <token>": writes always, reads unless
@@ -35,9 +45,11 @@
 #include "../../exporter-plugins/common/te-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
+#define TTL_MAX 86400 /* seconds */
 
 typedef struct server {
 	GHashTable *kv; /* key → GBytes */
+	GHashTable *expiry; /* key → gint64 deadline (monotonic µs), keys put with a TTL */
 	char *path;     /* URL path of the store, e.g. "/metadata" */
 	char *persist;
 	guint64 max_body;
@@ -91,6 +103,17 @@ static char *serialize(server *s, gsize *len)
 	json_builder_begin_object(b);
 	json_builder_set_member_name(b, "format");
 	json_builder_add_string_value(b, PERSIST_FORMAT);
+	/* Seconds left of each key with a TTL (servers without TTLs skip it). */
+	json_builder_set_member_name(b, "ttl");
+	json_builder_begin_object(b);
+	gint64 now = g_get_monotonic_time();
+	g_hash_table_iter_init(&it, s->expiry);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		gint64 left = (*(gint64 *)v - now + G_USEC_PER_SEC - 1) / G_USEC_PER_SEC;
+		json_builder_set_member_name(b, k);
+		json_builder_add_int_value(b, CLAMP(left, 1, TTL_MAX));
+	}
+	json_builder_end_object(b);
 	for (int pass = 0; pass < 2; pass++) {
 		json_builder_set_member_name(b, pass == 0 ? "entries" : "binary");
 		json_builder_begin_object(b);
@@ -200,6 +223,41 @@ static gboolean load_members(server *s, JsonObject *o, const char *name, gboolea
 	return TRUE;
 }
 
+/* "ttl": {key: seconds}: each key of the store named there expires that
+ * long after the start (the whole TTL again: its owner renews it). */
+static gboolean load_ttls(server *s, JsonObject *o, GError **err)
+{
+	JsonNode *n = json_object_get_member(o, "ttl");
+
+	if (n == NULL)
+		return TRUE;
+	if (!JSON_NODE_HOLDS_OBJECT(n)) {
+		g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL, "\"ttl\" is not an object");
+		return FALSE;
+	}
+	JsonObject *m = json_node_get_object(n);
+	GList *members = json_object_get_members(m);
+	gint64 now = g_get_monotonic_time();
+	gboolean ok = TRUE;
+	for (GList *l = members; l && ok; l = l->next) {
+		JsonNode *v = json_object_get_member(m, l->data);
+		gint64 secs = JSON_NODE_HOLDS_VALUE(v) && json_node_get_value_type(v) == G_TYPE_INT64
+				      ? json_node_get_int(v)
+				      : 0;
+		if (secs < 1 || secs > TTL_MAX) {
+			g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL,
+				    "the TTL of \"%s\" is not 1 to %d seconds", (const char *)l->data, TTL_MAX);
+			ok = FALSE;
+		} else if (g_hash_table_contains(s->kv, l->data)) {
+			gint64 *d = g_new(gint64, 1);
+			*d = now + secs * G_USEC_PER_SEC;
+			g_hash_table_replace(s->expiry, g_strdup(l->data), d);
+		}
+	}
+	g_list_free(members);
+	return ok;
+}
+
 static gboolean load(server *s, GError **err)
 {
 	GMappedFile *f;
@@ -216,7 +274,7 @@ static gboolean load(server *s, GError **err)
 	 * many members as keys the server holds, strings as long as the largest
 	 * key or value written with every byte escaped (six bytes each). */
 	uint64_t longest = s->max_body > s->max_key_len ? s->max_body : s->max_key_len;
-	te_json_limits lim = { 2, (size_t)s->max_keys + 1, 2 * (size_t)s->max_keys + 8,
+	te_json_limits lim = { 2, (size_t)s->max_keys + 1, 3 * (size_t)s->max_keys + 8,
 			       longest > SIZE_MAX / 8 ? SIZE_MAX : (size_t)(6 * longest + 8), SIZE_MAX };
 	root = te_json_load(g_mapped_file_get_contents(f), g_mapped_file_get_length(f), &lim, why,
 			    sizeof why);
@@ -231,12 +289,54 @@ static gboolean load(server *s, GError **err)
 		g_set_error(err, G_FILE_ERROR, G_FILE_ERROR_INVAL, "not a %s file", PERSIST_FORMAT);
 		goto out;
 	}
-	ok = load_members(s, o, "entries", FALSE, err) && load_members(s, o, "binary", TRUE, err);
+	ok = load_members(s, o, "entries", FALSE, err) && load_members(s, o, "binary", TRUE, err) &&
+	     load_ttls(s, o, err);
 out:
 	if (root != NULL)
 		json_node_unref(root);
 	g_mapped_file_unref(f);
 	return ok;
+}
+
+/* ----------------------------------------------------------------- TTLs */
+
+/* Drops every key whose TTL ran out, and writes the file if one went. */
+static void sweep(server *s)
+{
+	gint64 now = g_get_monotonic_time();
+	GHashTableIter it;
+	gpointer k, v;
+	guint gone = 0;
+
+	g_hash_table_iter_init(&it, s->expiry);
+	while (g_hash_table_iter_next(&it, &k, &v)) {
+		if (*(gint64 *)v > now)
+			continue;
+		vlog(s, "EXPIRED %s", (const char *)k);
+		g_hash_table_remove(s->kv, k);
+		g_hash_table_iter_remove(&it);
+		gone++;
+	}
+	char *why = NULL;
+	if (gone > 0 && !persist_now(s, &why)) {
+		/* The file keeps them until the next change is written: they
+		 * come back after a restart, with their TTL, and expire again. */
+		g_printerr("te-metadata-server: %s\n", why);
+		g_free(why);
+	}
+}
+
+static gboolean sweep_tick(gpointer data)
+{
+	sweep(data);
+	return G_SOURCE_CONTINUE;
+}
+
+/* Whether `key` has a TTL that ran out (a sweep is due before reading it). */
+static gboolean is_expired(server *s, const char *key)
+{
+	gint64 *d = g_hash_table_lookup(s->expiry, key);
+	return d != NULL && *d <= g_get_monotonic_time();
 }
 
 /* ----------------------------------------------------------------- HTTP */
@@ -331,6 +431,7 @@ static void early_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 static void list_keys(server *s, SoupServerMessage *msg, GHashTable *query)
 {
 	const char *prefix = query ? g_hash_table_lookup(query, "prefix") : NULL;
+	sweep(s);
 	GList *keys = g_hash_table_get_keys(s->kv);
 	JsonBuilder *b = json_builder_new();
 
@@ -394,6 +495,8 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		return;
 	}
 	if (strcmp(method, SOUP_METHOD_GET) == 0) {
+		if (is_expired(s, key))
+			sweep(s);
 		GBytes *v = g_hash_table_lookup(s->kv, key);
 		if (v == NULL) {
 			reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
@@ -405,6 +508,12 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		return;
 	}
 	if (strcmp(method, SOUP_METHOD_PUT) == 0) {
+		const char *ttl_text = query ? g_hash_table_lookup(query, "ttl") : NULL;
+		guint64 ttl = 0;
+		if (ttl_text != NULL && !g_ascii_string_to_unsigned(ttl_text, 10, 1, TTL_MAX, &ttl, NULL)) {
+			reply_text(msg, SOUP_STATUS_BAD_REQUEST, "ttl must be a whole number of seconds from 1 to 86400");
+			return;
+		}
 		SoupMessageBody *body = soup_server_message_get_request_body(msg);
 		GBytes *b = soup_message_body_flatten(body);
 		if (g_bytes_get_size(b) > s->max_body) { /* the early handler's check, once more */
@@ -412,6 +521,8 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 			reply_text(msg, SOUP_STATUS_REQUEST_ENTITY_TOO_LARGE, "value too large");
 			return;
 		}
+		if (is_expired(s, key))
+			sweep(s); /* its time ran out: a PUT now makes a new key */
 		GBytes *old = g_hash_table_lookup(s->kv, key);
 		if (old == NULL && g_hash_table_size(s->kv) >= s->max_keys) {
 			g_bytes_unref(b);
@@ -420,13 +531,29 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		}
 		if (old)
 			g_bytes_ref(old);
+		gint64 *old_deadline = g_hash_table_lookup(s->expiry, key);
+		gint64 old_d = old_deadline ? *old_deadline : 0;
 		g_hash_table_replace(s->kv, g_strdup(key), b);
+		if (ttl > 0) {
+			gint64 *d = g_new(gint64, 1);
+			*d = g_get_monotonic_time() + (gint64)ttl * G_USEC_PER_SEC;
+			g_hash_table_replace(s->expiry, g_strdup(key), d);
+		} else {
+			g_hash_table_remove(s->expiry, key); /* kept until deleted */
+		}
 		if (!persist_now(s, &why)) {
 			/* Keep memory and file in agreement: undo. */
 			if (old)
 				g_hash_table_replace(s->kv, g_strdup(key), old);
 			else
 				g_hash_table_remove(s->kv, key);
+			if (old_deadline != NULL || old_d != 0) {
+				gint64 *d = g_new(gint64, 1);
+				*d = old_d;
+				g_hash_table_replace(s->expiry, g_strdup(key), d);
+			} else {
+				g_hash_table_remove(s->expiry, key);
+			}
 			g_printerr("te-metadata-server: %s\n", why);
 			reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, why);
 			g_free(why);
@@ -434,20 +561,38 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		}
 		if (old)
 			g_bytes_unref(old);
-		vlog(s, "PUT %s (%zu bytes)", key, g_bytes_get_size(b));
-		reply_text(msg, SOUP_STATUS_OK, "metadata updated");
+		vlog(s, "PUT %s (%zu bytes%s)", key, g_bytes_get_size(b), ttl ? ", with a TTL" : "");
+		if (ttl > 0) {
+			char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again",
+						  (unsigned long long)ttl);
+			reply_text(msg, SOUP_STATUS_OK, t);
+			g_free(t);
+		} else {
+			reply_text(msg, SOUP_STATUS_OK, "metadata updated");
+		}
 		return;
 	}
 	/* DELETE */
+	if (is_expired(s, key))
+		sweep(s);
 	GBytes *old = g_hash_table_lookup(s->kv, key);
 	if (old == NULL) {
 		reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
 		return;
 	}
 	g_bytes_ref(old);
+	gint64 *old_deadline = g_hash_table_lookup(s->expiry, key);
+	gint64 old_d = old_deadline ? *old_deadline : 0;
+	bool had_ttl = old_deadline != NULL;
 	g_hash_table_remove(s->kv, key);
+	g_hash_table_remove(s->expiry, key);
 	if (!persist_now(s, &why)) {
 		g_hash_table_replace(s->kv, g_strdup(key), old);
+		if (had_ttl) {
+			gint64 *d = g_new(gint64, 1);
+			*d = old_d;
+			g_hash_table_replace(s->expiry, g_strdup(key), d);
+		}
 		g_printerr("te-metadata-server: %s\n", why);
 		reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, why);
 		g_free(why);
@@ -473,6 +618,7 @@ static void health_handler(SoupServer *srv, SoupServerMessage *msg, const char *
 		reply_text(msg, SOUP_STATUS_METHOD_NOT_ALLOWED, "method not allowed");
 		return;
 	}
+	sweep(s);
 	char *t = g_strdup_printf("{\"status\":\"ok\",\"keys\":%u}", g_hash_table_size(s->kv));
 	reply(msg, SOUP_STATUS_OK, "application/json", t, strlen(t));
 	g_free(t);
@@ -608,6 +754,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	s.kv = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
+	s.expiry = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
 	rc = 1;
 	if (!load(&s, &err)) {
 		g_printerr("te-metadata-server: cannot load %s: %s (refusing to start over it)\n", s.persist,
@@ -672,6 +819,7 @@ int main(int argc, char **argv)
 	}
 
 	s.loop = g_main_loop_new(NULL, FALSE);
+	g_timeout_add(250, sweep_tick, &s); /* keys whose TTL ran out go within a quarter second */
 	g_unix_signal_add(SIGINT, on_signal, s.loop);
 	g_unix_signal_add(SIGTERM, on_signal, s.loop);
 	g_main_loop_run(s.loop);
@@ -687,6 +835,8 @@ out:
 		g_object_unref(addr);
 	if (s.kv)
 		g_hash_table_unref(s.kv);
+	if (s.expiry)
+		g_hash_table_unref(s.expiry);
 	g_free(s.path);
 	g_free(s.persist);
 	g_free(listen);

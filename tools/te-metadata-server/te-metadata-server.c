@@ -15,8 +15,9 @@
  * With --persist FILE every change is written to FILE (a new file, fsync'ed,
  * renamed over the old one) before the reply, so a restart, even after
  * kill -9, loses nothing that was acknowledged. A key with a TTL is kept
- * with the seconds it had left; after a restart it gets them again in full,
- * so that its owner has the time to renew it.
+ * with its TTL, which it gets in full after a restart, so that its owner
+ * has the time to renew it; a renewal (the same value and TTL again) does
+ * not write the file.
  *
  * A TTL is how a crashed engine's keys vanish: libte's http plugin puts its
  * engine's keys with one and puts them again every third of it (the reply to
@@ -47,9 +48,14 @@
 #define PERSIST_FORMAT "te-metadata-server/1"
 #define TTL_MAX 86400 /* seconds */
 
+typedef struct key_ttl {
+	gint64 deadline; /* monotonic µs */
+	guint ttl;       /* seconds */
+} key_ttl;
+
 typedef struct server {
 	GHashTable *kv; /* key → GBytes */
-	GHashTable *expiry; /* key → gint64 deadline (monotonic µs), keys put with a TTL */
+	GHashTable *expiry; /* key → key_ttl, the keys put with a TTL */
 	char *path;     /* URL path of the store, e.g. "/metadata" */
 	char *persist;
 	guint64 max_body;
@@ -103,15 +109,13 @@ static char *serialize(server *s, gsize *len)
 	json_builder_begin_object(b);
 	json_builder_set_member_name(b, "format");
 	json_builder_add_string_value(b, PERSIST_FORMAT);
-	/* Seconds left of each key with a TTL (servers without TTLs skip it). */
+	/* The TTL of each key that has one (servers without TTLs skip it). */
 	json_builder_set_member_name(b, "ttl");
 	json_builder_begin_object(b);
-	gint64 now = g_get_monotonic_time();
 	g_hash_table_iter_init(&it, s->expiry);
 	while (g_hash_table_iter_next(&it, &k, &v)) {
-		gint64 left = (*(gint64 *)v - now + G_USEC_PER_SEC - 1) / G_USEC_PER_SEC;
 		json_builder_set_member_name(b, k);
-		json_builder_add_int_value(b, CLAMP(left, 1, TTL_MAX));
+		json_builder_add_int_value(b, ((key_ttl *)v)->ttl);
 	}
 	json_builder_end_object(b);
 	for (int pass = 0; pass < 2; pass++) {
@@ -249,9 +253,9 @@ static gboolean load_ttls(server *s, JsonObject *o, GError **err)
 				    "the TTL of \"%s\" is not 1 to %d seconds", (const char *)l->data, TTL_MAX);
 			ok = FALSE;
 		} else if (g_hash_table_contains(s->kv, l->data)) {
-			gint64 *d = g_new(gint64, 1);
-			*d = now + secs * G_USEC_PER_SEC;
-			g_hash_table_replace(s->expiry, g_strdup(l->data), d);
+			key_ttl *t = g_new(key_ttl, 1);
+			*t = (key_ttl){ now + secs * G_USEC_PER_SEC, (guint)secs };
+			g_hash_table_replace(s->expiry, g_strdup(l->data), t);
 		}
 	}
 	g_list_free(members);
@@ -310,7 +314,7 @@ static void sweep(server *s)
 
 	g_hash_table_iter_init(&it, s->expiry);
 	while (g_hash_table_iter_next(&it, &k, &v)) {
-		if (*(gint64 *)v > now)
+		if (((key_ttl *)v)->deadline > now)
 			continue;
 		vlog(s, "EXPIRED %s", (const char *)k);
 		g_hash_table_remove(s->kv, k);
@@ -335,8 +339,8 @@ static gboolean sweep_tick(gpointer data)
 /* Whether `key` has a TTL that ran out (a sweep is due before reading it). */
 static gboolean is_expired(server *s, const char *key)
 {
-	gint64 *d = g_hash_table_lookup(s->expiry, key);
-	return d != NULL && *d <= g_get_monotonic_time();
+	key_ttl *t = g_hash_table_lookup(s->expiry, key);
+	return t != NULL && t->deadline <= g_get_monotonic_time();
 }
 
 /* ----------------------------------------------------------------- HTTP */
@@ -529,15 +533,27 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 			reply_text(msg, SOUP_STATUS_INSUFFICIENT_STORAGE, "too many keys");
 			return;
 		}
+		key_ttl *cur = g_hash_table_lookup(s->expiry, key);
+		gint64 deadline = g_get_monotonic_time() + (gint64)ttl * G_USEC_PER_SEC;
+		if (old != NULL && ttl > 0 && cur != NULL && cur->ttl == ttl && g_bytes_equal(old, b)) {
+			/* A renewal: the file, which holds the TTL, not the deadline,
+			 * stays as it is. */
+			cur->deadline = deadline;
+			g_bytes_unref(b);
+			char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again",
+						  (unsigned long long)ttl);
+			reply_text(msg, SOUP_STATUS_OK, t);
+			g_free(t);
+			return;
+		}
+		key_ttl was = cur ? *cur : (key_ttl){ 0, 0 };
 		if (old)
 			g_bytes_ref(old);
-		gint64 *old_deadline = g_hash_table_lookup(s->expiry, key);
-		gint64 old_d = old_deadline ? *old_deadline : 0;
 		g_hash_table_replace(s->kv, g_strdup(key), b);
 		if (ttl > 0) {
-			gint64 *d = g_new(gint64, 1);
-			*d = g_get_monotonic_time() + (gint64)ttl * G_USEC_PER_SEC;
-			g_hash_table_replace(s->expiry, g_strdup(key), d);
+			key_ttl *t = g_new(key_ttl, 1);
+			*t = (key_ttl){ deadline, (guint)ttl };
+			g_hash_table_replace(s->expiry, g_strdup(key), t);
 		} else {
 			g_hash_table_remove(s->expiry, key); /* kept until deleted */
 		}
@@ -547,13 +563,10 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 				g_hash_table_replace(s->kv, g_strdup(key), old);
 			else
 				g_hash_table_remove(s->kv, key);
-			if (old_deadline != NULL || old_d != 0) {
-				gint64 *d = g_new(gint64, 1);
-				*d = old_d;
-				g_hash_table_replace(s->expiry, g_strdup(key), d);
-			} else {
+			if (was.ttl > 0)
+				g_hash_table_replace(s->expiry, g_strdup(key), g_memdup2(&was, sizeof was));
+			else
 				g_hash_table_remove(s->expiry, key);
-			}
 			g_printerr("te-metadata-server: %s\n", why);
 			reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, why);
 			g_free(why);
@@ -581,18 +594,14 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		return;
 	}
 	g_bytes_ref(old);
-	gint64 *old_deadline = g_hash_table_lookup(s->expiry, key);
-	gint64 old_d = old_deadline ? *old_deadline : 0;
-	bool had_ttl = old_deadline != NULL;
+	key_ttl *cur = g_hash_table_lookup(s->expiry, key);
+	key_ttl was = cur ? *cur : (key_ttl){ 0, 0 };
 	g_hash_table_remove(s->kv, key);
 	g_hash_table_remove(s->expiry, key);
 	if (!persist_now(s, &why)) {
 		g_hash_table_replace(s->kv, g_strdup(key), old);
-		if (had_ttl) {
-			gint64 *d = g_new(gint64, 1);
-			*d = old_d;
-			g_hash_table_replace(s->expiry, g_strdup(key), d);
-		}
+		if (was.ttl > 0)
+			g_hash_table_replace(s->expiry, g_strdup(key), g_memdup2(&was, sizeof was));
 		g_printerr("te-metadata-server: %s\n", why);
 		reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, why);
 		g_free(why);

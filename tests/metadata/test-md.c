@@ -1387,6 +1387,17 @@ static void case_http_ttl(void)
 	CHECK(strstr(body, "\"t\"") == NULL && strstr(body, "\"u\"") != NULL);
 	/* A restart (kill -9) keeps a key with its TTL, given in full again */
 	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=v&ttl=2", NULL, "{}", 2, NULL, 0), 200);
+	/* ... and a renewal (same value, same TTL) does not write the file,
+	 * which each write replaces (a new inode) */
+	struct stat st1, st2;
+	CHECK_EQ(stat(file, &st1), 0);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=v&ttl=2", NULL, "{}", 2, NULL, 0), 200);
+	CHECK_EQ(stat(file, &st2), 0);
+	CHECK_EQ(st1.st_ino, st2.st_ino);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=v&ttl=3", NULL, "{}", 2, NULL, 0), 200);
+	CHECK_EQ(stat(file, &st2), 0);
+	CHECK(st1.st_ino != st2.st_ino);
+	CHECK_EQ(http_raw(mds_port, "PUT", "/metadata?key=v&ttl=2", NULL, "{}", 2, NULL, 0), 200);
 	stop_child(srv, SIGKILL);
 	srv = mds_start(mds_port, extra);
 	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=v", NULL, NULL, 0, NULL, 0), 200);

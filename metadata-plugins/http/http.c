@@ -126,21 +126,26 @@ static int http_get(void *ctx, const char *key, char **value, size_t *len)
 	return rc;
 }
 
-/* PUT with this store's TTL; *honoured: the reply said the key expires. */
-static int put_ttl(hstore *s, const char *key, const void *value, size_t len, bool *honoured)
+/* PUT, with this store's TTL when `honoured` is not NULL; *honoured: the
+ * reply said the key expires. */
+static int put(hstore *s, const char *key, const void *value, size_t len, bool *honoured)
 {
 	te_http_reply r;
-	char *base = key_url(s, key);
-	char *url = g_strdup_printf("%s&ttl=%u", base, s->ttl_s);
+	char *url = key_url(s, key);
+	if (honoured != NULL) {
+		char *with = g_strdup_printf("%s&ttl=%u", url, s->ttl_s);
+		g_free(url);
+		url = with;
+	}
 	int rc = call(s, "PUT", url, key, value, len, &r);
 
 	g_free(url);
-	g_free(base);
 	if (rc < 0)
 		return rc;
 	if (r.status != 200)
 		return refused(s, "PUT", key, &r);
-	*honoured = r.body != NULL && g_str_has_prefix(r.body, TTL_REPLY);
+	if (honoured != NULL)
+		*honoured = r.body != NULL && g_str_has_prefix(r.body, TTL_REPLY);
 	te_http_reply_clear(&r);
 	return 0;
 }
@@ -163,7 +168,7 @@ static gpointer keeper_main(gpointer data)
 			GBytes *v = g_hash_table_lookup(s->owned, l->data); /* NULL: removed meanwhile */
 			gsize n = 0;
 			const void *d = v ? g_bytes_get_data(v, &n) : NULL;
-			if (v != NULL && put_ttl(s, l->data, d ? d : "", n, &honoured) < 0)
+			if (v != NULL && put(s, l->data, d ? d : "", n, &honoured) < 0)
 				s->h->log(s->h, TE_LOG_WARN, "http store %s: renewing '%s' failed; tried again in "
 					  "%lld ms", s->log, (const char *)l->data, (long long)period);
 			g_mutex_unlock(&s->put_lock);
@@ -176,7 +181,6 @@ static gpointer keeper_main(gpointer data)
 static int http_put(void *ctx, const char *key, const char *value, size_t len, unsigned flags)
 {
 	hstore *s = ctx;
-	te_http_reply r;
 
 	if (bad_key(s, key, "put"))
 		return -EINVAL;
@@ -187,7 +191,7 @@ static int http_put(void *ctx, const char *key, const char *value, size_t len, u
 	if ((flags & TE_META_OWNED) && s->ttl_s > 0) {
 		bool honoured = false;
 		g_mutex_lock(&s->put_lock);
-		int rc = put_ttl(s, key, value ? value : "", len, &honoured);
+		int rc = put(s, key, value ? value : "", len, &honoured);
 		if (rc == 0 && honoured) {
 			g_hash_table_replace(s->owned, g_strdup(key), g_bytes_new(value ? value : "", len));
 			if (!te_keeper_start(&s->keeper, "te-http-keeper", keeper_main, s))
@@ -201,13 +205,7 @@ static int http_put(void *ctx, const char *key, const char *value, size_t len, u
 		g_mutex_unlock(&s->put_lock);
 		return rc;
 	}
-	int rc = key_call(s, "PUT", key, value ? value : "", len, &r);
-	if (rc < 0)
-		return rc;
-	if (r.status != 200)
-		return refused(s, "PUT", key, &r);
-	te_http_reply_clear(&r);
-	return 0;
+	return put(s, key, value ? value : "", len, NULL);
 }
 
 static int http_remove(void *ctx, const char *key)

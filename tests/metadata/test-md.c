@@ -1218,6 +1218,36 @@ static void case_redis_restart(void)
 	te_metadata_close(md);
 }
 
+/* An engine with a 2 s TTL on its keys (env `kept`): alive for three TTLs,
+ * the renewals hold its keys; one deleted behind its back comes back; killed
+ * (kill -9), its keys vanish within the TTL. With TTLs off (env `unkept`)
+ * the keys of a killed engine stay. */
+static void check_keys_expire(const char *conn, char *kept[], char *unkept[])
+{
+	te_metadata *md = NULL;
+	peer p;
+	char k[256];
+
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	REQUIRE(peer_start_with(&p, conn, "kept", 1, kept, ""));
+	usleep(6000 * 1000);
+	CHECK_EQ(keys_of(md, p.name), 2);
+	te_metadata_rpc_key(p.name, k, sizeof k);
+	CHECK_EQ(te_metadata_remove(md, k), 0);
+	long long back = wait_keys(md, p.name, 2, 3000);
+	CHECK(back >= 0);
+	fprintf(stderr, "  key back %lld ms after it was deleted\n", back);
+	long long t0 = now_ms();
+	peer_kill(&p);
+	long long gone = wait_keys(md, p.name, 0, 10000);
+	gone = gone < 0 ? -1 : now_ms() - t0;
+	fprintf(stderr, "  keys of the killed engine gone after %lld ms (TTL 2 s)\n", gone);
+	CHECK(gone >= 0 && gone <= 2000 + 500);
+	REQUIRE(peer_start_with(&p, conn, "unkept", 2, unkept, ""));
+	killed_keys_stay(md, &p, 3000);
+	te_metadata_close(md);
+}
+
 /* An engine's own keys expire unless it keeps them alive. */
 static void case_redis_ttl(void)
 {
@@ -1225,37 +1255,9 @@ static void case_redis_ttl(void)
 	static char off_env[] = "TE_REDIS_KEY_TTL=0";
 	char *kept[] = { ttl_env, NULL };
 	char *unkept[] = { off_env, NULL };
-	te_metadata *md = NULL;
-	peer p;
-	char k[256];
 
 	redis_single(NULL);
-	REQUIRE(te_metadata_open(redis_conn, &md) == 0);
-
-	/* Alive for three TTLs: the renewals hold the keys. */
-	REQUIRE(peer_start_with(&p, redis_conn, "kept", 1, kept, ""));
-	usleep(6000 * 1000);
-	CHECK_EQ(keys_of(md, p.name), 2);
-
-	/* Deleted behind the engine's back: it puts the key back. */
-	te_metadata_rpc_key(p.name, k, sizeof k);
-	CHECK_EQ(te_metadata_remove(md, k), 0);
-	long long back = wait_keys(md, p.name, 2, 3000);
-	CHECK(back >= 0);
-	fprintf(stderr, "  key back %lld ms after it was deleted\n", back);
-
-	/* kill -9: the keys vanish within the TTL. */
-	long long t0 = now_ms();
-	peer_kill(&p);
-	long long gone = wait_keys(md, p.name, 0, 10000);
-	gone = gone < 0 ? -1 : now_ms() - t0;
-	fprintf(stderr, "  keys of the killed engine gone after %lld ms (TTL 2 s)\n", gone);
-	CHECK(gone >= 0 && gone <= 2000 + 500);
-
-	/* With expiry off the keys of a killed engine stay. */
-	REQUIRE(peer_start_with(&p, redis_conn, "unkept", 2, unkept, ""));
-	killed_keys_stay(md, &p, 3000);
-	te_metadata_close(md);
+	check_keys_expire(redis_conn, kept, unkept);
 }
 
 /* ------------------------------------------------------------------ http */
@@ -1360,9 +1362,6 @@ static void case_http_ttl(void)
 	const char *file = tmp_path("ttl-store.json");
 	const char *extra[] = { "--persist", file, NULL };
 	char body[512];
-	te_metadata *md = NULL;
-	peer p;
-	char k[256];
 
 	pid_t srv = http_single(extra);
 	const char *bad[] = { "0", "86401", "1x", "-1", "", "99999999999999999999" };
@@ -1405,28 +1404,7 @@ static void case_http_ttl(void)
 	CHECK_EQ(http_raw(mds_port, "GET", "/metadata?key=v", NULL, NULL, 0, NULL, 0), 404);
 	CHECK_EQ(http_raw(mds_port, "DELETE", "/metadata?key=u", NULL, NULL, 0, NULL, 0), 200);
 
-	REQUIRE(te_metadata_open(http_conn, &md) == 0);
-	/* Alive for three TTLs: the renewals hold the keys. */
-	REQUIRE(peer_start_with(&p, http_conn, "kept", 1, kept, ""));
-	usleep(6000 * 1000);
-	CHECK_EQ(keys_of(md, p.name), 2);
-	/* Deleted behind the engine's back: it puts the key back. */
-	te_metadata_rpc_key(p.name, k, sizeof k);
-	CHECK_EQ(te_metadata_remove(md, k), 0);
-	long long back = wait_keys(md, p.name, 2, 3000);
-	CHECK(back >= 0);
-	fprintf(stderr, "  key back %lld ms after it was deleted\n", back);
-	/* kill -9: the keys vanish within the TTL. */
-	long long t0 = now_ms();
-	peer_kill(&p);
-	long long gone = wait_keys(md, p.name, 0, 10000);
-	gone = gone < 0 ? -1 : now_ms() - t0;
-	fprintf(stderr, "  keys of the killed engine gone after %lld ms (TTL 2 s)\n", gone);
-	CHECK(gone >= 0 && gone <= 2000 + 500);
-	/* With TTLs off the keys of a killed engine stay. */
-	REQUIRE(peer_start_with(&p, http_conn, "unkept", 2, unkept, ""));
-	killed_keys_stay(md, &p, 3000);
-	te_metadata_close(md);
+	check_keys_expire(http_conn, kept, unkept);
 	stop_child(srv, SIGTERM);
 }
 

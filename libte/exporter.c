@@ -9,6 +9,7 @@
  * that was asked for and cannot start fails te_engine_create(): whoever
  * set the address must learn that the metrics are absent.
  */
+#include <json-glib/json-glib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,8 @@ static int start(te_engine *e, const char *addr)
 {
 	const char *name = setting(e, "metrics_exporter", "TE_METRICS_EXPORTER");
 	const char *token = setting(e, "metrics_token_file", "TE_METRICS_TOKEN_FILE");
+	const char *cert = setting(e, "metrics_tls_cert", "TE_METRICS_TLS_CERT");
+	const char *key = setting(e, "metrics_tls_key", "TE_METRICS_TLS_KEY");
 	char *args = NULL;
 	int rc;
 
@@ -69,10 +72,27 @@ static int start(te_engine *e, const char *addr)
 		       "(TE_METRICS_EXPORTER; te-info lists the plugins and the directories searched)", name);
 		return -ENOENT;
 	}
-	if (token != NULL) {
-		char *esc = g_strescape(token, NULL);
-		args = g_strdup_printf("{\"token_file\":\"%s\"}", esc);
-		g_free(esc);
+	if (token != NULL || cert != NULL || key != NULL) {
+		/* {"token_file": ..., "tls_cert": ..., "tls_key": ...}, the ones set
+		 * (JSON's escapes: a path may hold any byte but NUL) */
+		const char *names[] = { "token_file", "tls_cert", "tls_key" };
+		const char *values[] = { token, cert, key };
+		JsonBuilder *b = json_builder_new();
+		json_builder_begin_object(b);
+		for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
+			if (values[i] == NULL)
+				continue;
+			json_builder_set_member_name(b, names[i]);
+			json_builder_add_string_value(b, values[i]);
+		}
+		json_builder_end_object(b);
+		JsonNode *root = json_builder_get_root(b);
+		JsonGenerator *g = json_generator_new();
+		json_generator_set_root(g, root);
+		args = json_generator_to_data(g, NULL);
+		g_object_unref(g);
+		json_node_unref(root);
+		g_object_unref(b);
 	}
 	/* The exporter serves every engine of the process and outlives the
 	 * one that started it: its host has no engine, and its metrics_text()

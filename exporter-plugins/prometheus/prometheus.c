@@ -12,7 +12,9 @@
  * (401 otherwise), compared through its SHA-256 in constant time, as
  * te-metadata-server does. Connections are accepted here, not by libsoup,
  * so that their number is bounded (TE_METRICS_MAX_CONNECTIONS) and an idle
- * one is closed (TE_METRICS_IDLE_TIMEOUT_S).
+ * one is closed (TE_METRICS_IDLE_TIMEOUT_S). With a certificate and its key
+ * (TE_METRICS_TLS_CERT, TE_METRICS_TLS_KEY) each accepted connection is
+ * wrapped in GIO's TLS (glib-networking) before libsoup sees it: https.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -41,6 +43,7 @@ typedef struct exporter {
 	GSocketService *svc;
 	char *url;
 	te_bearer token;
+	GTlsCertificate *cert; /* https when set */
 	unsigned max_conns;
 	unsigned idle_s;
 	unsigned conns; /* accepted and not yet released by libsoup (server thread only) */
@@ -180,12 +183,16 @@ static gboolean on_incoming(GSocketService *svc, GSocketConnection *conn, GObjec
 		g_io_stream_close(G_IO_STREAM(conn), NULL, NULL);
 		return TRUE;
 	}
-	/* An idle or stalled client is dropped after this long. */
+	/* An idle or stalled client is dropped after this long (a TLS
+	 * handshake that never comes included). */
 	g_socket_set_timeout(sock, x->idle_s);
 	GSocketAddress *local = g_socket_connection_get_local_address(conn, NULL);
 	GSocketAddress *remote = g_socket_connection_get_remote_address(conn, NULL);
-	if (local == NULL || remote == NULL ||
-	    !soup_server_accept_iostream(x->srv, G_IO_STREAM(conn), local, remote, &err)) {
+	/* https: libsoup gets the TLS stream, whose handshake runs on its first read. */
+	GIOStream *stream = x->cert ? g_tls_server_connection_new(G_IO_STREAM(conn), x->cert, &err)
+				    : g_object_ref(G_IO_STREAM(conn));
+	if (local == NULL || remote == NULL || stream == NULL ||
+	    !soup_server_accept_iostream(x->srv, stream, local, remote, &err)) {
 		x->h->log(x->h, TE_LOG_WARN, "metrics endpoint: a connection could not be served: %s",
 			  err ? err->message : "no address");
 		g_clear_error(&err);
@@ -194,6 +201,7 @@ static gboolean on_incoming(GSocketService *svc, GSocketConnection *conn, GObjec
 		x->conns++;
 		g_object_weak_ref(G_OBJECT(conn), conn_gone, x);
 	}
+	g_clear_object(&stream);
 	g_clear_object(&local);
 	g_clear_object(&remote);
 	return TRUE;
@@ -210,14 +218,15 @@ static void settle(exporter *x, int rc)
 	g_mutex_unlock(&x->lock);
 }
 
-static char *url_of(GSocketAddress *a)
+static char *url_of(GSocketAddress *a, bool https)
 {
 	GInetAddress *ia = g_inet_socket_address_get_address(G_INET_SOCKET_ADDRESS(a));
 	char *host = g_inet_address_to_string(ia);
 	guint16 port = g_inet_socket_address_get_port(G_INET_SOCKET_ADDRESS(a));
+	const char *scheme = https ? "https" : "http";
 	char *u = g_inet_address_get_family(ia) == G_SOCKET_FAMILY_IPV6
-			  ? g_strdup_printf("http://[%s]:%u/metrics", host, port)
-			  : g_strdup_printf("http://%s:%u/metrics", host, port);
+			  ? g_strdup_printf("%s://[%s]:%u/metrics", scheme, host, port)
+			  : g_strdup_printf("%s://%s:%u/metrics", scheme, host, port);
 	g_free(host);
 	return u;
 }
@@ -245,7 +254,7 @@ static gpointer server_main(gpointer data)
 		settle(x, rc);
 		goto out;
 	}
-	x->url = url_of(got);
+	x->url = url_of(got, x->cert != NULL);
 	g_object_unref(got);
 	g_signal_connect(x->svc, "incoming", G_CALLBACK(on_incoming), x);
 	g_socket_service_start(x->svc);
@@ -331,12 +340,40 @@ static int load_token(exporter *x, const char *path)
 	return 0;
 }
 
-/* {"token_file": PATH}: bounded before it is parsed, like every JSON
- * text from outside. */
+/* https: the certificate (chain) and its key, PEM files, both or neither. */
+static int load_tls(exporter *x, const char *cert, const char *key)
+{
+	GError *err = NULL;
+
+	if ((cert == NULL) != (key == NULL)) {
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: TE_METRICS_TLS_CERT and TE_METRICS_TLS_KEY "
+			  "go together (%s is missing)", cert ? "the key" : "the certificate");
+		return -EINVAL;
+	}
+	if (cert == NULL)
+		return 0;
+	if (!g_tls_backend_supports_tls(g_tls_backend_get_default())) {
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: https asked for, but GLib has no TLS backend "
+			  "here (install glib-networking)");
+		return -ENOTSUP;
+	}
+	x->cert = g_tls_certificate_new_from_files(cert, key, &err);
+	if (x->cert == NULL) {
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: cannot load the certificate %s and key %s: %s",
+			  cert, key, err->message);
+		g_error_free(err);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* {"token_file": PATH, "tls_cert": PATH, "tls_key": PATH}: bounded before
+ * it is parsed, like every JSON text from outside. */
 static int parse_args(exporter *x, const char *json_args)
 {
-	static const te_json_limits lim = { 2, 16, 16, 4096, 8192 };
+	static const te_json_limits lim = { 2, 16, 16, 4096, 16384 };
 	char why[160];
+	const char *cert = NULL, *key = NULL;
 	int rc = 0;
 
 	if (json_args == NULL || *json_args == '\0')
@@ -354,17 +391,23 @@ static int parse_args(exporter *x, const char *json_args)
 	for (GList *l = members; l != NULL && rc == 0; l = l->next) {
 		const char *k = l->data;
 		JsonNode *v = json_object_get_member(o, k);
-		if (strcmp(k, "token_file") != 0) {
+		if (strcmp(k, "token_file") != 0 && strcmp(k, "tls_cert") != 0 && strcmp(k, "tls_key") != 0) {
 			x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: unknown argument '%s'", k);
 			rc = -EINVAL;
 		} else if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING ||
 			   *json_node_get_string(v) == '\0') {
-			x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: token_file is not a file name");
+			x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %s is not a file name", k);
 			rc = -EINVAL;
-		} else {
+		} else if (strcmp(k, "token_file") == 0) {
 			rc = load_token(x, json_node_get_string(v));
+		} else if (strcmp(k, "tls_cert") == 0) {
+			cert = json_node_get_string(v);
+		} else {
+			key = json_node_get_string(v);
 		}
 	}
+	if (rc == 0)
+		rc = load_tls(x, cert, key);
 	g_list_free(members);
 	json_node_unref(root);
 	return rc;
@@ -377,6 +420,7 @@ static void prom_free(exporter *x)
 	if (x->loop)
 		g_main_loop_unref(x->loop);
 	g_clear_object(&x->want);
+	g_clear_object(&x->cert);
 	g_free(x->url);
 	g_mutex_clear(&x->lock);
 	g_cond_clear(&x->cond);

@@ -344,7 +344,7 @@ int main(int argc, char **argv)
 {
 	double interval = 1;
 	gint64 count = 0;
-	char *token_file = NULL, *auth = NULL, *err = NULL;
+	char *token_file = NULL, *ca_file = NULL, *auth = NULL, *err = NULL;
 	GError *gerr = NULL;
 	GOptionEntry entries[] = {
 		{ "interval", 'i', 0, G_OPTION_ARG_DOUBLE, &interval, "seconds between scrapes (default 1)", "S" },
@@ -352,6 +352,9 @@ int main(int argc, char **argv)
 		{ "token_file", 0, 0, G_OPTION_ARG_FILENAME, &token_file,
 		  "send 'Authorization: Bearer <token>', the token being FILE's first line (TE_METRICS_TOKEN_FILE)",
 		  "FILE" },
+		{ "ca_file", 0, 0, G_OPTION_ARG_FILENAME, &ca_file,
+		  "for https: trust the CAs in this PEM file (a self-signed endpoint's certificate), not the "
+		  "system's", "FILE" },
 		{ NULL, 0, 0, 0, NULL, NULL, NULL },
 	};
 	GOptionContext *oc = g_option_context_new("URL - a running engine's metrics, second by second");
@@ -386,7 +389,7 @@ int main(int argc, char **argv)
 		auth = g_strconcat("Bearer ", tok, NULL);
 		te_http_secret_free(tok);
 	}
-	te_http_opts o = { .max_reply = prom_default_limits.max_body, .max_conns = 1 };
+	te_http_opts o = { .max_reply = prom_default_limits.max_body, .max_conns = 1, .ca_file = ca_file };
 	http = te_http_new(&o, &err);
 	if (http == NULL) {
 		fprintf(stderr, PROG ": %s\n", err ? err : "HTTP client failed to start");
@@ -441,5 +444,6 @@ out:
 		te_http_free(http);
 	te_http_secret_free(auth);
 	g_free(token_file);
+	g_free(ca_file);
 	return rc;
 }

@@ -7,24 +7,12 @@
 set -uo pipefail
 bench=${1:?usage: te-top.sh TE_BENCH TE_TOP}
 top=${2:?usage: te-top.sh TE_BENCH TE_TOP}
-dir=$(mktemp -d /tmp/te-top-test.XXXXXX)
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 printf 'a-token-of-32-characters-0123456\n' >"$dir/token"
 printf 'a-wrong-token-of-32-characters-0\n' >"$dir/wrong"
-TE_METRICS_TOKEN_FILE="$dir/token" env -u TE_LOG_LEVEL "$bench" --protocol=tcp --block_size=4096 \
-  --batch_size=16 --buffer_size=16M --duration=12 --quiet --json --metrics_addr=127.0.0.1:0 \
-  >"$dir/bench.out" 2>"$dir/bench.err" &
-pid=$!
-for _ in $(seq 200); do grep -q 'metrics at http' "$dir/bench.err" && break; sleep 0.1; done
-url=$(grep -o 'http://[^ ]*/metrics' "$dir/bench.err" | head -1)
-[ -n "$url" ] || fail "te-bench printed no metrics URL: $(cat "$dir/bench.err")"
+start_bench http TE_METRICS_TOKEN_FILE="$dir/token"
 
 timeout 20 "$top" --count=1 "$url" >"$dir/no.out" 2>"$dir/no.err"
 rc=$?

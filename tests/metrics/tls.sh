@@ -10,14 +10,8 @@ bench=${1:?usage: tls.sh TE_BENCH TE_TOP SOURCE_ROOT}
 top=${2:?usage: tls.sh TE_BENCH TE_TOP SOURCE_ROOT}
 src=${3:?usage: tls.sh TE_BENCH TE_TOP SOURCE_ROOT}
 command -v openssl >/dev/null || { echo "SKIP: openssl is not installed"; exit 77; }
-dir=$(mktemp -d /tmp/te-tls-test.XXXXXX)
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # LeakSanitizer's tracer crashes on GnuTLS's thread-local storage (not a
 # leak); under ThreadSanitizer the serving process gets the suppressions of
@@ -34,13 +28,8 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -su
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=other \
   -keyout "$dir/other-key.pem" -out "$dir/other.pem" 2>/dev/null || fail "openssl (other)"
 
-TSAN_OPTIONS=$server_tsan TE_METRICS_TLS_CERT="$dir/cert.pem" TE_METRICS_TLS_KEY="$dir/key.pem" \
-  env -u TE_LOG_LEVEL "$bench" --protocol=tcp --block_size=4096 --batch_size=16 --buffer_size=16M \
-  --duration=12 --quiet --json --metrics_addr=127.0.0.1:0 >"$dir/bench.out" 2>"$dir/bench.err" &
-pid=$!
-for _ in $(seq 200); do grep -q 'metrics at http' "$dir/bench.err" && break; sleep 0.1; done
-url=$(grep -o 'https://[^ ]*/metrics' "$dir/bench.err" | head -1)
-[ -n "$url" ] || fail "te-bench printed no https metrics URL: $(cat "$dir/bench.err")"
+start_bench https TSAN_OPTIONS="$server_tsan" TE_METRICS_TLS_CERT="$dir/cert.pem" \
+  TE_METRICS_TLS_KEY="$dir/key.pem"
 
 timeout 20 "$top" --count=2 --interval=0.5 --ca_file="$dir/cert.pem" "$url" >"$dir/yes.out" 2>"$dir/yes.err" ||
   fail "te-top over https failed: $(cat "$dir/yes.err")"

@@ -485,6 +485,39 @@ static void threads_resume(rd_ctx *c)
 		c->async_thread = g_thread_new("te-rdma-async", async_thread, c);
 }
 
+/* How long a dead device's in-flight requests may take to be flushed
+ * before they are taken back: about the transport timeout of one request
+ * (retry_cnt 6 of ~67 ms) with room to spare. */
+#define FLUSH_GRACE_MS 2000
+
+/* The requests a dead device holds and will never complete (its provider
+ * does not flush them: mlx5 generates flush completions for the kernel's
+ * consumers only): with the NIC's workers stopped, each of its posted
+ * slices is taken back and sent again by another path. Returns how many. */
+static int take_back_posted(rd_ctx *c)
+{
+	rd_transport *tr = c->tr;
+	int n = 0;
+
+	for (uint32_t i = 0; i < tr->nslices; i++) {
+		if (atomic_load_explicit(&tr->posted_on[i], memory_order_relaxed) != c->index + 1)
+			continue;
+		rd_slice *s = &tr->slices[i];
+		rd_ep *ep = s->ep;
+		atomic_store_explicit(&tr->posted_on[i], 0, memory_order_relaxed);
+		atomic_fetch_sub(&ep->depth[s->qp], 1);
+		atomic_fetch_sub(&c->cq_out[ep->cq], 1);
+		RD_COUNT(tr, c, TE_METRIC_INFLIGHT_BYTES, -(int64_t)s->length);
+		RD_COUNT(tr, c, TE_METRIC_ERRORS, 1);
+		rd_slice_retry(tr, s, -ENETDOWN, "its NIC died with the request in flight"); /* drops s->ep */
+		n++;
+	}
+	/* Every posted request has its slice marked: nothing is left out. */
+	for (int q = 0; q < c->ncq; q++)
+		atomic_store(&c->cq_out[q], 0);
+	return n;
+}
+
 typedef struct fields {
 	void *addr;
 	char *json;
@@ -517,8 +550,14 @@ static bool ctx_revive(rd_ctx *c)
 	GString *err;
 
 	if (ctx_outstanding(c)) {
-		revive_note(c, "the requests it had in flight are flushed");
-		return false;
+		if (rd_now_ms() - c->down_since < FLUSH_GRACE_MS)
+			return false; /* its provider may still flush them */
+		threads_halt(c);
+		int n = take_back_posted(c);
+		if (c->vctx != NULL)
+			threads_resume(c);
+		RD_LOG(tr, TE_LOG_WARN, "%s: %d requests in flight when it died were never flushed; sent "
+		       "again by other paths", c->name, n);
 	}
 	struct ibv_context *nv = open_again(c);
 	if (nv == NULL)

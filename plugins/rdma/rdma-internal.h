@@ -346,6 +346,11 @@ struct rd_transport {
 	/* The slice pool: a lock-free stack of indices with an ABA tag. */
 	rd_slice *slices;
 	atomic_uint *free_next; /* the free list's links, by slice index */
+	/* By slice index: 1 + the index of the NIC whose send queue holds it,
+	 * 0 when none. Written only by that NIC's workers, so with them
+	 * stopped the NIC's posted slices are known (a dead device that never
+	 * flushes them). Apart from the slices: a pool get clears those. */
+	atomic_int *posted_on;
 	unsigned nslices;
 	_Atomic uint64_t free_top;
 	GMutex pool_lock;

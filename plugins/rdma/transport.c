@@ -75,6 +75,7 @@ static void tr_free(rd_transport *tr)
 	rd_topo_clear(&tr->topo);
 	g_free(tr->slices);
 	g_free((void *)tr->free_next);
+	g_free((void *)tr->posted_on);
 	g_free(tr->sysfs_root);
 	g_free(tr->local_name);
 	g_mutex_clear(&tr->pend_lock);
@@ -186,6 +187,7 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	tr->nslices = tr->cfg.max_slices;
 	tr->slices = g_new0(rd_slice, tr->nslices);
 	tr->free_next = g_new0(atomic_uint, tr->nslices);
+	tr->posted_on = g_new0(atomic_int, tr->nslices);
 	for (uint32_t i = 0; i < tr->nslices; i++) {
 		tr->slices[i].index = i;
 		rd_pool_put(tr, &tr->slices[i]);

@@ -49,6 +49,7 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 	rd_slice *s = (rd_slice *)(uintptr_t)wc->wr_id;
 	rd_ep *ep = s->ep;
 
+	atomic_store_explicit(&tr->posted_on[s->index], 0, memory_order_relaxed);
 	atomic_fetch_sub_explicit(&ep->depth[s->qp], 1, memory_order_relaxed);
 	atomic_fetch_sub_explicit(&c->cq_out[q], 1, memory_order_relaxed);
 	RD_COUNT(tr, c, TE_METRIC_INFLIGHT_BYTES, -(int64_t)s->length);
@@ -143,6 +144,8 @@ static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back,
 			};
 			wr[i].wr.rdma.remote_addr = s->remote_addr;
 			wr[i].wr.rdma.rkey = s->rkey[s->rdev];
+			/* Before the post: its completion may come at once. */
+			atomic_store_explicit(&c->tr->posted_on[s->index], c->index + 1, memory_order_relaxed);
 		}
 		struct ibv_send_wr *bad = NULL;
 		int rc = v->post_send(ep->qps[qi], wr, &bad);
@@ -160,8 +163,10 @@ static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back,
 			atomic_fetch_sub(&ep->depth[qi], failed);
 			atomic_fetch_sub(&c->cq_out[ep->cq], failed);
 			rd_ep_fail(ep, -EIO, "posting work requests failed");
-			for (int i = posted; i < m; i++)
+			for (int i = posted; i < m; i++) {
+				atomic_store_explicit(&c->tr->posted_on[sl[done + i]->index], 0, memory_order_relaxed);
 				rd_slice_retry(c->tr, sl[done + i], -EIO, g_strerror(rc));
+			}
 			done += m;
 			/* The rest of the run goes back; the endpoint is gone. */
 			break;

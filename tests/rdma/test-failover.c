@@ -7,8 +7,10 @@
  *  - a peer NIC taken down mid-batch: the paths to it fail, are paused, and
  *    the tasks complete through the peer's other NIC;
  *  - a device reporting a fatal error: out of service until it is reset, then
- *    opened anew (new queues, new keys) and back in service; on the target's
- *    side its peers learn the new keys and use them;
+ *    opened anew (new queues, new keys) and back in service; one that dies
+ *    mid-batch without flushing what it holds: taken back, every task
+ *    completes; on the target's side its peers learn the new keys and use
+ *    them;
  *  - all local NICs down: tasks FAIL at once with -ENETDOWN and a clear log;
  *  - all peer NICs down: tasks FAIL (peer unreachable, or handshakes refused
  *    by the peer for NICs it took out of service), bounded in time;
@@ -273,6 +275,40 @@ static void test_fatal(void)
 	CHECK(slices_on(A, "mlx5_1") > d1); /* new QPs, new MRs: it moves bytes */
 }
 
+/* A NIC dies mid-batch without flushing what it holds (as user-space
+ * queues of a dead mlx5 stay): after a grace period its requests are taken
+ * back and sent by the other NIC, every task completes, and once reset the
+ * NIC is opened anew and serves. */
+static void test_fatal_unflushed(void)
+{
+	int c, f, e;
+
+	SOFT_ONLY("device fatal events");
+	int r0 = device_revivals(A, "mlx5_1");
+	CHECK_EQ(soft_set_latency(NULL, 1000), 0);
+	uint64_t s1 = slices_on(A, "mlx5_1");
+	te_batch_id b = start_batch(128, 512 << 10, 5); /* 1024 slices, ~0.5 s */
+	CHECK(WAIT_FOR(slices_on(A, "mlx5_1") > s1 + 16, 10000));
+	cap_start();
+	CHECK_EQ(soft_fatal_silent("mlx5_1"), 0);
+	size_t left = in_flight(b);
+	fprintf(stderr, "  %zu of 128 tasks in flight when the NIC died\n", left);
+	CHECK(left > 0);
+	long long t0 = now_ms();
+	finish_batch(b, 128, 512 << 10, &c, &f, &e);
+	fprintf(stderr, "  the batch ended %lld ms after\n", now_ms() - t0);
+	CHECK_EQ(c, 128); /* every byte checked */
+	CHECK_EQ(f, 0);
+	CHECK(cap_has("were never flushed; sent again by other paths"));
+	CHECK_EQ(soft_set_latency(NULL, 0), 0);
+	CHECK_EQ(soft_set_link("mlx5_1", 1), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 1, 5000));
+	CHECK_EQ(device_revivals(A, "mlx5_1"), r0 + 1);
+	uint64_t d1 = slices_on(A, "mlx5_1");
+	CHECK(works_again());
+	CHECK(slices_on(A, "mlx5_1") > d1);
+}
+
 /* The target's NIC dies: B opens it anew with new keys for its buffers,
  * publishes them, and A, refused on that NIC with the old ones, fetches
  * B's descriptor again and moves bytes through it. A buffer B registers
@@ -475,6 +511,7 @@ int main(void)
 	TEST_RUN(test_local_nic_down);
 	TEST_RUN(test_peer_nic_down);
 	TEST_RUN(test_fatal);
+	TEST_RUN(test_fatal_unflushed);
 	TEST_RUN(test_fatal_target);
 	TEST_RUN(test_gid_change);
 	TEST_RUN(test_all_local_down);

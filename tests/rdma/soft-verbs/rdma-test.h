@@ -31,6 +31,9 @@ typedef int (*te_rdma_soft_set_link_fn)(const char *dev, int up);
  * tear-down ones); te_rdma_soft_set_link(dev, 1) resets the device, which
  * then opens anew. */
 typedef int (*te_rdma_soft_fatal_fn)(const char *dev);
+/* The same, but the dead contexts never complete what they hold, not even
+ * with a flush (mlx5 flushes only for the kernel's own consumers). */
+typedef int (*te_rdma_soft_fatal_silent_fn)(const char *dev);
 /* The GID table entry `from` ("xx:xx:...", 16 bytes) becomes `to`, with
  * IBV_EVENT_GID_CHANGE on every open context; -ENOENT when no entry was
  * `from`, -EINVAL for bad text. */

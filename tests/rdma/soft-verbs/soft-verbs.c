@@ -111,6 +111,7 @@ typedef struct soft_ctx {
 	 * stays dead after the device is reset (only tearing down works), and
 	 * the device serves only contexts opened anew. */
 	atomic_bool dead;
+	atomic_bool silent; /* dead without flushing: its requests never complete */
 } soft_ctx;
 
 static bool ctx_dead(struct ibv_context *ctx)
@@ -1283,6 +1284,16 @@ static void run_one(soft_dev *d, soft_qp *qp)
 		g_mutex_unlock(&qp->lock);
 		return;
 	}
+	if (atomic_load(&((soft_ctx *)qp->qp.context)->silent)) {
+		/* A device dead without flushing: the request vanishes. */
+		qp->head = (qp->head + 1) % qp->cap;
+		qp->count--;
+		more = qp->count > 0;
+		g_mutex_unlock(&qp->lock);
+		if (more)
+			runq_add(qp);
+		return;
+	}
 	w = qp->sq[qp->head];
 	state = qp->state;
 	qp_view me = { .port = qp->port, .qpn = qp->qp.qp_num, .dest_qpn = qp->dest_qpn,
@@ -1442,11 +1453,13 @@ static void set_link(soft_dev *d, void *arg)
 
 static void set_fatal(soft_dev *d, void *arg)
 {
-	(void)arg;
+	bool silent = arg != NULL && *(int *)arg != 0;
 	g_mutex_lock(&d->lock);
 	d->fatal = true;
-	for (GList *l = d->contexts; l != NULL; l = l->next)
+	for (GList *l = d->contexts; l != NULL; l = l->next) {
+		atomic_store(&((soft_ctx *)l->data)->silent, silent);
 		atomic_store(&((soft_ctx *)l->data)->dead, true);
+	}
 	GList *ctxs = g_list_copy(d->contexts);
 	g_mutex_unlock(&d->lock);
 	for (GList *l = ctxs; l != NULL; l = l->next)
@@ -1539,6 +1552,15 @@ SOFT_EXPORT int te_rdma_soft_fail_next(const char *dev, unsigned n, int wc_statu
 SOFT_EXPORT int te_rdma_soft_set_latency(const char *dev, unsigned usec);
 SOFT_EXPORT int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out);
 SOFT_EXPORT int te_rdma_soft_replace_gid(const char *dev, const char *from, const char *to);
+SOFT_EXPORT int te_rdma_soft_fatal_silent(const char *dev);
+
+int te_rdma_soft_fatal_silent(const char *dev)
+{
+	int silent = 1;
+	if (dev == NULL)
+		return -EINVAL;
+	return for_devices(dev, set_fatal, &silent);
+}
 
 int te_rdma_soft_replace_gid(const char *dev, const char *from, const char *to)
 {

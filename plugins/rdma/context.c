@@ -449,20 +449,22 @@ static struct ibv_context *open_again(rd_ctx *c)
 
 static gpointer async_thread(gpointer data);
 
-/* Stops the context's threads for a while. Their wake-up files stay: other
- * threads may ring them meanwhile (rd_ctx_kick). */
-static void threads_halt(rd_ctx *c)
+/* Wakes and joins the context's threads; their wake-up files stay (other
+ * threads may ring them meanwhile, rd_ctx_kick). With `halt` the workers
+ * stop at once; without, they stop once the transport is stopping and
+ * they have drained (rd_ctx_stop). */
+static void threads_join(rd_ctx *c, bool halt)
 {
 	uint64_t one = 1, val;
 
-	atomic_store(&c->halt, true);
+	atomic_store(&c->halt, halt);
 	if (c->async_thread != NULL) {
 		if (write(c->async_wake, &one, sizeof one) < 0)
 			RD_LOG(c->tr, TE_LOG_WARN, "%s: cannot wake the async thread", c->name);
 		g_thread_join(c->async_thread);
 		c->async_thread = NULL;
 	}
-	for (int i = 0; i < c->nworkers; i++) {
+	for (int i = 0; c->workers && i < c->nworkers; i++) {
 		rd_worker *w = &c->workers[i];
 		if (w->thread == NULL)
 			continue;
@@ -472,10 +474,11 @@ static void threads_halt(rd_ctx *c)
 		w->thread = NULL;
 	}
 	atomic_store(&c->halt, false);
-	while (read(c->async_wake, &val, sizeof val) > 0)
+	while (c->async_wake >= 0 && read(c->async_wake, &val, sizeof val) > 0)
 		; /* or the next async thread would stop at once */
 }
 
+/* Starts the threads not running (all of them at first, or after a halt). */
 static void threads_resume(rd_ctx *c)
 {
 	for (int i = 0; i < c->nworkers; i++)
@@ -552,7 +555,7 @@ static bool ctx_revive(rd_ctx *c)
 	if (ctx_outstanding(c)) {
 		if (rd_now_ms() - c->down_since < FLUSH_GRACE_MS)
 			return false; /* its provider may still flush them */
-		threads_halt(c);
+		threads_join(c, true);
 		int n = take_back_posted(c);
 		if (c->vctx != NULL)
 			threads_resume(c);
@@ -562,7 +565,7 @@ static bool ctx_revive(rd_ctx *c)
 	struct ibv_context *nv = open_again(c);
 	if (nv == NULL)
 		return false; /* not reset yet: its next pass looks again */
-	threads_halt(c);
+	threads_join(c, true);
 	rd_ep_pool_clear(c);
 	g_rw_lock_writer_lock(&c->verbs_lock);
 	if (atomic_load(&c->nep_live) > 0 || ctx_outstanding(c)) {
@@ -760,30 +763,13 @@ int rd_ctx_start(rd_ctx *c)
 		if (w->wake_fd < 0)
 			return -errno;
 	}
-	for (int i = 0; i < c->nworkers; i++)
-		c->workers[i].thread = g_thread_new("te-rdma-worker", rd_worker_thread, &c->workers[i]);
-	c->async_thread = g_thread_new("te-rdma-async", async_thread, c);
+	threads_resume(c);
 	return 0;
 }
 
 void rd_ctx_stop(rd_ctx *c)
 {
-	uint64_t one = 1;
-
-	if (c->async_thread != NULL) {
-		if (write(c->async_wake, &one, sizeof one) < 0)
-			RD_LOG(c->tr, TE_LOG_WARN, "%s: cannot wake the async thread", c->name);
-		g_thread_join(c->async_thread);
-		c->async_thread = NULL;
-	}
-	for (int i = 0; c->workers && i < c->nworkers; i++) {
-		rd_worker *w = &c->workers[i];
-		if (w->thread != NULL) {
-			if (write(w->wake_fd, &one, sizeof one) < 0)
-				RD_LOG(c->tr, TE_LOG_WARN, "%s: cannot wake a worker", c->name);
-			g_thread_join(w->thread);
-		}
-	}
+	threads_join(c, false);
 	for (int i = 0; c->workers && i < c->nworkers; i++)
 		if (c->workers[i].wake_fd >= 0)
 			close(c->workers[i].wake_fd);

@@ -461,6 +461,17 @@ static void test_fields_and_stale(void)
 	CHECK(cap_has("which is not registered"));
 	CHECK_EQ(hold_fields(bname, p.bbuf, "[1]"), -EINVAL);
 	CHECK_EQ(hold_fields(bname, p.bbuf, "{\"hold_gen\":"), -EINVAL);
+	/* Deeper than the descriptor's bound (te-json.h): refused before parsing. */
+	char deep[512];
+	size_t dl = (size_t)snprintf(deep, sizeof deep, "{\"d\":");
+	for (int i = 0; i < 100; i++)
+		deep[dl++] = '[';
+	for (int i = 0; i < 100; i++)
+		deep[dl++] = ']';
+	deep[dl++] = '}';
+	deep[dl] = '\0';
+	CHECK_EQ(hold_fields(bname, p.bbuf, deep), -EINVAL);
+	CHECK(cap_has("deep"));
 	CHECK_EQ(hold_fields(bname, NULL, "{}"), -EINVAL);
 	CHECK_EQ(hold_fields(bname, p.bbuf, NULL), -EINVAL);
 	CHECK(cap_has("not a JSON object"));

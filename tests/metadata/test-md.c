@@ -1293,6 +1293,21 @@ static void case_http_engines(void)
 }
 
 /* Restarts with --persist, after SIGTERM and after SIGKILL: nothing lost. */
+/* te-metadata-server refuses to start over a store file holding `text`
+ * (exit status 1) rather than overwrite it. */
+static void check_store_refused(const char *file, const char *text)
+{
+	FILE *f = fopen(file, "w");
+	REQUIRE(f != NULL);
+	fputs(text, f);
+	fclose(f);
+	char *argv[] = { getenv("TE_METADATA_SERVER_BIN"), "--listen", "127.0.0.1:0", "--persist",
+			 (char *)file, NULL };
+	pid_t bad = spawn(argv, NULL, tmp_path("mds-bad.log"), NULL, NULL);
+	int st = wait_child(bad, 10000);
+	CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+}
+
 static void case_http_persist(void)
 {
 	const char *file = tmp_path("store.json");
@@ -1338,15 +1353,7 @@ static void case_http_persist(void)
 
 	/* a damaged store file: the server refuses to start over it */
 	stop_child(srv, SIGTERM);
-	FILE *f = fopen(file, "w");
-	REQUIRE(f != NULL);
-	fputs("{\"format\":\"te-metadata-server/1\",\"entries\":{\"k\":1}}", f);
-	fclose(f);
-	char *argv[] = { getenv("TE_METADATA_SERVER_BIN"), "--listen", "127.0.0.1:0", "--persist",
-			 (char *)file, NULL };
-	pid_t bad = spawn(argv, NULL, tmp_path("mds-bad.log"), NULL, NULL);
-	int st = wait_child(bad, 10000);
-	CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	check_store_refused(file, "{\"format\":\"te-metadata-server/1\",\"entries\":{\"k\":1}}");
 }
 
 /* Keys with a TTL: te-metadata-server's rules first (raw requests), then an
@@ -1406,6 +1413,15 @@ static void case_http_ttl(void)
 
 	check_keys_expire(http_conn, kept, unkept);
 	stop_child(srv, SIGTERM);
+	/* A file whose TTLs are not 1 to 86400 seconds is refused */
+	const char *bad_ttl[] = { "0", "86401", "\"10\"", "[1]", "1.5" };
+	for (size_t i = 0; i < sizeof bad_ttl / sizeof *bad_ttl; i++) {
+		char t[256];
+		snprintf(t, sizeof t, "{\"format\":\"te-metadata-server/1\",\"entries\":{\"k\":\"v\"},"
+				      "\"ttl\":{\"k\":%s}}", bad_ttl[i]);
+		check_store_refused(file, t);
+	}
+	check_store_refused(file, "{\"format\":\"te-metadata-server/1\",\"ttl\":[]}");
 }
 
 static void check_reply_limit(void);

@@ -8,6 +8,7 @@
  * a fatal error, on verbs objects made anew (ctx_revive).
  */
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -264,6 +265,7 @@ int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **ou
 	c->tr = tr;
 	c->index = index;
 	g_strlcpy(c->name, v->get_device_name(dev), sizeof c->name);
+	c->guid = v->get_device_guid(dev);
 	if (tr->metrics)
 		c->mdev = tr->host->metric_device(tr->host, c->name);
 	snprintf(c->nic_path, sizeof c->nic_path, "%s@%s", tr->local_name, c->name);
@@ -424,19 +426,33 @@ static void revive_note(rd_ctx *c, const char *what)
 	RD_LOG(c->tr, TE_LOG_INFO, "%s: reset, opened again once %s", c->name, what);
 }
 
-/* The device, opened anew: NULL while it is not back from its reset. */
+/* The device, opened anew: NULL while it is not back from its reset. It is
+ * looked for by node GUID (by name only when it has none): a reset may
+ * re-probe it under another name (mlx5_1 back as mlx5_4), and another
+ * adapter may take its old name meanwhile; the GUID is the adapter's. */
 static struct ibv_context *open_again(rd_ctx *c)
 {
 	const rv_verbs *v = c->tr->verbs;
 	struct ibv_context *nv = NULL;
+	struct ibv_device *dev = NULL;
 	int num = 0;
 	struct ibv_device **list = v->get_device_list(c->tr->sysfs_root, &num);
 
-	for (int k = 0; list != NULL && k < num; k++)
-		if (strcmp(v->get_device_name(list[k]), c->name) == 0) {
-			nv = v->open_device(list[k]);
-			break;
+	for (int k = 0; list != NULL && k < num && dev == NULL; k++)
+		if (c->guid != 0 ? v->get_device_guid(list[k]) == c->guid
+				 : strcmp(v->get_device_name(list[k]), c->name) == 0)
+			dev = list[k];
+	if (dev != NULL) {
+		const char *now = v->get_device_name(dev);
+		if (strcmp(now, c->name) == 0) {
+			c->renamed[0] = '\0';
+		} else if (strcmp(now, c->renamed) != 0) {
+			g_strlcpy(c->renamed, now, sizeof c->renamed);
+			RD_LOG(c->tr, TE_LOG_WARN, "%s: back as %s (node GUID 0x%016" PRIx64 "); it keeps the "
+			       "name %s in this engine", c->name, c->renamed, GUINT64_FROM_BE(c->guid), c->name);
 		}
+		nv = v->open_device(dev);
+	}
 	if (list != NULL)
 		v->free_device_list(list);
 	struct ibv_port_attr pa;

@@ -226,7 +226,12 @@ typedef struct rd_worker {
 struct rd_ctx {
 	rd_transport *tr;
 	int index;
+	/* The name it was opened under: its name in descriptors, paths, logs
+	 * and counters for the engine's life, whatever name it comes back
+	 * under after a reset (found again by `guid`). */
 	char name[RD_NAME_MAX];
+	uint64_t guid; /* node GUID (network order); 0: none, found by name only */
+	char renamed[RD_NAME_MAX]; /* the other name it came back under, "" if none */
 	/* The host's counters of this NIC (ABI 1.6); NULL: the transport's own,
 	 * or counting is off. */
 	te_metric_dev *mdev;

@@ -23,6 +23,11 @@ static const char *iv_get_device_name(struct ibv_device *dev)
 	return ibv_get_device_name(dev);
 }
 
+static uint64_t iv_get_device_guid(struct ibv_device *dev)
+{
+	return (uint64_t)ibv_get_device_guid(dev);
+}
+
 static struct ibv_context *iv_open_device(struct ibv_device *dev)
 {
 	return ibv_open_device(dev);
@@ -153,6 +158,7 @@ static const rv_verbs ibverbs_table = {
 	.get_device_list = iv_get_device_list,
 	.free_device_list = iv_free_device_list,
 	.get_device_name = iv_get_device_name,
+	.get_device_guid = iv_get_device_guid,
 	.open_device = iv_open_device,
 	.close_device = iv_close_device,
 	.query_device = iv_query_device,

@@ -23,6 +23,10 @@ typedef struct rv_verbs {
 	struct ibv_device **(*get_device_list)(const char *sysfs_root, int *num);
 	void (*free_device_list)(struct ibv_device **list);
 	const char *(*get_device_name)(struct ibv_device *dev);
+	/* The node GUID, as libibverbs gives it (network order); 0 when the
+	 * device has none. It outlives the name: a device reset may come back
+	 * under another one. */
+	uint64_t (*get_device_guid)(struct ibv_device *dev);
 	struct ibv_context *(*open_device)(struct ibv_device *dev);
 	int (*close_device)(struct ibv_context *ctx);
 	int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);

@@ -38,6 +38,7 @@ static te_rdma_soft_set_link_fn soft_set_link;
 static te_rdma_soft_fatal_fn soft_fatal;
 static te_rdma_soft_fatal_silent_fn soft_fatal_silent;
 static te_rdma_soft_replace_gid_fn soft_replace_gid;
+static te_rdma_soft_rename_fn soft_rename;
 static te_rdma_soft_fail_next_fn soft_fail_next;
 static te_rdma_soft_set_latency_fn soft_set_latency;
 static te_rdma_soft_get_counters_fn soft_counters;
@@ -214,9 +215,10 @@ static inline void find_controls(void)
 	*(void **)&soft_set_latency = dlsym(h, "te_rdma_soft_set_latency");
 	*(void **)&soft_counters = dlsym(h, "te_rdma_soft_get_counters");
 	*(void **)&soft_replace_gid = dlsym(h, "te_rdma_soft_replace_gid");
+	*(void **)&soft_rename = dlsym(h, "te_rdma_soft_rename");
 	*(void **)&rdma_stats = dlsym(h, "te_rdma_get_stats");
 	REQUIRE(soft_set_link && soft_fatal && soft_fail_next && soft_set_latency && soft_counters &&
-		soft_replace_gid && soft_fatal_silent && rdma_stats);
+		soft_replace_gid && soft_fatal_silent && soft_rename && rdma_stats);
 	if (real_mode()) {
 		fprintf(stderr, "real-device mode: %s\n", getenv("TE_RDMA_TEST_DEVICES"));
 		soft_set_link = real_set_link;

@@ -275,6 +275,43 @@ static void test_fatal(void)
 	CHECK(slices_on(A, "mlx5_1") > d1); /* new QPs, new MRs: it moves bytes */
 }
 
+/* A NIC comes back from its reset under another name (a re-probe names it
+ * anew): it is found by its node GUID, opened anew, and keeps its first
+ * name in the engine; a device that takes over the old name is not it. */
+static void test_fatal_renamed(void)
+{
+	SOFT_ONLY("device fatal events");
+	int r0 = device_revivals(A, "mlx5_1");
+	cap_start();
+	CHECK_EQ(soft_fatal("mlx5_1"), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 0, 5000));
+	CHECK_EQ(soft_rename("mlx5_1", "mlx5_9"), 0);
+	CHECK_EQ(soft_rename("mlx5_9", "mlx5_0"), -EEXIST);
+	CHECK_EQ(soft_rename("mlx5_1", "mlx5_8"), -ENOENT); /* no device has that name now */
+	/* Another adapter under the old name is not taken for it (mlx5_0's
+	 * port is active: opened by name, it would be in service at once). */
+	CHECK_EQ(soft_rename("mlx5_0", "mlx5_1"), 0);
+	usleep(1200000); /* two reclaimer passes */
+	CHECK_EQ(device_active(A, "mlx5_1"), 0);
+	CHECK_EQ(device_revivals(A, "mlx5_1"), r0);
+	CHECK_EQ(soft_rename("mlx5_1", "mlx5_0"), 0);
+	CHECK_EQ(soft_set_link("mlx5_9", 1), 0);
+	CHECK(WAIT_FOR(device_active(A, "mlx5_1") == 1, 5000));
+	CHECK_EQ(device_revivals(A, "mlx5_1"), r0 + 1);
+	CHECK(cap_has("mlx5_1: back as mlx5_9 (node GUID 0x"));
+	CHECK(cap_has("mlx5_1: opened again after its fatal error"));
+	uint64_t d1 = slices_on(A, "mlx5_1");
+	uint64_t w1 = 0;
+	te_rdma_soft_counters sc;
+	CHECK_EQ(soft_counters("mlx5_9", &sc), 0);
+	w1 = sc.wrs;
+	CHECK(works_again());
+	CHECK(slices_on(A, "mlx5_1") > d1);
+	CHECK_EQ(soft_counters("mlx5_9", &sc), 0);
+	CHECK(sc.wrs > w1); /* the bytes went through the renamed device */
+	CHECK_EQ(soft_rename("mlx5_9", "mlx5_1"), 0);
+}
+
 /* A NIC dies mid-batch without flushing what it holds (as user-space
  * queues of a dead mlx5 stay): after a grace period its requests are taken
  * back and sent by the other NIC, every task completes, and once reset the
@@ -511,6 +548,7 @@ int main(void)
 	TEST_RUN(test_local_nic_down);
 	TEST_RUN(test_peer_nic_down);
 	TEST_RUN(test_fatal);
+	TEST_RUN(test_fatal_renamed);
 	TEST_RUN(test_fatal_unflushed);
 	TEST_RUN(test_fatal_target);
 	TEST_RUN(test_gid_change);

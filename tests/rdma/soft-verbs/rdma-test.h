@@ -37,6 +37,10 @@ typedef int (*te_rdma_soft_fatal_silent_fn)(const char *dev);
 /* The GID table entry `from` ("xx:xx:...", 16 bytes) becomes `to`, with
  * IBV_EVENT_GID_CHANGE on every open context; -ENOENT when no entry was
  * `from`, -EINVAL for bad text. */
+/* The device lists under the name `to` from now on, as after a reset
+ * that brought it back under another name; its node GUID stays. -EEXIST
+ * when a device has that name already. */
+typedef int (*te_rdma_soft_rename_fn)(const char *dev, const char *to);
 typedef int (*te_rdma_soft_replace_gid_fn)(const char *dev, const char *from, const char *to);
 /* The next `n` work requests executed by the device complete with
  * `wc_status` (an enum ibv_wc_status) instead of running. */

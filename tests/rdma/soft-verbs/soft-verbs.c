@@ -78,7 +78,11 @@ typedef struct soft_qp soft_qp;
 
 typedef struct soft_dev {
 	struct ibv_device ibdev;
-	char *key; /* root|name */
+	char *key; /* root|name, the name in the sysfs tree */
+	/* The name it lists under: the sysfs one until te_rdma_soft_rename().
+	 * An interned string, so readers need no lock. */
+	const char *_Atomic shown;
+	uint64_t guid; /* node GUID, host order */
 	int nports;
 	soft_port port[SOFT_MAX_PORTS];
 	bool fatal;
@@ -281,6 +285,20 @@ static void load_port(soft_dev *d, const char *dir, int p)
 	}
 }
 
+/* The fixture's node_guid ("xxxx:xxxx:xxxx:xxxx", as sysfs has it), or
+ * one made from the device's key. */
+static uint64_t read_guid(const char *dir, const char *key)
+{
+	char line[64];
+	unsigned w[4];
+	int n = 0;
+
+	if (read_linef(line, sizeof line, "%s/node_guid", dir) &&
+	    sscanf(line, "%4x:%4x:%4x:%4x%n", &w[0], &w[1], &w[2], &w[3], &n) == 4 && line[n] == '\0')
+		return (uint64_t)w[0] << 48 | (uint64_t)w[1] << 32 | (uint64_t)w[2] << 16 | w[3];
+	return 0x0002c90300000000ull | g_str_hash(key);
+}
+
 static soft_dev *dev_get(const char *root, const char *name)
 {
 	char *key = g_strdup_printf("%s|%s", root, name);
@@ -299,9 +317,11 @@ static soft_dev *dev_get(const char *root, const char *name)
 	d->ibdev.node_type = IBV_NODE_CA;
 	d->ibdev.transport_type = IBV_TRANSPORT_IB;
 	g_strlcpy(d->ibdev.name, name, sizeof d->ibdev.name);
+	atomic_init(&d->shown, g_intern_string(name));
 	g_strlcpy(d->ibdev.dev_name, name, sizeof d->ibdev.dev_name);
 	snprintf(dir, sizeof dir, "%s/sys/class/infiniband/%s", root, name);
 	g_strlcpy(d->ibdev.ibdev_path, dir, sizeof d->ibdev.ibdev_path);
+	d->guid = read_guid(dir, key);
 	g_mutex_init(&d->lock);
 	g_cond_init(&d->cond);
 	g_queue_init(&d->runq);
@@ -377,7 +397,12 @@ static void sv_free_device_list(struct ibv_device **list)
 
 static const char *sv_get_device_name(struct ibv_device *dev)
 {
-	return dev ? dev->name : NULL;
+	return dev ? atomic_load(&dev_of(dev)->shown) : NULL;
+}
+
+static uint64_t sv_get_device_guid(struct ibv_device *dev)
+{
+	return dev ? GUINT64_TO_BE(dev_of(dev)->guid) : 0;
 }
 
 static gpointer dev_thread(gpointer data);
@@ -1379,6 +1404,7 @@ static const rv_verbs soft_table = {
 	.get_device_list = sv_get_device_list,
 	.free_device_list = sv_free_device_list,
 	.get_device_name = sv_get_device_name,
+	.get_device_guid = sv_get_device_guid,
 	.open_device = sv_open_device,
 	.close_device = sv_close_device,
 	.query_device = sv_query_device,
@@ -1423,7 +1449,7 @@ static int for_devices(const char *name, dev_fn fn, void *arg)
 	g_mutex_lock(&soft_lock);
 	for (guint i = 0; i < soft_devs->len; i++) {
 		soft_dev *d = g_ptr_array_index(soft_devs, i);
-		if (name == NULL || strcmp(d->ibdev.name, name) == 0) {
+		if (name == NULL || strcmp(atomic_load(&d->shown), name) == 0) {
 			fn(d, arg);
 			n++;
 		}
@@ -1553,6 +1579,27 @@ SOFT_EXPORT int te_rdma_soft_set_latency(const char *dev, unsigned usec);
 SOFT_EXPORT int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out);
 SOFT_EXPORT int te_rdma_soft_replace_gid(const char *dev, const char *from, const char *to);
 SOFT_EXPORT int te_rdma_soft_fatal_silent(const char *dev);
+SOFT_EXPORT int te_rdma_soft_rename(const char *dev, const char *to);
+
+static void rename_dev(soft_dev *d, void *arg)
+{
+	atomic_store(&d->shown, g_intern_string(arg));
+}
+
+static void no_op(soft_dev *d, void *arg)
+{
+	(void)d;
+	(void)arg;
+}
+
+int te_rdma_soft_rename(const char *dev, const char *to)
+{
+	if (dev == NULL || to == NULL || *to == '\0' || strlen(to) >= IBV_SYSFS_NAME_MAX)
+		return -EINVAL;
+	if (for_devices(to, no_op, NULL) == 0)
+		return -EEXIST;
+	return for_devices(dev, rename_dev, (void *)to);
+}
 
 int te_rdma_soft_fatal_silent(const char *dev)
 {

@@ -383,6 +383,7 @@ static void task_finish(te_task *t, int state, bool from_completion)
 	te_engine *e = b->engine;
 	te_segver *sv = t->sv;
 	te_transport_inst *tp = t->tp;
+	te_stream_op *sop = t->sop;
 
 	t->sv = NULL;
 	/* Counted before the state is published: whoever sees the task ended
@@ -396,6 +397,9 @@ static void task_finish(te_task *t, int state, bool from_completion)
 			atomic_fetch_add(&e->lost, 1);
 	}
 	atomic_store_explicit(&t->state, state, memory_order_release);
+	/* Its stream goes on once each of the submission's tasks is seen ended. */
+	if (sop != NULL)
+		te_stream_task_done(sop);
 	te_segver_unref(sv, from_completion);
 	if (tp != NULL)
 		atomic_fetch_sub_explicit(&tp->inflight, 1, memory_order_release);
@@ -615,25 +619,67 @@ static __attribute__((noinline)) int route_settle(te_task *t, const te_request *
 	return 1;
 }
 
-int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
+/* A task as submitted, before routing. */
+static void task_init(te_task *t, te_batch *b, const te_request *r, te_stream_op *sop, uint64_t t0)
 {
-	batch_box *box;
-	te_batch *b;
-	size_t base;
-	int invalid = 0;
-	bool canceled;
+	t->batch = b;
+	t->sv = NULL;
+	t->tp = NULL;
+	t->sop = sop;
+	t->xfer = (te_transfer){
+		.opcode = r->opcode,
+		.nr_slices = 1,
+		.local = r->local,
+		.remote = r->remote,
+		.length = r->length,
+	};
+	atomic_store_explicit(&t->slices_done, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->error, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
+	t->dev = NULL;
+	t->stage = NULL;
+	t->mb = NULL;
+	t->mpeer = NULL;
+	t->t0 = t0;
+}
 
-	if (e != NULL && n > 0 && reqs == NULL) {
-		te_err("te_submit: NULL request array");
-		return -EINVAL;
+/* Appends `n` tasks to the batch, in flight from now on (te_batch_wait()
+ * waits for them, te_batch_free() refuses); *base is the first one's
+ * index. Negative, nothing appended: a freed batch, or no room. */
+static int reserve(te_engine *e, te_batch *b, batch_box *box, size_t n, const char *what, size_t *base)
+{
+	g_mutex_lock(&b->lock);
+	*base = atomic_load(&b->count);
+	if (box->freed || n > b->capacity - *base) {
+		bool freed = box->freed;
+		g_mutex_unlock(&b->lock);
+		if (freed)
+			return TE_ERR_BATCH;
+		te_err("%s: %zu requests exceed batch %llu's capacity (%zu of %zu used)", what, n,
+		       (unsigned long long)b->id, *base, b->capacity);
+		return TE_ERR_BATCH_FULL;
 	}
-	box = batch_get(e, id, "te_submit");
-	if (box == NULL)
-		return e == NULL ? -EINVAL : TE_ERR_BATCH;
-	if (n == 0) {
-		box_unref(box);
-		return 0;
+	atomic_store(&b->count, *base + n);
+	if (atomic_load(&b->inflight) == 0) {
+		/* Drained: nothing routed earlier is in flight any more. */
+		atomic_store(&b->wait_tp, NULL);
 	}
+	atomic_fetch_add(&b->inflight, n);
+	atomic_fetch_add(&e->inflight, (long)n);
+	g_mutex_unlock(&b->lock);
+	return 0;
+}
+
+/* Routes tasks [base, base + n) of the batch, reserved for `reqs`, and
+ * hands them on; `sop`: the stream submission they belong to, or NULL.
+ * Returns how many ended INVALID. */
+static int start_tasks(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
+		       te_stream_op *sop)
+{
+	int invalid = 0;
+
 	if (atomic_load_explicit(&e->lost, memory_order_relaxed) > 0) {
 		/* Some peer went away: the segments this submit names are fetched
 		 * again first, so a peer back under the same name is reached at its
@@ -643,28 +689,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 			if (reqs[i].segment != last && reqs[i].segment != TE_LOCAL_SEGMENT)
 				te_segment_refresh_lost(e, last = reqs[i].segment);
 	}
-	b = box->b;
-	g_mutex_lock(&b->lock);
-	base = atomic_load(&b->count);
-	if (box->freed || n > b->capacity - base) {
-		bool freed = box->freed;
-		g_mutex_unlock(&b->lock);
-		box_unref(box);
-		if (freed)
-			return TE_ERR_BATCH;
-		te_err("te_submit: %zu requests exceed batch %llu's capacity (%zu of %zu used)", n,
-		       (unsigned long long)id, base, b->capacity);
-		return TE_ERR_BATCH_FULL;
-	}
-	atomic_store(&b->count, base + n);
-	if (atomic_load(&b->inflight) == 0) {
-		/* Drained: nothing routed earlier is in flight any more. */
-		atomic_store(&b->wait_tp, NULL);
-	}
-	atomic_fetch_add(&b->inflight, n);
-	atomic_fetch_add(&e->inflight, (long)n);
-	g_mutex_unlock(&b->lock);
-	canceled = atomic_load(&b->canceled);
+	bool canceled = atomic_load(&b->canceled);
 
 	/* One clock reading serves every task of the call. */
 	uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
@@ -679,26 +704,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		te_task *t = &b->tasks[base + i];
 		const te_request *r = &reqs[i];
-		t->batch = b;
-		t->sv = NULL;
-		t->tp = NULL;
-		t->xfer = (te_transfer){
-			.opcode = r->opcode,
-			.nr_slices = 1,
-			.local = r->local,
-			.remote = r->remote,
-			.length = r->length,
-		};
-		atomic_store_explicit(&t->slices_done, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->error, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
-		t->dev = NULL;
-		t->stage = NULL;
-		t->mb = NULL;
-		t->mpeer = NULL;
-		t->t0 = t0;
+		task_init(t, b, r, sop, t0);
 		if (canceled) {
 			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;
@@ -743,8 +749,64 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	if (e->metrics != NULL)
 		te_metrics_late_end(&late);
 	te_metrics_submit_flush(&d.ms);
-	box_unref(box);
 	return invalid;
+}
+
+
+int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
+{
+	batch_box *box;
+	size_t base;
+
+	if (e != NULL && n > 0 && reqs == NULL) {
+		te_err("te_submit: NULL request array");
+		return -EINVAL;
+	}
+	box = batch_get(e, id, "te_submit");
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	if (n == 0) {
+		box_unref(box);
+		return 0;
+	}
+	int rc = reserve(e, box->b, box, n, "te_submit", &base);
+	if (rc == 0)
+		rc = start_tasks(e, box->b, base, reqs, n, NULL);
+	box_unref(box);
+	return rc;
+}
+
+int te_batch_hold(te_engine *e, te_batch_id id, const te_request *reqs, size_t n, te_stream_op *sop,
+		  te_batch **out, size_t *base)
+{
+	batch_box *box = batch_get(e, id, "te_submit_on_stream");
+
+	if (box == NULL)
+		return TE_ERR_BATCH;
+	te_batch *b = box->b;
+	int rc = reserve(e, b, box, n, "te_submit_on_stream", base);
+	if (rc == 0) {
+		uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
+		for (size_t i = 0; i < n; i++)
+			task_init(&b->tasks[*base + i], b, &reqs[i], sop, t0);
+		*out = b;
+	}
+	/* The tasks in flight keep the batch: te_batch_free() refuses it, and
+	 * an engine being destroyed waits for them. */
+	box_unref(box);
+	return rc;
+}
+
+int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
+			te_stream_op *sop)
+{
+	return start_tasks(e, b, base, reqs, n, sop);
+}
+
+void te_batch_end_held(te_batch *b, size_t base, size_t n, int state, int error)
+{
+	for (size_t i = 0; i < n; i++)
+		task_reject(&b->tasks[base + i], state, error);
 }
 
 /* ---------------------------------------------------------------- status */

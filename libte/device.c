@@ -350,22 +350,32 @@ int te_device_copy(void *dst, const void *src, size_t len)
 	return te_device_copy_with(d, dst, src, len);
 }
 
-int te_device_stream_wait(const char *location, void *stream)
+int te_device_for_stream(const char *location, const char *what, te_device **out)
 {
 	int index;
 	te_device *d = location && strchr(location, ':') ? by_prefix(location, &index)
 							  : by_prefix(location, NULL);
 
+	*out = d;
 	if (d == NULL) {
-		te_err("te_device_stream_wait: no usable device plugin serves '%s'",
-		       location ? location : "(null)");
+		te_err("%s: no usable device plugin serves '%s'", what, location ? location : "(null)");
 		return location ? -ENODEV : -EINVAL;
 	}
+	return 0;
+}
+
+int te_device_stream_wait(const char *location, void *stream)
+{
+	te_device *d;
+	int rc = te_device_for_stream(location, "te_device_stream_wait", &d);
+
+	if (rc < 0)
+		return rc;
 	if (!TE_HAS_OP(d->ops, stream_wait)) {
 		te_err("te_device_stream_wait: device plugin %s has no streams", d->hc.plugin->name);
 		return -ENOTSUP;
 	}
-	int rc = d->ops->stream_wait(d->ctx, stream);
+	rc = d->ops->stream_wait(d->ctx, stream);
 	if (rc < 0)
 		te_log(TE_LOG_ERROR, d->hc.plugin->name, "waiting for stream %p failed: %s", stream,
 		       te_strerror(rc));

@@ -555,6 +555,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	e->metrics = te_metrics_new(e);
 	e->reaper = g_thread_pool_new(te_segver_reap, NULL, 1, FALSE, NULL);
 	e->notify_pool = te_notify_pool_new();
+	e->stream_pool = te_stream_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
 	e->publish_pool = g_thread_pool_new(publish_job, e, 1, FALSE, NULL);
 	rc = te_local_init(e);
@@ -654,10 +655,15 @@ void te_engine_destroy(te_engine *e)
 	te_exporter_release(e);
 	e->closing = true;
 	te_batches_cancel_all(e);
+	te_stream_orphan_all(e);
 	if (!drain(&e->inflight, "engine shutdown", e->drain_ms)) {
 		abandon(e, atomic_load(&e->inflight));
 		return;
 	}
+	/* Started submissions' jobs: their tasks have ended, so they return. */
+	if (e->stream_pool != NULL)
+		g_thread_pool_free(e->stream_pool, FALSE, TRUE);
+	e->stream_pool = NULL;
 	te_stage_quiesce(e);
 	/* Its jobs fetch descriptors and release segment versions: before the
 	 * RPC client, the segments and the transports go. */

@@ -148,6 +148,9 @@ bool te_devices_present(void);
 /* 1 with the plugin and device index when [addr, addr+len) is device memory,
  * 0 when it is host memory. */
 int te_device_classify(const void *addr, size_t len, te_device **dev, int *index);
+/* The device plugin serving `location` ("cuda", "cuda:0") for a stream
+ * call named `what`; -ENODEV (logged) when none, -EINVAL for NULL. */
+int te_device_for_stream(const char *location, const char *what, te_device **out);
 /* A copy through `d`, logged when it fails. */
 int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len);
 int te_device_report(const te_plugin *p, char **text);
@@ -365,9 +368,12 @@ char *te_segment_name(struct te_engine *e, te_segment_id id);
 void te_segments_detach_transport(struct te_engine *e, te_transport_inst *tp);
 
 /* -------------------------------------------------------------- batch.c */
+typedef struct te_stream_op te_stream_op;
+
 typedef struct te_task {
 	te_transfer xfer; /* first: plugins hold &xfer */
 	struct te_batch *batch;
+	te_stream_op *sop; /* te_submit_on_stream(): its submission, else NULL */
 	te_segver *sv;
 	te_transport_inst *tp;
 	atomic_uint slices_done;
@@ -417,6 +423,22 @@ void te_batches_init(struct te_engine *e);
 void te_batches_clear(struct te_engine *e);
 void te_batches_cancel_all(struct te_engine *e);
 GThreadPool *te_notify_pool_new(void);
+/* te_submit_on_stream(): appends `n` tasks for `reqs` to the batch, in
+ * flight and WAITING until started (*out: the batch, *base: the first
+ * task); then starts them as te_submit() does, or ends them unstarted. */
+int te_batch_hold(struct te_engine *e, te_batch_id id, const te_request *reqs, size_t n, te_stream_op *sop,
+		  struct te_batch **out, size_t *base);
+int te_batch_start_held(struct te_engine *e, struct te_batch *b, size_t base, const te_request *reqs,
+			size_t n, te_stream_op *sop);
+void te_batch_end_held(struct te_batch *b, size_t base, size_t n, int state, int error);
+
+/* ------------------------------------------------------------- stream.c */
+/* A task of a stream submission ended. */
+void te_stream_task_done(te_stream_op *op);
+/* Engine destroy: submissions the streams have not reached yet are
+ * canceled; their stream callbacks, when they come, touch no engine. */
+void te_stream_orphan_all(struct te_engine *e);
+GThreadPool *te_stream_pool_new(void);
 
 /* -------------------------------------------------------------- local.c */
 int te_local_init(struct te_engine *e);
@@ -490,6 +512,11 @@ struct te_engine {
 	uint64_t local_split; /* local copies from this size run on the workers */
 	GThreadPool *reaper;
 	GThreadPool *notify_pool;
+	/* te_submit_on_stream(): starts the submissions their streams reached
+	 * (off the runtime's thread, which must not call the runtime); the
+	 * ones not reached yet, under stream.c's lock. */
+	GThreadPool *stream_pool;
+	GList *stream_ops;
 	GThreadPool *refresh_pool; /* refreshes asked for by failed transfers */
 	/* Publications a transport asked for from its own threads
 	 * (te_host's buffer_fields): never on the caller's thread, which

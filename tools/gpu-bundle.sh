@@ -10,7 +10,7 @@
 #
 # BUILD_DIR is set up as a release build when it does not exist, and built
 # with ninja (only what the bundle holds). The folder:
-#   bin/      te-info, te-bench, gpu-copy-bench (stripped)
+#   bin/      te-info, te-bench, gpu-copy-bench, test-stream-runtime (stripped)
 #   lib/      libte.so.1, the libraries they need (stripped)
 #   lib/te-1/ the plugins (where libte looks beside itself, and TE_PLUGIN_PATH)
 #   env.sh    sourced by sh or bash: PATH, LD_LIBRARY_PATH, TE_PLUGIN_PATH
@@ -34,7 +34,8 @@ buildtype=$(meson introspect "$build" --buildoptions |
 	python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "buildtype"))')
 [ "$buildtype" = release ] || die "$build is a '$buildtype' build; want release (meson configure $build -Dbuildtype=release)"
 
-bins=(tools/te-info/te-info tools/te-bench/te-bench tools/gpu-copy-bench/gpu-copy-bench)
+bins=(tools/te-info/te-info tools/te-bench/te-bench tools/gpu-copy-bench/gpu-copy-bench
+	tests/device/test-stream-runtime)
 plugins=(plugins/tcp/libte-transport-tcp.so plugins/shm/libte-transport-shm.so
 	device-plugins/cuda/libte-device-cuda.so)
 ninja -C "$build" "${bins[@]}" "${plugins[@]}" >/dev/null || die "ninja -C $build failed"

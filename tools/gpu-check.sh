@@ -3,6 +3,7 @@
 # machine with an NVIDIA GPU and its driver but none of libte's build
 # dependencies:
 #   - nvidia-smi's view (when it is there), te-info;
+#   - te_submit_on_stream() on a CUDA stream (test-stream-runtime cuda);
 #   - gpu-copy-bench: the copy engines' limits (pinned, chunked, pageable,
 #     device to device);
 #   - te-bench between two processes, a target and an initiator (as
@@ -105,6 +106,14 @@ main() {
 		cuda_ok=1
 	else
 		fail "te-info: the CUDA plugin is not active: $(sed -n '/^\[cuda\] (device memory)$/{n;p;}' "$tmp/te-info.txt")"
+	fi
+
+	if [ "$cuda_ok" = 1 ]; then
+		echo "== test-stream-runtime cuda (te_submit_on_stream on the driver's streams)"
+		rc=0
+		timeout 60 test-stream-runtime cuda >>"$log" 2>&1 || rc=$?
+		[ "$rc" -eq 0 ] && echo "te_submit_on_stream: ordered on a CUDA stream, every byte checked" ||
+			fail "test-stream-runtime exited with status $rc"
 	fi
 
 	echo "== gpu-copy-bench ${copy_args[*]}"

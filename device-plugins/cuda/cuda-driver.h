@@ -87,6 +87,8 @@ typedef struct driver {
 	CUresult (*EventSynchronize)(CUevent);
 	CUresult (*EventQuery)(CUevent);
 	CUresult (*EventDestroy)(CUevent);
+	/* Optional: host work in a stream's order (te_submit_on_stream). */
+	CUresult (*LaunchHostFunc)(CUstream, void (*)(void *), void *);
 	/* Optional: the gather-copy kernel for device-to-device batches. */
 	CUresult (*ModuleLoadData)(CUmodule *, const void *);
 	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -154,6 +156,7 @@ static const struct cu_symbol {
 	CU_SYM(EventSynchronize, "cuEventSynchronize", false),
 	CU_SYM(EventQuery, "cuEventQuery", false),
 	CU_SYM(EventDestroy, "cuEventDestroy_v2", false),
+	CU_SYM(LaunchHostFunc, "cuLaunchHostFunc", false),
 	CU_SYM(ModuleLoadData, "cuModuleLoadData", false),
 	CU_SYM(ModuleGetFunction, "cuModuleGetFunction", false),
 	CU_SYM(ModuleUnload, "cuModuleUnload", false),

@@ -185,6 +185,25 @@ static int cu_stream_wait(void *ctx, void *stream)
 	return 0;
 }
 
+/* The function runs on the driver's thread for host functions, which must
+ * not call the driver; libte's (stream.c) only hands work over and waits. */
+static int cu_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+{
+	cuda_ctx *c = ctx;
+
+	if (c->drv.LaunchHostFunc == NULL) {
+		c->host->log(c->host, TE_LOG_ERROR, "this CUDA driver has no cuLaunchHostFunc (CUDA 10 and later)");
+		return -ENOTSUP;
+	}
+	cu_make_current(c, 0);
+	CUresult r = c->drv.LaunchHostFunc(stream, fn, arg);
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "cuLaunchHostFunc: %s", cu_errstr(&c->drv, r));
+		return -EIO;
+	}
+	return 0;
+}
+
 static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 {
 	cuda_ctx *c = ctx;
@@ -227,6 +246,7 @@ static const te_device_ops ops = {
 	.export_dmabuf = cu_export_dmabuf,
 	.devices = cu_devices,
 	.stream_wait = cu_stream_wait,
+	.stream_launch = cu_stream_launch,
 	.ipc_export = cu_ipc_export,
 	.ipc_open = cu_ipc_open,
 	.ipc_close = cu_ipc_close,

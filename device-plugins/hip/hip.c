@@ -90,6 +90,8 @@ typedef struct runtime {
 	hipError_t (*IpcGetMemHandle)(hipIpcMemHandle_t *, void *);
 	hipError_t (*IpcOpenMemHandle)(void **, hipIpcMemHandle_t, unsigned);
 	hipError_t (*IpcCloseMemHandle)(void *);
+	/* Optional: host work in a stream's order (te_submit_on_stream). */
+	hipError_t (*LaunchHostFunc)(hipStream_t, void (*)(void *), void *);
 } runtime;
 
 /* Asynchronous copies go round-robin to this many streams, so that copies
@@ -206,6 +208,7 @@ static int open_runtime(runtime *r, char *why, size_t why_len)
 	SYM(IpcGetMemHandle, "hipIpcGetMemHandle", 0);
 	SYM(IpcOpenMemHandle, "hipIpcOpenMemHandle", 0);
 	SYM(IpcCloseMemHandle, "hipIpcCloseMemHandle", 0);
+	SYM(LaunchHostFunc, "hipLaunchHostFunc", 0);
 #undef SYM
 	hipError_t e = r->Init != NULL ? r->Init(0) : hipSuccess;
 	int n = 0, version = 0;
@@ -788,6 +791,24 @@ static void hip_ipc_close(void *ctx, void *base)
 		c->host->log(c->host, TE_LOG_WARN, "hipIpcCloseMemHandle(%p): %s", base, errstr(&c->rt, e));
 }
 
+/* The function runs on the runtime's thread for host functions, which must
+ * not call the runtime; libte's (stream.c) only hands work over and waits. */
+static int hip_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+{
+	hip_ctx *c = ctx;
+
+	if (c->rt.LaunchHostFunc == NULL) {
+		c->host->log(c->host, TE_LOG_ERROR, "this HIP runtime has no hipLaunchHostFunc");
+		return -ENOTSUP;
+	}
+	hipError_t e = c->rt.LaunchHostFunc(stream, fn, arg);
+	if (e != hipSuccess) {
+		c->host->log(c->host, TE_LOG_ERROR, "hipLaunchHostFunc: %s", errstr(&c->rt, e));
+		return -EIO;
+	}
+	return 0;
+}
+
 static int hip_stream_wait(void *ctx, void *stream)
 {
 	hip_ctx *c = ctx;
@@ -844,6 +865,7 @@ static const te_device_ops ops = {
 	.export_dmabuf = hip_export_dmabuf,
 	.devices = hip_devices,
 	.stream_wait = hip_stream_wait,
+	.stream_launch = hip_stream_launch,
 	.ipc_export = hip_ipc_export,
 	.ipc_open = hip_ipc_open,
 	.ipc_close = hip_ipc_close,

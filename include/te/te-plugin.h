@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 8
+#define TE_PLUGIN_ABI_MINOR 9
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -551,6 +551,13 @@ typedef struct te_device_ops {
 	 * (logged): any piece may then have moved. Without it the host calls
 	 * copy() n times. */
 	int (*copy_batch)(void *ctx, const te_copy *copies, size_t n, unsigned flags);
+	/* ---- since ABI 1.9: optional ---- */
+	/* Queues `fn(arg)` on the runtime's stream (CUDA: cuLaunchHostFunc):
+	 * it runs once the work queued before has finished, on a thread of the
+	 * runtime, and the stream's later work waits until it returns. `fn`
+	 * calls nothing of the runtime (it may block). 0, or negative (logged):
+	 * then `fn` never runs. */
+	int (*stream_launch)(void *ctx, void *stream, void (*fn)(void *arg), void *arg);
 } te_device_ops;
 
 /*

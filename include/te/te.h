@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define TE_ABI_MAJOR 1
-#define TE_ABI_MINOR 3
+#define TE_ABI_MINOR 4
 
 /* ------------------------------------------------------------------ errors */
 
@@ -500,6 +500,23 @@ TE_API int te_device_locate(const void *addr, size_t len, char *buf, size_t size
  * finished, so that a transfer submitted next sees its results. -ENOTSUP
  * when that device plugin has no streams. */
 TE_API int te_device_stream_wait(const char *location, void *stream);
+/*
+ * Submits `n` requests into `batch` in the order of `stream` (a stream of
+ * the device runtime of `location`, as above) without waiting for it: the
+ * requests start once the work queued on the stream before this call has
+ * finished, and the stream's later work waits until each of them has ended.
+ * Returns at once: 0 once queued, the tasks appended to the batch and
+ * WAITING until the stream reaches them (te_batch_wait() and te_batch_free()
+ * see them as in flight); their statuses then say how each ended, as after
+ * te_submit(), which checks them when the stream reaches them. A canceled
+ * batch's tasks end CANCELED there; an engine destroyed before the stream
+ * reaches them cancels them, and the stream then goes on. Negative, nothing
+ * appended: bad arguments, an unknown batch, the capacity exceeded, or
+ * -ENOTSUP when that device plugin cannot queue work on its streams.
+ * Since 1.4.
+ */
+TE_API int te_submit_on_stream(te_engine *engine, te_batch_id batch, const te_request *reqs, size_t n,
+			       const char *location, void *stream);
 
 #ifdef __cplusplus
 }

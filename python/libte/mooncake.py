@@ -149,6 +149,7 @@ class TransferEngine:
         self._segments: Dict[str, libte.Segment] = {}
         self._batches: Dict[int, tuple] = {}  # id -> (Batch, deadline)
         self._started: Dict[int, float] = {}  # id -> submit time (monotonic)
+        self._streamed: List[tuple] = []  # (Batch, call, target) of the *_on_cuda calls
         self._free: List[List[int]] = [[] for _ in _SLAB_KB]
         self._regions: List[libte.Memory] = []
         self._large: Dict[int, libte.Memory] = {}
@@ -251,6 +252,7 @@ class TransferEngine:
             segments, self._segments = self._segments, {}
             self._batches.clear()
             self._started.clear()
+            streamed, self._streamed = self._streamed, []
             regions, self._regions = self._regions, []
             large, self._large = self._large, {}
             self._free = [[] for _ in _SLAB_KB]
@@ -258,7 +260,8 @@ class TransferEngine:
         for s in segments.values():
             s.close()
         if engine is not None:
-            engine.close()  # releases the registered regions
+            engine.close()  # releases the registered regions; cancels what no stream reached
+        del streamed  # after the engine: until then a stream may still hold them
         for m in regions + list(large.values()):
             m.close()
 
@@ -730,55 +733,88 @@ class TransferEngine:
 
     # ------------------------------------------------- GPU-stream transfers
     #
-    # Mooncake queues these on the CUDA stream (a host callback submits the
-    # transfer once earlier work on the stream is done, and later work waits
-    # for it). Here the call waits for the stream's earlier work, moves the
-    # data, and returns once it is there: the same order for the stream's
-    # work before and after, with the calling thread waiting meanwhile.
+    # As in Mooncake, these return at once: the transfers start once the work
+    # queued on the stream before the call has finished, and the stream's later
+    # work waits until they have ended (libte's te_submit_on_stream: a host
+    # function on the stream). 0 once queued; a transfer that fails later is
+    # logged, as the call has returned by then. Their batches are freed once
+    # ended, at later calls and at close().
 
-    def _stream_wait(self, what: str, buffers: Sequence[int], stream_ptr: int) -> bool:
+    def _on_stream(self, what: str, target_hostname: str, buffers: Sequence[int],
+                   peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
+                   opcode: TransferOpcode, stream_ptr: int) -> int:
+        if not (len(buffers) == len(peer_buffer_addresses) == len(lengths)):
+            _log.error("%s(): buffers, peer_buffer_addresses and lengths have different sizes", what)
+            return -1
+        self._reap_streamed()
+        seg = self._segment(target_hostname)
+        if seg is None:
+            return -1
         # The stream belongs to the runtime of the device whose memory is
         # moved; a host buffer (pinned memory) means CUDA's.
         loc = None
-        for b in buffers:
-            loc = libte.device_locate(b)
+        for buf in buffers:
+            loc = libte.device_locate(buf)
             if loc is not None:
                 break
+        op = libte.WRITE if int(opcode) == Write else libte.READ
         try:
-            libte.device_stream_wait(loc.split(":")[0] if loc else "cuda", stream_ptr)
-            return True
+            b = self._engine.batch(max(1, len(buffers)))
         except libte.Error as err:
+            _log.error("%s(): cannot allocate a batch: %s", what, err)
+            return -1
+        try:
+            b.submit_on_stream([(op, seg, loc_, rem, n)
+                                for loc_, rem, n in zip(buffers, peer_buffer_addresses, lengths)],
+                               loc.split(":")[0] if loc else "cuda", stream_ptr)
+        except (libte.Error, TypeError, ValueError, OverflowError) as err:
             _log.error("%s(): %s", what, err)
-            return False
+            b.wait()  # what was appended has ended (a runtime that refused)
+            b.free()
+            return -1
+        with self._lock:
+            self._streamed.append((b, what, target_hostname))
+        return 0
+
+    def _reap_streamed(self):
+        """Frees the stream-ordered batches that have ended, logging failures."""
+        with self._lock:
+            batches, self._streamed = self._streamed, []
+        left = []
+        for b, what, target in batches:
+            if not b.wait(0):
+                left.append((b, what, target))
+                continue
+            try:
+                b.check()
+            except libte.Error as err:
+                _log.error("%s() with %s failed once its stream got there: %s", what, target, err)
+            b.free()
+        with self._lock:
+            self._streamed = left + self._streamed
 
     def transfer_write_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                                length: int, stream_ptr: int = 0,
                                transport_hint: str = "") -> int:
-        """Writes once the work queued on the CUDA stream is done. 0 or -1."""
-        if not self._stream_wait("transfer_write_on_cuda", [buffer], stream_ptr):
-            return -1
-        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Write)
+        """Writes once the work queued on the CUDA stream is done; returns at once. 0 or -1."""
+        return self._on_stream("transfer_write_on_cuda", target_hostname, [buffer],
+                               [peer_buffer_address], [length], Write, stream_ptr)
 
     def transfer_read_on_cuda(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                               length: int, stream_ptr: int = 0,
                               transport_hint: str = "") -> int:
-        """Reads once the work queued on the CUDA stream is done. 0 or -1."""
-        if not self._stream_wait("transfer_read_on_cuda", [buffer], stream_ptr):
-            return -1
-        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length, Read)
+        """Reads once the work queued on the CUDA stream is done; returns at once. 0 or -1."""
+        return self._on_stream("transfer_read_on_cuda", target_hostname, [buffer],
+                               [peer_buffer_address], [length], Read, stream_ptr)
 
     def batch_transfer_write_on_cuda(self, target_hostname: str, buffers: Sequence[int],
                                      peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                                      stream_ptr: int = 0, transport_hint: str = "") -> int:
-        if not self._stream_wait("batch_transfer_write_on_cuda", buffers, stream_ptr):
-            return -1
-        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
-                                        Write)
+        return self._on_stream("batch_transfer_write_on_cuda", target_hostname, buffers,
+                               peer_buffer_addresses, lengths, Write, stream_ptr)
 
     def batch_transfer_read_on_cuda(self, target_hostname: str, buffers: Sequence[int],
                                     peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                                     stream_ptr: int = 0, transport_hint: str = "") -> int:
-        if not self._stream_wait("batch_transfer_read_on_cuda", buffers, stream_ptr):
-            return -1
-        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
-                                        Read)
+        return self._on_stream("batch_transfer_read_on_cuda", target_hostname, buffers,
+                               peer_buffer_addresses, lengths, Read, stream_ptr)

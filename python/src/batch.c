@@ -605,7 +605,8 @@ static void batch_dealloc(PyteBatch *b)
 	PyObject_Free(b);
 }
 
-static PyObject *submit_reqs(PyteBatch *b, reqs *q)
+/* te_submit(), or te_submit_on_stream() with a location. */
+static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *stream)
 {
 	PyteEngine *eo = b->engine;
 	int rc;
@@ -620,12 +621,14 @@ static PyObject *submit_reqs(PyteBatch *b, reqs *q)
 	if (q->hi > b->use.hi)
 		b->use.hi = q->hi;
 	pthread_mutex_unlock(&eo->mu);
-	rc = te_submit(eo->e, b->id, q->r, q->n);
+	rc = location != NULL ? te_submit_on_stream(eo->e, b->id, q->r, q->n, location, stream)
+			      : te_submit(eo->e, b->id, q->r, q->n);
 	pthread_rwlock_unlock(&eo->sublock);
 	Py_END_ALLOW_THREADS
 	pyte_leave(eo);
 	if (rc < 0)
-		return pyte_raise_msg(rc, "Batch.submit(%zu requests): %s", q->n, te_strerror(rc));
+		return pyte_raise_msg(rc, "Batch.%s(%zu requests): %s", location ? "submit_on_stream" : "submit",
+				      q->n, te_strerror(rc));
 	return PyLong_FromLong(rc);
 }
 
@@ -634,7 +637,26 @@ static PyObject *batch_submit(PyteBatch *b, PyObject *seq)
 	reqs q;
 	if (parse_requests(seq, &q) < 0)
 		return NULL;
-	PyObject *r = submit_reqs(b, &q);
+	PyObject *r = submit_reqs(b, &q, NULL, NULL);
+	reqs_free(&q);
+	return r;
+}
+
+static PyObject *batch_submit_on_stream(PyteBatch *b, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "requests", "location", "stream", NULL };
+	PyObject *seq, *stream_o;
+	const char *loc;
+	reqs q;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsO", kwlist, &seq, &loc, &stream_o))
+		return NULL;
+	void *stream = PyLong_AsVoidPtr(stream_o);
+	if (stream == NULL && PyErr_Occurred())
+		return NULL;
+	if (parse_requests(seq, &q) < 0)
+		return NULL;
+	PyObject *r = submit_reqs(b, &q, loc, stream);
 	reqs_free(&q);
 	return r;
 }
@@ -648,7 +670,7 @@ static PyObject *submit_cols(PyteBatch *b, PyObject *args, PyObject *kw, uint32_
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO", kwlist, &seg_o, &locals, &remotes, &lengths) ||
 	    parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
 		return NULL;
-	PyObject *r = submit_reqs(b, &q);
+	PyObject *r = submit_reqs(b, &q, NULL, NULL);
 	reqs_free(&q);
 	return r;
 }
@@ -887,6 +909,10 @@ static PyMethodDef batch_methods[] = {
 	{ "submit", (PyCFunction)batch_submit, METH_O,
 	  "submit(requests)\n--\n\nAppends requests ((opcode, segment, local, remote, length) tuples or Request) as\n"
 	  "tasks and starts them; returns how many were refused (INVALID: see status())." },
+	{ "submit_on_stream", (PyCFunction)(void (*)(void))batch_submit_on_stream, METH_VARARGS | METH_KEYWORDS,
+	  "submit_on_stream(requests, location, stream)\n--\n\nAppends requests as tasks that start once the work queued on\n"
+	  "`stream` (an int: a CUstream of device `location`, \"cuda\") has finished; the stream's later work waits\n"
+	  "for them. Returns at once (te_submit_on_stream)." },
 	{ "submit_read", (PyCFunction)(void (*)(void))batch_submit_read, METH_VARARGS | METH_KEYWORDS,
 	  "submit_read(segment, locals, remotes, lengths)\n--\n\nAppends reads given as columns (see Engine.read_many)." },
 	{ "submit_write", (PyCFunction)(void (*)(void))batch_submit_write, METH_VARARGS | METH_KEYWORDS,

@@ -3,6 +3,8 @@
 whose memory the CPU cannot touch: allocation, copies, transfers between
 engines in every direction, and Mooncake's *_on_cuda calls."""
 import ctypes
+import threading
+import time
 
 import pytest
 
@@ -98,28 +100,45 @@ def test_engines(init_dev, target_dev):
 
 
 def test_mooncake_on_cuda():
-    """Mooncake's stream-ordered calls: the stream is waited for (the device
-    plugin counts it), then the transfer runs; device memory on both sides."""
+    """Mooncake's stream-ordered calls return at once; the transfers run when
+    the stream gets there, and the stream's later work waits for them. Device
+    memory on both sides; the stream is the test device's."""
     lib = testdev()
-    lib.te_testdev_waits.restype = ctypes.c_ulong
+    lib.te_testdev_launches.restype = ctypes.c_ulong
+    hostfn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
     p, d = TransferEngine(), TransferEngine()
     assert p.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     assert d.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-    n = MIB
+    n, stream = MIB, 0x1234
     src, dst = libte.device_alloc("testdev:1", 2 * n), libte.device_alloc("testdev:0", 2 * n)
     assert p.register_memory(src, 2 * n) == 0
     assert d.register_memory(dst, 2 * n) == 0
     target = f"127.0.0.1:{d.get_rpc_port()}"
     dev_write(src, pattern(2 * n, 9))
-    waits = lib.te_testdev_waits()
-    assert p.transfer_write_on_cuda(target, src, dst, n, 0x1234) == 0
-    assert lib.te_testdev_waits() == waits + 1
-    assert p.batch_transfer_write_on_cuda(target, [src + n], [dst + n], [n], 0x1234) == 0
+    dev_write(dst, bytes(2 * n))
+    # Work of the test's own holds the stream: the calls return anyway.
+    opened = threading.Event()
+    gate = hostfn(lambda _arg: opened.wait(30))
+    assert lib.te_testdev_stream_launch(ctypes.c_void_p(stream), gate, None) == 0
+    launches = lib.te_testdev_launches()
+    t0 = time.monotonic()
+    assert p.transfer_write_on_cuda(target, src, dst, n, stream) == 0
+    assert p.batch_transfer_write_on_cuda(target, [src + n], [dst + n], [n], stream) == 0
+    assert time.monotonic() - t0 < 5
+    assert lib.te_testdev_launches() == launches + 2
+    time.sleep(0.2)
+    assert dev_read(dst, 2 * n) == bytes(2 * n)  # not before the stream gets there
+    opened.set()
+    libte.device_stream_wait("testdev", stream)
     assert dev_read(dst, 2 * n) == pattern(2 * n, 9)
     dev_write(src, bytes(2 * n))
-    assert p.transfer_read_on_cuda(target, src, dst, n, 0x1234) == 0
-    assert p.batch_transfer_read_on_cuda(target, [src + n], [dst + n], [n], 0x1234) == 0
+    assert p.transfer_read_on_cuda(target, src, dst, n, stream) == 0
+    assert p.batch_transfer_read_on_cuda(target, [src + n], [dst + n], [n], stream) == 0
+    libte.device_stream_wait("testdev", stream)
     assert dev_read(src, 2 * n) == pattern(2 * n, 9)
-    assert lib.te_testdev_waits() == waits + 4
+    assert lib.te_testdev_launches() == launches + 4
+    # a call with mismatched lists queues nothing
+    assert p.batch_transfer_read_on_cuda(target, [src], [dst, dst], [n], stream) == -1
+    assert lib.te_testdev_launches() == launches + 4
     p.close()
     d.close()

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "device-util.h"
+#include "stream-util.h"
 
 static void test_alloc_and_locate(void)
 {
@@ -280,6 +281,150 @@ static void test_shm(void)
 	unsetenv("TE_TESTDEV_NO_IPC");
 }
 
+/* ----------------------------------------------- te_submit_on_stream() */
+
+static stream_launch_fn stream_launch;
+static unsigned long (*launches)(void);
+static void (*launch_fail)(unsigned n);
+
+/* Transfers in a stream's order: they start only once the stream's earlier
+ * work has finished, the stream's later work runs only once they have
+ * ended, and the caller never waits for either. Device memory on both
+ * sides, over TCP (staged, so starting them copies: off the stream's
+ * thread). Then a canceled batch, a runtime that refuses, refusals of bad
+ * calls, a request found INVALID when the stream reaches it, and an engine
+ * destroyed before its stream got there. */
+static void test_on_stream(void)
+{
+	void *h = dlopen(getenv("TE_TESTDEV_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
+	REQUIRE(h != NULL);
+	*(void **)&stream_launch = dlsym(h, "te_testdev_stream_launch");
+	*(void **)&launches = dlsym(h, "te_testdev_launches");
+	*(void **)&launch_fail = dlsym(h, "te_testdev_launch_fail");
+	REQUIRE(stream_launch && launches && launch_fail);
+	void *S = (void *)0x5151;
+	const size_t len = 256 << 10, n = 4;
+	te_engine *target = p2p_engine("tcp"), *init = p2p_engine("tcp");
+	REQUIRE(target != NULL && init != NULL);
+	void *t = dev_alloc("testdev:0", 2 * n * len), *l = dev_alloc("testdev:1", 2 * n * len);
+	CHECK_EQ(te_register_memory(target, t, 2 * n * len, "*", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(te_register_memory(init, l, 2 * n * len, "*", 0), 0);
+	te_segment_id seg = te_segment_open(init, te_engine_name(target));
+	REQUIRE(seg >= 0);
+	dev_fill(l, n * len, 21);  /* written to the target's first half */
+	dev_fill((char *)t + n * len, n * len, 22); /* read into the initiator's second half */
+	dev_fill(t, n * len, 0);
+	te_request r[8];
+	for (size_t i = 0; i < n; i++) {
+		r[i] = (te_request){ TE_OP_WRITE, seg, (char *)l + i * len, (uintptr_t)t + i * len, len };
+		r[n + i] = (te_request){ TE_OP_READ, seg, (char *)l + (n + i) * len,
+					 (uintptr_t)t + (n + i) * len, len };
+	}
+	te_batch_id b;
+	CHECK_EQ(te_batch_alloc(init, 16, &b), 0);
+
+	/* The stream is busy: the call returns at once, its tasks wait. */
+	gate g;
+	gate_close(&g, stream_launch, S);
+	unsigned long l0 = launches();
+	long long t0 = ms_now();
+	CHECK_EQ(te_submit_on_stream(init, b, r, 2 * n, "testdev", S), 0);
+	CHECK(ms_now() - t0 < 1000);
+	CHECK_EQ(launches(), l0 + 1);
+	probe p = { .e = init, .b = b, .first = 0, .n = 2 * n };
+	REQUIRE(stream_launch(S, probe_fn, &p) == 0);
+	size_t sub = 0, infl = 0;
+	int32_t state = -1;
+	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
+	CHECK_EQ(sub, 2 * n);
+	CHECK_EQ(infl, 2 * n);
+	CHECK_EQ(state, TE_TASK_WAITING);
+	usleep(200000);
+	CHECK_EQ(te_batch_wait(init, b, 50), -ETIMEDOUT);
+	CHECK_EQ(te_batch_free(init, b), -EBUSY);
+	CHECK(dev_equals(t, n * len, 0)); /* nothing written yet */
+	CHECK(!atomic_load(&p.ran));
+	/* The stream gets there: the transfers run, then the probe behind them. */
+	gate_open(&g);
+	CHECK_EQ(te_device_stream_wait("testdev", S), 0);
+	CHECK(atomic_load(&p.ran));
+	CHECK_EQ(atomic_load(&p.ended), (int)(2 * n)); /* all ended before the stream went on */
+	CHECK_EQ(te_batch_wait(init, b, 10000), 0);
+	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	CHECK(dev_equals(t, n * len, 21));
+	CHECK(dev_equals((char *)l + n * len, n * len, 22));
+
+	/* A batch canceled before the stream gets there: CANCELED, the stream goes on. */
+	gate_close(&g, stream_launch, S);
+	CHECK_EQ(te_submit_on_stream(init, b, r, 2, "testdev:1", S), 0);
+	CHECK_EQ(te_batch_cancel(init, b), 0);
+	gate_open(&g);
+	CHECK_EQ(te_device_stream_wait("testdev", S), 0);
+	CHECK_EQ(te_batch_wait(init, b, 10000), 0);
+	te_task_status st;
+	CHECK_EQ(te_get_status(init, b, 2 * n, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_CANCELED);
+	CHECK_EQ(te_batch_free(init, b), 0);
+
+	/* The runtime refuses to queue: an error, and the tasks appended end FAILED. */
+	CHECK_EQ(te_batch_alloc(init, 4, &b), 0);
+	cap_start();
+	launch_fail(1);
+	CHECK_EQ(te_submit_on_stream(init, b, r, 1, "testdev", S), -EIO);
+	CHECK(cap_has("te_submit_on_stream: queuing on stream"));
+	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
+	CHECK_EQ(sub, 1);
+	CHECK_EQ(state, TE_TASK_FAILED);
+	/* Bad calls: refused, nothing appended. */
+	CHECK_EQ(te_submit_on_stream(NULL, b, r, 1, "testdev", S), -EINVAL);
+	CHECK_EQ(te_submit_on_stream(init, b, NULL, 1, "testdev", S), -EINVAL);
+	CHECK_EQ(te_submit_on_stream(init, b, r, 1, "nosuchdev", S), -ENODEV);
+	CHECK_EQ(te_submit_on_stream(init, b, r, 1, NULL, S), -EINVAL);
+	CHECK_EQ(te_submit_on_stream(init, b + 1000, r, 1, "testdev", S), TE_ERR_BATCH);
+	CHECK_EQ(te_submit_on_stream(init, b, r, 4, "testdev", S), TE_ERR_BATCH_FULL);
+	CHECK(cap_has("te_submit_on_stream: 4 requests exceed batch"));
+	CHECK_EQ(te_submit_on_stream(init, b, r, 0, "testdev", S), 0);
+	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
+	CHECK_EQ(sub, 1);
+	/* Checked when the stream gets there, as te_submit() checks: local
+	 * memory not registered is INVALID then. */
+	unsigned char stray[64];
+	te_request bad = { TE_OP_WRITE, seg, stray, (uintptr_t)t, sizeof stray };
+	CHECK_EQ(te_submit_on_stream(init, b, &bad, 1, "testdev", S), 0);
+	CHECK_EQ(te_device_stream_wait("testdev", S), 0);
+	CHECK_EQ(te_get_status(init, b, 1, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_INVALID);
+	CHECK_EQ(te_batch_free(init, b), 0);
+
+	/* An engine destroyed before its stream got there: the call does not
+	 * wait for the stream, the tasks are canceled, and the host function,
+	 * when it runs, touches nothing of the engine (AddressSanitizer). */
+	te_engine *gone = p2p_engine("tcp");
+	REQUIRE(gone != NULL);
+	CHECK_EQ(te_register_memory(gone, l, 2 * n * len, "*", 0), 0);
+	te_segment_id seg2 = te_segment_open(gone, te_engine_name(target));
+	REQUIRE(seg2 >= 0);
+	te_request r2 = { TE_OP_WRITE, seg2, l, (uintptr_t)t, len };
+	CHECK_EQ(te_batch_alloc(gone, 4, &b), 0);
+	gate_close(&g, stream_launch, S);
+	CHECK_EQ(te_submit_on_stream(gone, b, &r2, 1, "testdev", S), 0);
+	dev_fill(t, len, 0);
+	t0 = ms_now();
+	te_engine_destroy(gone);
+	CHECK(ms_now() - t0 < 5000);
+	CHECK(cap_has("requests queued on stream"));
+	gate_open(&g);
+	CHECK_EQ(te_device_stream_wait("testdev", S), 0);
+	CHECK(dev_equals(t, len, 0)); /* never written */
+
+	te_engine_destroy(init);
+	te_engine_destroy(target);
+	te_device_free(t);
+	te_device_free(l);
+	dlclose(h);
+}
+
 int main(void)
 {
 	TEST_RUN(test_alloc_and_locate);
@@ -288,5 +433,6 @@ int main(void)
 	TEST_RUN(test_tcp_many);
 	TEST_RUN(test_burst);
 	TEST_RUN(test_shm);
+	TEST_RUN(test_on_stream);
 	return check_done();
 }

@@ -516,8 +516,26 @@ static void td_ipc_close(void *ctx, void *base)
 	pthread_mutex_unlock(&t->import_lock);
 }
 
-/* Streams: any pointer names one; waiting counts (te_testdev_waits). */
-static atomic_ulong waits;
+/* Streams: any pointer names one. Host functions queued on one run in
+ * order on a thread of its own, each once the one before returned, as a
+ * runtime's stream runs them; waiting for a stream waits until its queue is
+ * empty. Both count (te_testdev_waits, te_testdev_launches). */
+#define MAX_STREAMS 16
+
+typedef struct td_hostfn {
+	void (*fn)(void *);
+	void *arg;
+	struct td_hostfn *next;
+} td_hostfn;
+
+static struct td_stream {
+	void *id;
+	td_hostfn *head, *tail; /* head: running, or next */
+} streams[MAX_STREAMS];
+static int nstreams;
+static pthread_mutex_t st_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t st_cond = PTHREAD_COND_INITIALIZER; /* work queued, or a job done */
+static atomic_ulong waits, launches;
 
 __attribute__((visibility("default"))) unsigned long te_testdev_waits(void);
 unsigned long te_testdev_waits(void)
@@ -525,11 +543,111 @@ unsigned long te_testdev_waits(void)
 	return atomic_load(&waits);
 }
 
+__attribute__((visibility("default"))) unsigned long te_testdev_launches(void);
+unsigned long te_testdev_launches(void)
+{
+	return atomic_load(&launches);
+}
+
+static void *stream_run(void *arg)
+{
+	struct td_stream *s = arg;
+
+	pthread_mutex_lock(&st_lock);
+	for (;;) {
+		while (s->head == NULL)
+			pthread_cond_wait(&st_cond, &st_lock);
+		td_hostfn *j = s->head;
+		pthread_mutex_unlock(&st_lock);
+		j->fn(j->arg);
+		pthread_mutex_lock(&st_lock);
+		s->head = j->next;
+		if (s->head == NULL)
+			s->tail = NULL;
+		free(j);
+		pthread_cond_broadcast(&st_cond);
+	}
+	return NULL;
+}
+
+/* The stream named `id` (lock held); NULL when `make` is false and it has
+ * never been used, or when the table is full. */
+static struct td_stream *stream_of(void *id, bool make)
+{
+	for (int i = 0; i < nstreams; i++)
+		if (streams[i].id == id)
+			return &streams[i];
+	if (!make || nstreams == MAX_STREAMS)
+		return NULL;
+	struct td_stream *s = &streams[nstreams];
+	pthread_t thr;
+	s->id = id;
+	if (pthread_create(&thr, NULL, stream_run, s) != 0)
+		return NULL;
+	pthread_detach(thr); /* the process's for its life, as a runtime's */
+	nstreams++;
+	return s;
+}
+
+/* Also for tests, to queue work of their own (a "kernel") on a stream. */
+__attribute__((visibility("default"))) int te_testdev_stream_launch(void *stream, void (*fn)(void *), void *arg);
+int te_testdev_stream_launch(void *stream, void (*fn)(void *), void *arg)
+{
+	td_hostfn *j = calloc(1, sizeof *j);
+
+	if (j == NULL || fn == NULL) {
+		free(j);
+		return fn == NULL ? -EINVAL : -ENOMEM;
+	}
+	j->fn = fn;
+	j->arg = arg;
+	pthread_mutex_lock(&st_lock);
+	struct td_stream *s = stream_of(stream, true);
+	if (s != NULL) {
+		if (s->tail != NULL)
+			s->tail->next = j;
+		else
+			s->head = j;
+		s->tail = j;
+		pthread_cond_broadcast(&st_cond);
+	}
+	pthread_mutex_unlock(&st_lock);
+	if (s == NULL) {
+		free(j);
+		return -EAGAIN;
+	}
+	return 0;
+}
+
+/* The next `n` launches fail with -EIO, as a runtime refusing. */
+static atomic_uint launch_fail;
+__attribute__((visibility("default"))) void te_testdev_launch_fail(unsigned n);
+void te_testdev_launch_fail(unsigned n)
+{
+	atomic_store(&launch_fail, n);
+}
+
+static int td_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+{
+	(void)ctx;
+	unsigned f = atomic_load(&launch_fail);
+	while (f > 0 && !atomic_compare_exchange_weak(&launch_fail, &f, f - 1))
+		;
+	if (f > 0)
+		return -EIO;
+	atomic_fetch_add(&launches, 1);
+	return te_testdev_stream_launch(stream, fn, arg);
+}
+
 static int td_stream_wait(void *ctx, void *stream)
 {
 	(void)ctx;
-	(void)stream;
 	atomic_fetch_add(&waits, 1);
+	pthread_mutex_lock(&st_lock);
+	struct td_stream *s = stream_of(stream, false);
+	while (s != NULL && s->head != NULL)
+		pthread_cond_wait(&st_cond, &st_lock);
+	pthread_mutex_unlock(&st_lock);
 	return 0;
 }
 
@@ -636,6 +754,7 @@ static const te_device_ops ops = {
 	.ipc_export = td_ipc_export,
 	.ipc_open = td_ipc_open,
 	.ipc_close = td_ipc_close,
+	.stream_launch = td_stream_launch,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "testdev", "1.0", "device memory the CPU cannot touch (tests)",

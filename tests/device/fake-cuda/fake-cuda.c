@@ -14,7 +14,7 @@
  *   the work queued before it on its stream has.
  * - FAKE_CUDA_FAIL_ASYNC=1 makes cuMemcpyAsync refuse; FAKE_CUDA_FAIL_STREAM=1
  *   makes queued copies fail (the callback sees the error);
- *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback refuse;
+ *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback and cuLaunchHostFunc refuse;
  *   FAKE_CUDA_NO_EVENTS=1 makes cuEventCreate refuse.
  *   FAKE_CUDA_STATS=FILE appends, at exit, one line of counts:
  *     sync N async N callbacks N ipc N launches N event_records N
@@ -610,6 +610,7 @@ typedef struct op {
 	CUdeviceptr dst, src;
 	size_t len;
 	CUstreamCallback cb;
+	void (*hostfn)(void *); /* cuLaunchHostFunc's, instead of cb */
 	void *user;
 	CUevent ev;
 	uint64_t gen;
@@ -709,7 +710,10 @@ static void *stream_thread(void *arg)
 				wait_until(end, DEVICE_SPIN_NS);
 			}
 			int64_t t = cost.on ? now_ns() : 0;
-			o->cb(s, status, o->user);
+			if (o->hostfn != NULL)
+				o->hostfn(o->user);
+			else
+				o->cb(s, status, o->user);
 			if (cost.on)
 				end += now_ns() - t; /* its own run time, not this thread's lateness */
 			break;
@@ -815,6 +819,16 @@ API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, un
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
 		*o = (op){ .kind = OP_CALLBACK, .cb = cb, .user = user };
+	return push(s, o, NULL);
+}
+
+API CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *user)
+{
+	if (fn == NULL || getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
+		return ERR_INVALID_VALUE;
+	op *o = calloc(1, sizeof *o);
+	if (o != NULL)
+		*o = (op){ .kind = OP_CALLBACK, .hostfn = fn, .user = user };
 	return push(s, o, NULL);
 }
 

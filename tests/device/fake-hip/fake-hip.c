@@ -267,6 +267,8 @@ typedef struct op {
 	size_t len;
 	hipEvent_t ev; /* set: an event record, not a copy */
 	uint64_t seq;
+	void (*fn)(void *); /* set: hipLaunchHostFunc's function, not a copy */
+	void *arg;
 } op;
 
 struct fstream {
@@ -286,7 +288,9 @@ static void *stream_thread(void *arg)
 			break;
 		hipError_t status = s->status;
 		pthread_mutex_unlock(&s->w.lock);
-		if (o->ev != NULL) {
+		if (o->fn != NULL) {
+			o->fn(o->arg);
+		} else if (o->ev != NULL) {
 			pthread_mutex_lock(&o->ev->lock);
 			if (o->seq > o->ev->reached) {
 				o->ev->reached = o->seq;
@@ -341,6 +345,16 @@ API hipError_t hipMemcpyAsync(void *dst, const void *src, size_t len, int kind, 
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
 		*o = (op){ .dst = dst, .src = src, .len = len };
+	return push(s, o);
+}
+
+API hipError_t hipLaunchHostFunc(hipStream_t s, void (*fn)(void *), void *arg)
+{
+	if (fn == NULL)
+		return ERR_INVALID_VALUE;
+	op *o = calloc(1, sizeof *o);
+	if (o != NULL)
+		*o = (op){ .fn = fn, .arg = arg };
 	return push(s, o);
 }
 

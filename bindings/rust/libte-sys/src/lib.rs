@@ -324,6 +324,15 @@ extern "C" {
     pub fn te_device_copy(dst: *mut c_void, src: *const c_void, len: usize) -> c_int;
     pub fn te_device_locate(addr: *const c_void, len: usize, buf: *mut c_char, size: usize) -> c_int;
     pub fn te_device_stream_wait(location: *const c_char, stream: *mut c_void) -> c_int;
+    // Since 1.4: requests that start when the stream gets there.
+    pub fn te_submit_on_stream(
+        engine: *mut te_engine,
+        batch: te_batch_id,
+        reqs: *const te_request,
+        n: usize,
+        location: *const c_char,
+        stream: *mut c_void,
+    ) -> c_int;
 
     // Metrics (since 1.3). The texts are released with te_free().
     pub fn te_engine_stats(engine: *mut te_engine, out: *mut te_stats) -> c_int;

@@ -92,8 +92,10 @@ typedef struct te_auth te_auth;
 /* The RPC reply a server with a key sends to a client that did not
  * authenticate, so that a key-less libte client fails with TE_ERR_AUTH. */
 #define TE_AUTH_REQUIRED_REPLY "{\"error\":\"authentication required (TE_AUTH_KEY_FILE)\",\"status\":\"auth_required\"}"
-/* Reads the cluster key (>= 16 bytes after trailing whitespace). -EINVAL
- * with a log line naming the file (never the key) when unusable. */
+/* Reads the cluster key (>= 16 bytes after trailing whitespace), and the
+ * one of `path`.next when that exists. -EINVAL with a log line naming the
+ * file (never the key) when unusable. Both files are read again when they
+ * change. */
 int te_auth_load(const char *path, te_auth **out);
 void te_auth_free(te_auth *a);
 /* The exchange as the side that connected; 0 at once when a is NULL. */

@@ -103,6 +103,119 @@ static void test_key_files(void)
 	te_set_log_handler(NULL, NULL);
 }
 
+/* ------------------------------------------------------- key rotation */
+
+/* Replaces a key file as an operator should: written beside it, renamed over it. */
+static void put_key(const char *path, const char *text)
+{
+	char tmp[200];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	write_file(tmp, text, 0600);
+	REQUIRE(rename(tmp, path) == 0);
+}
+
+/* Whether `from` passes the handshake to `to`'s RPC port (a connection of
+ * its own each time), after the engines looked at their files again. */
+static int probe(te_engine *from, te_engine *to)
+{
+	return te_segment_probe(from, te_engine_name(to), 2000);
+}
+
+static void files_seen(void)
+{
+	usleep(1100 * 1000); /* the files are looked at once a second at most */
+}
+
+/* The key changes while the engines run, in the three steps the docs give:
+ * the new key into every host's .next file; then every key file gets the
+ * new key and its .next file the old one; then the .next files go. Every
+ * step keeps the cluster connected both ways (mid-step too, when hosts
+ * are done in turn), and in the end only the new key opens it. A file
+ * that does not read as a key leaves the key the engine had. */
+static void test_rotation(void)
+{
+	char ka[160], kb[160], ka_next[170], kb_next[170];
+	const char *K1 = "0123456789abcdef-rotate-old\n", *K2 = "0123456789abcdef-rotate-new\n";
+	snprintf(ka, sizeof ka, "%s/rot-a.key", dir);
+	snprintf(kb, sizeof kb, "%s/rot-b.key", dir);
+	snprintf(ka_next, sizeof ka_next, "%s.next", ka);
+	snprintf(kb_next, sizeof kb_next, "%s.next", kb);
+	put_key(ka, K1);
+	put_key(kb, K1);
+	/* A .next file that is no key fails the start, as the key file does. */
+	put_key(ka_next, "short\n");
+	cap_start();
+	CHECK(engine_with_key(ka) == NULL);
+	CHECK(cap_has("rot-a.key.next is 5 bytes long"));
+	te_set_log_handler(NULL, NULL);
+	REQUIRE(unlink(ka_next) == 0);
+	te_engine *a = engine_with_key(ka), *b = engine_with_key(kb);
+	REQUIRE(a && b);
+	CHECK_EQ(probe(a, b), 0);
+	CHECK_EQ(probe(b, a), 0);
+
+	/* Step 1, host b first, then a: the new key accepted, the old one proven. */
+	cap_start();
+	te_set_log_level(TE_LOG_INFO); /* the changes are logged at info */
+	put_key(kb_next, K2);
+	files_seen();
+	CHECK_EQ(probe(a, b), 0);
+	CHECK_EQ(probe(b, a), 0);
+	CHECK(cap_has("rot-b.key.next: its key is accepted too from now on"));
+	put_key(ka_next, K2);
+	files_seen();
+	CHECK_EQ(probe(a, b), 0);
+	CHECK_EQ(probe(b, a), 0);
+
+	/* Step 2, b first: b proves the new key, a still the old one; each
+	 * accepts the other's. */
+	put_key(kb, K2);
+	put_key(kb_next, K1);
+	files_seen();
+	CHECK_EQ(probe(a, b), 0);
+	CHECK_EQ(probe(b, a), 0);
+	CHECK(cap_has("rot-b.key changed: this engine proves its new key from now on"));
+	put_key(ka, K2);
+	put_key(ka_next, K1);
+	files_seen();
+	CHECK_EQ(probe(a, b), 0);
+	CHECK_EQ(probe(b, a), 0);
+
+	/* Step 3: the old key is gone; an engine that holds only it is refused. */
+	REQUIRE(unlink(kb_next) == 0 && unlink(ka_next) == 0);
+	files_seen();
+	CHECK_EQ(probe(a, b), 0);
+	CHECK_EQ(probe(b, a), 0);
+	CHECK(cap_has("is gone: only the key of"));
+	char kold[160];
+	snprintf(kold, sizeof kold, "%s/rot-old.key", dir);
+	put_key(kold, K1);
+	te_engine *old = engine_with_key(kold);
+	REQUIRE(old != NULL);
+	CHECK_EQ(probe(old, a), TE_ERR_AUTH);
+	CHECK_EQ(probe(a, old), TE_ERR_AUTH);
+
+	/* Out of order: a proves a key b does not hold (no step 1): refused
+	 * both ways until a goes back. */
+	put_key(ka, "0123456789abcdef-rotate-third\n");
+	files_seen();
+	CHECK_EQ(probe(a, b), TE_ERR_AUTH);
+	CHECK_EQ(probe(b, a), TE_ERR_AUTH);
+	put_key(ka, K2);
+
+	/* A file that is no key (cut short) leaves the one the engine had. */
+	put_key(kb, "short\n");
+	files_seen();
+	CHECK_EQ(probe(a, b), 0);
+	CHECK(cap_has("holds no usable key: the key read before stays"));
+	CHECK(!cap_has_quiet("rotate-new")); /* never the secret */
+	te_set_log_level(TE_LOG_WARN);
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(old);
+	te_engine_destroy(a);
+	te_engine_destroy(b);
+}
+
 /* --------------------------------------------- the target with the key */
 
 static target tk;
@@ -394,6 +507,7 @@ int main(int argc, char **argv)
 	write_file(key_open, "0123456789abcdef-cluster-a", 0644);
 
 	TEST_RUN(test_key_files);
+	TEST_RUN(test_rotation);
 	TEST_RUN(test_max_per_peer);
 	target_start(&tk, key_a, target_log);
 	TEST_RUN(test_right_key);

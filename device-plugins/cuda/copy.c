@@ -71,9 +71,12 @@ int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 	cuda_ctx *c = ctx;
 
 	cu_make_current(c, 0);
-	/* Queued and waited for on a blocking event, so that the wait sleeps
-	 * (cuMemcpy would spin). */
-	CUstream s = c->async && !c->wait_spin ? pool_get(c) : NULL;
+	/* Queued on a stream of the plugin's and waited for on a blocking event,
+	 * so that the wait sleeps (cuMemcpy would spin); and cuMemcpy runs on
+	 * the legacy default stream, after its work: a te_submit_on_stream()
+	 * host function there would hold it, and the transfer would wait for
+	 * itself. With TE_CUDA_WAIT=spin the wait spins. */
+	CUstream s = c->async ? pool_get(c) : NULL;
 	if (s != NULL) {
 		CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
 		CUresult w = stream_wait(c, s);

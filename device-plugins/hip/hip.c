@@ -792,7 +792,9 @@ static void hip_ipc_close(void *ctx, void *base)
 }
 
 /* The function runs on the runtime's thread for host functions, which must
- * not call the runtime; libte's (stream.c) only hands work over and waits. */
+ * not call the runtime; libte's (stream.c) only hands work over and waits.
+ * Not on the null stream: this plugin's synchronous copies (hipMemcpy) run
+ * there, after its work, so a transfer needing one would wait for itself. */
 static int hip_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
 {
 	hip_ctx *c = ctx;
@@ -800,6 +802,12 @@ static int hip_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *
 	if (c->rt.LaunchHostFunc == NULL) {
 		c->host->log(c->host, TE_LOG_ERROR, "this HIP runtime has no hipLaunchHostFunc");
 		return -ENOTSUP;
+	}
+	if (stream == NULL) {
+		c->host->log(c->host, TE_LOG_ERROR,
+			     "transfers cannot be queued on HIP's null stream (its work waits for the plugin's "
+			     "own copies); use a stream of the application's");
+		return -EINVAL;
 	}
 	hipError_t e = c->rt.LaunchHostFunc(stream, fn, arg);
 	if (e != hipSuccess) {

@@ -11,7 +11,10 @@
  * - Streams are FIFO queues, each with a thread: an asynchronous copy, a
  *   stream callback, an event record and a kernel run there, in order, and
  *   a callback gets the status of the work before it. An event completes when
- *   the work queued before it on its stream has.
+ *   the work queued before it on its stream has. The legacy default stream
+ *   (CUstream 0) is one too, made when first used, and cuMemcpy waits for
+ *   its work first, as a driver's does; a host function
+ *   (cuLaunchHostFunc) holds its stream until it returns.
  * - FAKE_CUDA_FAIL_ASYNC=1 makes cuMemcpyAsync refuse; FAKE_CUDA_FAIL_STREAM=1
  *   makes queued copies fail (the callback sees the error);
  *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback and cuLaunchHostFunc refuse;
@@ -573,11 +576,14 @@ API CUresult cuMemHostUnregister(void *p)
 	return remove_pinned(p) ? OK : ERR_HOST_NOT_REGISTERED;
 }
 
+static void legacy_drain(void);
+
 API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t len)
 {
 	bool pageable;
 	int64_t end;
 	atomic_fetch_add(&sync_copies, 1);
+	legacy_drain(); /* a copy on the legacy default stream: after its work */
 	spend(cost.call);
 	int dir = direction((void *)(uintptr_t)dst, (void *)(uintptr_t)src, len, &pageable);
 	CUresult r = copy(dst, src, len, dir, pageable, now_ns(), &end);
@@ -763,8 +769,29 @@ API CUresult cuStreamCreate(CUstream *out, unsigned flags)
 }
 
 /* Queues o; its sequence number in *seq. */
+/* The legacy default stream (CUstream 0), made when work is first queued
+ * there. It runs its work in order as any stream does, and cuMemcpy, a
+ * synchronous copy on it, waits for that work first: a host function that
+ * holds it holds every cuMemcpy of the process, as on a driver. */
+static _Atomic(CUstream) legacy;
+static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
+
+static void legacy_make(void)
+{
+	atomic_store(&legacy, (CUstream)stream_new(sizeof *legacy, stream_thread));
+}
+
+static CUstream or_legacy(CUstream s)
+{
+	if (s != NULL)
+		return s;
+	pthread_once(&legacy_once, legacy_make);
+	return atomic_load(&legacy);
+}
+
 static CUresult push(CUstream s, op *o, uint64_t *seq)
 {
+	s = or_legacy(s);
 	if (s == NULL || o == NULL) {
 		free(o);
 		return s == NULL ? ERR_INVALID_VALUE : ERR_OUT_OF_MEMORY;
@@ -792,6 +819,17 @@ static int64_t wait_done(CUstream s, uint64_t seq, CUresult *status)
 		*status = s->status;
 	pthread_mutex_unlock(&s->w.lock);
 	return ready;
+}
+
+static void legacy_drain(void)
+{
+	CUstream s = atomic_load(&legacy);
+	if (s == NULL)
+		return;
+	pthread_mutex_lock(&s->w.lock);
+	uint64_t seq = s->queued;
+	pthread_mutex_unlock(&s->w.lock);
+	wait_done(s, seq, NULL);
 }
 
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s)
@@ -835,8 +873,8 @@ API CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *user)
 API CUresult cuStreamSynchronize(CUstream s)
 {
 	atomic_fetch_add(&stream_waits, 1);
-	if (s == NULL)
-		return OK; /* the legacy default stream: nothing runs there */
+	if (s == NULL && (s = atomic_load(&legacy)) == NULL)
+		return OK; /* the legacy default stream, never used: nothing to wait for */
 	int64_t t0 = cost.on ? now_ns() : 0;
 	pthread_mutex_lock(&s->w.lock);
 	uint64_t seq = s->queued;
@@ -878,7 +916,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
 	atomic_fetch_add(&event_records, 1);
 	pthread_mutex_lock(&ev_lock);
 	uint64_t gen = ++e->recorded;
-	if (s == NULL) { /* the legacy default stream: nothing runs there */
+	if (s == NULL && (s = atomic_load(&legacy)) == NULL) { /* the legacy stream, idle */
 		e->completed = gen;
 		e->done_at = now_ns();
 		e->status = OK;

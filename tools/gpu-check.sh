@@ -3,7 +3,8 @@
 # machine with an NVIDIA GPU and its driver but none of libte's build
 # dependencies:
 #   - nvidia-smi's view (when it is there), te-info;
-#   - te_submit_on_stream() on a CUDA stream (test-stream-runtime cuda);
+#   - te_submit_on_stream() on a CUDA stream and on the legacy default
+#     stream (test-stream-runtime);
 #   - gpu-copy-bench: the copy engines' limits (pinned, chunked, pageable,
 #     device to device);
 #   - te-bench between two processes, a target and an initiator (as
@@ -110,10 +111,12 @@ main() {
 
 	if [ "$cuda_ok" = 1 ]; then
 		echo "== test-stream-runtime cuda (te_submit_on_stream on the driver's streams)"
-		rc=0
-		timeout 60 test-stream-runtime cuda >>"$log" 2>&1 || rc=$?
-		[ "$rc" -eq 0 ] && echo "te_submit_on_stream: ordered on a CUDA stream, every byte checked" ||
-			fail "test-stream-runtime exited with status $rc"
+		for s in "" legacy; do
+			rc=0
+			timeout 60 test-stream-runtime cuda $s >>"$log" 2>&1 || rc=$?
+			[ "$rc" -eq 0 ] && echo "te_submit_on_stream: ordered on ${s:-a} CUDA stream${s:+ (the legacy default stream)}, every byte checked" ||
+				fail "test-stream-runtime cuda $s exited with status $rc"
+		done
 	fi
 
 	echo "== gpu-copy-bench ${copy_args[*]}"

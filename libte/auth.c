@@ -221,17 +221,28 @@ void te_auth_free(te_auth *a)
  * file's key is proven from then on, the .next file's accepted as well
  * while it exists. A file that does not read as a key leaves the key it
  * had (logged): a half-written file never locks the engine out. */
+/* Whether `path` is not what `seen` says; then it is read into `tmp`
+ * (*rc: read_key's) and `seen` updated. */
+static bool reread(const char *path, file_id *seen, auth_key *tmp, int *rc)
+{
+	struct stat st;
+	file_id id = { 0 };
+
+	if (stat(path, &st) == 0)
+		file_id_of(&st, &id);
+	if (file_id_same(&id, seen))
+		return false;
+	*rc = read_key(path, tmp, seen, TE_LOG_WARN);
+	return true;
+}
+
 static void reload_locked(const te_auth *a)
 {
 	keyring *r = a->ring;
-	struct stat st;
-	file_id id = { 0 };
 	auth_key *tmp = g_new0(auth_key, 1);
+	int rc;
 
-	if (stat(a->path, &st) == 0)
-		file_id_of(&st, &id);
-	if (!file_id_same(&id, &r->cur_id)) {
-		int rc = read_key(a->path, tmp, &r->cur_id, TE_LOG_WARN);
+	if (reread(a->path, &r->cur_id, tmp, &rc)) {
 		if (rc == 0) {
 			r->cur = *tmp;
 			te_info("auth: %s changed: this engine proves its new key from now on", a->path);
@@ -240,11 +251,7 @@ static void reload_locked(const te_auth *a)
 				rc == -ENOENT ? " (removed)" : "");
 		}
 	}
-	id = (file_id){ 0 };
-	if (stat(a->next_path, &st) == 0)
-		file_id_of(&st, &id);
-	if (!file_id_same(&id, &r->next_id)) {
-		int rc = read_key(a->next_path, tmp, &r->next_id, TE_LOG_WARN);
+	if (reread(a->next_path, &r->next_id, tmp, &rc)) {
 		if (rc == 0) {
 			r->next = *tmp;
 			te_info("auth: %s: its key is accepted too from now on", a->next_path);
@@ -260,10 +267,11 @@ static void reload_locked(const te_auth *a)
 }
 
 /* The keys for one handshake, the files looked at again first (at most
- * once a RELOAD_CHECK_MS). The caller wipes them. */
-static void keys_get(const te_auth *a, keyset *ks)
+ * once a RELOAD_CHECK_MS); keys_drop() wipes them. */
+static keyset *keys_take(const te_auth *a)
 {
 	keyring *r = a->ring;
+	keyset *ks = g_new(keyset, 1);
 
 	g_mutex_lock(&r->lock);
 	int64_t now = te_now_ms();
@@ -276,6 +284,13 @@ static void keys_get(const te_auth *a, keyset *ks)
 	if (r->next.len > 0)
 		ks->k[ks->n++] = r->next;
 	g_mutex_unlock(&r->lock);
+	return ks;
+}
+
+static void keys_drop(keyset *ks)
+{
+	explicit_bzero(ks, sizeof *ks);
+	g_free(ks);
 }
 
 /* ------------------------------------------------------------ messages */
@@ -420,11 +435,9 @@ int te_auth_client(const te_auth *a, int fd, int channel, const char *peer, int 
 		return 0;
 	if (fd < 0 || channel <= 0 || channel > 255)
 		return -EINVAL;
-	keyset *ks = g_new(keyset, 1);
-	keys_get(a, ks);
+	keyset *ks = keys_take(a);
 	int rc = client(ks, fd, channel, peer ? peer : "?", timeout_ms);
-	explicit_bzero(ks, sizeof *ks);
-	g_free(ks);
+	keys_drop(ks);
 	return rc;
 }
 
@@ -499,10 +512,8 @@ int te_auth_server(const te_auth *a, int fd, int channel, const char *peer, int 
 		return 0;
 	if (fd < 0 || channel <= 0 || channel > 255)
 		return -EINVAL;
-	keyset *ks = g_new(keyset, 1);
-	keys_get(a, ks);
+	keyset *ks = keys_take(a);
 	int rc = server(ks, fd, channel, peer ? peer : "?", timeout_ms, first, plain);
-	explicit_bzero(ks, sizeof *ks);
-	g_free(ks);
+	keys_drop(ks);
 	return rc;
 }

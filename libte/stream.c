@@ -26,7 +26,7 @@ struct te_stream_op {
 	te_device *dev;
 	void *stream;
 	int state;        /* under op_lock */
-	size_t left;      /* tasks not ended, plus one while it is being started */
+	atomic_size_t left; /* tasks not ended, plus one while it is being started */
 	GCond ended;      /* left reached 0 */
 	atomic_int refs;  /* the host function's and the tasks' */
 };
@@ -44,15 +44,16 @@ static void op_unref(te_stream_op *op)
 	g_free(op);
 }
 
+/* Lock-free but for the last: a batch of many tasks ends on many threads. */
 void te_stream_task_done(te_stream_op *op)
 {
+	if (atomic_fetch_sub(&op->left, 1) != 1)
+		return;
+	/* The waiter tests `left` under the lock: this wake-up is not lost. */
 	g_mutex_lock(&op_lock);
-	bool last = --op->left == 0;
-	if (last)
-		g_cond_broadcast(&op->ended);
+	g_cond_broadcast(&op->ended);
 	g_mutex_unlock(&op_lock);
-	if (last)
-		op_unref(op);
+	op_unref(op);
 }
 
 /* The stream pool: starts a submission its stream reached. */
@@ -78,7 +79,7 @@ static void on_stream(void *arg)
 		op->state = OP_STARTED;
 		op->e->stream_ops = g_list_remove(op->e->stream_ops, op);
 		g_thread_pool_push(op->e->stream_pool, op, NULL);
-		while (op->left > 0)
+		while (atomic_load(&op->left) > 0)
 			g_cond_wait(&op->ended, &op_lock);
 	}
 	g_mutex_unlock(&op_lock);
@@ -107,7 +108,7 @@ int te_submit_on_stream(te_engine *e, te_batch_id batch, const te_request *reqs,
 	te_stream_op *op = g_new0(te_stream_op, 1);
 	op->e = e;
 	op->n = n;
-	op->left = n + 1;
+	atomic_init(&op->left, n + 1);
 	op->dev = d;
 	op->stream = stream;
 	op->reqs = g_memdup2(reqs, n * sizeof *reqs);

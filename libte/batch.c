@@ -675,8 +675,8 @@ static int reserve(te_engine *e, te_batch *b, batch_box *box, size_t n, const ch
 /* Routes tasks [base, base + n) of the batch, reserved for `reqs`, and
  * hands them on; `sop`: the stream submission they belong to, or NULL.
  * Returns how many ended INVALID. */
-static int start_tasks(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
-		       te_stream_op *sop)
+int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
+			te_stream_op *sop)
 {
 	int invalid = 0;
 
@@ -752,7 +752,6 @@ static int start_tasks(te_engine *e, te_batch *b, size_t base, const te_request 
 	return invalid;
 }
 
-
 int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 {
 	batch_box *box;
@@ -771,7 +770,7 @@ int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
 	}
 	int rc = reserve(e, box->b, box, n, "te_submit", &base);
 	if (rc == 0)
-		rc = start_tasks(e, box->b, base, reqs, n, NULL);
+		rc = te_batch_start_held(e, box->b, base, reqs, n, NULL);
 	box_unref(box);
 	return rc;
 }
@@ -795,12 +794,6 @@ int te_batch_hold(te_engine *e, te_batch_id id, const te_request *reqs, size_t n
 	 * an engine being destroyed waits for them. */
 	box_unref(box);
 	return rc;
-}
-
-int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
-			te_stream_op *sop)
-{
-	return start_tasks(e, b, base, reqs, n, sop);
 }
 
 void te_batch_end_held(te_batch *b, size_t base, size_t n, int state, int error)

@@ -23,7 +23,6 @@ struct te_stream_op {
 	te_batch *b;
 	size_t base, n;
 	te_request *reqs;
-	te_device *dev;
 	void *stream;
 	int state;        /* under op_lock */
 	atomic_size_t left; /* tasks not ended, plus one while it is being started */
@@ -109,7 +108,6 @@ int te_submit_on_stream(te_engine *e, te_batch_id batch, const te_request *reqs,
 	op->e = e;
 	op->n = n;
 	atomic_init(&op->left, n + 1);
-	op->dev = d;
 	op->stream = stream;
 	op->reqs = g_memdup2(reqs, n * sizeof *reqs);
 	g_cond_init(&op->ended);

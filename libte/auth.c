@@ -17,10 +17,11 @@
  * direction (no reflection of the server's proof back as the client's) and
  * the channel kind (no RPC transcript accepted on a data port).
  *
- * The key file's key is proven; it and the key of "<key file>.next", while
- * that file exists, are accepted. Both files are looked at again (at most
- * once a second, as handshakes start), so the key changes without a
- * restart (docs/security.md).
+ * The key file's key is proven; it and the keys of "<key file>.next" and
+ * "<key file>.prev", while those files exist, are accepted. The files are
+ * looked at again (at most once a second, as handshakes start), so the key
+ * changes without a restart (docs/security.md). Each is read only when no
+ * one but this user and root could have written it (te-secret-file.h).
  *
  * Every message has a fixed size and every read a deadline. The magic's
  * bytes 4..7 are not zero, so its first 8 bytes read as a little-endian
@@ -36,6 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/te-secret-file.h"
 #include "internal.h"
 
 #define AUTH_VERSION 1
@@ -66,83 +68,93 @@ typedef struct file_id {
 	dev_t dev;
 	ino_t ino;
 	off_t size;
-	struct timespec mtime;
+	struct timespec mtime, ctime; /* ctime: a chmod or chown is judged again */
+	ino_t link_ino;               /* the name itself (lstat): a symlink swapped, */
+	struct timespec link_ctime;   /* or chowned, is judged again too */
 } file_id;
+
+/* The key files: the key file itself, then the ones whose keys are
+ * accepted too while they exist. */
+enum { KF_CUR, KF_NEXT, KF_PREV, KF_N };
+static const char *const kf_suffix[KF_N] = { "", ".next", ".prev" };
 
 /* The keys and what may change them while handshakes run. */
 typedef struct keyring {
 	GMutex lock;
-	auth_key cur;  /* proven with, and accepted */
-	auth_key next; /* accepted too, while <key file>.next exists */
-	file_id cur_id, next_id;
+	auth_key k[KF_N]; /* [KF_CUR] proven with; all accepted (len 0: none) */
+	file_id id[KF_N];
 	int64_t checked_ms;
 } keyring;
 
 struct te_auth {
-	char *path, *next_path;
+	char *path[KF_N];
 	keyring *ring; /* apart, so that a const te_auth still reloads */
 };
 
-/* A handshake's copy of the keys: [0] the current one, [1] the next. */
+/* A handshake's copy of the keys: [0] the current one, then the others. */
 typedef struct keyset {
 	int n;
-	auth_key k[2];
+	auth_key k[KF_N];
 } keyset;
 
 #define RELOAD_CHECK_MS 1000 /* files are looked at this often, at most */
 
 /* ------------------------------------------------------------- the key */
 
-static void file_id_of(const struct stat *st, file_id *id)
+/* `st`: the file `path` names, symlinks followed. */
+static void file_id_of(const char *path, const struct stat *st, file_id *id)
 {
+	struct stat ls;
+
 	*id = (file_id){ .exists = true, .dev = st->st_dev, .ino = st->st_ino, .size = st->st_size,
-			 .mtime = st->st_mtim };
+			 .mtime = st->st_mtim, .ctime = st->st_ctim };
+	if (lstat(path, &ls) == 0) {
+		id->link_ino = ls.st_ino;
+		id->link_ctime = ls.st_ctim;
+	}
 }
 
 static bool file_id_same(const file_id *a, const file_id *b)
 {
 	return a->exists == b->exists && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-	       a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
+	       a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec &&
+	       a->ctime.tv_sec == b->ctime.tv_sec && a->ctime.tv_nsec == b->ctime.tv_nsec &&
+	       a->link_ino == b->link_ino && a->link_ctime.tv_sec == b->link_ctime.tv_sec &&
+	       a->link_ctime.tv_nsec == b->link_ctime.tv_nsec;
 }
 
 /* Reads the key in `path` into `out`. -ENOENT when there is no such file,
  * -EINVAL (logged at `level`, naming the file, never the key) when it is
- * unusable. `id`: what the file was when read, set even on -EINVAL. */
+ * unusable or refused: one that someone other than this user or root could
+ * have written or put there (te-secret-file.h). `id`: what the file was when
+ * read, set when it could be opened. */
 static int read_key(const char *path, auth_key *out, file_id *id, int level)
 {
 	struct stat st;
-	char buf[KEY_FILE_MAX + 1];
+	char buf[KEY_FILE_MAX + 1], why[PATH_MAX + 256];
 	size_t n = 0;
-	int fd;
+	int fd, rc;
 
 	*id = (file_id){ 0 };
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = te_secret_open(path, &st, why, sizeof why);
+	if (fd == -ENOENT)
+		return -ENOENT;
+	if (fd == -EPERM) {
+		te_log(level, TE_DOMAIN, "auth: refused the key file %s: %s", path, why);
+		return -EINVAL;
+	}
 	if (fd < 0) {
-		if (errno == ENOENT)
-			return -ENOENT;
-		te_log(level, TE_DOMAIN, "auth: cannot open the key file %s: %s", path, g_strerror(errno));
+		te_log(level, TE_DOMAIN, "auth: cannot read the key file %s: %s", path, why);
 		return -EINVAL;
 	}
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		te_log(level, TE_DOMAIN, "auth: the key file %s is not a regular file", path);
-		close(fd);
-		return -EINVAL;
-	}
-	file_id_of(&st, id);
-	while (n < sizeof buf) {
-		ssize_t r = read(fd, buf + n, sizeof buf - n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			te_log(level, TE_DOMAIN, "auth: cannot read the key file %s: %s", path, g_strerror(errno));
-			close(fd);
-			return -EINVAL;
-		}
-		if (r == 0)
-			break;
-		n += (size_t)r;
-	}
+	file_id_of(path, &st, id);
+	rc = te_secret_read(fd, buf, sizeof buf, &n);
 	close(fd);
+	if (rc < 0) {
+		explicit_bzero(buf, sizeof buf);
+		te_log(level, TE_DOMAIN, "auth: cannot read the key file %s: %s", path, g_strerror(-rc));
+		return -EINVAL;
+	}
 	if (n > KEY_FILE_MAX) {
 		explicit_bzero(buf, sizeof buf);
 		te_log(level, TE_DOMAIN, "auth: the key file %s is larger than %d bytes", path, KEY_FILE_MAX);
@@ -168,9 +180,6 @@ static int read_key(const char *path, auth_key *out, file_id *id, int level)
 
 int te_auth_load(const char *path, te_auth **out)
 {
-	auth_key *k;
-	file_id id;
-
 	*out = NULL;
 	if (path == NULL || *path == '\0') {
 		te_err("auth: empty key file name (TE_AUTH_KEY_FILE)");
@@ -179,27 +188,23 @@ int te_auth_load(const char *path, te_auth **out)
 	te_auth *a = g_new0(te_auth, 1);
 	a->ring = g_new0(keyring, 1);
 	g_mutex_init(&a->ring->lock);
-	a->path = g_strdup(path);
-	a->next_path = g_strconcat(path, ".next", NULL);
-	k = &a->ring->cur;
-	int rc = read_key(path, k, &id, TE_LOG_ERROR);
-	if (rc == -ENOENT)
-		te_err("auth: cannot open the key file %s (TE_AUTH_KEY_FILE): %s", path, g_strerror(ENOENT));
-	if (rc < 0) {
-		te_auth_free(a);
-		return -EINVAL;
+	for (int i = 0; i < KF_N; i++)
+		a->path[i] = g_strconcat(path, kf_suffix[i], NULL);
+	/* The key file must be there; .next and .prev only when they are, but
+	 * then they must hold keys as it does. */
+	for (int i = 0; i < KF_N; i++) {
+		int rc = read_key(a->path[i], &a->ring->k[i], &a->ring->id[i], TE_LOG_ERROR);
+		if (rc == -ENOENT && i == KF_CUR)
+			te_err("auth: cannot open the key file %s (TE_AUTH_KEY_FILE): %s", path, g_strerror(ENOENT));
+		if (rc == -EINVAL || (rc < 0 && i == KF_CUR)) {
+			te_auth_free(a);
+			return -EINVAL;
+		}
 	}
-	a->ring->cur_id = id;
-	rc = read_key(a->next_path, &a->ring->next, &id, TE_LOG_ERROR);
-	if (rc == -EINVAL) {
-		te_auth_free(a);
-		return -EINVAL;
-	}
-	a->ring->next_id = id;
 	a->ring->checked_ms = te_now_ms();
 	*out = a;
-	te_info("auth: peers must prove the key of %s%s", path,
-		a->ring->next.len ? " or of its .next file" : "");
+	te_info("auth: peers must prove the key of %s%s%s", path, a->ring->k[KF_NEXT].len ? " or of its .next file" : "",
+		a->ring->k[KF_PREV].len ? " or of its .prev file" : "");
 	return 0;
 }
 
@@ -212,54 +217,56 @@ void te_auth_free(te_auth *a)
 		explicit_bzero(a->ring, sizeof *a->ring);
 		g_free(a->ring);
 	}
-	g_free(a->path);
-	g_free(a->next_path);
+	for (int i = 0; i < KF_N; i++)
+		g_free(a->path[i]);
 	g_free(a);
 }
 
-/* Reads the key files again where they changed (ring locked): the key
- * file's key is proven from then on, the .next file's accepted as well
- * while it exists. A file that does not read as a key leaves the key it
- * had (logged): a half-written file never locks the engine out. */
 /* Whether `path` is not what `seen` says; then it is read into `tmp`
- * (*rc: read_key's) and `seen` updated. */
+ * (*rc: read_key's) and `seen` updated, also when it was refused, so that
+ * a refused file is reported once, not at every look. */
 static bool reread(const char *path, file_id *seen, auth_key *tmp, int *rc)
 {
 	struct stat st;
 	file_id id = { 0 };
 
 	if (stat(path, &st) == 0)
-		file_id_of(&st, &id);
+		file_id_of(path, &st, &id);
 	if (file_id_same(&id, seen))
 		return false;
 	*rc = read_key(path, tmp, seen, TE_LOG_WARN);
+	if (*rc == -EINVAL && !seen->exists)
+		*seen = id;
 	return true;
 }
 
+/* Reads the key files again where they changed (ring locked): the key
+ * file's key is proven from then on, the others' accepted as well while
+ * they exist. A file that does not read as a key, or is refused, leaves the
+ * key it had (logged): a half-written file never locks the engine out, and
+ * a planted one never gets in. */
 static void reload_locked(const te_auth *a)
 {
 	keyring *r = a->ring;
 	auth_key *tmp = g_new0(auth_key, 1);
 	int rc;
 
-	if (reread(a->path, &r->cur_id, tmp, &rc)) {
+	for (int i = 0; i < KF_N; i++) {
+		const char *p = a->path[i];
+		if (!reread(p, &r->id[i], tmp, &rc))
+			continue;
 		if (rc == 0) {
-			r->cur = *tmp;
-			te_info("auth: %s changed: this engine proves its new key from now on", a->path);
+			r->k[i] = *tmp;
+			if (i == KF_CUR)
+				te_info("auth: %s changed: this engine proves its new key from now on", p);
+			else
+				te_info("auth: %s: its key is accepted too from now on", p);
+		} else if (rc == -ENOENT && i != KF_CUR) {
+			explicit_bzero(&r->k[i], sizeof r->k[i]);
+			te_info("auth: %s is gone: its key is no longer accepted", p);
 		} else {
-			te_warn("auth: %s changed but holds no usable key%s: the key read before stays", a->path,
+			te_warn("auth: %s changed but holds no usable key%s: the key read before stays", p,
 				rc == -ENOENT ? " (removed)" : "");
-		}
-	}
-	if (reread(a->next_path, &r->next_id, tmp, &rc)) {
-		if (rc == 0) {
-			r->next = *tmp;
-			te_info("auth: %s: its key is accepted too from now on", a->next_path);
-		} else if (rc == -ENOENT) {
-			explicit_bzero(&r->next, sizeof r->next);
-			te_info("auth: %s is gone: only the key of %s is accepted now", a->next_path, a->path);
-		} else {
-			te_warn("auth: %s changed but holds no usable key: the key read before stays", a->next_path);
 		}
 	}
 	explicit_bzero(tmp, sizeof *tmp);
@@ -279,10 +286,15 @@ static keyset *keys_take(const te_auth *a)
 		r->checked_ms = now;
 		reload_locked(a);
 	}
-	ks->k[0] = r->cur;
-	ks->n = 1;
-	if (r->next.len > 0)
-		ks->k[ks->n++] = r->next;
+	ks->n = 0;
+	for (int i = 0; i < KF_N; i++) {
+		const auth_key *k = &r->k[i];
+		bool dup = k->len == 0;
+		for (int j = 0; j < ks->n && !dup; j++)
+			dup = ks->k[j].len == k->len && memcmp(ks->k[j].key, k->key, k->len) == 0;
+		if (!dup)
+			ks->k[ks->n++] = *k;
+	}
 	g_mutex_unlock(&r->lock);
 	return ks;
 }

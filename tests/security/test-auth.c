@@ -14,6 +14,7 @@
  */
 #include <pthread.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../tcp/peer-target.h"
 
@@ -136,57 +137,84 @@ static bool connected(te_engine *a, te_engine *b)
 	return ab == 0 && ba == 0;
 }
 
+/* Writes `text` into `path` (created with `mode`), or removes it (NULL). */
+static void set_key(const char *path, const char *text)
+{
+	if (text != NULL)
+		put_key(path, text);
+	else
+		REQUIRE(unlink(path) == 0);
+}
+
 /* The key changes while the engines run, in the three steps the docs give:
- * the new key into every host's .next file; then every key file gets the
- * new key and its .next file the old one; then the .next files go. Every
- * step keeps the cluster connected both ways (mid-step too, when hosts
- * are done in turn), and in the end only the new key opens it. A file
- * that does not read as a key leaves the key the engine had. */
+ * the new key into every host's .next file and the old one into its .prev
+ * file; then the new key into every key file; then the .next and .prev files
+ * go. Each file is changed alone and the engines look at it before the next
+ * change, so every state a host passes through meets every state of the
+ * other host one step before or after it: each reaches the other throughout.
+ * In the end only the new key opens the cluster. A file that does not read
+ * as a key leaves the key the engine had. */
 static void test_rotation(void)
 {
-	char ka[160], kb[160], ka_next[170], kb_next[170];
+	char ka[160], kb[160], ka_next[170], kb_next[170], ka_prev[170], kb_prev[170];
 	const char *K1 = "0123456789abcdef-rotate-old\n", *K2 = "0123456789abcdef-rotate-new\n";
 	snprintf(ka, sizeof ka, "%s/rot-a.key", dir);
 	snprintf(kb, sizeof kb, "%s/rot-b.key", dir);
 	snprintf(ka_next, sizeof ka_next, "%s.next", ka);
 	snprintf(kb_next, sizeof kb_next, "%s.next", kb);
+	snprintf(ka_prev, sizeof ka_prev, "%s.prev", ka);
+	snprintf(kb_prev, sizeof kb_prev, "%s.prev", kb);
 	put_key(ka, K1);
 	put_key(kb, K1);
-	/* A .next file that is no key fails the start, as the key file does. */
+	/* A .next or .prev file that is no key fails the start, as the key file does. */
 	put_key(ka_next, "short\n");
 	cap_start();
 	CHECK(engine_with_key(ka) == NULL);
 	CHECK(cap_has("rot-a.key.next is 5 bytes long"));
-	te_set_log_handler(NULL, NULL);
 	REQUIRE(unlink(ka_next) == 0);
+	put_key(ka_prev, "short\n");
+	CHECK(engine_with_key(ka) == NULL);
+	CHECK(cap_has("rot-a.key.prev is 5 bytes long"));
+	te_set_log_handler(NULL, NULL);
+	REQUIRE(unlink(ka_prev) == 0);
 	te_engine *a = engine_with_key(ka), *b = engine_with_key(kb);
 	REQUIRE(a && b);
 	CHECK_EQ(probe(a, b), 0);
 	CHECK_EQ(probe(b, a), 0);
 
-	/* Step 1, host b first, then a: the new key accepted, the old one proven. */
+	/* b goes one change ahead of a, through all three steps. */
+	struct {
+		const char *file, *text, *log;
+	} change[] = {
+		/* step 1: the new key accepted, the old one still proven */
+		{ kb_next, K2, "rot-b.key.next: its key is accepted too from now on" },
+		{ kb_prev, K1, "rot-b.key.prev: its key is accepted too from now on" },
+		{ ka_next, K2, NULL },
+		{ ka_prev, K1, NULL },
+		/* step 2: the new key proven, the old one still accepted */
+		{ kb, K2, "rot-b.key changed: this engine proves its new key from now on" },
+		{ ka, K2, NULL },
+		/* step 3: the old key no longer accepted */
+		{ kb_next, NULL, "rot-b.key.next is gone: its key is no longer accepted" },
+		{ kb_prev, NULL, "rot-b.key.prev is gone" },
+		{ ka_next, NULL, NULL },
+		{ ka_prev, NULL, NULL },
+	};
 	cap_start();
 	te_set_log_level(TE_LOG_INFO); /* the changes are logged at info */
-	put_key(kb_next, K2);
-	CHECK(connected(a, b));
-	CHECK(cap_has("rot-b.key.next: its key is accepted too from now on"));
-	put_key(ka_next, K2);
-	CHECK(connected(a, b));
-
-	/* Step 2, b first: b proves the new key, a still the old one; each
-	 * accepts the other's. */
-	put_key(kb, K2);
-	put_key(kb_next, K1);
-	CHECK(connected(a, b));
-	CHECK(cap_has("rot-b.key changed: this engine proves its new key from now on"));
-	put_key(ka, K2);
-	put_key(ka_next, K1);
-	CHECK(connected(a, b));
-
-	/* Step 3: the old key is gone; an engine that holds only it is refused. */
-	REQUIRE(unlink(kb_next) == 0 && unlink(ka_next) == 0);
-	CHECK(connected(a, b));
-	CHECK(cap_has("is gone: only the key of"));
+	for (size_t i = 0; i < sizeof change / sizeof change[0]; i++) {
+		set_key(change[i].file, change[i].text);
+		/* Two changes at a time, b's and a's, but for the first and the last:
+		 * each pair of states is probed once the engines read both. */
+		if (i == 0 || i % 2 == 1 || i == sizeof change / sizeof change[0] - 1) {
+			fprintf(stderr, "  after change %zu (%s %s)\n", i, change[i].text ? "wrote" : "removed",
+				strrchr(change[i].file, '/') + 1);
+			CHECK(connected(a, b));
+		}
+	}
+	for (size_t i = 0; i < sizeof change / sizeof change[0]; i++)
+		if (change[i].log)
+			CHECK(cap_has(change[i].log));
 	char kold[160];
 	snprintf(kold, sizeof kold, "%s/rot-old.key", dir);
 	put_key(kold, K1);
@@ -214,6 +242,206 @@ static void test_rotation(void)
 	te_engine_destroy(old);
 	te_engine_destroy(a);
 	te_engine_destroy(b);
+}
+
+/* ------------------------------------------- who may write a key file */
+
+/* Key files anyone but this user and root could have written or put in
+ * place are refused (te-secret-file.h): at the start, failing the engine,
+ * and when looked at again, leaving the keys read before. Whether a key is
+ * accepted shows from this side as a client: a peer proves its own key,
+ * and passes only when this engine holds it. "Another user" is nobody
+ * (uid 65534), which needs root for chown; without root those cases are
+ * skipped, saying so. */
+#define NOBODY 65534
+static const char *K_OWN = "0123456789abcdef-own-key\n", *K_EVIL = "0123456789abcdef-planted-key\n";
+
+static void mkdir_mode(const char *path, mode_t mode)
+{
+	REQUIRE(mkdir(path, 0700) == 0);
+	REQUIRE(chmod(path, mode) == 0);
+}
+
+/* Creating an engine with `key` fails, and the log says `why1` and `why2`. */
+static void start_refused(const char *key, const char *why1, const char *why2)
+{
+	cap_start();
+	te_engine *e = engine_with_key(key);
+	CHECK(e == NULL);
+	CHECK(cap_has("refused the key file"));
+	CHECK(cap_has(key));
+	CHECK(cap_has(why1));
+	if (why2)
+		CHECK(cap_has(why2));
+	CHECK(!cap_has_quiet("own-key")); /* never the secret */
+	te_engine_destroy(e);
+	te_set_log_handler(NULL, NULL);
+}
+
+static void start_accepted(const char *key)
+{
+	cap_start();
+	te_engine *e = engine_with_key(key);
+	CHECK(e != NULL);
+	CHECK(!cap_has_quiet("refused"));
+	te_engine_destroy(e);
+	te_set_log_handler(NULL, NULL);
+}
+
+static void test_key_file_modes(void)
+{
+	char p[200];
+
+	/* The file: group- or other-writable. */
+	snprintf(p, sizeof p, "%s/group-w.key", dir);
+	write_file(p, K_OWN, 0620);
+	start_refused(p, "mode 0620", "can be written by its group");
+	snprintf(p, sizeof p, "%s/other-w.key", dir);
+	write_file(p, K_OWN, 0602);
+	start_refused(p, "mode 0602", "can be written by its others");
+
+	/* Its directory: writable by others and not sticky, even for a file of our own. */
+	char w[160];
+	snprintf(w, sizeof w, "%s/open-dir", dir);
+	mkdir_mode(w, 0777);
+	snprintf(p, sizeof p, "%s/k.key", w);
+	write_file(p, K_OWN, 0600);
+	start_refused(p, "mode 0777", "is not sticky");
+	REQUIRE(chmod(w, 0770) == 0);
+	start_refused(p, "can be written by its group and is not sticky", NULL);
+
+	/* Accepted: a 0600 file of our own in a sticky directory others can write. */
+	char t[160];
+	snprintf(t, sizeof t, "%s/sticky", dir);
+	mkdir_mode(t, 01777);
+	snprintf(p, sizeof p, "%s/k.key", t);
+	write_file(p, K_OWN, 0600);
+	start_accepted(p);
+
+	/* A symlink in a directory only we write, as Kubernetes mounts secrets:
+	 * followed, and its target judged again. */
+	char l[200], real[200];
+	snprintf(real, sizeof real, "%s/real.key", dir);
+	write_file(real, K_OWN, 0600);
+	snprintf(l, sizeof l, "%s/link.key", dir);
+	REQUIRE(symlink("real.key", l) == 0);
+	start_accepted(l);
+	snprintf(l, sizeof l, "%s/link-open.key", dir);
+	snprintf(p, sizeof p, "%s/k.key", w); /* in the 0770 directory */
+	REQUIRE(symlink(p, l) == 0);
+	start_refused(l, "open-dir (uid", "is not sticky");
+}
+
+/* A .next file planted into the key file's directory after the start: in
+ * a directory others can write without the sticky bit, and (as another
+ * user) in a sticky one, as a file or a symlink. The engine keeps the keys
+ * it had and says why it refused. */
+static void test_key_file_planted(void)
+{
+	char ev[160], w[160], wk[200], wn[210];
+	snprintf(ev, sizeof ev, "%s/evil.key", dir);
+	write_file(ev, K_EVIL, 0600);
+	te_engine *evil = engine_with_key(ev);
+	REQUIRE(evil != NULL);
+
+	/* A directory that became writable by all, without the sticky bit. */
+	snprintf(w, sizeof w, "%s/later-open", dir);
+	mkdir_mode(w, 0700);
+	snprintf(wk, sizeof wk, "%s/k.key", w);
+	write_file(wk, K_OWN, 0600);
+	te_engine *a = engine_with_key(wk);
+	REQUIRE(a != NULL);
+	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
+	REQUIRE(chmod(w, 0777) == 0);
+	snprintf(wn, sizeof wn, "%s.next", wk);
+	write_file(wn, K_EVIL, 0600);
+	cap_start();
+	files_seen();
+	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
+	CHECK(cap_has("refused the key file"));
+	CHECK(cap_has("later-open/k.key.next"));
+	CHECK(cap_has("(uid 0, mode 0777) can be written by its others and is not sticky") ||
+	      geteuid() != 0);
+	CHECK(cap_has("the key read before stays"));
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(a);
+
+	if (geteuid() != 0) {
+		fprintf(stderr, "  skipped: files of another user need root (chown to uid %d)\n", NOBODY);
+		te_engine_destroy(evil);
+		return;
+	}
+	/* A sticky directory: our key file taken, another user's .next not. */
+	char s[160], sk[200], sn[210];
+	snprintf(s, sizeof s, "%s/planted-sticky", dir);
+	mkdir_mode(s, 01777);
+	snprintf(sk, sizeof sk, "%s/k.key", s);
+	write_file(sk, K_OWN, 0600);
+	a = engine_with_key(sk);
+	REQUIRE(a != NULL);
+	snprintf(sn, sizeof sn, "%s.next", sk);
+	write_file(sn, K_EVIL, 0600);
+	REQUIRE(chown(sn, NOBODY, NOBODY) == 0);
+	cap_start();
+	files_seen();
+	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
+	CHECK(cap_has("planted-sticky/k.key.next is owned by uid 65534 (mode 0600), not by this process's uid 0 or root"));
+
+	/* Another user's symlink there, to a file of root's they can read
+	 * (0644), so they know the key it holds. */
+	char pub[160];
+	snprintf(pub, sizeof pub, "%s/public.key", dir);
+	write_file(pub, K_EVIL, 0644);
+	REQUIRE(unlink(sn) == 0);
+	REQUIRE(symlink(pub, sn) == 0);
+	REQUIRE(lchown(sn, NOBODY, NOBODY) == 0);
+	files_seen();
+	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
+	CHECK(cap_has("planted-sticky/k.key.next is a symlink owned by uid 65534 in"));
+	/* Another user's file at the start fails it. */
+	char nk[160];
+	snprintf(nk, sizeof nk, "%s/nobody.key", dir);
+	write_file(nk, K_OWN, 0600);
+	REQUIRE(chown(nk, NOBODY, NOBODY) == 0);
+	start_refused(nk, "is owned by uid 65534 (mode 0600), not by this process's uid 0 or root", NULL);
+
+	/* The same symlink of our own (root's) is followed: the key in the
+	 * file it names is accepted. */
+	REQUIRE(lchown(sn, 0, 0) == 0);
+	cap_start();
+	te_set_log_level(TE_LOG_INFO);
+	files_seen();
+	CHECK_EQ(probe(a, evil), 0);
+	CHECK(cap_has("k.key.next: its key is accepted too from now on"));
+	te_set_log_level(TE_LOG_WARN);
+	te_set_log_handler(NULL, NULL);
+	te_engine_destroy(a);
+	te_engine_destroy(evil);
+}
+
+/* Running as another user (nobody): a file of root's in a directory of
+ * root's is taken; the owner check is not "the same uid" alone. Root only. */
+static void test_key_file_root_owned(void)
+{
+	if (geteuid() != 0) {
+		fprintf(stderr, "  skipped: running as another user needs root\n");
+		return;
+	}
+	char r[160], rk[200];
+	snprintf(r, sizeof r, "%s/root-owned", dir);
+	mkdir_mode(r, 0755);
+	snprintf(rk, sizeof rk, "%s/k.key", r);
+	write_file(rk, K_OWN, 0644); /* nobody must read it */
+	REQUIRE(chmod(dir, 0711) == 0);
+	REQUIRE(seteuid(NOBODY) == 0);
+	cap_start();
+	te_engine *e = engine_with_key(rk);
+	CHECK(e != NULL);
+	CHECK(!cap_has_quiet("refused"));
+	te_engine_destroy(e);
+	te_set_log_handler(NULL, NULL);
+	REQUIRE(seteuid(0) == 0);
+	REQUIRE(chmod(dir, 0700) == 0);
 }
 
 /* --------------------------------------------- the target with the key */
@@ -508,6 +736,9 @@ int main(int argc, char **argv)
 
 	TEST_RUN(test_key_files);
 	TEST_RUN(test_rotation);
+	TEST_RUN(test_key_file_modes);
+	TEST_RUN(test_key_file_planted);
+	TEST_RUN(test_key_file_root_owned);
 	TEST_RUN(test_max_per_peer);
 	target_start(&tk, key_a, target_log);
 	TEST_RUN(test_right_key);

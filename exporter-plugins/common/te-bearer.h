@@ -7,9 +7,11 @@
  * it dropped, 1 to TE_BEARER_MAX characters of letters, digits and -._~+/=
  * (what may follow "Bearer " in an Authorization header, RFC 6750). Only its
  * SHA-256 is kept; the file's bytes are overwritten before they are freed.
+ * The file is read only when no one but this user and root could have
+ * written it (te-secret-file.h): a token anyone could plant, anyone holds.
  *
  * Header-only and compiled into each user (it is no library and is not
- * installed); it needs GLib (GChecksum, g_file_get_contents).
+ * installed); it needs GLib (GChecksum).
  */
 #ifndef TE_BEARER_H
 #define TE_BEARER_H
@@ -18,8 +20,13 @@
 #include <glib.h>
 #include <stdbool.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "../../common/te-secret-file.h"
 
 #define TE_BEARER_MAX 4096
+/* What is read of a token file: its first line must end within it. */
+#define TE_BEARER_FILE_READ 65536
 /* Shorter tokens are taken, with a warning: they can be guessed. */
 #define TE_BEARER_WEAK 16
 
@@ -46,21 +53,42 @@ static inline void te_bearer_set(te_bearer *b, const char *token, size_t len)
 }
 
 /* Reads the token in `path` into `b`: 0 (and *weak when it is shorter than
- * TE_BEARER_WEAK), -EIO when the file cannot be read, -EINVAL when its
- * first line is no token. On an error `why` says why (never the token). */
+ * TE_BEARER_WEAK), -EIO when the file cannot be read, -EPERM when it is
+ * refused (someone else could have written it), -EINVAL when its first line
+ * is no token. On an error `why` says why (never the token). */
 static inline int te_bearer_load(te_bearer *b, const char *path, bool *weak, char *why, size_t whylen)
 {
 	char *data = NULL;
-	gsize n = 0;
-	GError *err = NULL;
+	size_t n = 0;
+	struct stat st;
 
 	*weak = false;
-	if (!g_file_get_contents(path, &data, &n, &err)) {
-		g_snprintf(why, whylen, "cannot read the token file: %s", err->message);
-		g_error_free(err);
+	int fd = te_secret_open(path, &st, why, whylen);
+	if (fd < 0) {
+		char *w = g_strdup(why);
+		if (fd == -EPERM)
+			g_snprintf(why, whylen, "refused the token file %s: %s", path, w);
+		else
+			g_snprintf(why, whylen, "cannot read the token file: %s", w);
+		g_free(w);
+		return fd == -EPERM ? -EPERM : -EIO;
+	}
+	data = g_malloc(TE_BEARER_FILE_READ);
+	int rc = te_secret_read(fd, data, TE_BEARER_FILE_READ, &n);
+	close(fd);
+	if (rc < 0) {
+		memset(data, 0, TE_BEARER_FILE_READ);
+		g_free(data);
+		g_snprintf(why, whylen, "cannot read the token file %s: %s", path, g_strerror(-rc));
 		return -EIO;
 	}
 	char *nl = memchr(data, '\n', n);
+	if (nl == NULL && n == TE_BEARER_FILE_READ) {
+		memset(data, 0, n);
+		g_free(data);
+		g_snprintf(why, whylen, "%s: the first line is longer than %d bytes", path, TE_BEARER_FILE_READ);
+		return -EINVAL;
+	}
 	char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
 	size_t tl = strlen(tok);
 	bool ok = tl > 0 && tl <= TE_BEARER_MAX &&

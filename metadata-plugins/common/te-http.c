@@ -19,6 +19,7 @@
 #include <gio/gio.h>
 #include <libsoup/soup.h>
 
+#include "../../common/te-secret-file.h"
 #include "te-http.h"
 
 #define READ_CHUNK 65536
@@ -371,18 +372,29 @@ void te_http_free(te_http *c)
 
 char *te_http_read_secret(const char *path, char **err)
 {
-	GError *e = NULL;
-	char *data = NULL;
-	gsize n = 0;
+	char why[PATH_MAX + 256];
+	struct stat st;
+	size_t n = 0;
 
 	*err = NULL;
 	if (path == NULL || *path == '\0') {
 		*err = g_strdup("empty file name");
 		return NULL;
 	}
-	if (!g_file_get_contents(path, &data, &n, &e)) {
-		*err = g_strdup(e->message);
-		g_error_free(e);
+	/* A secret anyone could have written is a secret anyone holds. */
+	int fd = te_secret_open(path, &st, why, sizeof why);
+	if (fd < 0) {
+		*err = fd == -EPERM ? g_strdup_printf("refused %s: %s", path, why) : g_strdup(why);
+		return NULL;
+	}
+	/* Only the first line counts: reading past SECRET_MAX says whether it ends in time. */
+	char *data = g_malloc(SECRET_MAX + 1);
+	int rc = te_secret_read(fd, data, SECRET_MAX + 1, &n);
+	close(fd);
+	if (rc < 0) {
+		memset(data, 0, SECRET_MAX + 1);
+		g_free(data);
+		*err = g_strdup_printf("cannot read %s: %s", path, g_strerror(-rc));
 		return NULL;
 	}
 	char *nl = memchr(data, '\n', n);

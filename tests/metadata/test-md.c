@@ -1747,7 +1747,9 @@ static void case_http_hostile(void)
 static void case_http_token(void)
 {
 	const char *tok = "tok-3f9a1c0e5b7d2468ace13579bdf02468";
-	const char *tfile = tmp_path("token"), *wfile = tmp_path("wrong-token");
+	char tfile[512], wfile[512]; /* copies: tmp_path's storage rotates */
+	snprintf(tfile, sizeof tfile, "%s", tmp_path("token"));
+	snprintf(wfile, sizeof wfile, "%s", tmp_path("wrong-token"));
 	char body[512], hdr[256], log[65536];
 	te_metadata *md = NULL;
 	char *v = NULL;
@@ -1811,6 +1813,19 @@ static void case_http_token(void)
 	fclose(f);
 	setenv("TE_HTTP_TOKEN_FILE", tmp_path("empty-token"), 1);
 	CHECK_EQ(te_metadata_open(http_conn, &md), -EINVAL);
+	/* so does the right token in a file its group could have written */
+	char gfile[512];
+	snprintf(gfile, sizeof gfile, "%s", tmp_path("group-token"));
+	f = fopen(gfile, "w");
+	REQUIRE(f != NULL);
+	fprintf(f, "%s\n", tok);
+	fclose(f);
+	REQUIRE(chmod(gfile, 0660) == 0);
+	setenv("TE_HTTP_TOKEN_FILE", gfile, 1);
+	CHECK_EQ(te_metadata_open(http_conn, &md), -EINVAL);
+	CHECK(cap_has("group-token (uid"));
+	CHECK(cap_has("mode 0660) can be written by its group"));
+	CHECK(!cap_has_quiet(tok));
 	te_set_log_handler(NULL, NULL);
 
 	/* with the token: two engines exchange descriptors and move data */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../../exporter-plugins/common/te-bearer.h"
 
@@ -149,6 +150,21 @@ static void test_refused_files(void)
 	CHECK(!b.on);
 	CHECK(strncmp(why, "cannot read the token file: ", 28) == 0);
 	g_free(missing);
+
+	/* A good token in a file others could have written: refused, saying
+	 * whose file it is and its mode (docs/security.md). */
+	const char *tok = "Ab0-._~+/=cdefghijklmnop\n";
+	char *open_file = file_of("other-writable", tok, strlen(tok));
+	CHECK(chmod(open_file, 0606) == 0);
+	CHECK(te_bearer_load(&b, open_file, &weak, why, sizeof why) == -EPERM);
+	CHECK(!b.on);
+	CHECK(strstr(why, "refused the token file") != NULL);
+	CHECK(strstr(why, "mode 0606) can be written by its others") != NULL);
+	CHECK(strstr(why, "Ab0") == NULL);
+	CHECK(chmod(open_file, 0600) == 0);
+	CHECK(te_bearer_load(&b, open_file, &weak, why, sizeof why) == 0);
+	CHECK(b.on);
+	g_free(open_file);
 }
 
 static void remove_dir(void)

@@ -182,37 +182,38 @@ static void test_rotation(void)
 	CHECK_EQ(probe(a, b), 0);
 	CHECK_EQ(probe(b, a), 0);
 
-	/* b goes one change ahead of a, through all three steps. */
+	/* b goes one change ahead of a, through all three steps: b's change,
+	 * then a's catching up with b's previous one, and so on. */
 	struct {
 		const char *file, *text, *log;
 	} change[] = {
 		/* step 1: the new key accepted, the old one still proven */
 		{ kb_next, K2, "rot-b.key.next: its key is accepted too from now on" },
-		{ kb_prev, K1, "rot-b.key.prev: its key is accepted too from now on" },
 		{ ka_next, K2, NULL },
+		{ kb_prev, K1, "rot-b.key.prev: its key is accepted too from now on" },
 		{ ka_prev, K1, NULL },
 		/* step 2: the new key proven, the old one still accepted */
 		{ kb, K2, "rot-b.key changed: this engine proves its new key from now on" },
 		{ ka, K2, NULL },
 		/* step 3: the old key no longer accepted */
 		{ kb_next, NULL, "rot-b.key.next is gone: its key is no longer accepted" },
-		{ kb_prev, NULL, "rot-b.key.prev is gone" },
 		{ ka_next, NULL, NULL },
+		{ kb_prev, NULL, "rot-b.key.prev is gone" },
 		{ ka_prev, NULL, NULL },
 	};
+	size_t n_change = sizeof change / sizeof change[0];
 	cap_start();
 	te_set_log_level(TE_LOG_INFO); /* the changes are logged at info */
-	for (size_t i = 0; i < sizeof change / sizeof change[0]; i++) {
+	for (size_t i = 0; i < n_change; i++) {
 		set_key(change[i].file, change[i].text);
-		/* Two changes at a time, b's and a's, but for the first and the last:
-		 * each pair of states is probed once the engines read both. */
-		if (i == 0 || i % 2 == 1 || i == sizeof change / sizeof change[0] - 1) {
+		/* After each of b's changes, a one behind it (and at the end). */
+		if (i % 2 == 0 || i == n_change - 1) {
 			fprintf(stderr, "  after change %zu (%s %s)\n", i, change[i].text ? "wrote" : "removed",
 				strrchr(change[i].file, '/') + 1);
 			CHECK(connected(a, b));
 		}
 	}
-	for (size_t i = 0; i < sizeof change / sizeof change[0]; i++)
+	for (size_t i = 0; i < n_change; i++)
 		if (change[i].log)
 			CHECK(cap_has(change[i].log));
 	char kold[160];
@@ -404,6 +405,20 @@ static void test_key_file_planted(void)
 	write_file(nk, K_OWN, 0600);
 	REQUIRE(chown(nk, NOBODY, NOBODY) == 0);
 	start_refused(nk, "is owned by uid 65534 (mode 0600), not by this process's uid 0 or root", NULL);
+	/* A file of our own in a directory of another user's: they could swap it. */
+	char nd[160], ndk[200];
+	snprintf(nd, sizeof nd, "%s/nobody-dir", dir);
+	mkdir_mode(nd, 0755);
+	snprintf(ndk, sizeof ndk, "%s/k.key", nd);
+	write_file(ndk, K_OWN, 0600);
+	REQUIRE(chown(nd, NOBODY, NOBODY) == 0);
+	start_refused(ndk, "nobody-dir is owned by uid 65534 (mode 0755)", NULL);
+	/* Another user's hard link, in the sticky directory, to a file of
+	 * root's they can read: its owner is root, but not its name. */
+	char hl[200];
+	snprintf(hl, sizeof hl, "%s/linked.key", s);
+	REQUIRE(link(pub, hl) == 0);
+	start_refused(hl, "linked.key has 2 links in", NULL);
 
 	/* The same symlink of our own (root's) is followed: the key in the
 	 * file it names is accepted. */

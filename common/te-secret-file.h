@@ -120,10 +120,10 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 		}
 		if (dir_open && !sticky) {
 			rc = te_secret__refuse(why, whylen, -EPERM,
-					       "its directory %s (uid %u, mode %04o) can be written by its %s and is not "
+					       "its directory %s (uid %u, mode %04o) can be written by %s and is not "
 					       "sticky: anyone there could put a file in its place",
 					       buf, (unsigned)ds.st_uid, (unsigned)(ds.st_mode & 07777),
-					       (ds.st_mode & S_IWOTH) ? "others" : "group");
+					       (ds.st_mode & S_IWOTH) ? "others" : "its group");
 			close(dfd);
 			goto out;
 		}
@@ -188,9 +188,9 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 					       cur, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
 					       (unsigned)geteuid());
 		} else if (st->st_mode & (S_IWGRP | S_IWOTH)) {
-			rc = te_secret__refuse(why, whylen, -EPERM, "%s (uid %u, mode %04o) can be written by its %s",
+			rc = te_secret__refuse(why, whylen, -EPERM, "%s (uid %u, mode %04o) can be written by %s",
 					       cur, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
-					       (st->st_mode & S_IWOTH) ? "others" : "group");
+					       (st->st_mode & S_IWOTH) ? "others" : "its group");
 		} else if (dir_open && st->st_nlink != 1) {
 			rc = te_secret__refuse(why, whylen, -EPERM,
 					       "%s has %lu links in %s (mode %04o), a directory others can write: "

@@ -299,7 +299,7 @@ static void test_key_file_modes(void)
 	start_refused(p, "mode 0620", "can be written by its group");
 	snprintf(p, sizeof p, "%s/other-w.key", dir);
 	write_file(p, K_OWN, 0602);
-	start_refused(p, "mode 0602", "can be written by its others");
+	start_refused(p, "mode 0602", "can be written by others");
 
 	/* Its directory: writable by others and not sticky, even for a file of our own. */
 	char w[160];
@@ -361,7 +361,7 @@ static void test_key_file_planted(void)
 	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
 	CHECK(cap_has("refused the key file"));
 	CHECK(cap_has("later-open/k.key.next"));
-	CHECK(cap_has("(uid 0, mode 0777) can be written by its others and is not sticky") ||
+	CHECK(cap_has("(uid 0, mode 0777) can be written by others and is not sticky") ||
 	      geteuid() != 0);
 	CHECK(cap_has("the key read before stays"));
 	te_set_log_handler(NULL, NULL);

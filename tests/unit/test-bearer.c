@@ -159,7 +159,7 @@ static void test_refused_files(void)
 	CHECK(te_bearer_load(&b, open_file, &weak, why, sizeof why) == -EPERM);
 	CHECK(!b.on);
 	CHECK(strstr(why, "refused the token file") != NULL);
-	CHECK(strstr(why, "mode 0606) can be written by its others") != NULL);
+	CHECK(strstr(why, "mode 0606) can be written by others") != NULL);
 	CHECK(strstr(why, "Ab0") == NULL);
 	CHECK(chmod(open_file, 0600) == 0);
 	CHECK(te_bearer_load(&b, open_file, &weak, why, sizeof why) == 0);

@@ -12,9 +12,9 @@
  * (401 otherwise), compared through its SHA-256 in constant time, as
  * te-metadata-server does. Connections are accepted here, not by libsoup,
  * so that their number is bounded (TE_METRICS_MAX_CONNECTIONS, and
- * TE_METRICS_MAX_CONNECTIONS_PER_ADDR from one client address), a request
- * head must be complete within TE_METRICS_HEADER_TIMEOUT_S of the accept
- * (or of the previous response) and an idle connection is closed
+ * TE_METRICS_MAX_CONNECTIONS_PER_ADDR from one client address), the
+ * request head must be complete within TE_METRICS_HEADER_TIMEOUT_S of the
+ * accept (a TLS handshake included) and an idle connection is closed
  * (TE_METRICS_IDLE_TIMEOUT_S). With a certificate and its key
  * (TE_METRICS_TLS_CERT, TE_METRICS_TLS_KEY) each accepted connection is
  * wrapped in GIO's TLS (glib-networking) before libsoup sees it: https.
@@ -87,7 +87,6 @@ typedef struct conn {
 	gint released;     /* atomic: the connection is finalized */
 } conn;
 
-static void arm_deadline(conn *c);
 static conn *conn_of(exporter *x, SoupServerMessage *msg);
 
 /* NULL when `msg` may go on, else why not (for the log, never the token). */
@@ -289,14 +288,12 @@ static gboolean head_overdue(gpointer data)
 	return G_SOURCE_REMOVE;
 }
 
-/* The next request head is due within head_s from now. */
+/* The request head is due within head_s from now. libsoup closes a
+ * connection it did not accept itself after one response, so there is one
+ * head per connection. */
 static void arm_deadline(conn *c)
 {
-	if (c->deadline != NULL) {
-		g_source_destroy(c->deadline);
-		g_source_unref(c->deadline);
-	}
-	c->deadline = g_timeout_source_new_seconds(c->x->head_s);
+	c->deadline = g_timeout_source_new(c->x->head_s * 1000);
 	g_source_set_callback(c->deadline, head_overdue, c, NULL);
 	g_source_attach(c->deadline, c->x->ctx);
 }
@@ -308,16 +305,6 @@ static conn *conn_of(exporter *x, SoupServerMessage *msg)
 	conn *c = key ? g_hash_table_lookup(x->live, key) : NULL;
 	g_free(key);
 	return c != NULL && !g_atomic_int_get(&c->released) ? c : NULL;
-}
-
-/* A response is out; a connection kept open owes the next head in time. */
-static void request_finished(SoupServer *srv, SoupServerMessage *msg, gpointer data)
-{
-	conn *c = conn_of(data, msg);
-	(void)srv;
-
-	if (c != NULL)
-		arm_deadline(c);
 }
 
 static void refuse_busy(exporter *x, GSocketConnection *conn, const char *ip, unsigned total, bool crowded)
@@ -486,7 +473,6 @@ static gpointer server_main(gpointer data)
 	x->srv = soup_server_new("server-header", "libte-metrics", NULL);
 	soup_server_add_early_handler(x->srv, NULL, early_handler, x, NULL);
 	soup_server_add_handler(x->srv, NULL, handler, x, NULL);
-	g_signal_connect(x->srv, "request-finished", G_CALLBACK(request_finished), x);
 	x->svc = g_socket_service_new();
 	g_socket_listener_set_backlog(G_SOCKET_LISTENER(x->svc), 64);
 	if (!g_socket_listener_add_address(G_SOCKET_LISTENER(x->svc), x->want, G_SOCKET_TYPE_STREAM,

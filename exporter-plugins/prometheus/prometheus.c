@@ -402,35 +402,50 @@ static gboolean keep_ticking(gpointer data)
 	return G_SOURCE_CONTINUE;
 }
 
-/* Destroy's end on the server thread: no connection of this exporter may
- * outlive it, nor a handshake thread still holding one. Every socket is
- * shut, so that pending handshakes end at once, then the loop runs until
- * GIO has finalized them all (bounded: should one never be, the exporter
- * is kept rather than freed under it). */
-static void release_all(exporter *x)
+/* Runs the loop until GIO has finalized every connection or `end` has
+ * passed; whether it has. */
+static bool wait_released(exporter *x, gint64 end)
 {
-	gint64 end = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
-	GSource *tick = g_timeout_source_new(50);
-
-	g_hash_table_foreach(x->live, shut_live, NULL);
-	soup_server_disconnect(x->srv);
-	g_clear_object(&x->svc);
-	g_clear_object(&x->srv);
-	g_source_set_callback(tick, keep_ticking, NULL, NULL);
-	g_source_attach(tick, x->ctx);
 	for (;;) {
 		g_mutex_lock(&x->acct_lock);
 		unsigned left = x->conns;
 		g_mutex_unlock(&x->acct_lock);
 		if (left == 0)
-			break;
-		if (g_get_monotonic_time() >= end) {
-			x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %u connections not released 10 s after "
-				  "stopping; the exporter's memory is kept", left);
-			x->stuck = true;
-			break;
-		}
+			return true;
+		if (g_get_monotonic_time() >= end)
+			return false;
 		g_main_context_iteration(x->ctx, TRUE);
+	}
+}
+
+/* Destroy's end on the server thread: no connection of this exporter, nor
+ * a handshake thread holding one, may outlive it. Every socket is shut, so
+ * that its reader (libsoup here, a TLS handshake on glib-networking's
+ * thread) sees the end of input at once and libsoup lets go of it as of any
+ * failed connection; the loop runs until GIO has finalized them all.
+ * (Closing them through soup_server_disconnect() first would not do: a
+ * close during a handshake fails on the thread that started it, and the
+ * TLS connection stays held by its own handshake.) Bounded: should one
+ * never be released, the exporter is kept rather than freed under it. */
+static void release_all(exporter *x)
+{
+	gint64 end = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
+	GSource *tick = g_timeout_source_new(50);
+
+	g_source_set_callback(tick, keep_ticking, NULL, NULL);
+	g_source_attach(tick, x->ctx);
+	g_hash_table_foreach(x->live, shut_live, NULL);
+	bool done = wait_released(x, end);
+	soup_server_disconnect(x->srv); /* whatever is left */
+	g_clear_object(&x->svc);
+	g_clear_object(&x->srv);
+	if (!done && !wait_released(x, end)) {
+		g_mutex_lock(&x->acct_lock);
+		unsigned left = x->conns;
+		g_mutex_unlock(&x->acct_lock);
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %u connections not released 10 s after "
+			  "stopping; the exporter's memory is kept", left);
+		x->stuck = true;
 	}
 	g_source_destroy(tick);
 	g_source_unref(tick);

@@ -23,7 +23,7 @@ typedef struct reply {
 
 /* A connection to 127.0.0.1:port from `from` (a loopback address such as
  * 127.0.0.2: the endpoint tells clients apart by address), NULL: any. */
-static int connect_from(const char *from, int port)
+static inline int connect_from(const char *from, int port)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -46,7 +46,7 @@ static int connect_from(const char *from, int port)
 }
 
 /* Reads until the server closes, at most 5 s. */
-static int read_reply(int fd, reply *r)
+static inline int read_reply(int fd, reply *r)
 {
 	size_t cap = 1 << 16, len = 0;
 	char *buf = malloc(cap);
@@ -84,14 +84,14 @@ static int read_reply(int fd, reply *r)
 	return 0;
 }
 
-static int connect_port(int port)
+static inline int connect_port(int port)
 {
 	return connect_from(NULL, port);
 }
 
 /* One request from `from` (connect_from()); `extra` is more header lines
  * (each ending in \r\n). */
-static int http_from(const char *from, int port, const char *method, const char *path, const char *extra,
+static inline int http_from(const char *from, int port, const char *method, const char *path, const char *extra,
 		     reply *r)
 {
 	char req[2048];
@@ -109,19 +109,19 @@ static int http_from(const char *from, int port, const char *method, const char 
 	return rc;
 }
 
-static int http(int port, const char *method, const char *path, const char *extra, reply *r)
+static inline int http(int port, const char *method, const char *path, const char *extra, reply *r)
 {
 	return http_from(NULL, port, method, path, extra, r);
 }
 
-static void reply_free(reply *r)
+static inline void reply_free(reply *r)
 {
 	free(r->body);
 	r->body = NULL;
 }
 
 /* The status of one request (nothing else of the reply matters). */
-static int http_status(int port, const char *method, const char *path, const char *extra)
+static inline int http_status(int port, const char *method, const char *path, const char *extra)
 {
 	reply r;
 	REQUIRE(http(port, method, path, extra, &r) == 0);
@@ -131,7 +131,7 @@ static int http_status(int port, const char *method, const char *path, const cha
 }
 
 /* The port of the last "metrics at SCHEME://127.0.0.1:PORT/metrics" line. */
-static int logged_port_of(const char *scheme)
+static inline int logged_port_of(const char *scheme)
 {
 	char what[64];
 	int port = -1;
@@ -146,14 +146,14 @@ static int logged_port_of(const char *scheme)
 	return port;
 }
 
-static int logged_port(void)
+static inline int logged_port(void)
 {
 	return logged_port_of("http");
 }
 
 /* Waits up to `ms` for the peer to end the connection `fd` (end of input
  * or a reset), reading and dropping what comes; 0, or -ETIMEDOUT. */
-static int wait_closed(int fd, long long ms)
+static inline int wait_closed(int fd, long long ms)
 {
 	long long end = now_ms() + ms;
 	char buf[4096];
@@ -170,7 +170,7 @@ static int wait_closed(int fd, long long ms)
 }
 
 /* Whether the peer has ended `fd` by now (nothing read waits). */
-static bool is_closed(int fd)
+static inline bool is_closed(int fd)
 {
 	return wait_closed(fd, 0) == 0;
 }

@@ -18,9 +18,11 @@ static te_engine *https_endpoint(const char *head_timeout_s, int *port)
 	te_engine *e = NULL;
 
 	setenv("TE_METRICS_HEADER_TIMEOUT_S", head_timeout_s, 1);
+	setenv("TE_METRICS_IDLE_TIMEOUT_S", "30", 1);
 	cap_start();
 	int rc = te_engine_create("P2PHANDSHAKE", "127.0.0.1", o, 3, &e);
 	unsetenv("TE_METRICS_HEADER_TIMEOUT_S");
+	unsetenv("TE_METRICS_IDLE_TIMEOUT_S");
 	REQUIRE(rc == 0 && e != NULL);
 	*port = logged_port_of("https");
 	REQUIRE(*port > 0);
@@ -53,6 +55,7 @@ static int https_get(int port)
 	GIOStream *tls = NULL;
 
 	g_socket_client_set_timeout(client, 10);
+	g_socket_client_set_enable_proxy(client, FALSE); /* no proxy resolver, no GSettings */
 	if (db == NULL || (sc = g_socket_client_connect_to_host(client, "127.0.0.1", (guint16)port, NULL, &err)) == NULL)
 		goto out;
 	GSocketConnectable *id = g_network_address_new("127.0.0.1", (guint16)port);
@@ -85,8 +88,9 @@ out:
 	return status;
 }
 
-/* Half-sent ClientHellos hold their places until the head deadline (1 s),
- * well before the idle timeout (30 s); a scrape meanwhile is served. */
+/* Half-sent ClientHellos hold their places until the head deadline (3 s,
+ * time for a whole scrape under a sanitizer on a loaded machine), well
+ * before the idle timeout (30 s); a scrape meanwhile is served. */
 static void test_half_hellos(void)
 {
 	enum { N = 6 };
@@ -95,24 +99,25 @@ static void test_half_hellos(void)
 	int port, fd[N];
 	long long t0 = now_ms();
 
-	te_engine *e = https_endpoint("1", &port);
+	te_engine *e = https_endpoint("3", &port);
 	for (int i = 0; i < N; i++)
 		fd[i] = half_hello(from[i], port);
 	CHECK_EQ(https_get(port), 200);
 	for (int i = 0; i < N; i++) {
-		CHECK_EQ(wait_closed(fd[i], 10000), 0);
+		CHECK_EQ(wait_closed(fd[i], 15000), 0);
 		close(fd[i]);
 	}
 	long long took = now_ms() - t0;
-	CHECK(took >= 900 && took < 10000);
+	CHECK(took >= 3000 && took < 15000);
 	CHECK(cap_has("TE_METRICS_HEADER_TIMEOUT_S"));
 	CHECK_EQ(https_get(port), 200);
 	te_engine_destroy(e);
 }
 
 /* Destroyed while handshakes wait for the rest of their ClientHello: the
- * engine goes at once (not when the idle timeout would end them), the
- * clients see the end, and nothing of the exporter is touched after. */
+ * engine goes without waiting for the idle timeout (30 s) to end them,
+ * every connection is released (none outlives the exporter), the clients
+ * see the end, and nothing of the exporter is touched after (ASan, TSan). */
 static void test_destroy_pending(void)
 {
 	enum { N = 8, ROUNDS = 3 };
@@ -131,8 +136,9 @@ static void test_destroy_pending(void)
 		long long t0 = now_ms();
 		te_engine_destroy(e);
 		long long took = now_ms() - t0;
-		CHECK(took < 5000);
-		if (took >= 5000)
+		CHECK(took < 25000);
+		CHECK(!cap_has_quiet("not released"));
+		if (took >= 25000)
 			fprintf(stderr, "  round %d: destroy took %lld ms\n", round, took);
 		for (int i = 0; i < N; i++) {
 			CHECK_EQ(wait_closed(fd[i], 2000), 0);

@@ -260,8 +260,9 @@ static gboolean is_released(gpointer key, gpointer value, gpointer data)
 
 /* Ends the connection at the socket: its reader, libsoup's on this thread
  * or a TLS handshake on glib-networking's, sees the end of input at once
- * and lets go of it. Only this thread closes these sockets (libsoup and
- * te_refuse_early close on it), so one that is not closed yet is ours. */
+ * and lets go of it. Only this thread closes these sockets (libsoup,
+ * te_refuse_early and on_incoming close a connection on it before they let
+ * go of it), so one that is not closed is still this connection's. */
 static void conn_shut(conn *c)
 {
 	if (!g_atomic_int_get(&c->released) && !g_socket_is_closed(c->sock))

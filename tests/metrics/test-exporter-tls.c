@@ -97,9 +97,9 @@ static void test_half_hellos(void)
 	static const char *const from[N] = { "127.0.0.2", "127.0.0.2", "127.0.0.2",
 					     "127.0.0.3", "127.0.0.3", "127.0.0.3" };
 	int port, fd[N];
-	long long t0 = now_ms();
 
 	te_engine *e = https_endpoint("3", &port);
+	long long t0 = now_ms();
 	for (int i = 0; i < N; i++)
 		fd[i] = half_hello(from[i], port);
 	CHECK_EQ(https_get(port), 200);

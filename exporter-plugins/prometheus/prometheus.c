@@ -11,10 +11,19 @@
  * With a token file every request needs "Authorization: Bearer <token>"
  * (401 otherwise), compared through its SHA-256 in constant time, as
  * te-metadata-server does. Connections are accepted here, not by libsoup,
- * so that their number is bounded (TE_METRICS_MAX_CONNECTIONS) and an idle
- * one is closed (TE_METRICS_IDLE_TIMEOUT_S). With a certificate and its key
+ * so that their number is bounded (TE_METRICS_MAX_CONNECTIONS, and
+ * TE_METRICS_MAX_CONNECTIONS_PER_ADDR from one client address), the
+ * request head must be complete within TE_METRICS_HEADER_TIMEOUT_S of the
+ * accept (a TLS handshake included) and an idle connection is closed
+ * (TE_METRICS_IDLE_TIMEOUT_S). With a certificate and its key
  * (TE_METRICS_TLS_CERT, TE_METRICS_TLS_KEY) each accepted connection is
  * wrapped in GIO's TLS (glib-networking) before libsoup sees it: https.
+ *
+ * Threads: everything here runs on the server thread but the release of a
+ * connection's count, which runs where GIO finalizes the connection: with
+ * TLS that may be glib-networking's handshake thread. So the counts are
+ * under acct_lock, and destroy waits for every connection to be released
+ * before the exporter is freed.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -45,8 +54,16 @@ typedef struct exporter {
 	te_bearer token;
 	GTlsCertificate *cert; /* https when set */
 	unsigned max_conns;
+	unsigned max_per_addr;
 	unsigned idle_s;
-	unsigned conns; /* accepted and not yet released by libsoup (server thread only) */
+	unsigned head_s;
+	GHashTable *live; /* "ADDR PORT" -> conn, the accepted ones (server thread only) */
+	/* Accepted connections not yet finalized, in all and per client
+	 * address ("ADDR" -> count): touched from any thread, under acct_lock. */
+	GMutex acct_lock;
+	unsigned conns;
+	GHashTable *per_addr;
+	bool stuck; /* connections outlived destroy's wait: the exporter is kept */
 	/* create() waits for the server thread to listen or to fail */
 	GMutex lock;
 	GCond cond;
@@ -55,7 +72,22 @@ typedef struct exporter {
 	char why[256];
 } exporter;
 
-static te_ratelimit refusal_rl, busy_rl;
+static te_ratelimit refusal_rl, busy_rl, head_rl;
+
+/* One accepted connection. The table of live connections holds one
+ * reference, the GSocketConnection's data the other: conn_release runs when
+ * GIO finalizes the connection, on whichever thread drops it last. */
+typedef struct conn {
+	gint refs;
+	exporter *x;
+	char *ip;          /* the per-address count's key */
+	char *key;         /* the live table's key */
+	GSocket *sock;     /* server thread only */
+	GSource *deadline; /* server thread only: the request head's */
+	gint released;     /* atomic: the connection is finalized */
+} conn;
+
+static conn *conn_of(exporter *x, SoupServerMessage *msg);
 
 /* NULL when `msg` may go on, else why not (for the log, never the token). */
 static const char *unauthorized(exporter *x, SoupServerMessage *msg)
@@ -91,6 +123,12 @@ static void early_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 	(void)path;
 	(void)query;
 
+	conn *c = conn_of(x, msg);
+	if (c != NULL && c->deadline != NULL) { /* the head is in: in time */
+		g_source_destroy(c->deadline);
+		g_source_unref(c->deadline);
+		c->deadline = NULL;
+	}
 	const char *why = unauthorized(x, msg);
 	if (why != NULL) {
 		log_refusal(x, msg, SOUP_STATUS_UNAUTHORIZED, why);
@@ -154,57 +192,265 @@ static void handler(SoupServer *srv, SoupServerMessage *msg, const char *path, G
 
 /* ------------------------------------------------------------ connections */
 
-static void conn_gone(gpointer data, GObject *where_it_was)
+/* "ADDR" of an inet socket address, or "ADDR PORT" with the port. */
+static char *addr_key(GSocketAddress *a, bool with_port)
 {
-	exporter *x = data;
-	(void)where_it_was;
-	x->conns--;
+	if (!G_IS_INET_SOCKET_ADDRESS(a))
+		return NULL;
+	GInetSocketAddress *ia = G_INET_SOCKET_ADDRESS(a);
+	char *host = g_inet_address_to_string(g_inet_socket_address_get_address(ia));
+	if (!with_port)
+		return host;
+	char *k = g_strdup_printf("%s %u", host, g_inet_socket_address_get_port(ia));
+	g_free(host);
+	return k;
 }
 
-/* Accepted here, handed to libsoup while under the bound; the weak
- * reference counts it until libsoup lets go of it. */
-static gboolean on_incoming(GSocketService *svc, GSocketConnection *conn, GObject *source, gpointer data)
+static void conn_unref(conn *c)
+{
+	if (!g_atomic_int_dec_and_test(&c->refs))
+		return;
+	g_clear_object(&c->sock);
+	g_free(c->ip);
+	g_free(c->key);
+	g_free(c);
+}
+
+/* The connection's data notify: any thread, once per accepted connection. */
+static void conn_release(gpointer data)
+{
+	conn *c = data;
+	exporter *x = c->x;
+
+	g_mutex_lock(&x->acct_lock);
+	x->conns--;
+	unsigned n = GPOINTER_TO_UINT(g_hash_table_lookup(x->per_addr, c->ip));
+	if (n <= 1)
+		g_hash_table_remove(x->per_addr, c->ip);
+	else
+		g_hash_table_insert(x->per_addr, g_strdup(c->ip), GUINT_TO_POINTER(n - 1));
+	g_atomic_int_set(&c->released, 1);
+	/* destroy may be waiting for the count to reach 0; x lives until it
+	 * has seen that, under this lock. */
+	g_main_context_wakeup(x->ctx);
+	g_mutex_unlock(&x->acct_lock);
+	conn_unref(c);
+}
+
+/* The live table's value destroy (server thread). */
+static void conn_forget(gpointer data)
+{
+	conn *c = data;
+
+	if (c->deadline != NULL) {
+		g_source_destroy(c->deadline);
+		g_source_unref(c->deadline);
+		c->deadline = NULL;
+	}
+	conn_unref(c);
+}
+
+static gboolean is_released(gpointer key, gpointer value, gpointer data)
+{
+	conn *c = value;
+	(void)key;
+	(void)data;
+	return g_atomic_int_get(&c->released);
+}
+
+/* Ends the connection at the socket: its reader, libsoup's on this thread
+ * or a TLS handshake on glib-networking's, sees the end of input at once
+ * and lets go of it. Only this thread closes these sockets (libsoup,
+ * te_refuse_early and on_incoming close a connection on it before they let
+ * go of it), so one that is not closed is still this connection's. */
+static void conn_shut(conn *c)
+{
+	if (!g_atomic_int_get(&c->released) && !g_socket_is_closed(c->sock))
+		g_socket_shutdown(c->sock, TRUE, TRUE, NULL);
+}
+
+static gboolean head_overdue(gpointer data)
+{
+	conn *c = data;
+	exporter *x = c->x;
+	unsigned held;
+
+	if (!g_atomic_int_get(&c->released)) {
+		if (te_ratelimit_allow(&head_rl, &held))
+			x->h->log(x->h, TE_LOG_WARN,
+				  "metrics endpoint: %s sent no complete request head within %u s "
+				  "(TE_METRICS_HEADER_TIMEOUT_S); closed (%u similar lines held back)",
+				  c->ip, x->head_s, held);
+		conn_shut(c);
+	}
+	g_source_unref(c->deadline);
+	c->deadline = NULL;
+	g_hash_table_remove(x->live, c->key); /* may free c */
+	return G_SOURCE_REMOVE;
+}
+
+/* The request head is due within head_s from now. libsoup closes a
+ * connection it did not accept itself after one response, so there is one
+ * head per connection. */
+static void arm_deadline(conn *c)
+{
+	c->deadline = g_timeout_source_new(c->x->head_s * 1000);
+	g_source_set_callback(c->deadline, head_overdue, c, NULL);
+	g_source_attach(c->deadline, c->x->ctx);
+}
+
+/* The connection `msg` came on, while it is in the live table. */
+static conn *conn_of(exporter *x, SoupServerMessage *msg)
+{
+	char *key = addr_key(soup_server_message_get_remote_address(msg), true);
+	conn *c = key ? g_hash_table_lookup(x->live, key) : NULL;
+	g_free(key);
+	return c != NULL && !g_atomic_int_get(&c->released) ? c : NULL;
+}
+
+static void refuse_busy(exporter *x, GSocketConnection *conn, const char *ip, unsigned total, bool crowded)
+{
+	static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+				   "Retry-After: 1\r\nConnection: close\r\n\r\n";
+	unsigned held;
+
+	if (te_ratelimit_allow(&busy_rl, &held)) {
+		if (crowded)
+			x->h->log(x->h, TE_LOG_WARN,
+				  "metrics endpoint: %s has %u connections open (TE_METRICS_MAX_CONNECTIONS_PER_ADDR); "
+				  "one more refused (%u similar lines held back)", ip, x->max_per_addr, held);
+		else
+			x->h->log(x->h, TE_LOG_WARN,
+				  "metrics endpoint: %u connections open (TE_METRICS_MAX_CONNECTIONS); one more from %s "
+				  "refused (%u similar lines held back)", total, ip, held);
+	}
+	/* non-blocking, best effort */
+	g_socket_send(g_socket_connection_get_socket(conn), busy, sizeof busy - 1, NULL, NULL);
+	g_io_stream_close(G_IO_STREAM(conn), NULL, NULL);
+}
+
+/* Accepted here, counted, and handed to libsoup while under the bounds;
+ * the count is released when GIO finalizes the connection. */
+static gboolean on_incoming(GSocketService *svc, GSocketConnection *sc, GObject *source, gpointer data)
 {
 	exporter *x = data;
 	GError *err = NULL;
 	(void)svc;
 	(void)source;
 
-	GSocket *sock = g_socket_connection_get_socket(conn);
-	if (x->conns >= x->max_conns) {
-		static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-					   "Retry-After: 1\r\nConnection: close\r\n\r\n";
-		unsigned held;
-		if (te_ratelimit_allow(&busy_rl, &held))
-			x->h->log(x->h, TE_LOG_WARN,
-				  "metrics endpoint: %u connections open (TE_METRICS_MAX_CONNECTIONS); one more refused "
-				  "(%u similar lines held back)", x->conns, held);
-		g_socket_send(sock, busy, sizeof busy - 1, NULL, NULL); /* non-blocking, best effort */
-		g_io_stream_close(G_IO_STREAM(conn), NULL, NULL);
-		return TRUE;
+	g_hash_table_foreach_remove(x->live, is_released, NULL);
+	GSocket *sock = g_socket_connection_get_socket(sc);
+	GSocketAddress *local = g_socket_connection_get_local_address(sc, NULL);
+	GSocketAddress *remote = g_socket_connection_get_remote_address(sc, NULL);
+	char *ip = remote ? addr_key(remote, false) : NULL;
+	if (local == NULL || ip == NULL) {
+		x->h->log(x->h, TE_LOG_WARN, "metrics endpoint: a connection without addresses closed");
+		g_io_stream_close(G_IO_STREAM(sc), NULL, NULL);
+		goto out;
 	}
-	/* An idle or stalled client is dropped after this long (a TLS
-	 * handshake that never comes included). */
-	g_socket_set_timeout(sock, x->idle_s);
-	GSocketAddress *local = g_socket_connection_get_local_address(conn, NULL);
-	GSocketAddress *remote = g_socket_connection_get_remote_address(conn, NULL);
-	/* https: libsoup gets the TLS stream, whose handshake runs on its first read. */
-	GIOStream *stream = x->cert ? g_tls_server_connection_new(G_IO_STREAM(conn), x->cert, &err)
-				    : g_object_ref(G_IO_STREAM(conn));
-	if (local == NULL || remote == NULL || stream == NULL ||
-	    !soup_server_accept_iostream(x->srv, stream, local, remote, &err)) {
-		x->h->log(x->h, TE_LOG_WARN, "metrics endpoint: a connection could not be served: %s",
-			  err ? err->message : "no address");
-		g_clear_error(&err);
-		g_io_stream_close(G_IO_STREAM(conn), NULL, NULL);
-	} else {
+	g_mutex_lock(&x->acct_lock);
+	unsigned total = x->conns, mine = GPOINTER_TO_UINT(g_hash_table_lookup(x->per_addr, ip));
+	bool full = total >= x->max_conns, crowded = !full && mine >= x->max_per_addr;
+	if (!full && !crowded) {
 		x->conns++;
-		g_object_weak_ref(G_OBJECT(conn), conn_gone, x);
+		g_hash_table_insert(x->per_addr, g_strdup(ip), GUINT_TO_POINTER(mine + 1));
+	}
+	g_mutex_unlock(&x->acct_lock);
+	if (full || crowded) {
+		refuse_busy(x, sc, ip, total, crowded);
+		goto out;
+	}
+	conn *c = g_new0(conn, 1);
+	c->refs = 2;
+	c->x = x;
+	c->ip = g_strdup(ip);
+	c->key = addr_key(remote, true);
+	c->sock = g_object_ref(sock);
+	g_object_set_data_full(G_OBJECT(sc), "te-metrics-conn", c, conn_release);
+	g_hash_table_replace(x->live, g_strdup(c->key), c);
+	/* The head is due within head_s of now, a TLS handshake included; an
+	 * idle or stalled client is dropped after idle_s in any case. */
+	arm_deadline(c);
+	g_socket_set_timeout(sock, x->idle_s);
+	/* https: libsoup gets the TLS stream, whose handshake runs on its first read. */
+	GIOStream *stream = x->cert ? g_tls_server_connection_new(G_IO_STREAM(sc), x->cert, &err)
+				    : g_object_ref(G_IO_STREAM(sc));
+	if (stream == NULL || !soup_server_accept_iostream(x->srv, stream, local, remote, &err)) {
+		x->h->log(x->h, TE_LOG_WARN, "metrics endpoint: a connection could not be served: %s",
+			  err ? err->message : "?");
+		g_clear_error(&err);
+		g_io_stream_close(G_IO_STREAM(sc), NULL, NULL);
 	}
 	g_clear_object(&stream);
+out:
+	g_free(ip);
 	g_clear_object(&local);
 	g_clear_object(&remote);
 	return TRUE;
+}
+
+static void shut_live(gpointer key, gpointer value, gpointer data)
+{
+	(void)key;
+	(void)data;
+	conn_shut(value);
+}
+
+/* Wakes the wait below now and then, to look at the clock. */
+static gboolean keep_ticking(gpointer data)
+{
+	(void)data;
+	return G_SOURCE_CONTINUE;
+}
+
+/* Runs the loop until GIO has finalized every connection or `end` has
+ * passed; whether it has. */
+static bool wait_released(exporter *x, gint64 end)
+{
+	for (;;) {
+		g_mutex_lock(&x->acct_lock);
+		unsigned left = x->conns;
+		g_mutex_unlock(&x->acct_lock);
+		if (left == 0)
+			return true;
+		if (g_get_monotonic_time() >= end)
+			return false;
+		g_main_context_iteration(x->ctx, TRUE);
+	}
+}
+
+/* Destroy's end on the server thread: no connection of this exporter, nor
+ * a handshake thread holding one, may outlive it. Every socket is shut, so
+ * that its reader (libsoup here, a TLS handshake on glib-networking's
+ * thread) sees the end of input at once and libsoup lets go of it as of any
+ * failed connection; the loop runs until GIO has finalized them all.
+ * (Closing them through soup_server_disconnect() first would not do: a
+ * close during a handshake fails on the thread that started it, and the
+ * TLS connection stays held by its own handshake.) Bounded: should one
+ * never be released, the exporter is kept rather than freed under it. */
+static void release_all(exporter *x)
+{
+	gint64 end = g_get_monotonic_time() + 10 * G_USEC_PER_SEC;
+	GSource *tick = g_timeout_source_new(50);
+
+	g_source_set_callback(tick, keep_ticking, NULL, NULL);
+	g_source_attach(tick, x->ctx);
+	g_hash_table_foreach(x->live, shut_live, NULL);
+	bool done = wait_released(x, end);
+	soup_server_disconnect(x->srv); /* whatever is left */
+	g_clear_object(&x->svc);
+	g_clear_object(&x->srv);
+	if (!done && !wait_released(x, end)) {
+		g_mutex_lock(&x->acct_lock);
+		unsigned left = x->conns;
+		g_mutex_unlock(&x->acct_lock);
+		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %u connections not released 10 s after "
+			  "stopping; the exporter's memory is kept", left);
+		x->stuck = true;
+	}
+	g_source_destroy(tick);
+	g_source_unref(tick);
+	g_hash_table_remove_all(x->live);
 }
 
 /* ---------------------------------------------------------------- thread */
@@ -263,9 +509,7 @@ static gpointer server_main(gpointer data)
 	g_socket_service_stop(x->svc);
 	g_socket_listener_close(G_SOCKET_LISTENER(x->svc));
 out:
-	soup_server_disconnect(x->srv);
-	g_clear_object(&x->svc);
-	g_clear_object(&x->srv);
+	release_all(x);
 	/* Connections closed above release their sources on the way out. */
 	while (g_main_context_iteration(x->ctx, FALSE))
 		;
@@ -415,6 +659,11 @@ static int parse_args(exporter *x, const char *json_args)
 
 static void prom_free(exporter *x)
 {
+	if (x->live)
+		g_hash_table_destroy(x->live);
+	if (x->per_addr)
+		g_hash_table_destroy(x->per_addr);
+	g_mutex_clear(&x->acct_lock);
 	if (x->ctx)
 		g_main_context_unref(x->ctx);
 	if (x->loop)
@@ -446,8 +695,15 @@ static int prom_create(const te_host *h, const char *addr, const char *json_args
 	x->h = h;
 	g_mutex_init(&x->lock);
 	g_cond_init(&x->cond);
+	g_mutex_init(&x->acct_lock);
+	x->live = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, conn_forget);
+	x->per_addr = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	x->max_conns = (unsigned)te_host_config_u64(h, "TE_METRICS_MAX_CONNECTIONS", NULL, 16, 1, 1024);
+	/* Half the default bound: one address (a scanner, a broken client)
+	 * leaves room for a Prometheus server and te-top elsewhere. */
+	x->max_per_addr = (unsigned)te_host_config_u64(h, "TE_METRICS_MAX_CONNECTIONS_PER_ADDR", NULL, 8, 1, 1024);
 	x->idle_s = (unsigned)te_host_config_u64(h, "TE_METRICS_IDLE_TIMEOUT_S", NULL, 30, 1, 3600);
+	x->head_s = (unsigned)te_host_config_u64(h, "TE_METRICS_HEADER_TIMEOUT_S", NULL, 5, 1, 3600);
 	x->want = parse_addr(addr, why, sizeof why);
 	if (x->want == NULL) {
 		h->log(h, TE_LOG_ERROR, "metrics endpoint: TE_METRICS_ADDR %s", why);
@@ -493,7 +749,8 @@ static void prom_destroy(void *ctx)
 	g_source_attach(s, x->ctx);
 	g_source_unref(s);
 	g_thread_join(x->thread);
-	prom_free(x);
+	if (!x->stuck)
+		prom_free(x);
 }
 
 static int prom_url(void *ctx, char *buf, size_t size)

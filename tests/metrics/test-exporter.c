@@ -8,119 +8,9 @@
 #include <stdlib.h>
 
 #include "../common/util.h"
-
-/* ---------------------------------------------------------- HTTP client */
-
-typedef struct reply {
-	int status;
-	char head[4096];
-	char *body; /* malloc()ed */
-	size_t len;
-} reply;
-
-static int connect_port(int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-		int e = errno;
-		close(fd);
-		return -e;
-	}
-	return fd;
-}
-
-/* Reads until the server closes, at most 5 s. */
-static int read_reply(int fd, reply *r)
-{
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	long long end = now_ms() + 5000;
-
-	memset(r, 0, sizeof *r);
-	for (;;) {
-		struct pollfd p = { fd, POLLIN, 0 };
-		long long left = end - now_ms();
-		if (left <= 0 || poll(&p, 1, (int)left) <= 0) {
-			free(buf);
-			return -ETIMEDOUT;
-		}
-		if (len + 4096 > cap)
-			buf = realloc(buf, cap *= 2);
-		ssize_t n = read(fd, buf + len, cap - len - 1);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		len += (size_t)n;
-	}
-	buf[len] = '\0';
-	char *sep = strstr(buf, "\r\n\r\n");
-	if (sep == NULL || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
-		free(buf);
-		return -EPROTO;
-	}
-	snprintf(r->head, sizeof r->head, "%.*s", (int)(sep - buf), buf);
-	r->len = len - (size_t)(sep + 4 - buf);
-	r->body = malloc(r->len + 1);
-	memcpy(r->body, sep + 4, r->len);
-	r->body[r->len] = '\0';
-	free(buf);
-	return 0;
-}
-
-/* One request; `extra` is more header lines (each ending in \r\n). */
-static int http(int port, const char *method, const char *path, const char *extra, reply *r)
-{
-	char req[2048];
-	int fd = connect_port(port);
-	if (fd < 0)
-		return fd;
-	int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n",
-			 method, path, extra ? extra : "");
-	if (write(fd, req, (size_t)n) != n) {
-		close(fd);
-		return -EIO;
-	}
-	int rc = read_reply(fd, r);
-	close(fd);
-	return rc;
-}
-
-static void reply_free(reply *r)
-{
-	free(r->body);
-	r->body = NULL;
-}
-
-/* The status of one request (nothing else of the reply matters). */
-static int http_status(int port, const char *method, const char *path, const char *extra)
-{
-	reply r;
-	REQUIRE(http(port, method, path, extra, &r) == 0);
-	int status = r.status;
-	reply_free(&r);
-	return status;
-}
+#include "endpoint-client.h"
 
 /* -------------------------------------------------------------- utilities */
-
-/* The port of the last "metrics at http://127.0.0.1:PORT/metrics" line. */
-static int logged_port(void)
-{
-	int port = -1;
-	pthread_mutex_lock(&cap_lock);
-	const char *p = cap_buf, *hit;
-	while ((hit = strstr(p, "metrics at http://127.0.0.1:")) != NULL) {
-		port = atoi(hit + strlen("metrics at http://127.0.0.1:"));
-		p = hit + 1;
-	}
-	pthread_mutex_unlock(&cap_lock);
-	return port;
-}
 
 static te_engine *engine_with(const te_option *opt, size_t n, int *rc)
 {
@@ -464,6 +354,103 @@ static void test_idle_timeout(void)
 	te_engine_destroy(e);
 }
 
+/* Slow clients: each sends its request head one byte at a time, often
+ * enough that it is never idle, and holds a place meanwhile;
+ * TE_METRICS_HEADER_TIMEOUT_S ends them all, and the endpoint serves
+ * again. */
+static void test_header_deadline(void)
+{
+	enum { SLOW = 4 };
+	static const char *const from[SLOW] = { "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5" };
+	static const char head[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+				   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+				   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+	int port, fd[SLOW];
+	long long t0[SLOW], closed_after[SLOW];
+
+	setenv("TE_METRICS_MAX_CONNECTIONS", "4", 1);
+	te_engine *e = endpoint_up("TE_METRICS_HEADER_TIMEOUT_S", "2", &port);
+	unsetenv("TE_METRICS_MAX_CONNECTIONS");
+	for (int i = 0; i < SLOW; i++) {
+		fd[i] = connect_from(from[i], port);
+		REQUIRE(fd[i] >= 0);
+		t0[i] = now_ms();
+	}
+	for (int i = 0; i < SLOW; i++) {
+		REQUIRE(send(fd[i], head, 1, MSG_NOSIGNAL) == 1);
+		closed_after[i] = -1;
+	}
+	/* Accepted after the four: every place is taken. */
+	CHECK_EQ(http_status(port, "GET", "/metrics", NULL), 503);
+	/* A byte every 200 ms: never idle for TE_METRICS_IDLE_TIMEOUT_S (30),
+	 * the head never complete. */
+	long long end = now_ms() + 12000;
+	int open = SLOW;
+	for (size_t at = 1; open > 0 && now_ms() < end; at++) {
+		sleep_ms(200);
+		for (int i = 0; i < SLOW; i++) {
+			if (closed_after[i] >= 0)
+				continue;
+			if (is_closed(fd[i]) || send(fd[i], head + at % (sizeof head - 1), 1, MSG_NOSIGNAL) != 1) {
+				closed_after[i] = now_ms() - t0[i];
+				open--;
+			}
+		}
+	}
+	for (int i = 0; i < SLOW; i++) {
+		/* After the deadline (2 s), well before the idle timeout. */
+		CHECK(closed_after[i] >= 1800 && closed_after[i] < 12000);
+		if (closed_after[i] < 1800 || closed_after[i] >= 12000)
+			fprintf(stderr, "  client %s closed after %lld ms\n", from[i], closed_after[i]);
+		close(fd[i]);
+	}
+	CHECK(cap_has("TE_METRICS_HEADER_TIMEOUT_S"));
+	/* Their places are free again. */
+	int status = 0;
+	for (int i = 0; i < 50 && status != 200; i++) {
+		if (i > 0)
+			usleep(50000);
+		status = http_status(port, "GET", "/metrics", NULL);
+	}
+	CHECK_EQ(status, 200);
+	te_engine_destroy(e);
+}
+
+/* TE_METRICS_MAX_CONNECTIONS_PER_ADDR: one address gets that many
+ * connections and a 503 for the next, while another address is served;
+ * a place it frees serves it again. */
+static void test_per_addr_cap(void)
+{
+	int port;
+
+	setenv("TE_METRICS_HEADER_TIMEOUT_S", "60", 1); /* the idle ones stay */
+	te_engine *e = endpoint_up("TE_METRICS_MAX_CONNECTIONS_PER_ADDR", "2", &port);
+	unsetenv("TE_METRICS_HEADER_TIMEOUT_S");
+	int idle1 = connect_from("127.0.0.2", port), idle2 = connect_from("127.0.0.2", port);
+	REQUIRE(idle1 >= 0 && idle2 >= 0);
+	reply r;
+	REQUIRE(http_from("127.0.0.2", port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 503);
+	CHECK(strstr(r.head, "Retry-After: 1") != NULL);
+	reply_free(&r);
+	CHECK(cap_has("127.0.0.2 has 2 connections open (TE_METRICS_MAX_CONNECTIONS_PER_ADDR)"));
+	REQUIRE(http_from("127.0.0.3", port, "GET", "/metrics", NULL, &r) == 0);
+	CHECK_EQ(r.status, 200);
+	reply_free(&r);
+	CHECK_EQ(http_status(port, "GET", "/metrics", NULL), 200); /* 127.0.0.1 */
+	close(idle1);
+	int status = 0;
+	for (int i = 0; i < 50 && status != 200; i++) { /* the server sees the close soon */
+		usleep(50000);
+		if (http_from("127.0.0.2", port, "GET", "/metrics", NULL, &r) == 0)
+			status = r.status;
+		reply_free(&r);
+	}
+	CHECK_EQ(status, 200);
+	close(idle2);
+	te_engine_destroy(e);
+}
+
 /* An engine without TE_METRICS_ADDR starts no endpoint. */
 static void test_off_by_default(void)
 {
@@ -488,6 +475,8 @@ int main(void)
 	TEST_RUN(test_token);
 	TEST_RUN(test_connection_bound);
 	TEST_RUN(test_idle_timeout);
+	TEST_RUN(test_header_deadline);
+	TEST_RUN(test_per_addr_cap);
 	TEST_RUN(test_off_by_default);
 	return check_done();
 }

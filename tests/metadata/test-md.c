@@ -7,7 +7,9 @@
  *   test-md <case>     one case per meson test; see `cases` at the bottom
  */
 #include <dlfcn.h>
+#include <glib.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include <te/te-plugin.h>
 
@@ -952,12 +954,33 @@ static void make_certs(void)
 	REQUIRE(run_cmd(argv, NULL, tmp_path("openssl.log")) == 0);
 }
 
+/* Holds GLib's default main context, as an application's main loop thread
+ * would, until `*state` leaves 1. */
+static void *hold_default_context(void *arg)
+{
+	atomic_int *state = arg;
+	REQUIRE(g_main_context_acquire(NULL));
+	atomic_store(state, 1);
+	while (atomic_load(state) == 1)
+		sleep_ms(5);
+	g_main_context_release(NULL);
+	return NULL;
+}
+
 static void case_etcd_tls(void)
 {
 	te_engine *e = NULL;
 	te_metadata *md = NULL;
 	char conn[128], *v = NULL;
 	size_t len;
+
+	/* Another thread owns the default main context throughout: a TLS
+	 * handshake that waited for it (to be asked for the client certificate)
+	 * would hang every call below for good. */
+	atomic_int held = 0;
+	pthread_t holder;
+	REQUIRE(pthread_create(&holder, NULL, hold_default_context, &held) == 0);
+	REQUIRE(WAIT_FOR(atomic_load(&held) == 1, 5000));
 
 	make_certs();
 	char cert[512], key[512], ca[512];
@@ -1023,7 +1046,26 @@ static void case_etcd_tls(void)
 	CHECK(te_metadata_get(md, "mooncake/none", &v, &len) < 0 && v == NULL);
 	CHECK(te_metadata_get(md, "mooncake/none", &v, &len) != -ENOENT);
 	te_metadata_close(md);
+
+	/* a member that accepts and never answers the TLS handshake: the call
+	 * ends by its timeout, saying where it stood */
+	int hole_port, hole = blackhole_listen(&hole_port);
+	setenv("TE_ETCD_CA_FILE", ca, 1);
+	setenv("TE_ETCD_TIMEOUT_MS", "1500", 1); /* room for TLS set-up under a sanitizer */
+	snprintf(conn2, sizeof conn2, "etcds://127.0.0.1:%d", hole_port);
+	cap_start();
+	REQUIRE(te_metadata_open(conn2, &md) == 0);
+	long long t0 = now_ms();
+	CHECK_EQ(te_metadata_get(md, "mooncake/none", &v, &len), -ETIMEDOUT);
+	CHECK(now_ms() - t0 < 1500 + 1000);
+	CHECK(cap_has("timed out after 1500 ms during the TLS handshake"));
+	te_metadata_close(md);
+	unsetenv("TE_ETCD_TIMEOUT_MS");
+	unsetenv("TE_ETCD_CA_FILE");
+	close(hole);
 	te_set_log_handler(NULL, NULL);
+	atomic_store(&held, 2);
+	pthread_join(holder, NULL);
 }
 
 /* ----------------------------------------------------------------- redis */

@@ -5,17 +5,16 @@
  * session is configured once, in te_http_new(), before any request). A
  * watchdog thread of the client ends a request whose time is up: it cancels
  * the request and shuts down the request's socket under it, so the wait is
- * bounded even when a server accepts the connection and never answers, and
- * even inside a TLS handshake, which glib-networking runs on a pool thread
- * that does not look at the request's GCancellable.
+ * bounded even when a server accepts the connection and never answers, in
+ * whatever phase, the TLS handshake included.
  *
  * No thread but the caller's runs a request's I/O and no main context is
  * shared: an earlier design ran requests on one I/O thread's context, and
  * every thread that handed work to it (callers, gio's TLS handshake workers)
  * reallocated that context's source bookkeeping under a lock inside GLib
- * that ThreadSanitizer cannot see (docs/reliability.md). For the same
- * reason a handshake never calls back into a main context for the client
- * certificate (see on_network_event()).
+ * that ThreadSanitizer cannot see (docs/reliability.md). Nor does a
+ * handshake call back into a main context for the client certificate (see
+ * on_network_event()).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -95,13 +94,13 @@ static int errno_of(const GError *e, gboolean timed_out)
 }
 
 /* Ends each request whose deadline passed, then sleeps until the next
- * deadline or a change of the list. Cancelling is not enough: a TLS
- * handshake runs on a GLib pool thread that does not look at the
- * request's GCancellable, and its caller waits for that thread without a
- * bound. Shutting the socket down makes the handshake's next read or write
- * fail (a blocked one returns at once), so the handshake ends and so does
- * the wait. Both under the lock: a request leaves the list (and gives up
- * its descriptor) under it, so neither outlives this. */
+ * deadline or a change of the list. Cancelling ends libsoup's waits and the
+ * reads and writes of a TLS handshake (glib-networking runs it on a pool
+ * thread, with the request's GCancellable), but the caller's wait for that
+ * thread looks at nothing else: shutting the socket down as well ends any
+ * read or write of the handshake that would not see the cancellation, and
+ * with it the wait. Both under the lock: a request leaves the list (and
+ * gives up its descriptor) under it, so neither outlives this. */
 static gpointer watchdog_thread(gpointer data)
 {
 	te_http *c = data;
@@ -141,18 +140,25 @@ static void watch(te_http *c, req *r, int timeout_ms)
 	g_mutex_unlock(&c->lock);
 }
 
-/* Leaves the watchdog's list and closes the socket's duplicate; whether the
- * request's time ran out. */
-static gboolean unwatch(te_http *c, req *r)
+/* Closes the socket's duplicate: the watchdog no longer shuts it down. */
+static void let_go_socket(te_http *c, req *r)
 {
 	g_mutex_lock(&c->lock);
-	g_queue_unlink(&c->active, &r->link);
-	gboolean timed_out = r->timed_out;
 	int fd = r->fd;
 	r->fd = -1;
 	g_mutex_unlock(&c->lock);
 	if (fd >= 0)
 		close(fd);
+}
+
+/* Leaves the watchdog's list; whether the request's time ran out. */
+static gboolean unwatch(te_http *c, req *r)
+{
+	let_go_socket(c, r);
+	g_mutex_lock(&c->lock);
+	g_queue_unlink(&c->active, &r->link);
+	gboolean timed_out = r->timed_out;
+	g_mutex_unlock(&c->lock);
 	return timed_out;
 }
 
@@ -328,9 +334,13 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 		} else {
 			rc = read_body(c, in, r.cancel, buf, &e);
 			/* Closing the stream (rather than dropping it) hands the
-			 * connection back to the session for the next request. */
-			if (rc == 0)
+			 * connection back to the session for the next request, which
+			 * another thread may take at once: the watchdog lets go of
+			 * its socket first. */
+			if (rc == 0) {
+				let_go_socket(c, &r);
 				g_input_stream_close(in, r.cancel, NULL);
+			}
 			else if (rc == -EMSGSIZE && err)
 				*err = g_strdup_printf("the reply from %s exceeds %zu bytes", log_url,
 						       c->opts.max_reply);

@@ -3,18 +3,24 @@
  * See te-http.h. Each request runs on its caller's thread with libsoup's
  * synchronous API (libsoup 3.2 lets any thread send on one session; the
  * session is configured once, in te_http_new(), before any request). A
- * watchdog thread of the client cancels a request whose time is up, so the
- * wait is bounded even when a server accepts the connection and never
- * answers.
+ * watchdog thread of the client ends a request whose time is up: it cancels
+ * the request and shuts down the request's socket under it, so the wait is
+ * bounded even when a server accepts the connection and never answers, in
+ * whatever phase, the TLS handshake included.
  *
  * No thread but the caller's runs a request's I/O and no main context is
  * shared: an earlier design ran requests on one I/O thread's context, and
  * every thread that handed work to it (callers, gio's TLS handshake workers)
  * reallocated that context's source bookkeeping under a lock inside GLib
- * that ThreadSanitizer cannot see (docs/reliability.md).
+ * that ThreadSanitizer cannot see (docs/reliability.md). Nor does a
+ * handshake call back into a main context for the client certificate (see
+ * on_network_event()).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gio/gio.h>
 #include <libsoup/soup.h>
@@ -39,12 +45,24 @@ struct te_http {
 	gboolean quit;
 };
 
+/* Where a request stands, for the error text of one that timed out. */
+enum { PHASE_CONNECT, PHASE_HANDSHAKE, PHASE_REPLY };
+static const char *const phase_text[] = { "while connecting", "during the TLS handshake",
+					  "waiting for the reply" };
+
 typedef struct req {
 	GList link;          /* in te_http.active */
+	te_http *c;
 	gint64 deadline;     /* monotonic, microseconds */
 	GCancellable *cancel;
 	gboolean timed_out;  /* set by the watchdog, under te_http.lock */
-	gint cert_wanted;    /* atomic: the server asked for a client certificate we lack */
+	int fd;              /* under te_http.lock: our duplicate of the connection's socket, or -1 */
+	gint phase;          /* atomic: PHASE_* */
+	/* The caller's thread only: the TLS connection being set up, watched
+	 * for the server asking for a client certificate we lack. */
+	GTlsConnection *tls;
+	gulong cas_handler;
+	gboolean cert_wanted;
 } req;
 
 static int errno_of(const GError *e, gboolean timed_out)
@@ -76,9 +94,14 @@ static int errno_of(const GError *e, gboolean timed_out)
 	return -EIO;
 }
 
-/* Cancels each request whose deadline passed, then sleeps until the next
- * deadline or a change of the list. Cancelling under the lock keeps a
- * request alive while it is cancelled: its caller leaves the list first. */
+/* Ends each request whose deadline passed, then sleeps until the next
+ * deadline or a change of the list. Cancelling ends libsoup's waits and the
+ * reads and writes of a TLS handshake (glib-networking runs it on a pool
+ * thread, with the request's GCancellable), but the caller's wait for that
+ * thread looks at nothing else: shutting the socket down as well ends any
+ * read or write of the handshake that would not see the cancellation, and
+ * with it the wait. Both under the lock: a request leaves the list (and
+ * gives up its descriptor) under it, so neither outlives this. */
 static gpointer watchdog_thread(gpointer data)
 {
 	te_http *c = data;
@@ -92,6 +115,8 @@ static gpointer watchdog_thread(gpointer data)
 				continue;
 			if (r->deadline <= now) {
 				r->timed_out = TRUE;
+				if (r->fd >= 0)
+					shutdown(r->fd, SHUT_RDWR);
 				g_cancellable_cancel(r->cancel);
 			} else if (r->deadline < next) {
 				next = r->deadline;
@@ -116,9 +141,21 @@ static void watch(te_http *c, req *r, int timeout_ms)
 	g_mutex_unlock(&c->lock);
 }
 
+/* Closes the socket's duplicate: the watchdog no longer shuts it down. */
+static void let_go_socket(te_http *c, req *r)
+{
+	g_mutex_lock(&c->lock);
+	int fd = r->fd;
+	r->fd = -1;
+	g_mutex_unlock(&c->lock);
+	if (fd >= 0)
+		close(fd);
+}
+
 /* Leaves the watchdog's list; whether the request's time ran out. */
 static gboolean unwatch(te_http *c, req *r)
 {
+	let_go_socket(c, r);
 	g_mutex_lock(&c->lock);
 	g_queue_unlink(&c->active, &r->link);
 	gboolean timed_out = r->timed_out;
@@ -126,29 +163,98 @@ static gboolean unwatch(te_http *c, req *r)
 	return timed_out;
 }
 
-/* The server asks for a client certificate and none is configured. Going on
- * without one leaves libsoup 3.2 stuck once the server refuses (TLS 1.3
- * refuses after the handshake), deaf to cancellation. Closing the socket
- * under the handshake ends the request at once with a TLS error, reported
- * with what is missing. Servers that ask for a certificate but would accept
- * none are therefore refused too. */
-static gboolean on_cert_requested(SoupMessage *msg, GTlsClientConnection *conn, gpointer data)
+/* Keeps a duplicate of the descriptor of the socket the request's new
+ * connection uses, for the watchdog to shut down. A duplicate of our own,
+ * not the GSocket: libsoup may close its descriptor at any time (a dropped
+ * connection), and a number it closed may be reused by an unrelated file
+ * before the watchdog acts on it; ours refers to this socket until the
+ * request ends. A message restarted on another connection replaces it. */
+static void hold_socket(req *r, GSocket *sock)
 {
-	req *r = data;
-	GIOStream *base = NULL;
-	(void)msg;
+	te_http *c = r->c;
+	int fd = fcntl(g_socket_get_fd(sock), F_DUPFD_CLOEXEC, 0);
 
-	g_atomic_int_set(&r->cert_wanted, 1);
-	g_object_get(conn, "base-io-stream", &base, NULL);
-	if (base != NULL) {
-		g_io_stream_close(base, NULL, NULL);
-		g_object_unref(base);
-	}
-	return FALSE;
+	g_mutex_lock(&c->lock);
+	int old = r->fd;
+	r->fd = fd;
+	if (r->timed_out && fd >= 0) /* the deadline passed while it connected */
+		shutdown(fd, SHUT_RDWR);
+	g_mutex_unlock(&c->lock);
+	if (old >= 0)
+		close(old);
 }
 
-static SoupMessage *new_message(te_http *c, req *r, const char *method, const char *url,
-				const char *content_type, const void *body, size_t len, const char *auth)
+/* glib-networking notes (after the handshake, on the caller's thread) the
+ * CAs a server named when it asked for a client certificate. */
+static void on_accepted_cas(GObject *conn, GParamSpec *pspec, gpointer data)
+{
+	req *r = data;
+	(void)conn;
+	(void)pspec;
+	r->cert_wanted = TRUE;
+}
+
+static void forget_tls(req *r)
+{
+	if (r->tls == NULL)
+		return;
+	g_signal_handler_disconnect(r->tls, r->cas_handler);
+	g_clear_object(&r->tls);
+}
+
+/* The connection's progress, on the caller's thread (the synchronous API
+ * connects there). At TLS_HANDSHAKING the handshake has not started yet:
+ * the client certificate goes onto the TLS connection itself and the
+ * connection gets no GTlsInteraction. Otherwise libsoup 3.2 hands over the
+ * certificate only when the handshake asks for it, through an interaction
+ * that glib-networking's handshake thread invokes on the process's default
+ * main context and then waits for without a bound: when another thread
+ * owns that context at the moment (an application's main loop busy
+ * elsewhere, a concurrent handshake doing the same), the handshake and its
+ * caller hang for good, whatever the timeout. Without an interaction, a
+ * server that asks for a certificate we lack gets none and refuses; that
+ * it asked is seen on the connection's accepted-cas. */
+static void on_network_event(SoupMessage *msg, GSocketClientEvent event, GIOStream *conn, gpointer data)
+{
+	req *r = data;
+	(void)msg;
+
+	switch (event) {
+	case G_SOCKET_CLIENT_RESOLVING: /* again when a restarted message connects anew */
+		g_atomic_int_set(&r->phase, PHASE_CONNECT);
+		break;
+	case G_SOCKET_CLIENT_CONNECTED:
+		if (G_IS_SOCKET_CONNECTION(conn))
+			hold_socket(r, g_socket_connection_get_socket(G_SOCKET_CONNECTION(conn)));
+		break;
+	case G_SOCKET_CLIENT_TLS_HANDSHAKING:
+		g_atomic_int_set(&r->phase, PHASE_HANDSHAKE);
+		if (!G_IS_TLS_CONNECTION(conn))
+			break;
+		g_tls_connection_set_interaction(G_TLS_CONNECTION(conn), NULL);
+		if (r->c->cert != NULL) {
+			g_tls_connection_set_certificate(G_TLS_CONNECTION(conn), r->c->cert);
+		} else {
+			forget_tls(r);
+			r->tls = G_TLS_CONNECTION(g_object_ref(conn));
+			r->cas_handler = g_signal_connect(conn, "notify::accepted-cas", G_CALLBACK(on_accepted_cas), r);
+		}
+		break;
+	default:
+		break;
+	}
+}
+
+/* The connection is ready and the request goes out. */
+static void on_starting(SoupMessage *msg, gpointer data)
+{
+	req *r = data;
+	(void)msg;
+	g_atomic_int_set(&r->phase, PHASE_REPLY);
+}
+
+static SoupMessage *new_message(req *r, const char *method, const char *url, const char *content_type,
+				const void *body, size_t len, const char *auth)
 {
 	SoupMessage *msg = soup_message_new(method, url);
 	if (msg == NULL)
@@ -161,12 +267,8 @@ static SoupMessage *new_message(te_http *c, req *r, const char *method, const ch
 	}
 	if (auth != NULL)
 		soup_message_headers_replace(soup_message_get_request_headers(msg), "Authorization", auth);
-	/* Offered when the server asks for one (set per message: libsoup 3.2
-	 * has no session-wide client certificate). */
-	if (c->cert != NULL)
-		soup_message_set_tls_client_certificate(msg, c->cert);
-	else
-		g_signal_connect(msg, "request-certificate", G_CALLBACK(on_cert_requested), r);
+	g_signal_connect(msg, "network-event", G_CALLBACK(on_network_event), r);
+	g_signal_connect(msg, "starting", G_CALLBACK(on_starting), r);
 	/* libsoup opens a new connection for every request whose method is not
 	 * idempotent, and etcd's gateway takes only POST. Every request sent here
 	 * may be repeated safely (puts and deletes of whole keys, reads, lease
@@ -210,8 +312,8 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 		timeout_ms = 5000;
 
 	char *log_url = te_http_redact(url);
-	req r = { .cancel = g_cancellable_new() };
-	SoupMessage *msg = new_message(c, &r, method, url, content_type, body, len, auth);
+	req r = { .c = c, .cancel = g_cancellable_new(), .fd = -1, .phase = PHASE_CONNECT };
+	SoupMessage *msg = new_message(&r, method, url, content_type, body, len, auth);
 	if (msg == NULL) {
 		if (err)
 			*err = g_strdup_printf("'%s' is not a valid http(s) URL", log_url);
@@ -233,9 +335,13 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 		} else {
 			rc = read_body(c, in, r.cancel, buf, &e);
 			/* Closing the stream (rather than dropping it) hands the
-			 * connection back to the session for the next request. */
-			if (rc == 0)
+			 * connection back to the session for the next request, which
+			 * another thread may take at once: the watchdog lets go of
+			 * its socket first. */
+			if (rc == 0) {
+				let_go_socket(c, &r);
 				g_input_stream_close(in, r.cancel, NULL);
+			}
 			else if (rc == -EMSGSIZE && err)
 				*err = g_strdup_printf("the reply from %s exceeds %zu bytes", log_url,
 						       c->opts.max_reply);
@@ -243,24 +349,36 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 		g_object_unref(in);
 	}
 	gboolean timed_out = unwatch(c, &r);
+	forget_tls(&r);
+	const char *phase = phase_text[g_atomic_int_get(&r.phase)];
 
 	if (in == NULL) {
-		if (g_atomic_int_get(&r.cert_wanted) && !timed_out) {
+		if (timed_out) {
+			rc = -ETIMEDOUT;
+			if (err)
+				*err = g_strdup_printf("%s %s failed: timed out after %d ms %s", method, log_url,
+						       timeout_ms, phase);
+		} else if (g_error_matches(e, G_TLS_ERROR, G_TLS_ERROR_CERTIFICATE_REQUIRED) ||
+			   (r.cert_wanted && e->domain == G_TLS_ERROR && e->code != G_TLS_ERROR_BAD_CERTIFICATE)) {
 			rc = -EPROTO;
 			if (err)
 				*err = g_strdup_printf("%s %s failed: %s (the server asks for a TLS client certificate "
-						       "and none is configured)", method, log_url, e->message);
+						       "and %s)", method, log_url, e->message,
+						       c->cert ? "refused the one configured" : "none is configured");
 		} else {
-			rc = errno_of(e, timed_out);
+			rc = errno_of(e, FALSE);
 			if (err)
-				*err = g_strdup_printf("%s %s failed: %s", method, log_url,
-						       timed_out ? "timed out" : e->message);
+				*err = g_strdup_printf("%s %s failed: %s", method, log_url, e->message);
 		}
 	} else if (rc == -EIO) {
 		rc = errno_of(e, timed_out);
-		if (err)
-			*err = g_strdup_printf("reading the reply from %s failed: %s", log_url,
-					       timed_out ? "timed out" : e->message);
+		if (err) {
+			if (timed_out)
+				*err = g_strdup_printf("reading the reply from %s failed: timed out after %d ms",
+						       log_url, timeout_ms);
+			else
+				*err = g_strdup_printf("reading the reply from %s failed: %s", log_url, e->message);
+		}
 	}
 	if (rc == 0) {
 		reply->status = (int)soup_message_get_status(msg);
@@ -271,6 +389,8 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 		g_byte_array_unref(buf);
 	}
 	g_clear_error(&e);
+	/* The message may outlive the call inside libsoup; `r` does not. */
+	g_signal_handlers_disconnect_by_data(msg, &r);
 	g_object_unref(msg);
 	g_object_unref(r.cancel);
 	g_free(log_url);
@@ -324,6 +444,15 @@ te_http *te_http_new(const te_http_opts *opts, char **err)
 					       c->key_file ? c->key_file : c->cert_file, e->message);
 			g_clear_error(&e);
 		}
+	}
+	/* The first use of TLS in a process loads glib-networking and, for a
+	 * client without a CA file, the system's trusted CAs (a second under a
+	 * sanitizer): work that nothing interrupts, done here rather than in the
+	 * first request's time. A CA file below loads the former. */
+	if (c->ca_file == NULL && *err == NULL) {
+		GTlsDatabase *system_db = g_tls_backend_get_default_database(g_tls_backend_get_default());
+		if (system_db != NULL)
+			g_object_unref(system_db);
 	}
 	if (c->ca_file != NULL && *err == NULL) {
 		GTlsDatabase *db = g_tls_file_database_new(c->ca_file, &e);

@@ -4,7 +4,8 @@
  * libsoup 3. A request runs on its caller's thread with libsoup's synchronous
  * API, so any number of threads may issue requests at once on one client
  * (its session shares connections between them), and every request is
- * bounded by its own timeout: the client's watchdog thread cancels it.
+ * bounded by its own timeout: the client's watchdog thread cancels it and
+ * shuts its socket down, whatever phase it is in.
  */
 #ifndef TE_MD_HTTP_H
 #define TE_MD_HTTP_H
@@ -38,9 +39,10 @@ typedef struct te_http_reply {
  * One request: `method` to `url` with an optional body and, when `auth` is
  * not NULL, that value in an Authorization header. Returns 0 when a
  * response arrived (any status; see reply->status), else a negative errno:
- * -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH (name did not resolve), -EMSGSIZE
- * (reply larger than max_reply), -EINVAL (bad URL), -EPROTO (TLS or HTTP
- * framing), -EIO (other). `*err` (may be NULL) receives a g_malloc()ed
+ * -ETIMEDOUT (the text names the phase: while connecting, during the TLS
+ * handshake, waiting for the reply), -ECONNREFUSED, -EHOSTUNREACH (name did
+ * not resolve), -EMSGSIZE (reply larger than max_reply), -EINVAL (bad URL),
+ * -EPROTO (TLS or HTTP framing), -EIO (other). `*err` (may be NULL) receives a g_malloc()ed
  * description of a failure. reply->body is g_free()d by the caller.
  */
 int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,

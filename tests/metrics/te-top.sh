@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # te-top against a te-bench whose endpoint wants a token (a run long enough
 # for every call below, even under a sanitizer on a loaded machine): refused without it
-# (exit 1, the 401 named), a view with it; nothing listening: exit 1 at once;
+# (exit 1, the 401 named), a view with it; nothing listening: exit 1 at once,
+# a password in the URL hidden;
 # bad arguments: exit 2.
 #   te-top.sh TE_BENCH TE_TOP
 set -uo pipefail
@@ -35,6 +36,10 @@ pid=
 timeout 10 "$top" --count=1 "$url" >/dev/null 2>"$dir/gone.err"
 rc=$?
 [ $rc -eq 1 ] || fail "against nothing te-top exited $rc"
+# A password in the URL is never shown.
+timeout 10 "$top" --count=1 "${url/:\/\//://te:pw-5Xy@}" >/dev/null 2>"$dir/pw.err"
+grep -q 'te:\*\*\*@' "$dir/pw.err" && ! grep -q 'pw-5Xy' "$dir/pw.err" ||
+  fail "the password was not hidden: $(cat "$dir/pw.err")"
 for bad in "--interval=0 $url" "--count=-1 $url" "ftp://x/metrics" "" "--token_file=$dir/nonexistent $url"; do
   # shellcheck disable=SC2086
   timeout 10 "$top" $bad >/dev/null 2>&1

@@ -308,8 +308,9 @@ static double mono_s(void)
 	return (double)g_get_monotonic_time() / 1e6;
 }
 
-/* One scrape into `s`; false with a line on stderr when it failed. */
-static bool scrape_once(te_http *http, const char *url, const char *auth, scrape *s)
+/* One scrape into `s`; false with a line on stderr when it failed, naming
+ * the URL as `log_url` (its password hidden). */
+static bool scrape_once(te_http *http, const char *url, const char *log_url, const char *auth, scrape *s)
 {
 	te_http_reply r = { 0 };
 	char *err = NULL, why[256];
@@ -317,12 +318,12 @@ static bool scrape_once(te_http *http, const char *url, const char *auth, scrape
 
 	int rc = te_http_request(http, "GET", url, NULL, NULL, 0, auth, 5000, &r, &err);
 	if (rc < 0) {
-		fprintf(stderr, PROG ": %s: %s\n", url, err ? err : g_strerror(-rc));
+		fprintf(stderr, PROG ": %s: %s\n", log_url, err ? err : g_strerror(-rc));
 		g_free(err);
 		return false;
 	}
 	if (r.status != 200) {
-		fprintf(stderr, PROG ": %s answered %d%s\n", url, r.status,
+		fprintf(stderr, PROG ": %s answered %d%s\n", log_url, r.status,
 			r.status == 401 ? " (a token is needed, or it was refused: --token_file)" : "");
 		te_http_reply_clear(&r);
 		return false;
@@ -330,7 +331,7 @@ static bool scrape_once(te_http *http, const char *url, const char *auth, scrape
 	rc = prom_parse(r.body, r.len, &prom_default_limits, &samples, why, sizeof why);
 	te_http_reply_clear(&r);
 	if (rc < 0) {
-		fprintf(stderr, PROG ": %s: not a metrics text: %s\n", url, why);
+		fprintf(stderr, PROG ": %s: not a metrics text: %s\n", log_url, why);
 		return false;
 	}
 	scrape_init(s);
@@ -344,7 +345,7 @@ int main(int argc, char **argv)
 {
 	double interval = 1;
 	gint64 count = 0;
-	char *token_file = NULL, *ca_file = NULL, *auth = NULL, *err = NULL;
+	char *token_file = NULL, *ca_file = NULL, *auth = NULL, *err = NULL, *log_url = NULL;
 	GError *gerr = NULL;
 	GOptionEntry entries[] = {
 		{ "interval", 'i', 0, G_OPTION_ARG_DOUBLE, &interval, "seconds between scrapes (default 1)", "S" },
@@ -401,10 +402,11 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 
 	const char *url = argv[1];
+	log_url = te_http_redact(url);
 	int failures = 0;
 	gint64 shown = 0;
 	rc = 0;
-	bool have_before = scrape_once(http, url, auth, &before);
+	bool have_before = scrape_once(http, url, log_url, auth, &before);
 	if (!have_before && count > 0) {
 		rc = 1; /* a bounded run against nothing: say so at once */
 		goto out;
@@ -416,7 +418,7 @@ int main(int argc, char **argv)
 		next += interval;
 		if (stop)
 			break;
-		if (!scrape_once(http, url, auth, &now)) {
+		if (!scrape_once(http, url, log_url, auth, &now)) {
 			/* Gone for now: the next view starts over from a new reading.
 			 * A bounded run gives up after a few tries. */
 			rc = 1;
@@ -429,7 +431,7 @@ int main(int argc, char **argv)
 		failures = 0;
 		if (have_before) {
 			rc = 0;
-			print_view(url, &now, &before);
+			print_view(log_url, &now, &before);
 			shown++;
 		}
 		scrape_clear(&before);
@@ -443,6 +445,7 @@ out:
 	if (http != NULL)
 		te_http_free(http);
 	te_http_secret_free(auth);
+	g_free(log_url);
 	g_free(token_file);
 	g_free(ca_file);
 	return rc;

@@ -91,12 +91,22 @@ run_tsan() {
   return 0
 }
 
+# phase LABEL CMD...: runs one phase and records its wall time for the summary.
+times=()
+phase() {
+  local label=$1 t0=$SECONDS rc=0; shift
+  "$@" || rc=$?
+  times+=("$label $((SECONDS - t0))s")
+  return $rc
+}
+
 rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json
 rm -f build-tsan/meson-logs/testlog.json
-run_build build plain -Dbuildtype=debugoptimized || status=1
-run_build build-asan asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || status=1
-run_fuzz || status=1
-run_tsan || status=1
+phase plain run_build build plain -Dbuildtype=debugoptimized || status=1
+phase asan run_build build-asan asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || status=1
+phase fuzz run_fuzz || status=1
+phase tsan run_tsan || status=1
+echo "phases (wall time, build and tests): ${times[*]}; total $((SECONDS / 60)) min $((SECONDS % 60)) s"
 
 python3 - "$status" <<'PY'
 import json, os, sys

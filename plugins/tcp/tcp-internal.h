@@ -545,7 +545,8 @@ static inline const char *tcp_strerror(int err)
  * forces a connection suspect. In this plugin they compile to nothing. */
 #ifdef TCP_TEST_HOOKS
 void tcp_hook_apply(tcp_sconn *sc, bool inside);  /* before / inside a write into a destination */
-void tcp_hook_settled(tcp_sconn *sc);             /* a WRITE body applied, or its connection closed */
+void tcp_hook_settled(tcp_sconn *sc);             /* a WRITE body applied */
+void tcp_hook_closed(tcp_sconn *sc);              /* a server connection closed */
 void tcp_hook_hello(tcp_sconn *sc);               /* a HELLO taken */
 void tcp_hook_fence(tcp_sconn *sc, unsigned n);   /* a FENCE honoured, ending n connections */
 void tcp_hook_prep(tcp_cconn *cc, const tcp_slot *s); /* a request put on a connection */

@@ -241,7 +241,7 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 		sc->io.fd = -1;
 		tcp_inbound_done(c, sc->host);
 	}
-	TCP_HOOK(tcp_hook_settled(sc));
+	TCP_HOOK(tcp_hook_closed(sc));
 	tcp_io_bury(&sc->io);
 }
 

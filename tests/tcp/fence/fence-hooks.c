@@ -12,6 +12,8 @@
  *   was closed;
  * - force_suspect(): the initiator's connection that carried the WRITE to
  *   `addr` fails over as a suspect one would, at once;
+ * - live(): the server connections open that said HELLO, and which I/O
+ *   threads serve them;
  * - counts(): HELLOs taken, FENCEs honoured, connections they ended.
  */
 #include "tcp-internal.h"
@@ -27,6 +29,9 @@ static bool holding, released, settled;
 static tcp_cconn *carrier;    /* the initiator's connection that carried the WRITE (mu) */
 static _Atomic(tcp_cconn *) force;
 static atomic_uint hellos, fences, ended;
+#define LIVE_MAX 16
+static tcp_sconn *live[LIVE_MAX]; /* (mu) */
+static unsigned nlive;
 
 void tcp_hook_apply(tcp_sconn *sc, bool inside)
 {
@@ -46,21 +51,42 @@ void tcp_hook_apply(tcp_sconn *sc, bool inside)
 	g_mutex_unlock(&mu);
 }
 
-void tcp_hook_settled(tcp_sconn *sc)
+/* (mu held) */
+static void settle(tcp_sconn *sc)
 {
-	g_mutex_lock(&mu);
 	if (sc == held && released && !holding) {
 		settled = true;
 		held = (tcp_sconn *)&held; /* no later connection at that address counts */
 		g_cond_broadcast(&cond);
 	}
+}
+
+void tcp_hook_settled(tcp_sconn *sc)
+{
+	g_mutex_lock(&mu);
+	settle(sc);
+	g_mutex_unlock(&mu);
+}
+
+void tcp_hook_closed(tcp_sconn *sc)
+{
+	g_mutex_lock(&mu);
+	settle(sc);
+	for (unsigned i = 0; i < nlive; i++)
+		if (live[i] == sc) {
+			live[i] = live[--nlive];
+			break;
+		}
 	g_mutex_unlock(&mu);
 }
 
 void tcp_hook_hello(tcp_sconn *sc)
 {
-	(void)sc;
 	atomic_fetch_add(&hellos, 1);
+	g_mutex_lock(&mu);
+	if (nlive < LIVE_MAX)
+		live[nlive++] = sc;
+	g_mutex_unlock(&mu);
 }
 
 void tcp_hook_fence(tcp_sconn *sc, unsigned n)
@@ -141,6 +167,19 @@ EXPORT int te_test_fence_wait_settled(int ms)
 	int rc = settled ? 0 : -1;
 	g_mutex_unlock(&mu);
 	return rc;
+}
+
+/* How many server connections that said HELLO are open; `threads`: a bit
+ * for each I/O thread serving one. */
+EXPORT unsigned te_test_fence_live(unsigned *threads)
+{
+	g_mutex_lock(&mu);
+	unsigned n = nlive, mask = 0;
+	for (unsigned i = 0; i < nlive; i++)
+		mask |= 1u << (live[i]->io.thr->idx % 32);
+	g_mutex_unlock(&mu);
+	*threads = mask;
+	return n;
 }
 
 EXPORT void te_test_fence_counts(unsigned *h, unsigned *f, unsigned *e)

@@ -981,20 +981,36 @@ static void test_initiator_hello(void)
 	fake_stop(&f);
 }
 
-/* A listener on `addr`:`port` (port 0: any; the port chosen is returned). */
-static int listen_on(const char *addr, int *port)
+/* A listener on `addr`:`port`, or -1 when that port is taken there. */
+static int listen_on(const char *addr, int port)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)*port) };
-	socklen_t l = sizeof a;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	REQUIRE(fd >= 0);
 	inet_pton(AF_INET, addr, &a.sin_addr);
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-	REQUIRE(listen(fd, 16) == 0);
-	REQUIRE(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
-	*port = ntohs(a.sin_port);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 16) < 0) {
+		close(fd);
+		return -1;
+	}
 	return fd;
+}
+
+/* Listeners on 127.0.0.1 and 127.0.0.2 at one port (from below the
+ * ephemeral range, which other tests' connections may hold on either). */
+static int listen_two(int lfd[2])
+{
+	for (int i = 0; i < 100; i++) {
+		int port = free_port();
+		lfd[0] = listen_on("127.0.0.1", port);
+		lfd[1] = lfd[0] >= 0 ? listen_on("127.0.0.2", port) : -1;
+		if (lfd[1] >= 0)
+			return port;
+		if (lfd[0] >= 0)
+			close(lfd[0]);
+	}
+	REQUIRE(!"no port free on both 127.0.0.1 and 127.0.0.2");
+	return -1;
 }
 
 /* Until `want` bytes are readable on one of the connections accepted from
@@ -1030,9 +1046,8 @@ static int first_with(int lfd[2], int *fds, int *nfds, size_t want, int ms)
  * fails, since the target may still apply the copy it received. */
 static void fence_failover_case(bool fence)
 {
-	int port = 0, lfd[2], fds[8], nfds = 0;
-	lfd[0] = listen_on("127.0.0.1", &port);
-	lfd[1] = listen_on("127.0.0.2", &port);
+	int lfd[2], fds[8], nfds = 0;
+	int port = listen_two(lfd);
 	char extra[160];
 	snprintf(extra, sizeof extra, ",\"tcp_data_addresses\":[\"127.0.0.1\",\"127.0.0.2\"]%s",
 		 fence ? ",\"tcp_fence\":1" : "");

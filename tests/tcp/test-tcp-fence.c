@@ -111,7 +111,7 @@ static bool both_connected(te_segment_id seg)
 {
 	for (int i = 0; i < 200; i++) {
 		int err;
-		te_batch_id b = submit1(seg, TE_OP_READ, lbuf, (uintptr_t)tbuf, 2 * MIB);
+		te_batch_id b = submit1(seg, TE_OP_READ, lbuf, (uintptr_t)tbuf, 65536);
 		int st = state_of(b, 5000, &err);
 		te_batch_free(ini, b);
 		if (st != TE_TASK_COMPLETED) {

@@ -42,6 +42,8 @@ void tcp_lanes_free(tcp_ctx *c)
 	}
 	g_hash_table_unref(c->lanes);
 	c->lanes = NULL;
+	c->lru_head = c->lru_tail = NULL;
+	c->nlanes = 0;
 	g_mutex_clear(&c->lanes_lock);
 }
 

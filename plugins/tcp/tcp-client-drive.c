@@ -60,6 +60,10 @@ static void drive(tcp_cconn *cc)
 	}
 	if (cc->state != CS_UP)
 		return;
+	if (TCP_HOOK_TRUE(tcp_hook_suspect(cc))) {
+		tcp_cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, "suspect: forced by a test");
+		return;
+	}
 	if (p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up)) {
 		/* Another connection found the rail broken: this one is likely
 		 * stuck too, so its requests move now rather than after a timeout
@@ -269,7 +273,7 @@ static int64_t io_service(tcp_cconn *cc, unsigned what)
 			err = errno;
 		if (err != 0)
 			tcp_cconn_connect_failed(cc, -err, g_strerror(err));
-		else if (tcp_cconn_authenticated(cc))
+		else if (tcp_cconn_preamble(cc))
 			tcp_cconn_become_up(cc);
 	}
 	/* Events of a socket closed since (by a caller) are stale. */

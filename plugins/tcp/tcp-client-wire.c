@@ -83,6 +83,14 @@ static bool check_status(uint64_t i, tcp_slot *s, tcp_rx_result *res)
 	uint32_t code = (uint32_t)f;
 
 	res->at = i;
+	if (s->fence != NULL) {
+		/* A target that fences honours every well-formed FENCE. */
+		if (f == ((uint64_t)TCP_STATUS_MAGIC << 32 | TCP_STATUS_OK))
+			return true;
+		res->err = TE_ERR_PROTOCOL;
+		snprintf(res->why, sizeof res->why, "status frame 0x%016llx for a FENCE", (unsigned long long)f);
+		return false;
+	}
 	if ((uint32_t)(f >> 32) != TCP_STATUS_MAGIC) {
 		res->err = TE_ERR_PROTOCOL;
 		snprintf(res->why, sizeof res->why, "malformed status frame 0x%016llx for %s 0x%llx+%llu",
@@ -210,6 +218,12 @@ void tcp_cconn_reap(tcp_cconn *cc)
 		cc->bytes -= s->len;
 		moved += s->len;
 		cc->tail++;
+		if (s->fence != NULL) {
+			tcp_fence *f = s->fence;
+			s->fence = NULL;
+			tcp_fence_done(cc->peer, f);
+			continue;
+		}
 		h->complete(h, s->t, s->len, 0);
 	}
 	if (moved > 0 && cc->peer->nrails > 1)

@@ -21,19 +21,58 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "tcp-client.h"
 
 /* ----------------------------------------------------------- the backlog */
 
-/* Completes every slice still waiting in the peer's backlog and retry list. */
+/* Puts slices back for another connection (p->lock held). */
+static void retry_add(tcp_peer *p, const tcp_retry *r, size_t n)
+{
+	if (n == 0)
+		return;
+	if (p->nretry + n > p->cap_retry) {
+		p->cap_retry = MAX(p->cap_retry * 2, p->nretry + n);
+		p->retry = g_renew(tcp_retry, p->retry, p->cap_retry);
+	}
+	memcpy(p->retry + p->nretry, r, n * sizeof *r);
+	p->nretry += n;
+	for (size_t i = 0; i < n; i++)
+		p->bl_bytes += r[i].len;
+	atomic_store(&p->has_work, 1);
+}
+
+/* Fails the WRITEs a fence holds, and frees it. */
+static size_t fence_fail(const te_host *h, tcp_fence *f, int err)
+{
+	size_t n = f->n;
+
+	for (size_t i = 0; i < n; i++)
+		h->complete(h, f->held[i].t, 0, err);
+	g_free(f);
+	return n;
+}
+
+void tcp_fence_done(tcp_peer *p, tcp_fence *f)
+{
+	g_mutex_lock(&p->lock);
+	retry_add(p, f->held, f->n);
+	g_mutex_unlock(&p->lock);
+	g_free(f);
+	tcp_peer_kick_all(p);
+}
+
+/* Completes every slice still waiting in the peer's backlog and retry list,
+ * and the WRITEs held by fences not yet sent. */
 void tcp_peer_fail_pending(tcp_peer *p, int err)
 {
 	const te_host *h = p->ctx->host;
 	uint64_t slice = p->ctx->cfg.slice;
 	te_transfer *t;
 	tcp_retry *retry;
+	tcp_fence *fences;
 	size_t nretry;
 
 	g_mutex_lock(&p->lock);
@@ -44,6 +83,8 @@ void tcp_peer_fail_pending(tcp_peer *p, int err)
 	p->retry = NULL;
 	p->nretry = p->cap_retry = 0;
 	p->bl_bytes = 0;
+	fences = p->fences;
+	p->fences = NULL;
 	atomic_store(&p->has_work, 0);
 	g_mutex_unlock(&p->lock);
 
@@ -51,6 +92,11 @@ void tcp_peer_fail_pending(tcp_peer *p, int err)
 	for (size_t i = 0; i < nretry; i++, n++)
 		h->complete(h, retry[i].t, 0, err);
 	g_free(retry);
+	while (fences != NULL) {
+		tcp_fence *next = fences->next;
+		n += fence_fail(h, fences, err);
+		fences = next;
+	}
 	while (t != NULL) {
 		te_transfer *next = (te_transfer *)t->plugin_data[0];
 		uint64_t left = t->length - t->plugin_data[1];
@@ -70,6 +116,15 @@ static void prep(tcp_cconn *cc, tcp_slot *s)
 	te_transfer *t = s->t;
 	bool v2 = cc->peer->version >= 2;
 
+	if (s->fence != NULL) {
+		/* Only to peers that fence, which speak v2: answered with a status. */
+		s->op = TCP_OP_FENCE;
+		tcp_hdr_encode(s->hdr, s->fence->lane, s->fence->gen, TCP_OP_V2 | TCP_OP_FENCE);
+		s->sent = s->rcvd = s->status = 0;
+		s->stot = TCP_HDR_SIZE;
+		s->rtot = TCP_STATUS_SIZE;
+		return;
+	}
 	s->op = (uint8_t)t->opcode;
 	tcp_hdr_encode(s->hdr, s->len, t->remote + s->off, (uint8_t)(s->op | (v2 ? TCP_OP_V2 : 0)));
 	s->sent = 0;
@@ -77,6 +132,7 @@ static void prep(tcp_cconn *cc, tcp_slot *s)
 	s->rcvd = 0;
 	s->rtot = (v2 ? TCP_STATUS_SIZE : 0) + (s->op == TE_OP_READ ? s->len : 0);
 	s->status = 0;
+	TCP_HOOK(tcp_hook_prep(cc, s));
 }
 
 /* Room for one more wire request under the window: bytes in flight below it,
@@ -100,6 +156,14 @@ void tcp_cconn_pull(tcp_cconn *cc)
 	    !atomic_load_explicit(&p->has_work, memory_order_acquire) || !tcp_rail_usable(cc))
 		return;
 	g_mutex_lock(&p->lock);
+	/* FENCEs first: WRITEs wait behind them. */
+	while (room > 0 && p->fences != NULL) {
+		tcp_fence *f = p->fences;
+		p->fences = f->next;
+		f->next = NULL;
+		*slot_at(cc, cc->head++) = (tcp_slot){ .fence = f };
+		room--;
+	}
 	/* A fair share of what is queued, so that one burst of requests keeps
 	 * every connection (and core) of the peer busy, not just the first to
 	 * wake up; at least one slice. */
@@ -142,13 +206,15 @@ void tcp_cconn_pull(tcp_cconn *cc)
 		took += len;
 		tcp_slot *s = slot_at(cc, cc->head++);
 		s->t = t;
+		s->fence = NULL;
 		s->off = off;
 		s->len = len;
 		s->tries = tries;
 		room--;
 		cc->bytes += len;
 	}
-	atomic_store_explicit(&p->has_work, p->bl_head != NULL || p->nretry > 0, memory_order_release);
+	atomic_store_explicit(&p->has_work, p->bl_head != NULL || p->nretry > 0 || p->fences != NULL,
+			      memory_order_release);
 	g_mutex_unlock(&p->lock);
 	count(cc, TE_METRIC_INFLIGHT_BYTES, (int64_t)took);
 	for (uint64_t i = first; i < cc->head; i++)
@@ -180,12 +246,20 @@ void tcp_cconn_go_down(tcp_cconn *cc)
  * another connection. A peer-level failure with requests in flight fails the
  * peer's backlog too: a peer that reset or stopped answering would only make
  * queued requests wait for another timeout.
+ *
+ * Moved to another rail (FAIL_RAIL), a WRITE that was sent, in part or
+ * whole, may still be applied by the target from this connection's socket
+ * (a server thread that lags reads it later; a reset does not take back what
+ * the target's kernel received), over what the application wrote there since
+ * through the other rail. To a peer that fences, such WRITEs are held by a
+ * FENCE naming this connection and go out again only once the peer answered
+ * it; to one that cannot, they fail.
  */
 void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *why)
 {
 	tcp_peer *p = cc->peer;
 	const te_host *h = host_of(cc);
-	size_t n = cc->head - cc->tail, nback = 0, nfail = 0;
+	size_t n = cc->head - cc->tail, nback = 0, nfail = 0, nhold = 0, nstuck = 0;
 	/* An idle connection that breaks says little about the peer; one that
 	 * breaks with requests on it does. */
 	bool busy = n > 0;
@@ -200,12 +274,13 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	struct done { te_transfer *t; uint64_t bytes; int err; } *done = n ? g_new(struct done, n) : NULL;
 	size_t ndone = 0;
 	uint64_t moved = 0, held = cc->bytes;
+	tcp_fence *hold = n && mode == FAIL_RAIL && p->fence ? g_malloc(sizeof *hold + n * sizeof(tcp_retry)) : NULL;
+	/* FENCEs it carried: answered, to send again, or failed with their WRITEs. */
+	tcp_fence *answered = NULL, *again = NULL, *lost = NULL;
 
 	/* With requests on it, the connection is reset, not closed: a graceful
 	 * close would leave the kernel sending what its buffer holds when the
-	 * path returns, and a WRITE moved to another rail and completed could
-	 * then be overwritten by its stale copy after the application reused
-	 * the range. */
+	 * path returns. */
 	if (busy && cc->io.fd >= 0) {
 		struct linger lg = { .l_onoff = 1, .l_linger = 0 };
 		(void)setsockopt(cc->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -213,6 +288,17 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	tcp_cconn_go_down(cc);
 	for (uint64_t i = cc->tail; i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
+		if (s->fence != NULL) {
+			tcp_fence *f = s->fence, **to = &lost;
+			s->fence = NULL;
+			if (i != at && s->sent == s->stot && s->rcvd == s->rtot)
+				to = &answered;
+			else if (i != at && (mode == FAIL_RAIL || (mode == FAIL_REJECT && i > at)))
+				to = &again; /* never ran, or may have: it is harmless twice */
+			f->next = *to;
+			*to = f;
+			continue;
+		}
 		if (i == at) { /* the request the failure is about */
 			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err };
 			nfail++;
@@ -221,6 +307,13 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 			moved += s->len;
 		} else if (mode == FAIL_REJECT && i > at && s->tries + 1 < TCP_MAX_TRIES) {
 			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
+		} else if (mode == FAIL_RAIL && s->op == TE_OP_WRITE && s->sent > 0 &&
+			   (hold == NULL || s->tries + 1 >= TCP_MAX_FAILOVERS)) {
+			done[ndone++] = (struct done){ s->t, 0, err };
+			nfail++;
+			nstuck += hold == NULL;
+		} else if (mode == FAIL_RAIL && s->op == TE_OP_WRITE && s->sent > 0) {
+			hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
 		} else if (mode == FAIL_RAIL && s->tries + 1 < TCP_MAX_FAILOVERS) {
 			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
 		} else {
@@ -235,13 +328,16 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	count(cc, TE_METRIC_BYTES, (int64_t)moved);
 	/* Slices put back: moved to another rail, or sent again behind a
 	 * rejected one; a connection lost is an error of its local side. */
-	count(cc, mode == FAIL_RAIL ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, (int64_t)nback);
+	count(cc, mode == FAIL_RAIL ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, (int64_t)(nback + nhold));
 	if (mode == FAIL_PEER || mode == FAIL_RAIL)
 		count(cc, TE_METRIC_ERRORS, 1);
 	if (mode == FAIL_RAIL)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN,
-				    "connection %u to %s over %s closed: %s; %zu requests go to the other rails, %zu failed",
-				    cc->idx, p->name, tcp_rail_of(cc)->name, why, nback, nfail);
+				    "connection %u to %s over %s closed: %s; %zu requests go to the other rails%s, "
+				    "%zu failed%s",
+				    cc->idx, p->name, tcp_rail_of(cc)->name, why, nback + nhold,
+				    nhold ? " (the WRITEs among them once the peer fenced this connection)" : "", nfail,
+				    nstuck ? " (WRITEs that may still land there: the peer cannot fence)" : "");
 	else if (mode != FAIL_QUIET)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "connection %u to %s closed: %s; %zu requests failed%s",
 				    cc->idx, p->name, why, nfail,
@@ -250,18 +346,33 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	 * submitted after them must not be failed for this. */
 	if (mode == FAIL_PEER && busy)
 		tcp_peer_fail_pending(p, err);
-	if (nback > 0) {
+	if (nhold > 0) {
+		hold->lane = cc->lane;
+		hold->gen = cc->gen;
+		hold->n = nhold;
+		hold->next = again;
+		again = hold;
+	} else {
+		g_free(hold);
+	}
+	if (nback > 0 || again != NULL || answered != NULL) {
 		g_mutex_lock(&p->lock);
-		if (p->nretry + nback > p->cap_retry) {
-			p->cap_retry = MAX(p->cap_retry * 2, p->nretry + nback);
-			p->retry = g_renew(tcp_retry, p->retry, p->cap_retry);
+		retry_add(p, back, nback);
+		for (tcp_fence *f = answered; f != NULL; f = f->next)
+			retry_add(p, f->held, f->n);
+		while (again != NULL) {
+			tcp_fence *f = again;
+			again = f->next;
+			f->next = p->fences;
+			p->fences = f;
 		}
-		memcpy(p->retry + p->nretry, back, nback * sizeof *back);
-		p->nretry += nback;
-		for (size_t i = 0; i < nback; i++)
-			p->bl_bytes += back[i].len;
 		atomic_store(&p->has_work, 1);
 		g_mutex_unlock(&p->lock);
+	}
+	while (answered != NULL) {
+		tcp_fence *f = answered;
+		answered = f->next;
+		g_free(f);
 	}
 	/* Work queued for the peer (put back above, or waiting in its backlog
 	 * behind what this connection held) needs a connection, and this one is
@@ -271,6 +382,11 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 		tcp_peer_kick_all(p);
 	for (size_t i = 0; i < ndone; i++)
 		h->complete(h, done[i].t, done[i].bytes, done[i].err);
+	while (lost != NULL) {
+		tcp_fence *f = lost;
+		lost = f->next;
+		fence_fail(h, f, err);
+	}
 	g_free(back);
 	g_free(done);
 }
@@ -314,7 +430,11 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 
 	for (uint64_t i = cc->tail; i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
-		h->complete(h, s->t, 0, err);
+		if (s->fence != NULL)
+			fence_fail(h, s->fence, err);
+		else
+			h->complete(h, s->t, 0, err);
+		s->fence = NULL;
 	}
 	atomic_fetch_sub_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
 	cc->head = cc->snd = cc->rcv = cc->tail = 0;
@@ -386,22 +506,54 @@ void tcp_cconn_become_up(tcp_cconn *cc)
 	tcp_rail_up(cc);
 }
 
-/* With a cluster key, a connection carries requests only once both sides
- * proved it. The exchange runs here, in the I/O thread, right after the
- * connect: one round trip to a peer we chose, bounded by the connect timeout
- * (3 s at most). False: the connection failed and was handled. */
-bool tcp_cconn_authenticated(tcp_cconn *cc)
+/* A lane: random, so that the lanes of every initiator a target serves
+ * differ; never 0. */
+static uint64_t new_lane(void)
+{
+	uint64_t v = 0;
+
+	while (v == 0)
+		if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+			v = ((uint64_t)g_random_int() << 32) ^ g_random_int() ^ (uint64_t)g_get_monotonic_time();
+	return v;
+}
+
+/* What a connection sends before its first request, in the I/O thread
+ * right after the connect. With a cluster key, a connection carries requests
+ * only once both sides proved it: one round trip to a peer we chose, bounded
+ * by the connect timeout (3 s at most). To a peer that fences, a HELLO then
+ * names the connection: its lane and a new generation (24 bytes into an
+ * empty socket buffer: one send). False: the connection failed and was
+ * handled. */
+bool tcp_cconn_preamble(tcp_cconn *cc)
 {
 	tcp_ctx *c = cc->peer->ctx;
 	const te_host *h = c->host;
 
-	if (!c->auth)
+	if (c->auth) {
+		int rc = h->auth_connect(h, cc->io.fd, TE_AUTH_TCP, cc->peer->name,
+					 (int)MIN(c->cfg.connect_timeout_ms, 3000));
+		if (rc != 0) {
+			tcp_cconn_connect_failed(cc, rc == TE_ERR_AUTH || rc == -ETIMEDOUT ? TE_ERR_AUTH : rc,
+						 "authentication failed");
+			return false;
+		}
+	}
+	if (!cc->peer->fence)
 		return true;
-	int rc = h->auth_connect(h, cc->io.fd, TE_AUTH_TCP, cc->peer->name,
-				 (int)MIN(c->cfg.connect_timeout_ms, 3000));
-	if (rc == 0)
+	uint8_t hello[TCP_HDR_SIZE];
+	if (cc->lane == 0)
+		cc->lane = new_lane();
+	cc->gen++;
+	tcp_hdr_encode(hello, cc->lane, cc->gen, TCP_OP_V2 | TCP_OP_HELLO);
+	ssize_t w;
+	do
+		w = send(cc->io.fd, hello, sizeof hello, MSG_NOSIGNAL | MSG_DONTWAIT);
+	while (w < 0 && errno == EINTR);
+	if (w == (ssize_t)sizeof hello)
 		return true;
-	tcp_cconn_connect_failed(cc, rc == TE_ERR_AUTH || rc == -ETIMEDOUT ? TE_ERR_AUTH : rc, "authentication failed");
+	int err = w < 0 ? errno : EAGAIN;
+	tcp_cconn_connect_failed(cc, -err, w < 0 ? g_strerror(err) : "the HELLO did not fit the socket buffer");
 	return false;
 }
 
@@ -446,7 +598,7 @@ void tcp_cconn_start_connect(tcp_cconn *cc)
 		tcp_cconn_connect_failed(cc, rc, "cannot add the socket to the epoll set");
 		return;
 	}
-	if (crc == 0 && tcp_cconn_authenticated(cc))
+	if (crc == 0 && tcp_cconn_preamble(cc))
 		tcp_cconn_become_up(cc);
 	else
 		cc->connect_deadline = tcp_now_ms() + c->cfg.connect_timeout_ms;

@@ -11,8 +11,8 @@
 #include "tcp-internal.h"
 
 /* FAIL_RAIL: the connection's rail failed while another rail is up: what it
- * carried goes to the other rails (re-sending a READ or WRITE of the same
- * range is harmless, even if the peer applied part of it). */
+ * carried goes to the other rails (a READ at once; a WRITE it sent only
+ * after a FENCE, tcp_cconn_fail). */
 enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2, FAIL_RAIL = 3 };
 
 static inline tcp_slot *slot_at(tcp_cconn *cc, uint64_t i)
@@ -54,8 +54,10 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 void tcp_cconn_connect_failed(tcp_cconn *cc, int err, const char *what);
 void tcp_cconn_start_connect(tcp_cconn *cc);
 void tcp_cconn_become_up(tcp_cconn *cc);
-/* False: the cluster key's exchange failed and was handled. */
-bool tcp_cconn_authenticated(tcp_cconn *cc);
+/* The cluster key's exchange and the HELLO. False: failed and handled. */
+bool tcp_cconn_preamble(tcp_cconn *cc);
+/* The peer answered FENCE `f`: its WRITEs go out again (any thread). */
+void tcp_fence_done(tcp_peer *p, tcp_fence *f);
 
 /* tcp-client-wire.c. 1: bytes moved, 0: nothing to do or would block, <0:
  * failed (a receive's details in `res`). */

@@ -38,6 +38,15 @@
 #define TCP_STATUS_MAGIC 0x4D435456u /* "MCTV" */
 #define TCP_STATUS_OK 0u
 #define TCP_STATUS_REJECTED 1u
+/* libte's own frames, sent only to peers whose descriptor says `tcp_fence`
+ * (docs/wire.md): a header whose `size` field is a lane, `addr` a
+ * generation, opcode HELLO or FENCE with the v2 bit, the 7 bytes after it
+ * zero. HELLO opens a connection and is not answered; FENCE is answered with
+ * a status frame once every connection of that lane up to that generation
+ * can write nothing more. */
+#define TCP_OP_HELLO 2
+#define TCP_OP_FENCE 3
+#define TCP_FENCE_VERSION 1
 
 /* Header: size u64 LE, addr u64 LE, opcode u8, 7 bytes of zeros. */
 static inline void tcp_hdr_encode(uint8_t *h, uint64_t size, uint64_t addr, uint8_t opcode)
@@ -90,6 +99,7 @@ typedef struct tcp_config {
 #define TCP_PROBE_MIN_MS 1000 /* a down rail is tried again after this long, */
 #define TCP_PROBE_MAX_MS 4000 /* doubling up to this while it stays down */
 #define TCP_MAX_SPIN_US 1000  /* TE_SPIN_US */
+#define TCP_MIN_LANES 4096    /* lanes a target remembers (more with TE_TCP_MAX_INBOUND) */
 
 typedef struct tcp_ctx tcp_ctx;
 typedef struct tcp_thread tcp_thread;
@@ -97,6 +107,8 @@ typedef struct tcp_io tcp_io;
 typedef struct tcp_peer tcp_peer;
 typedef struct tcp_cconn tcp_cconn;
 typedef struct tcp_sconn tcp_sconn;
+typedef struct tcp_fence tcp_fence;
+typedef struct tcp_lane tcp_lane;
 
 /* ------------------------------------------------------------ I/O objects */
 
@@ -150,9 +162,11 @@ struct tcp_thread {
 
 /* -------------------------------------------------------------- client */
 
-/* One wire request in a client connection's ring. */
+/* One wire request in a client connection's ring: a slice of `t`, or a
+ * FENCE (`fence` set, `t` NULL). */
 typedef struct tcp_slot {
 	te_transfer *t;
+	tcp_fence *fence;
 	uint64_t off, len;   /* the slice of t */
 	uint64_t stot, sent; /* bytes to send: header (+ payload for WRITE) */
 	uint64_t rtot, rcvd; /* bytes to receive: status (v2) (+ payload for READ) */
@@ -174,6 +188,10 @@ struct tcp_cconn {
 	int64_t connect_deadline;
 	unsigned addr_next;  /* the peer address to try next */
 	unsigned addr_tries; /* addresses tried since the last success */
+	/* With a peer that fences: this connection's lane (random, for the
+	 * peer's life) and generation (one more at each connect), sent in its
+	 * HELLO, which a FENCE names to end it. */
+	uint64_t lane, gen;
 	tcp_slot *ring;
 	uint64_t head, snd, rcv, tail; /* free-running indices */
 	uint64_t bytes; /* payload bytes in flight */
@@ -213,6 +231,17 @@ typedef struct tcp_retry {
 	uint8_t tries;
 } tcp_retry;
 
+/* WRITE slices that a connection failed over with after sending them (in
+ * part or whole): the target may still apply them from that connection's
+ * socket, so they are sent again only once the target answered a FENCE of
+ * that connection's lane and generation (tcp-client.c). */
+struct tcp_fence {
+	tcp_fence *next;   /* the peer's fences waiting for a connection */
+	uint64_t lane, gen;
+	size_t n;
+	tcp_retry held[];
+};
+
 /* One of a peer's data addresses (its descriptor's tcp_data_addresses), or
  * the one host a single-rail peer is reached at. */
 typedef struct tcp_rail {
@@ -245,6 +274,7 @@ struct tcp_peer {
 	atomic_int closing;        /* segment closed: I/O threads kick none of its connections */
 	atomic_int kicking;        /* I/O threads kicking its connections right now */
 	int version;               /* 1 or 2 */
+	bool fence;                /* the peer honours HELLO and FENCE (descriptor tcp_fence, v2) */
 	int refs;                  /* segment opens (ctx->lock) */
 	atomic_int live_conns;     /* connections not yet retired by their thread */
 	GMutex lock;               /* backlog and retries */
@@ -252,6 +282,7 @@ struct tcp_peer {
 	uint64_t bl_bytes;         /* bytes queued in the backlog and retries */
 	tcp_retry *retry;
 	size_t nretry, cap_retry;
+	tcp_fence *fences;         /* FENCEs to send, each holding the WRITEs it releases */
 	atomic_int has_work;
 	atomic_int active;         /* connections connecting or up */
 	unsigned nconns;
@@ -341,8 +372,32 @@ struct tcp_sconn {
 	unsigned stage_n;
 	int64_t linger_deadline;
 	char host[64];        /* the peer's address without the port: its per-peer count */
+	/* Fencing (tcp-fence.c). `started`: a frame was parsed (a HELLO must
+	 * come first). A connection that said HELLO is on its lane's list; a
+	 * FENCE of its lane and generation sets `fenced` from another thread and
+	 * waits while `applying` is set: the owner sets `applying` around every
+	 * write into a WRITE's destination and writes nothing once `fenced` is
+	 * set. */
+	bool started, hello;
+	uint64_t lane, gen;
+	tcp_lane *lane_rec;
+	tcp_sconn *lane_prev, *lane_next;
+	atomic_int fenced;
+	atomic_int applying;
 	tcp_resp *ring;
 	uint64_t head, snd;   /* free-running */
+};
+
+/* A lane: the connections one initiator's connection slot opened to us, one
+ * after the other; `floor`: the highest generation fenced (every
+ * connection of the lane up to it may write nothing). Kept after its
+ * connections close, so that a connection still in the accept queue when its
+ * fence came is refused at its HELLO; the least recently used lane without
+ * connections is forgotten when the table is full. */
+struct tcp_lane {
+	uint64_t id, floor;
+	tcp_sconn *conns;
+	tcp_lane *lru_prev, *lru_next;
 };
 
 /* ------------------------------------------------------------ the context */
@@ -373,6 +428,10 @@ struct tcp_ctx {
 	bool auth;                 /* the engine has a key: authenticate every connection */
 	bool metrics;              /* the host counts for its transports (ABI 1.6) */
 	GThreadPool *auth_pool;    /* accepted connections being authenticated */
+	GMutex lanes_lock;         /* the lanes of accepted connections (tcp-fence.c) */
+	GHashTable *lanes;         /* lane id → tcp_lane */
+	tcp_lane *lru_head, *lru_tail;
+	unsigned nlanes, max_lanes;
 	atomic_int stopping;
 };
 
@@ -448,6 +507,16 @@ void tcp_link_event(tcp_ctx *c);        /* thread 0: the socket is readable */
 int tcp_link_ifindex(const struct sockaddr *local); /* the interface holding a local address, 0: none */
 bool tcp_link_same_ip(const struct sockaddr *a, const struct sockaddr *b);
 
+/* tcp-fence.c: lanes and fences of accepted connections */
+void tcp_lanes_init(tcp_ctx *c);
+void tcp_lanes_free(tcp_ctx *c);
+/* A HELLO or FENCE frame (24 bytes at `f`) on `sc`, in its owner thread;
+ * `first`: nothing came before it. 1: a FENCE honoured (answer it), 0: a
+ * HELLO taken, -1: the connection ends (logged). */
+int tcp_sconn_frame(tcp_sconn *sc, const uint8_t *f, bool first);
+/* A connection that ends leaves its lane. */
+void tcp_sconn_unlane(tcp_sconn *sc);
+
 /* tcp-server.c */
 tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name);
 void tcp_sconn_event(tcp_sconn *sc, uint32_t events);
@@ -470,5 +539,23 @@ static inline const char *tcp_strerror(int err)
 }
 
 #define TLOG(c, lvl, ...) ((c)->host->log((c)->host, (lvl), __VA_ARGS__))
+
+/* Points where a test-only build of the plugin (tests/tcp/fence-hooks.c,
+ * built with TCP_TEST_HOOKS; never installed) slows a server thread down or
+ * forces a connection suspect. In this plugin they compile to nothing. */
+#ifdef TCP_TEST_HOOKS
+void tcp_hook_apply(tcp_sconn *sc, bool inside);  /* before / inside a write into a destination */
+void tcp_hook_settled(tcp_sconn *sc);             /* a WRITE body applied */
+void tcp_hook_closed(tcp_sconn *sc);              /* a server connection closed */
+void tcp_hook_hello(tcp_sconn *sc);               /* a HELLO taken */
+void tcp_hook_fence(tcp_sconn *sc, unsigned n);   /* a FENCE honoured, ending n connections */
+void tcp_hook_prep(tcp_cconn *cc, const tcp_slot *s); /* a request put on a connection */
+bool tcp_hook_suspect(tcp_cconn *cc);             /* true: fail it over as suspect now */
+#define TCP_HOOK(call) call
+#define TCP_HOOK_TRUE(call) (call)
+#else
+#define TCP_HOOK(call) ((void)0)
+#define TCP_HOOK_TRUE(call) false
+#endif
 
 #endif

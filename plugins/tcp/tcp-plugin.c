@@ -413,6 +413,7 @@ static void tcp_destroy(void *ctx)
 	if (c->per_peer != NULL)
 		g_hash_table_unref(c->per_peer);
 	g_mutex_clear(&c->inbound_lock);
+	tcp_lanes_free(c);
 	g_mutex_clear(&c->lock);
 	g_free(c);
 }
@@ -446,6 +447,7 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 		TLOG(c, TE_LOG_WARN, "the tcp transport takes no arguments; ignoring '%.80s' (use TE_TCP_* "
 			"variables)", args);
 	read_config(h, &c->cfg);
+	tcp_lanes_init(c);
 	c->nthreads = c->cfg.threads;
 	rc = resolve_rails(c);
 	if (rc < 0)
@@ -487,6 +489,13 @@ static int tcp_describe(void *ctx, char **json)
 	json_builder_add_int_value(b, c->port);
 	json_builder_set_member_name(b, "tcp_proto_version");
 	json_builder_add_int_value(b, c->cfg.proto);
+	/* We honour HELLO and FENCE (v2 only: a FENCE is answered). A field of
+	 * its own rather than a higher tcp_proto_version, which Mooncake reads
+	 * to choose its framing. */
+	if (c->cfg.proto >= 2) {
+		json_builder_set_member_name(b, "tcp_fence");
+		json_builder_add_int_value(b, TCP_FENCE_VERSION);
+	}
 	/* Every address the data port is reached at, for peers that spread over
 	 * them; Mooncake reads the fields above only. Without TE_TCP_RAILS, only
 	 * the address the engine publishes anyway: others may be on networks the
@@ -559,8 +568,8 @@ static unsigned parse_rails(tcp_ctx *c, const te_segment_info *seg, JsonObject *
 /* ---------------------------------------------------------------- segments */
 
 /* The descriptor's TCP fields: data port (required), protocol version (a
- * missing field means 1). */
-static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version,
+ * missing field means 1), whether the peer fences. */
+static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version, bool *fence,
 			    char rails[][64], unsigned *nrails)
 {
 	static const te_json_limits lim = TE_JSON_LIMITS_DEFAULT;
@@ -571,6 +580,7 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 
 	*port = 0;
 	*version = 1;
+	*fence = false;
 	if (seg->descriptor == NULL ||
 	    (root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why)) == NULL ||
 	    !JSON_NODE_HOLDS_OBJECT(root)) {
@@ -587,6 +597,8 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 	}
 	if (te_json_get_u64(o, "tcp_proto_version", 255, &v) == 0 && v >= 2)
 		*version = 2;
+	if (te_json_get_u64(o, "tcp_fence", 255, &v) == 0 && v >= TCP_FENCE_VERSION)
+		*fence = true;
 	*nrails = parse_rails(c, seg, o, rails);
 	json_node_unref(root);
 	if (rc < 0)
@@ -597,7 +609,7 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 /* A peer reached at `host` (resolved to `res`), or over `nrails` (>= 2) rails:
  * TE_TCP_CONNS_PER_PEER connections each, connection i over rail i % nrails
  * so that the connections of every rail take turns. */
-static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int port, int version,
+static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int port, int version, bool fence,
 			  const struct addrinfo *res, char rails[][64], unsigned nrails)
 {
 	unsigned nr = nrails >= 2 ? nrails : 1;
@@ -628,6 +640,7 @@ static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int por
 		}
 	}
 	p->version = version;
+	p->fence = fence;
 	g_mutex_init(&p->lock);
 	p->nconns = nconns;
 	atomic_init(&p->live_conns, (int)nconns);
@@ -650,13 +663,14 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 {
 	tcp_ctx *c = ctx;
 	int port, version, rc;
+	bool fence;
 	char ps[16];
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res = NULL;
 	char rails[TCP_MAX_RAILS][64];
 	unsigned nrails = 0;
 
-	rc = parse_descriptor(c, seg, &port, &version, rails, &nrails);
+	rc = parse_descriptor(c, seg, &port, &version, &fence, rails, &nrails);
 	if (rc < 0)
 		return rc;
 	if (seg->host == NULL || *seg->host == '\0') {
@@ -665,6 +679,7 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	}
 	if (version > c->cfg.proto)
 		version = c->cfg.proto; /* TE_TCP_PROTO=1 forces the legacy framing */
+	fence = fence && version >= 2;
 	snprintf(ps, sizeof ps, "%d", port);
 	/* Resolved once, here on the control path: I/O threads never block on DNS. */
 	rc = getaddrinfo(seg->host, ps, &hints, &res);
@@ -678,14 +693,14 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	/* One address (the default: the engine's own) means the host above,
 	 * where a single-rail peer has always been reached. */
 	GString *k = g_string_new(NULL);
-	g_string_printf(k, "%s|%d|%d|", seg->host, port, version);
+	g_string_printf(k, "%s|%d|%d|%d|", seg->host, port, version, fence);
 	for (unsigned i = 0; nrails >= 2 && i < nrails; i++)
 		g_string_append_printf(k, "%s%s", i ? "," : "", rails[i]);
 	char *key = g_string_free(k, FALSE);
 	g_mutex_lock(&c->lock);
 	tcp_peer *p = g_hash_table_lookup(c->peers, key);
 	if (p == NULL) {
-		p = peer_new(c, key, seg->host, port, version, res, rails, nrails);
+		p = peer_new(c, key, seg->host, port, version, fence, res, rails, nrails);
 		g_hash_table_insert(c->peers, p->key, p);
 		g_ptr_array_add(c->all_peers, p);
 		g_hash_table_add(c->live_peers, p);
@@ -694,8 +709,8 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	g_mutex_unlock(&c->lock);
 	freeaddrinfo(res);
 	g_free(key);
-	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d, %u rails)", seg->name, p->name,
-	     p->version, p->nrails);
+	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d%s, %u rails)", seg->name, p->name,
+	     p->version, p->fence ? " with fences" : "", p->nrails);
 	*seg_ctx = p;
 	return 0;
 }

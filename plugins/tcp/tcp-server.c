@@ -134,6 +134,38 @@ static void touch_end(const te_host *h, const te_buffer_pin *pin)
 
 #define REVOKED_WHY "the memory it was reading or writing was unregistered (TE_UNREGISTER_TIMEOUT_MS)"
 
+/* Around every write into a WRITE's destination (a readv, a memcpy, a copy
+ * to device memory): false once the initiator fenced the connection, and
+ * then nothing may be written (tcp-fence.c says why setting `applying`
+ * before looking at `fenced` suffices). Two atomic operations, no lock. */
+static bool apply_begin(tcp_sconn *sc)
+{
+	TCP_HOOK(tcp_hook_apply(sc, false));
+	atomic_store(&sc->applying, 1);
+	if (atomic_load(&sc->fenced)) {
+		atomic_store(&sc->applying, 0);
+		return false;
+	}
+	TCP_HOOK(tcp_hook_apply(sc, true));
+	return true;
+}
+
+static void apply_end(tcp_sconn *sc)
+{
+	atomic_store(&sc->applying, 0);
+}
+
+/* A fenced connection is closed as soon as its owner sees it: what it still
+ * holds (bodies not yet applied, replies) is dropped. */
+static bool fenced_close(tcp_sconn *sc)
+{
+	if (!atomic_load_explicit(&sc->fenced, memory_order_relaxed))
+		return false;
+	TLOG(ctx_of(sc), TE_LOG_DEBUG, "connection from %s was fenced by its initiator; closing it", sc->io.name);
+	tcp_sconn_close(sc, NULL);
+	return true;
+}
+
 static void stage_free(const te_host *h, void *p)
 {
 	if (TE_HAS_OP(h, host_buffer_alloc) && TE_HAS_OP(h, host_buffer_free))
@@ -180,6 +212,7 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 
 	if (why != NULL)
 		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "closing connection from %s: %s", sc->io.name, why);
+	tcp_sconn_unlane(sc);
 	if (sc->in_body) {
 		h->buffer_release(h, &sc->body_pin);
 		sc->in_body = false;
@@ -208,6 +241,7 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 		sc->io.fd = -1;
 		tcp_inbound_done(c, sc->host);
 	}
+	TCP_HOOK(tcp_hook_closed(sc));
 	tcp_io_bury(&sc->io);
 }
 
@@ -240,6 +274,7 @@ static void finish_body(tcp_sconn *sc)
 	/* Every byte is in place: the pin can go, then the acknowledgment. */
 	h->buffer_release(h, &sc->body_pin);
 	sc->in_body = false;
+	TCP_HOOK(tcp_hook_settled(sc));
 	if (sc->body_v2)
 		push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
 }
@@ -258,6 +293,10 @@ static int pend_flush(tcp_sconn *sc)
 
 	if (n == 0)
 		return 0;
+	if (!apply_begin(sc)) {
+		sc->state = SS_FLUSH; /* the bodies are dropped with the connection */
+		return -1;
+	}
 	uint64_t t0 = tst_now();
 	TST_ADD(flushes, 1);
 	TST_ADD(flush_pieces, n);
@@ -272,6 +311,7 @@ static int pend_flush(tcp_sconn *sc)
 	else
 		for (unsigned i = 0; i < n && rc == 0; i++)
 			rc = h->buffer_copy(h, pins[i], copies[i].dst, copies[i].src, copies[i].len);
+	apply_end(sc);
 	TST_ADD(flush_ns, tst_now() - t0);
 	for (unsigned i = 0; i < n; i++) {
 		h->buffer_release(h, &sc->pend[i].pin);
@@ -317,13 +357,25 @@ static void parse(tcp_sconn *sc)
 		addr = le64toh(addr);
 		bool v2 = (p[16] & TCP_OP_V2) != 0;
 		unsigned op = p[16] & TCP_OP_MASK;
+		bool first = !sc->started;
 		pos += TCP_HDR_SIZE;
+		sc->started = true;
 		/* Bodies waiting in the stage go first unless this one can wait
 		 * beside them: no reply may overtake their acknowledgments. */
 		if (sc->pend_n > 0 && (op != TE_OP_WRITE || size > TCP_DEV_STAGE - sc->pend_bytes) &&
 		    pend_flush(sc) < 0)
 			break;
 
+		if (v2 && (op == TCP_OP_HELLO || op == TCP_OP_FENCE)) {
+			int rc = tcp_sconn_frame(sc, p, first);
+			if (rc < 0) {
+				sc->state = SS_FLUSH; /* earlier replies still go out, in order */
+				break;
+			}
+			if (rc > 0)
+				push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
+			continue;
+		}
 		if (op != TE_OP_READ && op != TE_OP_WRITE) {
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
 					    "malformed request from %s: opcode 0x%02x; closing the connection",
@@ -384,11 +436,16 @@ static void parse(tcp_sconn *sc)
 		uint64_t take = MIN((uint64_t)(sc->hlen - pos), size);
 		bool ok = true;
 		if (take > 0 && !dev) {
+			if (!apply_begin(sc)) {
+				sc->state = SS_FLUSH; /* fenced: closed without writing */
+				break;
+			}
 			ok = touch_begin(h, &pin);
 			if (ok) {
 				memcpy(sc->body, sc->hbuf + pos, take);
 				touch_end(h, &pin);
 			}
+			apply_end(sc);
 		} else if (take > 0) {
 			/* Into the stage (TCP_HBUF is far smaller) with the rest. */
 			memcpy(sc->stage + TCP_DEV_REPLY_STAGE + sc->body_base, sc->hbuf + pos, take);
@@ -405,8 +462,15 @@ static void parse(tcp_sconn *sc)
 		}
 		sc->body_got = take;
 		sc->body_staged = dev ? (uint32_t)take : 0;
-		if (sc->body_got == sc->body_len && dev && !sc->body_defer &&
-		    h->buffer_copy(h, &pin, sc->body, sc->stage + TCP_DEV_REPLY_STAGE, take) < 0) {
+		bool copy = sc->body_got == sc->body_len && dev && !sc->body_defer;
+		if (copy && !apply_begin(sc)) {
+			sc->state = SS_FLUSH; /* fenced: closed without writing */
+			break;
+		}
+		int crc = copy ? h->buffer_copy(h, &pin, sc->body, sc->stage + TCP_DEV_REPLY_STAGE, take) : 0;
+		if (copy)
+			apply_end(sc);
+		if (crc < 0) {
 			h->buffer_release(h, &pin);
 			sc->in_body = false;
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "WRITE 0x%llx+%llu from %s failed: copying to device "
@@ -616,16 +680,26 @@ static int receive(tcp_sconn *sc)
 		if (sc->hlen < TCP_HDR_SIZE && iov[0].iov_len == room)
 			iov[n++] = (struct iovec){ sc->hbuf + sc->hlen, TCP_HDR_SIZE - sc->hlen };
 		size_t want = iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
-		/* The readv writes into pinned memory: only while the pin holds. */
-		if (!sc->body_dev && !touch_begin(h, &sc->body_pin)) {
-			tcp_sconn_close(sc, REVOKED_WHY);
-			return -1;
+		/* The readv writes into pinned memory: only while the pin holds,
+		 * and only while the initiator has not fenced the connection. */
+		if (!sc->body_dev) {
+			if (!apply_begin(sc)) {
+				fenced_close(sc);
+				return -1;
+			}
+			if (!touch_begin(h, &sc->body_pin)) {
+				apply_end(sc);
+				tcp_sconn_close(sc, REVOKED_WHY);
+				return -1;
+			}
 		}
 		do
 			r = readv(sc->io.fd, iov, n);
 		while (r < 0 && errno == EINTR);
-		if (!sc->body_dev)
+		if (!sc->body_dev) {
 			touch_end(h, &sc->body_pin);
+			apply_end(sc);
+		}
 		if (r > 0) {
 			if ((size_t)r < want && !sc->io.hup)
 				sc->io.rd = false; /* drained: the next arrival brings a new edge */
@@ -638,8 +712,15 @@ static int receive(tcp_sconn *sc)
 				sc->body_staged += (uint32_t)take;
 				bool flush = !sc->body_defer &&
 					     (sc->body_staged == TCP_DEV_STAGE || sc->body_got == sc->body_len);
-				if (flush && h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got - sc->body_staged,
-							    sc->stage + TCP_DEV_REPLY_STAGE, sc->body_staged) < 0) {
+				if (flush && !apply_begin(sc)) {
+					fenced_close(sc);
+					return -1;
+				}
+				int crc = flush ? h->buffer_copy(h, &sc->body_pin, sc->body + sc->body_got - sc->body_staged,
+								 sc->stage + TCP_DEV_REPLY_STAGE, sc->body_staged) : 0;
+				if (flush)
+					apply_end(sc);
+				if (crc < 0) {
 					tcp_sconn_close(sc, "writing device memory failed");
 					return -1;
 				}
@@ -730,6 +811,8 @@ void tcp_sconn_drive(tcp_sconn *sc)
 		bool moved = false;
 		int rc;
 
+		if (fenced_close(sc))
+			return;
 		/* Take in what has arrived first, then answer it all with one
 		 * sendmsg: one wakeup of the peer for many replies. */
 		if (sc->state == SS_OPEN && !sc->in_body && sc->hlen >= TCP_HDR_SIZE) {
@@ -758,6 +841,8 @@ void tcp_sconn_drive(tcp_sconn *sc)
 				return;
 			moved |= rc > 0;
 		}
+		if (fenced_close(sc))
+			return;
 		if (sc->state == SS_FLUSH && sc->snd == sc->head) {
 			if (sc->in_body) { /* a WRITE whose first bytes could not be placed */
 				c->host->buffer_release(c->host, &sc->body_pin);
@@ -799,6 +884,8 @@ void tcp_sconn_check_timeout(tcp_sconn *sc, int64_t now)
 {
 	tcp_ctx *c = ctx_of(sc);
 
+	if (fenced_close(sc))
+		return;
 	if (sc->state == SS_LINGER) {
 		if (now > sc->linger_deadline)
 			tcp_sconn_close(sc, NULL);

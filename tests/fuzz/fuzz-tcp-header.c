@@ -9,6 +9,8 @@
  * and the rest are refused. Afterwards every pin taken must have been
  * released, and the reply stream must hold exactly what the requests asked
  * for. tcp-io.c is compiled in for its per-thread list of closed connections.
+ * HELLO and FENCE frames (libte's) are taken or refused as docs/wire.md says;
+ * each input starts with no lane known.
  */
 #include "../../plugins/tcp/tcp-server.c"
 #include "../../plugins/tcp/tcp-io.c"
@@ -44,8 +46,9 @@ static void setup(void)
  * (whose v2 status frame is the last thing sent). */
 static uint64_t expected_reply(const uint8_t *data, size_t size)
 {
-	uint64_t base = (uint64_t)(uintptr_t)fuzz_region, total = 0;
+	uint64_t base = (uint64_t)(uintptr_t)fuzz_region, total = 0, lane = 0, gen = 0;
 	size_t pos = 0;
+	static const uint8_t zeros[7];
 
 	while (size - pos >= TCP_HDR_SIZE) {
 		uint64_t len, addr;
@@ -54,9 +57,25 @@ static uint64_t expected_reply(const uint8_t *data, size_t size)
 		len = le64toh(len);
 		addr = le64toh(addr);
 		uint8_t op = data[pos + 16];
-		bool v2 = op & TCP_OP_V2;
+		bool v2 = op & TCP_OP_V2, first = pos == 0;
+		bool pad = memcmp(data + pos + 17, zeros, sizeof zeros) == 0;
 		op &= TCP_OP_MASK;
 		pos += TCP_HDR_SIZE;
+		if (v2 && op == TCP_OP_HELLO) {
+			/* first, once, nothing zero: taken without a reply */
+			if (!first || !pad || len == 0 || addr == 0)
+				break;
+			lane = len;
+			gen = addr;
+			continue;
+		}
+		if (v2 && op == TCP_OP_FENCE) {
+			/* after a HELLO, naming an earlier connection: a status */
+			if (lane == 0 || !pad || len == 0 || addr == 0 || (len == lane && addr >= gen))
+				break;
+			total += TCP_STATUS_SIZE;
+			continue;
+		}
 		if (op != TE_OP_READ && op != TE_OP_WRITE)
 			break;
 		bool ok = len > 0 && addr >= base && len <= FUZZ_REGION_SIZE &&
@@ -86,6 +105,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size > (1u << 20))
 		return 0;
 	setup();
+	tcp_lanes_free(ctx);
+	tcp_lanes_init(ctx);
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
 	fuzz_send_all(sv[1], sv[0], data, size, 4 << 20);
 

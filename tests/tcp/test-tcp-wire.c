@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/ioctl.h>
 
 #include "tcp-test.h"
 
@@ -216,6 +217,196 @@ static void test_truncated_and_garbage(void)
 	close(fd);
 }
 
+/* ------------------------------------------------------- HELLO and FENCE */
+
+#define W_HELLO 0x82
+#define W_FENCE 0x83
+
+/* A HELLO or FENCE frame: lane, generation, opcode, 7 zero bytes. */
+static void send_frame(int fd, uint64_t lane, uint64_t gen, uint8_t op)
+{
+	unsigned char f[W_HDR];
+	put_hdr(f, lane, gen, op);
+	CHECK(send_all(fd, f, sizeof f));
+}
+
+/* A connection opened with a HELLO. */
+static int hello_connect(uint64_t lane, uint64_t gen)
+{
+	int fd = dconnect();
+	send_frame(fd, lane, gen, W_HELLO);
+	return fd;
+}
+
+/* True when the target ends the connection (a close, or a reset when our
+ * bytes were left unread) within `ms` without sending anything. */
+static bool ends_silently(int fd, int ms)
+{
+	unsigned char c;
+	struct pollfd pf = { .fd = fd, .events = POLLIN };
+	if (poll(&pf, 1, ms) <= 0)
+		return false;
+	ssize_t r = recv(fd, &c, 1, 0);
+	return r == 0 || (r < 0 && (errno == ECONNRESET || errno == EPIPE));
+}
+
+/* A WRITE of `n` bytes of pattern `seed` at `at` on `fd`: true when it was
+ * acknowledged and the bytes are there. */
+static bool write_ok(int fd, unsigned char *at, size_t n, unsigned seed)
+{
+	unsigned char body[256];
+	REQUIRE(n <= sizeof body);
+	fill_pattern(body, n, seed);
+	send_hdr(fd, n, (uintptr_t)at, 0x81);
+	CHECK(send_all(fd, body, n));
+	return recv_status(fd) == W_STATUS_OK && memcmp(at, body, n) == 0;
+}
+
+/* A WRITE on a fenced connection: never applied, the connection ends. */
+static void write_refused(int fd, unsigned char *at, size_t n)
+{
+	unsigned char h[W_HDR], body[256];
+	REQUIRE(n <= sizeof body);
+	memset(at, 0x5a, n);
+	memset(body, 0xa5, n);
+	put_hdr(h, n, (uintptr_t)at, 0x81);
+	send_all(fd, h, sizeof h); /* may meet the close */
+	send_all(fd, body, n);
+	CHECK(ends_silently(fd, 3000));
+	usleep(20000);
+	for (size_t i = 0; i < n; i++)
+		if (at[i] != 0x5a) {
+			fprintf(stderr, "  byte %zu written by a fenced connection\n", i);
+			CHECK(false);
+			break;
+		}
+}
+
+/* The frames byte by byte: HELLO unanswered, FENCE answered with status OK
+ * once the connections it names can write nothing more; a connection of a
+ * fenced lane and generation is refused at its HELLO, a later generation is
+ * served. */
+static void test_fence_frames(void)
+{
+	const uint64_t la = 0x1122334455667788ull, lb = 0x0102030405060708ull, lc = 0x00ff00ff00ff00ffull;
+	char *d = rpc_exchange(te_engine_rpc_port(tgt), 1, "{}");
+	CHECK_EQ(json_int(d, "tcp_fence"), 1); /* advertised: peers may send the frames */
+	free(d);
+
+	int a = hello_connect(la, 5);
+	CHECK(silent_for(a, 100)); /* no reply to a HELLO */
+	CHECK(write_ok(a, rbuf + 0x1000, 16, 60)); /* served as usual */
+	int b = hello_connect(lb, 1);
+	send_frame(b, la, 5, W_FENCE);
+	unsigned char s[8];
+	static const unsigned char ok[8] = { 0, 0, 0, 0, 0x56, 0x54, 0x43, 0x4d };
+	CHECK_EQ(recv_exact(b, s, 8, 3000, NULL), 8);
+	CHECK(memcmp(s, ok, 8) == 0);
+	CHECK(silent_for(b, 100)); /* the status and nothing else */
+	write_refused(a, rbuf + 0x2000, 16); /* fenced: writes nothing more */
+	close(a);
+	CHECK(write_ok(b, rbuf + 0x3000, 16, 61)); /* the fencing connection goes on */
+
+	/* The same lane and generation again (a connection that was still in
+	 * the accept queue): refused at its HELLO; a later generation is not. */
+	a = hello_connect(la, 5);
+	write_refused(a, rbuf + 0x4000, 16);
+	close(a);
+	a = hello_connect(la, 6);
+	CHECK(write_ok(a, rbuf + 0x5000, 16, 62));
+
+	/* A FENCE of a lane never seen: remembered for its connections to come. */
+	send_frame(b, lc, 9, W_FENCE);
+	CHECK_EQ(recv_status(b), W_STATUS_OK);
+	int c = hello_connect(lc, 9);
+	write_refused(c, rbuf + 0x6000, 16);
+	close(c);
+	c = hello_connect(lc, 10);
+	CHECK(write_ok(c, rbuf + 0x6000, 16, 63));
+	/* A FENCE of an earlier generation of its own lane leaves it alone. */
+	send_frame(a, la, 5, W_FENCE);
+	CHECK_EQ(recv_status(a), W_STATUS_OK);
+	CHECK(write_ok(a, rbuf + 0x7000, 16, 64));
+	/* Pipelined behind READs and WRITEs, answered in order. */
+	unsigned char out[3 * W_HDR + 4], in[8 + 4 + 8 + 8];
+	put_hdr(out, 4, (uintptr_t)rbuf, 0x80);
+	put_hdr(out + W_HDR, lc, 10, W_FENCE);
+	put_hdr(out + 2 * W_HDR, 4, (uintptr_t)(rbuf + 0x8000), 0x81);
+	memcpy(out + 3 * W_HDR, "abcd", 4);
+	CHECK(send_all(b, out, sizeof out));
+	CHECK_EQ(recv_exact(b, in, sizeof in, 3000, NULL), (ssize_t)sizeof in);
+	CHECK(get_le64(in) == W_STATUS_OK && memcmp(in + 8, rbuf, 4) == 0);
+	CHECK(get_le64(in + 12) == W_STATUS_OK && get_le64(in + 20) == W_STATUS_OK);
+	CHECK(memcmp(rbuf + 0x8000, "abcd", 4) == 0);
+	CHECK(ends_silently(c, 3000)); /* lane lc up to #10: c is fenced, and closed */
+	close(c);
+	close(a);
+	close(b);
+}
+
+/* A frame the target cannot take: that connection ends (after the replies
+ * before it), with a line naming the peer and why (`line`; the lines are
+ * rate-limited, so only the first cases look); the rest go on. */
+static void expect_frame_refused(const unsigned char *frames, size_t len, size_t replies, const char *line)
+{
+	int fd = dconnect();
+	unsigned char in[64];
+	cap_start();
+	CHECK(send_all(fd, frames, len));
+	if (replies > 0)
+		CHECK_EQ(recv_exact(fd, in, replies, 3000, NULL), (ssize_t)replies);
+	CHECK(ends_silently(fd, 3000));
+	close(fd);
+	usleep(20000);
+	if (line != NULL)
+		CHECK(cap_has(line));
+	te_set_log_handler(NULL, NULL);
+}
+
+static void test_fence_rejects(void)
+{
+	unsigned char f[3 * W_HDR];
+	const uint64_t lane = 0x7766554433221100ull;
+
+	put_hdr(f, lane, 1, W_FENCE); /* no HELLO first */
+	expect_frame_refused(f, W_HDR, 0, "malformed FENCE from 127.0.0.1:");
+	put_hdr(f, 4, (uintptr_t)rbuf, 0x80); /* a HELLO that is not the first frame */
+	put_hdr(f + W_HDR, lane, 1, W_HELLO);
+	expect_frame_refused(f, 2 * W_HDR, 8 + 4, "malformed HELLO from 127.0.0.1:");
+	put_hdr(f, lane, 1, W_HELLO); /* twice */
+	put_hdr(f + W_HDR, lane, 1, W_HELLO);
+	expect_frame_refused(f, 2 * W_HDR, 0, NULL);
+	put_hdr(f, 0, 1, W_HELLO); /* lane 0 */
+	expect_frame_refused(f, W_HDR, 0, NULL);
+	put_hdr(f, lane, 0, W_HELLO); /* generation 0 */
+	expect_frame_refused(f, W_HDR, 0, NULL);
+	put_hdr(f, lane, 1, W_HELLO); /* reserved bytes */
+	f[23] = 1;
+	expect_frame_refused(f, W_HDR, 0, NULL);
+	put_hdr(f, lane, 2, W_HELLO);
+	put_hdr(f + W_HDR, lane + 1, 1, W_FENCE);
+	f[2 * W_HDR - 7] = 0x80;
+	expect_frame_refused(f, 2 * W_HDR, 0, NULL);
+	put_hdr(f + W_HDR, 0, 1, W_FENCE);
+	expect_frame_refused(f, 2 * W_HDR, 0, NULL);
+	put_hdr(f + W_HDR, lane + 1, 0, W_FENCE);
+	expect_frame_refused(f, 2 * W_HDR, 0, NULL);
+	put_hdr(f + W_HDR, lane, 2, W_FENCE); /* its own connection */
+	expect_frame_refused(f, 2 * W_HDR, 0, NULL);
+	put_hdr(f + W_HDR, lane, 3, W_FENCE); /* a later one of its lane */
+	expect_frame_refused(f, 2 * W_HDR, 0, NULL);
+	put_hdr(f, lane, 1, 0x02); /* without the v2 bit: no such opcode */
+	expect_frame_refused(f, W_HDR, 0, NULL);
+	put_hdr(f, lane, 4, W_HELLO); /* READ answered, then the bad FENCE ends it */
+	put_hdr(f + W_HDR, 4, (uintptr_t)rbuf, 0x80);
+	put_hdr(f + 2 * W_HDR, lane + 1, 0, W_FENCE);
+	expect_frame_refused(f, 3 * W_HDR, 8 + 4, NULL);
+	/* and the target still serves */
+	int fd = hello_connect(lane, 5);
+	CHECK(write_ok(fd, rbuf + 0x9000, 16, 65));
+	close(fd);
+}
+
 typedef struct unreg_job {
 	void *addr;
 	long long took;
@@ -286,6 +477,8 @@ static void part_a(void)
 	TEST_RUN(test_padding_ignored);
 	TEST_RUN(test_rejects);
 	TEST_RUN(test_truncated_and_garbage);
+	TEST_RUN(test_fence_frames);
+	TEST_RUN(test_fence_rejects);
 	TEST_RUN(test_stalls);
 	te_engine_destroy(tgt);
 }
@@ -311,20 +504,30 @@ static void *fake_rpc(void *arg)
 	return NULL;
 }
 
-static void fake_start(fake *f, int version)
+/* `extra`: more descriptor members (",\"tcp_fence\":1"), or NULL. */
+static void fake_start_with(fake *f, int version, const char *extra)
 {
 	memset(f, 0, sizeof *f);
 	f->rpc_lfd = listen_any(&f->rpc_port);
 	f->data_lfd = listen_any(&f->data_port);
 	snprintf(f->name, sizeof f->name, "127.0.0.1:%d", f->rpc_port);
-	char ver[40] = "";
+	char ver[200] = "";
 	if (version >= 2)
 		snprintf(ver, sizeof ver, ",\"tcp_proto_version\":%d", version);
+	if (extra != NULL) {
+		size_t l = strlen(ver);
+		snprintf(ver + l, sizeof ver - l, "%s", extra);
+	}
 	snprintf(f->desc, sizeof f->desc,
 		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
 		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d%s,\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
 		 FAKE_BASE, FAKE_LEN, f->name, f->name, f->data_port, ver);
 	REQUIRE(pthread_create(&f->th, NULL, fake_rpc, f) == 0);
+}
+
+static void fake_start(fake *f, int version)
+{
+	fake_start_with(f, version, NULL);
 }
 
 static void fake_stop(fake *f)
@@ -730,6 +933,205 @@ static void test_initiator_reject_then_queued(void)
 	fake_stop(&f);
 }
 
+/* To a peer that says tcp_fence, every connection starts with a HELLO: a
+ * lane (the same for the connections a connection slot opens in turn) and a
+ * generation (one more each time); to a v1 peer, none. */
+static void test_initiator_hello(void)
+{
+	fake f;
+	init in;
+	fake_start_with(&f, 2, ",\"tcp_fence\":1");
+	init_up(&in, &f, NULL, 0);
+	unsigned char h[2 * W_HDR], data[100];
+	uint64_t ok = htole64(W_STATUS_OK), lane = 0;
+	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 0x20, 100 };
+	fill_pattern(data, sizeof data, 16);
+	for (uint64_t gen = 1; gen <= 2; gen++) {
+		submit(&in, &r, 1);
+		int fd = accept_timeout(f.data_lfd, 3000);
+		REQUIRE(fd >= 0);
+		CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
+		if (gen == 1)
+			lane = get_le64(h);
+		CHECK(lane != 0);
+		check_hdr(h, lane, gen, 0x82);
+		check_hdr(h + W_HDR, 100, FAKE_BASE + 0x20, 0x80);
+		CHECK(send_all(fd, &ok, 8) && send_all(fd, data, 100));
+		finish(&in);
+		CHECK(memcmp(in.buf, data, 100) == 0);
+		/* closed while idle: the next request connects again */
+		close(fd);
+		usleep(100000);
+	}
+	init_down(&in);
+	fake_stop(&f);
+
+	/* v1 has no status frames to answer a FENCE: no HELLO either. */
+	fake_start_with(&f, 1, ",\"tcp_fence\":1");
+	init_up(&in, &f, NULL, 0);
+	submit(&in, &r, 1);
+	int fd = accept_timeout(f.data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 100, FAKE_BASE + 0x20, 0x00);
+	CHECK(send_all(fd, data, 100));
+	finish(&in);
+	close(fd);
+	init_down(&in);
+	fake_stop(&f);
+}
+
+/* A listener on `addr`:`port`, or -1 when that port is taken there. */
+static int listen_on(const char *addr, int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	REQUIRE(fd >= 0);
+	inet_pton(AF_INET, addr, &a.sin_addr);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 16) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Listeners on 127.0.0.1 and 127.0.0.2 at one port (from below the
+ * ephemeral range, which other tests' connections may hold on either). */
+static int listen_two(int lfd[2])
+{
+	for (int i = 0; i < 100; i++) {
+		int port = free_port();
+		lfd[0] = listen_on("127.0.0.1", port);
+		lfd[1] = lfd[0] >= 0 ? listen_on("127.0.0.2", port) : -1;
+		if (lfd[1] >= 0)
+			return port;
+		if (lfd[0] >= 0)
+			close(lfd[0]);
+	}
+	REQUIRE(!"no port free on both 127.0.0.1 and 127.0.0.2");
+	return -1;
+}
+
+/* Until `want` bytes are readable on one of the connections accepted from
+ * `lfd` so far (accepting the new ones): its index in fds, or -1. */
+static int first_with(int lfd[2], int *fds, int *nfds, size_t want, int ms)
+{
+	long long end = now_ms() + ms;
+	while (now_ms() < end) {
+		struct pollfd pf[10];
+		int n = 0;
+		for (int i = 0; i < 2; i++)
+			pf[n++] = (struct pollfd){ .fd = lfd[i], .events = POLLIN };
+		for (int i = 0; i < *nfds; i++)
+			pf[n++] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+		if (poll(pf, (nfds_t)n, 50) <= 0)
+			continue;
+		for (int i = 0; i < 2 && *nfds < 8; i++)
+			if (pf[i].revents & POLLIN)
+				fds[(*nfds)++] = accept(lfd[i], NULL, NULL);
+		for (int i = 0; i < *nfds; i++) {
+			int q = 0;
+			if (fds[i] >= 0 && ioctl(fds[i], FIONREAD, &q) == 0 && (size_t)q >= want)
+				return i;
+		}
+	}
+	return -1;
+}
+
+/* Two rails (127.0.0.1, 127.0.0.2); the connection that carries a WRITE is
+ * reset after its last byte arrived, unanswered. With tcp_fence, the WRITE
+ * goes again over the other rail, but only after a FENCE naming the first
+ * connection (its HELLO's lane and generation) was answered; without, it
+ * fails, since the target may still apply the copy it received. */
+static void fence_failover_case(bool fence)
+{
+	int lfd[2], fds[8], nfds = 0;
+	int port = listen_two(lfd);
+	char extra[160];
+	snprintf(extra, sizeof extra, ",\"tcp_data_addresses\":[\"127.0.0.1\",\"127.0.0.2\"]%s",
+		 fence ? ",\"tcp_fence\":1" : "");
+	fake f;
+	init in;
+	fake_start_with(&f, 2, extra);
+	close(f.data_lfd);
+	f.data_lfd = -1;
+	f.data_port = port;
+	/* The descriptor names the data port: written again with the rails'. */
+	snprintf(f.desc, sizeof f.desc,
+		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
+		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d,\"tcp_proto_version\":2%s,"
+		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
+		 FAKE_BASE, FAKE_LEN, f.name, f.name, port, extra);
+	te_option o[2] = { { "TE_TCP_DIRECT", "0" }, { "TE_TCP_SUSPECT_MS", "0" } };
+	init_up(&in, &f, o, 2);
+	cap_start();
+	fill_pattern(in.buf, 64, 17);
+	te_request w = { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE + 0x40, 64 };
+	submit(&in, &w, 1);
+	size_t pre = fence ? W_HDR : 0;
+	int a = first_with(lfd, fds, &nfds, pre + W_HDR + 64, 5000);
+	REQUIRE(a >= 0);
+	unsigned char hello[W_HDR], h[2 * W_HDR], body[64];
+	if (fence) {
+		CHECK_EQ(recv_exact(fds[a], hello, W_HDR, 3000, NULL), W_HDR);
+		CHECK_EQ(hello[16], 0x82);
+	}
+	CHECK_EQ(recv_exact(fds[a], h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 64, FAKE_BASE + 0x40, 0x81);
+	CHECK_EQ(recv_exact(fds[a], body, 64, 3000, NULL), 64);
+	struct linger lg = { 1, 0 };
+	setsockopt(fds[a], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	close(fds[a]); /* a reset: that rail goes down */
+	fds[a] = -1;
+	uint64_t ok = htole64(W_STATUS_OK);
+	if (!fence) {
+		int err = 0;
+		CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
+		CHECK_EQ(task_state(&in, 0, &err), TE_TASK_FAILED);
+		CHECK_EQ(err, -ECONNRESET);
+		CHECK_EQ(te_batch_free(in.e, in.b), 0);
+		CHECK(cap_has("the peer cannot fence"));
+		/* and it went nowhere else */
+		CHECK(first_with(lfd, fds, &nfds, 1, 300) < 0);
+	} else {
+		/* The other connection: its HELLO (the same lane if it is the
+		 * same slot, which it is not), then the FENCE of the first. */
+		int b = first_with(lfd, fds, &nfds, 2 * W_HDR, 5000);
+		REQUIRE(b >= 0);
+		CHECK_EQ(recv_exact(fds[b], h, 2 * W_HDR, 3000, NULL), 2 * W_HDR);
+		CHECK_EQ(h[16], 0x82);
+		CHECK(get_le64(h) != get_le64(hello));
+		check_hdr(h + W_HDR, get_le64(hello), get_le64(hello + 8), 0x83);
+		CHECK(silent_for(fds[b], 200)); /* the WRITE waits for the answer */
+		CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_WAITING);
+		CHECK(send_all(fds[b], &ok, 8));
+		CHECK_EQ(recv_exact(fds[b], h, W_HDR, 3000, NULL), W_HDR);
+		check_hdr(h, 64, FAKE_BASE + 0x40, 0x81);
+		CHECK_EQ(recv_exact(fds[b], body, 64, 3000, NULL), 64);
+		CHECK(memcmp(body, in.buf, 64) == 0);
+		CHECK(send_all(fds[b], &ok, 8));
+		finish(&in);
+		CHECK(cap_has("once the peer fenced this connection"));
+	}
+	te_set_log_handler(NULL, NULL);
+	for (int i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	init_down(&in);
+	close(lfd[0]);
+	close(lfd[1]);
+	atomic_store(&f.stop, 1);
+	pthread_join(f.th, NULL);
+	close(f.rpc_lfd);
+}
+
+static void test_initiator_fence(void)
+{
+	fence_failover_case(true);
+	fence_failover_case(false);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -741,5 +1143,7 @@ int main(void)
 	TEST_RUN(test_initiator_errors);
 	TEST_RUN(test_initiator_reject_midway);
 	TEST_RUN(test_initiator_reject_then_queued);
+	TEST_RUN(test_initiator_hello);
+	TEST_RUN(test_initiator_fence);
 	return check_done();
 }

@@ -46,6 +46,7 @@ static void rail_down_r(tcp_peer *p, tcp_rail *r, const char *why)
 	int64_t now = tcp_now_ms();
 	int64_t first = MIN(TCP_PROBE_MIN_MS, p->ctx->cfg.probe_max_ms);
 	atomic_store(&r->down_at, now);
+	atomic_store(&r->reprobe, 0);
 	atomic_store(&r->backoff, first);
 	atomic_store(&r->next_probe, now + first);
 	/* A peer can close its connections at will: every line it can cause

@@ -136,8 +136,9 @@ static bool suspect(tcp_cconn *cc, int64_t now)
 		return false; /* packets still arrive: slow, not dead */
 	snprintf(why, sizeof why,
 		 "suspect: connection %u received nothing for %lld ms, no ACK for %u ms, %u segments unacknowledged, "
-		 "while %s answered (TE_TCP_SUSPECT_MS)",
-		 cc->idx, (long long)(now - cc->last_rx), ti.tcpi_last_ack_recv, ti.tcpi_unacked, o->name);
+		 "%llu requests unanswered (%llu not sent in full), while %s answered (TE_TCP_SUSPECT_MS)",
+		 cc->idx, (long long)(now - cc->last_rx), ti.tcpi_last_ack_recv, ti.tcpi_unacked,
+		 (unsigned long long)(cc->head - cc->rcv), (unsigned long long)(cc->head - cc->snd), o->name);
 	tcp_cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
 	return true;
 }

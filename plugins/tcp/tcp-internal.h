@@ -374,7 +374,8 @@ struct tcp_ctx {
 	uint32_t link_seq;         /* sequence number of the last dump asked for */
 	bool link_dumping;         /* a dump is under way */
 	bool link_dump_again;      /* events were lost during it, or it was cut short: another after it */
-	bool link_dump_due;        /* asking for one failed: asked again at thread 0's next check */
+	bool link_dump_due;        /* asking for one failed or was refused: asked again at thread 0's next check */
+	int64_t link_dump_at;      /* ms, when the one under way was asked for */
 	tcp_thread *threads;
 	unsigned nthreads;
 	atomic_uint next_thread;   /* round robin for new peers */
@@ -468,7 +469,9 @@ int64_t tcp_rail_silent_since(tcp_cconn *cc, int64_t since);
 int tcp_link_open(tcp_ctx *c);          /* the rtnetlink socket, registered with I/O thread 0 */
 void tcp_link_close(tcp_ctx *c);
 void tcp_link_event(tcp_ctx *c);        /* thread 0: the socket is readable */
-bool tcp_link_resync(tcp_ctx *c);       /* thread 0: asks again for a dump asking failed for; true: still due */
+/* Thread 0's checks: asks again for a dump that asking failed for, or that
+ * did not come; true while one is due or under way. */
+bool tcp_link_resync(tcp_ctx *c, int64_t now);
 int tcp_link_ifindex(const struct sockaddr *local); /* the interface holding a local address, 0: none */
 bool tcp_link_same_ip(const struct sockaddr *a, const struct sockaddr *b);
 

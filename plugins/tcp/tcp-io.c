@@ -250,8 +250,9 @@ static int64_t scan(tcp_thread *t, int64_t now)
 		}
 		next = MIN(next, due);
 	}
-	/* Asking for the link state after lost events failed: again now. */
-	if (t->idx == 0 && tcp_link_resync(t->ctx))
+	/* The link state read again after lost events: asked for again when
+	 * asking failed, watched until it has come. */
+	if (t->idx == 0 && tcp_link_resync(t->ctx, now))
 		next = MIN(next, now + SCAN_MS);
 	/* Accepting paused (out of descriptors): tried again at the next check. */
 	for (unsigned l = 0; t->idx == 0 && l <= t->ctx->nlisten_extra; l++) {
@@ -784,6 +785,7 @@ static bool link_dump(tcp_ctx *c)
 	}
 	c->link_dumping = true;
 	c->link_dump_again = false;
+	c->link_dump_at = tcp_now_ms();
 	return true;
 }
 
@@ -802,25 +804,38 @@ static void link_lost(tcp_ctx *c)
 /* The end of our dump (NLMSG_DONE, or NLMSG_ERROR: refused). */
 static void link_dump_end(tcp_ctx *c, const struct nlmsghdr *nh)
 {
+	c->link_dumping = false;
 	if (nh->nlmsg_type == NLMSG_ERROR) {
 		const struct nlmsgerr *e = NLMSG_DATA(nh);
 		int err = nh->nlmsg_len >= NLMSG_LENGTH(sizeof *e) ? -e->error : EPROTO;
-		if (err == 0)
-			return; /* an acknowledgment, not the end */
 		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rtnetlink: the link state was not sent: %s",
 				    g_strerror(err));
-		c->link_dump_again = true;
+		/* Asked again at the next check, not at once: a refusal
+		 * (EBUSY: a dump still under way) would repeat in a loop. */
+		c->link_dump_due = true;
+		return;
 	}
-	c->link_dumping = false;
 	if (c->link_dump_again)
 		link_dump(c);
 }
 
-bool tcp_link_resync(tcp_ctx *c)
+/* A dump that has not ended within this long is given up and asked for
+ * again (its end may have been lost to an error of the socket). */
+#define LINK_DUMP_MS 2000
+
+bool tcp_link_resync(tcp_ctx *c, int64_t now)
 {
-	if (c->link_dump_due && c->netlink_io.fd >= 0 && !c->link_dumping)
+	if (c->netlink_io.fd < 0)
+		return false;
+	if (c->link_dumping && now - c->link_dump_at > LINK_DUMP_MS) {
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rtnetlink: the link state did not come within %d ms; asking again",
+				    LINK_DUMP_MS);
+		c->link_dumping = false;
+		c->link_dump_due = true;
+	}
+	if (c->link_dump_due && !c->link_dumping)
 		link_dump(c);
-	return c->link_dump_due;
+	return c->link_dumping || c->link_dump_due;
 }
 
 /* Messages read per call: a flood of events (or a long dump) is taken in

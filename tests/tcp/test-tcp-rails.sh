@@ -61,12 +61,11 @@ if [ -n "$mode" ]; then
 	grep -q "^OK $mode " "$tmp/init" || fail "no '$mode' result"
 	ms=$(awk -v w="$mode" '$1 == "OK" && $2 == w { print $3; exit }' "$tmp/init")
 	# lost: the rail's next probe, at most TE_TCP_PROBE_MAX_MS (4 s) after
-	# its last, plus a round; enobufs: at once (the state read again, the
-	# next check, a round).
+	# its last; enobufs: at once (the state read again, the next check).
 	if [ "$mode" = lost ]; then
-		[ "$ms" -lt 7000 ] || fail "the rail whose return was not told took $ms ms to be used"
+		[ "$ms" -lt 6000 ] || fail "the rail whose return was not told took $ms ms to come back"
 	else
-		[ "$ms" -lt 3000 ] || fail "the rail took $ms ms to be used after the events were lost"
+		[ "$ms" -lt 2500 ] || fail "the rail took $ms ms to come back after the events were lost"
 	fi
 	echo "ok in $(( $(date +%s) - start )) s: $(grep '^OK' "$tmp/init" | tr '\n' ';')"
 	exit 0

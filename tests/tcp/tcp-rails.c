@@ -23,8 +23,9 @@
  *
  *   tcp-rails SEGMENT DEV1 DEV2 lost
  *
- * after "OK both": DEV2 goes down (the rail goes down on the link event),
- * then comes back while this process is stopped, and a child of it reads
+ * after "OK both MS" (a round went over both rails, and took neither down,
+ * within MS): DEV2 goes down (the rail goes down on the link event), then
+ * comes back while this process is stopped, and a child of it reads
  * the engine's rtnetlink socket empty: the engine never learns that the link
  * is back. Its probes must find the rail anyway:
  *
@@ -34,7 +35,7 @@
  *
  *   tcp-rails SEGMENT DEV1 DEV2 enobufs SPARE
  *
- * after "OK both": DEV2 goes down (seen); then, while this process is
+ * after "OK both MS": DEV2 goes down (seen); then, while this process is
  * stopped and the engine's rtnetlink socket holds 4 KiB at most, SPARE (an
  * interface of no rail) goes down and up until the socket overflows, DEV1
  * goes down and DEV2 up: the events of both are lost (ENOBUFS). The engine
@@ -913,6 +914,38 @@ int main(int argc, char **argv)
 	memcpy(ref, whole, RD_AREA);
 	munmap(whole, sb.length);
 
+	if (mode[0] != '\0') {
+		/* Both rails carry (their interfaces are known) in a round that
+		 * took none down (a loaded machine can stall one past the 1 s
+		 * timeout), then the mode. */
+		te_set_log_level(TE_LOG_INFO);
+		long long t0 = now_ms(), ms = -1;
+		while (ms < 0 && now_ms() - t0 < 30000) {
+			double mib[2];
+			cap_start();
+			if (!round_on_links(mib))
+				return 1;
+			if (mib[0] >= 4 && mib[1] >= 4 && !cap_has_quiet("is down"))
+				ms = now_ms() - t0;
+		}
+		if (ms < 0) {
+			fprintf(stderr, "tcp-rails: no round over both rails without one going down in 30 s\n");
+			return 1;
+		}
+		printf("OK both %lld\n", ms);
+		fflush(stdout);
+		cap_start();
+		int rc = strcmp(mode, "lost") == 0 ? lost_main() : enobufs_main(argv[5]);
+		if (rc != 0) {
+			pthread_mutex_lock(&cap_lock);
+			fprintf(stderr, "--- the engine's log:\n%s", cap_buf);
+			pthread_mutex_unlock(&cap_lock);
+		}
+		te_segment_close(e, seg);
+		te_engine_destroy(e);
+		return rc;
+	}
+
 	/* (a) both rails up: both carry. */
 	double mib[2], sum[2] = { 0, 0 };
 	long long ta = now_ms();
@@ -934,19 +967,6 @@ int main(int argc, char **argv)
 	}
 	printf("OK both %.1f %.1f %lld\n", sum[0] / rounds, sum[1] / rounds, ta);
 	fflush(stdout);
-	if (mode[0] != '\0') {
-		te_set_log_level(TE_LOG_INFO);
-		cap_start();
-		int rc = strcmp(mode, "lost") == 0 ? lost_main() : enobufs_main(argv[5]);
-		if (rc != 0) {
-			pthread_mutex_lock(&cap_lock);
-			fprintf(stderr, "--- the engine's log:\n%s", cap_buf);
-			pthread_mutex_unlock(&cap_lock);
-		}
-		te_segment_close(e, seg);
-		te_engine_destroy(e);
-		return rc;
-	}
 
 	/* (b) rail 1 down mid-batch: every task completes, every byte right. */
 	te_batch_id b = submit_mixed(64, 32, 21);

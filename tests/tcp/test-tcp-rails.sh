@@ -54,7 +54,7 @@ if [ -n "$mode" ]; then
 		args="$mode fs$tag"
 	fi
 	# shellcheck disable=SC2086 # two words for enobufs
-	TCP_PEER_NAME="$n1.2" TE_LOG_LEVEL=info timeout 60 ip netns exec "$B" "$rails" "$name" "$VB1" "$VB2" $args \
+	TCP_PEER_NAME="$n1.2" TE_LOG_LEVEL=info timeout 80 ip netns exec "$B" "$rails" "$name" "$VB1" "$VB2" $args \
 		>"$tmp/init" 2>&1
 	rc=$?
 	[ $rc = 0 ] || fail "initiator exited $rc"

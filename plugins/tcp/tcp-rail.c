@@ -44,7 +44,13 @@ static void rail_down_r(tcp_peer *p, tcp_rail *r, const char *why)
 		return;
 	int left = atomic_fetch_sub(&p->rails_up, 1) - 1;
 	int64_t now = tcp_now_ms();
-	int64_t first = MIN(TCP_PROBE_MIN_MS, p->ctx->cfg.probe_max_ms);
+	/* A rail whose link is known to be gone is first tried after the
+	 * longest wait (its link event, when it comes, probes it at once): a
+	 * connect into a dead link leaves the kernel's neighbour entry
+	 * unresolved, which delays the first connect after the link returns
+	 * by up to a second. */
+	int64_t first = atomic_load(&r->link_down) ? p->ctx->cfg.probe_max_ms
+						   : MIN(TCP_PROBE_MIN_MS, p->ctx->cfg.probe_max_ms);
 	atomic_store(&r->down_at, now);
 	atomic_store(&r->reprobe, 0);
 	atomic_store(&r->backoff, first);

@@ -127,8 +127,10 @@ static bool suspect(tcp_cconn *cc, int64_t now)
 	tcp_rail *r = tcp_rail_of(cc), *o;
 	char why[256];
 
-	if (ms <= 0 || p->nrails < 2 || !atomic_load(&r->up) || now - cc->last_rx <= ms ||
-	    (o = tcp_other_rail_alive(p, r, now, cc->last_rx, ms)) == NULL)
+	if (ms <= 0 || p->nrails < 2 || !atomic_load(&r->up))
+		return false;
+	int64_t since = tcp_rail_silent_since(cc, cc->last_rx);
+	if (now - since <= ms || (o = tcp_other_rail_alive(p, r, now, since, ms)) == NULL)
 		return false;
 	struct tcp_info ti;
 	socklen_t tl = sizeof ti;
@@ -138,8 +140,9 @@ static bool suspect(tcp_cconn *cc, int64_t now)
 		return false; /* packets still arrive: slow, not dead */
 	snprintf(why, sizeof why,
 		 "suspect: connection %u received nothing for %lld ms, no ACK for %u ms, %u segments unacknowledged, "
-		 "while %s answered (TE_TCP_SUSPECT_MS)",
-		 cc->idx, (long long)(now - cc->last_rx), ti.tcpi_last_ack_recv, ti.tcpi_unacked, o->name);
+		 "%llu requests unanswered (%llu not sent in full), while %s answered (TE_TCP_SUSPECT_MS)",
+		 cc->idx, (long long)(now - cc->last_rx), ti.tcpi_last_ack_recv, ti.tcpi_unacked,
+		 (unsigned long long)(cc->head - cc->rcv), (unsigned long long)(cc->head - cc->snd), o->name);
 	tcp_cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
 	return true;
 }
@@ -169,15 +172,25 @@ static void check_timeout(tcp_cconn *cc, int64_t now)
 	char why[128];
 
 	/* A down rail's first connection tries it again now and then, while
-	 * another rail carries the work (with none up, work connects itself). */
-	if (p->nrails > 1 && cc == &p->conns[cc->rail] && cc->state == CS_DOWN &&
-	    !atomic_load(&tcp_rail_of(cc)->up) && atomic_load(&p->rails_up) > 0 &&
-	    !atomic_load(&tcp_rail_of(cc)->link_down) &&
-	    now >= atomic_load(&tcp_rail_of(cc)->next_probe) && !atomic_load(&c->stopping)) {
-		TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", tcp_rail_of(cc)->name, p->name);
-		cc->probing = true;
-		tcp_cconn_start_connect(cc);
-		return;
+	 * another rail carries the work (with none up, work connects itself),
+	 * whether or not its link is said to be down: the event saying it is
+	 * back may have been lost. */
+	tcp_rail *r = tcp_rail_of(cc);
+	if (p->nrails > 1 && cc == &p->conns[cc->rail] && !atomic_load(&r->up) && atomic_load(&p->rails_up) > 0 &&
+	    !atomic_load(&c->stopping)) {
+		/* The link came back while a probe waited for an answer its SYN,
+		 * sent into the dead link, cannot bring before a retransmission
+		 * seconds away: it starts again. */
+		if (cc->state == CS_CONNECTING && cc->probing && cc->head == cc->tail &&
+		    atomic_exchange(&r->reprobe, 0))
+			tcp_cconn_go_down(cc);
+		if (cc->state == CS_DOWN && now >= atomic_load(&r->next_probe)) {
+			TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", r->name, p->name);
+			atomic_store(&r->reprobe, 0);
+			cc->probing = true;
+			tcp_cconn_start_connect(cc);
+			return;
+		}
 	}
 	if (cc->state == CS_CONNECTING && now > cc->connect_deadline) {
 		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",

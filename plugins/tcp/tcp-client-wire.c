@@ -188,8 +188,9 @@ int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res)
 	}
 	if ((size_t)r < total && !cc->io.hup)
 		cc->io.rd = false; /* drained: the next arrival brings a new edge */
-	cc->io.last_progress = cc->last_rx = tcp_now_ms();
-	atomic_store_explicit(&tcp_rail_of(cc)->last_rx, cc->last_rx, memory_order_relaxed);
+	int64_t now = tcp_now_ms();
+	tcp_rail_heard(cc, now);
+	cc->io.last_progress = cc->last_rx = now;
 	uint64_t left = (uint64_t)r;
 	for (uint64_t i = cc->rcv; left > 0 && i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);

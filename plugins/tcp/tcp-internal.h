@@ -75,6 +75,7 @@ typedef struct tcp_config {
 	int64_t timeout_ms;      /* no progress for this long with work pending: fail */
 	int64_t connect_timeout_ms;
 	int64_t suspect_ms;      /* a rail stalled this long while another moved data: abandoned; 0: never */
+	int64_t probe_max_ms;    /* a down rail is tried again at least this often */
 	int64_t idle_ms;         /* an outgoing connection idle this long is closed; 0: never */
 	int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
 	unsigned max_inbound;    /* accepted connections at once */
@@ -97,7 +98,8 @@ typedef struct tcp_config {
 #define TCP_MAX_RAILS 8      /* data addresses of one engine */
 #define TCP_MAX_FAILOVERS 16 /* moves of one slice to another rail before it fails */
 #define TCP_PROBE_MIN_MS 1000 /* a down rail is tried again after this long, */
-#define TCP_PROBE_MAX_MS 4000 /* doubling up to this while it stays down */
+#define TCP_PROBE_MAX_MS 4000 /* doubling up to this (TE_TCP_PROBE_MAX_MS) while it stays down */
+#define TCP_PROBE_CAP_MS 5000 /* the most TE_TCP_PROBE_MAX_MS may be */
 #define TCP_MAX_SPIN_US 1000  /* TE_SPIN_US */
 #define TCP_MIN_LANES 4096    /* lanes a target remembers (more with TE_TCP_MAX_INBOUND) */
 
@@ -258,9 +260,13 @@ typedef struct tcp_rail {
 	atomic_llong inflight;     /* requests on its connections' rings */
 	/* The local interface its connections leave by (learned at connect, 0:
 	 * unknown) and whether rtnetlink said that interface lost its carrier or
-	 * the local address (then the rail is not probed until they return). */
+	 * the local address (a rail kept up as the last one then goes down when
+	 * another comes back). A down rail is probed whatever this says: the
+	 * event saying the link is back can be lost, or name an interface
+	 * created anew. */
 	atomic_int ifindex;
 	atomic_int link_down;
+	atomic_int reprobe;        /* its link came back: a probe still connecting starts again */
 	struct sockaddr_storage local; /* the local address of its last connection (peer lock) */
 } tcp_rail;
 
@@ -271,6 +277,11 @@ struct tcp_peer {
 	tcp_rail *rails;           /* nrails of them, allocated with the peer */
 	unsigned nrails;           /* connection i runs over rails[i % nrails] */
 	atomic_int rails_up;
+	/* ms, when one of its connections last received bytes after more than
+	 * TE_TCP_SUSPECT_MS without any while it had requests in flight: the
+	 * peer was silent there too (stopped, or overloaded), so another
+	 * connection's silence up to then says nothing about its path. */
+	atomic_llong woke_at;
 	atomic_int closing;        /* segment closed: I/O threads kick none of its connections */
 	atomic_int kicking;        /* I/O threads kicking its connections right now */
 	int version;               /* 1 or 2 */
@@ -413,6 +424,13 @@ struct tcp_ctx {
 	char rails[TCP_MAX_RAILS][64];      /* TE_TCP_RAILS resolved to numeric addresses */
 	unsigned nrails;
 	tcp_io netlink_io;         /* rtnetlink link and address events (I/O thread 0), fd -1: none */
+	/* Reading the link state again after events were lost (thread 0). */
+	uint32_t link_pid;         /* the socket's netlink port id */
+	uint32_t link_seq;         /* sequence number of the last dump asked for */
+	bool link_dumping;         /* a dump is under way */
+	bool link_dump_again;      /* events were lost during it, or it was cut short: another after it */
+	bool link_dump_due;        /* asking for one failed or was refused: asked again at thread 0's next check */
+	int64_t link_dump_at;      /* ms, when the one under way was asked for */
 	tcp_thread *threads;
 	unsigned nthreads;
 	atomic_uint next_thread;   /* round robin for new peers */
@@ -499,11 +517,20 @@ tcp_rail *tcp_other_rail_alive(tcp_peer *p, const tcp_rail *r, int64_t now, int6
 void tcp_rail_up(tcp_cconn *cc);
 /* A probing connect over a down rail failed: the next waits longer. */
 void tcp_rail_probe_failed(tcp_cconn *cc);
+/* A connection received bytes at `now` (before its last_rx is updated). */
+void tcp_rail_heard(tcp_cconn *cc, int64_t now);
+/* The first time a connection that has been silent since `since` may be
+ * found suspect: after TE_TCP_SUSPECT_MS of silence that the peer did not
+ * share. */
+int64_t tcp_rail_silent_since(tcp_cconn *cc, int64_t since);
 
 /* tcp-io.c: link events */
 int tcp_link_open(tcp_ctx *c);          /* the rtnetlink socket, registered with I/O thread 0 */
 void tcp_link_close(tcp_ctx *c);
 void tcp_link_event(tcp_ctx *c);        /* thread 0: the socket is readable */
+/* Thread 0's checks: asks again for a dump that asking failed for, or that
+ * did not come; true while one is due or under way. */
+bool tcp_link_resync(tcp_ctx *c, int64_t now);
 int tcp_link_ifindex(const struct sockaddr *local); /* the interface holding a local address, 0: none */
 bool tcp_link_same_ip(const struct sockaddr *a, const struct sockaddr *b);
 

@@ -250,6 +250,10 @@ static int64_t scan(tcp_thread *t, int64_t now)
 		}
 		next = MIN(next, due);
 	}
+	/* The link state read again after lost events: asked for again when
+	 * asking failed, watched until it has come. */
+	if (t->idx == 0 && tcp_link_resync(t->ctx, now))
+		next = MIN(next, now + SCAN_MS);
 	/* Accepting paused (out of descriptors): tried again at the next check. */
 	for (unsigned l = 0; t->idx == 0 && l <= t->ctx->nlisten_extra; l++) {
 		tcp_io *lio = l == 0 ? &t->ctx->listen_io : &t->ctx->listen_extra[l - 1];
@@ -650,6 +654,13 @@ int tcp_link_open(tcp_ctx *c)
 		close(fd);
 		return err;
 	}
+	socklen_t sl = sizeof sa;
+	if (getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
+		int err = -errno;
+		close(fd);
+		return err;
+	}
+	c->link_pid = sa.nl_pid;
 	c->netlink_io.fd = fd;
 	c->netlink_io.thr = &c->threads[0];
 	int rc = tcp_io_register(&c->netlink_io, EPOLLIN);
@@ -745,26 +756,131 @@ static void on_addr(tcp_ctx *c, const struct nlmsghdr *nh)
 	tcp_rails_link_event(c, (int)ifa->ifa_index, (struct sockaddr *)&ss, up, why);
 }
 
+/* Asks the kernel for every link's state (an RTM_GETLINK dump), after
+ * events were lost; its answers arrive on the event socket and go through
+ * on_link like events. False when it could not be asked (retried at thread
+ * 0's next check). One dump at a time: the kernel refuses a second while one
+ * is under way on the socket. */
+static bool link_dump(tcp_ctx *c)
+{
+	struct {
+		struct nlmsghdr nh;
+		struct ifinfomsg ifi;
+	} req;
+	struct sockaddr_nl to = { .nl_family = AF_NETLINK };
+
+	memset(&req, 0, sizeof req);
+	req.nh.nlmsg_len = NLMSG_LENGTH(sizeof req.ifi);
+	req.nh.nlmsg_type = RTM_GETLINK;
+	req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	req.nh.nlmsg_seq = ++c->link_seq;
+	req.nh.nlmsg_pid = c->link_pid;
+	req.ifi.ifi_family = AF_UNSPEC;
+	c->link_dump_due = false;
+	if (sendto(c->netlink_io.fd, &req, req.nh.nlmsg_len, MSG_DONTWAIT, (struct sockaddr *)&to, sizeof to) < 0) {
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rtnetlink: cannot ask for the link state: %s",
+				    g_strerror(errno));
+		c->link_dump_due = true;
+		return false;
+	}
+	c->link_dumping = true;
+	c->link_dump_again = false;
+	c->link_dump_at = tcp_now_ms();
+	return true;
+}
+
+/* Events were lost: the link state is read again, now or after the dump
+ * under way (which may have passed a link before its lost event). */
+static void link_lost(tcp_ctx *c)
+{
+	TE_HOST_LOG_LIMITED(c->host, TE_LOG_INFO, "rtnetlink: link events lost (%s); reading the link state again",
+			    g_strerror(ENOBUFS));
+	if (c->link_dumping)
+		c->link_dump_again = true;
+	else
+		link_dump(c);
+}
+
+/* The end of our dump (NLMSG_DONE, or NLMSG_ERROR: refused). */
+static void link_dump_end(tcp_ctx *c, const struct nlmsghdr *nh)
+{
+	c->link_dumping = false;
+	if (nh->nlmsg_type == NLMSG_ERROR) {
+		const struct nlmsgerr *e = NLMSG_DATA(nh);
+		int err = nh->nlmsg_len >= NLMSG_LENGTH(sizeof *e) ? -e->error : EPROTO;
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rtnetlink: the link state was not sent: %s",
+				    g_strerror(err));
+		/* Asked again at the next check, not at once: a refusal
+		 * (EBUSY: a dump still under way) would repeat in a loop. */
+		c->link_dump_due = true;
+		return;
+	}
+	if (c->link_dump_again)
+		link_dump(c);
+}
+
+/* A dump that has not ended within this long is given up and asked for
+ * again (its end may have been lost to an error of the socket). */
+#define LINK_DUMP_MS 2000
+
+bool tcp_link_resync(tcp_ctx *c, int64_t now)
+{
+	if (c->netlink_io.fd < 0)
+		return false;
+	if (c->link_dumping && now - c->link_dump_at > LINK_DUMP_MS) {
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rtnetlink: the link state did not come within %d ms; asking again",
+				    LINK_DUMP_MS);
+		c->link_dumping = false;
+		c->link_dump_due = true;
+	}
+	if (c->link_dump_due && !c->link_dumping)
+		link_dump(c);
+	return c->link_dumping || c->link_dump_due;
+}
+
+/* Messages read per call: a flood of events (or a long dump) is taken in
+ * turns with the thread's connections (the socket is level-triggered). */
+#define LINK_READS 64
+
 void tcp_link_event(tcp_ctx *c)
 {
 	/* Aligned for the nlmsghdr casts. */
 	union { char b[16384]; struct nlmsghdr h; } buf;
 
-	for (;;) {
-		ssize_t n = recv(c->netlink_io.fd, buf.b, sizeof buf.b, MSG_DONTWAIT);
+	for (int reads = 0; reads < LINK_READS; reads++) {
+		struct sockaddr_nl from;
+		struct iovec iov = { buf.b, sizeof buf.b };
+		struct msghdr mh = { .msg_name = &from, .msg_namelen = sizeof from, .msg_iov = &iov, .msg_iovlen = 1 };
+		ssize_t n = recvmsg(c->netlink_io.fd, &mh, MSG_DONTWAIT);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			/* ENOBUFS: events were lost in a burst; the probes and the
-			 * stall checks still cover whatever they said. */
+			/* ENOBUFS: the socket's buffer overflowed and events were
+			 * dropped (the socket itself goes on). */
+			if (errno == ENOBUFS) {
+				link_lost(c);
+				continue;
+			}
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
 				TLOG(c, TE_LOG_DEBUG, "rtnetlink: %s", g_strerror(errno));
-			if (errno == ENOBUFS)
-				continue;
 			return;
+		}
+		/* Only the kernel speaks for the links; a datagram cut short is
+		 * not parsed (nothing this socket receives should be: 16 KiB is
+		 * more than a link's message). */
+		if (mh.msg_namelen != sizeof from || from.nl_pid != 0 || (mh.msg_flags & MSG_TRUNC)) {
+			if (mh.msg_flags & MSG_TRUNC)
+				TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "rtnetlink: a message longer than %zu bytes skipped",
+						    sizeof buf.b);
+			continue;
 		}
 		int len = (int)n;
 		for (const struct nlmsghdr *nh = &buf.h; NLMSG_OK(nh, (unsigned)len); nh = NLMSG_NEXT(nh, len)) {
+			bool ours = c->link_dumping && nh->nlmsg_seq == c->link_seq && nh->nlmsg_pid == c->link_pid;
+			/* A dump that links changed under (the kernel says so) may
+			 * hold a stale state: read once more after it. */
+			if (ours && (nh->nlmsg_flags & NLM_F_DUMP_INTR))
+				c->link_dump_again = true;
 			switch (nh->nlmsg_type) {
 			case RTM_NEWLINK:
 			case RTM_DELLINK:
@@ -773,6 +889,11 @@ void tcp_link_event(tcp_ctx *c)
 			case RTM_NEWADDR:
 			case RTM_DELADDR:
 				on_addr(c, nh);
+				break;
+			case NLMSG_DONE:
+			case NLMSG_ERROR:
+				if (ours)
+					link_dump_end(c, nh);
 				break;
 			default:
 				break;

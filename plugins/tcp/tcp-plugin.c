@@ -63,6 +63,8 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	cfg->connect_timeout_ms = (int64_t)te_host_config_u64(h, "TE_TCP_CONNECT_TIMEOUT_MS", NULL,
 								   DEFAULT_CONNECT_TIMEOUT_MS, 100, 600000);
 	cfg->suspect_ms = (int64_t)te_host_config_u64(h, "TE_TCP_SUSPECT_MS", NULL, DEFAULT_SUSPECT_MS, 0, 3600000);
+	cfg->probe_max_ms = (int64_t)te_host_config_u64(h, "TE_TCP_PROBE_MAX_MS", NULL, TCP_PROBE_MAX_MS, 100,
+							 TCP_PROBE_CAP_MS);
 	/* An idle outgoing connection is closed after this long (0: never), so
 	 * that an engine's descriptors do not grow with every peer it ever
 	 * talked to. */
@@ -832,6 +834,7 @@ static int tcp_report(const te_host *h, char **text)
 		"  bytes in flight        %llu per connection (TE_TCP_WINDOW)\n"
 		"  stall timeout          %lld ms (TE_TCP_TIMEOUT_MS)\n"
 		"  rail suspect after     %lld ms without progress (TE_TCP_SUSPECT_MS, 0: off)\n"
+		"  down rails tried       every %lld ms at most (TE_TCP_PROBE_MAX_MS)\n"
 		"  idle connections close %lld ms after their last use (TE_TCP_IDLE_MS, 0: never)\n"
 		"  data port              %s (TE_TCP_PORT)\n"
 		"  data addresses         %s (TE_TCP_RAILS)\n"
@@ -839,7 +842,7 @@ static int tcp_report(const te_host *h, char **text)
 		"  spin before sleeping   %lld us (TE_SPIN_US, 0: off)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
 		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms,
-		(long long)cfg.idle_ms, cfg.port ? "fixed" : "any free one",
+		(long long)cfg.probe_max_ms, (long long)cfg.idle_ms, cfg.port ? "fixed" : "any free one",
 		cfg.rails[0] ? cfg.rails : "the engine's address", cfg.direct ? "on an idle connection" : "never",
 		(long long)(cfg.spin_ns / 1000));
 	if (*text == NULL)

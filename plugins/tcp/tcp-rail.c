@@ -2,9 +2,9 @@
 /*
  * A peer's rails: its data addresses (its descriptor's tcp_data_addresses),
  * each up or down. A rail goes down when its connections fail or the local
- * interface they leave by goes away, and is probed, with a growing backoff,
- * until a connection over it comes up again; meanwhile its work goes to the
- * other rails.
+ * interface they leave by goes away, and is probed, with a growing backoff
+ * (at most TE_TCP_PROBE_MAX_MS), until a connection over it comes up again,
+ * whatever the link events say; meanwhile its work goes to the other rails.
  */
 #include "tcp-internal.h"
 
@@ -44,9 +44,17 @@ static void rail_down_r(tcp_peer *p, tcp_rail *r, const char *why)
 		return;
 	int left = atomic_fetch_sub(&p->rails_up, 1) - 1;
 	int64_t now = tcp_now_ms();
+	/* A rail whose link is known to be gone is first tried after the
+	 * longest wait (its link event, when it comes, probes it at once): a
+	 * connect into a dead link leaves the kernel's neighbour entry
+	 * unresolved, which delays the first connect after the link returns
+	 * by up to a second. */
+	int64_t first = atomic_load(&r->link_down) ? p->ctx->cfg.probe_max_ms
+						   : MIN(TCP_PROBE_MIN_MS, p->ctx->cfg.probe_max_ms);
 	atomic_store(&r->down_at, now);
-	atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
-	atomic_store(&r->next_probe, now + TCP_PROBE_MIN_MS);
+	atomic_store(&r->reprobe, 0);
+	atomic_store(&r->backoff, first);
+	atomic_store(&r->next_probe, now + first);
 	/* A peer can close its connections at will: every line it can cause
 	 * this way is rate-limited. */
 	TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "rail %s of %s is down (%s) after %llu bytes; %d of %u rails left%s",
@@ -116,9 +124,12 @@ void tcp_rails_link_event(tcp_ctx *c, int ifindex, const struct sockaddr *addr, 
 				}
 				rail_down_r(p, r, why);
 			} else if (atomic_exchange(&r->link_down, 0) && !atomic_load(&r->up)) {
-				/* Probed at the next check rather than after its backoff. */
-				atomic_store(&r->backoff, TCP_PROBE_MIN_MS);
+				/* Probed at the next check rather than after its backoff;
+				 * a probe sent while the link was gone (its SYN lost,
+				 * retransmitted seconds later) starts again. */
+				atomic_store(&r->backoff, MIN(TCP_PROBE_MIN_MS, c->cfg.probe_max_ms));
 				atomic_store(&r->next_probe, now);
+				atomic_store(&r->reprobe, 1);
 				TE_HOST_LOG_LIMITED(c->host, TE_LOG_INFO, "rail %s of %s: %s; probing it", r->name, p->name,
 						    why);
 			}
@@ -157,8 +168,32 @@ void tcp_rail_probe_failed(tcp_cconn *cc)
 	cc->probing = false;
 	if (cc != &p->conns[cc->rail])
 		return;
-	long long b = MIN(atomic_load(&r->backoff) * 2, TCP_PROBE_MAX_MS);
+	long long b = MIN(atomic_load(&r->backoff) * 2, p->ctx->cfg.probe_max_ms);
 	atomic_store(&r->backoff, b);
 	atomic_store(&r->next_probe, tcp_now_ms() + b);
 	TLOG(p->ctx, TE_LOG_DEBUG, "rail %s of %s still down; next try in %lld ms", r->name, p->name, b);
+}
+
+void tcp_rail_heard(tcp_cconn *cc, int64_t now)
+{
+	tcp_peer *p = cc->peer;
+	int64_t ms = p->ctx->cfg.suspect_ms;
+
+	/* last_rx is when work arrived on the idle connection or its last
+	 * answer: a longer wait means the peer stopped answering here too. */
+	if (p->nrails > 1 && ms > 0 && now - cc->last_rx > ms) {
+		long long w = atomic_load(&p->woke_at);
+		while (w < now && !atomic_compare_exchange_weak(&p->woke_at, &w, now))
+			;
+	}
+	atomic_store_explicit(&tcp_rail_of(cc)->last_rx, now, memory_order_relaxed);
+}
+
+/* A peer that was silent on every rail (stopped, swapped out, overloaded)
+ * answers again on one connection first: the others, whose requests it has
+ * not read yet, are not suspect before it had TE_TCP_SUSPECT_MS to answer
+ * them. */
+int64_t tcp_rail_silent_since(tcp_cconn *cc, int64_t since)
+{
+	return MAX(since, (int64_t)atomic_load(&cc->peer->woke_at));
 }

@@ -21,6 +21,32 @@
  *   OK alldown-new MS N      a batch submitted with both down: all N FAILED
  *   OK bothback MS           both up: MS until both carried bytes again
  *
+ *   tcp-rails SEGMENT DEV1 DEV2 lost
+ *
+ * after "OK both MS" (a round went over both rails, and took neither down,
+ * within MS): DEV2 goes down (the rail goes down on the link event), then
+ * comes back while this process is stopped, and a child of it reads
+ * the engine's rtnetlink socket empty: the engine never learns that the link
+ * is back. Its probes must find the rail anyway:
+ *
+ *   OK lost MS N             N "carrier back" messages taken from the
+ *                            engine; DEV2's rail was up again MS after the
+ *                            link (then it carried bytes)
+ *
+ *   tcp-rails SEGMENT DEV1 DEV2 enobufs SPARE
+ *
+ * after "OK both MS": DEV2 goes down (seen); then, while this process is
+ * stopped and the engine's rtnetlink socket holds 4 KiB at most, SPARE (an
+ * interface of no rail) goes down and up until the socket overflows, DEV1
+ * goes down and DEV2 up: the events of both are lost (ENOBUFS). The engine
+ * must read the link state again and act on it: DEV1's rail down, DEV2's
+ * probed at once:
+ *
+ *   OK enobufs MS            DEV2's rail was up again MS after this process
+ *                            went on; a round went all over DEV2, none over
+ *                            DEV1; then DEV1 is up again (an event seen)
+ *                            and both carry
+ *
  * The per-link byte counts come from /sys/class/net/DEV/statistics, which the
  * namespace's own sysfs shows (ip netns exec mounts it).
  *
@@ -35,6 +61,8 @@
  * there to the target's port brings the rail back; then the relay drops its
  * connections mid-batch (reset: the rail's requests go over the other).
  */
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
@@ -208,6 +236,287 @@ static long long until_used(bool which[2])
 		usleep(50000);
 	}
 	return -1;
+}
+
+/* ------------------------------------------- lost link events (netns) */
+
+/* IFF_LOWER_UP: <linux/if.h> has it, but clashes with <net/if.h>. */
+#define LOWER_UP 0x10000
+
+/* The engine's rtnetlink socket: the one netlink socket of this process
+ * that listens to the link group (the TCP transport's link events). */
+static int engine_netlink_fd(void)
+{
+	for (int fd = 3; fd < 4096; fd++) {
+		int dom = 0, proto = -1;
+		socklen_t l = sizeof dom;
+		if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) < 0 || dom != AF_NETLINK)
+			continue;
+		l = sizeof proto;
+		struct sockaddr_nl sa;
+		socklen_t sl = sizeof sa;
+		if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 && proto == NETLINK_ROUTE &&
+		    getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && (sa.nl_groups & RTMGRP_LINK))
+			return fd;
+	}
+	return -1;
+}
+
+/* link_set for a child: false instead of exit. */
+static bool link_flags(const char *d, bool up)
+{
+	struct ifreq ifr;
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	bool ok = fd >= 0;
+
+	memset(&ifr, 0, sizeof ifr);
+	snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", d);
+	if (ok && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+		if (up)
+			ifr.ifr_flags |= IFF_UP;
+		else
+			ifr.ifr_flags &= ~IFF_UP;
+		ok = ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+	} else {
+		ok = false;
+	}
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* Waits (3 s at most) until the kernel reports DEV operationally up: the
+ * carrier's event has been sent by then. */
+static bool wait_oper_up(const char *d)
+{
+	char path[128];
+	snprintf(path, sizeof path, "/sys/class/net/%s/operstate", d);
+	for (int i = 0; i < 300; i++) {
+		char st[16] = "";
+		FILE *f = fopen(path, "r");
+		if (f != NULL) {
+			if (fgets(st, sizeof st, f) == NULL)
+				st[0] = '\0';
+			fclose(f);
+		}
+		if (strncmp(st, "up", 2) == 0) {
+			usleep(100000); /* the event follows the state */
+			return true;
+		}
+		usleep(10000);
+	}
+	return false;
+}
+
+/* Whether process `pid` is stopped (its state in /proc is T). */
+static bool is_stopped(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return false;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')');
+	return p != NULL && p[1] == ' ' && p[2] == 'T';
+}
+
+/* Runs fn(arg) in a child while this process, the engine's threads with it,
+ * is stopped: whatever the kernel tells the engine meanwhile waits in its
+ * sockets, unread. Returns fn's result (0..125), or -1. */
+static int while_stopped(int (*fn)(void *), void *arg)
+{
+	pid_t parent = getpid();
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int rc = 126;
+		if (kill(parent, SIGSTOP) == 0) {
+			for (int i = 0; i < 500 && !is_stopped(parent); i++)
+				usleep(2000);
+			rc = is_stopped(parent) ? fn(arg) : 126;
+		}
+		kill(parent, SIGCONT);
+		_exit(rc);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) && WEXITSTATUS(st) < 126 ? WEXITSTATUS(st) : -1;
+}
+
+/* Messages in a netlink datagram saying interface `ifindex` is up with its
+ * carrier. */
+static int up_messages(const char *buf, ssize_t n, int ifindex)
+{
+	int count = 0, len = (int)n;
+	for (const struct nlmsghdr *nh = (const void *)buf; NLMSG_OK(nh, (unsigned)len); nh = NLMSG_NEXT(nh, len)) {
+		const struct ifinfomsg *ifi = NLMSG_DATA(nh);
+		if (nh->nlmsg_type == RTM_NEWLINK && nh->nlmsg_len >= NLMSG_LENGTH(sizeof *ifi) &&
+		    ifi->ifi_index == ifindex && (ifi->ifi_flags & IFF_UP) && (ifi->ifi_flags & LOWER_UP))
+			count++;
+	}
+	return count;
+}
+
+typedef struct steal {
+	int nl;          /* the engine's rtnetlink socket */
+	const char *dev; /* the link to bring back */
+} steal;
+
+/* Child, the engine stopped: DEV up, then every message the engine's
+ * socket holds read away. Returns how many said DEV is back (0: failed). */
+static int steal_up(void *arg)
+{
+	steal *st = arg;
+	union { char b[65536]; struct nlmsghdr h; } buf;
+	int ifindex = (int)if_nametoindex(st->dev), got = 0;
+
+	if (ifindex <= 0 || !link_flags(st->dev, true) || !wait_oper_up(st->dev))
+		return 0;
+	for (;;) {
+		ssize_t n = recv(st->nl, buf.b, sizeof buf.b, MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == ENOBUFS)
+			return 0; /* events lost: not what this test is about */
+		if (n <= 0)
+			break;
+		got += up_messages(buf.b, n, ifindex);
+	}
+	return got > 100 ? 100 : got;
+}
+
+typedef struct flood {
+	const char *spare, *down, *up;
+} flood;
+
+/* Child, the engine stopped (its socket holding 4 KiB at most): SPARE
+ * flaps until the socket must have overflowed, then DOWN goes down and UP
+ * comes up, their events lost. 1: done, 0: failed. */
+static int overflow(void *arg)
+{
+	flood *f = arg;
+	for (int i = 0; i < 32; i++)
+		if (!link_flags(f->spare, i % 2 == 1))
+			return 0;
+	if (!link_flags(f->down, false) || !link_flags(f->up, true) || !wait_oper_up(f->up))
+		return 0;
+	return 1;
+}
+
+/* Waits (15 s at most) for a log line holding `what`: ms since `t0`, or -1. */
+static long long log_after(const char *what, long long t0)
+{
+	while (!cap_has_quiet(what)) {
+		if (now_ms() - t0 > 15000)
+			return cap_has(what) ? now_ms() - t0 : -1;
+		usleep(5000);
+	}
+	return now_ms() - t0;
+}
+
+static bool log_within(const char *what)
+{
+	return log_after(what, now_ms()) >= 0;
+}
+
+/* "lost": DEV2's return is never told to the engine; its probes find it. */
+static int lost_main(void)
+{
+	int nl = engine_netlink_fd();
+	if (nl < 0) {
+		fprintf(stderr, "tcp-rails: the engine has no rtnetlink socket\n");
+		return 1;
+	}
+	char line[128];
+	snprintf(line, sizeof line, "is down (local interface %s", dev[1]);
+	link_set(dev[1], "down");
+	if (!log_within(line))
+		return 1;
+	steal st = { nl, dev[1] };
+	int got = while_stopped(steal_up, &st);
+	long long t0 = now_ms();
+	if (got <= 0) {
+		fprintf(stderr, "tcp-rails: no message saying %s is back was taken from the engine (%d)\n", dev[1], got);
+		return 1;
+	}
+	/* The rail is back once a probe connects (the time a round takes
+	 * under a sanitizer on a loaded machine is not the plugin's). */
+	long long back = log_after("is up again", t0);
+	snprintf(line, sizeof line, "local interface %s has its carrier again", dev[1]);
+	if (cap_has_quiet(line)) {
+		fprintf(stderr, "tcp-rails: the engine saw %s come back: nothing tested\n", dev[1]);
+		return 1;
+	}
+	if (back < 0 || until_used((bool[2]){ false, true }) < 0) {
+		fprintf(stderr, "tcp-rails: %s up again but unused after 15 s\n", dev[1]);
+		return 1;
+	}
+	printf("OK lost %lld %d\n", back, got);
+	return 0;
+}
+
+/* "enobufs": events lost in an overflow; the link state read again. */
+static int enobufs_main(const char *spare)
+{
+	int nl = engine_netlink_fd();
+	if (nl < 0) {
+		fprintf(stderr, "tcp-rails: the engine has no rtnetlink socket\n");
+		return 1;
+	}
+	char line[128];
+	snprintf(line, sizeof line, "is down (local interface %s", dev[1]);
+	link_set(dev[1], "down");
+	if (!log_within(line))
+		return 1;
+	/* A small buffer overflows after a few events (the kernel doubles
+	 * the value and keeps a minimum of its own). */
+	int rcvbuf = 0, small = 2048;
+	socklen_t l = sizeof rcvbuf;
+	REQUIRE(getsockopt(nl, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &l) == 0);
+	REQUIRE(setsockopt(nl, SOL_SOCKET, SO_RCVBUF, &small, sizeof small) == 0);
+	flood f = { spare, dev[0], dev[1] };
+	int rc = while_stopped(overflow, &f);
+	long long t0 = now_ms();
+	rcvbuf /= 2;
+	REQUIRE(setsockopt(nl, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf) == 0);
+	if (rc != 1) {
+		fprintf(stderr, "tcp-rails: flooding the link events failed\n");
+		return 1;
+	}
+	if (!log_within("link events lost"))
+		return 1;
+	/* Both states come from the state read again: the events were lost. */
+	snprintf(line, sizeof line, "local interface %s has its carrier again", dev[1]);
+	if (!log_within(line))
+		return 1;
+	snprintf(line, sizeof line, "local interface %s is down", dev[0]);
+	long long back = log_after("is up again", t0);
+	if (!log_within(line) || back < 0)
+		return 1;
+	/* DEV2 carries it all, DEV1 (down) nothing: its rail went down too. */
+	double mib[2];
+	unsigned long long b1 = link_bytes(dev[0]);
+	if (!round_on_links(mib))
+		return 1;
+	if (link_bytes(dev[0]) != b1 || mib[1] < 64) {
+		fprintf(stderr, "tcp-rails: %s down and %s back: %.1f MiB over %s, %llu bytes over %s\n", dev[0], dev[1],
+			mib[1], dev[1], link_bytes(dev[0]) - b1, dev[0]);
+		return 1;
+	}
+	link_set(dev[0], "up");
+	if (until_used((bool[2]){ true, true }) < 0) {
+		fprintf(stderr, "tcp-rails: both links up again, not both used after 15 s\n");
+		return 1;
+	}
+	printf("OK enobufs %lld\n", back);
+	return 0;
 }
 
 /* ------------------------------------------------------ loopback mode */
@@ -572,8 +881,9 @@ int main(int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[1], "loopback") == 0)
 		return loopback_main();
-	if (argc != 4) {
-		fprintf(stderr, "usage: tcp-rails SEGMENT DEV1 DEV2 | loopback\n");
+	const char *mode = argc >= 5 ? argv[4] : "";
+	if (!(argc == 4 || (argc == 5 && strcmp(mode, "lost") == 0) || (argc == 6 && strcmp(mode, "enobufs") == 0))) {
+		fprintf(stderr, "usage: tcp-rails SEGMENT DEV1 DEV2 [lost | enobufs SPARE] | loopback\n");
 		return 2;
 	}
 	dev[0] = argv[2];
@@ -603,6 +913,38 @@ int main(int argc, char **argv)
 	fill_pattern(whole, sb.length, SEED);
 	memcpy(ref, whole, RD_AREA);
 	munmap(whole, sb.length);
+
+	if (mode[0] != '\0') {
+		/* Both rails carry (their interfaces are known) in a round that
+		 * took none down (a loaded machine can stall one past the 1 s
+		 * timeout), then the mode. */
+		te_set_log_level(TE_LOG_INFO);
+		long long t0 = now_ms(), ms = -1;
+		while (ms < 0 && now_ms() - t0 < 30000) {
+			double mib[2];
+			cap_start();
+			if (!round_on_links(mib))
+				return 1;
+			if (mib[0] >= 4 && mib[1] >= 4 && !cap_has_quiet("is down"))
+				ms = now_ms() - t0;
+		}
+		if (ms < 0) {
+			fprintf(stderr, "tcp-rails: no round over both rails without one going down in 30 s\n");
+			return 1;
+		}
+		printf("OK both %lld\n", ms);
+		fflush(stdout);
+		cap_start();
+		int rc = strcmp(mode, "lost") == 0 ? lost_main() : enobufs_main(argv[5]);
+		if (rc != 0) {
+			pthread_mutex_lock(&cap_lock);
+			fprintf(stderr, "--- the engine's log:\n%s", cap_buf);
+			pthread_mutex_unlock(&cap_lock);
+		}
+		te_segment_close(e, seg);
+		te_engine_destroy(e);
+		return rc;
+	}
 
 	/* (a) both rails up: both carry. */
 	double mib[2], sum[2] = { 0, 0 };

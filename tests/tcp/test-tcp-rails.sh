@@ -4,11 +4,16 @@
 # one interface name); the initiator (tcp-rails) checks that both rails carry
 # data, that a rail taken down mid-batch costs no task and no byte, that it
 # is used again once back, that with both down every task fails within the
-# bound, and that both are used again once back. Needs root and iproute2;
-# skipped (77) otherwise.
+# bound, and that both are used again once back. With a third argument the
+# initiator checks what happens when link events are lost instead (see
+# tcp-rails.c): "lost" (the event of a link coming back is taken from the
+# initiator's engine: its probes find the rail), "enobufs" (the events
+# overflow the engine's rtnetlink socket: the link state is read again).
+# Needs root and iproute2; skipped (77) otherwise.
 set -u
 peer=$1
 rails=$2
+mode=${3:-}
 
 . "$(dirname "$0")/../common/netns.sh"
 links 2 rails 214
@@ -40,6 +45,31 @@ echo "$lst" | grep -q "$n2.1:$port " || fail "data port $port not listening on $
 echo "$lst" | grep -q "\*:$port \|0.0.0.0:$port " && fail "data port $port listens on every interface"
 
 start=$(date +%s)
+if [ -n "$mode" ]; then
+	args=$mode
+	if [ "$mode" = enobufs ]; then
+		# An interface of no rail, to flood the link events with.
+		ip -n "$B" link add "fs$tag" type veth peer name "ft$tag" && ip -n "$B" link set "ft$tag" up ||
+			fail "cannot create the spare veth pair"
+		args="$mode fs$tag"
+	fi
+	# shellcheck disable=SC2086 # two words for enobufs
+	TCP_PEER_NAME="$n1.2" TE_LOG_LEVEL=info timeout 80 ip netns exec "$B" "$rails" "$name" "$VB1" "$VB2" $args \
+		>"$tmp/init" 2>&1
+	rc=$?
+	[ $rc = 0 ] || fail "initiator exited $rc"
+	grep -q "^OK $mode " "$tmp/init" || fail "no '$mode' result"
+	ms=$(awk -v w="$mode" '$1 == "OK" && $2 == w { print $3; exit }' "$tmp/init")
+	# lost: the rail's next probe, at most TE_TCP_PROBE_MAX_MS (4 s) after
+	# its last; enobufs: at once (the state read again, the next check).
+	if [ "$mode" = lost ]; then
+		[ "$ms" -lt 6000 ] || fail "the rail whose return was not told took $ms ms to come back"
+	else
+		[ "$ms" -lt 2500 ] || fail "the rail took $ms ms to come back after the events were lost"
+	fi
+	echo "ok in $(( $(date +%s) - start )) s: $(grep '^OK' "$tmp/init" | tr '\n' ';')"
+	exit 0
+fi
 TCP_PEER_NAME="$n1.2" TE_LOG_LEVEL=info timeout 120 ip netns exec "$B" "$rails" "$name" "$VB1" "$VB2" \
 	>"$tmp/init" 2>&1
 rc=$?

@@ -240,9 +240,9 @@ static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max
  * must fit int64; other numbers must round to a finite double, as strtod()
  * rounds them. Underflow is no fault: 1e-400 reads as 0, a finite double.
  * The test is exact and costs one pass plus at most 309 digits: the number
- * is 0.d1d2d3... x 10^e with d1 its first non-zero digit; every double below
- * 10^308 is finite, every number from 10^309 up is not, and between them
- * the digits decide against the smallest number that rounds to infinity,
+ * is 0.d1d2d3... x 10^e with d1 its first non-zero digit; every number
+ * below 10^308 rounds to a finite double, none from 10^309 up does, and
+ * between them the digits decide against the smallest that rounds to infinity,
  * 2^1024 - 2^970 (halfway between DBL_MAX and 2^1024; a tie rounds to the
  * even 2^1024).
  */

@@ -340,7 +340,12 @@ static double cpu_ms(void)
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__OPTIMIZE__)
 #define KEYS_MS 2000
-#else
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KEYS_MS 2000
+#endif
+#endif
+#ifndef KEYS_MS
 #define KEYS_MS 100
 #endif
 

@@ -14,13 +14,19 @@
  *     control characters other than NUL pass, as json-glib reads and writes
  *     them);
  *   - -E2BIG:  a limit broken (depth, members or elements of one container,
- *     values in the document, bytes of one string, bytes of the text);
+ *     values in the document, bytes of one string or number, bytes of the
+ *     text);
  *   - -ERANGE: an integer outside [-2^63, 2^63 - 1] (parsers keep integers
  *     as int64 and wrap larger ones; no user-space or device address on
- *     Linux reaches 2^63), or a number whose exponent or length makes it no
- *     finite double;
- *   - -EEXIST: a key twice in one object (decoded, so "a" and "\u0061" match):
- *     parsers disagree on which one wins, so neither does.
+ *     Linux reaches 2^63), or a number that rounds to no finite double
+ *     (1.8e308; json-glib would read infinity, which JSON cannot write
+ *     back); one too small for a double rounds to 0 or a denormal, as in
+ *     any parser, and passes;
+ *   - -EEXIST: a key twice in one object, compared as parsers compare them,
+ *     decoded to code points ("a" and "\u0061", "\u00e9" and a raw "é",
+ *     "\/" and "/", a surrogate pair and the raw 4-byte character match):
+ *     parsers disagree on which one wins, so neither does. Finding repeats
+ *     costs O(n log n) comparisons per object of n keys whatever the keys.
  *
  * The header needs only the C standard library, so plugins use it without
  * GLib. Code that includes <json-glib/json-glib.h> first also gets
@@ -71,9 +77,13 @@ typedef struct te_json_limits {
 #define TE_JSON__UNUSED
 #endif
 
+/* One key of an open object: its decoded bytes, either in the text itself
+ * (a key without escapes is its own decoding) or in the scratch buffer. */
 typedef struct te_json__key {
-	uint64_t hash;
-	size_t off; /* offset of the opening quote */
+	size_t pos;  /* the opening quote in the text */
+	size_t off;  /* the decoded bytes: text + off, or scratch + off */
+	size_t len;
+	int copied;  /* in the scratch buffer */
 } te_json__key;
 
 static TE_JSON__UNUSED TE_JSON__FMT(4, 5) int te_json__fail(char *why, size_t whylen, int rc,
@@ -97,87 +107,6 @@ static inline int te_json__hex(char c)
 	if (c >= 'A' && c <= 'F')
 		return c - 'A' + 10;
 	return -1;
-}
-
-/* The next code unit of a string already checked by te_json__string(): *i
- * points past the opening quote; returns 0 at the closing quote. Escapes
- * decode to their value (a \uXXXX to its 16-bit unit), so two spellings of
- * one key compare equal. */
-static inline int te_json__unit(const char *s, size_t *i, uint32_t *u)
-{
-	char c = s[*i];
-
-	if (c == '"')
-		return 0;
-	if (c != '\\') {
-		*u = (unsigned char)c;
-		(*i)++;
-		return 1;
-	}
-	c = s[*i + 1];
-	*i += 2;
-	switch (c) {
-	case 'b': *u = '\b'; break;
-	case 'f': *u = '\f'; break;
-	case 'n': *u = '\n'; break;
-	case 'r': *u = '\r'; break;
-	case 't': *u = '\t'; break;
-	case 'u':
-		*u = (uint32_t)(te_json__hex(s[*i]) << 12 | te_json__hex(s[*i + 1]) << 8 |
-				te_json__hex(s[*i + 2]) << 4 | te_json__hex(s[*i + 3]));
-		*i += 4;
-		break;
-	default: *u = (unsigned char)c; break; /* " \ / */
-	}
-	return 1;
-}
-
-static inline uint64_t te_json__hash(const char *s, size_t off)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-	size_t i = off + 1;
-	uint32_t u;
-
-	while (te_json__unit(s, &i, &u)) {
-		h ^= u;
-		h *= 1099511628211ull;
-	}
-	return h;
-}
-
-static inline int te_json__key_eq(const char *s, size_t a, size_t b)
-{
-	size_t i = a + 1, j = b + 1;
-	uint32_t u = 0, v = 0;
-
-	for (;;) {
-		int ra = te_json__unit(s, &i, &u), rb = te_json__unit(s, &j, &v);
-		if (ra != rb || (ra && u != v))
-			return 0;
-		if (!ra)
-			return 1;
-	}
-}
-
-static inline int te_json__key_cmp(const void *a, const void *b)
-{
-	const te_json__key *x = (const te_json__key *)a, *y = (const te_json__key *)b;
-	return x->hash < y->hash ? -1 : x->hash > y->hash;
-}
-
-/* Checks the keys of one object, keys[0..n), for a repeat. */
-static inline int te_json__dup(const char *s, te_json__key *keys, size_t n, size_t *at)
-{
-	if (n < 2)
-		return 0;
-	qsort(keys, n, sizeof(*keys), te_json__key_cmp);
-	for (size_t i = 0; i + 1 < n; i++)
-		for (size_t j = i + 1; j < n && keys[j].hash == keys[i].hash; j++)
-			if (te_json__key_eq(s, keys[i].off, keys[j].off)) {
-				*at = keys[i].off > keys[j].off ? keys[i].off : keys[j].off;
-				return 1;
-			}
-	return 0;
 }
 
 /* The value of four hex digits at s[k], or -1. */
@@ -228,11 +157,14 @@ static inline size_t te_json__utf8(const char *s, size_t n, size_t k)
 	return need;
 }
 
-/* A string at s[*i] == '"'; moves *i past its closing quote. */
-static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max, char *why,
-				  size_t whylen)
+/* A string at s[*i] == '"'; moves *i past its closing quote and sets
+ * *escaped when it holds a backslash. */
+static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max, int *escaped,
+				  char *why, size_t whylen)
 {
 	size_t start = *i, k = *i + 1;
+
+	*escaped = 0;
 
 	for (;;) {
 		if (k >= n)
@@ -249,6 +181,7 @@ static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max
 		if (c == 0)
 			return te_json__fail(why, whylen, -EINVAL, "NUL in a string at byte %zu", k);
 		if (c == '\\') {
+			*escaped = 1;
 			if (k + 1 >= n)
 				return te_json__fail(why, whylen, -EINVAL, "unterminated string at byte %zu",
 						     start);
@@ -298,14 +231,32 @@ static inline int te_json__string(const char *s, size_t n, size_t *i, size_t max
 	return 0;
 }
 
-/* A number at s[*i]; moves *i past it. */
-static inline int te_json__number(const char *s, size_t n, size_t *i, char *why, size_t whylen)
+/* Saturates a count at 2^60: digit counts cannot reach it (no text is that
+ * long), so an exponent beyond it decides a number's magnitude alone. */
+#define TE_JSON__SAT ((uint64_t)1 << 60)
+
+/*
+ * A number at s[*i]; moves *i past it. Integers (no fraction, no exponent)
+ * must fit int64; other numbers must round to a finite double, as strtod()
+ * rounds them. Underflow is no fault: 1e-400 reads as 0, a finite double.
+ * The test is exact and costs one pass plus at most 309 digits: the number
+ * is 0.d1d2d3... x 10^e with d1 its first non-zero digit; every number
+ * below 10^308 rounds to a finite double, none from 10^309 up does, and
+ * between them the digits decide against the smallest that rounds to infinity,
+ * 2^1024 - 2^970 (halfway between DBL_MAX and 2^1024; a tie rounds to the
+ * even 2^1024).
+ */
+static inline int te_json__number(const char *s, size_t n, size_t *i, size_t max, char *why,
+				  size_t whylen)
 {
-	size_t k = *i, start = *i;
-	int neg = 0, frac = 0;
-	long exp = 0;
-	uint64_t mag = 0;
-	int over = 0;
+	static const char limit[] = "17976931348623158079372897140530341507993413271003782693617377"
+				    "89804449682927647509466490179775872070963302864166928879109465"
+				    "55547851940402630657488671505820681908902000708383676273854845"
+				    "81771153176447573027006985557136695962284291481986083493647529"
+				    "2719074168444365510704342711559699508093042880177904174497792";
+	size_t k = *i, start = *i, first = 0, mant_end;
+	int neg = 0, frac = 0, eneg = 0, over = 0, nonzero = 0;
+	uint64_t mag = 0, idigits = 0, fzeros = 0, exp = 0;
 
 	if (s[k] == '-') {
 		neg = 1;
@@ -316,12 +267,16 @@ static inline int te_json__number(const char *s, size_t n, size_t *i, char *why,
 	if (s[k] == '0') {
 		k++;
 	} else {
+		first = k;
+		nonzero = 1;
 		while (k < n && s[k] >= '0' && s[k] <= '9') {
 			unsigned d = (unsigned)(s[k] - '0');
 			if (mag > (UINT64_MAX - d) / 10)
 				over = 1;
 			else
 				mag = mag * 10 + d;
+			if (idigits < TE_JSON__SAT)
+				idigits++;
 			k++;
 		}
 	}
@@ -330,11 +285,18 @@ static inline int te_json__number(const char *s, size_t n, size_t *i, char *why,
 		k++;
 		if (k >= n || s[k] < '0' || s[k] > '9')
 			return te_json__fail(why, whylen, -EINVAL, "bad number at byte %zu", start);
-		while (k < n && s[k] >= '0' && s[k] <= '9')
+		while (k < n && s[k] >= '0' && s[k] <= '9') {
+			if (!nonzero && s[k] != '0') {
+				first = k;
+				nonzero = 1;
+			} else if (!nonzero && fzeros < TE_JSON__SAT) {
+				fzeros++;
+			}
 			k++;
+		}
 	}
+	mant_end = k;
 	if (k < n && (s[k] == 'e' || s[k] == 'E')) {
-		int eneg = 0;
 		frac = 1;
 		k++;
 		if (k < n && (s[k] == '+' || s[k] == '-'))
@@ -342,21 +304,157 @@ static inline int te_json__number(const char *s, size_t n, size_t *i, char *why,
 		if (k >= n || s[k] < '0' || s[k] > '9')
 			return te_json__fail(why, whylen, -EINVAL, "bad number at byte %zu", start);
 		while (k < n && s[k] >= '0' && s[k] <= '9') {
-			if (exp < 100000)
-				exp = exp * 10 + (s[k] - '0');
+			exp = exp * 10 + (uint64_t)(s[k] - '0'); /* leading zeros keep it 0 */
+			if (exp > TE_JSON__SAT)
+				exp = TE_JSON__SAT;
 			k++;
 		}
-		if (eneg)
-			exp = -exp;
 	}
-	/* A double holds about 17 significant digits and exponents to 308: longer
-	 * numbers or larger exponents are rounding or infinity in disguise. */
-	if (k - start > 40 || exp > 300 || exp < -300)
-		return te_json__fail(why, whylen, -ERANGE, "number at byte %zu out of range", start);
+	if (k - start > max)
+		return te_json__fail(why, whylen, -E2BIG, "number at byte %zu longer than %zu bytes",
+				     start, max);
 	if (!frac && (over || mag > (uint64_t)INT64_MAX + (uint64_t)neg))
 		return te_json__fail(why, whylen, -ERANGE,
 				     "integer at byte %zu outside [-2^63, 2^63-1]", start);
+	if (frac && nonzero) {
+		/* e: digits before the point, or minus the zeros after it, plus
+		 * the exponent; every term is below 2^61. */
+		int64_t e = idigits ? (int64_t)idigits : -(int64_t)fzeros;
+		e += eneg ? -(int64_t)exp : (int64_t)exp;
+		int cmp = e > 309 ? 1 : -1; /* against 2^1024 - 2^970 */
+		if (e == 309) {
+			cmp = 0;
+			for (size_t j = 0, p = first; j < sizeof limit - 1 && cmp == 0; j++, p++) {
+				if (p < mant_end && s[p] == '.')
+					p++;
+				char d = p < mant_end ? s[p] : '0';
+				cmp = d == limit[j] ? 0 : d > limit[j] ? 1 : -1;
+			}
+		}
+		if (cmp >= 0)
+			return te_json__fail(why, whylen, -ERANGE,
+					     "number at byte %zu out of range (no finite double)", start);
+	}
 	*i = k;
+	return 0;
+}
+
+/* Writes code point `c` as UTF-8 at o; returns the bytes written. */
+static inline size_t te_json__put(char *o, uint32_t c)
+{
+	unsigned char *u = (unsigned char *)o;
+
+	if (c < 0x80) {
+		u[0] = (unsigned char)c;
+		return 1;
+	}
+	if (c < 0x800) {
+		u[0] = (unsigned char)(0xC0 | c >> 6);
+		u[1] = (unsigned char)(0x80 | (c & 0x3F));
+		return 2;
+	}
+	if (c < 0x10000) {
+		u[0] = (unsigned char)(0xE0 | c >> 12);
+		u[1] = (unsigned char)(0x80 | (c >> 6 & 0x3F));
+		u[2] = (unsigned char)(0x80 | (c & 0x3F));
+		return 3;
+	}
+	u[0] = (unsigned char)(0xF0 | c >> 18);
+	u[1] = (unsigned char)(0x80 | (c >> 12 & 0x3F));
+	u[2] = (unsigned char)(0x80 | (c >> 6 & 0x3F));
+	u[3] = (unsigned char)(0x80 | (c & 0x3F));
+	return 4;
+}
+
+/* Decodes the string at s[k] == '"', already checked by te_json__string(),
+ * into o as the UTF-8 a parser makes of it: escapes and surrogate pairs
+ * become the code points they name, raw UTF-8 stays as it is. Never longer
+ * than the string as written. Returns the bytes written. */
+static inline size_t te_json__decode(const char *s, size_t n, size_t k, char *o)
+{
+	size_t w = 0;
+
+	for (k++; s[k] != '"';) {
+		if (s[k] != '\\') {
+			o[w++] = s[k++];
+			continue;
+		}
+		char c = s[k + 1];
+		k += 2;
+		switch (c) {
+		case 'b': o[w++] = '\b'; break;
+		case 'f': o[w++] = '\f'; break;
+		case 'n': o[w++] = '\n'; break;
+		case 'r': o[w++] = '\r'; break;
+		case 't': o[w++] = '\t'; break;
+		case 'u': {
+			uint32_t u = (uint32_t)te_json__u16(s, n, k);
+			k += 4;
+			if (u >= 0xD800 && u <= 0xDBFF) { /* a pair: the check saw its low half */
+				u = 0x10000 + ((u - 0xD800) << 10) + ((uint32_t)te_json__u16(s, n, k + 2) - 0xDC00);
+				k += 6;
+			}
+			w += te_json__put(o + w, u);
+			break;
+		}
+		default: o[w++] = c; break; /* " \ / */
+		}
+	}
+	return w;
+}
+
+/* Orders keys by length, then bytes: any total order puts equal keys side
+ * by side, and this one rarely reads the bytes. */
+static inline int te_json__key_cmp(const char *s, const char *scratch, const te_json__key *a,
+				   const te_json__key *b)
+{
+	if (a->len != b->len)
+		return a->len < b->len ? -1 : 1;
+	return memcmp((a->copied ? scratch : s) + a->off, (b->copied ? scratch : s) + b->off, a->len);
+}
+
+/* Checks the keys of one object, keys[0..n), for a repeat, sorting them
+ * with `tmp` (room for n) as the other half of a merge sort: at most
+ * n log2 n comparisons whatever the keys (qsort() promises no bound; a hash
+ * would let chosen keys collide), each reading at most one key's bytes, and
+ * neighbours in the text first. */
+static inline int te_json__dup(const char *s, const char *scratch, te_json__key *keys,
+			       te_json__key *tmp, size_t n, size_t *at)
+{
+	te_json__key *src = keys, *dst = tmp, *t;
+
+	/* Runs of 8 by insertion, then merges of runs twice as long. */
+	for (size_t lo = 0; lo < n; lo += 8) {
+		size_t hi = n - lo < 8 ? n : lo + 8;
+		for (size_t i = lo + 1; i < hi; i++) {
+			te_json__key k = keys[i];
+			size_t j = i;
+			for (; j > lo && te_json__key_cmp(s, scratch, &k, &keys[j - 1]) < 0; j--)
+				keys[j] = keys[j - 1];
+			keys[j] = k;
+		}
+	}
+	for (size_t w = 8; w < n; w *= 2) {
+		for (size_t lo = 0; lo < n; lo += 2 * w) {
+			size_t mid = n - lo < w ? n : lo + w, hi = n - lo < 2 * w ? n : lo + 2 * w;
+			size_t i = lo, j = mid, o = lo;
+			while (i < mid && j < hi)
+				dst[o++] = te_json__key_cmp(s, scratch, &src[j], &src[i]) < 0 ? src[j++]
+											: src[i++];
+			while (i < mid)
+				dst[o++] = src[i++];
+			while (j < hi)
+				dst[o++] = src[j++];
+		}
+		t = src;
+		src = dst;
+		dst = t;
+	}
+	for (size_t i = 0; i + 1 < n; i++)
+		if (te_json__key_cmp(s, scratch, &src[i], &src[i + 1]) == 0) {
+			*at = src[i].pos > src[i + 1].pos ? src[i].pos : src[i + 1].pos;
+			return 1;
+		}
 	return 0;
 }
 
@@ -373,11 +471,13 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 	static const te_json_limits defaults = TE_JSON_LIMITS_DEFAULT;
 	unsigned char kind[TE_JSON_DEPTH_CAP] = { 0 }; /* '[' or '{' per open container */
 	size_t items[TE_JSON_DEPTH_CAP] = { 0 };
-	size_t key_base[TE_JSON_DEPTH_CAP] = { 0 };
-	te_json__key *keys = NULL;
-	size_t nkeys = 0, capkeys = 0, values = 0, i = 0, at = 0;
+	size_t key_base[TE_JSON_DEPTH_CAP] = { 0 };     /* its first key in keys[] */
+	size_t scratch_base[TE_JSON_DEPTH_CAP] = { 0 }; /* its first byte in scratch */
+	te_json__key *keys = NULL, *tmp = NULL; /* tmp: room to sort one object's keys */
+	char *scratch = NULL; /* decoded keys that hold escapes, of every open object */
+	size_t nkeys = 0, capkeys = 0, captmp = 0, nscratch = 0, capscratch = 0, values = 0, i = 0, at = 0;
 	unsigned depth = 0, max_depth;
-	int rc = 0, want_value = 1, done = 0;
+	int rc = 0, want_value = 1, done = 0, escaped = 0;
 	char c;
 
 	if (why != NULL && whylen > 0)
@@ -425,6 +525,7 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 				kind[depth] = (unsigned char)c;
 				items[depth] = 0;
 				key_base[depth] = nkeys;
+				scratch_base[depth] = nscratch;
 				depth++;
 				i++;
 				if (c == '{') {
@@ -434,9 +535,9 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 				continue;
 			}
 			if (c == '"') {
-				rc = te_json__string(text, len, &i, lim->max_string, why, whylen);
+				rc = te_json__string(text, len, &i, lim->max_string, &escaped, why, whylen);
 			} else if (c == '-' || (c >= '0' && c <= '9')) {
-				rc = te_json__number(text, len, &i, why, whylen);
+				rc = te_json__number(text, len, &i, lim->max_string, why, whylen);
 			} else if (len - i >= 4 && memcmp(text + i, "true", 4) == 0) {
 				i += 4;
 			} else if (len - i >= 5 && memcmp(text + i, "false", 5) == 0) {
@@ -478,12 +579,22 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 			}
 			/* A container closes. */
 			if (kind[depth - 1] == '{') {
-				if (te_json__dup(text, keys + key_base[depth - 1], nkeys - key_base[depth - 1],
-						 &at)) {
+				size_t nk = nkeys - key_base[depth - 1];
+				if (nk > captmp) {
+					te_json__key *nt = (te_json__key *)realloc(tmp, nk * sizeof(*tmp));
+					if (nt == NULL) {
+						rc = te_json__fail(why, whylen, -ENOMEM, "out of memory");
+						break;
+					}
+					tmp = nt;
+					captmp = nk;
+				}
+				if (te_json__dup(text, scratch, keys + key_base[depth - 1], tmp, nk, &at)) {
 					rc = te_json__fail(why, whylen, -EEXIST, "key repeated at byte %zu", at);
 					break;
 				}
 				nkeys = key_base[depth - 1];
+				nscratch = scratch_base[depth - 1];
 			}
 			depth--;
 			if (depth == 0)
@@ -525,11 +636,33 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 			keys = nk;
 			capkeys = cap;
 		}
-		keys[nkeys].off = i;
-		rc = te_json__string(text, len, &i, lim->max_string, why, whylen);
+		keys[nkeys].pos = i;
+		rc = te_json__string(text, len, &i, lim->max_string, &escaped, why, whylen);
 		if (rc < 0)
 			break;
-		keys[nkeys].hash = te_json__hash(text, keys[nkeys].off);
+		/* Parsers compare keys decoded: "\u00e9" is "é", "\/" is "/". */
+		keys[nkeys].copied = escaped;
+		if (!escaped) {
+			keys[nkeys].off = keys[nkeys].pos + 1;
+			keys[nkeys].len = i - keys[nkeys].pos - 2;
+		} else {
+			size_t need = i - keys[nkeys].pos; /* the decoding is no longer */
+			if (capscratch - nscratch < need) {
+				size_t cap = capscratch ? capscratch : 256;
+				while (cap - nscratch < need)
+					cap *= 2; /* nscratch + need <= len: no overflow */
+				char *ns = (char *)realloc(scratch, cap);
+				if (ns == NULL) {
+					rc = te_json__fail(why, whylen, -ENOMEM, "out of memory");
+					break;
+				}
+				scratch = ns;
+				capscratch = cap;
+			}
+			keys[nkeys].off = nscratch;
+			keys[nkeys].len = te_json__decode(text, len, keys[nkeys].pos, scratch + nscratch);
+			nscratch += keys[nkeys].len;
+		}
 		nkeys++;
 		items[depth - 1]++;
 		while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
@@ -542,6 +675,8 @@ static inline int te_json_check(const char *text, size_t len, const te_json_limi
 		want_value = 1;
 	}
 	free(keys);
+	free(tmp);
+	free(scratch);
 	return rc;
 }
 

@@ -175,7 +175,9 @@ static void completed(te_engine *e, te_batch_id b, size_t first, size_t n)
 /* One WRITE from `l` (device 1's memory) to `t`, submitted on `stream`
  * with `where` while device `current` is current: it waits for `g`, held
  * on the stream, and for device 1's copy queued behind it, which puts
- * pattern `seed` into `l`; the caller's device is the same after. */
+ * pattern `seed` into `l`; the caller's device is the same after. Device
+ * 0's default stream is held meanwhile (device1()): a transfer queued there
+ * instead would not end once `g` opens. */
 static void device1_case(te_engine *init, te_segment_id seg, void *t, void *l, unsigned char *h, size_t len,
 			 void *stream, const char *where, int current, unsigned seed)
 {
@@ -200,6 +202,7 @@ static void device1_case(te_engine *init, te_segment_id seg, void *t, void *l, u
 	gate_open(&g);
 	completed(init, b, 0, 1);
 	CHECK(dev_equals(t, len, seed)); /* what device 1's copy wrote, not what l held before */
+	CHECK_EQ(current_device(), current);
 	CHECK_EQ(te_batch_free(init, b), 0);
 	set_device(1);
 	CHECK_EQ(sync_stream(stream), 0);
@@ -224,6 +227,17 @@ static int device1(te_engine *init, te_engine *target, const char *rt, int ndev)
 	CHECK_EQ(te_register_memory(init, l, len, "*", 0), 0);
 	te_segment_id seg = te_segment_open(init, te_engine_name(target));
 	REQUIRE(seg >= 0);
+	/* A first transfer opens the connection and the staging buffers, so
+	 * that the cases' transfers take no longer than the waits below. */
+	te_request warm = { TE_OP_WRITE, seg, l, (uintptr_t)t, len };
+	te_batch_id b;
+	CHECK_EQ(te_batch_alloc(init, 1, &b), 0);
+	CHECK_EQ(te_submit(init, b, &warm, 1), 0);
+	completed(init, b, 0, 1);
+	CHECK_EQ(te_batch_free(init, b), 0);
+	gate g0;
+	set_device(0);
+	gate_close(&g0, launch, NULL);
 
 	/* Device 1's default stream while device 0 is current: "rt:1" names it. */
 	device1_case(init, seg, t, l, h, len, NULL, loc1, 0, 51);
@@ -243,7 +257,6 @@ static int device1(te_engine *init, te_engine *target, const char *rt, int ndev)
 	/* A location naming another device than the stream's, or none there:
 	 * refused, the task appended ends FAILED. */
 	te_request r = { TE_OP_WRITE, seg, l, (uintptr_t)t, len };
-	te_batch_id b;
 	te_task_status st;
 	set_device(0);
 	CHECK_EQ(te_batch_alloc(init, 2, &b), 0);
@@ -254,6 +267,8 @@ static int device1(te_engine *init, te_engine *target, const char *rt, int ndev)
 	CHECK_EQ(te_get_status(init, b, 0, &st), 0);
 	CHECK_EQ(st.state, TE_TASK_FAILED);
 	CHECK_EQ(te_batch_free(init, b), 0);
+	gate_open(&g0);
+	CHECK_EQ(sync_stream(NULL), 0);
 
 	te_engine_destroy(init);
 	te_engine_destroy(target);

@@ -517,9 +517,11 @@ TE_API int te_device_stream_wait(const char *location, void *stream);
  * batch's tasks end CANCELED there; an engine destroyed before the stream
  * reaches them cancels them, and the stream then goes on. Negative, nothing
  * appended: bad arguments, an unknown batch, the capacity exceeded, or
- * -ENOTSUP when that device plugin cannot queue work on its streams; when
- * the runtime refuses to queue, the tasks appended end FAILED and its error
- * is returned. Since 1.4.
+ * -ENOTSUP when that device plugin cannot queue work on its streams (or,
+ * of plugin ABI 1.9, cannot tell a stream's device and `location` names
+ * one); when the plugin or the runtime refuses to queue (-EINVAL: the
+ * stream is another device's than "cuda:N" names), the tasks appended end
+ * FAILED and its error is returned. Since 1.4.
  */
 TE_API int te_submit_on_stream(te_engine *engine, te_batch_id batch, const te_request *reqs, size_t n,
 			       const char *location, void *stream);

@@ -1019,9 +1019,12 @@ API CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *user)
 API CUresult cuStreamSynchronize(CUstream s)
 {
 	atomic_fetch_add(&stream_waits, 1);
+	bool legacy = (uintptr_t)s <= 2;
 	CUresult r = resolve(s, false, &s);
 	if (r != OK)
 		return r;
+	if (legacy) /* the legacy stream's work, and the blocking streams' before it */
+		null_drain(current_dev());
 	if (s == NULL)
 		return OK; /* the legacy default stream, never used: nothing to wait for */
 	int64_t t0 = cost.on ? now_ns() : 0;

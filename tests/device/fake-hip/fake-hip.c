@@ -405,7 +405,8 @@ API hipError_t hipLaunchHostFunc(hipStream_t s, void (*fn)(void *), void *arg)
 
 API hipError_t hipStreamSynchronize(hipStream_t s)
 {
-	if (s == NULL) { /* the null stream: nothing to wait for until made */
+	if (s == NULL) { /* the null stream's work, and the blocking streams' before it */
+		null_drain(current);
 		pthread_mutex_lock(&sync_.lock);
 		s = (hipStream_t)sync_.null_[current];
 		pthread_mutex_unlock(&sync_.lock);

@@ -350,12 +350,13 @@ int te_device_copy(void *dst, const void *src, size_t len)
 	return te_device_copy_with(d, dst, src, len);
 }
 
-int te_device_for_stream(const char *location, const char *what, te_device **out)
+int te_device_for_stream(const char *location, const char *what, te_device **out, int *index)
 {
-	int index;
-	te_device *d = location && strchr(location, ':') ? by_prefix(location, &index)
-							  : by_prefix(location, NULL);
+	bool numbered = location != NULL && strchr(location, ':') != NULL;
+	te_device *d = by_prefix(location, numbered ? index : NULL);
 
+	if (!numbered)
+		*index = -1;
 	*out = d;
 	if (d == NULL) {
 		te_err("%s: no usable device plugin serves '%s'", what, location ? location : "(null)");
@@ -367,18 +368,28 @@ int te_device_for_stream(const char *location, const char *what, te_device **out
 int te_device_stream_wait(const char *location, void *stream)
 {
 	te_device *d;
-	int rc = te_device_for_stream(location, "te_device_stream_wait", &d);
+	int index;
+	int rc = te_device_for_stream(location, "te_device_stream_wait", &d, &index);
 
 	if (rc < 0)
 		return rc;
-	if (!TE_HAS_OP(d->ops, stream_wait)) {
+	if (TE_HAS_OP(d->ops, stream_wait_on)) {
+		rc = d->ops->stream_wait_on(d->ctx, index, stream);
+	} else if (!TE_HAS_OP(d->ops, stream_wait)) {
 		te_err("te_device_stream_wait: device plugin %s has no streams", d->hc.plugin->name);
 		return -ENOTSUP;
+	} else if (index >= 0) {
+		/* A plugin of ABI 1.9 knows no device of a stream: it would wait
+		 * on whichever device it makes current. */
+		te_err("te_device_stream_wait: device plugin %s cannot tell a stream's device; give '%s' "
+		       "without ':%d'", d->hc.plugin->name, d->ops->prefix, index);
+		return -ENOTSUP;
+	} else {
+		rc = d->ops->stream_wait(d->ctx, stream);
 	}
-	rc = d->ops->stream_wait(d->ctx, stream);
 	if (rc < 0)
-		te_log(TE_LOG_ERROR, d->hc.plugin->name, "waiting for stream %p failed: %s", stream,
-		       te_strerror(rc));
+		te_log(TE_LOG_ERROR, d->hc.plugin->name, "waiting for stream %p of %s failed: %s", stream,
+		       location, te_strerror(rc));
 	return rc;
 }
 

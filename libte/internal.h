@@ -151,8 +151,9 @@ bool te_devices_present(void);
  * 0 when it is host memory. */
 int te_device_classify(const void *addr, size_t len, te_device **dev, int *index);
 /* The device plugin serving `location` ("cuda", "cuda:0") for a stream
- * call named `what`; -ENODEV (logged) when none, -EINVAL for NULL. */
-int te_device_for_stream(const char *location, const char *what, te_device **out);
+ * call named `what`, and the N of "cuda:N" in *index (-1 without one);
+ * -ENODEV (logged) when none, -EINVAL for NULL. */
+int te_device_for_stream(const char *location, const char *what, te_device **out, int *index);
 /* A copy through `d`, logged when it fails. */
 int te_device_copy_with(te_device *d, void *dst, const void *src, size_t len);
 int te_device_report(const te_plugin *p, char **text);

@@ -89,17 +89,26 @@ int te_submit_on_stream(te_engine *e, te_batch_id batch, const te_request *reqs,
 			const char *location, void *stream)
 {
 	te_device *d;
+	int index;
 
 	if (e == NULL || (n > 0 && reqs == NULL)) {
 		te_err("te_submit_on_stream: NULL %s", e == NULL ? "engine" : "request array");
 		return -EINVAL;
 	}
-	int rc = te_device_for_stream(location, "te_submit_on_stream", &d);
+	int rc = te_device_for_stream(location, "te_submit_on_stream", &d, &index);
 	if (rc < 0)
 		return rc;
-	if (!TE_HAS_OP(d->ops, stream_launch)) {
+	bool on = TE_HAS_OP(d->ops, stream_launch_on);
+	if (!on && !TE_HAS_OP(d->ops, stream_launch)) {
 		te_err("te_submit_on_stream: device plugin %s cannot queue work on its streams",
 		       d->hc.plugin->name);
+		return -ENOTSUP;
+	}
+	if (!on && index >= 0) {
+		/* A plugin of ABI 1.9 knows no device of a stream: it would queue
+		 * on whichever device it makes current. */
+		te_err("te_submit_on_stream: device plugin %s cannot tell a stream's device; give '%s' "
+		       "without ':%d'", d->hc.plugin->name, d->ops->prefix, index);
 		return -ENOTSUP;
 	}
 	if (n == 0)
@@ -126,7 +135,8 @@ int te_submit_on_stream(te_engine *e, te_batch_id batch, const te_request *reqs,
 	g_mutex_unlock(&op_lock);
 
 	/* From here the host function may run at any moment, on another thread. */
-	rc = d->ops->stream_launch(d->ctx, stream, on_stream, op);
+	rc = on ? d->ops->stream_launch_on(d->ctx, index, stream, on_stream, op)
+		: d->ops->stream_launch(d->ctx, stream, on_stream, op);
 	if (rc == 0)
 		return 0;
 	te_log(TE_LOG_ERROR, d->hc.plugin->name, "te_submit_on_stream: queuing on stream %p failed: %s",

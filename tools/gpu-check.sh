@@ -3,8 +3,9 @@
 # machine with an NVIDIA GPU and its driver but none of libte's build
 # dependencies:
 #   - nvidia-smi's view (when it is there), te-info;
-#   - te_submit_on_stream() on a CUDA stream and on the legacy default
-#     stream (test-stream-runtime);
+#   - te_submit_on_stream() on a blocking CUDA stream, on the legacy default
+#     stream, and on cuda:1's streams while cuda:0 is current
+#     (test-stream-runtime; with one GPU the last says it has nothing to do);
 #   - gpu-copy-bench: the copy engines' limits (pinned, chunked, pageable,
 #     device to device);
 #   - te-bench between two processes, a target and an initiator (as
@@ -111,11 +112,22 @@ main() {
 
 	if [ "$cuda_ok" = 1 ]; then
 		echo "== test-stream-runtime cuda (te_submit_on_stream on the driver's streams)"
-		for s in "" legacy; do
+		for s in "" legacy device1; do
 			rc=0
-			timeout 60 test-stream-runtime cuda $s >>"$log" 2>&1 || rc=$?
-			[ "$rc" -eq 0 ] && echo "te_submit_on_stream: ordered on ${s:-a} CUDA stream${s:+ (the legacy default stream)}, every byte checked" ||
+			timeout 60 test-stream-runtime cuda $s >"$tmp/stream.out" 2>&1 || rc=$?
+			cat "$tmp/stream.out" >>"$log"
+			case $s in
+				"") what="a blocking CUDA stream (flags 0: ordered against the legacy stream)" ;;
+				legacy) what="the legacy default stream" ;;
+				device1) what="cuda:1's legacy stream and a stream made on cuda:1, cuda:0 current (the caller's context kept)" ;;
+			esac
+			if [ "$rc" -ne 0 ]; then
 				fail "test-stream-runtime cuda $s exited with status $rc"
+			elif grep -q "nothing to do" "$tmp/stream.out"; then
+				echo "te_submit_on_stream on cuda:1: skipped, one GPU here"
+			else
+				echo "te_submit_on_stream: ordered on $what, every byte checked"
+			fi
 		done
 	fi
 

@@ -69,31 +69,30 @@ static CUresult launch(cuda_ctx *c, gather_params *g, CUstream s)
 int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 {
 	cuda_ctx *c = ctx;
+	CUresult r;
 
 	cu_make_current(c, 0);
 	/* Queued on a stream of the plugin's and waited for on a blocking event,
-	 * so that the wait sleeps (cuMemcpy would spin); and cuMemcpy runs on
-	 * the legacy default stream, after its work: a te_submit_on_stream()
-	 * host function there would hold it, and the transfer would wait for
-	 * itself. With TE_CUDA_WAIT=spin the wait spins. */
-	CUstream s = c->async ? pool_get(c) : NULL;
-	if (s != NULL) {
-		CUresult r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
-		CUresult w = stream_wait(c, s);
-		pool_put(c, s);
-		if (r == CUDA_SUCCESS && w == CUDA_SUCCESS)
-			return 0;
-		if (w != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, cu_errstr(&c->drv, w));
+	 * so that the wait sleeps (cuMemcpy would spin); and never cuMemcpy,
+	 * which runs on the legacy default stream after its work and that of
+	 * every blocking stream: a te_submit_on_stream() host function there
+	 * would hold it, and the transfer would wait for itself. With
+	 * TE_CUDA_WAIT=spin the wait spins. */
+	CUstream s = pool_get(c);
+	if (s == NULL) { /* a driver without the stream calls: nothing else */
+		r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
+		if (r != CUDA_SUCCESS) {
+			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len, cu_errstr(&c->drv, r));
 			return -EIO;
 		}
-		/* Not queued: cuMemcpy says whether it can be done at all. */
+		return 0;
 	}
-	/* Unified addressing: one call for every direction. */
-	CUresult r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
-	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len,
-			     cu_errstr(&c->drv, r));
+	r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
+	CUresult w = r == CUDA_SUCCESS ? stream_wait(c, s) : CUDA_SUCCESS;
+	pool_put(c, s);
+	if (r != CUDA_SUCCESS || w != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", r != CUDA_SUCCESS ? "cuMemcpyAsync" : "copy",
+			     len, cu_errstr(&c->drv, r != CUDA_SUCCESS ? r : w));
 		return -EIO;
 	}
 	return 0;
@@ -130,7 +129,7 @@ static CUevent event_get(cuda_ctx *c)
 	if (c->nevents > 0)
 		ev = c->events[--c->nevents];
 	pthread_mutex_unlock(&c->ev_lock);
-	if (ev == NULL &&
+	if (ev == NULL && c->drv.EventCreate != NULL &&
 	    c->drv.EventCreate(&ev, CU_EVENT_DISABLE_TIMING | (c->wait_spin ? 0 : CU_EVENT_BLOCKING_SYNC)) !=
 		    CUDA_SUCCESS)
 		ev = NULL;
@@ -434,37 +433,68 @@ int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_d
 
 /* ----------------------------------------------------------------- batches */
 
+/* A stream for a synchronous copy or a batch: a free one of the pool, a
+ * new one while fewer than POOL_MAX exist, else the next to come back;
+ * where the driver makes none, a lane's stream, shared. Never the legacy
+ * stream (cuMemcpy), which a te_submit_on_stream() host function may hold.
+ * NULL only when the driver has no stream calls. */
 static CUstream pool_get(cuda_ctx *c)
 {
 	CUstream s = NULL;
 
+	if (!c->streams)
+		return NULL;
 	pthread_mutex_lock(&c->pool_lock);
-	if (c->pool_free > 0) {
-		s = c->pool[--c->pool_free];
-	} else if (c->pool_made < POOL_MAX) {
-		cu_make_current(c, 0);
-		if (c->drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
-			/* Made streams sit at [pool_free, pool_made) while in use. */
-			c->pool[c->pool_made++] = s;
-		} else {
-			s = NULL;
+	for (;;) {
+		if (c->pool_free > 0) {
+			s = c->pool[--c->pool_free];
+			break;
 		}
+		if (c->pool_made < POOL_MAX) {
+			cu_make_current(c, 0);
+			CUresult r = c->drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+			if (r == CUDA_SUCCESS) {
+				/* Made streams sit at [pool_free, pool_made) while in use. */
+				c->pool[c->pool_made++] = s;
+				break;
+			}
+			s = NULL;
+			if (!atomic_exchange(&c->said_no_pool, true))
+				c->host->log(c->host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
+					     cu_errstr(&c->drv, r),
+					     c->pool_made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
+		}
+		if (c->pool_made == 0)
+			break;
+		pthread_cond_wait(&c->pool_cond, &c->pool_lock);
 	}
 	pthread_mutex_unlock(&c->pool_lock);
+	if (s == NULL && c->async)
+		s = c->lanes[0].stream;
 	return s;
 }
 
 static void pool_put(cuda_ctx *c, CUstream s)
 {
 	pthread_mutex_lock(&c->pool_lock);
-	/* Keep every made stream in pool[0, pool_made): swap s to pool_free. */
+	/* Keep every made stream in pool[0, pool_made): swap s to pool_free. A
+	 * lane's stream is not found there. */
 	for (unsigned i = c->pool_free; i < c->pool_made; i++)
 		if (c->pool[i] == s) {
 			c->pool[i] = c->pool[c->pool_free];
 			c->pool[c->pool_free++] = s;
+			pthread_cond_signal(&c->pool_cond);
 			break;
 		}
 	pthread_mutex_unlock(&c->pool_lock);
+}
+
+bool cu_own_stream(cuda_ctx *c)
+{
+	CUstream s = pool_get(c);
+	if (s != NULL)
+		pool_put(c, s);
+	return s != NULL;
 }
 
 /* Loads the gather kernel at the first batch that wants it; after that a
@@ -621,9 +651,9 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	CST_ADD(batch_pieces, n);
 	for (size_t i = 0; cst_on && i < n; i++)
 		CST_ADD(batch_bytes, v[i].len);
-	CUstream s = c->async ? pool_get(c) : NULL;
+	CUstream s = pool_get(c);
 
-	if (s == NULL) { /* no streams (or all busy): one copy after the other */
+	if (s == NULL) { /* no stream calls in the driver: one copy after the other */
 		CST_ADD(batch_nostream, 1);
 		for (size_t i = 0; i < n; i++) {
 			int rc = cu_copy(c, v[i].dst, v[i].src, v[i].len);

@@ -63,6 +63,10 @@ typedef struct driver {
 	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
 	CUresult (*DevicePrimaryCtxRelease)(CUdevice);
 	CUresult (*CtxSetCurrent)(CUcontext);
+	/* The caller's current context, kept across the plugin's calls. */
+	CUresult (*CtxGetCurrent)(CUcontext *);
+	CUresult (*CtxPushCurrent)(CUcontext);
+	CUresult (*CtxPopCurrent)(CUcontext *);
 	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
 	CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
 	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
@@ -87,8 +91,11 @@ typedef struct driver {
 	CUresult (*EventSynchronize)(CUevent);
 	CUresult (*EventQuery)(CUevent);
 	CUresult (*EventDestroy)(CUevent);
-	/* Optional: host work in a stream's order (te_submit_on_stream). */
+	/* Optional: host work in a stream's order (te_submit_on_stream), in
+	 * the stream's own context, the caller's put back after. */
 	CUresult (*LaunchHostFunc)(CUstream, void (*)(void *), void *);
+	CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+	CUresult (*CtxGetDevice)(CUdevice *);
 	/* Optional: the gather-copy kernel for device-to-device batches. */
 	CUresult (*ModuleLoadData)(CUmodule *, const void *);
 	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -157,6 +164,11 @@ static const struct cu_symbol {
 	CU_SYM(EventQuery, "cuEventQuery", false),
 	CU_SYM(EventDestroy, "cuEventDestroy_v2", false),
 	CU_SYM(LaunchHostFunc, "cuLaunchHostFunc", false),
+	CU_SYM(StreamGetCtx, "cuStreamGetCtx", false),
+	CU_SYM(CtxGetCurrent, "cuCtxGetCurrent", true),
+	CU_SYM(CtxGetDevice, "cuCtxGetDevice", false),
+	CU_SYM(CtxPushCurrent, "cuCtxPushCurrent_v2", true),
+	CU_SYM(CtxPopCurrent, "cuCtxPopCurrent_v2", true),
 	CU_SYM(ModuleLoadData, "cuModuleLoadData", false),
 	CU_SYM(ModuleGetFunction, "cuModuleGetFunction", false),
 	CU_SYM(ModuleUnload, "cuModuleUnload", false),

@@ -114,10 +114,13 @@ struct cuda_ctx {
 	CUevent events[EVENTS_KEPT];
 	unsigned nevents;
 
-	/* Batches (see cu_copy_batch) */
+	/* Batches and synchronous copies (see pool_get) */
+	bool streams; /* the driver has the calls they need */
 	pthread_mutex_t pool_lock;
+	pthread_cond_t pool_cond; /* a stream came back */
 	CUstream pool[POOL_MAX]; /* free ones first */
 	unsigned pool_free, pool_made;
+	atomic_bool said_no_pool;
 	pthread_mutex_t gather_lock;
 	atomic_int gather_state; /* 0 not tried, 1 loaded, -1 unusable */
 	int gather_mode;  /* TE_CUDA_GATHER */
@@ -137,6 +140,8 @@ struct cuda_ctx {
 	 * caught without a wake-up, a long one costs no spinning core. */
 	unsigned poll_us;
 
+	atomic_bool said_no_stream_ctx; /* stream_enter without cuStreamGetCtx */
+
 	/* The virtual memory API */
 	bool alloc_vmm; /* TE_CUDA_ALLOC=vmm */
 	pthread_mutex_t vmm_lock;
@@ -155,6 +160,9 @@ void cu_async_stop(cuda_ctx *c);
 int cu_copy(void *ctx, void *dst, const void *src, size_t len);
 int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done, void *arg);
 int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags);
+/* Whether the plugin has a stream of its own to copy on (none: its copies
+ * are cuMemcpy, which waits for the legacy stream). */
+bool cu_own_stream(cuda_ctx *c);
 int cu_host_alloc(void *ctx, size_t len, void **ptr);
 void cu_host_free(void *ctx, void *ptr);
 

@@ -41,6 +41,54 @@ static int cu_probe(const te_host *h, char *why, size_t why_len)
 	return 0;
 }
 
+/* The application's threads call the plugin too (registering memory,
+ * te_device_copy, te_device_alloc, creating an engine), each with the
+ * context it works in current. The plugin makes its own current for its
+ * calls (cu_make_current) and puts the caller's back before it returns, so
+ * that the application's next launch goes where it left it. */
+static CUcontext callers(cuda_ctx *c)
+{
+	CUcontext cur = NULL;
+	if (c->drv.CtxGetCurrent(&cur) != CUDA_SUCCESS)
+		cur = NULL;
+	return cur;
+}
+
+static void restore(cuda_ctx *c, CUcontext cur)
+{
+	c->drv.CtxSetCurrent(cur); /* NULL: none current, as before */
+}
+
+#define KEEP_CALLERS(name, params, args)       \
+	static int keep_##name params          \
+	{                                      \
+		cuda_ctx *c = ctx;             \
+		CUcontext cur = callers(c);    \
+		int rc = cu_##name args;       \
+		restore(c, cur);               \
+		return rc;                     \
+	}
+#define KEEP_CALLERS_VOID(name, params, args)  \
+	static void keep_##name params         \
+	{                                      \
+		cuda_ctx *c = ctx;             \
+		CUcontext cur = callers(c);    \
+		cu_##name args;                \
+		restore(c, cur);               \
+	}
+KEEP_CALLERS(classify, (void *ctx, const void *addr, size_t len, int *device), (ctx, addr, len, device))
+KEEP_CALLERS(copy, (void *ctx, void *dst, const void *src, size_t len), (ctx, dst, src, len))
+KEEP_CALLERS(copy_batch, (void *ctx, const te_copy *v, size_t n, unsigned flags), (ctx, v, n, flags))
+KEEP_CALLERS(host_alloc, (void *ctx, size_t len, void **ptr), (ctx, len, ptr))
+KEEP_CALLERS_VOID(host_free, (void *ctx, void *ptr), (ctx, ptr))
+KEEP_CALLERS(mem_alloc, (void *ctx, int device, size_t len, void **ptr), (ctx, device, len, ptr))
+KEEP_CALLERS_VOID(mem_free, (void *ctx, void *ptr), (ctx, ptr))
+KEEP_CALLERS(export_dmabuf, (void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset),
+	     (ctx, addr, len, fd, offset))
+KEEP_CALLERS(ipc_export, (void *ctx, const void *addr, size_t len, te_device_ipc *ipc), (ctx, addr, len, ipc))
+KEEP_CALLERS(ipc_open, (void *ctx, const te_device_ipc *ipc, void **base), (ctx, ipc, base))
+KEEP_CALLERS_VOID(ipc_close, (void *ctx, void *base), (ctx, base))
+
 void cu_make_current(cuda_ctx *c, int dev);
 bool cu_async_start(cuda_ctx *c);
 void cu_async_stop(cuda_ctx *c);
@@ -90,11 +138,16 @@ static int cu_create(const te_host *h, void **out)
 	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
 		h->log(h, TE_LOG_WARN, "TE_CUDA_ALLOC=%s: not 'legacy' or 'vmm'; cuMemAlloc it is", alloc);
 	pthread_mutex_init(&c->pool_lock, NULL);
+	pthread_cond_init(&c->pool_cond, NULL);
+	c->streams = c->drv.StreamCreate != NULL && c->drv.StreamDestroy != NULL && c->drv.MemcpyAsync != NULL &&
+		     c->ctx[0] != NULL;
 	pthread_mutex_init(&c->gather_lock, NULL);
 	pthread_mutex_init(&c->host_lock, NULL);
 	pthread_mutex_init(&c->vmm_lock, NULL);
 	pthread_mutex_init(&c->ev_lock, NULL);
+	CUcontext caller = callers(c);
 	c->async = cu_async_start(c);
+	restore(c, caller);
 	*out = c;
 	return 0;
 }
@@ -102,6 +155,7 @@ static int cu_create(const te_host *h, void **out)
 static void cu_destroy(void *ctx)
 {
 	cuda_ctx *c = ctx;
+	CUcontext caller = callers(c);
 
 	cu_async_stop(c);
 	cu_make_current(c, 0);
@@ -121,6 +175,7 @@ static void cu_destroy(void *ctx)
 		free(m);
 	}
 	pthread_mutex_destroy(&c->pool_lock);
+	pthread_cond_destroy(&c->pool_cond);
 	pthread_mutex_destroy(&c->gather_lock);
 	while (c->hosts != NULL) { /* page-locked memory its users did not free */
 		host_map *m = c->hosts;
@@ -130,6 +185,7 @@ static void cu_destroy(void *ctx)
 	pthread_mutex_destroy(&c->host_lock);
 	pthread_mutex_destroy(&c->vmm_lock);
 	pthread_mutex_destroy(&c->ev_lock);
+	restore(c, caller);
 	for (int i = 0; i < c->ndev; i++)
 		if (c->ctx[i] != NULL)
 			c->drv.DevicePrimaryCtxRelease(i);
@@ -172,12 +228,79 @@ int cu_classify(void *ctx, const void *addr, size_t len, int *device)
 	return 1;
 }
 
-static int cu_stream_wait(void *ctx, void *stream)
+/* The default streams' handles: the legacy stream (0 and CU_STREAM_LEGACY)
+ * and the per-thread one (CU_STREAM_PER_THREAD), each the calling thread's
+ * current context's. */
+static bool default_stream(CUstream s)
+{
+	return (uintptr_t)s <= 2;
+}
+
+/* Makes the context `stream` belongs to current in the calling thread, over
+ * the caller's (cuCtxPushCurrent; stream_leave puts the caller's back): the
+ * context cuStreamGetCtx names for a stream the application made, whatever
+ * is current; for a default stream device `device`'s primary context, or
+ * with -1 the caller's current one. The application's thread may have any
+ * device current (cudaSetDevice), and the call must leave it so. 0, or
+ * negative (logged). */
+static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *what)
+{
+	driver *d = &c->drv;
+	CUcontext want = NULL;
+	CUresult r;
+
+	if (device >= c->ndev || (device >= 0 && c->ctx[device] == NULL)) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s: no device cuda:%d here", what, device);
+		return -ENODEV;
+	}
+	if (!default_stream(stream) && d->StreamGetCtx != NULL) {
+		r = d->StreamGetCtx(stream, &want);
+		if (r != CUDA_SUCCESS) {
+			c->host->log(c->host, TE_LOG_ERROR, "%s: cuStreamGetCtx of stream %p: %s", what, stream,
+				     cu_errstr(d, r));
+			return -EINVAL;
+		}
+	} else if (device >= 0) {
+		want = c->ctx[device];
+	} else if (d->CtxGetCurrent(&want) != CUDA_SUCCESS || want == NULL) {
+		want = c->ctx[0]; /* nothing current: the runtime's default device */
+	}
+	if (!default_stream(stream) && d->StreamGetCtx == NULL && !atomic_exchange(&c->said_no_stream_ctx, true))
+		c->host->log(c->host, TE_LOG_WARN,
+			     "this CUDA driver has no cuStreamGetCtx: a stream is taken for the device of its "
+			     "location, or else the calling thread's current one (said once)");
+	r = d->CtxPushCurrent(want);
+	if (r != CUDA_SUCCESS) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s: cuCtxPushCurrent: %s", what, cu_errstr(d, r));
+		return -EIO;
+	}
+	CUdevice dev, named;
+	if (device >= 0 && !default_stream(stream) && d->CtxGetDevice != NULL &&
+	    d->CtxGetDevice(&dev) == CUDA_SUCCESS && d->DeviceGet(&named, device) == CUDA_SUCCESS &&
+	    dev != named) {
+		d->CtxPopCurrent(&want);
+		c->host->log(c->host, TE_LOG_ERROR, "%s: stream %p belongs to another device than cuda:%d", what,
+			     stream, device);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void stream_leave(cuda_ctx *c)
+{
+	CUcontext popped;
+	c->drv.CtxPopCurrent(&popped);
+}
+
+static int cu_stream_wait_on(void *ctx, int device, void *stream)
 {
 	cuda_ctx *c = ctx;
+	int rc = stream_enter(c, device, stream, "stream wait");
 
-	cu_make_current(c, 0);
+	if (rc < 0)
+		return rc;
 	CUresult r = c->drv.StreamSynchronize(stream);
+	stream_leave(c);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuStreamSynchronize: %s", cu_errstr(&c->drv, r));
 		return -EIO;
@@ -185,9 +308,18 @@ static int cu_stream_wait(void *ctx, void *stream)
 	return 0;
 }
 
+static int cu_stream_wait(void *ctx, void *stream)
+{
+	return cu_stream_wait_on(ctx, -1, stream);
+}
+
 /* The function runs on the driver's thread for host functions, which must
- * not call the driver; libte's (stream.c) only hands work over and waits. */
-static int cu_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+ * not call the driver; libte's (stream.c) only hands work over and waits.
+ * The plugin's copies never wait for the legacy stream (copy.c), so that a
+ * blocking stream, or the legacy stream itself, held by the function does
+ * not hold the transfer it waits for; a driver that leaves the plugin no
+ * stream of its own is refused. */
+static int cu_stream_launch_on(void *ctx, int device, void *stream, void (*fn)(void *), void *arg)
 {
 	cuda_ctx *c = ctx;
 
@@ -195,13 +327,26 @@ static int cu_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *a
 		c->host->log(c->host, TE_LOG_ERROR, "this CUDA driver has no cuLaunchHostFunc (CUDA 10 and later)");
 		return -ENOTSUP;
 	}
-	cu_make_current(c, 0);
+	if (!cu_own_stream(c)) {
+		c->host->log(c->host, TE_LOG_ERROR,
+			     "no stream of the plugin's own: its copies would wait for the stream's host function");
+		return -ENOTSUP;
+	}
+	int rc = stream_enter(c, device, stream, "cuLaunchHostFunc");
+	if (rc < 0)
+		return rc;
 	CUresult r = c->drv.LaunchHostFunc(stream, fn, arg);
+	stream_leave(c);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuLaunchHostFunc: %s", cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	return 0;
+}
+
+static int cu_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+{
+	return cu_stream_launch_on(ctx, -1, stream, fn, arg);
 }
 
 static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
@@ -236,21 +381,23 @@ static const te_device_ops ops = {
 	.probe = cu_probe,
 	.create = cu_create,
 	.destroy = cu_destroy,
-	.classify = cu_classify,
-	.copy = cu_copy,
+	.classify = keep_classify,
+	.copy = keep_copy,
 	.copy_async = cu_copy_async,
-	.host_alloc = cu_host_alloc,
-	.host_free = cu_host_free,
-	.mem_alloc = cu_mem_alloc,
-	.mem_free = cu_mem_free,
-	.export_dmabuf = cu_export_dmabuf,
+	.host_alloc = keep_host_alloc,
+	.host_free = keep_host_free,
+	.mem_alloc = keep_mem_alloc,
+	.mem_free = keep_mem_free,
+	.export_dmabuf = keep_export_dmabuf,
 	.devices = cu_devices,
 	.stream_wait = cu_stream_wait,
 	.stream_launch = cu_stream_launch,
-	.ipc_export = cu_ipc_export,
-	.ipc_open = cu_ipc_open,
-	.ipc_close = cu_ipc_close,
-	.copy_batch = cu_copy_batch,
+	.stream_launch_on = cu_stream_launch_on,
+	.stream_wait_on = cu_stream_wait_on,
+	.ipc_export = keep_ipc_export,
+	.ipc_open = keep_ipc_open,
+	.ipc_close = keep_ipc_close,
+	.copy_batch = keep_copy_batch,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "cuda", "1.0", "NVIDIA GPU memory through the CUDA driver API",

@@ -90,8 +90,10 @@ typedef struct runtime {
 	hipError_t (*IpcGetMemHandle)(hipIpcMemHandle_t *, void *);
 	hipError_t (*IpcOpenMemHandle)(void **, hipIpcMemHandle_t, unsigned);
 	hipError_t (*IpcCloseMemHandle)(void *);
-	/* Optional: host work in a stream's order (te_submit_on_stream). */
+	/* Optional: host work in a stream's order (te_submit_on_stream), on
+	 * the stream's own device (hipStreamGetDevice: ROCm 5.2 and later). */
 	hipError_t (*LaunchHostFunc)(hipStream_t, void (*)(void *), void *);
+	hipError_t (*StreamGetDevice)(hipStream_t, hipDevice_t *);
 } runtime;
 
 /* Asynchronous copies go round-robin to this many streams, so that copies
@@ -138,6 +140,7 @@ typedef struct hip_ctx {
 	hipStream_t batch_streams[BATCH_STREAMS]; /* every one made, for destroy */
 	hipStream_t batch_free[BATCH_STREAMS];    /* the idle ones */
 	unsigned batch_made, batch_idle;
+	atomic_bool said_no_stream_device; /* stream_device without hipStreamGetDevice */
 } hip_ctx;
 
 static const char *errstr(const runtime *r, hipError_t e)
@@ -209,6 +212,7 @@ static int open_runtime(runtime *r, char *why, size_t why_len)
 	SYM(IpcOpenMemHandle, "hipIpcOpenMemHandle", 0);
 	SYM(IpcCloseMemHandle, "hipIpcCloseMemHandle", 0);
 	SYM(LaunchHostFunc, "hipLaunchHostFunc", 0);
+	SYM(StreamGetDevice, "hipStreamGetDevice", 0);
 #undef SYM
 	hipError_t e = r->Init != NULL ? r->Init(0) : hipSuccess;
 	int n = 0, version = 0;
@@ -339,14 +343,34 @@ static int hip_classify(void *ctx, const void *addr, size_t len, int *device)
 	return 1;
 }
 
+static hipStream_t copy_stream_take(hip_ctx *c);
+static void copy_stream_give(hip_ctx *c, hipStream_t s);
+
+/* On a non-blocking stream of the plugin's, never hipMemcpy: that runs on
+ * the null stream, after its work and that of every blocking stream, which
+ * a te_submit_on_stream() host function may hold while it waits for this
+ * very copy. hipMemcpy only where the runtime has no stream calls. */
 static int hip_copy(void *ctx, void *dst, const void *src, size_t len)
 {
 	hip_ctx *c = ctx;
+	hipStream_t s = copy_stream_take(c);
+	hipError_t e;
 
-	/* Unified addressing: hipMemcpyDefault finds every direction. */
-	hipError_t e = c->rt.Memcpy(dst, src, len, hipMemcpyDefault);
-	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "hipMemcpy of %zu bytes: %s", len, errstr(&c->rt, e));
+	if (s == NULL) {
+		/* Unified addressing: hipMemcpyDefault finds every direction. */
+		e = c->rt.Memcpy(dst, src, len, hipMemcpyDefault);
+		if (e != hipSuccess) {
+			c->host->log(c->host, TE_LOG_ERROR, "hipMemcpy of %zu bytes: %s", len, errstr(&c->rt, e));
+			return -EIO;
+		}
+		return 0;
+	}
+	e = c->rt.MemcpyAsync(dst, src, len, hipMemcpyDefault, s);
+	hipError_t w = e == hipSuccess ? c->rt.StreamSynchronize(s) : hipSuccess;
+	copy_stream_give(c, s);
+	if (e != hipSuccess || w != hipSuccess) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", e != hipSuccess ? "hipMemcpyAsync" : "copy",
+			     len, errstr(&c->rt, e != hipSuccess ? e : w));
 		return -EIO;
 	}
 	return 0;
@@ -605,6 +629,26 @@ static void batch_stream_give(hip_ctx *c, hipStream_t s)
 	pthread_mutex_unlock(&c->batch_lock);
 }
 
+/* A stream for a synchronous copy or a batch: one of the batch pool, or
+ * where the runtime makes none, one of the asynchronous copies' streams,
+ * shared; NULL only without the stream calls. */
+static hipStream_t copy_stream_take(hip_ctx *c)
+{
+	hipStream_t s = NULL;
+
+	if (c->rt.MemcpyAsync != NULL && c->rt.StreamCreateWithFlags != NULL && c->rt.StreamDestroy != NULL)
+		s = batch_stream_take(c);
+	if (s == NULL && c->async)
+		s = c->streams[0];
+	return s;
+}
+
+static void copy_stream_give(hip_ctx *c, hipStream_t s)
+{
+	if (!c->async || s != c->streams[0])
+		batch_stream_give(c, s);
+}
+
 /* The pieces queued together on one stream and waited for once: one copy
  * engine latency for the batch instead of one per piece. */
 static int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
@@ -615,9 +659,8 @@ static int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 
 	if (n == 0)
 		return 0;
-	if (c->rt.MemcpyAsync != NULL && c->rt.StreamCreateWithFlags != NULL && c->rt.StreamDestroy != NULL)
-		s = batch_stream_take(c);
-	if (s == NULL) {
+	s = copy_stream_take(c);
+	if (s == NULL) { /* no stream calls in the runtime */
 		for (size_t i = 0; i < n; i++) {
 			int rc = hip_copy(c, v[i].dst, v[i].src, v[i].len);
 			if (rc < 0)
@@ -640,7 +683,7 @@ static int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->rt, e));
 		rc = -EIO;
 	}
-	batch_stream_give(c, s);
+	copy_stream_give(c, s);
 	return rc;
 }
 
@@ -791,25 +834,74 @@ static void hip_ipc_close(void *ctx, void *base)
 		c->host->log(c->host, TE_LOG_WARN, "hipIpcCloseMemHandle(%p): %s", base, errstr(&c->rt, e));
 }
 
+/* The device whose stream `stream` is: the runtime says (hipStreamGetDevice),
+ * and for the null stream `device`, or with -1 the calling thread's
+ * current one. -EINVAL (logged) when the stream is not `device`'s. */
+static int stream_device(hip_ctx *c, int device, hipStream_t stream, const char *what, int *dev)
+{
+	int cur = 0;
+
+	if (device >= c->ndev) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s: no device hip:%d here", what, device);
+		return -ENODEV;
+	}
+	if (c->rt.GetDevice(&cur) != hipSuccess)
+		cur = 0;
+	*dev = device >= 0 ? device : cur;
+	if (stream == NULL)
+		return 0;
+	if (c->rt.StreamGetDevice == NULL) {
+		if (!atomic_exchange(&c->said_no_stream_device, true))
+			c->host->log(c->host, TE_LOG_WARN,
+				     "this HIP runtime has no hipStreamGetDevice: a stream is taken for the device of "
+				     "its location, or else the calling thread's current one (said once)");
+		return 0;
+	}
+	hipDevice_t sd = -1;
+	hipError_t e = c->rt.StreamGetDevice(stream, &sd);
+	if (e != hipSuccess) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s: hipStreamGetDevice of stream %p: %s", what, stream,
+			     errstr(&c->rt, e));
+		return -EINVAL;
+	}
+	if (device >= 0 && sd != device) {
+		c->host->log(c->host, TE_LOG_ERROR, "%s: stream %p is hip:%d's, not hip:%d's", what, stream, sd,
+			     device);
+		return -EINVAL;
+	}
+	*dev = sd;
+	return 0;
+}
+
 /* The function runs on the runtime's thread for host functions, which must
  * not call the runtime; libte's (stream.c) only hands work over and waits.
- * Not on the null stream: this plugin's synchronous copies (hipMemcpy) run
- * there, after its work, so a transfer needing one would wait for itself. */
-static int hip_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+ * On the stream's own device, the caller's current one put back after. The
+ * plugin's copies never wait for the null stream (hip_copy), so that a
+ * blocking stream or the null stream held by the function does not hold the
+ * transfer it waits for; a runtime that leaves the plugin no stream of its
+ * own is refused. */
+static int hip_stream_launch_on(void *ctx, int device, void *stream, void (*fn)(void *), void *arg)
 {
 	hip_ctx *c = ctx;
+	int dev;
 
 	if (c->rt.LaunchHostFunc == NULL) {
 		c->host->log(c->host, TE_LOG_ERROR, "this HIP runtime has no hipLaunchHostFunc");
 		return -ENOTSUP;
 	}
-	if (stream == NULL) {
+	hipStream_t own = copy_stream_take(c);
+	if (own == NULL) {
 		c->host->log(c->host, TE_LOG_ERROR,
-			     "transfers cannot be queued on HIP's null stream (its work waits for the plugin's "
-			     "own copies); use a stream of the application's");
-		return -EINVAL;
+			     "no stream of the plugin's own: its copies would wait for the stream's host function");
+		return -ENOTSUP;
 	}
+	copy_stream_give(c, own);
+	int rc = stream_device(c, device, stream, "hipLaunchHostFunc", &dev);
+	if (rc < 0)
+		return rc;
+	int old = device_enter(c, dev);
 	hipError_t e = c->rt.LaunchHostFunc(stream, fn, arg);
+	device_leave(c, dev, old);
 	if (e != hipSuccess) {
 		c->host->log(c->host, TE_LOG_ERROR, "hipLaunchHostFunc: %s", errstr(&c->rt, e));
 		return -EIO;
@@ -817,16 +909,32 @@ static int hip_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *
 	return 0;
 }
 
-static int hip_stream_wait(void *ctx, void *stream)
+static int hip_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
+{
+	return hip_stream_launch_on(ctx, -1, stream, fn, arg);
+}
+
+static int hip_stream_wait_on(void *ctx, int device, void *stream)
 {
 	hip_ctx *c = ctx;
+	int dev;
+	int rc = stream_device(c, device, stream, "hipStreamSynchronize", &dev);
 
+	if (rc < 0)
+		return rc;
+	int old = device_enter(c, dev);
 	hipError_t e = c->rt.StreamSynchronize(stream);
+	device_leave(c, dev, old);
 	if (e != hipSuccess) {
 		c->host->log(c->host, TE_LOG_ERROR, "hipStreamSynchronize: %s", errstr(&c->rt, e));
 		return -EIO;
 	}
 	return 0;
+}
+
+static int hip_stream_wait(void *ctx, void *stream)
+{
+	return hip_stream_wait_on(ctx, -1, stream);
 }
 
 static int hip_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
@@ -874,6 +982,8 @@ static const te_device_ops ops = {
 	.devices = hip_devices,
 	.stream_wait = hip_stream_wait,
 	.stream_launch = hip_stream_launch,
+	.stream_launch_on = hip_stream_launch_on,
+	.stream_wait_on = hip_stream_wait_on,
 	.ipc_export = hip_ipc_export,
 	.ipc_open = hip_ipc_open,
 	.ipc_close = hip_ipc_close,

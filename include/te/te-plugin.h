@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 9
+#define TE_PLUGIN_ABI_MINOR 10
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -558,6 +558,18 @@ typedef struct te_device_ops {
 	 * calls nothing of the runtime (it may block). 0, or negative (logged):
 	 * then `fn` never runs. */
 	int (*stream_launch)(void *ctx, void *stream, void (*fn)(void *arg), void *arg);
+	/* ---- since ABI 1.10: optional, both or none ---- */
+	/* stream_launch and stream_wait for a stream of device `device` (the N
+	 * of the location "prefix:N"; -1 when the location names none). The
+	 * plugin queues where the stream's own device (context) wants it: a
+	 * stream the runtime made is its device's, whatever the calling
+	 * thread's current device; a default stream (CUDA's 0, HIP's null
+	 * stream) is `device`'s, or the calling thread's current device's when
+	 * -1. -EINVAL when the stream is another device's than `device`. The
+	 * calling thread's current device (CUDA: context) is as it was when
+	 * they return. The host prefers them to the two above. */
+	int (*stream_launch_on)(void *ctx, int device, void *stream, void (*fn)(void *arg), void *arg);
+	int (*stream_wait_on)(void *ctx, int device, void *stream);
 } te_device_ops;
 
 /*

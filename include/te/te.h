@@ -497,8 +497,13 @@ TE_API int te_device_copy(void *dst, const void *src, size_t len);
 TE_API int te_device_locate(const void *addr, size_t len, char *buf, size_t size);
 /* Waits until the work queued on `stream` (a stream of the device runtime
  * of `location`: "cuda" or "cuda:0" for a CUstream) before this call has
- * finished, so that a transfer submitted next sees its results. -ENOTSUP
- * when that device plugin has no streams. */
+ * finished, so that a transfer submitted next sees its results. A stream
+ * the application made is taken in its own device's context whatever is
+ * current; a default stream (CUDA's 0, HIP's null stream) is that of the
+ * device "cuda:N" names, or with "cuda" of the calling thread's current
+ * device; the calling thread's current device is the same after. -EINVAL
+ * when "cuda:N" is not the stream's device; -ENOTSUP when that device
+ * plugin has no streams, or cannot tell a stream's device and N is given. */
 TE_API int te_device_stream_wait(const char *location, void *stream);
 /*
  * Submits `n` requests into `batch` in the order of `stream` (a stream of
@@ -512,9 +517,11 @@ TE_API int te_device_stream_wait(const char *location, void *stream);
  * batch's tasks end CANCELED there; an engine destroyed before the stream
  * reaches them cancels them, and the stream then goes on. Negative, nothing
  * appended: bad arguments, an unknown batch, the capacity exceeded, or
- * -ENOTSUP when that device plugin cannot queue work on its streams; when
- * the runtime refuses to queue, the tasks appended end FAILED and its error
- * is returned. Since 1.4.
+ * -ENOTSUP when that device plugin cannot queue work on its streams (or,
+ * of plugin ABI 1.9, cannot tell a stream's device and `location` names
+ * one); when the plugin or the runtime refuses to queue (-EINVAL: the
+ * stream is another device's than "cuda:N" names), the tasks appended end
+ * FAILED and its error is returned. Since 1.4.
  */
 TE_API int te_submit_on_stream(te_engine *engine, te_batch_id batch, const te_request *reqs, size_t n,
 			       const char *location, void *stream);

@@ -211,10 +211,11 @@ wait "$target" 2>/dev/null
 
 # A driver that refuses asynchronous copies, or whose copies fail on the
 # stream: the run fails with FAILED tasks and the reason in the log.
-# (A refused cuMemcpyAsync leaves cuMemcpy, so te-bench fills its buffers for
-# --check; a failing stream fails every copy of the plugin's, its own
-# synchronous ones included, so that run checks nothing and the failure
-# meets the transfers' copies.)
+# (The stand-in refuses only copies to or from pinned memory, the staging
+# the transfers go through, so te-bench fills its buffers for --check; a
+# failing stream fails every copy of the plugin's, its own synchronous ones
+# included, so that run checks nothing and the failure meets the transfers'
+# copies.)
 for f in FAKE_CUDA_FAIL_ASYNC FAKE_CUDA_FAIL_STREAM; do
   if [ "$f" = FAKE_CUDA_FAIL_ASYNC ]; then
     run "$f" "$f=1 TE_CUDA_WAIT=spin" --operation=read

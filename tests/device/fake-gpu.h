@@ -9,7 +9,13 @@
  * - the table of allocations, and the way from a device pointer to the
  *   read-write view of its bytes;
  * - streams: a FIFO of work and the thread that runs it (a GPU's copy
- *   engine), what each driver queues on it its own;
+ *   engine), what each driver queues on it its own; each device's null
+ *   (legacy default) stream, and blocking streams that synchronise with it
+ *   as the runtimes' do: work on a blocking stream starts after the work
+ *   queued on its device's null stream before it, work on the null stream
+ *   after the work queued on every blocking stream of the device before
+ *   it, and a synchronous copy after both; non-blocking streams wait for
+ *   neither;
  * - IPC: a handle names the memfd through /proc/<pid>/fd/<n> (processes of
  *   the same user may open it), and another process maps the allocation
  *   twice as the devices are; opening in the exporting process itself fails,
@@ -196,23 +202,50 @@ static int device_get(int *dev, int ordinal)
 
 /* ------------------------------------------------------------ streams */
 
+struct worker;
+
+/* Work of another stream an item waits for: until that stream has finished
+ * `seq` items. */
+typedef struct dep {
+	struct worker *w;
+	uint64_t seq;
+} dep;
+
 /* A stream's work items start with a qnode. */
 typedef struct qnode {
 	struct qnode *next;
+	dep *deps; /* waited for before it runs (deps_wait) */
+	unsigned ndeps;
 } qnode;
+
+/* How a stream orders itself against its device's null stream. */
+enum { W_NONBLOCKING, W_BLOCKING, W_NULL };
 
 typedef struct worker {
 	pthread_mutex_t lock;
 	pthread_cond_t cond; /* work queued, or quit */
-	pthread_cond_t idle; /* work finished (when: each driver's own) */
+	pthread_cond_t idle; /* an item finished */
 	qnode *head, *tail;
 	bool busy, quit;
 	pthread_t thread;
+	uint64_t pushed, finished; /* items queued, items finished (in order) */
+	int dev, kind;
+	struct worker *next_blocking; /* in sync_.blocking[dev] */
+	atomic_uint refs; /* its owner's, and each dep naming it */
 } worker;
 
-/* A new stream: `size` zeroed bytes that start with its worker, whose
- * thread runs run(the stream); NULL when out of memory or threads. */
-static void *stream_new(size_t size, void *(*run)(void *))
+/* The null streams and the blocking streams of each device. Taken before a
+ * worker's lock, never after. */
+static struct {
+	pthread_mutex_t lock;
+	worker *null_[NDEV];
+	worker *blocking[NDEV];
+} sync_ = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* A new stream of device `dev` ordered as `kind` says: `size` zeroed bytes
+ * that start with its worker, whose thread runs run(the stream); NULL when
+ * out of memory or threads. A null stream is the caller's to record. */
+static void *stream_new(size_t size, void *(*run)(void *), int dev, int kind)
 {
 	worker *w = calloc(1, size);
 	if (w == NULL)
@@ -220,25 +253,122 @@ static void *stream_new(size_t size, void *(*run)(void *))
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
 	pthread_cond_init(&w->idle, NULL);
+	w->dev = dev;
+	w->kind = kind;
+	atomic_init(&w->refs, 1);
 	if (pthread_create(&w->thread, NULL, run, w) != 0) {
 		free(w);
 		return NULL;
 	}
+	if (kind == W_BLOCKING) {
+		pthread_mutex_lock(&sync_.lock);
+		w->next_blocking = sync_.blocking[dev];
+		sync_.blocking[dev] = w;
+		pthread_mutex_unlock(&sync_.lock);
+	}
 	return w;
 }
 
-/* Ends a stream of stream_new once the work queued on it has run. */
+static void worker_unref(worker *w)
+{
+	if (atomic_fetch_sub(&w->refs, 1) != 1)
+		return;
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->cond);
+	pthread_cond_destroy(&w->idle);
+	free(w);
+}
+
+/* Ends a stream of stream_new once the work queued on it has run; its
+ * memory goes with the last dep on it. */
 static void stream_free(worker *w)
 {
+	if (w->kind == W_BLOCKING) {
+		pthread_mutex_lock(&sync_.lock);
+		for (worker **pp = &sync_.blocking[w->dev]; *pp != NULL; pp = &(*pp)->next_blocking)
+			if (*pp == w) {
+				*pp = w->next_blocking;
+				break;
+			}
+		pthread_mutex_unlock(&sync_.lock);
+	}
 	pthread_mutex_lock(&w->lock);
 	w->quit = true; /* queued work still runs first */
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	pthread_join(w->thread, NULL);
-	pthread_mutex_destroy(&w->lock);
-	pthread_cond_destroy(&w->cond);
-	pthread_cond_destroy(&w->idle);
-	free(w);
+	worker_unref(w);
+}
+
+/* Adds to n's deps the work queued on x so far, if any is unfinished;
+ * sync_.lock held. Out of memory: not waited for. */
+static void dep_add(qnode *n, worker *x)
+{
+	pthread_mutex_lock(&x->lock);
+	uint64_t seq = x->pushed;
+	bool pending = x->finished < seq;
+	pthread_mutex_unlock(&x->lock);
+	dep *d = pending ? realloc(n->deps, (n->ndeps + 1) * sizeof *d) : NULL;
+	if (d == NULL)
+		return;
+	n->deps = d;
+	atomic_fetch_add(&x->refs, 1);
+	d[n->ndeps++] = (dep){ x, seq };
+}
+
+/* What work queued on w now waits for: for a blocking stream its device's
+ * null stream's work, for a null stream the work of the device's blocking
+ * streams; sync_.lock held, w's lock not. */
+static void deps_for(worker *w, qnode *n)
+{
+	n->deps = NULL;
+	n->ndeps = 0;
+	if (w->kind == W_BLOCKING && sync_.null_[w->dev] != NULL)
+		dep_add(n, sync_.null_[w->dev]);
+	else if (w->kind == W_NULL)
+		for (worker *b = sync_.blocking[w->dev]; b != NULL; b = b->next_blocking)
+			dep_add(n, b);
+}
+
+/* Waits for n's deps and lets them go; no lock held. */
+static void deps_wait(qnode *n)
+{
+	for (unsigned i = 0; i < n->ndeps; i++) {
+		worker *x = n->deps[i].w;
+		pthread_mutex_lock(&x->lock);
+		while (x->finished < n->deps[i].seq)
+			pthread_cond_wait(&x->idle, &x->lock);
+		pthread_mutex_unlock(&x->lock);
+		worker_unref(x);
+	}
+	free(n->deps);
+	n->deps = NULL;
+	n->ndeps = 0;
+}
+
+/* As a synchronous copy on device dev's null stream: waits for the work
+ * queued before on it and on the device's blocking streams. */
+static void null_drain(int dev)
+{
+	qnode tmp = { 0 };
+	pthread_mutex_lock(&sync_.lock);
+	if (sync_.null_[dev] != NULL)
+		dep_add(&tmp, sync_.null_[dev]);
+	for (worker *b = sync_.blocking[dev]; b != NULL; b = b->next_blocking)
+		dep_add(&tmp, b);
+	pthread_mutex_unlock(&sync_.lock);
+	deps_wait(&tmp);
+}
+
+/* Device dev's null stream, made when first used (by make). */
+static worker *null_stream(int dev, worker *(*make)(int dev))
+{
+	pthread_mutex_lock(&sync_.lock);
+	if (sync_.null_[dev] == NULL)
+		sync_.null_[dev] = make(dev);
+	worker *w = sync_.null_[dev];
+	pthread_mutex_unlock(&sync_.lock);
+	return w;
 }
 
 /* Queues n, w->lock held. */
@@ -249,7 +379,35 @@ static void worker_push(worker *w, qnode *n)
 	else
 		w->head = n;
 	w->tail = n;
+	w->pushed++;
 	pthread_cond_signal(&w->cond);
+}
+
+/* Queues n after what it must wait for (deps_for): the whole of it under
+ * sync_.lock for a stream ordered against others, so that two streams'
+ * items never wait for each other. (fake-cuda numbers its items itself.) */
+static inline void worker_push_ordered(worker *w, qnode *n, uint64_t *seq)
+{
+	bool ordered = w->kind != W_NONBLOCKING;
+	if (ordered) {
+		pthread_mutex_lock(&sync_.lock);
+		deps_for(w, n);
+	}
+	pthread_mutex_lock(&w->lock);
+	worker_push(w, n);
+	if (seq != NULL)
+		*seq = w->pushed;
+	pthread_mutex_unlock(&w->lock);
+	if (ordered)
+		pthread_mutex_unlock(&sync_.lock);
+}
+
+/* An item finished, w->lock held. */
+static void worker_done(worker *w)
+{
+	w->finished++;
+	w->busy = false;
+	pthread_cond_broadcast(&w->idle);
 }
 
 /* The thread's next item, w->lock held (and let go while it waits), with

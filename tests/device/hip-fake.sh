@@ -95,12 +95,15 @@ for case in read:65536:- write:65536:- read:1000003:- write:1000003:- \
     events=$(stat "$n" events)
     waits=$(stat "$n" event_waits)
     ended=$(stat "$n" event_ended)
-    # Every event is waited for, or found ended when the one before was.
+    # The line's first field: hipMemcpy calls, which run on the null stream.
+    sync=$(sed -n 's/^sync \([0-9]*\).*/\1/p' "$tmp/$n.stats" | tail -1)
+    # Every event is waited for, or found ended when the one before was;
+    # no copy of the plugin's on the null stream.
     if [ "${req:-0}" -gt 0 ] && [ "${async:-0}" -gt 0 ] && [ "${events:-0}" -gt 0 ] &&
-       [ "$(( ${waits:-0} + ${ended:-0} ))" -ge "${events:-0}" ]; then
-      ok "$op $bs bytes ($var): $req requests checked, $async asynchronous copies, $events events ($waits waited for, $ended found ended)"
+       [ "$(( ${waits:-0} + ${ended:-0} ))" -ge "${events:-0}" ] && [ "$sync" = 0 ]; then
+      ok "$op $bs bytes ($var): $req requests checked, $async asynchronous copies, $events events ($waits waited for, $ended found ended), no hipMemcpy"
     else
-      bad "$op $bs bytes ($var): requests '$req', asynchronous copies '$async', events '$events', waits '$waits', ended '$ended'"
+      bad "$op $bs bytes ($var): requests '$req', asynchronous copies '$async', events '$events', waits '$waits', ended '$ended', hipMemcpy '$sync'"
     fi
   else
     bad "$op $bs bytes ($var): te-bench failed: $(tail -3 "$tmp/$n.err")"
@@ -156,17 +159,19 @@ kill "$target" 2>/dev/null
 wait "$target" 2>/dev/null
 target=
 
-# A runtime that refuses asynchronous copies, or whose copies fail on the
-# stream: the run fails with FAILED tasks and the reason in the log. One
-# whose synchronous copies fail stops te-bench already where it fills its
-# device buffer (with te_device_copy): an error and the reason, no crash.
+# A runtime that refuses the transfers' copies (those through pinned
+# staging memory), or whose copies of them fail on the stream: the run fails
+# with FAILED tasks and the reason in the log. One whose every copy fails
+# stops te-bench already where it fills its device buffer (with
+# te_device_copy, the plugin's synchronous copy on a stream of its own): an
+# error and the reason, no crash.
 for f in FAKE_HIP_FAIL_ASYNC FAKE_HIP_FAIL_STREAM FAKE_HIP_FAIL_COPY; do
   run "$f" "$f=1" --operation=read
   rc=$?
   case $f in
     FAKE_HIP_FAIL_ASYNC) want="hipMemcpyAsync" ;;
     FAKE_HIP_FAIL_STREAM) want="hipErrorIllegalAddress" ;;
-    *) want="hipMemcpy of" ;;
+    *) want="copy of [0-9]* bytes: hipErrorIllegalAddress" ;;
   esac
   failed=FAILED
   [ "$f" = FAKE_HIP_FAIL_COPY ] && failed="FAILED\|device copy failed"

@@ -35,6 +35,8 @@ static void test_alloc_and_locate(void)
 	CHECK_EQ(te_device_copy(NULL, host, 1), -EINVAL);
 	CHECK_EQ(te_device_stream_wait("testdev", (void *)1), 0);
 	CHECK_EQ(te_device_stream_wait("testdev:1", (void *)1), 0);
+	/* The N of "testdev:N" reaches the plugin, which has two devices. */
+	CHECK_EQ(te_device_stream_wait("testdev:2", (void *)1), -ENODEV);
 	CHECK_EQ(te_device_stream_wait("nosuchdev", (void *)1), -ENODEV);
 	CHECK_EQ(te_device_stream_wait(NULL, (void *)1), -EINVAL);
 	/* Device to device and back, through the plugin only. */
@@ -376,24 +378,30 @@ static void test_on_stream(void)
 	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
 	CHECK_EQ(sub, 1);
 	CHECK_EQ(state, TE_TASK_FAILED);
+	/* A device the plugin has not (the N of "testdev:N" reaches it): refused
+	 * there, the task appended ends FAILED. */
+	CHECK_EQ(te_submit_on_stream(init, b, r, 1, "testdev:2", S), -ENODEV);
+	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
+	CHECK_EQ(sub, 2);
+	CHECK_EQ(state, TE_TASK_FAILED);
 	/* Bad calls: refused, nothing appended. */
 	CHECK_EQ(te_submit_on_stream(NULL, b, r, 1, "testdev", S), -EINVAL);
 	CHECK_EQ(te_submit_on_stream(init, b, NULL, 1, "testdev", S), -EINVAL);
 	CHECK_EQ(te_submit_on_stream(init, b, r, 1, "nosuchdev", S), -ENODEV);
 	CHECK_EQ(te_submit_on_stream(init, b, r, 1, NULL, S), -EINVAL);
 	CHECK_EQ(te_submit_on_stream(init, b + 1000, r, 1, "testdev", S), TE_ERR_BATCH);
-	CHECK_EQ(te_submit_on_stream(init, b, r, 4, "testdev", S), TE_ERR_BATCH_FULL);
-	CHECK(cap_has("te_submit_on_stream: 4 requests exceed batch"));
+	CHECK_EQ(te_submit_on_stream(init, b, r, 3, "testdev", S), TE_ERR_BATCH_FULL);
+	CHECK(cap_has("te_submit_on_stream: 3 requests exceed batch"));
 	CHECK_EQ(te_submit_on_stream(init, b, r, 0, "testdev", S), 0);
 	CHECK_EQ(te_batch_status(init, b, &sub, &infl, &state), 0);
-	CHECK_EQ(sub, 1);
+	CHECK_EQ(sub, 2);
 	/* Checked when the stream gets there, as te_submit() checks: local
 	 * memory not registered is INVALID then. */
 	unsigned char stray[64];
 	te_request bad = { TE_OP_WRITE, seg, stray, (uintptr_t)t, sizeof stray };
 	CHECK_EQ(te_submit_on_stream(init, b, &bad, 1, "testdev", S), 0);
 	CHECK_EQ(te_device_stream_wait("testdev", S), 0);
-	CHECK_EQ(te_get_status(init, b, 1, &st), 0);
+	CHECK_EQ(te_get_status(init, b, 2, &st), 0);
 	CHECK_EQ(st.state, TE_TASK_INVALID);
 	CHECK_EQ(te_batch_free(init, b), 0);
 

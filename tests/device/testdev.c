@@ -651,6 +651,18 @@ static int td_stream_wait(void *ctx, void *stream)
 	return 0;
 }
 
+/* Its streams belong to no device: a device past the two is refused, as a
+ * runtime refuses a device it does not have. */
+static int td_stream_launch_on(void *ctx, int device, void *stream, void (*fn)(void *), void *arg)
+{
+	return device >= 2 ? -ENODEV : td_stream_launch(ctx, stream, fn, arg);
+}
+
+static int td_stream_wait_on(void *ctx, int device, void *stream)
+{
+	return device >= 2 ? -ENODEV : td_stream_wait(ctx, stream);
+}
+
 /* Backs [p, p + len) of the private view, 2 MiB aligned, with 2 MiB pages:
  * MADV_COLLAPSE wants one page present in each. Figures, not correctness,
  * depend on it, so a failure is only logged (once). */
@@ -755,6 +767,8 @@ static const te_device_ops ops = {
 	.ipc_open = td_ipc_open,
 	.ipc_close = td_ipc_close,
 	.stream_launch = td_stream_launch,
+	.stream_launch_on = td_stream_launch_on,
+	.stream_wait_on = td_stream_wait_on,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "testdev", "1.0", "device memory the CPU cannot touch (tests)",

@@ -11,12 +11,25 @@
  * - Streams are FIFO queues, each with a thread: an asynchronous copy, a
  *   stream callback, an event record and a kernel run there, in order, and
  *   a callback gets the status of the work before it. An event completes when
- *   the work queued before it on its stream has. The legacy default stream
- *   (CUstream 0) is one too, made when first used, and cuMemcpy waits for
- *   its work first, as a driver's does; a host function
+ *   the work queued before it on its stream has. Each device's legacy
+ *   default stream (CUstream 0 or CU_STREAM_LEGACY, of the calling thread's
+ *   current context) is one too, made when first used; a stream made with
+ *   flags 0 is a blocking one, ordered against it (fake-gpu.h), and cuMemcpy
+ *   waits for the work of both first, as a driver's does; a host function
  *   (cuLaunchHostFunc) holds its stream until it returns.
- * - FAKE_CUDA_FAIL_ASYNC=1 makes cuMemcpyAsync refuse; FAKE_CUDA_FAIL_STREAM=1
+ * - Contexts: each device's primary context; the current context is the
+ *   calling thread's (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent),
+ *   a stream is the context's that was current when it was made
+ *   (cuStreamGetCtx), cuMemAlloc allocates on the current context's device,
+ *   and a kernel or host function is refused on a stream of another context
+ *   than the current one (CUDA_ERROR_INVALID_HANDLE). Calls that need a
+ *   context fail without one (CUDA_ERROR_INVALID_CONTEXT).
+ * - FAKE_CUDA_FAIL_ASYNC=1 makes cuMemcpyAsync refuse copies to or from
+ *   pinned host memory (what transfers stage through; a program still
+ *   fills its device memory); FAKE_CUDA_FAIL_STREAM=1
  *   makes queued copies fail (the callback sees the error);
+ *   FAKE_CUDA_MAX_STREAMS=N makes cuStreamCreate refuse once N streams
+ *   exist;
  *   FAKE_CUDA_NO_CALLBACK=1 makes cuStreamAddCallback and cuLaunchHostFunc refuse;
  *   FAKE_CUDA_NO_EVENTS=1 makes cuEventCreate refuse.
  *   FAKE_CUDA_STATS=FILE appends, at exit, one line of counts:
@@ -97,6 +110,7 @@ typedef void (*CUstreamCallback)(CUstream stream, CUresult status, void *user);
 
 enum {
 	ERR_INVALID_IMAGE = 200,
+	ERR_INVALID_CONTEXT = 201,
 	ERR_INVALID_HANDLE = 400,
 	ERR_NOT_FOUND = 500,
 	ERR_NOT_READY = 600,
@@ -454,9 +468,73 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	return OK;
 }
 
+/* The calling thread's context stack: the current context on top. */
+#define CTX_STACK 16
+static _Thread_local CUcontext ctx_stack[CTX_STACK];
+static _Thread_local int ctx_depth;
+
+/* The device of a primary context (cuDevicePrimaryCtxRetain's), or -1. */
+static int ctx_dev(CUcontext c)
+{
+	uintptr_t v = (uintptr_t)c;
+	return v >= 1 && v <= NDEV ? (int)v - 1 : -1;
+}
+
+/* The current context's device, or -1 when none is current. */
+static int current_dev(void)
+{
+	return ctx_depth > 0 ? ctx_dev(ctx_stack[ctx_depth - 1]) : -1;
+}
+
 API CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-	(void)ctx;
+	if (ctx == NULL) {
+		if (ctx_depth > 0)
+			ctx_depth--;
+		return OK;
+	}
+	if (ctx_dev(ctx) < 0)
+		return ERR_INVALID_CONTEXT;
+	if (ctx_depth == 0)
+		ctx_depth = 1;
+	ctx_stack[ctx_depth - 1] = ctx;
+	return OK;
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *ctx)
+{
+	if (ctx == NULL)
+		return ERR_INVALID_VALUE;
+	*ctx = ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
+	return OK;
+}
+
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	if (ctx_dev(ctx) < 0)
+		return ERR_INVALID_CONTEXT;
+	if (ctx_depth == CTX_STACK)
+		return ERR_OUT_OF_MEMORY;
+	ctx_stack[ctx_depth++] = ctx;
+	return OK;
+}
+
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+	if (ctx_depth == 0)
+		return ERR_INVALID_CONTEXT;
+	ctx_depth--;
+	if (ctx != NULL)
+		*ctx = ctx_stack[ctx_depth];
+	return OK;
+}
+
+API CUresult cuCtxGetDevice(CUdevice *dev)
+{
+	int d = current_dev();
+	if (d < 0)
+		return ERR_INVALID_CONTEXT;
+	*dev = d;
 	return OK;
 }
 
@@ -467,6 +545,7 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
 	case ERR_INVALID_VALUE: *s = "invalid argument"; break;
 	case ERR_OUT_OF_MEMORY: *s = "out of memory"; break;
 	case ERR_INVALID_IMAGE: *s = "device kernel image is invalid"; break;
+	case ERR_INVALID_CONTEXT: *s = "invalid device context"; break;
 	case ERR_INVALID_HANDLE: *s = "invalid resource handle"; break;
 	case ERR_NOT_FOUND: *s = "named symbol not found"; break;
 	case ERR_NOT_READY: *s = "device not ready"; break;
@@ -525,13 +604,12 @@ API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevicept
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len)
 {
-	/* The current context is not tracked: device 0, or device 1 once 0 is
-	 * full (enough for the tests, which use one at a time). */
-	CUresult r = ERR_OUT_OF_MEMORY;
+	int d = current_dev();
 	uintptr_t start = 0;
+	if (d < 0)
+		return ERR_INVALID_CONTEXT;
 	pthread_mutex_lock(&g.lock);
-	for (int d = 0; d < NDEV && r != OK; d++)
-		r = alloc_device(d, len, &start);
+	CUresult r = alloc_device(d, len, &start);
 	pthread_mutex_unlock(&g.lock);
 	if (r == OK)
 		*p = start;
@@ -576,14 +654,17 @@ API CUresult cuMemHostUnregister(void *p)
 	return remove_pinned(p) ? OK : ERR_HOST_NOT_REGISTERED;
 }
 
-static void legacy_drain(void);
-
 API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t len)
 {
 	bool pageable;
 	int64_t end;
+	int dev = current_dev();
+	if (dev < 0)
+		return ERR_INVALID_CONTEXT;
 	atomic_fetch_add(&sync_copies, 1);
-	legacy_drain(); /* a copy on the legacy default stream: after its work */
+	/* A copy on the legacy default stream: after its work and the blocking
+	 * streams'. */
+	null_drain(dev);
 	spend(cost.call);
 	int dir = direction((void *)(uintptr_t)dst, (void *)(uintptr_t)src, len, &pageable);
 	CUresult r = copy(dst, src, len, dir, pageable, now_ns(), &end);
@@ -625,7 +706,7 @@ typedef struct op {
 } op;
 
 struct fstream {
-	worker w; /* first (stream_new); idle: an op finished */
+	worker w; /* first (stream_new); idle: an op finished; dev: its context's */
 	CUresult status;      /* first error of the stream's work */
 	_Atomic uint64_t queued; /* ops queued */
 	_Atomic uint64_t done; /* ops finished (in order) */
@@ -703,6 +784,11 @@ static void *stream_thread(void *arg)
 		op *o = (op *)worker_take(&s->w);
 		if (o == NULL)
 			break;
+		if (o->q.ndeps > 0) { /* a blocking or legacy stream's turn comes after the other's */
+			pthread_mutex_unlock(&s->w.lock);
+			deps_wait(&o->q);
+			pthread_mutex_lock(&s->w.lock);
+		}
 		CUresult status = s->status, r = OK;
 		int64_t start = o->queued > s->ready ? o->queued : s->ready, end = start;
 		pthread_mutex_unlock(&s->w.lock);
@@ -753,56 +839,117 @@ static void *stream_thread(void *arg)
 			s->status = r;
 		s->ready = end;
 		s->done = o->seq;
-		s->w.busy = false;
+		worker_done(&s->w);
 		free(o);
-		pthread_cond_broadcast(&s->w.idle);
 	}
 	pthread_mutex_unlock(&s->w.lock);
 	return NULL;
 }
 
+static atomic_int nstreams; /* made by cuStreamCreate and not destroyed */
+
 API CUresult cuStreamCreate(CUstream *out, unsigned flags)
 {
-	(void)flags;
-	*out = stream_new(sizeof **out, stream_thread); /* its worker first */
+	int dev = current_dev();
+	const char *max = getenv("FAKE_CUDA_MAX_STREAMS");
+	if (dev < 0)
+		return ERR_INVALID_CONTEXT;
+	if (max != NULL && atomic_fetch_add(&nstreams, 1) >= atoi(max)) {
+		atomic_fetch_sub(&nstreams, 1);
+		return ERR_OUT_OF_MEMORY;
+	} else if (max == NULL) {
+		atomic_fetch_add(&nstreams, 1);
+	}
+	/* Its worker first. CU_STREAM_NON_BLOCKING (1): not ordered against
+	 * the legacy stream. */
+	*out = stream_new(sizeof **out, stream_thread, dev, flags & 1 ? W_NONBLOCKING : W_BLOCKING);
+	if (*out == NULL)
+		atomic_fetch_sub(&nstreams, 1);
 	return *out != NULL ? OK : ERR_OUT_OF_MEMORY;
 }
 
-/* Queues o; its sequence number in *seq. */
-/* The legacy default stream (CUstream 0), made when work is first queued
- * there. It runs its work in order as any stream does, and cuMemcpy, a
- * synchronous copy on it, waits for that work first: a host function that
- * holds it holds every cuMemcpy of the process, as on a driver. */
-static _Atomic(CUstream) legacy;
-static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
-
-static void legacy_make(void)
+/* Each device's legacy default stream (CUstream 0, CU_STREAM_LEGACY), made
+ * when work is first queued there. It runs its work in order as any stream
+ * does, after the blocking streams' work queued before (fake-gpu.h), and
+ * cuMemcpy, a synchronous copy on it, waits for that work first: a host
+ * function that holds it holds every cuMemcpy of the context, as on a
+ * driver. */
+static worker *legacy_make(int dev)
 {
-	atomic_store(&legacy, (CUstream)stream_new(sizeof *legacy, stream_thread));
+	return stream_new(sizeof(struct fstream), stream_thread, dev, W_NULL);
 }
 
-static CUstream or_legacy(CUstream s)
+/* The stream a handle names: the legacy stream of the current context's
+ * device for 0 and CU_STREAM_LEGACY (1), made now when `make`, else NULL
+ * while it has had no work. */
+static CUresult resolve(CUstream s, bool make, CUstream *out)
 {
-	if (s != NULL)
-		return s;
-	pthread_once(&legacy_once, legacy_make);
-	return atomic_load(&legacy);
+	*out = s;
+	if ((uintptr_t)s > 2)
+		return OK;
+	if (s == (CUstream)2)
+		return ERR_INVALID_HANDLE; /* CU_STREAM_PER_THREAD: not modelled */
+	int dev = current_dev();
+	if (dev < 0)
+		return ERR_INVALID_CONTEXT;
+	if (make) {
+		*out = (CUstream)null_stream(dev, legacy_make);
+		return *out != NULL ? OK : ERR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_lock(&sync_.lock);
+	*out = (CUstream)sync_.null_[dev];
+	pthread_mutex_unlock(&sync_.lock);
+	return OK;
 }
 
+/* Queues o on s (0 or CU_STREAM_LEGACY: the current context's legacy
+ * stream); its sequence number in *seq. */
 static CUresult push(CUstream s, op *o, uint64_t *seq)
 {
-	s = or_legacy(s);
-	if (s == NULL || o == NULL) {
+	CUresult r = o != NULL ? resolve(s, true, &s) : ERR_OUT_OF_MEMORY;
+	if (r != OK) {
 		free(o);
-		return s == NULL ? ERR_INVALID_VALUE : ERR_OUT_OF_MEMORY;
+		return r;
 	}
 	o->queued = cost.on ? now_ns() : 0;
+	/* Ordered against the legacy stream: the deps and the queuing at once
+	 * (fake-gpu.h). */
+	bool ordered = s->w.kind != W_NONBLOCKING;
+	if (ordered) {
+		pthread_mutex_lock(&sync_.lock);
+		deps_for(&s->w, &o->q);
+	}
 	pthread_mutex_lock(&s->w.lock);
 	o->seq = ++s->queued;
 	if (seq != NULL)
 		*seq = o->seq;
 	worker_push(&s->w, &o->q);
 	pthread_mutex_unlock(&s->w.lock);
+	if (ordered)
+		pthread_mutex_unlock(&sync_.lock);
+	return OK;
+}
+
+/* Whether s is (0 or CU_STREAM_LEGACY: names) a stream of the current
+ * context: kernels and host functions are refused elsewhere. */
+static CUresult in_current(CUstream s)
+{
+	int dev = current_dev();
+	if (dev < 0)
+		return ERR_INVALID_CONTEXT;
+	if ((uintptr_t)s > 2 && s->w.dev != dev)
+		return ERR_INVALID_HANDLE;
+	return OK;
+}
+
+API CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
+{
+	if (ctx == NULL)
+		return ERR_INVALID_VALUE;
+	int dev = (uintptr_t)s > 2 ? s->w.dev : current_dev();
+	if (dev < 0)
+		return ERR_INVALID_CONTEXT;
+	*ctx = (CUcontext)(uintptr_t)(dev + 1);
 	return OK;
 }
 
@@ -821,21 +968,14 @@ static int64_t wait_done(CUstream s, uint64_t seq, CUresult *status)
 	return ready;
 }
 
-static void legacy_drain(void)
-{
-	CUstream s = atomic_load(&legacy);
-	if (s == NULL)
-		return;
-	pthread_mutex_lock(&s->w.lock);
-	uint64_t seq = s->queued;
-	pthread_mutex_unlock(&s->w.lock);
-	wait_done(s, seq, NULL);
-}
-
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s)
 {
-	if (getenv("FAKE_CUDA_FAIL_ASYNC") != NULL)
+	if (getenv("FAKE_CUDA_FAIL_ASYNC") != NULL &&
+	    (pinned((void *)(uintptr_t)dst, 1) || pinned((void *)(uintptr_t)src, 1)))
 		return ERR_INVALID_VALUE;
+	CUresult r = resolve(s, true, &s);
+	if (r != OK)
+		return r;
 	spend(cost.call);
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL) {
@@ -844,7 +984,7 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstrea
 	}
 	bool sync = o != NULL && o->pageable;
 	uint64_t seq;
-	CUresult r = push(s, o, &seq);
+	r = push(s, o, &seq);
 	if (r == OK && sync)
 		wait_done(s, seq, NULL); /* pageable memory: the driver returns once the copy is done */
 	return r;
@@ -854,6 +994,9 @@ API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, un
 {
 	if (cb == NULL || flags != 0 || getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
 		return ERR_INVALID_VALUE;
+	CUresult r = in_current(s);
+	if (r != OK)
+		return r;
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
 		*o = (op){ .kind = OP_CALLBACK, .cb = cb, .user = user };
@@ -864,6 +1007,9 @@ API CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *user)
 {
 	if (fn == NULL || getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
 		return ERR_INVALID_VALUE;
+	CUresult r = in_current(s);
+	if (r != OK)
+		return r;
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
 		*o = (op){ .kind = OP_CALLBACK, .hostfn = fn, .user = user };
@@ -873,13 +1019,18 @@ API CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *user)
 API CUresult cuStreamSynchronize(CUstream s)
 {
 	atomic_fetch_add(&stream_waits, 1);
-	if (s == NULL && (s = atomic_load(&legacy)) == NULL)
+	bool legacy = (uintptr_t)s <= 2;
+	CUresult r = resolve(s, false, &s);
+	if (r != OK)
+		return r;
+	if (legacy) /* the legacy stream's work, and the blocking streams' before it */
+		null_drain(current_dev());
+	if (s == NULL)
 		return OK; /* the legacy default stream, never used: nothing to wait for */
 	int64_t t0 = cost.on ? now_ns() : 0;
 	pthread_mutex_lock(&s->w.lock);
 	uint64_t seq = s->queued;
 	pthread_mutex_unlock(&s->w.lock);
-	CUresult r;
 	int64_t end = wait_done(s, seq, &r);
 	if (cost.on)
 		wait_until((end > t0 ? end : t0) + cost.sync, CALLER_SPIN_NS);
@@ -888,8 +1039,9 @@ API CUresult cuStreamSynchronize(CUstream s)
 
 API CUresult cuStreamDestroy_v2(CUstream s)
 {
-	if (s == NULL)
+	if ((uintptr_t)s <= 2)
 		return ERR_INVALID_VALUE;
+	atomic_fetch_sub(&nstreams, 1);
 	stream_free(&s->w);
 	return OK;
 }
@@ -913,10 +1065,13 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
 {
 	if (e == NULL)
 		return ERR_INVALID_HANDLE;
+	CUresult r = resolve(s, false, &s);
+	if (r != OK)
+		return r;
 	atomic_fetch_add(&event_records, 1);
 	pthread_mutex_lock(&ev_lock);
 	uint64_t gen = ++e->recorded;
-	if (s == NULL && (s = atomic_load(&legacy)) == NULL) { /* the legacy stream, idle */
+	if (s == NULL) { /* the legacy stream, idle */
 		e->completed = gen;
 		e->done_at = now_ns();
 		e->status = OK;
@@ -928,7 +1083,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
 		*o = (op){ .kind = OP_EVENT, .ev = e, .gen = gen };
-	CUresult r = push(s, o, NULL);
+	r = push(s, o, NULL);
 	if (r != OK) {
 		pthread_mutex_lock(&ev_lock);
 		e->completed = e->recorded; /* nothing to wait for */
@@ -1032,6 +1187,9 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
 		return ERR_INVALID_VALUE;
 	if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
 		return ERR_INVALID_VALUE;
+	CUresult r = in_current(s);
+	if (r != OK)
+		return r;
 	spend(cost.call);
 	op *o = calloc(1, sizeof *o);
 	struct te_gather *k = malloc(sizeof *k);

@@ -9,13 +9,22 @@
  *   core shared with the stand-in CUDA driver). hipMalloc allocates on the
  *   calling thread's current device.
  * - Streams are FIFO queues, each with a thread (a GPU's copy engine):
- *   asynchronous copies and event records run there, in order; an event
- *   gets the status of the stream's work before it. No stream callbacks.
+ *   asynchronous copies, event records and host functions run there, in
+ *   order; an event gets the status of the stream's work before it. No
+ *   stream callbacks. A stream is the device's that was current when it was
+ *   made (hipStreamGetDevice). Each device has a null stream (stream NULL,
+ *   of the calling thread's current device), made when first used; a stream
+ *   made by hipStreamCreate or with flags 0 is a blocking one, ordered
+ *   against it (fake-gpu.h), and hipMemcpy, a synchronous copy on the null
+ *   stream, waits for the work of both first, as the runtime's does.
  * - FAKE_HIP_VERSION=N: what hipRuntimeGetVersion says (default 60342134,
  *   ROCm 6); below 60000000 the memory types take ROCm 5's numbering.
- *   FAKE_HIP_NO_DEVICE=1: no device. FAKE_HIP_FAIL_COPY=1: hipMemcpy fails;
- *   FAKE_HIP_FAIL_ASYNC=1: hipMemcpyAsync refuses; FAKE_HIP_FAIL_STREAM=1:
- *   queued copies fail (events and stream waits see the error);
+ *   FAKE_HIP_NO_DEVICE=1: no device. FAKE_HIP_FAIL_COPY=1: every copy
+ *   fails, hipMemcpy's and the queued ones (events and stream waits see the
+ *   error). Copies to or from pinned host memory (hipHostMalloc: what
+ *   transfers stage through, while a program fills its device memory from
+ *   its own) fail with FAKE_HIP_FAIL_ASYNC=1: hipMemcpyAsync refuses them;
+ *   FAKE_HIP_FAIL_STREAM=1: they fail on the stream;
  *   FAKE_HIP_NO_EVENT_RECORD=1: hipEventRecord refuses;
  *   FAKE_HIP_FAIL_EVENT_QUERY=1: hipEventQuery refuses.
  *   FAKE_HIP_STATS=FILE appends, at exit, how many calls of each kind ran.
@@ -60,6 +69,13 @@ static bool rocm5(void)
 {
 	const char *v = getenv("FAKE_HIP_VERSION");
 	return v != NULL && atol(v) < 60000000;
+}
+
+/* Whether p is in pinned host memory (hipHostMalloc). */
+static bool pinned(const void *p)
+{
+	alloc a;
+	return find_alloc((uintptr_t)p, &a) && a.kind == A_HOST;
 }
 
 static hipError_t copy(void *d, const void *s, size_t len, int kind)
@@ -239,6 +255,7 @@ API hipError_t hipHostFree(void *p)
 API hipError_t hipMemcpy(void *dst, const void *src, size_t len, int kind)
 {
 	atomic_fetch_add(&sync_copies, 1);
+	null_drain(current); /* a copy on the null stream: after its work and the blocking streams' */
 	if (env("FAKE_HIP_FAIL_COPY"))
 		return ERR_ILLEGAL_ADDRESS;
 	return copy(dst, src, len, kind);
@@ -286,6 +303,9 @@ static void *stream_thread(void *arg)
 		op *o = (op *)worker_take(&s->w);
 		if (o == NULL)
 			break;
+		pthread_mutex_unlock(&s->w.lock);
+		deps_wait(&o->q); /* a blocking or null stream's turn comes after the other's */
+		pthread_mutex_lock(&s->w.lock);
 		hipError_t status = s->status;
 		pthread_mutex_unlock(&s->w.lock);
 		if (o->fn != NULL) {
@@ -299,8 +319,9 @@ static void *stream_thread(void *arg)
 			pthread_cond_broadcast(&o->ev->cond);
 			pthread_mutex_unlock(&o->ev->lock);
 		} else {
-			hipError_t r = env("FAKE_HIP_FAIL_STREAM") ? ERR_ILLEGAL_ADDRESS
-								   : copy(o->dst, o->src, o->len, MEMCPY_DEFAULT);
+			bool fail = env("FAKE_HIP_FAIL_COPY") ||
+				    (env("FAKE_HIP_FAIL_STREAM") && (pinned(o->dst) || pinned(o->src)));
+			hipError_t r = fail ? ERR_ILLEGAL_ADDRESS : copy(o->dst, o->src, o->len, MEMCPY_DEFAULT);
 			atomic_fetch_add(&async_copies, 1);
 			pthread_mutex_lock(&s->w.lock);
 			if (s->status == OK)
@@ -309,38 +330,62 @@ static void *stream_thread(void *arg)
 		}
 		free(o);
 		pthread_mutex_lock(&s->w.lock);
-		s->w.busy = false;
-		if (s->w.head == NULL)
-			pthread_cond_broadcast(&s->w.idle);
+		worker_done(&s->w);
 	}
 	pthread_mutex_unlock(&s->w.lock);
 	return NULL;
 }
 
+/* hipStreamNonBlocking (1): not ordered against the null stream. */
 API hipError_t hipStreamCreateWithFlags(hipStream_t *out, unsigned flags)
 {
-	(void)flags;
-	*out = stream_new(sizeof **out, stream_thread); /* its worker first */
+	*out = stream_new(sizeof **out, stream_thread, current, flags & 1 ? W_NONBLOCKING : W_BLOCKING);
 	return *out != NULL ? OK : ERR_OUT_OF_MEMORY;
+}
+
+API hipError_t hipStreamCreate(hipStream_t *out)
+{
+	return hipStreamCreateWithFlags(out, 0);
+}
+
+static worker *null_make(int dev)
+{
+	return stream_new(sizeof(struct fstream), stream_thread, dev, W_NULL);
+}
+
+/* The stream s names: NULL is the current device's null stream. */
+static hipStream_t resolve(hipStream_t s)
+{
+	return s != NULL ? s : (hipStream_t)null_stream(current, null_make);
 }
 
 static hipError_t push(hipStream_t s, op *o)
 {
+	s = resolve(s);
 	if (s == NULL || o == NULL) {
 		free(o);
-		return s == NULL ? ERR_INVALID_VALUE : ERR_OUT_OF_MEMORY;
+		return ERR_OUT_OF_MEMORY;
 	}
-	pthread_mutex_lock(&s->w.lock);
-	if (o->ev == NULL)
+	if (o->ev == NULL && o->fn == NULL) {
+		pthread_mutex_lock(&s->w.lock);
 		s->since_wait++;
-	worker_push(&s->w, &o->q);
-	pthread_mutex_unlock(&s->w.lock);
+		pthread_mutex_unlock(&s->w.lock);
+	}
+	worker_push_ordered(&s->w, &o->q, NULL);
+	return OK;
+}
+
+API hipError_t hipStreamGetDevice(hipStream_t s, hipDevice_t *dev)
+{
+	if (dev == NULL)
+		return ERR_INVALID_VALUE;
+	*dev = s != NULL ? s->w.dev : current;
 	return OK;
 }
 
 API hipError_t hipMemcpyAsync(void *dst, const void *src, size_t len, int kind, hipStream_t s)
 {
-	if (env("FAKE_HIP_FAIL_ASYNC") || kind != MEMCPY_DEFAULT)
+	if ((env("FAKE_HIP_FAIL_ASYNC") && (pinned(dst) || pinned(src))) || kind != MEMCPY_DEFAULT)
 		return ERR_INVALID_VALUE;
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
@@ -360,8 +405,14 @@ API hipError_t hipLaunchHostFunc(hipStream_t s, void (*fn)(void *), void *arg)
 
 API hipError_t hipStreamSynchronize(hipStream_t s)
 {
-	if (s == NULL)
-		return OK; /* the null stream: nothing runs there */
+	if (s == NULL) { /* the null stream's work, and the blocking streams' before it */
+		null_drain(current);
+		pthread_mutex_lock(&sync_.lock);
+		s = (hipStream_t)sync_.null_[current];
+		pthread_mutex_unlock(&sync_.lock);
+		if (s == NULL)
+			return OK;
+	}
 	pthread_mutex_lock(&s->w.lock);
 	while (s->w.head != NULL || s->w.busy)
 		pthread_cond_wait(&s->w.idle, &s->w.lock);
@@ -395,7 +446,7 @@ API hipError_t hipEventCreateWithFlags(hipEvent_t *out, unsigned flags)
 
 API hipError_t hipEventRecord(hipEvent_t e, hipStream_t s)
 {
-	if (e == NULL || s == NULL || env("FAKE_HIP_NO_EVENT_RECORD"))
+	if (e == NULL || env("FAKE_HIP_NO_EVENT_RECORD"))
 		return ERR_INVALID_VALUE;
 	op *o = calloc(1, sizeof *o);
 	if (o == NULL)

@@ -1024,9 +1024,15 @@ int main(int argc, char **argv)
 		}
 	}
 	te_batch_free(e, b);
-	if (o != 0 || f == 0) {
-		fprintf(stderr, "tcp-rails: both down: %d completed, %d failed, %d not ended after %lld ms\n", c, f, o,
-			dt);
+	/* A fast round can end before both links are down (it takes two
+	 * `ip link` runs): then nothing was in flight to fail, every task
+	 * completed and its bytes were checked above; the batch below still
+	 * meets both links down. */
+	if (o == 0 && f == 0 && c == 96 && in_flight == 0) {
+		fprintf(stderr, "tcp-rails: the batch ended before both links were down (%lld ms)\n", dt);
+	} else if (o != 0 || f == 0) {
+		fprintf(stderr, "tcp-rails: both down: %d completed, %d failed, %d not ended after %lld ms (%zu in flight)\n",
+			c, f, o, dt, in_flight);
 		return 1;
 	}
 	printf("OK alldown %lld %d 96 %zu\n", dt, f, in_flight);

@@ -329,21 +329,6 @@ static void full_backlog(void)
 	close(hole);
 }
 
-/* GLib's default main context belongs to another thread (an application's
- * main loop, say) while the server asks for a client certificate. A
- * handshake that handed the question to that context would wait for it
- * forever, its deadline notwithstanding. */
-static void *hold_context(void *arg)
-{
-	atomic_int *state = arg;
-	REQUIRE(g_main_context_acquire(NULL));
-	atomic_store(state, 1);
-	while (atomic_load(state) == 1)
-		sleep_ms(5);
-	g_main_context_release(NULL);
-	return NULL;
-}
-
 static void held_context(void)
 {
 	int port = free_port();
@@ -357,7 +342,7 @@ static void held_context(void)
 
 	atomic_int state = 0;
 	pthread_t holder;
-	REQUIRE(pthread_create(&holder, NULL, hold_context, &state) == 0);
+	REQUIRE(pthread_create(&holder, NULL, md_hold_default_context, &state) == 0);
 	REQUIRE(WAIT_FOR(atomic_load(&state) == 1, 5000));
 
 	char url[128];

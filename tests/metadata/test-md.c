@@ -963,19 +963,6 @@ static void make_certs(void)
 	REQUIRE(run_cmd(argv, NULL, tmp_path("openssl.log")) == 0);
 }
 
-/* Holds GLib's default main context, as an application's main loop thread
- * would, until `*state` leaves 1. */
-static void *hold_default_context(void *arg)
-{
-	atomic_int *state = arg;
-	REQUIRE(g_main_context_acquire(NULL));
-	atomic_store(state, 1);
-	while (atomic_load(state) == 1)
-		sleep_ms(5);
-	g_main_context_release(NULL);
-	return NULL;
-}
-
 static void case_etcd_tls(void)
 {
 	te_engine *e = NULL;
@@ -988,7 +975,7 @@ static void case_etcd_tls(void)
 	 * would hang every call below for good. */
 	atomic_int held = 0;
 	pthread_t holder;
-	REQUIRE(pthread_create(&holder, NULL, hold_default_context, &held) == 0);
+	REQUIRE(pthread_create(&holder, NULL, md_hold_default_context, &held) == 0);
 	REQUIRE(WAIT_FOR(atomic_load(&held) == 1, 5000));
 
 	make_certs();

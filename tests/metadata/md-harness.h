@@ -9,7 +9,6 @@
 #define TE_MD_HARNESS_H
 
 #include <arpa/inet.h>
-#include <glib.h>
 #include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -542,20 +541,6 @@ static int blackhole_listen(int *port)
 	REQUIRE(getsockname(fd, (struct sockaddr *)&a, &al) == 0);
 	*port = ntohs(a.sin_port);
 	return fd;
-}
-
-/* Holds GLib's default main context, as an application's main loop thread
- * would, until `*state` (an atomic_int set to 1 once held) leaves 1. A TLS
- * handshake that handed a question to that context would wait for ever. */
-static inline void *md_hold_default_context(void *arg)
-{
-	atomic_int *state = arg;
-	REQUIRE(g_main_context_acquire(NULL));
-	atomic_store(state, 1);
-	while (atomic_load(state) == 1)
-		sleep_ms(5);
-	g_main_context_release(NULL);
-	return NULL;
 }
 
 #endif

@@ -29,6 +29,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "md-harness.h"
+#include "md-glib.h"
 #pragma GCC diagnostic pop
 
 #define CALLS 4

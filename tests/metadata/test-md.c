@@ -17,6 +17,7 @@
 #include "b64.h"
 #include "../common/hostile.h"
 #include "md-harness.h"
+#include "md-glib.h"
 
 #define BUFSZ (1u << 20)
 

@@ -5,31 +5,40 @@
  * or to the buffer of the segment's descriptor that holds it. What a piece
  * resolved to is only used while the thing it was resolved against is the
  * current one: the registry's epoch, or the segment's version (te_segver.gen).
- * Both are stable while the submit path holds the registry and data locks
- * (readers), which it does anyway; a post that finds another one resolves
- * the list again first, under the list's own mutex, once for every post
- * after it. So a list holds no registration and no segment, and a post does
- * no range search, allocation or lock per piece.
+ * A post finds them current under the registry and data locks (readers),
+ * which the submit path holds anyway; when one is not, the list is resolved
+ * again first, once for every post after it. A post holds its lists' own
+ * reader lock from start to end, so that the pairs merged when counting the
+ * tasks are the ones merged when making them; resolving takes the writer
+ * side. So a list holds no registration and no segment, and a post does no
+ * range search, allocation or lock per piece.
  */
 #include <string.h>
 
 #include "internal.h"
 #include "metrics.h"
 
-#define PREP_CHUNK 128 /* transfers handed to a transport per call */
+#define PREP_CHUNK 512 /* transfers handed to a transport per call */
+
+/* A piece and what it resolved to, side by side: a post reads them at
+ * random indices, one cache line each. */
+typedef struct lpiece {
+	uint64_t addr;
+	uint64_t length;
+	/* The te_region (TE_LOCAL_SEGMENT) or 1 + the index of the descriptor
+	 * buffer holding it; NULL when it lies outside the memory as last
+	 * resolved (against the list's key). A region is only looked at while
+	 * the registry's epoch is the key. */
+	const void *ref;
+} lpiece;
 
 struct te_xfer_list {
 	te_engine *engine;
 	te_segment_id segment;
 	size_t n;
-	te_piece *pieces;
-	/* Per piece: the te_region (TE_LOCAL_SEGMENT) or 1 + the index of the
-	 * descriptor buffer holding it; NULL when it lies outside the memory as
-	 * last resolved. Written under `lock` only while `key` differs from the
-	 * current epoch or version, which no post then reads them under. */
-	const void **ref;
-	_Atomic uint64_t key;
-	GMutex lock;
+	lpiece *pieces;
+	uint64_t key;
+	GRWLock lock; /* posts read ref and key under it; resolving writes them */
 };
 
 /* The descriptor buffer holding [addr, addr+len): 1 + its index, or 0. */
@@ -61,34 +70,14 @@ static size_t resolve(te_xfer_list *l, te_segver *sv)
 	size_t bad = l->n;
 
 	for (size_t i = 0; i < l->n; i++) {
-		const te_piece *p = &l->pieces[i];
+		const lpiece *p = &l->pieces[i];
 		const void *r = sv == NULL ? (const void *)te_memreg_find_locked(&e->mem, p->addr, p->length)
 					   : (const void *)desc_slot(sv->desc, p->addr, p->length);
-		l->ref[i] = r;
+		l->pieces[i].ref = r;
 		if (r == NULL && bad == l->n)
 			bad = i;
 	}
 	return bad;
-}
-
-/* Makes the list's refs those of `key` (registry epoch or sv->gen); the
- * locks that keep `key` current are held. */
-static void ensure_resolved(te_xfer_list *l, te_segver *sv, uint64_t key)
-{
-	if (atomic_load_explicit(&l->key, memory_order_acquire) == key)
-		return;
-	g_mutex_lock(&l->lock);
-	if (atomic_load_explicit(&l->key, memory_order_relaxed) != key) {
-		size_t bad = resolve(l, sv);
-		if (bad < l->n)
-			te_warn("prepared list of segment %d: piece %zu (0x%llx+%llu) is no longer inside %s; "
-				"its transfers become INVALID",
-				l->segment, bad, (unsigned long long)l->pieces[bad].addr,
-				(unsigned long long)l->pieces[bad].length,
-				sv == NULL ? "registered memory" : "the segment's buffers");
-		atomic_store_explicit(&l->key, key, memory_order_release);
-	}
-	g_mutex_unlock(&l->lock);
 }
 
 int te_xfer_list_prepare(te_engine *e, te_segment_id segment, const te_piece *pieces, size_t n, unsigned flags,
@@ -122,22 +111,20 @@ int te_xfer_list_prepare(te_engine *e, te_segment_id segment, const te_piece *pi
 		}
 	}
 	te_xfer_list *l = g_try_malloc0(sizeof *l);
-	te_piece *copy = g_try_malloc(n * sizeof *copy);
-	const void **ref = g_try_malloc0(n * sizeof *ref);
-	if (l == NULL || copy == NULL || ref == NULL) {
+	lpiece *copy = g_try_malloc(n * sizeof *copy);
+	if (l == NULL || copy == NULL) {
 		g_free(l);
 		g_free(copy);
-		g_free(ref);
 		te_err("te_xfer_list_prepare: no memory for %zu pieces", n);
 		return -ENOMEM;
 	}
-	memcpy(copy, pieces, n * sizeof *copy);
+	for (size_t i = 0; i < n; i++)
+		copy[i] = (lpiece){ pieces[i].addr, pieces[i].length, NULL };
 	l->engine = e;
 	l->segment = segment;
 	l->n = n;
 	l->pieces = copy;
-	l->ref = ref;
-	g_mutex_init(&l->lock);
+	g_rw_lock_init(&l->lock);
 
 	int rc = 0;
 	size_t bad = n;
@@ -152,7 +139,7 @@ int te_xfer_list_prepare(te_engine *e, te_segment_id segment, const te_piece *pi
 		}
 		if (rc == 0) {
 			bad = resolve(l, sv);
-			atomic_store(&l->key, sv != NULL ? sv->gen : e->mem.epoch);
+			l->key = sv != NULL ? sv->gen : e->mem.epoch;
 		}
 		g_rw_lock_reader_unlock(&e->mem.lock);
 		g_rw_lock_reader_unlock(&e->data);
@@ -184,9 +171,8 @@ void te_xfer_list_free(te_xfer_list *l)
 {
 	if (l == NULL)
 		return;
-	g_mutex_clear(&l->lock);
+	g_rw_lock_clear(&l->lock);
 	g_free(l->pieces);
-	g_free(l->ref);
 	g_free(l);
 }
 
@@ -206,7 +192,7 @@ int64_t te_xfer_list_count(const te_xfer_list *l)
 static inline bool continues(const te_xfer_list *L, const te_xfer_list *R, uint32_t i, uint32_t j, uint64_t lend,
 			     uint64_t rend, const void *lref, const void *rref)
 {
-	return L->pieces[i].addr == lend && R->pieces[j].addr == rend && L->ref[i] == lref && R->ref[j] == rref &&
+	return L->pieces[i].addr == lend && R->pieces[j].addr == rend && L->pieces[i].ref == lref && R->pieces[j].ref == rref &&
 	       lref != NULL && rref != NULL;
 }
 
@@ -257,11 +243,65 @@ static void pflush(pdispatch *d)
 	d->n = 0;
 }
 
+/* The current version of a remote list's segment (data lock held), or a
+ * negative error, logged. */
+static int current_sv(te_engine *e, const te_xfer_list *R, te_segment **s, te_segver **sv)
+{
+	*s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(R->segment));
+	*sv = *s != NULL ? (*s)->cur : NULL;
+	if (*sv != NULL)
+		return 0;
+	if (*s == NULL)
+		te_err("te_submit_prepared: segment %d of the remote list was closed; prepare it again", R->segment);
+	else
+		te_err("te_submit_prepared: segment %d has no transport", R->segment);
+	return *s == NULL ? TE_ERR_SEGMENT : TE_ERR_NO_TRANSPORT;
+}
+
+/* Resolves `l` against what is current, if it is not: its writer lock is
+ * taken with no other lock held (a post holding its reader lock takes the
+ * registry lock again after handing transfers on). */
+static int resolve_again(te_engine *e, te_xfer_list *l)
+{
+	te_segment *s = NULL;
+	te_segver *sv = NULL;
+	int rc = 0;
+
+	g_rw_lock_writer_lock(&l->lock);
+	g_rw_lock_reader_lock(&e->data);
+	g_rw_lock_reader_lock(&e->mem.lock);
+	if (l->segment != TE_LOCAL_SEGMENT)
+		rc = current_sv(e, l, &s, &sv);
+	uint64_t key = sv != NULL ? sv->gen : e->mem.epoch;
+	if (rc == 0 && l->key != key) {
+		size_t bad = resolve(l, sv);
+		if (bad < l->n)
+			te_warn("prepared list of segment %d: piece %zu (0x%llx+%llu) is no longer inside %s; "
+				"its transfers become INVALID",
+				l->segment, bad, (unsigned long long)l->pieces[bad].addr,
+				(unsigned long long)l->pieces[bad].length,
+				sv == NULL ? "registered memory" : "the segment's buffers");
+		l->key = key;
+	}
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	g_rw_lock_reader_unlock(&e->data);
+	g_rw_lock_writer_unlock(&l->lock);
+	return rc;
+}
+
+static void unlock_lists(te_xfer_list *L, te_xfer_list *R)
+{
+	if (R != L)
+		g_rw_lock_reader_unlock(&R->lock);
+	g_rw_lock_reader_unlock(&L->lock);
+}
+
+#define MAX_RESOLVE_ROUNDS 64
+
 int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_xfer_list *Lc, const uint32_t *li,
 		       const te_xfer_list *Rc, const uint32_t *ri, size_t n, size_t *first_task, size_t *n_tasks)
 {
-	/* The lists' refs are re-resolved under their mutex; everything else
-	 * about them is immutable. */
+	/* Posting changes nothing of a list but what its lock guards. */
 	te_xfer_list *L = (te_xfer_list *)Lc, *R = (te_xfer_list *)Rc;
 
 	if (first_task != NULL)
@@ -297,27 +337,34 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 	if (remote && atomic_load_explicit(&e->lost, memory_order_relaxed) > 0)
 		te_segment_refresh_lost(e, R->segment);
 
-	g_rw_lock_reader_lock(&e->data);
-	g_rw_lock_reader_lock(&e->mem.lock);
+	/* Both lists resolved against what is current, under their reader
+	 * locks and the submit path's. */
 	te_segment *s = NULL;
 	te_segver *sv = NULL;
-	if (remote) {
-		s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(R->segment));
-		sv = s != NULL ? s->cur : NULL;
-		if (sv == NULL) {
-			g_rw_lock_reader_unlock(&e->mem.lock);
-			g_rw_lock_reader_unlock(&e->data);
-			if (s == NULL)
-				te_err("te_submit_prepared: segment %d of the remote list was closed; prepare it again",
-				       R->segment);
-			else
-				te_err("te_submit_prepared: segment %d has no transport", R->segment);
-			return s == NULL ? TE_ERR_SEGMENT : TE_ERR_NO_TRANSPORT;
+	for (int round = 0;; round++) {
+		g_rw_lock_reader_lock(&L->lock);
+		if (R != L)
+			g_rw_lock_reader_lock(&R->lock);
+		g_rw_lock_reader_lock(&e->data);
+		g_rw_lock_reader_lock(&e->mem.lock);
+		te_xfer_list *stale = NULL;
+		rc = remote ? current_sv(e, R, &s, &sv) : 0;
+		if (rc == 0 && L->key != e->mem.epoch)
+			stale = L;
+		else if (rc == 0 && R->key != (remote ? sv->gen : e->mem.epoch))
+			stale = R;
+		if (rc == 0 && stale == NULL)
+			break;
+		g_rw_lock_reader_unlock(&e->mem.lock);
+		g_rw_lock_reader_unlock(&e->data);
+		unlock_lists(L, R);
+		if (rc == 0 && round == MAX_RESOLVE_ROUNDS) {
+			te_err("te_submit_prepared: the registry or the segment changed %d times while resolving", round);
+			rc = -EAGAIN;
 		}
+		if (rc < 0 || (rc = resolve_again(e, stale)) < 0)
+			return rc;
 	}
-	ensure_resolved(L, NULL, e->mem.epoch);
-	if (R != L)
-		ensure_resolved(R, sv, remote ? sv->gen : e->mem.epoch);
 
 	/* Pass 1: how many tasks the pairs make. */
 	size_t m = 0;
@@ -327,8 +374,8 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 		uint32_t i = IDX(li, k), j = IDX(ri, k);
 		if (k == 0 || !continues(L, R, i, j, lend, rend, lref, rref)) {
 			m++;
-			lref = L->ref[i];
-			rref = R->ref[j];
+			lref = L->pieces[i].ref;
+			rref = R->pieces[j].ref;
 			lend = L->pieces[i].addr;
 			rend = R->pieces[j].addr;
 		}
@@ -342,6 +389,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 	if (rc < 0) {
 		g_rw_lock_reader_unlock(&e->mem.lock);
 		g_rw_lock_reader_unlock(&e->data);
+		unlock_lists(L, R);
 		return rc;
 	}
 	if (first_task != NULL)
@@ -349,8 +397,10 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 	if (n_tasks != NULL)
 		*n_tasks = m;
 
-	/* Pass 2: the tasks, each as route() in batch.c would make it, minus
-	 * the searches. Remote ones are handed on in pass 3. */
+	/* Pass 2: the tasks, each as route() in batch.c makes one, minus the
+	 * searches, handed on in chunks. The remote ones hold the segment
+	 * version and the transport: counted for all before any is handed on,
+	 * the surplus given back at the end. */
 	bool canceled = atomic_load(&b->canceled);
 	uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
 	te_mlate late;
@@ -360,15 +410,23 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 	te_transport_inst *tp = remote ? sv->tp : NULL;
 	te_mblock *mb = remote ? tp->hc.mb : NULL;
 	te_mpeer *peer = remote ? s->mpeer : NULL;
+	if (remote) {
+		atomic_fetch_add_explicit(&sv->refs, (int)m, memory_order_relaxed);
+		atomic_fetch_add_explicit(&tp->inflight, (int)m, memory_order_relaxed);
+	}
+	/* The regions the refs point at are valid while the epoch stays; when
+	 * it moved while a chunk was handed on, the rest look theirs up. */
+	uint64_t epoch = e->mem.epoch;
+	bool search = false;
+	pdispatch d = { .tp = tp };
 	size_t routed = 0, invalid = 0, k = 0;
 	for (size_t ti = 0; ti < m; ti++) {
 		uint32_t i = IDX(li, k), j = IDX(ri, k);
-		const te_region *lr = L->ref[i];
-		const void *rr = R->ref[j];
+		const void *lref1 = L->pieces[i].ref, *rref1 = R->pieces[j].ref;
 		uint64_t len = L->pieces[i].length;
 		for (k++; k < n; k++) {
 			uint32_t i2 = IDX(li, k), j2 = IDX(ri, k);
-			if (!continues(L, R, i2, j2, L->pieces[i].addr + len, R->pieces[j].addr + len, lr, rr))
+			if (!continues(L, R, i2, j2, L->pieces[i].addr + len, R->pieces[j].addr + len, lref1, rref1))
 				break;
 			len += L->pieces[i2].length;
 		}
@@ -398,10 +456,17 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 			te_batch_task_end(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;
 		}
-		if (lr == NULL || rr == NULL) {
+		const te_region *lr = lref1, *rr = remote ? NULL : rref1;
+		if (search && lr != NULL && rref1 != NULL) {
+			lr = te_memreg_find_locked(&e->mem, L->pieces[i].addr, len);
+			if (!remote)
+				rr = te_memreg_find_locked(&e->mem, R->pieces[j].addr, len);
+		}
+		if (lr == NULL || rref1 == NULL || (!remote && rr == NULL)) {
+			bool lbad = lr == NULL;
 			te_warn_limited("te_submit_prepared: task %zu: %s piece %u is no longer inside %s", base + ti,
-					lr == NULL ? "local" : "remote", lr == NULL ? i : j,
-					lr == NULL || !remote ? "registered memory" : "the segment's buffers");
+					lbad ? "local" : "remote", lbad ? i : j,
+					lbad || !remote ? "registered memory" : "the segment's buffers");
 			te_batch_task_end(t, TE_TASK_INVALID, TE_ERR_ADDRESS);
 			invalid++;
 			continue;
@@ -410,7 +475,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 		t->dev = lr->dev;
 		if (!remote) {
 			if (t->dev == NULL)
-				t->dev = ((const te_region *)rr)->dev;
+				t->dev = rr->dev;
 			if (e->metrics != NULL)
 				te_metrics_submit_one(e->metrics, &ms, t);
 			te_local_submit(e, t);
@@ -419,51 +484,32 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 		t->sv = sv;
 		t->xfer.seg_ctx = sv->seg_ctx;
 		t->tp = tp;
+		if (routed++ == 0)
+			te_batch_note_transport(b, tp);
 		if (e->metrics != NULL)
 			te_metrics_submit_one(e->metrics, &ms, t);
-		routed++;
-	}
-
-	/* Pass 3: the remote tasks to their transport (or through staging for
-	 * device memory the transport does not move itself). They hold the
-	 * version and the transport from here on; nothing of them was handed
-	 * on before, so one addition counts them all. */
-	if (routed > 0) {
-		atomic_fetch_add_explicit(&sv->refs, (int)routed, memory_order_relaxed);
-		atomic_fetch_add_explicit(&tp->inflight, (int)routed, memory_order_relaxed);
-		te_batch_note_transport(b, tp);
-		pdispatch d = { .tp = tp };
-		for (size_t ti = 0; ti < m; ti++) {
-			te_task *t = &b->tasks[base + ti];
-			if (t->tp == NULL)
-				continue;
-			if (t->dev != NULL) {
-				/* Rare (device memory): its region looked up again, as
-				 * the lock may have been let go since pass 2. */
-				te_region *lr = te_memreg_find_locked(&e->mem, (uintptr_t)t->xfer.local, t->xfer.length);
-				if (lr == NULL) {
-					te_task_complete(t, 0, TE_ERR_ADDRESS);
-					continue;
-				}
-				if (!te_region_direct(lr, tp)) {
-					te_stage_submit(e, t);
-					continue;
-				}
-			}
-			d.pend[d.n++] = &t->xfer;
-			if (d.n == PREP_CHUNK) {
-				g_rw_lock_reader_unlock(&e->mem.lock);
-				pflush(&d);
-				g_rw_lock_reader_lock(&e->mem.lock);
-			}
+		if (t->dev != NULL && !te_region_direct(lr, tp)) {
+			te_stage_submit(e, t);
+			continue;
 		}
-		g_rw_lock_reader_unlock(&e->mem.lock);
-		pflush(&d);
-	} else {
-		g_rw_lock_reader_unlock(&e->mem.lock);
+		d.pend[d.n++] = &t->xfer;
+		if (d.n == PREP_CHUNK) {
+			g_rw_lock_reader_unlock(&e->mem.lock);
+			pflush(&d);
+			g_rw_lock_reader_lock(&e->mem.lock);
+			search |= e->mem.epoch != epoch;
+		}
 	}
+	if (remote && routed < m) {
+		/* The segment's own reference stays while the data lock is held. */
+		atomic_fetch_sub_explicit(&sv->refs, (int)(m - routed), memory_order_relaxed);
+		atomic_fetch_sub_explicit(&tp->inflight, (int)(m - routed), memory_order_release);
+	}
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	pflush(&d);
 	te_stage_flush(e);
 	g_rw_lock_reader_unlock(&e->data);
+	unlock_lists(L, R);
 	if (e->metrics != NULL)
 		te_metrics_late_end(&late);
 	te_metrics_submit_flush(&ms);

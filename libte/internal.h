@@ -280,6 +280,9 @@ typedef struct te_desc {
 } te_desc;
 
 int te_desc_decode(const char *json, size_t len, te_desc **out);
+/* The same through json-glib's document tree (text with escapes goes
+ * there; the test internal holds the two to the same answers). */
+int te_desc_decode_dom(const char *json, size_t len, te_desc **out);
 void te_desc_free(te_desc *d);
 /* True when [addr, addr+len) lies in one buffer (or inside a file segment). */
 bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len);

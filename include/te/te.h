@@ -383,7 +383,9 @@ typedef struct te_piece {
  *    (once, not per post): a piece whose memory was unregistered becomes
  *    an INVALID task (TE_ERR_ADDRESS), and works again once registered;
  *  - a fetched descriptor of the segment (a refresh) likewise has its
- *    pieces checked again against the new one;
+ *    pieces checked again against the new one (memory the peer
+ *    unregistered is refused by the peer, FAILED, until then; such a
+ *    failure has the descriptor fetched again);
  *  - once the segment is closed (its last te_segment_close()), posting the
  *    list fails with TE_ERR_SEGMENT, even when the name is opened again
  *    (a new segment id): prepare the list again.
@@ -394,7 +396,8 @@ typedef struct te_piece {
 TE_API int te_xfer_list_prepare(te_engine *engine, te_segment_id segment, const te_piece *pieces,
 				size_t n, unsigned flags, te_xfer_list **out);
 /* Frees a list (NULL accepted). Tasks already posted from it do not need
- * it. Free an engine's lists before te_engine_destroy(). */
+ * it, and it touches no engine (it may come after te_engine_destroy()). Not
+ * while another thread posts it. */
 TE_API void te_xfer_list_free(te_xfer_list *list);
 /* The number of pieces of a list, or -EINVAL for NULL. */
 TE_API int64_t te_xfer_list_count(const te_xfer_list *list);
@@ -406,8 +409,9 @@ TE_API int64_t te_xfer_list_count(const te_xfer_list *list);
  * `opcode`. A NULL index array means 0, 1, ..., n-1. Consecutive pairs k,
  * k+1 whose pieces follow one another on both sides (in one region and one
  * buffer) become one task, so the batch gains between 1 and n tasks:
- * `*first_task` and `*n_tasks` (either may be NULL) say which. All lists
- * must be this engine's. Returns the number of tasks that ended INVALID
+ * `*first_task` and `*n_tasks` (either may be NULL) say which. Both lists
+ * must be this engine's; several threads may post the same lists at once.
+ * Returns the number of tasks that ended INVALID
  * (0: all started; a piece whose memory went away, see above), or a
  * negative error, nothing appended: -EINVAL (bad opcode, a list of another
  * engine or side, an index out of range, pieces of different lengths; the

@@ -5,9 +5,11 @@
  * transport and local copies, adjacent pairs merged into one task (counted
  * by the batch), refused arguments (an index out of range, another engine's
  * list, pieces of different lengths, pieces outside the memory), memory
- * unregistered and registered again under a list, and a list whose segment
- * was closed and opened again.
+ * unregistered and registered again under a list, a list whose segment
+ * was closed and opened again, and threads posting the same lists while the
+ * registry changes under them.
  */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "../common/util.h"
@@ -319,6 +321,64 @@ static void test_segment_closed(void)
 	pools_down(&s);
 }
 
+typedef struct poster {
+	pools *s;
+	unsigned seed;
+	int failed;
+} poster;
+
+/* Reads blocks of b into a's pool in a scattered order, again and again. */
+static void *post_loop(void *arg)
+{
+	poster *p = arg;
+	uint32_t li[8], ri[8];
+	for (int round = 0; round < 40; round++) {
+		for (unsigned k = 0; k < 8; k++) {
+			li[k] = (p->seed * 8 + k) % BLOCKS;
+			ri[k] = (li[k] * 5 + (unsigned)round) % BLOCKS;
+		}
+		te_batch_id b;
+		size_t tasks = 0;
+		if (te_batch_alloc(p->s->p.a, 8, &b) != 0) {
+			p->failed++;
+			continue;
+		}
+		if (te_submit_prepared(p->s->p.a, b, TE_OP_READ, p->s->L, li, p->s->R, ri, 8, NULL, &tasks) != 0 ||
+		    tasks != 8 || te_batch_wait(p->s->p.a, b, 20000) != 0)
+			p->failed++;
+		int32_t state = -1;
+		te_batch_status(p->s->p.a, b, NULL, NULL, &state);
+		p->failed += state != TE_TASK_COMPLETED;
+		p->failed += te_batch_free(p->s->p.a, b) != 0;
+		for (unsigned k = 0; k < 8; k++)
+			p->failed += memcmp(p->s->p.abuf + li[k] * BLOCK, p->s->p.bbuf + ri[k] * BLOCK, BLOCK) != 0;
+	}
+	return NULL;
+}
+
+/* Threads posting the same lists while other memory comes and goes (each
+ * change has the lists resolved again under their posts). */
+static void test_threads(void)
+{
+	pools s;
+	pools_up(&s, "tcp");
+	fill_pattern(s.p.bbuf, POOL, 51);
+	poster ps[3] = { { &s, 0, 0 }, { &s, 3, 0 }, { &s, 6, 0 } };
+	pthread_t th[3];
+	for (int i = 0; i < 3; i++)
+		REQUIRE(pthread_create(&th[i], NULL, post_loop, &ps[i]) == 0);
+	static unsigned char other[4096];
+	for (int i = 0; i < 30; i++) {
+		CHECK_EQ(te_register_memory(s.p.a, other, sizeof other, "cpu:0", 0), 0);
+		CHECK_EQ(te_unregister_memory(s.p.a, other), 0);
+	}
+	for (int i = 0; i < 3; i++) {
+		pthread_join(th[i], NULL);
+		CHECK_EQ(ps[i].failed, 0);
+	}
+	pools_down(&s);
+}
+
 int main(void)
 {
 	TEST_RUN(test_tcp);
@@ -327,5 +387,6 @@ int main(void)
 	TEST_RUN(test_refused);
 	TEST_RUN(test_unregistered);
 	TEST_RUN(test_segment_closed);
+	TEST_RUN(test_threads);
 	return check_done();
 }

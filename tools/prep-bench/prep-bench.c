@@ -4,12 +4,15 @@
  * new peer costs (docs/benchmarks.md, "Prepared transfers").
  *
  *   prep-bench submit [--transport tcp|shm] [--count N] [--size B] [--runs R] [--regions G]
+ *                     [--adjacent 0|1]
  *       The submit side of posting N pieces of B bytes between two engines
  *       of this process (the target's pieces in a scattered order, so that
  *       none merge), through te_submit_prepared() and through te_submit()
  *       with a te_request array built beforehand; the call's CPU and wall
  *       time divided by N, median and minimum of R runs. Each side's pool is
- *       registered as G regions (1). Every run's bytes are checked.
+ *       registered as G regions (1). --adjacent 1: the target's pieces in
+ *       order instead, so that the pairs of each region merge into one task.
+ *       Every run's bytes are checked.
  *   prep-bench first [--regs N] [--peers P]
  *       A target process with N registered buffers (P2PHANDSHAKE, TCP);
  *       P times over: a fresh engine of this process opens it and completes
@@ -18,6 +21,7 @@
  *   prep-bench target N   (the target of `first`; started by it)
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,7 +97,22 @@ static void wait_ok(te_engine *e, te_batch_id b)
 
 /* ------------------------------------------------------------ submit */
 
-static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t nregs)
+/* Reads 32 MiB: each timed call starts with caches that hold neither its
+ * lists nor its request array (as after the work between two requests). */
+static unsigned char *sweep_buf;
+
+static void sweep(void)
+{
+	enum { SWEEP = 32 << 20 };
+	volatile unsigned sum = 0;
+	if (sweep_buf == NULL && (sweep_buf = calloc(1, SWEEP)) == NULL)
+		die("calloc", -ENOMEM);
+	for (size_t i = 0; i < SWEEP; i += 64)
+		sum += sweep_buf[i];
+	(void)sum;
+}
+
+static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t nregs, int adjacent)
 {
 	te_engine *a = engine(strcmp(tp, "shm") == 0 ? "shm,tcp" : tp), *b = engine(strcmp(tp, "shm") == 0 ? "shm,tcp" : tp);
 	size_t pool = n * size;
@@ -144,7 +163,7 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 	for (size_t k = 0; k < n; k++) {
 		lp[k] = (te_piece){ (uintptr_t)abuf + k * size, size };
 		rp[k] = (te_piece){ (uintptr_t)bbuf + k * size, size };
-		ri[k] = (uint32_t)((k * step) % n);
+		ri[k] = adjacent ? (uint32_t)k : (uint32_t)((k * step) % n);
 	}
 	te_xfer_list *L = NULL, *R = NULL;
 	double p0 = now_ns();
@@ -160,11 +179,12 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 		size_t tasks = 0;
 		if ((rc = te_batch_alloc(a, n, &bid)) < 0)
 			die("te_batch_alloc", rc);
+		sweep();
 		double c0 = cpu_ns(), t0 = now_ns();
 		rc = te_submit_prepared(a, bid, TE_OP_READ, L, NULL, R, ri, n, NULL, &tasks);
 		tprep[r] = now_ns() - t0;
 		cprep[r] = cpu_ns() - c0;
-		if (rc != 0 || tasks != n)
+		if (rc != 0 || tasks != (adjacent ? nregs : n))
 			die("te_submit_prepared", rc < 0 ? rc : -EPROTO);
 		wait_ok(a, bid);
 		te_batch_free(a, bid);
@@ -181,6 +201,7 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 		cbuild[r] = cpu_ns() - c0;
 		if ((rc = te_batch_alloc(a, n, &bid)) < 0)
 			die("te_batch_alloc", rc);
+		sweep();
 		c0 = cpu_ns();
 		t0 = now_ns();
 		rc = te_submit(a, bid, reqs, n);
@@ -199,8 +220,9 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 	qsort(cprep, runs, sizeof *cprep, cmp_double);
 	qsort(creq, runs, sizeof *creq, cmp_double);
 	qsort(cbuild, runs, sizeof *cbuild, cmp_double);
-	printf("transport %s, %zu pieces of %zu bytes in %zu registrations a side, %d runs; prepare (both lists, "
-	       "once) %.0f ns/piece\n", used, n, size, nregs, runs, prep_ns / (double)n);
+	printf("transport %s, %zu %s pieces of %zu bytes in %zu registrations a side, %d runs; prepare (both "
+	       "lists, once) %.0f ns/piece\n", used, n, adjacent ? "adjacent" : "scattered", size, nregs, runs,
+	       prep_ns / (double)n);
 	printf("  te_submit_prepared: CPU median %.1f ns/piece (min %.1f), wall median %.1f (min %.1f)\n",
 	       cprep[runs / 2] / (double)n, cprep[0] / (double)n, tprep[runs / 2] / (double)n, tprep[0] / (double)n);
 	printf("  te_submit:          CPU median %.1f ns/piece (min %.1f), wall median %.1f (min %.1f)\n",
@@ -227,6 +249,8 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 	free(cprep);
 	free(creq);
 	free(cbuild);
+	free(sweep_buf);
+	sweep_buf = NULL;
 	return 0;
 }
 
@@ -330,6 +354,7 @@ static int bench_first(const char *self, size_t regs, int peers)
 static void usage(void)
 {
 	fprintf(stderr, "usage: prep-bench submit [--transport tcp|shm] [--count N] [--size B] [--runs R] [--regions G]\n"
+			"                         [--adjacent 0|1]\n"
 			"       prep-bench first [--regs N] [--peers P]\n");
 	exit(2);
 }
@@ -338,9 +363,15 @@ int main(int argc, char **argv)
 {
 	const char *tp = "tcp";
 	size_t count = 32768, size = 1024, regs = 10000, nregs = 1;
+	int adjacent = 0;
 	int runs = 7, peers = 25;
 
 	signal(SIGPIPE, SIG_IGN);
+	/* A batch of 32,768 tasks is 7 MiB: kept on the heap once freed, so
+	 * that the timed calls do not fault in fresh pages of each new batch
+	 * (a server reusing its memory does not either). */
+	mallopt(M_MMAP_THRESHOLD, 256 << 20);
+	mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	if (argc < 2)
 		usage();
 	if (strcmp(argv[1], "target") == 0 && argc == 3)
@@ -357,6 +388,8 @@ int main(int argc, char **argv)
 			size = strtoull(v, NULL, 10);
 		else if (strcmp(k, "--runs") == 0)
 			runs = atoi(v);
+		else if (strcmp(k, "--adjacent") == 0)
+			adjacent = atoi(v) != 0;
 		else if (strcmp(k, "--regions") == 0)
 			nregs = strtoull(v, NULL, 10);
 		else if (strcmp(k, "--regs") == 0)
@@ -370,7 +403,7 @@ int main(int argc, char **argv)
 	    count % nregs != 0)
 		usage();
 	if (strcmp(argv[1], "submit") == 0)
-		return bench_submit(tp, count, size, runs, nregs);
+		return bench_submit(tp, count, size, runs, nregs, adjacent);
 	if (strcmp(argv[1], "first") == 0)
 		return bench_first(argv[0], regs, peers);
 	usage();

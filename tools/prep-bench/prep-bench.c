@@ -166,11 +166,11 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 		ri[k] = adjacent ? (uint32_t)k : (uint32_t)((k * step) % n);
 	}
 	te_xfer_list *L = NULL, *R = NULL;
-	double p0 = now_ns();
+	double p0 = cpu_ns();
 	if ((rc = te_xfer_list_prepare(a, TE_LOCAL_SEGMENT, lp, n, 0, &L)) < 0 ||
 	    (rc = te_xfer_list_prepare(a, seg, rp, n, 0, &R)) < 0)
 		die("te_xfer_list_prepare", rc);
-	double prep_ns = now_ns() - p0;
+	double prep_ns = cpu_ns() - p0;
 
 	for (int r = 0; r < runs; r++) {
 		for (size_t k = 0; k < pool; k += 4096)
@@ -221,7 +221,7 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 	qsort(creq, runs, sizeof *creq, cmp_double);
 	qsort(cbuild, runs, sizeof *cbuild, cmp_double);
 	printf("transport %s, %zu %s pieces of %zu bytes in %zu registrations a side, %d runs; prepare (both "
-	       "lists, once) %.0f ns/piece\n", used, n, adjacent ? "adjacent" : "scattered", size, nregs, runs,
+	       "lists, once) CPU %.0f ns/piece\n", used, n, adjacent ? "adjacent" : "scattered", size, nregs, runs,
 	       prep_ns / (double)n);
 	printf("  te_submit_prepared: CPU median %.1f ns/piece (min %.1f), wall median %.1f (min %.1f)\n",
 	       cprep[runs / 2] / (double)n, cprep[0] / (double)n, tprep[runs / 2] / (double)n, tprep[0] / (double)n);

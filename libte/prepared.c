@@ -449,13 +449,15 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 		atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
 		t->dev = NULL;
 		t->stage = NULL;
-		t->mb = mb;
-		t->mpeer = peer;
+		t->mb = NULL;
+		t->mpeer = NULL;
 		t->t0 = t0;
-		if (canceled) {
+		if (canceled) { /* counted as te_submit() counts it: before routing */
 			te_batch_task_end(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;
 		}
+		t->mb = mb;
+		t->mpeer = peer;
 		const te_region *lr = lref1, *rr = remote ? NULL : rref1;
 		if (search && lr != NULL && rref1 != NULL) {
 			lr = te_memreg_find_locked(&e->mem, L->pieces[i].addr, len);

@@ -416,8 +416,9 @@ TE_API int64_t te_xfer_list_count(const te_xfer_list *list);
  * negative error, nothing appended: -EINVAL (bad opcode, a list of another
  * engine or side, an index out of range, pieces of different lengths; the
  * log line names the pair), TE_ERR_SEGMENT (the remote list's segment was
- * closed), TE_ERR_BATCH, TE_ERR_BATCH_FULL (the tasks, after merging,
- * count against the batch's capacity).
+ * closed), TE_ERR_NO_TRANSPORT (no transport serves it now), TE_ERR_BATCH,
+ * TE_ERR_BATCH_FULL (the tasks, after merging, count against the batch's
+ * capacity).
  */
 TE_API int te_submit_prepared(te_engine *engine, te_batch_id batch, uint32_t opcode,
 			      const te_xfer_list *local, const uint32_t *local_idx,

@@ -208,6 +208,17 @@ static void test_refused(void)
 	CHECK_EQ(submitted, 0);
 	CHECK_EQ(te_batch_free(s.p.a, b), 0);
 
+	/* A canceled batch's tasks end CANCELED at once. */
+	REQUIRE(te_batch_alloc(s.p.a, 16, &b) == 0);
+	CHECK_EQ(te_batch_cancel(s.p.a, b), 0);
+	CHECK_EQ(te_submit_prepared(s.p.a, b, TE_OP_READ, s.L, NULL, s.R, scattered, 3, NULL, &tasks), 0);
+	CHECK_EQ(tasks, 3);
+	CHECK_EQ(te_batch_wait(s.p.a, b, 5000), 0);
+	int32_t bstate = -1;
+	CHECK_EQ(te_batch_status(s.p.a, b, NULL, NULL, &bstate), 0);
+	CHECK_EQ(bstate, TE_TASK_CANCELED);
+	CHECK_EQ(te_batch_free(s.p.a, b), 0);
+
 	/* Prepare's own checks. */
 	te_xfer_list *l = (te_xfer_list *)&b;
 	te_piece out = { (uintptr_t)s.p.abuf + POOL - 8, 16 };

@@ -392,6 +392,7 @@ static void test_threads(void)
 
 int main(void)
 {
+	te_set_log_level(TE_LOG_WARN); /* the checked lines are warnings and errors */
 	TEST_RUN(test_tcp);
 	TEST_RUN(test_same_host);
 	TEST_RUN(test_local_copies);

@@ -1007,3 +1007,29 @@ int te_batch_notify(te_engine *e, te_batch_id id, te_segment_id seg, const char 
 {
 	return te_batch_notify_as(e, id, seg, NULL, msg);
 }
+
+/* ------------------------------------------------- prepared transfers */
+
+int te_batch_reserve(te_engine *e, te_batch_id id, size_t n, const char *what, te_batch **out, size_t *base)
+{
+	batch_box *box = batch_get(e, id, what);
+
+	if (box == NULL)
+		return TE_ERR_BATCH;
+	int rc = reserve(e, box->b, box, n, what, base);
+	if (rc == 0)
+		*out = box->b;
+	/* The reserved tasks keep the batch, as te_batch_hold()'s do. */
+	box_unref(box);
+	return rc;
+}
+
+void te_batch_task_end(te_task *t, int state, int error)
+{
+	task_reject(t, state, error);
+}
+
+void te_batch_note_transport(te_batch *b, te_transport_inst *tp)
+{
+	note_transport(b, tp);
+}

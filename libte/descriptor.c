@@ -67,7 +67,7 @@ static int array_len(JsonObject *o, const char *member, gssize *len)
 		goto fail;                                                               \
 	} while (0)
 
-int te_desc_decode(const char *json, size_t len, te_desc **out)
+int te_desc_decode_dom(const char *json, size_t len, te_desc **out)
 {
 	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
 	JsonNode *rootn = NULL;
@@ -195,6 +195,360 @@ bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len)
 		return false;
 	const te_desc_buffer *b = &d->buffers[lo - 1];
 	return addr - b->addr <= b->length && len <= b->length - (addr - b->addr);
+}
+
+/* ------------------------------------------------------------ fast path */
+
+/*
+ * A descriptor lists every buffer its engine registered: a peer with 10,000
+ * of them sends close to 1 MB, and a document tree of it costs an open tens
+ * of milliseconds in allocations alone. Text without a backslash (what libte
+ * and Mooncake write) is read here instead, in one pass with no allocation
+ * but the result's, after te_json_check() has accepted it: so every token
+ * below is well formed and within the limits, and keys are compared as they
+ * are written. What it takes and refuses is what te_desc_decode_dom() takes
+ * and refuses (the test internal compares them).
+ */
+typedef struct jcur {
+	const char *p, *end;
+} jcur;
+
+/* The byte at the cursor, NUL at the end (the check let no NUL through). */
+static inline char jch(const jcur *c)
+{
+	return c->p < c->end ? *c->p : '\0';
+}
+
+static void jws(jcur *c)
+{
+	while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+		c->p++;
+}
+
+/* A string token (no escapes here): its bytes. */
+static void jstr(jcur *c, const char **s, size_t *n)
+{
+	const char *q = c->p + 1 < c->end ? memchr(c->p + 1, '"', (size_t)(c->end - c->p - 1)) : NULL;
+	if (q == NULL) /* not after the check; kept from reading past the text all the same */
+		q = c->end - 1;
+	*s = c->p + 1;
+	*n = q >= *s ? (size_t)(q - *s) : 0;
+	c->p = q + 1;
+}
+
+static bool jkey(const char *s, size_t n, const char *want)
+{
+	return strlen(want) == n && memcmp(s, want, n) == 0;
+}
+
+/* Skips one value: a container by counting brackets outside strings (the
+ * check matched them), a string by its closing quote, else up to the next
+ * delimiter. */
+static void jskip(jcur *c)
+{
+	jws(c);
+	char ch = jch(c);
+	const char *s;
+	size_t n;
+	if (ch == '"') {
+		jstr(c, &s, &n);
+	} else if (ch == '{' || ch == '[') {
+		int depth = 0;
+		while (c->p < c->end) {
+			ch = *c->p;
+			if (ch == '"') {
+				jstr(c, &s, &n);
+				continue;
+			}
+			c->p++;
+			if (ch == '{' || ch == '[')
+				depth++;
+			else if ((ch == '}' || ch == ']') && --depth == 0)
+				break;
+		}
+	} else {
+		while (c->p < c->end && strchr(",]} \t\r\n", *c->p) == NULL)
+			c->p++;
+	}
+}
+
+/* A value as json-glib's int64 would hold it: 1 with it in *v when it is
+ * an integer token that is not negative, 0 for any other value (skipped),
+ * -1 for a negative integer. */
+static int jint(jcur *c, uint64_t *v)
+{
+	jws(c);
+	const char *s = c->p;
+	bool neg = jch(c) == '-';
+	if (!neg && (jch(c) < '0' || jch(c) > '9')) {
+		jskip(c);
+		return 0;
+	}
+	const char *q = s + neg;
+	uint64_t x = 0;
+	while (q < c->end && *q >= '0' && *q <= '9')
+		x = x * 10 + (uint64_t)(*q++ - '0'); /* the check kept it within int64 */
+	if (q < c->end && (*q == '.' || *q == 'e' || *q == 'E')) {
+		jskip(c);
+		return 0;
+	}
+	c->p = q;
+	*v = x;
+	return neg && x != 0 ? -1 : 1;
+}
+
+/* The number of elements of an array value, or -1 (skipped) for another. */
+static gssize jarray_len(jcur *c)
+{
+	jws(c);
+	if (jch(c) != '[') {
+		jskip(c);
+		return -1;
+	}
+	gssize n = 0;
+	c->p++;
+	jws(c);
+	while (c->p < c->end && *c->p != ']') {
+		jskip(c);
+		n++;
+		jws(c);
+		if (jch(c) == ',')
+			c->p++;
+		jws(c);
+	}
+	if (c->p < c->end)
+		c->p++;
+	return n;
+}
+
+/* Walks the members of the object at c->p, calling fn for each with the
+ * cursor at its value; fn consumes the value. Returns false when the value
+ * at c->p is not an object (skipped). */
+typedef bool (*jmember_fn)(jcur *c, const char *key, size_t klen, void *user);
+
+static bool jobject(jcur *c, jmember_fn fn, void *user)
+{
+	jws(c);
+	if (jch(c) != '{') {
+		jskip(c);
+		return false;
+	}
+	c->p++;
+	jws(c);
+	while (c->p < c->end && *c->p != '}') {
+		const char *k;
+		size_t kn;
+		jstr(c, &k, &kn);
+		jws(c);
+		if (c->p < c->end)
+			c->p++; /* ':' */
+		jws(c);
+		if (!fn(c, k, kn, user))
+			return false;
+		jws(c);
+		if (jch(c) == ',')
+			c->p++;
+		jws(c);
+	}
+	if (c->p < c->end)
+		c->p++;
+	return true;
+}
+
+/* A string value (0 with it), or -1 for another kind (skipped). */
+static int jstring_value(jcur *c, const char **s, size_t *n)
+{
+	jws(c);
+	if (jch(c) != '"') {
+		jskip(c);
+		return -1;
+	}
+	jstr(c, s, n);
+	return 0;
+}
+
+typedef struct root_scan {
+	const char *name, *server_name, *protocol, *auth;
+	size_t name_n, server_name_n, protocol_n, auth_n;
+	bool has_auth, auth_bad;
+	int port_rc, version_rc; /* jint's answer, 2: absent */
+	uint64_t port, version;
+	gssize ndev;   /* -1 absent, -2 not an array */
+	const char *buffers; /* its value's first byte; NULL when absent */
+} root_scan;
+
+static bool root_member(jcur *c, const char *k, size_t kn, void *user)
+{
+	root_scan *r = user;
+	if (jkey(k, kn, "name")) {
+		if (jstring_value(c, &r->name, &r->name_n) < 0)
+			r->name = NULL;
+	} else if (jkey(k, kn, "server_name")) {
+		if (jstring_value(c, &r->server_name, &r->server_name_n) < 0)
+			r->server_name = NULL;
+	} else if (jkey(k, kn, "protocol")) {
+		if (jstring_value(c, &r->protocol, &r->protocol_n) < 0)
+			r->protocol = NULL;
+	} else if (jkey(k, kn, "auth")) {
+		r->has_auth = true;
+		r->auth_bad = jstring_value(c, &r->auth, &r->auth_n) < 0;
+	} else if (jkey(k, kn, "tcp_data_port")) {
+		r->port_rc = jint(c, &r->port);
+	} else if (jkey(k, kn, "tcp_proto_version")) {
+		r->version_rc = jint(c, &r->version);
+	} else if (jkey(k, kn, "devices")) {
+		r->ndev = jarray_len(c);
+		if (r->ndev < 0)
+			r->ndev = -2;
+	} else if (jkey(k, kn, "buffers")) {
+		jws(c);
+		r->buffers = c->p;
+		jskip(c);
+	} else {
+		jskip(c);
+	}
+	return true;
+}
+
+typedef struct buf_scan {
+	int addr_rc, len_rc; /* 2: absent */
+	uint64_t addr, length;
+	const char *name;
+	size_t name_n;
+	gssize nr, nl; /* -1 absent, -2 not an array */
+} buf_scan;
+
+static bool buf_member(jcur *c, const char *k, size_t kn, void *user)
+{
+	buf_scan *b = user;
+	if (jkey(k, kn, "addr")) {
+		b->addr_rc = jint(c, &b->addr);
+	} else if (jkey(k, kn, "length")) {
+		b->len_rc = jint(c, &b->length);
+	} else if (jkey(k, kn, "name")) {
+		if (jstring_value(c, &b->name, &b->name_n) < 0)
+			b->name = NULL;
+	} else if (jkey(k, kn, "rkey") || jkey(k, kn, "lkey")) {
+		gssize *n = k[0] == 'r' ? &b->nr : &b->nl;
+		*n = jarray_len(c);
+		if (*n < 0)
+			*n = -2;
+	} else {
+		jskip(c);
+	}
+	return true;
+}
+
+#define FBAD(...)                                                                \
+	do {                                                                         \
+		te_warn_limited("segment descriptor rejected: " __VA_ARGS__);            \
+		goto fail;                                                               \
+	} while (0)
+
+static bool member_u64_ok(int rc, uint64_t v, uint64_t max)
+{
+	return rc == 2 || (rc == 1 && v <= max);
+}
+
+static int desc_decode_fast(const char *json, size_t len, te_desc **out)
+{
+	root_scan r = { .port_rc = 2, .version_rc = 2, .ndev = -1 };
+	jcur c = { json, json + len };
+	te_desc *d = g_new0(te_desc, 1);
+
+	if (!jobject(&c, root_member, &r))
+		FBAD("not a JSON object");
+	const char *s = r.name != NULL ? r.name : r.server_name;
+	size_t sn = r.name != NULL ? r.name_n : r.server_name_n;
+	if (s == NULL || sn == 0 || sn >= TE_MAX_NAME)
+		FBAD("missing or bad \"name\"");
+	d->name = g_strndup(s, sn);
+	if (r.protocol == NULL || r.protocol_n == 0 || r.protocol_n > 64)
+		FBAD("missing or bad \"protocol\" in %s", d->name);
+	d->protocol = g_strndup(r.protocol, r.protocol_n);
+	d->file_segment = strcmp(d->protocol, "nvmeof") == 0;
+	if (r.has_auth) {
+		if (r.auth_bad || r.auth_n == 0 || r.auth_n > 64)
+			FBAD("bad \"auth\" in %s", d->name);
+		d->auth = g_strndup(r.auth, r.auth_n);
+	}
+	if (!member_u64_ok(r.port_rc, r.port, 65535))
+		FBAD("bad \"tcp_data_port\" in %s", d->name);
+	d->tcp_data_port = r.port_rc == 1 ? (int)r.port : 0;
+	if (!member_u64_ok(r.version_rc, r.version, 255))
+		FBAD("bad \"tcp_proto_version\" in %s", d->name);
+	d->tcp_proto_version = r.version_rc == 1 ? (int)r.version : 1; /* a missing field means protocol v1 */
+	if (r.ndev == -2)
+		FBAD("\"devices\" is not an array in %s", d->name);
+
+	if (r.buffers != NULL) {
+		jcur bc = { r.buffers, json + len };
+		if (jch(&bc) != '[')
+			FBAD("\"buffers\" is not an array in %s", d->name);
+		jcur count = bc;
+		d->n_buffers = (size_t)jarray_len(&count);
+		d->buffers = g_new0(te_desc_buffer, d->n_buffers ? d->n_buffers : 1);
+		bc.p++;
+		for (size_t i = 0; i < d->n_buffers; i++) {
+			buf_scan b = { .addr_rc = 2, .len_rc = 2, .nr = -1, .nl = -1 };
+			te_desc_buffer *db = &d->buffers[i];
+			if (!jobject(&bc, buf_member, &b))
+				FBAD("buffer %zu is not an object in %s", i, d->name);
+			jws(&bc);
+			if (jch(&bc) == ',')
+				bc.p++;
+			if (b.len_rc != 1 || b.length == 0)
+				FBAD("buffer %zu of %s: missing or bad \"length\"", i, d->name);
+			db->length = b.length;
+			if (!member_u64_ok(b.addr_rc, b.addr, UINT64_MAX))
+				FBAD("buffer %zu of %s: bad \"addr\"", i, d->name);
+			db->addr = b.addr_rc == 1 ? b.addr : 0;
+			if (db->addr + db->length < db->addr)
+				FBAD("buffer %zu of %s: addr + length overflows", i, d->name);
+			if (d->file_segment) {
+				d->file_size += db->length;
+				if (d->file_size < db->length)
+					FBAD("file segment %s: total length overflows", d->name);
+				db->name = b.name ? g_strndup(b.name, b.name_n) : g_strdup("");
+				continue;
+			}
+			if (b.addr_rc != 1 || db->addr == 0)
+				FBAD("buffer %zu of %s: missing or zero \"addr\"", i, d->name);
+			if (b.name == NULL || b.name_n == 0)
+				FBAD("buffer %zu of %s: missing \"name\"", i, d->name);
+			db->name = g_strndup(b.name, b.name_n);
+			if (b.nr == -2 || b.nl == -2)
+				FBAD("buffer %zu of %s: rkey/lkey not arrays", i, d->name);
+			gssize ndev = r.ndev < 0 ? 0 : r.ndev;
+			if ((b.nl >= 0 && b.nl != ndev) || (b.nr > 0 && b.nr != ndev))
+				FBAD("buffer %zu of %s: %zd rkeys and %zd lkeys for %zd devices", i, d->name, b.nr,
+				     b.nl, r.ndev);
+		}
+		if (!d->file_segment && d->n_buffers > 1)
+			qsort(d->buffers, d->n_buffers, sizeof *d->buffers,
+			      (int (*)(const void *, const void *))cmp_buf);
+	}
+	d->json = g_strndup(json, len);
+	*out = d;
+	return 0;
+fail:
+	te_desc_free(d);
+	return TE_ERR_METADATA;
+}
+
+int te_desc_decode(const char *json, size_t len, te_desc **out)
+{
+	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
+	char why[160] = "empty";
+
+	*out = NULL;
+	if (json == NULL || len == 0 || memchr(json, '\\', len) != NULL || memchr(json, '\0', len) != NULL)
+		return te_desc_decode_dom(json, len, out);
+	if (te_json_check(json, len, &lim, why, sizeof why) < 0) {
+		te_warn_limited("segment descriptor rejected: %s", why);
+		return TE_ERR_METADATA;
+	}
+	return desc_decode_fast(json, len, out);
 }
 
 /* ---------------------------------------------------------------- encode */

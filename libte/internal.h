@@ -211,6 +211,9 @@ typedef struct te_memreg {
 	GCond pin_cond;
 	atomic_int retiring; /* unregisters waiting for pins to drop */
 	int64_t unregister_ms; /* how long an unregister waits for pins (TE_UNREGISTER_TIMEOUT_MS) */
+	/* Moves whenever `regions` changes (under the writer lock): prepared
+	 * lists resolved against another value resolve again. */
+	uint64_t epoch;
 } te_memreg;
 
 void te_memreg_init(te_memreg *m);
@@ -277,6 +280,9 @@ typedef struct te_desc {
 } te_desc;
 
 int te_desc_decode(const char *json, size_t len, te_desc **out);
+/* The same through json-glib's document tree (text with escapes goes
+ * there; the test internal holds the two to the same answers). */
+int te_desc_decode_dom(const char *json, size_t len, te_desc **out);
 void te_desc_free(te_desc *d);
 /* True when [addr, addr+len) lies in one buffer (or inside a file segment). */
 bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len);
@@ -334,6 +340,7 @@ typedef struct te_segver {
 	void *seg_ctx;
 	te_buffer_desc *infobufs;
 	te_segment_id id;          /* the segment this version belongs to */
+	uint64_t gen;              /* unique per version: what prepared lists were checked against */
 	atomic_bool refresh_asked; /* a failed transfer asked for a refresh */
 	/* A transfer failed as if the peer went away (connection refused or
 	 * reset, process gone): the descriptor is fetched again before the
@@ -434,6 +441,15 @@ int te_batch_hold(struct te_engine *e, te_batch_id id, const te_request *reqs, s
 int te_batch_start_held(struct te_engine *e, struct te_batch *b, size_t base, const te_request *reqs,
 			size_t n, te_stream_op *sop);
 void te_batch_end_held(struct te_batch *b, size_t base, size_t n, int state, int error);
+/* te_submit_prepared(): appends `n` tasks to batch `id` as te_submit()
+ * does (*out: the batch, kept by the tasks in flight; *base: the first
+ * task), without initialising them. Negative, nothing appended. */
+int te_batch_reserve(struct te_engine *e, te_batch_id id, size_t n, const char *what, struct te_batch **out,
+		     size_t *base);
+/* Ends a task that was not handed on (as te_submit() ends a refused one). */
+void te_batch_task_end(te_task *t, int state, int error);
+/* Records the transport of the batch's first remote task (waiting). */
+void te_batch_note_transport(struct te_batch *b, te_transport_inst *tp);
 
 /* ------------------------------------------------------------- stream.c */
 /* A task of a stream submission ended. */

@@ -357,6 +357,7 @@ void te_region_detach(te_engine *e, te_transport_inst *tp, te_region *r)
 static void region_remove_locked(te_memreg *m, te_region *r)
 {
 	g_ptr_array_remove(m->regions, r);
+	m->epoch++;
 }
 
 static gint cmp_region(gconstpointer a, gconstpointer b)
@@ -525,6 +526,7 @@ static int register_regions(te_engine *e, const te_memory_region *regs, size_t n
 			g_ptr_array_add(added, r);
 		}
 		g_ptr_array_sort(e->mem.regions, cmp_region);
+		e->mem.epoch++;
 	}
 	g_rw_lock_writer_unlock(&e->mem.lock);
 
@@ -620,6 +622,7 @@ void te_memreg_revoke_all(te_engine *e)
 	g_rw_lock_writer_lock(&e->mem.lock);
 	GPtrArray *gone = e->mem.regions;
 	e->mem.regions = g_ptr_array_new();
+	e->mem.epoch++;
 	g_rw_lock_writer_unlock(&e->mem.lock);
 	regions_unregistered(e, gone);
 	g_ptr_array_unref(gone);

@@ -56,7 +56,10 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 	te_segver *sv = g_new0(te_segver, 1);
 	int rc = TE_ERR_NO_TRANSPORT, last = 0, named = 0;
 
+	static _Atomic uint64_t next_gen;
+
 	atomic_init(&sv->refs, 1);
+	sv->gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed) + 1;
 	sv->engine = e;
 	sv->desc = desc;
 	sv->host = g_strdup(host);

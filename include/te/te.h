@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define TE_ABI_MAJOR 1
-#define TE_ABI_MINOR 4
+#define TE_ABI_MINOR 5
 
 /* ------------------------------------------------------------------ errors */
 
@@ -346,6 +346,84 @@ TE_API int te_batch_cancel(te_engine *engine, te_batch_id batch);
  * flight (at once if none is). */
 TE_API int te_batch_notify(te_engine *engine, te_batch_id batch, te_segment_id segment,
 			   const char *msg);
+
+/* ------------------------------------------------------ prepared transfers */
+
+/*
+ * A request's pieces moved again and again between the same two pools (a
+ * model's KV cache: layers x {K, V} x blocks scattered in a paged pool) cost
+ * a range search, a segment look-up and a transport pick per piece when
+ * submitted as te_request arrays. A prepared list does that work once: its
+ * pieces are checked and resolved when it is made, and te_submit_prepared()
+ * then pairs pieces of two lists by index, with no search, allocation or
+ * lock per piece, merging pairs that continue one another on both sides into
+ * one task. Since 1.5.
+ */
+typedef struct te_xfer_list te_xfer_list;
+
+/* One piece of a prepared list: an address in the list's segment (local
+ * memory for TE_LOCAL_SEGMENT) and a length. Layout fixed. */
+typedef struct te_piece {
+	uint64_t addr;
+	uint64_t length;
+} te_piece;
+
+#define TE_XFER_LIST_MAX (1u << 24) /* pieces of one list, at most */
+
+/*
+ * Makes a list of `n` pieces of `segment`: of this engine's registered
+ * memory for TE_LOCAL_SEGMENT (each piece inside one registered region),
+ * else of an open segment (each piece inside one buffer of its descriptor,
+ * fetched again once when one is not). The same list serves as the local
+ * side of a transfer, or as the remote side (TE_LOCAL_SEGMENT: a copy
+ * within this engine). `flags` must be 0. The list keeps the pieces and what
+ * they resolved to; it holds no registration and no segment open:
+ *  - registering or unregistering memory of this engine makes the next
+ *    te_submit_prepared() resolve a TE_LOCAL_SEGMENT list's pieces again
+ *    (once, not per post): a piece whose memory was unregistered becomes
+ *    an INVALID task (TE_ERR_ADDRESS), and works again once registered;
+ *  - a fetched descriptor of the segment (a refresh) likewise has its
+ *    pieces checked again against the new one (memory the peer
+ *    unregistered is refused by the peer, FAILED, until then; such a
+ *    failure has the descriptor fetched again);
+ *  - once the segment is closed (its last te_segment_close()), posting the
+ *    list fails with TE_ERR_SEGMENT, even when the name is opened again
+ *    (a new segment id): prepare the list again.
+ * -EINVAL: bad arguments or a zero-length piece; TE_ERR_ADDRESS: a piece
+ * outside the memory (the log line names it); TE_ERR_SEGMENT: unknown
+ * segment; TE_ERR_NO_TRANSPORT: no transport serves it.
+ */
+TE_API int te_xfer_list_prepare(te_engine *engine, te_segment_id segment, const te_piece *pieces,
+				size_t n, unsigned flags, te_xfer_list **out);
+/* Frees a list (NULL accepted). Tasks already posted from it do not need
+ * it, and it touches no engine (it may come after te_engine_destroy()). Not
+ * while another thread posts it. */
+TE_API void te_xfer_list_free(te_xfer_list *list);
+/* The number of pieces of a list, or -EINVAL for NULL. */
+TE_API int64_t te_xfer_list_count(const te_xfer_list *list);
+
+/*
+ * Appends transfers to `batch`: for k in [0, n), piece local_idx[k] of
+ * `local` (a TE_LOCAL_SEGMENT list) with piece remote_idx[k] of `remote`
+ * (its segment is the transfer's), both of the same length, in direction
+ * `opcode`. A NULL index array means 0, 1, ..., n-1. Consecutive pairs k,
+ * k+1 whose pieces follow one another on both sides (in one region and one
+ * buffer) become one task, so the batch gains between 1 and n tasks:
+ * `*first_task` and `*n_tasks` (either may be NULL) say which. Both lists
+ * must be this engine's; several threads may post the same lists at once.
+ * Returns the number of tasks that ended INVALID
+ * (0: all started; a piece whose memory went away, see above), or a
+ * negative error, nothing appended: -EINVAL (bad opcode, a list of another
+ * engine or side, an index out of range, pieces of different lengths; the
+ * log line names the pair), TE_ERR_SEGMENT (the remote list's segment was
+ * closed), TE_ERR_NO_TRANSPORT (no transport serves it now), TE_ERR_BATCH,
+ * TE_ERR_BATCH_FULL (the tasks, after merging, count against the batch's
+ * capacity).
+ */
+TE_API int te_submit_prepared(te_engine *engine, te_batch_id batch, uint32_t opcode,
+			      const te_xfer_list *local, const uint32_t *local_idx,
+			      const te_xfer_list *remote, const uint32_t *remote_idx, size_t n,
+			      size_t *first_task, size_t *n_tasks);
 
 /* ----------------------------------------------------------- notifications */
 

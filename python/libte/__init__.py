@@ -78,6 +78,7 @@ from ._native import (  # noqa: F401,E402  (re-exported)
     SegmentBuffer,
     SegmentError,
     TaskStatus,
+    XferList,
     TimeoutError,
     TransferError,
     buffer_address,
@@ -148,7 +149,7 @@ ERROR_CODES = {
 """libte's own error codes by name (PLUGIN, NO_TRANSPORT, ...)."""
 
 __all__ = [
-    "Engine", "Segment", "Batch", "Memory", "Request", "Opcode", "TaskState", "TaskStatus",
+    "Engine", "Segment", "Batch", "Memory", "XferList", "Request", "Opcode", "TaskState", "TaskStatus",
     "Notification", "SegmentBuffer", "PluginInfo", "READ", "WRITE", "LOCAL_SEGMENT",
     "NOTIFY_MAX", "Error", "ClosedError", "TransferError", "InvalidArgumentError",
     "TimeoutError", "BusyError", "NotFoundError", "ConnectionError", "NotSupportedError",

@@ -685,6 +685,15 @@ static PyObject *batch_submit_write(PyteBatch *b, PyObject *args, PyObject *kw)
 	return submit_cols(b, args, kw, TE_OP_WRITE);
 }
 
+static PyObject *batch_submit_prepared(PyteBatch *b, PyObject *args, PyObject *kw)
+{
+	if (batch_ready(b) < 0)
+		return NULL;
+	PyObject *r = pyte_submit_prepared(b->engine, b->id, &b->use, args, kw);
+	pyte_leave(b->engine);
+	return r;
+}
+
 static PyObject *batch_status(PyteBatch *b, PyObject *arg)
 {
 	Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
@@ -917,6 +926,11 @@ static PyMethodDef batch_methods[] = {
 	  "submit_read(segment, locals, remotes, lengths)\n--\n\nAppends reads given as columns (see Engine.read_many)." },
 	{ "submit_write", (PyCFunction)(void (*)(void))batch_submit_write, METH_VARARGS | METH_KEYWORDS,
 	  "submit_write(segment, locals, remotes, lengths)\n--\n\nAppends writes given as columns." },
+	{ "submit_prepared", (PyCFunction)(void (*)(void))batch_submit_prepared, METH_VARARGS | METH_KEYWORDS,
+	  "submit_prepared(op, local, remote, local_idx=None, remote_idx=None, count=None)\n--\n\n"
+	  "Posts pairs (piece local_idx[k] of XferList `local`, piece remote_idx[k] of `remote`) as "
+	  "te_submit_prepared() does: indices are arrays of 4- or 8-byte integers or sequences; None means "
+	  "0..count-1. Adjacent pairs merge into one task. Returns (first_task, tasks, invalid)." },
 	{ "status", (PyCFunction)batch_status, METH_O, "status(task)\n--\n\nThe TaskStatus of task `task` (0-based)." },
 	{ "statuses", (PyCFunction)batch_statuses, METH_NOARGS, "statuses()\n--\n\nEvery task's TaskStatus." },
 	{ "wait", (PyCFunction)(void (*)(void))batch_wait, METH_VARARGS | METH_KEYWORDS,

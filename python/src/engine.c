@@ -691,6 +691,10 @@ static PyMethodDef engine_methods[] = {
 	  "acknowledgement. `sender` replaces this engine's name as the sender's." },
 	{ "notifications", (PyCFunction)engine_notifications, METH_NOARGS,
 	  "notifications()\n--\n\nTakes the notifications received so far (a list of Notification)." },
+	{ "prepare", (PyCFunction)(void (*)(void))pyte_engine_prepare, METH_VARARGS | METH_KEYWORDS,
+	  "prepare(segment, addrs, lengths)\n--\n\nAn XferList: pieces of `segment` (LOCAL_SEGMENT: registered memory) "
+	  "at `addrs` of `lengths` (an int: all alike), checked and resolved once (te_xfer_list_prepare). "
+	  "addrs and lengths: arrays of 8-byte integers or sequences of ints." },
 	{ "batch", (PyCFunction)(void (*)(void))engine_batch, METH_VARARGS | METH_KEYWORDS,
 	  "batch(capacity)\n--\n\nA new Batch that holds up to `capacity` tasks over its life." },
 	{ "transfer", (PyCFunction)(void (*)(void))pyte_engine_transfer, METH_VARARGS | METH_KEYWORDS,

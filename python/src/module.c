@@ -750,9 +750,10 @@ PyMODINIT_FUNC PyInit__native(void)
 	    PyModule_AddObjectRef(m, "SegmentBuffer", (PyObject *)&PyteSegmentBufferType) < 0 ||
 	    PyModule_AddObjectRef(m, "PluginInfo", (PyObject *)&PytePluginInfoType) < 0)
 		goto fail;
-	PyTypeObject *types[] = { &PyteEngineType, &PyteSegmentType, &PyteBatchType, &PyteMemoryType };
-	const char *names[] = { "Engine", "Segment", "Batch", "Memory" };
-	for (size_t i = 0; i < 4; i++)
+	PyTypeObject *types[] = { &PyteEngineType, &PyteSegmentType, &PyteBatchType, &PyteMemoryType,
+				  &PyteXferListType };
+	const char *names[] = { "Engine", "Segment", "Batch", "Memory", "XferList" };
+	for (size_t i = 0; i < 5; i++)
 		if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
 			goto fail;
 

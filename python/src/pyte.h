@@ -70,7 +70,7 @@ typedef struct {
 	PyObject *weakreflist;
 } PyteEngine;
 
-extern PyTypeObject PyteEngineType, PyteSegmentType, PyteBatchType, PyteMemoryType;
+extern PyTypeObject PyteEngineType, PyteSegmentType, PyteBatchType, PyteMemoryType, PyteXferListType;
 
 /* Marks a call in progress; raises ClosedError (and returns -1) when the
  * engine is closed or closing. GIL held. */
@@ -121,6 +121,14 @@ PyObject *pyte_engine_read(PyteEngine *eo, PyObject *args, PyObject *kw);
 PyObject *pyte_engine_write(PyteEngine *eo, PyObject *args, PyObject *kw);
 PyObject *pyte_engine_read_many(PyteEngine *eo, PyObject *args, PyObject *kw);
 PyObject *pyte_engine_write_many(PyteEngine *eo, PyObject *args, PyObject *kw);
+
+/* ---------------------------------------------------------- prepared.c */
+
+/* Engine.prepare(segment, addrs, lengths) → XferList. */
+PyObject *pyte_engine_prepare(PyteEngine *eo, PyObject *args, PyObject *kw);
+/* The body of Batch.submit_prepared for batch `id` (entered by the
+ * caller), widening `use` by the local lists' span. */
+PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, PyObject *args, PyObject *kw);
 
 /* Seconds from a Python timeout argument: None → -1. -1 with an exception
  * when it is not a non-negative number. */

@@ -2,8 +2,10 @@
 /*
  * Segment descriptors and rpc_meta records (docs/wire.md, "Metadata keys" and
  * "Segment descriptors") as a peer or a shared store hands them over:
- * te_desc_decode(), then, on success, te_desc_contains() must never accept a
- * range that lies outside every buffer (it guards every remote READ/WRITE).
+ * te_desc_decode(), which must answer as json-glib's reading of the same text
+ * does (te_desc_decode_dom()), then, on success, te_desc_contains() must
+ * never accept a range that lies outside every buffer (it guards every
+ * remote READ/WRITE).
  * segment.c is compiled in for its static rpc_meta parser.
  */
 #include "../../libte/segment.c"
@@ -39,11 +41,33 @@ static void check_range(const te_desc *d, uint64_t addr, uint64_t len)
 		FUZZ_CHECK(inside_one(d, addr, len));
 }
 
+/* The two readers: the same answer, the same fields. */
+static void same_as_dom(int rc, const te_desc *d, const char *text, size_t size)
+{
+	te_desc *t = NULL;
+	int rc2 = te_desc_decode_dom(text, size, &t);
+
+	FUZZ_CHECK(rc == rc2);
+	if (rc == 0 && rc2 == 0) {
+		FUZZ_CHECK(strcmp(d->name, t->name) == 0 && strcmp(d->protocol, t->protocol) == 0);
+		FUZZ_CHECK((d->auth == NULL) == (t->auth == NULL) && (d->auth == NULL || strcmp(d->auth, t->auth) == 0));
+		FUZZ_CHECK(d->tcp_data_port == t->tcp_data_port && d->tcp_proto_version == t->tcp_proto_version);
+		FUZZ_CHECK(d->file_segment == t->file_segment && d->file_size == t->file_size);
+		FUZZ_CHECK(d->n_buffers == t->n_buffers);
+		for (size_t i = 0; i < d->n_buffers && i < t->n_buffers; i++)
+			FUZZ_CHECK(d->buffers[i].addr == t->buffers[i].addr &&
+				   d->buffers[i].length == t->buffers[i].length &&
+				   strcmp(d->buffers[i].name, t->buffers[i].name) == 0);
+	}
+	te_desc_free(t);
+}
+
 static void descriptor(const char *text, size_t size)
 {
 	te_desc *d = NULL;
 	int rc = te_desc_decode(text, size, &d);
 
+	same_as_dom(rc, d, text, size);
 	if (rc < 0) {
 		FUZZ_CHECK(d == NULL && rc == TE_ERR_METADATA);
 		return;

@@ -219,12 +219,89 @@ static void test_decode_mutations(void)
 	CHECK_EQ(other, 0);
 }
 
+/* Two decoded descriptors alike, or both refused. */
+static bool same_desc(int rc1, const te_desc *a, int rc2, const te_desc *b)
+{
+	if (rc1 != rc2)
+		return false;
+	if (rc1 != 0)
+		return a == NULL && b == NULL;
+	if (strcmp(a->name, b->name) != 0 || strcmp(a->protocol, b->protocol) != 0 ||
+	    (a->auth == NULL) != (b->auth == NULL) || (a->auth && strcmp(a->auth, b->auth) != 0) ||
+	    a->tcp_data_port != b->tcp_data_port || a->tcp_proto_version != b->tcp_proto_version ||
+	    a->file_segment != b->file_segment || a->file_size != b->file_size || a->n_buffers != b->n_buffers ||
+	    strcmp(a->json, b->json) != 0)
+		return false;
+	for (size_t i = 0; i < a->n_buffers; i++)
+		if (a->buffers[i].addr != b->buffers[i].addr || a->buffers[i].length != b->buffers[i].length ||
+		    strcmp(a->buffers[i].name, b->buffers[i].name) != 0)
+			return false;
+	return true;
+}
+
+/* The one-pass reader of escape-free descriptors answers as the document
+ * tree does: on odd but valid values and on random mutations. */
+static void test_decode_fast_matches_dom(void)
+{
+	const char *seeds[] = {
+		"{\"buffers\":[{\"addr\":8192,\"length\":4096,\"name\":\"n\"},{\"addr\":4096,\"length\":1,"
+		"\"name\":\"cpu:0\",\"x\":{\"a\":[\"]}\",{\"b\":\"[\"}]}}],\"name\":\"n\",\"protocol\":\"tcp\","
+		"\"tcp_data_port\":15123,\"tcp_proto_version\":2,\"timestamp\":\"x\"}",
+		" { \"name\" : \"r\" , \"protocol\" : \"rdma\", \"devices\" : [ {\"name\":\"a\"} , {\"name\":\"b\"} ] ,"
+		"\"auth\":\"hmac\", \"buffers\" : [ {\"addr\": 1 , \"length\" : 2 , \"name\" : \"cpu:0\" ,"
+		"\"rkey\" : [ 1 , 2 ] , \"lkey\" : [ 3 , 4 ] } ] } ",
+		"{\"server_name\":\"nvmeof/d\",\"protocol\":\"nvmeof\",\"buffers\":["
+		"{\"length\":100,\"file_path\":\"/a\"},{\"length\":5,\"name\":7}]}",
+		"{\"name\":5,\"server_name\":\"s\",\"protocol\":\"tcp\",\"tcp_data_port\":-0,\"buffers\":[]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"tcp_data_port\":1.0}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":-1,\"length\":1,\"name\":\"a\"}]}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"devices\":null,\"buffers\":null}",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":9223372036854775807,\"length\":1,"
+		"\"name\":\"a\"}]}",
+		"[{\"name\":\"n\"}]",
+		"{\"name\":\"n\",\"protocol\":\"tcp\",\"buffers\":[{\"addr\":4096,\"length\":1,\"name\":\"\"}]}",
+	};
+	const size_t n_seeds = sizeof seeds / sizeof *seeds;
+	int differ = 0, accepted = 0;
+	for (size_t i = 0; i < n_seeds; i++) {
+		te_desc *a = NULL, *b = NULL;
+		int r1 = te_desc_decode(seeds[i], strlen(seeds[i]), &a);
+		int r2 = te_desc_decode_dom(seeds[i], strlen(seeds[i]), &b);
+		if (!same_desc(r1, a, r2, b)) {
+			fprintf(stderr, "  seed %zu: fast %d, tree %d\n", i, r1, r2);
+			differ++;
+		}
+		accepted += r1 == 0;
+		te_desc_free(a);
+		te_desc_free(b);
+	}
+	CHECK(accepted >= 3);
+	GRand *rnd = g_rand_new_with_seed(54321);
+	for (int iter = 0; iter < 20000; iter++) {
+		size_t len;
+		char *m = mutated_copy(rnd, seeds[iter % n_seeds], &len);
+		te_desc *a = NULL, *b = NULL;
+		int r1 = te_desc_decode(m, len, &a);
+		int r2 = te_desc_decode_dom(m, len, &b);
+		if (!same_desc(r1, a, r2, b)) {
+			if (differ++ < 5)
+				fprintf(stderr, "  mutation differs (fast %d, tree %d): %.*s\n", r1, r2, (int)len, m);
+		}
+		te_desc_free(a);
+		te_desc_free(b);
+		g_free(m);
+	}
+	g_rand_free(rnd);
+	CHECK_EQ(differ, 0);
+}
+
 int main(void)
 {
 	te_set_log_level(TE_LOG_ERROR);
 	TEST_RUN(test_decode_good);
 	TEST_RUN(test_decode_bad);
 	TEST_RUN(test_decode_mutations);
+	TEST_RUN(test_decode_fast_matches_dom);
 	TEST_RUN(test_split);
 	TEST_RUN(test_encode);
 	return check_done();

@@ -5,7 +5,9 @@
 # (TE_TCP_SG=0: one wire request per piece, as before), and over the
 # same-host transport; beside each, single-stream iperf3 over loopback and
 # te-bench's 1 MiB rate of the same run. Rounds alternate every case; the
-# summary gives medians with min and max.
+# summary gives medians with min and max, and the initiator's CPU time per
+# descriptor beside its CPU time for as many bytes in 1 MiB blocks (what the
+# per-request path costs, which a busy machine's clock hides).
 #
 #   tools/bench-kv.sh [BUILD_DIR]         (default: build)
 #
@@ -77,15 +79,18 @@ for line in open(sys.argv[1]):
 def mm(v):
     return "%.2f (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
 print("iperf3 single stream GB/s: %s" % mm(ip))
-print("| case | tokens | descriptors | ms per request | us per token | descriptors/s | GB/s | 1 MiB GB/s | vs iperf3 | vs 1 MiB |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| case | tokens | descriptors | ms per request | us per token | descriptors/s | GB/s | 1 MiB GB/s | vs iperf3 | vs 1 MiB | initiator CPU us per descriptor (1 MiB) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for (k, t), js in rows.items():
     ms = [j["ms_per_request"]["median"] for j in js]
     gb = [j["throughput_bytes_per_s"] / 1e9 for j in js]
     lg = [j["large_bytes_per_s"] / 1e9 for j in js]
     us = [j["us_per_token"] for j in js]
     ds = [j["descriptors_per_s"] / 1e6 for j in js]
-    print("| %s | %d | %d | %s | %.2f | %.2f M | %s | %s | %.2f | %.2f |" % (
+    kc = [j["cpu_us_per_descriptor"] for j in js]
+    lc = [j["large_cpu_us_per_piece_bytes"] for j in js]
+    print("| %s | %d | %d | %s | %.2f | %.2f M | %s | %s | %.2f | %.2f | %.2f (%.2f) |" % (
         k, t, js[0]["descriptors"], mm(ms), statistics.median(us), statistics.median(ds), mm(gb), mm(lg),
-        statistics.median(gb) / statistics.median(ip), statistics.median(gb) / statistics.median(lg)))
+        statistics.median(gb) / statistics.median(ip), statistics.median(gb) / statistics.median(lg),
+        statistics.median(kc), statistics.median(lc)))
 EOF

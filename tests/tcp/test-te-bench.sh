@@ -157,7 +157,7 @@ if run kv 0 --pattern=kv --protocol=tcp --layers=4 --tokens=250 --duration=1 --c
 	fi
 fi
 run kv-flip 2 --pattern=kv --protocol=flip --layers=2 --tokens=64 --duration=1 --check --quiet &&
-	one_line_error "--pattern=kv --check fails loudly" "DATA MISMATCH: descriptor"
+	one_line_error "--pattern=kv --check fails loudly" "DATA MISMATCH: "
 run kv-tp 1 --pattern=kv --kv_heads=6 --tp=4 && one_line_error "--pattern=kv: heads split evenly" \
 	"--kv_heads=6 is not a multiple of --tp=4"
 

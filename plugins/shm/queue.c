@@ -38,16 +38,17 @@ static int64_t now_ns(void)
 }
 
 /* Takes work from the queue (q_lock held): one slice of the head transfer,
- * or several small whole transfers of one segment and opcode (one
- * cross-memory attach call, or one device batch, for all) up to a slice's
- * bytes, so that a batch of 1 MiB requests spreads over the copying threads
- * rather than filling one. */
+ * or up to SHM_RUN_MAX small whole transfers of one segment and opcode (a
+ * cross-memory attach call, or a device batch, per SHM_CMA_IOV of them) up
+ * to a slice's bytes, so that a batch of 1 MiB requests spreads over the
+ * copying threads rather than filling one, and a batch of many small ones
+ * costs one take per slice of bytes rather than one per request. */
 static unsigned take(shm_ctx *c, shm_piece *ps)
 {
 	uint64_t bytes = 0;
 	unsigned n = 0;
 
-	while (c->q_head != NULL && n < SHM_CMA_IOV) {
+	while (c->q_head != NULL && n < SHM_RUN_MAX) {
 		te_transfer *t = c->q_head;
 		uint64_t claim = t->plugin_data[Q_CLAIM];
 		uint64_t len = t->length - claim < c->cfg.slice ? t->length - claim : c->cfg.slice;
@@ -160,7 +161,7 @@ static int sleep_until(shm_ctx *c, int (*done)(void *), void *arg, int64_t end)
 
 int shm_progress(shm_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns)
 {
-	shm_piece ps[SHM_CMA_IOV];
+	shm_piece ps[SHM_RUN_MAX];
 
 	/* A status read: the workers copy what nobody waits for, so a look
 	 * stays a look (a copy here would make a poll cost a slice's copy). A
@@ -227,7 +228,7 @@ int shm_progress(shm_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns)
 static void *worker_main(void *arg)
 {
 	shm_ctx *c = arg;
-	shm_piece ps[SHM_CMA_IOV];
+	shm_piece ps[SHM_RUN_MAX];
 
 	for (;;) {
 		pthread_mutex_lock(&c->q_lock);

@@ -42,6 +42,10 @@
 #define SHM_CTL_HEADER 512
 #define SHM_MAX_EXPORTS 240 /* memfds handed over in one answer (SCM_MAX_FD is 253) */
 #define SHM_CMA_IOV 64      /* requests per process_vm_readv/writev call */
+/* Small whole requests one copying thread takes from the queue at once (up
+ * to a slice's bytes): a KV cache's thousands of 4 KiB blocks go in runs of
+ * a thousand, one take of the queue's lock and one hand-off each. */
+#define SHM_RUN_MAX 1024
 #define SHM_FIELD "libte_shm" /* the descriptor field (Mooncake decoders ignore it) */
 
 enum { SLOT_FREE = 0, SLOT_LIVE = 1, SLOT_DYING = 2 };

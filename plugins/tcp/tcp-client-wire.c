@@ -31,16 +31,24 @@ int tcp_cconn_send(tcp_cconn *cc)
 	unsigned n = 0;
 	size_t total = 0;
 
-	for (uint64_t i = cc->snd; i < cc->head && n < TCP_IOV_MAX; i++) {
+	/* up to three iovecs a request: header, table, body */
+	for (uint64_t i = cc->snd; i < cc->head && n + 3 <= TCP_IOV_MAX + 2; i++) {
 		tcp_slot *s = slot_at(cc, i);
 		if (s->sent == s->stot)
 			continue;
-		if (s->sent < TCP_HDR_SIZE) {
+		if (s->hlen > 0 && s->sent < TCP_HDR_SIZE) {
 			iov[n++] = (struct iovec){ s->hdr + s->sent, TCP_HDR_SIZE - s->sent };
 			total += TCP_HDR_SIZE - s->sent;
 		}
+		if (s->hlen > TCP_HDR_SIZE && s->sent < s->hlen) {
+			/* a scatter-gather frame's table, at the frame's ring position */
+			uint64_t from = s->sent > TCP_HDR_SIZE ? s->sent - TCP_HDR_SIZE : 0;
+			uint8_t *tab = cc->sgtab + (i & (cc->peer->ctx->cfg.depth - 1)) * TCP_SG_ENTRY;
+			iov[n++] = (struct iovec){ tab + from, s->hlen - TCP_HDR_SIZE - from };
+			total += s->hlen - TCP_HDR_SIZE - from;
+		}
 		if (s->op == TE_OP_WRITE) {
-			uint64_t done = s->sent > TCP_HDR_SIZE ? s->sent - TCP_HDR_SIZE : 0;
+			uint64_t done = s->sent > s->hlen ? s->sent - s->hlen : 0;
 			iov[n++] = (struct iovec){ (char *)s->t->local + s->off + done, s->len - done };
 			total += s->len - done;
 		}
@@ -97,6 +105,12 @@ static bool check_status(uint64_t i, tcp_slot *s, tcp_rx_result *res)
 			 (unsigned long long)f, op_name(s->op), (unsigned long long)(s->t->remote + s->off),
 			 (unsigned long long)s->len);
 		return false;
+	}
+	if (code == TCP_STATUS_REJECTED && s->sg) {
+		/* A piece of a scatter-gather frame fails alone; the frame and
+		 * the connection go on (a READ's bytes that follow are zeros). */
+		s->err = TE_ERR_REJECTED;
+		return true;
 	}
 	if (code == TCP_STATUS_REJECTED) {
 		res->err = TE_ERR_REJECTED;
@@ -217,7 +231,7 @@ void tcp_cconn_reap(tcp_cconn *cc)
 		if (s->sent != s->stot || s->rcvd != s->rtot)
 			break;
 		cc->bytes -= s->len;
-		moved += s->len;
+		moved += s->err ? 0 : s->len;
 		cc->tail++;
 		if (s->fence != NULL) {
 			tcp_fence *f = s->fence;
@@ -225,7 +239,11 @@ void tcp_cconn_reap(tcp_cconn *cc)
 			tcp_fence_done(cc->peer, f);
 			continue;
 		}
-		h->complete(h, s->t, s->len, 0);
+		if (s->err != 0)
+			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "the peer %s rejected %s 0x%llx+%llu (not inside one of its "
+					    "remote-accessible buffers)", cc->peer->name, op_name(s->op),
+					    (unsigned long long)(s->t->remote + s->off), (unsigned long long)s->len);
+		h->complete(h, s->t, s->err ? 0 : s->len, s->err);
 	}
 	if (moved > 0 && cc->peer->nrails > 1)
 		atomic_fetch_add_explicit(&tcp_rail_of(cc)->bytes, moved, memory_order_relaxed);

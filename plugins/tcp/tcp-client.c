@@ -116,6 +116,10 @@ static void prep(tcp_cconn *cc, tcp_slot *s)
 	te_transfer *t = s->t;
 	bool v2 = cc->peer->version >= 2;
 
+	s->sg = false;
+	s->sgn = 0;
+	s->hlen = TCP_HDR_SIZE;
+	s->err = 0;
 	if (s->fence != NULL) {
 		/* Only to peers that fence, which speak v2: answered with a status. */
 		s->op = TCP_OP_FENCE;
@@ -217,8 +221,12 @@ void tcp_cconn_pull(tcp_cconn *cc)
 			      memory_order_release);
 	g_mutex_unlock(&p->lock);
 	count(cc, TE_METRIC_INFLIGHT_BYTES, (int64_t)took);
-	for (uint64_t i = first; i < cc->head; i++)
-		prep(cc, slot_at(cc, i));
+	for (uint64_t i = first; i < cc->head;) {
+		unsigned n = tcp_sg_prep(cc, i);
+		if (n == 0)
+			prep(cc, slot_at(cc, i++));
+		i += n;
+	}
 	if (cc->head != first)
 		atomic_fetch_add_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->head - first), memory_order_relaxed);
 	if (was_empty && cc->head != first)
@@ -303,8 +311,9 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err };
 			nfail++;
 		} else if (s->sent == s->stot && s->rcvd == s->rtot) {
-			done[ndone++] = (struct done){ s->t, s->len, 0 };
-			moved += s->len;
+			/* finished: a piece of a scatter-gather frame may have been rejected alone */
+			done[ndone++] = (struct done){ s->t, s->err ? 0 : s->len, s->err };
+			moved += s->err ? 0 : s->len;
 		} else if (mode == FAIL_REJECT && i > at && s->tries + 1 < TCP_MAX_TRIES) {
 			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
 		} else if (mode == FAIL_RAIL && s->op == TE_OP_WRITE && s->sent > 0 &&
@@ -567,7 +576,9 @@ void tcp_cconn_start_connect(tcp_cconn *cc)
 	int fd, rc;
 
 	if (cc->ring == NULL) {
-		cc->ring = g_try_new0(tcp_slot, c->cfg.depth);
+		/* The ring, then the scatter-gather tables: one entry per slot. */
+		cc->ring = g_try_malloc0(c->cfg.depth * (sizeof(tcp_slot) + TCP_SG_ENTRY));
+		cc->sgtab = cc->ring ? (uint8_t *)(cc->ring + c->cfg.depth) : NULL;
 		if (cc->ring == NULL) {
 			tcp_peer_fail_pending(p, -ENOMEM);
 			return;

@@ -59,6 +59,12 @@ bool tcp_cconn_preamble(tcp_cconn *cc);
 /* The peer answered FENCE `f`: its WRITEs go out again (any thread). */
 void tcp_fence_done(tcp_peer *p, tcp_fence *f);
 
+/* tcp-sg.c. Puts the requests from ring index `first` on into one
+ * scatter-gather frame when the peer takes them and at least two small
+ * ones of one opcode follow one another there: how many it took (0: none,
+ * `first` goes in its usual frame). */
+unsigned tcp_sg_prep(tcp_cconn *cc, uint64_t first);
+
 /* tcp-client-wire.c. 1: bytes moved, 0: nothing to do or would block, <0:
  * failed (a receive's details in `res`). */
 int tcp_cconn_send(tcp_cconn *cc);

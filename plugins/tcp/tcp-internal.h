@@ -47,6 +47,19 @@
 #define TCP_OP_HELLO 2
 #define TCP_OP_FENCE 3
 #define TCP_FENCE_VERSION 1
+/* Scatter-gather frames (libte's own, sent only to peers whose descriptor
+ * says `tcp_sg`; docs/wire.md): many small pieces in one frame. A header
+ * whose `size` is the pieces' bytes and `addr` their count, opcode SG_READ
+ * or SG_WRITE with the v2 bit, the 7 bytes after it zero; then a table of
+ * (addr u64 LE, len u64 LE) per piece; for SG_WRITE the pieces' bytes in
+ * table order. Answered per piece in order: a status frame, and for SG_READ
+ * the piece's bytes (zeros for a rejected piece). */
+#define TCP_OP_SG_READ 0x10
+#define TCP_OP_SG_WRITE 0x11
+#define TCP_SG_VERSION 1
+#define TCP_SG_MAX 256               /* pieces per frame */
+#define TCP_SG_PIECE_MAX (64u << 10) /* bytes per piece (the size of a thread's scratch) */
+#define TCP_SG_ENTRY 16              /* bytes per table entry */
 
 /* Header: size u64 LE, addr u64 LE, opcode u8, 7 bytes of zeros. */
 static inline void tcp_hdr_encode(uint8_t *h, uint64_t size, uint64_t addr, uint8_t opcode)
@@ -85,6 +98,7 @@ typedef struct tcp_config {
 	char bind[64];           /* listen on this address only; "": every interface */
 	char rails[256];         /* TE_TCP_RAILS as given; "": the engine's address only */
 	bool direct;             /* a submitting or waiting thread may drive an idle connection itself */
+	bool sg;                 /* TE_TCP_SG: take and send scatter-gather frames */
 	int64_t spin_ns;         /* TE_SPIN_US: look this long before sleeping (waiters, I/O threads) */
 } tcp_config;
 
@@ -176,6 +190,13 @@ typedef struct tcp_slot {
 	uint8_t hdr[TCP_HDR_SIZE];
 	uint8_t op;
 	uint8_t tries;
+	/* In a scatter-gather frame: the first piece sends the header and the
+	 * table (`hlen` bytes, `sgn` pieces), the others their bytes only;
+	 * `err`: the peer rejected this piece alone. */
+	bool sg;
+	uint16_t sgn;
+	uint32_t hlen;
+	int err;
 } tcp_slot;
 
 enum tcp_cstate { CS_DOWN, CS_CONNECTING, CS_UP };
@@ -195,6 +216,7 @@ struct tcp_cconn {
 	 * HELLO, which a FENCE names to end it. */
 	uint64_t lane, gen;
 	tcp_slot *ring;
+	uint8_t *sgtab; /* scatter-gather tables, TCP_SG_ENTRY bytes per ring position (allocated with the ring) */
 	uint64_t head, snd, rcv, tail; /* free-running indices */
 	uint64_t bytes; /* payload bytes in flight */
 	int64_t last_rx; /* ms, the last byte received, or when work arrived on an idle connection */
@@ -286,6 +308,7 @@ struct tcp_peer {
 	atomic_int kicking;        /* I/O threads kicking its connections right now */
 	int version;               /* 1 or 2 */
 	bool fence;                /* the peer honours HELLO and FENCE (descriptor tcp_fence, v2) */
+	bool sg;                   /* the peer takes scatter-gather frames (descriptor tcp_sg, v2) */
 	int refs;                  /* segment opens (ctx->lock) */
 	atomic_int live_conns;     /* connections not yet retired by their thread */
 	GMutex lock;               /* backlog and retries */
@@ -397,6 +420,7 @@ struct tcp_sconn {
 	atomic_int applying;
 	tcp_resp *ring;
 	uint64_t head, snd;   /* free-running */
+	struct tcp_sg_rx *sg; /* a scatter-gather frame being taken in (tcp-sg.c), from the first one on */
 };
 
 /* A lane: the connections one initiator's connection slot opened to us, one
@@ -544,7 +568,33 @@ int tcp_sconn_frame(tcp_sconn *sc, const uint8_t *f, bool first);
 /* A connection that ends leaves its lane. */
 void tcp_sconn_unlane(tcp_sconn *sc);
 
+/* tcp-sg.c: scatter-gather frames, the target's side. A frame's header
+ * (24 bytes at `f`) begins one: 0, or -1 when it is malformed (logged; the
+ * connection ends). While one is busy, its bytes go to it: first what came
+ * in the header buffer (tcp_sg_feed: how many it took), then the socket
+ * (tcp_sg_receive: 1 progress, 0 would block or the reply ring is full, -1
+ * closed); tcp_sg_resume answers what waited for room in the reply ring.
+ * A piece outside registered memory fails alone (status REJECTED). */
+int tcp_sg_begin(tcp_sconn *sc, const uint8_t *f);
+size_t tcp_sg_feed(tcp_sconn *sc, const uint8_t *buf, size_t len);
+int tcp_sg_receive(tcp_sconn *sc);
+int tcp_sg_resume(tcp_sconn *sc);
+bool tcp_sg_busy(const tcp_sconn *sc);
+void tcp_sg_free(tcp_sconn *sc); /* the connection ends: its pins go */
+
 /* tcp-server.c */
+/* Its helpers for tcp-sg.c: pins, touches of pinned memory, writes into a
+ * WRITE's destination (false: fenced), replies, the device stage. */
+int tcp_sconn_pin(tcp_sconn *sc, uint64_t addr, uint64_t size, te_buffer_pin *pin);
+bool tcp_sconn_pin_is_device(tcp_sconn *sc, const te_buffer_pin *pin);
+bool tcp_sconn_touch_begin(tcp_sconn *sc, const te_buffer_pin *pin);
+void tcp_sconn_touch_end(tcp_sconn *sc, const te_buffer_pin *pin);
+bool tcp_sconn_apply_begin(tcp_sconn *sc);
+void tcp_sconn_apply_end(tcp_sconn *sc);
+void tcp_sconn_push(tcp_sconn *sc, uint32_t code, const char *data, uint64_t len, const te_buffer_pin *pin,
+		    bool dev);
+bool tcp_sconn_stage_ready(tcp_sconn *sc);
+bool tcp_sconn_fenced_close(tcp_sconn *sc);
 tcp_sconn *tcp_sconn_new(tcp_ctx *c, int fd, const char *name);
 void tcp_sconn_event(tcp_sconn *sc, uint32_t events);
 void tcp_sconn_drive(tcp_sconn *sc);

@@ -85,6 +85,7 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	const char *r = h->config(h, "TE_TCP_RAILS", NULL);
 	g_strlcpy(cfg->rails, r ? r : "", sizeof cfg->rails);
 	cfg->direct = te_host_config_u64(h, "TE_TCP_DIRECT", NULL, 1, 0, 1) != 0;
+	cfg->sg = te_host_config_u64(h, "TE_TCP_SG", NULL, 1, 0, 1) != 0;
 	cfg->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, TCP_MAX_SPIN_US);
 }
 
@@ -498,6 +499,11 @@ static int tcp_describe(void *ctx, char **json)
 		json_builder_set_member_name(b, "tcp_fence");
 		json_builder_add_int_value(b, TCP_FENCE_VERSION);
 	}
+	/* We take scatter-gather frames (v2: answered with status frames). */
+	if (c->cfg.proto >= 2 && c->cfg.sg) {
+		json_builder_set_member_name(b, "tcp_sg");
+		json_builder_add_int_value(b, TCP_SG_VERSION);
+	}
 	/* Every address the data port is reached at, for peers that spread over
 	 * them; Mooncake reads the fields above only. Without TE_TCP_RAILS, only
 	 * the address the engine publishes anyway: others may be on networks the
@@ -572,7 +578,7 @@ static unsigned parse_rails(tcp_ctx *c, const te_segment_info *seg, JsonObject *
 /* The descriptor's TCP fields: data port (required), protocol version (a
  * missing field means 1), whether the peer fences. */
 static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version, bool *fence,
-			    char rails[][64], unsigned *nrails)
+			    bool *sg, char rails[][64], unsigned *nrails)
 {
 	static const te_json_limits lim = TE_JSON_LIMITS_DEFAULT;
 	char why[160] = "no descriptor";
@@ -583,6 +589,7 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 	*port = 0;
 	*version = 1;
 	*fence = false;
+	*sg = false;
 	if (seg->descriptor == NULL ||
 	    (root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why)) == NULL ||
 	    !JSON_NODE_HOLDS_OBJECT(root)) {
@@ -601,6 +608,8 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 		*version = 2;
 	if (te_json_get_u64(o, "tcp_fence", 255, &v) == 0 && v >= TCP_FENCE_VERSION)
 		*fence = true;
+	if (te_json_get_u64(o, "tcp_sg", 255, &v) == 0 && v >= TCP_SG_VERSION)
+		*sg = true;
 	*nrails = parse_rails(c, seg, o, rails);
 	json_node_unref(root);
 	if (rc < 0)
@@ -612,7 +621,7 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
  * TE_TCP_CONNS_PER_PEER connections each, connection i over rail i % nrails
  * so that the connections of every rail take turns. */
 static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int port, int version, bool fence,
-			  const struct addrinfo *res, char rails[][64], unsigned nrails)
+			  bool sg, const struct addrinfo *res, char rails[][64], unsigned nrails)
 {
 	unsigned nr = nrails >= 2 ? nrails : 1;
 	unsigned nconns = c->cfg.conns_per_peer * nr;
@@ -643,6 +652,7 @@ static tcp_peer *peer_new(tcp_ctx *c, const char *key, const char *host, int por
 	}
 	p->version = version;
 	p->fence = fence;
+	p->sg = sg;
 	g_mutex_init(&p->lock);
 	p->nconns = nconns;
 	atomic_init(&p->live_conns, (int)nconns);
@@ -665,14 +675,14 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 {
 	tcp_ctx *c = ctx;
 	int port, version, rc;
-	bool fence;
+	bool fence, sg;
 	char ps[16];
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res = NULL;
 	char rails[TCP_MAX_RAILS][64];
 	unsigned nrails = 0;
 
-	rc = parse_descriptor(c, seg, &port, &version, &fence, rails, &nrails);
+	rc = parse_descriptor(c, seg, &port, &version, &fence, &sg, rails, &nrails);
 	if (rc < 0)
 		return rc;
 	if (seg->host == NULL || *seg->host == '\0') {
@@ -682,6 +692,7 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	if (version > c->cfg.proto)
 		version = c->cfg.proto; /* TE_TCP_PROTO=1 forces the legacy framing */
 	fence = fence && version >= 2;
+	sg = sg && version >= 2 && c->cfg.sg; /* TE_TCP_SG=0: the usual frames only */
 	snprintf(ps, sizeof ps, "%d", port);
 	/* Resolved once, here on the control path: I/O threads never block on DNS. */
 	rc = getaddrinfo(seg->host, ps, &hints, &res);
@@ -695,14 +706,14 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	/* One address (the default: the engine's own) means the host above,
 	 * where a single-rail peer has always been reached. */
 	GString *k = g_string_new(NULL);
-	g_string_printf(k, "%s|%d|%d|%d|", seg->host, port, version, fence);
+	g_string_printf(k, "%s|%d|%d|%d|%d|", seg->host, port, version, fence, sg);
 	for (unsigned i = 0; nrails >= 2 && i < nrails; i++)
 		g_string_append_printf(k, "%s%s", i ? "," : "", rails[i]);
 	char *key = g_string_free(k, FALSE);
 	g_mutex_lock(&c->lock);
 	tcp_peer *p = g_hash_table_lookup(c->peers, key);
 	if (p == NULL) {
-		p = peer_new(c, key, seg->host, port, version, fence, res, rails, nrails);
+		p = peer_new(c, key, seg->host, port, version, fence, sg, res, rails, nrails);
 		g_hash_table_insert(c->peers, p->key, p);
 		g_ptr_array_add(c->all_peers, p);
 		g_hash_table_add(c->live_peers, p);
@@ -711,8 +722,8 @@ static int tcp_segment_open(void *ctx, const te_segment_info *seg, void **seg_ct
 	g_mutex_unlock(&c->lock);
 	freeaddrinfo(res);
 	g_free(key);
-	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d%s, %u rails)", seg->name, p->name,
-	     p->version, p->fence ? " with fences" : "", p->nrails);
+	TLOG(c, TE_LOG_DEBUG, "segment %s served over TCP at %s (protocol v%d%s%s, %u rails)", seg->name, p->name,
+	     p->version, p->fence ? " with fences" : "", p->sg ? ", scatter-gather" : "", p->nrails);
 	*seg_ctx = p;
 	return 0;
 }
@@ -839,11 +850,13 @@ static int tcp_report(const te_host *h, char **text)
 		"  data port              %s (TE_TCP_PORT)\n"
 		"  data addresses         %s (TE_TCP_RAILS)\n"
 		"  callers send and wait  %s (TE_TCP_DIRECT)\n"
+		"  small pieces batched   %s (TE_TCP_SG)\n"
 		"  spin before sleeping   %lld us (TE_SPIN_US, 0: off)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
 		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms,
 		(long long)cfg.probe_max_ms, (long long)cfg.idle_ms, cfg.port ? "fixed" : "any free one",
 		cfg.rails[0] ? cfg.rails : "the engine's address", cfg.direct ? "on an idle connection" : "never",
+		cfg.sg ? "in scatter-gather frames, to peers that take them" : "never",
 		(long long)(cfg.spin_ns / 1000));
 	if (*text == NULL)
 		return -ENOMEM;

@@ -241,6 +241,7 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 		sc->io.fd = -1;
 		tcp_inbound_done(c, sc->host);
 	}
+	tcp_sg_free(sc);
 	TCP_HOOK(tcp_hook_closed(sc));
 	tcp_io_bury(&sc->io);
 }
@@ -347,7 +348,7 @@ static void parse(tcp_sconn *sc)
 	const te_host *h = c->host;
 	unsigned pos = 0;
 
-	while (sc->state == SS_OPEN && !sc->in_body && sc->hlen - pos >= TCP_HDR_SIZE &&
+	while (sc->state == SS_OPEN && !sc->in_body && !tcp_sg_busy(sc) && sc->hlen - pos >= TCP_HDR_SIZE &&
 	       sc->head - sc->snd < c->cfg.depth) {
 		const uint8_t *p = sc->hbuf + pos;
 		uint64_t size, addr;
@@ -374,6 +375,14 @@ static void parse(tcp_sconn *sc)
 			}
 			if (rc > 0)
 				push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
+			continue;
+		}
+		if (v2 && c->cfg.sg && (op == TCP_OP_SG_READ || op == TCP_OP_SG_WRITE)) {
+			if (tcp_sg_begin(sc, p) < 0) {
+				sc->state = SS_FLUSH; /* earlier replies still go out, in order */
+				break;
+			}
+			pos += (unsigned)tcp_sg_feed(sc, sc->hbuf + pos, sc->hlen - pos);
 			continue;
 		}
 		if (op != TE_OP_READ && op != TE_OP_WRITE) {
@@ -568,7 +577,7 @@ static int send_replies(tcp_sconn *sc)
 	for (uint64_t i = sc->snd; i < sc->head && n < TCP_IOV_MAX; i++) {
 		tcp_resp *r = resp_at(sc, i);
 		uint64_t hs = r->has_status ? TCP_STATUS_SIZE : 0;
-		if (r->len > 0 && !r->dev) {
+		if (r->len > 0 && !r->dev && r->pinned) {
 			/* Its data comes from pinned memory: sent only while the pin
 			 * holds; the replies before a revoked one still go out. */
 			if (!touch_begin(h, &r->pin)) {
@@ -666,6 +675,12 @@ static int receive(tcp_sconn *sc)
 	struct iovec iov[2];
 	ssize_t r;
 
+	if (tcp_sg_busy(sc)) {
+		int rc = tcp_sg_receive(sc);
+		if (rc > 0)
+			parse(sc);
+		return rc;
+	}
 	if (sc->in_body) {
 		const te_host *h = c->host;
 		int n = 1;
@@ -815,6 +830,10 @@ void tcp_sconn_drive(tcp_sconn *sc)
 			return;
 		/* Take in what has arrived first, then answer it all with one
 		 * sendmsg: one wakeup of the peer for many replies. */
+		if (sc->state == SS_OPEN && tcp_sg_busy(sc) && tcp_sg_resume(sc) > 0) {
+			moved = true; /* replies that waited for room in the ring */
+			parse(sc);
+		}
 		if (sc->state == SS_OPEN && !sc->in_body && sc->hlen >= TCP_HDR_SIZE) {
 			/* Headers that waited for room in the reply ring. */
 			unsigned before = sc->hlen;
@@ -877,7 +896,7 @@ void tcp_sconn_event(tcp_sconn *sc, uint32_t events)
 
 bool tcp_sconn_busy(const tcp_sconn *sc)
 {
-	return sc->in_body || sc->snd < sc->head || sc->hlen > 0 || sc->state != SS_OPEN;
+	return sc->in_body || sc->snd < sc->head || sc->hlen > 0 || sc->state != SS_OPEN || tcp_sg_busy(sc);
 }
 
 void tcp_sconn_check_timeout(tcp_sconn *sc, int64_t now)
@@ -897,4 +916,52 @@ void tcp_sconn_check_timeout(tcp_sconn *sc, int64_t now)
 			 (long long)(now - sc->io.last_progress));
 		tcp_sconn_close(sc, why);
 	}
+}
+
+/* ------------------------------------------- the helpers of tcp-sg.c */
+
+int tcp_sconn_pin(tcp_sconn *sc, uint64_t addr, uint64_t size, te_buffer_pin *pin)
+{
+	return pin_acquire(ctx_of(sc)->host, addr, size, pin);
+}
+
+bool tcp_sconn_pin_is_device(tcp_sconn *sc, const te_buffer_pin *pin)
+{
+	return pin_is_device(ctx_of(sc)->host, pin);
+}
+
+bool tcp_sconn_touch_begin(tcp_sconn *sc, const te_buffer_pin *pin)
+{
+	return touch_begin(ctx_of(sc)->host, pin);
+}
+
+void tcp_sconn_touch_end(tcp_sconn *sc, const te_buffer_pin *pin)
+{
+	touch_end(ctx_of(sc)->host, pin);
+}
+
+bool tcp_sconn_apply_begin(tcp_sconn *sc)
+{
+	return apply_begin(sc);
+}
+
+void tcp_sconn_apply_end(tcp_sconn *sc)
+{
+	apply_end(sc);
+}
+
+void tcp_sconn_push(tcp_sconn *sc, uint32_t code, const char *data, uint64_t len, const te_buffer_pin *pin,
+		    bool dev)
+{
+	push(sc, true, code, (char *)(uintptr_t)data, len, pin, dev);
+}
+
+bool tcp_sconn_stage_ready(tcp_sconn *sc)
+{
+	return stage_ready(sc);
+}
+
+bool tcp_sconn_fenced_close(tcp_sconn *sc)
+{
+	return fenced_close(sc);
 }

@@ -10,7 +10,9 @@
  * released, and the reply stream must hold exactly what the requests asked
  * for. tcp-io.c is compiled in for its per-thread list of closed connections.
  * HELLO and FENCE frames (libte's) are taken or refused as docs/wire.md says;
- * each input starts with no lane known.
+ * each input starts with no lane known. Scatter-gather frames (libte's) are
+ * bounded, answered piece by piece, a piece outside the region failing
+ * alone.
  */
 #include "../../plugins/tcp/tcp-server.c"
 #include "../../plugins/tcp/tcp-io.c"
@@ -32,6 +34,7 @@ static void setup(void)
 	ctx->cfg.depth = 8; /* small: the ring fills and parsing waits */
 	ctx->cfg.timeout_ms = 1000;
 	ctx->cfg.max_per_peer = 4;
+	ctx->cfg.sg = true;
 	g_mutex_init(&ctx->inbound_lock);
 	ctx->per_peer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	thr = g_new0(tcp_thread, 1);
@@ -74,6 +77,44 @@ static uint64_t expected_reply(const uint8_t *data, size_t size)
 			if (lane == 0 || !pad || len == 0 || addr == 0 || (len == lane && addr >= gen))
 				break;
 			total += TCP_STATUS_SIZE;
+			continue;
+		}
+		if (v2 && (op == TCP_OP_SG_READ || op == TCP_OP_SG_WRITE)) {
+			/* `len` bytes in `addr` pieces, each 1 to TCP_SG_PIECE_MAX */
+			if (!pad || addr == 0 || addr > TCP_SG_MAX || len < addr || len > addr * TCP_SG_PIECE_MAX ||
+			    size - pos < addr * TCP_SG_ENTRY)
+				break;
+			const uint8_t *tab = data + pos;
+			uint64_t sum = 0;
+			bool good = true;
+			for (uint64_t i = 0; i < addr && good; i++) {
+				uint64_t pl;
+				memcpy(&pl, tab + i * TCP_SG_ENTRY + 8, 8);
+				pl = le64toh(pl);
+				good = pl > 0 && pl <= TCP_SG_PIECE_MAX;
+				sum += pl;
+			}
+			if (!good || sum != len)
+				break;
+			pos += addr * TCP_SG_ENTRY;
+			bool cut = false;
+			for (uint64_t i = 0; i < addr; i++) {
+				uint64_t pl;
+				memcpy(&pl, tab + i * TCP_SG_ENTRY + 8, 8);
+				pl = le64toh(pl);
+				if (op == TCP_OP_SG_READ) { /* a status and the bytes, or zeros */
+					total += TCP_STATUS_SIZE + pl;
+					continue;
+				}
+				if (size - pos < pl) {
+					cut = true; /* the stream ends inside a body */
+					break;
+				}
+				pos += pl;
+				total += TCP_STATUS_SIZE;
+			}
+			if (cut)
+				break;
 			continue;
 		}
 		if (op != TE_OP_READ && op != TE_OP_WRITE)

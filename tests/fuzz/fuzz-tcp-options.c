@@ -68,11 +68,11 @@ static void descriptor(tcp_ctx *c, const char *json)
 	char rails[TCP_MAX_RAILS][64];
 	unsigned nrails = 99;
 	int port = -1, version = -1;
-	bool fence = true;
+	bool fence = true, sg = true;
 
-	int rc = parse_descriptor(c, &seg, &port, &version, &fence, rails, &nrails);
+	int rc = parse_descriptor(c, &seg, &port, &version, &fence, &sg, rails, &nrails);
 	FUZZ_CHECK(rc <= 0 && (version == 1 || version == 2));
-	FUZZ_CHECK(rc != -EINVAL || !fence);
+	FUZZ_CHECK(rc != -EINVAL || (!fence && !sg));
 	FUZZ_CHECK(rc < 0 ? port == 0 : port > 0 && port <= 65535);
 	if (rc != -EINVAL) {
 		FUZZ_CHECK(nrails <= TCP_MAX_RAILS);

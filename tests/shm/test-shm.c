@@ -457,6 +457,104 @@ static void test_bad_contacts(void)
 	te_mem_free(mem);
 }
 
+/* One batch of many small scattered pieces (a KV cache's blocks): the
+ * pieces go in copy runs of up to SHM_RUN_MAX, and still each lands where
+ * its own request says, nothing between them moves, a piece the target
+ * refuses fails alone, and READs and WRITEs mixed in one batch each go by
+ * their own opcode. */
+static int batch(te_engine *e, te_request *r, size_t n, te_batch_id *b)
+{
+	REQUIRE(te_batch_alloc(e, n, b) == 0);
+	CHECK_EQ(te_submit(e, *b, r, n), 0);
+	return te_batch_wait(e, *b, 20000);
+}
+
+static void test_copy_runs(void)
+{
+	enum { N = 1000, STRIDE = 8192 };
+	static te_request r[N];
+	peer p;
+	te_batch_id b;
+	te_task_status st;
+	REQUIRE(peer_start(&p, "both", NULL));
+	te_engine *e = engine("tcp,shm");
+	unsigned char *local = local_buffer(e);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0 && strcmp(te_segment_transport(e, seg), "shm") == 0);
+	unsigned char *back = local + LOCAL_SIZE / 2, *want = malloc(LOCAL_SIZE / 2);
+	REQUIRE(want != NULL);
+
+	fill_pattern(local, LOCAL_SIZE / 2, 41);
+	for (int i = 0; i < N; i++)
+		r[i] = (te_request){ TE_OP_WRITE, seg, local + (size_t)i * STRIDE, p.r[0] + (uint64_t)i * STRIDE,
+				     4096 - (uint64_t)(i % 3) };
+	r[N / 2].remote = p.r[2]; /* C: registered, not remote-accessible */
+	r[N / 2].length = 64;
+	CHECK_EQ(batch(e, r, N, &b), 0);
+	for (int i = 0; i < N; i++) {
+		CHECK_EQ(te_get_status(e, b, (size_t)i, &st), 0);
+		CHECK_EQ(st.state, i == N / 2 ? TE_TASK_FAILED : TE_TASK_COMPLETED);
+		if (i == N / 2)
+			CHECK_EQ(st.error, TE_ERR_REJECTED);
+	}
+	te_batch_free(e, b);
+	CHECK(peer_cmd(&p, "check C 3 0 4096", "OK")); /* untouched */
+	/* the gaps between the pieces hold the peer's own pattern still */
+	char cmd[96];
+	for (int i = 0; i < N; i += 333) {
+		snprintf(cmd, sizeof cmd, "check A 1 %llu %llu", (unsigned long long)((uint64_t)i * STRIDE + 4096),
+			 (unsigned long long)(STRIDE - 4096));
+		CHECK(peer_cmd(&p, cmd, "OK"));
+	}
+	r[N / 2].remote = p.r[0] + (uint64_t)(N / 2) * STRIDE;
+	r[N / 2].length = 4096;
+	/* Mixed: runs of 100 WRITEs of a new pattern and 100 READs by turns. */
+	memcpy(want, local, LOCAL_SIZE / 2);
+	fill_pattern(local, LOCAL_SIZE / 2, 42);
+	memset(back, 0, LOCAL_SIZE / 2);
+	for (int i = 0; i < N; i++)
+		if ((i / 100) % 2) {
+			r[i].opcode = TE_OP_READ;
+			r[i].local = back + (size_t)i * STRIDE;
+		} else {
+			r[i].opcode = TE_OP_WRITE;
+			memcpy(want + (size_t)i * STRIDE, local + (size_t)i * STRIDE, r[i].length);
+		}
+	/* the piece refused before holds no bytes of ours yet: written now */
+	r[N / 2].opcode = TE_OP_WRITE;
+	r[N / 2].local = local + (size_t)(N / 2) * STRIDE;
+	memcpy(want + (size_t)(N / 2) * STRIDE, r[N / 2].local, 4096);
+	CHECK_EQ(batch(e, r, N, &b), 0);
+	int32_t state = 0;
+	te_batch_status(e, b, NULL, NULL, &state);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	te_batch_free(e, b);
+	for (int i = 0; i < N; i++)
+		if ((i / 100) % 2 && i != N / 2 && memcmp(back + (size_t)i * STRIDE, want + (size_t)i * STRIDE, r[i].length) != 0) {
+			fprintf(stderr, "  READ %d differs\n", i);
+			CHECK(false);
+			break;
+		}
+	/* everything read back: what each piece's last WRITE put there */
+	memset(back, 0, LOCAL_SIZE / 2);
+	for (int i = 0; i < N; i++) {
+		r[i].opcode = TE_OP_READ;
+		r[i].local = back + (size_t)i * STRIDE;
+	}
+	CHECK_EQ(batch(e, r, N, &b), 0);
+	te_batch_free(e, b);
+	for (int i = 0; i < N; i++)
+		if (memcmp(back + (size_t)i * STRIDE, want + (size_t)i * STRIDE, r[i].length) != 0) {
+			fprintf(stderr, "  piece %d differs\n", i);
+			CHECK(false);
+			break;
+		}
+	free(want);
+	te_engine_destroy(e);
+	child_stop(&p.c, 0);
+	munmap(local, LOCAL_SIZE);
+}
+
 int main(int argc, char **argv)
 {
 	REQUIRE(argc == 2);
@@ -464,6 +562,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	TEST_RUN(test_two_processes);
 	TEST_RUN(test_ranges);
+	TEST_RUN(test_copy_runs);
 	TEST_RUN(test_other_host);
 	TEST_RUN(test_target_dies);
 	TEST_RUN(test_attach_refused);

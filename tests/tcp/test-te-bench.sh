@@ -78,7 +78,8 @@ if run help 0 --help; then
 	missing=
 	for f in mode metadata_server local_server_name segment_id protocol memory device_name nic_priority_matrix \
 		auto_discovery operation remote_offset batch_size block_size buffer_size duration threads report_unit \
-		report_precision check json quiet verbose help; do
+		report_precision check json quiet verbose help pattern layers kv_heads head_dim dtype_bytes block_tokens \
+		tp tokens rounds; do
 		grep -q -- "--$f " "$tmp/out" || missing="$missing $f"
 	done
 	[ -z "$missing" ] && ok "--help documents every flag" || bad "--help lacks:$missing"
@@ -144,6 +145,21 @@ fi
 # --- --check catches a transport that corrupts data --------------------------------
 run flip 2 --protocol=flip --check --duration=2 --quiet && one_line_error "--check fails loudly" "DATA MISMATCH"
 run flip-unchecked 0 --protocol=flip --duration=1 --quiet && ok "without --check the corruption goes unseen"
+
+# --- --pattern=kv: a request's scattered KV-cache blocks, one batch per request ------
+if run kv 0 --pattern=kv --protocol=tcp --layers=4 --tokens=250 --duration=1 --check --quiet; then
+	if grep -q "^te-bench: loopback kv write over tcp: 4 layers x K,V x 16 blocks of 4 KiB (250 tokens, 128 descriptors, 512 KiB per request" "$tmp/out" &&
+		grep -q "^KV pattern, median of 1 round: [0-9.]* ms per request (min [0-9.]*, max [0-9.]*), [0-9.]* us per token, [0-9]* descriptors/s, [0-9.]* GB/s" "$tmp/out" &&
+		grep -q "^1 MiB blocks, same bytes, same run: [0-9.]* GB/s .*every byte checked first" "$tmp/out"; then
+		ok "--pattern=kv: scattered pieces over TCP, every byte and every gap checked, beside 1 MiB blocks"
+	else
+		bad "--pattern=kv output"; cat "$tmp/out"
+	fi
+fi
+run kv-flip 2 --pattern=kv --protocol=flip --layers=2 --tokens=64 --duration=1 --check --quiet &&
+	one_line_error "--pattern=kv --check fails loudly" "DATA MISMATCH: "
+run kv-tp 1 --pattern=kv --kv_heads=6 --tp=4 && one_line_error "--pattern=kv: heads split evenly" \
+	"--kv_heads=6 is not a multiple of --tp=4"
 
 # --- --auth_key_file: the cluster key on both sides; without it, refused at once --------
 printf '%s\n' 0123456789abcdef-te-bench-key >"$tmp/key"

@@ -57,6 +57,8 @@ int main(int argc, char **argv)
 		die(1, "--mode=%s: want loopback, target or initiator", F.mode);
 	if (strcmp(F.memory, "libte") && strcmp(F.memory, "anonymous"))
 		die(1, "--memory=%s: want libte or anonymous", F.memory);
+	if (F.operation == NULL)
+		F.operation = strcmp(F.pattern, "kv") ? "read" : "write";
 	if (strcmp(F.operation, "read") && strcmp(F.operation, "write") && strcmp(F.operation, "mixed"))
 		die(1, "--operation=%s: want read, write or mixed", F.operation);
 	if (unit_bytes(F.report_unit) == 0)
@@ -66,13 +68,18 @@ int main(int argc, char **argv)
 	if (F.segment_id && strchr(F.segment_id, '/') && !strcmp(F.metadata_server, "P2PHANDSHAKE"))
 		die(1, "--segment_id=%s names a file (NVMe-oF) segment, which lives in a metadata store: "
 		       "give --metadata_server=etcd://... (or redis://, http://)", F.segment_id);
+	if (strcmp(F.pattern, "block") && strcmp(F.pattern, "kv"))
+		die(1, "--pattern=%s: want block or kv", F.pattern);
+	bool kv = !strcmp(F.pattern, "kv");
+	if (kv)
+		kv_check_flags();
 	if (F.block_size > UINT64_MAX / F.batch_size / F.threads)
 		die(1, "block_size*batch_size*threads overflows");
-	uint64_t need = F.block_size * F.batch_size * F.threads;
+	uint64_t need = kv ? kv_pool_bytes() : F.block_size * F.batch_size * F.threads;
 	if (F.buffer_size < need) {
 		if (!F.json)
-			fprintf(stderr, PROG ": --buffer_size raised to %" PRIu64 " (block_size*batch_size*threads)\n",
-				need);
+			fprintf(stderr, PROG ": --buffer_size raised to %" PRIu64 " (%s)\n", need,
+				kv ? "the KV pool" : "block_size*batch_size*threads");
 		F.buffer_size = need;
 	}
 
@@ -103,7 +110,7 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(F.mode, "initiator")) {
 		te_engine *e = make_engine(F.local_server_name ? F.local_server_name : hostname(), false);
-		int rc = run_initiator(e, F.segment_id, "initiator");
+		int rc = kv ? run_kv(e, F.segment_id, "initiator") : run_initiator(e, F.segment_id, "initiator");
 		linger();
 		drop_engines();
 		return rc;
@@ -122,7 +129,8 @@ int main(int argc, char **argv)
 	te_engine *target = make_engine(tname, !p2p);
 	register_buffer(target, F.buffer_size, need, true, F.use_vram);
 	te_engine *init = make_engine(iname, !p2p);
-	int rc = run_initiator(init, te_engine_name(target), "loopback");
+	int rc = kv ? run_kv(init, te_engine_name(target), "loopback")
+		    : run_initiator(init, te_engine_name(target), "loopback");
 	linger();
 	drop_engines(); /* the initiator first, then the target */
 	return rc;

@@ -43,6 +43,8 @@ typedef struct flags {
 	const char *report_unit;
 	uint64_t report_precision;
 	bool check;
+	const char *pattern;
+	uint64_t layers, kv_heads, head_dim, dtype_bytes, block_tokens, tp, tokens, rounds;
 	bool use_vram;
 	uint64_t gpu_id;
 	const char *vram_device;
@@ -87,6 +89,11 @@ void report(const char *mode_name, const char *target, const char *transport, do
 
 /* initiator.c */
 int run_initiator(te_engine *e, const char *target, const char *mode_name);
+
+/* kv.c: --pattern=kv, a request's KV cache as scattered blocks */
+void kv_check_flags(void);
+uint64_t kv_pool_bytes(void); /* bytes registered on each side */
+int run_kv(te_engine *e, const char *target, const char *mode_name);
 
 /* te-bench.c: set by SIGINT and SIGTERM */
 extern volatile sig_atomic_t interrupted;

@@ -5,6 +5,7 @@ connector written against Mooncake's module moves KV blocks between two
 processes through it (sglang_style.py). Skipped where the package is not on
 the path (the wheel) unless TE_TEST_MOONCAKE_PKG=1 (the build, which has it)."""
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,20 @@ def test_sglang_style_two_processes():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sglang-style ok" in out.stdout
+
+
+def test_kv_bench_runs():
+    # python/bench/kv.py, tiny: it must keep working, and refuse to call
+    # libte's module Mooncake's.
+    kv = os.path.join(HERE, "..", "bench", "kv.py")
+    small = ["--layers", "2", "--tokens", "32,64", "--large-total", str(2 << 20), "--min-iters", "1",
+             "--min-seconds", "0", "--json"]
+    out = subprocess.run([sys.executable, kv, "--impl", "libte"] + small, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["impl"] == "libte" and r["block"] == 4096 and r["large_gbs"] > 0
+    assert [(x["tokens"], x["descriptors"]) for x in r["rows"]] == [(32, 8), (64, 16)]
+    out = subprocess.run([sys.executable, kv, "--impl", "mooncake"] + small, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "is libte's" in out.stderr, out.stdout + out.stderr

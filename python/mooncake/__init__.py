@@ -24,6 +24,10 @@ class _Refuse(_abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(__name__ + "."):
             return None
+        # Only while the `mooncake` imported is this one: a process that
+        # drops it and imports another package of that name is left alone.
+        if getattr(_sys.modules.get(__name__), "PROVIDER", None) != PROVIDER:
+            return None
         sub = fullname[len(__name__) + 1:]
         if sub.split(".", 1)[0] in PROVIDED:
             return None

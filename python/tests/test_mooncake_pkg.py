@@ -67,6 +67,28 @@ def test_refusal_survives_reimport():
     assert not hasattr(again, "no_such_name")
 
 
+def test_other_mooncake_left_alone(tmp_path):
+    # With this package dropped and another `mooncake` imported in its place,
+    # the other's submodules import as usual.
+    other = tmp_path / "mooncake"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    (other / "store.py").write_text("WHO = 'other'\n")
+    saved = {k: v for k, v in sys.modules.items() if k == "mooncake" or k.startswith("mooncake.")}
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert importlib.import_module("mooncake.store").WHO == "other"
+    finally:
+        sys.path.remove(str(tmp_path))
+        for k in [k for k in sys.modules if k == "mooncake" or k.startswith("mooncake.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    with pytest.raises(ModuleNotFoundError, match="libte"):
+        importlib.import_module("mooncake.store")
+
+
 def test_sglang_style_two_processes():
     out = subprocess.run([sys.executable, os.path.join(HERE, "sglang_style.py")], capture_output=True,
                          text=True, timeout=120)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the Debian packages (debian/) from a copy of the tracked sources,
 # lintians them, installs them, uses the installed copy the way a user of the
-# packages would (te-info, a te-bench run, the Python package, a program, a
+# packages would (te-info, a te-bench run, the Python packages, a program, a
 # Mooncake program and a third-party plugin built with pkg-config from /usr,
 # te-metadata-server started with its unit's command line), then purges them
 # and checks that nothing is left. Root only; 77 (skipped) where it cannot
@@ -94,6 +94,12 @@ echo "$out"
 echo "$out" | grep -q "^libte from /usr/lib/python3/dist-packages/libte/" || fail "python imported another libte"
 echo "$out" | grep -q "^plugin tcp $plugindir/libte-transport-tcp.so\$" || fail "python's libte lacks the tcp plugin"
 echo "$out" | grep -q "^transfer ok\$" || fail "python transfer did not finish"
+# python3-libte-mooncake: a connector written for Mooncake's module, two
+# processes, mooncake.engine being libte.mooncake from /usr.
+out=$(run /usr/bin/python3 -I "$src/python/tests/sglang_style.py" --root /usr/lib/python3/dist-packages) ||
+  fail "mooncake.engine: $out"
+echo "$out"
+echo "$out" | grep -q "^sglang-style ok\$" || fail "the SGLang-style transfer did not finish"
 
 # A program and a plugin built with pkg-config from /usr, nothing else.
 mkdir "$tmp/plugins"
@@ -166,7 +172,7 @@ done
 if [ -d "$plugindir" ] && [ -n "$(ls -A "$plugindir")" ]; then
   fail "files left in $plugindir: $(ls -A "$plugindir")"
 fi
-for f in /usr/include/te /usr/include/mooncake/transfer_engine_c.h /usr/lib/python3/dist-packages/libte \
+for f in /usr/include/te /usr/include/mooncake/transfer_engine_c.h /usr/lib/python3/dist-packages/libte /usr/lib/python3/dist-packages/mooncake \
     "$unit" "/var/lib/$state" "/var/lib/private/$state" /usr/bin/te-info "/usr/lib/$triplet/libte.so.1"; do
   [ -e "$f" ] && fail "$f is left after the purge"
 done

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ----------------------------------------------------------------- batches */
 /* Mixes the id so sequential or pointer-like ids spread over the buckets. */
@@ -60,6 +61,24 @@ static struct mc_batch *batch_get(const char *fn, struct mc_engine *e, te_batch_
 	return b;
 }
 
+static void notify_free(struct mc_notify *n)
+{
+	free(n->name);
+	free(n->msg);
+	free(n);
+}
+
+void batch_destroy(struct mc_batch *b)
+{
+	for (struct mc_notify *n = b->notify_head, *next; n != NULL; n = next) {
+		next = n->next;
+		notify_free(n);
+	}
+	pthread_mutex_destroy(&b->submit_lock);
+	free(b->submit_ms);
+	free(b);
+}
+
 static void batch_put(struct mc_engine *e, struct mc_batch *b)
 {
 	int last;
@@ -67,11 +86,34 @@ static void batch_put(struct mc_engine *e, struct mc_batch *b)
 	pthread_mutex_lock(&e->lock);
 	last = --b->refs == 0 && b->freed;
 	pthread_mutex_unlock(&e->lock);
-	if (last) {
-		pthread_mutex_destroy(&b->submit_lock);
-		free(b->submit_ms);
-		free(b);
+	if (last)
+		batch_destroy(b);
+}
+
+/* Under b->submit_lock: held while sending, so that no other call on this
+ * batch reports it done before the peer acknowledged its notifications. */
+void batch_notify_flush(const char *fn, struct mc_engine *e, struct mc_batch *b, int force)
+{
+	size_t in_flight = 0;
+	struct mc_notify *n;
+
+	if (b->notify_head == NULL)
+		return;
+	if (!force) {
+		int rc = te_batch_status(e->te, b->id, NULL, &in_flight, NULL);
+		if (rc < 0 || in_flight > 0)
+			return;
 	}
+	while ((n = b->notify_head) != NULL) {
+		int rc = te_notify_send_as(e->te, n->segment, n->name, n->msg);
+		if (rc < 0) /* the transfer stands; only its notice is lost */
+			mc_err("%s: notification of batch %llu to segment %d: %s", fn,
+			       (unsigned long long)b->id, (int)n->segment, te_strerror(rc));
+		b->notify_head = n->next;
+		notify_free(n);
+	}
+	b->notify_tail = &b->notify_head;
+	atomic_fetch_sub(&e->notify_pending, 1);
 }
 
 /* Takes a freed batch out of the table (its memory goes with the last
@@ -125,6 +167,7 @@ MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 	b->id = id;
 	b->capacity = batch_size;
 	pthread_mutex_init(&b->submit_lock, NULL);
+	b->notify_tail = &b->notify_head;
 	pthread_mutex_lock(&e->lock);
 	size_t k = batch_hash(id, e->n_buckets);
 	b->next = e->buckets[k];
@@ -152,6 +195,8 @@ MC_API int freeBatchID(transfer_engine_t engine, batch_id_t batch_id)
 	pthread_mutex_lock(&b->submit_lock);
 	rc = te_batch_free(e->te, batch_id);
 	if (rc == 0) {
+		/* nothing in flight: notifications no status call sent go now */
+		batch_notify_flush(fn, e, b, 1);
 		pthread_mutex_lock(&e->lock);
 		batch_unlink(e, b);
 		pthread_mutex_unlock(&e->lock);
@@ -241,13 +286,25 @@ static int submit(const char *fn, transfer_engine_t engine, batch_id_t batch_id,
 		goto out;
 	}
 	if (notify != NULL) {
-		rc = te_batch_notify_as(e->te, batch_id, entries[0].target_id, notify->name,
-					notify->msg);
-		if (rc < 0) {
-			mc_err("%s: notification to segment %d: %s", fn, (int)entries[0].target_id,
-			       te_strerror(rc));
-			status = to_status(fn, rc);
+		/* Sent by the call that sees the batch end (batch_notify_flush). */
+		struct mc_notify *n = calloc(1, sizeof *n);
+		if (n != NULL) {
+			n->segment = entries[0].target_id;
+			n->msg = strdup(notify->msg);
+			n->name = notify->name != NULL ? strdup(notify->name) : NULL;
 		}
+		if (n == NULL || n->msg == NULL || (notify->name != NULL && n->name == NULL)) {
+			if (n != NULL)
+				notify_free(n);
+			mc_err("%s: out of memory for the notification of batch %llu", fn,
+			       (unsigned long long)batch_id);
+			status = MC_STATUS_CODE_MEMORY;
+			goto out;
+		}
+		if (b->notify_head == NULL)
+			atomic_fetch_add(&e->notify_pending, 1);
+		*b->notify_tail = n;
+		b->notify_tail = &n->next;
 	}
 out:
 	pthread_mutex_unlock(&b->submit_lock);
@@ -289,6 +346,18 @@ MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size
 		mc_err("%s: batch %llu task %zu: %s", fn, (unsigned long long)batch_id, task_id,
 		       te_strerror(rc));
 		return to_status(fn, rc);
+	}
+	if (st.state != TE_TASK_WAITING && st.state != TE_TASK_PENDING &&
+	    atomic_load(&e->notify_pending) > 0) {
+		/* This task ended: if the whole batch did, its notifications go
+		 * before the caller hears so. */
+		struct mc_batch *b = batch_get(fn, e, batch_id);
+		if (b != NULL) {
+			pthread_mutex_lock(&b->submit_lock);
+			batch_notify_flush(fn, e, b, 0);
+			pthread_mutex_unlock(&b->submit_lock);
+			batch_put(e, b);
+		}
 	}
 	/* libte's task states carry Mooncake's numbers */
 	status->status = st.state;

@@ -151,6 +151,7 @@ MC_API transfer_engine_t createTransferEngine(const char *metadata_conn_string,
 	}
 	pthread_mutex_init(&e->lock, NULL);
 	atomic_init(&e->graceful, 0);
+	atomic_init(&e->notify_pending, 0);
 	e->slice_timeout_s = slice_timeout_env();
 	metric_start(e);
 	e->magic = MC_ENGINE_MAGIC;
@@ -182,6 +183,11 @@ MC_API void destroyTransferEngine(transfer_engine_t engine)
 				if (rc < 0)
 					mc_warn("destroyTransferEngine: waiting for batch %llu: %s",
 						(unsigned long long)b->id, te_strerror(rc));
+				else {
+					pthread_mutex_lock(&b->submit_lock);
+					batch_notify_flush("destroyTransferEngine", e, b, 1);
+					pthread_mutex_unlock(&b->submit_lock);
+				}
 			}
 	}
 	metric_stop(e);
@@ -190,9 +196,7 @@ MC_API void destroyTransferEngine(transfer_engine_t engine)
 		struct mc_batch *b = e->buckets[i], *next;
 		for (; b != NULL; b = next) {
 			next = b->next;
-			pthread_mutex_destroy(&b->submit_lock);
-			free(b->submit_ms);
-			free(b);
+			batch_destroy(b);
 		}
 	}
 	free(e->buckets);

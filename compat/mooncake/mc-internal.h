@@ -44,6 +44,14 @@ int to_status(const char *fn, int te_rc);
 #define MC_ENGINE_MAGIC 0x4d43454eu    /* "MCEN" */
 #define MC_TRANSPORT_MAGIC 0x4d435452u /* "MCTR": a transport_t, never an engine */
 
+/* A notification submitTransferWithNotify() left for the end of its batch. */
+struct mc_notify {
+	struct mc_notify *next;
+	te_segment_id segment;
+	char *name; /* NULL: the engine's own segment name */
+	char *msg;
+};
+
 /* A batch this engine allocated. Looked up under the engine's lock and kept
  * alive by `refs` while a call uses it, so freeBatchID() racing a submit on
  * another thread cannot free it under that submit. */
@@ -55,6 +63,12 @@ struct mc_batch {
 				      * id is known only if no other submit interleaves */
 	int64_t *submit_ms;       /* per task, CLOCK_MONOTONIC, when MC_SLICE_TIMEOUT
 				   * is on (else NULL); written under `submit_lock` */
+	/* Notifications to send once no task is in flight, oldest first, under
+	 * `submit_lock`. The call that sees the batch end sends them before it
+	 * returns, as Mooncake does, so that a caller told a transfer is done
+	 * knows the peer has its notification (and the peer gets successive
+	 * notifications in order). */
+	struct mc_notify *notify_head, **notify_tail;
 	unsigned refs;            /* under the engine's lock */
 	int freed;                /* under the engine's lock */
 	struct mc_batch *next;
@@ -75,6 +89,7 @@ struct mc_engine {
 	struct mc_transport *transports;
 	atomic_int graceful;
 	int slice_timeout_s;  /* MC_SLICE_TIMEOUT at creation; 0: off */
+	atomic_int notify_pending; /* batches with notifications left: status polls look only then */
 	/* MC_TE_METRIC's reporter: started with the engine when asked for,
 	 * stopped and joined before the engine goes. */
 	pthread_t metric_thread;
@@ -88,6 +103,12 @@ struct mc_engine {
 /* A handle from the caller, checked: NULL, and a transport handle passed by
  * mistake (both are void * in Mooncake's API), are refused. */
 struct mc_engine *engine_of(const char *fn, transfer_engine_t h);
+
+/* Sends a batch's pending notifications when no task of it is in flight
+ * (`force`: without asking libte, the caller knows), under its submit_lock. */
+void batch_notify_flush(const char *fn, struct mc_engine *e, struct mc_batch *b, int force);
+/* Frees a batch record and the notifications it still holds. */
+void batch_destroy(struct mc_batch *b);
 
 /* MC_TE_METRIC's reporter (metrics.c): started by createTransferEngine when
  * the variable asks for it, stopped before the engine goes. */

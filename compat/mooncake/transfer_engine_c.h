@@ -401,8 +401,12 @@ int submitTransfer(transfer_engine_t engine, batch_id_t batch_id,
  * As submitTransfer(), and once every task of the batch has ended (completed
  * or not), sends `notify_msg` to the owner of entries[0].target_id, carrying
  * notify_msg.name as the sender's name (NULL: this engine's segment name).
- * The notification is queued only when every request started (return 0), as
- * Mooncake does. count 0 or a NULL msg is refused (status 1).
+ * As in Mooncake, the getTransferStatus() call that sees the batch end sends
+ * it before it returns, so the peer has it when the caller learns the task
+ * ended, and one sender's notifications arrive in order; freeBatchID() sends
+ * one that no such call sent. The notification is kept only when every
+ * request started (return 0), as Mooncake does. count 0 or a NULL msg is
+ * refused (status 1); no memory to keep it, status 302 (the requests run).
  */
 int submitTransferWithNotify(transfer_engine_t engine, batch_id_t batch_id,
 			     struct transfer_request *entries, size_t count,

@@ -83,6 +83,23 @@ static int wait_notify(transfer_engine_t e, char *name, size_t nlen, char *msg, 
 	return 0;
 }
 
+/* One fetch, no waiting: the number of notifications taken, the first one's
+ * sender and text copied out. */
+static int take_notify(transfer_engine_t e, char *name, size_t nlen, char *msg, size_t mlen)
+{
+	int n = -1;
+	notify_msg_t *list = getNotifsFromEngine(e, &n);
+
+	if (list == NULL) {
+		CHECK_EQ(n, 0);
+		return 0;
+	}
+	snprintf(name, nlen, "%s", list[0].name);
+	snprintf(msg, mlen, "%s", list[0].msg);
+	CHECK_EQ(freeNotifsMsgBuf(list, n), 0);
+	return n;
+}
+
 /* --------------------------------------------------------- in one process */
 
 #define BUF (8u << 20)
@@ -267,12 +284,25 @@ static void test_notify(void)
 	REQUIRE(b != INVALID_BATCH);
 	notify_msg_t done = { (char *)"writer-7", (char *)"done-1" };
 	CHECK_EQ(submitTransferWithNotify(A, b, &r, 1, done), 0);
-	CHECK_EQ(wait_notify(B, name, sizeof name, msg, sizeof msg), 1);
+	CHECK_EQ(wait_tasks(A, b, 1), STATUS_COMPLETED);
+	/* sent by the status call that saw the batch end, before it returned */
+	CHECK_EQ(take_notify(B, name, sizeof name, msg, sizeof msg), 1);
 	CHECK(strcmp(name, "writer-7") == 0);
 	CHECK(strcmp(msg, "done-1") == 0);
 	CHECK(matches(tbuf, 1 << 20, 3));
-	CHECK_EQ(wait_tasks(A, b, 1), STATUS_COMPLETED);
 	CHECK_EQ(freeBatchID(A, b), 0);
+	/* not polled to its end: freeBatchID sends it */
+	b = allocateBatchID(A, 1);
+	REQUIRE(b != INVALID_BATCH);
+	done.msg = (char *)"done-2";
+	CHECK_EQ(submitTransferWithNotify(A, b, &r, 1, done), 0);
+	long long until = now_ms() + 20000;
+	int rc;
+	while ((rc = freeBatchID(A, b)) == MC_STATUS_CODE_BATCH_BUSY && now_ms() < until)
+		sleep_ms(1);
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(take_notify(B, name, sizeof name, msg, sizeof msg), 1);
+	CHECK(strcmp(msg, "done-2") == 0);
 
 	/* bad input */
 	m.name = (char *)"x";
@@ -614,6 +644,169 @@ static void test_segment_cache(void)
 	free(r4);
 }
 
+/* Takes e's notifications at once (they arrive before the sender's transfer
+ * reads done) and checks there is one, from whom and what. */
+static void expect_notify(transfer_engine_t e, const char *name, const char *msg)
+{
+	char got_name[64] = "", got_msg[64] = "";
+
+	CHECK_EQ(take_notify(e, got_name, sizeof got_name, got_msg, sizeof got_msg), 1);
+	CHECK(strcmp(got_name, name) == 0);
+	CHECK(strcmp(got_msg, msg) == 0);
+}
+
+/* Polls every task of b until none is WAITING or PENDING and requires all
+ * COMPLETED, one getTransferStatus per task as NIXL's checkXfer does. */
+static void expect_done(transfer_engine_t e, batch_id_t b, size_t n)
+{
+	CHECK_EQ(wait_tasks(e, b, n), STATUS_COMPLETED);
+	for (size_t i = 0; i < n; i++) {
+		transfer_status_t st;
+		CHECK_EQ(getTransferStatus(e, b, i, &st), 0);
+		CHECK_EQ(st.status, STATUS_COMPLETED);
+	}
+}
+
+/* The calls NIXL's Mooncake backend makes, in its order and with its
+ * arguments: engines made with an empty ip_or_host_name and auto discovery
+ * and never given a transport by hand, the peer named by the string
+ * getLocalIpAndPort wrote into 64 bytes, memory registered as "*", one batch
+ * of 1024 tasks per posted transfer, a notification naming the sending agent
+ * (which the receiver reports as the remote agent), a transfer of more
+ * descriptors than the batch holds refused whole, and transfers to the
+ * engine's own name (NIXL's transfers inside one agent). */
+static void test_nixl_calls(void)
+{
+	enum { DESCS = 64, DESC = 4096, LEN = DESCS * DESC, MAX_REQS = 1024 };
+	static transfer_request_t reqs[MAX_REQS + 1];
+	transfer_engine_t n1, n2;
+	char conn1[64], conn2[64];
+	unsigned char *b1, *b2;
+	segment_id_t to2, self;
+	batch_id_t b;
+	int count = -1;
+
+	n1 = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+	n2 = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+	REQUIRE(n1 != NULL && n2 != NULL);
+	CHECK_EQ(getLocalIpAndPort(n1, conn1, sizeof conn1), 0);
+	CHECK_EQ(getLocalIpAndPort(n2, conn2, sizeof conn2), 0);
+	CHECK(strncmp(conn2, "127.0.0.1:", 10) == 0);
+	b1 = calloc(1, 2 * LEN);
+	b2 = calloc(1, LEN);
+	REQUIRE(b1 != NULL && b2 != NULL);
+	CHECK_EQ(registerLocalMemory(n1, b1, 2 * LEN, "*", 1), 0);
+	CHECK_EQ(registerLocalMemory(n2, b2, LEN, "*", 1), 0);
+	to2 = openSegment(n1, conn2);
+	CHECK(to2 > 0);
+
+	/* WRITE with a notification: the data is there when it arrives */
+	fill(b1, LEN, 11);
+	for (int i = 0; i < DESCS; i++)
+		reqs[i] = (transfer_request_t){ OPCODE_WRITE, b1 + i * DESC, to2,
+						(uint64_t)(uintptr_t)(b2 + i * DESC), DESC };
+	b = allocateBatchID(n1, MAX_REQS);
+	REQUIRE(b != INVALID_BATCH);
+	notify_msg_t notif = { (char *)"Agent1", (char *)"test" };
+	CHECK_EQ(submitTransferWithNotify(n1, b, reqs, DESCS, notif), 0);
+	expect_done(n1, b, DESCS);
+	expect_notify(n2, "Agent1", "test");
+	CHECK(matches(b2, LEN, 11));
+	CHECK_EQ(freeBatchID(n1, b), 0);
+
+	/* NIXL's checkXfer spins on getTransferStatus and its peer acts on the
+	 * notification: once the last task reads COMPLETED the notification is
+	 * in the peer's queue, and successive ones come in order. */
+	for (int round = 0; round < 100; round++) {
+		char want[16];
+		transfer_status_t st;
+		long long until = now_ms() + 20000;
+
+		snprintf(want, sizeof want, "n%d", round);
+		b = allocateBatchID(n1, MAX_REQS);
+		REQUIRE(b != INVALID_BATCH);
+		notif.msg = want;
+		CHECK_EQ(submitTransferWithNotify(n1, b, reqs, 1, notif), 0);
+		do
+			CHECK_EQ(getTransferStatus(n1, b, 0, &st), 0);
+		while ((st.status == STATUS_WAITING || st.status == STATUS_PENDING) &&
+		       now_ms() < until);
+		CHECK_EQ(st.status, STATUS_COMPLETED);
+		expect_notify(n2, "Agent1", want);
+		CHECK_EQ(freeBatchID(n1, b), 0);
+	}
+	notif.msg = (char *)"test";
+
+	/* READ back into the second half, with a notification to the target */
+	for (int i = 0; i < DESCS; i++) {
+		reqs[i].opcode = OPCODE_READ;
+		reqs[i].source = b1 + LEN + i * DESC;
+	}
+	b = allocateBatchID(n1, MAX_REQS);
+	REQUIRE(b != INVALID_BATCH);
+	notif.msg = (char *)"read-done";
+	CHECK_EQ(submitTransferWithNotify(n1, b, reqs, DESCS, notif), 0);
+	expect_done(n1, b, DESCS);
+	CHECK(memcmp(b1 + LEN, b1, LEN) == 0);
+	expect_notify(n2, "Agent1", "read-done");
+	CHECK_EQ(freeBatchID(n1, b), 0);
+
+	/* genNotif: a notification alone, answered from the other side */
+	to2 = openSegment(n1, conn2); /* loadRemoteConnInfo again: same id */
+	CHECK(to2 > 0);
+	notif = (notify_msg_t){ (char *)"Agent1", (char *)"gen" };
+	CHECK_EQ(genNotifyInEngine(n1, (uint64_t)to2, notif), 0);
+	expect_notify(n2, "Agent1", "gen");
+	segment_id_t to1 = openSegment(n2, conn1);
+	CHECK(to1 > 0);
+	notif = (notify_msg_t){ (char *)"Agent2", (char *)"back" };
+	CHECK_EQ(genNotifyInEngine(n2, (uint64_t)to1, notif), 0);
+	expect_notify(n1, "Agent2", "back");
+
+	/* more descriptors than a batch holds: refused whole, nothing sent
+	 * (8 bytes each, to places of their own: the tasks run in parallel) */
+	for (int i = 0; i <= MAX_REQS; i++)
+		reqs[i] = (transfer_request_t){ OPCODE_WRITE, b1 + i * 8, to2,
+						(uint64_t)(uintptr_t)(b2 + i * 8), 8 };
+	b = allocateBatchID(n1, MAX_REQS);
+	REQUIRE(b != INVALID_BATCH);
+	notif = (notify_msg_t){ (char *)"Agent1", (char *)"too-many" };
+	CHECK_EQ(submitTransferWithNotify(n1, b, reqs, MAX_REQS + 1, notif),
+		 MC_STATUS_CODE_TOO_MANY_REQUESTS);
+	memset(b2, 0, MAX_REQS * 8);
+	CHECK_EQ(submitTransferWithNotify(n1, b, reqs, MAX_REQS, notif), 0);
+	expect_done(n1, b, MAX_REQS);
+	CHECK(memcmp(b2, b1, MAX_REQS * 8) == 0);
+	expect_notify(n2, "Agent1", "too-many");
+	CHECK_EQ(freeBatchID(n1, b), 0);
+	sleep_ms(50);
+	CHECK(getNotifsFromEngine(n2, &count) == NULL); /* exactly one came */
+	CHECK_EQ(count, 0);
+	CHECK_EQ(freeNotifsMsgBuf(NULL, count), 0);
+
+	/* inside one agent: the engine's own name is its local segment */
+	self = openSegment(n1, conn1);
+	CHECK_EQ(self, LOCAL_SEGMENT);
+	memset(b1 + LEN, 0, LEN);
+	reqs[0] = (transfer_request_t){ OPCODE_WRITE, b1, self,
+					(uint64_t)(uintptr_t)(b1 + LEN), LEN };
+	b = allocateBatchID(n1, MAX_REQS);
+	REQUIRE(b != INVALID_BATCH);
+	notif = (notify_msg_t){ (char *)"Agent1", (char *)"local" };
+	CHECK_EQ(submitTransferWithNotify(n1, b, reqs, 1, notif), 0);
+	expect_done(n1, b, 1);
+	CHECK(memcmp(b1 + LEN, b1, LEN) == 0);
+	expect_notify(n1, "Agent1", "local");
+	CHECK_EQ(freeBatchID(n1, b), 0);
+
+	CHECK_EQ(unregisterLocalMemory(n1, b1), 0);
+	CHECK_EQ(unregisterLocalMemory(n2, b2), 0);
+	destroyTransferEngine(n1);
+	destroyTransferEngine(n2);
+	free(b1);
+	free(b2);
+}
+
 static void run_in_process(void)
 {
 	TEST_RUN(test_create);
@@ -629,6 +822,7 @@ static void run_in_process(void)
 	TEST_RUN(test_threads);
 	TEST_RUN(test_transports);
 	TEST_RUN(test_segment_cache);
+	TEST_RUN(test_nixl_calls);
 	destroyTransferEngine(A);
 	destroyTransferEngine(B);
 	free(src);

@@ -15,6 +15,13 @@ figure, the same run's rate for large blocks (--large-block bytes each,
     python3 kv.py --impl libte            # libte.mooncake
     python3 kv.py --impl mooncake         # Mooncake's module (must not be libte's)
     python3 kv.py --impl both --rounds 3  # alternating rounds, medians
+    python3 kv.py --api arrays,prepared   # libte's own calls beside the lists
+
+With --api, libte.mooncake's engine also moves the same request through
+libte's own Python calls on the same engine and segment: `arrays` is
+Engine.write_many() with the addresses as array('Q') (no Python object per
+descriptor), `prepared` posts lists prepared once (Engine.prepare(),
+Batch.submit_prepared()) and waits for the batch.
 
 Defaults: 32 layers x K/V, 8 KV heads / TP 8 x head dim 128 x 2-byte dtype x
 16-token blocks = 4 KiB per block and layer; 128, 1024 and 8192 tokens, that
@@ -22,6 +29,7 @@ is 512, 4096 and 32768 descriptors per request.
 """
 
 import argparse
+import array
 import ctypes
 import json
 import os
@@ -103,6 +111,42 @@ def timed(e, session, src, dst, lens, min_iters, min_seconds):
     return statistics.median(times)
 
 
+def timed_call(fn, min_iters, min_seconds):
+    """Median seconds per call of fn() (after one warm-up call)."""
+    fn()
+    times, start = [], time.perf_counter()
+    while len(times) < min_iters or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def libte_calls(e, session, src, dst, block, a):
+    """Seconds per request through libte's own calls ({api: seconds})."""
+    import libte
+    eng = e._engine  # the libte.Engine under libte.mooncake's TransferEngine
+    seg = e._segment(session)
+    if eng is None or seg is None:
+        sys.exit("kv.py: libte.mooncake's engine or segment is not open")
+    out = {}
+    if "arrays" in a.api:
+        s_arr, d_arr = array.array("Q", src), array.array("Q", dst)
+        out["arrays"] = timed_call(lambda: eng.write_many(seg, s_arr, d_arr, block), a.min_iters, a.min_seconds)
+    if "prepared" in a.api:
+        local = eng.prepare(libte.LOCAL_SEGMENT, array.array("Q", src), block)
+        remote = eng.prepare(seg, array.array("Q", dst), block)
+
+        def post():
+            b = eng.batch(len(src))
+            b.submit_prepared(libte.WRITE, local, remote, count=len(src))
+            b.wait()
+            b.check()
+            b.free()
+        out["prepared"] = timed_call(post, a.min_iters, a.min_seconds)
+    return out
+
+
 def serve_args(a):
     """What the decode process needs to know: the implementation and the sizes."""
     return ["--impl", a.impl, "--layers", str(a.layers), "--kv-heads", str(a.kv_heads),
@@ -137,7 +181,10 @@ def one_round(a):
                 dst += [peer["kv"][i] + 2 * b * block for b in range(n)]
             lens = [block] * len(src)
             t = timed(e, session, src, dst, lens, a.min_iters, a.min_seconds)
-            rows.append({"tokens": tokens, "descriptors": len(src), "bytes": len(src) * block, "seconds": t})
+            row = {"tokens": tokens, "descriptors": len(src), "bytes": len(src) * block, "seconds": t}
+            if a.api and a.impl == "libte":
+                row["api"] = libte_calls(e, session, src, dst, block, a)
+            rows.append(row)
         e.batch_unregister_memory(kv_ptrs + large_ptrs)
     finally:
         if child.poll() is None:
@@ -170,6 +217,10 @@ def report(results, a):
             row = mine[0]["rows"][j]
             print(f"{impl:10} {tokens:7d} {row['descriptors']:7d} {t * 1e3:9.2f} {t / tokens * 1e6:9.2f} "
                   f"{row['descriptors'] / t:11.0f} {row['bytes'] / t / 1e9:7.2f} {large:11.2f} {len(mine):6d}")
+            for api in a.api if impl == "libte" else []:
+                t = statistics.median(r["rows"][j]["api"][api] for r in mine)
+                print(f"{'  ' + api:10} {tokens:7d} {row['descriptors']:7d} {t * 1e3:9.2f} {t / tokens * 1e6:9.2f} "
+                      f"{row['descriptors'] / t:11.0f} {row['bytes'] / t / 1e9:7.2f} {large:11.2f} {len(mine):6d}")
     for impl in impls:
         print(f"# {impl}: {next(r['module'] for r in results if r['impl'] == impl)}")
 
@@ -192,10 +243,15 @@ def main():
     p.add_argument("--rounds", type=int, default=1, help="rounds per implementation")
     p.add_argument("--min-iters", type=int, default=5, help="requests timed per size and round, at least")
     p.add_argument("--min-seconds", type=float, default=0.5, help="time spent per size and round, at least")
+    p.add_argument("--api", default="", help="with libte: also time libte's own calls, comma-separated: "
+                   "arrays (write_many with array('Q')), prepared (prepared lists)")
     p.add_argument("--json", action="store_true", help="one JSON object per round instead of the table")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     a.tokens = [int(t) for t in a.tokens.split(",")]
+    a.api = [x for x in a.api.split(",") if x]
+    if any(x not in ("arrays", "prepared") for x in a.api):
+        p.error("--api takes arrays and/or prepared")
     if a.kv_heads % a.tp or min(a.tokens) <= 0 or a.layers <= 0:
         p.error("kv-heads must be a multiple of tp; tokens and layers positive")
     if a.serve:

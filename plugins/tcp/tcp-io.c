@@ -309,8 +309,14 @@ static gpointer thread_main(gpointer data)
 	tcp_thread *t = data;
 	struct epoll_event ev[EVENTS];
 	GPtrArray *g = g_ptr_array_sized_new(64);
-	const int64_t spin_ns = t->ctx->cfg.spin_ns;
-	int64_t busy_at = 0;
+	const te_spin_policy *sp = &t->ctx->cfg.spin;
+	te_spin_state learn = { 0 };
+	/* After serving a peer's request the thread looks for the next one for
+	 * a while (spin_ns, learned) before it sleeps: back-to-back requests
+	 * then find it awake. busy_at: when it last served one; idle: it has
+	 * found nothing to serve since (a wait the next request ends). */
+	int64_t busy_at = 0, spin_ns = 0;
+	bool idle = false, slept = false;
 
 	tls_grave = g;
 	t->next_scan = INT64_MAX;
@@ -337,9 +343,12 @@ static gpointer thread_main(gpointer data)
 		if (atomic_load(&t->stop))
 			break;
 
-		/* TE_SPIN_US: for that long after it last served a request the
-		 * thread looks without sleeping (kickers need not ring it then). */
+		/* While it looks, kickers need not ring it. */
 		bool spin = spin_ns > 0 && now_ns() - busy_at < spin_ns;
+		if (!spin && spin_ns > 0) {
+			te_spin_end(sp, spin_ns);
+			spin_ns = 0;
+		}
 		if (!spin)
 			atomic_store(&t->sleeping, 1);
 		int64_t now = tcp_now_ms();
@@ -352,7 +361,10 @@ static gpointer thread_main(gpointer data)
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
 		if (spin && n == 0)
-			sched_yield(); /* the core may be the one a thread with work for us waits for */
+			te_spin_pause(); /* the core may be the one a thread with work for us waits for */
+		if (timeout != 0)
+			slept = true;
+		int64_t woke = now_ns();
 		bool served = false;
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
@@ -388,9 +400,18 @@ static gpointer thread_main(gpointer data)
 		}
 		/* Only a thread serving peers' requests spins: on the initiating
 		 * side the waiting caller does (a reply it collects itself still
-		 * raises its connection's edge here). */
-		if (served && spin_ns > 0)
+		 * raises its connection's edge here). A request that ends a wait
+		 * teaches the look: caught while looking, or how long after. */
+		if (served) {
+			if (idle)
+				te_spin_learn(sp, &learn, !slept, woke - busy_at);
+			te_spin_end(sp, spin_ns);
 			busy_at = now_ns();
+			spin_ns = te_spin_begin(sp, &learn);
+			idle = slept = false;
+		} else {
+			idle = true;
+		}
 		now = tcp_now_ms();
 		if (active)
 			t->next_scan = MIN(t->next_scan, now + SCAN_MS);
@@ -398,6 +419,7 @@ static gpointer thread_main(gpointer data)
 			t->next_scan = scan(t, now);
 		finalize_all(g);
 	}
+	te_spin_end(sp, spin_ns);
 	shutdown_all(t);
 	finalize_all(g);
 	tls_grave = NULL;

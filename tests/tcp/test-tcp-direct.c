@@ -9,6 +9,7 @@
  */
 #include <pthread.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <te/te.h>
 
@@ -240,6 +241,45 @@ static void test_short_timeout(void)
 	pair_down(&p);
 }
 
+/* Times the calling thread slept (voluntary context switches) over
+ * `rounds` 4 KiB reads waited for one at a time, with both engines at
+ * TE_SPIN_US=`spin`. */
+static long sleeps_over_reads(const char *spin, int rounds)
+{
+	te_option o[] = { { "TE_SPIN_US", spin } };
+	pair p;
+	pair_up(&p, o, 1, 1);
+	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
+	struct rusage a, z;
+	for (int i = -20; i < rounds; i++) { /* 20 first: connected, learned */
+		if (i == 0)
+			getrusage(RUSAGE_THREAD, &a);
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
+		te_batch_free(p.a, b);
+	}
+	getrusage(RUSAGE_THREAD, &z);
+	pair_down(&p);
+	return z.ru_nvcsw - a.ru_nvcsw;
+}
+
+/* TE_SPIN_US=0 never spins: a waiting caller sleeps for most replies (the
+ * target's I/O thread sleeps too, and its wake-up takes longer than the
+ * caller's way to its own sleep; a reply that is back before the caller
+ * looks is found without one). Set to 1000, the caller finds nearly every
+ * reply while it looks, so the count tells the two apart. */
+static void test_spin_off(void)
+{
+	enum { ROUNDS = 200 };
+	long off = sleeps_over_reads("0", ROUNDS);
+	long on = sleeps_over_reads("1000", ROUNDS);
+	fprintf(stderr, "  sleeps over %d waits: %ld with TE_SPIN_US=0, %ld with 1000\n", ROUNDS, off, on);
+	CHECK(off >= ROUNDS / 4);
+	CHECK(on < off / 2);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -250,5 +290,6 @@ int main(void)
 	TEST_RUN(test_mixed_one_connection);
 	TEST_RUN(test_mixed_spin);
 	TEST_RUN(test_mixed_no_direct);
+	TEST_RUN(test_spin_off);
 	return check_done();
 }

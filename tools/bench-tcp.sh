@@ -4,10 +4,15 @@
 # (loopback mode), READ and WRITE, beside single-stream iperf3 at the same
 # write size, in alternating rounds: each round runs iperf3 and then every
 # te-bench case, so that a change in the machine's load weighs on both.
-# Prints, per case, the median, min and max over the rounds, the ratio of
-# the medians to iperf3's and the lowest ratio of a round to its own iperf3
-# run; then the 4 KiB one-at-a-time latency (batch 1, two processes) beside
-# UCX's ucp_put_lat over TCP when ucx_perftest is installed.
+# iperf3 sends one cached buffer over and over; te-bench's batch spans
+# block x batch bytes of distinct memory on each side, so each round also
+# runs a raw TCP stream over that much memory (tools/latency-pingpong
+# `stream`), the wire's speed for memory that is not in the cache.
+# Prints, per case, the median, min and max over the rounds, the ratios of
+# the medians to iperf3's and to the raw stream's with the lowest ratio of a
+# round to its own reference run; then the 4 KiB one-at-a-time latency
+# (batch 1, two processes) beside UCX's ucp_put_lat over TCP when
+# ucx_perftest is installed.
 #
 #   tools/bench-tcp.sh [BUILD_DIR]         (default: build)
 #
@@ -22,6 +27,7 @@ set -euo pipefail
 
 build=${1:-build}
 bench=$build/tools/te-bench/te-bench
+pingpong=$build/tools/latency-pingpong/pingpong
 duration=${DURATION:-5}
 runs=${RUNS:-5}
 sizes=${SIZES:-1048576}
@@ -34,6 +40,7 @@ latency=${LATENCY:-1}
 [ -x "$bench" ] || { echo "bench-tcp: $bench not found; build first (meson setup $build && ninja -C $build)" >&2; exit 1; }
 command -v iperf3 >/dev/null || { echo "bench-tcp: iperf3 is not installed" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "bench-tcp: python3 is not installed" >&2; exit 1; }
+[ -x "$pingpong" ] || { echo "bench-tcp: $pingpong not found; build first" >&2; exit 1; }
 [ -n "${TE_PLUGIN_PATH:-}" ] || export TE_PLUGIN_PATH="$build/plugins/tcp"
 
 tmp=$(mktemp -d)
@@ -94,6 +101,15 @@ d = json.load(open(sys.argv[1]))
 print(json.dumps({"kind": "iperf3", "size": int(sys.argv[2]), "round": int(sys.argv[3]),
                   "gbs": d["end"]["sum_received"]["bits_per_second"] / 8e9}))
 EOF
+		span=$((size * batch * threads))
+		span=$(((span + 1048575) / 1048576 * 1048576))
+		"$pingpong" stream "$span" "$duration" >"$tmp/stream.json"
+		python3 - "$tmp/stream.json" "$size" "$run" >>"$results" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(json.dumps({"kind": "stream", "size": int(sys.argv[2]), "round": int(sys.argv[3]), "gbs": d["gb_per_s"],
+                  "span": d["span"]}))
+EOF
 		for mode in $modes; do
 			for op in $ops; do
 				tebench "$mode" "$op" "$size" "$batch" "$duration" >"$tmp/tb.json"
@@ -121,25 +137,35 @@ ip = {}
 for r in rows:
     if r["kind"] == "iperf3":
         ip.setdefault(r["size"], {})[r["round"]] = r["gbs"]
+st = {}
+for r in rows:
+    if r["kind"] == "stream":
+        st.setdefault(r["size"], {})[r["round"]] = r["gbs"]
 tb = {}
 for r in rows:
     if r["kind"] == "te-bench":
         tb.setdefault((r["size"], r["mode"], r["op"]), []).append(r)
 print("| block | mode | op | te-bench GB/s median (min-max of rounds) | slowest second .. fastest | "
-      "iperf3 GB/s median (min-max) | ratio of medians | lowest round ratio |")
-print("|---|---|---|---|---|---|---|---|")
+      "iperf3 GB/s median (min-max) | raw stream GB/s median (min-max) | te-bench / iperf3 (lowest round) | "
+      "te-bench / raw stream (lowest round) |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (size, mode, op), v in sorted(tb.items()):
     g = [x["gbs"] for x in v]
     i = list(ip[size].values())
-    rr = [x["gbs"] / ip[size][x["round"]] for x in v]
-    print("| %s | %s | %s | %.2f (%.2f-%.2f) | %.2f .. %.2f | %.2f (%.2f-%.2f) | %.2f | %.2f |" % (
+    s = list(st[size].values())
+    ri = [x["gbs"] / ip[size][x["round"]] for x in v]
+    rs = [x["gbs"] / st[size][x["round"]] for x in v]
+    print("| %s | %s | %s | %.2f (%.2f-%.2f) | %.2f .. %.2f | %.2f (%.2f-%.2f) | %.2f (%.2f-%.2f) | %.2f (%.2f) | %.2f (%.2f) |" % (
         size_name(size), mode, op, med(g), min(g), max(g), min(x["sec_min"] for x in v),
-        max(x["sec_max"] for x in v), med(i), min(i), max(i), med(g) / med(i), min(rr)))
+        max(x["sec_max"] for x in v), med(i), min(i), max(i), med(s), min(s), max(s), med(g) / med(i), min(ri),
+        med(g) / med(s), min(rs)))
 print()
 print("Rounds: %d; each round ran iperf3 (one stream, writes of the block size up to 1 MiB) and then every "
       "te-bench case." % len(next(iter(ip.values()))))
 for s, v in sorted(ip.items()):
     print("iperf3 %s, GB/s by round: %s" % (size_name(s), ", ".join("%.2f" % v[k] for k in sorted(v))))
+for s, v in sorted(st.items()):
+    print("raw stream, %s blocks, GB/s by round: %s" % (size_name(s), ", ".join("%.2f" % v[k] for k in sorted(v))))
 for (size, mode, op), v in sorted(tb.items()):
     print("te-bench %s %s %s, GB/s by round: %s" % (size_name(size), mode, op,
                                                  ", ".join("%.2f" % x["gbs"] for x in sorted(v, key=lambda x: x["round"]))))

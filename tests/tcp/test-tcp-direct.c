@@ -7,7 +7,9 @@
  * another thread, status polls, several callers on one connection, and the
  * spin option; every byte and every completion is checked.
  */
+#include <dirent.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -280,6 +282,79 @@ static void test_spin_off(void)
 	CHECK(on < off / 2);
 }
 
+/* Wake-ups (voluntary and involuntary switches) and CPU clock ticks of this
+ * process's TCP I/O threads so far. */
+static void io_threads_usage(long *switches, long *ticks)
+{
+	*switches = *ticks = 0;
+	DIR *d = opendir("/proc/self/task");
+	REQUIRE(d != NULL);
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL) {
+		if (de->d_name[0] == '.')
+			continue;
+		char path[300], comm[32] = "", line[256];
+		snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			continue; /* ended meanwhile */
+		bool io = fgets(comm, sizeof comm, f) != NULL && strncmp(comm, "te-tcp", 6) == 0;
+		fclose(f);
+		if (!io)
+			continue;
+		snprintf(path, sizeof path, "/proc/self/task/%s/status", de->d_name);
+		if ((f = fopen(path, "r")) != NULL) {
+			long v;
+			while (fgets(line, sizeof line, f) != NULL)
+				if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
+				    sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+					*switches += v;
+			fclose(f);
+		}
+		snprintf(path, sizeof path, "/proc/self/task/%s/stat", de->d_name);
+		if ((f = fopen(path, "r")) != NULL) {
+			unsigned long ut = 0, st = 0;
+			/* after the ")" that ends the name: state is field 3, utime 14 */
+			if (fgets(line, sizeof line, f) != NULL) {
+				char *p = strrchr(line, ')');
+				if (p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+							 &ut, &st) == 2)
+					*ticks += (long)(ut + st);
+			}
+			fclose(f);
+		}
+	}
+	closedir(d);
+}
+
+/* The target's I/O thread looks for the next request after serving one
+ * (adaptive by default); once requests stop it must stop looking: over
+ * half a second after a burst the I/O threads neither wake nor burn CPU. A
+ * thread that kept looking would show as CPU time on an idle machine and
+ * as switches (each look yields) on a busy one. */
+static void test_spin_backs_off(void)
+{
+	pair p;
+	pair_up(&p, NULL, 0, 1);
+	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
+	for (int i = 0; i < 300; i++) {
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
+		te_batch_free(p.a, b);
+	}
+	usleep(300000); /* the last timeout checks after the burst are done */
+	long s0, t0, s1, t1;
+	io_threads_usage(&s0, &t0);
+	usleep(500000);
+	io_threads_usage(&s1, &t1);
+	fprintf(stderr, "  idle I/O threads over 0.5 s: %ld switches, %ld clock ticks\n", s1 - s0, t1 - t0);
+	CHECK(s1 - s0 <= 10);
+	CHECK(t1 - t0 <= sysconf(_SC_CLK_TCK) / 10);
+	pair_down(&p);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -291,5 +366,6 @@ int main(void)
 	TEST_RUN(test_mixed_spin);
 	TEST_RUN(test_mixed_no_direct);
 	TEST_RUN(test_spin_off);
+	TEST_RUN(test_spin_backs_off);
 	return check_done();
 }

@@ -268,6 +268,11 @@ static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t ti
 	bool slept = false;
 	int rc;
 
+	/* The reply is ours to read: its edge must not wake the I/O thread
+	 * (on a machine with few cores that wake-up takes the core the target
+	 * or this thread needs). Muted while we look and while we sleep. */
+	if (cc->state == CS_UP && cc->head != cc->tail)
+		tcp_cconn_set_events(cc, true);
 	for (;;) {
 		if (cc->state != CS_UP || cc->head == cc->tail) {
 			rc = done != NULL && done(arg) ? 0 : -EAGAIN;
@@ -298,7 +303,7 @@ static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t ti
 		te_spin_end(sp, spin);
 		spin = 0;
 		slept = true;
-		tcp_cconn_set_events(cc, true);
+		tcp_cconn_set_events(cc, true); /* (POLLOUT may be wanted now) */
 		caller_sleep(cc, done, arg, end - now);
 	}
 	te_spin_end(sp, spin);
@@ -331,8 +336,14 @@ int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_n
 			rc = caller_wait(cc, done, arg, timeout_ns);
 			if (rc == -EAGAIN && cc->head == cc->tail)
 				tls_direct.c = NULL; /* nothing left there */
-			if (cc->state == CS_UP)
-				tcp_cconn_set_events(cc, false); /* an edge now if bytes wait for the I/O thread */
+			/* An edge now if bytes wait for the I/O thread. With nothing
+			 * on the ring the connection stays muted (a hang-up still
+			 * raises its edge): the next direct submit, or the I/O
+			 * thread once it drives the connection, arms it again, so a
+			 * caller sending request after request pays no epoll_ctl
+			 * here. */
+			if (cc->state == CS_UP && cc->head != cc->tail)
+				tcp_cconn_set_events(cc, false);
 			caller_let_go(cc);
 		}
 	}

@@ -154,6 +154,7 @@ struct tcp_thread {
 	_Atomic(tcp_io *) mailbox;   /* Treiber stack of kicked connections */
 	atomic_int sleeping;
 	atomic_int armed;            /* a caller left work on a connection: check timeouts again */
+	atomic_llong sleep_until;    /* ms: while `sleeping`, it wakes by then on its own (INT64_MAX: maybe never) */
 	atomic_int stop;
 	tcp_io *conns;               /* all connections owned */
 	unsigned n_conns;

@@ -271,10 +271,12 @@ static int64_t scan(tcp_thread *t, int64_t now)
 void tcp_io_arm(tcp_thread *t)
 {
 	/* Pairs with the owner's store of `sleeping` and exchange of `armed`:
-	 * it either sees this or is woken. */
+	 * it either sees this or is woken. A thread asleep with a check due
+	 * within SCAN_MS sees it then: not woken (a caller sending request
+	 * after request itself would otherwise wake it for every one). */
 	if (atomic_exchange(&t->armed, 1))
 		return;
-	if (atomic_load(&t->sleeping)) {
+	if (atomic_load(&t->sleeping) && atomic_load(&t->sleep_until) > tcp_now_ms() + SCAN_MS) {
 		uint64_t one = 1;
 		if (write(t->wake.fd, &one, sizeof one) < 0 && errno != EAGAIN)
 			TLOG(t->ctx, TE_LOG_ERROR, "cannot wake I/O thread %u: %s", t->idx, g_strerror(errno));
@@ -349,8 +351,12 @@ static gpointer thread_main(gpointer data)
 			te_spin_end(sp, spin_ns);
 			spin_ns = 0;
 		}
-		if (!spin)
+		if (!spin) {
+			/* Maybe forever until the timeout is known: an arm that
+			 * comes meanwhile wakes it. */
+			atomic_store(&t->sleep_until, INT64_MAX);
 			atomic_store(&t->sleeping, 1);
+		}
 		int64_t now = tcp_now_ms();
 		if (active || atomic_exchange(&t->armed, 0))
 			t->next_scan = MIN(t->next_scan, now + SCAN_MS);
@@ -358,6 +364,8 @@ static gpointer thread_main(gpointer data)
 		int timeout = t->next_scan == INT64_MAX ? -1 : (int)MIN(MAX(t->next_scan - now, 0), 3600000);
 		if (spin || t->ready != NULL || atomic_load(&t->mailbox) != NULL)
 			timeout = 0;
+		if (timeout >= 0)
+			atomic_store(&t->sleep_until, now + timeout);
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
 		if (spin && n == 0)

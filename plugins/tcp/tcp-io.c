@@ -316,9 +316,12 @@ static gpointer thread_main(gpointer data)
 	/* After serving a peer's request the thread looks for the next one for
 	 * a while (spin_ns, learned) before it sleeps: back-to-back requests
 	 * then find it awake. busy_at: when it last served one; idle: it has
-	 * found nothing to serve since (a wait the next request ends). */
+	 * found nothing to serve since (a wait the next request ends);
+	 * for_request: it then waited for a new request, not for the peer to
+	 * drain replies or send the rest of a body (a wait on bulk data, which
+	 * on a small machine needs the very core a looking thread would hold). */
 	int64_t busy_at = 0, spin_ns = 0;
-	bool idle = false, slept = false;
+	bool idle = false, slept = false, for_request = false;
 
 	tls_grave = g;
 	t->next_scan = INT64_MAX;
@@ -373,7 +376,7 @@ static gpointer thread_main(gpointer data)
 		if (timeout != 0)
 			slept = true;
 		int64_t woke = now_ns();
-		bool served = false;
+		bool served = false, bulk = false;
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
 			g_usleep(10000);
@@ -401,6 +404,9 @@ static gpointer thread_main(gpointer data)
 			case IO_SERVER:
 				if (io->fd >= 0)
 					tcp_sconn_event((tcp_sconn *)io, ev[i].events);
+				/* (one it closed is buried, and waits for nothing) */
+				if (io->fd >= 0 && tcp_sconn_busy((tcp_sconn *)io))
+					bulk = true;
 				served = true;
 				active = true;
 				break;
@@ -411,11 +417,12 @@ static gpointer thread_main(gpointer data)
 		 * raises its connection's edge here). A request that ends a wait
 		 * teaches the look: caught while looking, or how long after. */
 		if (served) {
-			if (idle)
+			if (idle && for_request)
 				te_spin_learn(sp, &learn, !slept, woke - busy_at);
 			te_spin_end(sp, spin_ns);
 			busy_at = now_ns();
-			spin_ns = te_spin_begin(sp, &learn);
+			for_request = !bulk;
+			spin_ns = for_request ? te_spin_begin(sp, &learn) : 0;
 			idle = slept = false;
 		} else {
 			idle = true;

@@ -88,10 +88,27 @@ tebench() {
 		--batch_size="$4" --threads="$threads" --buffer_size="$tbuf" ${TEBENCH_ARGS:-} | tail -n 1
 }
 
+# Waits (at most 60 s) until the CPUs are at least 90 % idle over 2 s; prints
+# the idle share seen, which goes into the log of the run.
+wait_idle() {
+	local a b idle=0 end=$((SECONDS + 60))
+	while [ $SECONDS -lt $end ]; do
+		read -ra a </proc/stat
+		sleep 2
+		read -ra b </proc/stat
+		local tot=0 i
+		for i in 1 2 3 4 5 6 7 8; do tot=$((tot + b[i] - a[i])); done
+		idle=$((100 * (b[4] - a[4]) / (tot > 0 ? tot : 1)))
+		[ $idle -ge 90 ] && break
+	done
+	echo "$idle"
+}
+
 results=$tmp/results
 : >"$results"
 for run in $(seq "$runs"); do
 	for size in $sizes; do
+		idle=$(wait_idle)
 		# iperf3 writes at most 1 MiB at a time
 		isize=$((size > 1048576 ? 1048576 : size))
 		iperf3 -c 127.0.0.1 -p "$port" -l "$isize" -t "$duration" -J >"$tmp/iperf.json"
@@ -123,7 +140,7 @@ print(json.dumps({"kind": "te-bench", "size": int(sys.argv[2]), "round": int(sys
 EOF
 			done
 		done
-		echo "# round $run, $size bytes done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+		echo "# round $run, $size bytes done (CPUs ${idle}% idle before it, load $(cut -d' ' -f1 /proc/loadavg))" >&2
 	done
 done
 
@@ -177,7 +194,9 @@ EOF
 echo
 echo "4 KiB, batch 1, two processes ($runs runs of ${duration} s; p50 / p99 in us):"
 for run in $(seq "$runs"); do
+	idle=$(wait_idle)
 	tebench two-process read 4096 1 "$duration" >"$tmp/lat.$run.json"
+	echo "# latency run $run done (CPUs ${idle}% idle before it)" >&2
 done
 python3 - "$tmp" "$runs" <<'EOF'
 import json, statistics, sys

@@ -20,7 +20,8 @@
 # SIZES (default 1048576), BATCH (default 128), THREADS (default 1),
 # OPS (default "read write"), MODES (default "two-process loopback"),
 # LATENCY (default 1; 0 skips the latency part), TEBENCH_ARGS (extra
-# te-bench flags). TE_* settings in the environment reach every te-bench.
+# te-bench flags), IDLE_WAIT (default 60: the most seconds to wait for idle
+# CPUs before each round). TE_* settings in the environment reach every te-bench.
 # Needs iperf3 and python3. Quiet the machine first: the figures are only as
 # good as the idle CPUs behind them (the load is printed before and after).
 set -euo pipefail
@@ -88,10 +89,11 @@ tebench() {
 		--batch_size="$4" --threads="$threads" --buffer_size="$tbuf" ${TEBENCH_ARGS:-} | tail -n 1
 }
 
-# Waits (at most 60 s) until the CPUs are at least 90 % idle over 2 s; prints
+# Waits (at most IDLE_WAIT s, 60 by default) until the CPUs are at least 90 %
+# idle over 2 s; prints
 # the idle share seen, which goes into the log of the run.
 wait_idle() {
-	local a b idle=0 end=$((SECONDS + 60))
+	local a b idle=0 end=$((SECONDS + ${IDLE_WAIT:-60}))
 	while [ $SECONDS -lt $end ]; do
 		read -ra a </proc/stat
 		sleep 2

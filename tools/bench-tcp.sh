@@ -215,7 +215,7 @@ if command -v ucx_perftest >/dev/null; then
 			UCX_TLS=tcp timeout 120 ucx_perftest -p "$uport" >"$tmp/ucx.server" 2>&1 &
 			spid=$!
 			sleep 0.5
-			UCX_TLS=tcp timeout 120 ucx_perftest 127.0.0.1 -p "$uport" -t ucp_put_lat -s 4096 -n 20000 -w 1000 \
+			UCX_TLS=tcp timeout 120 ucx_perftest 127.0.0.1 -p "$uport" -t ucp_put_lat -s 4096 -n 10000 -w 500 \
 				-R "$rank" >"$tmp/ucx.$run.$rank" 2>&1 || true
 			wait "$spid" 2>/dev/null || true
 		done

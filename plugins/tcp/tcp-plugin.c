@@ -828,8 +828,15 @@ static int tcp_probe(const te_host *h, char *why, size_t why_len)
 static int tcp_report(const te_host *h, char **text)
 {
 	tcp_config cfg;
+	char spin[64];
 
 	read_config(h, &cfg);
+	if (!cfg.spin.adaptive)
+		snprintf(spin, sizeof spin, "%lld us", (long long)(cfg.spin.cap_ns / 1000));
+	else if (cfg.spin.cpus < 2)
+		snprintf(spin, sizeof spin, "never (one usable CPU)");
+	else
+		snprintf(spin, sizeof spin, "learned, up to %lld us", (long long)(cfg.spin.cap_ns / 1000));
 	*text = g_strdup_printf(
 		"TCP transport (Mooncake TCP data protocol v2, v1 for legacy peers)\n"
 		"  I/O threads            %u (TE_TCP_THREADS)\n"
@@ -844,13 +851,12 @@ static int tcp_report(const te_host *h, char **text)
 		"  data port              %s (TE_TCP_PORT)\n"
 		"  data addresses         %s (TE_TCP_RAILS)\n"
 		"  callers send and wait  %s (TE_TCP_DIRECT)\n"
-		"  spin before sleeping   %s%lld us (TE_SPIN_US, 0: off)\n",
+		"  spin before sleeping   %s (TE_SPIN_US, 0: off)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
 		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms,
 		(long long)cfg.probe_max_ms, (long long)cfg.idle_ms, cfg.port ? "fixed" : "any free one",
 		cfg.rails[0] ? cfg.rails : "the engine's address", cfg.direct ? "on an idle connection" : "never",
-		cfg.spin.adaptive && cfg.spin.cpus > 1 ? "adaptive, up to " : cfg.spin.adaptive ? "never (one CPU), " : "",
-		(long long)(cfg.spin.adaptive && cfg.spin.cpus < 2 ? 0 : cfg.spin.cap_ns / 1000));
+		spin);
 	if (*text == NULL)
 		return -ENOMEM;
 	/* The host frees with free(): hand it a malloc()ed copy. */

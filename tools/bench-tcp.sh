@@ -73,7 +73,7 @@ if [[ " $modes " == *" two-process "* ]] || [ "$latency" = 1 ]; then
 		${TEBENCH_ARGS:-} >"$tmp/target.log" 2>&1 &
 	pids+=("$!")
 	for _ in $(seq 100); do
-		target=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.log")
+		target=$(sed -n 's/.*segment name \([^ ]*\) .*/\1/p' "$tmp/target.log" 2>/dev/null || true)
 		[ -n "$target" ] && break
 		sleep 0.1
 	done

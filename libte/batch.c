@@ -881,6 +881,11 @@ int te_batch_status(te_engine *e, te_batch_id id, size_t *submitted, size_t *in_
 	return 0;
 }
 
+atomic_int te_batch_spinners;
+
+/* This thread's look in te_batch_wait before it sleeps, learned. */
+static _Thread_local te_spin_state tls_wait_spin;
+
 int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 {
 	batch_box *box = batch_get(e, id, "te_batch_wait");
@@ -896,21 +901,26 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 		return rc;
 	}
 	rc = 0;
-	/* TE_SPIN_US: a completion within that long is seen without the
-	 * sleep and wake-up (tens of microseconds on a VM). */
-	if (e->spin_us > 0) {
-		gint64 now = g_get_monotonic_time(), until = now + e->spin_us;
+	/* TE_SPIN_US (learned when unset, common/te-spin.h): a completion
+	 * within that long is seen without the sleep and wake-up (tens of
+	 * microseconds on a VM). */
+	gint64 start = g_get_monotonic_time();
+	int64_t spin = te_spin_begin(&e->spin, &tls_wait_spin);
+	bool hit = false;
+	if (spin > 0) {
+		gint64 until = start + spin / 1000;
 		if (timeout_ms >= 0 && end < until)
 			until = end;
-		for (unsigned i = 1; atomic_load(&b->inflight) > 0; i++) {
+		for (unsigned i = 1; !(hit = atomic_load(&b->inflight) == 0); i++) {
 			if (i % 64 == 0) {
 				if (g_get_monotonic_time() >= until)
 					break;
 				/* the thread completing it may wait for this core */
-				sched_yield();
+				te_spin_pause();
 			}
 			te_cpu_relax();
 		}
+		te_spin_end(&e->spin, spin);
 	}
 	g_mutex_lock(&b->lock);
 	b->waiters++;
@@ -924,6 +934,8 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 	}
 	b->waiters--;
 	g_mutex_unlock(&b->lock);
+	if (rc == 0)
+		te_spin_learn(&e->spin, &tls_wait_spin, hit, (g_get_monotonic_time() - start) * 1000);
 	box_unref(box);
 	return rc;
 }

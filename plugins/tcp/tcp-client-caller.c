@@ -251,38 +251,63 @@ static void caller_sleep(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t 
 		sleeper_put(c, s);
 }
 
+/* This thread's look before it sleeps, learned from its waits. */
+static _Thread_local te_spin_state tls_spin;
+
 /* Drives the connection until done(arg), the time is up, or nothing of
  * ours can be on it any more (its ring is empty: -EAGAIN, the host waits
- * its usual way). */
+ * its usual way). Looks for the reply for a while first (TE_SPIN_US,
+ * adaptive by default), then sleeps; a wait that ends in the reply teaches
+ * the look how long it should be. */
 static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t timeout_ns)
 {
-	tcp_ctx *c = cc->peer->ctx;
+	const te_spin_policy *sp = &cc->peer->ctx->cfg.spin;
 	int64_t start = now_ns();
 	int64_t end = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
-	int64_t spin_end = start + c->cfg.spin_ns;
+	int64_t spin = te_spin_begin(sp, &tls_spin), spin_end = start + spin;
+	bool slept = false;
+	int rc;
 
+	/* The reply is ours to read: its edge must not wake the I/O thread
+	 * (on a machine with few cores that wake-up takes the core the target
+	 * or this thread needs). Muted while we look and while we sleep. */
+	if (cc->state == CS_UP && cc->head != cc->tail)
+		tcp_cconn_set_events(cc, true);
 	for (;;) {
-		if (cc->state != CS_UP || cc->head == cc->tail)
-			return done != NULL && done(arg) ? 0 : -EAGAIN;
-		int rc = caller_turn(cc);
-		if (done == NULL || done(arg))
-			return 0;
-		if (rc != 0)
+		if (cc->state != CS_UP || cc->head == cc->tail) {
+			rc = done != NULL && done(arg) ? 0 : -EAGAIN;
+			break;
+		}
+		int moved = caller_turn(cc);
+		if (done == NULL || done(arg)) {
+			if (done != NULL)
+				te_spin_learn(sp, &tls_spin, !slept, now_ns() - start);
+			rc = 0;
+			break;
+		}
+		if (moved != 0)
 			continue;
 		int64_t now = now_ns();
-		if (now >= end)
-			return -ETIMEDOUT;
+		if (now >= end) {
+			rc = -ETIMEDOUT;
+			break;
+		}
 		if (now < spin_end) {
 			/* Yield, not just pause: a thread that has work for us (the
 			 * target's, on a machine with few cores) may be waiting for
 			 * this very core; a spinner that keeps it only adds its spin
 			 * to the round trip. */
-			sched_yield();
+			te_spin_pause();
 			continue;
 		}
-		tcp_cconn_set_events(cc, true);
+		te_spin_end(sp, spin);
+		spin = 0;
+		slept = true;
+		tcp_cconn_set_events(cc, true); /* (POLLOUT may be wanted now) */
 		caller_sleep(cc, done, arg, end - now);
 	}
+	te_spin_end(sp, spin);
+	return rc;
 }
 
 int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_ns)
@@ -311,8 +336,14 @@ int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_n
 			rc = caller_wait(cc, done, arg, timeout_ns);
 			if (rc == -EAGAIN && cc->head == cc->tail)
 				tls_direct.c = NULL; /* nothing left there */
-			if (cc->state == CS_UP)
-				tcp_cconn_set_events(cc, false); /* an edge now if bytes wait for the I/O thread */
+			/* An edge now if bytes wait for the I/O thread. With nothing
+			 * on the ring the connection stays muted (a hang-up still
+			 * raises its edge): the next direct submit, or the I/O
+			 * thread once it drives the connection, arms it again, so a
+			 * caller sending request after request pays no epoll_ctl
+			 * here. */
+			if (cc->state == CS_UP && cc->head != cc->tail)
+				tcp_cconn_set_events(cc, false);
 			caller_let_go(cc);
 		}
 	}

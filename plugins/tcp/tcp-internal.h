@@ -29,6 +29,8 @@
 
 #include <te/te-plugin.h>
 
+#include "../../common/te-spin.h"
+
 /* ------------------------------------------------------------------- wire */
 
 #define TCP_HDR_SIZE 24
@@ -99,7 +101,8 @@ typedef struct tcp_config {
 	char rails[256];         /* TE_TCP_RAILS as given; "": the engine's address only */
 	bool direct;             /* a submitting or waiting thread may drive an idle connection itself */
 	bool sg;                 /* TE_TCP_SG: take and send scatter-gather frames */
-	int64_t spin_ns;         /* TE_SPIN_US: look this long before sleeping (waiters, I/O threads) */
+	te_spin_policy spin;     /* waiters and I/O threads look this long before sleeping (TE_SPIN_US) */
+	unsigned cpus;           /* CPUs the process may run on (the threads' and connections' default) */
 } tcp_config;
 
 #define TCP_MAX_CONNS_PER_PEER 16
@@ -114,7 +117,6 @@ typedef struct tcp_config {
 #define TCP_PROBE_MIN_MS 1000 /* a down rail is tried again after this long, */
 #define TCP_PROBE_MAX_MS 4000 /* doubling up to this (TE_TCP_PROBE_MAX_MS) while it stays down */
 #define TCP_PROBE_CAP_MS 5000 /* the most TE_TCP_PROBE_MAX_MS may be */
-#define TCP_MAX_SPIN_US 1000  /* TE_SPIN_US */
 #define TCP_MIN_LANES 4096    /* lanes a target remembers (more with TE_TCP_MAX_INBOUND) */
 
 typedef struct tcp_ctx tcp_ctx;
@@ -166,6 +168,7 @@ struct tcp_thread {
 	_Atomic(tcp_io *) mailbox;   /* Treiber stack of kicked connections */
 	atomic_int sleeping;
 	atomic_int armed;            /* a caller left work on a connection: check timeouts again */
+	atomic_llong sleep_until;    /* ms: while `sleeping`, it wakes by then on its own (INT64_MAX: maybe never) */
 	atomic_int stop;
 	tcp_io *conns;               /* all connections owned */
 	unsigned n_conns;

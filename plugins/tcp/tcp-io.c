@@ -271,10 +271,12 @@ static int64_t scan(tcp_thread *t, int64_t now)
 void tcp_io_arm(tcp_thread *t)
 {
 	/* Pairs with the owner's store of `sleeping` and exchange of `armed`:
-	 * it either sees this or is woken. */
+	 * it either sees this or is woken. A thread asleep with a check due
+	 * within SCAN_MS sees it then: not woken (a caller sending request
+	 * after request itself would otherwise wake it for every one). */
 	if (atomic_exchange(&t->armed, 1))
 		return;
-	if (atomic_load(&t->sleeping)) {
+	if (atomic_load(&t->sleeping) && atomic_load(&t->sleep_until) > tcp_now_ms() + SCAN_MS) {
 		uint64_t one = 1;
 		if (write(t->wake.fd, &one, sizeof one) < 0 && errno != EAGAIN)
 			TLOG(t->ctx, TE_LOG_ERROR, "cannot wake I/O thread %u: %s", t->idx, g_strerror(errno));
@@ -309,8 +311,17 @@ static gpointer thread_main(gpointer data)
 	tcp_thread *t = data;
 	struct epoll_event ev[EVENTS];
 	GPtrArray *g = g_ptr_array_sized_new(64);
-	const int64_t spin_ns = t->ctx->cfg.spin_ns;
-	int64_t busy_at = 0;
+	const te_spin_policy *sp = &t->ctx->cfg.spin;
+	te_spin_state learn = { 0 };
+	/* After serving a peer's request the thread looks for the next one for
+	 * a while (spin_ns, learned) before it sleeps: back-to-back requests
+	 * then find it awake. busy_at: when it last served one; idle: it has
+	 * found nothing to serve since (a wait the next request ends);
+	 * for_request: it then waited for a new request, not for the peer to
+	 * drain replies or send the rest of a body (a wait on bulk data, which
+	 * on a small machine needs the very core a looking thread would hold). */
+	int64_t busy_at = 0, spin_ns = 0;
+	bool idle = false, slept = false, for_request = false;
 
 	tls_grave = g;
 	t->next_scan = INT64_MAX;
@@ -337,11 +348,18 @@ static gpointer thread_main(gpointer data)
 		if (atomic_load(&t->stop))
 			break;
 
-		/* TE_SPIN_US: for that long after it last served a request the
-		 * thread looks without sleeping (kickers need not ring it then). */
+		/* While it looks, kickers need not ring it. */
 		bool spin = spin_ns > 0 && now_ns() - busy_at < spin_ns;
-		if (!spin)
+		if (!spin && spin_ns > 0) {
+			te_spin_end(sp, spin_ns);
+			spin_ns = 0;
+		}
+		if (!spin) {
+			/* Maybe forever until the timeout is known: an arm that
+			 * comes meanwhile wakes it. */
+			atomic_store(&t->sleep_until, INT64_MAX);
 			atomic_store(&t->sleeping, 1);
+		}
 		int64_t now = tcp_now_ms();
 		if (active || atomic_exchange(&t->armed, 0))
 			t->next_scan = MIN(t->next_scan, now + SCAN_MS);
@@ -349,11 +367,16 @@ static gpointer thread_main(gpointer data)
 		int timeout = t->next_scan == INT64_MAX ? -1 : (int)MIN(MAX(t->next_scan - now, 0), 3600000);
 		if (spin || t->ready != NULL || atomic_load(&t->mailbox) != NULL)
 			timeout = 0;
+		if (timeout >= 0)
+			atomic_store(&t->sleep_until, now + timeout);
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
 		if (spin && n == 0)
-			sched_yield(); /* the core may be the one a thread with work for us waits for */
-		bool served = false;
+			te_spin_pause(); /* the core may be the one a thread with work for us waits for */
+		if (timeout != 0)
+			slept = true;
+		int64_t woke = now_ns();
+		bool served = false, bulk = false;
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
 			g_usleep(10000);
@@ -381,6 +404,9 @@ static gpointer thread_main(gpointer data)
 			case IO_SERVER:
 				if (io->fd >= 0)
 					tcp_sconn_event((tcp_sconn *)io, ev[i].events);
+				/* (one it closed is buried, and waits for nothing) */
+				if (io->fd >= 0 && tcp_sconn_busy((tcp_sconn *)io))
+					bulk = true;
 				served = true;
 				active = true;
 				break;
@@ -388,9 +414,19 @@ static gpointer thread_main(gpointer data)
 		}
 		/* Only a thread serving peers' requests spins: on the initiating
 		 * side the waiting caller does (a reply it collects itself still
-		 * raises its connection's edge here). */
-		if (served && spin_ns > 0)
+		 * raises its connection's edge here). A request that ends a wait
+		 * teaches the look: caught while looking, or how long after. */
+		if (served) {
+			if (idle && for_request)
+				te_spin_learn(sp, &learn, !slept, woke - busy_at);
+			te_spin_end(sp, spin_ns);
 			busy_at = now_ns();
+			for_request = !bulk;
+			spin_ns = for_request ? te_spin_begin(sp, &learn) : 0;
+			idle = slept = false;
+		} else {
+			idle = true;
+		}
 		now = tcp_now_ms();
 		if (active)
 			t->next_scan = MIN(t->next_scan, now + SCAN_MS);
@@ -398,6 +434,7 @@ static gpointer thread_main(gpointer data)
 			t->next_scan = scan(t, now);
 		finalize_all(g);
 	}
+	te_spin_end(sp, spin_ns);
 	shutdown_all(t);
 	finalize_all(g);
 	tls_grave = NULL;

@@ -33,17 +33,17 @@
 
 /* ----------------------------------------------------------------- config */
 
-static unsigned ncpu(void)
-{
-	unsigned n = g_get_num_processors();
-	return n < 1 ? 1 : n;
-}
+/* Threads spinning before they sleep, over every engine of the process. */
+static atomic_int tcp_spinners;
 
 static void read_config(const te_host *h, tcp_config *cfg)
 {
-	cfg->threads = (unsigned)te_host_config_u64(h, "TE_TCP_THREADS", NULL, MIN(ncpu(), 64), 1, 64);
+	/* The CPUs this process may run on (its affinity), not the machine's:
+	 * more I/O threads than that only take turns on the same cores. */
+	cfg->cpus = te_spin_usable_cpus();
+	cfg->threads = (unsigned)te_host_config_u64(h, "TE_TCP_THREADS", NULL, MIN(cfg->cpus, 64), 1, 64);
 	cfg->conns_per_peer = (unsigned)te_host_config_u64(h, "TE_TCP_CONNS_PER_PEER", "MC_TCP_LANES_PER_PEER",
-							   MIN(ncpu(), TCP_MAX_CONNS_PER_PEER), 1,
+							   MIN(cfg->cpus, TCP_MAX_CONNS_PER_PEER), 1,
 							   TCP_MAX_CONNS_PER_PEER);
 	cfg->slice = te_host_config_u64(h, "TE_TCP_SLICE_SIZE", NULL, DEFAULT_SLICE, 4096, 1u << 30);
 	unsigned depth = (unsigned)te_host_config_u64(h, "TE_TCP_QUEUE_DEPTH", NULL, DEFAULT_DEPTH, 1, 65536);
@@ -86,7 +86,12 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	g_strlcpy(cfg->rails, r ? r : "", sizeof cfg->rails);
 	cfg->direct = te_host_config_u64(h, "TE_TCP_DIRECT", NULL, 1, 0, 1) != 0;
 	cfg->sg = te_host_config_u64(h, "TE_TCP_SG", NULL, 1, 0, 1) != 0;
-	cfg->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, TCP_MAX_SPIN_US);
+	/* Unset: adaptive (common/te-spin.h); set: exactly that, 0 never. */
+	const char *sp = h->config(h, "TE_SPIN_US", NULL);
+	int64_t spin_us = -1;
+	if (sp != NULL && *sp != '\0')
+		spin_us = (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, TE_SPIN_MAX_US);
+	te_spin_policy_init(&cfg->spin, spin_us, &tcp_spinners);
 }
 
 /* ------------------------------------------------------------------ rails */
@@ -834,8 +839,15 @@ static int tcp_probe(const te_host *h, char *why, size_t why_len)
 static int tcp_report(const te_host *h, char **text)
 {
 	tcp_config cfg;
+	char spin[64];
 
 	read_config(h, &cfg);
+	if (!cfg.spin.adaptive)
+		snprintf(spin, sizeof spin, "%lld us", (long long)(cfg.spin.cap_ns / 1000));
+	else if (cfg.spin.cpus < 2)
+		snprintf(spin, sizeof spin, "never (one usable CPU)");
+	else
+		snprintf(spin, sizeof spin, "learned, up to %lld us", (long long)(cfg.spin.cap_ns / 1000));
 	*text = g_strdup_printf(
 		"TCP transport (Mooncake TCP data protocol v2, v1 for legacy peers)\n"
 		"  I/O threads            %u (TE_TCP_THREADS)\n"
@@ -851,13 +863,13 @@ static int tcp_report(const te_host *h, char **text)
 		"  data addresses         %s (TE_TCP_RAILS)\n"
 		"  callers send and wait  %s (TE_TCP_DIRECT)\n"
 		"  small pieces batched   %s (TE_TCP_SG)\n"
-		"  spin before sleeping   %lld us (TE_SPIN_US, 0: off)\n",
+		"  spin before sleeping   %s (TE_SPIN_US, 0: off)\n",
 		cfg.threads, cfg.conns_per_peer, (unsigned long long)cfg.slice, cfg.depth,
 		(unsigned long long)cfg.window, (long long)cfg.timeout_ms, (long long)cfg.suspect_ms,
 		(long long)cfg.probe_max_ms, (long long)cfg.idle_ms, cfg.port ? "fixed" : "any free one",
 		cfg.rails[0] ? cfg.rails : "the engine's address", cfg.direct ? "on an idle connection" : "never",
 		cfg.sg ? "in scatter-gather frames, to peers that take them" : "never",
-		(long long)(cfg.spin_ns / 1000));
+		spin);
 	if (*text == NULL)
 		return -ENOMEM;
 	/* The host frees with free(): hand it a malloc()ed copy. */

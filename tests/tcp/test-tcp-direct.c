@@ -7,8 +7,11 @@
  * another thread, status polls, several callers on one connection, and the
  * spin option; every byte and every completion is checked.
  */
+#include <dirent.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <te/te.h>
 
@@ -240,6 +243,135 @@ static void test_short_timeout(void)
 	pair_down(&p);
 }
 
+/* Sleeps (voluntary switches), wake-ups (voluntary and involuntary
+ * switches) and CPU clock ticks of this process's TCP I/O threads so far. */
+static void io_threads_usage(long *sleeps, long *switches, long *ticks)
+{
+	*sleeps = *switches = *ticks = 0;
+	DIR *d = opendir("/proc/self/task");
+	REQUIRE(d != NULL);
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL) {
+		if (de->d_name[0] == '.')
+			continue;
+		char path[300], comm[32] = "", line[256];
+		snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			continue; /* ended meanwhile */
+		bool io = fgets(comm, sizeof comm, f) != NULL && strncmp(comm, "te-tcp", 6) == 0;
+		fclose(f);
+		if (!io)
+			continue;
+		snprintf(path, sizeof path, "/proc/self/task/%s/status", de->d_name);
+		if ((f = fopen(path, "r")) != NULL) {
+			long v;
+			while (fgets(line, sizeof line, f) != NULL) {
+				if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1) {
+					*sleeps += v;
+					*switches += v;
+				} else if (sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1) {
+					*switches += v;
+				}
+			}
+			fclose(f);
+		}
+		snprintf(path, sizeof path, "/proc/self/task/%s/stat", de->d_name);
+		if ((f = fopen(path, "r")) != NULL) {
+			unsigned long ut = 0, st = 0;
+			/* after the ")" that ends the name: state is field 3, utime 14 */
+			if (fgets(line, sizeof line, f) != NULL) {
+				char *p = strrchr(line, ')');
+				if (p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+							 &ut, &st) == 2)
+					*ticks += (long)(ut + st);
+			}
+			fclose(f);
+		}
+	}
+	closedir(d);
+}
+
+/* Times the calling thread slept (voluntary context switches) over
+ * `rounds` 4 KiB reads waited for one at a time, with both engines at
+ * TE_SPIN_US=`spin`; in *io, how often the I/O threads slept meanwhile. */
+static long sleeps_over_reads(const char *spin, int rounds, long *io)
+{
+	long io0, io1, sw, ticks;
+	te_option o[] = { { "TE_SPIN_US", spin } };
+	pair p;
+	pair_up(&p, o, 1, 1);
+	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
+	struct rusage a, z;
+	for (int i = -20; i < rounds; i++) { /* 20 first: connected, learned */
+		if (i == 0) {
+			getrusage(RUSAGE_THREAD, &a);
+			io_threads_usage(&io0, &sw, &ticks);
+		}
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
+		te_batch_free(p.a, b);
+	}
+	getrusage(RUSAGE_THREAD, &z);
+	io_threads_usage(&io1, &sw, &ticks);
+	pair_down(&p);
+	*io = io1 - io0;
+	return z.ru_nvcsw - a.ru_nvcsw;
+}
+
+/* TE_SPIN_US=0 never spins: a waiting caller sleeps for many replies (the
+ * target's I/O thread sleeps too, and its wake-up takes longer than the
+ * caller's way to its own sleep; a reply that is back before the caller
+ * looks is found without one: 40-60 % of them here, up to 70 % under the
+ * sanitizers). Set to 1000, the caller finds nearly every reply while it
+ * looks (none slept here), so the count tells the two apart. */
+static void test_spin_off(void)
+{
+	enum { ROUNDS = 200 };
+	long io_off, io_on;
+	long off = sleeps_over_reads("0", ROUNDS, &io_off);
+	long on = sleeps_over_reads("1000", ROUNDS, &io_on);
+	fprintf(stderr, "  sleeps over %d waits: %ld with TE_SPIN_US=0, %ld with 1000; the I/O threads' %ld, %ld\n",
+		ROUNDS, off, on, io_off, io_on);
+	CHECK(off >= ROUNDS / 10);
+	CHECK(on < off / 2);
+	/* Looking, the target's I/O thread never sleeps between requests, and
+	 * the initiator's is never woken: the caller reads its own reply with
+	 * the connection muted in that thread's epoll set, and asks for no
+	 * timeout check it would be woken for. */
+	CHECK(io_on <= ROUNDS / 5);
+}
+
+/* The target's I/O thread looks for the next request after serving one
+ * (adaptive by default); once requests stop it must stop looking: over
+ * half a second after a burst the I/O threads neither wake nor burn CPU. A
+ * thread that kept looking would show as CPU time on an idle machine and
+ * as switches (each look yields) on a busy one. */
+static void test_spin_backs_off(void)
+{
+	pair p;
+	pair_up(&p, NULL, 0, 1);
+	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
+	for (int i = 0; i < 300; i++) {
+		te_batch_id b;
+		REQUIRE(te_batch_alloc(p.a, 1, &b) == 0);
+		CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
+		CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
+		te_batch_free(p.a, b);
+	}
+	usleep(300000); /* the last timeout checks after the burst are done */
+	long v0, s0, t0, v1, s1, t1;
+	io_threads_usage(&v0, &s0, &t0);
+	usleep(500000);
+	io_threads_usage(&v1, &s1, &t1);
+	fprintf(stderr, "  idle I/O threads over 0.5 s: %ld switches, %ld clock ticks\n", s1 - s0, t1 - t0);
+	CHECK(s1 - s0 <= 10);
+	CHECK(t1 - t0 <= sysconf(_SC_CLK_TCK) / 10);
+	pair_down(&p);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -250,5 +382,7 @@ int main(void)
 	TEST_RUN(test_mixed_one_connection);
 	TEST_RUN(test_mixed_spin);
 	TEST_RUN(test_mixed_no_direct);
+	TEST_RUN(test_spin_off);
+	TEST_RUN(test_spin_backs_off);
 	return check_done();
 }

@@ -101,8 +101,9 @@ run p2pfile 1 --segment_id=nvmeof/disk0 --protocol=nvmeof && one_line_error "fil
 if run loopback-write 0 --duration=1 --operation=write --block_size=65537 --check --quiet; then
 	if grep -Eq '^Test completed: duration [0-9]+\.[0-9]{2}, batch count [1-9][0-9]*, throughput [0-9]+\.[0-9]{2} GB/s$' "$tmp/out" &&
 		grep -Eq '^IOPS [1-9][0-9]* requests/s; latency per request p50 [0-9.]+ [mu]s, p99 [0-9.]+ [mu]s, p99\.9 [0-9.]+ [mu]s' "$tmp/out" &&
+		grep -Eq '^Per second \(1 s\): min [0-9]+\.[0-9]{2}, median [0-9]+\.[0-9]{2}, max [0-9]+\.[0-9]{2} GB/s$' "$tmp/out" &&
 		[ ! -s "$tmp/err" ]; then
-		ok "closing lines in Mooncake's form, then IOPS and latency; nothing on stderr with --quiet"
+		ok "closing lines in Mooncake's form, then IOPS and latency, then the per-second spread; nothing on stderr with --quiet"
 	else
 		bad "closing lines"; sed 's/^/    /' "$tmp/out" "$tmp/err"
 	fi
@@ -133,6 +134,8 @@ assert d["requests"] == d["batch_count"] * 16 and d["requests"] > 0
 assert d["bytes"] == d["requests"] * 1048576
 for p in ("p50", "p99", "p999", "max"):
     assert d["latency_us"][p] > 0
+ps = d["per_second_bytes_per_s"]
+assert ps["seconds"] == 1 and 0 <= ps["min"] <= ps["median"] <= ps["max"], ps
 # with --check each measured READ batch also wrote the pattern: twice the bytes at least
 assert int(sys.argv[2]) >= 2 * d["bytes"], (sys.argv[2], d["bytes"])
 EOF

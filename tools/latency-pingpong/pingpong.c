@@ -10,6 +10,14 @@
  *       before reading (the kernel wakes them); "busy": both spin on
  *       non-blocking recv() (no wake-up).
  *
+ *   pingpong stream SPAN SECONDS
+ *       One TCP stream over loopback (a forked sender, 1 MiB send() calls)
+ *       whose bytes come from and go to SPAN bytes of distinct memory on each
+ *       side, in turn: iperf3 sends one cached 1 MiB buffer over and over,
+ *       while a transfer engine moves memory that is not in the cache (te-bench's
+ *       batch of 128 x 1 MiB spans 128 MiB). SPAN = 1 MiB is iperf3's case.
+ *       Prints {"what", "span", "bytes", "gb_per_s"}.
+ *
  *   pingpong memcpy BYTES SECONDS
  *       memcpy of the same BYTES between two cached buffers; each sample times
  *       enough copies to last about 2 us (clock_gettime's cost kept out of
@@ -278,6 +286,67 @@ static int run_memcpy(size_t bytes, double secs)
 	return 0;
 }
 
+/* ------------------------------------------------------------- stream */
+
+static char *touched(size_t n, int byte)
+{
+	char *p = malloc(n);
+	if (p == NULL)
+		die("malloc");
+	memset(p, byte, n);
+	return p;
+}
+
+static int run_stream(size_t span, double secs)
+{
+	const size_t blk = 1u << 20;
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t al = sizeof a;
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 1) < 0 ||
+	    getsockname(l, (struct sockaddr *)&a, &al) < 0)
+		die("listen");
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0)
+			die("connect");
+		char *b = touched(span, 1);
+		uint64_t end = now_ns() + (uint64_t)(secs * 1e9);
+		size_t off = 0;
+		while (now_ns() < end) {
+			ssize_t n = send(s, b + off, blk - off % blk, 0);
+			if (n <= 0)
+				die("send");
+			off = (off + (size_t)n) % span;
+		}
+		_exit(0);
+	}
+	int s = accept(l, NULL, NULL);
+	if (s < 0)
+		die("accept");
+	char *b = touched(span, 2);
+	uint64_t total = 0, t0 = now_ns(), t1 = t0;
+	size_t off = 0;
+	for (;;) {
+		ssize_t n = recv(s, b + off, blk - off % blk, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		t1 = now_ns();
+		total += (uint64_t)n;
+		off = (off + (size_t)n) % span;
+	}
+	waitpid(pid, NULL, 0);
+	printf("{\"what\":\"stream\",\"span\":%zu,\"bytes\":%llu,\"gb_per_s\":%.3f}\n", span,
+	       (unsigned long long)total, t1 > t0 ? (double)total / (double)(t1 - t0) : 0.0);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 4 && strcmp(argv[1], "tcp") == 0) {
@@ -294,7 +363,15 @@ int main(int argc, char **argv)
 			return 2;
 		return run_memcpy(bytes, secs);
 	}
+	if (argc >= 4 && strcmp(argv[1], "stream") == 0) {
+		size_t span = strtoull(argv[2], NULL, 0);
+		double secs = strtod(argv[3], NULL);
+		if (span < 1u << 20 || span % (1u << 20) != 0 || span > 1ull << 34 || secs <= 0)
+			return 2;
+		return run_stream(span, secs);
+	}
 	fprintf(stderr, "usage: pingpong tcp sleep|busy SECONDS [RESPONSE_BYTES]\n"
+			"       pingpong stream SPAN SECONDS (SPAN: a multiple of 1 MiB)\n"
 			"       pingpong memcpy BYTES SECONDS\n");
 	return 2;
 }

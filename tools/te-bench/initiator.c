@@ -300,12 +300,15 @@ int run_initiator(te_engine *e, const char *target, const char *mode_name)
 			usleep(20000);
 		if (interrupted || sec >= F.duration)
 			atomic_store(&R.stop, true);
-		if (!F.quiet && !atomic_load(&R.failed)) {
+		if (!atomic_load(&R.failed)) {
 			uint64_t b = atomic_load(&R.batches), t = now_ns();
 			double dt = (double)(t - last_t) / 1e9;
 			double reqs = (double)(b - last_b) * (double)F.batch_size;
-			fprintf(stderr, "[%3" PRIu64 " s] %.*f %s/s, %.0f requests/s\n", sec, (int)F.report_precision,
-				reqs * (double)F.block_size / dt / (double)unit, F.report_unit, reqs / dt);
+			spread_add(reqs * (double)F.block_size / dt);
+			if (!F.quiet)
+				fprintf(stderr, "[%3" PRIu64 " s] %.*f %s/s, %.0f requests/s\n", sec,
+					(int)F.report_precision, reqs * (double)F.block_size / dt / (double)unit,
+					F.report_unit, reqs / dt);
 			last_b = b;
 			last_t = t;
 		}

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "te-bench.h"
 
@@ -83,6 +84,35 @@ static void json_str(FILE *f, const char *s)
 	fputc('"', f);
 }
 
+/* The per-second rates of the run: how steady it was, beside its mean. */
+#define SPREAD_MAX 3600
+static double spread[SPREAD_MAX];
+static unsigned nspread;
+
+void spread_add(double bytes_per_s)
+{
+	if (nspread < SPREAD_MAX)
+		spread[nspread++] = bytes_per_s;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* min, median, max of the per-second rates; false when there are none */
+static bool spread_stats(double *min, double *med, double *max)
+{
+	if (nspread == 0)
+		return false;
+	qsort(spread, nspread, sizeof spread[0], cmp_double);
+	*min = spread[0];
+	*max = spread[nspread - 1];
+	*med = nspread % 2 ? spread[nspread / 2] : (spread[nspread / 2 - 1] + spread[nspread / 2]) / 2;
+	return true;
+}
+
 void report(const char *mode_name, const char *target, const char *transport, double duration,
 	    uint64_t batches, const hist *h)
 {
@@ -92,6 +122,8 @@ void report(const char *mode_name, const char *target, const char *transport, do
 	double rate = bytes / duration;
 	double iops = (double)batches * (double)F.batch_size / duration;
 	double p50 = hist_pct(h, 0.50), p99 = hist_pct(h, 0.99), p999 = hist_pct(h, 0.999);
+	double smin = 0, smed = 0, smax = 0;
+	bool have_spread = spread_stats(&smin, &smed, &smax);
 	if (F.json) {
 		printf("{\"mode\":");
 		json_str(stdout, mode_name);
@@ -110,8 +142,12 @@ void report(const char *mode_name, const char *target, const char *transport, do
 		       F.operation, F.block_size, F.batch_size, F.threads, F.check ? "true" : "false", duration,
 		       batches, batches * F.batch_size, bytes, rate, (int)F.report_precision, rate / (double)unit);
 		json_str(stdout, F.report_unit);
-		printf(",\"iops\":%.0f,\"latency_us\":{\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}}\n",
+		printf(",\"iops\":%.0f,\"latency_us\":{\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}",
 		       iops, p50 / 1e3, p99 / 1e3, p999 / 1e3, (double)h->max / 1e3);
+		if (have_spread)
+			printf(",\"per_second_bytes_per_s\":{\"seconds\":%u,\"min\":%.0f,\"median\":%.0f,\"max\":%.0f}",
+			       nspread, smin, smed, smax);
+		printf("}\n");
 	} else {
 		char a[32], b[32], c[32];
 		fmt_lat(a, sizeof a, p50);
@@ -122,6 +158,10 @@ void report(const char *mode_name, const char *target, const char *transport, do
 		printf("IOPS %.0f requests/s; latency per request p50 %s, p99 %s, p99.9 %s (submit to batch "
 		       "completion)%s\n",
 		       iops, a, b, c, F.check ? "; every byte checked (figures include the check traffic)" : "");
+		if (have_spread)
+			printf("Per second (%u s): min %.*f, median %.*f, max %.*f %s/s\n", nspread,
+			       (int)F.report_precision, smin / (double)unit, (int)F.report_precision, smed / (double)unit,
+			       (int)F.report_precision, smax / (double)unit, F.report_unit);
 	}
 	fflush(stdout);
 }

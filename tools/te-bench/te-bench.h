@@ -83,6 +83,8 @@ typedef struct hist {
 void hist_add(hist *h, uint64_t v, uint64_t times);
 void hist_merge(hist *into, const hist *h);
 double hist_pct(const hist *h, double p);
+/* The rate of each second of the run (bytes/s), for the report's spread. */
+void spread_add(double bytes_per_s);
 /* The closing lines: text in the form of Mooncake's bench, or JSON. */
 void report(const char *mode_name, const char *target, const char *transport, double duration,
 	    uint64_t batches, const hist *h);

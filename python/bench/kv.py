@@ -161,7 +161,7 @@ def one_round(a):
     child = subprocess.Popen([sys.executable, HERE, "--serve"] + serve_args(a), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
-        peer = json.loads(child.stdout.readline())
+        peer = json.loads(child.stdout.readline(1 << 20))  # bounded: one line of our own child, at most 1 MiB
         e = new_engine(TransferEngine)
         block, nblocks = shape(a), max(a.tokens) // a.block_tokens + 1
         kv, kv_ptrs = buffers(e, a.layers * 2, 2 * nblocks * block)

@@ -336,13 +336,12 @@ int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_n
 			rc = caller_wait(cc, done, arg, timeout_ns);
 			if (rc == -EAGAIN && cc->head == cc->tail)
 				tls_direct.c = NULL; /* nothing left there */
-			/* An edge now if bytes wait for the I/O thread. With nothing
-			 * on the ring the connection stays muted (a hang-up still
-			 * raises its edge): the next direct submit, or the I/O
-			 * thread once it drives the connection, arms it again, so a
-			 * caller sending request after request pays no epoll_ctl
-			 * here. */
-			if (cc->state == CS_UP && cc->head != cc->tail)
+			/* Back to the I/O thread's watch, ring empty or not: bytes a
+			 * peer sends on an idle connection (junk, a frame out of
+			 * turn) must close it now, not fail the next request sent
+			 * on it. With nothing readable the change raises no edge,
+			 * so it costs a system call and no wake-up. */
+			if (cc->state == CS_UP)
 				tcp_cconn_set_events(cc, false);
 			caller_let_go(cc);
 		}

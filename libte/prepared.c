@@ -452,6 +452,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 		t->mb = NULL;
 		t->mpeer = NULL;
 		t->t0 = t0;
+		t->stage_t0 = 0;
 		if (canceled) { /* counted as te_submit() counts it: before routing */
 			te_batch_task_end(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;

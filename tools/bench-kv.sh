@@ -3,7 +3,7 @@
 # --pattern=kv between two processes (a target, and one initiator per run),
 # over TCP with scatter-gather frames (TE_TCP_SG=1, the default) and without
 # (TE_TCP_SG=0: one wire request per piece, as before), and over the
-# same-host transport; beside each, single-stream iperf3 over loopback and
+# same-host transport; beside each, single-stream iperf3 over loopback (1 MiB writes, as te-bench's large blocks) and
 # te-bench's 1 MiB rate of the same run. Rounds alternate every case; the
 # summary gives medians with min and max, and the initiator's CPU time per
 # descriptor beside its CPU time for as many bytes in 1 MiB blocks (what the
@@ -49,7 +49,7 @@ echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg); $rounds rounds of ${durat
 results=$tmp/results
 : >"$results"
 for round in $(seq "$rounds"); do
-	ip=$(iperf3 -c 127.0.0.1 -p "$port" -t "$duration" -J | python3 -c \
+	ip=$(iperf3 -c 127.0.0.1 -p "$port" -t "$duration" -l 1M -J | python3 -c \
 		'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9)')
 	echo "iperf3 $round $ip" >>"$results"
 	for t in $tokens; do

@@ -627,28 +627,7 @@ static __attribute__((noinline)) int route_settle(te_task *t, const te_request *
 /* A task as submitted, before routing. */
 static void task_init(te_task *t, te_batch *b, const te_request *r, te_stream_op *sop, uint64_t t0)
 {
-	t->batch = b;
-	t->sv = NULL;
-	t->tp = NULL;
-	t->sop = sop;
-	t->xfer = (te_transfer){
-		.opcode = r->opcode,
-		.nr_slices = 1,
-		.local = r->local,
-		.remote = r->remote,
-		.length = r->length,
-	};
-	atomic_store_explicit(&t->slices_done, 0, memory_order_relaxed);
-	atomic_store_explicit(&t->error, 0, memory_order_relaxed);
-	atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
-	atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
-	atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
-	t->dev = NULL;
-	t->stage = NULL;
-	t->mb = NULL;
-	t->mpeer = NULL;
-	t->t0 = t0;
-	t->stage_t0 = 0;
+	te_task_init(t, b, r->opcode, r->local, r->remote, r->length, sop, t0);
 }
 
 /* Appends `n` tasks to the batch, in flight from now on (te_batch_wait()

@@ -176,12 +176,12 @@ fail:
 	return TE_ERR_METADATA;
 }
 
-bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len)
+size_t te_desc_slot(const te_desc *d, uint64_t addr, uint64_t len)
 {
 	if (addr + len < addr)
-		return false;
-	if (d->file_segment)
-		return addr <= d->file_size && len <= d->file_size - addr;
+		return 0;
+	if (d->file_segment) /* files laid end to end: one space */
+		return addr <= d->file_size && len <= d->file_size - addr ? 1 : 0;
 	/* binary search for the last buffer starting at or below addr */
 	size_t lo = 0, hi = d->n_buffers;
 	while (lo < hi) {
@@ -192,9 +192,14 @@ bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len)
 			hi = mid;
 	}
 	if (lo == 0)
-		return false;
+		return 0;
 	const te_desc_buffer *b = &d->buffers[lo - 1];
-	return addr - b->addr <= b->length && len <= b->length - (addr - b->addr);
+	return addr - b->addr <= b->length && len <= b->length - (addr - b->addr) ? lo : 0;
+}
+
+bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len)
+{
+	return te_desc_slot(d, addr, len) != 0;
 }
 
 /* ------------------------------------------------------------ fast path */

@@ -287,6 +287,9 @@ int te_desc_decode(const char *json, size_t len, te_desc **out);
 int te_desc_decode_dom(const char *json, size_t len, te_desc **out);
 void te_desc_free(te_desc *d);
 /* True when [addr, addr+len) lies in one buffer (or inside a file segment). */
+/* The buffer holding [addr, addr+len): 1 + its index (1 for a file
+ * segment's one space), or 0 when none holds all of it. */
+size_t te_desc_slot(const te_desc *d, uint64_t addr, uint64_t len);
 bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len);
 char *te_engine_encode_descriptor(struct te_engine *e);
 
@@ -452,6 +455,35 @@ int te_batch_reserve(struct te_engine *e, te_batch_id id, size_t n, const char *
 		     size_t *base);
 /* Ends a task that was not handed on (as te_submit() ends a refused one). */
 void te_batch_task_end(te_task *t, int state, int error);
+/* Sets every field of a task about to be submitted (a batch's tasks are
+ * not cleared when it is made). Inline: prepared posts call it per task. */
+static inline void te_task_init(te_task *t, te_batch *b, uint32_t opcode, void *local, uint64_t remote, uint64_t length,
+		  te_stream_op *sop, uint64_t t0)
+{
+	t->batch = b;
+	t->sv = NULL;
+	t->tp = NULL;
+	t->sop = sop;
+	t->xfer = (te_transfer){
+		.opcode = opcode,
+		.nr_slices = 1,
+		.local = local,
+		.remote = remote,
+		.length = length,
+	};
+	atomic_store_explicit(&t->slices_done, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->error, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
+	atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
+	t->dev = NULL;
+	t->stage = NULL;
+	t->mb = NULL;
+	t->mpeer = NULL;
+	t->t0 = t0;
+	t->stage_t0 = 0;
+}
+
 /* Records the transport of the batch's first remote task (waiting). */
 void te_batch_note_transport(struct te_batch *b, te_transport_inst *tp);
 

@@ -41,27 +41,6 @@ struct te_xfer_list {
 	GRWLock lock; /* posts read ref and key under it; resolving writes them */
 };
 
-/* The descriptor buffer holding [addr, addr+len): 1 + its index, or 0. */
-static uintptr_t desc_slot(const te_desc *d, uint64_t addr, uint64_t len)
-{
-	if (addr + len < addr)
-		return 0;
-	if (d->file_segment) /* files laid end to end: one space */
-		return addr <= d->file_size && len <= d->file_size - addr ? 1 : 0;
-	size_t lo = 0, hi = d->n_buffers;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (d->buffers[mid].addr <= addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo == 0)
-		return 0;
-	const te_desc_buffer *b = &d->buffers[lo - 1];
-	return addr - b->addr <= b->length && len <= b->length - (addr - b->addr) ? lo : 0;
-}
-
 /* Resolves every piece against the registry (its reader lock held) or the
  * segment version `sv`; returns the first piece left unresolved, or n. */
 static size_t resolve(te_xfer_list *l, te_segver *sv)
@@ -72,7 +51,7 @@ static size_t resolve(te_xfer_list *l, te_segver *sv)
 	for (size_t i = 0; i < l->n; i++) {
 		const lpiece *p = &l->pieces[i];
 		const void *r = sv == NULL ? (const void *)te_memreg_find_locked(&e->mem, p->addr, p->length)
-					   : (const void *)desc_slot(sv->desc, p->addr, p->length);
+					   : (const void *)te_desc_slot(sv->desc, p->addr, p->length);
 		l->pieces[i].ref = r;
 		if (r == NULL && bad == l->n)
 			bad = i;
@@ -431,28 +410,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 			len += L->pieces[i2].length;
 		}
 		te_task *t = &b->tasks[base + ti];
-		t->batch = b;
-		t->sv = NULL;
-		t->tp = NULL;
-		t->sop = NULL;
-		t->xfer = (te_transfer){
-			.opcode = opcode,
-			.nr_slices = 1,
-			.local = (void *)(uintptr_t)L->pieces[i].addr,
-			.remote = R->pieces[j].addr,
-			.length = len,
-		};
-		atomic_store_explicit(&t->slices_done, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->error, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->transferred, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->chunk_next, 0, memory_order_relaxed);
-		atomic_store_explicit(&t->state, TE_TASK_WAITING, memory_order_relaxed);
-		t->dev = NULL;
-		t->stage = NULL;
-		t->mb = NULL;
-		t->mpeer = NULL;
-		t->t0 = t0;
-		t->stage_t0 = 0;
+		te_task_init(t, b, opcode, (void *)(uintptr_t)L->pieces[i].addr, R->pieces[j].addr, len, NULL, t0);
 		if (canceled) { /* counted as te_submit() counts it: before routing */
 			te_batch_task_end(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;

@@ -11,17 +11,18 @@ check() { # description, command...
 }
 # LeakSanitizer's own failure at exit (it could not stop the threads: "fatal
 # error", not a leak report) says nothing of the run: a caller runs it again,
-# once. A leak it finds ("detected memory leaks") fails as any error does.
+# up to twice. A leak it finds ("detected memory leaks") fails as any error
+# does.
 lsan_broke() { # rc, stderr file
   [ "$1" -ne 0 ] && grep -q 'LeakSanitizer has encountered a fatal error' "$2" &&
     echo "note: LeakSanitizer failed at exit (not a finding); running it again" >&2
 }
-# Runs a command, its output and errors to files; again, once, when only
-# LeakSanitizer broke at its exit. The command's exit status.
+# Runs a command, its output and errors to files; again, up to twice, when
+# only LeakSanitizer broke at its exit. The command's exit status.
 lsan_run() { # out file, err file, command...
   _lout=$1 _lerr=$2
   shift 2
-  for _ltry in 1 2; do
+  for _ltry in 1 2 3; do
     "$@" >"$_lout" 2>"$_lerr"
     _lrc=$?
     lsan_broke $_lrc "$_lerr" || break

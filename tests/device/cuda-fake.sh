@@ -34,7 +34,7 @@ run() { # name, "VAR=value ..." for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_CUDA_NONE=1
   local try rc
-  for try in 1 2; do
+  for try in 1 2 3; do
     rm -f "$tmp/$name.stats"
     # shellcheck disable=SC2086 # one word per variable
     env $var FAKE_CUDA_STATS="$tmp/$name.stats" "$bench" --protocol=tcp --use_vram --check \

@@ -74,7 +74,7 @@ run() { # name, VAR=value for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_HIP_NONE=1
   local try rc
-  for try in 1 2; do
+  for try in 1 2 3; do
     rm -f "$tmp/$name.stats"
     env "$var" FAKE_HIP_STATS="$tmp/$name.stats" "$bench" --protocol=tcp --use_vram --vram_device=hip --check \
       --buffer_size=64M --duration=1 --quiet --json "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"

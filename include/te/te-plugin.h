@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 10
+#define TE_PLUGIN_ABI_MINOR 11
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -361,6 +361,23 @@ struct te_host {
 	 * caller's thread, at most once per descriptor version, so later
 	 * transfers use what the peer publishes now. */
 	void (*transfer_stale)(const te_host *h, const te_transfer *t);
+
+	/* ---- since ABI 1.11 (test with TE_HAS_OP) ---- */
+	/* Deadlines (te.h, te_batch_set_deadline). A transport with
+	 * TE_TRANSPORT_DEADLINES brackets every touch of a transfer's local
+	 * memory (a copy into or out of it, a recv() into it, a send() from
+	 * it) by transfer_enter() and transfer_leave(), on one thread with
+	 * nothing that blocks in between (non-blocking socket calls are fine).
+	 * transfer_enter() returns 1 to go on, 0 once the host ended the
+	 * transfer (deadline, cancel): then touch nothing of it any more and
+	 * end its slices as usual, with any error (the host keeps the task's
+	 * first end). For a WRITE, a successful enter also tells the host that
+	 * bytes may have left (see expire). Each costs an atomic on the task. */
+	int (*transfer_enter)(const te_host *h, te_transfer *t);
+	void (*transfer_leave)(const te_host *h, te_transfer *t);
+	/* The transfer's deadline (CLOCK_MONOTONIC ns, te_now_ns()), 0 when it
+	 * has none: bound the waits made for it (a connect, a handshake). */
+	int64_t (*transfer_deadline)(const te_host *h, const te_transfer *t);
 };
 
 /* What metric_add() counts (since ABI 1.6). */
@@ -405,6 +422,12 @@ enum te_transport_flags {
 	 * offered every segment first (before the one its descriptor names) and
 	 * declines the others. Since ABI 1.1. */
 	TE_TRANSPORT_SAME_HOST = 1u << 2,
+	/* Honours deadlines and cancels at once (since ABI 1.11): it touches a
+	 * transfer's local memory only inside host->transfer_enter/leave (or
+	 * its hardware does, and expire() below waits for that to stop), so
+	 * the host may end a transfer before its slices completed. Without
+	 * it the host waits for the transport to end each transfer. */
+	TE_TRANSPORT_DEADLINES = 1u << 7,
 };
 
 typedef struct te_transport_ops {
@@ -459,6 +482,30 @@ typedef struct te_transport_ops {
 	 * such a sleeper drains outside this transport's progress() (a task of
 	 * another transport, a local copy, a task ended at submit). */
 	void (*wake)(void *ctx);
+
+	/* ---- since ABI 1.11 (test with TE_HAS_OP) ---- */
+	/* Optional, with TE_TRANSPORT_DEADLINES. The host ended `t` before
+	 * its slices completed (its deadline passed, its batch was canceled)
+	 * and has closed its gate: no transfer_enter() for it succeeds any
+	 * more and none is open. Drop its outstanding work soon (close the
+	 * connection that carries it, move a queue pair to error) so that
+	 * its remaining complete() calls come; they may come from inside this
+	 * call. Return only once nothing touches t's local memory any more:
+	 * a transport whose hardware reads or writes it outside transfer_enter
+	 * and transfer_leave (RDMA) waits here, briefly, for that to stop.
+	 * Returns 1 when a WRITE of t may still change the peer's memory (its
+	 * bytes left and neither an answer nor a failure that rules it out
+	 * came), 0 otherwise. The host keeps t until its last complete() call
+	 * and reports the task TE_TASK_UNSETTLED until then when this returned
+	 * 1 (or, without this op, when a WRITE entered the gate): for such a
+	 * WRITE make that call only once the peer can no longer apply the
+	 * bytes (its answer came, the connection was fenced, the peer is
+	 * gone) or when the instance is destroyed. Runs on a host thread with
+	 * no host lock held, at most once per transfer. It may race with the
+	 * transfer's last complete(): the memory of `t` stays valid during
+	 * the call, but look it up in your own state (under your lock) before
+	 * using what plugin_data points to, and do nothing when it is done. */
+	int (*expire)(void *ctx, te_transfer *t);
 } te_transport_ops;
 
 /* ------------------------------------------------------- metadata plugins */

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define TE_ABI_MAJOR 1
-#define TE_ABI_MINOR 5
+#define TE_ABI_MINOR 6
 
 /* ------------------------------------------------------------------ errors */
 
@@ -319,7 +319,9 @@ typedef struct te_task_status {
 
 /* Allocates a batch that holds up to `capacity` tasks over its lifetime. */
 TE_API int te_batch_alloc(te_engine *engine, size_t capacity, te_batch_id *out);
-/* Frees a batch; -EBUSY while any task is still in flight. */
+/* Frees a batch; -EBUSY while any task is still in flight. Tasks ended
+ * early (a deadline, a cancel) are not in flight: what their transport still
+ * holds of them is freed when it lets go. */
 TE_API int te_batch_free(te_engine *engine, te_batch_id batch);
 /*
  * Appends `n` requests as tasks (task ids continue from earlier submits to the
@@ -339,9 +341,69 @@ TE_API int te_batch_status(te_engine *engine, te_batch_id batch, size_t *submitt
 /* Blocks (no busy polling) until no task of the batch is in flight.
  * timeout_ms < 0 waits forever. 0 on success, -ETIMEDOUT. */
 TE_API int te_batch_wait(te_engine *engine, te_batch_id batch, int timeout_ms);
-/* Cancels the batch: tasks not yet started become CANCELED, running ones stop
- * at their next slice boundary. Returns at once; te_batch_wait() to settle. */
+/* Cancels the batch: tasks not yet started become CANCELED, and so do the
+ * ones in flight, within milliseconds, on every transport that honours
+ * deadlines (all of libte's; since 1.6; see te_batch_set_deadline() for what
+ * that promises about their memory); on another, running ones stop at their
+ * next slice boundary. Returns at once; te_batch_wait() to see them end. */
 TE_API int te_batch_cancel(te_engine *engine, te_batch_id batch);
+
+/* --------------------------------------------------------------- deadlines */
+
+/*
+ * Deadlines (since 1.6). A deadline is a time of CLOCK_MONOTONIC in
+ * nanoseconds, as te_now_ns() reads it. A task still in flight at its
+ * deadline ends FAILED with -ETIMEDOUT within a few milliseconds, whatever
+ * its transport still waits for (a peer that stopped answering, a connect, a
+ * descriptor exchange at submit), and from the moment te_get_status() shows
+ * it ended nothing reads or writes its local memory any more: bytes that
+ * arrive later are dropped. A canceled batch's tasks end the same way.
+ *
+ * What cannot be recalled is a WRITE whose bytes already left (a TCP body
+ * sent, an RDMA WRITE posted): the peer may still apply them. Such a task
+ * carries TE_TASK_UNSETTLED (te_get_task_info()) until its transport knows
+ * the peer cannot apply them any more (its answer came, the connection was
+ * fenced, the peer went away), and te_batch_wait_settled() waits for that.
+ * A READ, and a WRITE none of whose bytes left, is settled when it ends.
+ * docs/reliability.md gives the rule per transport. A transport plugin that
+ * does not honour deadlines (a third party's built for plugin ABI < 1.11)
+ * ends its tasks when it ends them; the log says so once.
+ */
+TE_API int64_t te_now_ns(void);
+/* Tasks submitted to `batch` from now on (te_submit, te_submit_prepared,
+ * te_submit_on_stream) end by `deadline_ns`; 0 removes it (the default).
+ * Tasks already submitted keep theirs. -EINVAL for a negative deadline. */
+TE_API int te_batch_set_deadline(te_engine *engine, te_batch_id batch, int64_t deadline_ns);
+/* As te_submit(), with `deadline_ns` for these tasks (0: the batch's). A
+ * descriptor exchange this submit makes with a peer (after the peer was
+ * lost, or to see memory it registered since) ends by the deadline too. */
+TE_API int te_submit_by(te_engine *engine, te_batch_id batch, const te_request *reqs, size_t n,
+			int64_t deadline_ns);
+
+enum te_task_flags {
+	/* Ended (by a deadline or a cancel) while a WRITE's bytes were on their
+	 * way: the peer may still apply them. Cleared once it cannot. */
+	TE_TASK_UNSETTLED = 1u << 0,
+	/* Ended by the host at its deadline or at a cancel, before its
+	 * transport finished it. */
+	TE_TASK_ENDED_EARLY = 1u << 1,
+};
+
+/* A task's status with what te_task_status cannot carry. Set `size` to
+ * sizeof(te_task_info) before the call; the host fills what both know. */
+typedef struct te_task_info {
+	uint32_t size;
+	int32_t state;         /* enum te_task_state */
+	int32_t error;         /* 0, or the negative error that ended the task */
+	uint32_t flags;        /* te_task_flags */
+	uint64_t transferred;  /* bytes moved so far */
+	int64_t deadline_ns;   /* the task's deadline, 0: none */
+} te_task_info;
+
+TE_API int te_get_task_info(te_engine *engine, te_batch_id batch, size_t task, te_task_info *out);
+/* As te_batch_wait(), then also until no task of the batch is
+ * TE_TASK_UNSETTLED. 0, or -ETIMEDOUT. */
+TE_API int te_batch_wait_settled(te_engine *engine, te_batch_id batch, int timeout_ms);
 /* Sends `msg` to the owner of `segment` once no task of the batch is in
  * flight (at once if none is). */
 TE_API int te_batch_notify(te_engine *engine, te_batch_id batch, te_segment_id segment,

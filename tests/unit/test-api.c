@@ -22,7 +22,7 @@ static void test_strerror(void)
 	CHECK(strcmp(te_strerror(0), "success") == 0);
 	CHECK(strcmp(te_strerror(-999999), "unknown error") == 0);
 	CHECK(strcmp(te_strerror(12345), "unknown error") == 0);
-	CHECK(strcmp(te_version(), "1.5.0") == 0);
+	CHECK(strcmp(te_version(), "1.6.0") == 0);
 }
 
 static void test_create_bad(void)

@@ -13,7 +13,7 @@ use std::marker::{PhantomData, PhantomPinned};
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 pub const TE_ABI_MAJOR: c_int = 1;
-pub const TE_ABI_MINOR: c_int = 5;
+pub const TE_ABI_MINOR: c_int = 6;
 
 // ------------------------------------------------------------------ errors
 

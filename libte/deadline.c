@@ -201,7 +201,9 @@ bool te_task_end_early(te_task *t, int state, int error)
 		te_cpu_relax();
 	te_transport_inst *tp = t->tp;
 	if (tp != NULL && !(tp->ops->flags & TE_TRANSPORT_DEADLINES)) {
-		/* It never looks at the gate: closing it changed nothing. */
+		/* It never looks at the gate: open it again, so that the task
+		 * may still fail over to a transport that does. */
+		atomic_fetch_and(&t->gate, ~TE_GATE_CLOSED);
 		if (state != TE_TASK_CANCELED) /* a cancel there keeps its old meaning */
 			note_no_deadlines(tp);
 		return false;

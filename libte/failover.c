@@ -76,6 +76,10 @@ bool te_task_failover(te_task *t, int error)
 {
 	if (!path_error(error) || t->sv == NULL || t->dev != NULL)
 		return false;
+	/* Past its deadline: it fails as it is (a transport that does not
+	 * honour deadlines kept it). */
+	if (t->deadline != 0 && te_now_ns() >= t->deadline)
+		return false;
 	unsigned cur = atomic_load(&t->gate);
 	do {
 		if (cur & (TE_GATE_CLOSED | TE_GATE_ENDED | TE_GATE_MOVED))
@@ -128,6 +132,11 @@ bool te_task_failover(te_task *t, int error)
 	te_segver_unref(old, true);
 	atomic_fetch_sub_explicit(&otp->inflight, 1, memory_order_release);
 
+	/* Its deadline's timer may have fired while the first transport,
+	 * which did not honour it, held the task: watch it again. */
+	te_batch *b = t->batch;
+	if (t->deadline != 0 && !(otp->ops->flags & TE_TRANSPORT_DEADLINES))
+		te_deadline_arm(e, b->id, (size_t)(t - b->tasks), 1, t->deadline);
 	te_transfer *x = &t->xfer;
 	int rc = ntp->ops->submit(ntp->ctx, &x, 1);
 	if (rc < 0) {

@@ -672,7 +672,9 @@ bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 	return go;
 }
 
-#define LOST_REFRESH_MS 200
+/* Often enough that a peer back under its name is reached again within
+ * a 100 ms bound; a dead peer costs a refused connect per period. */
+#define LOST_REFRESH_MS 50
 
 void te_segment_refresh_lost(te_engine *e, te_segment_id id)
 {
@@ -681,7 +683,9 @@ void te_segment_refresh_lost(te_engine *e, te_segment_id id)
 
 	g_rec_mutex_lock(&e->ctl);
 	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
-	if (s != NULL && s->cur != NULL && atomic_load(&s->cur->peer_lost) &&
+	/* A task moved to the alternate transport marks that version. */
+	if (s != NULL && s->cur != NULL &&
+	    (atomic_load(&s->cur->peer_lost) || (s->cur->alt != NULL && atomic_load(&s->cur->alt->peer_lost))) &&
 	    (s->last_lost_refresh == 0 || now - s->last_lost_refresh >= LOST_REFRESH_MS)) {
 		s->last_lost_refresh = now;
 		go = true;

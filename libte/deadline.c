@@ -166,7 +166,8 @@ int te_task_enter(te_task *t)
 		atomic_fetch_sub(&t->gate, 1);
 		return 0;
 	}
-	if (!(g & TE_GATE_ENTERED))
+	/* Only a WRITE's bytes can leave for the peer (see te_task_end_early). */
+	if (!(g & TE_GATE_ENTERED) && t->xfer.opcode == TE_OP_WRITE)
 		atomic_fetch_or(&t->gate, TE_GATE_ENTERED);
 	return 1;
 }

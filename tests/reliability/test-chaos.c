@@ -10,9 +10,11 @@
  *    known version once a WRITE of it completed; a READ that completes
  *    must show that version (a region whose WRITE failed is unknown until
  *    a later WRITE completes, after the failed one settled);
- *  - with the port down the tasks go on over TCP (no second without a
- *    completed task while the target is up), and after a restart the
- *    first batch submitted completes within RECOVER_MS.
+ *  - with the port down the tasks go on over TCP: no task fails unless
+ *    the target went away while its batch ran, no gap without a completed
+ *    task while the target is up, and both transports carried bytes;
+ *  - after a restart the first batch submitted completes within
+ *    RECOVER_MS.
  * CHAOS_SECONDS sets the length (20 s; docs/reliability.md has the longer
  * command).
  */
@@ -52,6 +54,7 @@ static atomic_int target_up;
 static _Atomic int64_t target_back_ns; /* when it was last made again */
 static atomic_int stop;
 static atomic_int port_downs, restarts;
+static atomic_int away; /* restarts begun: odd while the target is away */
 
 static int64_t now_ns(void)
 {
@@ -84,6 +87,7 @@ static void *chaos_main(void *arg)
 		} else {
 			/* The target goes away and comes back under its name. */
 			pthread_mutex_lock(&tlock);
+			atomic_fetch_add(&away, 1);
 			atomic_store(&target_up, 0);
 			if (getenv("TEST_VERBOSE"))
 				fprintf(stderr, "restart\n");
@@ -92,11 +96,33 @@ static void *chaos_main(void *arg)
 			target = make_target();
 			atomic_store(&target_back_ns, now_ns());
 			atomic_store(&target_up, 1);
+			atomic_fetch_add(&away, 1);
 			pthread_mutex_unlock(&tlock);
 			atomic_fetch_add(&restarts, 1);
 		}
 	}
 	return NULL;
+}
+
+/* The bytes a transport moved, from te_transfer_bytes_total's samples. */
+static uint64_t metric_bytes(const char *text, const char *transport)
+{
+	uint64_t sum = 0;
+	char want[64];
+	snprintf(want, sizeof want, "transport=\"%s\"", transport);
+	for (const char *l = text; l != NULL && *l != '\0';) {
+		const char *nl = strchr(l, '\n');
+		size_t n = nl ? (size_t)(nl - l) : strlen(l);
+		if (strncmp(l, "te_transfer_bytes_total{", 24) == 0) {
+			char line[512];
+			snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line - 1 ? n : sizeof line - 1), l);
+			const char *sp = strrchr(line, ' ');
+			if (strstr(line, want) != NULL && sp != NULL)
+				sum += strtoull(sp + 1, NULL, 10);
+		}
+		l = nl ? nl + 1 : NULL;
+	}
+	return sum;
 }
 
 static void pattern(unsigned char *p, unsigned region, unsigned version)
@@ -138,6 +164,7 @@ static void test_chaos(void)
 		version[i] = -1;
 	unsigned next_version = 1, seed = 12345;
 	uint64_t rounds = 0, tasks_ok = 0, tasks_failed = 0, reads_checked = 0, unsettled_waits = 0;
+	uint64_t steady_failed = 0;
 	int64_t worst_late = 0, worst_recover = 0, last_ok = now_ns(), longest_gap = 0;
 	int64_t seen_back = 0;
 
@@ -171,6 +198,7 @@ static void test_chaos(void)
 					     (uintptr_t)(tbuf + (size_t)g * REGION), REGION };
 			used++;
 		}
+		int away0 = atomic_load(&away);
 		int64_t t_submit = now_ns();
 		int64_t dl = t_submit + (int64_t)DEADLINE_MS * 1000000;
 		int rc = te_submit_by(ini, b, r, used, dl);
@@ -180,6 +208,8 @@ static void test_chaos(void)
 		if (late > worst_late)
 			worst_late = late;
 		bool any_ok = false, any_unsettled = false;
+		/* The target stayed up the whole time: nothing may fail. */
+		bool steady = away0 % 2 == 0 && atomic_load(&away) == away0;
 		for (unsigned k = 0; k < used; k++) {
 			te_task_info ti = { .size = sizeof ti };
 			CHECK_EQ(te_get_task_info(ini, b, k, &ti), 0);
@@ -197,6 +227,8 @@ static void test_chaos(void)
 				}
 			} else {
 				tasks_failed++;
+				if (steady)
+					steady_failed++;
 				if (getenv("TEST_VERBOSE") && atomic_load(&target_up))
 					fprintf(stderr, "%lld: task %s failed while the target is up: %s%s\n",
 						(long long)(now_ns() / 1000000 % 100000),
@@ -250,14 +282,23 @@ static void test_chaos(void)
 	}
 	atomic_store(&stop, 1);
 	pthread_join(th, NULL);
-	printf("chaos: %d s, %llu batches, %llu tasks completed, %llu failed, %llu reads checked, %d port "
-	       "downs, %d restarts, %llu waits for unsettled writes; worst lateness %lld ms, worst "
-	       "recovery after a restart %lld ms, longest gap %lld ms\n",
+	printf("chaos: %d s, %llu batches, %llu tasks completed, %llu failed (%llu with the target up), %llu "
+	       "reads checked, %d port downs, %d restarts, %llu waits for unsettled writes; worst lateness %lld "
+	       "ms, worst recovery after a restart %lld ms, longest gap %lld ms\n",
 	       secs, (unsigned long long)rounds, (unsigned long long)tasks_ok, (unsigned long long)tasks_failed,
+	       (unsigned long long)steady_failed,
 	       (unsigned long long)reads_checked, atomic_load(&port_downs), atomic_load(&restarts),
 	       (unsigned long long)unsettled_waits, (long long)worst_late, (long long)worst_recover,
 	       (long long)(longest_gap / 1000000));
 	CHECK(worst_late <= SLACK_MS);
+	CHECK_EQ(steady_failed, 0);
+	/* Both transports carried the initiator's bytes. */
+	char *text = NULL;
+	size_t tlen = 0;
+	REQUIRE(te_metrics_text(ini, &text, &tlen) == 0);
+	CHECK(strstr(text, "transport=\"rdma\"") != NULL && strstr(text, "transport=\"tcp\"") != NULL);
+	CHECK(metric_bytes(text, "rdma") > 0 && metric_bytes(text, "tcp") > 0);
+	te_free(text);
 	CHECK(worst_recover <= RECOVER_MS);
 	CHECK(longest_gap / 1000000 <= DEADLINE_MS + RECOVER_MS + SLACK_MS);
 	CHECK(tasks_ok > 0 && reads_checked > 0);

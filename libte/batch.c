@@ -464,9 +464,13 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 
 void te_task_last(te_task *t, int state, int error, bool from_completion)
 {
-	unsigned mark = TE_GATE_ENDED | TE_GATE_FINAL | (error == -ETIMEDOUT ? TE_GATE_GAVEUP : 0);
-	unsigned prev = atomic_fetch_or_explicit(&t->gate, mark, memory_order_acq_rel);
-
+	unsigned mark = TE_GATE_FINAL | (error == -ETIMEDOUT ? TE_GATE_GAVEUP : 0);
+	unsigned prev = atomic_load(&t->gate), want;
+	do {
+		want = prev | mark | ((prev & TE_GATE_ENDING) ? 0 : TE_GATE_ENDED);
+	} while (!atomic_compare_exchange_weak(&t->gate, &prev, want));
+	if ((prev & TE_GATE_ENDING) && !(prev & TE_GATE_ENDED))
+		return; /* the early end under way publishes, then lets go */
 	if (!(prev & TE_GATE_ENDED))
 		task_finish(t, state, from_completion);
 	else if (prev & TE_GATE_PUBDONE)

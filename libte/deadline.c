@@ -209,6 +209,8 @@ bool te_task_end_early(te_task *t, int state, int error)
 			note_no_deadlines(tp);
 		return false;
 	}
+	/* From here its last completion leaves the publishing to this. */
+	atomic_fetch_or(&t->gate, TE_GATE_ENDING);
 	/* Held for this call; it becomes the early end's hold if it ends it. */
 	atomic_fetch_add(&b->mem_refs, 1);
 	/* Open touches are a memcpy or a non-blocking socket call long. */

@@ -429,7 +429,9 @@ typedef struct te_task {
  * state was published (by its last completion or early); FINAL: its last
  * completion came; EARLY: ended before that, the host keeps its memory
  * until it (and PUBDONE: the early end finished publishing, so whichever
- * of the two comes second lets go). ENTERED: a transfer_enter() passed.
+ * of the two comes second lets go). ENDING: an early end is under way and
+ * publishes, even if the last completion comes meanwhile (from inside
+ * expire, say). ENTERED: a transfer_enter() passed.
  * UNSETTLED: ended early with a WRITE's bytes maybe still to land. */
 #define TE_GATE_COUNT 0xffffu
 #define TE_GATE_CLOSED (1u << 16)
@@ -443,6 +445,7 @@ typedef struct te_task {
 #define TE_GATE_GAVEUP (1u << 24) /* its last completion was -ETIMEDOUT */
 #define TE_GATE_MOVED (1u << 25)  /* failed over to another transport once */
 #define TE_GATE_MOVING (1u << 26) /* being moved: its transport is changing */
+#define TE_GATE_ENDING (1u << 27) /* an early end is under way: it publishes */
 
 typedef struct te_batch {
 	te_batch_id id;

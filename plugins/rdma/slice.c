@@ -95,7 +95,8 @@ void rd_slice_fail(rd_transport *tr, rd_slice *s, int error, const char *why)
 	te_transfer *t = s->t;
 	unsigned more = 0;
 
-	if (error != -ECANCELED && rd_failure_log_allowed(tr, t, &more)) {
+	/* A transfer the host ended was reported there already. */
+	if (error != -ECANCELED && !rd_t_expired(t) && rd_failure_log_allowed(tr, t, &more)) {
 		char tries[48] = "";
 		if (s->attempts > 0)
 			snprintf(tries, sizeof tries, " after %u attempt%s", s->attempts,
@@ -239,7 +240,9 @@ static bool path_error(int error)
 	       error == TE_ERR_REJECTED || error == TE_ERR_PROTOCOL || error == -EIO;
 }
 
-void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
+/* `count`: the failure is the path's (an attempt, and evidence against the
+ * pair); not when the slice was flushed for another transfer's sake. */
+static void slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why, bool count)
 {
 	te_transfer *t = s->t;
 
@@ -251,8 +254,22 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
 		rd_slice_fail(tr, s, -ECANCELED, "transport shutting down");
 		return;
 	}
+	if (rd_t_expired(t)) {
+		rd_slice_fail(tr, s, -ETIMEDOUT, "ended by its deadline or a cancel");
+		return;
+	}
 	if (tr->host->canceled(tr->host, t)) {
 		rd_slice_fail(tr, s, -ECANCELED, "batch canceled");
+		return;
+	}
+	if (!count) {
+		int rc = rd_route(tr, s, true);
+		if (rc < 0) {
+			rd_slice_fail(tr, s, rc == -ENETDOWN ? rc : s->last_error ? s->last_error : error,
+				      "no path left after its endpoint was closed");
+			return;
+		}
+		rd_ctx_enqueue(tr->ctx[s->ldev], s, s, false);
 		return;
 	}
 	if (s->ldev >= 0) {
@@ -279,4 +296,14 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
 	RD_LOG(tr, TE_LOG_DEBUG, "slice retried on %s -> %s after: %s", tr->ctx[s->ldev]->nic_path,
 	       s->seg->devs[s->rdev].nic_path, why);
 	rd_ctx_enqueue(tr->ctx[s->ldev], s, s, false);
+}
+
+void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
+{
+	slice_retry(tr, s, error, why, true);
+}
+
+void rd_slice_resend(rd_transport *tr, rd_slice *s, const char *why)
+{
+	slice_retry(tr, s, -ECONNRESET, why, false);
 }

@@ -87,7 +87,7 @@ int rd_expire(void *ctx, te_transfer *t)
 		rd_slice *s = rd_ep_take_parked(tr->ctx[i], t);
 		while (s != NULL) {
 			rd_slice *next = s->next;
-			rd_slice_fail(tr, s, -ETIMEDOUT, "ended by its deadline or a cancel");
+			rd_slice_fail(tr, s, RD_ENDED_ERR, RD_ENDED_WHY);
 			s = next;
 		}
 	}

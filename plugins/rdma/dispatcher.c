@@ -109,7 +109,7 @@ static void dispatch_one(rd_transport *tr, te_transfer *t, staged *st)
 		return;
 	}
 	if (rd_t_expired(t)) {
-		fail_transfer(tr, t, n, -ETIMEDOUT, "ended by its deadline or a cancel");
+		fail_transfer(tr, t, n, RD_ENDED_ERR, RD_ENDED_WHY);
 		return;
 	}
 	mr = mr_find(tr, (uintptr_t)t->local, t->length);

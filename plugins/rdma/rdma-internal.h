@@ -400,6 +400,12 @@ enum {
 	RD_T_WFAIL = 1u << 1,   /* a WRITE slice of it completed with an error */
 };
 
+/* What the slices of a transfer the host ended complete with. Not
+ * -ETIMEDOUT: to the host that says the transport gave up waiting, which
+ * would leave a WRITE unsettled for good; these slices are done with. */
+#define RD_ENDED_ERR (-ECANCELED)
+#define RD_ENDED_WHY "ended by its deadline or a cancel"
+
 static inline uintptr_t rd_t_flags(const te_transfer *t)
 {
 	return __atomic_load_n(&t->plugin_data[2], __ATOMIC_SEQ_CST);

@@ -255,7 +255,7 @@ static void slice_retry(rd_transport *tr, rd_slice *s, int error, const char *wh
 		return;
 	}
 	if (rd_t_expired(t)) {
-		rd_slice_fail(tr, s, -ETIMEDOUT, "ended by its deadline or a cancel");
+		rd_slice_fail(tr, s, RD_ENDED_ERR, RD_ENDED_WHY);
 		return;
 	}
 	if (tr->host->canceled(tr->host, t)) {

@@ -169,7 +169,7 @@ static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back,
 				if (!h->transfer_enter(h, s->t)) {
 					s->ep = NULL;
 					rd_ep_unref(ep); /* the caller holds one of its own */
-					rd_slice_fail(tr, s, -ETIMEDOUT, "ended by its deadline or a cancel");
+					rd_slice_fail(tr, s, RD_ENDED_ERR, RD_ENDED_WHY);
 					continue;
 				}
 				if (inl) {
@@ -266,7 +266,7 @@ static int post_work(rd_worker *w, bool *blocked)
 	int keep = 0;
 	for (int i = 0; i < n; i++) {
 		if (rd_t_expired(in[i]->t))
-			rd_slice_fail(tr, in[i], -ETIMEDOUT, "ended by its deadline or a cancel");
+			rd_slice_fail(tr, in[i], RD_ENDED_ERR, RD_ENDED_WHY);
 		else if (tr->host->canceled(tr->host, in[i]->t))
 			rd_slice_fail(tr, in[i], -ECANCELED, "batch canceled");
 		else

@@ -1324,18 +1324,21 @@ out:
 }
 
 /* Waits out `usec` of injected latency before a request of `qp` runs; false
- * when the QP went to ERR meanwhile (the request is flushed instead). The
- * latency set to 0, the QP destroyed or the device stopping end it early. */
+ * when the QP went to ERR or was destroyed meanwhile (the request is
+ * flushed instead). The latency set to 0 or the device stopping end it
+ * early too. */
 static bool latency_wait(soft_dev *d, soft_qp *qp, unsigned usec)
 {
 	gint64 until = g_get_monotonic_time() + usec;
+	bool gone;
 
 	g_mutex_lock(&d->lock);
 	while (!d->stop && !qp->destroyed && !atomic_load(&qp->in_error) &&
 	       atomic_load(&d->latency_us) != 0 && g_get_monotonic_time() < until)
 		g_cond_wait_until(&d->cond, &d->lock, until);
+	gone = qp->destroyed;
 	g_mutex_unlock(&d->lock);
-	return !atomic_load(&qp->in_error);
+	return !gone && !atomic_load(&qp->in_error);
 }
 
 /* Holds back a flush completion by the device's flush delay. */

@@ -192,15 +192,20 @@ bool te_task_end_early(te_task *t, int state, int error)
 
 	if (!(g & TE_GATE_HANDED) || (g & (TE_GATE_CLOSED | TE_GATE_ENDED)))
 		return false;
+	g = atomic_fetch_or(&t->gate, TE_GATE_CLOSED);
+	if (!(g & TE_GATE_HANDED) || (g & (TE_GATE_CLOSED | TE_GATE_ENDED)))
+		return false; /* someone else is at it, or it just ended */
+	/* A closed gate stops fail-over; one under way changes the transport
+	 * for a moment (failover.c). */
+	while (atomic_load(&t->gate) & TE_GATE_MOVING)
+		te_cpu_relax();
 	te_transport_inst *tp = t->tp;
 	if (tp != NULL && !(tp->ops->flags & TE_TRANSPORT_DEADLINES)) {
+		/* It never looks at the gate: closing it changed nothing. */
 		if (state != TE_TASK_CANCELED) /* a cancel there keeps its old meaning */
 			note_no_deadlines(tp);
 		return false;
 	}
-	g = atomic_fetch_or(&t->gate, TE_GATE_CLOSED);
-	if (!(g & TE_GATE_HANDED) || (g & (TE_GATE_CLOSED | TE_GATE_ENDED)))
-		return false; /* someone else is at it, or it just ended */
 	/* Held for this call; it becomes the early end's hold if it ends it. */
 	atomic_fetch_add(&b->mem_refs, 1);
 	/* Open touches are a memcpy or a non-blocking socket call long. */

@@ -23,7 +23,7 @@
 /* How late after its deadline a task may end: the host's timer and the
  * flush take a few ms; the sanitizers slow every thread several-fold. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define LATE_MS 100
+#define LATE_MS 120
 #else
 #define LATE_MS 20
 #endif

@@ -240,6 +240,18 @@ static bool path_error(int error)
 	       error == TE_ERR_REJECTED || error == TE_ERR_PROTOCOL || error == -EIO;
 }
 
+/* What a slice that has no path left fails with. A refused or garbled
+ * handshake on every path (the peer's NICs out of service, a QP count that
+ * differs) is no path to the peer, -ENETUNREACH: to libte TE_ERR_REJECTED
+ * would say the peer refused the range (it fetches the descriptor again),
+ * and a path error lets it move the task to another transport (TCP). The
+ * reasons are logged where each handshake failed. */
+static int no_path_error(const rd_slice *s, int rc, int error)
+{
+	int err = rc == -ENETDOWN ? -ENETDOWN : s->last_error ? s->last_error : error;
+	return err == TE_ERR_REJECTED || err == TE_ERR_PROTOCOL ? -ENETUNREACH : err;
+}
+
 /* `count`: the failure is the path's (an attempt, and evidence against the
  * pair); not when the slice was flushed for another transfer's sake. */
 static void slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why, bool count)
@@ -265,7 +277,7 @@ static void slice_retry(rd_transport *tr, rd_slice *s, int error, const char *wh
 	if (!count) {
 		int rc = rd_route(tr, s, true);
 		if (rc < 0) {
-			rd_slice_fail(tr, s, rc == -ENETDOWN ? rc : s->last_error ? s->last_error : error,
+			rd_slice_fail(tr, s, no_path_error(s, rc, error),
 				      "no path left after its endpoint was closed");
 			return;
 		}
@@ -287,8 +299,7 @@ static void slice_retry(rd_transport *tr, rd_slice *s, int error, const char *wh
 	if (rc >= 0 && from >= 0)
 		RD_COUNT(tr, tr->ctx[from], s->ldev != from ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, 1);
 	if (rc < 0) {
-		int err = rc == -ENETDOWN ? -ENETDOWN : s->last_error ? s->last_error : error;
-		rd_slice_fail(tr, s, err,
+		rd_slice_fail(tr, s, no_path_error(s, rc, error),
 			   rc == -ENETDOWN ? "every local RDMA device is out of service"
 					   : "every path failed, is paused, or retries are exhausted");
 		return;

@@ -433,6 +433,7 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 
 	c->host = h;
 	c->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
+	c->deadlines = TE_HAS_OP(h, transfer_enter) && TE_HAS_OP(h, transfer_leave) && TE_HAS_OP(h, transfer_deadline);
 	c->listen_fd = -1;
 	c->netlink_io.fd = -1;
 	g_mutex_init(&c->lock);
@@ -790,13 +791,18 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 				h->log(h, TE_LOG_ERROR, "a %llu-byte request needs more than 2^32 slices of %llu bytes",
 				       (unsigned long long)t->length, (unsigned long long)slice);
 				t->nr_slices = 1;
+				t->plugin_data[1] = t->length; /* not in a backlog (expire) */
 				h->complete(h, t, 0, -EINVAL);
 				continue;
 			}
 			/* Before it becomes visible to the I/O threads. */
 			t->nr_slices = (uint32_t)slices;
+			/* plugin_data[1] below length: in the backlog (set under
+			 * the lock: an expire() may come at any time) */
 			t->plugin_data[0] = 0;
-			t->plugin_data[1] = 0;
+			t->plugin_data[1] = t->length;
+			t->plugin_data[2] = (uintptr_t)last;
+			t->plugin_data[3] = 0;
 			if (last)
 				last->plugin_data[0] = (uintptr_t)t;
 			else
@@ -810,6 +816,9 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 		/* A small run to a peer with nothing queued may go out from this
 		 * thread at once, on an idle connection (tcp-client-caller.c). */
 		bool direct = c->cfg.direct && bytes <= slice && p->bl_head == NULL && p->nretry == 0;
+		for (te_transfer *t = first; t != NULL; t = (te_transfer *)t->plugin_data[0])
+			t->plugin_data[1] = 0;
+		first->plugin_data[2] = (uintptr_t)p->bl_tail;
 		if (p->bl_tail)
 			p->bl_tail->plugin_data[0] = (uintptr_t)first;
 		else
@@ -881,7 +890,9 @@ static int tcp_report(const te_host *h, char **text)
 
 static const te_transport_ops tcp_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_PINS | TE_TRANSPORT_NESTED_SUBMIT,
+	/* Deadlines: every touch of a transfer's memory is inside its gate
+	 * (tcp-client-wire.c), expire() drops its work (tcp-client.c). */
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_PINS | TE_TRANSPORT_NESTED_SUBMIT | TE_TRANSPORT_DEADLINES,
 	.probe = tcp_probe,
 	.create = tcp_create,
 	.destroy = tcp_destroy,
@@ -892,6 +903,7 @@ static const te_transport_ops tcp_ops = {
 	.report = tcp_report,
 	.progress = tcp_progress,
 	.wake = tcp_wake,
+	.expire = tcp_expire,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "tcp", "1.0.0",

@@ -70,8 +70,11 @@ static tcp_fence *fence_lost(const tcp_ctx *c, tcp_fence *f, int err, size_t *nf
 
 	for (size_t i = 0; i < f->n; i++) {
 		tcp_retry *r = &f->held[i];
-		if (!err_final(err) && r->counted && tcp_gate_closed(c, r->t)) {
-			f->held[k++] = *r;
+		if (!err_final(err) && tcp_gate_closed(c, r->t)) {
+			if (r->counted)
+				f->held[k++] = *r;
+			else
+				tcp_dead_add((tcp_ctx *)c, r->t, false);
 			continue;
 		}
 		complete_slice(c->host, r->t, r->counted, 0, err);
@@ -122,7 +125,7 @@ void tcp_fence_done(tcp_peer *p, tcp_fence *f)
 	}
 	g_free(back);
 	for (size_t i = 0; i < k; i++)
-		complete_slice(c->host, f->held[i].t, f->held[i].counted, 0, -ETIMEDOUT);
+		tcp_dead_add((tcp_ctx *)c, f->held[i].t, f->held[i].counted);
 	g_free(f);
 	if (nback > 0)
 		tcp_peer_kick_all(p);
@@ -143,12 +146,12 @@ void tcp_peer_fail_pending(tcp_peer *p, int err)
 
 	g_mutex_lock(&p->lock);
 	t = p->bl_head;
-	/* Out of the backlog for expire(): plugin_data[1] at the end, the
-	 * slices left in plugin_data[2] (no longer a link). */
+	/* Out of the backlog for expire(): no bytes left in plugin_data[1],
+	 * the slices left in plugin_data[2] (no longer a link). */
 	for (te_transfer *u = t; u != NULL; u = (te_transfer *)u->plugin_data[0]) {
-		uint64_t left = u->length - u->plugin_data[1];
+		uint64_t left = u->plugin_data[1];
 		u->plugin_data[2] = (uintptr_t)((left + slice - 1) / slice);
-		u->plugin_data[1] = u->length;
+		u->plugin_data[1] = 0;
 	}
 	p->bl_head = p->bl_tail = NULL;
 	retry = p->retry;
@@ -290,10 +293,10 @@ void tcp_cconn_pull(tcp_cconn *cc)
 			tries = r->tries;
 		} else if (p->bl_head != NULL) {
 			t = p->bl_head;
-			off = t->plugin_data[1];
-			len = MIN(c->cfg.slice, t->length - off);
-			t->plugin_data[1] = off + len;
-			if (off + len == t->length) {
+			off = t->length - t->plugin_data[1];
+			len = MIN(c->cfg.slice, t->plugin_data[1]);
+			t->plugin_data[1] -= len;
+			if (t->plugin_data[1] == 0) {
 				p->bl_head = (te_transfer *)t->plugin_data[0];
 				if (p->bl_head == NULL)
 					p->bl_tail = NULL;
@@ -308,7 +311,10 @@ void tcp_cconn_pull(tcp_cconn *cc)
 		if (h->canceled(h, t) || tcp_gate_closed(c, t)) {
 			p->bl_bytes -= len;
 			g_mutex_unlock(&p->lock);
-			h->complete(h, t, 0, -ECANCELED);
+			if (c->deadlines)
+				tcp_dead_add(c, t, false); /* ended by the host: completed once it published that */
+			else
+				h->complete(h, t, 0, -ECANCELED);
 			g_mutex_lock(&p->lock);
 			continue;
 		}
@@ -431,7 +437,7 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 			if (s->counted && hold != NULL && !err_final(err))
 				hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, s->tries, true };
 			else
-				done[ndone++] = (struct done){ s->t, 0, err, s->counted };
+				tcp_dead_add((tcp_ctx *)c, s->t, s->counted);
 			nended++;
 		} else if (i == at) { /* the request the failure is about */
 			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err, s->counted };
@@ -827,6 +833,60 @@ void tcp_peer_retire_conn(tcp_peer *p)
 
 /* ------------------------------------------------------------- expire */
 
+/* How long a slice of an ended transfer waits before it completes: the host
+ * publishes the early end right after expire() returns (a few instructions),
+ * and a completion that came first would be taken for the transfer's own
+ * end. Nothing waits for these completions but the task's storage and, for
+ * a WRITE held by a FENCE, its settling. */
+#define DEAD_GRACE_NS 2000000
+
+void tcp_dead_add(tcp_ctx *c, te_transfer *t, bool counted)
+{
+	struct tcp_dead d = { t, counted, tcp_now_ns() };
+
+	g_mutex_lock(&c->dead_lock);
+	g_array_append_val(c->dead, d);
+	atomic_store(&c->ndead, (int)c->dead->len);
+	g_mutex_unlock(&c->dead_lock);
+	tcp_io_arm(&c->threads[0]);
+}
+
+bool tcp_dead_flush(tcp_ctx *c, bool all)
+{
+	const te_host *h = c->host;
+	int64_t now = tcp_now_ns();
+	GArray *due = NULL;
+	bool left;
+
+	g_mutex_lock(&c->dead_lock);
+	if (all || atomic_load(&c->expiring) == 0) {
+		guint k = 0;
+		for (guint i = 0; i < c->dead->len; i++) {
+			struct tcp_dead d = g_array_index(c->dead, struct tcp_dead, i);
+			if (all || now - d.at >= DEAD_GRACE_NS) {
+				if (due == NULL)
+					due = g_array_new(FALSE, FALSE, sizeof d);
+				g_array_append_val(due, d);
+			} else {
+				g_array_index(c->dead, struct tcp_dead, k++) = d;
+			}
+		}
+		g_array_set_size(c->dead, k);
+	}
+	left = c->dead->len > 0;
+	atomic_store(&c->ndead, (int)c->dead->len);
+	g_mutex_unlock(&c->dead_lock);
+	/* Completed with the lock dropped (complete() may submit); not with
+	 * -ETIMEDOUT, which would tell the host it gave up on the peer. */
+	for (guint i = 0; due != NULL && i < due->len; i++) {
+		struct tcp_dead d = g_array_index(due, struct tcp_dead, i);
+		complete_slice(h, d.t, d.counted, 0, -ECANCELED);
+	}
+	if (due != NULL)
+		g_array_unref(due);
+	return left;
+}
+
 /*
  * The host ended `t` (deadline, cancel) and closed its gate: nothing of
  * its memory is touched any more (every touch is inside its gate). Its
@@ -839,23 +899,25 @@ void tcp_peer_retire_conn(tcp_peer *p)
 int tcp_expire(void *ctx, te_transfer *t)
 {
 	tcp_ctx *c = ctx;
-	const te_host *h = c->host;
 	tcp_peer *p = t->seg_ctx;
 	uint64_t slice = c->cfg.slice, n = 0;
 
+	atomic_fetch_add(&c->expiring, 1);
 	/* `t` may have completed meanwhile and its peer gone with it. */
 	g_mutex_lock(&c->lock);
 	bool live = g_hash_table_contains(c->live_peers, p);
 	if (live)
 		atomic_fetch_add(&p->kicking, 1); /* p stays until this drops */
 	g_mutex_unlock(&c->lock);
-	if (!live)
+	if (!live) {
+		atomic_fetch_sub(&c->expiring, 1);
 		return 0;
+	}
 	g_mutex_lock(&p->lock);
 	/* Still in the backlog (slices not taken): out of it. */
-	if (t->plugin_data[1] < t->length) {
+	if (t->plugin_data[1] > 0) {
 		te_transfer *next = (te_transfer *)t->plugin_data[0], *prev = (te_transfer *)t->plugin_data[2];
-		uint64_t left = t->length - t->plugin_data[1];
+		uint64_t left = t->plugin_data[1];
 		if (prev != NULL)
 			prev->plugin_data[0] = (uintptr_t)next;
 		else
@@ -866,7 +928,7 @@ int tcp_expire(void *ctx, te_transfer *t)
 			p->bl_tail = prev;
 		p->bl_bytes -= left;
 		n += (left + slice - 1) / slice;
-		t->plugin_data[1] = t->length;
+		t->plugin_data[1] = 0;
 	}
 	for (size_t i = 0; i < p->nretry;) {
 		if (p->retry[i].t != t) {
@@ -893,6 +955,7 @@ int tcp_expire(void *ctx, te_transfer *t)
 	atomic_fetch_sub(&p->kicking, 1);
 	tcp_wake(c);
 	for (uint64_t i = 0; i < n; i++)
-		h->complete(h, t, 0, -ETIMEDOUT);
+		tcp_dead_add(c, t, false);
+	atomic_fetch_sub(&c->expiring, 1);
 	return unsettled;
 }

@@ -329,7 +329,7 @@ struct tcp_peer {
 	atomic_int live_conns;     /* connections not yet retired by their thread */
 	GMutex lock;               /* backlog and retries */
 	/* The backlog: transfers linked through plugin_data[0] (next) and
-	 * plugin_data[2] (previous), plugin_data[1] the bytes taken from it;
+	 * plugin_data[2] (previous), plugin_data[1] its bytes not yet taken;
 	 * plugin_data[3] counts its unsettled WRITE slices (tcp_unsettled_add). */
 	te_transfer *bl_head, *bl_tail;
 	uint64_t bl_bytes;         /* bytes queued in the backlog and retries */
@@ -454,6 +454,13 @@ struct tcp_lane {
 	tcp_lane *lru_prev, *lru_next;
 };
 
+/* A slice of a transfer the host ended, waiting to be completed. */
+struct tcp_dead {
+	te_transfer *t;
+	bool counted;
+	int64_t at; /* ns, when it was added */
+};
+
 /* ------------------------------------------------------------ the context */
 
 struct tcp_ctx {
@@ -489,6 +496,13 @@ struct tcp_ctx {
 	bool auth;                 /* the engine has a key: authenticate every connection */
 	bool metrics;              /* the host counts for its transports (ABI 1.6) */
 	bool deadlines;            /* the host ends transfers early (ABI 1.11: transfer_enter and co.) */
+	/* Slices of transfers the host ended, completed by I/O thread 0 a
+	 * little later (tcp_dead_add): a completion made before the host has
+	 * published the early end would be taken for the transfer's own. */
+	atomic_int expiring;       /* expire() calls under way */
+	GMutex dead_lock;
+	GArray *dead;              /* tcp_dead */
+	atomic_int ndead;
 	GThreadPool *auth_pool;    /* accepted connections being authenticated */
 	GMutex lanes_lock;         /* the lanes of accepted connections (tcp-fence.c) */
 	GHashTable *lanes;         /* lane id → tcp_lane */
@@ -531,6 +545,11 @@ int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now);
 void tcp_cconn_shutdown(tcp_cconn *cc, int err); /* the threads stop: no caller is left */
 void tcp_peer_fail_pending(tcp_peer *p, int err);
 int tcp_expire(void *ctx, te_transfer *t); /* the ops' expire (ABI 1.11) */
+/* A slice of a transfer the host ended completes soon, on I/O thread 0,
+ * once no expire() is under way and a moment has passed (any thread). */
+void tcp_dead_add(tcp_ctx *c, te_transfer *t, bool counted);
+/* Completes what is due (all: at destroy); true while some waits. */
+bool tcp_dead_flush(tcp_ctx *c, bool all);
 void tcp_peer_retire_conn(tcp_peer *p);
 /* tcp-client-caller.c: callers. Sends a submit's run of transfers to `p` (already
  * in its backlog) on an idle connection from the submitting thread; false

@@ -400,6 +400,11 @@ static void tcp_destroy(void *ctx)
 	/* The threads fail what their connections still carry and close them. */
 	tcp_threads_stop(c);
 	tcp_link_close(c);
+	if (c->dead != NULL) {
+		tcp_dead_flush(c, true);
+		g_array_unref(c->dead);
+	}
+	g_mutex_clear(&c->dead_lock);
 	if (c->listen_fd >= 0)
 		close(c->listen_fd);
 	for (unsigned i = 0; i < c->nlisten_extra; i++)
@@ -437,6 +442,8 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	c->listen_fd = -1;
 	c->netlink_io.fd = -1;
 	g_mutex_init(&c->lock);
+	g_mutex_init(&c->dead_lock);
+	c->dead = g_array_new(FALSE, FALSE, sizeof(struct tcp_dead));
 	c->peers = g_hash_table_new(g_str_hash, g_str_equal);
 	c->all_peers = g_ptr_array_new();
 	c->live_peers = g_hash_table_new(g_direct_hash, g_direct_equal);
@@ -791,18 +798,16 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 				h->log(h, TE_LOG_ERROR, "a %llu-byte request needs more than 2^32 slices of %llu bytes",
 				       (unsigned long long)t->length, (unsigned long long)slice);
 				t->nr_slices = 1;
-				t->plugin_data[1] = t->length; /* not in a backlog (expire) */
 				h->complete(h, t, 0, -EINVAL);
 				continue;
 			}
 			/* Before it becomes visible to the I/O threads. */
 			t->nr_slices = (uint32_t)slices;
-			/* plugin_data[1] below length: in the backlog (set under
-			 * the lock: an expire() may come at any time) */
+			/* plugin_data[1] (the bytes not yet taken, 0 as the host
+			 * hands it over) is set under the lock: an expire() may
+			 * come at any time and read it there; [3] is 0 likewise. */
 			t->plugin_data[0] = 0;
-			t->plugin_data[1] = t->length;
 			t->plugin_data[2] = (uintptr_t)last;
-			t->plugin_data[3] = 0;
 			if (last)
 				last->plugin_data[0] = (uintptr_t)t;
 			else
@@ -817,7 +822,7 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 		 * thread at once, on an idle connection (tcp-client-caller.c). */
 		bool direct = c->cfg.direct && bytes <= slice && p->bl_head == NULL && p->nretry == 0;
 		for (te_transfer *t = first; t != NULL; t = (te_transfer *)t->plugin_data[0])
-			t->plugin_data[1] = 0;
+			t->plugin_data[1] = t->length;
 		first->plugin_data[2] = (uintptr_t)p->bl_tail;
 		if (p->bl_tail)
 			p->bl_tail->plugin_data[0] = (uintptr_t)first;

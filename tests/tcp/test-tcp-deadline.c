@@ -178,7 +178,12 @@ static void test_stopped_target(void)
 	for (size_t i = 0; i < n; i++) {
 		te_task_info ti = { .size = sizeof ti };
 		CHECK_EQ(te_get_task_info(r.e, b, i, &ti), 0);
-		bad += ti.state != TE_TASK_FAILED || ti.error != -ETIMEDOUT;
+		if (ti.state != TE_TASK_FAILED || ti.error != -ETIMEDOUT) {
+			if (bad++ == 0)
+				fprintf(stderr, "  task %zu (%s %llu bytes) ended %d, %s\n", i,
+					q[i].opcode == TE_OP_WRITE ? "WRITE" : "READ", (unsigned long long)q[i].length,
+					ti.state, te_strerror(ti.error));
+		}
 		if (ti.flags & TE_TASK_UNSETTLED) {
 			unsettled++;
 			CHECK_EQ(q[i].opcode, TE_OP_WRITE); /* a READ is settled when it ends */

@@ -282,9 +282,10 @@ static void test_cancel(void)
  * transfers beside it, without a deadline, complete with the right bytes. */
 static void test_shared_connection(void)
 {
-	te_option o[] = { { "TE_TCP_CONNS_PER_PEER", "1" }, { "TE_TCP_DIRECT", "0" } };
+	/* one connection, whose ring takes every request at once */
+	te_option o[] = { { "TE_TCP_CONNS_PER_PEER", "1" }, { "TE_TCP_DIRECT", "0" }, { "TE_TCP_WINDOW", "67108864" } };
 	rig r;
-	rig_up(&r, o, 2);
+	rig_up(&r, o, 3);
 	unsigned char *want = malloc(TBYTES);
 	REQUIRE(want != NULL);
 	fill_pattern(want, TBYTES, SEED);
@@ -303,8 +304,8 @@ static void test_shared_connection(void)
 							       r.t.addr + TBYTES / 2 + (uint64_t)i * (64u << 10), 64u << 10 }
 					       : (te_request){ TE_OP_READ, r.seg, r.buf + (size_t)i * (256u << 10),
 							       r.t.addr + (uint64_t)i * 4099, sz };
-			doomed[i] = (te_request){ TE_OP_READ, r.seg, r.buf + (6u << 20) + (size_t)(i % 8) * (256u << 10),
-						  r.t.addr + (uint64_t)i * 65536, 256u << 10 };
+			doomed[i] = (te_request){ TE_OP_READ, r.seg, r.buf + (6u << 20) + (size_t)(i % 2) * BIG,
+						  r.t.addr + (uint64_t)(i % 3) * BIG, BIG };
 		}
 		te_batch_id bd, bk;
 		REQUIRE(te_batch_alloc(r.e, N, &bd) == 0);

@@ -73,6 +73,18 @@ static void stop_target(pid_t pid)
 	fprintf(stderr, "  pid %d not reported stopped\n", (int)pid);
 }
 
+/* Tasks of the batch that are TE_TASK_UNSETTLED now. */
+static size_t count_unsettled(te_engine *e, te_batch_id b, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		te_task_info ti = { .size = sizeof ti };
+		CHECK_EQ(te_get_task_info(e, b, i, &ti), 0);
+		k += (ti.flags & TE_TASK_UNSETTLED) != 0;
+	}
+	return k;
+}
+
 /* Bytes of `p` that are not `v`. */
 static size_t changed(const unsigned char *p, size_t n, unsigned char v)
 {
@@ -198,6 +210,7 @@ static void test_stopped_target(void)
 	CHECK(t0.flags & TE_TASK_UNSETTLED);
 	fprintf(stderr, "  %zu WRITEs unsettled\n", unsettled);
 	CHECK_EQ(te_batch_wait_settled(r.e, b, 300), -ETIMEDOUT);
+	CHECK_EQ(count_unsettled(r.e, b, n), unsettled); /* none settles while the target is stopped */
 
 	/* (d) Another transfer to the still stopped target ends by its
 	 * deadline too, not after the stall or connect timeouts. */
@@ -269,6 +282,11 @@ static void test_cancel(void)
 		bad += st.state != TE_TASK_CANCELED;
 	}
 	CHECK_EQ(bad, 0);
+	/* the WRITEs whose bytes left stay unsettled while the target is stopped */
+	size_t unsettled = count_unsettled(r.e, b, n);
+	CHECK(unsettled > 0);
+	CHECK_EQ(te_batch_wait_settled(r.e, b, 200), -ETIMEDOUT);
+	CHECK_EQ(count_unsettled(r.e, b, n), unsettled);
 	kill(r.t.c.pid, SIGCONT);
 	CHECK_EQ(te_batch_wait_settled(r.e, b, 2000), 0);
 	usleep(100000);

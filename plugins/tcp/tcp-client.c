@@ -716,7 +716,8 @@ bool tcp_cconn_preamble(tcp_cconn *cc)
 			soft = true;
 		}
 		int rc = ms > 0 ? h->auth_connect(h, cc->io.fd, TE_AUTH_TCP, cc->peer->name, (int)ms) : -ETIMEDOUT;
-		if (rc == -ETIMEDOUT && soft) {
+		/* (a timeout comes back as TE_ERR_AUTH) */
+		if (rc != 0 && soft && tcp_now_ns() >= dl) {
 			/* The waiting transfers end by their deadline; the
 			 * others wait for the next try (expire() kicks). */
 			TLOG(c, TE_LOG_DEBUG, "connection %u to %s: authentication cut short by a transfer's deadline",

@@ -5,7 +5,8 @@
  * their deadline, nothing lands in a READ's buffer after that, the WRITEs
  * whose bytes left stay unsettled until the target, resumed, answers the
  * FENCE of their connection; a cancel ends a batch at once; a deadline that
- * passes on a connection shared with other transfers leaves those intact.
+ * passes on a connection shared with other transfers leaves those intact; the
+ * cluster key's exchange with a stopped target ends by the deadline.
  *
  * argv[1]: the tcp-peer helper.
  */
@@ -39,18 +40,26 @@ typedef struct target {
 	uint64_t addr;
 } target;
 
-static void target_start(target *t)
+/* A target, with the cluster key in `key` when not NULL. */
+static void target_start_key(target *t, const char *key)
 {
-	char bytes[32], sd[16];
+	char bytes[32], sd[16], env_key[160];
 	snprintf(bytes, sizeof bytes, "%u", TBYTES);
 	snprintf(sd, sizeof sd, "%u", SEED);
+	snprintf(env_key, sizeof env_key, "TE_AUTH_KEY_FILE=%s", key ? key : "");
 	char *argv[] = { (char *)peer_bin, "target", "127.0.0.1", bytes, sd, NULL };
-	REQUIRE(child_start(&t->c, argv, NULL));
+	char *env[] = { env_key, NULL };
+	REQUIRE(child_start(&t->c, argv, key ? env : NULL));
 	const char *rest = child_expect(&t->c, "READY ", 10000);
 	REQUIRE(rest != NULL);
 	unsigned long long a = 0;
 	REQUIRE(sscanf(rest, "%127s %llu", t->name, &a) == 2);
 	t->addr = a;
+}
+
+static void target_start(target *t)
+{
+	target_start_key(t, NULL);
 }
 
 /* Until the kernel reports `pid` stopped (state T in /proc/PID/stat). */
@@ -360,6 +369,66 @@ static void test_shared_connection(void)
 	rig_down(&r);
 }
 
+/* (d) With a cluster key the data connection's exchange is the one step
+ * that blocks (in an I/O thread): to a stopped target it must not outlast
+ * the deadline of the transfer waiting for the connection, or it holds up
+ * the other peers that thread serves (3 s otherwise). */
+static void test_auth_bounded(void)
+{
+	char key[64];
+	snprintf(key, sizeof key, "/tmp/te-deadline-key-%d", (int)getpid());
+	int fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	REQUIRE(fd >= 0);
+	static const char k[] = "0123456789abcdef-deadline-test-key\n";
+	REQUIRE(write(fd, k, sizeof k - 1) == (ssize_t)(sizeof k - 1));
+	close(fd);
+	target ta, tb;
+	target_start_key(&ta, key);
+	target_start_key(&tb, key);
+	/* one I/O thread for both peers; idle connections close at once */
+	te_option o[] = { { "TE_TCP_THREADS", "1" }, { "TE_TCP_CONNS_PER_PEER", "1" }, { "TE_TCP_IDLE_MS", "100" },
+			  { "auth_key_file", key } };
+	te_engine *e = tcp_engine(o, 4);
+	REQUIRE(e != NULL);
+	unsigned char *buf = map_buf(1u << 20);
+	REQUIRE(te_register_memory(e, buf, 1u << 20, "cpu:0", 0) == 0);
+	te_segment_id sa = te_segment_open(e, ta.name), sb = te_segment_open(e, tb.name);
+	REQUIRE(sa > 0 && sb > 0);
+	te_task_status st;
+	CHECK_EQ(run_one(e, TE_OP_READ, sa, buf, ta.addr, SMALL, &st), TE_TASK_COMPLETED);
+	CHECK_EQ(run_one(e, TE_OP_READ, sb, buf, tb.addr, SMALL, &st), TE_TASK_COMPLETED);
+	usleep(400000); /* both connections closed idle: the next transfers connect anew */
+
+	stop_target(ta.c.pid);
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(e, 1, &b) == 0);
+	te_request q = { TE_OP_READ, sa, buf, ta.addr, SMALL };
+	int64_t dl = te_now_ns() + 200 * MS;
+	CHECK_EQ(te_submit_by(e, b, &q, 1, dl), 0);
+	usleep(20000); /* its connection's exchange under way */
+	int64_t t0 = te_now_ns();
+	CHECK_EQ(run_one(e, TE_OP_READ, sb, buf + SMALL, tb.addr, SMALL, &st), TE_TASK_COMPLETED);
+	int64_t took = te_now_ns() - t0;
+	fprintf(stderr, "  a transfer to the live target took %.1f ms beside the stopped one's exchange\n",
+		(double)took / MS);
+	CHECK(took < 1000 * MS);
+	CHECK_EQ(te_batch_wait(e, b, 3000), 0);
+	CHECK(te_now_ns() - dl <= LATE_MS * MS);
+	CHECK_EQ(te_get_status(e, b, 0, &st), 0);
+	CHECK_EQ(st.state, TE_TASK_FAILED);
+	CHECK_EQ(te_batch_free(e, b), 0);
+
+	kill(ta.c.pid, SIGCONT);
+	CHECK_EQ(run_one(e, TE_OP_READ, sa, buf, ta.addr, SMALL, &st), TE_TASK_COMPLETED);
+	CHECK_EQ(te_segment_close(e, sa), 0);
+	CHECK_EQ(te_segment_close(e, sb), 0);
+	te_engine_destroy(e);
+	child_stop(&ta.c, 0);
+	child_stop(&tb.c, 0);
+	munmap(buf, 1u << 20);
+	unlink(key);
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -368,5 +437,6 @@ int main(int argc, char **argv)
 	TEST_RUN(test_stopped_target);
 	TEST_RUN(test_cancel);
 	TEST_RUN(test_shared_connection);
+	TEST_RUN(test_auth_bounded);
 	return check_done();
 }

@@ -64,7 +64,7 @@ static bool err_final(int err)
  * left: the peer may still apply them, so they wait for the FENCE to be
  * answered on another connection (unless `err` is final). Returns the
  * fence holding those, to send again, or NULL (freed). */
-static tcp_fence *fence_lost(const tcp_ctx *c, tcp_fence *f, int err, size_t *nfailed)
+static tcp_fence *fence_lost(tcp_ctx *c, tcp_fence *f, int err, size_t *nfailed)
 {
 	size_t k = 0;
 
@@ -74,7 +74,7 @@ static tcp_fence *fence_lost(const tcp_ctx *c, tcp_fence *f, int err, size_t *nf
 			if (r->counted)
 				f->held[k++] = *r;
 			else
-				tcp_dead_add((tcp_ctx *)c, r->t, false);
+				tcp_dead_add(c, r->t, false);
 			continue;
 		}
 		complete_slice(c->host, r->t, r->counted, 0, err);
@@ -101,7 +101,7 @@ static void fences_requeue(tcp_peer *p, tcp_fence *list)
 
 void tcp_fence_done(tcp_peer *p, tcp_fence *f)
 {
-	const tcp_ctx *c = p->ctx;
+	tcp_ctx *c = p->ctx;
 	tcp_retry *back = g_new(tcp_retry, f->n);
 	size_t k = 0, nback = 0;
 
@@ -125,7 +125,7 @@ void tcp_fence_done(tcp_peer *p, tcp_fence *f)
 	}
 	g_free(back);
 	for (size_t i = 0; i < k; i++)
-		tcp_dead_add((tcp_ctx *)c, f->held[i].t, f->held[i].counted);
+		tcp_dead_add(c, f->held[i].t, f->held[i].counted);
 	g_free(f);
 	if (nback > 0)
 		tcp_peer_kick_all(p);
@@ -136,7 +136,7 @@ void tcp_fence_done(tcp_peer *p, tcp_fence *f)
  * ended, which wait for their FENCE's answer, see fence_lost). */
 void tcp_peer_fail_pending(tcp_peer *p, int err)
 {
-	const tcp_ctx *c = p->ctx;
+	tcp_ctx *c = p->ctx;
 	const te_host *h = c->host;
 	uint64_t slice = c->cfg.slice;
 	te_transfer *t;
@@ -385,7 +385,7 @@ void tcp_cconn_go_down(tcp_cconn *cc)
 void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *why)
 {
 	tcp_peer *p = cc->peer;
-	const tcp_ctx *c = p->ctx;
+	tcp_ctx *c = p->ctx;
 	const te_host *h = host_of(cc);
 	size_t n = cc->head - cc->tail, nback = 0, nfail = 0, nhold = 0, nstuck = 0, nended = 0;
 	/* An idle connection that breaks says little about the peer; one that
@@ -437,7 +437,7 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 			if (s->counted && hold != NULL && !err_final(err))
 				hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, s->tries, true };
 			else
-				tcp_dead_add((tcp_ctx *)c, s->t, s->counted);
+				tcp_dead_add(c, s->t, s->counted);
 			nended++;
 		} else if (i == at) { /* the request the failure is about */
 			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err, s->counted };

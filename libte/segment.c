@@ -643,6 +643,9 @@ int te_segment_refresh_all(te_engine *e)
 }
 
 #define STALE_REFRESH_MS 1000
+/* Often enough that a peer back under its name is reached again within
+ * a 100 ms bound; a dead peer costs a refused connect per period. */
+#define LOST_REFRESH_MS 50
 
 bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 {
@@ -651,7 +654,13 @@ bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 
 	g_rec_mutex_lock(&e->ctl);
 	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
-	if (s != NULL && (s->last_auto_refresh == 0 || now - s->last_auto_refresh >= STALE_REFRESH_MS)) {
+	/* A peer back from a restart registers its memory after it answers:
+	 * for a second after a fetch that followed its loss, a range it does
+	 * not list yet is looked for as often as a lost peer is. */
+	int64_t every = s != NULL && s->last_lost_refresh != 0 && now - s->last_lost_refresh < STALE_REFRESH_MS
+				? LOST_REFRESH_MS
+				: STALE_REFRESH_MS;
+	if (s != NULL && (s->last_auto_refresh == 0 || now - s->last_auto_refresh >= every)) {
 		s->last_auto_refresh = now;
 		go = true;
 	}
@@ -662,10 +671,6 @@ bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 	}
 	return go;
 }
-
-/* Often enough that a peer back under its name is reached again within
- * a 100 ms bound; a dead peer costs a refused connect per period. */
-#define LOST_REFRESH_MS 50
 
 void te_segment_refresh_lost(te_engine *e, te_segment_id id)
 {

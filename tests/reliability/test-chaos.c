@@ -220,6 +220,15 @@ static void test_chaos(void)
 		int64_t late = (now_ns() - dl) / 1000000;
 		if (late > worst_late)
 			worst_late = late;
+		if (late > SLACK_MS && getenv("TEST_VERBOSE"))
+			for (unsigned k = 0; k < used; k++) {
+				te_task_info ti = { .size = sizeof ti };
+				te_get_task_info(ini, b, k, &ti);
+				fprintf(stderr, "late by %lld ms: %s %s flags %u (stalls %d, port downs %d, away %d)\n",
+					(long long)late, r[k].opcode == TE_OP_READ ? "READ" : "WRITE",
+					te_strerror(ti.error), ti.flags, atomic_load(&stalls),
+					atomic_load(&port_downs), atomic_load(&away));
+			}
 		bool any_ok = false, any_unsettled = false;
 		/* The target stayed up the whole time, and was back for long
 		 * enough to have been seen again (a peer lost is fetched again

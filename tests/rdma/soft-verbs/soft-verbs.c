@@ -100,6 +100,7 @@ typedef struct soft_dev {
 	GList *contexts;
 	GQueue runq;       /* soft_qp* with work queued */
 	soft_qp *busy;     /* the QP whose request is executing */
+	soft_qp *aside;    /* a QP flushed while `busy` waits out its latency */
 	atomic_uint latency_us;
 	atomic_uint flush_delay_us; /* before each flush completion */
 	int fail_next;
@@ -1093,7 +1094,7 @@ static int sv_destroy_qp(struct ibv_qp *ibqp)
 	if (qp->queued)
 		g_queue_remove(&d->runq, qp);
 	g_cond_broadcast(&d->cond); /* a latency wait on it ends */
-	while (d->busy == qp)
+	while (d->busy == qp || d->aside == qp)
 		g_cond_wait(&d->cond, &d->lock);
 	g_mutex_unlock(&d->lock);
 	atomic_fetch_sub(&((soft_cq *)ibqp->send_cq)->nqp, 1);
@@ -1323,10 +1324,50 @@ out:
 	return st;
 }
 
+/* Flushes every request of `qp`, in the error state (d->lock not held). */
+static void flush_all(soft_qp *qp)
+{
+	soft_dev *d = qp->dev;
+
+	for (;;) {
+		g_mutex_lock(&qp->lock);
+		if (qp->count == 0) {
+			g_mutex_unlock(&qp->lock);
+			return;
+		}
+		soft_wr w = qp->sq[qp->head];
+		qp->head = (qp->head + 1) % qp->cap;
+		qp->count--;
+		g_mutex_unlock(&qp->lock);
+		struct ibv_wc wc = { .wr_id = w.wr_id, .qp_num = qp->qp.qp_num,
+				     .opcode = w.opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE,
+				     .status = IBV_WC_WR_FLUSH_ERR };
+		atomic_fetch_add(&d->flushed, 1);
+		cq_push((soft_cq *)qp->qp.send_cq, &wc);
+	}
+}
+
+/* A queued QP in the error state, taken off the run queue (d->lock held),
+ * or NULL. */
+static soft_qp *take_errored(soft_dev *d)
+{
+	for (GList *l = d->runq.head; l != NULL; l = l->next) {
+		soft_qp *q = l->data;
+		if (atomic_load(&q->in_error)) {
+			g_queue_delete_link(&d->runq, l);
+			q->queued = false;
+			return q;
+		}
+	}
+	return NULL;
+}
+
 /* Waits out `usec` of injected latency before a request of `qp` runs; false
  * when the QP went to ERR or was destroyed meanwhile (the request is
  * flushed instead). The latency set to 0 or the device stopping end it
- * early too. */
+ * early too. A NIC serves its queue pairs apart: while one waits for its
+ * peer, another moved to the error state is flushed at once (unless a
+ * flush delay is set, which stands for a NIC slow to flush). */
 static bool latency_wait(soft_dev *d, soft_qp *qp, unsigned usec)
 {
 	gint64 until = g_get_monotonic_time() + usec;
@@ -1334,8 +1375,19 @@ static bool latency_wait(soft_dev *d, soft_qp *qp, unsigned usec)
 
 	g_mutex_lock(&d->lock);
 	while (!d->stop && !qp->destroyed && !atomic_load(&qp->in_error) &&
-	       atomic_load(&d->latency_us) != 0 && g_get_monotonic_time() < until)
+	       atomic_load(&d->latency_us) != 0 && g_get_monotonic_time() < until) {
+		soft_qp *e = atomic_load(&d->flush_delay_us) == 0 ? take_errored(d) : NULL;
+		if (e != NULL) {
+			d->aside = e;
+			g_mutex_unlock(&d->lock);
+			flush_all(e);
+			g_mutex_lock(&d->lock);
+			d->aside = NULL;
+			g_cond_broadcast(&d->cond);
+			continue;
+		}
 		g_cond_wait_until(&d->cond, &d->lock, until);
+	}
 	gone = qp->destroyed;
 	g_mutex_unlock(&d->lock);
 	return !gone && !atomic_load(&qp->in_error);

@@ -12,6 +12,8 @@
  */
 #include "pyte.h"
 
+#include <math.h>
+
 #include <errno.h>
 #include <string.h>
 
@@ -80,7 +82,9 @@ static int wait_slices(PyteEngine *eo, te_batch_id id, double timeout_s, PyThrea
 	double left_ms = timeout_s < 0 ? -1 : timeout_s * 1000.0;
 
 	for (;;) {
-		int ms = left_ms < 0 || left_ms > slice_ms ? slice_ms : (int)left_ms;
+		/* Rounded up: a fraction of a millisecond left (0.1 + 0.05 s is
+		 * not 150 ms in binary) is one more wait, not a zero-length one. */
+		int ms = left_ms < 0 || left_ms > slice_ms ? slice_ms : (int)ceil(left_ms);
 		int rc = settled ? te_batch_wait_settled(eo->e, id, ms) : te_batch_wait(eo->e, id, ms);
 		if (rc != -ETIMEDOUT)
 			return rc;

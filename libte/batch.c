@@ -21,17 +21,25 @@ typedef struct batch_box {
 	te_batch *b;
 } batch_box;
 
-static void box_unref(batch_box *box)
+/* The batch's memory outlives its table entry while a transport still
+ * holds a task that was ended early (a deadline, a cancel). */
+void te_batch_mem_unref(te_batch *b)
 {
-	if (atomic_fetch_sub_explicit(&box->refs, 1, memory_order_acq_rel) != 1)
+	if (atomic_fetch_sub_explicit(&b->mem_refs, 1, memory_order_acq_rel) != 1)
 		return;
-	te_batch *b = box->b;
 	g_mutex_clear(&b->lock);
 	g_cond_clear(&b->cond);
 	g_free(b->notify_msg);
 	g_free(b->notify_name);
 	g_free(b->notify_sender);
 	g_free(b);
+}
+
+static void box_unref(batch_box *box)
+{
+	if (atomic_fetch_sub_explicit(&box->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	te_batch_mem_unref(box->b);
 	g_free(box);
 }
 
@@ -107,6 +115,7 @@ int te_batch_alloc(te_engine *e, size_t capacity, te_batch_id *out)
 	memset(b, 0, sizeof *b);
 	b->engine = e;
 	b->capacity = capacity;
+	atomic_init(&b->mem_refs, 1);
 	g_mutex_init(&b->lock);
 	g_cond_init(&b->cond);
 	box = g_new0(batch_box, 1);
@@ -382,17 +391,14 @@ static bool peer_gone(int error)
 	}
 }
 
-static void task_finish(te_task *t, int state, bool from_completion)
+/* Publishes a task's end state (metrics first: whoever sees the task ended
+ * sees it counted). */
+static void task_end_state(te_task *t, te_segver *sv, int state)
 {
 	te_batch *b = t->batch;
 	te_engine *e = b->engine;
-	te_segver *sv = t->sv;
-	te_transport_inst *tp = t->tp;
 	te_stream_op *sop = t->sop;
 
-	t->sv = NULL;
-	/* Counted before the state is published: whoever sees the task ended
-	 * sees it counted. */
 	if (e->metrics != NULL)
 		te_metrics_task_end(e->metrics, t, state);
 	if (sv != NULL && state == TE_TASK_FAILED) {
@@ -405,6 +411,17 @@ static void task_finish(te_task *t, int state, bool from_completion)
 	/* Its stream goes on once each of the submission's tasks is seen ended. */
 	if (sop != NULL)
 		te_stream_task_done(sop);
+}
+
+static void task_finish(te_task *t, int state, bool from_completion)
+{
+	te_batch *b = t->batch;
+	te_engine *e = b->engine;
+	te_segver *sv = t->sv;
+	te_transport_inst *tp = t->tp;
+
+	t->sv = NULL;
+	task_end_state(t, sv, state);
 	te_segver_unref(sv, from_completion);
 	if (tp != NULL)
 		atomic_fetch_sub_explicit(&tp->inflight, 1, memory_order_release);
@@ -419,7 +436,9 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 		te_stage_slice_done(t, bytes, error);
 		return;
 	}
-	if (bytes)
+	/* Once ended early, what its transport still reports is not the
+	 * task's: the caller saw it end. */
+	if (bytes && !(atomic_load_explicit(&t->gate, memory_order_relaxed) & TE_GATE_EARLY))
 		atomic_fetch_add_explicit(&t->transferred, bytes, memory_order_relaxed);
 	if (error) {
 		int expect = 0;
@@ -430,9 +449,52 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 	unsigned slices = t->xfer.nr_slices;
 	unsigned done = atomic_fetch_add_explicit(&t->slices_done, 1, memory_order_acq_rel) + 1;
 	if (done == slices)
-		task_finish(t, final_state(atomic_load(&t->error)), true);
+		te_task_last(t, final_state(atomic_load(&t->error)), error, true);
 	else if (done > slices)
 		te_err("task completed %u times for %u slices: transport bug", done, slices);
+}
+
+void te_task_last(te_task *t, int state, int error, bool from_completion)
+{
+	unsigned mark = TE_GATE_ENDED | TE_GATE_FINAL | (error == -ETIMEDOUT ? TE_GATE_GAVEUP : 0);
+	unsigned prev = atomic_fetch_or_explicit(&t->gate, mark, memory_order_acq_rel);
+
+	if (!(prev & TE_GATE_ENDED))
+		task_finish(t, state, from_completion);
+	else if (prev & TE_GATE_PUBDONE)
+		te_task_release_early(t, from_completion);
+	/* else: ended early and still publishing; that side lets go */
+}
+
+void te_task_publish_early(te_task *t, int state)
+{
+	task_end_state(t, t->sv, state);
+	batch_task_done(t->batch); /* the batch stays: the early end holds it */
+}
+
+void te_task_release_early(te_task *t, bool from_completion)
+{
+	te_batch *b = t->batch;
+	te_engine *e = b->engine;
+	te_segver *sv = t->sv;
+	te_transport_inst *tp = t->tp;
+	unsigned g = atomic_load(&t->gate);
+
+	t->sv = NULL;
+	/* Its transport let go: a WRITE it held is settled, unless it gave up
+	 * waiting (-ETIMEDOUT), which says nothing of the peer. */
+	if ((g & TE_GATE_UNSETTLED) && !(g & TE_GATE_GAVEUP)) {
+		atomic_fetch_and(&t->gate, ~TE_GATE_UNSETTLED);
+		g_mutex_lock(&b->lock);
+		if (atomic_fetch_sub(&b->unsettled, 1) == 1 && b->waiters > 0)
+			g_cond_broadcast(&b->cond);
+		g_mutex_unlock(&b->lock);
+	}
+	te_segver_unref(sv, from_completion);
+	if (tp != NULL)
+		atomic_fetch_sub_explicit(&tp->inflight, 1, memory_order_release);
+	te_batch_mem_unref(b);
+	atomic_fetch_sub_explicit(&e->inflight, 1, memory_order_release);
 }
 
 /* A task that ends in te_submit() before it was handed on (canceled,
@@ -444,7 +506,7 @@ static void task_reject(te_task *t, int state, int error)
 	if (e->metrics != NULL)
 		te_metrics_task_unsubmitted(e->metrics, t);
 	atomic_store(&t->error, error);
-	task_finish(t, state, false);
+	te_task_last(t, state, error, false);
 }
 
 /* ---------------------------------------------------------------- submit */
@@ -562,7 +624,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 			t->dev = rr->dev;
 		if (e->metrics != NULL)
 			te_metrics_submit_one(e->metrics, &d->ms, t);
-		te_local_submit(e, t);
+		te_local_submit(e, t); /* hands it over */
 		return 0;
 	}
 
@@ -597,10 +659,14 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	note_transport(b, t->tp);
 	if (e->metrics != NULL)
 		te_metrics_submit_one(e->metrics, &d->ms, t);
-	if (t->dev != NULL && !te_region_direct(lr, t->tp))
+	/* A staged task is not handed over: its staging copies do not pass
+	 * the gate, so it ends when its transport ends it. */
+	if (t->dev != NULL && !te_region_direct(lr, t->tp)) {
 		te_stage_submit(e, t);
-	else
+	} else {
+		te_task_handed(t);
 		queue_remote(e, d, t);
+	}
 	return 0;
 }
 
@@ -625,9 +691,11 @@ static __attribute__((noinline)) int route_settle(te_task *t, const te_request *
 }
 
 /* A task as submitted, before routing. */
-static void task_init(te_task *t, te_batch *b, const te_request *r, te_stream_op *sop, uint64_t t0)
+static void task_init(te_task *t, te_batch *b, const te_request *r, te_stream_op *sop, uint64_t t0,
+		      int64_t deadline)
 {
 	te_task_init(t, b, r->opcode, r->local, r->remote, r->length, sop, t0);
+	t->deadline = deadline;
 }
 
 /* Appends `n` tasks to the batch, in flight from now on (te_batch_wait()
@@ -658,12 +726,16 @@ static int reserve(te_engine *e, te_batch *b, batch_box *box, size_t n, const ch
 }
 
 /* Routes tasks [base, base + n) of the batch, reserved for `reqs`, and
- * hands them on; `sop`: the stream submission they belong to, or NULL.
- * Returns how many ended INVALID. */
-int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
-			te_stream_op *sop)
+ * hands them on; `sop`: the stream submission they belong to, or NULL;
+ * `deadline`: theirs (0: none). Returns how many ended INVALID. */
+static int start_tasks(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
+		       te_stream_op *sop, int64_t deadline)
 {
 	int invalid = 0;
+	/* Exchanges with peers made below (descriptor fetches) end by it. */
+	int64_t outer_deadline = te_call_deadline;
+	if (deadline != 0 && (outer_deadline == 0 || deadline < outer_deadline))
+		te_call_deadline = deadline;
 
 	if (atomic_load_explicit(&e->lost, memory_order_relaxed) > 0) {
 		/* Some peer went away: the segments this submit names are fetched
@@ -689,7 +761,7 @@ int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request
 	for (size_t i = 0; i < n; i++) {
 		te_task *t = &b->tasks[base + i];
 		const te_request *r = &reqs[i];
-		task_init(t, b, r, sop, t0);
+		task_init(t, b, r, sop, t0, deadline);
 		if (canceled) {
 			task_reject(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;
@@ -734,30 +806,70 @@ int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request
 	if (e->metrics != NULL)
 		te_metrics_late_end(&late);
 	te_metrics_submit_flush(&d.ms);
+	if (deadline != 0)
+		te_deadline_arm(e, b->id, base, n, deadline);
+	te_call_deadline = outer_deadline;
 	return invalid;
 }
 
-int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
+int te_batch_start_held(te_engine *e, te_batch *b, size_t base, const te_request *reqs, size_t n,
+			te_stream_op *sop)
+{
+	return start_tasks(e, b, base, reqs, n, sop, atomic_load_explicit(&b->deadline, memory_order_relaxed));
+}
+
+static int submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n, int64_t deadline,
+		  const char *what)
 {
 	batch_box *box;
 	size_t base;
 
 	if (e != NULL && n > 0 && reqs == NULL) {
-		te_err("te_submit: NULL request array");
+		te_err("%s: NULL request array", what);
 		return -EINVAL;
 	}
-	box = batch_get(e, id, "te_submit");
+	if (deadline < 0) {
+		te_err("%s: negative deadline %lld", what, (long long)deadline);
+		return -EINVAL;
+	}
+	box = batch_get(e, id, what);
 	if (box == NULL)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
 	if (n == 0) {
 		box_unref(box);
 		return 0;
 	}
-	int rc = reserve(e, box->b, box, n, "te_submit", &base);
+	if (deadline == 0)
+		deadline = atomic_load_explicit(&box->b->deadline, memory_order_relaxed);
+	int rc = reserve(e, box->b, box, n, what, &base);
 	if (rc == 0)
-		rc = te_batch_start_held(e, box->b, base, reqs, n, NULL);
+		rc = start_tasks(e, box->b, base, reqs, n, NULL, deadline);
 	box_unref(box);
 	return rc;
+}
+
+int te_submit(te_engine *e, te_batch_id id, const te_request *reqs, size_t n)
+{
+	return submit(e, id, reqs, n, 0, "te_submit");
+}
+
+int te_submit_by(te_engine *e, te_batch_id id, const te_request *reqs, size_t n, int64_t deadline_ns)
+{
+	return submit(e, id, reqs, n, deadline_ns, "te_submit_by");
+}
+
+int te_batch_set_deadline(te_engine *e, te_batch_id id, int64_t deadline_ns)
+{
+	if (deadline_ns < 0) {
+		te_err("te_batch_set_deadline: negative deadline %lld", (long long)deadline_ns);
+		return -EINVAL;
+	}
+	batch_box *box = batch_get(e, id, "te_batch_set_deadline");
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	atomic_store_explicit(&box->b->deadline, deadline_ns, memory_order_relaxed);
+	box_unref(box);
+	return 0;
 }
 
 int te_batch_hold(te_engine *e, te_batch_id id, const te_request *reqs, size_t n, te_stream_op *sop,
@@ -771,8 +883,9 @@ int te_batch_hold(te_engine *e, te_batch_id id, const te_request *reqs, size_t n
 	int rc = reserve(e, b, box, n, "te_submit_on_stream", base);
 	if (rc == 0) {
 		uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
+		int64_t dl = atomic_load_explicit(&b->deadline, memory_order_relaxed);
 		for (size_t i = 0; i < n; i++)
-			task_init(&b->tasks[*base + i], b, &reqs[i], sop, t0);
+			task_init(&b->tasks[*base + i], b, &reqs[i], sop, t0, dl);
 		*out = b;
 	}
 	/* The tasks in flight keep the batch: te_batch_free() refuses it, and
@@ -931,7 +1044,89 @@ int te_batch_cancel(te_engine *e, te_batch_id id)
 
 	if (box == NULL)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
-	atomic_store(&box->b->canceled, 1);
+	te_batch *b = box->b;
+	atomic_store(&b->canceled, 1);
+	/* Tasks in flight end now where their transport allows it; the others
+	 * see the flag at their next slice. */
+	size_t n = atomic_load(&b->count);
+	for (size_t i = 0; i < n && atomic_load(&b->inflight) > 0; i++)
+		te_task_end_early(&b->tasks[i], TE_TASK_CANCELED, -ECANCELED);
+	box_unref(box);
+	return 0;
+}
+
+void te_batch_expire_range(te_engine *e, te_batch_id id, size_t base, size_t n)
+{
+	g_rw_lock_reader_lock(&e->batch_lock);
+	batch_box *box = g_hash_table_lookup(e->batches, &id);
+	if (box != NULL)
+		atomic_fetch_add_explicit(&box->refs, 1, memory_order_relaxed);
+	g_rw_lock_reader_unlock(&e->batch_lock);
+	if (box == NULL)
+		return; /* freed: none of its tasks is in flight */
+	te_batch *b = box->b;
+	for (size_t i = base; i < base + n && atomic_load(&b->inflight) > 0; i++)
+		te_task_end_early(&b->tasks[i], TE_TASK_FAILED, -ETIMEDOUT);
+	box_unref(box);
+}
+
+int te_batch_wait_settled(te_engine *e, te_batch_id id, int timeout_ms)
+{
+	gint64 start = g_get_monotonic_time();
+	int rc = te_batch_wait(e, id, timeout_ms);
+
+	if (rc < 0)
+		return rc;
+	batch_box *box = batch_get(e, id, "te_batch_wait_settled");
+	if (box == NULL)
+		return e == NULL ? -EINVAL : TE_ERR_BATCH;
+	te_batch *b = box->b;
+	gint64 end = start + (gint64)timeout_ms * 1000;
+	g_mutex_lock(&b->lock);
+	b->waiters++;
+	while (atomic_load(&b->unsettled) > 0) {
+		if (timeout_ms < 0) {
+			g_cond_wait(&b->cond, &b->lock);
+		} else if (!g_cond_wait_until(&b->cond, &b->lock, end) && atomic_load(&b->unsettled) > 0) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	b->waiters--;
+	g_mutex_unlock(&b->lock);
+	box_unref(box);
+	return rc;
+}
+
+int te_get_task_info(te_engine *e, te_batch_id id, size_t task, te_task_info *out)
+{
+	if (out == NULL || out->size < sizeof *out) {
+		te_err("te_get_task_info: %s", out == NULL ? "NULL output pointer"
+							   : "out->size is not set to sizeof(te_task_info)");
+		return -EINVAL;
+	}
+	te_task_status st;
+	int rc = te_get_status(e, id, task, &st);
+	if (rc < 0)
+		return rc;
+	batch_box *box = batch_get(e, id, "te_get_task_info");
+	if (box == NULL)
+		return TE_ERR_BATCH;
+	const te_task *t = &box->b->tasks[task];
+	unsigned g = atomic_load_explicit(&t->gate, memory_order_acquire);
+	int state = atomic_load_explicit(&t->state, memory_order_acquire);
+	uint32_t size = out->size < sizeof *out ? out->size : (uint32_t)sizeof *out;
+	te_task_info info = {
+		.size = size,
+		.state = state,
+		.error = state == TE_TASK_COMPLETED ? 0 : atomic_load(&t->error),
+		.flags = ((g & TE_GATE_UNSETTLED) ? TE_TASK_UNSETTLED : 0) |
+			 ((g & TE_GATE_EARLY) && state != TE_TASK_WAITING ? TE_TASK_ENDED_EARLY : 0),
+		.transferred = atomic_load_explicit(&t->transferred, memory_order_relaxed),
+		.deadline_ns = t->deadline,
+	};
+	(void)st;
+	memcpy(out, &info, size);
 	box_unref(box);
 	return 0;
 }

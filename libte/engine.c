@@ -668,6 +668,8 @@ void te_engine_destroy(te_engine *e)
 		abandon(e, atomic_load(&e->inflight));
 		return;
 	}
+	/* Nothing left for it to end; it calls into the transports. */
+	te_deadlines_stop(e);
 	/* Started submissions' jobs: their tasks have ended, so they return. */
 	if (e->stream_pool != NULL)
 		g_thread_pool_free(e->stream_pool, FALSE, TRUE);

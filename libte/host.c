@@ -416,6 +416,24 @@ static void host_transfer_stale(const te_host *h, const te_transfer *t)
 		te_task_stale((te_task *)(void *)t);
 }
 
+static int host_transfer_enter(const te_host *h, te_transfer *t)
+{
+	(void)h;
+	return te_task_enter((te_task *)(void *)t);
+}
+
+static void host_transfer_leave(const te_host *h, te_transfer *t)
+{
+	(void)h;
+	te_task_leave((te_task *)(void *)t);
+}
+
+static int64_t host_transfer_deadline(const te_host *h, const te_transfer *t)
+{
+	(void)h;
+	return ((const te_task *)(const void *)t)->deadline;
+}
+
 static int host_metrics_text(const te_host *h, char **text, size_t *len)
 {
 	(void)h;
@@ -469,6 +487,9 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.device_done_burst = host_device_done_burst,
 		.buffer_fields = host_buffer_fields,
 		.transfer_stale = host_transfer_stale,
+		.transfer_enter = host_transfer_enter,
+		.transfer_leave = host_transfer_leave,
+		.transfer_deadline = host_transfer_deadline,
 	};
 #if !TE_METRICS_BUILD
 	/* Counting compiled out: plugins see no counters to call at all. */

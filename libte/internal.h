@@ -332,6 +332,7 @@ struct te_transport_inst {
 	/* Uninstalled: its instance stays allocated until the engine goes, so a
 	 * waiting thread holding a stale pointer can still read this flag. */
 	atomic_bool retired;
+	atomic_bool warned_deadlines; /* said once that it cannot end tasks early */
 };
 
 /* ------------------------------------------------------------ segment.c */
@@ -407,7 +408,28 @@ typedef struct te_task {
 	te_mpeer *mpeer;
 	uint64_t t0; /* te_metrics_now() */
 	uint64_t stage_t0; /* TE_STAGE_STATS: when it was queued for buffers */
+	int64_t deadline; /* te_now_ns() time, 0: none */
+	atomic_uint gate; /* TE_GATE_*: who may touch its memory, who ended it */
 } te_task;
+
+/* A task's gate (deadline.c). The low bits count the transport's open
+ * transfer_enter()s; CLOSED refuses new ones. HANDED: given to a
+ * transport or the local copier, so it may be ended early. ENDED: its
+ * state was published (by its last completion or early); FINAL: its last
+ * completion came; EARLY: ended before that, the host keeps its memory
+ * until it (and PUBDONE: the early end finished publishing, so whichever
+ * of the two comes second lets go). ENTERED: a transfer_enter() passed.
+ * UNSETTLED: ended early with a WRITE's bytes maybe still to land. */
+#define TE_GATE_COUNT 0xffffu
+#define TE_GATE_CLOSED (1u << 16)
+#define TE_GATE_HANDED (1u << 17)
+#define TE_GATE_ENDED (1u << 18)
+#define TE_GATE_FINAL (1u << 19)
+#define TE_GATE_EARLY (1u << 20)
+#define TE_GATE_PUBDONE (1u << 21)
+#define TE_GATE_ENTERED (1u << 22)
+#define TE_GATE_UNSETTLED (1u << 23)
+#define TE_GATE_GAVEUP (1u << 24) /* its last completion was -ETIMEDOUT */
 
 typedef struct te_batch {
 	te_batch_id id;
@@ -416,6 +438,9 @@ typedef struct te_batch {
 	atomic_size_t count;
 	atomic_size_t inflight;
 	atomic_int canceled;
+	atomic_int mem_refs; /* its table entry, and tasks ended early */
+	_Atomic int64_t deadline; /* for tasks submitted from now on, 0: none */
+	atomic_size_t unsettled; /* tasks with TE_GATE_UNSETTLED */
 	GMutex lock;
 	GCond cond;
 	unsigned waiters;  /* threads in te_batch_wait, under lock */
@@ -439,6 +464,35 @@ void te_batches_init(struct te_engine *e);
 extern atomic_int te_batch_spinners;
 void te_batches_clear(struct te_engine *e);
 void te_batches_cancel_all(struct te_engine *e);
+void te_batch_mem_unref(te_batch *b);
+
+/* ------------------------------------------------------------ deadline.c */
+typedef struct te_deadlines te_deadlines;
+/* Ends tasks [base, base+n) of batch `id` still in flight at `when`
+ * (te_now_ns() time). The timer thread starts at the first call. */
+void te_deadline_arm(struct te_engine *e, te_batch_id id, size_t base, size_t n, int64_t when);
+/* batch.c: ends what is still in flight of those tasks, if the batch is
+ * still there. */
+void te_batch_expire_range(struct te_engine *e, te_batch_id id, size_t base, size_t n);
+/* Stops the timer thread (engine destroy, before transports go). */
+void te_deadlines_stop(struct te_engine *e);
+/* Ends task `t` of a live batch early with `state`/`error` if it is in
+ * flight and its transport honours deadlines; returns true when it did. */
+bool te_task_end_early(te_task *t, int state, int error);
+/* The last completion of a task: publishes its end (state from `error`)
+ * and lets go of it, or, ended early, lets go once the early end is
+ * published. */
+void te_task_last(te_task *t, int state, int error, bool from_completion);
+/* batch.c, for deadline.c: an early end's publishing, and letting go of
+ * the task once both it and the task's last completion happened. */
+void te_task_publish_early(te_task *t, int state);
+void te_task_release_early(te_task *t, bool from_completion);
+/* host->transfer_enter/leave. */
+int te_task_enter(te_task *t);
+void te_task_leave(te_task *t);
+/* The deadline of this thread's call (te_submit_by), 0: none; waits on a
+ * peer made inside it (the RPC client) end by it. */
+extern _Thread_local int64_t te_call_deadline;
 GThreadPool *te_notify_pool_new(void);
 /* te_submit_on_stream(): appends `n` tasks for `reqs` to the batch, in
  * flight and WAITING until started (*out: the batch, *base: the first
@@ -482,6 +536,16 @@ static inline void te_task_init(te_task *t, te_batch *b, uint32_t opcode, void *
 	t->mpeer = NULL;
 	t->t0 = t0;
 	t->stage_t0 = 0;
+	t->deadline = 0;
+	atomic_store_explicit(&t->gate, 0, memory_order_relaxed);
+}
+
+/* The task goes to its transport or the local copier now: from here on a
+ * deadline or a cancel may end it early (a plain store: nothing else
+ * writes the gate before, and a cancel that raced ahead saw no HANDED). */
+static inline void te_task_handed(te_task *t)
+{
+	atomic_store_explicit(&t->gate, TE_GATE_HANDED, memory_order_release);
 }
 
 /* Records the transport of the batch's first remote task (waiting). */
@@ -584,6 +648,7 @@ struct te_engine {
 	int64_t drain_ms;    /* how long destroy and uninstall wait for tasks (TE_DRAIN_TIMEOUT_MS) */
 	te_spin_policy spin; /* te_batch_wait looks this long before it sleeps (TE_SPIN_US) */
 	te_metrics *metrics; /* NULL when counting is off (TE_METRICS=0) */
+	te_deadlines *deadlines; /* the deadline timer, NULL until a deadline is set */
 };
 
 int te_engine_publish(struct te_engine *e);

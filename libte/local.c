@@ -41,7 +41,13 @@ static void copy_chunk(gpointer data, gpointer user)
 		te_task_complete(t, 0, -ECANCELED);
 		return;
 	}
+	/* Ended early (a deadline, a cancel): the caller owns the memory again. */
+	if (!te_task_enter(t)) {
+		te_task_complete(t, 0, -ETIMEDOUT);
+		return;
+	}
 	int rc = copy_range(t, off, len);
+	te_task_leave(t);
 	te_task_complete(t, rc < 0 ? 0 : len, rc);
 }
 
@@ -89,6 +95,7 @@ void te_local_submit(te_engine *e, te_task *t)
 	if (chunks > e->copy_threads)
 		chunks = e->copy_threads;
 	t->xfer.nr_slices = (uint32_t)chunks;
+	te_task_handed(t); /* copied on other threads: a deadline may end it */
 	for (uint64_t i = 0; i < chunks; i++)
 		g_thread_pool_push(e->copy_pool, t, NULL);
 }

@@ -381,6 +381,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 	 * version and the transport: counted for all before any is handed on,
 	 * the surplus given back at the end. */
 	bool canceled = atomic_load(&b->canceled);
+	int64_t deadline = atomic_load_explicit(&b->deadline, memory_order_relaxed);
 	uint64_t t0 = e->metrics != NULL ? te_metrics_now() : 0;
 	te_mlate late;
 	te_msubmit ms = { 0 };
@@ -411,6 +412,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 		}
 		te_task *t = &b->tasks[base + ti];
 		te_task_init(t, b, opcode, (void *)(uintptr_t)L->pieces[i].addr, R->pieces[j].addr, len, NULL, t0);
+		t->deadline = deadline;
 		if (canceled) { /* counted as te_submit() counts it: before routing */
 			te_batch_task_end(t, TE_TASK_CANCELED, -ECANCELED);
 			continue;
@@ -453,6 +455,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 			te_stage_submit(e, t);
 			continue;
 		}
+		te_task_handed(t);
 		d.pend[d.n++] = &t->xfer;
 		if (d.n == PREP_CHUNK) {
 			g_rw_lock_reader_unlock(&e->mem.lock);
@@ -474,5 +477,7 @@ int te_submit_prepared(te_engine *e, te_batch_id id, uint32_t opcode, const te_x
 	if (e->metrics != NULL)
 		te_metrics_late_end(&late);
 	te_metrics_submit_flush(&ms);
+	if (deadline != 0)
+		te_deadline_arm(e, id, base, m, deadline);
 	return (int)(invalid > INT32_MAX ? INT32_MAX : invalid);
 }

@@ -703,12 +703,20 @@ int te_rpc_call_addr(const te_auth *auth, const char *host, int port, int type, 
 		return -EMSGSIZE;
 	}
 	snprintf(peer, sizeof peer, "%s:%d", host, port);
-	rc = connect_to(host, port, te_now_ms() + CONNECT_TIMEOUT_MS, &fd);
+	/* Inside a call with a deadline (te_submit_by), no wait outlasts it. */
+	int64_t cap = te_call_deadline != 0 ? te_call_deadline / 1000000 : INT64_MAX; /* te_now_ms() time */
+	int64_t cdl = te_now_ms() + CONNECT_TIMEOUT_MS;
+	rc = connect_to(host, port, cdl < cap ? cdl : cap, &fd);
 	if (rc < 0) {
 		te_dbg("rpc: connect to %s failed: %s", peer, te_strerror(rc));
 		return rc;
 	}
 	int64_t deadline = te_now_ms() + (timeout_ms > 0 ? timeout_ms : CLIENT_RECV_TIMEOUT_MS);
+	if (deadline > cap) {
+		deadline = cap;
+		int64_t left = cap - te_now_ms();
+		timeout_ms = left < 1 ? 1 : left > INT32_MAX ? INT32_MAX : (int)left;
+	}
 	if (auth != NULL) {
 		rc = te_auth_client(auth, fd, TE_AUTH_RPC, peer, timeout_ms);
 		if (rc < 0) {

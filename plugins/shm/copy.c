@@ -102,6 +102,24 @@ static void done(shm_ctx *c, const shm_piece *p, int err)
 	c->host->complete(c->host, p->t, err ? 0 : p->len, err);
 }
 
+/* Deadlines (ABI 1.11): a piece touches its transfer's memory only between
+ * gate_in() and done_in(), so that the host may end the transfer early
+ * (the caller owns the memory again from then on). Every copy here is a
+ * memcpy, a device copy or one process_vm_* call: short, never waiting on
+ * the target process. */
+static bool gate_in(shm_ctx *c, te_transfer *t)
+{
+	return !TE_HAS_OP(c->host, transfer_enter) || c->host->transfer_enter(c->host, t);
+}
+
+/* Leaves the gate, then completes (the host may drop the task after). */
+static void done_in(shm_ctx *c, const shm_piece *p, int err)
+{
+	if (TE_HAS_OP(c->host, transfer_leave))
+		c->host->transfer_leave(c->host, p->t);
+	done(c, p, err);
+}
+
 /* Whether the local side of a transfer is device memory. The host hands
  * this transport its device memory as it is (TE_TRANSPORT_DEVICE_MEMORY:
  * every device region registers here), never staged. */
@@ -144,7 +162,7 @@ static void dev_flush(shm_ctx *c, shm_piece *ps, dev_batch *b)
 	}
 	for (unsigned k = 0; k < b->n; k++) {
 		unpin(b->slots[k]);
-		done(c, &ps[b->idx[k]], rc);
+		done_in(c, &ps[b->idx[k]], rc);
 	}
 	b->n = 0;
 }
@@ -231,11 +249,15 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n)
 			done(c, p, -ECANCELED);
 			continue;
 		}
+		if (!gate_in(c, p->t)) { /* ended early: not ours to touch */
+			done(c, p, -ETIMEDOUT);
+			continue;
+		}
 		shm_slot *slot = pin(s, remote, p->len);
 		if (slot == NULL) {
 			/* Not a live region of the target (unregistered since its
 			 * descriptor was read): refused, as any transport refuses. */
-			done(c, p, TE_ERR_REJECTED);
+			done_in(c, p, TE_ERR_REJECTED);
 			continue;
 		}
 		if (atomic_load_explicit(&slot->kind, memory_order_relaxed) == SLOT_DEVICE) {
@@ -248,7 +270,7 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n)
 					SLOG(c, TE_LOG_WARN, "shm: %s memory to %s memory: not one device plugin's",
 					     p->t->local_location, loc);
 				unpin(slot);
-				done(c, p, TE_ERR_REJECTED);
+				done_in(c, p, TE_ERR_REJECTED);
 				continue;
 			}
 			if (op == TE_OP_READ)
@@ -271,18 +293,18 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n)
 			else
 				memcpy(there, local, p->len);
 			unpin(slot);
-			done(c, p, 0);
+			done_in(c, p, 0);
 			continue;
 		}
 		if (!s->cma) {
 			unpin(slot);
-			done(c, p, TE_ERR_REJECTED);
+			done_in(c, p, TE_ERR_REJECTED);
 			continue;
 		}
 		if (ldev) {
 			int rc = bounce(c, s, op, local, p->t->local_location, remote, p->len);
 			unpin(slot);
-			done(c, p, rc);
+			done_in(c, p, rc);
 			continue;
 		}
 		lv[nv] = (struct iovec){ local, p->len };
@@ -302,12 +324,12 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n)
 		/* The kernel stops at the first page it cannot reach. */
 		if (left >= lv[k].iov_len) {
 			left -= lv[k].iov_len;
-			done(c, &ps[idx[k]], 0);
+			done_in(c, &ps[idx[k]], 0);
 		} else {
 			left = 0;
 			if (err == -ESRCH)
 				atomic_store(&s->dead, true);
-			done(c, &ps[idx[k]], err ? (err == -ESRCH ? -ECONNRESET : err) : -EFAULT);
+			done_in(c, &ps[idx[k]], err ? (err == -ESRCH ? -ECONNRESET : err) : -EFAULT);
 		}
 	}
 }

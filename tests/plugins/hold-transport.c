@@ -14,6 +14,13 @@
  * descriptor; te_test_hold_fields() replaces an engine's fields through the
  * host (buffer_fields, ABI 1.8) and te_test_hold_stale() says a held
  * transfer's keys were refused (transfer_stale).
+ *
+ * Built a second time as "holddl" (HOLD_DEADLINES): a transport that
+ * honours deadlines (ABI 1.11). It copies a released transfer's bytes only
+ * inside transfer_enter/leave, and its expire() keeps the transfer held
+ * (as a transport still waiting for its peer would) and calls a held WRITE
+ * unsettled, so tests see an early end, the bytes that then never move,
+ * and the settling at its release.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -23,6 +30,13 @@
 
 #include <te/te-plugin.h>
 
+#ifndef HOLD_DEADLINES
+#define HOLD_NAME "hold"
+#define HOLD_FLAGS TE_TRANSPORT_MEMORY
+#else
+#define HOLD_NAME "holddl"
+#define HOLD_FLAGS (TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEADLINES)
+#endif
 #define MAX_HELD 4096
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -47,6 +61,17 @@ __attribute__((visibility("default"))) size_t te_test_hold_release(int error);
 __attribute__((visibility("default"))) int te_test_hold_fields(const char *engine, const void *addr,
 								const char *json);
 __attribute__((visibility("default"))) int te_test_hold_stale(void);
+__attribute__((visibility("default"))) size_t te_test_hold_expired(void);
+
+static size_t n_expired; /* expire() calls, under lock */
+
+size_t te_test_hold_expired(void)
+{
+	pthread_mutex_lock(&lock);
+	size_t n = n_expired;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
 
 /* The instances, by their engine's name, for te_test_hold_fields(). */
 #define MAX_INST 16
@@ -120,15 +145,26 @@ size_t te_test_hold_release(int error)
 			h[i]->complete(h[i], t[i], 0, -ECANCELED);
 			continue;
 		}
-		if (error == 0) {
+		int err = error;
+		if (err == 0) {
 			void *remote = (void *)(uintptr_t)t[i]->remote;
+#ifdef HOLD_DEADLINES
+			/* Ended early: the caller owns the memory again. */
+			if (!h[i]->transfer_enter(h[i], t[i])) {
+				h[i]->complete(h[i], t[i], 0, -ECONNABORTED);
+				continue;
+			}
+#endif
 			if (t[i]->opcode == TE_OP_READ)
 				memcpy(t[i]->local, remote, t[i]->length);
 			else
 				memcpy(remote, t[i]->local, t[i]->length);
+#ifdef HOLD_DEADLINES
+			h[i]->transfer_leave(h[i], t[i]);
+#endif
 			count(h[i], d[i], TE_METRIC_BYTES, (int64_t)t[i]->length);
 		}
-		h[i]->complete(h[i], t[i], error ? 0 : t[i]->length, error);
+		h[i]->complete(h[i], t[i], err ? 0 : t[i]->length, err);
 	}
 	pthread_mutex_unlock(&release_lock);
 	return n;
@@ -221,9 +257,29 @@ static int hold_submit(void *ctx, te_transfer *const *ts, size_t n)
 	return 0;
 }
 
+#ifdef HOLD_DEADLINES
+/* Keeps the transfer: it completes at its release, as one whose peer has
+ * not answered yet. A held WRITE may have left. */
+static int hold_expire(void *ctx, te_transfer *t)
+{
+	int rc = 0;
+	(void)ctx;
+	pthread_mutex_lock(&lock);
+	n_expired++;
+	for (size_t i = 0; i < n_held; i++)
+		if (held[i] == t)
+			rc = t->opcode == TE_OP_WRITE;
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+#endif
+
 static const te_transport_ops hold_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY,
+	.flags = HOLD_FLAGS,
+#ifdef HOLD_DEADLINES
+	.expire = hold_expire,
+#endif
 	.create = hold_create,
 	.destroy = hold_destroy,
 	.describe = hold_describe,
@@ -233,5 +289,5 @@ static const te_transport_ops hold_ops = {
 	.submit = hold_submit,
 };
 
-TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "hold", "1.0.0", "test: holds transfers until released",
+TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, HOLD_NAME, "1.0.0", "test: holds transfers until released",
 		 "Apache-2.0", &hold_ops)

@@ -21,23 +21,30 @@ static size_t (*hold_release)(int error);
  * refused (transfer_stale). */
 static int (*hold_fields)(const char *engine, const void *addr, const char *json);
 static int (*hold_stale)(void);
+static size_t (*hold_expired)(void); /* holddl only: its expire() calls */
 
 /* Looks both calls up in the copy libte loaded (dlopen with RTLD_NOLOAD: a
  * second copy would hold nothing). */
-static inline void hold_find(void)
+static inline void hold_find_named(const char *name)
 {
 	char path[4096];
 	const char *dir = getenv("TEST_PLUGIN_DIR");
 	REQUIRE(dir != NULL);
 	te_plugin_foreach(NULL, NULL); /* makes libte load the plugins */
-	snprintf(path, sizeof path, "%s/libte-transport-hold.so", dir);
+	snprintf(path, sizeof path, "%s/libte-transport-%s.so", dir, name);
 	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
 	REQUIRE(h != NULL);
 	*(void **)&hold_count = dlsym(h, "te_test_hold_count");
 	*(void **)&hold_release = dlsym(h, "te_test_hold_release");
 	*(void **)&hold_fields = dlsym(h, "te_test_hold_fields");
 	*(void **)&hold_stale = dlsym(h, "te_test_hold_stale");
-	REQUIRE(hold_count && hold_release && hold_fields && hold_stale);
+	*(void **)&hold_expired = dlsym(h, "te_test_hold_expired");
+	REQUIRE(hold_count && hold_release && hold_fields && hold_stale && hold_expired);
+}
+
+static inline void hold_find(void)
+{
+	hold_find_named("hold");
 }
 
 #endif

@@ -557,8 +557,12 @@ func (e *Engine) transfer(ctx context.Context, op string, reqs ...Request) error
 		if st.State == TaskCompleted {
 			continue
 		}
-		if st.Flags&TaskEndedEarly != 0 && errors.Is(st.Err, ErrTimeout) && ctx.Err() != nil {
-			return ctx.Err() // ended at ctx's deadline
+		if st.Flags&TaskEndedEarly != 0 && errors.Is(st.Err, ErrTimeout) && deadline != 0 {
+			// Ended at ctx's deadline: libte's timer may fire before ctx's.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return context.DeadlineExceeded
 		}
 		code, _ := st.Err.(Code)
 		if code == 0 {

@@ -1,11 +1,14 @@
-//! Deadlines over TCP between two engines: what a task records, the
+//! Deadlines. Over TCP between two engines: what a task records, the
 //! refusal of a negative deadline, and a deadline already passed, which
 //! leaves every task either completed with its bytes or failed with
-//! ETIMEDOUT and ended early.
+//! ETIMEDOUT and ended early. Over "holddl", the hold test transport that
+//! honours deadlines (TE_TEST_HOLDDL_PLUGIN names it): tasks held as by a
+//! peer that stopped answering end at their deadline, a write unsettled
+//! until it is let go, and no byte moves afterwards.
 mod common;
 
-use common::{assert_same, pattern, tcp_engine};
-use libte::{code, Error, Request, TaskState};
+use common::{assert_same, hold_plugin, pattern, tcp_engine};
+use libte::{code, Engine, Error, Request, TaskState};
 use std::time::{Duration, Instant};
 
 const CHUNK: usize = 64 << 10;
@@ -91,4 +94,54 @@ fn deadlines_over_tcp() {
         })
     })
     .unwrap();
+}
+
+#[test]
+fn deadlines_on_a_held_peer() {
+    let hold = match hold_plugin("TE_TEST_HOLDDL_PLUGIN", "holddl") {
+        Some(h) => h,
+        None => {
+            eprintln!("skipped: TE_TEST_HOLDDL_PLUGIN not set");
+            return;
+        }
+    };
+    let engine = || Engine::new("P2PHANDSHAKE", Some("127.0.0.1"), &[("transports", "holddl")]).expect("holddl engine");
+    let (a, b) = (engine(), engine());
+    let remote_orig = pattern(2 * CHUNK, 3);
+    let local_orig = pattern(2 * CHUNK, 4);
+    let mut remote = remote_orig.clone();
+    let mut local = local_orig.clone();
+    b.register(&mut remote, "*", true, |r| {
+        let seg = a.open_segment(b.name())?;
+        let ra = r.addr();
+        a.register(&mut local, "cpu:0", false, |l| {
+            let (mut x, y) = l.local().split_at(CHUNK)?;
+            // A read ends at the deadline, ETIMEDOUT within milliseconds.
+            let t0 = Instant::now();
+            let e = a.transfer_within([Request::read(&seg, ra, &mut x)], Duration::from_millis(200)).unwrap_err();
+            let took = t0.elapsed();
+            assert_eq!(e.code(), code::ETIMEDOUT, "{}", e);
+            assert!(took >= Duration::from_millis(195) && took < Duration::from_millis(400), "after {:?}", took);
+            // A write is unsettled until its transfer is let go.
+            a.batch(1, |batch| {
+                batch.submit_by([Request::write(&seg, ra, &y)], libte::deadline_in(Duration::from_millis(100)))?;
+                batch.wait(Some(Duration::from_secs(2)))?;
+                let ti = batch.task_info(0)?;
+                assert_eq!((ti.state, ti.error), (TaskState::Failed, code::ETIMEDOUT), "{:?}", ti);
+                assert!(ti.ended_early() && ti.unsettled(), "{:?}", ti);
+                assert_eq!(batch.wait_settled(Some(Duration::from_millis(50))).unwrap_err().code(), code::ETIMEDOUT);
+                assert_eq!(hold.count(), 2);
+                assert_eq!(hold.release(0), 2);
+                batch.wait_settled(Some(Duration::from_secs(5)))?;
+                let ti = batch.task_info(0)?;
+                assert!(ti.ended_early() && !ti.unsettled(), "{:?}", ti);
+                Ok::<_, Error>(())
+            })?;
+            Ok::<_, Error>(())
+        })?;
+        assert_same(r, &remote_orig, "the peer's memory after an ended write");
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    assert_same(&local, &local_orig, "local memory after an ended read");
 }

@@ -580,7 +580,7 @@ class TransferEngine:
                           for loc, rem, n in zip(buffers, peer_buffer_addresses, lengths)],
                          deadline=libte.now_ns() + int(timeout * 1e9))
                 b.notify(seg, notify.msg, sender=notify.name)
-                if not b.wait(timeout + 0.05):  # a transport that does not honour deadlines
+                if not b.wait(timeout + 0.1):  # a transport that does not honour deadlines
                     b.cancel()
                     raise libte.TimeoutError("transfer not finished within the timeout")
                 b.check()

@@ -371,7 +371,7 @@ static PyObject *raise_tasks(const outcome *oc, const char *what, size_t n, PyOb
 /* How long past a sync call's deadline it waits for the host to end the
  * tasks (it does within milliseconds on a transport that honours
  * deadlines) before it cancels them itself. */
-#define SYNC_GRACE_S 0.05
+#define SYNC_GRACE_S 0.1
 
 /* Runs `q` as one batch with the deadline `timeout` seconds from now (none
  * when < 0) and waits for it. GIL held on entry and exit. */

@@ -309,7 +309,7 @@ impl Engine {
             b.submit_by(reqs, deadline)?;
             // libte ends the tasks by the deadline; past it and a grace (a
             // transport that does not honour deadlines), cancel and wait.
-            if let Err(e) = b.wait(Some(timeout.saturating_add(Duration::from_millis(50)))) {
+            if let Err(e) = b.wait(Some(timeout.saturating_add(Duration::from_millis(100)))) {
                 if !e.is(code::ETIMEDOUT) {
                     return Err(e);
                 }

@@ -99,7 +99,7 @@ def test_past_deadline_fails_what_is_in_flight(holddl):
                       deadline=1)
         b.submit_write(h.seg, [h.aaddr + (8 + i) * 4096 for i in range(4)],
                        [h.baddr + (8 + i) * 4096 for i in range(4)], 4096, deadline=1)
-        assert b.wait(2) and time.monotonic() - t0 < SLACK
+        assert b.wait(2) and time.monotonic() - t0 < 0.5  # at once, give or take a loaded machine
         assert h.count() == 8 and h.expired() == 8  # still held by the transport
         for n in range(8):
             i = b.info(n)

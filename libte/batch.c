@@ -421,6 +421,9 @@ static void task_finish(te_task *t, int state, bool from_completion)
 	te_transport_inst *tp = t->tp;
 
 	t->sv = NULL;
+	if (sv != NULL && state == TE_TASK_COMPLETED &&
+	    atomic_load_explicit(&sv->fo_until, memory_order_relaxed) != 0)
+		te_segver_recovered(sv);
 	task_end_state(t, sv, state);
 	te_segver_unref(sv, from_completion);
 	if (tp != NULL)
@@ -448,17 +451,26 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 	 * batch (and this task) may be freed under us. */
 	unsigned slices = t->xfer.nr_slices;
 	unsigned done = atomic_fetch_add_explicit(&t->slices_done, 1, memory_order_acq_rel) + 1;
-	if (done == slices)
-		te_task_last(t, final_state(atomic_load(&t->error)), error, true);
+	if (done == slices) {
+		int err = atomic_load(&t->error);
+		/* Its transport lost every path to the peer: another may have one. */
+		if (err != 0 && te_task_failover(t, err))
+			return;
+		te_task_last(t, final_state(err), error, true);
+	}
 	else if (done > slices)
 		te_err("task completed %u times for %u slices: transport bug", done, slices);
 }
 
 void te_task_last(te_task *t, int state, int error, bool from_completion)
 {
-	unsigned mark = TE_GATE_ENDED | TE_GATE_FINAL | (error == -ETIMEDOUT ? TE_GATE_GAVEUP : 0);
-	unsigned prev = atomic_fetch_or_explicit(&t->gate, mark, memory_order_acq_rel);
-
+	unsigned mark = TE_GATE_FINAL | (error == -ETIMEDOUT ? TE_GATE_GAVEUP : 0);
+	unsigned prev = atomic_load(&t->gate), want;
+	do {
+		want = prev | mark | ((prev & TE_GATE_ENDING) ? 0 : TE_GATE_ENDED);
+	} while (!atomic_compare_exchange_weak(&t->gate, &prev, want));
+	if ((prev & TE_GATE_ENDING) && !(prev & TE_GATE_ENDED))
+		return; /* the early end under way publishes, then lets go */
 	if (!(prev & TE_GATE_ENDED))
 		task_finish(t, state, from_completion);
 	else if (prev & TE_GATE_PUBDONE)
@@ -631,7 +643,7 @@ static int route(te_engine *e, te_batch *b, te_task *t, const te_request *r, seg
 	if (sc->id != r->segment) {
 		te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(r->segment));
 		sc->id = r->segment;
-		sc->sv = s ? s->cur : NULL;
+		sc->sv = s ? te_segver_route(s->cur) : NULL;
 		sc->peer = s ? s->mpeer : NULL;
 		if (s == NULL) {
 			te_err("submit: task %td: unknown segment id %d", t - b->tasks, r->segment);

@@ -166,7 +166,8 @@ int te_task_enter(te_task *t)
 		atomic_fetch_sub(&t->gate, 1);
 		return 0;
 	}
-	if (!(g & TE_GATE_ENTERED))
+	/* Only a WRITE's bytes can leave for the peer (see te_task_end_early). */
+	if (!(g & TE_GATE_ENTERED) && t->xfer.opcode == TE_OP_WRITE)
 		atomic_fetch_or(&t->gate, TE_GATE_ENTERED);
 	return 1;
 }
@@ -192,15 +193,24 @@ bool te_task_end_early(te_task *t, int state, int error)
 
 	if (!(g & TE_GATE_HANDED) || (g & (TE_GATE_CLOSED | TE_GATE_ENDED)))
 		return false;
+	g = atomic_fetch_or(&t->gate, TE_GATE_CLOSED);
+	if (!(g & TE_GATE_HANDED) || (g & (TE_GATE_CLOSED | TE_GATE_ENDED)))
+		return false; /* someone else is at it, or it just ended */
+	/* A closed gate stops fail-over; one under way changes the transport
+	 * for a moment (failover.c). */
+	while (atomic_load(&t->gate) & TE_GATE_MOVING)
+		te_cpu_relax();
 	te_transport_inst *tp = t->tp;
 	if (tp != NULL && !(tp->ops->flags & TE_TRANSPORT_DEADLINES)) {
+		/* It never looks at the gate: open it again, so that the task
+		 * may still fail over to a transport that does. */
+		atomic_fetch_and(&t->gate, ~TE_GATE_CLOSED);
 		if (state != TE_TASK_CANCELED) /* a cancel there keeps its old meaning */
 			note_no_deadlines(tp);
 		return false;
 	}
-	g = atomic_fetch_or(&t->gate, TE_GATE_CLOSED);
-	if (!(g & TE_GATE_HANDED) || (g & (TE_GATE_CLOSED | TE_GATE_ENDED)))
-		return false; /* someone else is at it, or it just ended */
+	/* From here its last completion leaves the publishing to this. */
+	atomic_fetch_or(&t->gate, TE_GATE_ENDING);
 	/* Held for this call; it becomes the early end's hold if it ends it. */
 	atomic_fetch_add(&b->mem_refs, 1);
 	/* Open touches are a memcpy or a non-blocking socket call long. */

@@ -352,6 +352,14 @@ typedef struct te_segver {
 	 * reset, process gone): the descriptor is fetched again before the
 	 * segment is used next, as the peer may be back under the same name. */
 	atomic_bool peer_lost;
+	/* Fail-over across transports: another installed network transport
+	 * that accepts the same descriptor (NULL: none), holding a reference;
+	 * changed only under the engine's data lock. While te_now_ns() is
+	 * before fo_until, new tasks go to it; a task whose transport failed
+	 * on a path error is moved to it once (failover.c). */
+	struct te_segver *alt;
+	_Atomic int64_t fo_until;
+	atomic_int fo_backoff_ms;
 } te_segver;
 
 typedef struct te_segment {
@@ -365,6 +373,9 @@ typedef struct te_segment {
 } te_segment;
 
 void te_segver_unref(te_segver *sv, bool from_completion);
+/* failover.c: the version new tasks of a segment go to now: `sv`, or its
+ * alternate while `sv`'s transport is failed over (data lock held). */
+te_segver *te_segver_route(te_segver *sv);
 void te_segver_reap(gpointer sv, gpointer unused); /* the reaper pool's function */
 /* Resolves a segment name to the peer's RPC address. */
 int te_engine_resolve_rpc(struct te_engine *e, const char *name, char **host, int *port);
@@ -418,7 +429,9 @@ typedef struct te_task {
  * state was published (by its last completion or early); FINAL: its last
  * completion came; EARLY: ended before that, the host keeps its memory
  * until it (and PUBDONE: the early end finished publishing, so whichever
- * of the two comes second lets go). ENTERED: a transfer_enter() passed.
+ * of the two comes second lets go). ENDING: an early end is under way and
+ * publishes, even if the last completion comes meanwhile (from inside
+ * expire, say). ENTERED: a transfer_enter() passed.
  * UNSETTLED: ended early with a WRITE's bytes maybe still to land. */
 #define TE_GATE_COUNT 0xffffu
 #define TE_GATE_CLOSED (1u << 16)
@@ -430,6 +443,9 @@ typedef struct te_task {
 #define TE_GATE_ENTERED (1u << 22)
 #define TE_GATE_UNSETTLED (1u << 23)
 #define TE_GATE_GAVEUP (1u << 24) /* its last completion was -ETIMEDOUT */
+#define TE_GATE_MOVED (1u << 25)  /* failed over to another transport once */
+#define TE_GATE_MOVING (1u << 26) /* being moved: its transport is changing */
+#define TE_GATE_ENDING (1u << 27) /* an early end is under way: it publishes */
 
 typedef struct te_batch {
 	te_batch_id id;
@@ -456,6 +472,11 @@ typedef struct te_batch {
 } te_batch;
 
 void te_task_complete(te_task *t, uint64_t bytes, int error);
+/* failover.c: moves a task whose last slice failed with `error` on its
+ * transport to the alternate one; true when it did (the task goes on). */
+bool te_task_failover(te_task *t, int error);
+/* failover.c: a task on `sv` completed while it was failed over. */
+void te_segver_recovered(te_segver *sv);
 /* te_host's transfer_stale: the task's peer refused keys its descriptor
  * gave; fetch the descriptor again (once per version). */
 void te_task_stale(te_task *t);

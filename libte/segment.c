@@ -17,6 +17,7 @@
 
 static void segver_release(te_segver *sv)
 {
+	te_segver_unref(sv->alt, false);
 	if (atomic_load(&sv->peer_lost))
 		atomic_fetch_sub(&sv->engine->lost, 1);
 	if (sv->tp != NULL) {
@@ -133,6 +134,70 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 	}
 	*out = sv;
 	return 0;
+}
+
+/* The alternate of a version (fail-over across transports): the first
+ * other installed network transport that accepts the same descriptor,
+ * bound to a copy of it. Not for same-host transports (a peer they serve
+ * is reached no better by another) nor for a forced one. */
+static void segver_add_alt(te_engine *e, te_segver *sv, const char *forced)
+{
+	if (forced != NULL || sv->tp == NULL || (sv->tp->ops->flags & TE_TRANSPORT_SAME_HOST))
+		return;
+	unsigned want = sv->desc->file_segment ? TE_TRANSPORT_FILES : TE_TRANSPORT_MEMORY;
+	bool any = false;
+	for (guint i = 0; i < e->transports->len && !any; i++) {
+		te_transport_inst *tp = g_ptr_array_index(e->transports, i);
+		any = tp != sv->tp && !(tp->ops->flags & TE_TRANSPORT_SAME_HOST) && (tp->ops->flags & want);
+	}
+	if (!any)
+		return;
+	te_desc *copy = NULL;
+	if (te_desc_decode(sv->desc->json, strlen(sv->desc->json), &copy) < 0)
+		return;
+	te_segver *alt = g_new0(te_segver, 1);
+	atomic_init(&alt->refs, 1);
+	alt->gen = sv->gen;
+	alt->engine = e;
+	alt->desc = copy;
+	alt->host = g_strdup(sv->host);
+	alt->rpc_port = sv->rpc_port;
+	alt->infobufs = g_new0(te_buffer_desc, copy->n_buffers ? copy->n_buffers : 1);
+	for (size_t i = 0; i < copy->n_buffers; i++)
+		alt->infobufs[i] = (te_buffer_desc){ copy->buffers[i].addr, copy->buffers[i].length,
+						     copy->buffers[i].name };
+	te_segment_info info = {
+		.size = sizeof info,
+		.name = copy->name,
+		.host = alt->host,
+		.rpc_port = (uint16_t)alt->rpc_port,
+		.protocol = copy->protocol,
+		.descriptor = copy->json,
+		.buffers = alt->infobufs,
+		.n_buffers = copy->n_buffers,
+	};
+	for (guint i = 0; i < e->transports->len && alt->tp == NULL; i++) {
+		te_transport_inst *tp = g_ptr_array_index(e->transports, i);
+		if (tp == sv->tp || (tp->ops->flags & TE_TRANSPORT_SAME_HOST) || !(tp->ops->flags & want))
+			continue;
+		if (tp->ops->segment_open(tp->ctx, &info, &alt->seg_ctx) == 0) {
+			alt->tp = tp;
+			atomic_fetch_add(&tp->segvers, 1);
+		}
+	}
+	if (alt->tp == NULL) {
+		segver_release(alt);
+		return;
+	}
+	te_dbg("segment %s: %s, %s if it fails", copy->name, sv->tp->hc.plugin->name, alt->tp->hc.plugin->name);
+	sv->alt = alt;
+}
+
+static void segver_set_id(te_segver *sv, te_segment_id id)
+{
+	sv->id = id;
+	if (sv->alt != NULL)
+		sv->alt->id = id;
 }
 
 /* --------------------------------------------------------- resolution */
@@ -366,6 +431,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 		te_desc_free(desc);
 		return rc;
 	}
+	segver_add_alt(e, sv, transport);
 	if (e->next_segment >= INT32_MAX) {
 		g_rec_mutex_unlock(&e->ctl);
 		te_segver_unref(sv, false);
@@ -378,7 +444,7 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	s->cur = sv;
 	s->mpeer = te_metrics_peer(e->metrics, name);
 	int id = ++e->next_segment;
-	sv->id = id;
+	segver_set_id(sv, id);
 	g_rw_lock_writer_lock(&e->data);
 	g_hash_table_insert(e->segments, GINT_TO_POINTER(id), s);
 	g_hash_table_insert(e->seg_by_name, s->name, GINT_TO_POINTER(id));
@@ -507,7 +573,8 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 	} else {
 		rc = segver_new(e, desc, host, port, s->forced, NULL, &sv);
 		if (rc == 0) {
-			sv->id = id;
+			segver_add_alt(e, sv, s->forced);
+			segver_set_id(sv, id);
 			g_rw_lock_writer_lock(&e->data);
 			old = s->cur;
 			s->cur = sv;
@@ -605,7 +672,9 @@ bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 	return go;
 }
 
-#define LOST_REFRESH_MS 200
+/* Often enough that a peer back under its name is reached again within
+ * a 100 ms bound; a dead peer costs a refused connect per period. */
+#define LOST_REFRESH_MS 50
 
 void te_segment_refresh_lost(te_engine *e, te_segment_id id)
 {
@@ -614,7 +683,9 @@ void te_segment_refresh_lost(te_engine *e, te_segment_id id)
 
 	g_rec_mutex_lock(&e->ctl);
 	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
-	if (s != NULL && s->cur != NULL && atomic_load(&s->cur->peer_lost) &&
+	/* A task moved to the alternate transport marks that version. */
+	if (s != NULL && s->cur != NULL &&
+	    (atomic_load(&s->cur->peer_lost) || (s->cur->alt != NULL && atomic_load(&s->cur->alt->peer_lost))) &&
 	    (s->last_lost_refresh == 0 || now - s->last_lost_refresh >= LOST_REFRESH_MS)) {
 		s->last_lost_refresh = now;
 		go = true;
@@ -648,6 +719,15 @@ void te_segments_detach_transport(te_engine *e, te_transport_inst *tp)
 	while (g_hash_table_iter_next(&it, &k, &v)) {
 		te_segment *s = v;
 		te_segver *old = s->cur, *nsv = NULL;
+		if (old != NULL && old->alt != NULL && old->alt->tp == tp) {
+			/* Its fail-over transport goes: no alternate from now on
+			 * (tasks moved to it hold their own reference). */
+			te_segver *alt = old->alt;
+			g_rw_lock_writer_lock(&e->data);
+			old->alt = NULL;
+			g_rw_lock_writer_unlock(&e->data);
+			te_segver_unref(alt, false);
+		}
 		if (old == NULL || old->tp != tp)
 			continue;
 		te_desc *copy = NULL;
@@ -656,8 +736,10 @@ void te_segments_detach_transport(te_engine *e, te_transport_inst *tp)
 			te_desc_free(copy);
 			nsv = NULL;
 		}
-		if (nsv != NULL)
-			nsv->id = GPOINTER_TO_INT(k);
+		if (nsv != NULL) {
+			segver_add_alt(e, nsv, s->forced);
+			segver_set_id(nsv, GPOINTER_TO_INT(k));
+		}
 		g_rw_lock_writer_lock(&e->data);
 		s->cur = nsv;
 		g_rw_lock_writer_unlock(&e->data);

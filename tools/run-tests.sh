@@ -30,7 +30,7 @@ setup() { # dir, options...
 # time code that other tests run under the sanitizers already, and CI has 30
 # minutes on two cores (docs/reliability.md lists them and why).
 SANITIZER_SKIP=${SANITIZER_SKIP-"tcp-te-bench load-initiators load-flood prometheus scale-* tcp-rail-flap tcp-rail-drop"}
-TSAN_SKIP=${TSAN_SKIP-"load-soak te-top nvmeof-register* device-hip-fake"}
+TSAN_SKIP=${TSAN_SKIP-"load-soak te-top nvmeof-register* device-hip-fake device-cuda-fake device-shm"}
 
 # tests_except DIR PATTERNS: the names of DIR's tests that match none of the
 # space-separated PATTERNS.

@@ -271,6 +271,7 @@ int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **ou
 	snprintf(c->nic_path, sizeof c->nic_path, "%s@%s", tr->local_name, c->name);
 	g_mutex_init(&c->qlock);
 	g_mutex_init(&c->ep_lock);
+	g_mutex_init(&c->live_lock);
 	g_mutex_init(&c->gid_lock);
 	g_rw_lock_init(&c->verbs_lock);
 	c->eps = g_hash_table_new(g_str_hash, g_str_equal);
@@ -306,6 +307,7 @@ void rd_ctx_close(rd_ctx *c)
 	g_hash_table_unref(c->eps);
 	g_mutex_clear(&c->qlock);
 	g_mutex_clear(&c->ep_lock);
+	g_mutex_clear(&c->live_lock);
 	g_mutex_clear(&c->gid_lock);
 	g_rw_lock_clear(&c->verbs_lock);
 	g_free(c);
@@ -523,7 +525,12 @@ static int take_back_posted(rd_ctx *c)
 			continue;
 		rd_slice *s = &tr->slices[i];
 		rd_ep *ep = s->ep;
-		atomic_store_explicit(&tr->posted_on[i], 0, memory_order_relaxed);
+		te_transfer *t = s->t;
+		if (s->opcode == TE_OP_WRITE) /* it may have left: as for a failed completion */
+			__atomic_fetch_or(&t->plugin_data[2], (uintptr_t)RD_T_WFAIL, __ATOMIC_SEQ_CST);
+		rd_posted_clear(tr, s);
+		if (rd_t_expired(t))
+			rd_expire_wake(tr);
 		atomic_fetch_sub(&ep->depth[s->qp], 1);
 		atomic_fetch_sub(&c->cq_out[ep->cq], 1);
 		RD_COUNT(tr, c, TE_METRIC_INFLIGHT_BYTES, -(int64_t)s->length);

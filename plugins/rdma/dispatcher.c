@@ -58,7 +58,7 @@ static void fail_transfer(rd_transport *tr, te_transfer *t, uint32_t n, int erro
 {
 	unsigned more = 0;
 
-	if (error != -ECANCELED && rd_failure_log_allowed(tr, t, &more))
+	if (error != -ECANCELED && !rd_t_expired(t) && rd_failure_log_allowed(tr, t, &more))
 		RD_LOG(tr, TE_LOG_ERROR, "%s of %llu bytes at 0x%llx failed: %s%s",
 		       t->opcode == TE_OP_READ ? "READ" : "WRITE", (unsigned long long)t->length,
 		       (unsigned long long)t->remote, why, more ? " (more failures not logged)" : "");
@@ -108,6 +108,10 @@ static void dispatch_one(rd_transport *tr, te_transfer *t, staged *st)
 		fail_transfer(tr, t, n, -ECANCELED, "transport shutting down");
 		return;
 	}
+	if (rd_t_expired(t)) {
+		fail_transfer(tr, t, n, RD_ENDED_ERR, RD_ENDED_WHY);
+		return;
+	}
 	mr = mr_find(tr, (uintptr_t)t->local, t->length);
 	if (mr == NULL) {
 		fail_transfer(tr, t, n, TE_ERR_ADDRESS, "the local range is not registered with RDMA");
@@ -128,7 +132,7 @@ static void dispatch_one(rd_transport *tr, te_transfer *t, staged *st)
 	uint32_t seq = atomic_fetch_add_explicit(&tr->route_seq, n, memory_order_relaxed);
 
 	for (uint32_t i = 0; i < n; i++) {
-		if (tr->host->canceled(tr->host, t) || atomic_load(&tr->stopping)) {
+		if (tr->host->canceled(tr->host, t) || atomic_load(&tr->stopping) || rd_t_expired(t)) {
 			fail_transfer(tr, t, n - i, -ECANCELED, "canceled");
 			break;
 		}
@@ -268,6 +272,7 @@ int rd_submit(void *ctx, te_transfer *const *ts, size_t n)
 			k--;
 		t->plugin_data[0] = 0;
 		t->plugin_data[1] = 0;
+		t->plugin_data[2] = 0;
 		if (t->seg_ctx == NULL || k == 0 || k > UINT32_MAX) {
 			t->nr_slices = 1;
 			RD_LOG(tr, TE_LOG_ERROR, "submit: transfer of %llu bytes cannot be sliced",

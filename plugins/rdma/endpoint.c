@@ -39,6 +39,12 @@ static rd_ep *ep_new(rd_ctx *c, const char *peer_nic_path, bool passive)
 	ep->cq = (int)(atomic_fetch_add(&c->ep_seq, 1) % (unsigned)MAX(c->ncq, 1));
 	atomic_store(&ep->last_used, rd_now_ms());
 	atomic_fetch_add(&c->nep_live, 1);
+	g_mutex_lock(&c->live_lock);
+	ep->lnext = c->live;
+	if (c->live != NULL)
+		c->live->lprev = ep;
+	c->live = ep;
+	g_mutex_unlock(&c->live_lock);
 	return ep;
 }
 
@@ -47,6 +53,14 @@ static void ep_destroy(rd_ep *ep)
 	rd_ctx *c = ep->ctx;
 	const rv_verbs *v = c->tr->verbs;
 
+	g_mutex_lock(&c->live_lock);
+	if (ep->lprev != NULL)
+		ep->lprev->lnext = ep->lnext;
+	else
+		c->live = ep->lnext;
+	if (ep->lnext != NULL)
+		ep->lnext->lprev = ep->lprev;
+	g_mutex_unlock(&c->live_lock);
 	g_rw_lock_reader_lock(&c->verbs_lock);
 	for (int i = 0; i < ep->nqp; i++)
 		if (ep->qps[i] != NULL && v->destroy_qp(ep->qps[i]) != 0)
@@ -227,7 +241,7 @@ static void qps_to_error(rd_ep *ep)
 			c->tr->verbs->modify_qp(qps[i], &a, IBV_QP_STATE);
 }
 
-void rd_ep_fail(rd_ep *ep, int error, const char *why)
+static void ep_fail(rd_ep *ep, int error, const char *why, bool fence)
 {
 	rd_ctx *c = ep->ctx;
 	bool removed;
@@ -238,7 +252,10 @@ void rd_ep_fail(rd_ep *ep, int error, const char *why)
 	removed = pool_remove(c, ep);
 	pending = take_pending(ep);
 	g_mutex_unlock(&c->ep_lock);
-	if (was != EP_DEAD) {
+	if (was != EP_DEAD && fence) {
+		RD_LOG(c->tr, TE_LOG_DEBUG, "endpoint %s -> %s closed: %s; rebuilt on next use",
+		       c->nic_path, ep->peer_nic_path, why);
+	} else if (was != EP_DEAD) {
 		atomic_fetch_add(&c->tr->stats.failed, 1);
 		RD_LOG(c->tr, atomic_load(&c->tr->stopping) ? TE_LOG_DEBUG : TE_LOG_WARN,
 		       "endpoint %s -> %s failed: %s; removed (rebuilt on next use)", c->nic_path,
@@ -249,11 +266,82 @@ void rd_ep_fail(rd_ep *ep, int error, const char *why)
 	qps_to_error(ep);
 	while (pending != NULL) {
 		rd_slice *n = pending->next;
-		rd_slice_retry(c->tr, pending, error, why);
+		if (fence)
+			rd_slice_resend(c->tr, pending, why);
+		else
+			rd_slice_retry(c->tr, pending, error, why);
 		pending = n;
 	}
 	if (removed)
 		rd_ep_unref(ep);
+}
+
+void rd_ep_fail(rd_ep *ep, int error, const char *why)
+{
+	ep_fail(ep, error, why, false);
+}
+
+/* A reference on an endpoint whose count may be reaching 0 elsewhere (its
+ * destruction then waits for live_lock, which the caller holds). */
+static bool ep_try_ref(rd_ep *ep)
+{
+	int n = atomic_load(&ep->refs);
+
+	while (n > 0)
+		if (atomic_compare_exchange_weak(&ep->refs, &n, n + 1))
+			return true;
+	return false;
+}
+
+int rd_ep_fence(rd_ctx *c, const uintptr_t *keys, int n, const char *why)
+{
+	GPtrArray *found = g_ptr_array_new();
+
+	g_mutex_lock(&c->live_lock);
+	for (rd_ep *ep = c->live; ep != NULL; ep = ep->lnext)
+		for (int k = 0; k < n; k++)
+			if ((uintptr_t)ep == keys[k]) {
+				if (ep_try_ref(ep))
+					g_ptr_array_add(found, ep);
+				break;
+			}
+	g_mutex_unlock(&c->live_lock);
+	for (guint i = 0; i < found->len; i++) {
+		rd_ep *ep = g_ptr_array_index(found, i);
+		/* Before the flush: its completions must find it set. */
+		atomic_store(&ep->fenced, true);
+		ep_fail(ep, -ECONNRESET, why, true);
+		rd_ep_unref(ep);
+	}
+	int nf = (int)found->len;
+	g_ptr_array_unref(found);
+	return nf;
+}
+
+rd_slice *rd_ep_take_parked(rd_ctx *c, const te_transfer *t)
+{
+	rd_slice *out = NULL, **tail = &out;
+
+	g_mutex_lock(&c->ep_lock);
+	for (rd_ep *ep = c->head; ep != NULL; ep = ep->next) {
+		rd_slice **pp = &ep->pending;
+		ep->pending_tail = NULL;
+		while (*pp != NULL) {
+			rd_slice *s = *pp;
+			if (s->t == t) {
+				*pp = s->next;
+				s->next = NULL;
+				s->parked = false;
+				*tail = s;
+				tail = &s->next;
+			} else {
+				ep->pending_tail = s;
+				pp = &s->next;
+			}
+		}
+	}
+	g_mutex_unlock(&c->ep_lock);
+	return out;
 }
 
 void rd_ep_fail_qp(rd_ctx *c, struct ibv_qp *qp, const char *why)
@@ -745,7 +833,7 @@ int rd_ep_handle(void *user, const char *peer, const char *body, size_t len, cha
 /* ------------------------------------------------------------ resolving */
 
 int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect,
-		  rd_slice **connect_for, int *nconnect)
+		  rd_seg **connect_seg, int *connect_rdev, int *nconnect)
 {
 	GPtrArray *gone = g_ptr_array_new();
 	int nready = 0;
@@ -764,7 +852,8 @@ int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **con
 			pool_insert(c, ep, gone);
 			atomic_fetch_add(&ep->refs, 1);
 			connect[*nconnect] = ep;
-			connect_for[(*nconnect)++] = s;
+			connect_seg[*nconnect] = s->seg;
+			connect_rdev[(*nconnect)++] = s->rdev;
 		} else if (!s->parked) {
 			/* A parked slice coming back is the same access. */
 			atomic_store(&ep->visited, 1);

@@ -211,7 +211,11 @@ struct rd_ep {
 	_Atomic int64_t last_used;
 	int64_t connected_at;
 	rd_ep *prev, *next;   /* pool order, newest at head */
+	rd_ep *lprev, *lnext; /* (ctx live_lock) every endpoint not yet destroyed */
 	bool in_pool;
+	/* Moved to ERR for a transfer that ended early: its flushed requests
+	 * of other transfers are sent again without counting as a failure. */
+	atomic_bool fenced;
 	rd_slice *pending, *pending_tail; /* slices waiting for the handshake */
 };
 
@@ -275,6 +279,11 @@ struct rd_ctx {
 	int nworkers;
 	GThread *async_thread;
 	int async_wake;
+
+	/* Every endpoint not yet destroyed, pooled or not: where expire()
+	 * finds, by address, the endpoints that carry a transfer. */
+	GMutex live_lock;
+	rd_ep *live;
 
 	/* The endpoint pool: peer NIC path -> endpoint, SIEVE order. */
 	GMutex ep_lock;
@@ -356,6 +365,9 @@ struct rd_transport {
 	 * stopped the NIC's posted slices are known (a dead device that never
 	 * flushes them). Apart from the slices: a pool get clears those. */
 	atomic_int *posted_on;
+	/* By slice index, while it is posted: its transfer and endpoint, as
+	 * numbers (expire() compares them, never follows them). */
+	_Atomic uintptr_t *posted_t, *posted_ep;
 	unsigned nslices;
 	_Atomic uint64_t free_top;
 	GMutex pool_lock;
@@ -368,12 +380,56 @@ struct rd_transport {
 	GCond reclaim_cond;
 	bool reclaim_kick; /* (reclaim_lock) an endpoint came: the reclaimer plans again */
 
+	/* Deadlines (ABI 1.11): the host brackets posts with transfer_enter/
+	 * leave; expire() waits on expire_cond for a transfer's posted slices. */
+	bool deadlines;
+	GMutex expire_lock;
+	GCond expire_cond;
+
 	rd_counters stats;
 	int64_t fail_log_sec; /* under stats.lock */
 	unsigned fail_log_count, fail_log_suppressed;
 };
 
 /* --------------------------------------------------------------- helpers */
+
+/* A transfer's plugin_data: [0] the pending list's link until it is cut,
+ * [1] its failure was logged, [2] the flags below (atomic). */
+enum {
+	RD_T_EXPIRED = 1u << 0, /* ended by the host: its slices are dropped on sight */
+	RD_T_WFAIL = 1u << 1,   /* a WRITE slice of it completed with an error */
+};
+
+/* What the slices of a transfer the host ended complete with. Not
+ * -ETIMEDOUT: to the host that says the transport gave up waiting, which
+ * would leave a WRITE unsettled for good; these slices are done with. */
+#define RD_ENDED_ERR (-ECANCELED)
+#define RD_ENDED_WHY "ended by its deadline or a cancel"
+
+static inline uintptr_t rd_t_flags(const te_transfer *t)
+{
+	return __atomic_load_n(&t->plugin_data[2], __ATOMIC_SEQ_CST);
+}
+
+static inline bool rd_t_expired(const te_transfer *t)
+{
+	return (rd_t_flags(t) & RD_T_EXPIRED) != 0;
+}
+
+/* Slice `s` is on NIC `c`'s send queue from now on (before the post: its
+ * completion may come at once), or no longer. */
+static inline void rd_posted_set(rd_transport *tr, const rd_slice *s, int ctx_index)
+{
+	atomic_store_explicit(&tr->posted_on[s->index], ctx_index + 1, memory_order_relaxed);
+	atomic_store_explicit(&tr->posted_ep[s->index], (uintptr_t)s->ep, memory_order_relaxed);
+	atomic_store_explicit(&tr->posted_t[s->index], (uintptr_t)s->t, memory_order_seq_cst);
+}
+
+static inline void rd_posted_clear(rd_transport *tr, const rd_slice *s)
+{
+	atomic_store_explicit(&tr->posted_on[s->index], 0, memory_order_relaxed);
+	atomic_store_explicit(&tr->posted_t[s->index], 0, memory_order_seq_cst);
+}
 
 int64_t rd_now_ms(void);
 #define RD_LOG(tr, lvl, ...) ((tr)->host->log((tr)->host, (lvl), __VA_ARGS__))
@@ -405,10 +461,11 @@ void rd_ep_fail(rd_ep *ep, int error, const char *why);
 /* Resolves the endpoint of each slice (all on this context). Slices whose
  * endpoint is ready go to `ready` with a reference in s->ep; the others are
  * parked on their endpoint. Endpoints created here are returned in `connect`
- * (referenced, with the slice that asked for them) for the caller to connect
+ * (referenced, with the peer and its device that the slice asking for them
+ * named: the slice itself may be gone by then) for the caller to connect
  * outside any lock. Returns how many are ready. */
 int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect,
-		  rd_slice **connect_for, int *nconnect);
+		  rd_seg **connect_seg, int *connect_rdev, int *nconnect);
 int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev);
 int rd_ep_handle(void *user, const char *peer, const char *body, size_t len, char **reply,
 		 size_t *reply_len);
@@ -417,6 +474,13 @@ void rd_ep_pool_clear(rd_ctx *c);
 void rd_ep_fail_qp(rd_ctx *c, struct ibv_qp *qp, const char *why);
 /* Moves every endpoint's QPs to the error state (shutdown). */
 void rd_ep_pool_flush(rd_ctx *c);
+/* Fails the live endpoints of this context whose addresses are among
+ * `keys` (n of them), as fenced: out of the pool, QPs in ERR. Returns how
+ * many. */
+int rd_ep_fence(rd_ctx *c, const uintptr_t *keys, int n, const char *why);
+/* Takes the slices of `t` parked on this context's endpoints; returns them
+ * as a list. */
+rd_slice *rd_ep_take_parked(rd_ctx *c, const te_transfer *t);
 /* Closes idle endpoints; returns when the next pass is due for this
  * context's endpoints (ms; INT64_MAX: none until an endpoint comes). */
 int64_t rd_ep_reclaim(rd_ctx *c, int64_t now, int64_t interval);
@@ -475,6 +539,14 @@ int rd_route(rd_transport *tr, rd_slice *s, bool allow_tried);
 /* Routes a failed (or displaced) slice again, or fails it when no path is
  * left; drops its endpoint reference. */
 void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why);
+/* As rd_slice_retry for a slice flushed from an endpoint fenced for another
+ * transfer: not the path's failure, so no attempt is counted. */
+void rd_slice_resend(rd_transport *tr, rd_slice *s, const char *why);
+
+/* deadline.c */
+int rd_expire(void *ctx, te_transfer *t);
+/* A posted slice of an ended transfer came back: expire() looks again. */
+void rd_expire_wake(rd_transport *tr);
 
 /* worker.c */
 gpointer rd_worker_thread(gpointer data);

@@ -95,7 +95,8 @@ void rd_slice_fail(rd_transport *tr, rd_slice *s, int error, const char *why)
 	te_transfer *t = s->t;
 	unsigned more = 0;
 
-	if (error != -ECANCELED && rd_failure_log_allowed(tr, t, &more)) {
+	/* A transfer the host ended was reported there already. */
+	if (error != -ECANCELED && !rd_t_expired(t) && rd_failure_log_allowed(tr, t, &more)) {
 		char tries[48] = "";
 		if (s->attempts > 0)
 			snprintf(tries, sizeof tries, " after %u attempt%s", s->attempts,
@@ -239,7 +240,21 @@ static bool path_error(int error)
 	       error == TE_ERR_REJECTED || error == TE_ERR_PROTOCOL || error == -EIO;
 }
 
-void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
+/* What a slice that has no path left fails with. A refused or garbled
+ * handshake on every path (the peer's NICs out of service, a QP count that
+ * differs) is no path to the peer, -ENETUNREACH: to libte TE_ERR_REJECTED
+ * would say the peer refused the range (it fetches the descriptor again),
+ * and a path error lets it move the task to another transport (TCP). The
+ * reasons are logged where each handshake failed. */
+static int no_path_error(const rd_slice *s, int rc, int error)
+{
+	int err = rc == -ENETDOWN ? -ENETDOWN : s->last_error ? s->last_error : error;
+	return err == TE_ERR_REJECTED || err == TE_ERR_PROTOCOL ? -ENETUNREACH : err;
+}
+
+/* `count`: the failure is the path's (an attempt, and evidence against the
+ * pair); not when the slice was flushed for another transfer's sake. */
+static void slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why, bool count)
 {
 	te_transfer *t = s->t;
 
@@ -251,8 +266,22 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
 		rd_slice_fail(tr, s, -ECANCELED, "transport shutting down");
 		return;
 	}
+	if (rd_t_expired(t)) {
+		rd_slice_fail(tr, s, RD_ENDED_ERR, RD_ENDED_WHY);
+		return;
+	}
 	if (tr->host->canceled(tr->host, t)) {
 		rd_slice_fail(tr, s, -ECANCELED, "batch canceled");
+		return;
+	}
+	if (!count) {
+		int rc = rd_route(tr, s, true);
+		if (rc < 0) {
+			rd_slice_fail(tr, s, no_path_error(s, rc, error),
+				      "no path left after its endpoint was closed");
+			return;
+		}
+		rd_ctx_enqueue(tr->ctx[s->ldev], s, s, false);
 		return;
 	}
 	if (s->ldev >= 0) {
@@ -270,8 +299,7 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
 	if (rc >= 0 && from >= 0)
 		RD_COUNT(tr, tr->ctx[from], s->ldev != from ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, 1);
 	if (rc < 0) {
-		int err = rc == -ENETDOWN ? -ENETDOWN : s->last_error ? s->last_error : error;
-		rd_slice_fail(tr, s, err,
+		rd_slice_fail(tr, s, no_path_error(s, rc, error),
 			   rc == -ENETDOWN ? "every local RDMA device is out of service"
 					   : "every path failed, is paused, or retries are exhausted");
 		return;
@@ -279,4 +307,14 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
 	RD_LOG(tr, TE_LOG_DEBUG, "slice retried on %s -> %s after: %s", tr->ctx[s->ldev]->nic_path,
 	       s->seg->devs[s->rdev].nic_path, why);
 	rd_ctx_enqueue(tr->ctx[s->ldev], s, s, false);
+}
+
+void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why)
+{
+	slice_retry(tr, s, error, why, true);
+}
+
+void rd_slice_resend(rd_transport *tr, rd_slice *s, const char *why)
+{
+	slice_retry(tr, s, -ECONNRESET, why, false);
 }

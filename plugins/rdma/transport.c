@@ -18,6 +18,10 @@
  * all. A NIC pair that fails repeatedly is paused; a NIC whose port is down
  * is out of service until it is up again. A slice fails only when no usable
  * path is left.
+ *
+ * Deadlines. The host may end a transfer early (its deadline, a cancel);
+ * deadline.c's expire() then drops its slices not yet posted and fences the
+ * endpoints holding its posted ones (docs/rdma.md, "Deadlines").
  */
 #include <limits.h>
 #include <poll.h>
@@ -76,6 +80,10 @@ static void tr_free(rd_transport *tr)
 	g_free(tr->slices);
 	g_free((void *)tr->free_next);
 	g_free((void *)tr->posted_on);
+	g_free((void *)tr->posted_t);
+	g_free((void *)tr->posted_ep);
+	g_mutex_clear(&tr->expire_lock);
+	g_cond_clear(&tr->expire_cond);
 	g_free(tr->sysfs_root);
 	g_free(tr->local_name);
 	g_mutex_clear(&tr->pend_lock);
@@ -129,6 +137,9 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	*out = NULL;
 	tr->host = h;
 	tr->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
+	tr->deadlines = TE_HAS_OP(h, transfer_enter) && TE_HAS_OP(h, transfer_leave);
+	g_mutex_init(&tr->expire_lock);
+	g_cond_init(&tr->expire_cond);
 	g_mutex_init(&tr->pend_lock);
 	g_cond_init(&tr->pend_cond);
 	g_mutex_init(&tr->pool_lock);
@@ -188,6 +199,8 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	tr->slices = g_new0(rd_slice, tr->nslices);
 	tr->free_next = g_new0(atomic_uint, tr->nslices);
 	tr->posted_on = g_new0(atomic_int, tr->nslices);
+	tr->posted_t = g_new0(_Atomic uintptr_t, tr->nslices);
+	tr->posted_ep = g_new0(_Atomic uintptr_t, tr->nslices);
 	for (uint32_t i = 0; i < tr->nslices; i++) {
 		tr->slices[i].index = i;
 		rd_pool_put(tr, &tr->slices[i]);
@@ -272,6 +285,7 @@ static void rd_destroy(void *ctx)
 			       s->ep->peer_nic_path);
 			rd_ep *ep = s->ep;
 			s->ep = NULL;
+			rd_posted_clear(tr, s);
 			rd_slice_fail(tr, s, -ECANCELED, "transport shutting down");
 			rd_ep_unref(ep);
 		}
@@ -411,7 +425,7 @@ done:
 
 static const te_transport_ops rd_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_MEMORY,
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_MEMORY | TE_TRANSPORT_DEADLINES,
 	.probe = rd_probe,
 	.create = rd_create,
 	.destroy = rd_destroy,
@@ -422,6 +436,7 @@ static const te_transport_ops rd_ops = {
 	.segment_close = rd_segment_close,
 	.submit = rd_submit,
 	.report = rd_report,
+	.expire = rd_expire,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "rdma", "1.0.0",

@@ -48,8 +48,16 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 	rd_transport *tr = c->tr;
 	rd_slice *s = (rd_slice *)(uintptr_t)wc->wr_id;
 	rd_ep *ep = s->ep;
+	te_transfer *t = s->t;
 
-	atomic_store_explicit(&tr->posted_on[s->index], 0, memory_order_relaxed);
+	/* Before the slot is cleared, so that expire() sees it once it sees
+	 * the slice gone (a WRITE's bytes may have left). */
+	if (wc->status != IBV_WC_SUCCESS && s->opcode == TE_OP_WRITE)
+		__atomic_fetch_or(&t->plugin_data[2], (uintptr_t)RD_T_WFAIL, __ATOMIC_SEQ_CST);
+	rd_posted_clear(tr, s);
+	/* Read after the clear: either expire() sees the slot empty, or this
+	 * sees the transfer ended and wakes it (t lives until its slices end). */
+	bool expired = rd_t_expired(t);
 	atomic_fetch_sub_explicit(&ep->depth[s->qp], 1, memory_order_relaxed);
 	atomic_fetch_sub_explicit(&c->cq_out[q], 1, memory_order_relaxed);
 	RD_COUNT(tr, c, TE_METRIC_INFLIGHT_BYTES, -(int64_t)s->length);
@@ -59,6 +67,16 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 		s->ep = NULL;
 		rd_slice_done(tr, s);
 		rd_ep_unref(ep);
+		if (expired)
+			rd_expire_wake(tr);
+		return;
+	}
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && atomic_load(&ep->fenced)) {
+		/* Flushed because another transfer on this endpoint ended early:
+		 * sent again on a new endpoint (or failed, if its own ended). */
+		rd_slice_resend(tr, s, "its endpoint was closed for a transfer that ended early");
+		if (expired)
+			rd_expire_wake(tr);
 		return;
 	}
 	int err = wc_error(wc->status);
@@ -77,6 +95,8 @@ static void handle_wc(rd_ctx *c, int q, const struct ibv_wc *wc, int64_t now)
 			rd_ctx_set_active(c, false, "port found down after a failed request");
 	}
 	rd_slice_retry(tr, s, err, wc_status_name(wc->status)); /* drops s->ep */
+	if (expired)
+		rd_expire_wake(tr);
 }
 
 static int poll_completions(rd_ctx *c)
@@ -106,12 +126,26 @@ static int poll_completions(rd_ctx *c)
 }
 
 /* Posts a run of slices that share one endpoint; returns how many did not
- * fit (queue pairs or the completion queue full): they go back to the queue. */
+ * fit (queue pairs or the completion queue full): they go back to the queue.
+ *
+ * With deadlines each slice passes its transfer's gate (transfer_enter/
+ * leave) before it is posted, and is marked in posted_t inside it: once the
+ * host ended a transfer none of its slices is marked any more, and expire()
+ * finds the marked ones (a marked slice whose post comes after expire()
+ * moved its QP to ERR is flushed). The gate is left before the post: a
+ * posted slice may complete, and its transfer end, at once. The one copy the
+ * CPU makes of a transfer's memory, an inline WRITE's bytes, is made inside
+ * the gate into a bounce buffer that the post copies from. */
+#define RD_INLINE_BOUNCE 256
 static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back, int *nback)
 {
-	const rv_verbs *v = c->tr->verbs;
+	rd_transport *tr = c->tr;
+	const rv_verbs *v = tr->verbs;
+	const te_host *h = tr->host;
 	struct ibv_send_wr wr[RD_POST_BATCH];
 	struct ibv_sge sge[RD_POST_BATCH];
+	rd_slice *ps[RD_POST_BATCH];
+	uint8_t bounce[RD_POST_BATCH][RD_INLINE_BOUNCE];
 	int done = 0;
 
 	for (int tries = 0; tries < ep->nqp && done < k; tries++) {
@@ -122,56 +156,75 @@ static int post_run(rd_ctx *c, rd_ep *ep, rd_slice **sl, int k, rd_slice **back,
 		int m = MIN(MIN(room, croom), k - done);
 		if (m <= 0)
 			continue;
-		atomic_fetch_add(&ep->depth[qi], m);
-		atomic_fetch_add(&c->cq_out[ep->cq], m);
+		int np = 0;
 		for (int i = 0; i < m; i++) {
 			rd_slice *s = sl[done + i];
 			bool is_write = s->opcode == TE_OP_WRITE;
+			/* Inline data is copied by the CPU: never device memory. */
+			bool inl = is_write && s->length <= c->max_inline && !s->mr->device &&
+				   (!tr->deadlines || s->length <= RD_INLINE_BOUNCE);
+			uint64_t addr = s->local_addr;
 			s->qp = qi;
-			sge[i] = (struct ibv_sge){ .addr = s->local_addr, .length = s->length,
-						   .lkey = s->mr->lkey[c->index] };
-			wr[i] = (struct ibv_send_wr){
+			if (tr->deadlines) {
+				if (!h->transfer_enter(h, s->t)) {
+					s->ep = NULL;
+					rd_ep_unref(ep); /* the caller holds one of its own */
+					rd_slice_fail(tr, s, RD_ENDED_ERR, RD_ENDED_WHY);
+					continue;
+				}
+				if (inl) {
+					memcpy(bounce[np], (const void *)(uintptr_t)s->local_addr, s->length);
+					addr = (uintptr_t)bounce[np];
+				}
+				rd_posted_set(tr, s, c->index);
+				h->transfer_leave(h, s->t);
+			} else {
+				rd_posted_set(tr, s, c->index);
+			}
+			sge[np] = (struct ibv_sge){ .addr = addr, .length = s->length,
+						    .lkey = s->mr->lkey[c->index] };
+			wr[np] = (struct ibv_send_wr){
 				.wr_id = (uintptr_t)s,
-				.next = i + 1 < m ? &wr[i + 1] : NULL,
-				.sg_list = &sge[i],
+				.sg_list = &sge[np],
 				.num_sge = 1,
 				.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
-				.send_flags = IBV_SEND_SIGNALED |
-					      /* inline data is copied by the CPU: never device memory */
-					      (is_write && s->length <= c->max_inline && !s->mr->device
-						       ? IBV_SEND_INLINE
-						       : 0),
+				.send_flags = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0),
 			};
-			wr[i].wr.rdma.remote_addr = s->remote_addr;
-			wr[i].wr.rdma.rkey = s->rkey[s->rdev];
-			/* Before the post: its completion may come at once. */
-			atomic_store_explicit(&c->tr->posted_on[s->index], c->index + 1, memory_order_relaxed);
+			wr[np].wr.rdma.remote_addr = s->remote_addr;
+			wr[np].wr.rdma.rkey = s->rkey[s->rdev];
+			if (np > 0)
+				wr[np - 1].next = &wr[np];
+			ps[np++] = s;
 		}
+		done += m;
+		if (np == 0)
+			continue;
+		/* Before the post: completions may come at once. */
+		atomic_fetch_add(&ep->depth[qi], np);
+		atomic_fetch_add(&c->cq_out[ep->cq], np);
 		struct ibv_send_wr *bad = NULL;
 		int rc = v->post_send(ep->qps[qi], wr, &bad);
-		int posted = m;
+		int posted = np;
 		if (rc != 0)
 			posted = bad ? (int)(bad - wr) : 0;
-		if (c->tr->metrics) { /* each posted request completes once, and is counted out then */
+		if (tr->metrics) { /* each posted request completes once, and is counted out then */
 			uint64_t bytes = 0;
 			for (int i = 0; i < posted; i++)
 				bytes += sge[i].length;
-			RD_COUNT(c->tr, c, TE_METRIC_INFLIGHT_BYTES, bytes);
+			RD_COUNT(tr, c, TE_METRIC_INFLIGHT_BYTES, bytes);
 		}
 		if (rc != 0) {
-			int failed = m - posted;
+			int failed = np - posted;
 			atomic_fetch_sub(&ep->depth[qi], failed);
 			atomic_fetch_sub(&c->cq_out[ep->cq], failed);
 			rd_ep_fail(ep, -EIO, "posting work requests failed");
-			for (int i = posted; i < m; i++) {
-				atomic_store_explicit(&c->tr->posted_on[sl[done + i]->index], 0, memory_order_relaxed);
-				rd_slice_retry(c->tr, sl[done + i], -EIO, g_strerror(rc));
+			for (int i = posted; i < np; i++) {
+				rd_posted_clear(tr, ps[i]);
+				rd_slice_retry(tr, ps[i], -EIO, g_strerror(rc));
 			}
-			done += m;
 			/* The rest of the run goes back; the endpoint is gone. */
 			break;
 		}
-		done += posted;
 	}
 	for (int i = done; i < k; i++) {
 		sl[i]->ep = NULL;
@@ -190,7 +243,8 @@ static int post_work(rd_worker *w, bool *blocked)
 	rd_transport *tr = c->tr;
 	rd_slice *in[RD_POST_BATCH], *ready[RD_POST_BATCH], *back[RD_POST_BATCH];
 	rd_ep *connect[RD_POST_BATCH];
-	rd_slice *connect_for[RD_POST_BATCH];
+	rd_seg *connect_seg[RD_POST_BATCH];
+	int connect_rdev[RD_POST_BATCH];
 	int n = 0, nready, nconnect = 0, nback = 0;
 
 	g_mutex_lock(&c->qlock);
@@ -211,12 +265,14 @@ static int post_work(rd_worker *w, bool *blocked)
 	}
 	int keep = 0;
 	for (int i = 0; i < n; i++) {
-		if (tr->host->canceled(tr->host, in[i]->t))
+		if (rd_t_expired(in[i]->t))
+			rd_slice_fail(tr, in[i], RD_ENDED_ERR, RD_ENDED_WHY);
+		else if (tr->host->canceled(tr->host, in[i]->t))
 			rd_slice_fail(tr, in[i], -ECANCELED, "batch canceled");
 		else
 			in[keep++] = in[i];
 	}
-	nready = rd_ep_resolve(c, in, keep, ready, connect, connect_for, &nconnect);
+	nready = rd_ep_resolve(c, in, keep, ready, connect, connect_seg, connect_rdev, &nconnect);
 	for (int i = 0; i < nready;) {
 		int j = i + 1;
 		while (j < nready && ready[j]->ep == ready[i]->ep)
@@ -236,7 +292,7 @@ static int post_work(rd_worker *w, bool *blocked)
 		rd_ctx_enqueue(c, back[0], back[nback - 1], true);
 	}
 	for (int i = 0; i < nconnect; i++) {
-		rd_ep_connect(connect[i], connect_for[i]->seg, connect_for[i]->rdev);
+		rd_ep_connect(connect[i], connect_seg[i], connect_rdev[i]);
 		rd_ep_unref(connect[i]);
 	}
 	return n;

@@ -46,8 +46,13 @@ typedef int (*te_rdma_soft_replace_gid_fn)(const char *dev, const char *from, co
  * `wc_status` (an enum ibv_wc_status) instead of running. */
 typedef int (*te_rdma_soft_fail_next_fn)(const char *dev, unsigned n, int wc_status);
 /* Adds `usec` microseconds before each work request of the device (NULL:
- * every device), so tests can act while a batch is in flight. */
+ * every device), so tests can act while a batch is in flight. A request
+ * waiting so ends at once, flushed, when its QP moves to ERR (a peer that
+ * stopped answering); setting 0 lets the waiting ones run now. */
 typedef int (*te_rdma_soft_set_latency_fn)(const char *dev, unsigned usec);
+/* Holds back each flush completion of the device by `usec` (a NIC slow to
+ * flush a QP moved to ERR); nothing is moved meanwhile. */
+typedef int (*te_rdma_soft_set_flush_delay_fn)(const char *dev, unsigned usec);
 typedef int (*te_rdma_soft_get_counters_fn)(const char *dev, te_rdma_soft_counters *out);
 
 /* The plugin instance of the engine named `engine` (its segment name). */

@@ -27,6 +27,11 @@
  *    QP (round robin), so completions arrive asynchronously; completion
  *    channels and the async event queue are eventfds that poll() like the
  *    kernel's files, and honour O_NONBLOCK.
+ *  - Injected latency stands for a peer that answers late: the request
+ *    waits before it runs, and a QP moved to ERR meanwhile ends the wait
+ *    and flushes the request without moving a byte, as a NIC drops the
+ *    late answer of a request it flushed. A flush delay holds back each
+ *    flush completion (a NIC slow to flush; nothing moves meanwhile).
  *
  * Tests steer link state, failures and latency through the te_rdma_soft_*
  * functions (rdma-test.h).
@@ -96,6 +101,7 @@ typedef struct soft_dev {
 	GQueue runq;       /* soft_qp* with work queued */
 	soft_qp *busy;     /* the QP whose request is executing */
 	atomic_uint latency_us;
+	atomic_uint flush_delay_us; /* before each flush completion */
 	int fail_next;
 	int fail_status;
 
@@ -194,6 +200,9 @@ struct soft_qp {
 	uint8_t sgid_index;
 	bool queued;
 	bool destroyed;
+	/* In the error state: ends a request's injected latency at once (the
+	 * device signals d->cond when it is set). */
+	atomic_bool in_error;
 };
 
 static GMutex soft_lock; /* the device list */
@@ -966,6 +975,19 @@ static void runq_add(soft_qp *qp)
 	g_mutex_unlock(&d->lock);
 }
 
+/* A request waiting out its latency on this QP's device looks again. */
+static void qp_mark_error(soft_qp *qp, bool err)
+{
+	soft_dev *d = qp->dev;
+
+	atomic_store(&qp->in_error, err);
+	if (err) {
+		g_mutex_lock(&d->lock);
+		g_cond_broadcast(&d->cond);
+		g_mutex_unlock(&d->lock);
+	}
+}
+
 static void qp_set_error(soft_qp *qp)
 {
 	bool pending;
@@ -975,6 +997,7 @@ static void qp_set_error(soft_qp *qp)
 	qp->qp.state = IBV_QPS_ERR;
 	pending = qp->count > 0;
 	g_mutex_unlock(&qp->lock);
+	qp_mark_error(qp, true);
 	if (pending)
 		runq_add(qp); /* flushes them */
 }
@@ -1050,6 +1073,8 @@ static int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 	}
 	bool flush = rc == 0 && to == IBV_QPS_ERR && qp->count > 0;
 	g_mutex_unlock(&qp->lock);
+	if (rc == 0)
+		qp_mark_error(qp, to == IBV_QPS_ERR);
 	if (flush)
 		runq_add(qp);
 	return rc;
@@ -1067,6 +1092,7 @@ static int sv_destroy_qp(struct ibv_qp *ibqp)
 	qp->destroyed = true;
 	if (qp->queued)
 		g_queue_remove(&d->runq, qp);
+	g_cond_broadcast(&d->cond); /* a latency wait on it ends */
 	while (d->busy == qp)
 		g_cond_wait(&d->cond, &d->lock);
 	g_mutex_unlock(&d->lock);
@@ -1297,6 +1323,38 @@ out:
 	return st;
 }
 
+/* Waits out `usec` of injected latency before a request of `qp` runs; false
+ * when the QP went to ERR or was destroyed meanwhile (the request is
+ * flushed instead). The latency set to 0 or the device stopping end it
+ * early too. */
+static bool latency_wait(soft_dev *d, soft_qp *qp, unsigned usec)
+{
+	gint64 until = g_get_monotonic_time() + usec;
+	bool gone;
+
+	g_mutex_lock(&d->lock);
+	while (!d->stop && !qp->destroyed && !atomic_load(&qp->in_error) &&
+	       atomic_load(&d->latency_us) != 0 && g_get_monotonic_time() < until)
+		g_cond_wait_until(&d->cond, &d->lock, until);
+	gone = qp->destroyed;
+	g_mutex_unlock(&d->lock);
+	return !gone && !atomic_load(&qp->in_error);
+}
+
+/* Holds back a flush completion by the device's flush delay. */
+static void flush_wait(soft_dev *d, soft_qp *qp)
+{
+	unsigned usec = atomic_load(&d->flush_delay_us);
+	gint64 until = g_get_monotonic_time() + usec;
+
+	if (usec == 0)
+		return;
+	g_mutex_lock(&d->lock);
+	while (!d->stop && !qp->destroyed && g_get_monotonic_time() < until)
+		g_cond_wait_until(&d->cond, &d->lock, until);
+	g_mutex_unlock(&d->lock);
+}
+
 static void run_one(soft_dev *d, soft_qp *qp)
 {
 	soft_wr w;
@@ -1329,14 +1387,17 @@ static void run_one(soft_dev *d, soft_qp *qp)
 	wc.wr_id = w.wr_id;
 	wc.qp_num = qp->qp.qp_num;
 	wc.opcode = w.opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
+	if (state != IBV_QPS_ERR) {
+		unsigned lat = atomic_load(&d->latency_us);
+		if (lat > 0 && !latency_wait(d, qp, lat))
+			state = IBV_QPS_ERR;
+	}
 	if (state == IBV_QPS_ERR) {
+		flush_wait(d, qp);
 		wc.status = IBV_WC_WR_FLUSH_ERR;
 		atomic_fetch_add(&d->flushed, 1);
 	} else {
-		unsigned lat = atomic_load(&d->latency_us);
 		int injected = -1;
-		if (lat > 0)
-			g_usleep(lat);
 		g_mutex_lock(&d->lock);
 		if (d->fail_next > 0) {
 			d->fail_next--;
@@ -1555,6 +1616,14 @@ static void set_fail(soft_dev *d, void *arg)
 static void set_latency(soft_dev *d, void *arg)
 {
 	atomic_store(&d->latency_us, *(unsigned *)arg);
+	g_mutex_lock(&d->lock);
+	g_cond_broadcast(&d->cond); /* waits under the old latency end if it is 0 now */
+	g_mutex_unlock(&d->lock);
+}
+
+static void set_flush_delay(soft_dev *d, void *arg)
+{
+	atomic_store(&d->flush_delay_us, *(unsigned *)arg);
 }
 
 static void add_counters(soft_dev *d, void *arg)
@@ -1576,6 +1645,7 @@ SOFT_EXPORT int te_rdma_soft_set_link(const char *dev, int up);
 SOFT_EXPORT int te_rdma_soft_fatal(const char *dev);
 SOFT_EXPORT int te_rdma_soft_fail_next(const char *dev, unsigned n, int wc_status);
 SOFT_EXPORT int te_rdma_soft_set_latency(const char *dev, unsigned usec);
+SOFT_EXPORT int te_rdma_soft_set_flush_delay(const char *dev, unsigned usec);
 SOFT_EXPORT int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out);
 SOFT_EXPORT int te_rdma_soft_replace_gid(const char *dev, const char *from, const char *to);
 SOFT_EXPORT int te_rdma_soft_fatal_silent(const char *dev);
@@ -1645,6 +1715,11 @@ int te_rdma_soft_fail_next(const char *dev, unsigned n, int wc_status)
 int te_rdma_soft_set_latency(const char *dev, unsigned usec)
 {
 	return for_devices(dev, set_latency, &usec);
+}
+
+int te_rdma_soft_set_flush_delay(const char *dev, unsigned usec)
+{
+	return for_devices(dev, set_flush_delay, &usec);
 }
 
 int te_rdma_soft_get_counters(const char *dev, te_rdma_soft_counters *out)

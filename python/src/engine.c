@@ -261,8 +261,9 @@ static void engine_shutdown(PyteEngine *eo)
 	Py_BEGIN_ALLOW_THREADS
 	pthread_mutex_lock(&eo->mu);
 	if (eo->e != NULL && !atomic_exchange(&eo->closing, 1)) {
-		/* Waiting calls wake within a slice (pyte_wait); canceled
-		 * batches stop at their next slice boundary. */
+		/* Waiting calls wake within a slice (pyte_wait); a canceled
+		 * batch's tasks end at once on transports that honour
+		 * deadlines, at their next slice boundary on others. */
 		for (pyte_use *u = eo->uses.next; u != &eo->uses; u = u->next)
 			te_batch_cancel(eo->e, u->batch);
 		while (eo->active > 0)

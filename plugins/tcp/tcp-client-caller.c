@@ -111,6 +111,12 @@ static int caller_turn(tcp_cconn *cc)
 		moved |= rc;
 	}
 	tcp_cconn_reap(cc);
+	/* A transfer on it ended (deadline, cancel): the connection ends. */
+	if (cc->gate_shut || (atomic_load_explicit(&cc->missed, memory_order_relaxed) & MISS_EXPIRE)) {
+		atomic_fetch_and(&cc->missed, ~(unsigned)MISS_EXPIRE);
+		if (tcp_cconn_expire(cc))
+			return -1;
+	}
 	return moved;
 }
 
@@ -241,8 +247,9 @@ static void caller_sleep(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t 
 	/* Without an eventfd, a drain elsewhere is seen within a millisecond. */
 	if (s == NULL && left_ns > 1000000)
 		left_ns = 1000000;
-	/* Registered first, then checked: a drain after the check rings. */
-	if (!done(arg)) {
+	/* Registered first, then checked: a drain after the check rings (as
+	 * does tcp_expire() after it marks the connection). */
+	if (!done(arg) && !(atomic_load(&cc->missed) & MISS_EXPIRE)) {
 		struct timespec ts = { .tv_sec = left_ns / 1000000000, .tv_nsec = left_ns % 1000000000 };
 		if (ppoll(pf, 2, &ts, NULL) < 0 && errno != EINTR)
 			TLOG(c, TE_LOG_DEBUG, "poll: %s", g_strerror(errno));

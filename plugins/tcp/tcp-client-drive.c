@@ -101,6 +101,13 @@ static void drive(tcp_cconn *cc)
 			moved |= rc > 0;
 		}
 		tcp_cconn_reap(cc);
+		if (cc->gate_shut) {
+			/* a transfer on it ended: the connection ends, the rest goes again */
+			tcp_cconn_expire(cc);
+			if (atomic_load(&p->has_work))
+				tcp_io_ready(&cc->io);
+			return;
+		}
 		more = moved;
 	}
 	if (cc->state == CS_UP)
@@ -192,6 +199,28 @@ static void check_timeout(tcp_cconn *cc, int64_t now)
 			return;
 		}
 	}
+	if (cc->state == CS_CONNECTING && now > cc->connect_deadline && cc->soft_deadline) {
+		/* The transfers it was for ended at their deadline; others
+		 * waiting (with a later one, or none) start another attempt. */
+		TLOG(c, TE_LOG_DEBUG, "connection %u to %s: connecting cut short by a transfer's deadline", cc->idx,
+		     p->name);
+		tcp_cconn_go_down(cc);
+		if (atomic_load(&p->has_work))
+			tcp_cconn_start_connect(cc);
+		return;
+	}
+	/* FENCEs waiting for a connection (WRITEs of ended transfers wait for
+	 * their answer) after every connect failed: tried again each second. */
+	if (cc->state == CS_DOWN && cc->idx == 0 && atomic_load(&p->has_work) && !atomic_load(&c->stopping) &&
+	    now >= cc->connect_deadline + 1000 && atomic_load(&p->active) == 0) {
+		g_mutex_lock(&p->lock);
+		bool fences = p->fences != NULL;
+		g_mutex_unlock(&p->lock);
+		if (fences) {
+			tcp_cconn_start_connect(cc);
+			return;
+		}
+	}
 	if (cc->state == CS_CONNECTING && now > cc->connect_deadline) {
 		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",
 			 (long long)c->cfg.connect_timeout_ms);
@@ -277,6 +306,8 @@ static int64_t io_service(tcp_cconn *cc, unsigned what)
 		tcp_io_bury(&cc->io);
 		return INT64_MAX; /* held for good: nobody takes a closed connection */
 	}
+	if (what & MISS_EXPIRE)
+		tcp_cconn_expire(cc);
 	if (what & MISS_SCAN)
 		check_timeout(cc, tcp_now_ms());
 	if (cc->state == CS_CONNECTING && cc->io.fd >= 0 && (what & MISS_WR)) {

@@ -24,11 +24,36 @@ static const char *op_name(unsigned op)
 
 /* ---------------------------------------------------------------- send */
 
-/* 1: bytes moved, 0: nothing to do or would block, <0: error. */
+/* The transfers whose memory one sendmsg or readv touches, entered into
+ * their gates (consecutive slices of one transfer enter once). */
+static _Thread_local te_transfer *tls_in[TCP_IOV_MAX + 2];
+
+static void leave_all(const tcp_ctx *c, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		tcp_leave(c, tls_in[i]);
+}
+
+/* Enters `t`'s gate for this call unless the last one entered is `t`:
+ * false when the host ended it (nothing of it may be touched). */
+static bool enter_once(const tcp_ctx *c, te_transfer *t, unsigned *nin)
+{
+	if (*nin > 0 && tls_in[*nin - 1] == t)
+		return true;
+	if (!tcp_enter(c, t))
+		return false;
+	tls_in[(*nin)++] = t;
+	return true;
+}
+
+/* 1: bytes moved, 0: nothing to do or would block, <0: error. A WRITE
+ * whose transfer the host ended stops the sending before its request
+ * (`gate_shut`: the connection ends after this turn). */
 int tcp_cconn_send(tcp_cconn *cc)
 {
+	const tcp_ctx *c = cc->peer->ctx;
 	struct iovec *iov = tls_iov;
-	unsigned n = 0;
+	unsigned n = 0, nin = 0;
 	size_t total = 0;
 
 	/* up to three iovecs a request: header, table, body */
@@ -36,6 +61,12 @@ int tcp_cconn_send(tcp_cconn *cc)
 		tcp_slot *s = slot_at(cc, i);
 		if (s->sent == s->stot)
 			continue;
+		/* The body comes from the transfer's memory: its gate first,
+		 * and nothing of this request goes when it is shut. */
+		if (s->op == TE_OP_WRITE && s->fence == NULL && !enter_once(c, s->t, &nin)) {
+			cc->gate_shut = true;
+			break;
+		}
 		if (s->hlen > 0 && s->sent < TCP_HDR_SIZE) {
 			iov[n++] = (struct iovec){ s->hdr + s->sent, TCP_HDR_SIZE - s->sent };
 			total += TCP_HDR_SIZE - s->sent;
@@ -53,19 +84,23 @@ int tcp_cconn_send(tcp_cconn *cc)
 			total += s->len - done;
 		}
 	}
-	if (n == 0)
+	if (n == 0) {
+		leave_all(c, nin);
 		return 0;
+	}
 	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
 	ssize_t w;
 	do
 		w = sendmsg(cc->io.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (w < 0 && errno == EINTR);
 	if (w < 0) {
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+		int err = errno;
+		leave_all(c, nin);
+		if (err == EAGAIN || err == EWOULDBLOCK) {
 			cc->io.wr = false;
 			return 0;
 		}
-		return -errno;
+		return -err;
 	}
 	if ((size_t)w < total)
 		cc->io.wr = false; /* the socket buffer is full: wait for EPOLLOUT */
@@ -76,7 +111,14 @@ int tcp_cconn_send(tcp_cconn *cc)
 		uint64_t take = MIN(s->stot - s->sent, left);
 		s->sent += take;
 		left -= take;
+		/* Body bytes left: counted before the gate is left, so that an
+		 * expire() after it sees them. */
+		if (s->op == TE_OP_WRITE && s->fence == NULL && !s->counted && s->sent > s->hlen) {
+			s->counted = true;
+			tcp_unsettled_add(s->t, 1);
+		}
 	}
+	leave_all(c, nin);
 	while (cc->snd < cc->head && slot_at(cc, cc->snd)->sent == slot_at(cc, cc->snd)->stot)
 		cc->snd++;
 	return 1;
@@ -149,9 +191,10 @@ static int recv_error(tcp_cconn *cc, tcp_rx_result *res)
 /* 1: bytes moved, 0: would block or idle, <0: failed (details in `res`). */
 int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res)
 {
+	const tcp_ctx *c = cc->peer->ctx;
 	struct iovec *iov = tls_iov;
 	bool v2 = cc->peer->version >= 2;
-	unsigned n = 0;
+	unsigned n = 0, nin = 0;
 	size_t total = 0;
 
 	while (cc->rcv < cc->head && slot_at(cc, cc->rcv)->rcvd == slot_at(cc, cc->rcv)->rtot)
@@ -161,6 +204,13 @@ int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res)
 		if (s->rcvd == s->rtot)
 			continue;
 		uint64_t pre = v2 ? TCP_STATUS_SIZE : 0;
+		/* A READ's body goes into the transfer's memory: its gate first.
+		 * Shut, nothing more is taken from the socket for it or after it
+		 * (the connection ends after this turn). */
+		if (s->op == TE_OP_READ && s->fence == NULL && !enter_once(c, s->t, &nin)) {
+			cc->gate_shut = true;
+			break;
+		}
 		if (s->rcvd < pre) {
 			iov[n++] = (struct iovec){ (char *)&s->status + s->rcvd, pre - s->rcvd };
 			total += pre - s->rcvd;
@@ -172,6 +222,10 @@ int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res)
 		}
 	}
 	ssize_t r;
+	if (n == 0 && cc->gate_shut) {
+		leave_all(c, nin);
+		return 0;
+	}
 	if (n == 0) {
 		/* Nothing expected: only an EOF (an idle close) or junk can come. */
 		char junk[64];
@@ -193,6 +247,9 @@ int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res)
 	do
 		r = readv(cc->io.fd, iov, (int)n);
 	while (r < 0 && errno == EINTR);
+	int rerr = errno;
+	leave_all(c, nin);
+	errno = rerr;
 	if (r < 0)
 		return recv_error(cc, res);
 	if (r == 0) {
@@ -233,6 +290,10 @@ void tcp_cconn_reap(tcp_cconn *cc)
 		cc->bytes -= s->len;
 		moved += s->err ? 0 : s->len;
 		cc->tail++;
+		if (s->counted) { /* answered: settled */
+			s->counted = false;
+			tcp_unsettled_add(s->t, -1);
+		}
 		if (s->fence != NULL) {
 			tcp_fence *f = s->fence;
 			s->fence = NULL;

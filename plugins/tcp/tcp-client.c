@@ -44,39 +44,115 @@ static void retry_add(tcp_peer *p, const tcp_retry *r, size_t n)
 	atomic_store(&p->has_work, 1);
 }
 
-/* Fails the WRITEs a fence holds, and frees it. */
-static size_t fence_fail(const te_host *h, tcp_fence *f, int err)
+/* Completes a slice that leaves a fence or a ring unanswered. */
+static void complete_slice(const te_host *h, te_transfer *t, bool counted, uint64_t bytes, int err)
 {
-	size_t n = f->n;
+	if (counted)
+		tcp_unsettled_add(t, -1);
+	h->complete(h, t, bytes, err);
+}
 
-	for (size_t i = 0; i < n; i++)
-		h->complete(h, f->held[i].t, 0, err);
+/* Whether `err` means the peer can apply nothing more of what it was sent:
+ * the instance goes away (destroy), or nobody listens at its port. */
+static bool err_final(int err)
+{
+	return err == -ESHUTDOWN || err == -ECANCELED || err == -ECONNREFUSED;
+}
+
+/* A FENCE that will not be answered on its connection. The WRITEs it holds
+ * fail with `err`, except those of transfers the host ended whose bytes
+ * left: the peer may still apply them, so they wait for the FENCE to be
+ * answered on another connection (unless `err` is final). Returns the
+ * fence holding those, to send again, or NULL (freed). */
+static tcp_fence *fence_lost(tcp_ctx *c, tcp_fence *f, int err, size_t *nfailed)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < f->n; i++) {
+		tcp_retry *r = &f->held[i];
+		if (!err_final(err) && tcp_gate_closed(c, r->t)) {
+			if (r->counted)
+				f->held[k++] = *r;
+			else
+				tcp_dead_add(c, r->t, false);
+			continue;
+		}
+		complete_slice(c->host, r->t, r->counted, 0, err);
+		++*nfailed;
+	}
+	f->n = k;
+	if (k > 0)
+		return f;
 	g_free(f);
-	return n;
+	return NULL;
+}
+
+/* Puts fences back on the peer's list (p->lock held). */
+static void fences_requeue(tcp_peer *p, tcp_fence *list)
+{
+	while (list != NULL) {
+		tcp_fence *f = list;
+		list = f->next;
+		f->next = p->fences;
+		p->fences = f;
+		atomic_store(&p->has_work, 1);
+	}
 }
 
 void tcp_fence_done(tcp_peer *p, tcp_fence *f)
 {
-	g_mutex_lock(&p->lock);
-	retry_add(p, f->held, f->n);
-	g_mutex_unlock(&p->lock);
+	tcp_ctx *c = p->ctx;
+	tcp_retry *back = g_new(tcp_retry, f->n);
+	size_t k = 0, nback = 0;
+
+	/* The peer applies nothing more from the fenced connection: what
+	 * the host ended is settled now, the rest goes out again. */
+	for (size_t i = 0; i < f->n; i++) {
+		tcp_retry r = f->held[i];
+		if (tcp_gate_closed(c, r.t)) {
+			f->held[k++] = r;
+			continue;
+		}
+		if (r.counted)
+			tcp_unsettled_add(r.t, -1);
+		r.counted = false;
+		back[nback++] = r;
+	}
+	if (nback > 0) {
+		g_mutex_lock(&p->lock);
+		retry_add(p, back, nback);
+		g_mutex_unlock(&p->lock);
+	}
+	g_free(back);
+	for (size_t i = 0; i < k; i++)
+		tcp_dead_add(c, f->held[i].t, f->held[i].counted);
 	g_free(f);
-	tcp_peer_kick_all(p);
+	if (nback > 0)
+		tcp_peer_kick_all(p);
 }
 
 /* Completes every slice still waiting in the peer's backlog and retry list,
- * and the WRITEs held by fences not yet sent. */
+ * and the WRITEs held by fences not yet sent (but those of transfers the host
+ * ended, which wait for their FENCE's answer, see fence_lost). */
 void tcp_peer_fail_pending(tcp_peer *p, int err)
 {
-	const te_host *h = p->ctx->host;
-	uint64_t slice = p->ctx->cfg.slice;
+	tcp_ctx *c = p->ctx;
+	const te_host *h = c->host;
+	uint64_t slice = c->cfg.slice;
 	te_transfer *t;
 	tcp_retry *retry;
-	tcp_fence *fences;
+	tcp_fence *fences, *kept = NULL;
 	size_t nretry;
 
 	g_mutex_lock(&p->lock);
 	t = p->bl_head;
+	/* Out of the backlog for expire(): no bytes left in plugin_data[1],
+	 * the slices left in plugin_data[2] (no longer a link). */
+	for (te_transfer *u = t; u != NULL; u = (te_transfer *)u->plugin_data[0]) {
+		uint64_t left = u->plugin_data[1];
+		u->plugin_data[2] = (uintptr_t)((left + slice - 1) / slice);
+		u->plugin_data[1] = 0;
+	}
 	p->bl_head = p->bl_tail = NULL;
 	retry = p->retry;
 	nretry = p->nretry;
@@ -93,22 +169,53 @@ void tcp_peer_fail_pending(tcp_peer *p, int err)
 		h->complete(h, retry[i].t, 0, err);
 	g_free(retry);
 	while (fences != NULL) {
-		tcp_fence *next = fences->next;
-		n += fence_fail(h, fences, err);
+		tcp_fence *next = fences->next, *f = fence_lost(c, fences, err, &n);
+		if (f != NULL) {
+			f->next = kept;
+			kept = f;
+		}
 		fences = next;
 	}
 	while (t != NULL) {
 		te_transfer *next = (te_transfer *)t->plugin_data[0];
-		uint64_t left = t->length - t->plugin_data[1];
-		uint64_t slices = (left + slice - 1) / slice;
+		uint64_t slices = t->plugin_data[2];
 		/* `t` may be reused once its last slice completes: read first. */
 		for (uint64_t i = 0; i < slices; i++, n++)
 			h->complete(h, t, 0, err);
 		t = next;
 	}
+	if (kept != NULL) {
+		g_mutex_lock(&p->lock);
+		fences_requeue(p, kept);
+		g_mutex_unlock(&p->lock);
+	}
 	if (n > 0)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "%zu queued requests to %s failed: %s", n, p->name,
 				    tcp_strerror(err));
+}
+
+/* The earliest deadline among the transfers waiting for a connection. */
+int64_t tcp_peer_waiting_deadline(tcp_peer *p)
+{
+	const tcp_ctx *c = p->ctx;
+	const te_host *h = c->host;
+	int64_t dl = 0;
+
+	if (!c->deadlines)
+		return 0;
+	g_mutex_lock(&p->lock);
+	for (te_transfer *t = p->bl_head; t != NULL; t = (te_transfer *)t->plugin_data[0]) {
+		int64_t d = h->transfer_deadline(h, t);
+		if (d > 0 && (dl == 0 || d < dl))
+			dl = d;
+	}
+	for (size_t i = 0; i < p->nretry; i++) {
+		int64_t d = h->transfer_deadline(h, p->retry[i].t);
+		if (d > 0 && (dl == 0 || d < dl))
+			dl = d;
+	}
+	g_mutex_unlock(&p->lock);
+	return dl;
 }
 
 static void prep(tcp_cconn *cc, tcp_slot *s)
@@ -186,23 +293,28 @@ void tcp_cconn_pull(tcp_cconn *cc)
 			tries = r->tries;
 		} else if (p->bl_head != NULL) {
 			t = p->bl_head;
-			off = t->plugin_data[1];
-			len = MIN(c->cfg.slice, t->length - off);
-			t->plugin_data[1] = off + len;
-			if (off + len == t->length) {
+			off = t->length - t->plugin_data[1];
+			len = MIN(c->cfg.slice, t->plugin_data[1]);
+			t->plugin_data[1] -= len;
+			if (t->plugin_data[1] == 0) {
 				p->bl_head = (te_transfer *)t->plugin_data[0];
 				if (p->bl_head == NULL)
 					p->bl_tail = NULL;
+				else
+					p->bl_head->plugin_data[2] = 0;
 			}
 		} else {
 			break;
 		}
 		/* A canceled batch stops at a slice boundary. Completed with the
 		 * lock dropped: complete() may submit (TE_TRANSPORT_NESTED_SUBMIT). */
-		if (h->canceled(h, t)) {
+		if (h->canceled(h, t) || tcp_gate_closed(c, t)) {
 			p->bl_bytes -= len;
 			g_mutex_unlock(&p->lock);
-			h->complete(h, t, 0, -ECANCELED);
+			if (c->deadlines)
+				tcp_dead_add(c, t, false); /* ended by the host: completed once it published that */
+			else
+				h->complete(h, t, 0, -ECANCELED);
 			g_mutex_lock(&p->lock);
 			continue;
 		}
@@ -211,6 +323,7 @@ void tcp_cconn_pull(tcp_cconn *cc)
 		tcp_slot *s = slot_at(cc, cc->head++);
 		s->t = t;
 		s->fence = NULL;
+		s->counted = false;
 		s->off = off;
 		s->len = len;
 		s->tries = tries;
@@ -261,13 +374,20 @@ void tcp_cconn_go_down(tcp_cconn *cc)
  * the target's kernel received), over what the application wrote there since
  * through the other rail. To a peer that fences, such WRITEs are held by a
  * FENCE naming this connection and go out again only once the peer answered
- * it; to one that cannot, they fail.
+ * it; to one that cannot, they fail. FAIL_EXPIRE moves the requests of other
+ * transfers the same way.
+ *
+ * A slice of a transfer the host ended (deadline, cancel) completes with
+ * `err`; when it is a WRITE whose bytes left and the peer fences, only once
+ * the FENCE of this connection is answered (held like a moved WRITE): until
+ * then the host reports the transfer unsettled.
  */
 void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *why)
 {
 	tcp_peer *p = cc->peer;
+	tcp_ctx *c = p->ctx;
 	const te_host *h = host_of(cc);
-	size_t n = cc->head - cc->tail, nback = 0, nfail = 0, nhold = 0, nstuck = 0;
+	size_t n = cc->head - cc->tail, nback = 0, nfail = 0, nhold = 0, nstuck = 0, nended = 0;
 	/* An idle connection that breaks says little about the peer; one that
 	 * breaks with requests on it does. */
 	bool busy = n > 0;
@@ -279,10 +399,13 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 		if (atomic_load(&p->rails_up) > 0)
 			mode = FAIL_RAIL;
 	}
-	struct done { te_transfer *t; uint64_t bytes; int err; } *done = n ? g_new(struct done, n) : NULL;
+	bool move = mode == FAIL_RAIL || mode == FAIL_EXPIRE;
+	/* Moves for the host's sake are not the slices' own failures. */
+	uint8_t bump = mode == FAIL_EXPIRE ? 0 : 1;
+	struct done { te_transfer *t; uint64_t bytes; int err; bool counted; } *done = n ? g_new(struct done, n) : NULL;
 	size_t ndone = 0;
 	uint64_t moved = 0, held = cc->bytes;
-	tcp_fence *hold = n && mode == FAIL_RAIL && p->fence ? g_malloc(sizeof *hold + n * sizeof(tcp_retry)) : NULL;
+	tcp_fence *hold = n && p->fence ? g_malloc(sizeof *hold + n * sizeof(tcp_retry)) : NULL;
 	/* FENCEs it carried: answered, to send again, or failed with their WRITEs. */
 	tcp_fence *answered = NULL, *again = NULL, *lost = NULL;
 
@@ -294,6 +417,7 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 		(void)setsockopt(cc->io.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	}
 	tcp_cconn_go_down(cc);
+	cc->gate_shut = false;
 	for (uint64_t i = cc->tail; i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
 		if (s->fence != NULL) {
@@ -301,32 +425,45 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 			s->fence = NULL;
 			if (i != at && s->sent == s->stot && s->rcvd == s->rtot)
 				to = &answered;
-			else if (i != at && (mode == FAIL_RAIL || (mode == FAIL_REJECT && i > at)))
+			else if (i != at && (move || (mode == FAIL_REJECT && i > at)))
 				to = &again; /* never ran, or may have: it is harmless twice */
 			f->next = *to;
 			*to = f;
 			continue;
 		}
-		if (i == at) { /* the request the failure is about */
-			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err };
+		bool finished = s->sent == s->stot && s->rcvd == s->rtot;
+		if (i != at && !finished && tcp_gate_closed(c, s->t)) {
+			/* ended by the host: nothing of it goes again */
+			if (s->counted && hold != NULL && !err_final(err))
+				hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, s->tries, true };
+			else
+				tcp_dead_add(c, s->t, s->counted);
+			nended++;
+		} else if (i == at) { /* the request the failure is about */
+			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? TE_ERR_REJECTED : err, s->counted };
 			nfail++;
-		} else if (s->sent == s->stot && s->rcvd == s->rtot) {
+		} else if (finished) {
 			/* finished: a piece of a scatter-gather frame may have been rejected alone */
-			done[ndone++] = (struct done){ s->t, s->err ? 0 : s->len, s->err };
+			done[ndone++] = (struct done){ s->t, s->err ? 0 : s->len, s->err, s->counted };
 			moved += s->err ? 0 : s->len;
 		} else if (mode == FAIL_REJECT && i > at && s->tries + 1 < TCP_MAX_TRIES) {
-			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
-		} else if (mode == FAIL_RAIL && s->op == TE_OP_WRITE && s->sent > 0 &&
-			   (hold == NULL || s->tries + 1 >= TCP_MAX_FAILOVERS)) {
-			done[ndone++] = (struct done){ s->t, 0, err };
+			/* behind the rejected one: the peer never ran it */
+			if (s->counted)
+				tcp_unsettled_add(s->t, -1);
+			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1), false };
+		} else if (move && s->op == TE_OP_WRITE && s->sent > 0 &&
+			   (hold == NULL || s->tries + bump >= TCP_MAX_FAILOVERS)) {
+			done[ndone++] = (struct done){ s->t, 0, err, s->counted };
 			nfail++;
 			nstuck += hold == NULL;
-		} else if (mode == FAIL_RAIL && s->op == TE_OP_WRITE && s->sent > 0) {
-			hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
-		} else if (mode == FAIL_RAIL && s->tries + 1 < TCP_MAX_FAILOVERS) {
-			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + 1) };
+		} else if (move && s->op == TE_OP_WRITE && s->sent > 0) {
+			hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + bump), s->counted };
+		} else if (move && s->tries + bump < TCP_MAX_FAILOVERS) {
+			if (s->counted)
+				tcp_unsettled_add(s->t, -1);
+			back[nback++] = (tcp_retry){ s->t, s->off, s->len, (uint8_t)(s->tries + bump), false };
 		} else {
-			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? -ECONNRESET : err };
+			done[ndone++] = (struct done){ s->t, 0, mode == FAIL_REJECT ? -ECONNRESET : err, s->counted };
 			nfail++;
 		}
 	}
@@ -340,7 +477,11 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	count(cc, mode == FAIL_RAIL ? TE_METRIC_FAILOVERS : TE_METRIC_RETRIES, (int64_t)(nback + nhold));
 	if (mode == FAIL_PEER || mode == FAIL_RAIL)
 		count(cc, TE_METRIC_ERRORS, 1);
-	if (mode == FAIL_RAIL)
+	if (mode == FAIL_EXPIRE)
+		TLOG(c, TE_LOG_DEBUG, "connection %u to %s closed: %s; %zu requests ended, %zu go again%s", cc->idx,
+		     p->name, why, nended, nback + nhold,
+		     nhold ? " (WRITEs that left once the peer fenced this connection)" : "");
+	else if (mode == FAIL_RAIL)
 		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN,
 				    "connection %u to %s over %s closed: %s; %zu requests go to the other rails%s, "
 				    "%zu failed%s",
@@ -364,24 +505,29 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	} else {
 		g_free(hold);
 	}
-	if (nback > 0 || again != NULL || answered != NULL) {
+	/* FENCEs that will not be answered here: what they hold fails, but the
+	 * ended transfers' WRITEs, which wait for an answer elsewhere. */
+	while (lost != NULL) {
+		tcp_fence *f = lost, *keep;
+		lost = f->next;
+		keep = fence_lost(c, f, err, &nfail);
+		if (keep != NULL) {
+			keep->next = again;
+			again = keep;
+		}
+	}
+	if (nback > 0 || again != NULL) {
 		g_mutex_lock(&p->lock);
 		retry_add(p, back, nback);
-		for (tcp_fence *f = answered; f != NULL; f = f->next)
-			retry_add(p, f->held, f->n);
-		while (again != NULL) {
-			tcp_fence *f = again;
-			again = f->next;
-			f->next = p->fences;
-			p->fences = f;
-		}
+		fences_requeue(p, again);
 		atomic_store(&p->has_work, 1);
 		g_mutex_unlock(&p->lock);
 	}
+	/* Answered FENCEs release their WRITEs (or settle the ended ones). */
 	while (answered != NULL) {
 		tcp_fence *f = answered;
 		answered = f->next;
-		g_free(f);
+		tcp_fence_done(p, f);
 	}
 	/* Work queued for the peer (put back above, or waiting in its backlog
 	 * behind what this connection held) needs a connection, and this one is
@@ -390,14 +536,32 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	if (atomic_load(&p->has_work))
 		tcp_peer_kick_all(p);
 	for (size_t i = 0; i < ndone; i++)
-		h->complete(h, done[i].t, done[i].bytes, done[i].err);
-	while (lost != NULL) {
-		tcp_fence *f = lost;
-		lost = f->next;
-		fence_fail(h, f, err);
-	}
+		complete_slice(h, done[i].t, done[i].counted, done[i].bytes, done[i].err);
 	g_free(back);
 	g_free(done);
+}
+
+/* A slice on the ring of a transfer the host ended (one gate look each). */
+bool tcp_cconn_has_expired(tcp_cconn *cc)
+{
+	const tcp_ctx *c = cc->peer->ctx;
+
+	for (uint64_t i = cc->tail; c->deadlines && i < cc->head; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		if (s->fence == NULL && (s->sent != s->stot || s->rcvd != s->rtot) && tcp_gate_closed(c, s->t))
+			return true;
+	}
+	return false;
+}
+
+bool tcp_cconn_expire(tcp_cconn *cc)
+{
+	if (!cc->gate_shut && !tcp_cconn_has_expired(cc))
+		return false;
+	/* The requests behind it cannot be taken out of the stream: the
+	 * connection ends, the others go again on another one. */
+	tcp_cconn_fail(cc, -ETIMEDOUT, FAIL_EXPIRE, UINT64_MAX, "a transfer on it ended (deadline or cancel)");
+	return true;
 }
 
 void tcp_cconn_connect_failed(tcp_cconn *cc, int err, const char *what)
@@ -439,10 +603,13 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 
 	for (uint64_t i = cc->tail; i < cc->head; i++) {
 		tcp_slot *s = slot_at(cc, i);
-		if (s->fence != NULL)
-			fence_fail(h, s->fence, err);
-		else
-			h->complete(h, s->t, 0, err);
+		if (s->fence != NULL) {
+			size_t nf = 0;
+			/* -ECANCELED or -ESHUTDOWN: final, nothing is kept */
+			g_free(fence_lost(cc->peer->ctx, s->fence, err_final(err) ? err : -ESHUTDOWN, &nf));
+		} else {
+			complete_slice(h, s->t, s->counted, 0, err);
+		}
 		s->fence = NULL;
 	}
 	atomic_fetch_sub_explicit(&tcp_rail_of(cc)->inflight, (long long)(cc->head - cc->tail), memory_order_relaxed);
@@ -540,8 +707,24 @@ bool tcp_cconn_preamble(tcp_cconn *cc)
 	const te_host *h = c->host;
 
 	if (c->auth) {
-		int rc = h->auth_connect(h, cc->io.fd, TE_AUTH_TCP, cc->peer->name,
-					 (int)MIN(c->cfg.connect_timeout_ms, 3000));
+		/* A blocking exchange: it must not outlast the transfers waiting
+		 * for the connection (the host ends them at their deadline). */
+		int64_t ms = MIN(c->cfg.connect_timeout_ms, 3000), dl = tcp_peer_waiting_deadline(cc->peer);
+		bool soft = false;
+		if (dl > 0 && (dl - tcp_now_ns()) / 1000000 + 1 < ms) {
+			ms = (dl - tcp_now_ns()) / 1000000 + 1;
+			soft = true;
+		}
+		int rc = ms > 0 ? h->auth_connect(h, cc->io.fd, TE_AUTH_TCP, cc->peer->name, (int)ms) : -ETIMEDOUT;
+		/* (a timeout comes back as TE_ERR_AUTH) */
+		if (rc != 0 && soft && tcp_now_ns() >= dl) {
+			/* The waiting transfers end by their deadline; the
+			 * others wait for the next try (expire() kicks). */
+			TLOG(c, TE_LOG_DEBUG, "connection %u to %s: authentication cut short by a transfer's deadline",
+			     cc->idx, cc->peer->name);
+			tcp_cconn_go_down(cc);
+			return false;
+		}
 		if (rc != 0) {
 			tcp_cconn_connect_failed(cc, rc == TE_ERR_AUTH || rc == -ETIMEDOUT ? TE_ERR_AUTH : rc,
 						 "authentication failed");
@@ -609,10 +792,19 @@ void tcp_cconn_start_connect(tcp_cconn *cc)
 		tcp_cconn_connect_failed(cc, rc, "cannot add the socket to the epoll set");
 		return;
 	}
-	if (crc == 0 && tcp_cconn_preamble(cc))
+	if (crc == 0 && tcp_cconn_preamble(cc)) {
 		tcp_cconn_become_up(cc);
-	else
-		cc->connect_deadline = tcp_now_ms() + c->cfg.connect_timeout_ms;
+	} else {
+		/* Not past the earliest deadline of the transfers waiting for it:
+		 * then this attempt ends (the next transfer starts another). */
+		int64_t now = tcp_now_ms(), dl = tcp_peer_waiting_deadline(p);
+		cc->connect_deadline = now + c->cfg.connect_timeout_ms;
+		cc->soft_deadline = false;
+		if (dl > 0 && (dl - tcp_now_ns()) / 1000000 + now < cc->connect_deadline) {
+			cc->connect_deadline = (dl - tcp_now_ns()) / 1000000 + now;
+			cc->soft_deadline = true;
+		}
+	}
 }
 
 /* Called once per connection at the end of the loop iteration that retired
@@ -638,4 +830,133 @@ void tcp_peer_retire_conn(tcp_peer *p)
 	g_free(p->rails);
 	g_free(p->key);
 	g_free(p);
+}
+
+/* ------------------------------------------------------------- expire */
+
+/* How long a slice of an ended transfer waits before it completes: the host
+ * publishes the early end right after expire() returns (a few instructions),
+ * and a completion that came first would be taken for the transfer's own
+ * end. Nothing waits for these completions but the task's storage and, for
+ * a WRITE held by a FENCE, its settling. */
+#define DEAD_GRACE_NS 2000000
+
+void tcp_dead_add(tcp_ctx *c, te_transfer *t, bool counted)
+{
+	struct tcp_dead d = { t, counted, tcp_now_ns() };
+
+	g_mutex_lock(&c->dead_lock);
+	g_array_append_val(c->dead, d);
+	atomic_store(&c->ndead, (int)c->dead->len);
+	g_mutex_unlock(&c->dead_lock);
+	tcp_io_arm(&c->threads[0]);
+}
+
+bool tcp_dead_flush(tcp_ctx *c, bool all)
+{
+	const te_host *h = c->host;
+	int64_t now = tcp_now_ns();
+	GArray *due = NULL;
+	bool left;
+
+	g_mutex_lock(&c->dead_lock);
+	if (all || atomic_load(&c->expiring) == 0) {
+		guint k = 0;
+		for (guint i = 0; i < c->dead->len; i++) {
+			struct tcp_dead d = g_array_index(c->dead, struct tcp_dead, i);
+			if (all || now - d.at >= DEAD_GRACE_NS) {
+				if (due == NULL)
+					due = g_array_new(FALSE, FALSE, sizeof d);
+				g_array_append_val(due, d);
+			} else {
+				g_array_index(c->dead, struct tcp_dead, k++) = d;
+			}
+		}
+		g_array_set_size(c->dead, k);
+	}
+	left = c->dead->len > 0;
+	atomic_store(&c->ndead, (int)c->dead->len);
+	g_mutex_unlock(&c->dead_lock);
+	/* Completed with the lock dropped (complete() may submit); not with
+	 * -ETIMEDOUT, which would tell the host it gave up on the peer. */
+	for (guint i = 0; due != NULL && i < due->len; i++) {
+		struct tcp_dead d = g_array_index(due, struct tcp_dead, i);
+		complete_slice(h, d.t, d.counted, 0, -ECANCELED);
+	}
+	if (due != NULL)
+		g_array_unref(due);
+	return left;
+}
+
+/*
+ * The host ended `t` (deadline, cancel) and closed its gate: nothing of
+ * its memory is touched any more (every touch is inside its gate). Its
+ * slices still waiting in the peer's backlog and retries complete here; the
+ * connections carrying the others are told (MISS_EXPIRE) and end (their
+ * other requests go again), completing them. Returns 1 while a WRITE slice
+ * of `t` whose bytes left has neither its answer nor its FENCE's: those
+ * complete once the peer answers the FENCE of their connection.
+ */
+int tcp_expire(void *ctx, te_transfer *t)
+{
+	tcp_ctx *c = ctx;
+	tcp_peer *p = t->seg_ctx;
+	uint64_t slice = c->cfg.slice, n = 0;
+
+	atomic_fetch_add(&c->expiring, 1);
+	/* `t` may have completed meanwhile and its peer gone with it. */
+	g_mutex_lock(&c->lock);
+	bool live = g_hash_table_contains(c->live_peers, p);
+	if (live)
+		atomic_fetch_add(&p->kicking, 1); /* p stays until this drops */
+	g_mutex_unlock(&c->lock);
+	if (!live) {
+		atomic_fetch_sub(&c->expiring, 1);
+		return 0;
+	}
+	g_mutex_lock(&p->lock);
+	/* Still in the backlog (slices not taken): out of it. */
+	if (t->plugin_data[1] > 0) {
+		te_transfer *next = (te_transfer *)t->plugin_data[0], *prev = (te_transfer *)t->plugin_data[2];
+		uint64_t left = t->plugin_data[1];
+		if (prev != NULL)
+			prev->plugin_data[0] = (uintptr_t)next;
+		else
+			p->bl_head = next;
+		if (next != NULL)
+			next->plugin_data[2] = (uintptr_t)prev;
+		else
+			p->bl_tail = prev;
+		p->bl_bytes -= left;
+		n += (left + slice - 1) / slice;
+		t->plugin_data[1] = 0;
+	}
+	for (size_t i = 0; i < p->nretry;) {
+		if (p->retry[i].t != t) {
+			i++;
+			continue;
+		}
+		p->bl_bytes -= p->retry[i].len;
+		p->retry[i] = p->retry[--p->nretry];
+		n++;
+	}
+	atomic_store(&p->has_work, p->bl_head != NULL || p->nretry > 0 || p->fences != NULL);
+	g_mutex_unlock(&p->lock);
+	/* Read before any completion: the last one may release `t`. */
+	int unsettled = t->opcode == TE_OP_WRITE && tcp_unsettled(t) > 0;
+	/* Its slices on rings, sent or not: their connections end. Every
+	 * connection is told (which carries them is its holder's to know:
+	 * its I/O thread, or a caller waiting on it, woken below); one
+	 * without them does nothing. */
+	if (!atomic_load(&p->closing))
+		for (unsigned k = 0; k < p->nconns; k++) {
+			atomic_fetch_or(&p->conns[k].missed, MISS_EXPIRE);
+			tcp_kick(&p->conns[k].io, MAIL_WORK);
+		}
+	atomic_fetch_sub(&p->kicking, 1);
+	tcp_wake(c);
+	for (uint64_t i = 0; i < n; i++)
+		tcp_dead_add(c, t, false);
+	atomic_fetch_sub(&c->expiring, 1);
+	return unsettled;
 }

@@ -13,7 +13,10 @@
 /* FAIL_RAIL: the connection's rail failed while another rail is up: what it
  * carried goes to the other rails (a READ at once; a WRITE it sent only
  * after a FENCE, tcp_cconn_fail). */
-enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2, FAIL_RAIL = 3 };
+/* FAIL_EXPIRE: the host ended a transfer on the connection (deadline,
+ * cancel): its slices end, the others go back to the peer as with FAIL_RAIL
+ * (the rail stays up, nothing counts as an error). */
+enum { FAIL_PEER = 0, FAIL_REJECT = 1, FAIL_QUIET = 2, FAIL_RAIL = 3, FAIL_EXPIRE = 4 };
 
 static inline tcp_slot *slot_at(tcp_cconn *cc, uint64_t i)
 {
@@ -56,8 +59,17 @@ void tcp_cconn_start_connect(tcp_cconn *cc);
 void tcp_cconn_become_up(tcp_cconn *cc);
 /* The cluster key's exchange and the HELLO. False: failed and handled. */
 bool tcp_cconn_preamble(tcp_cconn *cc);
-/* The peer answered FENCE `f`: its WRITEs go out again (any thread). */
+/* The peer answered FENCE `f`: its WRITEs go out again, those of transfers
+ * the host ended complete (any thread). */
 void tcp_fence_done(tcp_peer *p, tcp_fence *f);
+/* True when a slice on the ring belongs to a transfer the host ended. */
+bool tcp_cconn_has_expired(tcp_cconn *cc);
+/* Ends the connection when it carries a transfer the host ended (its
+ * owner, on MISS_EXPIRE or `gate_shut`). True: it did. */
+bool tcp_cconn_expire(tcp_cconn *cc);
+/* The earliest deadline of the transfers waiting in the peer's backlog and
+ * retries (te_now_ns() time), 0: none has one. */
+int64_t tcp_peer_waiting_deadline(tcp_peer *p);
 
 /* tcp-sg.c. Puts the requests from ring index `first` on into one
  * scatter-gather frame when the peer takes them and at least two small

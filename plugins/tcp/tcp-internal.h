@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include <glib.h>
 
@@ -193,6 +194,10 @@ typedef struct tcp_slot {
 	uint8_t hdr[TCP_HDR_SIZE];
 	uint8_t op;
 	uint8_t tries;
+	/* A WRITE whose body bytes began to leave: counted in its transfer's
+	 * unsettled slices (tcp_unsettled_add) until its answer or a failure
+	 * that rules it out. */
+	bool counted;
 	/* In a scatter-gather frame: the first piece sends the header and the
 	 * table (`hlen` bytes, `sgn` pieces), the others their bytes only;
 	 * `err`: the peer rejected this piece alone. */
@@ -236,6 +241,12 @@ struct tcp_cconn {
 	/* The host's counters of the local address it leaves by (ABI 1.6;
 	 * NULL: the transport's own, or counting is off). Set when it comes up. */
 	te_metric_dev *mdev;
+	/* A send or receive found a transfer's gate closed (the host ended it):
+	 * the connection ends (tcp_cconn_fail, FAIL_EXPIRE) after this turn. */
+	bool gate_shut;
+	/* connect_deadline is a transfer's deadline, not the connect timeout:
+	 * reaching it ends this attempt without failing the peer's work. */
+	bool soft_deadline;
 };
 
 /* What a connection's I/O thread could not do while a caller held it. */
@@ -247,6 +258,7 @@ enum tcp_miss {
 	MISS_SCAN = 1u << 4,  /* the periodic check of its timeouts */
 	MISS_CLOSE = 1u << 5, /* mail: the peer is going away */
 	MISS_CONN = 1u << 6,  /* an event while connecting */
+	MISS_EXPIRE = 1u << 7, /* the host ended a transfer of the peer: look for its slices (tcp_expire) */
 };
 #define MISS_EVENTS (MISS_RD | MISS_WR | MISS_HUP)
 
@@ -256,6 +268,7 @@ typedef struct tcp_retry {
 	te_transfer *t;
 	uint64_t off, len;
 	uint8_t tries;
+	bool counted; /* held by a fence: its body bytes left (tcp_slot.counted) */
 } tcp_retry;
 
 /* WRITE slices that a connection failed over with after sending them (in
@@ -315,6 +328,9 @@ struct tcp_peer {
 	int refs;                  /* segment opens (ctx->lock) */
 	atomic_int live_conns;     /* connections not yet retired by their thread */
 	GMutex lock;               /* backlog and retries */
+	/* The backlog: transfers linked through plugin_data[0] (next) and
+	 * plugin_data[2] (previous), plugin_data[1] its bytes not yet taken;
+	 * plugin_data[3] counts its unsettled WRITE slices (tcp_unsettled_add). */
 	te_transfer *bl_head, *bl_tail;
 	uint64_t bl_bytes;         /* bytes queued in the backlog and retries */
 	tcp_retry *retry;
@@ -438,6 +454,13 @@ struct tcp_lane {
 	tcp_lane *lru_prev, *lru_next;
 };
 
+/* A slice of a transfer the host ended, waiting to be completed. */
+struct tcp_dead {
+	te_transfer *t;
+	bool counted;
+	int64_t at; /* ns, when it was added */
+};
+
 /* ------------------------------------------------------------ the context */
 
 struct tcp_ctx {
@@ -472,6 +495,14 @@ struct tcp_ctx {
 	GHashTable *per_peer;      /* host → accepted connections open (inbound_lock) */
 	bool auth;                 /* the engine has a key: authenticate every connection */
 	bool metrics;              /* the host counts for its transports (ABI 1.6) */
+	bool deadlines;            /* the host ends transfers early (ABI 1.11: transfer_enter and co.) */
+	/* Slices of transfers the host ended, completed by I/O thread 0 a
+	 * little later (tcp_dead_add): a completion made before the host has
+	 * published the early end would be taken for the transfer's own. */
+	atomic_int expiring;       /* expire() calls under way */
+	GMutex dead_lock;
+	GArray *dead;              /* tcp_dead */
+	atomic_int ndead;
 	GThreadPool *auth_pool;    /* accepted connections being authenticated */
 	GMutex lanes_lock;         /* the lanes of accepted connections (tcp-fence.c) */
 	GHashTable *lanes;         /* lane id → tcp_lane */
@@ -513,6 +544,12 @@ int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now);
 /* tcp-client.c: the connection and its peer's backlog */
 void tcp_cconn_shutdown(tcp_cconn *cc, int err); /* the threads stop: no caller is left */
 void tcp_peer_fail_pending(tcp_peer *p, int err);
+int tcp_expire(void *ctx, te_transfer *t); /* the ops' expire (ABI 1.11) */
+/* A slice of a transfer the host ended completes soon, on I/O thread 0,
+ * once no expire() is under way and a moment has passed (any thread). */
+void tcp_dead_add(tcp_ctx *c, te_transfer *t, bool counted);
+/* Completes what is due (all: at destroy); true while some waits. */
+bool tcp_dead_flush(tcp_ctx *c, bool all);
 void tcp_peer_retire_conn(tcp_peer *p);
 /* tcp-client-caller.c: callers. Sends a submit's run of transfers to `p` (already
  * in its backlog) on an idle connection from the submitting thread; false
@@ -616,6 +653,50 @@ static inline const char *tcp_strerror(int err)
 	case -ECANCELED: return "canceled";
 	default: return g_strerror(-err);
 	}
+}
+
+/* Deadlines (plugin ABI 1.11). Every touch of a transfer's local memory is
+ * bracketed by tcp_enter() (true: go on) and tcp_leave(); tcp_gate_closed()
+ * asks whether the host ended the transfer. Without the host's support all
+ * three say "go on". */
+/* CLOCK_MONOTONIC in ns, the clock of the host's deadlines (te_now_ns()). */
+static inline int64_t tcp_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline bool tcp_enter(const tcp_ctx *c, te_transfer *t)
+{
+	return !c->deadlines || c->host->transfer_enter(c->host, t) != 0;
+}
+
+static inline void tcp_leave(const tcp_ctx *c, te_transfer *t)
+{
+	if (c->deadlines)
+		c->host->transfer_leave(c->host, t);
+}
+
+static inline bool tcp_gate_closed(const tcp_ctx *c, te_transfer *t)
+{
+	if (!tcp_enter(c, t))
+		return true;
+	tcp_leave(c, t);
+	return false;
+}
+
+/* A transfer's WRITE slices whose bytes left without an answer yet
+ * (plugin_data[3]): expire() tells the host the transfer is unsettled while
+ * any is. Changed only inside the transfer's gate or as a slice ends. */
+static inline void tcp_unsettled_add(te_transfer *t, long d)
+{
+	__atomic_fetch_add(&t->plugin_data[3], (uintptr_t)d, __ATOMIC_SEQ_CST);
+}
+
+static inline uintptr_t tcp_unsettled(te_transfer *t)
+{
+	return __atomic_load_n(&t->plugin_data[3], __ATOMIC_SEQ_CST);
 }
 
 #define TLOG(c, lvl, ...) ((c)->host->log((c)->host, (lvl), __VA_ARGS__))

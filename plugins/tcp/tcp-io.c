@@ -254,6 +254,9 @@ static int64_t scan(tcp_thread *t, int64_t now)
 	 * asking failed, watched until it has come. */
 	if (t->idx == 0 && tcp_link_resync(t->ctx, now))
 		next = MIN(next, now + SCAN_MS);
+	/* Slices of transfers the host ended (tcp_dead_add). */
+	if (t->idx == 0 && atomic_load(&t->ctx->ndead) > 0 && tcp_dead_flush(t->ctx, false))
+		next = MIN(next, now + 2);
 	/* Accepting paused (out of descriptors): tried again at the next check. */
 	for (unsigned l = 0; t->idx == 0 && l <= t->ctx->nlisten_extra; l++) {
 		tcp_io *lio = l == 0 ? &t->ctx->listen_io : &t->ctx->listen_extra[l - 1];

@@ -400,6 +400,11 @@ static void tcp_destroy(void *ctx)
 	/* The threads fail what their connections still carry and close them. */
 	tcp_threads_stop(c);
 	tcp_link_close(c);
+	if (c->dead != NULL) {
+		tcp_dead_flush(c, true);
+		g_array_unref(c->dead);
+	}
+	g_mutex_clear(&c->dead_lock);
 	if (c->listen_fd >= 0)
 		close(c->listen_fd);
 	for (unsigned i = 0; i < c->nlisten_extra; i++)
@@ -433,9 +438,12 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 
 	c->host = h;
 	c->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
+	c->deadlines = TE_HAS_OP(h, transfer_enter) && TE_HAS_OP(h, transfer_leave) && TE_HAS_OP(h, transfer_deadline);
 	c->listen_fd = -1;
 	c->netlink_io.fd = -1;
 	g_mutex_init(&c->lock);
+	g_mutex_init(&c->dead_lock);
+	c->dead = g_array_new(FALSE, FALSE, sizeof(struct tcp_dead));
 	c->peers = g_hash_table_new(g_str_hash, g_str_equal);
 	c->all_peers = g_ptr_array_new();
 	c->live_peers = g_hash_table_new(g_direct_hash, g_direct_equal);
@@ -795,8 +803,11 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 			}
 			/* Before it becomes visible to the I/O threads. */
 			t->nr_slices = (uint32_t)slices;
+			/* plugin_data[1] (the bytes not yet taken, 0 as the host
+			 * hands it over) is set under the lock: an expire() may
+			 * come at any time and read it there; [3] is 0 likewise. */
 			t->plugin_data[0] = 0;
-			t->plugin_data[1] = 0;
+			t->plugin_data[2] = (uintptr_t)last;
 			if (last)
 				last->plugin_data[0] = (uintptr_t)t;
 			else
@@ -810,6 +821,9 @@ static int tcp_submit(void *ctx, te_transfer *const *ts, size_t n)
 		/* A small run to a peer with nothing queued may go out from this
 		 * thread at once, on an idle connection (tcp-client-caller.c). */
 		bool direct = c->cfg.direct && bytes <= slice && p->bl_head == NULL && p->nretry == 0;
+		for (te_transfer *t = first; t != NULL; t = (te_transfer *)t->plugin_data[0])
+			t->plugin_data[1] = t->length;
+		first->plugin_data[2] = (uintptr_t)p->bl_tail;
 		if (p->bl_tail)
 			p->bl_tail->plugin_data[0] = (uintptr_t)first;
 		else
@@ -881,7 +895,9 @@ static int tcp_report(const te_host *h, char **text)
 
 static const te_transport_ops tcp_ops = {
 	.size = sizeof(te_transport_ops),
-	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_PINS | TE_TRANSPORT_NESTED_SUBMIT,
+	/* Deadlines: every touch of a transfer's memory is inside its gate
+	 * (tcp-client-wire.c), expire() drops its work (tcp-client.c). */
+	.flags = TE_TRANSPORT_MEMORY | TE_TRANSPORT_DEVICE_PINS | TE_TRANSPORT_NESTED_SUBMIT | TE_TRANSPORT_DEADLINES,
 	.probe = tcp_probe,
 	.create = tcp_create,
 	.destroy = tcp_destroy,
@@ -892,6 +908,7 @@ static const te_transport_ops tcp_ops = {
 	.report = tcp_report,
 	.progress = tcp_progress,
 	.wake = tcp_wake,
+	.expire = tcp_expire,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "tcp", "1.0.0",

@@ -137,6 +137,10 @@ bool te_task_failover(te_task *t, int error)
 	te_batch *b = t->batch;
 	if (t->deadline != 0 && !(otp->ops->flags & TE_TRANSPORT_DEADLINES))
 		te_deadline_arm(e, b->id, (size_t)(t - b->tasks), 1, t->deadline);
+	/* The task may end inside submit and let go of the version; the
+	 * transport's segment context must outlive the call, as a submit's
+	 * does under the segment's own reference. */
+	atomic_fetch_add(&alt->refs, 1);
 	te_transfer *x = &t->xfer;
 	int rc = ntp->ops->submit(ntp->ctx, &x, 1);
 	if (rc < 0) {
@@ -144,5 +148,6 @@ bool te_task_failover(te_task *t, int error)
 				ntp->hc.plugin->name, te_strerror(rc));
 		te_task_complete(t, 0, rc);
 	}
+	te_segver_unref(alt, true);
 	return true;
 }

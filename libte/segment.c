@@ -51,16 +51,16 @@ void te_segver_unref(te_segver *sv, bool from_completion)
 
 /* Binds a decoded descriptor to a transport: the forced one, else the one the
  * descriptor names, else any installed one that accepts it. */
-static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_port,
-		      const char *forced, te_transport_inst *skip, te_segver **out)
+/* A version of `desc` bound to no transport yet, and what a transport's
+ * segment_open() is shown of it. `gen` 0: a new one. */
+static te_segver *segver_alloc(te_engine *e, te_desc *desc, const char *host, int rpc_port, uint64_t gen,
+			       te_segment_info *info)
 {
-	te_segver *sv = g_new0(te_segver, 1);
-	int rc = TE_ERR_NO_TRANSPORT, last = 0, named = 0;
-
 	static _Atomic uint64_t next_gen;
+	te_segver *sv = g_new0(te_segver, 1);
 
 	atomic_init(&sv->refs, 1);
-	sv->gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed) + 1;
+	sv->gen = gen != 0 ? gen : atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed) + 1;
 	sv->engine = e;
 	sv->desc = desc;
 	sv->host = g_strdup(host);
@@ -69,8 +69,8 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 	for (size_t i = 0; i < desc->n_buffers; i++)
 		sv->infobufs[i] = (te_buffer_desc){ desc->buffers[i].addr, desc->buffers[i].length,
 						    desc->buffers[i].name };
-	te_segment_info info = {
-		.size = sizeof info,
+	*info = (te_segment_info){
+		.size = sizeof *info,
 		.name = desc->name,
 		.host = sv->host,
 		.rpc_port = (uint16_t)rpc_port,
@@ -79,6 +79,16 @@ static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_por
 		.buffers = sv->infobufs,
 		.n_buffers = desc->n_buffers,
 	};
+	return sv;
+}
+
+static int segver_new(te_engine *e, te_desc *desc, const char *host, int rpc_port,
+		      const char *forced, te_transport_inst *skip, te_segver **out)
+{
+	te_segment_info info;
+	te_segver *sv = segver_alloc(e, desc, host, rpc_port, 0, &info);
+	int rc = TE_ERR_NO_TRANSPORT, last = 0, named = 0;
+
 	unsigned want = desc->file_segment ? TE_TRANSPORT_FILES : TE_TRANSPORT_MEMORY;
 
 	/* Three passes: same-host transports (they serve a peer on this host
@@ -155,27 +165,8 @@ static void segver_add_alt(te_engine *e, te_segver *sv, const char *forced)
 	te_desc *copy = NULL;
 	if (te_desc_decode(sv->desc->json, strlen(sv->desc->json), &copy) < 0)
 		return;
-	te_segver *alt = g_new0(te_segver, 1);
-	atomic_init(&alt->refs, 1);
-	alt->gen = sv->gen;
-	alt->engine = e;
-	alt->desc = copy;
-	alt->host = g_strdup(sv->host);
-	alt->rpc_port = sv->rpc_port;
-	alt->infobufs = g_new0(te_buffer_desc, copy->n_buffers ? copy->n_buffers : 1);
-	for (size_t i = 0; i < copy->n_buffers; i++)
-		alt->infobufs[i] = (te_buffer_desc){ copy->buffers[i].addr, copy->buffers[i].length,
-						     copy->buffers[i].name };
-	te_segment_info info = {
-		.size = sizeof info,
-		.name = copy->name,
-		.host = alt->host,
-		.rpc_port = (uint16_t)alt->rpc_port,
-		.protocol = copy->protocol,
-		.descriptor = copy->json,
-		.buffers = alt->infobufs,
-		.n_buffers = copy->n_buffers,
-	};
+	te_segment_info info;
+	te_segver *alt = segver_alloc(e, copy, sv->host, sv->rpc_port, sv->gen, &info);
 	for (guint i = 0; i < e->transports->len && alt->tp == NULL; i++) {
 		te_transport_inst *tp = g_ptr_array_index(e->transports, i);
 		if (tp == sv->tp || (tp->ops->flags & TE_TRANSPORT_SAME_HOST) || !(tp->ops->flags & want))

@@ -10,6 +10,12 @@
  *  - the target restarted under the same name: after a refresh of its
  *    descriptor the next transfers complete, every byte checked, over
  *    endpoints built anew (the dead peer's are not reused).
+ * And batches with a 200 ms deadline to a peer that stopped: its process
+ * (SIGSTOP; its NIC still serves one-sided requests) and then its links
+ * (nothing answers): every task ends by the deadline (plus
+ * DEADLINE_SLACK_MS), the WRITEs settle once their queue pairs flushed,
+ * no byte reaches the READs' buffer after the batch returned, and once
+ * the links are back transfers complete.
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,6 +27,13 @@
 #define NTASK 96
 #define TLEN (512u << 10)
 #define FAIL_BOUND_MS 15000
+/* Hardware is promised 20 ms past a deadline. A guest under TCG, where an
+ * emulated instruction costs tens of host ones, took 202 to 221 ms to end
+ * 32 tasks at a 200 ms deadline (each expire moves queue pairs to error
+ * and reaps their flushes): it gets 40. */
+#define DEADLINE_SLACK_MS 40
+#define NSTOP 16
+#define STOP_LEN (256u << 10)
 
 /* ------------------------------------------------------------ the target */
 
@@ -183,6 +196,111 @@ static void test_peer_killed(void)
 	free(abuf);
 }
 
+/* Submits READs of the first NSTOP pieces of the target's range into rd
+ * and WRITEs of the next NSTOP from wr, with a 200 ms deadline; waits and
+ * says how many ended at it and how many completed, and how long it took. */
+static long long stopped_batch(te_engine *a, te_segment_id seg, uint64_t remote, unsigned char *rd,
+			       unsigned char *wr, int *expired, int *completed)
+{
+	te_request r[2 * NSTOP];
+	for (int i = 0; i < NSTOP; i++) {
+		r[i] = (te_request){ TE_OP_READ, seg, rd + (size_t)i * STOP_LEN, remote + (uint64_t)i * STOP_LEN,
+				     STOP_LEN };
+		r[NSTOP + i] = (te_request){ TE_OP_WRITE, seg, wr + (size_t)i * STOP_LEN,
+					     remote + (uint64_t)(NSTOP + i) * STOP_LEN, STOP_LEN };
+	}
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(a, 2 * NSTOP, &b) == 0);
+	int64_t t0 = te_now_ns();
+	CHECK_EQ(te_submit_by(a, b, r, 2 * NSTOP, t0 + 200 * 1000000LL), 0);
+	CHECK_EQ(te_batch_wait(a, b, 10000), 0);
+	long long took = (long long)((te_now_ns() - t0) / 1000000);
+	*expired = *completed = 0;
+	for (int i = 0; i < 2 * NSTOP; i++) {
+		te_task_info ti = { .size = sizeof ti };
+		CHECK_EQ(te_get_task_info(a, b, (size_t)i, &ti), 0);
+		*expired += ti.state == TE_TASK_FAILED && ti.error == -ETIMEDOUT && (ti.flags & TE_TASK_ENDED_EARLY);
+		*completed += ti.state == TE_TASK_COMPLETED;
+	}
+	int64_t s0 = te_now_ns();
+	CHECK_EQ(te_batch_wait_settled(a, b, 5000), 0);
+	fprintf(stderr, "    %d of %d tasks ended at their 200 ms deadline, %d completed, all by %lld ms; "
+			"settled %lld ms later\n",
+		*expired, 2 * NSTOP, *completed, took, (long long)((te_now_ns() - s0) / 1000000));
+	CHECK_EQ(te_batch_free(a, b), 0);
+	return took;
+}
+
+/* Whether `p` still holds `snap` 300 ms later. */
+static bool unchanged_after(const unsigned char *p, const unsigned char *snap, size_t n)
+{
+	usleep(300 * 1000);
+	return memcmp(p, snap, n) == 0;
+}
+
+static void test_peer_stopped(void)
+{
+	child t;
+	te_segment_buffer sb;
+	int port = 17900 + (int)(getpid() % 500);
+	char name[64];
+	const size_t half = (size_t)NSTOP * STOP_LEN;
+
+	REQUIRE(start_target(&t, port));
+	snprintf(name, sizeof name, "127.0.0.1:%d", port);
+	te_engine *a = soft_engine_v(NULL, "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", NULL);
+	REQUIRE(a != NULL);
+	unsigned char *abuf = buf_new(2u * NTASK * TLEN);
+	REQUIRE(te_register_memory(a, abuf, 2u * NTASK * TLEN, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(a, name);
+	REQUIRE(seg > 0);
+	REQUIRE(te_segment_buffers(a, seg, &sb, 1) == 1);
+	CHECK(write_and_check(a, seg, abuf, sb.addr, NSTOP, STOP_LEN, 5));
+	unsigned char *rd = abuf, *wr = abuf + half, *snap = malloc(half);
+	REQUIRE(snap != NULL);
+	fill_pattern(wr, half, 6);
+	int expired, completed;
+
+	/* The process stopped: its NICs still answer one-sided READs and
+	 * WRITEs (the kernel's rxe serves them), so the tasks complete, or
+	 * end at the deadline; either way by it. */
+	fprintf(stderr, "  target stopped (SIGSTOP):\n");
+	memset(rd, 0xee, half);
+	REQUIRE(kill(t.pid, SIGSTOP) == 0);
+	long long took = stopped_batch(a, seg, sb.addr, rd, wr, &expired, &completed);
+	CHECK(took <= 200 + DEADLINE_SLACK_MS);
+	CHECK_EQ(expired + completed, 2 * NSTOP);
+	memcpy(snap, rd, half);
+	REQUIRE(kill(t.pid, SIGCONT) == 0);
+	CHECK(unchanged_after(rd, snap, half)); /* nothing after the return */
+
+	/* The target's links down: nothing answers. Every task ends at the
+	 * deadline, the WRITEs settle once their queue pairs flushed, and no
+	 * byte arrives after, not even once the links are back. */
+	fprintf(stderr, "  the target's links down:\n");
+	memset(rd, 0xee, half);
+	CHECK_EQ(soft_set_link("mlx5_2", 0), 0);
+	CHECK_EQ(soft_set_link("mlx5_3", 0), 0);
+	took = stopped_batch(a, seg, sb.addr, rd, wr, &expired, &completed);
+	CHECK(took >= 199 && took <= 200 + DEADLINE_SLACK_MS);
+	CHECK_EQ(expired, 2 * NSTOP);
+	/* The next one ends by its own deadline too (its paths are known to
+	 * be down by now: it fails at once). */
+	took = stopped_batch(a, seg, sb.addr, rd, wr, &expired, &completed);
+	CHECK(took <= 200 + DEADLINE_SLACK_MS);
+	CHECK_EQ(completed, 0);
+	memcpy(snap, rd, half);
+	CHECK_EQ(soft_set_link("mlx5_2", 1), 0);
+	CHECK_EQ(soft_set_link("mlx5_3", 1), 0);
+	CHECK(unchanged_after(rd, snap, half));
+	CHECK(WAIT_FOR(write_and_check(a, seg, abuf, sb.addr, NSTOP, STOP_LEN, 7), 30000));
+	free(snap);
+	child_stop(&t, 0);
+	te_segment_close(a, seg);
+	te_engine_destroy(a);
+	free(abuf);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 3 && strcmp(argv[1], "target") == 0)
@@ -196,5 +314,6 @@ int main(int argc, char **argv)
 	self[n] = '\0';
 	find_controls();
 	TEST_RUN(test_peer_killed);
+	TEST_RUN(test_peer_stopped);
 	return check_done();
 }

@@ -555,6 +555,52 @@ static void test_copy_runs(void)
 	munmap(local, LOCAL_SIZE);
 }
 
+/* A target stopped with SIGSTOP: the initiator copies by itself (its
+ * mapping of the target's memory, cross-memory attach), so a batch with a
+ * 200 ms deadline completes well inside it; a cancel and a deadline already
+ * past end what is left at once; after SIGCONT nothing more lands. */
+static void test_stopped_target(void)
+{
+	peer p;
+	REQUIRE(peer_start(&p, "both", NULL));
+	te_engine *e = engine("shm");
+	REQUIRE(e != NULL);
+	unsigned char *local = local_buffer(e);
+	te_segment_id seg = te_segment_open(e, p.name);
+	REQUIRE(seg > 0);
+	REQUIRE(kill(p.c.pid, SIGSTOP) == 0);
+	enum { N = 64, LEN = 64 << 10 };
+	te_request reqs[N];
+	for (int i = 0; i < N; i++)
+		reqs[i] = (te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg, local + (size_t)i * LEN,
+					p.r[i % 2] + (uint64_t)(i / 2) * LEN, LEN };
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(e, 2 * N, &b) == 0);
+	int64_t t0 = te_now_ns();
+	CHECK_EQ(te_submit_by(e, b, reqs, N, t0 + 200 * 1000000LL), 0);
+	CHECK_EQ(te_batch_wait(e, b, 5000), 0);
+	int64_t took = (te_now_ns() - t0) / 1000000;
+	int32_t state;
+	CHECK_EQ(te_batch_status(e, b, NULL, NULL, &state), 0);
+	CHECK_EQ(state, TE_TASK_COMPLETED);
+	CHECK(took < 200);
+	/* A deadline already past: what had not been copied ends at once. */
+	t0 = te_now_ns();
+	CHECK_EQ(te_submit_by(e, b, reqs, N, 1), 0);
+	CHECK_EQ(te_batch_wait(e, b, 5000), 0);
+	CHECK((te_now_ns() - t0) / 1000000 < 200);
+	unsigned char snap[4096];
+	memcpy(snap, local + LEN, sizeof snap); /* a READ's buffer */
+	REQUIRE(kill(p.c.pid, SIGCONT) == 0);
+	usleep(100 * 1000);
+	CHECK(memcmp(snap, local + LEN, sizeof snap) == 0);
+	CHECK_EQ(te_batch_free(e, b), 0);
+	te_segment_close(e, seg);
+	te_engine_destroy(e);
+	child_stop(&p.c, 0);
+	munmap(local, LOCAL_SIZE);
+}
+
 int main(int argc, char **argv)
 {
 	REQUIRE(argc == 2);
@@ -568,5 +614,6 @@ int main(int argc, char **argv)
 	TEST_RUN(test_attach_refused);
 	TEST_RUN(test_unregister_during_copies);
 	TEST_RUN(test_bad_contacts);
+	TEST_RUN(test_stopped_target);
 	return check_done();
 }

@@ -10,7 +10,8 @@
 # removed with root on exit) and libdir; exports PKG_CONFIG_PATH,
 # PKG_CONFIG_SYSROOT_DIR and LD_LIBRARY_PATH. Only the test transports, which
 # are not installed, come from TE_PLUGIN_PATH ($tmp/plugins): "hold" (it
-# keeps tasks in flight) is put there; a caller may add more.
+# keeps tasks in flight) and "holddl" (the same, honouring deadlines) are put
+# there; a caller may add more.
 
 fail() { echo "$lang: $*" >&2; exit 1; }
 
@@ -35,7 +36,9 @@ install_build() {
 
 	unset TE_PLUGINS
 	mkdir -p "$tmp/plugins"
-	cp "$4/libte-transport-hold.so" "$tmp/plugins/" || fail "hold test transport not built"
+	cp "$4/libte-transport-hold.so" "$4/libte-transport-holddl.so" "$tmp/plugins/" \
+		|| fail "hold test transports not built"
 	export TE_PLUGIN_PATH="$tmp/plugins"
 	export TE_TEST_HOLD_PLUGIN="$tmp/plugins/libte-transport-hold.so"
+	export TE_TEST_HOLDDL_PLUGIN="$tmp/plugins/libte-transport-holddl.so"
 }

@@ -9,7 +9,9 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"syscall"
 	"time"
@@ -66,6 +68,45 @@ type TaskStatus struct {
 	State       TaskState
 	Err         error  // nil, or the Code that ended the task
 	Transferred uint64 // bytes moved so far (a lower bound while moving)
+}
+
+// TaskFlags are what TaskInfo adds to a task's status.
+type TaskFlags uint32
+
+const (
+	// TaskUnsettled: ended (by a deadline or a cancel) while a WRITE's
+	// bytes were on their way; the peer may still apply them. Cleared once
+	// it cannot (WaitSettled waits for that).
+	TaskUnsettled TaskFlags = C.TE_TASK_UNSETTLED
+	// TaskEndedEarly: ended by libte at its deadline or a cancel, before
+	// its transport finished it.
+	TaskEndedEarly TaskFlags = C.TE_TASK_ENDED_EARLY
+)
+
+// TaskInfo is a task's status with its flags and deadline.
+type TaskInfo struct {
+	State       TaskState
+	Err         error     // nil, or the Code that ended the task
+	Flags       TaskFlags // TaskUnsettled, TaskEndedEarly
+	Transferred uint64    // bytes moved so far
+	DeadlineNs  int64     // NowNs's clock; 0: none
+}
+
+// NowNs is the clock of deadlines: CLOCK_MONOTONIC in nanoseconds
+// (te_now_ns).
+func NowNs() int64 { return int64(C.te_now_ns()) }
+
+// DeadlineNs converts t to NowNs's clock (a time in the past gives one in
+// the past; at least 1, as 0 means none).
+func DeadlineNs(t time.Time) int64 {
+	now, left := NowNs(), int64(time.Until(t))
+	if left > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	if now+left < 1 {
+		return 1
+	}
+	return now + left
 }
 
 // BatchSummary sums up a batch: State is TaskCompleted when every task
@@ -142,8 +183,23 @@ func (b *Batch) use(op string) (*C.te_engine, func(), error) {
 // segment, a range outside the segment: see Status for why); the others
 // run. err is set, and nothing appended, when the batch is freed, the
 // engine closed, or the requests exceed the capacity left (ErrBatchFull).
+// The tasks get the batch's deadline (SetDeadline), if any.
 func (b *Batch) Submit(reqs ...Request) (invalid int, err error) {
-	const op = "Submit"
+	return b.submit("Submit", 0, reqs)
+}
+
+// SubmitBy is Submit with deadlineNs (NowNs's clock; 0: the batch's) for
+// these tasks: one still in flight then ends TaskFailed with ErrTimeout
+// within milliseconds, and from then on nothing touches its local memory
+// (te_submit_by). A negative deadline is ErrInvalid.
+func (b *Batch) SubmitBy(deadlineNs int64, reqs ...Request) (invalid int, err error) {
+	if deadlineNs < 0 {
+		return 0, newError("SubmitBy", ErrInvalid, fmt.Sprintf("deadline %d is negative", deadlineNs))
+	}
+	return b.submit("SubmitBy", deadlineNs, reqs)
+}
+
+func (b *Batch) submit(op string, deadlineNs int64, reqs []Request) (invalid int, err error) {
 	creqs := make([]C.tego_request, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
@@ -191,7 +247,7 @@ func (b *Batch) Submit(reqs ...Request) (invalid int, err error) {
 	}
 	b.refMu.Unlock()
 	n, err := cint(op, func() C.int {
-		return C.tego_submit(h, b.id, &creqs[0], C.size_t(len(creqs)))
+		return C.tego_submit(h, b.id, &creqs[0], C.size_t(len(creqs)), C.int64_t(deadlineNs))
 	})
 	if err != nil {
 		return 0, err
@@ -221,6 +277,44 @@ func (b *Batch) Status(i int) (TaskStatus, error) {
 	return out, nil
 }
 
+// TaskInfo returns task i's status with its flags and deadline
+// (te_get_task_info).
+func (b *Batch) TaskInfo(i int) (TaskInfo, error) {
+	const op = "TaskInfo"
+	if i < 0 {
+		return TaskInfo{}, newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
+	}
+	h, release, err := b.use(op)
+	if err != nil {
+		return TaskInfo{}, err
+	}
+	defer release()
+	var ti C.te_task_info
+	ti.size = C.uint32_t(C.sizeof_te_task_info)
+	if err := cerr(op, func() C.int { return C.te_get_task_info(h, b.id, C.size_t(i), &ti) }); err != nil {
+		return TaskInfo{}, err
+	}
+	out := TaskInfo{State: TaskState(ti.state), Flags: TaskFlags(ti.flags), Transferred: uint64(ti.transferred),
+		DeadlineNs: int64(ti.deadline_ns)}
+	if ti.error != 0 {
+		out.Err = Code(ti.error)
+	}
+	return out, nil
+}
+
+// SetDeadline sets the deadline (NowNs's clock) of the tasks submitted to
+// the batch from now on whose submit gives none; 0 removes it. Tasks
+// already submitted keep theirs. A negative one is ErrInvalid.
+func (b *Batch) SetDeadline(deadlineNs int64) error {
+	const op = "SetDeadline"
+	h, release, err := b.use(op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cerr(op, func() C.int { return C.te_batch_set_deadline(h, b.id, C.int64_t(deadlineNs)) })
+}
+
 // Summary returns the number of tasks submitted, in flight, and the
 // batch's overall state.
 func (b *Batch) Summary() (BatchSummary, error) {
@@ -248,6 +342,16 @@ const waitSlice = 50 * time.Millisecond
 // goroutine is left behind: the waiting happens in bounded te_batch_wait
 // calls on the caller's goroutine.
 func (b *Batch) Wait(ctx context.Context) error {
+	return b.wait(ctx, false)
+}
+
+// WaitSettled is Wait, then also until no task is unsettled (a WRITE ended
+// early whose bytes the peer may still apply: TaskUnsettled).
+func (b *Batch) WaitSettled(ctx context.Context) error {
+	return b.wait(ctx, true)
+}
+
+func (b *Batch) wait(ctx context.Context, settled bool) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -262,23 +366,31 @@ func (b *Batch) Wait(ctx context.Context) error {
 		if ms < 1 {
 			ms = 1
 		}
-		done, err := b.waitFor(ms)
+		done, err := b.waitFor(ms, settled)
 		if done || err != nil {
 			return err
 		}
 	}
 }
 
-// waitFor runs one te_batch_wait of ms milliseconds; done when nothing is
-// in flight.
-func (b *Batch) waitFor(ms int64) (bool, error) {
-	const op = "Wait"
+// waitFor runs one te_batch_wait (te_batch_wait_settled) of ms
+// milliseconds; done when nothing is in flight (nor unsettled).
+func (b *Batch) waitFor(ms int64, settled bool) (bool, error) {
+	op := "Wait"
+	if settled {
+		op = "WaitSettled"
+	}
 	h, release, err := b.use(op)
 	if err != nil {
 		return false, err
 	}
 	defer release()
-	rc, detail := ccall(func() C.int { return C.te_batch_wait(h, b.id, C.int(ms)) })
+	rc, detail := ccall(func() C.int {
+		if settled {
+			return C.te_batch_wait_settled(h, b.id, C.int(ms))
+		}
+		return C.te_batch_wait(h, b.id, C.int(ms))
+	})
 	switch {
 	case rc >= 0:
 		return true, nil
@@ -289,8 +401,9 @@ func (b *Batch) waitFor(ms int64) (bool, error) {
 	}
 }
 
-// Cancel cancels the batch: tasks not yet started become CANCELED, running
-// ones stop at their next slice. It returns at once; Wait settles it.
+// Cancel cancels the batch: its tasks still in flight end CANCELED, within
+// milliseconds on a transport that honours deadlines (on another, running
+// ones stop at their next slice). It returns at once; Wait sees them end.
 func (b *Batch) Cancel() error {
 	const op = "Cancel"
 	h, release, err := b.use(op)
@@ -398,8 +511,9 @@ func (e *Engine) Write(ctx context.Context, local []byte, seg SegmentID, remote 
 
 // Transfer runs the requests as one batch and waits for all of them. It
 // returns nil when every task completed, else an error naming the first
-// task that did not. When ctx ends first, it cancels the batch, waits for
-// it to settle and returns ctx.Err().
+// task that did not. ctx's deadline is the tasks' deadline: libte ends
+// them by it. When ctx ends first, it cancels the batch, waits until
+// nothing touches the local memory any more and returns ctx.Err().
 func (e *Engine) Transfer(ctx context.Context, reqs ...Request) error {
 	return e.transfer(ctx, "Transfer", reqs...)
 }
@@ -420,7 +534,11 @@ func (e *Engine) transfer(ctx context.Context, op string, reqs ...Request) error
 	// Free's error only matters when the engine was closed meanwhile, and
 	// then the batch went with it.
 	defer func() { _ = b.Free() }()
-	if _, err := b.Submit(reqs...); err != nil {
+	var deadline int64
+	if dl, ok := ctx.Deadline(); ok {
+		deadline = DeadlineNs(dl)
+	}
+	if _, err := b.submit(op, deadline, reqs); err != nil {
 		return err
 	}
 	if err := b.Wait(ctx); err != nil {
@@ -432,12 +550,19 @@ func (e *Engine) transfer(ctx context.Context, op string, reqs ...Request) error
 		return err
 	}
 	for i := range reqs {
-		st, err := b.Status(i)
+		st, err := b.TaskInfo(i)
 		if err != nil {
 			return err
 		}
 		if st.State == TaskCompleted {
 			continue
+		}
+		if st.Flags&TaskEndedEarly != 0 && errors.Is(st.Err, ErrTimeout) && deadline != 0 {
+			// Ended at ctx's deadline: libte's timer may fire before ctx's.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return context.DeadlineExceeded
 		}
 		code, _ := st.Err.(Code)
 		if code == 0 {

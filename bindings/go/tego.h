@@ -38,8 +38,9 @@ typedef struct tego_request {
 } tego_request;
 
 /* Copies the requests into te_request form (on the stack for small batches)
- * and submits them. */
-static inline int tego_submit(te_engine *e, te_batch_id b, const tego_request *in, size_t n)
+ * and submits them with `deadline_ns` (0: the batch's). */
+static inline int tego_submit(te_engine *e, te_batch_id b, const tego_request *in, size_t n,
+			      int64_t deadline_ns)
 {
 	te_request small[32];
 	te_request *r = small;
@@ -55,7 +56,7 @@ static inline int tego_submit(te_engine *e, te_batch_id b, const tego_request *i
 		r[i].remote = in[i].remote;
 		r[i].length = in[i].length;
 	}
-	int rc = te_submit(e, b, r, n);
+	int rc = te_submit_by(e, b, r, n, deadline_ns);
 	if (r != small)
 		free(r);
 	return rc;

@@ -75,7 +75,6 @@ void batch_destroy(struct mc_batch *b)
 		notify_free(n);
 	}
 	pthread_mutex_destroy(&b->submit_lock);
-	free(b->submit_ms);
 	free(b);
 }
 
@@ -146,13 +145,6 @@ MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 		return INVALID_BATCH;
 	}
 	b = calloc(1, sizeof *b);
-	if (b != NULL && e->slice_timeout_s > 0) {
-		b->submit_ms = calloc(batch_size, sizeof *b->submit_ms);
-		if (b->submit_ms == NULL) {
-			free(b);
-			b = NULL;
-		}
-	}
 	if (b == NULL) {
 		mc_err("%s: out of memory", fn);
 		return INVALID_BATCH;
@@ -160,7 +152,6 @@ MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 	rc = te_batch_alloc(e->te, batch_size, &id);
 	if (rc < 0) {
 		mc_err("%s: %zu tasks: %s", fn, batch_size, te_strerror(rc));
-		free(b->submit_ms);
 		free(b);
 		return INVALID_BATCH;
 	}
@@ -256,7 +247,11 @@ static int submit(const char *fn, transfer_engine_t engine, batch_id_t batch_id,
 					entries[i].source, entries[i].target_offset,
 					entries[i].length };
 	}
-	rc = te_submit(e->te, batch_id, reqs, count);
+	/* MC_SLICE_TIMEOUT is the tasks' deadline: libte ends a task still
+	 * in flight then (FAILED, -ETIMEDOUT) on every transport that honours
+	 * deadlines, and nothing touches its memory afterwards. */
+	rc = te_submit_by(e->te, batch_id, reqs, count,
+			  e->slice_timeout_s > 0 ? te_now_ns() + (int64_t)e->slice_timeout_s * 1000000000 : 0);
 	if (rc < 0) {
 		mc_err("%s: batch %llu: %s", fn, (unsigned long long)batch_id, te_strerror(rc));
 		status = to_status(fn, rc);
@@ -264,11 +259,6 @@ static int submit(const char *fn, transfer_engine_t engine, batch_id_t batch_id,
 	}
 	first = b->submitted;
 	b->submitted += count;
-	if (b->submit_ms != NULL) {
-		int64_t now = mc_now_ms();
-		for (size_t i = 0; i < count; i++)
-			b->submit_ms[first + i] = now;
-	}
 	if (rc > 0) {
 		/* Report the first refused request; the others run. */
 		for (size_t i = 0; i < count; i++) {
@@ -332,7 +322,6 @@ MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size
 {
 	static const char fn[] = "getTransferStatus";
 	struct mc_engine *e = engine_of(fn, engine);
-	te_task_status st;
 	int rc;
 
 	if (e == NULL)
@@ -341,13 +330,14 @@ MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size
 		mc_err("%s: NULL status pointer", fn);
 		return MC_STATUS_CODE_INVALID_ARGUMENT;
 	}
-	rc = te_get_status(e->te, batch_id, task_id, &st);
+	te_task_info ti = { .size = sizeof ti };
+	rc = te_get_task_info(e->te, batch_id, task_id, &ti);
 	if (rc < 0) {
 		mc_err("%s: batch %llu task %zu: %s", fn, (unsigned long long)batch_id, task_id,
 		       te_strerror(rc));
 		return to_status(fn, rc);
 	}
-	if (st.state != TE_TASK_WAITING && st.state != TE_TASK_PENDING &&
+	if (ti.state != TE_TASK_WAITING && ti.state != TE_TASK_PENDING &&
 	    atomic_load(&e->notify_pending) > 0) {
 		/* This task ended: if the whole batch did, its notifications go
 		 * before the caller hears so. */
@@ -359,22 +349,15 @@ MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size
 			batch_put(e, b);
 		}
 	}
-	/* libte's task states carry Mooncake's numbers */
-	status->status = st.state;
-	if (e->slice_timeout_s > 0 &&
-	    (st.state == TE_TASK_WAITING || st.state == TE_TASK_PENDING)) {
-		/* Mooncake reports a task whose slice has been in flight longer
-		 * than MC_SLICE_TIMEOUT as TIMEOUT; the task itself goes on. */
-		struct mc_batch *b = batch_get(fn, e, batch_id);
-		if (b != NULL) {
-			pthread_mutex_lock(&b->submit_lock);
-			if (task_id < b->submitted && b->submit_ms != NULL &&
-			    mc_now_ms() - b->submit_ms[task_id] > (int64_t)e->slice_timeout_s * 1000)
-				status->status = STATUS_TIMEOUT;
-			pthread_mutex_unlock(&b->submit_lock);
-			batch_put(e, b);
-		}
-	}
-	status->transferred_bytes = st.transferred;
+	/* libte's task states carry Mooncake's numbers. A task libte ended at
+	 * its deadline reads FAILED, an end a caller waiting for COMPLETED or
+	 * FAILED sees. One still in flight past it (a transport that does not
+	 * honour deadlines) reads TIMEOUT, as Mooncake reports a task whose
+	 * slice has been in flight longer than MC_SLICE_TIMEOUT. */
+	status->status = ti.state;
+	if (ti.deadline_ns != 0 && (ti.state == TE_TASK_WAITING || ti.state == TE_TASK_PENDING) &&
+	    te_now_ns() > ti.deadline_ns)
+		status->status = STATUS_TIMEOUT;
+	status->transferred_bytes = ti.transferred;
 	return MC_STATUS_CODE_OK;
 }

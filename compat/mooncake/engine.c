@@ -58,8 +58,8 @@ static void host_part(const char *name, char *out, size_t size)
 	out[n] = '\0';
 }
 
-/* MC_SLICE_TIMEOUT: seconds (1..65535, as Mooncake) after which a task
- * still in flight reads as STATUS_TIMEOUT; unset or out of range, off. */
+/* MC_SLICE_TIMEOUT: seconds (1..65535, as Mooncake), the deadline of every
+ * task submitted, counted from its submit; unset or out of range, off. */
 static int slice_timeout_env(void)
 {
 	const char *v = getenv("MC_SLICE_TIMEOUT");

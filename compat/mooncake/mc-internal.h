@@ -28,14 +28,6 @@ void mc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 #define mc_warn(...) mc_log(TE_LOG_WARN, __VA_ARGS__)
 #define mc_info(...) mc_log(TE_LOG_INFO, __VA_ARGS__)
 
-static inline int64_t mc_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* libte error (< 0) -> Mooncake negative error; 0 and above pass through. */
 int to_err(const char *fn, int te_rc);
 /* libte error (< 0) -> Mooncake positive Status code; 0 stays 0. */
@@ -61,8 +53,6 @@ struct mc_batch {
 	size_t submitted;         /* tasks appended so far, under `submit_lock` */
 	pthread_mutex_t submit_lock; /* serializes submits: the first refused task's
 				      * id is known only if no other submit interleaves */
-	int64_t *submit_ms;       /* per task, CLOCK_MONOTONIC, when MC_SLICE_TIMEOUT
-				   * is on (else NULL); written under `submit_lock` */
 	/* Notifications to send once no task is in flight, oldest first, under
 	 * `submit_lock`. The call that sees the batch end sends them before it
 	 * returns, as Mooncake does, so that a caller told a transfer is done
@@ -88,7 +78,8 @@ struct mc_engine {
 	size_t n_buckets, n_batches;
 	struct mc_transport *transports;
 	atomic_int graceful;
-	int slice_timeout_s;  /* MC_SLICE_TIMEOUT at creation; 0: off */
+	int slice_timeout_s;  /* MC_SLICE_TIMEOUT at creation, the deadline of the
+			       * tasks submitted, from their submit; 0: off */
 	atomic_int notify_pending; /* batches with notifications left: status polls look only then */
 	/* MC_TE_METRIC's reporter: started with the engine when asked for,
 	 * stopped and joined before the engine goes. */

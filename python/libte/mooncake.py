@@ -110,8 +110,9 @@ def _class_of(size: int) -> int:
 
 
 def _slice_timeout() -> int:
-    """MC_SLICE_TIMEOUT: seconds (1..65535, as Mooncake) after which a transfer
-    still moving reads as timed out; 0 (off) when unset or out of range."""
+    """MC_SLICE_TIMEOUT: seconds (1..65535, as Mooncake), the deadline of every
+    task this layer submits, counted from its submit; 0 (off) when unset or
+    out of range."""
     env = os.environ.get("MC_SLICE_TIMEOUT")
     if not env:
         return 0
@@ -148,7 +149,6 @@ class TransferEngine:
         self._lock = threading.Lock()
         self._segments: Dict[str, libte.Segment] = {}
         self._batches: Dict[int, tuple] = {}  # id -> (Batch, deadline)
-        self._started: Dict[int, float] = {}  # id -> submit time (monotonic)
         self._streamed: List[tuple] = []  # (Batch, call, target) of the *_on_cuda calls
         self._free: List[List[int]] = [[] for _ in _SLAB_KB]
         self._regions: List[libte.Memory] = []
@@ -251,7 +251,6 @@ class TransferEngine:
             engine, self._engine = self._engine, None
             segments, self._segments = self._segments, {}
             self._batches.clear()
-            self._started.clear()
             streamed, self._streamed = self._streamed, []
             regions, self._regions = self._regions, []
             large, self._large = self._large, {}
@@ -527,6 +526,17 @@ class TransferEngine:
         # Mooncake's budget: the timeout plus a nanosecond per byte (1 GiB/s).
         return self._timeout + total / 1e9
 
+    def _sync_timeout(self, total: int) -> float:
+        """The bound of a synchronous call, in seconds: Mooncake's budget, or
+        MC_SLICE_TIMEOUT when that is set and sooner (the tasks' deadline)."""
+        t = self._deadline(total)
+        return min(t, self._slice_timeout) if self._slice_timeout else t
+
+    def _task_deadline(self) -> Optional[int]:
+        """The deadline (libte.now_ns()) of tasks submitted now: MC_SLICE_TIMEOUT
+        from now, or None without it."""
+        return libte.now_ns() + self._slice_timeout * 1_000_000_000 if self._slice_timeout else None
+
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int,
                       length: int, opcode: TransferOpcode,
                       notify: Optional[TransferNotify] = None, transport_hint: str = "") -> int:
@@ -556,8 +566,10 @@ class TransferEngine:
         e = self._engine
         op = libte.WRITE if int(opcode) == Write else libte.READ
         try:
+            # The bound is the tasks' deadline: libte ends them by it, so the
+            # call returns then and nothing touches the buffers afterwards.
+            timeout = self._sync_timeout(sum(lengths))
             if notify is None:
-                timeout = self._deadline(sum(lengths))
                 if op == libte.WRITE:
                     e.write_many(seg, buffers, peer_buffer_addresses, lengths, timeout=timeout)
                 else:
@@ -565,9 +577,10 @@ class TransferEngine:
                 return 0
             with e.batch(max(1, len(buffers))) as b:
                 b.submit([(op, seg, loc, rem, n)
-                          for loc, rem, n in zip(buffers, peer_buffer_addresses, lengths)])
+                          for loc, rem, n in zip(buffers, peer_buffer_addresses, lengths)],
+                         deadline=libte.now_ns() + int(timeout * 1e9))
                 b.notify(seg, notify.msg, sender=notify.name)
-                if not b.wait(self._deadline(sum(lengths))):
+                if not b.wait(timeout + 0.1):  # a transport that does not honour deadlines
                     b.cancel()
                     raise libte.TimeoutError("transfer not finished within the timeout")
                 b.check()
@@ -610,9 +623,9 @@ class TransferEngine:
             return fail_value
         try:
             if op == libte.WRITE:
-                invalid = b.submit_write(seg, buffers, peers, lengths)
+                invalid = b.submit_write(seg, buffers, peers, lengths, deadline=self._task_deadline())
             else:
-                invalid = b.submit_read(seg, buffers, peers, lengths)
+                invalid = b.submit_read(seg, buffers, peers, lengths, deadline=self._task_deadline())
         except (libte.Error, TypeError, ValueError, OverflowError) as err:
             _log.error("submit to %s failed: %s", target, err)
             b.free()
@@ -626,9 +639,7 @@ class TransferEngine:
             b.free()
             return fail_value
         with self._lock:
-            now = time.monotonic()
-            self._batches[b.id] = (b, now + self._deadline(sum(lengths)))
-            self._started[b.id] = now
+            self._batches[b.id] = (b, time.monotonic() + self._deadline(sum(lengths)))
         return b.id
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
@@ -643,7 +654,6 @@ class TransferEngine:
 
     def _take(self, batch_id: int):
         with self._lock:
-            self._started.pop(batch_id, None)
             return self._batches.pop(batch_id, (None, 0))
 
     def _settle(self, b: libte.Batch):
@@ -695,13 +705,14 @@ class TransferEngine:
                                   libte.WRITE, 0)
 
     def transfer_check_status(self, batch_id: int) -> int:
-        """1 completed, 0 still moving, -1 failed (1 and -1 free the batch), -2 timed out."""
+        """1 completed, 0 still moving, -1 failed, -2 timed out (1, -1, and -2 for a
+        write ended at its MC_SLICE_TIMEOUT deadline, free the batch)."""
         with self._lock:
             b, deadline = self._batches.get(batch_id, (None, 0))
         if b is None:
             _log.error("transfer_check_status(): unknown batch id %r", batch_id)
             return -1
-        st = b.status(0)
+        st = b.info(0)
         if st.state == libte.TaskState.COMPLETED:
             self._take(batch_id)
             b.free()
@@ -710,12 +721,12 @@ class TransferEngine:
             self._take(batch_id)
             b.wait()
             b.free()
-            return -1
-        now = time.monotonic()
-        if st.state == libte.TaskState.TIMEOUT or now > deadline:
+            # libte ended it at its deadline: Mooncake's slice timeout
+            return -2 if st.ended_early and st.error == -errno.ETIMEDOUT else -1
+        if st.state == libte.TaskState.TIMEOUT or time.monotonic() > deadline:
             return -2
-        if self._slice_timeout and now - self._started.get(batch_id, now) > self._slice_timeout:
-            return -2  # Mooncake's MC_SLICE_TIMEOUT: reported, the transfer goes on
+        if st.deadline_ns and libte.now_ns() > st.deadline_ns:
+            return -2  # past MC_SLICE_TIMEOUT on a transport that does not end it: it goes on
         return 0
 
     # -------------------------------------------------------- notifications

@@ -288,6 +288,8 @@ typedef struct outcome {
 	int state;       /* worst task state */
 	size_t task;     /* first task that did not complete */
 	te_task_status st;
+	int timed_out;   /* a task ended at its deadline (TE_TASK_ENDED_EARLY, -ETIMEDOUT) */
+	int unsettled;   /* a WRITE so ended may still change the peer's memory */
 	char detail[512]; /* libte's last error line on this thread */
 } outcome;
 
@@ -298,13 +300,20 @@ static void outcome_tasks(te_engine *e, te_batch_id id, size_t n, outcome *oc)
 	oc->state = state;
 	if (state == TE_TASK_COMPLETED)
 		return;
+	int first = 1;
 	for (size_t i = 0; i < n; i++) {
-		te_task_status st;
-		if (te_get_status(e, id, i, &st) == 0 && st.state != TE_TASK_COMPLETED) {
+		te_task_info ti = { .size = sizeof ti };
+		if (te_get_task_info(e, id, i, &ti) < 0 || ti.state == TE_TASK_COMPLETED)
+			continue;
+		if (first) {
 			oc->task = i;
-			oc->st = st;
-			return;
+			oc->st = (te_task_status){ .state = ti.state, .error = ti.error, .transferred = ti.transferred };
+			first = 0;
 		}
+		if ((ti.flags & TE_TASK_ENDED_EARLY) && ti.error == -ETIMEDOUT)
+			oc->timed_out = 1;
+		if (ti.flags & TE_TASK_UNSETTLED)
+			oc->unsettled = 1;
 	}
 }
 
@@ -359,7 +368,13 @@ static PyObject *raise_tasks(const outcome *oc, const char *what, size_t n, PyOb
 
 /* ------------------------------------------------------ sync transfers */
 
-/* Runs `q` as one batch and waits for it. GIL held on entry and exit. */
+/* How long past a sync call's deadline it waits for the host to end the
+ * tasks (it does within milliseconds on a transport that honours
+ * deadlines) before it cancels them itself. */
+#define SYNC_GRACE_S 0.1
+
+/* Runs `q` as one batch with the deadline `timeout` seconds from now (none
+ * when < 0) and waits for it. GIL held on entry and exit. */
 static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *what)
 {
 	outcome oc = { 0 };
@@ -373,6 +388,7 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 	if (pyte_enter(eo) < 0)
 		return NULL;
 	PyThreadState *save = PyEval_SaveThread();
+	int64_t deadline = timeout < 0 ? 0 : pyte_deadline_after(timeout);
 	int rc = te_batch_alloc(eo->e, q->n, &id);
 	if (rc < 0) {
 		oc.rc = rc;
@@ -381,17 +397,20 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 		use.batch = id;
 		pthread_rwlock_rdlock(&eo->sublock);
 		pyte_use_link(eo, &use);
-		rc = te_submit(eo->e, id, q->r, q->n);
+		rc = te_submit_by(eo->e, id, q->r, q->n, deadline);
 		pthread_rwlock_unlock(&eo->sublock);
 		if (rc < 0) {
 			oc.rc = rc;
-			oc.call = "te_submit";
+			oc.call = "te_submit_by";
 		} else {
-			wrc = pyte_wait(eo, id, timeout, &save);
+			/* The host ends the tasks at the deadline; the wait covers
+			 * that and a grace for a transport that does not honour
+			 * deadlines. */
+			wrc = pyte_wait(eo, id, timeout < 0 ? -1 : timeout + SYNC_GRACE_S, &save);
 			if (wrc != 0) {
-				/* Timed out, interrupted or closing: stop the batch and let
-				 * it settle, so no transfer touches the buffers after this
-				 * returns. */
+				/* Past the grace, interrupted or closing: stop the batch
+				 * and let it settle, so no transfer touches the buffers
+				 * after this returns. */
 				te_batch_cancel(eo->e, id);
 				te_batch_wait(eo->e, id, -1);
 			}
@@ -405,9 +424,11 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 		ret = NULL;
 	} else if (oc.rc < 0) {
 		pyte_raise_msg(oc.rc, "%s: %s failed: %s", what, oc.call, te_strerror(oc.rc));
-	} else if (wrc == -ETIMEDOUT || wrc == PYTE_CLOSED) {
-		pyte_raise_msg(wrc, "%s: %s", what,
-			       wrc == PYTE_CLOSED ? "the engine was closed" : "not finished within the timeout; canceled");
+	} else if (wrc == PYTE_CLOSED) {
+		pyte_raise_msg(wrc, "%s: the engine was closed", what);
+	} else if (wrc == -ETIMEDOUT || oc.timed_out) {
+		pyte_raise_msg(-ETIMEDOUT, "%s: not finished within the timeout (%lld ms)%s", what,
+			       (long long)(timeout * 1000.0 + 0.5), oc.unsettled ? "; bytes of a write may still reach the peer" : "");
 	} else if (wrc < 0) {
 		pyte_raise_msg(wrc, "%s: waiting failed: %s", what, te_strerror(wrc));
 	} else if (oc.state != TE_TASK_COMPLETED) {
@@ -605,8 +626,8 @@ static void batch_dealloc(PyteBatch *b)
 	PyObject_Free(b);
 }
 
-/* te_submit(), or te_submit_on_stream() with a location. */
-static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *stream)
+/* te_submit_by(), or te_submit_on_stream() with a location. */
+static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *stream, int64_t deadline)
 {
 	PyteEngine *eo = b->engine;
 	int rc;
@@ -622,7 +643,7 @@ static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *
 		b->use.hi = q->hi;
 	pthread_mutex_unlock(&eo->mu);
 	rc = location != NULL ? te_submit_on_stream(eo->e, b->id, q->r, q->n, location, stream)
-			      : te_submit(eo->e, b->id, q->r, q->n);
+			      : te_submit_by(eo->e, b->id, q->r, q->n, deadline);
 	pthread_rwlock_unlock(&eo->sublock);
 	Py_END_ALLOW_THREADS
 	pyte_leave(eo);
@@ -632,12 +653,17 @@ static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *
 	return PyLong_FromLong(rc);
 }
 
-static PyObject *batch_submit(PyteBatch *b, PyObject *seq)
+static PyObject *batch_submit(PyteBatch *b, PyObject *args, PyObject *kw)
 {
+	static char *kwlist[] = { "requests", "deadline", NULL };
+	PyObject *seq, *deadline_o = Py_None;
+	int64_t deadline;
 	reqs q;
-	if (parse_requests(seq, &q) < 0)
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O:submit", kwlist, &seq, &deadline_o) ||
+	    pyte_deadline_arg(deadline_o, &deadline) < 0 || parse_requests(seq, &q) < 0)
 		return NULL;
-	PyObject *r = submit_reqs(b, &q, NULL, NULL);
+	PyObject *r = submit_reqs(b, &q, NULL, NULL, deadline);
 	reqs_free(&q);
 	return r;
 }
@@ -656,21 +682,23 @@ static PyObject *batch_submit_on_stream(PyteBatch *b, PyObject *args, PyObject *
 		return NULL;
 	if (parse_requests(seq, &q) < 0)
 		return NULL;
-	PyObject *r = submit_reqs(b, &q, loc, stream);
+	PyObject *r = submit_reqs(b, &q, loc, stream, 0);
 	reqs_free(&q);
 	return r;
 }
 
 static PyObject *submit_cols(PyteBatch *b, PyObject *args, PyObject *kw, uint32_t op)
 {
-	static char *kwlist[] = { "segment", "locals", "remotes", "lengths", NULL };
-	PyObject *seg_o, *locals, *remotes, *lengths;
+	static char *kwlist[] = { "segment", "locals", "remotes", "lengths", "deadline", NULL };
+	PyObject *seg_o, *locals, *remotes, *lengths, *deadline_o = Py_None;
+	int64_t deadline;
 	reqs q;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO", kwlist, &seg_o, &locals, &remotes, &lengths) ||
-	    parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|$O", kwlist, &seg_o, &locals, &remotes, &lengths,
+					 &deadline_o) ||
+	    pyte_deadline_arg(deadline_o, &deadline) < 0 || parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
 		return NULL;
-	PyObject *r = submit_reqs(b, &q, NULL, NULL);
+	PyObject *r = submit_reqs(b, &q, NULL, NULL, deadline);
 	reqs_free(&q);
 	return r;
 }
@@ -715,6 +743,52 @@ static PyObject *batch_status(PyteBatch *b, PyObject *arg)
 	if (rc < 0)
 		return pyte_raise(rc, "Batch.status()");
 	return pyte_task_status(&st);
+}
+
+static PyObject *batch_info(PyteBatch *b, PyObject *arg)
+{
+	Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+	te_task_info ti = { .size = sizeof ti };
+	if (i == -1 && PyErr_Occurred())
+		return NULL;
+	if (i < 0) {
+		PyErr_Format(PyExc_IndexError, "task %zd: task ids start at 0", i);
+		return NULL;
+	}
+	if (batch_ready(b) < 0)
+		return NULL;
+	int rc = te_get_task_info(b->engine->e, b->id, (size_t)i, &ti);
+	pyte_leave(b->engine);
+	if (rc == -ERANGE) {
+		PyErr_Format(PyExc_IndexError, "task %zd was not submitted to this batch", i);
+		return NULL;
+	}
+	if (rc < 0)
+		return pyte_raise(rc, "Batch.info()");
+	return pyte_task_info(&ti);
+}
+
+static PyObject *batch_set_deadline(PyteBatch *b, PyObject *arg)
+{
+	if (!PyLong_Check(arg)) {
+		PyErr_Format(PyExc_TypeError, "set_deadline(): an int (libte.now_ns() nanoseconds, 0: none), not %.100s",
+			     Py_TYPE(arg)->tp_name);
+		return NULL;
+	}
+	int overflow = 0;
+	long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+	if (v == -1 && PyErr_Occurred())
+		return NULL;
+	if (overflow != 0)
+		return pyte_raise_msg(-EINVAL, "Batch.set_deadline(%S): not a libte.now_ns() time", arg);
+	if (batch_ready(b) < 0)
+		return NULL;
+	/* libte checks the value (-EINVAL for a negative one) */
+	int rc = te_batch_set_deadline(b->engine->e, b->id, (int64_t)v);
+	pyte_leave(b->engine);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "Batch.set_deadline(%lld): %s", v, te_strerror(rc));
+	Py_RETURN_NONE;
 }
 
 static PyObject *batch_statuses(PyteBatch *b, PyObject *unused)
@@ -810,6 +884,31 @@ static PyObject *batch_wait(PyteBatch *b, PyObject *args, PyObject *kw)
 	if (rc == -EINTR)
 		return NULL;
 	return pyte_raise(rc, "Batch.wait()");
+}
+
+static PyObject *batch_wait_settled(PyteBatch *b, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *timeout_o = Py_None;
+	double timeout;
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:wait_settled", kwlist, &timeout_o) ||
+	    pyte_timeout(timeout_o, &timeout) < 0)
+		return NULL;
+	if (batch_ready(b) < 0)
+		return NULL;
+	PyThreadState *save = PyEval_SaveThread();
+	rc = pyte_wait_settled(b->engine, b->id, timeout, &save);
+	PyEval_RestoreThread(save);
+	pyte_leave(b->engine);
+	if (rc == 0)
+		Py_RETURN_TRUE;
+	if (rc == -ETIMEDOUT)
+		Py_RETURN_FALSE;
+	if (rc == -EINTR)
+		return NULL;
+	return pyte_raise(rc, "Batch.wait_settled()");
 }
 
 static PyObject *batch_check(PyteBatch *b, PyObject *unused)
@@ -915,17 +1014,20 @@ static PyObject *batch_repr(PyteBatch *b)
 static PySequenceMethods batch_as_seq = { .sq_length = (lenfunc)batch_len };
 
 static PyMethodDef batch_methods[] = {
-	{ "submit", (PyCFunction)batch_submit, METH_O,
-	  "submit(requests)\n--\n\nAppends requests ((opcode, segment, local, remote, length) tuples or Request) as\n"
-	  "tasks and starts them; returns how many were refused (INVALID: see status())." },
+	{ "submit", (PyCFunction)(void (*)(void))batch_submit, METH_VARARGS | METH_KEYWORDS,
+	  "submit(requests, *, deadline=None)\n--\n\nAppends requests ((opcode, segment, local, remote, length) tuples or\n"
+	  "Request) as tasks and starts them; returns how many were refused (INVALID: see status()).\n"
+	  "`deadline` (libte.now_ns() nanoseconds; None: the batch's, see set_deadline) ends those still\n"
+	  "in flight then, FAILED with -ETIMEDOUT (te_submit_by)." },
 	{ "submit_on_stream", (PyCFunction)(void (*)(void))batch_submit_on_stream, METH_VARARGS | METH_KEYWORDS,
 	  "submit_on_stream(requests, location, stream)\n--\n\nAppends requests as tasks that start once the work queued on\n"
 	  "`stream` (an int: a CUstream of device `location`, \"cuda\") has finished; the stream's later work waits\n"
 	  "for them. Returns at once (te_submit_on_stream)." },
 	{ "submit_read", (PyCFunction)(void (*)(void))batch_submit_read, METH_VARARGS | METH_KEYWORDS,
-	  "submit_read(segment, locals, remotes, lengths)\n--\n\nAppends reads given as columns (see Engine.read_many)." },
+	  "submit_read(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends reads given as columns (see\n"
+	  "Engine.read_many); `deadline` as for submit()." },
 	{ "submit_write", (PyCFunction)(void (*)(void))batch_submit_write, METH_VARARGS | METH_KEYWORDS,
-	  "submit_write(segment, locals, remotes, lengths)\n--\n\nAppends writes given as columns." },
+	  "submit_write(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends writes given as columns." },
 	{ "submit_prepared", (PyCFunction)(void (*)(void))batch_submit_prepared, METH_VARARGS | METH_KEYWORDS,
 	  "submit_prepared(op, local, remote, local_idx=None, remote_idx=None, count=None)\n--\n\n"
 	  "Posts pairs (piece local_idx[k] of XferList `local`, piece remote_idx[k] of `remote`) as "
@@ -933,13 +1035,23 @@ static PyMethodDef batch_methods[] = {
 	  "0..count-1. Adjacent pairs merge into one task. Returns (first_task, tasks, invalid)." },
 	{ "status", (PyCFunction)batch_status, METH_O, "status(task)\n--\n\nThe TaskStatus of task `task` (0-based)." },
 	{ "statuses", (PyCFunction)batch_statuses, METH_NOARGS, "statuses()\n--\n\nEvery task's TaskStatus." },
+	{ "info", (PyCFunction)batch_info, METH_O,
+	  "info(task)\n--\n\nThe TaskInfo of task `task`: its status, flags (unsettled, ended_early) and deadline." },
+	{ "set_deadline", (PyCFunction)batch_set_deadline, METH_O,
+	  "set_deadline(deadline_ns)\n--\n\nTasks submitted from now on (submit_prepared and submit_on_stream too) end\n"
+	  "by `deadline_ns` (libte.now_ns() nanoseconds) unless their submit gives one; 0 removes it.\n"
+	  "InvalidArgumentError for a negative one." },
+	{ "wait_settled", (PyCFunction)(void (*)(void))batch_wait_settled, METH_VARARGS | METH_KEYWORDS,
+	  "wait_settled(timeout=None)\n--\n\nAs wait(), then also until no task is unsettled (a WRITE ended early\n"
+	  "whose bytes the peer may still apply); False when `timeout` seconds passed first." },
 	{ "wait", (PyCFunction)(void (*)(void))batch_wait, METH_VARARGS | METH_KEYWORDS,
 	  "wait(timeout=None)\n--\n\nBlocks (GIL released) until no task is in flight; False when `timeout`\n"
-	  "seconds passed first." },
+	  "seconds passed first (the tasks go on: a deadline ends them)." },
 	{ "check", (PyCFunction)batch_check, METH_NOARGS,
 	  "check()\n--\n\nAfter wait(): raises (TransferError, AddressError, ...) when a task did not complete." },
 	{ "cancel", (PyCFunction)batch_cancel, METH_NOARGS,
-	  "cancel()\n--\n\nTasks not yet started end CANCELED, running ones stop at their next slice. Returns at once." },
+	  "cancel()\n--\n\nEnds the tasks still in flight CANCELED, within milliseconds on a transport that honours\n"
+	  "deadlines (on another, running ones stop at their next slice). Returns at once; wait() to see them end." },
 	{ "free", (PyCFunction)batch_free, METH_NOARGS,
 	  "free()\n--\n\nFrees the batch; BusyError while tasks are in flight." },
 	{ "notify", (PyCFunction)(void (*)(void))batch_notify, METH_VARARGS | METH_KEYWORDS,

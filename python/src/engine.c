@@ -12,6 +12,8 @@
  */
 #include "pyte.h"
 
+#include <math.h>
+
 #include <errno.h>
 #include <string.h>
 
@@ -72,7 +74,7 @@ void pyte_use_unlink(PyteEngine *eo, pyte_use *u)
 	pthread_mutex_unlock(&eo->mu);
 }
 
-int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save)
+static int wait_slices(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save, int settled)
 {
 	/* Slices short enough that Ctrl-C and close() are noticed quickly; a
 	 * batch that finishes within one slice costs one wait, as without them. */
@@ -80,8 +82,10 @@ int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **
 	double left_ms = timeout_s < 0 ? -1 : timeout_s * 1000.0;
 
 	for (;;) {
-		int ms = left_ms < 0 || left_ms > slice_ms ? slice_ms : (int)left_ms;
-		int rc = te_batch_wait(eo->e, id, ms);
+		/* Rounded up: a fraction of a millisecond left (0.1 + 0.05 s is
+		 * not 150 ms in binary) is one more wait, not a zero-length one. */
+		int ms = left_ms < 0 || left_ms > slice_ms ? slice_ms : (int)ceil(left_ms);
+		int rc = settled ? te_batch_wait_settled(eo->e, id, ms) : te_batch_wait(eo->e, id, ms);
 		if (rc != -ETIMEDOUT)
 			return rc;
 		if (atomic_load(&eo->closing))
@@ -97,6 +101,16 @@ int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **
 		if (sig < 0)
 			return -EINTR;
 	}
+}
+
+int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save)
+{
+	return wait_slices(eo, id, timeout_s, save, 0);
+}
+
+int pyte_wait_settled(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save)
+{
+	return wait_slices(eo, id, timeout_s, save, 1);
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -247,8 +261,9 @@ static void engine_shutdown(PyteEngine *eo)
 	Py_BEGIN_ALLOW_THREADS
 	pthread_mutex_lock(&eo->mu);
 	if (eo->e != NULL && !atomic_exchange(&eo->closing, 1)) {
-		/* Waiting calls wake within a slice (pyte_wait); canceled
-		 * batches stop at their next slice boundary. */
+		/* Waiting calls wake within a slice (pyte_wait); a canceled
+		 * batch's tasks end at once on transports that honour
+		 * deadlines, at their next slice boundary on others. */
 		for (pyte_use *u = eo->uses.next; u != &eo->uses; u = u->next)
 			te_batch_cancel(eo->e, u->batch);
 		while (eo->active > 0)
@@ -699,11 +714,14 @@ static PyMethodDef engine_methods[] = {
 	  "batch(capacity)\n--\n\nA new Batch that holds up to `capacity` tasks over its life." },
 	{ "transfer", (PyCFunction)(void (*)(void))pyte_engine_transfer, METH_VARARGS | METH_KEYWORDS,
 	  "transfer(requests, *, timeout=None)\n--\n\nRuns requests ((opcode, segment, local, remote, length) tuples or\n"
-	  "Request) as one batch and waits; raises TransferError if any did not complete." },
+	  "Request) as one batch and waits; raises TransferError if any did not complete.\n"
+	  "`timeout` (seconds) is the tasks' deadline: past it they end and TimeoutError is raised\n"
+	  "within milliseconds, once nothing touches the local buffers any more." },
 	{ "read", (PyCFunction)(void (*)(void))pyte_engine_read, METH_VARARGS | METH_KEYWORDS,
 	  "read(segment, local, remote, length=None, *, timeout=None)\n--\n\n"
 	  "Reads `length` bytes at `remote` in the segment into `local` (a registered buffer\n"
-	  "or an address inside one) and waits. `length` defaults to the buffer's length." },
+	  "or an address inside one) and waits. `length` defaults to the buffer's length.\n"
+	  "`timeout` as for transfer()." },
 	{ "write", (PyCFunction)(void (*)(void))pyte_engine_write, METH_VARARGS | METH_KEYWORDS,
 	  "write(segment, local, remote, length=None, *, timeout=None)\n--\n\nThe other direction of read()." },
 	{ "read_many", (PyCFunction)(void (*)(void))pyte_engine_read_many, METH_VARARGS | METH_KEYWORDS,

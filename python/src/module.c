@@ -129,6 +129,38 @@ int pyte_timeout(PyObject *o, double *out)
 	return 0;
 }
 
+int pyte_deadline_arg(PyObject *o, int64_t *out)
+{
+	if (o == NULL || o == Py_None) {
+		*out = 0;
+		return 0;
+	}
+	if (!PyLong_Check(o)) {
+		PyErr_Format(PyExc_TypeError, "deadline must be None or an int (libte.now_ns() nanoseconds), not %.100s",
+			     Py_TYPE(o)->tp_name);
+		return -1;
+	}
+	int overflow = 0;
+	long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+	if (v == -1 && PyErr_Occurred())
+		return -1;
+	if (overflow != 0 || v < 0) {
+		pyte_raise_msg(-EINVAL, "deadline %S: want libte.now_ns() nanoseconds, 0 or more and below 2**63", o);
+		return -1;
+	}
+	*out = (int64_t)v;
+	return 0;
+}
+
+int64_t pyte_deadline_after(double timeout_s)
+{
+	int64_t now = te_now_ns();
+	double ns = timeout_s * 1e9; /* pyte_timeout() bounds it to 1e18 */
+	if (ns >= (double)(INT64_MAX - now))
+		return INT64_MAX;
+	return now + (int64_t)ns;
+}
+
 /* ------------------------------------------------------- result types */
 
 static PyStructSequence_Field status_fields[] = {
@@ -138,6 +170,19 @@ static PyStructSequence_Field status_fields[] = {
 	{ NULL, NULL },
 };
 static PyStructSequence_Desc status_desc = { "libte.TaskStatus", "The status of one task.", status_fields, 3 };
+
+static PyStructSequence_Field info_fields[] = {
+	{ "state", "TaskState" },
+	{ "error", "0, or the negative libte error code that ended the task" },
+	{ "transferred", "bytes moved so far" },
+	{ "flags", "TASK_UNSETTLED | TASK_ENDED_EARLY" },
+	{ "deadline_ns", "the task's deadline (libte.now_ns() nanoseconds), 0: none" },
+	{ "unsettled", "True while a WRITE ended early may still change the peer's memory" },
+	{ "ended_early", "True when a deadline or a cancel ended it before its transport finished it" },
+	{ NULL, NULL },
+};
+static PyStructSequence_Desc info_desc = { "libte.TaskInfo", "A task's status with its deadline and flags.",
+					   info_fields, 7 };
 
 static PyStructSequence_Field notif_fields[] = {
 	{ "name", "the sender's name (its segment name unless it chose another)" },
@@ -167,7 +212,7 @@ static PyStructSequence_Field plugin_fields[] = {
 };
 static PyStructSequence_Desc plugin_desc = { "libte.PluginInfo", "A plugin file the loader found.", plugin_fields, 8 };
 
-PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType, PytePluginInfoType;
+PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType, PytePluginInfoType, PyteTaskInfoType;
 
 PyObject *pyte_task_status(const te_task_status *st)
 {
@@ -189,7 +234,41 @@ PyObject *pyte_task_status(const te_task_status *st)
 	return o;
 }
 
+PyObject *pyte_task_info(const te_task_info *ti)
+{
+	PyObject *o = PyStructSequence_New(&PyteTaskInfoType);
+	if (o == NULL)
+		return NULL;
+	PyObject *items[7] = {
+		PyLong_FromLong(ti->state),
+		PyLong_FromLong(ti->error),
+		PyLong_FromUnsignedLongLong(ti->transferred),
+		PyLong_FromUnsignedLong(ti->flags),
+		PyLong_FromLongLong(ti->deadline_ns),
+		PyBool_FromLong((ti->flags & TE_TASK_UNSETTLED) != 0),
+		PyBool_FromLong((ti->flags & TE_TASK_ENDED_EARLY) != 0),
+	};
+	for (int i = 0; i < 7; i++) {
+		if (items[i] == NULL) {
+			for (int j = 0; j < 7; j++)
+				Py_XDECREF(items[j]);
+			Py_DECREF(o);
+			return NULL;
+		}
+	}
+	for (int i = 0; i < 7; i++)
+		PyStructSequence_SET_ITEM(o, i, items[i]);
+	return o;
+}
+
 /* ------------------------------------------------------------ functions */
+
+static PyObject *mod_now_ns(PyObject *m, PyObject *unused)
+{
+	(void)m;
+	(void)unused;
+	return PyLong_FromLongLong(te_now_ns());
+}
 
 static PyObject *mod_version(PyObject *m, PyObject *unused)
 {
@@ -648,6 +727,9 @@ PyTypeObject PyteMemoryType = {
 
 static PyMethodDef mod_methods[] = {
 	{ "version", mod_version, METH_NOARGS, "version()\n--\n\nlibte's version, e.g. \"1.1.0\"." },
+	{ "now_ns", mod_now_ns, METH_NOARGS,
+	  "now_ns()\n--\n\nThe clock of deadlines: CLOCK_MONOTONIC in nanoseconds (te_now_ns(), the clock of\n"
+	  "time.monotonic_ns()). A deadline 0.5 s from now is libte.now_ns() + 500_000_000." },
 	{ "strerror", mod_strerror, METH_O, "strerror(code)\n--\n\nThe text of a libte error code." },
 	{ "set_log_level", mod_set_log_level, METH_O,
 	  "set_log_level(level)\n--\n\nlibte's log level, process-wide: 0..4 or error, warn, info, debug, trace.\n"
@@ -728,6 +810,8 @@ static int add_codes(PyObject *m)
 		{ "NOTIFY_MAX", TE_NOTIFY_MAX },
 		{ "ABI_MAJOR", TE_ABI_MAJOR },
 		{ "ABI_MINOR", TE_ABI_MINOR },
+		{ "TASK_UNSETTLED", TE_TASK_UNSETTLED },
+		{ "TASK_ENDED_EARLY", TE_TASK_ENDED_EARLY },
 	};
 	for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
 		if (PyModule_AddIntConstant(m, codes[i].n, codes[i].v) < 0)
@@ -743,12 +827,14 @@ PyMODINIT_FUNC PyInit__native(void)
 	if (PyStructSequence_InitType2(&PyteTaskStatusType, &status_desc) < 0 ||
 	    PyStructSequence_InitType2(&PyteNotificationType, &notif_desc) < 0 ||
 	    PyStructSequence_InitType2(&PyteSegmentBufferType, &sbuf_desc) < 0 ||
-	    PyStructSequence_InitType2(&PytePluginInfoType, &plugin_desc) < 0)
+	    PyStructSequence_InitType2(&PytePluginInfoType, &plugin_desc) < 0 ||
+	    PyStructSequence_InitType2(&PyteTaskInfoType, &info_desc) < 0)
 		goto fail;
 	if (PyModule_AddObjectRef(m, "TaskStatus", (PyObject *)&PyteTaskStatusType) < 0 ||
 	    PyModule_AddObjectRef(m, "Notification", (PyObject *)&PyteNotificationType) < 0 ||
 	    PyModule_AddObjectRef(m, "SegmentBuffer", (PyObject *)&PyteSegmentBufferType) < 0 ||
-	    PyModule_AddObjectRef(m, "PluginInfo", (PyObject *)&PytePluginInfoType) < 0)
+	    PyModule_AddObjectRef(m, "PluginInfo", (PyObject *)&PytePluginInfoType) < 0 ||
+	    PyModule_AddObjectRef(m, "TaskInfo", (PyObject *)&PyteTaskInfoType) < 0)
 		goto fail;
 	PyTypeObject *types[] = { &PyteEngineType, &PyteSegmentType, &PyteBatchType, &PyteMemoryType,
 				  &PyteXferListType };

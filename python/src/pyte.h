@@ -33,8 +33,9 @@ extern PyObject *PyteError, *PyteClosedError, *PyteTransferError;
 /* -------------------------------------------------------- struct seqs */
 
 extern PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType,
-	PytePluginInfoType;
+	PytePluginInfoType, PyteTaskInfoType;
 PyObject *pyte_task_status(const te_task_status *st);
+PyObject *pyte_task_info(const te_task_info *ti);
 
 /* ------------------------------------------------------------ engine */
 
@@ -86,6 +87,8 @@ void pyte_use_unlink(PyteEngine *eo, pyte_use *u);
  * signal handler raised: its exception is set when the GIL is back), or a
  * libte error. */
 int pyte_wait(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save);
+/* The same until no task is in flight nor TE_TASK_UNSETTLED either. */
+int pyte_wait_settled(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save);
 
 /* Segment id from a Segment object or an int. -1 with an exception set. */
 int pyte_segment_id(PyObject *o, te_segment_id *out);
@@ -133,5 +136,10 @@ PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, Py
 /* Seconds from a Python timeout argument: None → -1. -1 with an exception
  * when it is not a non-negative number. */
 int pyte_timeout(PyObject *o, double *out);
+/* A deadline argument (te_now_ns() nanoseconds, an int >= 0): None → 0
+ * (none, or the batch's). -1 with an exception otherwise. */
+int pyte_deadline_arg(PyObject *o, int64_t *out);
+/* The deadline `timeout_s` (>= 0) seconds from now. */
+int64_t pyte_deadline_after(double timeout_s);
 
 #endif

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared fixtures: engine pairs over TCP, a redis server, the hold transport."""
+"""Shared fixtures: engine pairs over TCP, a redis server, the hold transports."""
 import ctypes
 import os
 import random
@@ -74,6 +74,33 @@ def hold():
     h = types.SimpleNamespace(a=a, b=b, abuf=abuf, bbuf=bbuf, aaddr=a.register(abuf),
                               baddr=b.register(bbuf), count=lib.te_test_hold_count,
                               release=lib.te_test_hold_release)
+    h.seg = a.open_segment(b.name)
+    yield h
+    h.release(0)
+    a.close()
+    b.close()
+
+
+@pytest.fixture
+def holddl():
+    """As `hold`, over the 'holddl' test transport, which honours deadlines:
+    libte ends its held transfers at their deadline or a cancel, and their
+    bytes never move afterwards (a peer that stopped answering)."""
+    d = os.environ.get("TEST_PLUGIN_DIR")
+    if not d:
+        pytest.fail("TEST_PLUGIN_DIR is not set (run through meson test)")
+    libte.plugins()
+    lib = ctypes.CDLL(os.path.join(d, "libte-transport-holddl.so"), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    lib.te_test_hold_release.argtypes = [ctypes.c_int]
+    lib.te_test_hold_release.restype = ctypes.c_size_t
+    lib.te_test_hold_count.restype = ctypes.c_size_t
+    lib.te_test_hold_expired.restype = ctypes.c_size_t
+    a = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="holddl")
+    b = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="holddl")
+    abuf, bbuf = bytearray(MIB), bytearray(MIB)
+    h = types.SimpleNamespace(a=a, b=b, abuf=abuf, bbuf=bbuf, aaddr=a.register(abuf),
+                              baddr=b.register(bbuf), count=lib.te_test_hold_count,
+                              release=lib.te_test_hold_release, expired=lib.te_test_hold_expired)
     h.seg = a.open_segment(b.name)
     yield h
     h.release(0)

@@ -1044,6 +1044,39 @@ static void run_two_processes(void)
 	CHECK(waited >= 300);
 	CHECK_EQ(ask('v', at, big, 54, NULL, NULL), 1);
 
+	/* With MC_SLICE_TIMEOUT the tasks have a deadline: a read from the
+	 * stopped child ends FAILED once it passed (TIMEOUT may show for the
+	 * moment before), its batch is freed while the child is still stopped,
+	 * and no byte of the child's late answer lands afterwards. */
+	setenv("MC_SLICE_TIMEOUT", "1", 1);
+	e = initiator(peer, &seg, mem);
+	unsetenv("MC_SLICE_TIMEOUT");
+	fill(mem, 1u << 20, 55);
+	r = (transfer_request_t){ OPCODE_READ, mem, seg, remote, 1u << 20 };
+	b = allocateBatchID(e, 1);
+	REQUIRE(b != INVALID_BATCH);
+	stop_child(pid);
+	t0 = now_ms();
+	CHECK_EQ(submitTransfer(e, b, &r, 1), 0);
+	transfer_status_t ds;
+	do {
+		REQUIRE(getTransferStatus(e, b, 0, &ds) == 0);
+		if (ds.status == STATUS_TIMEOUT)
+			CHECK(now_ms() - t0 >= 1000);
+		if (ds.status != STATUS_FAILED)
+			sleep_ms(1);
+	} while (ds.status != STATUS_FAILED && now_ms() - t0 < 5000);
+	waited = now_ms() - t0;
+	CHECK_EQ(ds.status, STATUS_FAILED);
+	if (waited < 990 || waited > 1300)
+		fprintf(stderr, "the read ended after %lld ms, want 1000\n", waited);
+	CHECK(waited >= 990 && waited <= 1300);
+	CHECK_EQ(freeBatchID(e, b), 0);
+	REQUIRE(kill(pid, SIGCONT) == 0);
+	sleep_ms(300);
+	CHECK(matches(mem, 1u << 20, 55));
+	destroyTransferEngine(e);
+
 	ask('q', 0, 0, 0, NULL, NULL);
 	REQUIRE(waitpid(pid, &status, 0) == pid);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);

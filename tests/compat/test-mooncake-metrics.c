@@ -13,6 +13,8 @@
  *   slice-timeout  MC_SLICE_TIMEOUT=1 (set by the test): a task held in
  *         flight by the "hold" transport reads as STATUS_TIMEOUT after a
  *         second, and completes once released; unset, it stays in flight
+ *   slice-deadline  MC_SLICE_TIMEOUT=1 (set by the test): on "holddl", which
+ *         honours deadlines, a held task ends STATUS_FAILED after a second
  * Log lines are caught through te.h's log handler, where the library writes
  * them.
  */
@@ -225,6 +227,14 @@ static void mode_hold(void)
 
 /* --------------------------------------------------------- slice-timeout */
 
+/* How much later than its deadline a task may end: a few ms promised, more
+ * where a sanitizer slows every thread down. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SLACK_MS 150
+#else
+#define SLACK_MS 50
+#endif
+
 /* The status of task 0 of a batch of one read held by the hold transport,
  * `wait_ms` after the submit. */
 static int held_status(pair *p, batch_id_t *b, long wait_ms)
@@ -269,6 +279,48 @@ static void mode_slice_timeout(void)
 	CHECK_EQ(hold_release(0), 1);
 	CHECK_EQ(wait_tasks(p.a, b, 1), STATUS_COMPLETED);
 	CHECK_EQ(freeBatchID(p.a, b), 0);
+	pair_free(&p);
+}
+
+/* On a transport that honours deadlines, MC_SLICE_TIMEOUT ends the task. */
+static void mode_slice_deadline(void)
+{
+	REQUIRE(getenv("MC_SLICE_TIMEOUT") != NULL && strcmp(getenv("MC_SLICE_TIMEOUT"), "1") == 0);
+	/* A transport that honours deadlines: libte ends the held read at
+	 * MC_SLICE_TIMEOUT. It reads FAILED (TIMEOUT may show for the moment
+	 * before), its batch is freed while the transfer is still held, and no
+	 * byte moves when the transfer is let go. */
+	pair p = pair_new("holddl", NULL, NULL); /* made while MC_SLICE_TIMEOUT=1 */
+	hold_find_named("holddl");
+	memset(p.abuf, 0xee, 4096);
+	transfer_request_t r = { OPCODE_READ, p.abuf, p.seg, (uint64_t)(uintptr_t)p.bbuf, 4096 };
+	batch_id_t b = allocateBatchID(p.a, 1);
+	REQUIRE(b != INVALID_BATCH);
+	long long t0 = now_ms();
+	REQUIRE(submitTransfer(p.a, b, &r, 1) == 0);
+	transfer_status_t ts;
+	do {
+		REQUIRE(getTransferStatus(p.a, b, 0, &ts) == 0);
+		if (ts.status == STATUS_TIMEOUT)
+			CHECK(now_ms() - t0 >= 1000);
+		else if (ts.status != STATUS_FAILED)
+			CHECK(ts.status == STATUS_WAITING || ts.status == STATUS_PENDING);
+		if (ts.status != STATUS_FAILED)
+			sleep_ms(1);
+	} while (ts.status != STATUS_FAILED && now_ms() - t0 < 5000);
+	long long took = now_ms() - t0;
+	CHECK_EQ(ts.status, STATUS_FAILED);
+	if (took < 990 || took > 1000 + SLACK_MS)
+		fprintf(stderr, "the read ended after %lld ms, want 1000\n", took);
+	CHECK(took >= 990 && took <= 1000 + SLACK_MS);
+	CHECK_EQ(hold_count(), 1);
+	CHECK_EQ(freeBatchID(p.a, b), 0);
+	CHECK_EQ(hold_release(0), 1);
+	for (size_t i = 0; i < 4096; i++)
+		if (p.abuf[i] != 0xee) {
+			CHECK(p.abuf[i] == 0xee);
+			break;
+		}
 	pair_free(&p);
 }
 
@@ -515,8 +567,10 @@ int main(int argc, char **argv)
 		mode_rdma();
 	else if (strcmp(mode, "slice-timeout") == 0)
 		mode_slice_timeout();
+	else if (strcmp(mode, "slice-deadline") == 0)
+		mode_slice_deadline();
 	else {
-		fprintf(stderr, "usage: %s hold|log|off|tcp|rdma|slice-timeout\n", argv[0]);
+		fprintf(stderr, "usage: %s hold|log|off|tcp|rdma|slice-timeout|slice-deadline\n", argv[0]);
 		return 2;
 	}
 	te_set_log_handler(NULL, NULL);

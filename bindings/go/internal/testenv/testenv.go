@@ -126,10 +126,24 @@ type Hold struct{ h unsafe.Pointer }
 // engine loaded the plugin (an engine with the "hold" transport).
 func HoldPlugin(t testing.TB) Hold {
 	t.Helper()
-	path := os.Getenv("TE_TEST_HOLD_PLUGIN")
+	return holdPlugin(t, "TE_TEST_HOLD_PLUGIN", "libte-transport-hold.so")
+}
+
+// HoldDLPlugin returns the controls of "holddl", the hold transport that
+// honours deadlines: libte ends its held transfers at their deadline or a
+// cancel, and their bytes never move afterwards. Its file is
+// $TE_TEST_HOLDDL_PLUGIN.
+func HoldDLPlugin(t testing.TB) Hold {
+	t.Helper()
+	return holdPlugin(t, "TE_TEST_HOLDDL_PLUGIN", "libte-transport-holddl.so")
+}
+
+func holdPlugin(t testing.TB, env, file string) Hold {
+	t.Helper()
+	path := os.Getenv(env)
 	if path == "" {
-		t.Fatalf("TE_TEST_HOLD_PLUGIN is not set: run the tests through meson (test 'go'), " +
-			"or point it at libte-transport-hold.so and put its directory on TE_PLUGIN_PATH")
+		t.Fatalf("%s is not set: run the tests through meson (test 'go'), "+
+			"or point it at %s and put its directory on TE_PLUGIN_PATH", env, file)
 	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))

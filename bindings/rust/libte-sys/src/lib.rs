@@ -129,6 +129,29 @@ pub struct te_task_status {
     pub transferred: u64,
 }
 
+// --------------------------------------------------------------- deadlines
+
+/// Ended (by a deadline or a cancel) while a WRITE's bytes were on their way:
+/// the peer may still apply them. Cleared once it cannot (since 1.6).
+pub const TE_TASK_UNSETTLED: u32 = 1 << 0;
+/// Ended by the host at its deadline or at a cancel, before its transport
+/// finished it (since 1.6).
+pub const TE_TASK_ENDED_EARLY: u32 = 1 << 1;
+
+/// A task's status with what te_task_status cannot carry (since 1.6).
+/// Versioned by `size`: set it to `size_of::<te_task_info>()` before
+/// te_get_task_info().
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct te_task_info {
+    pub size: u32,
+    pub state: i32,
+    pub error: i32,
+    pub flags: u32,
+    pub transferred: u64,
+    pub deadline_ns: i64,
+}
+
 // ----------------------------------------------------------- notifications
 
 pub const TE_NOTIFY_MAX: usize = 4096;
@@ -279,6 +302,20 @@ extern "C" {
     ) -> c_int;
     pub fn te_batch_wait(engine: *mut te_engine, batch: te_batch_id, timeout_ms: c_int) -> c_int;
     pub fn te_batch_cancel(engine: *mut te_engine, batch: te_batch_id) -> c_int;
+
+    // Deadlines (since 1.6): CLOCK_MONOTONIC nanoseconds, 0 = none.
+    pub fn te_now_ns() -> i64;
+    pub fn te_batch_set_deadline(engine: *mut te_engine, batch: te_batch_id, deadline_ns: i64) -> c_int;
+    pub fn te_submit_by(
+        engine: *mut te_engine,
+        batch: te_batch_id,
+        reqs: *const te_request,
+        n: usize,
+        deadline_ns: i64,
+    ) -> c_int;
+    pub fn te_get_task_info(engine: *mut te_engine, batch: te_batch_id, task: usize, out: *mut te_task_info)
+        -> c_int;
+    pub fn te_batch_wait_settled(engine: *mut te_engine, batch: te_batch_id, timeout_ms: c_int) -> c_int;
     pub fn te_batch_notify(
         engine: *mut te_engine,
         batch: te_batch_id,

@@ -39,6 +39,7 @@ fn rust_layouts() -> Vec<Layout> {
     vec![
         layout!(te_request, [opcode, segment, local, remote, length]),
         layout!(te_task_status, [state, error, transferred]),
+        layout!(te_task_info, [size, state, error, flags, transferred, deadline_ns]),
         layout!(te_segment_buffer, [addr, length, name]),
         layout!(te_option, [key, value]),
         layout!(te_memory_region, [addr, length, location, flags]),
@@ -90,6 +91,7 @@ fn lp64_layout() {
     let want: HashMap<&str, (usize, usize, Vec<usize>)> = [
         ("te_request", (32, 8, vec![0, 4, 8, 16, 24])),
         ("te_task_status", (16, 8, vec![0, 4, 8])),
+        ("te_task_info", (32, 8, vec![0, 4, 8, 12, 16, 24])),
         ("te_segment_buffer", (80, 8, vec![0, 8, 16])),
         ("te_option", (16, 8, vec![0, 8])),
         ("te_memory_region", (32, 8, vec![0, 8, 16, 24])),
@@ -157,6 +159,8 @@ fn rust_constants() -> Vec<(&'static str, i64)> {
         TE_TASK_COMPLETED,
         TE_TASK_TIMEOUT,
         TE_TASK_FAILED,
+        TE_TASK_UNSETTLED,
+        TE_TASK_ENDED_EARLY,
         TE_NOTIFY_MAX,
         TE_KIND_TRANSPORT,
         TE_KIND_METADATA,

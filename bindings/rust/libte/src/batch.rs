@@ -238,6 +238,49 @@ impl TaskStatus {
     }
 }
 
+/// te_task_info: a task's status with its flags and deadline (since 1.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskInfo {
+    pub state: TaskState,
+    /// 0, or the negative code that ended the task.
+    pub error: i32,
+    /// `sys::TE_TASK_UNSETTLED` | `sys::TE_TASK_ENDED_EARLY`.
+    pub flags: u32,
+    /// Bytes moved so far.
+    pub transferred: u64,
+    /// The task's deadline ([`now_ns`](crate::now_ns)'s clock), 0: none.
+    pub deadline_ns: i64,
+}
+
+impl TaskInfo {
+    fn from_raw(s: &sys::te_task_info) -> TaskInfo {
+        TaskInfo {
+            state: TaskState::from_raw(s.state),
+            error: s.error,
+            flags: s.flags,
+            transferred: s.transferred,
+            deadline_ns: s.deadline_ns,
+        }
+    }
+
+    /// Ended early while a WRITE's bytes were on their way: the peer may
+    /// still apply them (until `Batch::wait_settled` returns).
+    pub fn unsettled(&self) -> bool {
+        self.flags & sys::TE_TASK_UNSETTLED != 0
+    }
+
+    /// Ended by libte at its deadline or a cancel, before its transport
+    /// finished it.
+    pub fn ended_early(&self) -> bool {
+        self.flags & sys::TE_TASK_ENDED_EARLY != 0
+    }
+
+    /// The status part.
+    pub fn status(&self) -> TaskStatus {
+        TaskStatus { state: self.state, error: self.error, transferred: self.transferred }
+    }
+}
+
 /// te_batch_status: the batch as a whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchSummary {
@@ -291,13 +334,46 @@ impl<'e, 'r> Batch<'e, 'r> {
     /// nothing was appended: capacity exceeded (TE_ERR_BATCH_FULL), freed
     /// batch (TE_ERR_BATCH).
     pub fn submit(&self, requests: impl IntoIterator<Item = Request<'r>>) -> Result<usize> {
+        self.submit_by(requests, 0)
+    }
+
+    /// `submit` with `deadline_ns` ([`now_ns`](crate::now_ns)'s clock; 0:
+    /// the batch's) for these tasks: one still in flight then ends Failed
+    /// with ETIMEDOUT within milliseconds, and nothing touches its local
+    /// memory afterwards (te_submit_by). EINVAL for a negative deadline.
+    pub fn submit_by(&self, requests: impl IntoIterator<Item = Request<'r>>, deadline_ns: i64) -> Result<usize> {
+        if deadline_ns < 0 {
+            return Err(Error::new(code::EINVAL, format!("deadline {} is negative", deadline_ns)));
+        }
         let reqs: Vec<Request<'r>> = requests.into_iter().collect();
         // SAFETY: Request is repr(transparent) over te_request. The local
         // memory stays borrowed for 'r, which outlives this batch.
         let n = call(|| unsafe {
-            sys::te_submit(self.engine.as_raw(), self.id, reqs.as_ptr() as *const sys::te_request, reqs.len())
+            sys::te_submit_by(
+                self.engine.as_raw(),
+                self.id,
+                reqs.as_ptr() as *const sys::te_request,
+                reqs.len(),
+                deadline_ns,
+            )
         })?;
         Ok(n as usize)
+    }
+
+    /// The deadline of the tasks submitted from now on whose submit gives
+    /// none; 0 removes it. EINVAL for a negative one.
+    pub fn set_deadline(&self, deadline_ns: i64) -> Result<()> {
+        // SAFETY: live engine.
+        call(|| unsafe { sys::te_batch_set_deadline(self.engine.as_raw(), self.id, deadline_ns) })?;
+        Ok(())
+    }
+
+    /// Task `task`'s status with its flags and deadline.
+    pub fn task_info(&self, task: usize) -> Result<TaskInfo> {
+        let mut ti = sys::te_task_info { size: std::mem::size_of::<sys::te_task_info>() as u32, ..Default::default() };
+        // SAFETY: `ti` receives the info; its size field says how much.
+        call(|| unsafe { sys::te_get_task_info(self.engine.as_raw(), self.id, task, &mut ti) })?;
+        Ok(TaskInfo::from_raw(&ti))
     }
 
     /// The status of task `task` (0-based, in submit order).
@@ -333,8 +409,19 @@ impl<'e, 'r> Batch<'e, 'r> {
         Ok(())
     }
 
-    /// Cancels: tasks not started become CANCELED, running ones stop at a
-    /// slice boundary. Returns at once; `wait` to settle.
+    /// As `wait`, then also until no task is unsettled (a WRITE ended early
+    /// whose bytes the peer may still apply); ETIMEDOUT when the time ran
+    /// out first.
+    pub fn wait_settled(&self, timeout: Option<Duration>) -> Result<()> {
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        // SAFETY: live engine.
+        call(|| unsafe { sys::te_batch_wait_settled(self.engine.as_raw(), self.id, ms) })?;
+        Ok(())
+    }
+
+    /// Cancels: the tasks still in flight end CANCELED, within milliseconds
+    /// on a transport that honours deadlines (on another, running ones stop
+    /// at a slice boundary). Returns at once; `wait` to see them end.
     pub fn cancel(&self) -> Result<()> {
         // SAFETY: live engine.
         call(|| unsafe { sys::te_batch_cancel(self.engine.as_raw(), self.id) })?;

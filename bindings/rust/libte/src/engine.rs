@@ -295,6 +295,42 @@ impl Engine {
         })
     }
 
+    /// `transfer` with `timeout` as the tasks' deadline: past it libte ends
+    /// them and this returns ETIMEDOUT within milliseconds, once nothing
+    /// touches the local memory any more.
+    pub fn transfer_within<'r>(&self, requests: impl IntoIterator<Item = Request<'r>>, timeout: Duration) -> Result<()> {
+        let reqs: Vec<Request<'r>> = requests.into_iter().collect();
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let deadline = crate::deadline_in(timeout);
+        self.batch(reqs.len(), |b: &Batch<'_, 'r>| {
+            let n = reqs.len();
+            b.submit_by(reqs, deadline)?;
+            // libte ends the tasks by the deadline; past it and a grace (a
+            // transport that does not honour deadlines), cancel and wait.
+            if let Err(e) = b.wait(Some(timeout.saturating_add(Duration::from_millis(100)))) {
+                if !e.is(code::ETIMEDOUT) {
+                    return Err(e);
+                }
+                b.cancel()?;
+                b.wait(None)?;
+                return Err(Error::new(code::ETIMEDOUT, format!("not finished within {:?}", timeout)));
+            }
+            let mut first = None;
+            for i in 0..n {
+                let ti = b.task_info(i)?;
+                if ti.ended_early() && ti.error == code::ETIMEDOUT {
+                    return Err(Error::new(code::ETIMEDOUT, format!("not finished within {:?}", timeout)));
+                }
+                if ti.state != TaskState::Completed && first.is_none() {
+                    first = Some(ti.status().to_error(i));
+                }
+            }
+            first.map_or(Ok(()), Err)
+        })
+    }
+
     /// Reads the length of `local` in bytes at `remote` of `segment` into `local`.
     pub fn read<'q>(&self, segment: impl Into<SegmentId>, remote: u64, local: impl ReadTarget<'q>) -> Result<()> {
         self.transfer([Request::read(segment, remote, local)])

@@ -152,7 +152,7 @@ mod metrics;
 mod process;
 mod segment;
 
-pub use batch::{Batch, BatchSummary, Opcode, ReadTarget, Request, TaskState, TaskStatus, WriteSource};
+pub use batch::{Batch, BatchSummary, Opcode, ReadTarget, Request, TaskInfo, TaskState, TaskStatus, WriteSource};
 pub use engine::{Engine, Notification};
 pub use error::{code, strerror, Error, Result};
 pub use memory::{Local, Registration, SharedMemory};
@@ -161,6 +161,18 @@ pub use process::{
     log, log_level, plugins, reset_log_handler, set_log_handler, set_log_level, version, LogLevel, PluginInfo, PluginKind,
 };
 pub use segment::{Segment, SegmentBuffer, SegmentId};
+
+/// The clock of deadlines: CLOCK_MONOTONIC in nanoseconds (te_now_ns).
+pub fn now_ns() -> i64 {
+    // SAFETY: no arguments, no state.
+    unsafe { sys::te_now_ns() }
+}
+
+/// The deadline `after` from now, on [`now_ns`]'s clock.
+pub fn deadline_in(after: std::time::Duration) -> i64 {
+    let ns = after.as_nanos().min(i64::MAX as u128) as i64;
+    now_ns().saturating_add(ns)
+}
 
 /// The raw C API, for what this crate does not wrap.
 pub use libte_sys as sys;

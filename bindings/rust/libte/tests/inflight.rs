@@ -8,67 +8,13 @@
 //! unless LIBTE_RUST_REQUIRE_TEST_PLUGINS is set.
 mod common;
 
-use common::pattern;
+use common::{hold_plugin, pattern, Hold};
 use libte::{code, Engine, Error, Request, TaskState};
-use std::ffi::CString;
-use std::os::raw::{c_char, c_int, c_void};
 use std::time::{Duration, Instant};
 
-extern "C" {
-    fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void;
-    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
-}
-
-struct Hold {
-    count: unsafe extern "C" fn() -> usize,
-    release: unsafe extern "C" fn(c_int) -> usize,
-}
-
-impl Hold {
-    fn count(&self) -> usize {
-        // SAFETY: the plugin's own function, no arguments.
-        unsafe { (self.count)() }
-    }
-    fn release(&self, error: i32) -> usize {
-        // SAFETY: completes the held transfers through libte's services.
-        unsafe { (self.release)(error) }
-    }
-}
-
-/// The hold plugin as libte loaded it (RTLD_NOLOAD: the same copy).
+/// The hold plugin as libte loaded it.
 fn hold() -> Option<Hold> {
-    let path = match std::env::var("TE_TEST_HOLD_PLUGIN") {
-        Ok(p) => p,
-        Err(_) => {
-            assert!(
-                std::env::var_os("LIBTE_RUST_REQUIRE_TEST_PLUGINS").is_none(),
-                "TE_TEST_HOLD_PLUGIN is not set"
-            );
-            return None;
-        }
-    };
-    let loaded = libte::plugins();
-    assert!(
-        loaded.iter().any(|p| p.name.as_deref() == Some("hold") && p.loaded),
-        "libte did not load the hold transport: {:?}",
-        loaded
-    );
-    let cpath = CString::new(path.clone()).unwrap();
-    const RTLD_NOW: c_int = 2;
-    const RTLD_NOLOAD: c_int = 4;
-    // SAFETY: looks up symbols of a library already loaded by libte; the
-    // signatures are those of tests/plugins/hold-transport.c.
-    unsafe {
-        let h = dlopen(cpath.as_ptr(), RTLD_NOW | RTLD_NOLOAD);
-        assert!(!h.is_null(), "{} is not the hold plugin libte loaded", path);
-        let c = dlsym(h, b"te_test_hold_count\0".as_ptr() as *const c_char);
-        let r = dlsym(h, b"te_test_hold_release\0".as_ptr() as *const c_char);
-        assert!(!c.is_null() && !r.is_null());
-        Some(Hold {
-            count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> usize>(c),
-            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> usize>(r),
-        })
-    }
+    hold_plugin("TE_TEST_HOLD_PLUGIN", "hold")
 }
 
 fn hold_engine() -> Engine {

@@ -1,7 +1,10 @@
 //! Shared by the integration tests: engines over TCP on 127.0.0.1 with
-//! P2PHANDSHAKE, and byte patterns to check transfers with.
+//! P2PHANDSHAKE, byte patterns to check transfers with, and the controls of
+//! the hold test transports.
 #![allow(dead_code)]
 use libte::Engine;
+use std::ffi::CString;
+use std::os::raw::{c_char, c_int, c_void};
 
 /// An engine on 127.0.0.1 with the TCP transport installed.
 pub fn tcp_engine() -> Engine {
@@ -42,5 +45,62 @@ pub fn assert_same(got: &[u8], want: &[u8], what: &str) {
             got.len(),
             want.len()
         );
+    }
+}
+
+extern "C" {
+    fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void;
+    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+}
+
+pub struct Hold {
+    count: unsafe extern "C" fn() -> usize,
+    release: unsafe extern "C" fn(c_int) -> usize,
+}
+
+impl Hold {
+    pub fn count(&self) -> usize {
+        // SAFETY: the plugin's own function, no arguments.
+        unsafe { (self.count)() }
+    }
+    pub fn release(&self, error: i32) -> usize {
+        // SAFETY: completes the held transfers through libte's services.
+        unsafe { (self.release)(error) }
+    }
+}
+
+/// A hold test transport ("hold", or "holddl" that honours deadlines) as
+/// libte loaded it (RTLD_NOLOAD: the same copy), from the file `env` names;
+/// None when it is unset (then LIBTE_RUST_REQUIRE_TEST_PLUGINS must be too).
+pub fn hold_plugin(env: &str, name: &str) -> Option<Hold> {
+    let path = match std::env::var(env) {
+        Ok(p) => p,
+        Err(_) => {
+            assert!(std::env::var_os("LIBTE_RUST_REQUIRE_TEST_PLUGINS").is_none(), "{} is not set", env);
+            return None;
+        }
+    };
+    let loaded = libte::plugins();
+    assert!(
+        loaded.iter().any(|p| p.name.as_deref() == Some(name) && p.loaded),
+        "libte did not load the {} transport: {:?}",
+        name,
+        loaded
+    );
+    let cpath = CString::new(path.clone()).unwrap();
+    const RTLD_NOW: c_int = 2;
+    const RTLD_NOLOAD: c_int = 4;
+    // SAFETY: looks up symbols of a library already loaded by libte; the
+    // signatures are those of tests/plugins/hold-transport.c.
+    unsafe {
+        let h = dlopen(cpath.as_ptr(), RTLD_NOW | RTLD_NOLOAD);
+        assert!(!h.is_null(), "{} is not the {} plugin libte loaded", path, name);
+        let c = dlsym(h, b"te_test_hold_count\0".as_ptr() as *const c_char);
+        let r = dlsym(h, b"te_test_hold_release\0".as_ptr() as *const c_char);
+        assert!(!c.is_null() && !r.is_null());
+        Some(Hold {
+            count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> usize>(c),
+            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> usize>(r),
+        })
     }
 }

@@ -48,6 +48,10 @@ static int host_canceled(const te_host *h, const te_transfer *t)
 {
 	(void)h;
 	const te_task *task = (const te_task *)t;
+	/* An engine being destroyed cancels everything, batches already freed
+	 * whose tasks a transport still holds (ended early) included: 2. */
+	if (atomic_load_explicit(&task->batch->engine->closing, memory_order_relaxed))
+		return 2;
 	return atomic_load_explicit(&task->batch->canceled, memory_order_relaxed);
 }
 

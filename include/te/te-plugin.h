@@ -190,7 +190,9 @@ struct te_host {
 	 * FAILED). Call exactly t->nr_slices times. Thread-safe, never blocks. */
 	void (*complete)(const te_host *h, te_transfer *t, uint64_t bytes, int error);
 	/* Non-zero once the transfer's batch was canceled: stop at a slice boundary
-	 * and complete the remaining slices with -ECANCELED. */
+	 * and complete the remaining slices with -ECANCELED. Since ABI 1.11, 2
+	 * when its engine is being destroyed: complete at once what is kept
+	 * only to learn whether it settles (the destroy waits for it). */
 	int (*canceled)(const te_host *h, const te_transfer *t);
 	/* Pins the registered local buffer that contains [addr, addr+len) whole and
 	 * has every flag in `need` (e.g. TE_MEM_REMOTE_ACCESS). TE_ERR_ADDRESS when

@@ -161,7 +161,15 @@ void tcp_cconn_check_stall(tcp_cconn *cc, int64_t now)
 	tcp_ctx *c = cc->peer->ctx;
 	char why[128];
 
-	if (cc->state != CS_UP || cc->head == cc->tail || suspect(cc, now))
+	if (cc->state != CS_UP || cc->head == cc->tail)
+		return;
+	/* A FENCE for WRITEs of a closing engine waits for nobody: its WRITEs
+	 * end (-ECANCELED: settled as far as anyone can ask). */
+	if (tcp_cconn_fence_canceled(cc)) {
+		tcp_cconn_fail(cc, -ECANCELED, FAIL_QUIET, UINT64_MAX, "its engine is closing");
+		return;
+	}
+	if (suspect(cc, now))
 		return;
 	if (now - cc->io.last_progress > c->cfg.timeout_ms) {
 		/* Not -ETIMEDOUT: that would end the tasks as TIMEOUT, and a peer

@@ -554,6 +554,21 @@ bool tcp_cconn_has_expired(tcp_cconn *cc)
 	return false;
 }
 
+/* A FENCE on the ring holding WRITEs the host ended, whose engine is being
+ * destroyed: nobody will read whether they settle, and the destroy waits
+ * for them. */
+bool tcp_cconn_fence_canceled(tcp_cconn *cc)
+{
+	const te_host *h = host_of(cc);
+
+	for (uint64_t i = cc->tail; i < cc->head; i++) {
+		tcp_slot *s = slot_at(cc, i);
+		if (s->fence != NULL && s->fence->n > 0 && h->canceled(h, s->fence->held[0].t) == 2)
+			return true;
+	}
+	return false;
+}
+
 bool tcp_cconn_expire(tcp_cconn *cc)
 {
 	if (!cc->gate_shut && !tcp_cconn_has_expired(cc))

@@ -89,5 +89,6 @@ void tcp_cconn_reap(tcp_cconn *cc);
 void tcp_cconn_set_events(tcp_cconn *cc, bool muted);
 /* A suspect path, or no progress for TE_TCP_TIMEOUT_MS: the connection fails. */
 void tcp_cconn_check_stall(tcp_cconn *cc, int64_t now);
+bool tcp_cconn_fence_canceled(tcp_cconn *cc);
 
 #endif

@@ -134,6 +134,54 @@ readdressed() {
 	grep 'GID changed' "$scratch/target-17210.log"
 	[ $rc = 0 ] && [ $((r2 - r1)) -gt 100 ] && grep -q 'rxe2 port 1: the GID changed' "$scratch/target-17210.log"
 }
+# Fail-over across transports: te-bench with RDMA and TCP installed on both
+# sides writes with --check while every RDMA link of the target (sw2, sw3)
+# is down for 3 s: its tasks go over TCP meanwhile (127.0.0.1), no task
+# fails (te-bench exits 0) and no second passes without requests; RDMA
+# carries them again once the links are back.
+transport_failover() {
+	"$bench" --mode=target --protocol=rdma,tcp --device_name=rxe2,rxe3 \
+		--local_server_name=127.0.0.1:17230 --buffer_size=16777216 > "$scratch/target-17230.log" 2>&1 &
+	tpid=$!
+	n=0
+	until grep -q 'target ready' "$scratch/target-17230.log" || [ $n -ge 150 ]; do
+		sleep 0.2
+		n=$((n + 1))
+	done
+	"$bench" --protocol=rdma,tcp --device_name=rxe0,rxe1 --segment_id=127.0.0.1:17230 \
+		--local_server_name=127.0.0.1 --operation=write --threads=2 --check --duration=16 \
+		--buffer_size=16777216 --batch_size=16 --block_size=65536 --verbose > "$scratch/failover.log" 2>&1 &
+	bpid=$!
+	# Under TCG the first requests take a few seconds (handshakes, memory
+	# registration): the links go down 2 s after the first second reported.
+	n=0
+	until grep -q '^\[ *[0-9]* s\]' "$scratch/failover.log" || [ $n -ge 100 ]; do
+		sleep 0.2
+		n=$((n + 1))
+	done
+	sleep 2
+	ip link set sw2 down && ip link set sw3 down || return 1
+	d0=$(($(pkts rxe0 sent) + $(pkts rxe1 sent)))
+	sleep 3
+	d1=$(($(pkts rxe0 sent) + $(pkts rxe1 sent)))
+	ip link set sw2 up && ip link set sw3 up || return 1
+	echo "RDMA links of the target down for 3 s: the initiator's NICs sent $((d1 - d0)) packets meanwhile"
+	wait $bpid
+	rc=$?
+	d2=$(($(pkts rxe0 sent) + $(pkts rxe1 sent)))
+	kill $tpid; wait $tpid
+	grep -v ' \[rdma\] \| \[tcp\] ' "$scratch/failover.log" | tail -n 30
+	# Every second from the first with requests to the last has requests (a
+	# second with none prints no line, or a line of 0 at the start).
+	gaps=$(sed -n 's/^\[ *\([0-9]*\) s\] .*, \([0-9]*\) requests\/s$/\1 \2/p' "$scratch/failover.log" |
+		awk '{ if (s && ($1 != prev + 1 || $2 == 0)) g++; if ($2 > 0) s = 1; prev = $1 } END { print g + 0 }')
+	secs=$(grep -c '^\[ *[0-9]* s\]' "$scratch/failover.log")
+	echo "te-bench exit $rc; $secs seconds reported, $gaps without a request; $((d2 - d1)) RDMA packets after the links came back"
+	grep 'its tasks go over tcp' "$scratch/failover.log" | head -n 2
+	[ $rc = 0 ] && [ "$gaps" = 0 ] && [ "$secs" -ge 8 ] && [ $((d2 - d1)) -gt 1000 ] &&
+		grep -q 'its tasks go over tcp' "$scratch/failover.log"
+}
+
 small="--buffer_size=16777216 --batch_size=16 --block_size=65536 --duration=3 --quiet"
 
 case "$scenario" in
@@ -192,6 +240,8 @@ faults)
 	wanted peer-killed && check peer-killed 180 env TE_PLUGIN_PATH="$soft_path" \
 		TE_RDMA_PLUGIN="$soft_plugin" "$build/tests/rdma-qemu/test-rxe-peer-killed"
 	wanted readdressed && check readdressed 120 sh "$0" "$build" "$src" "$scratch" fn:readdressed
+	wanted transport-failover && check transport-failover 120 sh "$0" "$build" "$src" "$scratch" \
+		fn:transport_failover
 	;;
 smoke)
 	# By hand: the provider itself, without libte (perftest's and

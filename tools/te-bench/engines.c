@@ -199,11 +199,23 @@ te_engine *make_engine(const char *name, bool loopback_alias)
 		if (rc < 0)
 			die(1, "auto-discovery installed no transport: %s%s", te_strerror(rc), why());
 	} else {
-		char *args = transport_args(F.protocol);
-		rc = te_transport_install(e, F.protocol, args);
-		free(args);
-		if (rc < 0)
-			die(1, "cannot install transport '%s': %s%s", F.protocol, te_strerror(rc), why());
+		/* A list ("rdma,tcp") installs each in turn: the first is the one
+		 * peers are reached by, the others take over when it fails
+		 * (fail-over across transports). */
+		for (const char *p = F.protocol; *p != '\0';) {
+			size_t len = strcspn(p, ",");
+			char name[64];
+			if (len == 0 || len >= sizeof name)
+				die(1, "--protocol=%s: an empty or too long transport name in the list", F.protocol);
+			memcpy(name, p, len);
+			name[len] = '\0';
+			char *args = transport_args(name);
+			rc = te_transport_install(e, name, args);
+			free(args);
+			if (rc < 0)
+				die(1, "cannot install transport '%s': %s%s", name, te_strerror(rc), why());
+			p += len + (p[len] == ',');
+		}
 	}
 	return e;
 }

@@ -62,7 +62,8 @@ static const flag_def DEFS[] = {
 	  "the target's segment name, e.g. 10.0.0.1:15123 or nvmeof/disk0 (initiator mode)" },
 	{ "protocol", F_STR, &F.protocol, 0, 0,
 	  "transport to install: auto (the best network transport, and shm for engines on this host), "
-	  "tcp, shm, rdma, nvmeof, ... (default auto)" },
+	  "tcp, shm, rdma, nvmeof, ..., or a list (rdma,tcp: the first reaches peers, the others take over "
+	  "when it fails) (default auto)" },
 	{ "memory", F_STR, &F.memory, 0, 0,
 	  "libte (te_mem_alloc: shared memory a same-host peer maps) or anonymous (mmap) (default libte)" },
 	{ "device_name", F_STR, &F.device_name, 0, 0, "RDMA devices, comma-separated (protocol rdma)" },

@@ -200,6 +200,10 @@ bool te_task_end_early(te_task *t, int state, int error)
 	 * for a moment (failover.c). */
 	while (atomic_load(&t->gate) & TE_GATE_MOVING)
 		te_cpu_relax();
+	if (!(atomic_load(&t->gate) & TE_GATE_HANDED)) { /* moved to staging meanwhile */
+		atomic_fetch_and(&t->gate, ~TE_GATE_CLOSED);
+		return false;
+	}
 	te_transport_inst *tp = t->tp;
 	if (tp != NULL && !(tp->ops->flags & TE_TRANSPORT_DEADLINES)) {
 		/* It never looks at the gate: open it again, so that the task

@@ -10,6 +10,10 @@
  * keeps failing), then one task probes the first transport again and,
  * when it completes, the segment is back on it.
  *
+ * A task on device memory that its transport moved itself (GPUDirect)
+ * goes to an alternate without that ability staged through host memory,
+ * as tasks routed there are.
+ *
  * Fencing across transports holds: a transport completes a task with an
  * error only once it can no longer move that task's bytes (an RDMA queue
  * pair in error has flushed its requests; a TCP connection was fenced), so
@@ -74,7 +78,7 @@ void te_segver_recovered(te_segver *sv)
 
 bool te_task_failover(te_task *t, int error)
 {
-	if (!path_error(error) || t->sv == NULL || t->dev != NULL)
+	if (!path_error(error) || t->sv == NULL)
 		return false;
 	/* Past its deadline: it fails as it is (a transport that does not
 	 * honour deadlines kept it). */
@@ -99,6 +103,15 @@ bool te_task_failover(te_task *t, int error)
 		return false;
 	}
 	te_transport_inst *otp = t->tp, *ntp = alt->tp;
+	/* Device memory its transport moved itself (GPUDirect) goes through
+	 * host memory on one that cannot (staged); on another that can, the
+	 * region may not be registered with it: not moved. */
+	bool staged = t->dev != NULL;
+	if (staged && (ntp->ops->flags & TE_TRANSPORT_DEVICE_MEMORY)) {
+		atomic_fetch_and(&t->gate, ~TE_GATE_MOVING);
+		te_segver_unref(alt, true);
+		return false;
+	}
 	atomic_fetch_add(&ntp->inflight, 1);
 
 	/* New tasks of the segment go to the alternate for a while. */
@@ -127,6 +140,18 @@ bool te_task_failover(te_task *t, int error)
 	atomic_store(&t->slices_done, 0);
 	atomic_store(&t->error, 0);
 	atomic_store(&t->transferred, 0);
+	if (staged) {
+		/* Staging copies do not pass the gate: no early end from here,
+		 * as for any staged task. */
+		atomic_fetch_and(&t->gate, ~(TE_GATE_MOVING | TE_GATE_HANDED));
+		te_segver_unref(old, true);
+		atomic_fetch_sub_explicit(&otp->inflight, 1, memory_order_release);
+		g_rw_lock_reader_lock(&e->mem.lock);
+		te_stage_submit(e, t);
+		g_rw_lock_reader_unlock(&e->mem.lock);
+		te_stage_flush(e);
+		return true;
+	}
 	/* From here a deadline may end it on its new transport. */
 	atomic_fetch_and(&t->gate, ~TE_GATE_MOVING);
 	te_segver_unref(old, true);

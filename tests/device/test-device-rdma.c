@@ -86,6 +86,46 @@ static void test_staged(void)
 	unsetenv("TE_TESTDEV_NO_DMABUF");
 }
 
+/* Fail-over across transports with device memory: GPUDirect over RDMA,
+ * TCP installed beside it; with every RDMA link of the target down, a
+ * WRITE and a READ of the initiator's device memory move to TCP, staged
+ * through host memory there, and complete with every byte. */
+static void test_failover_staged(void)
+{
+	te_engine *b = engine("mlx5_2", "mlx5_3"), *a = engine("mlx5_0", "mlx5_1");
+	REQUIRE(te_transport_install(a, "tcp", NULL) == 0);
+	REQUIRE(te_transport_install(b, "tcp", NULL) == 0);
+	size_t len = MiB + 17;
+	void *dev = dev_alloc("testdev:1", len);
+	unsigned char *host = buf_new(len);
+	CHECK_EQ(te_register_memory(b, host, len, "*", TE_MEM_REMOTE_ACCESS), 0);
+	CHECK_EQ(te_register_memory(a, dev, len, "*", 0), 0);
+	te_segment_id seg = te_segment_open(a, te_engine_name(b));
+	REQUIRE(seg >= 0);
+	te_task_status st;
+	dev_fill(dev, len, 11);
+	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, dev, (uintptr_t)host, len, &st), TE_TASK_COMPLETED);
+	unsigned long copies0 = testdev_copies();
+	CHECK_EQ(soft_set_link("mlx5_2", 0), 0);
+	CHECK_EQ(soft_set_link("mlx5_3", 0), 0);
+	cap_start();
+	dev_fill(dev, len, 12);
+	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, dev, (uintptr_t)host, len, &st), TE_TASK_COMPLETED);
+	CHECK(host_equals(host, len, 12));
+	CHECK(cap_has("its tasks go over tcp"));
+	dev_fill(dev, len, 0);
+	CHECK_EQ(run_one(a, TE_OP_READ, seg, dev, (uintptr_t)host, len, &st), TE_TASK_COMPLETED);
+	CHECK(dev_equals(dev, len, 12));
+	CHECK(testdev_copies() > copies0); /* staged through host memory */
+	CHECK_EQ(soft_set_link("mlx5_2", 1), 0);
+	CHECK_EQ(soft_set_link("mlx5_3", 1), 0);
+	te_segment_close(a, seg);
+	te_engine_destroy(a);
+	te_engine_destroy(b);
+	free(host);
+	te_device_free(dev);
+}
+
 int main(void)
 {
 	find_controls();
@@ -95,5 +135,6 @@ int main(void)
 	REQUIRE(testdev_copies != NULL);
 	TEST_RUN(test_gpudirect);
 	TEST_RUN(test_staged);
+	TEST_RUN(test_failover_staged);
 	return check_done();
 }

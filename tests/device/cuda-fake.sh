@@ -33,16 +33,10 @@ check "te-info lists cuda:1 with its name" \
 run() { # name, "VAR=value ..." for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_CUDA_NONE=1
-  local try rc
-  for try in 1 2 3; do
-    rm -f "$tmp/$name.stats"
-    # shellcheck disable=SC2086 # one word per variable
-    env $var FAKE_CUDA_STATS="$tmp/$name.stats" "$bench" --protocol=tcp --use_vram --check \
-      --buffer_size=64M --duration=1 --quiet --json "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-    rc=$?
-    lsan_broke "$rc" "$tmp/$name.err" || return $rc
-  done
-  return $rc
+  rm -f "$tmp/$name.stats"
+  # shellcheck disable=SC2086 # one word per variable
+  lsan_run "$tmp/$name.out" "$tmp/$name.err" env $var FAKE_CUDA_STATS="$tmp/$name.stats" "$bench" \
+    --protocol=tcp --use_vram --check --buffer_size=64M --duration=1 --quiet --json "$@"
 }
 stat() { # name, field: the field's count, summed over the stats lines (one per process)
   [ -e "$tmp/$1.stats" ] || { echo 0; return; }

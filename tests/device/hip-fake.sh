@@ -73,15 +73,9 @@ check "hip-ops went through copy_batch ($b batches waited once) and copy_async (
 run() { # name, VAR=value for the run (or "-"), te-bench flags...
   name=$1 var=$2; shift 2
   [ "$var" = - ] && var=FAKE_HIP_NONE=1
-  local try rc
-  for try in 1 2 3; do
-    rm -f "$tmp/$name.stats"
-    env "$var" FAKE_HIP_STATS="$tmp/$name.stats" "$bench" --protocol=tcp --use_vram --vram_device=hip --check \
-      --buffer_size=64M --duration=1 --quiet --json "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-    rc=$?
-    lsan_broke "$rc" "$tmp/$name.err" || return $rc
-  done
-  return $rc
+  rm -f "$tmp/$name.stats"
+  lsan_run "$tmp/$name.out" "$tmp/$name.err" env "$var" FAKE_HIP_STATS="$tmp/$name.stats" "$bench" \
+    --protocol=tcp --use_vram --vram_device=hip --check --buffer_size=64M --duration=1 --quiet --json "$@"
 }
 
 for case in read:65536:- write:65536:- read:1000003:- write:1000003:- \

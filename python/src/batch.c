@@ -722,50 +722,50 @@ static PyObject *batch_submit_prepared(PyteBatch *b, PyObject *args, PyObject *k
 	return r;
 }
 
-static PyObject *batch_status(PyteBatch *b, PyObject *arg)
+/* A task id argument, the batch entered for the call (pyte_leave after);
+ * -1 with an exception set. */
+static Py_ssize_t task_arg(PyteBatch *b, PyObject *arg)
 {
 	Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
-	te_task_status st;
 	if (i == -1 && PyErr_Occurred())
-		return NULL;
+		return -1;
 	if (i < 0) {
 		PyErr_Format(PyExc_IndexError, "task %zd: task ids start at 0", i);
-		return NULL;
+		return -1;
 	}
-	if (batch_ready(b) < 0)
-		return NULL;
-	int rc = te_get_status(b->engine->e, b->id, (size_t)i, &st);
-	pyte_leave(b->engine);
+	return batch_ready(b) < 0 ? -1 : i;
+}
+
+/* The exception for a failed look at task `i`. */
+static PyObject *task_error(int rc, Py_ssize_t i, const char *what)
+{
 	if (rc == -ERANGE) {
 		PyErr_Format(PyExc_IndexError, "task %zd was not submitted to this batch", i);
 		return NULL;
 	}
-	if (rc < 0)
-		return pyte_raise(rc, "Batch.status()");
-	return pyte_task_status(&st);
+	return pyte_raise(rc, what);
+}
+
+static PyObject *batch_status(PyteBatch *b, PyObject *arg)
+{
+	te_task_status st;
+	Py_ssize_t i = task_arg(b, arg);
+	if (i < 0)
+		return NULL;
+	int rc = te_get_status(b->engine->e, b->id, (size_t)i, &st);
+	pyte_leave(b->engine);
+	return rc < 0 ? task_error(rc, i, "Batch.status()") : pyte_task_status(&st);
 }
 
 static PyObject *batch_info(PyteBatch *b, PyObject *arg)
 {
-	Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
 	te_task_info ti = { .size = sizeof ti };
-	if (i == -1 && PyErr_Occurred())
-		return NULL;
-	if (i < 0) {
-		PyErr_Format(PyExc_IndexError, "task %zd: task ids start at 0", i);
-		return NULL;
-	}
-	if (batch_ready(b) < 0)
+	Py_ssize_t i = task_arg(b, arg);
+	if (i < 0)
 		return NULL;
 	int rc = te_get_task_info(b->engine->e, b->id, (size_t)i, &ti);
 	pyte_leave(b->engine);
-	if (rc == -ERANGE) {
-		PyErr_Format(PyExc_IndexError, "task %zd was not submitted to this batch", i);
-		return NULL;
-	}
-	if (rc < 0)
-		return pyte_raise(rc, "Batch.info()");
-	return pyte_task_info(&ti);
+	return rc < 0 ? task_error(rc, i, "Batch.info()") : pyte_task_info(&ti);
 }
 
 static PyObject *batch_set_deadline(PyteBatch *b, PyObject *arg)

@@ -98,8 +98,8 @@ bench=$build/tools/te-bench/te-bench
 pkts() { cat "/sys/class/infiniband/$1/ports/1/hw_counters/$2_pkts"; }
 
 # Starts a te-bench target on rxe2+rxe3 at 127.0.0.1:PORT; sets $tpid.
-start_target() {
-	"$bench" --mode=target --protocol=rdma --device_name=rxe2,rxe3 \
+start_target() { # port, extra flag; $proto: the transports (rdma)
+	"$bench" --mode=target --protocol="${proto:-rdma}" --device_name=rxe2,rxe3 \
 		--local_server_name=127.0.0.1:$1 --buffer_size=16777216 $2 > "$scratch/target-$1.log" 2>&1 &
 	tpid=$!
 	n=0
@@ -140,14 +140,7 @@ readdressed() {
 # fails (te-bench exits 0) and no second passes without requests; RDMA
 # carries them again once the links are back.
 transport_failover() {
-	"$bench" --mode=target --protocol=rdma,tcp --device_name=rxe2,rxe3 \
-		--local_server_name=127.0.0.1:17230 --buffer_size=16777216 > "$scratch/target-17230.log" 2>&1 &
-	tpid=$!
-	n=0
-	until grep -q 'target ready' "$scratch/target-17230.log" || [ $n -ge 150 ]; do
-		sleep 0.2
-		n=$((n + 1))
-	done
+	proto=rdma,tcp start_target 17230
 	"$bench" --protocol=rdma,tcp --device_name=rxe0,rxe1 --segment_id=127.0.0.1:17230 \
 		--local_server_name=127.0.0.1 --operation=write --threads=2 --check --duration=16 \
 		--buffer_size=16777216 --batch_size=16 --block_size=65536 --verbose > "$scratch/failover.log" 2>&1 &

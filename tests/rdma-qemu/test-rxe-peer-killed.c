@@ -12,7 +12,8 @@
  *    endpoints built anew (the dead peer's are not reused).
  * And batches with a 200 ms deadline to a peer that stopped: its process
  * (SIGSTOP; its NIC still serves one-sided requests) and then its links
- * (nothing answers): every task ends by the deadline (plus
+ * (nothing answers; most tasks end at the deadline, a few may fail before
+ * it): every task ends by the deadline (plus
  * DEADLINE_SLACK_MS), the WRITEs settle once their queue pairs flushed,
  * no byte reaches the READs' buffer after the batch returned, and once
  * the links are back transfers complete.
@@ -287,8 +288,11 @@ static void test_peer_stopped(void)
 	CHECK_EQ(soft_set_link("mlx5_2", 0), 0);
 	CHECK_EQ(soft_set_link("mlx5_3", 0), 0);
 	took = stopped_batch(a, seg, sb.addr, rd, wr, &expired, &completed);
-	CHECK(took >= 199 && took <= 200 + DEADLINE_SLACK_MS);
-	CHECK_EQ(expired, 2 * NSTOP);
+	CHECK(took <= 200 + DEADLINE_SLACK_MS);
+	/* Most end at the deadline; a few may fail before it, once the
+	 * initiator saw the target's ports go (slowly under a sanitizer). */
+	CHECK_EQ(completed, 0);
+	CHECK(expired >= NSTOP);
 	/* The next one ends by its own deadline too (its paths are known to
 	 * be down by now: it fails at once). */
 	took = stopped_batch(a, seg, sb.addr, rd, wr, &expired, &completed);

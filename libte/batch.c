@@ -991,6 +991,28 @@ int te_batch_status(te_engine *e, te_batch_id id, size_t *submitted, size_t *in_
 	return 0;
 }
 
+/* Sleeps on the batch's condition until `*count` is 0 (whoever lowers it
+ * to 0 broadcasts under the lock), or until `end` (monotonic µs) when
+ * timeout_ms >= 0: 0 or -ETIMEDOUT. */
+static int wait_zero(te_batch *b, atomic_size_t *count, int timeout_ms, gint64 end)
+{
+	int rc = 0;
+
+	g_mutex_lock(&b->lock);
+	b->waiters++;
+	while (atomic_load(count) > 0) {
+		if (timeout_ms < 0) {
+			g_cond_wait(&b->cond, &b->lock);
+		} else if (!g_cond_wait_until(&b->cond, &b->lock, end) && atomic_load(count) > 0) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	b->waiters--;
+	g_mutex_unlock(&b->lock);
+	return rc;
+}
+
 atomic_int te_batch_spinners;
 
 /* This thread's look in te_batch_wait before it sleeps, learned. */
@@ -1032,18 +1054,7 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 		}
 		te_spin_end(&e->spin, spin);
 	}
-	g_mutex_lock(&b->lock);
-	b->waiters++;
-	while (atomic_load(&b->inflight) > 0) {
-		if (timeout_ms < 0) {
-			g_cond_wait(&b->cond, &b->lock);
-		} else if (!g_cond_wait_until(&b->cond, &b->lock, end) && atomic_load(&b->inflight) > 0) {
-			rc = -ETIMEDOUT;
-			break;
-		}
-	}
-	b->waiters--;
-	g_mutex_unlock(&b->lock);
+	rc = wait_zero(b, &b->inflight, timeout_ms, end);
 	if (rc == 0)
 		te_spin_learn(&e->spin, &tls_wait_spin, hit, (g_get_monotonic_time() - start) * 1000);
 	box_unref(box);
@@ -1092,20 +1103,7 @@ int te_batch_wait_settled(te_engine *e, te_batch_id id, int timeout_ms)
 	batch_box *box = batch_get(e, id, "te_batch_wait_settled");
 	if (box == NULL)
 		return e == NULL ? -EINVAL : TE_ERR_BATCH;
-	te_batch *b = box->b;
-	gint64 end = start + (gint64)timeout_ms * 1000;
-	g_mutex_lock(&b->lock);
-	b->waiters++;
-	while (atomic_load(&b->unsettled) > 0) {
-		if (timeout_ms < 0) {
-			g_cond_wait(&b->cond, &b->lock);
-		} else if (!g_cond_wait_until(&b->cond, &b->lock, end) && atomic_load(&b->unsettled) > 0) {
-			rc = -ETIMEDOUT;
-			break;
-		}
-	}
-	b->waiters--;
-	g_mutex_unlock(&b->lock);
+	rc = wait_zero(box->b, &box->b->unsettled, timeout_ms, start + (gint64)timeout_ms * 1000);
 	box_unref(box);
 	return rc;
 }

@@ -8,6 +8,7 @@
 #include "pyte.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 static const char *const state_names[] = { "WAITING", "PENDING", "INVALID", "CANCELED", "COMPLETED", "TIMEOUT", "FAILED" };
@@ -862,44 +863,23 @@ static PyObject *batch_get_freed(PyteBatch *b, void *c)
 	return PyBool_FromLong(b->freed);
 }
 
-static PyObject *batch_wait(PyteBatch *b, PyObject *args, PyObject *kw)
+/* Batch.wait() and Batch.wait_settled(): True when done, False at the
+ * timeout. */
+static PyObject *batch_wait_how(PyteBatch *b, PyObject *args, PyObject *kw, bool settled)
 {
 	static char *kwlist[] = { "timeout", NULL };
 	PyObject *timeout_o = Py_None;
 	double timeout;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:wait", kwlist, &timeout_o) || pyte_timeout(timeout_o, &timeout) < 0)
-		return NULL;
-	if (batch_ready(b) < 0)
-		return NULL;
-	PyThreadState *save = PyEval_SaveThread();
-	rc = pyte_wait(b->engine, b->id, timeout, &save);
-	PyEval_RestoreThread(save);
-	pyte_leave(b->engine);
-	if (rc == 0)
-		Py_RETURN_TRUE;
-	if (rc == -ETIMEDOUT)
-		Py_RETURN_FALSE;
-	if (rc == -EINTR)
-		return NULL;
-	return pyte_raise(rc, "Batch.wait()");
-}
-
-static PyObject *batch_wait_settled(PyteBatch *b, PyObject *args, PyObject *kw)
-{
-	static char *kwlist[] = { "timeout", NULL };
-	PyObject *timeout_o = Py_None;
-	double timeout;
-	int rc;
-
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:wait_settled", kwlist, &timeout_o) ||
+	if (!PyArg_ParseTupleAndKeywords(args, kw, settled ? "|O:wait_settled" : "|O:wait", kwlist, &timeout_o) ||
 	    pyte_timeout(timeout_o, &timeout) < 0)
 		return NULL;
 	if (batch_ready(b) < 0)
 		return NULL;
 	PyThreadState *save = PyEval_SaveThread();
-	rc = pyte_wait_settled(b->engine, b->id, timeout, &save);
+	rc = settled ? pyte_wait_settled(b->engine, b->id, timeout, &save)
+		     : pyte_wait(b->engine, b->id, timeout, &save);
 	PyEval_RestoreThread(save);
 	pyte_leave(b->engine);
 	if (rc == 0)
@@ -908,7 +888,17 @@ static PyObject *batch_wait_settled(PyteBatch *b, PyObject *args, PyObject *kw)
 		Py_RETURN_FALSE;
 	if (rc == -EINTR)
 		return NULL;
-	return pyte_raise(rc, "Batch.wait_settled()");
+	return pyte_raise(rc, settled ? "Batch.wait_settled()" : "Batch.wait()");
+}
+
+static PyObject *batch_wait(PyteBatch *b, PyObject *args, PyObject *kw)
+{
+	return batch_wait_how(b, args, kw, false);
+}
+
+static PyObject *batch_wait_settled(PyteBatch *b, PyObject *args, PyObject *kw)
+{
+	return batch_wait_how(b, args, kw, true);
 }
 
 static PyObject *batch_check(PyteBatch *b, PyObject *unused)

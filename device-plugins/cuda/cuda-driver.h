@@ -198,7 +198,10 @@ static const struct cu_symbol {
 static inline int cu_driver_open_at(driver *d, const char *path, char *why, size_t why_len)
 {
 	memset(d, 0, sizeof *d);
-	d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	/* Never unloaded: once cuInit() ran the driver has threads and
+	 * thread-local state of its own, which unloading would pull from under
+	 * them (and LeakSanitizer's scan of the threads read the freed TLS). */
+	d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	if (d->lib == NULL) {
 		snprintf(why, why_len, "the CUDA driver library %s is not installed (%s)", path, dlerror());
 		return -ENODEV;

@@ -183,8 +183,7 @@ static void dev_add(shm_ctx *c, shm_piece *ps, dev_batch *b, const char *locatio
  * attach reaches: through a host buffer of this thread's, a slice at a
  * time. */
 #define BOUNCE_BYTES (1u << 20)
-static _Thread_local char *bounce_buf;
-static pthread_key_t bounce_key;
+static pthread_key_t bounce_key; /* a key: see shm_ctx's waiter_key */
 static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
 
 static void bounce_key_make(void)
@@ -197,12 +196,16 @@ static int bounce(shm_ctx *c, shm_seg *s, uint32_t op, char *local, const char *
 {
 	const te_host *h = c->host;
 
+	pthread_once(&bounce_once, bounce_key_make);
+	char *bounce_buf = pthread_getspecific(bounce_key);
 	if (bounce_buf == NULL) {
-		pthread_once(&bounce_once, bounce_key_make);
 		bounce_buf = malloc(BOUNCE_BYTES);
 		if (bounce_buf == NULL)
 			return -ENOMEM;
-		pthread_setspecific(bounce_key, bounce_buf); /* freed when the thread ends */
+		if (pthread_setspecific(bounce_key, bounce_buf) != 0) { /* freed when the thread ends */
+			free(bounce_buf);
+			return -ENOMEM;
+		}
 	}
 	for (uint64_t off = 0; off < len;) {
 		size_t n = len - off < BOUNCE_BYTES ? (size_t)(len - off) : BOUNCE_BYTES;

@@ -468,10 +468,42 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	return OK;
 }
 
-/* The calling thread's context stack: the current context on top. */
+/* The calling thread's context stack: the current context on top. Kept
+ * under a thread key, not in _Thread_local: this library is dlopen()ed, and
+ * LeakSanitizer's scan of a dlopen()ed module's thread-local blocks read
+ * stale ranges of threads (once in about sixty runs, "Tracer caught signal
+ * 11"). */
 #define CTX_STACK 16
-static _Thread_local CUcontext ctx_stack[CTX_STACK];
-static _Thread_local int ctx_depth;
+typedef struct {
+	CUcontext stack[CTX_STACK];
+	int depth;
+} ctx_tls;
+
+static pthread_key_t ctx_key;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+
+static void ctx_key_make(void)
+{
+	if (pthread_key_create(&ctx_key, free) != 0)
+		abort();
+}
+
+/* The thread's stack, made at its first use; a thread without memory for it
+ * cannot go on. */
+static ctx_tls *ctx_here(void)
+{
+	pthread_once(&ctx_once, ctx_key_make);
+	ctx_tls *t = pthread_getspecific(ctx_key);
+	if (t == NULL) {
+		t = calloc(1, sizeof *t);
+		if (t == NULL || pthread_setspecific(ctx_key, t) != 0)
+			abort();
+	}
+	return t;
+}
+
+#define ctx_stack (ctx_here()->stack)
+#define ctx_depth (ctx_here()->depth)
 
 /* The device of a primary context (cuDevicePrimaryCtxRetain's), or -1. */
 static int ctx_dev(CUcontext c)

@@ -55,7 +55,30 @@ typedef struct hipIpcMemHandle {
 
 #define IPC_MAGIC 0x50494846u
 
-static _Thread_local int current; /* the thread's current device */
+/* The thread's current device (0 until set), under a thread key rather than
+ * in _Thread_local: this library is dlopen()ed, and LeakSanitizer's scan of
+ * a dlopen()ed module's thread-local blocks read stale ranges of threads. */
+static pthread_key_t current_key;
+static pthread_once_t current_once = PTHREAD_ONCE_INIT;
+
+static void current_key_make(void)
+{
+	if (pthread_key_create(&current_key, NULL) != 0)
+		abort();
+}
+
+static int current_get(void)
+{
+	pthread_once(&current_once, current_key_make);
+	return (int)(uintptr_t)pthread_getspecific(current_key);
+}
+
+static void current_set(int dev)
+{
+	pthread_once(&current_once, current_key_make);
+	if (pthread_setspecific(current_key, (void *)(uintptr_t)dev) != 0)
+		abort();
+}
 static atomic_ulong sync_copies, async_copies, events, event_waits, event_ended, batches, ipc_opens,
 	set_devices;
 
@@ -139,7 +162,7 @@ API hipError_t hipGetDeviceCount(int *n)
 
 API hipError_t hipGetDevice(int *dev)
 {
-	*dev = current;
+	*dev = current_get();
 	return OK;
 }
 
@@ -148,7 +171,7 @@ API hipError_t hipSetDevice(int dev)
 	if (dev < 0 || dev >= NDEV)
 		return ERR_INVALID_DEVICE;
 	atomic_fetch_add(&set_devices, 1);
-	current = dev;
+	current_set(dev);
 	return OK;
 }
 
@@ -213,7 +236,7 @@ API hipError_t hipMalloc(void **p, size_t len)
 {
 	uintptr_t start = 0;
 	pthread_mutex_lock(&g.lock);
-	hipError_t r = alloc_device(current, len, &start);
+	hipError_t r = alloc_device(current_get(), len, &start);
 	pthread_mutex_unlock(&g.lock);
 	if (r == OK)
 		*p = (void *)start;
@@ -255,7 +278,7 @@ API hipError_t hipHostFree(void *p)
 API hipError_t hipMemcpy(void *dst, const void *src, size_t len, int kind)
 {
 	atomic_fetch_add(&sync_copies, 1);
-	null_drain(current); /* a copy on the null stream: after its work and the blocking streams' */
+	null_drain(current_get()); /* a copy on the null stream: after its work and the blocking streams' */
 	if (env("FAKE_HIP_FAIL_COPY"))
 		return ERR_ILLEGAL_ADDRESS;
 	return copy(dst, src, len, kind);
@@ -339,7 +362,7 @@ static void *stream_thread(void *arg)
 /* hipStreamNonBlocking (1): not ordered against the null stream. */
 API hipError_t hipStreamCreateWithFlags(hipStream_t *out, unsigned flags)
 {
-	*out = stream_new(sizeof **out, stream_thread, current, flags & 1 ? W_NONBLOCKING : W_BLOCKING);
+	*out = stream_new(sizeof **out, stream_thread, current_get(), flags & 1 ? W_NONBLOCKING : W_BLOCKING);
 	return *out != NULL ? OK : ERR_OUT_OF_MEMORY;
 }
 
@@ -356,7 +379,7 @@ static worker *null_make(int dev)
 /* The stream s names: NULL is the current device's null stream. */
 static hipStream_t resolve(hipStream_t s)
 {
-	return s != NULL ? s : (hipStream_t)null_stream(current, null_make);
+	return s != NULL ? s : (hipStream_t)null_stream(current_get(), null_make);
 }
 
 static hipError_t push(hipStream_t s, op *o)
@@ -379,7 +402,7 @@ API hipError_t hipStreamGetDevice(hipStream_t s, hipDevice_t *dev)
 {
 	if (dev == NULL)
 		return ERR_INVALID_VALUE;
-	*dev = s != NULL ? s->w.dev : current;
+	*dev = s != NULL ? s->w.dev : current_get();
 	return OK;
 }
 
@@ -406,9 +429,9 @@ API hipError_t hipLaunchHostFunc(hipStream_t s, void (*fn)(void *), void *arg)
 API hipError_t hipStreamSynchronize(hipStream_t s)
 {
 	if (s == NULL) { /* the null stream's work, and the blocking streams' before it */
-		null_drain(current);
+		null_drain(current_get());
 		pthread_mutex_lock(&sync_.lock);
-		s = (hipStream_t)sync_.null_[current];
+		s = (hipStream_t)sync_.null_[current_get()];
 		pthread_mutex_unlock(&sync_.lock);
 		if (s == NULL)
 			return OK;
@@ -522,7 +545,7 @@ API hipError_t hipIpcOpenMemHandle(void **out, hipIpcMemHandle_t h, unsigned fla
 {
 	if (flags != IPC_LAZY)
 		return ERR_INVALID_VALUE;
-	hipError_t r = ipc_open(h.reserved, IPC_MAGIC, current, out);
+	hipError_t r = ipc_open(h.reserved, IPC_MAGIC, current_get(), out);
 	if (r == OK)
 		atomic_fetch_add(&ipc_opens, 1);
 	return r;

@@ -388,7 +388,7 @@ counter *te_metrics_counter_rpc(te_metrics *m, int kind, bool refused)
 {
 	if (kind < 0 || kind >= TE_MRPC_KINDS)
 		kind = TE_MRPC_UNKNOWN;
-	return &m->rpc[kind][refused ? 1 : 0];
+	return &m->rpc[kind][refused ? TE_MRPC_refused : TE_MRPC_served];
 }
 
 counter *te_metrics_counter_auth(te_metrics *m)

@@ -5,6 +5,7 @@
 #define TE_METRICS_H
 
 #include "internal.h"
+#include "metrics-table.h"
 
 #ifndef TE_METRICS_BUILD
 #define TE_METRICS_BUILD 1
@@ -79,11 +80,20 @@ te_mpeer *te_metrics_peer(te_metrics *m, const char *name);
 typedef _Atomic uint64_t te_mcounter;
 
 /* One operation's counters in one shard. */
+/* The storage of a table row (metrics-table.h), by its scope. */
+#define TE_MFIELD(scope, id, kind, prom, json, stats, help) TE_MFIELD_##scope(id)
+#define TE_MFIELD_OP(id) te_mcounter id;
+#define TE_MFIELD_PEER(id) te_mcounter id[2];
+#define TE_MFIELD_TP(id) te_mcounter id;
+
+/* One operation's counters in one shard: the OP rows, then what the
+ * readings derive the OPG and LAT rows from. */
 typedef struct te_mop {
+	TE_MTABLE_OP(TE_MFIELD)
 	/* unmoved: what ended tasks did not move (length - moved), added only
 	 * when not zero: bytes + unmoved is what ended, without a second add
 	 * for every task that completed. */
-	te_mcounter requests, req_bytes, bytes, unmoved, completed, failed, canceled;
+	te_mcounter req_bytes, unmoved;
 	te_mcounter lat_sum; /* in clock ticks */
 	te_mcounter lat[TE_MLAT_BUCKETS];
 } te_mop;
@@ -95,13 +105,16 @@ typedef struct te_mshard {
 struct te_mblock {
 	char *transport;
 	te_mshard *shards;
-	/* Counted by transports through metric_add() with no device: rare
-	 * events (a retry, a lost link), one line is enough. */
-	te_mcounter retries, failovers, errors;
+	/* The TP rows, counted by transports through metric_add() with no
+	 * device: rare events (a retry, a lost link), one line is enough. */
+	TE_MTABLE_TP(TE_MFIELD)
 };
 
+/* The PEER rows, per operation. */
 typedef struct te_pshard {
-	alignas(TE_MLINE) te_mcounter bytes[2], requests[2], failed[2];
+	alignas(TE_MLINE) struct {
+		TE_MTABLE_PEER(TE_MFIELD)
+	};
 } te_pshard;
 
 /* A peer segment's counters, one per distinct name (docs/metrics.md,
@@ -114,8 +127,8 @@ struct te_mpeer {
 	te_pshard narrow;
 	_Atomic(te_pshard *) wide;
 	char *name; /* NULL for the shared record of names past the tracked bound */
-	uint64_t seen[3][2];  /* bytes, requests, failed at the last reading */
-	uint64_t shown[3][2]; /* what the peer's own series shows */
+	uint64_t seen[TE_MPEER_FIELDS][2];  /* the PEER rows at the last reading */
+	uint64_t shown[TE_MPEER_FIELDS][2]; /* what the peer's own series shows */
 	uint64_t rank_bytes;  /* bytes at the last reading, both operations */
 	unsigned order;       /* when it was first seen: ties keep the earlier */
 	bool is_shown;

@@ -137,6 +137,15 @@ enum te_mrpc_result {
 	TE_MRPC_RESULTS
 };
 
+/* Indices of the ENGINE rows: te_metric_count(engine, TE_MENGINE_id, n)
+ * (metrics.h) counts into one. */
+enum te_mengine_row {
+#define TE_MENGINE_ENUM(scope, id, kind, prom, json, stats, help) TE_MENGINE_##id,
+	TE_MTABLE_ENGINE(TE_MENGINE_ENUM)
+#undef TE_MENGINE_ENUM
+	TE_MENGINE_ROWS
+};
+
 /* Indices of the PEER rows (a peer's readings are kept as arrays). */
 enum te_mpeer_field {
 #define TE_MPEER_ENUM(scope, id, kind, prom, json, stats, help) TE_MPEER_##id,

@@ -321,26 +321,29 @@ static inline void te_metrics_submit_one(te_metrics *m, te_msubmit *acc, te_task
 }
 
 void te_metrics_add(_Atomic uint64_t *c, int64_t delta);
-_Atomic uint64_t *te_metrics_counter_notify(te_metrics *m, bool received);
-_Atomic uint64_t *te_metrics_counter_memory(te_metrics *m, bool regions);
+/* The counter of ENGINE row `row` (enum te_mengine_row). */
+_Atomic uint64_t *te_metrics_counter_engine(te_metrics *m, unsigned row);
 _Atomic uint64_t *te_metrics_counter_rpc(te_metrics *m, int kind, bool refused);
-_Atomic uint64_t *te_metrics_counter_auth(te_metrics *m);
 
 /* te_host's metric_device / metric_add / metrics_text. */
 te_metric_dev *te_metrics_device(te_metrics *m, const char *transport, const char *name);
 void te_metrics_dev_add(te_metrics *m, te_mblock *tp, te_metric_dev *dev, int what, int64_t delta);
 
-static inline void te_metric_count_notify(te_engine *e, bool received)
+/* Adds `delta` to an ENGINE row of `e` (metrics-table.h): one line counts
+ * a new engine metric. */
+static inline void te_metric_count(te_engine *e, unsigned row, int64_t delta)
 {
 	if (e != NULL && e->metrics != NULL)
-		te_metrics_add(te_metrics_counter_notify(e->metrics, received), 1);
+		te_metrics_add(te_metrics_counter_engine(e->metrics, row), delta);
+}
+static inline void te_metric_count_notify(te_engine *e, bool received)
+{
+	te_metric_count(e, received ? TE_MENGINE_notify_received : TE_MENGINE_notify_sent, 1);
 }
 static inline void te_metric_count_memory(te_engine *e, int64_t bytes, int64_t regions)
 {
-	if (e != NULL && e->metrics != NULL) {
-		te_metrics_add(te_metrics_counter_memory(e->metrics, false), bytes);
-		te_metrics_add(te_metrics_counter_memory(e->metrics, true), regions);
-	}
+	te_metric_count(e, TE_MENGINE_reg_bytes, bytes);
+	te_metric_count(e, TE_MENGINE_reg_regions, regions);
 }
 static inline void te_metric_count_rpc(te_engine *e, int kind, bool refused)
 {
@@ -349,8 +352,7 @@ static inline void te_metric_count_rpc(te_engine *e, int kind, bool refused)
 }
 static inline void te_metric_count_auth(te_engine *e)
 {
-	if (e != NULL && e->metrics != NULL)
-		te_metrics_add(te_metrics_counter_auth(e->metrics), 1);
+	te_metric_count(e, TE_MENGINE_auth_refused, 1);
 }
 
 #else /* counting compiled out (-Dmetrics=false) */
@@ -382,6 +384,7 @@ static inline void te_metrics_dev_add(te_metrics *m, te_mblock *tp, te_metric_de
 {
 	(void)m; (void)tp; (void)d; (void)w; (void)v;
 }
+static inline void te_metric_count(te_engine *e, unsigned r, int64_t d) { (void)e; (void)r; (void)d; }
 static inline void te_metric_count_notify(te_engine *e, bool r) { (void)e; (void)r; }
 static inline void te_metric_count_memory(te_engine *e, int64_t b, int64_t r) { (void)e; (void)b; (void)r; }
 static inline void te_metric_count_rpc(te_engine *e, int k, bool r) { (void)e; (void)k; (void)r; }

@@ -15,6 +15,8 @@
 
 #if TE_METRICS_BUILD
 
+#define TE_MFIELD_ENGINE(id) te_mcounter id;
+
 #define SHARDS TE_MSHARDS
 #define LINE TE_MLINE
 #define LAT_BOUNDS TE_MLAT_BOUNDS
@@ -24,8 +26,14 @@ typedef te_mop mop;
 typedef te_mshard mshard;
 typedef te_pshard pshard;
 
+/* A device's counters in one shard: the DEV rows (DEVF ones are derived
+ * at reading). */
+#define TE_MFIELD_DEV(id) te_mcounter id;
+#define TE_MFIELD_DEVF(id)
 typedef struct dshard {
-	alignas(LINE) counter bytes, inflight_bytes, retries, failovers, errors;
+	alignas(LINE) struct {
+		TE_MTABLE_DEV(TE_MFIELD)
+	};
 } dshard;
 
 struct te_metric_dev {
@@ -48,13 +56,12 @@ struct te_metrics {
 	GPtrArray *shown; /* those with series of their own, at most max_peers */
 	unsigned max_peers, max_names, n_wide, max_wide;
 	te_mpeer *untracked; /* every name past max_names */
-	uint64_t other[3][2]; /* what peer="other" shows: bytes, requests, failed */
+	uint64_t other[TE_MPEER_FIELDS][2]; /* what peer="other" shows, by PEER row */
 	te_metric_dev **devs;
 	unsigned n_devs, max_devs;
-	counter notify_sent, notify_received;
-	counter reg_bytes, reg_regions; /* gauges, by two's complement */
-	counter rpc[TE_MRPC_KINDS][2];
-	counter auth_refused;
+	/* The ENGINE rows (gauges by two's complement), and RPC's. */
+	TE_MTABLE_ENGINE(TE_MFIELD)
+	counter rpc[TE_MRPC_KINDS][TE_MRPC_RESULTS];
 };
 
 
@@ -74,26 +81,37 @@ void te_mpeer_show(te_metrics *m, te_mpeer *p);
 
 /* ------------------------------------------------ snapshots (metrics-snap.c) */
 
+/* A row's field in a snapshot, by its scope. */
+#define TE_MSNAP(scope, id, kind, prom, json, stats, help) TE_MSNAP_##scope(id)
+#define TE_MSNAP_OP(id) uint64_t id;
+#define TE_MSNAP_OPG(id) uint64_t id;
+#define TE_MSNAP_PEER(id) uint64_t id[2];
+#define TE_MSNAP_DEV(id) uint64_t id;
+#define TE_MSNAP_DEVF(id) double id;
+#define TE_MSNAP_TP(id) uint64_t id;
+#define TE_MSNAP_ENGINE(id) uint64_t id;
+
 typedef struct op_snap {
-	uint64_t requests, bytes, completed, failed, canceled, in_flight, in_flight_bytes, lat_sum_ns;
+	TE_MTABLE_OP(TE_MSNAP)
+	TE_MTABLE_OPG(TE_MSNAP)
+	uint64_t lat_sum_ns;
 	uint64_t lat[LAT_BUCKETS];
 } op_snap;
 
 typedef struct tp_snap {
 	char *transport;
 	op_snap op[2];
-	uint64_t retries, failovers, errors;
+	TE_MTABLE_TP(TE_MSNAP)
 } tp_snap;
 
 typedef struct peer_snap {
 	char *name;
-	uint64_t bytes[2], requests[2], failed[2];
+	TE_MTABLE_PEER(TE_MSNAP)
 } peer_snap;
 
 typedef struct dev_snap {
 	char *transport, *name;
-	uint64_t bytes, inflight_bytes, retries, failovers, errors;
-	double bw;
+	TE_MTABLE_DEV(TE_MSNAP)
 } dev_snap;
 
 typedef struct snap {
@@ -101,8 +119,8 @@ typedef struct snap {
 	GArray *tps;   /* tp_snap */
 	GArray *peers; /* peer_snap, "other" last */
 	GArray *devs;  /* dev_snap */
-	uint64_t notify_sent, notify_received, reg_bytes, reg_regions, auth_refused;
-	uint64_t rpc[TE_MRPC_KINDS][2];
+	TE_MTABLE_ENGINE(TE_MSNAP)
+	uint64_t rpc[TE_MRPC_KINDS][TE_MRPC_RESULTS];
 } snap;
 
 /* Under m->lock: reads every counter of `m` (advancing the peers' ranking

@@ -2,6 +2,7 @@
 /* te_engine_stats_json(): one engine's snapshot as JSON (docs/metrics.md). */
 #include <json-glib/json-glib.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "metrics-internal.h"
 
@@ -33,8 +34,49 @@ static void jobject(JsonBuilder *b, const char *k)
 	json_builder_begin_object(b);
 }
 
+/* A member at `path`, "group.key" or "key": a group opens an object that
+ * stays open while the following members name it too; *open is the one
+ * open (NULL: none), closed by a member outside it or by path NULL. */
+static void jpath(JsonBuilder *b, const char **open, size_t *open_len, const char *path, uint64_t v)
+{
+	const char *dot = path != NULL ? strchr(path, '.') : NULL;
+	size_t glen = dot != NULL ? (size_t)(dot - path) : 0;
+
+	if (*open != NULL && (dot == NULL || glen != *open_len || strncmp(path, *open, glen) != 0)) {
+		json_builder_end_object(b);
+		*open = NULL;
+	}
+	if (path == NULL)
+		return;
+	if (dot != NULL && *open == NULL) {
+		char *g = g_strndup(path, glen);
+		jobject(b, g);
+		g_free(g);
+		*open = path;
+		*open_len = glen;
+	}
+	jint(b, dot != NULL ? dot + 1 : path, v);
+}
+
+/* A row's member in the JSON form, by its scope. */
+#define J(scope, id, kind, prom, json, stats, help) J_##scope(id, json)
+#define J_OP(id, json) jint(b, json, o->id);
+#define J_OPG(id, json) jint(b, json, o->id);
+#define J_PEER(id, json) jint(b, json, p->id[op]);
+#define J_DEV(id, json) jint(b, json, d->id);
+#define J_DEVF(id, json)                                                                                   \
+	json_builder_set_member_name(b, json);                                                              \
+	json_builder_add_double_value(b, d->id);
+#define J_TP(id, json) jint(b, json, t->id);
+#define J_ENGINE(id, json) jpath(b, &open, &open_len, json, sn->id);
+#define J_NAME(scope, id, kind, prom, json, stats, help) json
+#define J_RPC(id, stats) jint(b, #id, sn->rpc[k][TE_MRPC_##id]);
+
 static void json_of(const snap *sn, JsonBuilder *b)
 {
+	const char *open = NULL;
+	size_t open_len = 0;
+
 	json_builder_begin_object(b);
 	jstr(b, "segment", sn->segment);
 	jarray(b, "transports");
@@ -45,14 +87,9 @@ static void json_of(const snap *sn, JsonBuilder *b)
 			json_builder_begin_object(b);
 			jstr(b, "transport", t->transport);
 			jstr(b, "op", te_mop_names[op]);
-			jint(b, "requests", o->requests);
-			jint(b, "bytes", o->bytes);
-			jint(b, "completed", o->completed);
-			jint(b, "failed", o->failed);
-			jint(b, "canceled", o->canceled);
-			jint(b, "in_flight", o->in_flight);
-			jint(b, "in_flight_bytes", o->in_flight_bytes);
-			jobject(b, "latency");
+			TE_MTABLE_OP(J)
+			TE_MTABLE_OPG(J)
+			jobject(b, TE_MTABLE_LAT(J_NAME));
 			jarray(b, "le_us");
 			for (unsigned k = 0; k < LAT_BOUNDS; k++)
 				json_builder_add_int_value(b, (gint64)1 << k);
@@ -76,9 +113,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
 		json_builder_begin_object(b);
 		jstr(b, "transport", t->transport);
-		jint(b, "retries", t->retries);
-		jint(b, "failovers", t->failovers);
-		jint(b, "errors", t->errors);
+		TE_MTABLE_TP(J)
 		json_builder_end_object(b);
 	}
 	json_builder_end_array(b);
@@ -91,9 +126,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 			json_builder_set_member_name(b, "other");
 			json_builder_add_boolean_value(b, p->name == NULL);
 			jstr(b, "op", te_mop_names[op]);
-			jint(b, "bytes", p->bytes[op]);
-			jint(b, "requests", p->requests[op]);
-			jint(b, "failed", p->failed[op]);
+			TE_MTABLE_PEER(J)
 			json_builder_end_object(b);
 		}
 	}
@@ -104,34 +137,20 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		json_builder_begin_object(b);
 		jstr(b, "transport", d->transport);
 		jstr(b, "device", d->name);
-		jint(b, "bytes", d->bytes);
-		jint(b, "in_flight_bytes", d->inflight_bytes);
-		json_builder_set_member_name(b, "bandwidth_bytes_per_second");
-		json_builder_add_double_value(b, d->bw);
-		jint(b, "retries", d->retries);
-		jint(b, "failovers", d->failovers);
-		jint(b, "errors", d->errors);
+		TE_MTABLE_DEV(J)
 		json_builder_end_object(b);
 	}
 	json_builder_end_array(b);
-	jobject(b, "notifies");
-	jint(b, "sent", sn->notify_sent);
-	jint(b, "received", sn->notify_received);
-	json_builder_end_object(b);
-	jobject(b, "memory");
-	jint(b, "registered_bytes", sn->reg_bytes);
-	jint(b, "registered_regions", sn->reg_regions);
-	json_builder_end_object(b);
-	jarray(b, "rpc");
+	TE_MTABLE_ENGINE(J)
+	jpath(b, &open, &open_len, NULL, 0);
+	jarray(b, TE_MTABLE_RPC(J_NAME));
 	for (unsigned k = 0; k < TE_MRPC_KINDS; k++) {
 		json_builder_begin_object(b);
 		jstr(b, "kind", te_mrpc_names[k]);
-		jint(b, "served", sn->rpc[k][0]);
-		jint(b, "refused", sn->rpc[k][1]);
+		TE_MTABLE_RPC_RESULTS(J_RPC)
 		json_builder_end_object(b);
 	}
 	json_builder_end_array(b);
-	jint(b, "auth_refused", sn->auth_refused);
 	json_builder_end_object(b);
 }
 int te_engine_stats_json(te_engine *e, char **json)

@@ -28,6 +28,14 @@ static uint64_t diff(uint64_t a, uint64_t b)
 	return a > b ? a - b : 0;
 }
 
+/* A stored row's sum as read: gauges clamped at zero. */
+#define READ_COUNTER(v) (v)
+#define READ_GAUGE(v) gauge(v)
+#define READ(kind, v) READ_##kind(v)
+
+/* An OP row of one shard added into the snapshot. */
+#define SUM_OP(scope, id, kind, prom, json, stats, help) o->id += get(&x->id);
+
 static void read_block(const te_mblock *b, tp_snap *out)
 {
 	memset(out, 0, sizeof *out);
@@ -37,13 +45,9 @@ static void read_block(const te_mblock *b, tp_snap *out)
 		uint64_t req_bytes = 0, unmoved = 0;
 		for (unsigned s = 0; s < SHARDS; s++) {
 			const mop *x = &b->shards[s].op[op];
-			o->requests += get(&x->requests);
+			TE_MTABLE_OP(SUM_OP)
 			req_bytes += get(&x->req_bytes);
-			o->bytes += get(&x->bytes);
 			unmoved += get(&x->unmoved);
-			o->completed += get(&x->completed);
-			o->failed += get(&x->failed);
-			o->canceled += get(&x->canceled);
 			o->lat_sum_ns += get(&x->lat_sum);
 			for (unsigned k = 0; k < LAT_BUCKETS; k++)
 				o->lat[k] += get(&x->lat[k]);
@@ -52,9 +56,8 @@ static void read_block(const te_mblock *b, tp_snap *out)
 		o->in_flight = diff(o->requests, o->completed + o->failed + o->canceled);
 		o->in_flight_bytes = diff(req_bytes, o->bytes + unmoved);
 	}
-	out->retries = get(&b->retries);
-	out->failovers = get(&b->failovers);
-	out->errors = get(&b->errors);
+#define GET_TP(scope, id, kind, prom, json, stats, help) out->id = READ(kind, get(&b->id));
+	TE_MTABLE_TP(GET_TP)
 }
 
 /* ---------------------------------------------------------------- peers */
@@ -70,28 +73,26 @@ static void read_block(const te_mblock *b, tp_snap *out)
  *    traffic in between goes to "other".
  * Under m->lock; the data path never waits for it.
  */
-static void peer_raw(te_mpeer *p, uint64_t raw[3][2])
+static void peer_raw(te_mpeer *p, uint64_t raw[TE_MPEER_FIELDS][2])
 {
 	te_pshard *w = atomic_load_explicit(&p->wide, memory_order_acquire);
 
+#define PEER_NARROW(scope, id, kind, prom, json, stats, help) raw[TE_MPEER_##id][op] = get(&p->narrow.id[op]);
+#define PEER_WIDE(scope, id, kind, prom, json, stats, help) raw[TE_MPEER_##id][op] += get(&w[s].id[op]);
 	for (unsigned op = 0; op < 2; op++) {
-		raw[0][op] = get(&p->narrow.bytes[op]);
-		raw[1][op] = get(&p->narrow.requests[op]);
-		raw[2][op] = get(&p->narrow.failed[op]);
+		TE_MTABLE_PEER(PEER_NARROW)
 		for (unsigned s = 0; w != NULL && s < SHARDS; s++) {
-			raw[0][op] += get(&w[s].bytes[op]);
-			raw[1][op] += get(&w[s].requests[op]);
-			raw[2][op] += get(&w[s].failed[op]);
+			TE_MTABLE_PEER(PEER_WIDE)
 		}
 	}
 }
 
 static void peer_advance(te_metrics *m, te_mpeer *p)
 {
-	uint64_t raw[3][2];
+	uint64_t raw[TE_MPEER_FIELDS][2];
 
 	peer_raw(p, raw);
-	for (unsigned f = 0; f < 3; f++)
+	for (unsigned f = 0; f < TE_MPEER_FIELDS; f++)
 		for (unsigned op = 0; op < 2; op++) {
 			uint64_t d = diff(raw[f][op], p->seen[f][op]);
 			p->seen[f][op] += d;
@@ -100,7 +101,7 @@ static void peer_advance(te_metrics *m, te_mpeer *p)
 			else
 				m->other[f][op] += d;
 		}
-	p->rank_bytes = p->seen[0][0] + p->seen[0][1];
+	p->rank_bytes = p->seen[TE_MPEER_bytes][0] + p->seen[TE_MPEER_bytes][1];
 }
 
 /* Busier first; on a tie the shown one, then the one seen first. */
@@ -162,13 +163,12 @@ static void peers_update(te_metrics *m)
 	peers_rank(m);
 }
 
-static void peer_snap_of(const char *name, const uint64_t v[3][2], peer_snap *out)
+static void peer_snap_of(const char *name, const uint64_t v[TE_MPEER_FIELDS][2], peer_snap *out)
 {
 	out->name = (char *)name;
+#define PEER_SNAP(scope, id, kind, prom, json, stats, help) out->id[op] = v[TE_MPEER_##id][op];
 	for (unsigned op = 0; op < 2; op++) {
-		out->bytes[op] = v[0][op];
-		out->requests[op] = v[1][op];
-		out->failed[op] = v[2][op];
+		TE_MTABLE_PEER(PEER_SNAP)
 	}
 }
 
@@ -179,14 +179,16 @@ static void read_dev(te_metric_dev *d, uint64_t now, dev_snap *out)
 	memset(out, 0, sizeof *out);
 	out->transport = d->transport;
 	out->name = d->name;
+#define DEV_SUM(scope, id, kind, prom, json, stats, help) DEV_SUM_##scope(id)
+#define DEV_SUM_DEV(id) out->id += get(&d->shards[s].id);
+#define DEV_SUM_DEVF(id)
+#define DEV_READ(scope, id, kind, prom, json, stats, help) DEV_READ_##scope(id, kind)
+#define DEV_READ_DEV(id, kind) out->id = READ(kind, out->id);
+#define DEV_READ_DEVF(id, kind)
 	for (unsigned s = 0; s < SHARDS; s++) {
-		out->bytes += get(&d->shards[s].bytes);
-		out->inflight_bytes += get(&d->shards[s].inflight_bytes);
-		out->retries += get(&d->shards[s].retries);
-		out->failovers += get(&d->shards[s].failovers);
-		out->errors += get(&d->shards[s].errors);
+		TE_MTABLE_DEV(DEV_SUM)
 	}
-	out->inflight_bytes = gauge(out->inflight_bytes);
+	TE_MTABLE_DEV(DEV_READ)
 	if (d->last_ns != 0 && now > d->last_ns) {
 		double dt = (double)(now - d->last_ns);
 		double rate = (double)diff(out->bytes, d->last_bytes) * 1e9 / dt;
@@ -229,13 +231,10 @@ void te_msnap_take(te_metrics *m, snap *sn)
 		read_dev(m->devs[i], now, &d);
 		g_array_append_val(sn->devs, d);
 	}
-	sn->notify_sent = get(&m->notify_sent);
-	sn->notify_received = get(&m->notify_received);
-	sn->reg_bytes = gauge(get(&m->reg_bytes));
-	sn->reg_regions = gauge(get(&m->reg_regions));
-	sn->auth_refused = get(&m->auth_refused);
+#define GET_ENGINE(scope, id, kind, prom, json, stats, help) sn->id = READ(kind, get(&m->id));
+	TE_MTABLE_ENGINE(GET_ENGINE)
 	for (unsigned k = 0; k < TE_MRPC_KINDS; k++)
-		for (unsigned r = 0; r < 2; r++)
+		for (unsigned r = 0; r < TE_MRPC_RESULTS; r++)
 			sn->rpc[k][r] = get(&m->rpc[k][r]);
 }
 
@@ -261,35 +260,40 @@ int te_engine_stats(te_engine *e, te_stats *out)
 	te_stats st = { 0 };
 	snap sn;
 
+	/* Rows not in te_stats add into `none`. */
+	uint64_t none[2] = { 0, 0 };
+#define STAT_TE_MS_(f) st.f
+#define STAT_TE_MS_NONE none[0]
+#define STATA_TE_MS_(f) st.f
+#define STATA_TE_MS_NONE none
+#define STAT(stats) STAT_##stats
+#define STATA(stats) STATA_##stats
+#define FOLD_OP(scope, id, kind, prom, json, stats, help) STATA(stats)[op] += t->op[op].id;
+#define FOLD_OPG(scope, id, kind, prom, json, stats, help) STAT(stats) += t->op[op].id;
+#define FOLD_TP(scope, id, kind, prom, json, stats, help) STAT(stats) += t->id;
+#define FOLD_TP_DEV(scope, id, kind, prom, json, stats, help) STAT(stats) += d->id;
+#define FOLD_ENGINE(scope, id, kind, prom, json, stats, help) STAT(stats) = sn.id;
+#define FOLD_RPC(id, stats) STAT(stats) += sn.rpc[k][TE_MRPC_##id];
+
 	g_mutex_lock(&m->lock);
 	te_msnap_take(m, &sn);
 	for (guint i = 0; i < sn.tps->len; i++) {
 		const tp_snap *t = &g_array_index(sn.tps, tp_snap, i);
 		for (unsigned op = 0; op < 2; op++) {
-			st.requests[op] += t->op[op].requests;
-			st.bytes[op] += t->op[op].bytes;
-			st.completed[op] += t->op[op].completed;
-			st.failed[op] += t->op[op].failed;
-			st.canceled[op] += t->op[op].canceled;
-			st.in_flight += t->op[op].in_flight;
-			st.in_flight_bytes += t->op[op].in_flight_bytes;
+			TE_MTABLE_OP(FOLD_OP)
+			TE_MTABLE_OPG(FOLD_OPG)
 		}
-		st.retries += t->retries;
-		st.failovers += t->failovers;
+		TE_MTABLE_TP(FOLD_TP)
 	}
 	for (guint i = 0; i < sn.devs->len; i++) {
-		st.retries += g_array_index(sn.devs, dev_snap, i).retries;
-		st.failovers += g_array_index(sn.devs, dev_snap, i).failovers;
+		const dev_snap *d = &g_array_index(sn.devs, dev_snap, i);
+		TE_MTABLE_TP(FOLD_TP_DEV)
 	}
-	st.notifies_sent = sn.notify_sent;
-	st.notifies_received = sn.notify_received;
-	st.registered_bytes = sn.reg_bytes;
-	st.registered_regions = sn.reg_regions;
+	TE_MTABLE_ENGINE(FOLD_ENGINE)
 	for (unsigned k = 0; k < TE_MRPC_KINDS; k++) {
-		st.rpc_served += sn.rpc[k][0];
-		st.rpc_refused += sn.rpc[k][1];
+		TE_MTABLE_RPC_RESULTS(FOLD_RPC)
 	}
-	st.auth_refused = sn.auth_refused;
+	(void)none;
 	te_msnap_clear(&sn);
 	g_mutex_unlock(&m->lock);
 

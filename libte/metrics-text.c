@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* te_metrics_text(): the Prometheus text exposition of one engine's
  * snapshot or every counting engine's (docs/metrics.md). */
+#include <stddef.h>
 #include <string.h>
 
 #include "metrics-internal.h"
@@ -66,57 +67,48 @@ static void tp_sample(GString *s, const char *name, const snap *sn, const tp_sna
 	label(s, "op", te_mop_names[op]);
 }
 
-enum { F_TP_REQ, F_TP_BYTES, F_TP_DONE, F_TP_FAIL, F_TP_CANCEL };
-
-static uint64_t tp_field(const op_snap *o, int f)
+/* A uint64_t at byte `off` of `base`: a row's field in a snapshot. */
+static uint64_t at(const void *base, size_t off)
 {
-	switch (f) {
-	case F_TP_REQ: return o->requests;
-	case F_TP_BYTES: return o->bytes;
-	case F_TP_DONE: return o->completed;
-	case F_TP_FAIL: return o->failed;
-	default: return o->canceled;
-	}
+	uint64_t v;
+
+	memcpy(&v, (const char *)base + off, sizeof v);
+	return v;
 }
 
-static void text_of(GString *s, const snap *sns, size_t n)
+/* One family per table row; `off` is the row's field in its snapshot
+ * structure. */
+static void text_op(GString *s, const snap *sns, size_t n, const fam *f, size_t off)
 {
-	static const fam tpf[] = {
-		{ "te_transfer_requests_total", "counter", "Transfer requests submitted, refused ones included." },
-		{ "te_transfer_bytes_total", "counter", "Bytes moved by transfers that ended, partial moves included." },
-		{ "te_transfer_completed_total", "counter", "Transfers that completed." },
-		{ "te_transfer_failed_total", "counter", "Transfers that failed, timed out, or were refused at submit." },
-		{ "te_transfer_canceled_total", "counter", "Transfers canceled." },
-	};
-	for (int f = 0; f < 5; f++) {
-		family(s, &tpf[f]);
-		for (size_t i = 0; i < n; i++)
-			for (guint j = 0; j < sns[i].tps->len; j++) {
-				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
-				for (unsigned op = 0; op < 2; op++) {
-					tp_sample(s, tpf[f].name, &sns[i], t, op);
-					value_u64(s, tp_field(&t->op[op], f));
-				}
+	family(s, f);
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].tps->len; j++) {
+			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			for (unsigned op = 0; op < 2; op++) {
+				tp_sample(s, f->name, &sns[i], t, op);
+				value_u64(s, at(&t->op[op], off));
 			}
-	}
-	static const fam gf[] = {
-		{ "te_transfer_in_flight", "gauge", "Transfers submitted and not ended." },
-		{ "te_transfer_in_flight_bytes", "gauge", "Bytes of the transfers submitted and not ended." },
-	};
-	for (int f = 0; f < 2; f++) {
-		family(s, &gf[f]);
-		for (size_t i = 0; i < n; i++)
-			for (guint j = 0; j < sns[i].tps->len; j++) {
-				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
-				sample(s, gf[f].name, &sns[i]);
-				label(s, "transport", t->transport);
-				value_u64(s, f == 0 ? t->op[0].in_flight + t->op[1].in_flight
-						    : t->op[0].in_flight_bytes + t->op[1].in_flight_bytes);
-			}
-	}
-	static const fam lat = { "te_transfer_latency_seconds", "histogram",
-				 "Time from submit to the end of a transfer (canceled ones left out)." };
-	family(s, &lat);
+		}
+}
+
+/* Both operations together. */
+static void text_opg(GString *s, const snap *sns, size_t n, const fam *f, size_t off)
+{
+	family(s, f);
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].tps->len; j++) {
+			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			sample(s, f->name, &sns[i]);
+			label(s, "transport", t->transport);
+			value_u64(s, at(&t->op[0], off) + at(&t->op[1], off));
+		}
+}
+
+static void text_lat(GString *s, const snap *sns, size_t n, const fam *f)
+{
+	char name[128];
+
+	family(s, f);
 	for (size_t i = 0; i < n; i++)
 		for (guint j = 0; j < sns[i].tps->len; j++) {
 			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
@@ -130,111 +122,123 @@ static void text_of(GString *s, const snap *sns, size_t n)
 						g_snprintf(le, sizeof le, "%.6f", (double)(1u << k) / 1e6);
 					else
 						g_strlcpy(le, "+Inf", sizeof le);
-					tp_sample(s, "te_transfer_latency_seconds_bucket", &sns[i], t, op);
+					g_snprintf(name, sizeof name, "%s_bucket", f->name);
+					tp_sample(s, name, &sns[i], t, op);
 					label(s, "le", le);
 					value_u64(s, cum);
 				}
-				tp_sample(s, "te_transfer_latency_seconds_sum", &sns[i], t, op);
+				g_snprintf(name, sizeof name, "%s_sum", f->name);
+				tp_sample(s, name, &sns[i], t, op);
 				value_f(s, (double)o->lat_sum_ns / 1e9);
-				tp_sample(s, "te_transfer_latency_seconds_count", &sns[i], t, op);
+				g_snprintf(name, sizeof name, "%s_count", f->name);
+				tp_sample(s, name, &sns[i], t, op);
 				value_u64(s, cum);
 			}
 		}
+}
 
-	static const fam pf[] = {
-		{ "te_peer_bytes_total", "counter", "Bytes moved to or from a peer segment (\"other\": peers not shown one by one)." },
-		{ "te_peer_requests_total", "counter", "Transfer requests to a peer segment." },
-		{ "te_peer_failed_total", "counter", "Failed transfer requests to a peer segment." },
-	};
-	for (int f = 0; f < 3; f++) {
-		family(s, &pf[f]);
-		for (size_t i = 0; i < n; i++)
-			for (guint j = 0; j < sns[i].peers->len; j++) {
-				const peer_snap *p = &g_array_index(sns[i].peers, peer_snap, j);
-				for (unsigned op = 0; op < 2; op++) {
-					sample(s, pf[f].name, &sns[i]);
-					label(s, "peer", p->name ? p->name : "other");
-					label(s, "op", te_mop_names[op]);
-					value_u64(s, f == 0 ? p->bytes[op] : f == 1 ? p->requests[op] : p->failed[op]);
-				}
+static void text_peer(GString *s, const snap *sns, size_t n, const fam *f, size_t off)
+{
+	family(s, f);
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].peers->len; j++) {
+			const peer_snap *p = &g_array_index(sns[i].peers, peer_snap, j);
+			for (unsigned op = 0; op < 2; op++) {
+				sample(s, f->name, &sns[i]);
+				label(s, "peer", p->name ? p->name : "other");
+				label(s, "op", te_mop_names[op]);
+				value_u64(s, at(p, off + op * sizeof(uint64_t)));
 			}
-	}
-
-	static const fam df[] = {
-		{ "te_device_bytes_total", "counter", "Bytes a transport moved through a device." },
-		{ "te_device_in_flight_bytes", "gauge", "Bytes posted to a device and not done." },
-		{ "te_device_bandwidth_bytes_per_second", "gauge",
-		  "The device's bandwidth, a moving average with a time constant of 1 s." },
-		{ "te_device_retries_total", "counter", "Requests sent again on a device." },
-		{ "te_device_failovers_total", "counter", "Requests moved off a device to another." },
-		{ "te_device_errors_total", "counter", "Device errors: links lost, failed work completions." },
-	};
-	for (int f = 0; f < 6; f++) {
-		family(s, &df[f]);
-		for (size_t i = 0; i < n; i++)
-			for (guint j = 0; j < sns[i].devs->len; j++) {
-				const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, j);
-				sample(s, df[f].name, &sns[i]);
-				label(s, "transport", d->transport);
-				label(s, "device", d->name);
-				if (f == 2)
-					value_f(s, d->bw);
-				else
-					value_u64(s, f == 0 ? d->bytes : f == 1 ? d->inflight_bytes : f == 3 ? d->retries
-										  : f == 4 ? d->failovers
-											   : d->errors);
-			}
-	}
-
-	static const fam tf[] = {
-		{ "te_transport_retries_total", "counter", "Requests a transport sent again (its devices' included)." },
-		{ "te_transport_failovers_total", "counter", "Requests a transport moved to another device or rail (its devices' included)." },
-		{ "te_transport_errors_total", "counter", "Errors of a transport (its devices' included)." },
-	};
-	for (int f = 0; f < 3; f++) {
-		family(s, &tf[f]);
-		for (size_t i = 0; i < n; i++)
-			for (guint j = 0; j < sns[i].tps->len; j++) {
-				const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
-				uint64_t v = f == 0 ? t->retries : f == 1 ? t->failovers : t->errors;
-				for (guint k = 0; k < sns[i].devs->len; k++) {
-					const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, k);
-					if (strcmp(d->transport, t->transport) == 0)
-						v += f == 0 ? d->retries : f == 1 ? d->failovers : d->errors;
-				}
-				sample(s, tf[f].name, &sns[i]);
-				label(s, "transport", t->transport);
-				value_u64(s, v);
-			}
-	}
-
-	static const fam ef[] = {
-		{ "te_notify_sent_total", "counter", "Notifications sent to peers." },
-		{ "te_notify_received_total", "counter", "Notifications received from peers." },
-		{ "te_registered_memory_bytes", "gauge", "Memory registered with the engine now." },
-		{ "te_registered_memory_regions", "gauge", "Regions registered with the engine now." },
-		{ "te_auth_refused_total", "counter", "Peers refused by the cluster key." },
-	};
-	for (int f = 0; f < 5; f++) {
-		family(s, &ef[f]);
-		for (size_t i = 0; i < n; i++) {
-			const snap *x = &sns[i];
-			sample(s, ef[f].name, x);
-			value_u64(s, f == 0 ? x->notify_sent : f == 1 ? x->notify_received : f == 2 ? x->reg_bytes
-								: f == 3 ? x->reg_regions
-									 : x->auth_refused);
 		}
+}
+
+/* A device's row: a counter or, when `real`, a double. */
+static void text_dev(GString *s, const snap *sns, size_t n, const fam *f, size_t off, bool real)
+{
+	family(s, f);
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].devs->len; j++) {
+			const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, j);
+			sample(s, f->name, &sns[i]);
+			label(s, "transport", d->transport);
+			label(s, "device", d->name);
+			if (real) {
+				double v;
+				memcpy(&v, (const char *)d + off, sizeof v);
+				value_f(s, v);
+			} else {
+				value_u64(s, at(d, off));
+			}
+		}
+}
+
+/* A transport's own count and its devices'. */
+static void text_tp(GString *s, const snap *sns, size_t n, const fam *f, size_t off, size_t dev_off)
+{
+	family(s, f);
+	for (size_t i = 0; i < n; i++)
+		for (guint j = 0; j < sns[i].tps->len; j++) {
+			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			uint64_t v = at(t, off);
+			for (guint k = 0; k < sns[i].devs->len; k++) {
+				const dev_snap *d = &g_array_index(sns[i].devs, dev_snap, k);
+				if (strcmp(d->transport, t->transport) == 0)
+					v += at(d, dev_off);
+			}
+			sample(s, f->name, &sns[i]);
+			label(s, "transport", t->transport);
+			value_u64(s, v);
+		}
+}
+
+static void text_engine(GString *s, const snap *sns, size_t n, const fam *f, size_t off)
+{
+	family(s, f);
+	for (size_t i = 0; i < n; i++) {
+		sample(s, f->name, &sns[i]);
+		value_u64(s, at(&sns[i], off));
 	}
-	static const fam rpc = { "te_rpc_frames_total", "counter", "RPC frames on the handshake port, by kind and result." };
-	family(s, &rpc);
+}
+
+static const char *const rpc_results[TE_MRPC_RESULTS] = {
+#define RPC_RESULT_NAME(id, stats) #id,
+	TE_MTABLE_RPC_RESULTS(RPC_RESULT_NAME)
+};
+
+static void text_rpc(GString *s, const snap *sns, size_t n, const fam *f)
+{
+	family(s, f);
 	for (size_t i = 0; i < n; i++)
 		for (unsigned k = 0; k < TE_MRPC_KINDS; k++)
-			for (unsigned r = 0; r < 2; r++) {
-				sample(s, "te_rpc_frames_total", &sns[i]);
+			for (unsigned r = 0; r < TE_MRPC_RESULTS; r++) {
+				sample(s, f->name, &sns[i]);
 				label(s, "kind", te_mrpc_names[k]);
-				label(s, "result", r ? "refused" : "served");
+				label(s, "result", rpc_results[r]);
 				value_u64(s, sns[i].rpc[k][r]);
 			}
+}
+
+/* Every row, in the table's order. */
+#define T(scope, id, kind, prom, json, stats, help)                                                        \
+	{                                                                                                   \
+		static const fam f_ = { prom, TE_MTYPE_##kind, help };                                      \
+		T_##scope(id, &f_)                                                                          \
+	}
+#define T_OP(id, f) text_op(s, sns, n, f, offsetof(op_snap, id));
+#define T_OPG(id, f) text_opg(s, sns, n, f, offsetof(op_snap, id));
+#define T_LAT(id, f) text_lat(s, sns, n, f);
+#define T_PEER(id, f) text_peer(s, sns, n, f, offsetof(peer_snap, id));
+#define T_DEV(id, f) text_dev(s, sns, n, f, offsetof(dev_snap, id), false);
+#define T_DEVF(id, f)                                                                                      \
+	_Static_assert(sizeof(((dev_snap *)0)->id) == sizeof(double), "a DEVF row is a double");           \
+	text_dev(s, sns, n, f, offsetof(dev_snap, id), true);
+#define T_TP(id, f) text_tp(s, sns, n, f, offsetof(tp_snap, id), offsetof(dev_snap, id));
+#define T_ENGINE(id, f) text_engine(s, sns, n, f, offsetof(snap, id));
+#define T_RPC(id, f) text_rpc(s, sns, n, f);
+
+static void text_of(GString *s, const snap *sns, size_t n)
+{
+	TE_MTABLE(T)
 }
 
 int te_metrics_text(te_engine *e, char **text, size_t *len)

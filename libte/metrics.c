@@ -374,26 +374,24 @@ void te_metrics_add(counter *c, int64_t delta)
 	add(c, (uint64_t)delta);
 }
 
-counter *te_metrics_counter_notify(te_metrics *m, bool received)
+counter *te_metrics_counter_engine(te_metrics *m, unsigned row)
 {
-	return received ? &m->notify_received : &m->notify_sent;
-}
-
-counter *te_metrics_counter_memory(te_metrics *m, bool regions)
-{
-	return regions ? &m->reg_regions : &m->reg_bytes;
+	switch (row) {
+#define ENGINE_CASE(scope, id, kind, prom, json, stats, help)                                              \
+	case TE_MENGINE_##id:                                                                               \
+		return &m->id;
+		TE_MTABLE_ENGINE(ENGINE_CASE)
+	default:
+		/* Only libte passes rows, from the enum: a bug, not an input. */
+		g_error("te_metrics_counter_engine: no ENGINE row %u", row);
+	}
 }
 
 counter *te_metrics_counter_rpc(te_metrics *m, int kind, bool refused)
 {
 	if (kind < 0 || kind >= TE_MRPC_KINDS)
 		kind = TE_MRPC_UNKNOWN;
-	return &m->rpc[kind][refused ? 1 : 0];
-}
-
-counter *te_metrics_counter_auth(te_metrics *m)
-{
-	return &m->auth_refused;
+	return &m->rpc[kind][refused ? TE_MRPC_refused : TE_MRPC_served];
 }
 
 te_metric_dev *te_metrics_device(te_metrics *m, const char *transport, const char *name)

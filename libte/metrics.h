@@ -5,6 +5,7 @@
 #define TE_METRICS_H
 
 #include "internal.h"
+#include "metrics-table.h"
 
 #ifndef TE_METRICS_BUILD
 #define TE_METRICS_BUILD 1
@@ -79,11 +80,20 @@ te_mpeer *te_metrics_peer(te_metrics *m, const char *name);
 typedef _Atomic uint64_t te_mcounter;
 
 /* One operation's counters in one shard. */
+/* The storage of a table row (metrics-table.h), by its scope. */
+#define TE_MFIELD(scope, id, kind, prom, json, stats, help) TE_MFIELD_##scope(id)
+#define TE_MFIELD_OP(id) te_mcounter id;
+#define TE_MFIELD_PEER(id) te_mcounter id[2];
+#define TE_MFIELD_TP(id) te_mcounter id;
+
+/* One operation's counters in one shard: the OP rows, then what the
+ * readings derive the OPG and LAT rows from. */
 typedef struct te_mop {
+	TE_MTABLE_OP(TE_MFIELD)
 	/* unmoved: what ended tasks did not move (length - moved), added only
 	 * when not zero: bytes + unmoved is what ended, without a second add
 	 * for every task that completed. */
-	te_mcounter requests, req_bytes, bytes, unmoved, completed, failed, canceled;
+	te_mcounter req_bytes, unmoved;
 	te_mcounter lat_sum; /* in clock ticks */
 	te_mcounter lat[TE_MLAT_BUCKETS];
 } te_mop;
@@ -95,13 +105,16 @@ typedef struct te_mshard {
 struct te_mblock {
 	char *transport;
 	te_mshard *shards;
-	/* Counted by transports through metric_add() with no device: rare
-	 * events (a retry, a lost link), one line is enough. */
-	te_mcounter retries, failovers, errors;
+	/* The TP rows, counted by transports through metric_add() with no
+	 * device: rare events (a retry, a lost link), one line is enough. */
+	TE_MTABLE_TP(TE_MFIELD)
 };
 
+/* The PEER rows, per operation. */
 typedef struct te_pshard {
-	alignas(TE_MLINE) te_mcounter bytes[2], requests[2], failed[2];
+	alignas(TE_MLINE) struct {
+		TE_MTABLE_PEER(TE_MFIELD)
+	};
 } te_pshard;
 
 /* A peer segment's counters, one per distinct name (docs/metrics.md,
@@ -114,8 +127,8 @@ struct te_mpeer {
 	te_pshard narrow;
 	_Atomic(te_pshard *) wide;
 	char *name; /* NULL for the shared record of names past the tracked bound */
-	uint64_t seen[3][2];  /* bytes, requests, failed at the last reading */
-	uint64_t shown[3][2]; /* what the peer's own series shows */
+	uint64_t seen[TE_MPEER_FIELDS][2];  /* the PEER rows at the last reading */
+	uint64_t shown[TE_MPEER_FIELDS][2]; /* what the peer's own series shows */
 	uint64_t rank_bytes;  /* bytes at the last reading, both operations */
 	unsigned order;       /* when it was first seen: ties keep the earlier */
 	bool is_shown;
@@ -308,26 +321,29 @@ static inline void te_metrics_submit_one(te_metrics *m, te_msubmit *acc, te_task
 }
 
 void te_metrics_add(_Atomic uint64_t *c, int64_t delta);
-_Atomic uint64_t *te_metrics_counter_notify(te_metrics *m, bool received);
-_Atomic uint64_t *te_metrics_counter_memory(te_metrics *m, bool regions);
+/* The counter of ENGINE row `row` (enum te_mengine_row). */
+_Atomic uint64_t *te_metrics_counter_engine(te_metrics *m, unsigned row);
 _Atomic uint64_t *te_metrics_counter_rpc(te_metrics *m, int kind, bool refused);
-_Atomic uint64_t *te_metrics_counter_auth(te_metrics *m);
 
 /* te_host's metric_device / metric_add / metrics_text. */
 te_metric_dev *te_metrics_device(te_metrics *m, const char *transport, const char *name);
 void te_metrics_dev_add(te_metrics *m, te_mblock *tp, te_metric_dev *dev, int what, int64_t delta);
 
-static inline void te_metric_count_notify(te_engine *e, bool received)
+/* Adds `delta` to an ENGINE row of `e` (metrics-table.h): one line counts
+ * a new engine metric. */
+static inline void te_metric_count(te_engine *e, unsigned row, int64_t delta)
 {
 	if (e != NULL && e->metrics != NULL)
-		te_metrics_add(te_metrics_counter_notify(e->metrics, received), 1);
+		te_metrics_add(te_metrics_counter_engine(e->metrics, row), delta);
+}
+static inline void te_metric_count_notify(te_engine *e, bool received)
+{
+	te_metric_count(e, received ? TE_MENGINE_notify_received : TE_MENGINE_notify_sent, 1);
 }
 static inline void te_metric_count_memory(te_engine *e, int64_t bytes, int64_t regions)
 {
-	if (e != NULL && e->metrics != NULL) {
-		te_metrics_add(te_metrics_counter_memory(e->metrics, false), bytes);
-		te_metrics_add(te_metrics_counter_memory(e->metrics, true), regions);
-	}
+	te_metric_count(e, TE_MENGINE_reg_bytes, bytes);
+	te_metric_count(e, TE_MENGINE_reg_regions, regions);
 }
 static inline void te_metric_count_rpc(te_engine *e, int kind, bool refused)
 {
@@ -336,8 +352,7 @@ static inline void te_metric_count_rpc(te_engine *e, int kind, bool refused)
 }
 static inline void te_metric_count_auth(te_engine *e)
 {
-	if (e != NULL && e->metrics != NULL)
-		te_metrics_add(te_metrics_counter_auth(e->metrics), 1);
+	te_metric_count(e, TE_MENGINE_auth_refused, 1);
 }
 
 #else /* counting compiled out (-Dmetrics=false) */
@@ -369,6 +384,7 @@ static inline void te_metrics_dev_add(te_metrics *m, te_mblock *tp, te_metric_de
 {
 	(void)m; (void)tp; (void)d; (void)w; (void)v;
 }
+static inline void te_metric_count(te_engine *e, unsigned r, int64_t d) { (void)e; (void)r; (void)d; }
 static inline void te_metric_count_notify(te_engine *e, bool r) { (void)e; (void)r; }
 static inline void te_metric_count_memory(te_engine *e, int64_t b, int64_t r) { (void)e; (void)b; (void)r; }
 static inline void te_metric_count_rpc(te_engine *e, int k, bool r) { (void)e; (void)k; (void)r; }

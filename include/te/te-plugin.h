@@ -451,7 +451,10 @@ typedef struct te_transport_ops {
 	 * into that buffer's descriptor entry (RDMA: rkey, lkey, name). */
 	int (*mem_register)(void *ctx, const te_mem_info *mem, char **json_object);
 	int (*mem_unregister)(void *ctx, void *addr, size_t length);
-	/* Required. Accept (0) or decline (negative) serving a remote segment. */
+	/* Required. Accept (0) or decline (negative) serving a remote segment.
+	 * The host has checked the descriptor's envelope only (name, protocol,
+	 * auth, buffers): the transport checks its own fields here, and
+	 * refuses a malformed one (-EINVAL) with a log line naming it. */
 	int (*segment_open)(void *ctx, const te_segment_info *seg, void **seg_ctx);
 	void (*segment_close)(void *ctx, void *seg_ctx);
 	/* Required. Starts `n` transfers; completes each through host->complete(),

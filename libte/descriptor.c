@@ -95,7 +95,6 @@ int te_desc_decode_dom(const char *json, size_t len, te_desc_files_fn files, te_
 		d->auth = g_strdup(s);
 	}
 
-
 	bn = json_object_get_member(root, "buffers");
 	if (bn != NULL) {
 		JsonArray *arr;

@@ -2,8 +2,10 @@
 /*
  * Segment descriptors in Mooncake's JSON (docs/wire.md, "Segment
  * descriptors"): encoded compact with sorted keys from the engine's registry
- * and the fields each transport contributes; decoded with every field
- * checked, since the text comes from a peer or a shared store.
+ * and the fields each transport contributes; decoded with every field of the
+ * envelope checked (name, protocol, auth, buffers), since the text comes
+ * from a peer or a shared store. A transport's own fields are its to check,
+ * in its segment_open: the host reads none of them.
  */
 #include <json-glib/json-glib.h>
 #include <string.h>
@@ -48,26 +50,13 @@ static gint cmp_buf(gconstpointer a, gconstpointer b)
 	return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-static int array_len(JsonObject *o, const char *member, gssize *len)
-{
-	JsonNode *n = json_object_get_member(o, member);
-
-	*len = -1;
-	if (n == NULL)
-		return 0;
-	if (!JSON_NODE_HOLDS_ARRAY(n))
-		return -1;
-	*len = json_array_get_length(json_node_get_array(n));
-	return 0;
-}
-
 #define BAD(...)                                                                 \
 	do {                                                                         \
 		te_warn_limited("segment descriptor rejected: " __VA_ARGS__);            \
 		goto fail;                                                               \
 	} while (0)
 
-int te_desc_decode_dom(const char *json, size_t len, te_desc **out)
+int te_desc_decode_dom(const char *json, size_t len, te_desc_files_fn files, te_desc **out)
 {
 	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
 	JsonNode *rootn = NULL;
@@ -76,9 +65,7 @@ int te_desc_decode_dom(const char *json, size_t len, te_desc **out)
 	JsonObject *root;
 	JsonNode *bn;
 	const char *s;
-	uint64_t v;
 	bool present;
-	gssize ndev = -1;
 
 	*out = NULL;
 	if (json == NULL || len == 0 || (rootn = te_json_load(json, len, &lim, why, sizeof why)) == NULL) {
@@ -100,24 +87,13 @@ int te_desc_decode_dom(const char *json, size_t len, te_desc **out)
 	if (s == NULL || *s == '\0' || strlen(s) > 64)
 		BAD("missing or bad \"protocol\" in %s", d->name);
 	d->protocol = g_strdup(s);
-	d->file_segment = strcmp(d->protocol, "nvmeof") == 0;
+	d->file_segment = files(d->protocol);
 	if (json_object_get_member(root, "auth") != NULL) {
 		s = get_str(root, "auth");
 		if (s == NULL || *s == '\0' || strlen(s) > 64)
 			BAD("bad \"auth\" in %s", d->name);
 		d->auth = g_strdup(s);
 	}
-
-	v = 0;
-	if (!get_u64(root, "tcp_data_port", 65535, &v, &present))
-		BAD("bad \"tcp_data_port\" in %s", d->name);
-	d->tcp_data_port = (int)v;
-	v = 1; /* a missing field means protocol v1 */
-	if (!get_u64(root, "tcp_proto_version", 255, &v, &present))
-		BAD("bad \"tcp_proto_version\" in %s", d->name);
-	d->tcp_proto_version = (int)v;
-	if (array_len(root, "devices", &ndev) < 0)
-		BAD("\"devices\" is not an array in %s", d->name);
 
 	bn = json_object_get_member(root, "buffers");
 	if (bn != NULL) {
@@ -131,7 +107,6 @@ int te_desc_decode_dom(const char *json, size_t len, te_desc **out)
 			JsonNode *en = json_array_get_element(arr, i);
 			JsonObject *b;
 			te_desc_buffer *db = &d->buffers[i];
-			gssize nr, nl;
 
 			if (!JSON_NODE_HOLDS_OBJECT(en))
 				BAD("buffer %u is not an object in %s", i, d->name);
@@ -155,12 +130,6 @@ int te_desc_decode_dom(const char *json, size_t len, te_desc **out)
 			if (s == NULL || *s == '\0')
 				BAD("buffer %u of %s: missing \"name\"", i, d->name);
 			db->name = g_strdup(s);
-			if (array_len(b, "rkey", &nr) < 0 || array_len(b, "lkey", &nl) < 0)
-				BAD("buffer %u of %s: rkey/lkey not arrays", i, d->name);
-			if ((nl >= 0 && nl != (ndev < 0 ? 0 : ndev)) ||
-			    (nr > 0 && nr != (ndev < 0 ? 0 : ndev)))
-				BAD("buffer %u of %s: %zd rkeys and %zd lkeys for %zd devices", i, d->name,
-				    nr, nl, ndev);
 		}
 		if (!d->file_segment && d->n_buffers > 1)
 			qsort(d->buffers, d->n_buffers, sizeof *d->buffers,
@@ -376,9 +345,6 @@ typedef struct root_scan {
 	const char *name, *server_name, *protocol, *auth;
 	size_t name_n, server_name_n, protocol_n, auth_n;
 	bool has_auth, auth_bad;
-	int port_rc, version_rc; /* jint's answer, 2: absent */
-	uint64_t port, version;
-	gssize ndev;   /* -1 absent, -2 not an array */
 	const char *buffers; /* its value's first byte; NULL when absent */
 } root_scan;
 
@@ -397,14 +363,6 @@ static bool root_member(jcur *c, const char *k, size_t kn, void *user)
 	} else if (jkey(k, kn, "auth")) {
 		r->has_auth = true;
 		r->auth_bad = jstring_value(c, &r->auth, &r->auth_n) < 0;
-	} else if (jkey(k, kn, "tcp_data_port")) {
-		r->port_rc = jint(c, &r->port);
-	} else if (jkey(k, kn, "tcp_proto_version")) {
-		r->version_rc = jint(c, &r->version);
-	} else if (jkey(k, kn, "devices")) {
-		r->ndev = jarray_len(c);
-		if (r->ndev < 0)
-			r->ndev = -2;
 	} else if (jkey(k, kn, "buffers")) {
 		jws(c);
 		r->buffers = c->p;
@@ -420,7 +378,6 @@ typedef struct buf_scan {
 	uint64_t addr, length;
 	const char *name;
 	size_t name_n;
-	gssize nr, nl; /* -1 absent, -2 not an array */
 } buf_scan;
 
 static bool buf_member(jcur *c, const char *k, size_t kn, void *user)
@@ -433,11 +390,6 @@ static bool buf_member(jcur *c, const char *k, size_t kn, void *user)
 	} else if (jkey(k, kn, "name")) {
 		if (jstring_value(c, &b->name, &b->name_n) < 0)
 			b->name = NULL;
-	} else if (jkey(k, kn, "rkey") || jkey(k, kn, "lkey")) {
-		gssize *n = k[0] == 'r' ? &b->nr : &b->nl;
-		*n = jarray_len(c);
-		if (*n < 0)
-			*n = -2;
 	} else {
 		jskip(c);
 	}
@@ -455,9 +407,9 @@ static bool member_u64_ok(int rc, uint64_t v, uint64_t max)
 	return rc == 2 || (rc == 1 && v <= max);
 }
 
-static int desc_decode_fast(const char *json, size_t len, te_desc **out)
+static int desc_decode_fast(const char *json, size_t len, te_desc_files_fn files, te_desc **out)
 {
-	root_scan r = { .port_rc = 2, .version_rc = 2, .ndev = -1 };
+	root_scan r = { 0 };
 	jcur c = { json, json + len };
 	te_desc *d = g_new0(te_desc, 1);
 
@@ -471,20 +423,12 @@ static int desc_decode_fast(const char *json, size_t len, te_desc **out)
 	if (r.protocol == NULL || r.protocol_n == 0 || r.protocol_n > 64)
 		FBAD("missing or bad \"protocol\" in %s", d->name);
 	d->protocol = g_strndup(r.protocol, r.protocol_n);
-	d->file_segment = strcmp(d->protocol, "nvmeof") == 0;
+	d->file_segment = files(d->protocol);
 	if (r.has_auth) {
 		if (r.auth_bad || r.auth_n == 0 || r.auth_n > 64)
 			FBAD("bad \"auth\" in %s", d->name);
 		d->auth = g_strndup(r.auth, r.auth_n);
 	}
-	if (!member_u64_ok(r.port_rc, r.port, 65535))
-		FBAD("bad \"tcp_data_port\" in %s", d->name);
-	d->tcp_data_port = r.port_rc == 1 ? (int)r.port : 0;
-	if (!member_u64_ok(r.version_rc, r.version, 255))
-		FBAD("bad \"tcp_proto_version\" in %s", d->name);
-	d->tcp_proto_version = r.version_rc == 1 ? (int)r.version : 1; /* a missing field means protocol v1 */
-	if (r.ndev == -2)
-		FBAD("\"devices\" is not an array in %s", d->name);
 
 	if (r.buffers != NULL) {
 		jcur bc = { r.buffers, json + len };
@@ -495,7 +439,7 @@ static int desc_decode_fast(const char *json, size_t len, te_desc **out)
 		d->buffers = g_new0(te_desc_buffer, d->n_buffers ? d->n_buffers : 1);
 		bc.p++;
 		for (size_t i = 0; i < d->n_buffers; i++) {
-			buf_scan b = { .addr_rc = 2, .len_rc = 2, .nr = -1, .nl = -1 };
+			buf_scan b = { .addr_rc = 2, .len_rc = 2 };
 			te_desc_buffer *db = &d->buffers[i];
 			if (!jobject(&bc, buf_member, &b))
 				FBAD("buffer %zu is not an object in %s", i, d->name);
@@ -522,12 +466,6 @@ static int desc_decode_fast(const char *json, size_t len, te_desc **out)
 			if (b.name == NULL || b.name_n == 0)
 				FBAD("buffer %zu of %s: missing \"name\"", i, d->name);
 			db->name = g_strndup(b.name, b.name_n);
-			if (b.nr == -2 || b.nl == -2)
-				FBAD("buffer %zu of %s: rkey/lkey not arrays", i, d->name);
-			gssize ndev = r.ndev < 0 ? 0 : r.ndev;
-			if ((b.nl >= 0 && b.nl != ndev) || (b.nr > 0 && b.nr != ndev))
-				FBAD("buffer %zu of %s: %zd rkeys and %zd lkeys for %zd devices", i, d->name, b.nr,
-				     b.nl, r.ndev);
 		}
 		if (!d->file_segment && d->n_buffers > 1)
 			qsort(d->buffers, d->n_buffers, sizeof *d->buffers,
@@ -541,19 +479,24 @@ fail:
 	return TE_ERR_METADATA;
 }
 
-int te_desc_decode(const char *json, size_t len, te_desc **out)
+int te_desc_decode_with(const char *json, size_t len, te_desc_files_fn files, te_desc **out)
 {
 	static const te_json_limits lim = TE_JSON_LIMITS_DESC;
 	char why[160] = "empty";
 
 	*out = NULL;
 	if (json == NULL || len == 0 || memchr(json, '\\', len) != NULL || memchr(json, '\0', len) != NULL)
-		return te_desc_decode_dom(json, len, out);
+		return te_desc_decode_dom(json, len, files, out);
 	if (te_json_check(json, len, &lim, why, sizeof why) < 0) {
 		te_warn_limited("segment descriptor rejected: %s", why);
 		return TE_ERR_METADATA;
 	}
-	return desc_decode_fast(json, len, out);
+	return desc_decode_fast(json, len, files, out);
+}
+
+int te_desc_decode(const char *json, size_t len, te_desc **out)
+{
+	return te_desc_decode_with(json, len, te_transport_files_only, out);
 }
 
 /* ---------------------------------------------------------------- encode */
@@ -671,13 +614,25 @@ char *te_engine_encode_descriptor(te_engine *e)
 		if (protocol == NULL && (tp->ops->flags & TE_TRANSPORT_MEMORY))
 			protocol = tp->hc.plugin->name;
 	}
+	/* Every loaded transport's fields for all descriptors first (TCP's
+	 * data port 0, which Mooncake peers read from any descriptor), so that
+	 * the host's and the installed transports' own replace them. */
+	GPtrArray *all = te_plugin_transports();
+	for (guint i = 0; i < all->len; i++) {
+		const te_plugin *p = g_ptr_array_index(all, i);
+		const te_transport_ops *o = p->desc->ops;
+		if (TE_OPS_COVERS(o, default_fields) && o->default_fields != NULL)
+			merge_fragment(top, o->default_fields, p->name);
+	}
+	g_ptr_array_unref(all);
 	te_timestamp(ts, sizeof ts);
 	members_set(top, "name", node_str(e->name));
 	if (e->auth != NULL) /* peers without the key fail at open, not at transfer */
 		members_set(top, "auth", node_str("hmac-sha256"));
-	members_set(top, "protocol", node_str(protocol ? protocol : "tcp"));
-	members_set(top, "tcp_data_port", node_int(0));
-	members_set(top, "tcp_proto_version", node_int(2));
+	/* Without a memory transport: what a default gave, else a name no
+	 * transport has (peers need one to decode the rest). */
+	if (protocol != NULL || !g_tree_lookup_extended(top, "protocol", NULL, NULL))
+		members_set(top, "protocol", node_str(protocol ? protocol : "none"));
 	members_set(top, "timestamp", node_str(ts));
 	for (guint i = 0; i < e->transports->len; i++) {
 		te_transport_inst *tp = g_ptr_array_index(e->transports, i);

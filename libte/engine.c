@@ -362,12 +362,50 @@ int te_transport_auto(te_engine *e, const char **installed)
 	return rc;
 }
 
+uint32_t te_transport_priority(const te_plugin *p)
+{
+	const te_transport_ops *o = p->desc->ops;
+
+	if (TE_OPS_COVERS(o, priority))
+		return o->priority;
+	/* Built before the plugins said it: the order hosts chose by name. */
+	if (strcmp(p->name, "rdma") == 0)
+		return TE_TRANSPORT_PRIORITY_RDMA;
+	if (strcmp(p->name, "tcp") == 0)
+		return TE_TRANSPORT_PRIORITY_TCP;
+	return TE_TRANSPORT_PRIORITY_OTHER;
+}
+
+bool te_transport_files_only(const char *protocol)
+{
+	const te_plugin *p = te_plugin_find(TE_KIND_TRANSPORT, protocol);
+	unsigned f = p != NULL ? ((const te_transport_ops *)p->desc->ops)->flags : 0;
+
+	return (f & TE_TRANSPORT_FILES) && !(f & TE_TRANSPORT_MEMORY);
+}
+
+/* Highest rank first; equal ranks by name, so the choice does not depend
+ * on the order the plugin folders list their files in. */
+static gint by_rank(gconstpointer a, gconstpointer b)
+{
+	const te_plugin *x = *(const te_plugin *const *)a, *y = *(const te_plugin *const *)b;
+	uint32_t rx = te_transport_priority(x), ry = te_transport_priority(y);
+
+	return rx > ry ? -1 : rx < ry ? 1 : strcmp(x->name, y->name);
+}
+
+/* The best network transport for memory that works here: the candidates
+ * (TE_TRANSPORT_MEMORY, not same-host, a rank above 0) by rank, the first
+ * whose probe passes and whose instance starts. Mooncake's MC_FORCE_TCP
+ * and MC_FORCE_HCA narrow them to the transport they name. */
 static int transport_auto(te_engine *e, const char **installed)
 {
-	const te_plugin *rdma = te_plugin_find(TE_KIND_TRANSPORT, "rdma");
 	bool force_tcp = te_env2("TE_FORCE_TCP", "MC_FORCE_TCP") != NULL;
 	bool force_hca = te_env2("TE_FORCE_HCA", "MC_FORCE_HCA") != NULL;
-	int rc;
+	const char *only = force_tcp ? "tcp" : force_hca ? "rdma" : NULL;
+	char last_why[256] = "";
+	const char *last = NULL;
+	int rc = TE_ERR_NO_TRANSPORT;
 
 	if (e == NULL) {
 		te_err("te_transport_auto: NULL engine");
@@ -375,37 +413,54 @@ static int transport_auto(te_engine *e, const char **installed)
 	}
 	if (installed)
 		*installed = NULL;
-	if (rdma != NULL && !force_tcp) {
-		const te_transport_ops *o = rdma->desc->ops;
+	GPtrArray *all = te_plugin_transports();
+	GPtrArray *cand = g_ptr_array_new();
+	for (guint i = 0; i < all->len; i++) {
+		const te_plugin *p = g_ptr_array_index(all, i);
+		unsigned f = ((const te_transport_ops *)p->desc->ops)->flags;
+		if ((f & TE_TRANSPORT_MEMORY) && !(f & TE_TRANSPORT_SAME_HOST) && te_transport_priority(p) > 0 &&
+		    (only == NULL || strcmp(p->name, only) == 0))
+			g_ptr_array_add(cand, (gpointer)p);
+	}
+	g_ptr_array_unref(all);
+	g_ptr_array_sort(cand, by_rank);
+	for (guint i = 0; i < cand->len; i++) {
+		const te_plugin *p = g_ptr_array_index(cand, i);
+		const te_transport_ops *o = p->desc->ops;
 		char why[256] = "";
 		te_host_ctx hc;
-		te_host_init(&hc, e, rdma);
+		te_host_init(&hc, e, p);
 		rc = TE_HAS_OP(o, probe) ? o->probe(&hc.host, why, sizeof why) : 0;
-		if (rc == 0) {
-			rc = te_transport_install(e, "rdma", NULL);
-			if (rc == 0 || rc == -EEXIST) {
-				if (installed)
-					*installed = "rdma";
-				return 0;
-			}
+		if (rc == 0)
+			rc = te_transport_install(e, p->name, NULL);
+		if (rc == 0 || rc == -EEXIST) {
+			if (installed)
+				*installed = p->name;
+			g_ptr_array_unref(cand);
+			return 0;
 		}
-		if (force_hca) {
-			te_err("auto-discovery: TE_FORCE_HCA is set but RDMA is unusable: %s",
-			       *why ? why : te_strerror(rc));
-			return TE_ERR_NO_TRANSPORT;
-		}
-		te_info("auto-discovery: RDMA unusable (%s); using TCP", *why ? why : te_strerror(rc));
-	} else if (force_hca) {
-		te_err("auto-discovery: TE_FORCE_HCA is set but there is no rdma plugin");
+		last = p->name;
+		g_strlcpy(last_why, *why ? why : te_strerror(rc), sizeof last_why);
+		if (i + 1 < cand->len)
+			te_info("auto-discovery: %s unusable (%s); trying %s", p->name, last_why,
+				((const te_plugin *)g_ptr_array_index(cand, i + 1))->name);
+	}
+	g_ptr_array_unref(cand);
+	if (only != NULL && last == NULL) {
+		te_err("auto-discovery: %s is set but there is no %s plugin", force_tcp ? "TE_FORCE_TCP" : "TE_FORCE_HCA",
+		       only);
 		return TE_ERR_NO_TRANSPORT;
 	}
-	rc = te_transport_install(e, "tcp", NULL);
-	if (rc == 0 || rc == -EEXIST) {
-		if (installed)
-			*installed = "tcp";
-		return 0;
+	if (force_hca) {
+		te_err("auto-discovery: TE_FORCE_HCA is set but RDMA is unusable: %s", last_why);
+		return TE_ERR_NO_TRANSPORT;
 	}
-	return rc;
+	if (last == NULL) {
+		te_err("auto-discovery: no transport plugin for memory is ranked for automatic choice");
+		return TE_ERR_NO_TRANSPORT;
+	}
+	te_err("auto-discovery: no transport works here; the last tried, %s: %s", last, last_why);
+	return rc < 0 ? rc : TE_ERR_NO_TRANSPORT;
 }
 
 int te_transport_list(const te_engine *e, const char **names, size_t max)

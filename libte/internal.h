@@ -128,6 +128,19 @@ const te_plugin *te_plugin_find_scheme(const char *scheme);
 GPtrArray *te_plugin_transports(void);
 /* Device plugins, loaded ones, in discovery order. */
 GPtrArray *te_plugin_devices(void);
+/* True when ops table `tbl` was built with `member` (set or not): for the
+ * members that are not functions, which TE_HAS_OP cannot test. */
+#define TE_OPS_COVERS(tbl, member) \
+	((tbl)->size >= offsetof(__typeof__(*(tbl)), member) + sizeof((tbl)->member))
+
+/* ---------------------------------------------------- engine.c, transports */
+/* A transport plugin's rank in te_transport_auto(): its declared priority,
+ * or, built before plugin ABI 1.12, the rank it had then by its name. */
+uint32_t te_transport_priority(const te_plugin *p);
+/* True when `protocol` names a loaded transport that serves files and not
+ * memory (TE_TRANSPORT_FILES without TE_TRANSPORT_MEMORY): a descriptor
+ * naming it lists files. */
+bool te_transport_files_only(const char *protocol);
 
 /* ---------------------------------------------------------------- host.c */
 /* Every te_host handed to a plugin points at one of these. */
@@ -268,12 +281,12 @@ typedef struct te_desc_buffer {
 	char *name;
 } te_desc_buffer;
 
+/* The envelope of a descriptor: what the host itself reads. Transports'
+ * own fields stay in `json` for their segment_open. */
 typedef struct te_desc {
 	char *name;
 	char *protocol;
 	char *auth; /* "auth": how peers must authenticate, NULL when not at all */
-	int tcp_data_port;
-	int tcp_proto_version;
 	te_desc_buffer *buffers; /* sorted by addr when addressed */
 	size_t n_buffers;
 	bool file_segment;  /* buffers without addresses, laid end to end */
@@ -281,10 +294,15 @@ typedef struct te_desc {
 	char *json;         /* the text it was decoded from */
 } te_desc;
 
+/* Whether a descriptor naming transport `protocol` lists files (buffers
+ * without addresses, laid end to end) rather than memory. */
+typedef bool (*te_desc_files_fn)(const char *protocol);
+/* Decodes with te_transport_files_only() as the judge of file segments. */
 int te_desc_decode(const char *json, size_t len, te_desc **out);
+int te_desc_decode_with(const char *json, size_t len, te_desc_files_fn files, te_desc **out);
 /* The same through json-glib's document tree (text with escapes goes
  * there; the test internal holds the two to the same answers). */
-int te_desc_decode_dom(const char *json, size_t len, te_desc **out);
+int te_desc_decode_dom(const char *json, size_t len, te_desc_files_fn files, te_desc **out);
 void te_desc_free(te_desc *d);
 /* True when [addr, addr+len) lies in one buffer (or inside a file segment). */
 /* The buffer holding [addr, addr+len): 1 + its index (1 for a file

@@ -36,7 +36,7 @@ extern "C" {
 
 #define TE_PLUGIN_MAGIC 0x4c505445u /* "ETPL" in memory order on LE */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 11
+#define TE_PLUGIN_ABI_MINOR 12
 #define TE_PLUGIN_ENTRY_SYMBOL "te_plugin_entry"
 
 /* True when `tbl` was built with `member` and it is set. */
@@ -451,7 +451,10 @@ typedef struct te_transport_ops {
 	 * into that buffer's descriptor entry (RDMA: rkey, lkey, name). */
 	int (*mem_register)(void *ctx, const te_mem_info *mem, char **json_object);
 	int (*mem_unregister)(void *ctx, void *addr, size_t length);
-	/* Required. Accept (0) or decline (negative) serving a remote segment. */
+	/* Required. Accept (0) or decline (negative) serving a remote segment.
+	 * The host has checked the descriptor's envelope only (name, protocol,
+	 * auth, buffers): the transport checks its own fields here, and
+	 * refuses a malformed one (-EINVAL) with a log line naming it. */
 	int (*segment_open)(void *ctx, const te_segment_info *seg, void **seg_ctx);
 	void (*segment_close)(void *ctx, void *seg_ctx);
 	/* Required. Starts `n` transfers; completes each through host->complete(),
@@ -508,7 +511,31 @@ typedef struct te_transport_ops {
 	 * the call, but look it up in your own state (under your lock) before
 	 * using what plugin_data points to, and do nothing when it is done. */
 	int (*expire)(void *ctx, te_transfer *t);
+
+	/* ---- since ABI 1.12 (the host reads them only when `size` covers
+	 * them) ---- */
+	/* Optional. A JSON object of top-level descriptor fields that every
+	 * engine publishes while this plugin is loaded, whether or not the
+	 * engine installed it (then describe() adds to and replaces them):
+	 * fields peers read from any descriptor (TCP: "tcp_data_port": 0, as
+	 * Mooncake writes it). Static text; NULL: none. */
+	const char *default_fields;
+	/* Rank in automatic selection (te_transport_auto()): among the
+	 * installable transports with TE_TRANSPORT_MEMORY and without
+	 * TE_TRANSPORT_SAME_HOST, the one with the highest value whose probe
+	 * passes and whose instance starts is installed; 0: never chosen
+	 * automatically. A plugin built before 1.12 ranks as the host did
+	 * then: TE_TRANSPORT_PRIORITY_RDMA when named "rdma",
+	 * TE_TRANSPORT_PRIORITY_TCP when named "tcp", else
+	 * TE_TRANSPORT_PRIORITY_OTHER. */
+	uint32_t priority;
 } te_transport_ops;
+
+/* The built-in network transports' ranks (RDMA first, TCP when it cannot
+ * work), and that of a plugin built before ABI 1.12 under another name. */
+#define TE_TRANSPORT_PRIORITY_RDMA 300u
+#define TE_TRANSPORT_PRIORITY_TCP 200u
+#define TE_TRANSPORT_PRIORITY_OTHER 100u
 
 /* ------------------------------------------------------- metadata plugins */
 

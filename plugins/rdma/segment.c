@@ -151,6 +151,15 @@ static int seg_parse(rd_transport *tr, const te_segment_info *info, rd_seg **out
 			if (nbad)
 				SEG_BAD("buffer %zu: \"name\" is not a string", i);
 			b->location = g_strdup(loc ? loc : "");
+			/* One key per device, in the order of "devices" (Mooncake's
+			 * rule): lkeys are the peer's own, but a count that differs
+			 * says its keys and devices disagree. */
+			JsonNode *lk = json_object_get_member(bo, "lkey");
+			if (lk != NULL && !JSON_NODE_HOLDS_ARRAY(lk))
+				SEG_BAD("buffer %zu: \"lkey\" is not an array", i);
+			if (lk != NULL && (int)json_array_get_length(json_node_get_array(lk)) != seg->ndev)
+				SEG_BAD("buffer %zu has %u lkeys for %d devices", i,
+					json_array_get_length(json_node_get_array(lk)), seg->ndev);
 			JsonNode *rk = json_object_get_member(bo, "rkey");
 			if (rk == NULL)
 				continue; /* a buffer of another transport only */

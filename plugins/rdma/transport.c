@@ -437,6 +437,7 @@ static const te_transport_ops rd_ops = {
 	.submit = rd_submit,
 	.report = rd_report,
 	.expire = rd_expire,
+	.priority = TE_TRANSPORT_PRIORITY_RDMA, /* before TCP wherever a NIC works */
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "rdma", "1.0.0",

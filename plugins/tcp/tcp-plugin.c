@@ -589,7 +589,9 @@ static unsigned parse_rails(tcp_ctx *c, const te_segment_info *seg, JsonObject *
 /* ---------------------------------------------------------------- segments */
 
 /* The descriptor's TCP fields: data port (required), protocol version (a
- * missing field means 1), whether the peer fences. */
+ * missing field means 1), whether the peer fences. The host reads none of
+ * them: a port or version that is not an integer in range refuses the
+ * segment here (-EINVAL, the field named), whatever else serves it. */
 static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, int *version, bool *fence,
 			    bool *sg, char rails[][64], unsigned *nrails)
 {
@@ -613,12 +615,23 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 		return -EINVAL;
 	}
 	JsonObject *o = json_node_get_object(root);
-	if (te_json_get_u64(o, "tcp_data_port", 65535, &v) == 0 && v > 0) {
+	int prc = te_json_get_u64(o, "tcp_data_port", 65535, &v);
+	if (prc == 0 && v > 0) {
 		*port = (int)v;
 		rc = 0;
 	}
-	if (te_json_get_u64(o, "tcp_proto_version", 255, &v) == 0 && v >= 2)
+	int vrc = te_json_get_u64(o, "tcp_proto_version", 255, &v);
+	if (vrc == 0 && v >= 2)
 		*version = 2;
+	if ((prc < 0 && prc != -ENOENT) || (vrc < 0 && vrc != -ENOENT)) {
+		/* the peer's text: a flood of these is held back */
+		TE_HOST_LOG_LIMITED(c->host, TE_LOG_ERROR,
+				    "segment %.200s: descriptor rejected: \"%s\" is not an integer from 0 to %d",
+				    seg->name, prc < 0 && prc != -ENOENT ? "tcp_data_port" : "tcp_proto_version",
+				    prc < 0 && prc != -ENOENT ? 65535 : 255);
+		json_node_unref(root);
+		return -EINVAL;
+	}
 	if (te_json_get_u64(o, "tcp_fence", 255, &v) == 0 && v >= TCP_FENCE_VERSION)
 		*fence = true;
 	if (te_json_get_u64(o, "tcp_sg", 255, &v) == 0 && v >= TCP_SG_VERSION)
@@ -909,6 +922,11 @@ static const te_transport_ops tcp_ops = {
 	.progress = tcp_progress,
 	.wake = tcp_wake,
 	.expire = tcp_expire,
+	/* What Mooncake writes into every descriptor, TCP or not: peers read
+	 * the data port (0: none) and the protocol of an engine with no
+	 * transport for memory from any descriptor. */
+	.default_fields = "{\"protocol\":\"tcp\",\"tcp_data_port\":0,\"tcp_proto_version\":2}",
+	.priority = TE_TRANSPORT_PRIORITY_TCP,
 };
 
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, "tcp", "1.0.0",

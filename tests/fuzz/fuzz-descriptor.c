@@ -20,6 +20,13 @@ static void quiet(int level, const char *domain, const char *msg, void *user)
 	(void)user;
 }
 
+/* Which descriptors list files: by name here, so that the fuzzer loads no
+ * plugin (the host asks the transports' flags). */
+static bool files_by_name(const char *protocol)
+{
+	return strcmp(protocol, "nvmeof") == 0;
+}
+
 /* The slow, obvious answer to te_desc_contains(). */
 static bool inside_one(const te_desc *d, uint64_t addr, uint64_t len)
 {
@@ -45,13 +52,12 @@ static void check_range(const te_desc *d, uint64_t addr, uint64_t len)
 static void same_as_dom(int rc, const te_desc *d, const char *text, size_t size)
 {
 	te_desc *t = NULL;
-	int rc2 = te_desc_decode_dom(text, size, &t);
+	int rc2 = te_desc_decode_dom(text, size, files_by_name, &t);
 
 	FUZZ_CHECK(rc == rc2);
 	if (rc == 0 && rc2 == 0) {
 		FUZZ_CHECK(strcmp(d->name, t->name) == 0 && strcmp(d->protocol, t->protocol) == 0);
 		FUZZ_CHECK((d->auth == NULL) == (t->auth == NULL) && (d->auth == NULL || strcmp(d->auth, t->auth) == 0));
-		FUZZ_CHECK(d->tcp_data_port == t->tcp_data_port && d->tcp_proto_version == t->tcp_proto_version);
 		FUZZ_CHECK(d->file_segment == t->file_segment && d->file_size == t->file_size);
 		FUZZ_CHECK(d->n_buffers == t->n_buffers);
 		for (size_t i = 0; i < d->n_buffers && i < t->n_buffers; i++)
@@ -65,7 +71,7 @@ static void same_as_dom(int rc, const te_desc *d, const char *text, size_t size)
 static void descriptor(const char *text, size_t size)
 {
 	te_desc *d = NULL;
-	int rc = te_desc_decode(text, size, &d);
+	int rc = te_desc_decode_with(text, size, files_by_name, &d);
 
 	same_as_dom(rc, d, text, size);
 	if (rc < 0) {
@@ -73,7 +79,6 @@ static void descriptor(const char *text, size_t size)
 		return;
 	}
 	FUZZ_CHECK(d != NULL && d->name != NULL && *d->name != '\0' && d->protocol != NULL);
-	FUZZ_CHECK(d->tcp_data_port >= 0 && d->tcp_data_port <= 65535);
 	for (size_t i = 0; i < d->n_buffers; i++) {
 		const te_desc_buffer *b = &d->buffers[i];
 		FUZZ_CHECK(b->length > 0 && b->name != NULL);

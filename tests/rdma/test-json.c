@@ -233,6 +233,8 @@ static void test_descriptor(void)
 			  "\"addr\":4096,\"length\":$,\"rkey\":[7]}]}";
 	const char *rkey = "{\"name\":\"peer\",\"protocol\":\"rdma\"," DEV ",\"buffers\":[{\"name\":\"cpu:0\","
 			   "\"addr\":4096,\"length\":4096,\"rkey\":$}]}";
+	const char *lkey = "{\"name\":\"peer\",\"protocol\":\"rdma\"," DEV ",\"buffers\":[{\"name\":\"cpu:0\","
+			   "\"addr\":4096,\"length\":4096,\"rkey\":[7],\"lkey\":$}]}";
 	const char *other = "{\"name\":\"peer\",\"protocol\":\"rdma\"," DEV ",\"buffers\":[],\"nvmeof\":$}";
 	char *d2000 = hostile_deep(2000, 0), *o2000 = hostile_deep(2000, 1);
 	char *m1 = hostile_array("", 1000000, "1", ""), *s1m = hostile_string("", 1 << 20, "");
@@ -273,6 +275,11 @@ static void test_descriptor(void)
 		{ "rkey -1", fill(rkey, "[-1]"), "rkey 0 is not a 32-bit key" },
 		{ "rkey 7.0", fill(rkey, "[7.0]"), "rkey 0 is not a 32-bit key" },
 		{ "rkey a string", fill(rkey, "[\"7\"]"), "rkey 0 is not a 32-bit key" },
+		{ "rkeys for two devices", fill(rkey, "[7,8]"), "has 2 rkeys for 1 devices" },
+		/* the host leaves the one-key-per-device rule to the transport */
+		{ "lkeys for two devices", fill(lkey, "[7,8]"), "has 2 lkeys for 1 devices" },
+		{ "no lkeys for one device", fill(lkey, "[]"), "has 0 lkeys for 1 devices" },
+		{ "lkey an object", fill(lkey, "{}"), "\"lkey\" is not an array" },
 	};
 	unsigned calls = 0;
 

@@ -171,8 +171,9 @@ TE_API int te_transport_install(te_engine *engine, const char *name, const char 
 /* Waits for the tasks handed to the transport, at most TE_DRAIN_TIMEOUT_MS;
  * -EBUSY when they outlive that (the transport stays loaded, unused). */
 TE_API int te_transport_uninstall(te_engine *engine, const char *name);
-/* Installs the best transport available here: RDMA when it finds devices,
- * else TCP; and beside it the same-host transport (shm) when its plugin is
+/* Installs the best transport available here: the network transport of
+ * highest declared priority whose probe passes (of the shipped ones RDMA
+ * when it finds devices, else TCP; see docs/plugins.md); and beside it the same-host transport (shm) when its plugin is
  * present, which then serves the segments of engines on this host. Returns 0
  * and writes the installed network transport's name (may be NULL). */
 TE_API int te_transport_auto(te_engine *engine, const char **installed);

@@ -57,6 +57,11 @@ static void read_config(const te_host *h, shm_config *cfg)
 	 * copying alone beats it sharing with woken workers; from 16 MiB
 	 * sharing wins (docs/benchmarks.md). */
 	cfg->caller_bytes = te_host_config_u64(h, "TE_SHM_CALLER_BYTES", NULL, 4u << 20, 0, 1ull << 40);
+	/* Thousands of small pieces (a KV cache's blocks) leave the cache
+	 * anyway: stored past it they move at about the large-copy rate,
+	 * through it at half that (docs/benchmarks.md). Below 1 MiB a take
+	 * stays in the cache, where the target may read it soon. */
+	cfg->stream_bytes = te_host_config_u64(h, "TE_SHM_STREAM_BYTES", NULL, 1u << 20, 0, 1ull << 40);
 	/* The engine-wide bounded busy-wait of a waiting caller (other
 	 * transports read it too). */
 	cfg->spin_ns = 1000 * (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, 1000);
@@ -155,6 +160,7 @@ static void shm_ctx_free(shm_ctx *c)
 	pthread_cond_destroy(&c->q_cond);
 	pthread_cond_destroy(&c->p_cond);
 	pthread_key_delete(c->waiter_key);
+	pthread_key_delete(c->streak_key);
 	free(c);
 }
 
@@ -189,6 +195,8 @@ static int shm_create(const te_host *h, const char *json_args, void **out)
 	}
 	if (rc == 0) {
 		rc = pthread_key_create(&c->waiter_key, NULL);
+		if (rc == 0 && (rc = pthread_key_create(&c->streak_key, NULL)) != 0)
+			pthread_key_delete(c->waiter_key);
 		if (rc != 0)
 			pthread_cond_destroy(&c->p_cond);
 	}
@@ -326,10 +334,13 @@ static int shm_report(const te_host *h, char **text)
 				  "  copied by the caller   up to %llu bytes per submit (TE_SHM_INLINE_BYTES)\n"
 				  "  waiting caller alone   up to %llu bytes per submit (TE_SHM_CALLER_BYTES); spins %llu us "
 				  "(TE_SPIN_US)\n"
+				  "  streaming stores       pieces under %u KiB of takes from %llu bytes (TE_SHM_STREAM_BYTES%s)\n"
 				  "  cross-memory attach    %s (TE_SHM_CMA); Yama ptrace_scope %s%s\n"
 				  "  socket folder          %s (TE_SHM_DIR)\n",
 				  cfg.host, cfg.threads, (unsigned long long)cfg.inline_bytes,
 				  (unsigned long long)cfg.caller_bytes, (unsigned long long)(cfg.spin_ns / 1000),
+				  SHM_STREAM_PIECE_MAX >> 10, (unsigned long long)cfg.stream_bytes,
+				  shm_stream_supported() ? (cfg.stream_bytes ? "" : ": off") : ": not on this CPU",
 				  cfg.cma ? "on" : "off", scope < 0 ? "absent" : scope == 0 ? "0" : scope == 1 ? "1" : "2+",
 				  scope == 1 ? (cfg.grant_ptrace ? " (targets grant their initiators: TE_SHM_GRANT_PTRACE)"
 								 : " (no grant: TE_SHM_GRANT_PTRACE=0)")

@@ -173,6 +173,8 @@ int shm_progress(shm_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns)
 	}
 	if (pthread_getspecific(c->waiter_key) == NULL)
 		(void)pthread_setspecific(c->waiter_key, c); /* (ENOMEM: treated as no waiter) */
+	if (pthread_getspecific(c->streak_key) != NULL)
+		(void)pthread_setspecific(c->streak_key, NULL);
 	int64_t t0 = now_ns();
 	int64_t end = timeout_ns < 0 || timeout_ns >= INT64_MAX - t0 ? INT64_MAX : t0 + timeout_ns;
 	for (;;) {
@@ -297,13 +299,54 @@ void shm_workers_stop(shm_ctx *c)
 	}
 }
 
+/* A thread's streak: the KiB it copied in its own submits (20 bits) and
+ * when the last of them ended (µs, the 44 bits above). */
+#define STREAK_KIB_MAX ((1u << 20) - 1)
+#define STREAK_GAP_US 50
+
+static uint64_t streak_make(int64_t now_us, uint64_t kib)
+{
+	return (uint64_t)now_us << 20 | (kib < STREAK_KIB_MAX ? kib : STREAK_KIB_MAX);
+}
+
+/* Whether a submit of `total` bytes (at most inline_bytes) is copied by the
+ * submitting thread. The host hands a large te_submit() over in chunks of
+ * a few dozen transfers: a KV cache's thousands of 4 KiB blocks arrive as
+ * chunks of 256 KiB, each small, and copied one after the other in the
+ * caller they left the copy workers idle (a large request is shared by
+ * them and the waiting caller). Chunks that follow each other within
+ * STREAK_GAP_US count together: past inline_bytes they are queued, to be
+ * shared. A wait in progress() ends the streak. */
+static bool inline_ok(shm_ctx *c, uint64_t total)
+{
+	uint64_t v = (uint64_t)(uintptr_t)pthread_getspecific(c->streak_key);
+	int64_t now_us = now_ns() / 1000;
+	uint64_t kib = v & STREAK_KIB_MAX;
+
+	if (v == 0 || now_us - (int64_t)(v >> 20) > STREAK_GAP_US)
+		kib = 0;
+	kib += (total + 1023) >> 10;
+	(void)pthread_setspecific(c->streak_key, (void *)(uintptr_t)streak_make(now_us, kib));
+	return kib <= c->cfg.inline_bytes >> 10;
+}
+
+/* The end of an inline submit's copies: the streak goes on from now. */
+static void streak_touch(shm_ctx *c)
+{
+	uint64_t v = (uint64_t)(uintptr_t)pthread_getspecific(c->streak_key);
+
+	if (v != 0)
+		(void)pthread_setspecific(c->streak_key,
+					  (void *)(uintptr_t)streak_make(now_ns() / 1000, v & STREAK_KIB_MAX));
+}
+
 int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 {
 	uint64_t total = 0;
 
 	for (size_t i = 0; i < n; i++)
 		total += ts[i]->length;
-	if (total <= c->cfg.inline_bytes) {
+	if (total <= c->cfg.inline_bytes && inline_ok(c, total)) {
 		/* Small: copying here costs less than waking a worker. */
 		shm_piece ps[SHM_CMA_IOV];
 		size_t i = 0;
@@ -313,6 +356,7 @@ int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 				ps[k++] = (shm_piece){ ts[i], 0, ts[i]->length };
 			shm_run_all(c, ps, k);
 		}
+		streak_touch(c);
 		return 0;
 	}
 	/* A thread that waited for its last queued submit in progress() will

@@ -46,6 +46,10 @@
  * to a slice's bytes): a KV cache's thousands of 4 KiB blocks go in runs of
  * a thousand, one take of the queue's lock and one hand-off each. */
 #define SHM_RUN_MAX 1024
+/* Pieces below this size of a take of at least TE_SHM_STREAM_BYTES are
+ * copied with streaming (non-temporal) stores; larger ones by memcpy, whose
+ * own large-copy path does as well. */
+#define SHM_STREAM_PIECE_MAX (256u << 10)
 #define SHM_FIELD "libte_shm" /* the descriptor field (Mooncake decoders ignore it) */
 
 enum { SLOT_FREE = 0, SLOT_LIVE = 1, SLOT_DYING = 2 };
@@ -115,6 +119,7 @@ typedef struct shm_config {
 	uint64_t inline_bytes;   /* submits up to this many bytes are copied by the caller */
 	uint64_t slice;          /* larger requests are split for the workers */
 	uint64_t caller_bytes;   /* a waiting caller copies queued submits up to this alone */
+	uint64_t stream_bytes;   /* a take of at least this many bytes streams its small pieces; 0: never */
 	int64_t spin_ns;         /* TE_SPIN_US: a waiting caller's look for its completions before it sleeps */
 	unsigned max_regions;    /* slots in the control block */
 	int64_t unregister_timeout_ms;
@@ -202,6 +207,9 @@ struct shm_ctx {
 	 * submit. A key, not _Thread_local: a dlopen()ed module's TLS trips
 	 * LeakSanitizer's scan of threads (and a key is per instance). */
 	pthread_key_t waiter_key;
+	/* The bytes a thread copied in its submits lately (see inline_ok()):
+	 * a value, not a pointer, so that nothing is left behind per thread. */
+	pthread_key_t streak_key;
 	bool q_stop;
 };
 
@@ -243,6 +251,7 @@ typedef struct shm_piece {
 	uint64_t off, len;
 } shm_piece;
 void shm_run_all(shm_ctx *c, shm_piece *ps, unsigned n);
+bool shm_stream_supported(void);
 
 /* queue.c */
 int shm_submit(shm_ctx *c, te_transfer *const *t, size_t n);

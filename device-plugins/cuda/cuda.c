@@ -9,7 +9,7 @@
  * shares (cuda-internal.h).
  */
 #include "cuda-internal.h"
-#include "../pci-numa.h"
+#include "teu-pci.h"
 
 static int open_driver(driver *d, char *why, size_t why_len)
 {
@@ -368,7 +368,7 @@ static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 			d->memory = mem;
 		if (c->drv.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, dev) ==
 		    CUDA_SUCCESS)
-			d->numa_node = te_pci_numa_node(d->pci_bus_id);
+			d->numa_node = teu_pci_numa_node(d->pci_bus_id);
 		else
 			d->pci_bus_id[0] = '\0';
 	}

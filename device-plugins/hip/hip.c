@@ -17,7 +17,7 @@
 
 #include <te/te-plugin.h>
 
-#include "../pci-numa.h"
+#include "teu-pci.h"
 
 /* ------------------------------------------------------- HIP API subset */
 
@@ -957,7 +957,7 @@ static int hip_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 			d->memory = mem;
 		if (c->rt.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, i) == hipSuccess) {
 			d->pci_bus_id[sizeof d->pci_bus_id - 1] = '\0';
-			d->numa_node = te_pci_numa_node(d->pci_bus_id);
+			d->numa_node = teu_pci_numa_node(d->pci_bus_id);
 		} else {
 			d->pci_bus_id[0] = '\0';
 		}

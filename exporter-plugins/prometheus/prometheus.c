@@ -35,8 +35,8 @@
 #include <json-glib/json-glib.h>
 #include <libsoup/soup.h>
 #include <te/te-json.h>
-#include "../common/te-bearer.h"
-#include "../common/te-refuse.h"
+#include "teu-bearer.h"
+#include "teu-refuse.h"
 
 #include <te/te-plugin.h>
 
@@ -51,7 +51,7 @@ typedef struct exporter {
 	SoupServer *srv;
 	GSocketService *svc;
 	char *url;
-	te_bearer token;
+	teu_bearer token;
 	GTlsCertificate *cert; /* https when set */
 	unsigned max_conns;
 	unsigned max_per_addr;
@@ -92,7 +92,7 @@ static conn *conn_of(exporter *x, SoupServerMessage *msg);
 /* NULL when `msg` may go on, else why not (for the log, never the token). */
 static const char *unauthorized(exporter *x, SoupServerMessage *msg)
 {
-	return te_bearer_refuse(&x->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+	return teu_bearer_refuse(&x->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
 									 "Authorization"));
 }
 
@@ -110,7 +110,7 @@ static void log_refusal(exporter *x, SoupServerMessage *msg, unsigned status, co
 
 static void refuse_early(exporter *x, SoupServerMessage *msg, unsigned status)
 {
-	te_refuse_early(x->ctx, msg, status, NULL, "libte metrics",
+	teu_refuse_early(x->ctx, msg, status, NULL, "libte metrics",
 			g_strdup_printf("%s\n", soup_status_get_phrase(status)));
 }
 
@@ -261,7 +261,7 @@ static gboolean is_released(gpointer key, gpointer value, gpointer data)
 /* Ends the connection at the socket: its reader, libsoup's on this thread
  * or a TLS handshake on glib-networking's, sees the end of input at once
  * and lets go of it. Only this thread closes these sockets (libsoup,
- * te_refuse_early and on_incoming close a connection on it before they let
+ * teu_refuse_early and on_incoming close a connection on it before they let
  * go of it), so one that is not closed is still this connection's. */
 static void conn_shut(conn *c)
 {
@@ -566,12 +566,12 @@ bad:
 	return NULL;
 }
 
-/* The token (exporter-plugins/common/te-bearer.h says what one is). */
+/* The token (util/teu-bearer.h says what one is). */
 static int load_token(exporter *x, const char *path)
 {
 	char why[512];
 	bool weak = false;
-	int rc = te_bearer_load(&x->token, path, &weak, why, sizeof why);
+	int rc = teu_bearer_load(&x->token, path, &weak, why, sizeof why);
 
 	if (rc < 0) {
 		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %s", why);
@@ -673,7 +673,7 @@ static void prom_free(exporter *x)
 	g_free(x->url);
 	g_mutex_clear(&x->lock);
 	g_cond_clear(&x->cond);
-	te_bearer_clear(&x->token);
+	teu_bearer_clear(&x->token);
 	g_free(x);
 }
 

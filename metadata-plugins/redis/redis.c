@@ -49,7 +49,7 @@ static void redis_close(void *ctx)
 
 	if (s == NULL)
 		return;
-	te_keeper_clear(&s->keeper);
+	teu_keeper_clear(&s->keeper);
 	redis_drop(s);
 	g_hash_table_destroy(s->owned);
 	g_mutex_clear(&s->owned_lock);
@@ -261,7 +261,7 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 	s = g_new0(rstore, 1);
 	g_mutex_init(&s->lock);
 	g_mutex_init(&s->owned_lock);
-	te_keeper_init(&s->keeper);
+	teu_keeper_init(&s->keeper);
 	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 	s->h = h;
 	/* Logs name the store without its password. */

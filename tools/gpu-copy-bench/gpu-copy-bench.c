@@ -31,7 +31,7 @@
 #include "../../device-plugins/cuda/cuda-driver.h"
 #include "../../device-plugins/cuda/gather.h"
 #include "../../device-plugins/cuda/gather-ptx.h"
-#include "../fmt-bytes.h"
+#include "teu-fmt.h"
 
 #define PROG "gpu-copy-bench"
 #define EXIT_SKIP 77
@@ -393,10 +393,10 @@ int main(int argc, char **argv)
 	CU(D.Memcpy(B.dev_b, hp(B.pinned_b), B.span));
 
 	char sz[32], big[32], small[32], tot[32];
-	fmt_bytes(sz, sizeof sz, O.size);
-	fmt_bytes(big, sizeof big, O.big_chunk);
-	fmt_bytes(small, sizeof small, O.small_chunk);
-	fmt_bytes(tot, sizeof tot, O.chunk_total);
+	teu_fmt_bytes(sz, sizeof sz, O.size);
+	teu_fmt_bytes(big, sizeof big, O.big_chunk);
+	teu_fmt_bytes(small, sizeof small, O.small_chunk);
+	teu_fmt_bytes(tot, sizeof tot, O.chunk_total);
 	if (!O.json)
 		fprintf(stderr, PROG ": device %d (%s, %s), one copy %s, chunked %s, median of %u runs\n",
 			O.device, name, bus, sz, tot, O.repeats);
@@ -466,7 +466,7 @@ int main(int argc, char **argv)
 		for (unsigned i = 0; i < nresults; i++) {
 			const result *x = &results[i];
 			char ch[32];
-			fmt_bytes(ch, sizeof ch, x->chunk);
+			teu_fmt_bytes(ch, sizeof ch, x->chunk);
 			printf("| %s | %s | %" PRIu64 " | %.2f | %.2f–%.2f | %.1f |\n", x->name, ch, x->calls,
 			       x->gbs, x->gbs_min, x->gbs_max, x->us_per_call);
 		}

@@ -42,8 +42,8 @@
 #include <te/te-json.h>
 #include <libsoup/soup.h>
 
-#include "../../exporter-plugins/common/te-bearer.h"
-#include "../../exporter-plugins/common/te-refuse.h"
+#include "teu-bearer.h"
+#include "teu-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
 #define TTL_MAX 86400 /* seconds */
@@ -64,7 +64,7 @@ typedef struct server {
 	gboolean verbose;
 	GMainLoop *loop;
 	/* bearer token: SHA-256 of it, compared in constant time; none when unset */
-	te_bearer token;
+	teu_bearer token;
 	gboolean public_reads;
 	gint64 refusal_logged_us; /* when the last refusal line was written */
 	guint refusals_unlogged;  /* refusals since */
@@ -356,11 +356,11 @@ static void reply_text(SoupServerMessage *msg, guint status, const char *text)
 	reply(msg, status, "text/plain", text, strlen(text));
 }
 
-/* Before the body is read (exporter-plugins/common/te-refuse.h); the
+/* Before the body is read (util/teu-refuse.h); the
  * connection is closed after the short reply. */
 static void refuse_early(SoupServerMessage *msg, guint status, char *text)
 {
-	te_refuse_early(NULL, msg, status, "te-metadata-server", "te-metadata-server", text);
+	teu_refuse_early(NULL, msg, status, "te-metadata-server", "te-metadata-server", text);
 }
 
 /* NULL when `msg` may go on; else why it may not (for the log). With
@@ -372,7 +372,7 @@ static const char *unauthorized(server *s, SoupServerMessage *msg)
 	const char *m = soup_server_message_get_method(msg);
 	if (s->public_reads && (strcmp(m, SOUP_METHOD_GET) == 0 || strcmp(m, SOUP_METHOD_HEAD) == 0))
 		return NULL;
-	return te_bearer_refuse(&s->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+	return teu_bearer_refuse(&s->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
 									 "Authorization"));
 }
 
@@ -748,7 +748,7 @@ int main(int argc, char **argv)
 	if (token_file != NULL) {
 		char why[512];
 		bool weak = false;
-		int trc = te_bearer_load(&s.token, token_file, &weak, why, sizeof why);
+		int trc = teu_bearer_load(&s.token, token_file, &weak, why, sizeof why);
 		if (trc < 0) {
 			g_printerr("te-metadata-server: %s\n", why);
 			rc = trc == -EIO ? 1 : 2;

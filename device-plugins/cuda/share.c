@@ -9,7 +9,7 @@
 
 /* ------------------------------------------------ the virtual memory API */
 
-static bool has_vmm(const driver *d)
+static bool has_vmm(const teu_cu_driver *d)
 {
 	return d->MemGetAllocationGranularity && d->MemCreate && d->MemRelease && d->MemAddressReserve &&
 	       d->MemAddressFree && d->MemMap && d->MemUnmap && d->MemSetAccess &&
@@ -100,7 +100,7 @@ static int vmm_alloc(cuda_ctx *c, int device, size_t len, void **ptr)
 	}
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
-			     device, cu_errstr(&c->drv, r));
+			     device, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -ENOMEM;
 	}
@@ -122,7 +122,7 @@ int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	CUresult r = c->drv.MemAlloc(&p, len);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
-			     device, cu_errstr(&c->drv, r));
+			     device, teu_cu_errstr(&c->drv, r));
 		return -ENOMEM;
 	}
 	*ptr = (void *)(uintptr_t)p;
@@ -162,7 +162,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 	CUresult r = c->drv.MemGetHandleForAddressRange(&h, start, size,
 							CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, cu_errstr(&c->drv, r));
+		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, teu_cu_errstr(&c->drv, r));
 		return -ENOTSUP;
 	}
 	*fd = h;
@@ -201,7 +201,7 @@ static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t s
 	if (r != CUDA_SUCCESS || fd < 0) {
 		c->host->log(c->host, TE_LOG_INFO,
 			     "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
-			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, cu_errstr(&c->drv, r));
+			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	memcpy(ipc->handle, vmm_tag, sizeof vmm_tag);
@@ -234,7 +234,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 	}
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
-			     ipc->device, (unsigned long long)ipc->alloc_size, cu_errstr(&c->drv, r));
+			     ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -EIO;
 	}
@@ -268,7 +268,7 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 		int vr = vmm_export(c, addr, start, size, dev, ipc);
 		if (vr == 0)
 			return 0;
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, cu_errstr(&c->drv, r),
+		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, teu_cu_errstr(&c->drv, r),
 			     vr == -ENOTSUP ? "" : "; nor a file descriptor of its cuMemCreate allocation");
 		return -ENOTSUP;
 	}
@@ -301,7 +301,7 @@ int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",
-			     ipc->device, cu_errstr(&c->drv, r));
+			     ipc->device, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	*base = (void *)(uintptr_t)p;
@@ -317,5 +317,5 @@ void cu_ipc_close(void *ctx, void *base)
 	cu_make_current(c, 0);
 	CUresult r = c->drv.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
 	if (r != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, cu_errstr(&c->drv, r));
+		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, teu_cu_errstr(&c->drv, r));
 }

@@ -6,6 +6,7 @@
  * descriptors for cuMemCreate memory).
  */
 #include "cuda-internal.h"
+#include "teu-devmem.h"
 
 /* ------------------------------------------------ the virtual memory API */
 
@@ -147,6 +148,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 	cuda_ctx *c = ctx;
 	CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, start = 0;
 	size_t size = 0;
+	uint64_t off = 0;
 	int h = -1;
 
 	if (c->drv.MemGetHandleForAddressRange == NULL)
@@ -157,7 +159,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 	if (c->drv.PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) !=
 		    CUDA_SUCCESS ||
 	    c->drv.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS ||
-	    p + len > start + size)
+	    !teu_range_in((uintptr_t)p, len, (uintptr_t)start, size, &off))
 		return -EINVAL;
 	CUresult r = c->drv.MemGetHandleForAddressRange(&h, start, size,
 							CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
@@ -166,7 +168,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 		return -ENOTSUP;
 	}
 	*fd = h;
-	*offset = p - start;
+	*offset = off;
 	return 0;
 }
 
@@ -204,12 +206,7 @@ static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t s
 			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
-	memcpy(ipc->handle, vmm_tag, sizeof vmm_tag);
-	ipc->handle_len = sizeof vmm_tag;
-	ipc->device = dev;
-	ipc->fd = fd;
-	ipc->alloc_base = start;
-	ipc->alloc_size = size;
+	teu_ipc_fill(ipc, vmm_tag, sizeof vmm_tag, dev, fd, start, size);
 	return 0;
 }
 
@@ -217,7 +214,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 {
 	CUmemGenericAllocationHandle ah;
 	CUdeviceptr p = 0;
-	int dev = ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0;
+	int dev = teu_ipc_device(ipc, c->ndev);
 	vmm_map *m;
 
 	if (!has_vmm(&c->drv) || ipc->fd < 0 || ipc->alloc_size == 0 || ipc->alloc_size > SIZE_MAX)
@@ -273,12 +270,7 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 		return -ENOTSUP;
 	}
 	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
-	memcpy(ipc->handle, &h, sizeof h);
-	ipc->handle_len = sizeof h;
-	ipc->device = dev;
-	ipc->fd = -1;
-	ipc->alloc_base = start;
-	ipc->alloc_size = size;
+	teu_ipc_fill(ipc, &h, sizeof h, dev, -1, start, size);
 	return 0;
 }
 
@@ -292,12 +284,11 @@ int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 		return vmm_open(c, ipc, base);
 	if (!has_ipc(c))
 		return -ENOTSUP;
-	if (ipc->handle_len != sizeof h)
+	if (teu_ipc_handle(ipc, &h, sizeof h) < 0)
 		return -EINVAL;
-	memcpy(&h, ipc->handle, sizeof h);
 	/* Opened in the context of the device of the same index here, or of
 	 * device 0; lazy peer access lets a copy reach it from any device. */
-	cu_make_current(c, ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0);
+	cu_make_current(c, teu_ipc_device(ipc, c->ndev));
 	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",

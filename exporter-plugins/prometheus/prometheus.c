@@ -36,6 +36,7 @@
 #include <libsoup/soup.h>
 #include <te/te-json.h>
 #include "teu-bearer.h"
+#include "teu-hostport.h"
 #include "teu-refuse.h"
 
 #include <te/te-plugin.h>
@@ -530,39 +531,27 @@ static gboolean quit_loop(gpointer data)
  * not depend on a resolver. */
 static GSocketAddress *parse_addr(const char *s, char *why, size_t whylen)
 {
-	char *host = NULL;
-	const char *port_s;
+	char host[TEU_HOST_MAX], only_port[8];
+	int port = -1;
 
-	if (s[0] == '[') {
-		const char *rb = strchr(s, ']');
-		if (rb == NULL || rb[1] != ':')
-			goto bad;
-		host = g_strndup(s + 1, (gsize)(rb - s - 1));
-		port_s = rb + 2;
-	} else {
-		const char *colon = strrchr(s, ':');
-		if (colon != NULL && strchr(s, ':') != colon)
-			goto bad; /* a bare IPv6 address: [addr]:port */
-		host = colon ? g_strndup(s, (gsize)(colon - s)) : g_strdup("");
-		port_s = colon ? colon + 1 : s;
+	/* a bare port: the loopback address */
+	if (strlen(s) < sizeof only_port - 1 && strspn(s, "0123456789") == strlen(s)) {
+		g_snprintf(only_port, sizeof only_port, ":%s", s);
+		s = only_port;
 	}
-	guint64 port;
-	if (*port_s == '\0' || !g_ascii_string_to_unsigned(port_s, 10, 0, 65535, &port, NULL))
+	if (teu_hostport_split(s, host, sizeof host, &port) < 0 || port < 0)
 		goto bad;
-	if (*host == '\0' || g_ascii_strcasecmp(host, "localhost") == 0) {
-		g_free(host);
-		host = g_strdup("127.0.0.1");
-	}
+	if (*host == '\0' || g_ascii_strcasecmp(host, "localhost") == 0)
+		g_strlcpy(host, "127.0.0.1", sizeof host);
 	GInetAddress *ia = g_inet_address_new_from_string(host);
 	if (ia == NULL)
 		goto bad;
 	GSocketAddress *a = g_inet_socket_address_new(ia, (guint16)port);
 	g_object_unref(ia);
-	g_free(host);
 	return a;
 bad:
-	g_free(host);
-	g_snprintf(why, whylen, "'%s' is not HOST:PORT with a numeric address and a port from 0 to 65535", s);
+	g_snprintf(why, whylen, "'%s' is not HOST:PORT with a numeric address and a port from 0 to 65535",
+		   s == only_port ? s + 1 : s);
 	return NULL;
 }
 

@@ -31,6 +31,7 @@
 #include <glib.h>
 
 #include "etcd.h"
+#include "teu-hostport.h"
 
 #define DEFAULT_PORT 2379
 #define MAX_ENDPOINTS 64
@@ -42,8 +43,8 @@
 static char *endpoint_url(const char *ep, const char *api, const char *scheme)
 {
 	const char *s = ep;
-	char *host = NULL;
-	long port = DEFAULT_PORT;
+	char host[TEU_HOST_MAX];
+	int port = DEFAULT_PORT, p;
 
 	if (g_ascii_strncasecmp(s, "http://", 7) == 0) {
 		s += 7;
@@ -58,37 +59,19 @@ static char *endpoint_url(const char *ep, const char *api, const char *scheme)
 	if (n == 0)
 		return NULL;
 	char *t = g_strndup(s, n);
-	const char *colon;
-	if (t[0] == '[') {
-		char *rb = strchr(t, ']');
-		if (rb == NULL || (rb[1] != '\0' && rb[1] != ':'))
-			goto bad;
-		host = g_strndup(t, (gsize)(rb - t + 1));
-		colon = rb[1] == ':' ? rb + 1 : NULL;
-	} else {
-		colon = strrchr(t, ':');
-		if (colon && strchr(t, ':') != colon)
-			goto bad; /* bare IPv6 without brackets */
-		host = colon ? g_strndup(t, (gsize)(colon - t)) : g_strdup(t);
-	}
-	if (colon) {
-		char *end = NULL;
-		errno = 0;
-		port = strtol(colon + 1, &end, 10);
-		if (errno || end == colon + 1 || *end != '\0' || port <= 0 || port > 65535)
-			goto bad;
-	}
-	if (*host == '\0')
+	/* a bare IPv6 address without brackets is refused: its last group would
+	 * pass for the port */
+	if (teu_hostport_split(t, host, sizeof host, &p) < 0 || *host == '\0' || p == 0)
 		goto bad;
+	if (p > 0)
+		port = p;
 	for (const char *c = host; *c; c++)
-		if (!(g_ascii_isalnum(*c) || strchr(".-_[]:", *c)))
+		if (!(g_ascii_isalnum(*c) || strchr(".-_:", *c)))
 			goto bad;
-	char *url = g_strdup_printf("%s://%s:%ld%s", scheme, host, port, api);
-	g_free(host);
+	char *url = g_strdup_printf(strchr(host, ':') ? "%s://[%s]:%d%s" : "%s://%s:%d%s", scheme, host, port, api);
 	g_free(t);
 	return url;
 bad:
-	g_free(host);
 	g_free(t);
 	return NULL;
 }

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "redis.h"
+#include "teu-hostport.h"
 
 #define DEFAULT_PORT 6379
 #define DEFAULT_SENTINEL_PORT 26379
@@ -74,36 +75,14 @@ static void redis_close(void *ctx)
 /* One "host[:port]" or "[v6]:port" of a sentinel list. */
 static bool parse_hostport(const char *item, char **host, int *port)
 {
-	const char *colon, *h = item;
-	size_t hl;
+	char h[TEU_HOST_MAX];
+	int p;
 
-	if (item[0] == '[') {
-		const char *close = strchr(item, ']');
-		if (close == NULL || close == item + 1)
-			return false;
-		h = item + 1;
-		hl = (size_t)(close - h);
-		colon = close[1] == ':' ? close + 1 : NULL;
-		if (close[1] != '\0' && colon == NULL)
-			return false;
-	} else {
-		colon = strrchr(item, ':');
-		hl = colon ? (size_t)(colon - item) : strlen(item);
-		if (colon != NULL && strchr(item, ':') != colon)
-			return false; /* a bare IPv6 address needs brackets */
-	}
-	if (hl == 0 || hl > 253)
+	/* a bare IPv6 address needs brackets */
+	if (teu_hostport_split(item, h, sizeof h, &p) < 0 || *h == '\0' || strlen(h) > 253 || p == 0)
 		return false;
-	*port = DEFAULT_SENTINEL_PORT;
-	if (colon != NULL) {
-		char *end = NULL;
-		errno = 0;
-		long p = strtol(colon + 1, &end, 10);
-		if (errno || end == colon + 1 || *end != '\0' || p <= 0 || p > 65535)
-			return false;
-		*port = (int)p;
-	}
-	*host = g_strndup(h, hl);
+	*port = p < 0 ? DEFAULT_SENTINEL_PORT : p;
+	*host = g_strdup(h);
 	return true;
 }
 

@@ -43,6 +43,7 @@
 #include <libsoup/soup.h>
 
 #include "teu-bearer.h"
+#include "teu-hostport.h"
 #include "teu-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
@@ -652,35 +653,18 @@ static gboolean on_signal(gpointer data)
 /* "host:port", "[v6]:port" or ":port". */
 static GSocketAddress *parse_listen(const char *s, GError **err)
 {
-	char *host = NULL;
-	const char *colon;
+	char host[TEU_HOST_MAX];
+	int port = -1;
 
-	if (s[0] == '[') {
-		const char *rb = strchr(s, ']');
-		if (rb == NULL || rb[1] != ':')
-			goto bad;
-		host = g_strndup(s + 1, (gsize)(rb - s - 1));
-		colon = rb + 1;
-	} else {
-		colon = strrchr(s, ':');
-		if (colon == NULL)
-			goto bad;
-		host = g_strndup(s, (gsize)(colon - s));
-	}
-	char *end = NULL;
-	errno = 0;
-	long port = strtol(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end || port < 0 || port > 65535)
+	if (teu_hostport_split(s, host, sizeof host, &port) < 0 || port < 0)
 		goto bad;
 	GInetAddress *ia = *host ? g_inet_address_new_from_string(host) : g_inet_address_new_any(G_SOCKET_FAMILY_IPV4);
 	if (ia == NULL)
 		goto bad;
 	GSocketAddress *a = g_inet_socket_address_new(ia, (guint16)port);
 	g_object_unref(ia);
-	g_free(host);
 	return a;
 bad:
-	g_free(host);
 	g_set_error(err, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
 		    "--listen '%s' is not ADDRESS:PORT (a numeric address, e.g. 0.0.0.0:8080)", s);
 	return NULL;

@@ -27,6 +27,7 @@
 
 #include "teu-secret-file.h"
 #include "teu-http.h"
+#include "teu-redact.h"
 
 #define READ_CHUNK 65536
 
@@ -311,7 +312,7 @@ int teu_http_request(teu_http *c, const char *method, const char *url, const cha
 	if (timeout_ms <= 0)
 		timeout_ms = 5000;
 
-	char *log_url = teu_http_redact(url);
+	char *log_url = teu_redact(url);
 	req r = { .c = c, .cancel = g_cancellable_new(), .fd = -1, .phase = PHASE_CONNECT };
 	SoupMessage *msg = new_message(&r, method, url, content_type, body, len, auth);
 	if (msg == NULL) {
@@ -553,25 +554,4 @@ void teu_http_secret_free(char *secret)
 	while (*p)
 		*p++ = '\0';
 	g_free(secret);
-}
-
-char *teu_http_redact(const char *url)
-{
-	if (url == NULL)
-		return g_strdup("(null)");
-	/* user-info sits between "://" (or the start) and the first '@' before
-	 * the host part's end */
-	const char *start = strstr(url, "://");
-	start = start ? start + 3 : url;
-	size_t auth_len = strcspn(start, "/?#");
-	const char *at = NULL;
-	for (const char *p = start; p < start + auth_len; p++)
-		if (*p == '@')
-			at = p; /* the last '@': a password may hold one */
-	if (at == NULL)
-		return g_strdup(url);
-	const char *colon = memchr(start, ':', (size_t)(at - start));
-	if (colon == NULL)
-		return g_strdup(url); /* a user name alone is no secret */
-	return g_strdup_printf("%.*s:***%s", (int)(colon - url), url, at);
 }

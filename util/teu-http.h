@@ -57,10 +57,6 @@ char *teu_http_read_secret(const char *path, char **err);
 /* Overwrites and frees a secret. */
 void teu_http_secret_free(char *secret);
 
-/* `url` (or a connection string) with the password of its user-info
- * replaced by "***", for logs; a copy of it when there is none. */
-char *teu_http_redact(const char *url);
-
 /* Frees reply->body and clears it. */
 void teu_http_reply_clear(teu_http_reply *reply);
 

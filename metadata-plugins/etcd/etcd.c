@@ -32,6 +32,7 @@
 
 #include "etcd.h"
 #include "teu-hostport.h"
+#include "teu-redact.h"
 
 #define DEFAULT_PORT 2379
 #define MAX_ENDPOINTS 64
@@ -146,7 +147,7 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 		h->log(h, TE_LOG_ERROR, "etcd: empty connection string");
 		return -EINVAL;
 	}
-	char *redacted = teu_http_redact(conn);
+	char *redacted = teu_redact(conn);
 	if (g_ascii_strncasecmp(list, "etcd://", 7) == 0) {
 		list += 7;
 	} else if (g_ascii_strncasecmp(list, "etcds://", 8) == 0) {

@@ -30,6 +30,7 @@
 
 #include "teu-http.h"
 #include "teu-keeper.h"
+#include "teu-redact.h"
 #include "teu-store.h"
 
 #define TTL_REPLY "metadata updated; expires in "
@@ -308,7 +309,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	*ctx = NULL;
 	GUri *u = conn ? g_uri_parse(conn, G_URI_FLAGS_ENCODED, &e) : NULL;
 	if (u == NULL) {
-		char *red = teu_http_redact(conn);
+		char *red = teu_redact(conn);
 		h->log(h, TE_LOG_ERROR, "http store: '%s' is not a URL: %s", red, e ? e->message : "NULL");
 		g_free(red);
 		if (e)
@@ -318,7 +319,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	const char *scheme = g_uri_get_scheme(u);
 	if ((g_ascii_strcasecmp(scheme, "http") != 0 && g_ascii_strcasecmp(scheme, "https") != 0) ||
 	    g_uri_get_host(u) == NULL || *g_uri_get_host(u) == '\0') {
-		char *red = teu_http_redact(conn);
+		char *red = teu_redact(conn);
 		h->log(h, TE_LOG_ERROR, "http store: '%s' needs an http:// or https:// URL with a host", red);
 		g_free(red);
 		g_uri_unref(u);
@@ -333,7 +334,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 				   g_uri_get_port(u), g_uri_get_path(u), g_uri_get_query(u), NULL);
 	s->base = g_uri_to_string(nofrag);
 	s->sep = g_uri_get_query(u) != NULL ? '&' : '?';
-	s->log = teu_http_redact(s->base);
+	s->log = teu_redact(s->base);
 	g_uri_unref(nofrag);
 	g_uri_unref(u);
 

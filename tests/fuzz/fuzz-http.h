@@ -92,9 +92,4 @@ void teu_http_secret_free(char *secret)
 	g_free(secret);
 }
 
-char *teu_http_redact(const char *url)
-{
-	return g_strdup(url);
-}
-
 #endif

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libteu's host:port and device-export helpers (util/teu-hostport.h,
- * util/teu-devmem.h), which the control plane, the TCP transport, the HTTP
- * servers, the metadata plugins and both device plugins take their
- * parsing, names and range checks from.
+ * libteu's host:port, redaction and device-export helpers
+ * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h), which the
+ * control plane, the TCP transport, the HTTP servers, the metadata plugins
+ * and both device plugins take their parsing, names, logged URLs and range
+ * checks from.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,8 +13,11 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include <glib.h>
+
 #include "teu-devmem.h"
 #include "teu-hostport.h"
+#include "teu-redact.h"
 #include "../common/check.h"
 
 /* split() of `s`: its return, and the host and port when it took it. */
@@ -104,6 +108,29 @@ static void test_names(void)
 	CHECK(strcmp(host, "[::") == 0);
 }
 
+/* Whether teu_redact(in) is `want`. */
+static bool redacts(const char *in, const char *want)
+{
+	char *got = teu_redact(in);
+	bool ok = strcmp(got, want) == 0;
+
+	if (!ok)
+		fprintf(stderr, "  '%s' -> '%s', expected '%s'\n", in ? in : "(NULL)", got, want);
+	g_free(got);
+	return ok;
+}
+
+static void test_redact(void)
+{
+	CHECK(redacts("etcd://user:pw@10.0.0.1:2379/v3", "etcd://user:***@10.0.0.1:2379/v3"));
+	CHECK(redacts("redis://u:p@ss@h:6379", "redis://u:***@h:6379")); /* a raw '@' in it */
+	CHECK(redacts("u:pw@h:1", "u:***@h:1"));                          /* no scheme */
+	CHECK(redacts("http://user@h/", "http://user@h/"));               /* a name alone */
+	CHECK(redacts("http://h:80/a:b@c", "http://h:80/a:b@c"));         /* '@' past the host */
+	CHECK(redacts("https://h:443?x=a:b@c", "https://h:443?x=a:b@c"));
+	CHECK(redacts(NULL, "(null)"));
+}
+
 static void test_range(void)
 {
 	uint64_t off = 7;
@@ -149,6 +176,7 @@ int main(void)
 {
 	TEST_RUN(test_split);
 	TEST_RUN(test_names);
+	TEST_RUN(test_redact);
 	TEST_RUN(test_range);
 	TEST_RUN(test_ipc);
 	return check_done();

@@ -19,6 +19,7 @@
 #include <glib.h>
 
 #include "teu-http.h"
+#include "teu-redact.h"
 #include "prom-text.h"
 
 #define PROG "te-top"
@@ -402,7 +403,7 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 
 	const char *url = argv[1];
-	log_url = teu_http_redact(url);
+	log_url = teu_redact(url);
 	int failures = 0;
 	gint64 shown = 0;
 	rc = 0;

@@ -21,7 +21,7 @@
  * "<key file>.prev", while those files exist, are accepted. The files are
  * looked at again (at most once a second, as handshakes start), so the key
  * changes without a restart (docs/security.md). Each is read only when no
- * one but this user and root could have written it (te-secret-file.h).
+ * one but this user and root could have written it (util/teu-secret-file.h).
  *
  * Every message has a fixed size and every read a deadline. The magic's
  * bytes 4..7 are not zero, so its first 8 bytes read as a little-endian
@@ -37,7 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/te-secret-file.h"
+#include "teu-secret-file.h"
 #include "internal.h"
 
 #define AUTH_VERSION 1
@@ -126,7 +126,7 @@ static bool file_id_same(const file_id *a, const file_id *b)
 /* Reads the key in `path` into `out`. -ENOENT when there is no such file,
  * -EINVAL (logged at `level`, naming the file, never the key) when it is
  * unusable or refused: one that someone other than this user or root could
- * have written or put there (te-secret-file.h). `id`: what the file was when
+ * have written or put there (util/teu-secret-file.h). `id`: what the file was when
  * read, set when it could be opened. */
 static int read_key(const char *path, auth_key *out, file_id *id, int level)
 {
@@ -136,7 +136,7 @@ static int read_key(const char *path, auth_key *out, file_id *id, int level)
 	int fd, rc;
 
 	*id = (file_id){ 0 };
-	fd = te_secret_open(path, &st, why, sizeof why);
+	fd = teu_secret_open(path, &st, why, sizeof why);
 	if (fd == -ENOENT)
 		return -ENOENT;
 	if (fd == -EPERM) {
@@ -148,7 +148,7 @@ static int read_key(const char *path, auth_key *out, file_id *id, int level)
 		return -EINVAL;
 	}
 	file_id_of(path, &st, id);
-	rc = te_secret_read(fd, buf, sizeof buf, &n);
+	rc = teu_secret_read(fd, buf, sizeof buf, &n);
 	close(fd);
 	if (rc < 0) {
 		explicit_bzero(buf, sizeof buf);

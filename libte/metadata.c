@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "teu-redact.h"
 
 static GOnce prefix_once = G_ONCE_INIT;
 
@@ -60,25 +61,6 @@ int te_metadata_rpc_key(const char *name, char *buf, size_t size)
 	return key_out(buf, size, "rpc_meta/", name);
 }
 
-/* `conn` for logs: the password of a user-info ("user:password@host")
- * replaced by "***". The host part ends at the first '/', '?' or '#' (a
- * password holding those must be percent-encoded); its last '@' ends the
- * user-info, so a raw '@' in a password is hidden too. */
-static char *redact_conn(const char *conn)
-{
-	const char *start = strstr(conn, "://");
-	start = start ? start + 3 : conn;
-	size_t n = strcspn(start, "/?#");
-	const char *at = NULL;
-	for (const char *p = start; p < start + n; p++)
-		if (*p == '@')
-			at = p;
-	const char *colon = at ? memchr(start, ':', (size_t)(at - start)) : NULL;
-	if (colon == NULL)
-		return g_strdup(conn); /* no password */
-	return g_strdup_printf("%.*s:***%s", (int)(colon - conn), conn, at);
-}
-
 /* The scheme of a connection string; a bare "host:port" means etcd. */
 static char *conn_scheme(const char *conn)
 {
@@ -106,7 +88,7 @@ int te_metadata_open_internal(const char *conn, te_engine *engine, te_metadata *
 	}
 	md = g_new0(te_metadata, 1);
 	/* md->conn only names the store in logs: never with its password */
-	md->conn = redact_conn(conn);
+	md->conn = teu_redact(conn);
 	if (strcmp(conn, "P2PHANDSHAKE") == 0) {
 		md->p2p = true;
 		*out = md;

@@ -23,6 +23,7 @@
 
 #include "internal.h"
 #include "metrics.h"
+#include "teu-hostport.h"
 
 #define CONNECT_TIMEOUT_MS 5000
 #define CLIENT_RECV_TIMEOUT_MS 60000
@@ -143,27 +144,6 @@ static const char *rpc_kind_name(int kind)
 	case TE_RPC_PROBE: return "Probe";
 	default: return "unknown";
 	}
-}
-
-static void peer_name(const struct sockaddr_storage *ss, char *buf, size_t size)
-{
-	char host[INET6_ADDRSTRLEN] = "?";
-	int port = 0;
-
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *a = (const void *)ss;
-		inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-		port = ntohs(a->sin_port);
-	} else if (ss->ss_family == AF_INET6) {
-		/* the dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d */
-		const struct sockaddr_in6 *a = (const void *)ss;
-		if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
-			inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
-		else
-			inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-		port = ntohs(a->sin6_port);
-	}
-	snprintf(buf, size, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
 }
 
 /* ---------------------------------------------------------------- server */
@@ -337,13 +317,6 @@ static void warn_full(te_rpc_server *s, const char *why, const char *peer)
 	te_warn("rpc: %s; closing connections (%s and maybe others)", why, peer);
 }
 
-static void host_of(const char *peer, char *host, size_t size)
-{
-	const char *colon = strrchr(peer, ':');
-	size_t n = colon ? (size_t)(colon - peer) : strlen(peer);
-	snprintf(host, size, "%.*s", (int)n, peer);
-}
-
 /* Accepts what is waiting; each new connection becomes pending. */
 static void accept_some(te_rpc_server *s, pending *pend, size_t *npend)
 {
@@ -359,8 +332,8 @@ static void accept_some(te_rpc_server *s, pending *pend, size_t *npend)
 			return;
 		}
 		pending p = { .fd = fd, .deadline = te_now_ms() + SERVER_FRAME_TIMEOUT_MS };
-		peer_name(&ss, p.peer, sizeof p.peer);
-		host_of(p.peer, p.host, sizeof p.host);
+		teu_sockaddr_name((const struct sockaddr *)&ss, p.peer, sizeof p.peer);
+		teu_hostport_host(p.peer, p.host, sizeof p.host);
 		g_mutex_lock(&s->lock);
 		bool ok = !s->stopping && *npend < MAX_PENDING;
 		if (!ok)

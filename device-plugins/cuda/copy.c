@@ -50,20 +50,18 @@ __attribute__((destructor)) static void cst_print(void)
 		(unsigned long long)atomic_load(&cst.launch_pieces));
 }
 
-#include "gather-ptx.h"
-
 static CUstream pool_get(cuda_ctx *c);
 static void pool_put(cuda_ctx *c, CUstream s);
 static CUresult stream_wait(cuda_ctx *c, CUstream s);
 static bool gather_ready(cuda_ctx *c);
 static bool kernel_piece(cuda_ctx *c, const te_copy *v, CUdeviceptr *dst, CUdeviceptr *src);
-static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, size_t n, CUstream s);
+static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_t n, CUstream s);
 
-/* gather_flush, counted for TE_CUDA_STATS. */
-static CUresult launch(cuda_ctx *c, gather_params *g, CUstream s)
+/* teu_gather_flush, counted for TE_CUDA_STATS. */
+static CUresult launch(cuda_ctx *c, teu_gather *g, CUstream s)
 {
 	CST_ADD(launches, g->n > 0);
-	return gather_flush(&c->drv, c->gather_fn, g, s);
+	return teu_gather_flush(&c->drv, c->gather_fn, g, s);
 }
 
 int cu_copy(void *ctx, void *dst, const void *src, size_t len)
@@ -82,7 +80,7 @@ int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 	if (s == NULL) { /* a driver without the stream calls: nothing else */
 		r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
 		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len, cu_errstr(&c->drv, r));
+			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len, teu_cu_errstr(&c->drv, r));
 			return -EIO;
 		}
 		return 0;
@@ -92,7 +90,7 @@ int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 	pool_put(c, s);
 	if (r != CUDA_SUCCESS || w != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", r != CUDA_SUCCESS ? "cuMemcpyAsync" : "copy",
-			     len, cu_errstr(&c->drv, r != CUDA_SUCCESS ? r : w));
+			     len, teu_cu_errstr(&c->drv, r != CUDA_SUCCESS ? r : w));
 		return -EIO;
 	}
 	return 0;
@@ -115,7 +113,7 @@ int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 #define GROUP_BYTES (4u << 20)
 #define GROUP_JOBS 64
 
-static bool has_events(const driver *d)
+static bool has_events(const teu_cu_driver *d)
 {
 	return d->EventCreate != NULL && d->EventRecord != NULL && d->EventSynchronize != NULL &&
 	       d->EventDestroy != NULL;
@@ -198,7 +196,7 @@ static void *lane_main(void *arg)
 		uint64_t te = cst_now();
 		if (r != CUDA_SUCCESS)
 			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
-				     cu_errstr(&c->drv, r));
+				     teu_cu_errstr(&c->drv, r));
 		if (g->ev != NULL)
 			event_put(c, g->ev);
 		CST_ADD(async_sync_ns, te - ts);
@@ -231,7 +229,7 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 {
 	lane *l = &c->lanes[c->next_lane++ % LANES];
 	cu_group *g = malloc(sizeof *g);
-	gather_params *gp = NULL;
+	teu_gather *gp = NULL;
 
 	if (g == NULL) {
 		for (cu_job *j = jobs, *next; j != NULL; j = next) {
@@ -256,7 +254,7 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 	}
 	CUresult lr = gp != NULL ? launch(c, gp, l->stream) : CUDA_SUCCESS;
 	if (lr != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", cu_errstr(&c->drv, lr));
+		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", teu_cu_errstr(&c->drv, lr));
 		for (cu_job *k = jobs; k != NULL; k = k->next)
 			if (k->rc == 0)
 				k->rc = -EIO;
@@ -361,7 +359,7 @@ static void submitter_stop(cuda_ctx *c)
  * when the driver lacks the calls or refuses. */
 bool cu_async_start(cuda_ctx *c)
 {
-	driver *d = &c->drv;
+	teu_cu_driver *d = &c->drv;
 	int made = 0;
 
 	if (d->StreamCreate == NULL || d->StreamDestroy == NULL || d->MemcpyAsync == NULL ||
@@ -377,7 +375,7 @@ bool cu_async_start(cuda_ctx *c)
 		pthread_cond_init(&l->cond, NULL);
 		CUresult r = d->StreamCreate(&l->stream, CU_STREAM_NON_BLOCKING);
 		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", cu_errstr(d, r));
+			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", teu_cu_errstr(d, r));
 			l->stream = NULL;
 			made++;
 			break;
@@ -461,7 +459,7 @@ static CUstream pool_get(cuda_ctx *c)
 			s = NULL;
 			if (!atomic_exchange(&c->said_no_pool, true))
 				c->host->log(c->host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
-					     cu_errstr(&c->drv, r),
+					     teu_cu_errstr(&c->drv, r),
 					     c->pool_made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
 		}
 		if (c->pool_made == 0)
@@ -514,7 +512,7 @@ static bool gather_ready(cuda_ctx *c)
 				     c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
 		} else {
 			cu_make_current(c, 0);
-			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, gather_ptx);
+			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, teu_gather_ptx);
 			if (r == CUDA_SUCCESS) {
 				r = c->drv.ModuleGetFunction(&c->gather_fn, c->gather_mod, "te_gather_copy");
 				if (r != CUDA_SUCCESS)
@@ -525,7 +523,7 @@ static bool gather_ready(cuda_ctx *c)
 			else
 				c->host->log(c->host, TE_LOG_INFO,
 					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
-					     cu_errstr(&c->drv, r));
+					     teu_cu_errstr(&c->drv, r));
 		}
 		/* Published after the module and function it covers. */
 		atomic_store_explicit(&c->gather_state, state, memory_order_release);
@@ -594,7 +592,7 @@ static bool kernel_piece(cuda_ctx *c, const te_copy *v, CUdeviceptr *dst, CUdevi
 /* Queues pieces on `s`: those the kernel can move into `g` (launched when
  * full; the caller launches the rest), the others with a copy call each.
  * Without `g`, a copy call each. */
-static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, size_t n, CUstream s)
+static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_t n, CUstream s)
 {
 	CUresult r = CUDA_SUCCESS;
 
@@ -604,11 +602,11 @@ static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, si
 			continue;
 		if (g != NULL && kernel_piece(c, &v[i], &dst, &src)) {
 			CST_ADD(launch_pieces, 1);
-			if (gather_add(g, dst, src, v[i].len)) {
+			if (teu_gather_add(g, dst, src, v[i].len)) {
 				r = launch(c, g, s);
 				if (r != CUDA_SUCCESS)
 					c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
-						     GATHER_MAX, cu_errstr(&c->drv, r));
+						     TEU_GATHER_MAX, teu_cu_errstr(&c->drv, r));
 			}
 			continue;
 		}
@@ -616,7 +614,7 @@ static CUresult pieces_queue(cuda_ctx *c, gather_params *g, const te_copy *v, si
 				       s);
 		if (r != CUDA_SUCCESS)
 			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
-				     cu_errstr(&c->drv, r));
+				     teu_cu_errstr(&c->drv, r));
 	}
 	return r;
 }
@@ -638,7 +636,7 @@ static CUresult stream_wait(cuda_ctx *c, CUstream s)
 /* Every piece queued on one stream of the pool, then one wait. The gather
  * kernel takes the pieces it reaches (kernel_piece) when the batch says it
  * is device memory only (TE_COPY_DEVICE_ONLY) or with TE_CUDA_GATHER=host:
- * one launch for up to GATHER_MAX of them, as a copy call per piece costs
+ * one launch for up to TEU_GATHER_MAX of them, as a copy call per piece costs
  * ~10 us whatever its size; the others take a copy call each. */
 int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 {
@@ -663,13 +661,13 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 		return 0;
 	}
 	cu_make_current(c, 0);
-	gather_params g = { .n = 0 };
+	teu_gather g = { .n = 0 };
 	CUresult r = pieces_queue(c, kernel ? &g : NULL, v, n, s);
 	if (r == CUDA_SUCCESS) {
 		r = launch(c, &g, s);
 		if (r != CUDA_SUCCESS)
 			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
-				     cu_errstr(&c->drv, r));
+				     teu_cu_errstr(&c->drv, r));
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
 	 * the caller reuses its buffers. */
@@ -678,7 +676,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	CST_ADD(batch_wait_ns, cst_now() - tw);
 	CST_ADD(batch_ns, cst_now() - t0);
 	if (w != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, cu_errstr(&c->drv, w));
+		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, teu_cu_errstr(&c->drv, w));
 	pool_put(c, s);
 	return r == CUDA_SUCCESS && w == CUDA_SUCCESS ? 0 : -EIO;
 }

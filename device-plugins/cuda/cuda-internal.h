@@ -2,7 +2,7 @@
 /*
  * The CUDA device plugin's shared declarations: the plugin's context and
  * the functions its files share (the driver's types, calls and table are in
- * cuda-driver.h, so that neither the plugin nor libte needs the CUDA
+ * util/teu-cuda.h, so that neither the plugin nor libte needs the CUDA
  * toolkit). cuda.c opens the driver and holds the
  * ops table; copy.c the copies; share.c the virtual memory API, dma-bufs and
  * other processes' memory.
@@ -24,8 +24,8 @@
 
 #include <te/te-plugin.h>
 
-#include "cuda-driver.h"
-#include "gather.h"
+#include "teu-cuda.h"
+#include "teu-gather.h"
 
 #define MAX_DEVICES 64
 
@@ -96,7 +96,7 @@ typedef struct vmm_map {
 
 struct cuda_ctx {
 	const te_host *host;
-	driver drv;
+	teu_cu_driver drv;
 	int ndev;
 	CUcontext ctx[MAX_DEVICES]; /* primary contexts */
 
@@ -109,7 +109,7 @@ struct cuda_ctx {
 	pthread_mutex_t sub_lock; /* guards the queue and sub_quit */
 	pthread_cond_t sub_cond;
 	cu_job *sub_head, *sub_tail;
-	gather_params sub_gather; /* the submitter's launches (TE_CUDA_GATHER=host) */
+	teu_gather sub_gather; /* the submitter's launches (TE_CUDA_GATHER=host) */
 	pthread_mutex_t ev_lock; /* guards the kept events */
 	CUevent events[EVENTS_KEPT];
 	unsigned nevents;

@@ -9,11 +9,11 @@
  * shares (cuda-internal.h).
  */
 #include "cuda-internal.h"
-#include "../pci-numa.h"
+#include "teu-pci.h"
 
-static int open_driver(driver *d, char *why, size_t why_len)
+static int open_driver(teu_cu_driver *d, char *why, size_t why_len)
 {
-	int rc = cu_driver_open(d, why, why_len);
+	int rc = teu_cu_open(d, why, why_len);
 	if (rc != 0)
 		return rc;
 	CUresult r = d->Init(0);
@@ -22,7 +22,7 @@ static int open_driver(driver *d, char *why, size_t why_len)
 		r = d->DeviceGetCount(&n);
 	if (r != CUDA_SUCCESS || n <= 0) {
 		snprintf(why, why_len, "no CUDA device (%s)",
-			 r != CUDA_SUCCESS ? cu_errstr(d, r) : "the driver counts none");
+			 r != CUDA_SUCCESS ? teu_cu_errstr(d, r) : "the driver counts none");
 		dlclose(d->lib);
 		d->lib = NULL;
 		return -ENODEV;
@@ -32,7 +32,7 @@ static int open_driver(driver *d, char *why, size_t why_len)
 
 static int cu_probe(const te_host *h, char *why, size_t why_len)
 {
-	driver d;
+	teu_cu_driver d;
 	(void)h;
 	int n = open_driver(&d, why, why_len);
 	if (n < 0)
@@ -114,7 +114,7 @@ static int cu_create(const te_host *h, void **out)
 		if (r == CUDA_SUCCESS)
 			r = c->drv.DevicePrimaryCtxRetain(&c->ctx[i], dev);
 		if (r != CUDA_SUCCESS) {
-			h->log(h, TE_LOG_WARN, "device %d: no context: %s", i, cu_errstr(&c->drv, r));
+			h->log(h, TE_LOG_WARN, "device %d: no context: %s", i, teu_cu_errstr(&c->drv, r));
 			c->ctx[i] = NULL;
 		}
 	}
@@ -245,7 +245,7 @@ static bool default_stream(CUstream s)
  * negative (logged). */
 static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *what)
 {
-	driver *d = &c->drv;
+	teu_cu_driver *d = &c->drv;
 	CUcontext want = NULL;
 	CUresult r;
 
@@ -257,7 +257,7 @@ static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *wh
 		r = d->StreamGetCtx(stream, &want);
 		if (r != CUDA_SUCCESS) {
 			c->host->log(c->host, TE_LOG_ERROR, "%s: cuStreamGetCtx of stream %p: %s", what, stream,
-				     cu_errstr(d, r));
+				     teu_cu_errstr(d, r));
 			return -EINVAL;
 		}
 	} else if (device >= 0) {
@@ -271,7 +271,7 @@ static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *wh
 			     "location, or else the calling thread's current one (said once)");
 	r = d->CtxPushCurrent(want);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s: cuCtxPushCurrent: %s", what, cu_errstr(d, r));
+		c->host->log(c->host, TE_LOG_ERROR, "%s: cuCtxPushCurrent: %s", what, teu_cu_errstr(d, r));
 		return -EIO;
 	}
 	CUdevice dev, named;
@@ -302,7 +302,7 @@ static int cu_stream_wait_on(void *ctx, int device, void *stream)
 	CUresult r = c->drv.StreamSynchronize(stream);
 	stream_leave(c);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuStreamSynchronize: %s", cu_errstr(&c->drv, r));
+		c->host->log(c->host, TE_LOG_ERROR, "cuStreamSynchronize: %s", teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	return 0;
@@ -338,7 +338,7 @@ static int cu_stream_launch_on(void *ctx, int device, void *stream, void (*fn)(v
 	CUresult r = c->drv.LaunchHostFunc(stream, fn, arg);
 	stream_leave(c);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuLaunchHostFunc: %s", cu_errstr(&c->drv, r));
+		c->host->log(c->host, TE_LOG_ERROR, "cuLaunchHostFunc: %s", teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	return 0;
@@ -368,7 +368,7 @@ static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 			d->memory = mem;
 		if (c->drv.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, dev) ==
 		    CUDA_SUCCESS)
-			d->numa_node = te_pci_numa_node(d->pci_bus_id);
+			d->numa_node = teu_pci_numa_node(d->pci_bus_id);
 		else
 			d->pci_bus_id[0] = '\0';
 	}

@@ -6,10 +6,11 @@
  * descriptors for cuMemCreate memory).
  */
 #include "cuda-internal.h"
+#include "teu-devmem.h"
 
 /* ------------------------------------------------ the virtual memory API */
 
-static bool has_vmm(const driver *d)
+static bool has_vmm(const teu_cu_driver *d)
 {
 	return d->MemGetAllocationGranularity && d->MemCreate && d->MemRelease && d->MemAddressReserve &&
 	       d->MemAddressFree && d->MemMap && d->MemUnmap && d->MemSetAccess &&
@@ -100,7 +101,7 @@ static int vmm_alloc(cuda_ctx *c, int device, size_t len, void **ptr)
 	}
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
-			     device, cu_errstr(&c->drv, r));
+			     device, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -ENOMEM;
 	}
@@ -122,7 +123,7 @@ int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	CUresult r = c->drv.MemAlloc(&p, len);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
-			     device, cu_errstr(&c->drv, r));
+			     device, teu_cu_errstr(&c->drv, r));
 		return -ENOMEM;
 	}
 	*ptr = (void *)(uintptr_t)p;
@@ -147,6 +148,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 	cuda_ctx *c = ctx;
 	CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, start = 0;
 	size_t size = 0;
+	uint64_t off = 0;
 	int h = -1;
 
 	if (c->drv.MemGetHandleForAddressRange == NULL)
@@ -157,16 +159,16 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 	if (c->drv.PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) !=
 		    CUDA_SUCCESS ||
 	    c->drv.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS ||
-	    p + len > start + size)
+	    !teu_range_in((uintptr_t)p, len, (uintptr_t)start, size, &off))
 		return -EINVAL;
 	CUresult r = c->drv.MemGetHandleForAddressRange(&h, start, size,
 							CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, cu_errstr(&c->drv, r));
+		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, teu_cu_errstr(&c->drv, r));
 		return -ENOTSUP;
 	}
 	*fd = h;
-	*offset = p - start;
+	*offset = off;
 	return 0;
 }
 
@@ -201,15 +203,10 @@ static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t s
 	if (r != CUDA_SUCCESS || fd < 0) {
 		c->host->log(c->host, TE_LOG_INFO,
 			     "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
-			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, cu_errstr(&c->drv, r));
+			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
-	memcpy(ipc->handle, vmm_tag, sizeof vmm_tag);
-	ipc->handle_len = sizeof vmm_tag;
-	ipc->device = dev;
-	ipc->fd = fd;
-	ipc->alloc_base = start;
-	ipc->alloc_size = size;
+	teu_ipc_fill(ipc, vmm_tag, sizeof vmm_tag, dev, fd, start, size);
 	return 0;
 }
 
@@ -217,7 +214,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 {
 	CUmemGenericAllocationHandle ah;
 	CUdeviceptr p = 0;
-	int dev = ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0;
+	int dev = teu_ipc_device(ipc, c->ndev);
 	vmm_map *m;
 
 	if (!has_vmm(&c->drv) || ipc->fd < 0 || ipc->alloc_size == 0 || ipc->alloc_size > SIZE_MAX)
@@ -234,7 +231,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 	}
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
-			     ipc->device, (unsigned long long)ipc->alloc_size, cu_errstr(&c->drv, r));
+			     ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -EIO;
 	}
@@ -268,17 +265,12 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 		int vr = vmm_export(c, addr, start, size, dev, ipc);
 		if (vr == 0)
 			return 0;
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, cu_errstr(&c->drv, r),
+		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, teu_cu_errstr(&c->drv, r),
 			     vr == -ENOTSUP ? "" : "; nor a file descriptor of its cuMemCreate allocation");
 		return -ENOTSUP;
 	}
 	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
-	memcpy(ipc->handle, &h, sizeof h);
-	ipc->handle_len = sizeof h;
-	ipc->device = dev;
-	ipc->fd = -1;
-	ipc->alloc_base = start;
-	ipc->alloc_size = size;
+	teu_ipc_fill(ipc, &h, sizeof h, dev, -1, start, size);
 	return 0;
 }
 
@@ -292,16 +284,15 @@ int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 		return vmm_open(c, ipc, base);
 	if (!has_ipc(c))
 		return -ENOTSUP;
-	if (ipc->handle_len != sizeof h)
+	if (teu_ipc_handle(ipc, &h, sizeof h) < 0)
 		return -EINVAL;
-	memcpy(&h, ipc->handle, sizeof h);
 	/* Opened in the context of the device of the same index here, or of
 	 * device 0; lazy peer access lets a copy reach it from any device. */
-	cu_make_current(c, ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0);
+	cu_make_current(c, teu_ipc_device(ipc, c->ndev));
 	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (r != CUDA_SUCCESS) {
 		c->host->log(c->host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",
-			     ipc->device, cu_errstr(&c->drv, r));
+			     ipc->device, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	*base = (void *)(uintptr_t)p;
@@ -317,5 +308,5 @@ void cu_ipc_close(void *ctx, void *base)
 	cu_make_current(c, 0);
 	CUresult r = c->drv.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
 	if (r != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, cu_errstr(&c->drv, r));
+		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, teu_cu_errstr(&c->drv, r));
 }

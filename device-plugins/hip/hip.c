@@ -17,7 +17,8 @@
 
 #include <te/te-plugin.h>
 
-#include "../pci-numa.h"
+#include "teu-devmem.h"
+#include "teu-pci.h"
 
 /* ------------------------------------------------------- HIP API subset */
 
@@ -741,13 +742,13 @@ static int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, u
 	void *p = (void *)(uintptr_t)addr;
 	uintptr_t start = 0;
 	size_t size = 0;
+	uint64_t off = 0;
 	int h = -1;
 
 	if (c->rt.MemGetHandleForAddressRange == NULL)
 		return -ENOTSUP;
 	/* Export the whole allocation, and say where the range starts in it. */
-	if (!range_of(c, p, &start, &size) || (uintptr_t)addr < start || len > size ||
-	    (uintptr_t)addr - start > size - len)
+	if (!range_of(c, p, &start, &size) || !teu_range_in((uintptr_t)addr, len, start, size, &off))
 		return -EINVAL;
 	hipError_t e = c->rt.MemGetHandleForAddressRange(&h, (void *)start, size,
 							 hipMemRangeHandleTypeDmaBufFd, 0);
@@ -756,7 +757,7 @@ static int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, u
 		return -ENOTSUP;
 	}
 	*fd = h;
-	*offset = (uint64_t)((uintptr_t)addr - start);
+	*offset = off;
 	return 0;
 }
 
@@ -790,12 +791,7 @@ static int hip_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc
 		return -ENOTSUP;
 	}
 	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
-	memcpy(ipc->handle, &h, sizeof h);
-	ipc->handle_len = sizeof h;
-	ipc->device = dev;
-	ipc->fd = -1;
-	ipc->alloc_base = start;
-	ipc->alloc_size = size;
+	teu_ipc_fill(ipc, &h, sizeof h, dev, -1, start, size);
 	return 0;
 }
 
@@ -807,12 +803,11 @@ static int hip_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 
 	if (!has_ipc(c))
 		return -ENOTSUP;
-	if (ipc->handle_len != sizeof h)
+	if (teu_ipc_handle(ipc, &h, sizeof h) < 0)
 		return -EINVAL;
-	memcpy(&h, ipc->handle, sizeof h);
 	/* Opened on the device of the same index here, or on device 0; lazy
 	 * peer access lets a copy reach it from any device. */
-	int dev = ipc->device >= 0 && ipc->device < c->ndev ? ipc->device : 0;
+	int dev = teu_ipc_device(ipc, c->ndev);
 	int old = device_enter(c, dev);
 	hipError_t e = c->rt.IpcOpenMemHandle(&p, h, hipIpcMemLazyEnablePeerAccess);
 	device_leave(c, dev, old);
@@ -957,7 +952,7 @@ static int hip_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 			d->memory = mem;
 		if (c->rt.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, i) == hipSuccess) {
 			d->pci_bus_id[sizeof d->pci_bus_id - 1] = '\0';
-			d->numa_node = te_pci_numa_node(d->pci_bus_id);
+			d->numa_node = teu_pci_numa_node(d->pci_bus_id);
 		} else {
 			d->pci_bus_id[0] = '\0';
 		}

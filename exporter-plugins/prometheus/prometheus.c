@@ -35,8 +35,9 @@
 #include <json-glib/json-glib.h>
 #include <libsoup/soup.h>
 #include <te/te-json.h>
-#include "../common/te-bearer.h"
-#include "../common/te-refuse.h"
+#include "teu-bearer.h"
+#include "teu-hostport.h"
+#include "teu-refuse.h"
 
 #include <te/te-plugin.h>
 
@@ -51,7 +52,7 @@ typedef struct exporter {
 	SoupServer *srv;
 	GSocketService *svc;
 	char *url;
-	te_bearer token;
+	teu_bearer token;
 	GTlsCertificate *cert; /* https when set */
 	unsigned max_conns;
 	unsigned max_per_addr;
@@ -92,7 +93,7 @@ static conn *conn_of(exporter *x, SoupServerMessage *msg);
 /* NULL when `msg` may go on, else why not (for the log, never the token). */
 static const char *unauthorized(exporter *x, SoupServerMessage *msg)
 {
-	return te_bearer_refuse(&x->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+	return teu_bearer_refuse(&x->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
 									 "Authorization"));
 }
 
@@ -110,7 +111,7 @@ static void log_refusal(exporter *x, SoupServerMessage *msg, unsigned status, co
 
 static void refuse_early(exporter *x, SoupServerMessage *msg, unsigned status)
 {
-	te_refuse_early(x->ctx, msg, status, NULL, "libte metrics",
+	teu_refuse_early(x->ctx, msg, status, NULL, "libte metrics",
 			g_strdup_printf("%s\n", soup_status_get_phrase(status)));
 }
 
@@ -261,7 +262,7 @@ static gboolean is_released(gpointer key, gpointer value, gpointer data)
 /* Ends the connection at the socket: its reader, libsoup's on this thread
  * or a TLS handshake on glib-networking's, sees the end of input at once
  * and lets go of it. Only this thread closes these sockets (libsoup,
- * te_refuse_early and on_incoming close a connection on it before they let
+ * teu_refuse_early and on_incoming close a connection on it before they let
  * go of it), so one that is not closed is still this connection's. */
 static void conn_shut(conn *c)
 {
@@ -530,48 +531,36 @@ static gboolean quit_loop(gpointer data)
  * not depend on a resolver. */
 static GSocketAddress *parse_addr(const char *s, char *why, size_t whylen)
 {
-	char *host = NULL;
-	const char *port_s;
+	char host[TEU_HOST_MAX], only_port[8];
+	int port = -1;
 
-	if (s[0] == '[') {
-		const char *rb = strchr(s, ']');
-		if (rb == NULL || rb[1] != ':')
-			goto bad;
-		host = g_strndup(s + 1, (gsize)(rb - s - 1));
-		port_s = rb + 2;
-	} else {
-		const char *colon = strrchr(s, ':');
-		if (colon != NULL && strchr(s, ':') != colon)
-			goto bad; /* a bare IPv6 address: [addr]:port */
-		host = colon ? g_strndup(s, (gsize)(colon - s)) : g_strdup("");
-		port_s = colon ? colon + 1 : s;
+	/* a bare port: the loopback address */
+	if (strlen(s) < sizeof only_port - 1 && strspn(s, "0123456789") == strlen(s)) {
+		g_snprintf(only_port, sizeof only_port, ":%s", s);
+		s = only_port;
 	}
-	guint64 port;
-	if (*port_s == '\0' || !g_ascii_string_to_unsigned(port_s, 10, 0, 65535, &port, NULL))
+	if (teu_hostport_split(s, host, sizeof host, &port) < 0 || port < 0)
 		goto bad;
-	if (*host == '\0' || g_ascii_strcasecmp(host, "localhost") == 0) {
-		g_free(host);
-		host = g_strdup("127.0.0.1");
-	}
+	if (*host == '\0' || g_ascii_strcasecmp(host, "localhost") == 0)
+		g_strlcpy(host, "127.0.0.1", sizeof host);
 	GInetAddress *ia = g_inet_address_new_from_string(host);
 	if (ia == NULL)
 		goto bad;
 	GSocketAddress *a = g_inet_socket_address_new(ia, (guint16)port);
 	g_object_unref(ia);
-	g_free(host);
 	return a;
 bad:
-	g_free(host);
-	g_snprintf(why, whylen, "'%s' is not HOST:PORT with a numeric address and a port from 0 to 65535", s);
+	g_snprintf(why, whylen, "'%s' is not HOST:PORT with a numeric address and a port from 0 to 65535",
+		   s == only_port ? s + 1 : s);
 	return NULL;
 }
 
-/* The token (exporter-plugins/common/te-bearer.h says what one is). */
+/* The token (util/teu-bearer.h says what one is). */
 static int load_token(exporter *x, const char *path)
 {
 	char why[512];
 	bool weak = false;
-	int rc = te_bearer_load(&x->token, path, &weak, why, sizeof why);
+	int rc = teu_bearer_load(&x->token, path, &weak, why, sizeof why);
 
 	if (rc < 0) {
 		x->h->log(x->h, TE_LOG_ERROR, "metrics endpoint: %s", why);
@@ -673,7 +662,7 @@ static void prom_free(exporter *x)
 	g_free(x->url);
 	g_mutex_clear(&x->lock);
 	g_cond_clear(&x->cond);
-	te_bearer_clear(&x->token);
+	teu_bearer_clear(&x->token);
 	g_free(x);
 }
 

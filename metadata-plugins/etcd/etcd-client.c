@@ -35,13 +35,13 @@ const char *etcd_str_member(JsonObject *o, const char *name, const char *def)
 
 /* ----------------------------------------------------------- transport */
 
-static JsonNode *load_reply(etcd *s, const te_http_reply *r, const char *what, const char *key);
+static JsonNode *load_reply(etcd *s, const teu_http_reply *r, const char *what, const char *key);
 
 /* Whether a reply says the token sent was not (or no longer) accepted:
  * expired or unknown to this member, or issued before an auth change.
  * Keys and values travel base64-encoded, so these phrases (with spaces)
  * cannot come from stored data. */
-static bool token_refused(const te_http_reply *r)
+static bool token_refused(const teu_http_reply *r)
 {
 	if (r->body == NULL || (r->status == 200 && strncmp(r->body, "{\"error\"", 9) != 0))
 		return false;
@@ -55,7 +55,7 @@ static bool token_refused(const te_http_reply *r)
 int etcd_authenticate(etcd *s, int ep)
 {
 	JsonObject *o = json_object_new();
-	te_http_reply r;
+	teu_http_reply r;
 	char *err = NULL;
 
 	json_object_set_string_member(o, "name", s->user);
@@ -66,10 +66,10 @@ int etcd_authenticate(etcd *s, int ep)
 	json_object_unref(o);
 
 	char *url = g_strconcat(s->urls[ep], "/auth/authenticate", NULL);
-	int rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body), NULL,
+	int rc = teu_http_request(s->http, "POST", url, "application/json", body, strlen(body), NULL,
 				 s->timeout_ms, &r, &err);
 	g_free(url);
-	te_http_secret_free(body); /* it holds the password */
+	teu_http_secret_free(body); /* it holds the password */
 	if (rc < 0) {
 		s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s unusable: %s", s->urls[ep], err ? err : strerror(-rc));
 		g_free(err);
@@ -80,7 +80,7 @@ int etcd_authenticate(etcd *s, int ep)
 	if (r.status >= 500) {
 		s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s answered %d to authenticate: %.200s", s->urls[ep],
 			  r.status, r.body);
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return -EAGAIN;
 	}
 	JsonNode *reply = r.status == 200 ? load_reply(s, &r, "authenticate", "-") : NULL;
@@ -107,12 +107,12 @@ int etcd_authenticate(etcd *s, int ep)
 	}
 	if (reply != NULL)
 		json_node_unref(reply);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
 /* The token to send to endpoint `ep` (freed by the caller with
- * te_http_secret_free(); NULL without authentication), fetched when there is
+ * teu_http_secret_free(); NULL without authentication), fetched when there is
  * none (unless the store has auth off, and `retry` does not say it refused
  * a call without one) or `stale` is the one that was refused. */
 static int token_for(etcd *s, int ep, const char *stale, bool retry, char **out)
@@ -135,7 +135,7 @@ static int token_for(etcd *s, int ep, const char *stale, bool retry, char **out)
 /* POSTs `body` to <endpoint><path>, failing over across endpoints. Returns 0
  * with the reply (any status below 500), or a negative errno when no endpoint
  * answered (-EACCES: the store refused the credentials). */
-int etcd_post(etcd *s, const char *path, const char *body, te_http_reply *reply)
+int etcd_post(etcd *s, const char *path, const char *body, teu_http_reply *reply)
 {
 	int rc = -EIO;
 	int start = g_atomic_int_get(&s->cur);
@@ -149,24 +149,24 @@ int etcd_post(etcd *s, const char *path, const char *body, te_http_reply *reply)
 		for (int attempt = 0; attempt < 2; attempt++) {
 			char *stale = token;
 			rc = token_for(s, ep, stale, attempt > 0, &token);
-			te_http_secret_free(stale);
+			teu_http_secret_free(stale);
 			auth_failed = rc < 0; /* etcd_authenticate() logged why */
 			if (rc < 0)
 				break;
-			rc = te_http_request(s->http, "POST", url, "application/json", body, strlen(body), token,
+			rc = teu_http_request(s->http, "POST", url, "application/json", body, strlen(body), token,
 					     s->timeout_ms, reply, &err);
 			/* An expired or foreign token (or none, while the store had
 			 * auth off): fetch another, send once more. */
 			if (rc == 0 && s->user != NULL && attempt == 0 && token_refused(reply)) {
 				s->h->log(s->h, TE_LOG_DEBUG, "etcd endpoint %s refused the token for %s; "
 					  "authenticating again", s->urls[ep], path);
-				te_http_reply_clear(reply);
+				teu_http_reply_clear(reply);
 				continue;
 			}
 			break;
 		}
 		if (token != NULL)
-			te_http_secret_free(token);
+			teu_http_secret_free(token);
 		if (rc == -EACCES) {
 			g_free(url);
 			return rc; /* the same credentials fail everywhere */
@@ -175,7 +175,7 @@ int etcd_post(etcd *s, const char *path, const char *body, te_http_reply *reply)
 			s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s answered %d to %s: %.200s%s", s->urls[ep],
 				  reply->status, path, reply->body,
 				  i + 1 < s->n_urls ? "; trying the next endpoint" : "");
-			te_http_reply_clear(reply);
+			teu_http_reply_clear(reply);
 			rc = -EAGAIN;
 		} else if (rc < 0 && !auth_failed) {
 			s->h->log(s->h, TE_LOG_WARN, "etcd endpoint %s unusable: %s%s", s->urls[ep],
@@ -193,7 +193,7 @@ int etcd_post(etcd *s, const char *path, const char *body, te_http_reply *reply)
 }
 
 /* The "message" (or "error") of an error reply, for logs. */
-char *etcd_error_text(const te_http_reply *r)
+char *etcd_error_text(const teu_http_reply *r)
 {
 	static const te_json_limits lim = ETCD_JSON_LIMITS;
 	JsonNode *root = r->body ? te_json_load(r->body, r->len, &lim, NULL, 0) : NULL;
@@ -221,7 +221,7 @@ char *etcd_error_text(const te_http_reply *r)
 }
 
 /* A reply's JSON through the bounded check; NULL, logged, when refused. */
-static JsonNode *load_reply(etcd *s, const te_http_reply *r, const char *what, const char *key)
+static JsonNode *load_reply(etcd *s, const teu_http_reply *r, const char *what, const char *key)
 {
 	static const te_json_limits lim = ETCD_JSON_LIMITS;
 	char why[160] = "empty";
@@ -234,7 +234,7 @@ static JsonNode *load_reply(etcd *s, const te_http_reply *r, const char *what, c
 }
 
 /* Parses a 200 reply into a JSON object (the caller unrefs *rootp). */
-JsonObject *etcd_reply_object(etcd *s, const te_http_reply *r, const char *what, const char *key,
+JsonObject *etcd_reply_object(etcd *s, const teu_http_reply *r, const char *what, const char *key,
 				JsonNode **rootp)
 {
 	JsonNode *root = load_reply(s, r, what, key);

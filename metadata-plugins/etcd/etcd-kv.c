@@ -7,7 +7,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "../common/te-store.h"
+#include "teu-store.h"
 #include "etcd.h"
 
 /* ---------------------------------------------------------------- ops */
@@ -16,7 +16,7 @@
  * 200 reply in *r, else the error, logged ("failed" when no endpoint
  * answered, "refused" with the store's message). */
 static int kv_call(etcd *s, const char *path, char *body, const char *what, const char *key,
-		   te_http_reply *r)
+		   teu_http_reply *r)
 {
 	int rc = etcd_post(s, path, body, r);
 
@@ -29,7 +29,7 @@ static int kv_call(etcd *s, const char *path, char *body, const char *what, cons
 		char *m = etcd_error_text(r);
 		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: %s '%s' refused: %s", s->conn, what, key, m);
 		g_free(m);
-		te_http_reply_clear(r);
+		teu_http_reply_clear(r);
 		return TE_ERR_METADATA;
 	}
 	return 0;
@@ -41,7 +41,7 @@ int etcd_put_raw(etcd *s, const char *key, const char *value, size_t len, int64_
 	char *body = lease ? g_strdup_printf("{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%" PRId64 "\"}",
 					     k, v, lease)
 			   : g_strdup_printf("{\"key\":\"%s\",\"value\":\"%s\"}", k, v);
-	te_http_reply r;
+	teu_http_reply r;
 	int rc;
 
 	g_free(k);
@@ -53,7 +53,7 @@ int etcd_put_raw(etcd *s, const char *key, const char *value, size_t len, int64_
 		return rc;
 	}
 	if (r.status == 200) {
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return 0;
 	}
 	char *m = etcd_error_text(&r);
@@ -61,7 +61,7 @@ int etcd_put_raw(etcd *s, const char *key, const char *value, size_t len, int64_
 	if (rc != -ENOENT)
 		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: put '%s' refused: %s", s->conn, key, m);
 	g_free(m);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
@@ -70,7 +70,7 @@ int etcd_put(void *ctx, const char *key, const char *value, size_t len, unsigned
 	etcd *s = ctx;
 	int rc;
 
-	if (te_store_bad_put(s->h, "etcd", key, value, len))
+	if (teu_store_bad_put(s->h, "etcd", key, value, len))
 		return -EINVAL;
 	if (!(flags & TE_META_OWNED) || !s->lease_on)
 		return etcd_put_raw(s, key, value ? value : "", len, 0);
@@ -98,12 +98,12 @@ int etcd_put(void *ctx, const char *key, const char *value, size_t len, unsigned
 int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 {
 	etcd *s = ctx;
-	te_http_reply r;
+	teu_http_reply r;
 	JsonNode *p = NULL;
 	int rc;
 
 	*value = NULL;
-	if (te_store_bad_key(s->h, "etcd", "get", key))
+	if (teu_store_bad_key(s->h, "etcd", "get", key))
 		return -EINVAL;
 	char *k = etcd_b64(key, strlen(key));
 	rc = kv_call(s, "/kv/range", g_strdup_printf("{\"key\":\"%s\"}", k), "get", key, &r);
@@ -129,26 +129,26 @@ int etcd_get(void *ctx, const char *key, char **value, size_t *len)
 			} else {
 				gsize n_out = 0;
 				guchar *raw = *v64 ? g_base64_decode(v64, &n_out) : NULL;
-				rc = te_store_value(raw, n_out, value, len);
+				rc = teu_store_value(raw, n_out, value, len);
 				g_free(raw);
 			}
 		}
 	}
 	if (p)
 		json_node_unref(p);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
 static int delete_raw(etcd *s, const char *key)
 {
-	te_http_reply r;
+	teu_http_reply r;
 	char *k = etcd_b64(key, strlen(key));
 	int rc = kv_call(s, "/kv/deleterange", g_strdup_printf("{\"key\":\"%s\"}", k), "remove", key, &r);
 
 	g_free(k);
 	if (rc == 0)
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 	return rc;
 }
 
@@ -156,7 +156,7 @@ int etcd_remove(void *ctx, const char *key)
 {
 	etcd *s = ctx;
 
-	if (te_store_bad_key(s->h, "etcd", "remove", key))
+	if (teu_store_bad_key(s->h, "etcd", "remove", key))
 		return -EINVAL;
 	if (s->lease_on) {
 		/* No longer ours to keep alive or to restore. */
@@ -187,7 +187,7 @@ static GByteArray *range_end(const char *prefix)
 int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 {
 	etcd *s = ctx;
-	te_http_reply r;
+	teu_http_reply r;
 	JsonNode *p = NULL;
 	int rc;
 
@@ -227,12 +227,12 @@ int etcd_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 			g_free(raw);
 			continue;
 		}
-		rc = te_store_key_add(out, &got, raw, kl);
+		rc = teu_store_key_add(out, &got, raw, kl);
 		g_free(raw);
 	}
-	rc = te_store_keys_done(out, got, rc, keys, n);
+	rc = teu_store_keys_done(out, got, rc, keys, n);
 	if (p)
 		json_node_unref(p);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }

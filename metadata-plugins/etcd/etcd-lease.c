@@ -15,7 +15,7 @@
 /* Grants a lease; with lease_lock held. */
 static int lease_grant(etcd *s)
 {
-	te_http_reply r;
+	teu_http_reply r;
 	JsonNode *p = NULL;
 	char body[64];
 	int64_t id = 0, ttl = 0;
@@ -30,7 +30,7 @@ static int lease_grant(etcd *s)
 		char *m = etcd_error_text(&r);
 		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: granting a lease failed: %s", s->conn, m);
 		g_free(m);
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return TE_ERR_METADATA;
 	}
 	JsonObject *o = etcd_reply_object(s, &r, "lease grant", "-", &p);
@@ -47,7 +47,7 @@ static int lease_grant(etcd *s)
 	}
 	if (p)
 		json_node_unref(p);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
@@ -81,7 +81,7 @@ int etcd_lease_renew(etcd *s)
 /* One keep-alive. 0, -ENOENT when the lease no longer exists, or an error. */
 static int lease_keepalive(etcd *s, int64_t id)
 {
-	te_http_reply r;
+	teu_http_reply r;
 	JsonNode *p = NULL;
 	char body[64];
 	int64_t ttl = 0;
@@ -91,7 +91,7 @@ static int lease_keepalive(etcd *s, int64_t id)
 	if (rc < 0)
 		return rc;
 	if (r.status == 404) {
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return -ENOENT;
 	}
 	if (r.status != 200) {
@@ -99,7 +99,7 @@ static int lease_keepalive(etcd *s, int64_t id)
 		s->h->log(s->h, TE_LOG_WARN, "etcd %s: keep-alive of lease %" PRIx64 " failed: %s", s->conn,
 			  (uint64_t)id, m);
 		g_free(m);
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return TE_ERR_METADATA;
 	}
 	/* A streamed reply: one JSON object per line; the first is ours. */
@@ -127,7 +127,7 @@ static int lease_keepalive(etcd *s, int64_t id)
 	}
 	if (p)
 		json_node_unref(p);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
@@ -148,7 +148,7 @@ static gpointer keeper(gpointer data)
 	g_mutex_lock(&s->lease_lock);
 	period = keepalive_period_ms(s);
 	g_mutex_unlock(&s->lease_lock);
-	while (te_keeper_sleep(&s->keeper, failing ? retry_ms : period)) {
+	while (teu_keeper_sleep(&s->keeper, failing ? retry_ms : period)) {
 		g_mutex_lock(&s->lease_lock);
 		int rc = s->lease_id ? lease_keepalive(s, s->lease_id) : -ENOENT;
 		if (rc == -ENOENT)
@@ -184,7 +184,7 @@ int etcd_lease_ensure(etcd *s)
 	int rc = lease_grant(s);
 	if (rc < 0)
 		return rc;
-	if (!te_keeper_start(&s->keeper, "te-etcd-lease", keeper, s)) {
+	if (!teu_keeper_start(&s->keeper, "te-etcd-lease", keeper, s)) {
 		s->h->log(s->h, TE_LOG_ERROR, "etcd %s: cannot start the lease keep-alive thread", s->conn);
 		return -EAGAIN;
 	}
@@ -193,7 +193,7 @@ int etcd_lease_ensure(etcd *s)
 
 void etcd_lease_revoke(etcd *s)
 {
-	te_http_reply r;
+	teu_http_reply r;
 	char body[64];
 
 	if (s->lease_id == 0)
@@ -202,13 +202,13 @@ void etcd_lease_revoke(etcd *s)
 	int rc = etcd_post(s, "/lease/revoke", body, &r);
 	if (rc == 0 && r.status == 404 && strstr(r.body, "lease not found") == NULL) {
 		/* Gateways of etcd 3.3 know only the older path. */
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		rc = etcd_post(s, "/kv/lease/revoke", body, &r);
 	}
 	if (rc < 0)
 		s->h->log(s->h, TE_LOG_WARN, "etcd %s: revoking lease %" PRIx64 " failed (%s); its keys expire "
 			  "after %" PRId64 " s", s->conn, (uint64_t)s->lease_id, strerror(-rc), s->granted_ttl);
 	else
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 	s->lease_id = 0;
 }

@@ -31,6 +31,8 @@
 #include <glib.h>
 
 #include "etcd.h"
+#include "teu-hostport.h"
+#include "teu-redact.h"
 
 #define DEFAULT_PORT 2379
 #define MAX_ENDPOINTS 64
@@ -42,8 +44,8 @@
 static char *endpoint_url(const char *ep, const char *api, const char *scheme)
 {
 	const char *s = ep;
-	char *host = NULL;
-	long port = DEFAULT_PORT;
+	char host[TEU_HOST_MAX];
+	int port = DEFAULT_PORT, p;
 
 	if (g_ascii_strncasecmp(s, "http://", 7) == 0) {
 		s += 7;
@@ -58,37 +60,19 @@ static char *endpoint_url(const char *ep, const char *api, const char *scheme)
 	if (n == 0)
 		return NULL;
 	char *t = g_strndup(s, n);
-	const char *colon;
-	if (t[0] == '[') {
-		char *rb = strchr(t, ']');
-		if (rb == NULL || (rb[1] != '\0' && rb[1] != ':'))
-			goto bad;
-		host = g_strndup(t, (gsize)(rb - t + 1));
-		colon = rb[1] == ':' ? rb + 1 : NULL;
-	} else {
-		colon = strrchr(t, ':');
-		if (colon && strchr(t, ':') != colon)
-			goto bad; /* bare IPv6 without brackets */
-		host = colon ? g_strndup(t, (gsize)(colon - t)) : g_strdup(t);
-	}
-	if (colon) {
-		char *end = NULL;
-		errno = 0;
-		port = strtol(colon + 1, &end, 10);
-		if (errno || end == colon + 1 || *end != '\0' || port <= 0 || port > 65535)
-			goto bad;
-	}
-	if (*host == '\0')
+	/* a bare IPv6 address without brackets is refused: its last group would
+	 * pass for the port */
+	if (teu_hostport_split(t, host, sizeof host, &p) < 0 || *host == '\0' || p == 0)
 		goto bad;
+	if (p > 0)
+		port = p;
 	for (const char *c = host; *c; c++)
-		if (!(g_ascii_isalnum(*c) || strchr(".-_[]:", *c)))
+		if (!(g_ascii_isalnum(*c) || strchr(".-_:", *c)))
 			goto bad;
-	char *url = g_strdup_printf("%s://%s:%ld%s", scheme, host, port, api);
-	g_free(host);
+	char *url = g_strdup_printf(strchr(host, ':') ? "%s://[%s]:%d%s" : "%s://%s:%d%s", scheme, host, port, api);
 	g_free(t);
 	return url;
 bad:
-	g_free(host);
 	g_free(t);
 	return NULL;
 }
@@ -99,20 +83,20 @@ static void etcd_close(void *ctx)
 
 	if (s == NULL)
 		return;
-	te_keeper_clear(&s->keeper);
+	teu_keeper_clear(&s->keeper);
 	if (s->http != NULL) {
 		g_mutex_lock(&s->lease_lock);
 		etcd_lease_revoke(s);
 		g_mutex_unlock(&s->lease_lock);
 	}
-	te_http_free(s->http);
+	teu_http_free(s->http);
 	for (int i = 0; s->tokens && i < s->n_urls; i++)
-		te_http_secret_free(s->tokens[i]);
+		teu_http_secret_free(s->tokens[i]);
 	g_free(s->tokens);
 	g_strfreev(s->urls);
 	g_free(s->conn);
 	g_free(s->user);
-	te_http_secret_free(s->password);
+	teu_http_secret_free(s->password);
 	g_mutex_clear(&s->token_lock);
 	if (s->owned)
 		g_hash_table_unref(s->owned);
@@ -137,12 +121,12 @@ static int split_userinfo(const te_host *h, const char *redacted, const char **l
 	*user = g_uri_unescape_string(u, NULL);
 	*password = pw ? g_uri_unescape_string(pw, NULL) : NULL;
 	g_free(u);
-	te_http_secret_free(pw);
+	teu_http_secret_free(pw);
 	if (*user == NULL || **user == '\0' || (pw != NULL && *password == NULL)) {
 		h->log(h, TE_LOG_ERROR, "etcd: the user-info of '%s' is not user:password (percent-encode "
 		       "special characters)", redacted);
 		g_free(*user);
-		te_http_secret_free(*password);
+		teu_http_secret_free(*password);
 		*user = *password = NULL;
 		return -EINVAL;
 	}
@@ -163,7 +147,7 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 		h->log(h, TE_LOG_ERROR, "etcd: empty connection string");
 		return -EINVAL;
 	}
-	char *redacted = te_http_redact(conn);
+	char *redacted = teu_redact(conn);
 	if (g_ascii_strncasecmp(list, "etcd://", 7) == 0) {
 		list += 7;
 	} else if (g_ascii_strncasecmp(list, "etcds://", 8) == 0) {
@@ -180,7 +164,7 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 	s->conn = redacted;
 	g_mutex_init(&s->lease_lock);
 	g_mutex_init(&s->token_lock);
-	te_keeper_init(&s->keeper);
+	teu_keeper_init(&s->keeper);
 	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 
 	rc = split_userinfo(h, s->conn, &list, &s->user, &s->password);
@@ -276,14 +260,14 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 	if (!tls && (ca || cert))
 		h->log(h, TE_LOG_WARN, "etcd %s: TE_ETCD_CA_FILE / TE_ETCD_CERT_FILE are set but no endpoint "
 		       "is https (use etcds://); they are not used", s->conn);
-	te_http_opts o = {
+	teu_http_opts o = {
 		.max_reply = te_host_config_u64(h, "TE_ETCD_MAX_REPLY", NULL, 64u << 20, 4096, 1ull << 32),
 		.max_conns = 8,
 		.ca_file = tls ? ca : NULL,
 		.cert_file = tls ? cert : NULL,
 		.key_file = tls ? key : NULL,
 	};
-	s->http = te_http_new(&o, &err);
+	s->http = teu_http_new(&o, &err);
 	if (s->http == NULL) {
 		h->log(h, TE_LOG_ERROR, "etcd %s: %s", s->conn, err ? err : "HTTP client failed to start");
 		rc = err && (ca || cert) ? -EINVAL : -ENOMEM;

@@ -13,8 +13,8 @@
 #include <te/te-json.h>
 #include <te/te-plugin.h>
 
-#include "../common/te-http.h"
-#include "../common/te-keeper.h"
+#include "teu-http.h"
+#include "teu-keeper.h"
 
 /* etcd's gateway replies: {"header": …, "kvs": [{…}, …]}, shallow; a listing
  * holds one entry a key and values are base64 text. The reply's size is
@@ -28,7 +28,7 @@ typedef struct etcd {
 	int n_urls;
 	gint cur; /* endpoint that answered last */
 	int timeout_ms;
-	te_http *http;
+	teu_http *http;
 
 	/* authentication: none when user is NULL */
 	char *user, *password;
@@ -45,7 +45,7 @@ typedef struct etcd {
 	int64_t lease_id;     /* 0: none */
 	int64_t granted_ttl;
 	GHashTable *owned;    /* key → value of TE_META_OWNED puts */
-	te_keeper keeper;
+	teu_keeper keeper;
 } etcd;
 
 /* etcd-client.c */
@@ -57,11 +57,11 @@ const char *etcd_str_member(JsonObject *o, const char *name, const char *def);
 /* Asks endpoint `ep` for a token; with token_lock held. */
 int etcd_authenticate(etcd *s, int ep);
 /* POSTs `body` to <endpoint><path>, failing over across endpoints. */
-int etcd_post(etcd *s, const char *path, const char *body, te_http_reply *reply);
+int etcd_post(etcd *s, const char *path, const char *body, teu_http_reply *reply);
 /* The "message" (or "error") of an error reply, for logs (g_free()). */
-char *etcd_error_text(const te_http_reply *r);
+char *etcd_error_text(const teu_http_reply *r);
 /* Parses a 200 reply into a JSON object (the caller unrefs *rootp). */
-JsonObject *etcd_reply_object(etcd *s, const te_http_reply *r, const char *what, const char *key,
+JsonObject *etcd_reply_object(etcd *s, const teu_http_reply *r, const char *what, const char *key,
 			      JsonNode **rootp);
 /* An int64 that proto3 JSON writes as a string (or a number). */
 bool etcd_member_i64(JsonObject *o, const char *name, int64_t *out);

@@ -28,9 +28,10 @@
 
 #include <te/te-plugin.h>
 
-#include "../common/te-http.h"
-#include "../common/te-keeper.h"
-#include "../common/te-store.h"
+#include "teu-http.h"
+#include "teu-keeper.h"
+#include "teu-redact.h"
+#include "teu-store.h"
 
 #define TTL_REPLY "metadata updated; expires in "
 
@@ -41,14 +42,14 @@ typedef struct hstore {
 	char *auth;  /* "Bearer <token>", or NULL */
 	char sep;    /* '?' or '&': whether base already has a query */
 	int timeout_ms;
-	te_http *http;
+	teu_http *http;
 	unsigned ttl_s;      /* TE_HTTP_KEY_TTL: 0, owned keys are put as any other */
 	/* Owned keys, key -> GBytes (the value last put), kept while the store
 	 * honours TTLs. put_lock orders their PUTs and DELETEs with the
 	 * keeper's, so it never puts back a removed key or an older value. */
 	GMutex put_lock;
 	GHashTable *owned;
-	te_keeper keeper;
+	teu_keeper keeper;
 	bool told_no_ttl;    /* (put_lock) logged once: the store ignores TTLs */
 } hstore;
 
@@ -62,10 +63,10 @@ static char *key_url(hstore *s, const char *key)
 
 /* Runs one request; logs transport failures. */
 static int call(hstore *s, const char *method, const char *url, const char *key, const void *body,
-		size_t len, te_http_reply *r)
+		size_t len, teu_http_reply *r)
 {
 	char *err = NULL;
-	int rc = te_http_request(s->http, method, url, "application/json", body, len, s->auth, s->timeout_ms,
+	int rc = teu_http_request(s->http, method, url, "application/json", body, len, s->auth, s->timeout_ms,
 				 r, &err);
 	if (rc < 0)
 		s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' failed: %s", s->log, method, key,
@@ -74,13 +75,13 @@ static int call(hstore *s, const char *method, const char *url, const char *key,
 	return rc;
 }
 
-static int refused(hstore *s, const char *method, const char *key, te_http_reply *r)
+static int refused(hstore *s, const char *method, const char *key, teu_http_reply *r)
 {
 	s->h->log(s->h, TE_LOG_ERROR, "http store %s: %s '%s' answered %d: %.200s%s", s->log, method, key,
 		  r->status, r->body ? r->body : "",
 		  r->status == 401 ? (s->auth ? " (the token was refused)" : " (the store wants a token: TE_HTTP_TOKEN_FILE)")
 				   : "");
-	te_http_reply_clear(r);
+	teu_http_reply_clear(r);
 	return TE_ERR_METADATA;
 }
 
@@ -95,7 +96,7 @@ static bool bad_key(hstore *s, const char *key, const char *what)
 
 /* `method` on <base>?key=<escaped key>. */
 static int key_call(hstore *s, const char *method, const char *key, const char *body, size_t len,
-		    te_http_reply *r)
+		    teu_http_reply *r)
 {
 	char *url = key_url(s, key);
 	int rc = call(s, method, url, key, body, len, r);
@@ -107,7 +108,7 @@ static int key_call(hstore *s, const char *method, const char *key, const char *
 static int http_get(void *ctx, const char *key, char **value, size_t *len)
 {
 	hstore *s = ctx;
-	te_http_reply r;
+	teu_http_reply r;
 
 	*value = NULL;
 	if (bad_key(s, key, "get"))
@@ -116,13 +117,13 @@ static int http_get(void *ctx, const char *key, char **value, size_t *len)
 	if (rc < 0)
 		return rc;
 	if (r.status == 404) {
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return -ENOENT;
 	}
 	if (r.status != 200)
 		return refused(s, "GET", key, &r);
-	rc = te_store_value(r.body, r.len, value, len);
-	te_http_reply_clear(&r);
+	rc = teu_store_value(r.body, r.len, value, len);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
@@ -130,7 +131,7 @@ static int http_get(void *ctx, const char *key, char **value, size_t *len)
  * reply said the key expires. */
 static int put(hstore *s, const char *key, const void *value, size_t len, bool *honoured)
 {
-	te_http_reply r;
+	teu_http_reply r;
 	char *url = key_url(s, key);
 	if (honoured != NULL) {
 		char *with = g_strdup_printf("%s&ttl=%u", url, s->ttl_s);
@@ -146,7 +147,7 @@ static int put(hstore *s, const char *key, const void *value, size_t len, bool *
 		return refused(s, "PUT", key, &r);
 	if (honoured != NULL)
 		*honoured = r.body != NULL && g_str_has_prefix(r.body, TTL_REPLY);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return 0;
 }
 
@@ -156,7 +157,7 @@ static gpointer keeper_main(gpointer data)
 	hstore *s = data;
 	int64_t period = (int64_t)s->ttl_s * 1000 / 3;
 
-	while (te_keeper_sleep(&s->keeper, period)) {
+	while (teu_keeper_sleep(&s->keeper, period)) {
 		g_mutex_lock(&s->put_lock);
 		GList *keys = g_hash_table_get_keys(s->owned);
 		for (GList *l = keys; l != NULL; l = l->next)
@@ -194,7 +195,7 @@ static int http_put(void *ctx, const char *key, const char *value, size_t len, u
 		int rc = put(s, key, value ? value : "", len, &honoured);
 		if (rc == 0 && honoured) {
 			g_hash_table_replace(s->owned, g_strdup(key), g_bytes_new(value ? value : "", len));
-			if (!te_keeper_start(&s->keeper, "te-http-keeper", keeper_main, s))
+			if (!teu_keeper_start(&s->keeper, "te-http-keeper", keeper_main, s))
 				s->h->log(s->h, TE_LOG_WARN, "http store %s: cannot start the thread that renews "
 					  "the engine's keys: they expire in %u s", s->log, s->ttl_s);
 		} else if (rc == 0 && !s->told_no_ttl) {
@@ -211,7 +212,7 @@ static int http_put(void *ctx, const char *key, const char *value, size_t len, u
 static int http_remove(void *ctx, const char *key)
 {
 	hstore *s = ctx;
-	te_http_reply r;
+	teu_http_reply r;
 
 	if (bad_key(s, key, "remove"))
 		return -EINVAL;
@@ -225,14 +226,14 @@ static int http_remove(void *ctx, const char *key)
 		return rc;
 	if (r.status != 200 && r.status != 404)
 		return refused(s, "DELETE", key, &r);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return 0;
 }
 
 static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 {
 	hstore *s = ctx;
-	te_http_reply r;
+	teu_http_reply r;
 	JsonNode *p = NULL;
 
 	*keys = NULL;
@@ -249,7 +250,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 	if (r.status != 200) {
 		/* Servers that only know the three key calls answer 400 or 404. */
 		s->h->log(s->h, TE_LOG_INFO, "http store %s cannot list keys (answered %d)", s->log, r.status);
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return -ENOTSUP;
 	}
 	/* A flat array of key strings: depth 1, one value a key. */
@@ -261,7 +262,7 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 			  s->log, p ? "another JSON value" : why);
 		if (p != NULL)
 			json_node_unref(p);
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return TE_ERR_METADATA;
 	}
 	JsonArray *a = json_node_get_array(p);
@@ -276,11 +277,11 @@ static int http_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 					: NULL;
 		if (k == NULL || !g_str_has_prefix(k, prefix))
 			continue;
-		rc = te_store_key_add(out, &got, k, strlen(k));
+		rc = teu_store_key_add(out, &got, k, strlen(k));
 	}
-	rc = te_store_keys_done(out, got, rc, keys, n);
+	rc = teu_store_keys_done(out, got, rc, keys, n);
 	json_node_unref(p);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	return rc;
 }
 
@@ -290,13 +291,13 @@ static void http_close(void *ctx)
 
 	if (s == NULL)
 		return;
-	te_keeper_clear(&s->keeper);
+	teu_keeper_clear(&s->keeper);
 	g_hash_table_destroy(s->owned);
 	g_mutex_clear(&s->put_lock);
-	te_http_free(s->http);
-	te_http_secret_free(s->base);
+	teu_http_free(s->http);
+	teu_http_secret_free(s->base);
 	g_free(s->log);
-	te_http_secret_free(s->auth);
+	teu_http_secret_free(s->auth);
 	g_free(s);
 }
 
@@ -308,7 +309,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	*ctx = NULL;
 	GUri *u = conn ? g_uri_parse(conn, G_URI_FLAGS_ENCODED, &e) : NULL;
 	if (u == NULL) {
-		char *red = te_http_redact(conn);
+		char *red = teu_redact(conn);
 		h->log(h, TE_LOG_ERROR, "http store: '%s' is not a URL: %s", red, e ? e->message : "NULL");
 		g_free(red);
 		if (e)
@@ -318,7 +319,7 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	const char *scheme = g_uri_get_scheme(u);
 	if ((g_ascii_strcasecmp(scheme, "http") != 0 && g_ascii_strcasecmp(scheme, "https") != 0) ||
 	    g_uri_get_host(u) == NULL || *g_uri_get_host(u) == '\0') {
-		char *red = te_http_redact(conn);
+		char *red = teu_redact(conn);
 		h->log(h, TE_LOG_ERROR, "http store: '%s' needs an http:// or https:// URL with a host", red);
 		g_free(red);
 		g_uri_unref(u);
@@ -327,26 +328,26 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 	hstore *s = g_new0(hstore, 1);
 	s->h = h;
 	g_mutex_init(&s->put_lock);
-	te_keeper_init(&s->keeper);
+	teu_keeper_init(&s->keeper);
 	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 	GUri *nofrag = g_uri_build(g_uri_get_flags(u), scheme, g_uri_get_userinfo(u), g_uri_get_host(u),
 				   g_uri_get_port(u), g_uri_get_path(u), g_uri_get_query(u), NULL);
 	s->base = g_uri_to_string(nofrag);
 	s->sep = g_uri_get_query(u) != NULL ? '&' : '?';
-	s->log = te_http_redact(s->base);
+	s->log = teu_redact(s->base);
 	g_uri_unref(nofrag);
 	g_uri_unref(u);
 
 	s->timeout_ms = (int)te_host_config_u64(h, "TE_HTTP_TIMEOUT_MS", NULL, 5000, 10, 600000);
 	s->ttl_s = (unsigned)te_host_config_u64(h, "TE_HTTP_KEY_TTL", NULL, 10, 0, 86400);
-	te_http_opts o = {
+	teu_http_opts o = {
 		.max_reply = te_host_config_u64(h, "TE_HTTP_MAX_REPLY", NULL, 64u << 20, 4096, 1ull << 32),
 		.max_conns = 8,
 		.ca_file = h->config(h, "TE_HTTP_CA_FILE", NULL),
 	};
 	const char *tf = h->config(h, "TE_HTTP_TOKEN_FILE", NULL);
 	if (tf != NULL && *tf != '\0') {
-		char *tok = te_http_read_secret(tf, &err);
+		char *tok = teu_http_read_secret(tf, &err);
 		if (tok == NULL) {
 			h->log(h, TE_LOG_ERROR, "http store %s: TE_HTTP_TOKEN_FILE: %s", s->log, err);
 			g_free(err);
@@ -358,14 +359,14 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 			/* RFC 6750's token68: anything else could break the header */
 			h->log(h, TE_LOG_ERROR, "http store %s: the token in %s holds characters other than "
 			       "letters, digits and -._~+/=", s->log, tf);
-			te_http_secret_free(tok);
+			teu_http_secret_free(tok);
 			http_close(s);
 			return -EINVAL;
 		}
 		s->auth = g_strconcat("Bearer ", tok, NULL);
-		te_http_secret_free(tok);
+		teu_http_secret_free(tok);
 	}
-	s->http = te_http_new(&o, &err);
+	s->http = teu_http_new(&o, &err);
 	if (s->http == NULL) {
 		h->log(h, TE_LOG_ERROR, "http store %s: %s", s->log, err ? err : "HTTP client failed to start");
 		g_free(err);

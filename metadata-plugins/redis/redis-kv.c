@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "../common/te-store.h"
+#include "teu-store.h"
 #include "redis.h"
 
 #define SCAN_COUNT "1000"
@@ -28,7 +28,7 @@ int redis_get(void *ctx, const char *key, char **value, size_t *len)
 	int rc;
 
 	*value = NULL;
-	if (te_store_bad_key(s->h, "redis", "get", key))
+	if (teu_store_bad_key(s->h, "redis", "get", key))
 		return -EINVAL;
 	redisReply *r = run_key(s, "GET", key, &rc);
 	if (r == NULL)
@@ -40,7 +40,7 @@ int redis_get(void *ctx, const char *key, char **value, size_t *len)
 			  s->conn, key, r->type);
 		rc = TE_ERR_METADATA;
 	} else {
-		rc = te_store_value(r->str, r->len, value, len);
+		rc = teu_store_value(r->str, r->len, value, len);
 	}
 	freeReplyObject(r);
 	return rc;
@@ -73,7 +73,7 @@ int redis_put(void *ctx, const char *key, const char *value, size_t len, unsigne
 	rstore *s = ctx;
 	int rc;
 
-	if (te_store_bad_put(s->h, "redis", key, value, len))
+	if (teu_store_bad_put(s->h, "redis", key, value, len))
 		return -EINVAL;
 	if (!(flags & TE_META_OWNED) || s->ttl_ms == 0)
 		return set_key(s, key, value, len, 0);
@@ -82,7 +82,7 @@ int redis_put(void *ctx, const char *key, const char *value, size_t len, unsigne
 	rc = set_key(s, key, value, len, s->ttl_ms);
 	if (rc == 0) {
 		g_hash_table_replace(s->owned, g_strdup(key), g_bytes_new(value ? value : "", len));
-		if (!te_keeper_start(&s->keeper, "te-redis-ttl", keeper, s))
+		if (!teu_keeper_start(&s->keeper, "te-redis-ttl", keeper, s))
 			s->h->log(s->h, TE_LOG_ERROR,
 				  "redis %s: cannot start the expiry keeper: owned keys expire after %" G_GINT64_FORMAT " ms",
 				  s->conn, s->ttl_ms);
@@ -131,7 +131,7 @@ static gpointer keeper(gpointer data)
 	int64_t period = s->ttl_ms / 3 > 100 ? s->ttl_ms / 3 : 100;
 	bool failing = false;
 
-	while (te_keeper_sleep(&s->keeper, failing ? 250 : period)) {
+	while (teu_keeper_sleep(&s->keeper, failing ? 250 : period)) {
 		g_mutex_lock(&s->owned_lock);
 		int rc = keep_owned(s);
 		g_mutex_unlock(&s->owned_lock);
@@ -150,7 +150,7 @@ int redis_remove(void *ctx, const char *key)
 	rstore *s = ctx;
 	int rc;
 
-	if (te_store_bad_key(s->h, "redis", "remove", key))
+	if (teu_store_bad_key(s->h, "redis", "remove", key))
 		return -EINVAL;
 	g_mutex_lock(&s->owned_lock);
 	redisReply *r = run_key(s, "DEL", key, &rc);
@@ -236,9 +236,9 @@ int redis_list(void *ctx, const char *prefix, char ***keys, size_t *n)
 			const char *k = g_ptr_array_index(out, i);
 			if (got > 0 && strcmp(arr[got - 1], k) == 0)
 				continue;
-			rc = te_store_key_add(arr, &got, k, strlen(k));
+			rc = teu_store_key_add(arr, &got, k, strlen(k));
 		}
-		rc = te_store_keys_done(arr, got, rc, keys, n);
+		rc = teu_store_keys_done(arr, got, rc, keys, n);
 	}
 	g_ptr_array_foreach(out, (GFunc)(void *)g_free, NULL);
 	g_ptr_array_free(out, TRUE);

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "redis.h"
+#include "teu-hostport.h"
 
 #define DEFAULT_PORT 6379
 #define DEFAULT_SENTINEL_PORT 26379
@@ -49,7 +50,7 @@ static void redis_close(void *ctx)
 
 	if (s == NULL)
 		return;
-	te_keeper_clear(&s->keeper);
+	teu_keeper_clear(&s->keeper);
 	redis_drop(s);
 	g_hash_table_destroy(s->owned);
 	g_mutex_clear(&s->owned_lock);
@@ -74,36 +75,14 @@ static void redis_close(void *ctx)
 /* One "host[:port]" or "[v6]:port" of a sentinel list. */
 static bool parse_hostport(const char *item, char **host, int *port)
 {
-	const char *colon, *h = item;
-	size_t hl;
+	char h[TEU_HOST_MAX];
+	int p;
 
-	if (item[0] == '[') {
-		const char *close = strchr(item, ']');
-		if (close == NULL || close == item + 1)
-			return false;
-		h = item + 1;
-		hl = (size_t)(close - h);
-		colon = close[1] == ':' ? close + 1 : NULL;
-		if (close[1] != '\0' && colon == NULL)
-			return false;
-	} else {
-		colon = strrchr(item, ':');
-		hl = colon ? (size_t)(colon - item) : strlen(item);
-		if (colon != NULL && strchr(item, ':') != colon)
-			return false; /* a bare IPv6 address needs brackets */
-	}
-	if (hl == 0 || hl > 253)
+	/* a bare IPv6 address needs brackets */
+	if (teu_hostport_split(item, h, sizeof h, &p) < 0 || *h == '\0' || strlen(h) > 253 || p == 0)
 		return false;
-	*port = DEFAULT_SENTINEL_PORT;
-	if (colon != NULL) {
-		char *end = NULL;
-		errno = 0;
-		long p = strtol(colon + 1, &end, 10);
-		if (errno || end == colon + 1 || *end != '\0' || p <= 0 || p > 65535)
-			return false;
-		*port = (int)p;
-	}
-	*host = g_strndup(h, hl);
+	*port = p < 0 ? DEFAULT_SENTINEL_PORT : p;
+	*host = g_strdup(h);
 	return true;
 }
 
@@ -261,7 +240,7 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 	s = g_new0(rstore, 1);
 	g_mutex_init(&s->lock);
 	g_mutex_init(&s->owned_lock);
-	te_keeper_init(&s->keeper);
+	teu_keeper_init(&s->keeper);
 	s->owned = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, (GDestroyNotify)g_bytes_unref);
 	s->h = h;
 	/* Logs name the store without its password. */

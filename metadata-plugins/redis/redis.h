@@ -14,7 +14,7 @@
 
 #include <te/te-plugin.h>
 
-#include "../common/te-keeper.h"
+#include "teu-keeper.h"
 
 #define MAX_SENTINELS 8
 
@@ -45,7 +45,7 @@ typedef struct rstore {
 	int64_t ttl_ms;      /* 0: owned keys do not expire */
 	GMutex owned_lock;   /* owned; held across I/O so a removal cannot race a put-back */
 	GHashTable *owned;   /* key → GBytes value */
-	te_keeper keeper;
+	teu_keeper keeper;
 } rstore;
 
 static inline struct timeval tv_of(int ms)

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "tcp-client.h"
+#include "teu-hostport.h"
 
 /* ----------------------------------------------------------- the backlog */
 
@@ -585,7 +586,7 @@ void tcp_cconn_connect_failed(tcp_cconn *cc, int err, const char *what)
 	tcp_rail *r = tcp_rail_of(cc);
 	char addr[80];
 
-	tcp_addr_name((struct sockaddr *)&r->addr[cc->addr_next % r->naddr], addr, sizeof addr);
+	teu_sockaddr_name((struct sockaddr *)&r->addr[cc->addr_next % r->naddr], addr, sizeof addr);
 	/* A probe of a rail known to be down is expected to fail: no warning. */
 	if (cc->probing && !atomic_load(&r->up))
 		TLOG(p->ctx, TE_LOG_DEBUG, "cannot connect to %s (%s): %s", p->name, addr, what);

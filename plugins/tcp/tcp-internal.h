@@ -527,7 +527,6 @@ void tcp_io_list(tcp_thread *t, tcp_io *io);
 void tcp_io_bury(tcp_io *io);
 int64_t tcp_now_ms(void);
 void tcp_sockopts(tcp_ctx *c, int fd);
-void tcp_addr_name(const struct sockaddr *sa, char *buf, size_t size);
 /* An accepted connection of `host` ends: its per-peer and total counts. */
 void tcp_inbound_done(tcp_ctx *c, const char *host);
 /* The auth pool's function: authenticates one accepted connection. */

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "tcp-internal.h"
+#include "teu-hostport.h"
 
 #define SCAN_MS 100
 #define EVENTS 64
@@ -48,29 +49,6 @@ int64_t tcp_now_ms(void)
 	/* The coarse clock is a few ms coarse and costs no system call. */
 	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void tcp_addr_name(const struct sockaddr *sa, char *buf, size_t size)
-{
-	char host[INET6_ADDRSTRLEN] = "?";
-	int port = 0;
-
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *a = (const void *)sa;
-		inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-		port = ntohs(a->sin_port);
-		snprintf(buf, size, "%s:%d", host, port);
-	} else if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *a = (const void *)sa;
-		if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
-			inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
-		else
-			inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-		port = ntohs(a->sin6_port);
-		snprintf(buf, size, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-	} else {
-		snprintf(buf, size, "?");
-	}
 }
 
 void tcp_sockopts(tcp_ctx *c, int fd)
@@ -455,13 +433,6 @@ static void refuse(tcp_ctx *c, const char *name, const char *why)
 	TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "refusing connection from %s: %s", name, why);
 }
 
-static void host_part(const char *name, char *host, size_t size)
-{
-	const char *colon = strrchr(name, ':');
-	size_t n = colon ? (size_t)(colon - name) : strlen(name);
-	snprintf(host, size, "%.*s", (int)n, name);
-}
-
 /* Counts a new accepted connection of `host` in; false (nothing counted)
  * when that address has max_per_peer open already. */
 static bool inbound_take(tcp_ctx *c, const char *host)
@@ -555,8 +526,8 @@ static void accept_all(tcp_thread *t, tcp_io *lio)
 			return;
 		}
 		char name[80], host[64], why[96];
-		tcp_addr_name((struct sockaddr *)&ss, name, sizeof name);
-		host_part(name, host, sizeof host);
+		teu_sockaddr_name((struct sockaddr *)&ss, name, sizeof name);
+		teu_hostport_host(name, host, sizeof host);
 		if ((unsigned)atomic_load(&c->inbound) >= c->cfg.max_inbound) {
 			snprintf(why, sizeof why, "%u connections open (TE_TCP_MAX_INBOUND)", c->cfg.max_inbound);
 			refuse(c, name, why);
@@ -786,10 +757,9 @@ static void on_addr(tcp_ctx *c, const struct nlmsghdr *nh)
 		return;
 	char name[IF_NAMESIZE + 8], addr[80], why[160];
 	if_label((int)ifa->ifa_index, name, sizeof name);
-	tcp_addr_name((struct sockaddr *)&ss, addr, sizeof addr);
-	char *colon = strrchr(addr, ':'); /* no port here */
-	if (colon != NULL)
-		*colon = '\0';
+	char name_port[TEU_SOCKADDR_NAME_MAX];
+	teu_sockaddr_name((struct sockaddr *)&ss, name_port, sizeof name_port);
+	teu_hostport_host(name_port, addr, sizeof addr); /* no port here */
 	bool up = nh->nlmsg_type == RTM_NEWADDR;
 	snprintf(why, sizeof why, "local address %s %s interface %s", addr, up ? "is back on" : "was removed from",
 		 name);

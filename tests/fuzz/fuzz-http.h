@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The HTTP client of the metadata plugins (metadata-plugins/common/te-http.h),
+ * The HTTP client of the metadata plugins (util/teu-http.h),
  * replaced: requests are answered from a queue of canned replies taken from
  * the fuzz input, so the plugin's handling of what a store answers runs
  * without a network. A reply is a status byte (an index into `statuses`)
@@ -12,7 +12,7 @@
 #include <errno.h>
 #include <glib.h>
 
-#include "../../metadata-plugins/common/te-http.h"
+#include "teu-http.h"
 #include "fuzz.h"
 
 static const int statuses[] = { 200, 404, 400, 500, 503, 401, 403, 200, 301, 204 };
@@ -27,20 +27,20 @@ static void fuzz_http_queue(const uint8_t *data, size_t size)
 	requests = 0;
 }
 
-te_http *te_http_new(const te_http_opts *opts, char **err)
+teu_http *teu_http_new(const teu_http_opts *opts, char **err)
 {
 	(void)opts;
 	(void)err;
-	return (te_http *)g_malloc(1);
+	return (teu_http *)g_malloc(1);
 }
 
-void te_http_free(te_http *c)
+void teu_http_free(teu_http *c)
 {
 	g_free(c);
 }
 
-int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
-		    const void *body, size_t len, const char *auth, int timeout_ms, te_http_reply *reply,
+int teu_http_request(teu_http *c, const char *method, const char *url, const char *content_type,
+		    const void *body, size_t len, const char *auth, int timeout_ms, teu_http_reply *reply,
 		    char **err)
 {
 	(void)c;
@@ -69,14 +69,14 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 	return 0;
 }
 
-void te_http_reply_clear(te_http_reply *reply)
+void teu_http_reply_clear(teu_http_reply *reply)
 {
 	g_free(reply->body);
 	reply->body = NULL;
 	reply->len = 0;
 }
 
-char *te_http_read_secret(const char *path, char **err)
+char *teu_http_read_secret(const char *path, char **err)
 {
 	char *text = NULL;
 	if (!g_file_get_contents(path, &text, NULL, NULL)) {
@@ -87,14 +87,9 @@ char *te_http_read_secret(const char *path, char **err)
 	return text;
 }
 
-void te_http_secret_free(char *secret)
+void teu_http_secret_free(char *secret)
 {
 	g_free(secret);
-}
-
-char *te_http_redact(const char *url)
-{
-	return g_strdup(url);
 }
 
 #endif

@@ -32,7 +32,7 @@ static void setup(void)
 	store.max_keys = 16;
 	store.max_key_len = 256;
 	store.public_reads = TRUE;
-	te_bearer_set(&store.token, "secret", 6);
+	teu_bearer_set(&store.token, "secret", 6);
 	srv = soup_server_new("server-header", "te-metadata-server", NULL);
 	soup_server_add_early_handler(srv, store.path, early_handler, &store, NULL);
 	soup_server_add_handler(srv, store.path, store_handler, &store, NULL);

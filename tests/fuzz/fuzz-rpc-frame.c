@@ -122,7 +122,7 @@ static void serve(const uint8_t *data, size_t size, bool authed)
 	conn_job *job = g_new0(conn_job, 1);
 	job->fd = sv[0];
 	g_strlcpy(job->peer, "127.0.0.2:40000", sizeof job->peer);
-	host_of(job->peer, job->host, sizeof job->host);
+	teu_hostport_host(job->peer, job->host, sizeof job->host);
 	g_mutex_lock(&server.lock);
 	g_hash_table_insert(server.active, GINT_TO_POINTER(job->fd), GINT_TO_POINTER(job->fd));
 	peer_count(&server, job->host, +1);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The deadline of the metadata plugins' HTTP client (metadata-plugins/common/
- * te-http.c, also in te-top): every request ends by its timeout, whatever
- * the server or the TLS library does, with -ETIMEDOUT and an error text that
+ * The deadline of the metadata plugins' HTTP client (util/teu-http.c, also
+ * in te-top): every request ends by its timeout, whatever the server or the
+ * TLS library does, with -ETIMEDOUT and an error text that
  * names the URL (password hidden) and where the request stood.
  *
  *   silent-handshake  a server accepts TCP and never answers the ClientHello
@@ -24,7 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "../../metadata-plugins/common/te-http.h"
+#include "teu-http.h"
 /* The harness serves the store tests too: not all of it is used here. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -39,7 +39,7 @@
 /* ---------------------------------------------------------------- calls */
 
 typedef struct call {
-	te_http *c;
+	teu_http *c;
 	const char *method, *url;
 	int timeout_ms;
 	int rc;
@@ -55,12 +55,12 @@ static pthread_cond_t calls_cond = PTHREAD_COND_INITIALIZER;
 static void *call_thread(void *arg)
 {
 	call *k = arg;
-	te_http_reply r;
+	teu_http_reply r;
 	long long t0 = now_ms();
-	k->rc = te_http_request(k->c, k->method, k->url, NULL, NULL, 0, NULL, k->timeout_ms, &r, &k->err);
+	k->rc = teu_http_request(k->c, k->method, k->url, NULL, NULL, 0, NULL, k->timeout_ms, &r, &k->err);
 	k->took_ms = now_ms() - t0;
 	k->status = k->rc == 0 ? r.status : 0;
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	pthread_mutex_lock(&calls_lock);
 	k->done = true;
 	pthread_cond_broadcast(&calls_cond);
@@ -108,7 +108,7 @@ static void run_calls(call *k, int n, long long limit_ms)
 
 /* `n` calls of `url` at once on one client: each ends with -ETIMEDOUT by
  * its timeout + SLACK_MS, its text naming `phase` and the URL. */
-static void check_deadline(te_http *c, const char *url, const char *shown_url, const char *phase)
+static void check_deadline(teu_http *c, const char *url, const char *shown_url, const char *phase)
 {
 	call k[CALLS];
 	for (int i = 0; i < CALLS; i++)
@@ -127,13 +127,13 @@ static void check_deadline(te_http *c, const char *url, const char *shown_url, c
 	}
 }
 
-static te_http *client(const char *ca, const char *cert, const char *key)
+static teu_http *client(const char *ca, const char *cert, const char *key)
 {
-	te_http_opts o = { .ca_file = ca, .cert_file = cert, .key_file = key };
+	teu_http_opts o = { .ca_file = ca, .cert_file = cert, .key_file = key };
 	char *err = NULL;
-	te_http *c = te_http_new(&o, &err);
+	teu_http *c = teu_http_new(&o, &err);
 	if (c == NULL)
-		fprintf(stderr, "  te_http_new: %s\n", err);
+		fprintf(stderr, "  teu_http_new: %s\n", err);
 	REQUIRE(c != NULL);
 	return c;
 }
@@ -264,9 +264,9 @@ static void silent_handshake(void)
 	/* a password in the URL: the error texts hide it */
 	snprintf(url, sizeof url, "https://te:pw-9Zq@127.0.0.1:%d/metadata", port);
 	snprintf(shown, sizeof shown, "https://te:***@127.0.0.1:%d/metadata", port);
-	te_http *c = client(NULL, NULL, NULL);
+	teu_http *c = client(NULL, NULL, NULL);
 	check_deadline(c, url, shown, "during the TLS handshake");
-	te_http_free(c);
+	teu_http_free(c);
 	close(hole);
 }
 
@@ -280,7 +280,7 @@ static void stalled_handshake(void)
 	relay_start(&r, mds, 40);
 	char url[128];
 	snprintf(url, sizeof url, "https://127.0.0.1:%d/health", r.port);
-	te_http *c = client(tmp_path("ca.pem"), NULL, NULL);
+	teu_http *c = client(tmp_path("ca.pem"), NULL, NULL);
 	check_deadline(c, url, url, "during the TLS handshake");
 	/* the same server without the relay answers: the stall was the relay's */
 	snprintf(url, sizeof url, "https://127.0.0.1:%d/health", mds);
@@ -289,7 +289,7 @@ static void stalled_handshake(void)
 	CHECK_EQ(k.rc, 0);
 	CHECK_EQ(k.status, 200);
 	g_free(k.err);
-	te_http_free(c);
+	teu_http_free(c);
 	relay_stop(&r);
 }
 
@@ -298,9 +298,9 @@ static void silent_reply(void)
 	int port, hole = blackhole_listen(&port);
 	char url[128];
 	snprintf(url, sizeof url, "http://127.0.0.1:%d/metadata?key=x", port);
-	te_http *c = client(NULL, NULL, NULL);
+	teu_http *c = client(NULL, NULL, NULL);
 	check_deadline(c, url, url, "waiting for the reply");
-	te_http_free(c);
+	teu_http_free(c);
 	close(hole);
 }
 
@@ -322,9 +322,9 @@ static void full_backlog(void)
 	sleep_ms(100);
 	char url[128];
 	snprintf(url, sizeof url, "https://127.0.0.1:%d/metadata", port);
-	te_http *c = client(NULL, NULL, NULL);
+	teu_http *c = client(NULL, NULL, NULL);
 	check_deadline(c, url, url, "while connecting");
-	te_http_free(c);
+	teu_http_free(c);
 	for (int i = 0; i < 8; i++)
 		close(fill[i]);
 	close(hole);
@@ -349,7 +349,7 @@ static void held_context(void)
 	char url[128];
 	snprintf(url, sizeof url, "https://127.0.0.1:%d/", port);
 	/* Refused first: a session resumed later would not be asked again. */
-	te_http *c = client(tmp_path("ca.pem"), NULL, NULL);
+	teu_http *c = client(tmp_path("ca.pem"), NULL, NULL);
 	call k = { .c = c, .method = "GET", .url = url, .timeout_ms = 3000 };
 	run_calls(&k, 1, 3000 + SLACK_MS + 5000);
 	fprintf(stderr, "  without a certificate: %d after %lld ms: %s\n", k.rc, k.took_ms, k.err ? k.err : "");
@@ -357,7 +357,7 @@ static void held_context(void)
 	CHECK(k.took_ms < 3000);
 	CHECK(k.err != NULL && strstr(k.err, "certificate") != NULL);
 	g_free(k.err);
-	te_http_free(c);
+	teu_http_free(c);
 
 	c = client(tmp_path("ca.pem"), tmp_path("cli.pem"), tmp_path("cli.key"));
 	k = (call){ .c = c, .method = "GET", .url = url, .timeout_ms = 3000 };
@@ -367,7 +367,7 @@ static void held_context(void)
 	CHECK_EQ(k.rc, 0);
 	CHECK_EQ(k.status, 200);
 	g_free(k.err);
-	te_http_free(c);
+	teu_http_free(c);
 
 	atomic_store(&state, 2);
 	pthread_join(holder, NULL);

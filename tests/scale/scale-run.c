@@ -38,7 +38,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function" /* the harness serves many tests */
 #include "../metadata/b64.h"
 #include "../metadata/md-harness.h"
-#include "../../tools/idle-cost/proc-usage.h"
+#include "teu-proc.h"
 
 #ifndef MIN
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -301,8 +301,8 @@ static void usage_of(pid_t pid, usage *u)
 			u->ticks = ut + st;
 		fclose(f);
 	}
-	proc_fds(pid, &u->fds, &u->tcp);
-	u->rss_kb = proc_rss_kb(pid);
+	teu_proc_fds(pid, &u->fds, &u->tcp);
+	u->rss_kb = teu_proc_rss_kb(pid);
 }
 
 /* ------------------------------------------------------------- the store */

@@ -248,7 +248,7 @@ static void test_rotation(void)
 /* ------------------------------------------- who may write a key file */
 
 /* Key files anyone but this user and root could have written or put in
- * place are refused (te-secret-file.h): at the start, failing the engine,
+ * place are refused (util/teu-secret-file.h): at the start, failing the engine,
  * and when looked at again, leaving the keys read before. Whether a key is
  * accepted shows from this side as a client: a peer proves its own key,
  * and passes only when this engine holds it. "Another user" is nobody

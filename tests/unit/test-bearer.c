@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The bearer-token rule both HTTP servers use (exporter-plugins/common/
- * te-bearer.h): which token files are taken, which Authorization headers
- * pass, and what is said when they do not.
+ * The bearer-token rule both HTTP servers use (util/teu-bearer.h): which
+ * token files are taken, which Authorization headers pass, and what is said when they do not.
  */
 #include <glib.h>
 #include <glib/gstdio.h>
@@ -11,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../../exporter-plugins/common/te-bearer.h"
+#include "teu-bearer.h"
 
 static int failures;
 
@@ -37,9 +36,9 @@ static char *file_of(const char *name, const char *data, size_t len)
 	return path;
 }
 
-static bool refused_as(const te_bearer *b, const char *header, const char *why)
+static bool refused_as(const teu_bearer *b, const char *header, const char *why)
 {
-	const char *got = te_bearer_refuse(b, header);
+	const char *got = teu_bearer_refuse(b, header);
 	if (why == NULL)
 		return got == NULL;
 	return got != NULL && strcmp(got, why) == 0;
@@ -50,11 +49,11 @@ static void test_good_token(void)
 	const char *tok = "Ab0-._~+/=cdefghijklmnop";
 	char *text = g_strdup_printf("  %s \r\nsecond line is not the token\n", tok);
 	char *path = file_of("good", text, strlen(text));
-	te_bearer b = { 0 };
+	teu_bearer b = { 0 };
 	bool weak = true;
 	char why[512] = "";
 
-	CHECK(te_bearer_load(&b, path, &weak, why, sizeof why) == 0);
+	CHECK(teu_bearer_load(&b, path, &weak, why, sizeof why) == 0);
 	CHECK(b.on && !weak);
 	char *hdr = g_strdup_printf("Bearer %s", tok);
 	CHECK(refused_as(&b, hdr, NULL));
@@ -73,7 +72,7 @@ static void test_good_token(void)
 	g_free(hdr);
 	CHECK(refused_as(&b, "Bearer second line is not the token", "wrong token"));
 	/* Cleared: no token asked for any more. */
-	te_bearer_clear(&b);
+	teu_bearer_clear(&b);
 	CHECK(!b.on);
 	CHECK(refused_as(&b, NULL, NULL));
 	g_free(text);
@@ -82,31 +81,31 @@ static void test_good_token(void)
 
 static void test_weak_and_longest(void)
 {
-	te_bearer b = { 0 };
+	teu_bearer b = { 0 };
 	bool weak = false;
 	char why[512];
 	char *path = file_of("short", "abc", 3);
 
-	CHECK(te_bearer_load(&b, path, &weak, why, sizeof why) == 0);
+	CHECK(teu_bearer_load(&b, path, &weak, why, sizeof why) == 0);
 	CHECK(b.on && weak);
 	CHECK(refused_as(&b, "Bearer abc", NULL));
 	g_free(path);
 
-	char *big = g_malloc(TE_BEARER_MAX + 2);
-	memset(big, 'z', TE_BEARER_MAX + 1);
-	big[TE_BEARER_MAX + 1] = '\0';
-	path = file_of("longest", big, TE_BEARER_MAX);
-	b = (te_bearer){ 0 };
-	CHECK(te_bearer_load(&b, path, &weak, why, sizeof why) == 0);
+	char *big = g_malloc(TEU_BEARER_MAX + 2);
+	memset(big, 'z', TEU_BEARER_MAX + 1);
+	big[TEU_BEARER_MAX + 1] = '\0';
+	path = file_of("longest", big, TEU_BEARER_MAX);
+	b = (teu_bearer){ 0 };
+	CHECK(teu_bearer_load(&b, path, &weak, why, sizeof why) == 0);
 	CHECK(b.on && !weak);
-	char *hdr = g_strdup_printf("Bearer %.*s", TE_BEARER_MAX, big);
+	char *hdr = g_strdup_printf("Bearer %.*s", TEU_BEARER_MAX, big);
 	CHECK(refused_as(&b, hdr, NULL));
 	g_free(hdr);
 	g_free(path);
 
-	path = file_of("too-long", big, TE_BEARER_MAX + 1);
-	b = (te_bearer){ 0 };
-	CHECK(te_bearer_load(&b, path, &weak, why, sizeof why) == -EINVAL);
+	path = file_of("too-long", big, TEU_BEARER_MAX + 1);
+	b = (teu_bearer){ 0 };
+	CHECK(teu_bearer_load(&b, path, &weak, why, sizeof why) == -EINVAL);
 	CHECK(!b.on);
 	CHECK(strstr(why, path) != NULL && strstr(why, "the first line must be a token") != NULL);
 	CHECK(strstr(why, "zzzz") == NULL); /* never the token */
@@ -130,10 +129,10 @@ static void test_refused_files(void)
 		char name[32];
 		snprintf(name, sizeof name, "bad-%zu", i);
 		char *path = file_of(name, not_tokens[i], strlen(not_tokens[i]));
-		te_bearer b = { 0 };
+		teu_bearer b = { 0 };
 		bool weak = false;
 		char why[512] = "";
-		int rc = te_bearer_load(&b, path, &weak, why, sizeof why);
+		int rc = teu_bearer_load(&b, path, &weak, why, sizeof why);
 		if (rc != -EINVAL || b.on || strstr(why, "the first line must be a token") == NULL) {
 			fprintf(stderr, "file %s: rc %d, on %d, why '%s'\n", name, rc, b.on, why);
 			failures++;
@@ -143,10 +142,10 @@ static void test_refused_files(void)
 	}
 
 	char *missing = g_build_filename(dir, "no-such-file", NULL);
-	te_bearer b = { 0 };
+	teu_bearer b = { 0 };
 	bool weak = false;
 	char why[512] = "";
-	CHECK(te_bearer_load(&b, missing, &weak, why, sizeof why) == -EIO);
+	CHECK(teu_bearer_load(&b, missing, &weak, why, sizeof why) == -EIO);
 	CHECK(!b.on);
 	CHECK(strncmp(why, "cannot read the token file: ", 28) == 0);
 	g_free(missing);
@@ -156,13 +155,13 @@ static void test_refused_files(void)
 	const char *tok = "Ab0-._~+/=cdefghijklmnop\n";
 	char *open_file = file_of("other-writable", tok, strlen(tok));
 	CHECK(chmod(open_file, 0606) == 0);
-	CHECK(te_bearer_load(&b, open_file, &weak, why, sizeof why) == -EPERM);
+	CHECK(teu_bearer_load(&b, open_file, &weak, why, sizeof why) == -EPERM);
 	CHECK(!b.on);
 	CHECK(strstr(why, "refused the token file") != NULL);
 	CHECK(strstr(why, "mode 0606) can be written by others") != NULL);
 	CHECK(strstr(why, "Ab0") == NULL);
 	CHECK(chmod(open_file, 0600) == 0);
-	CHECK(te_bearer_load(&b, open_file, &weak, why, sizeof why) == 0);
+	CHECK(teu_bearer_load(&b, open_file, &weak, why, sizeof why) == 0);
 	CHECK(b.on);
 	g_free(open_file);
 }

@@ -6,7 +6,7 @@
  * device-memory figures can be set beside the hardware's limits.
  *
  * libcuda.so.1 is opened with dlopen() and its types and calls come from
- * the plugin's device-plugins/cuda/cuda-driver.h: no CUDA toolkit is needed
+ * libteu's util/teu-cuda.h, the plugin's own: no CUDA toolkit is needed
  * to build it. Without the driver library or a device it
  * exits 77 with one line saying why (the status meson and automake read as
  * "skipped").
@@ -28,15 +28,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../device-plugins/cuda/cuda-driver.h"
-#include "../../device-plugins/cuda/gather.h"
-#include "../../device-plugins/cuda/gather-ptx.h"
-#include "../fmt-bytes.h"
+#include "teu-cuda.h"
+#include "teu-gather.h"
+#include "teu-fmt.h"
 
 #define PROG "gpu-copy-bench"
 #define EXIT_SKIP 77
 
-static driver D;
+static teu_cu_driver D;
 
 static void die(int code, const char *fmt, ...)
 {
@@ -55,13 +54,13 @@ static void die(int code, const char *fmt, ...)
 	do {                                                                               \
 		CUresult r_ = (call);                                                      \
 		if (r_ != CUDA_SUCCESS)                                                    \
-			die(1, "%s failed: %s (%d)", #call, cu_errstr(&D, r_), r_);        \
+			die(1, "%s failed: %s (%d)", #call, teu_cu_errstr(&D, r_), r_);        \
 	} while (0)
 
 static void open_driver(void)
 {
 	char why[512];
-	if (cu_driver_open(&D, why, sizeof why) != 0)
+	if (teu_cu_open(&D, why, sizeof why) != 0)
 		die(EXIT_SKIP, "skipped: %s", why);
 	/* Optional for the plugin, needed here. */
 	const char *lacks = NULL;
@@ -244,14 +243,14 @@ static double run_once(mode m, CUdeviceptr dst, CUdeviceptr src, uint64_t bytes,
 			CU(D.StreamSynchronize(B.s[0]));
 		break;
 	case GATHER: {
-		/* The CUDA plugin's gather kernel: up to GATHER_MAX chunks a
+		/* The CUDA plugin's gather kernel: up to TEU_GATHER_MAX chunks a
 		 * launch, all queued then waited for once. */
-		static gather_params g;
+		static teu_gather g;
 		g.n = 0;
 		for (uint64_t off = 0; off < bytes; off += chunk)
-			if (gather_add(&g, dst + off, src + off, bytes - off < chunk ? bytes - off : chunk))
-				CU(gather_flush(&D, B.gather, &g, B.s[0]));
-		CU(gather_flush(&D, B.gather, &g, B.s[0]));
+			if (teu_gather_add(&g, dst + off, src + off, bytes - off < chunk ? bytes - off : chunk))
+				CU(teu_gather_flush(&D, B.gather, &g, B.s[0]));
+		CU(teu_gather_flush(&D, B.gather, &g, B.s[0]));
 		CU(D.StreamSynchronize(B.s[0]));
 		break;
 	}
@@ -283,7 +282,7 @@ static void measure(const char *name, const char *dir, const char *memory, mode 
 	uint64_t moved = m == BOTH_WAYS ? 2 * bytes : bytes;
 	uint64_t calls = m == BOTH_WAYS ? 2 : (bytes + chunk - 1) / chunk;
 	if (m == GATHER) /* launches */
-		calls = (calls + GATHER_MAX - 1) / GATHER_MAX;
+		calls = (calls + TEU_GATHER_MAX - 1) / TEU_GATHER_MAX;
 	if (med <= 0 || secs[0] <= 0)
 		die(1, "%s: the clock did not advance", name);
 	result *r = &results[nresults++];
@@ -326,7 +325,7 @@ static bool gather_load(void)
 {
 	bool calls = D.ModuleLoadData != NULL && D.ModuleGetFunction != NULL && D.LaunchKernel != NULL;
 	CUresult r = CUDA_ERROR_NO_DEVICE; /* replaced by the driver's answer when it has the calls */
-	if (calls && (r = D.ModuleLoadData(&B.gather_mod, gather_ptx)) == CUDA_SUCCESS) {
+	if (calls && (r = D.ModuleLoadData(&B.gather_mod, teu_gather_ptx)) == CUDA_SUCCESS) {
 		r = D.ModuleGetFunction(&B.gather, B.gather_mod, "te_gather_copy");
 		if (r == CUDA_SUCCESS)
 			r = D.PointerGetAttribute(&B.pinned_a_dev, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, hp(B.pinned_a));
@@ -335,7 +334,7 @@ static bool gather_load(void)
 	}
 	if (r != CUDA_SUCCESS)
 		fprintf(stderr, PROG ": no gather kernel cases: %s\n",
-			calls ? cu_errstr(&D, r) : "the driver has no kernel launches");
+			calls ? teu_cu_errstr(&D, r) : "the driver has no kernel launches");
 	return r == CUDA_SUCCESS;
 }
 
@@ -346,12 +345,12 @@ int main(int argc, char **argv)
 
 	CUresult r = D.Init(0);
 	if (r != CUDA_SUCCESS)
-		die(EXIT_SKIP, "skipped: cuInit failed: %s (%d)", cu_errstr(&D, r), r);
+		die(EXIT_SKIP, "skipped: cuInit failed: %s (%d)", teu_cu_errstr(&D, r), r);
 	int ndev = 0;
 	r = D.DeviceGetCount(&ndev);
 	if (r != CUDA_SUCCESS || ndev <= 0)
 		die(EXIT_SKIP, "skipped: no CUDA device (%s)",
-		    r != CUDA_SUCCESS ? cu_errstr(&D, r) : "the driver counts none");
+		    r != CUDA_SUCCESS ? teu_cu_errstr(&D, r) : "the driver counts none");
 	if (O.device >= ndev)
 		die(EXIT_SKIP, "skipped: --device=%d, but the driver counts %d device(s)", O.device, ndev);
 
@@ -393,10 +392,10 @@ int main(int argc, char **argv)
 	CU(D.Memcpy(B.dev_b, hp(B.pinned_b), B.span));
 
 	char sz[32], big[32], small[32], tot[32];
-	fmt_bytes(sz, sizeof sz, O.size);
-	fmt_bytes(big, sizeof big, O.big_chunk);
-	fmt_bytes(small, sizeof small, O.small_chunk);
-	fmt_bytes(tot, sizeof tot, O.chunk_total);
+	teu_fmt_bytes(sz, sizeof sz, O.size);
+	teu_fmt_bytes(big, sizeof big, O.big_chunk);
+	teu_fmt_bytes(small, sizeof small, O.small_chunk);
+	teu_fmt_bytes(tot, sizeof tot, O.chunk_total);
 	if (!O.json)
 		fprintf(stderr, PROG ": device %d (%s, %s), one copy %s, chunked %s, median of %u runs\n",
 			O.device, name, bus, sz, tot, O.repeats);
@@ -466,7 +465,7 @@ int main(int argc, char **argv)
 		for (unsigned i = 0; i < nresults; i++) {
 			const result *x = &results[i];
 			char ch[32];
-			fmt_bytes(ch, sizeof ch, x->chunk);
+			teu_fmt_bytes(ch, sizeof ch, x->chunk);
 			printf("| %s | %s | %" PRIu64 " | %.2f | %.2f–%.2f | %.1f |\n", x->name, ch, x->calls,
 			       x->gbs, x->gbs_min, x->gbs_max, x->us_per_call);
 		}

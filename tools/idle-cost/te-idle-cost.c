@@ -31,7 +31,7 @@
 
 #include <te/te.h>
 
-#include "proc-usage.h"
+#include "teu-proc.h"
 
 #define BLOCK (64u << 10)
 #define MAX_PEERS 64
@@ -259,8 +259,8 @@ static void take(pid_t pid, sample *s)
 		s->n++;
 	}
 	closedir(d);
-	proc_fds(pid, &s->fds, &s->tcp);
-	s->rss_kb = proc_rss_kb(pid);
+	teu_proc_fds(pid, &s->fds, &s->tcp);
+	s->rss_kb = teu_proc_rss_kb(pid);
 }
 
 static void usage(void)

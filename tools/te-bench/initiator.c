@@ -274,7 +274,7 @@ int run_initiator(te_engine *e, const char *target, const char *mode_name)
 		R.verify = register_buffer(e, F.buffer_size, span, false, false);
 
 	char bs[32];
-	fmt_bytes(bs, sizeof bs, F.block_size);
+	teu_fmt_bytes(bs, sizeof bs, F.block_size);
 	if (!F.json)
 		printf("%s: %s %s over %s, %" PRIu64 " x %s per batch, %" PRIu64 " thread%s, %" PRIu64 " s%s%s\n",
 		       PROG, mode_name, F.operation, R.transport,

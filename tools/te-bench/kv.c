@@ -230,8 +230,8 @@ int run_kv(te_engine *e, const char *target, const char *mode_name)
 		big[i] = (te_request){ op, seg, local + i * LARGE, rbase + i * LARGE, len };
 	}
 	char ps[32], rs[32];
-	fmt_bytes(ps, sizeof ps, piece);
-	fmt_bytes(rs, sizeof rs, bytes);
+	teu_fmt_bytes(ps, sizeof ps, piece);
+	teu_fmt_bytes(rs, sizeof rs, bytes);
 	if (!F.json)
 		printf("%s: %s kv %s over %s: %" PRIu64 " layers x K,V x %" PRIu64 " blocks of %s (%" PRIu64
 		       " tokens, %" PRIu64 " descriptors, %s per request, every other block), beside %" PRIu64

@@ -16,7 +16,7 @@
 
 #include <te/te.h>
 
-#include "../fmt-bytes.h"
+#include "teu-fmt.h"
 
 #define PROG "te-bench"
 

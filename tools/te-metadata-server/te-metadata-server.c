@@ -42,8 +42,9 @@
 #include <te/te-json.h>
 #include <libsoup/soup.h>
 
-#include "../../exporter-plugins/common/te-bearer.h"
-#include "../../exporter-plugins/common/te-refuse.h"
+#include "teu-bearer.h"
+#include "teu-hostport.h"
+#include "teu-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
 #define TTL_MAX 86400 /* seconds */
@@ -64,7 +65,7 @@ typedef struct server {
 	gboolean verbose;
 	GMainLoop *loop;
 	/* bearer token: SHA-256 of it, compared in constant time; none when unset */
-	te_bearer token;
+	teu_bearer token;
 	gboolean public_reads;
 	gint64 refusal_logged_us; /* when the last refusal line was written */
 	guint refusals_unlogged;  /* refusals since */
@@ -356,11 +357,11 @@ static void reply_text(SoupServerMessage *msg, guint status, const char *text)
 	reply(msg, status, "text/plain", text, strlen(text));
 }
 
-/* Before the body is read (exporter-plugins/common/te-refuse.h); the
+/* Before the body is read (util/teu-refuse.h); the
  * connection is closed after the short reply. */
 static void refuse_early(SoupServerMessage *msg, guint status, char *text)
 {
-	te_refuse_early(NULL, msg, status, "te-metadata-server", "te-metadata-server", text);
+	teu_refuse_early(NULL, msg, status, "te-metadata-server", "te-metadata-server", text);
 }
 
 /* NULL when `msg` may go on; else why it may not (for the log). With
@@ -372,7 +373,7 @@ static const char *unauthorized(server *s, SoupServerMessage *msg)
 	const char *m = soup_server_message_get_method(msg);
 	if (s->public_reads && (strcmp(m, SOUP_METHOD_GET) == 0 || strcmp(m, SOUP_METHOD_HEAD) == 0))
 		return NULL;
-	return te_bearer_refuse(&s->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
+	return teu_bearer_refuse(&s->token, soup_message_headers_get_one(soup_server_message_get_request_headers(msg),
 									 "Authorization"));
 }
 
@@ -652,35 +653,18 @@ static gboolean on_signal(gpointer data)
 /* "host:port", "[v6]:port" or ":port". */
 static GSocketAddress *parse_listen(const char *s, GError **err)
 {
-	char *host = NULL;
-	const char *colon;
+	char host[TEU_HOST_MAX];
+	int port = -1;
 
-	if (s[0] == '[') {
-		const char *rb = strchr(s, ']');
-		if (rb == NULL || rb[1] != ':')
-			goto bad;
-		host = g_strndup(s + 1, (gsize)(rb - s - 1));
-		colon = rb + 1;
-	} else {
-		colon = strrchr(s, ':');
-		if (colon == NULL)
-			goto bad;
-		host = g_strndup(s, (gsize)(colon - s));
-	}
-	char *end = NULL;
-	errno = 0;
-	long port = strtol(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end || port < 0 || port > 65535)
+	if (teu_hostport_split(s, host, sizeof host, &port) < 0 || port < 0)
 		goto bad;
 	GInetAddress *ia = *host ? g_inet_address_new_from_string(host) : g_inet_address_new_any(G_SOCKET_FAMILY_IPV4);
 	if (ia == NULL)
 		goto bad;
 	GSocketAddress *a = g_inet_socket_address_new(ia, (guint16)port);
 	g_object_unref(ia);
-	g_free(host);
 	return a;
 bad:
-	g_free(host);
 	g_set_error(err, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
 		    "--listen '%s' is not ADDRESS:PORT (a numeric address, e.g. 0.0.0.0:8080)", s);
 	return NULL;
@@ -748,7 +732,7 @@ int main(int argc, char **argv)
 	if (token_file != NULL) {
 		char why[512];
 		bool weak = false;
-		int trc = te_bearer_load(&s.token, token_file, &weak, why, sizeof why);
+		int trc = teu_bearer_load(&s.token, token_file, &weak, why, sizeof why);
 		if (trc < 0) {
 			g_printerr("te-metadata-server: %s\n", why);
 			rc = trc == -EIO ? 1 : 2;

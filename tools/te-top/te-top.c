@@ -18,7 +18,8 @@
 
 #include <glib.h>
 
-#include "../../metadata-plugins/common/te-http.h"
+#include "teu-http.h"
+#include "teu-redact.h"
 #include "prom-text.h"
 
 #define PROG "te-top"
@@ -310,13 +311,13 @@ static double mono_s(void)
 
 /* One scrape into `s`; false with a line on stderr when it failed, naming
  * the URL as `log_url` (its password hidden). */
-static bool scrape_once(te_http *http, const char *url, const char *log_url, const char *auth, scrape *s)
+static bool scrape_once(teu_http *http, const char *url, const char *log_url, const char *auth, scrape *s)
 {
-	te_http_reply r = { 0 };
+	teu_http_reply r = { 0 };
 	char *err = NULL, why[256];
 	GPtrArray *samples = NULL;
 
-	int rc = te_http_request(http, "GET", url, NULL, NULL, 0, auth, 5000, &r, &err);
+	int rc = teu_http_request(http, "GET", url, NULL, NULL, 0, auth, 5000, &r, &err);
 	if (rc < 0) {
 		fprintf(stderr, PROG ": %s: %s\n", log_url, err ? err : g_strerror(-rc));
 		g_free(err);
@@ -325,11 +326,11 @@ static bool scrape_once(te_http *http, const char *url, const char *log_url, con
 	if (r.status != 200) {
 		fprintf(stderr, PROG ": %s answered %d%s\n", log_url, r.status,
 			r.status == 401 ? " (a token is needed, or it was refused: --token_file)" : "");
-		te_http_reply_clear(&r);
+		teu_http_reply_clear(&r);
 		return false;
 	}
 	rc = prom_parse(r.body, r.len, &prom_default_limits, &samples, why, sizeof why);
-	te_http_reply_clear(&r);
+	teu_http_reply_clear(&r);
 	if (rc < 0) {
 		fprintf(stderr, PROG ": %s: not a metrics text: %s\n", log_url, why);
 		return false;
@@ -364,7 +365,7 @@ int main(int argc, char **argv)
 					     "(TE_METRICS_ADDR of the engine's process)\n");
 	bool parsed = g_option_context_parse(oc, &argc, &argv, &gerr);
 	g_option_context_free(oc);
-	te_http *http = NULL;
+	teu_http *http = NULL;
 	scrape before = { 0 }, now = { 0 };
 	int rc = 2;
 	if (!parsed) {
@@ -381,17 +382,17 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (token_file != NULL) {
-		char *tok = te_http_read_secret(token_file, &err);
+		char *tok = teu_http_read_secret(token_file, &err);
 		if (tok == NULL) {
 			fprintf(stderr, PROG ": cannot use the token file: %s\n", err);
 			g_free(err);
 			goto out;
 		}
 		auth = g_strconcat("Bearer ", tok, NULL);
-		te_http_secret_free(tok);
+		teu_http_secret_free(tok);
 	}
-	te_http_opts o = { .max_reply = prom_default_limits.max_body, .max_conns = 1, .ca_file = ca_file };
-	http = te_http_new(&o, &err);
+	teu_http_opts o = { .max_reply = prom_default_limits.max_body, .max_conns = 1, .ca_file = ca_file };
+	http = teu_http_new(&o, &err);
 	if (http == NULL) {
 		fprintf(stderr, PROG ": %s\n", err ? err : "HTTP client failed to start");
 		g_free(err);
@@ -402,7 +403,7 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 
 	const char *url = argv[1];
-	log_url = te_http_redact(url);
+	log_url = teu_redact(url);
 	int failures = 0;
 	gint64 shown = 0;
 	rc = 0;
@@ -443,8 +444,8 @@ out:
 	scrape_clear(&before);
 	scrape_clear(&now);
 	if (http != NULL)
-		te_http_free(http);
-	te_http_secret_free(auth);
+		teu_http_free(http);
+	teu_http_secret_free(auth);
 	g_free(log_url);
 	g_free(token_file);
 	g_free(ca_file);

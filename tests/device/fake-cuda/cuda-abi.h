@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the stand-in driver (fake-cuda.c) and its test (test-fake-cuda.c)
  * share: the driver's data layouts, the very declarations the CUDA plugin
- * takes (device-plugins/cuda/cuda-types.h), and the parameter of the one
+ * takes (util/teu-cuda-types.h), and the parameter of the one
  * kernel the stand-in runs. */
 #ifndef TE_FAKE_CUDA_ABI_H
 #define TE_FAKE_CUDA_ABI_H
 
-#include "../../../device-plugins/cuda/cuda-types.h"
+#include "teu-cuda-types.h"
 
 /* te_gather_copy's parameter (passed by value): up to 128 pieces. */
 struct te_piece {

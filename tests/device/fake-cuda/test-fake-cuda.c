@@ -26,12 +26,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../../device-plugins/cuda/cuda-driver.h"
+#include "teu-cuda.h"
 #include "cuda-abi.h"
 
-/* The driver's calls, found as the plugin finds them (cu_driver_open_at),
+/* The driver's calls, found as the plugin finds them (teu_cu_open_at),
  * plus the ones only this test makes. */
-static driver cu;
+static teu_cu_driver cu;
 
 static int failed;
 
@@ -54,7 +54,7 @@ static void load(const char *path)
 {
 	char why[256];
 
-	if (cu_driver_open_at(&cu, path, why, sizeof why) != 0) {
+	if (teu_cu_open_at(&cu, path, why, sizeof why) != 0) {
 		fprintf(stderr, "%s\n", why);
 		exit(1);
 	}

@@ -1,41 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * The server's side of a bearer token, for the HTTP servers libte ships: the
- * Prometheus exporter (TE_METRICS_TOKEN_FILE) and te-metadata-server
- * (--token-file). One rule for both, so a token file that one accepts the
- * other accepts too: the token is the file's first line, white space around
- * it dropped, 1 to TE_BEARER_MAX characters of letters, digits and -._~+/=
- * (what may follow "Bearer " in an Authorization header, RFC 6750). Only its
- * SHA-256 is kept; the file's bytes are overwritten before they are freed.
- * The file is read only when no one but this user and root could have
- * written it (te-secret-file.h): a token anyone could plant, anyone holds.
- *
- * Header-only and compiled into each user (it is no library and is not
- * installed); it needs GLib (GChecksum).
- */
-#ifndef TE_BEARER_H
-#define TE_BEARER_H
-
 #include <errno.h>
-#include <glib.h>
-#include <stdbool.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../common/te-secret-file.h"
+#include "teu-bearer.h"
+#include "teu-secret-file.h"
 
-#define TE_BEARER_MAX 4096
-/* What is read of a token file: its first line must end within it. */
-#define TE_BEARER_FILE_READ 65536
-/* Shorter tokens are taken, with a warning: they can be guessed. */
-#define TE_BEARER_WEAK 16
-
-typedef struct te_bearer {
-	bool on;
-	guint8 sum[32]; /* SHA-256 of the token */
-} te_bearer;
-
-static inline void te_bearer__sha256(const char *data, size_t len, guint8 out[32])
+static void teu_bearer__sha256(const char *data, size_t len, guint8 out[32])
 {
 	GChecksum *c = g_checksum_new(G_CHECKSUM_SHA256);
 	gsize n = 32;
@@ -46,24 +18,24 @@ static inline void te_bearer__sha256(const char *data, size_t len, guint8 out[32
 }
 
 /* Requires `token` (len bytes) from now on. */
-static inline void te_bearer_set(te_bearer *b, const char *token, size_t len)
+void teu_bearer_set(teu_bearer *b, const char *token, size_t len)
 {
-	te_bearer__sha256(token, len, b->sum);
+	teu_bearer__sha256(token, len, b->sum);
 	b->on = true;
 }
 
 /* Reads the token in `path` into `b`: 0 (and *weak when it is shorter than
- * TE_BEARER_WEAK), -EIO when the file cannot be read, -EPERM when it is
+ * TEU_BEARER_WEAK), -EIO when the file cannot be read, -EPERM when it is
  * refused (someone else could have written it), -EINVAL when its first line
  * is no token. On an error `why` says why (never the token). */
-static inline int te_bearer_load(te_bearer *b, const char *path, bool *weak, char *why, size_t whylen)
+int teu_bearer_load(teu_bearer *b, const char *path, bool *weak, char *why, size_t whylen)
 {
 	char *data = NULL;
 	size_t n = 0;
 	struct stat st;
 
 	*weak = false;
-	int fd = te_secret_open(path, &st, why, whylen);
+	int fd = teu_secret_open(path, &st, why, whylen);
 	if (fd < 0) {
 		char *w = g_strdup(why);
 		if (fd == -EPERM)
@@ -73,32 +45,32 @@ static inline int te_bearer_load(te_bearer *b, const char *path, bool *weak, cha
 		g_free(w);
 		return fd == -EPERM ? -EPERM : -EIO;
 	}
-	data = g_malloc(TE_BEARER_FILE_READ);
-	int rc = te_secret_read(fd, data, TE_BEARER_FILE_READ, &n);
+	data = g_malloc(TEU_BEARER_FILE_READ);
+	int rc = teu_secret_read(fd, data, TEU_BEARER_FILE_READ, &n);
 	close(fd);
 	if (rc < 0) {
-		memset(data, 0, TE_BEARER_FILE_READ);
+		memset(data, 0, TEU_BEARER_FILE_READ);
 		g_free(data);
 		g_snprintf(why, whylen, "cannot read the token file %s: %s", path, g_strerror(-rc));
 		return -EIO;
 	}
 	char *nl = memchr(data, '\n', n);
-	if (nl == NULL && n == TE_BEARER_FILE_READ) {
+	if (nl == NULL && n == TEU_BEARER_FILE_READ) {
 		memset(data, 0, n);
 		g_free(data);
-		g_snprintf(why, whylen, "%s: the first line is longer than %d bytes", path, TE_BEARER_FILE_READ);
+		g_snprintf(why, whylen, "%s: the first line is longer than %d bytes", path, TEU_BEARER_FILE_READ);
 		return -EINVAL;
 	}
 	char *tok = g_strstrip(g_strndup(data, nl ? (gsize)(nl - data) : n));
 	size_t tl = strlen(tok);
-	bool ok = tl > 0 && tl <= TE_BEARER_MAX &&
+	bool ok = tl > 0 && tl <= TEU_BEARER_MAX &&
 		  strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=") == tl;
 	if (ok) {
-		te_bearer_set(b, tok, tl);
-		*weak = tl < TE_BEARER_WEAK;
+		teu_bearer_set(b, tok, tl);
+		*weak = tl < TEU_BEARER_WEAK;
 	} else {
 		g_snprintf(why, whylen, "%s: the first line must be a token of letters, digits and -._~+/= (at most %d)",
-			   path, TE_BEARER_MAX);
+			   path, TEU_BEARER_MAX);
 	}
 	memset(data, 0, n);
 	memset(tok, 0, tl);
@@ -112,7 +84,7 @@ static inline int te_bearer_load(te_bearer *b, const char *path, bool *weak, cha
  * compared through its SHA-256 with every byte looked at, so neither the
  * time taken nor an early exit tells a client how much of a guess was
  * right, nor the token's length. */
-static inline const char *te_bearer_refuse(const te_bearer *b, const char *authorization)
+const char *teu_bearer_refuse(const teu_bearer *b, const char *authorization)
 {
 	if (!b->on)
 		return NULL;
@@ -125,16 +97,14 @@ static inline const char *te_bearer_refuse(const te_bearer *b, const char *autho
 		t++;
 	guint8 sum[32];
 	unsigned diff = 0;
-	te_bearer__sha256(t, strlen(t), sum);
+	teu_bearer__sha256(t, strlen(t), sum);
 	for (int i = 0; i < 32; i++)
 		diff |= (unsigned)(sum[i] ^ b->sum[i]);
 	return diff == 0 ? NULL : "wrong token";
 }
 
-static inline void te_bearer_clear(te_bearer *b)
+void teu_bearer_clear(teu_bearer *b)
 {
 	explicit_bzero(b->sum, sizeof b->sum);
 	b->on = false;
 }
-
-#endif

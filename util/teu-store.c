@@ -1,22 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * What the metadata plugins' ops share: the checks of their arguments and
- * the key list that list() hands back (an array of NUL-terminated copies,
- * array and keys freed by the caller with free()). Header-only: each plugin
- * compiles it in.
- */
-#ifndef TE_STORE_H
-#define TE_STORE_H
-
 #include <errno.h>
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <te/te-plugin.h>
+#include "teu-store.h"
 
 /* Whether `key` is unusable (NULL or empty), logged as "<store> <op>: ...". */
-static inline bool te_store_bad_key(const te_host *h, const char *store, const char *op, const char *key)
+bool teu_store_bad_key(const te_host *h, const char *store, const char *op, const char *key)
 {
 	if (key != NULL && *key != '\0')
 		return false;
@@ -25,8 +15,7 @@ static inline bool te_store_bad_key(const te_host *h, const char *store, const c
 }
 
 /* The same for put(), which also refuses a NULL value of non-zero length. */
-static inline bool te_store_bad_put(const te_host *h, const char *store, const char *key, const char *value,
-				    size_t len)
+bool teu_store_bad_put(const te_host *h, const char *store, const char *key, const char *value, size_t len)
 {
 	if (key != NULL && *key != '\0' && (value != NULL || len == 0))
 		return false;
@@ -36,7 +25,7 @@ static inline bool te_store_bad_put(const te_host *h, const char *store, const c
 
 /* Hands back a value for get(): a NUL-terminated copy of its `n` bytes in
  * *value, its length in *len (when asked for). 0 or -ENOMEM. */
-static inline int te_store_value(const void *data, size_t n, char **value, size_t *len)
+int teu_store_value(const void *data, size_t n, char **value, size_t *len)
 {
 	char *out = malloc(n + 1);
 
@@ -53,7 +42,7 @@ static inline int te_store_value(const void *data, size_t n, char **value, size_
 
 /* Appends a NUL-terminated copy of the `n` bytes of key `k` to list()'s
  * `out` (which has room for it). 0 or -ENOMEM. */
-static inline int te_store_key_add(char **out, size_t *got, const void *k, size_t n)
+int teu_store_key_add(char **out, size_t *got, const void *k, size_t n)
 {
 	char *copy = malloc(n + 1);
 
@@ -67,7 +56,7 @@ static inline int te_store_key_add(char **out, size_t *got, const void *k, size_
 
 /* Ends a list(): with rc 0 hands the `got` keys of `out` to the caller,
  * otherwise frees them. Returns rc. */
-static inline int te_store_keys_done(char **out, size_t got, int rc, char ***keys, size_t *n)
+int teu_store_keys_done(char **out, size_t got, int rc, char ***keys, size_t *n)
 {
 	if (rc < 0) {
 		for (size_t i = 0; i < got; i++)
@@ -79,5 +68,3 @@ static inline int te_store_keys_done(char **out, size_t got, int rc, char ***key
 	*n = got;
 	return rc;
 }
-
-#endif

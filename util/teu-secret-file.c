@@ -1,34 +1,4 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * Opening a file that holds a secret (the cluster key and its .next and
- * .prev files, bearer tokens) only when no one but this process's user and
- * root can have written it. A key that anyone could plant is a key anyone
- * holds: a file in /tmp, or in a shared folder, would let every local user
- * prove the cluster key. The rule (docs/security.md, "Key and token files"):
- *
- *  - the directory the file is in is owned by the effective user or root,
- *    and is not writable by its group or others, unless it is sticky (as
- *    /tmp is: there others may add names but not replace ours);
- *  - the file is a regular file owned by the effective user or root, not
- *    writable by its group or others; in a sticky directory others can
- *    write, it also has a single link (no one else's hard link to some
- *    file of ours that they can read);
- *  - a symlink as the last component is followed only where a file would
- *    be taken: in a directory only the user and root can write, or, in a
- *    sticky one, when the link is owned by the user or root. Its target is
- *    judged again by the same rule (at most TE_SECRET_MAX_LINKS links).
- *
- * The directory is opened and checked first (fstat on its descriptor); the
- * file is opened relative to that descriptor without following a symlink
- * and the opened file is checked (fstat), so nothing can be swapped between
- * the check and the read. Directories above the file's own are not judged.
- *
- * Header-only and compiled into each user: libte, the plugins and the tools
- * (no library, not installed). POSIX and Linux (O_PATH) only, no GLib.
- */
-#ifndef TE_SECRET_FILE_H
-#define TE_SECRET_FILE_H
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -37,15 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#define TE_SECRET_MAX_LINKS 8
+#include "teu-secret-file.h"
 
-static inline int te_secret__refuse(char *why, size_t whylen, int rc, const char *fmt, ...)
+static int teu_secret__refuse(char *why, size_t whylen, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-static inline int te_secret__refuse(char *why, size_t whylen, int rc, const char *fmt, ...)
+static int teu_secret__refuse(char *why, size_t whylen, int rc, const char *fmt, ...)
 {
 	va_list ap;
 	if (why != NULL && whylen > 0) {
@@ -56,7 +25,7 @@ static inline int te_secret__refuse(char *why, size_t whylen, int rc, const char
 	return rc;
 }
 
-static inline bool te_secret__owner_ok(uid_t uid)
+static bool teu_secret__owner_ok(uid_t uid)
 {
 	return uid == geteuid() || uid == 0;
 }
@@ -66,18 +35,18 @@ static inline bool te_secret__owner_ok(uid_t uid)
  * file, -EPERM when the rule refuses it, another -errno when it cannot be
  * opened or is not a regular file. On every error `why` says why, naming the
  * path, owner and mode at fault (never the contents). */
-static inline int te_secret_open(const char *path, struct stat *st, char *why, size_t whylen)
+int teu_secret_open(const char *path, struct stat *st, char *why, size_t whylen)
 {
 	/* cur: the name being judged; buf: its directory, then a link's target. */
 	char *cur = malloc(PATH_MAX), *buf = malloc(PATH_MAX);
 	int rc = -ENOMEM;
 
 	if (cur == NULL || buf == NULL) {
-		te_secret__refuse(why, whylen, rc, "out of memory");
+		teu_secret__refuse(why, whylen, rc, "out of memory");
 		goto out;
 	}
 	if (path == NULL || strlen(path) >= PATH_MAX) {
-		rc = te_secret__refuse(why, whylen, -ENAMETOOLONG, "the file name is empty or too long");
+		rc = teu_secret__refuse(why, whylen, -ENAMETOOLONG, "the file name is empty or too long");
 		goto out;
 	}
 	strcpy(cur, path);
@@ -92,25 +61,25 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 		else
 			snprintf(buf, PATH_MAX, "%.*s", (int)(slash - cur), cur);
 		if (*base == '\0' || strcmp(base, ".") == 0 || strcmp(base, "..") == 0) {
-			rc = te_secret__refuse(why, whylen, -EISDIR, "%s names a directory, not a file", cur);
+			rc = teu_secret__refuse(why, whylen, -EISDIR, "%s names a directory, not a file", cur);
 			goto out;
 		}
 		int dfd = open(buf, O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (dfd < 0) {
 			rc = -errno;
-			te_secret__refuse(why, whylen, rc, "cannot open %s, the directory of %s: %s", buf, cur,
+			teu_secret__refuse(why, whylen, rc, "cannot open %s, the directory of %s: %s", buf, cur,
 					  strerror(-rc));
 			goto out;
 		}
 		if (fstat(dfd, &ds) < 0) {
 			rc = -errno;
-			te_secret__refuse(why, whylen, rc, "cannot look at %s: %s", buf, strerror(-rc));
+			teu_secret__refuse(why, whylen, rc, "cannot look at %s: %s", buf, strerror(-rc));
 			close(dfd);
 			goto out;
 		}
 		bool dir_open = (ds.st_mode & (S_IWGRP | S_IWOTH)) != 0, sticky = (ds.st_mode & S_ISVTX) != 0;
-		if (!te_secret__owner_ok(ds.st_uid)) {
-			rc = te_secret__refuse(why, whylen, -EPERM,
+		if (!teu_secret__owner_ok(ds.st_uid)) {
+			rc = teu_secret__refuse(why, whylen, -EPERM,
 					       "its directory %s is owned by uid %u (mode %04o), not by this process's "
 					       "uid %u or root: its owner could put any file there",
 					       buf, (unsigned)ds.st_uid, (unsigned)(ds.st_mode & 07777),
@@ -119,7 +88,7 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 			goto out;
 		}
 		if (dir_open && !sticky) {
-			rc = te_secret__refuse(why, whylen, -EPERM,
+			rc = teu_secret__refuse(why, whylen, -EPERM,
 					       "its directory %s (uid %u, mode %04o) can be written by %s and is not "
 					       "sticky: anyone there could put a file in its place",
 					       buf, (unsigned)ds.st_uid, (unsigned)(ds.st_mode & 07777),
@@ -132,8 +101,8 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 		    S_ISLNK(ls.st_mode)) {
 			/* In a sticky directory others cannot replace a link of ours
 			 * or root's, so reading it after the check reads the same. */
-			if (dir_open && !te_secret__owner_ok(ls.st_uid)) {
-				rc = te_secret__refuse(why, whylen, -EPERM,
+			if (dir_open && !teu_secret__owner_ok(ls.st_uid)) {
+				rc = teu_secret__refuse(why, whylen, -EPERM,
 						       "%s is a symlink owned by uid %u in %s (uid %u, mode %04o), a "
 						       "directory others can write: only links of uid %u or root are "
 						       "followed there",
@@ -142,9 +111,9 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 				close(dfd);
 				goto out;
 			}
-			if (links >= TE_SECRET_MAX_LINKS) {
-				rc = te_secret__refuse(why, whylen, -ELOOP, "%s: more than %d symlinks", path,
-						       TE_SECRET_MAX_LINKS);
+			if (links >= TEU_SECRET_MAX_LINKS) {
+				rc = teu_secret__refuse(why, whylen, -ELOOP, "%s: more than %d symlinks", path,
+						       TEU_SECRET_MAX_LINKS);
 				close(dfd);
 				goto out;
 			}
@@ -154,7 +123,7 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 			close(dfd);
 			if (n < 0 || n >= PATH_MAX) {
 				rc = n < 0 ? -e : -ENAMETOOLONG;
-				te_secret__refuse(why, whylen, rc, "cannot read the symlink %s: %s", cur, strerror(-rc));
+				teu_secret__refuse(why, whylen, rc, "cannot read the symlink %s: %s", cur, strerror(-rc));
 				free(target);
 				goto out;
 			}
@@ -164,7 +133,7 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 						    : snprintf(buf, PATH_MAX, "%.*s%s", (int)(base - cur), cur, target);
 			free(target);
 			if (len < 0 || len >= PATH_MAX) {
-				rc = te_secret__refuse(why, whylen, -ENAMETOOLONG, "the target of %s is too long", cur);
+				rc = teu_secret__refuse(why, whylen, -ENAMETOOLONG, "the target of %s is too long", cur);
 				goto out;
 			}
 			strcpy(cur, buf);
@@ -172,27 +141,27 @@ static inline int te_secret_open(const char *path, struct stat *st, char *why, s
 		}
 		if (fd < 0) {
 			rc = -errno;
-			te_secret__refuse(why, whylen, rc, "cannot open %s: %s", cur, strerror(-rc));
+			teu_secret__refuse(why, whylen, rc, "cannot open %s: %s", cur, strerror(-rc));
 			close(dfd);
 			goto out;
 		}
 		close(dfd);
 		if (fstat(fd, st) < 0) {
 			rc = -errno;
-			te_secret__refuse(why, whylen, rc, "cannot look at %s: %s", cur, strerror(-rc));
+			teu_secret__refuse(why, whylen, rc, "cannot look at %s: %s", cur, strerror(-rc));
 		} else if (!S_ISREG(st->st_mode)) {
-			rc = te_secret__refuse(why, whylen, -EINVAL, "%s is not a regular file", cur);
-		} else if (!te_secret__owner_ok(st->st_uid)) {
-			rc = te_secret__refuse(why, whylen, -EPERM,
+			rc = teu_secret__refuse(why, whylen, -EINVAL, "%s is not a regular file", cur);
+		} else if (!teu_secret__owner_ok(st->st_uid)) {
+			rc = teu_secret__refuse(why, whylen, -EPERM,
 					       "%s is owned by uid %u (mode %04o), not by this process's uid %u or root",
 					       cur, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
 					       (unsigned)geteuid());
 		} else if (st->st_mode & (S_IWGRP | S_IWOTH)) {
-			rc = te_secret__refuse(why, whylen, -EPERM, "%s (uid %u, mode %04o) can be written by %s",
+			rc = teu_secret__refuse(why, whylen, -EPERM, "%s (uid %u, mode %04o) can be written by %s",
 					       cur, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
 					       (st->st_mode & S_IWOTH) ? "others" : "its group");
 		} else if (dir_open && st->st_nlink != 1) {
-			rc = te_secret__refuse(why, whylen, -EPERM,
+			rc = teu_secret__refuse(why, whylen, -EPERM,
 					       "%s has %lu links in %s (mode %04o), a directory others can write: "
 					       "one of them may not be its owner's",
 					       cur, (unsigned long)st->st_nlink, buf, (unsigned)(ds.st_mode & 07777));
@@ -211,7 +180,7 @@ out:
 
 /* Reads up to `cap` bytes of `fd` into `buf` (*n: how many; cap of them
  * means there may be more). 0, or -errno. */
-static inline int te_secret_read(int fd, char *buf, size_t cap, size_t *n)
+int teu_secret_read(int fd, char *buf, size_t cap, size_t *n)
 {
 	*n = 0;
 	while (*n < cap) {
@@ -226,5 +195,3 @@ static inline int te_secret_read(int fd, char *buf, size_t cap, size_t *n)
 	}
 	return 0;
 }
-
-#endif

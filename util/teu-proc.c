@@ -1,21 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * What a process holds, from /proc: its descriptors, the established TCP
- * connections among them, its resident memory. For te-idle-cost and the
- * scale harness (tests/scale), which measure engines the same way.
- */
-#ifndef TE_PROC_USAGE_H
-#define TE_PROC_USAGE_H
-
 #include <dirent.h>
-#include <stdbool.h>
 #include <stdio.h>
-#include <sys/types.h>
 #include <unistd.h>
+
+#include "teu-proc.h"
 
 /* Whether socket inode `ino` is an established connection in a
  * /proc/PID/net/tcp{,6} table (the process's network namespace). */
-static bool proc_established(pid_t pid, unsigned long ino)
+bool teu_proc_established(pid_t pid, unsigned long ino)
 {
 	static const char *const tables[] = { "tcp", "tcp6" };
 	char path[64], line[512];
@@ -41,7 +33,7 @@ static bool proc_established(pid_t pid, unsigned long ino)
 }
 
 /* Its open descriptors and, among them, established TCP connections. */
-static void proc_fds(pid_t pid, int *fds, int *tcp)
+void teu_proc_fds(pid_t pid, int *fds, int *tcp)
 {
 	char path[64];
 	struct dirent *de;
@@ -59,7 +51,7 @@ static void proc_fds(pid_t pid, int *fds, int *tcp)
 		unsigned long ino;
 		if (n > 0) {
 			to[n] = '\0';
-			if (sscanf(to, "socket:[%lu]", &ino) == 1 && proc_established(pid, ino))
+			if (sscanf(to, "socket:[%lu]", &ino) == 1 && teu_proc_established(pid, ino))
 				(*tcp)++;
 		}
 	}
@@ -68,7 +60,7 @@ static void proc_fds(pid_t pid, int *fds, int *tcp)
 }
 
 /* Its resident set (VmRSS), KiB; 0 when unknown. */
-static long proc_rss_kb(pid_t pid)
+long teu_proc_rss_kb(pid_t pid)
 {
 	char path[64], line[256];
 	long kb = 0;
@@ -82,5 +74,3 @@ static long proc_rss_kb(pid_t pid)
 		fclose(f);
 	return kb;
 }
-
-#endif

@@ -1,41 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * The gather kernel's parameter block (gather.cu's te_gather) and how a
- * launch is shaped, shared by the plugin (copy.c) and tools/gpu-copy-bench,
- * so that the benchmark measures the launches the plugin makes. Include
- * after cuda-driver.h.
- */
-#ifndef TE_CUDA_GATHER_H
-#define TE_CUDA_GATHER_H
+#include "teu-gather.h"
 
-#include <stdbool.h>
-#include <stddef.h>
-
-/* Pieces per launch: the size of the parameter block. */
-#define GATHER_MAX 128
-
-typedef struct gather_params {
-	unsigned long long n, chunk;
-	struct {
-		unsigned long long dst, src, len;
-	} p[GATHER_MAX];
-} gather_params;
-_Static_assert(sizeof(gather_params) == 3088, "gather.cu's te_gather layout");
+#include "teu-gather-ptx.h"
 
 /* Adds a piece (addresses as the kernel reaches them); true when the block
  * is full and must be launched before the next. */
-static inline bool gather_add(gather_params *g, CUdeviceptr dst, CUdeviceptr src, size_t len)
+bool teu_gather_add(teu_gather *g, CUdeviceptr dst, CUdeviceptr src, size_t len)
 {
 	g->p[g->n].dst = dst;
 	g->p[g->n].src = src;
 	g->p[g->n].len = len;
-	return ++g->n == GATHER_MAX;
+	return ++g->n == TEU_GATHER_MAX;
 }
 
 /* Launches the pieces `g` holds on `s`, if any, and empties it. Block (x, y)
  * copies bytes [y*chunk, (y+1)*chunk) of piece x: blocks of 16 KiB or more,
  * at most 4096 per piece, 256 threads each. */
-static inline CUresult gather_flush(const driver *d, CUfunction fn, gather_params *g, CUstream s)
+CUresult teu_gather_flush(const teu_cu_driver *d, CUfunction fn, teu_gather *g, CUstream s)
 {
 	unsigned long long maxlen = 0;
 
@@ -53,5 +34,3 @@ static inline CUresult gather_flush(const driver *d, CUfunction fn, gather_param
 	g->n = 0;
 	return r;
 }
-
-#endif

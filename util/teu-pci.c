@@ -1,17 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * Shared by the device plugins: the NUMA node of a PCI device from sysfs,
- * for te_device_info.numa_node (the topology places a GPU by it when its
- * PCI bus id is not behind a known switch). Drivers report bus ids in
- * upper case ("0000:3B:00.0"); sysfs names them in lower case.
- */
-#ifndef TE_DEVICE_PCI_NUMA_H
-#define TE_DEVICE_PCI_NUMA_H
-
 #include <stdio.h>
 
+#include "teu-pci.h"
+
 /* -1 when unknown. */
-static inline int te_pci_numa_node(const char *bus_id)
+int teu_pci_numa_node(const char *bus_id)
 {
 	char path[128], lower[32];
 	size_t i;
@@ -29,5 +22,3 @@ static inline int te_pci_numa_node(const char *bus_id)
 	}
 	return node;
 }
-
-#endif

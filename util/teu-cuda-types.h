@@ -2,11 +2,11 @@
 /*
  * The CUDA driver API's data types whose layout the driver fixes: plain
  * declarations with no handle types and no code, so that both the CUDA
- * plugin (cuda-driver.h) and the tests' stand-in driver, which has handle
+ * plugin (teu-cuda.h) and the tests' stand-in driver, which has handle
  * types of its own, take the very same layouts.
  */
-#ifndef TE_CUDA_TYPES_H
-#define TE_CUDA_TYPES_H
+#ifndef TEU_CUDA_TYPES_H
+#define TEU_CUDA_TYPES_H
 
 typedef int CUresult; /* CUDA_SUCCESS = 0 */
 typedef unsigned long long CUdeviceptr;

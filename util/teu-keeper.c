@@ -1,25 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * A background thread that wakes up periodically to keep something alive
- * (an etcd lease, the expiry of redis keys) and stops promptly when asked.
- * Header-only: each plugin compiles it in.
- */
-#ifndef TE_KEEPER_H
-#define TE_KEEPER_H
+#include "teu-keeper.h"
 
-#include <stdbool.h>
-#include <stdint.h>
-
-#include <glib.h>
-
-typedef struct te_keeper {
-	GThread *thread;
-	GMutex lock;
-	GCond cond;
-	bool stopping;
-} te_keeper;
-
-static inline void te_keeper_init(te_keeper *k)
+void teu_keeper_init(teu_keeper *k)
 {
 	k->thread = NULL;
 	k->stopping = false;
@@ -28,7 +10,7 @@ static inline void te_keeper_init(te_keeper *k)
 }
 
 /* Starts `fn(data)` once; true when the thread runs. */
-static inline bool te_keeper_start(te_keeper *k, const char *name, GThreadFunc fn, gpointer data)
+bool teu_keeper_start(teu_keeper *k, const char *name, GThreadFunc fn, gpointer data)
 {
 	if (k->thread == NULL)
 		k->thread = g_thread_try_new(name, fn, data, NULL);
@@ -36,7 +18,7 @@ static inline bool te_keeper_start(te_keeper *k, const char *name, GThreadFunc f
 }
 
 /* For the thread: sleeps `ms` milliseconds; false once asked to stop. */
-static inline bool te_keeper_sleep(te_keeper *k, int64_t ms)
+bool teu_keeper_sleep(teu_keeper *k, int64_t ms)
 {
 	gint64 until = g_get_monotonic_time() + ms * 1000;
 
@@ -50,7 +32,7 @@ static inline bool te_keeper_sleep(te_keeper *k, int64_t ms)
 }
 
 /* Stops and joins the thread (if it was started), then frees the rest. */
-static inline void te_keeper_clear(te_keeper *k)
+void teu_keeper_clear(teu_keeper *k)
 {
 	if (k->thread != NULL) {
 		g_mutex_lock(&k->lock);
@@ -63,5 +45,3 @@ static inline void te_keeper_clear(te_keeper *k)
 	g_mutex_clear(&k->lock);
 	g_cond_clear(&k->cond);
 }
-
-#endif

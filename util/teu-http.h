@@ -7,33 +7,33 @@
  * bounded by its own timeout: the client's watchdog thread cancels it and
  * shuts its socket down, whatever phase it is in.
  */
-#ifndef TE_MD_HTTP_H
-#define TE_MD_HTTP_H
+#ifndef TEU_HTTP_H
+#define TEU_HTTP_H
 
 #include <stddef.h>
 
-typedef struct te_http te_http;
+typedef struct teu_http teu_http;
 
-typedef struct te_http_opts {
+typedef struct teu_http_opts {
 	size_t max_reply;      /* largest reply body accepted (bytes) */
 	unsigned max_conns;    /* connections per host kept by the session */
 	const char *ca_file;   /* PEM file of trusted CAs for https, or NULL */
 	const char *cert_file; /* PEM client certificate offered to https servers, or NULL */
 	const char *key_file;  /* its private key (NULL: in cert_file) */
-} te_http_opts;
+} teu_http_opts;
 
 /* Starts the client. On failure returns NULL and writes why to `err`
  * (g_free()d by the caller). */
-te_http *te_http_new(const te_http_opts *opts, char **err);
+teu_http *teu_http_new(const teu_http_opts *opts, char **err);
 /* Stops the watchdog and closes the connections. No request may be in
  * progress. */
-void te_http_free(te_http *c);
+void teu_http_free(teu_http *c);
 
-typedef struct te_http_reply {
+typedef struct teu_http_reply {
 	int status;   /* HTTP status */
 	char *body;   /* g_malloc()ed, NUL-terminated (may hold NULs before) */
 	size_t len;
-} te_http_reply;
+} teu_http_reply;
 
 /*
  * One request: `method` to `url` with an optional body and, when `auth` is
@@ -45,23 +45,19 @@ typedef struct te_http_reply {
  * -EPROTO (TLS or HTTP framing), -EIO (other). `*err` (may be NULL) receives a g_malloc()ed
  * description of a failure. reply->body is g_free()d by the caller.
  */
-int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
-		    const void *body, size_t len, const char *auth, int timeout_ms, te_http_reply *reply,
+int teu_http_request(teu_http *c, const char *method, const char *url, const char *content_type,
+		    const void *body, size_t len, const char *auth, int timeout_ms, teu_http_reply *reply,
 		    char **err);
 
 /* Reads a secret (a token, a password) from the first line of `path`:
  * surrounding white space dropped, at most 4096 bytes. NULL with `*err` set
  * when the file cannot be read or holds no secret. The caller frees it with
- * te_http_secret_free(). */
-char *te_http_read_secret(const char *path, char **err);
+ * teu_http_secret_free(). */
+char *teu_http_read_secret(const char *path, char **err);
 /* Overwrites and frees a secret. */
-void te_http_secret_free(char *secret);
-
-/* `url` (or a connection string) with the password of its user-info
- * replaced by "***", for logs; a copy of it when there is none. */
-char *te_http_redact(const char *url);
+void teu_http_secret_free(char *secret);
 
 /* Frees reply->body and clears it. */
-void te_http_reply_clear(te_http_reply *reply);
+void teu_http_reply_clear(teu_http_reply *reply);
 
 #endif

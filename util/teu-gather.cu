@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Gather copy: many device-to-device pieces in one launch. Block (x, y)
  * copies bytes [y*chunk, (y+1)*chunk) of piece x. The layout of te_gather
- * is the CUDA plugin's (cuda.c): change both together. */
+ * is teu_gather's (teu-gather.h): change both together. */
 struct te_piece {
 	unsigned long long dst, src, len;
 };

@@ -1,33 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/*
- * Refusing an HTTP request before its body is read, for the HTTP servers
- * libte ships (the Prometheus exporter and te-metadata-server): answered
- * through libsoup, a request's whole body would be read, and kept, first,
- * which is what refusing early must avoid. So the connection is taken from
- * libsoup, a short reply is written on it and it is closed.
- *
- * Header-only and compiled into each user (no library, not installed); it
- * needs libsoup 3 and GLib.
- */
-#ifndef TE_REFUSE_H
-#define TE_REFUSE_H
-
 #include <gio/gio.h>
-#include <glib.h>
-#include <libsoup/soup.h>
 #include <string.h>
 
-typedef struct te_refusal {
-	SoupServerMessage *msg;
-	unsigned status;
-	const char *server; /* a Server header's value, or NULL for none */
-	const char *realm;  /* a 401's WWW-Authenticate: Bearer realm */
-	char *text;         /* the reply's body */
-} te_refusal;
+#include "teu-refuse.h"
 
-static inline gboolean te_refusal__send(gpointer data)
+static gboolean teu_refusal__send(gpointer data)
 {
-	te_refusal *r = data;
+	teu_refusal *r = data;
 	GIOStream *io = soup_server_message_steal_connection(r->msg);
 
 	if (io != NULL) {
@@ -54,9 +33,9 @@ static inline gboolean te_refusal__send(gpointer data)
 }
 
 /* Also when the context goes away with the refusal still queued. */
-static inline void te_refusal__free(gpointer data)
+static void teu_refusal__free(gpointer data)
 {
-	te_refusal *r = data;
+	teu_refusal *r = data;
 
 	g_object_unref(r->msg);
 	g_free(r->text);
@@ -67,10 +46,9 @@ static inline void te_refusal__free(gpointer data)
  * message is paused now and the reply sent from an idle source of `ctx`
  * (NULL: the default context), the context whose loop runs the server, once
  * the handler calling this has returned to libsoup. */
-static inline void te_refuse_early(GMainContext *ctx, SoupServerMessage *msg, unsigned status,
-				   const char *server, const char *realm, char *text)
+void teu_refuse_early(GMainContext *ctx, SoupServerMessage *msg, unsigned status, const char *server, const char *realm, char *text)
 {
-	te_refusal *r = g_new0(te_refusal, 1);
+	teu_refusal *r = g_new0(teu_refusal, 1);
 
 	r->msg = g_object_ref(msg);
 	r->status = status;
@@ -79,9 +57,7 @@ static inline void te_refuse_early(GMainContext *ctx, SoupServerMessage *msg, un
 	r->text = text;
 	soup_server_message_pause(msg);
 	GSource *s = g_idle_source_new();
-	g_source_set_callback(s, te_refusal__send, r, te_refusal__free);
+	g_source_set_callback(s, teu_refusal__send, r, teu_refusal__free);
 	g_source_attach(s, ctx);
 	g_source_unref(s);
 }
-
-#endif

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * See te-http.h. Each request runs on its caller's thread with libsoup's
+ * See teu-http.h. Each request runs on its caller's thread with libsoup's
  * synchronous API (libsoup 3.2 lets any thread send on one session; the
- * session is configured once, in te_http_new(), before any request). A
+ * session is configured once, in teu_http_new(), before any request). A
  * watchdog thread of the client ends a request whose time is up: it cancels
  * the request and shuts down the request's socket under it, so the wait is
  * bounded even when a server accepts the connection and never answers, in
@@ -25,14 +25,15 @@
 #include <gio/gio.h>
 #include <libsoup/soup.h>
 
-#include "../../common/te-secret-file.h"
-#include "te-http.h"
+#include "teu-secret-file.h"
+#include "teu-http.h"
+#include "teu-redact.h"
 
 #define READ_CHUNK 65536
 
-struct te_http {
+struct teu_http {
 	SoupSession *session;
-	te_http_opts opts;
+	teu_http_opts opts;
 	char *ca_file;
 	char *cert_file, *key_file;
 	GTlsCertificate *cert; /* client certificate, or NULL */
@@ -51,12 +52,12 @@ static const char *const phase_text[] = { "while connecting", "during the TLS ha
 					  "waiting for the reply" };
 
 typedef struct req {
-	GList link;          /* in te_http.active */
-	te_http *c;
+	GList link;          /* in teu_http.active */
+	teu_http *c;
 	gint64 deadline;     /* monotonic, microseconds */
 	GCancellable *cancel;
-	gboolean timed_out;  /* set by the watchdog, under te_http.lock */
-	int fd;              /* under te_http.lock: our duplicate of the connection's socket, or -1 */
+	gboolean timed_out;  /* set by the watchdog, under teu_http.lock */
+	int fd;              /* under teu_http.lock: our duplicate of the connection's socket, or -1 */
 	gint phase;          /* atomic: PHASE_* */
 	/* The caller's thread only: the TLS connection being set up, watched
 	 * for the server asking for a client certificate we lack. */
@@ -104,7 +105,7 @@ static int errno_of(const GError *e, gboolean timed_out)
  * gives up its descriptor) under it, so neither outlives this. */
 static gpointer watchdog_thread(gpointer data)
 {
-	te_http *c = data;
+	teu_http *c = data;
 
 	g_mutex_lock(&c->lock);
 	while (!c->quit) {
@@ -131,7 +132,7 @@ static gpointer watchdog_thread(gpointer data)
 	return NULL;
 }
 
-static void watch(te_http *c, req *r, int timeout_ms)
+static void watch(teu_http *c, req *r, int timeout_ms)
 {
 	r->link.data = r;
 	g_mutex_lock(&c->lock);
@@ -142,7 +143,7 @@ static void watch(te_http *c, req *r, int timeout_ms)
 }
 
 /* Closes the socket's duplicate: the watchdog no longer shuts it down. */
-static void let_go_socket(te_http *c, req *r)
+static void let_go_socket(teu_http *c, req *r)
 {
 	g_mutex_lock(&c->lock);
 	int fd = r->fd;
@@ -153,7 +154,7 @@ static void let_go_socket(te_http *c, req *r)
 }
 
 /* Leaves the watchdog's list; whether the request's time ran out. */
-static gboolean unwatch(te_http *c, req *r)
+static gboolean unwatch(teu_http *c, req *r)
 {
 	let_go_socket(c, r);
 	g_mutex_lock(&c->lock);
@@ -171,7 +172,7 @@ static gboolean unwatch(te_http *c, req *r)
  * request ends. A message restarted on another connection replaces it. */
 static void hold_socket(req *r, GSocket *sock)
 {
-	te_http *c = r->c;
+	teu_http *c = r->c;
 	int fd = fcntl(g_socket_get_fd(sock), F_DUPFD_CLOEXEC, 0);
 
 	g_mutex_lock(&c->lock);
@@ -278,7 +279,7 @@ static SoupMessage *new_message(req *r, const char *method, const char *url, con
 }
 
 /* Reads the reply body into `buf`: 0, -EMSGSIZE, or -EIO with *gerr set. */
-static int read_body(te_http *c, GInputStream *in, GCancellable *cancel, GByteArray *buf, GError **gerr)
+static int read_body(teu_http *c, GInputStream *in, GCancellable *cancel, GByteArray *buf, GError **gerr)
 {
 	for (;;) {
 		guint old = buf->len;
@@ -296,8 +297,8 @@ static int read_body(te_http *c, GInputStream *in, GCancellable *cancel, GByteAr
 	}
 }
 
-int te_http_request(te_http *c, const char *method, const char *url, const char *content_type,
-		    const void *body, size_t len, const char *auth, int timeout_ms, te_http_reply *reply,
+int teu_http_request(teu_http *c, const char *method, const char *url, const char *content_type,
+		    const void *body, size_t len, const char *auth, int timeout_ms, teu_http_reply *reply,
 		    char **err)
 {
 	GError *e = NULL;
@@ -311,7 +312,7 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 	if (timeout_ms <= 0)
 		timeout_ms = 5000;
 
-	char *log_url = te_http_redact(url);
+	char *log_url = teu_redact(url);
 	req r = { .c = c, .cancel = g_cancellable_new(), .fd = -1, .phase = PHASE_CONNECT };
 	SoupMessage *msg = new_message(&r, method, url, content_type, body, len, auth);
 	if (msg == NULL) {
@@ -397,7 +398,7 @@ int te_http_request(te_http *c, const char *method, const char *url, const char 
 	return rc;
 }
 
-void te_http_reply_clear(te_http_reply *reply)
+void teu_http_reply_clear(teu_http_reply *reply)
 {
 	if (reply == NULL)
 		return;
@@ -406,9 +407,9 @@ void te_http_reply_clear(te_http_reply *reply)
 	reply->len = 0;
 }
 
-te_http *te_http_new(const te_http_opts *opts, char **err)
+teu_http *teu_http_new(const teu_http_opts *opts, char **err)
 {
-	te_http *c = g_new0(te_http, 1);
+	teu_http *c = g_new0(teu_http, 1);
 	GError *e = NULL;
 
 	*err = NULL;
@@ -470,13 +471,13 @@ te_http *te_http_new(const te_http_opts *opts, char **err)
 			*err = g_strdup("cannot start the HTTP client's timer thread");
 	}
 	if (*err != NULL) {
-		te_http_free(c);
+		teu_http_free(c);
 		return NULL;
 	}
 	return c;
 }
 
-void te_http_free(te_http *c)
+void teu_http_free(teu_http *c)
 {
 	if (c == NULL)
 		return;
@@ -499,7 +500,7 @@ void te_http_free(te_http *c)
 
 #define SECRET_MAX 4096
 
-char *te_http_read_secret(const char *path, char **err)
+char *teu_http_read_secret(const char *path, char **err)
 {
 	char why[PATH_MAX + 256];
 	struct stat st;
@@ -511,14 +512,14 @@ char *te_http_read_secret(const char *path, char **err)
 		return NULL;
 	}
 	/* A secret anyone could have written is a secret anyone holds. */
-	int fd = te_secret_open(path, &st, why, sizeof why);
+	int fd = teu_secret_open(path, &st, why, sizeof why);
 	if (fd < 0) {
 		*err = fd == -EPERM ? g_strdup_printf("refused %s: %s", path, why) : g_strdup(why);
 		return NULL;
 	}
 	/* Only the first line counts: reading past SECRET_MAX says whether it ends in time. */
 	char *data = g_malloc(SECRET_MAX + 1);
-	int rc = te_secret_read(fd, data, SECRET_MAX + 1, &n);
+	int rc = teu_secret_read(fd, data, SECRET_MAX + 1, &n);
 	close(fd);
 	if (rc < 0) {
 		memset(data, 0, SECRET_MAX + 1);
@@ -535,7 +536,7 @@ char *te_http_read_secret(const char *path, char **err)
 		out = g_strstrip(g_strndup(data, len));
 		if (*out == '\0' || memchr(data, '\0', len) != NULL || strpbrk(out, "\r\t") != NULL) {
 			*err = g_strdup_printf("%s holds no usable secret on its first line", path);
-			te_http_secret_free(out);
+			teu_http_secret_free(out);
 			out = NULL;
 		}
 	}
@@ -544,7 +545,7 @@ char *te_http_read_secret(const char *path, char **err)
 	return out;
 }
 
-void te_http_secret_free(char *secret)
+void teu_http_secret_free(char *secret)
 {
 	if (secret == NULL)
 		return;
@@ -553,25 +554,4 @@ void te_http_secret_free(char *secret)
 	while (*p)
 		*p++ = '\0';
 	g_free(secret);
-}
-
-char *te_http_redact(const char *url)
-{
-	if (url == NULL)
-		return g_strdup("(null)");
-	/* user-info sits between "://" (or the start) and the first '@' before
-	 * the host part's end */
-	const char *start = strstr(url, "://");
-	start = start ? start + 3 : url;
-	size_t auth_len = strcspn(start, "/?#");
-	const char *at = NULL;
-	for (const char *p = start; p < start + auth_len; p++)
-		if (*p == '@')
-			at = p; /* the last '@': a password may hold one */
-	if (at == NULL)
-		return g_strdup(url);
-	const char *colon = memchr(start, ':', (size_t)(at - start));
-	if (colon == NULL)
-		return g_strdup(url); /* a user name alone is no secret */
-	return g_strdup_printf("%.*s:***%s", (int)(colon - url), url, at);
 }

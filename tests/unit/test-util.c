@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libteu's host:port, redaction and device-export helpers
+ * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h), which the
+ * control plane, the TCP transport, the HTTP servers, the metadata plugins
+ * and both device plugins take their parsing, names, logged URLs and range
+ * checks from.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <glib.h>
+
+#include "teu-devmem.h"
+#include "teu-hostport.h"
+#include "teu-redact.h"
+#include "../common/check.h"
+
+/* split() of `s`: its return, and the host and port when it took it. */
+static int split(const char *s, const char *host, int port)
+{
+	char h[TEU_HOST_MAX];
+	int p = -2;
+	int rc = teu_hostport_split(s, h, sizeof h, &p);
+
+	if (rc == 0 && (strcmp(h, host) != 0 || p != port)) {
+		fprintf(stderr, "  '%s': host '%s' port %d, expected '%s' %d\n", s, h, p, host, port);
+		return 1;
+	}
+	return rc;
+}
+
+static void test_split(void)
+{
+	CHECK_EQ(split("10.0.0.1:80", "10.0.0.1", 80), 0);
+	CHECK_EQ(split("node-1.example", "node-1.example", -1), 0);
+	CHECK_EQ(split("[fe80::1]:65535", "fe80::1", 65535), 0);
+	CHECK_EQ(split("[::1]", "::1", -1), 0);
+	CHECK_EQ(split(":0", "", 0), 0);
+	CHECK_EQ(split("h:00080", "h", 80), 0);
+	CHECK_EQ(split("", "", -1), 0);
+
+	CHECK_EQ(split("fe80::1", "", 0), -EINVAL);     /* where would its port start? */
+	CHECK_EQ(split("fe80::1:80", "", 0), -EINVAL);
+	CHECK_EQ(split("[fe80::1", "", 0), -EINVAL);    /* unclosed */
+	CHECK_EQ(split("[::1]80", "", 0), -EINVAL);     /* no ':' after ']' */
+	CHECK_EQ(split("[::1]:", "", 0), -EINVAL);
+	CHECK_EQ(split("h:", "", 0), -EINVAL);
+	CHECK_EQ(split("h:65536", "", 0), -EINVAL);
+	CHECK_EQ(split("h:99999999999999999999", "", 0), -EINVAL); /* no wrap-around */
+	CHECK_EQ(split("h:+80", "", 0), -EINVAL);
+	CHECK_EQ(split("h: 80", "", 0), -EINVAL);
+	CHECK_EQ(split("h:80 ", "", 0), -EINVAL);
+	CHECK_EQ(split("h:0x50", "", 0), -EINVAL);
+
+	/* The host must fit, its NUL included. */
+	char small[4];
+	int p;
+	CHECK_EQ(teu_hostport_split("abc:1", small, sizeof small, &p), 0);
+	CHECK(strcmp(small, "abc") == 0 && p == 1);
+	CHECK_EQ(teu_hostport_split("abcd:1", small, sizeof small, &p), -ENAMETOOLONG);
+	CHECK_EQ(teu_hostport_split("[abcd]:1", small, sizeof small, &p), -ENAMETOOLONG);
+}
+
+static void test_names(void)
+{
+	struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons(15123) };
+	struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons(80) };
+	struct sockaddr_in6 m6 = { .sin6_family = AF_INET6, .sin6_port = htons(7) };
+	struct sockaddr_un_like {
+		sa_family_t family;
+		char path[32];
+	} other = { AF_UNIX, "x" };
+	char buf[TEU_SOCKADDR_NAME_MAX], host[TEU_SOCKADDR_NAME_MAX];
+
+	inet_pton(AF_INET, "10.1.2.3", &a4.sin_addr);
+	teu_sockaddr_name((struct sockaddr *)&a4, buf, sizeof buf);
+	CHECK(strcmp(buf, "10.1.2.3:15123") == 0);
+	teu_hostport_host(buf, host, sizeof host);
+	CHECK(strcmp(host, "10.1.2.3") == 0);
+
+	inet_pton(AF_INET6, "fe80::1", &a6.sin6_addr);
+	teu_sockaddr_name((struct sockaddr *)&a6, buf, sizeof buf);
+	CHECK(strcmp(buf, "[fe80::1]:80") == 0);
+	teu_hostport_host(buf, host, sizeof host);
+	CHECK(strcmp(host, "[fe80::1]") == 0);
+
+	/* a dual-stack socket's IPv4 peer reads as IPv4 */
+	inet_pton(AF_INET6, "::ffff:192.0.2.9", &m6.sin6_addr);
+	teu_sockaddr_name((struct sockaddr *)&m6, buf, sizeof buf);
+	CHECK(strcmp(buf, "192.0.2.9:7") == 0);
+
+	/* the longest name fits the room the header promises */
+	inet_pton(AF_INET6, "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255", &a6.sin6_addr);
+	a6.sin6_port = htons(65535);
+	teu_sockaddr_name((struct sockaddr *)&a6, buf, sizeof buf);
+	CHECK(buf[0] == '[' && strcmp(buf + strlen(buf) - 7, "]:65535") == 0);
+
+	teu_sockaddr_name((struct sockaddr *)&other, buf, sizeof buf);
+	CHECK(strcmp(buf, "?") == 0);
+	teu_hostport_host("noport", host, sizeof host);
+	CHECK(strcmp(host, "noport") == 0);
+	teu_hostport_host("[::1]:80", host, 4); /* cut to the room given */
+	CHECK(strcmp(host, "[::") == 0);
+}
+
+/* Whether teu_redact(in) is `want`. */
+static bool redacts(const char *in, const char *want)
+{
+	char *got = teu_redact(in);
+	bool ok = strcmp(got, want) == 0;
+
+	if (!ok)
+		fprintf(stderr, "  '%s' -> '%s', expected '%s'\n", in ? in : "(NULL)", got, want);
+	g_free(got);
+	return ok;
+}
+
+static void test_redact(void)
+{
+	CHECK(redacts("etcd://user:pw@10.0.0.1:2379/v3", "etcd://user:***@10.0.0.1:2379/v3"));
+	CHECK(redacts("redis://u:p@ss@h:6379", "redis://u:***@h:6379")); /* a raw '@' in it */
+	CHECK(redacts("u:pw@h:1", "u:***@h:1"));                          /* no scheme */
+	CHECK(redacts("http://user@h/", "http://user@h/"));               /* a name alone */
+	CHECK(redacts("http://h:80/a:b@c", "http://h:80/a:b@c"));         /* '@' past the host */
+	CHECK(redacts("https://h:443?x=a:b@c", "https://h:443?x=a:b@c"));
+	CHECK(redacts(NULL, "(null)"));
+}
+
+static void test_range(void)
+{
+	uint64_t off = 7;
+
+	CHECK(teu_range_in(0x1000, 0x100, 0x1000, 0x100, &off) && off == 0);
+	CHECK(teu_range_in(0x10f0, 0x10, 0x1000, 0x100, &off) && off == 0xf0);
+	CHECK(teu_range_in(0x1100, 0, 0x1000, 0x100, &off) && off == 0x100);
+	off = 7;
+	CHECK(!teu_range_in(0x10f0, 0x11, 0x1000, 0x100, &off)); /* one past the end */
+	CHECK(!teu_range_in(0xfff, 0x10, 0x1000, 0x100, &off));  /* starts before it */
+	/* a length that wraps addr + len round to inside the allocation */
+	CHECK(!teu_range_in(0x1010, SIZE_MAX - 0x8, 0x1000, 0x100, &off));
+	CHECK(!teu_range_in(UINTPTR_MAX - 0xf, 0x20, UINTPTR_MAX - 0xff, 0x100, &off));
+	CHECK(off == 7); /* untouched when refused */
+}
+
+static void test_ipc(void)
+{
+	te_device_ipc ipc;
+	unsigned char h[64], back[64];
+
+	memset(&ipc, 0xa5, sizeof ipc);
+	for (size_t i = 0; i < sizeof h; i++)
+		h[i] = (unsigned char)(i * 7 + 1);
+	teu_ipc_fill(&ipc, h, sizeof h, 3, -1, 0x7000, 0x2000);
+	CHECK_EQ(ipc.handle_len, sizeof h);
+	CHECK(memcmp(ipc.handle, h, sizeof h) == 0);
+	CHECK_EQ(ipc.device, 3);
+	CHECK_EQ(ipc.fd, -1);
+	CHECK(ipc.alloc_base == 0x7000 && ipc.alloc_size == 0x2000);
+
+	CHECK_EQ(teu_ipc_handle(&ipc, back, sizeof back), 0);
+	CHECK(memcmp(back, h, sizeof h) == 0);
+	CHECK_EQ(teu_ipc_handle(&ipc, back, 4), -EINVAL); /* another vendor's handle */
+
+	CHECK_EQ(teu_ipc_device(&ipc, 4), 3);
+	CHECK_EQ(teu_ipc_device(&ipc, 3), 0); /* no such device here */
+	ipc.device = -1;
+	CHECK_EQ(teu_ipc_device(&ipc, 4), 0);
+}
+
+int main(void)
+{
+	TEST_RUN(test_split);
+	TEST_RUN(test_names);
+	TEST_RUN(test_redact);
+	TEST_RUN(test_range);
+	TEST_RUN(test_ipc);
+	return check_done();
+}

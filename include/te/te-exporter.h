@@ -16,7 +16,8 @@ extern "C" {
  * Exporters (since ABI 1.6): serve the process's metrics somewhere
  * (TE_METRICS_ADDR). One instance per process, created when the first engine
  * that asks for one starts and destroyed with the last; it gets the text
- * through host->metrics_text() whenever it is asked.
+ * through metrics_text() of the host's TE_SERVICE_METRICS table (te-host.h)
+ * whenever it is asked.
  */
 typedef struct te_exporter_ops {
 	uint32_t size;

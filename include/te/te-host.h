@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * What the host offers every plugin: the te_host table handed to each
- * instance, and helpers built on it. Included by te-plugin.h.
+ * instance, the same services grouped by topic in tables of their own
+ * (te_host_service(), since ABI 1.13), and helpers built on them. Included
+ * by te-plugin.h.
  */
 #ifndef TE_TE_HOST_H
 #define TE_TE_HOST_H

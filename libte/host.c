@@ -444,6 +444,117 @@ static int host_metrics_text(const te_host *h, char **text, size_t *len)
 	return te_metrics_text(NULL, text, len);
 }
 
+/* The services by topic (ABI 1.13): the same functions as the flat table,
+ * so either way a plugin reaches them, it gets one behaviour. Constant and
+ * shared: each function finds its instance through `h`. */
+static const te_log_service log_service = {
+	.size = sizeof(te_log_service),
+	.version = TE_SERVICE_LOG_VERSION,
+	.log = host_log,
+	.config = host_config,
+};
+
+static const te_transfer_service transfer_service = {
+	.size = sizeof(te_transfer_service),
+	.version = TE_SERVICE_TRANSFER_VERSION,
+	.complete = host_complete,
+	.canceled = host_canceled,
+	.transfer_enter = host_transfer_enter,
+	.transfer_leave = host_transfer_leave,
+	.transfer_deadline = host_transfer_deadline,
+	.transfer_stale = host_transfer_stale,
+	.buffer_acquire = host_buffer_acquire,
+	.buffer_release = host_buffer_release,
+	.buffer_acquire_revocable = host_buffer_acquire_revocable,
+	.buffer_enter = host_buffer_enter,
+	.buffer_leave = host_buffer_leave,
+	.buffer_is_device = host_buffer_is_device,
+	.buffer_copy = host_buffer_copy,
+	.buffer_copy_batch = host_buffer_copy_batch,
+	.shared_memory = host_shared_memory,
+};
+
+static const te_control_service control_service = {
+	.size = sizeof(te_control_service),
+	.version = TE_SERVICE_CONTROL_VERSION,
+	.rpc_handle = host_rpc_handle,
+	.rpc_call = host_rpc_call,
+	.republish = host_republish,
+	.buffer_fields = host_buffer_fields,
+	.local_name = host_local_name,
+	.local_address = host_local_address,
+};
+
+static const te_auth_service auth_service = {
+	.size = sizeof(te_auth_service),
+	.version = TE_SERVICE_AUTH_VERSION,
+	.auth_enabled = host_auth_enabled,
+	.auth_connect = host_auth_connect,
+	.auth_accept = host_auth_accept,
+};
+
+static const te_device_service device_service = {
+	.size = sizeof(te_device_service),
+	.version = TE_SERVICE_DEVICE_VERSION,
+	.devices = host_devices,
+	.device_dmabuf = host_device_dmabuf,
+	.device_ipc_export = host_device_ipc_export,
+	.device_ipc_open = host_device_ipc_open,
+	.device_ipc_close = host_device_ipc_close,
+	.device_copy = host_device_copy,
+	.device_copy_batch = host_device_copy_batch,
+	.host_buffer_alloc = host_host_buffer_alloc,
+	.host_buffer_free = host_host_buffer_free,
+	.device_done_burst = host_device_done_burst,
+};
+
+static const te_metrics_service metrics_service = {
+	.size = sizeof(te_metrics_service),
+	.version = TE_SERVICE_METRICS_VERSION,
+#if TE_METRICS_BUILD
+	.metric_device = host_metric_device,
+	.metric_add = host_metric_add,
+#endif
+	.metrics_text = host_metrics_text,
+};
+
+static const struct {
+	const char *topic;
+	const void *table;
+	uint32_t version; /* the table's own, kept here to read it without its type */
+} services[] = {
+	{ TE_SERVICE_LOG, &log_service, TE_SERVICE_LOG_VERSION },
+	{ TE_SERVICE_TRANSFER, &transfer_service, TE_SERVICE_TRANSFER_VERSION },
+	{ TE_SERVICE_CONTROL, &control_service, TE_SERVICE_CONTROL_VERSION },
+	{ TE_SERVICE_AUTH, &auth_service, TE_SERVICE_AUTH_VERSION },
+	{ TE_SERVICE_DEVICE, &device_service, TE_SERVICE_DEVICE_VERSION },
+	{ TE_SERVICE_METRICS, &metrics_service, TE_SERVICE_METRICS_VERSION },
+};
+
+static const void *host_service(const te_host *h, const char *topic, uint32_t min_version)
+{
+	const te_host_ctx *hc = ctx_of(h);
+	const char *who = hc->plugin ? hc->plugin->name : "plugin";
+
+	if (topic == NULL) {
+		te_err("service from %s: the topic is NULL", who);
+		return NULL;
+	}
+	for (size_t i = 0; i < sizeof services / sizeof services[0]; i++) {
+		if (strcmp(services[i].topic, topic) != 0)
+			continue;
+		if (services[i].version < min_version) {
+			te_dbg("service from %s: topic '%s' is version %u here, %u asked for", who, topic,
+			       services[i].version, min_version);
+			return NULL;
+		}
+		return services[i].table;
+	}
+	/* A plugin may probe for a topic of a newer host: not an error. */
+	te_dbg("service from %s: no topic '%s' here", who, topic);
+	return NULL;
+}
+
 void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 {
 	memset(hc, 0, sizeof *hc);
@@ -494,6 +605,7 @@ void te_host_init(te_host_ctx *hc, te_engine *engine, const te_plugin *plugin)
 		.transfer_enter = host_transfer_enter,
 		.transfer_leave = host_transfer_leave,
 		.transfer_deadline = host_transfer_deadline,
+		.service = host_service,
 	};
 #if !TE_METRICS_BUILD
 	/* Counting compiled out: plugins see no counters to call at all. */

@@ -3,7 +3,7 @@
  * The Prometheus exporter: libsoup 3's SoupServer, on a thread and a
  * GMainContext of its own, serving the process's metrics.
  *
- *   GET /metrics   200, text format 0.0.4: host->metrics_text()
+ *   GET /metrics   200, text format 0.0.4: the host's metrics_text()
  *   other paths    404
  *   other methods  405
  *   a request body 413 (never read)
@@ -45,6 +45,7 @@
 
 typedef struct exporter {
 	const te_host *h;
+	const te_metrics_service *metrics; /* the host's TE_SERVICE_METRICS */
 	GMainContext *ctx;
 	GMainLoop *loop;
 	GThread *thread;
@@ -175,7 +176,7 @@ static void handler(SoupServer *srv, SoupServerMessage *msg, const char *path, G
 	}
 	char *text = NULL;
 	size_t len = 0;
-	int rc = x->h->metrics_text(x->h, &text, &len);
+	int rc = x->metrics->metrics_text(x->h, &text, &len);
 	if (rc < 0 || text == NULL) {
 		/* Counting is off (TE_METRICS=0) or memory ran out: say so
 		 * rather than serve an empty page that looks like idle engines. */
@@ -671,8 +672,9 @@ static int prom_create(const te_host *h, const char *addr, const char *json_args
 	if (h == NULL || ctx == NULL)
 		return -EINVAL;
 	*ctx = NULL;
-	if (!TE_HAS_OP(h, metrics_text)) {
-		h->log(h, TE_LOG_ERROR, "metrics endpoint: this libte offers no metrics_text (plugin ABI 1.6)");
+	const te_metrics_service *metrics = te_host_service(h, TE_SERVICE_METRICS, 1);
+	if (metrics == NULL || !TE_HAS_OP(metrics, metrics_text)) {
+		h->log(h, TE_LOG_ERROR, "metrics endpoint: this libte offers no metrics_text (plugin ABI 1.13)");
 		return -ENOTSUP;
 	}
 	if (addr == NULL || *addr == '\0') {
@@ -682,6 +684,7 @@ static int prom_create(const te_host *h, const char *addr, const char *json_args
 	exporter *x = g_new0(exporter, 1);
 	char why[200];
 	x->h = h;
+	x->metrics = metrics;
 	g_mutex_init(&x->lock);
 	g_cond_init(&x->cond);
 	g_mutex_init(&x->acct_lock);

@@ -587,8 +587,8 @@ TE_API int te_metrics_text(te_engine *engine, char **text, size_t *len);
 enum te_plugin_kind_id {
 	TE_KIND_TRANSPORT = 1,
 	TE_KIND_METADATA = 2,
-	TE_KIND_DEVICE = 3, /* since 1.2: device memory (GPUs) */
-	TE_KIND_EXPORTER = 4, /* since 1.3: serves the metrics (TE_METRICS_ADDR) */
+	TE_KIND_DEVICE = 3, /* since API 1.2, plugin ABI 1.2: device memory (GPUs) */
+	TE_KIND_EXPORTER = 4, /* since API 1.3, plugin ABI 1.6: serves the metrics (TE_METRICS_ADDR) */
 };
 
 /* What the loader found. Versioned by `size`: read fields only when

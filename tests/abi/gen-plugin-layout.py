@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/abi/plugin-layout.h: the size of every struct te-plugin.h
-defines and the offset of each member, as this compiler lays them out.
+and the headers it includes define and the offset of each member, as this
+compiler lays them out.
 
 usage: gen-plugin-layout.py SOURCE_ROOT [CC]
 
@@ -14,8 +15,9 @@ import tempfile
 
 root = sys.argv[1]
 cc = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("CC", "cc")
-header = os.path.join(root, "include", "te", "te-plugin.h")
-text = open(header).read()
+headers = ["te-plugin.h", "te-host.h", "te-transport.h", "te-metadata.h", "te-device.h",
+           "te-exporter.h"]
+text = "\n".join(open(os.path.join(root, "include", "te", h)).read() for h in headers)
 text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
 text = re.sub(r"//[^\n]*", " ", text)
 text = re.sub(r"^\s*#[^\n]*(\\\n[^\n]*)*", " ", text, flags=re.M)

@@ -22,9 +22,9 @@ ls "$libdir"/libte.so.1 >/dev/null || fail "libte.so.1 missing in $libdir"
 
 # headers: standard C only, and they compile strictly as C and C++
 inc=$tmp/root$(pcvar includedir libte)/te
-for h in te.h te-plugin.h te-json.h; do
+for h in te.h te-plugin.h te-host.h te-transport.h te-metadata.h te-device.h te-exporter.h te-json.h; do
   [ -f "$inc/$h" ] || fail "$h not installed"
-  if grep -E '^[[:space:]]*#[[:space:]]*include' "$inc/$h" | grep -vE '<(errno|stdarg|stddef|stdint|stdio|stdlib|string|stdatomic|time)\.h>|<te/te\.h>' ; then
+  if grep -E '^[[:space:]]*#[[:space:]]*include' "$inc/$h" | grep -vE '<(errno|stdarg|stddef|stdint|stdio|stdlib|string|stdatomic|time)\.h>|<te/te(-(plugin|host|transport|metadata|device|exporter))?\.h>' ; then
     fail "$h includes something beyond the C standard library"
   fi
   printf '#include <te/%s>\nint main(void){return 0;}\n' "$h" > "$tmp/h.c"

@@ -4,7 +4,8 @@
  * engines living in the same process. It shows the whole plugin contract in
  * a page: the descriptor, create/destroy, a descriptor field of its own
  * ("memcpy_pid", so it only serves segments of its own process), segment
- * open/close and submit with per-transfer completion.
+ * open/close and submit with per-transfer completion, through the host's
+ * transfer services (te-host.h, TE_SERVICE_TRANSFER).
  *
  * Build it against an installed libte with nothing but pkg-config:
  *   cc -shared -fPIC -fvisibility=hidden -o libte-transport-memcpy.so \
@@ -17,10 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <te/te-plugin.h>
+#include <te/te-transport.h> /* brings te-plugin.h and te-host.h */
 
 typedef struct mc_ctx {
 	const te_host *host;
+	const te_transfer_service *xfer; /* complete(), canceled() */
 } mc_ctx;
 
 static int mc_create(const te_host *h, const char *args, void **ctx)
@@ -31,6 +33,12 @@ static int mc_create(const te_host *h, const char *args, void **ctx)
 	if (c == NULL)
 		return -ENOMEM;
 	c->host = h;
+	c->xfer = te_host_service(h, TE_SERVICE_TRANSFER, 1);
+	if (c->xfer == NULL) {
+		h->log(h, TE_LOG_ERROR, "memcpy transport: the host offers no transfer services");
+		free(c);
+		return -ENOTSUP;
+	}
 	*ctx = c;
 	h->log(h, TE_LOG_INFO, "memcpy transport ready in process %d", (int)getpid());
 	return 0;
@@ -79,15 +87,15 @@ static int mc_submit(void *ctx, te_transfer *const *ts, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		te_transfer *t = ts[i];
 		void *remote = (void *)(uintptr_t)t->remote;
-		if (c->host->canceled(c->host, t)) {
-			c->host->complete(c->host, t, 0, -ECANCELED);
+		if (c->xfer->canceled(c->host, t)) {
+			c->xfer->complete(c->host, t, 0, -ECANCELED);
 			continue;
 		}
 		if (t->opcode == TE_OP_READ)
 			memcpy(t->local, remote, t->length);
 		else
 			memcpy(remote, t->local, t->length);
-		c->host->complete(c->host, t, t->length, 0);
+		c->xfer->complete(c->host, t, t->length, 0);
 	}
 	return 0;
 }

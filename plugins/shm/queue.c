@@ -317,7 +317,7 @@ static uint64_t streak_make(int64_t now_us, uint64_t kib)
  * them and the waiting caller). Chunks that follow each other within
  * STREAK_GAP_US count together: past inline_bytes they are queued, to be
  * shared. A wait in progress() ends the streak. */
-static bool inline_ok(shm_ctx *c, uint64_t total)
+static bool inline_ok(shm_ctx *c, uint64_t total, uint64_t *streak)
 {
 	uint64_t v = (uint64_t)(uintptr_t)pthread_getspecific(c->streak_key);
 	int64_t now_us = now_ns() / 1000;
@@ -327,6 +327,7 @@ static bool inline_ok(shm_ctx *c, uint64_t total)
 		kib = 0;
 	kib += (total + 1023) >> 10;
 	(void)pthread_setspecific(c->streak_key, (void *)(uintptr_t)streak_make(now_us, kib));
+	*streak = kib << 10;
 	return kib <= c->cfg.inline_bytes >> 10;
 }
 
@@ -344,9 +345,11 @@ int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 {
 	uint64_t total = 0;
 
+	uint64_t streak = 0;
+
 	for (size_t i = 0; i < n; i++)
 		total += ts[i]->length;
-	if (total <= c->cfg.inline_bytes && inline_ok(c, total)) {
+	if (total <= c->cfg.inline_bytes && inline_ok(c, total, &streak)) {
 		/* Small: copying here costs less than waking a worker. */
 		shm_piece ps[SHM_CMA_IOV];
 		size_t i = 0;
@@ -366,7 +369,11 @@ int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 	 * copies alone; should it not come, the kick timer tells the workers
 	 * (and a status poll does at once). Larger submits are shared. */
 	bool waiter = pthread_getspecific(c->waiter_key) != NULL;
-	bool lazy = waiter && total <= c->cfg.caller_bytes;
+	/* A streak's submits too, until the streak passes caller_bytes: small
+	 * batches one after the other (each done at once, so their waits
+	 * never reach progress()) are copied by their caller's next wait, as
+	 * a submit of the size of two of them would be. */
+	bool lazy = (waiter && total <= c->cfg.caller_bytes) || (streak > 0 && streak <= c->cfg.caller_bytes);
 	if (waiter)
 		(void)pthread_setspecific(c->waiter_key, NULL);
 	for (size_t i = 0; i < n; i++) {

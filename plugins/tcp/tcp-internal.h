@@ -16,7 +16,6 @@
 #ifndef TE_TCP_INTERNAL_H
 #define TE_TCP_INTERNAL_H
 
-#include <endian.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -34,51 +33,9 @@
 
 /* ------------------------------------------------------------------- wire */
 
-#define TCP_HDR_SIZE 24
-#define TCP_STATUS_SIZE 8
-#define TCP_OP_MASK 0x7f
-#define TCP_OP_V2 0x80
-#define TCP_STATUS_MAGIC 0x4D435456u /* "MCTV" */
-#define TCP_STATUS_OK 0u
-#define TCP_STATUS_REJECTED 1u
-/* libte's own frames, sent only to peers whose descriptor says `tcp_fence`
- * (docs/wire.md): a header whose `size` field is a lane, `addr` a
- * generation, opcode HELLO or FENCE with the v2 bit, the 7 bytes after it
- * zero. HELLO opens a connection and is not answered; FENCE is answered with
- * a status frame once every connection of that lane up to that generation
- * can write nothing more. */
-#define TCP_OP_HELLO 2
-#define TCP_OP_FENCE 3
-#define TCP_FENCE_VERSION 1
-/* Scatter-gather frames (libte's own, sent only to peers whose descriptor
- * says `tcp_sg`; docs/wire.md): many small pieces in one frame. A header
- * whose `size` is the pieces' bytes and `addr` their count, opcode SG_READ
- * or SG_WRITE with the v2 bit, the 7 bytes after it zero; then a table of
- * (addr u64 LE, len u64 LE) per piece; for SG_WRITE the pieces' bytes in
- * table order. Answered per piece in order: a status frame, and for SG_READ
- * the piece's bytes (zeros for a rejected piece). */
-#define TCP_OP_SG_READ 0x10
-#define TCP_OP_SG_WRITE 0x11
-#define TCP_SG_VERSION 1
-#define TCP_SG_MAX 256               /* pieces per frame */
-#define TCP_SG_PIECE_MAX (64u << 10) /* bytes per piece (the size of a thread's scratch) */
-#define TCP_SG_ENTRY 16              /* bytes per table entry */
+#include "tcp-proto.h"
 
-/* Header: size u64 LE, addr u64 LE, opcode u8, 7 bytes of zeros. */
-static inline void tcp_hdr_encode(uint8_t *h, uint64_t size, uint64_t addr, uint8_t opcode)
-{
-	uint64_t v = htole64(size);
-	memcpy(h, &v, 8);
-	v = htole64(addr);
-	memcpy(h + 8, &v, 8);
-	h[16] = opcode;
-	memset(h + 17, 0, 7);
-}
-
-static inline uint64_t tcp_status_frame(uint32_t code)
-{
-	return htole64(((uint64_t)TCP_STATUS_MAGIC << 32) | code);
-}
+_Static_assert(TCP_OP_READ == TE_OP_READ && TCP_OP_WRITE == TE_OP_WRITE, "the wire's opcodes are libte's");
 
 /* ----------------------------------------------------------------- config */
 
@@ -601,21 +558,21 @@ bool tcp_link_same_ip(const struct sockaddr *a, const struct sockaddr *b);
 /* tcp-fence.c: lanes and fences of accepted connections */
 void tcp_lanes_init(tcp_ctx *c);
 void tcp_lanes_free(tcp_ctx *c);
-/* A HELLO or FENCE frame (24 bytes at `f`) on `sc`, in its owner thread;
+/* A HELLO or FENCE frame (its header `f`) on `sc`, in its owner thread;
  * `first`: nothing came before it. 1: a FENCE honoured (answer it), 0: a
  * HELLO taken, -1: the connection ends (logged). */
-int tcp_sconn_frame(tcp_sconn *sc, const uint8_t *f, bool first);
+int tcp_sconn_frame(tcp_sconn *sc, const tcp_hdr *f, bool first);
 /* A connection that ends leaves its lane. */
 void tcp_sconn_unlane(tcp_sconn *sc);
 
 /* tcp-sg.c: scatter-gather frames, the target's side. A frame's header
- * (24 bytes at `f`) begins one: 0, or -1 when it is malformed (logged; the
+ * (`f`) begins one: 0, or -1 when it is malformed (logged; the
  * connection ends). While one is busy, its bytes go to it: first what came
  * in the header buffer (tcp_sg_feed: how many it took), then the socket
  * (tcp_sg_receive: 1 progress, 0 would block or the reply ring is full, -1
  * closed); tcp_sg_resume answers what waited for room in the reply ring.
  * A piece outside registered memory fails alone (status REJECTED). */
-int tcp_sg_begin(tcp_sconn *sc, const uint8_t *f);
+int tcp_sg_begin(tcp_sconn *sc, const tcp_hdr *f);
 size_t tcp_sg_feed(tcp_sconn *sc, const uint8_t *buf, size_t len);
 int tcp_sg_receive(tcp_sconn *sc);
 int tcp_sg_resume(tcp_sconn *sc);

@@ -21,7 +21,7 @@
 #include <sched.h>
 #include <stdio.h>
 
-#include "tcp-internal.h"
+#include "tcp.h"
 
 void tcp_lanes_init(tcp_ctx *c)
 {

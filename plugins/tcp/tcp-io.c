@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tcp-internal.h"
+#include "tcp-conn.h"
 
 #define SCAN_MS 100
 #define EVENTS 64

@@ -29,7 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tcp-internal.h"
+#include "tcp.h"
 
 #include <stdatomic.h>
 #include <time.h>

@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <sys/uio.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 
 enum { PIECE_HOST, PIECE_DEV, PIECE_REJECTED, PIECE_DONE };
 

@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 
 /* The iovecs of one sendmsg or readv, of whichever thread drives a
  * connection: its I/O thread or a caller. */

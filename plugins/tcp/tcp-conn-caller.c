@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 
 /* -------------------------------------------------------------- callers */
 

@@ -669,6 +669,35 @@ void tcp_cconn_set_events(tcp_cconn *cc, bool muted)
 
 /* ---------------------------------------------------------------- drive */
 
+int tcp_cconn_step(tcp_cconn *cc, bool send, bool recv)
+{
+	tcp_rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
+	bool moved = false;
+	int rc;
+
+	if (send) {
+		rc = tcp_cconn_send(cc);
+		if (rc < 0) {
+			char why[128];
+			snprintf(why, sizeof why, "send failed: %s", g_strerror(-rc));
+			tcp_cconn_fail(cc, rc, FAIL_PEER, UINT64_MAX, why);
+			return -1;
+		}
+		moved |= rc > 0;
+	}
+	if (recv) {
+		rc = tcp_cconn_recv(cc, &res);
+		if (rc < 0) {
+			tcp_cconn_reap(cc); /* what fully arrived before the failure still counts */
+			tcp_cconn_fail(cc, res.err, res.mode, res.at, res.why);
+			return -1;
+		}
+		moved |= rc > 0;
+	}
+	tcp_cconn_reap(cc);
+	return moved;
+}
+
 /* One turn of the I/O thread on a connection it holds. */
 static void drive(tcp_cconn *cc)
 {
@@ -700,31 +729,10 @@ static void drive(tcp_cconn *cc)
 	}
 	bool more = true;
 	for (int round = 0; round < ROUNDS && more; round++) {
-		tcp_rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
-		bool moved = false;
-		int rc;
-
 		tcp_cconn_pull(cc);
-		if (cc->io.wr && cc->snd < cc->head) {
-			rc = tcp_cconn_send(cc);
-			if (rc < 0) {
-				char why[128];
-				snprintf(why, sizeof why, "send failed: %s", g_strerror(-rc));
-				tcp_cconn_fail(cc, rc, FAIL_PEER, UINT64_MAX, why);
-				return;
-			}
-			moved |= rc > 0;
-		}
-		if (cc->io.rd) {
-			rc = tcp_cconn_recv(cc, &res);
-			if (rc < 0) {
-				tcp_cconn_reap(cc); /* what fully arrived before the failure still counts */
-				tcp_cconn_fail(cc, res.err, res.mode, res.at, res.why);
-				return;
-			}
-			moved |= rc > 0;
-		}
-		tcp_cconn_reap(cc);
+		int rc = tcp_cconn_step(cc, cc->io.wr && cc->snd < cc->head, cc->io.rd);
+		if (rc < 0)
+			return;
 		if (cc->gate_shut) {
 			/* a transfer on it ended: the connection ends, the rest goes again */
 			tcp_cconn_expire(cc);
@@ -732,7 +740,7 @@ static void drive(tcp_cconn *cc)
 				tcp_io_ready(&cc->io);
 			return;
 		}
-		more = moved;
+		more = rc > 0;
 	}
 	if (cc->state == CS_UP)
 		tcp_cconn_set_events(cc, false);
@@ -908,14 +916,11 @@ static void apply_events(tcp_cconn *cc, unsigned m)
  * `*what` back when it lets go. */
 static bool io_enter(tcp_cconn *cc, unsigned *what)
 {
-	int free_ = 0;
-
-	if (!atomic_compare_exchange_strong(&cc->drv, &free_, 1)) {
+	if (!tcp_cconn_take(cc)) {
 		atomic_fetch_or(&cc->missed, *what);
 		/* The holder may have let go before these bits landed: one more
 		 * look (if it still holds it, its letting go comes after them). */
-		free_ = 0;
-		if (!atomic_compare_exchange_strong(&cc->drv, &free_, 1))
+		if (!tcp_cconn_take(cc))
 			return false;
 	}
 	*what |= atomic_exchange(&cc->missed, 0);

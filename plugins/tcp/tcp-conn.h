@@ -7,6 +7,11 @@
  * thread's turns), tcp-conn-wire.c (requests out, replies in),
  * tcp-conn-caller.c (callers that drive it themselves), tcp-peer.c (the
  * peer's backlog, fences and the slices of ended transfers) and tcp-rail.c.
+ *
+ * Who drives a connection: its I/O thread, or now and then the thread that
+ * submitted and waits. Both take it with tcp_cconn_take(), move its bytes
+ * with tcp_cconn_step() and let go; what one of them could not do while the
+ * other held it waits in `missed` (MISS_*).
  */
 #ifndef TE_TCP_CONN_H
 #define TE_TCP_CONN_H
@@ -223,6 +228,18 @@ void tcp_cconn_ready(tcp_cconn *cc);     /* its turn on the ready list */
 int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now);
 void tcp_cconn_shutdown(tcp_cconn *cc, int err); /* the threads stop: no caller is left */
 
+/* The driver interface, for the I/O thread and callers alike. Takes the
+ * connection without waiting: false when the other holds it. */
+static inline bool tcp_cconn_take(tcp_cconn *cc)
+{
+	int free_ = 0;
+
+	return atomic_compare_exchange_strong(&cc->drv, &free_, 1);
+}
+/* One step of its holder: sends (`send`), receives (`recv`), completes
+ * what finished. 1: bytes moved, 0: none, -1: the connection failed (its
+ * requests completed or moved). */
+int tcp_cconn_step(tcp_cconn *cc, bool send, bool recv);
 /* What the owner's epoll set watches (`muted`: a caller waits on the socket
  * itself). */
 void tcp_cconn_set_events(tcp_cconn *cc, bool muted);

@@ -118,7 +118,7 @@ void tcp_fence_done(tcp_peer *p, tcp_fence *f)
 
 /* Completes every slice still waiting in the peer's backlog and retry list,
  * and the WRITEs held by fences not yet sent (but those of transfers the host
- * ended, which wait for their FENCE's answer, see fence_lost). */
+ * ended, which wait for their FENCE's answer, see tcp_fence_lost). */
 void tcp_peer_fail_pending(tcp_peer *p, int err)
 {
 	tcp_ctx *c = p->ctx;

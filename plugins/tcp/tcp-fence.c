@@ -21,7 +21,7 @@
 #include <sched.h>
 #include <stdio.h>
 
-#include "tcp-internal.h"
+#include "tcp.h"
 
 void tcp_lanes_init(tcp_ctx *c)
 {
@@ -139,22 +139,16 @@ static int malformed(tcp_sconn *sc, const char *what, const char *why)
 	return -1;
 }
 
-int tcp_sconn_frame(tcp_sconn *sc, const uint8_t *f, bool first)
+int tcp_sconn_frame(tcp_sconn *sc, const tcp_hdr *f, bool first)
 {
 	tcp_ctx *c = sc->io.thr->ctx;
-	bool hello = (f[16] & TCP_OP_MASK) == TCP_OP_HELLO;
+	bool hello = tcp_hdr_op(f) == TCP_OP_HELLO;
 	const char *what = hello ? "HELLO" : "FENCE";
-	uint64_t lane, gen;
-	static const uint8_t zeros[7];
+	uint64_t lane = f->size, gen = f->addr;
+	const char *bad = tcp_lane_check(f);
 
-	memcpy(&lane, f, 8);
-	memcpy(&gen, f + 8, 8);
-	lane = le64toh(lane);
-	gen = le64toh(gen);
-	if (memcmp(f + 17, zeros, sizeof zeros) != 0)
-		return malformed(sc, what, "reserved bytes are not zero");
-	if (lane == 0 || gen == 0)
-		return malformed(sc, what, "lane or generation 0");
+	if (bad != NULL)
+		return malformed(sc, what, bad);
 	if (hello && (!first || sc->hello))
 		return malformed(sc, what, "not the connection's first frame");
 	if (!hello && !sc->hello)

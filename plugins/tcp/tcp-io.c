@@ -28,19 +28,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tcp-internal.h"
+#include "tcp-conn.h"
 #include "teu-hostport.h"
 
 #define SCAN_MS 100
 #define EVENTS 64
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 int64_t tcp_now_ms(void)
 {
@@ -330,7 +322,7 @@ static gpointer thread_main(gpointer data)
 			break;
 
 		/* While it looks, kickers need not ring it. */
-		bool spin = spin_ns > 0 && now_ns() - busy_at < spin_ns;
+		bool spin = spin_ns > 0 && tcp_now_ns() - busy_at < spin_ns;
 		if (!spin && spin_ns > 0) {
 			te_spin_end(sp, spin_ns);
 			spin_ns = 0;
@@ -356,7 +348,7 @@ static gpointer thread_main(gpointer data)
 			te_spin_pause(); /* the core may be the one a thread with work for us waits for */
 		if (timeout != 0)
 			slept = true;
-		int64_t woke = now_ns();
+		int64_t woke = tcp_now_ns();
 		bool served = false, bulk = false;
 		if (n < 0 && errno != EINTR) {
 			TLOG(t->ctx, TE_LOG_ERROR, "I/O thread %u: epoll_wait: %s", t->idx, g_strerror(errno));
@@ -401,7 +393,7 @@ static gpointer thread_main(gpointer data)
 			if (idle && for_request)
 				te_spin_learn(sp, &learn, !slept, woke - busy_at);
 			te_spin_end(sp, spin_ns);
-			busy_at = now_ns();
+			busy_at = tcp_now_ns();
 			for_request = !bulk;
 			spin_ns = for_request ? te_spin_begin(sp, &learn) : 0;
 			idle = slept = false;

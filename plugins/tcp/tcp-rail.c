@@ -6,7 +6,7 @@
  * (at most TE_TCP_PROBE_MAX_MS), until a connection over it comes up again,
  * whatever the link events say; meanwhile its work goes to the other rails.
  */
-#include "tcp-internal.h"
+#include "tcp-conn.h"
 
 /* Whether `cc` may carry requests: its rail is up, or none is (then every
  * connection tries, as for a single-rail peer, so that work fails or goes

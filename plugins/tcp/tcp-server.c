@@ -29,7 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tcp-internal.h"
+#include "tcp.h"
 
 #include <stdatomic.h>
 #include <time.h>
@@ -246,11 +246,6 @@ void tcp_sconn_close(tcp_sconn *sc, const char *why)
 	tcp_io_bury(&sc->io);
 }
 
-static const char *op_name(unsigned op)
-{
-	return op == TE_OP_WRITE ? "WRITE" : op == TE_OP_READ ? "READ" : "?";
-}
-
 static void push(tcp_sconn *sc, bool v2, uint32_t code, char *data, uint64_t len, const te_buffer_pin *pin,
 		 bool dev)
 {
@@ -351,13 +346,12 @@ static void parse(tcp_sconn *sc)
 	while (sc->state == SS_OPEN && !sc->in_body && !tcp_sg_busy(sc) && sc->hlen - pos >= TCP_HDR_SIZE &&
 	       sc->head - sc->snd < c->cfg.depth) {
 		const uint8_t *p = sc->hbuf + pos;
-		uint64_t size, addr;
-		memcpy(&size, p, 8);
-		memcpy(&addr, p + 8, 8);
-		size = le64toh(size);
-		addr = le64toh(addr);
-		bool v2 = (p[16] & TCP_OP_V2) != 0;
-		unsigned op = p[16] & TCP_OP_MASK;
+		tcp_hdr hd;
+		tcp_hdr_decode(p, &hd);
+		uint64_t size = hd.size, addr = hd.addr;
+		bool v2 = tcp_hdr_v2(&hd);
+		unsigned op = tcp_hdr_op(&hd);
+		enum tcp_frame kind = tcp_frame_kind(&hd, c->cfg.sg);
 		bool first = !sc->started;
 		pos += TCP_HDR_SIZE;
 		sc->started = true;
@@ -367,8 +361,8 @@ static void parse(tcp_sconn *sc)
 		    pend_flush(sc) < 0)
 			break;
 
-		if (v2 && (op == TCP_OP_HELLO || op == TCP_OP_FENCE)) {
-			int rc = tcp_sconn_frame(sc, p, first);
+		if (kind == TCP_FRAME_LANE) {
+			int rc = tcp_sconn_frame(sc, &hd, first);
 			if (rc < 0) {
 				sc->state = SS_FLUSH; /* earlier replies still go out, in order */
 				break;
@@ -377,15 +371,15 @@ static void parse(tcp_sconn *sc)
 				push(sc, true, TCP_STATUS_OK, NULL, 0, NULL, false);
 			continue;
 		}
-		if (v2 && c->cfg.sg && (op == TCP_OP_SG_READ || op == TCP_OP_SG_WRITE)) {
-			if (tcp_sg_begin(sc, p) < 0) {
+		if (kind == TCP_FRAME_SG) {
+			if (tcp_sg_begin(sc, &hd) < 0) {
 				sc->state = SS_FLUSH; /* earlier replies still go out, in order */
 				break;
 			}
 			pos += (unsigned)tcp_sg_feed(sc, sc->hbuf + pos, sc->hlen - pos);
 			continue;
 		}
-		if (op != TE_OP_READ && op != TE_OP_WRITE) {
+		if (kind != TCP_FRAME_DATA) {
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
 					    "malformed request from %s: opcode 0x%02x; closing the connection",
 					    sc->io.name, p[16]);
@@ -394,7 +388,8 @@ static void parse(tcp_sconn *sc)
 		}
 		te_buffer_pin pin = { 0 };
 		int rc = TE_ERR_ADDRESS;
-		if (size > 0 && addr + size >= addr)
+		const char *bad = "not inside one remote-accessible registered buffer";
+		if (tcp_range_check(addr, size, &bad))
 			rc = pin_acquire(h, addr, size, &pin);
 		bool dev = rc == 0 && pin_is_device(h, &pin);
 		if (sc->pend_n > 0 && (rc < 0 || !dev) && pend_flush(sc) < 0) {
@@ -405,11 +400,8 @@ static void parse(tcp_sconn *sc)
 		if (rc < 0) {
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN,
 					    "rejected %s 0x%llx+%llu from %s: %s; closing the connection",
-					    op_name(op), (unsigned long long)addr, (unsigned long long)size,
-					    sc->io.name,
-					    size == 0 ? "zero length"
-					    : addr + size < addr ? "the range wraps around"
-					    : "not inside one remote-accessible registered buffer");
+					    tcp_op_name(op), (unsigned long long)addr, (unsigned long long)size,
+					    sc->io.name, bad);
 			if (v2)
 				push(sc, true, TCP_STATUS_REJECTED, NULL, 0, NULL, false);
 			sc->state = SS_FLUSH;

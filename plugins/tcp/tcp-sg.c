@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <sys/uio.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 
 enum { PIECE_HOST, PIECE_DEV, PIECE_REJECTED, PIECE_DONE };
 
@@ -107,30 +107,13 @@ static void sg_fail(tcp_sconn *sc, const char *why)
 	sc->state = SS_FLUSH;
 }
 
-int tcp_sg_begin(tcp_sconn *sc, const uint8_t *f)
+int tcp_sg_begin(tcp_sconn *sc, const tcp_hdr *f)
 {
-	static const uint8_t zero7[7];
-	uint64_t size, count;
+	uint64_t size = f->size, count = f->addr;
+	char why[96];
 
-	memcpy(&size, f, 8);
-	memcpy(&count, f + 8, 8);
-	size = le64toh(size);
-	count = le64toh(count);
 	sc->started = true;
-	if (memcmp(f + 17, zero7, sizeof zero7) != 0) {
-		sg_malformed(sc, "reserved bytes are not zero");
-		return -1;
-	}
-	if (count == 0 || count > TCP_SG_MAX) {
-		char why[80];
-		snprintf(why, sizeof why, "%llu pieces (1 to %u)", (unsigned long long)count, TCP_SG_MAX);
-		sg_malformed(sc, why);
-		return -1;
-	}
-	if (size < count || size > count * TCP_SG_PIECE_MAX) {
-		char why[96];
-		snprintf(why, sizeof why, "%llu bytes in %llu pieces (each 1 to %u bytes)", (unsigned long long)size,
-			 (unsigned long long)count, TCP_SG_PIECE_MAX);
+	if (!tcp_sg_hdr_check(f, why, sizeof why)) {
 		sg_malformed(sc, why);
 		return -1;
 	}
@@ -143,7 +126,7 @@ int tcp_sg_begin(tcp_sconn *sc, const uint8_t *f)
 	tcp_sg_rx *g = sc->sg;
 	g->active = true;
 	g->table_done = false;
-	g->write = (f[16] & TCP_OP_MASK) == TCP_OP_SG_WRITE;
+	g->write = tcp_hdr_op(f) == TCP_OP_SG_WRITE;
 	g->n = (uint32_t)count;
 	g->total = size;
 	g->tab_got = 0;
@@ -178,35 +161,20 @@ static void table_done(tcp_sconn *sc)
 {
 	tcp_ctx *c = ctx_of(sc);
 	tcp_sg_rx *g = sc->sg;
-	uint64_t sum = 0;
 	uint32_t rejected = 0, first_bad = 0;
+	char why[96];
 
-	for (uint32_t i = 0; i < g->n; i++) {
-		uint64_t a, l;
-		memcpy(&a, g->tab + (size_t)i * TCP_SG_ENTRY, 8);
-		memcpy(&l, g->tab + (size_t)i * TCP_SG_ENTRY + 8, 8);
-		g->p[i].addr = le64toh(a);
-		g->p[i].len = le64toh(l);
-		if (g->p[i].len == 0 || g->p[i].len > TCP_SG_PIECE_MAX) {
-			char why[96];
-			snprintf(why, sizeof why, "piece %u of %u is %llu bytes (1 to %u)", i, g->n,
-				 (unsigned long long)g->p[i].len, TCP_SG_PIECE_MAX);
-			sg_malformed(sc, why);
-			return;
-		}
-		sum += g->p[i].len;
-	}
-	if (sum != g->total) {
-		char why[96];
-		snprintf(why, sizeof why, "the pieces hold %llu bytes, the header says %llu", (unsigned long long)sum,
-			 (unsigned long long)g->total);
+	if (!tcp_sg_table_check(g->tab, g->n, g->total, why, sizeof why)) {
 		sg_malformed(sc, why);
 		return;
 	}
+	for (uint32_t i = 0; i < g->n; i++)
+		tcp_sg_entry_decode(g->tab + (size_t)i * TCP_SG_ENTRY, &g->p[i].addr, &g->p[i].len);
 	for (uint32_t i = 0; i < g->n; i++) {
 		tcp_sg_piece *p = &g->p[i];
 		int rc = TE_ERR_ADDRESS;
-		if (p->addr + p->len >= p->addr)
+		const char *bad;
+		if (tcp_range_check(p->addr, p->len, &bad))
 			rc = tcp_sconn_pin(sc, p->addr, p->len, &p->pin);
 		p->state = rc < 0 ? PIECE_REJECTED : PIECE_HOST;
 		if (rc == 0 && tcp_sconn_pin_is_device(sc, &p->pin)) {
@@ -490,9 +458,7 @@ unsigned tcp_sg_prep(tcp_cconn *cc, uint64_t first)
 	uint8_t *tab = cc->sgtab + (size_t)pos * TCP_SG_ENTRY;
 	for (unsigned k = 0; k < n; k++) {
 		tcp_slot *s = slot_at(cc, first + k);
-		uint64_t a = htole64(s->t->remote + s->off), l = htole64(s->len);
-		memcpy(tab + (size_t)k * TCP_SG_ENTRY, &a, 8);
-		memcpy(tab + (size_t)k * TCP_SG_ENTRY + 8, &l, 8);
+		tcp_sg_entry_encode(tab + (size_t)k * TCP_SG_ENTRY, s->t->remote + s->off, s->len);
 		s->op = (uint8_t)op;
 		s->sg = true;
 		s->sgn = k == 0 ? (uint16_t)n : 0;

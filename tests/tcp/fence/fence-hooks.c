@@ -16,7 +16,7 @@
  *   threads serve them;
  * - counts(): HELLOs taken, FENCEs honoured, connections they ended.
  */
-#include "tcp-internal.h"
+#include "tcp-conn.h"
 
 #define EXPORT __attribute__((visibility("default")))
 

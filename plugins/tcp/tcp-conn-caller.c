@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 
 /* -------------------------------------------------------------- callers */
 
@@ -38,20 +38,6 @@ static _Thread_local struct {
 	tcp_peer *p;
 	unsigned idx;
 } tls_direct;
-
-static inline int64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static bool caller_take(tcp_cconn *cc)
-{
-	int free_ = 0;
-
-	return atomic_compare_exchange_strong(&cc->drv, &free_, 1);
-}
 
 /* Lets go of a connection, handing to its I/O thread what it missed
  * meanwhile: mail, a timeout check, and readiness while requests are still
@@ -88,29 +74,10 @@ static void caller_let_go(tcp_cconn *cc)
  * completed or moved). */
 static int caller_turn(tcp_cconn *cc)
 {
-	tcp_rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
-	int moved = 0, rc;
+	int moved = tcp_cconn_step(cc, cc->snd < cc->head, cc->rcv < cc->head || cc->tail < cc->head);
 
-	if (cc->snd < cc->head) {
-		rc = tcp_cconn_send(cc);
-		if (rc < 0) {
-			char why[128];
-			snprintf(why, sizeof why, "send failed: %s", g_strerror(-rc));
-			tcp_cconn_fail(cc, rc, FAIL_PEER, UINT64_MAX, why);
-			return -1;
-		}
-		moved |= rc;
-	}
-	if (cc->rcv < cc->head || cc->tail < cc->head) {
-		rc = tcp_cconn_recv(cc, &res);
-		if (rc < 0) {
-			tcp_cconn_reap(cc);
-			tcp_cconn_fail(cc, res.err, res.mode, res.at, res.why);
-			return -1;
-		}
-		moved |= rc;
-	}
-	tcp_cconn_reap(cc);
+	if (moved < 0)
+		return -1;
 	/* A transfer on it ended (deadline, cancel): the connection ends. */
 	if (cc->gate_shut || (atomic_load_explicit(&cc->missed, memory_order_relaxed) & MISS_EXPIRE)) {
 		atomic_fetch_and(&cc->missed, ~(unsigned)MISS_EXPIRE);
@@ -128,7 +95,7 @@ bool tcp_direct_submit(tcp_peer *p)
 	atomic_fetch_add(&p->kicking, 1);
 	for (unsigned k = 0; k < p->nconns && !atomic_load(&p->closing); k++) {
 		tcp_cconn *cc = &p->conns[k];
-		if (!caller_take(cc))
+		if (!tcp_cconn_take(cc))
 			continue;
 		/* Only an idle connection that is up and whose rail is up: the rest
 		 * is the I/O thread's. */
@@ -269,7 +236,7 @@ static _Thread_local te_spin_state tls_spin;
 static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t timeout_ns)
 {
 	const te_spin_policy *sp = &cc->peer->ctx->cfg.spin;
-	int64_t start = now_ns();
+	int64_t start = tcp_now_ns();
 	int64_t end = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
 	int64_t spin = te_spin_begin(sp, &tls_spin), spin_end = start + spin;
 	bool slept = false;
@@ -288,13 +255,13 @@ static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t ti
 		int moved = caller_turn(cc);
 		if (done == NULL || done(arg)) {
 			if (done != NULL)
-				te_spin_learn(sp, &tls_spin, !slept, now_ns() - start);
+				te_spin_learn(sp, &tls_spin, !slept, tcp_now_ns() - start);
 			rc = 0;
 			break;
 		}
 		if (moved != 0)
 			continue;
-		int64_t now = now_ns();
+		int64_t now = tcp_now_ns();
 		if (now >= end) {
 			rc = -ETIMEDOUT;
 			break;
@@ -339,7 +306,7 @@ int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_n
 		/* A connection whose I/O thread has business with it (mail, a
 		 * check) is left to it: taken turn after turn of a long wait, it
 		 * would never get its turn. */
-		if ((atomic_load(&cc->missed) & ~(unsigned)MISS_EVENTS) == 0 && caller_take(cc)) {
+		if ((atomic_load(&cc->missed) & ~(unsigned)MISS_EVENTS) == 0 && tcp_cconn_take(cc)) {
 			rc = caller_wait(cc, done, arg, timeout_ns);
 			if (rc == -EAGAIN && cc->head == cc->tail)
 				tls_direct.c = NULL; /* nothing left there */

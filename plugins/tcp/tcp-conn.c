@@ -11,213 +11,29 @@
  * sendmsg carries many headers and WRITE payloads, straight from the
  * registered sources.
  *
- * This file keeps the backlog, failures and connecting; tcp-client-wire.c
- * moves the bytes, tcp-client-drive.c is the I/O thread's side and
- * tcp-client-caller.c the callers' (tcp-client.h).
+ * This file is the connection's state machine: the ring filled from the
+ * backlog, failures, connecting, the I/O thread's turns and the timeouts;
+ * tcp-conn-wire.c moves the bytes, tcp-conn-caller.c is the callers' side
+ * and tcp-peer.c the peer's (tcp-conn.h).
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 #include "teu-hostport.h"
 
-/* ----------------------------------------------------------- the backlog */
+#define ROUNDS 16 /* send/receive rounds per turn before yielding to other connections */
 
-/* Puts slices back for another connection (p->lock held). */
-static void retry_add(tcp_peer *p, const tcp_retry *r, size_t n)
-{
-	if (n == 0)
-		return;
-	if (p->nretry + n > p->cap_retry) {
-		p->cap_retry = MAX(p->cap_retry * 2, p->nretry + n);
-		p->retry = g_renew(tcp_retry, p->retry, p->cap_retry);
-	}
-	memcpy(p->retry + p->nretry, r, n * sizeof *r);
-	p->nretry += n;
-	for (size_t i = 0; i < n; i++)
-		p->bl_bytes += r[i].len;
-	atomic_store(&p->has_work, 1);
-}
+/* ----------------------------------------------------------- the ring */
 
-/* Completes a slice that leaves a fence or a ring unanswered. */
-static void complete_slice(const te_host *h, te_transfer *t, bool counted, uint64_t bytes, int err)
-{
-	if (counted)
-		tcp_unsettled_add(t, -1);
-	h->complete(h, t, bytes, err);
-}
-
-/* Whether `err` means the peer can apply nothing more of what it was sent:
- * the instance goes away (destroy), or nobody listens at its port. */
-static bool err_final(int err)
-{
-	return err == -ESHUTDOWN || err == -ECANCELED || err == -ECONNREFUSED;
-}
-
-/* A FENCE that will not be answered on its connection. The WRITEs it holds
- * fail with `err`, except those of transfers the host ended whose bytes
- * left: the peer may still apply them, so they wait for the FENCE to be
- * answered on another connection (unless `err` is final). Returns the
- * fence holding those, to send again, or NULL (freed). */
-static tcp_fence *fence_lost(tcp_ctx *c, tcp_fence *f, int err, size_t *nfailed)
-{
-	size_t k = 0;
-
-	for (size_t i = 0; i < f->n; i++) {
-		tcp_retry *r = &f->held[i];
-		if (!err_final(err) && tcp_gate_closed(c, r->t)) {
-			if (r->counted)
-				f->held[k++] = *r;
-			else
-				tcp_dead_add(c, r->t, false);
-			continue;
-		}
-		complete_slice(c->host, r->t, r->counted, 0, err);
-		++*nfailed;
-	}
-	f->n = k;
-	if (k > 0)
-		return f;
-	g_free(f);
-	return NULL;
-}
-
-/* Puts fences back on the peer's list (p->lock held). */
-static void fences_requeue(tcp_peer *p, tcp_fence *list)
-{
-	while (list != NULL) {
-		tcp_fence *f = list;
-		list = f->next;
-		f->next = p->fences;
-		p->fences = f;
-		atomic_store(&p->has_work, 1);
-	}
-}
-
-void tcp_fence_done(tcp_peer *p, tcp_fence *f)
-{
-	tcp_ctx *c = p->ctx;
-	tcp_retry *back = g_new(tcp_retry, f->n);
-	size_t k = 0, nback = 0;
-
-	/* The peer applies nothing more from the fenced connection: what
-	 * the host ended is settled now, the rest goes out again. */
-	for (size_t i = 0; i < f->n; i++) {
-		tcp_retry r = f->held[i];
-		if (tcp_gate_closed(c, r.t)) {
-			f->held[k++] = r;
-			continue;
-		}
-		if (r.counted)
-			tcp_unsettled_add(r.t, -1);
-		r.counted = false;
-		back[nback++] = r;
-	}
-	if (nback > 0) {
-		g_mutex_lock(&p->lock);
-		retry_add(p, back, nback);
-		g_mutex_unlock(&p->lock);
-	}
-	g_free(back);
-	for (size_t i = 0; i < k; i++)
-		tcp_dead_add(c, f->held[i].t, f->held[i].counted);
-	g_free(f);
-	if (nback > 0)
-		tcp_peer_kick_all(p);
-}
-
-/* Completes every slice still waiting in the peer's backlog and retry list,
- * and the WRITEs held by fences not yet sent (but those of transfers the host
- * ended, which wait for their FENCE's answer, see fence_lost). */
-void tcp_peer_fail_pending(tcp_peer *p, int err)
-{
-	tcp_ctx *c = p->ctx;
-	const te_host *h = c->host;
-	uint64_t slice = c->cfg.slice;
-	te_transfer *t;
-	tcp_retry *retry;
-	tcp_fence *fences, *kept = NULL;
-	size_t nretry;
-
-	g_mutex_lock(&p->lock);
-	t = p->bl_head;
-	/* Out of the backlog for expire(): no bytes left in plugin_data[1],
-	 * the slices left in plugin_data[2] (no longer a link). */
-	for (te_transfer *u = t; u != NULL; u = (te_transfer *)u->plugin_data[0]) {
-		uint64_t left = u->plugin_data[1];
-		u->plugin_data[2] = (uintptr_t)((left + slice - 1) / slice);
-		u->plugin_data[1] = 0;
-	}
-	p->bl_head = p->bl_tail = NULL;
-	retry = p->retry;
-	nretry = p->nretry;
-	p->retry = NULL;
-	p->nretry = p->cap_retry = 0;
-	p->bl_bytes = 0;
-	fences = p->fences;
-	p->fences = NULL;
-	atomic_store(&p->has_work, 0);
-	g_mutex_unlock(&p->lock);
-
-	size_t n = 0;
-	for (size_t i = 0; i < nretry; i++, n++)
-		h->complete(h, retry[i].t, 0, err);
-	g_free(retry);
-	while (fences != NULL) {
-		tcp_fence *next = fences->next, *f = fence_lost(c, fences, err, &n);
-		if (f != NULL) {
-			f->next = kept;
-			kept = f;
-		}
-		fences = next;
-	}
-	while (t != NULL) {
-		te_transfer *next = (te_transfer *)t->plugin_data[0];
-		uint64_t slices = t->plugin_data[2];
-		/* `t` may be reused once its last slice completes: read first. */
-		for (uint64_t i = 0; i < slices; i++, n++)
-			h->complete(h, t, 0, err);
-		t = next;
-	}
-	if (kept != NULL) {
-		g_mutex_lock(&p->lock);
-		fences_requeue(p, kept);
-		g_mutex_unlock(&p->lock);
-	}
-	if (n > 0)
-		TE_HOST_LOG_LIMITED(p->ctx->host, TE_LOG_WARN, "%zu queued requests to %s failed: %s", n, p->name,
-				    tcp_strerror(err));
-}
-
-/* The earliest deadline among the transfers waiting for a connection. */
-int64_t tcp_peer_waiting_deadline(tcp_peer *p)
-{
-	const tcp_ctx *c = p->ctx;
-	const te_host *h = c->host;
-	int64_t dl = 0;
-
-	if (!c->deadlines)
-		return 0;
-	g_mutex_lock(&p->lock);
-	for (te_transfer *t = p->bl_head; t != NULL; t = (te_transfer *)t->plugin_data[0]) {
-		int64_t d = h->transfer_deadline(h, t);
-		if (d > 0 && (dl == 0 || d < dl))
-			dl = d;
-	}
-	for (size_t i = 0; i < p->nretry; i++) {
-		int64_t d = h->transfer_deadline(h, p->retry[i].t);
-		if (d > 0 && (dl == 0 || d < dl))
-			dl = d;
-	}
-	g_mutex_unlock(&p->lock);
-	return dl;
-}
 
 static void prep(tcp_cconn *cc, tcp_slot *s)
 {
@@ -435,7 +251,7 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 		bool finished = s->sent == s->stot && s->rcvd == s->rtot;
 		if (i != at && !finished && tcp_gate_closed(c, s->t)) {
 			/* ended by the host: nothing of it goes again */
-			if (s->counted && hold != NULL && !err_final(err))
+			if (s->counted && hold != NULL && !tcp_err_final(err))
 				hold->held[nhold++] = (tcp_retry){ s->t, s->off, s->len, s->tries, true };
 			else
 				tcp_dead_add(c, s->t, s->counted);
@@ -511,7 +327,7 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	while (lost != NULL) {
 		tcp_fence *f = lost, *keep;
 		lost = f->next;
-		keep = fence_lost(c, f, err, &nfail);
+		keep = tcp_fence_lost(c, f, err, &nfail);
 		if (keep != NULL) {
 			keep->next = again;
 			again = keep;
@@ -519,8 +335,8 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	}
 	if (nback > 0 || again != NULL) {
 		g_mutex_lock(&p->lock);
-		retry_add(p, back, nback);
-		fences_requeue(p, again);
+		tcp_peer_retry_add(p, back, nback);
+		tcp_peer_fences_requeue(p, again);
 		atomic_store(&p->has_work, 1);
 		g_mutex_unlock(&p->lock);
 	}
@@ -537,7 +353,7 @@ void tcp_cconn_fail(tcp_cconn *cc, int err, int mode, uint64_t at, const char *w
 	if (atomic_load(&p->has_work))
 		tcp_peer_kick_all(p);
 	for (size_t i = 0; i < ndone; i++)
-		complete_slice(h, done[i].t, done[i].counted, done[i].bytes, done[i].err);
+		tcp_slice_complete(h, done[i].t, done[i].counted, done[i].bytes, done[i].err);
 	g_free(back);
 	g_free(done);
 }
@@ -622,9 +438,9 @@ void tcp_cconn_shutdown(tcp_cconn *cc, int err)
 		if (s->fence != NULL) {
 			size_t nf = 0;
 			/* -ECANCELED or -ESHUTDOWN: final, nothing is kept */
-			g_free(fence_lost(cc->peer->ctx, s->fence, err_final(err) ? err : -ESHUTDOWN, &nf));
+			g_free(tcp_fence_lost(cc->peer->ctx, s->fence, tcp_err_final(err) ? err : -ESHUTDOWN, &nf));
 		} else {
-			complete_slice(h, s->t, s->counted, 0, err);
+			tcp_slice_complete(h, s->t, s->counted, 0, err);
 		}
 		s->fence = NULL;
 	}
@@ -823,156 +639,360 @@ void tcp_cconn_start_connect(tcp_cconn *cc)
 	}
 }
 
-/* Called once per connection at the end of the loop iteration that retired
- * it; the last one frees the peer. */
-void tcp_peer_retire_conn(tcp_peer *p)
+/* ------------------------------------------------------- epoll events */
+
+/*
+ * What the owner's epoll set watches on the connection. Readable, unless a
+ * caller waits on the socket itself (`muted`: else every piece of its reply
+ * would wake the I/O thread too, for nothing). Writable only while a send
+ * waits for room or a connect for its end: every change of the set raises
+ * an edge for a writable socket, which would wake the I/O thread for
+ * nothing; with no send waiting, `wr` is simply assumed (a send that finds
+ * the buffer full arms it).
+ */
+void tcp_cconn_set_events(tcp_cconn *cc, bool muted)
 {
-	if (atomic_fetch_sub(&p->live_conns, 1) != 1)
+	bool out = cc->state == CS_CONNECTING || (!cc->io.wr && cc->snd < cc->head);
+	uint32_t want = EPOLLRDHUP | EPOLLET | (muted ? 0 : EPOLLIN) | (out && !muted ? EPOLLOUT : 0);
+
+	if (!out && cc->state == CS_UP)
+		cc->io.wr = true;
+	if (cc->io.fd < 0 || want == cc->ep_events)
 		return;
-	tcp_ctx *c = p->ctx;
-	for (unsigned r = 0; p->nrails > 1 && r < p->nrails; r++)
-		TLOG(c, TE_LOG_DEBUG, "rail %s of %s carried %llu bytes", p->rails[r].name, p->name,
-		     (unsigned long long)atomic_load(&p->rails[r].bytes));
-	g_mutex_lock(&c->lock);
-	g_ptr_array_remove_fast(c->all_peers, p);
-	g_hash_table_remove(c->live_peers, p);
-	g_mutex_unlock(&c->lock);
-	/* A caller that found it live just before is done with it in moments
-	 * (it sees `closing` and lets go). */
-	while (atomic_load(&p->kicking) > 0)
-		g_thread_yield();
-	tcp_peer_fail_pending(p, -ECANCELED); /* nothing should be left; safe if so */
-	g_mutex_clear(&p->lock);
-	g_free(p->rails);
-	g_free(p->key);
-	g_free(p);
+	struct epoll_event ev = { .events = want, .data.ptr = &cc->io };
+	if (epoll_ctl(cc->io.thr->ep, EPOLL_CTL_MOD, cc->io.fd, &ev) < 0) {
+		TLOG(cc->peer->ctx, TE_LOG_ERROR, "connection %u to %s: epoll_ctl: %s", cc->idx, cc->peer->name,
+		     g_strerror(errno));
+		return;
+	}
+	cc->ep_events = want;
 }
 
-/* ------------------------------------------------------------- expire */
+/* ---------------------------------------------------------------- drive */
 
-/* How long a slice of an ended transfer waits before it completes: the host
- * publishes the early end right after expire() returns (a few instructions),
- * and a completion that came first would be taken for the transfer's own
- * end. Nothing waits for these completions but the task's storage and, for
- * a WRITE held by a FENCE, its settling. */
-#define DEAD_GRACE_NS 2000000
-
-void tcp_dead_add(tcp_ctx *c, te_transfer *t, bool counted)
+int tcp_cconn_step(tcp_cconn *cc, bool send, bool recv)
 {
-	struct tcp_dead d = { t, counted, tcp_now_ns() };
+	tcp_rx_result res = { .mode = FAIL_PEER, .at = UINT64_MAX };
+	bool moved = false;
+	int rc;
 
-	g_mutex_lock(&c->dead_lock);
-	g_array_append_val(c->dead, d);
-	atomic_store(&c->ndead, (int)c->dead->len);
-	g_mutex_unlock(&c->dead_lock);
-	tcp_io_arm(&c->threads[0]);
-}
-
-bool tcp_dead_flush(tcp_ctx *c, bool all)
-{
-	const te_host *h = c->host;
-	int64_t now = tcp_now_ns();
-	GArray *due = NULL;
-	bool left;
-
-	g_mutex_lock(&c->dead_lock);
-	if (all || atomic_load(&c->expiring) == 0) {
-		guint k = 0;
-		for (guint i = 0; i < c->dead->len; i++) {
-			struct tcp_dead d = g_array_index(c->dead, struct tcp_dead, i);
-			if (all || now - d.at >= DEAD_GRACE_NS) {
-				if (due == NULL)
-					due = g_array_new(FALSE, FALSE, sizeof d);
-				g_array_append_val(due, d);
-			} else {
-				g_array_index(c->dead, struct tcp_dead, k++) = d;
-			}
+	if (send) {
+		rc = tcp_cconn_send(cc);
+		if (rc < 0) {
+			char why[128];
+			snprintf(why, sizeof why, "send failed: %s", g_strerror(-rc));
+			tcp_cconn_fail(cc, rc, FAIL_PEER, UINT64_MAX, why);
+			return -1;
 		}
-		g_array_set_size(c->dead, k);
+		moved |= rc > 0;
 	}
-	left = c->dead->len > 0;
-	atomic_store(&c->ndead, (int)c->dead->len);
-	g_mutex_unlock(&c->dead_lock);
-	/* Completed with the lock dropped (complete() may submit); not with
-	 * -ETIMEDOUT, which would tell the host it gave up on the peer. */
-	for (guint i = 0; due != NULL && i < due->len; i++) {
-		struct tcp_dead d = g_array_index(due, struct tcp_dead, i);
-		complete_slice(h, d.t, d.counted, 0, -ECANCELED);
+	if (recv) {
+		rc = tcp_cconn_recv(cc, &res);
+		if (rc < 0) {
+			tcp_cconn_reap(cc); /* what fully arrived before the failure still counts */
+			tcp_cconn_fail(cc, res.err, res.mode, res.at, res.why);
+			return -1;
+		}
+		moved |= rc > 0;
 	}
-	if (due != NULL)
-		g_array_unref(due);
-	return left;
+	tcp_cconn_reap(cc);
+	return moved;
+}
+
+/* One turn of the I/O thread on a connection it holds. */
+static void drive(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+
+	if (cc->state == CS_DOWN) {
+		if (!atomic_load(&p->has_work) || atomic_load(&p->ctx->stopping))
+			return;
+		if (!tcp_rail_usable(cc))
+			return; /* a down rail is probed, not used */
+		cc->probing = p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up);
+		tcp_cconn_start_connect(cc);
+	}
+	if (cc->state != CS_UP)
+		return;
+	if (TCP_HOOK_TRUE(tcp_hook_suspect(cc))) {
+		tcp_cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, "suspect: forced by a test");
+		return;
+	}
+	if (p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up)) {
+		/* Another connection found the rail broken: this one is likely
+		 * stuck too, so its requests move now rather than after a timeout
+		 * (an idle one just closes). */
+		if (cc->head == cc->tail)
+			tcp_cconn_go_down(cc);
+		else
+			tcp_cconn_fail(cc, -ENETUNREACH, FAIL_PEER, UINT64_MAX, "its rail is down");
+		return;
+	}
+	bool more = true;
+	for (int round = 0; round < ROUNDS && more; round++) {
+		tcp_cconn_pull(cc);
+		int rc = tcp_cconn_step(cc, cc->io.wr && cc->snd < cc->head, cc->io.rd);
+		if (rc < 0)
+			return;
+		if (cc->gate_shut) {
+			/* a transfer on it ended: the connection ends, the rest goes again */
+			tcp_cconn_expire(cc);
+			if (atomic_load(&p->has_work))
+				tcp_io_ready(&cc->io);
+			return;
+		}
+		more = rc > 0;
+	}
+	if (cc->state == CS_UP)
+		tcp_cconn_set_events(cc, false);
+	if (more)
+		tcp_io_ready(&cc->io); /* more to do: after the other connections had a turn */
 }
 
 /*
- * The host ended `t` (deadline, cancel) and closed its gate: nothing of
- * its memory is touched any more (every touch is inside its gate). Its
- * slices still waiting in the peer's backlog and retries complete here; the
- * connections carrying the others are told (MISS_EXPIRE) and end (their
- * other requests go again), completing them. Returns 1 while a WRITE slice
- * of `t` whose bytes left has neither its answer nor its FENCE's: those
- * complete once the peer answers the FENCE of their connection.
+ * A dead path or a slow peer? A connection with work that received nothing
+ * for TE_TCP_SUSPECT_MS, whose socket saw no packet from the peer for as long
+ * (TCP_INFO; a WRITE still being sent keeps getting ACKs, a READ its data),
+ * while another rail shows the peer alive (tcp_other_rail_alive), is on a path
+ * that lost its packets: its rail is abandoned like a broken one. A peer slow
+ * on every rail leaves requests unanswered on all of them, and is left to
+ * TE_TCP_TIMEOUT_MS. Closing the connection first means no
+ * late answer can arrive on it, so each slice completes once, over whichever
+ * rail carries it then. True: the connection failed over.
  */
-int tcp_expire(void *ctx, te_transfer *t)
+static bool suspect(tcp_cconn *cc, int64_t now)
 {
-	tcp_ctx *c = ctx;
-	tcp_peer *p = t->seg_ctx;
-	uint64_t slice = c->cfg.slice, n = 0;
+	tcp_peer *p = cc->peer;
+	int64_t ms = p->ctx->cfg.suspect_ms;
+	tcp_rail *r = tcp_rail_of(cc), *o;
+	char why[256];
 
-	atomic_fetch_add(&c->expiring, 1);
-	/* `t` may have completed meanwhile and its peer gone with it. */
-	g_mutex_lock(&c->lock);
-	bool live = g_hash_table_contains(c->live_peers, p);
-	if (live)
-		atomic_fetch_add(&p->kicking, 1); /* p stays until this drops */
-	g_mutex_unlock(&c->lock);
-	if (!live) {
-		atomic_fetch_sub(&c->expiring, 1);
-		return 0;
-	}
-	g_mutex_lock(&p->lock);
-	/* Still in the backlog (slices not taken): out of it. */
-	if (t->plugin_data[1] > 0) {
-		te_transfer *next = (te_transfer *)t->plugin_data[0], *prev = (te_transfer *)t->plugin_data[2];
-		uint64_t left = t->plugin_data[1];
-		if (prev != NULL)
-			prev->plugin_data[0] = (uintptr_t)next;
-		else
-			p->bl_head = next;
-		if (next != NULL)
-			next->plugin_data[2] = (uintptr_t)prev;
-		else
-			p->bl_tail = prev;
-		p->bl_bytes -= left;
-		n += (left + slice - 1) / slice;
-		t->plugin_data[1] = 0;
-	}
-	for (size_t i = 0; i < p->nretry;) {
-		if (p->retry[i].t != t) {
-			i++;
-			continue;
-		}
-		p->bl_bytes -= p->retry[i].len;
-		p->retry[i] = p->retry[--p->nretry];
-		n++;
-	}
-	atomic_store(&p->has_work, p->bl_head != NULL || p->nretry > 0 || p->fences != NULL);
-	g_mutex_unlock(&p->lock);
-	/* Read before any completion: the last one may release `t`. */
-	int unsettled = t->opcode == TE_OP_WRITE && tcp_unsettled(t) > 0;
-	/* Its slices on rings, sent or not: their connections end. Every
-	 * connection is told (which carries them is its holder's to know:
-	 * its I/O thread, or a caller waiting on it, woken below); one
-	 * without them does nothing. */
-	if (!atomic_load(&p->closing))
-		for (unsigned k = 0; k < p->nconns; k++) {
-			atomic_fetch_or(&p->conns[k].missed, MISS_EXPIRE);
-			tcp_kick(&p->conns[k].io, MAIL_WORK);
-		}
-	atomic_fetch_sub(&p->kicking, 1);
-	tcp_wake(c);
-	for (uint64_t i = 0; i < n; i++)
-		tcp_dead_add(c, t, false);
-	atomic_fetch_sub(&c->expiring, 1);
-	return unsettled;
+	if (ms <= 0 || p->nrails < 2 || !atomic_load(&r->up))
+		return false;
+	int64_t since = tcp_rail_silent_since(cc, cc->last_rx);
+	if (now - since <= ms || (o = tcp_other_rail_alive(p, r, now, since, ms)) == NULL)
+		return false;
+	struct tcp_info ti;
+	socklen_t tl = sizeof ti;
+	if (getsockopt(cc->io.fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0)
+		return false;
+	if ((int64_t)ti.tcpi_last_ack_recv < ms)
+		return false; /* packets still arrive: slow, not dead */
+	snprintf(why, sizeof why,
+		 "suspect: connection %u received nothing for %lld ms, no ACK for %u ms, %u segments unacknowledged, "
+		 "%llu requests unanswered (%llu not sent in full), while %s answered (TE_TCP_SUSPECT_MS)",
+		 cc->idx, (long long)(now - cc->last_rx), ti.tcpi_last_ack_recv, ti.tcpi_unacked,
+		 (unsigned long long)(cc->head - cc->rcv), (unsigned long long)(cc->head - cc->snd), o->name);
+	tcp_cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
+	return true;
 }
+
+/* The checks of a connection that carries requests: a suspect path, or no
+ * progress at all for TE_TCP_TIMEOUT_MS. */
+void tcp_cconn_check_stall(tcp_cconn *cc, int64_t now)
+{
+	tcp_ctx *c = cc->peer->ctx;
+	char why[128];
+
+	if (cc->state != CS_UP || cc->head == cc->tail)
+		return;
+	/* A FENCE for WRITEs of a closing engine waits for nobody: its WRITEs
+	 * end (-ECANCELED: settled as far as anyone can ask). */
+	if (tcp_cconn_fence_canceled(cc)) {
+		tcp_cconn_fail(cc, -ECANCELED, FAIL_QUIET, UINT64_MAX, "its engine is closing");
+		return;
+	}
+	if (suspect(cc, now))
+		return;
+	if (now - cc->io.last_progress > c->cfg.timeout_ms) {
+		/* Not -ETIMEDOUT: that would end the tasks as TIMEOUT, and a peer
+		 * that stopped answering is a failure. */
+		snprintf(why, sizeof why, "no progress for %lld ms (TE_TCP_TIMEOUT_MS)",
+			 (long long)(now - cc->io.last_progress));
+		tcp_cconn_fail(cc, -ECONNABORTED, FAIL_PEER, UINT64_MAX, why);
+	}
+}
+
+static void check_timeout(tcp_cconn *cc, int64_t now)
+{
+	tcp_peer *p = cc->peer;
+	tcp_ctx *c = p->ctx;
+	char why[128];
+
+	/* A down rail's first connection tries it again now and then, while
+	 * another rail carries the work (with none up, work connects itself),
+	 * whether or not its link is said to be down: the event saying it is
+	 * back may have been lost. */
+	tcp_rail *r = tcp_rail_of(cc);
+	if (p->nrails > 1 && cc == &p->conns[cc->rail] && !atomic_load(&r->up) && atomic_load(&p->rails_up) > 0 &&
+	    !atomic_load(&c->stopping)) {
+		/* The link came back while a probe waited for an answer its SYN,
+		 * sent into the dead link, cannot bring before a retransmission
+		 * seconds away: it starts again. */
+		if (cc->state == CS_CONNECTING && cc->probing && cc->head == cc->tail &&
+		    atomic_exchange(&r->reprobe, 0))
+			tcp_cconn_go_down(cc);
+		if (cc->state == CS_DOWN && now >= atomic_load(&r->next_probe)) {
+			TLOG(c, TE_LOG_DEBUG, "probing rail %s of %s", r->name, p->name);
+			atomic_store(&r->reprobe, 0);
+			cc->probing = true;
+			tcp_cconn_start_connect(cc);
+			return;
+		}
+	}
+	if (cc->state == CS_CONNECTING && now > cc->connect_deadline && cc->soft_deadline) {
+		/* The transfers it was for ended at their deadline; others
+		 * waiting (with a later one, or none) start another attempt. */
+		TLOG(c, TE_LOG_DEBUG, "connection %u to %s: connecting cut short by a transfer's deadline", cc->idx,
+		     p->name);
+		tcp_cconn_go_down(cc);
+		if (atomic_load(&p->has_work))
+			tcp_cconn_start_connect(cc);
+		return;
+	}
+	/* FENCEs waiting for a connection (WRITEs of ended transfers wait for
+	 * their answer) after every connect failed: tried again each second. */
+	if (cc->state == CS_DOWN && cc->idx == 0 && atomic_load(&p->has_work) && !atomic_load(&c->stopping) &&
+	    now >= cc->connect_deadline + 1000 && atomic_load(&p->active) == 0) {
+		g_mutex_lock(&p->lock);
+		bool fences = p->fences != NULL;
+		g_mutex_unlock(&p->lock);
+		if (fences) {
+			tcp_cconn_start_connect(cc);
+			return;
+		}
+	}
+	if (cc->state == CS_CONNECTING && now > cc->connect_deadline) {
+		snprintf(why, sizeof why, "no answer within %lld ms (TE_TCP_CONNECT_TIMEOUT_MS)",
+			 (long long)c->cfg.connect_timeout_ms);
+		tcp_cconn_connect_failed(cc, -EHOSTUNREACH, why);
+		return;
+	}
+	tcp_cconn_check_stall(cc, now);
+	/* Idle for TE_TCP_IDLE_MS: closed, so that the descriptors and rings an
+	 * engine holds follow the peers it talks to now, not every peer it ever
+	 * talked to; the next transfer connects again. Connections that fall
+	 * idle within the last sixteenth of the time go with it, so that one
+	 * wake-up closes a peer's connections together. */
+	int64_t idle = c->cfg.idle_ms;
+	if (idle > 0 && cc->state == CS_UP && cc->head == cc->tail && !atomic_load(&p->has_work) &&
+	    now - cc->io.last_progress >= idle - idle / 16) {
+		TLOG(c, TE_LOG_DEBUG, "connection %u to %s idle for %lld ms: closed (TE_TCP_IDLE_MS)", cc->idx,
+		     p->name, (long long)(now - cc->io.last_progress));
+		tcp_cconn_go_down(cc);
+		g_free(cc->ring);
+		cc->ring = NULL;
+	}
+}
+
+/* When the connection wants its timeouts checked next (its holder calls):
+ * 0 while it has work, connects or its rail is down (every check); its idle
+ * close when it is up and idle; else never (INT64_MAX). */
+static int64_t next_check(tcp_cconn *cc)
+{
+	tcp_peer *p = cc->peer;
+
+	if (cc->state == CS_CONNECTING || cc->head != cc->tail || atomic_load(&p->has_work) ||
+	    (p->nrails > 1 && !atomic_load(&tcp_rail_of(cc)->up)))
+		return 0;
+	if (cc->state == CS_UP && p->ctx->cfg.idle_ms > 0)
+		return cc->io.last_progress + p->ctx->cfg.idle_ms;
+	return INT64_MAX;
+}
+
+/* ------------------------------------------------------- the I/O thread */
+
+static void apply_events(tcp_cconn *cc, unsigned m)
+{
+	if (m & MISS_RD)
+		cc->io.rd = true;
+	if (m & MISS_HUP)
+		cc->io.hup = true; /* read on to the EOF: no further edge will come */
+	if (m & MISS_WR)
+		cc->io.wr = true;
+}
+
+/* The I/O thread takes the connection for `*what` (MISS_* bits), adding
+ * what it missed before. False when a caller holds it: the caller hands
+ * `*what` back when it lets go. */
+static bool io_enter(tcp_cconn *cc, unsigned *what)
+{
+	if (!tcp_cconn_take(cc)) {
+		atomic_fetch_or(&cc->missed, *what);
+		/* The holder may have let go before these bits landed: one more
+		 * look (if it still holds it, its letting go comes after them). */
+		if (!tcp_cconn_take(cc))
+			return false;
+	}
+	*what |= atomic_exchange(&cc->missed, 0);
+	apply_events(cc, *what);
+	return true;
+}
+
+/* Returns when the connection wants its next check (next_check; 0 too when
+ * a caller holds it, INT64_MAX once it is closed). */
+static int64_t io_service(tcp_cconn *cc, unsigned what)
+{
+	if (!io_enter(cc, &what))
+		return 0;
+	if (what & MISS_CLOSE) {
+		if (cc->head > cc->tail)
+			tcp_cconn_shutdown(cc, -ECANCELED);
+		tcp_cconn_go_down(cc);
+		g_free(cc->ring);
+		cc->ring = NULL;
+		tcp_io_bury(&cc->io);
+		return INT64_MAX; /* held for good: nobody takes a closed connection */
+	}
+	if (what & MISS_EXPIRE)
+		tcp_cconn_expire(cc);
+	if (what & MISS_SCAN)
+		check_timeout(cc, tcp_now_ms());
+	if (cc->state == CS_CONNECTING && cc->io.fd >= 0 && (what & MISS_WR)) {
+		int err = 0;
+		socklen_t el = sizeof err;
+		if (getsockopt(cc->io.fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+			err = errno;
+		if (err != 0)
+			tcp_cconn_connect_failed(cc, -err, g_strerror(err));
+		else if (tcp_cconn_preamble(cc))
+			tcp_cconn_become_up(cc);
+	}
+	/* Events of a socket closed since (by a caller) are stale. */
+	if (cc->state != CS_CONNECTING && ((what & MISS_WORK) || ((what & MISS_EVENTS) && cc->io.fd >= 0)))
+		drive(cc);
+	int64_t due = next_check(cc);
+	atomic_store(&cc->drv, 0);
+	return due;
+}
+
+void tcp_cconn_event(tcp_cconn *cc, uint32_t events)
+{
+	unsigned what = 0;
+
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		what |= MISS_RD;
+	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		what |= MISS_HUP;
+	if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+		what |= MISS_WR;
+	io_service(cc, what);
+}
+
+void tcp_cconn_mail(tcp_cconn *cc, unsigned mail)
+{
+	tcp_io_list(cc->io.thr, &cc->io);
+	io_service(cc, (mail & MAIL_CLOSE ? MISS_CLOSE : 0) | (mail & MAIL_WORK ? MISS_WORK : 0));
+}
+
+void tcp_cconn_ready(tcp_cconn *cc)
+{
+	io_service(cc, MISS_WORK);
+}
+
+int64_t tcp_cconn_scan(tcp_cconn *cc, int64_t now)
+{
+	(void)now;
+	return io_service(cc, MISS_SCAN);
+}
+

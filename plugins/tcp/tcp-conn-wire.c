@@ -11,16 +11,11 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include "tcp-client.h"
+#include "tcp-conn.h"
 
 /* The iovecs of one sendmsg or readv, of whichever thread drives a
  * connection: its I/O thread or a caller. */
 static _Thread_local struct iovec tls_iov[TCP_IOV_MAX + 2];
-
-static const char *op_name(unsigned op)
-{
-	return op == TE_OP_WRITE ? "WRITE" : "READ";
-}
 
 /* ---------------------------------------------------------------- send */
 
@@ -129,22 +124,23 @@ int tcp_cconn_send(tcp_cconn *cc)
 /* Checks a status frame that just arrived for slot `i`. */
 static bool check_status(uint64_t i, tcp_slot *s, tcp_rx_result *res)
 {
-	uint64_t f = le64toh(s->status);
-	uint32_t code = (uint32_t)f;
+	uint32_t code;
+	bool framed = tcp_status_decode(s->status, &code);
+	unsigned long long f = (unsigned long long)le64toh(s->status);
 
 	res->at = i;
 	if (s->fence != NULL) {
 		/* A target that fences honours every well-formed FENCE. */
-		if (f == ((uint64_t)TCP_STATUS_MAGIC << 32 | TCP_STATUS_OK))
+		if (framed && code == TCP_STATUS_OK)
 			return true;
 		res->err = TE_ERR_PROTOCOL;
-		snprintf(res->why, sizeof res->why, "status frame 0x%016llx for a FENCE", (unsigned long long)f);
+		snprintf(res->why, sizeof res->why, "status frame 0x%016llx for a FENCE", f);
 		return false;
 	}
-	if ((uint32_t)(f >> 32) != TCP_STATUS_MAGIC) {
+	if (!framed) {
 		res->err = TE_ERR_PROTOCOL;
 		snprintf(res->why, sizeof res->why, "malformed status frame 0x%016llx for %s 0x%llx+%llu",
-			 (unsigned long long)f, op_name(s->op), (unsigned long long)(s->t->remote + s->off),
+			 f, tcp_op_name(s->op), (unsigned long long)(s->t->remote + s->off),
 			 (unsigned long long)s->len);
 		return false;
 	}
@@ -159,7 +155,7 @@ static bool check_status(uint64_t i, tcp_slot *s, tcp_rx_result *res)
 		res->mode = FAIL_REJECT;
 		snprintf(res->why, sizeof res->why,
 			 "the peer rejected %s 0x%llx+%llu (not inside one of its remote-accessible buffers)",
-			 op_name(s->op), (unsigned long long)(s->t->remote + s->off), (unsigned long long)s->len);
+			 tcp_op_name(s->op), (unsigned long long)(s->t->remote + s->off), (unsigned long long)s->len);
 		return false;
 	}
 	if (code != TCP_STATUS_OK) {
@@ -302,7 +298,7 @@ void tcp_cconn_reap(tcp_cconn *cc)
 		}
 		if (s->err != 0)
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "the peer %s rejected %s 0x%llx+%llu (not inside one of its "
-					    "remote-accessible buffers)", cc->peer->name, op_name(s->op),
+					    "remote-accessible buffers)", cc->peer->name, tcp_op_name(s->op),
 					    (unsigned long long)(s->t->remote + s->off), (unsigned long long)s->len);
 		h->complete(h, s->t, s->err ? 0 : s->len, s->err);
 	}

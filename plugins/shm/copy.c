@@ -55,6 +55,42 @@ static void unpin(shm_slot *slot)
 	atomic_fetch_sub_explicit(&slot->pins, 1, memory_order_release);
 }
 
+/* A pin a run keeps from one piece to the next while they fall in its
+ * slot: the pin count is one cache line that every copying thread of every
+ * initiator writes twice per piece otherwise (a KV cache's 4 KiB blocks all
+ * lie in one slot). Checked against the slot's state each time, so a slot
+ * the target began to unregister takes no new piece, as pin() would. */
+typedef struct held_pin {
+	shm_slot *slot;
+	uint64_t state, addr, length;
+} held_pin;
+
+static shm_slot *pin_held(shm_seg *s, held_pin *h, uint64_t addr, uint64_t len)
+{
+	if (h->slot != NULL) {
+		if (addr >= h->addr && addr - h->addr <= h->length && len <= h->length - (addr - h->addr) &&
+		    atomic_load_explicit(&h->slot->state, memory_order_acquire) == h->state)
+			return h->slot;
+		unpin(h->slot);
+		h->slot = NULL;
+	}
+	shm_slot *sl = pin(s, addr, len);
+	if (sl != NULL) {
+		h->slot = sl;
+		h->state = atomic_load_explicit(&sl->state, memory_order_relaxed);
+		h->addr = atomic_load_explicit(&sl->addr, memory_order_relaxed);
+		h->length = atomic_load_explicit(&sl->length, memory_order_relaxed);
+	}
+	return sl;
+}
+
+/* A pin of its own for a piece whose slot the run holds (a copy that ends
+ * later, or elsewhere, drops it with unpin()). */
+static void pin_more(shm_slot *slot)
+{
+	atomic_fetch_add_explicit(&slot->pins, 1, memory_order_relaxed);
+}
+
 /* Our address for [addr, addr+len) of a pinned slot through a shared
  * allocation, or NULL. */
 static char *mapped(shm_seg *s, shm_slot *slot, uint64_t addr, uint64_t len)
@@ -326,6 +362,7 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 	shm_slot *slots[SHM_CMA_IOV];
 	unsigned idx[SHM_CMA_IOV], nv = 0;
 	dev_batch db;
+	held_pin held = { 0 };
 
 	db.n = 0;
 	if (atomic_load_explicit(&s->dead, memory_order_relaxed)) {
@@ -346,13 +383,27 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 			done(c, p, -ETIMEDOUT);
 			continue;
 		}
-		shm_slot *slot = pin(s, remote, p->len);
+		shm_slot *slot = pin_held(s, &held, remote, p->len);
 		if (slot == NULL) {
 			/* Not a live region of the target (unregistered since its
 			 * descriptor was read): refused, as any transport refuses. */
 			done_in(c, p, TE_ERR_REJECTED);
 			continue;
 		}
+		char *there = NULL;
+		if (atomic_load_explicit(&slot->kind, memory_order_relaxed) == SLOT_HOST && !ldev &&
+		    (there = s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len)) != NULL) {
+			/* The common case: a copy through our mapping, under the
+			 * run's pin. */
+			uintptr_t next = stream ? next_source(ps, i, n, op, slot, there, remote) : 0;
+			if (op == TE_OP_READ)
+				copy(local, there, p->len, stream, next);
+			else
+				copy(there, local, p->len, stream, next);
+			done_in(c, p, 0);
+			continue;
+		}
+		pin_more(slot); /* what follows unpins it itself */
 		if (atomic_load_explicit(&slot->kind, memory_order_relaxed) == SLOT_DEVICE) {
 			/* The target's device memory, opened here: one device
 			 * copy, device to device when ours is device memory too. */
@@ -372,22 +423,15 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, dev, local, p->len, slot, i);
 			continue;
 		}
-		char *there = s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len);
-		if (there != NULL && ldev) {
+		/* Host memory of the target: ours is device memory (through our
+		 * mapping), or the target's is not mapped here (cross-memory
+		 * attach). */
+		there = ldev ? (s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len)) : NULL;
+		if (there != NULL) {
 			if (op == TE_OP_READ)
 				dev_add(c, ps, &db, p->t->local_location, 0, local, there, p->len, slot, i);
 			else
 				dev_add(c, ps, &db, p->t->local_location, 0, there, local, p->len, slot, i);
-			continue;
-		}
-		if (there != NULL) {
-			uintptr_t next = stream ? next_source(ps, i, n, op, slot, there, remote) : 0;
-			if (op == TE_OP_READ)
-				copy(local, there, p->len, stream, next);
-			else
-				copy(there, local, p->len, stream, next);
-			unpin(slot);
-			done_in(c, p, 0);
 			continue;
 		}
 		if (!s->cma) {
@@ -406,6 +450,8 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 		slots[nv] = slot;
 		idx[nv++] = i;
 	}
+	if (held.slot != NULL)
+		unpin(held.slot);
 	dev_flush(c, ps, &db);
 	if (nv == 0)
 		return;

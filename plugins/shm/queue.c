@@ -369,11 +369,13 @@ int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 	 * copies alone; should it not come, the kick timer tells the workers
 	 * (and a status poll does at once). Larger submits are shared. */
 	bool waiter = pthread_getspecific(c->waiter_key) != NULL;
-	/* A streak's submits too, until the streak passes caller_bytes: small
-	 * batches one after the other (each done at once, so their waits
-	 * never reach progress()) are copied by their caller's next wait, as
-	 * a submit of the size of two of them would be. */
-	bool lazy = (waiter && total <= c->cfg.caller_bytes) || (streak > 0 && streak <= c->cfg.caller_bytes);
+	/* A streak's first submit past inline_bytes too: small batches one
+	 * after the other (each done at once, so their waits never reach
+	 * progress()) are copied by their caller's next wait, which ends the
+	 * streak. A streak that goes on past twice inline_bytes is one large
+	 * submit: its copies are shared at once. */
+	bool lazy = (waiter && total <= c->cfg.caller_bytes) ||
+		    (streak > 0 && streak <= 2 * c->cfg.inline_bytes && streak <= c->cfg.caller_bytes);
 	if (waiter)
 		(void)pthread_setspecific(c->waiter_key, NULL);
 	for (size_t i = 0; i < n; i++) {

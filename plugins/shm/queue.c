@@ -303,6 +303,9 @@ void shm_workers_stop(shm_ctx *c)
  * when the last of them ended (µs, the 44 bits above). */
 #define STREAK_KIB_MAX ((1u << 20) - 1)
 #define STREAK_GAP_US 50
+/* Submits of fewer transfers are not chunks of a large one and stay out of
+ * streaks (a loop of single requests pays no clock reads for them). */
+#define STREAK_MIN_TRANSFERS 16
 
 static uint64_t streak_make(int64_t now_us, uint64_t kib)
 {
@@ -314,9 +317,10 @@ static uint64_t streak_make(int64_t now_us, uint64_t kib)
  * a few dozen transfers: a KV cache's thousands of 4 KiB blocks arrive as
  * chunks of 256 KiB, each small, and copied one after the other in the
  * caller they left the copy workers idle (a large request is shared by
- * them and the waiting caller). Chunks that follow each other within
- * STREAK_GAP_US count together: past inline_bytes they are queued, to be
- * shared. A wait in progress() ends the streak. */
+ * them and the waiting caller). Chunks (of STREAK_MIN_TRANSFERS or more)
+ * that follow each other within STREAK_GAP_US count together: past
+ * inline_bytes they are queued, to be shared. A wait in progress() ends the
+ * streak. */
 static bool inline_ok(shm_ctx *c, uint64_t total, uint64_t *streak)
 {
 	uint64_t v = (uint64_t)(uintptr_t)pthread_getspecific(c->streak_key);
@@ -349,7 +353,7 @@ int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 
 	for (size_t i = 0; i < n; i++)
 		total += ts[i]->length;
-	if (total <= c->cfg.inline_bytes && inline_ok(c, total, &streak)) {
+	if (total <= c->cfg.inline_bytes && (n < STREAK_MIN_TRANSFERS || inline_ok(c, total, &streak))) {
 		/* Small: copying here costs less than waking a worker. */
 		shm_piece ps[SHM_CMA_IOV];
 		size_t i = 0;
@@ -359,7 +363,8 @@ int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 				ps[k++] = (shm_piece){ ts[i], 0, ts[i]->length };
 			shm_run_all(c, ps, k);
 		}
-		streak_touch(c);
+		if (n >= STREAK_MIN_TRANSFERS)
+			streak_touch(c);
 		return 0;
 	}
 	/* A thread that waited for its last queued submit in progress() will

@@ -248,7 +248,13 @@ static bool path_error(int error)
  * reasons are logged where each handshake failed. */
 static int no_path_error(const rd_slice *s, int rc, int error)
 {
-	int err = rc == -ENETDOWN ? -ENETDOWN : s->last_error ? s->last_error : error;
+	/* A flush or a replaced endpoint (-ECONNRESET) says nothing of the
+	 * path: with no attempt of its own on record the slice fails for what
+	 * routing found (no path left). */
+	int err = rc == -ENETDOWN ? -ENETDOWN
+		  : s->last_error ? s->last_error
+		  : error == -ECONNRESET ? rc
+					 : error;
 	return err == TE_ERR_REJECTED || err == TE_ERR_PROTOCOL ? -ENETUNREACH : err;
 }
 

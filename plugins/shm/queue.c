@@ -347,9 +347,7 @@ static void streak_touch(shm_ctx *c)
 
 int shm_submit(shm_ctx *c, te_transfer *const *ts, size_t n)
 {
-	uint64_t total = 0;
-
-	uint64_t streak = 0;
+	uint64_t total = 0, streak = 0;
 
 	for (size_t i = 0; i < n; i++)
 		total += ts[i]->length;

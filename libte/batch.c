@@ -300,17 +300,18 @@ typedef struct notify_job {
 
 /* The last decrement happens under the batch lock, so te_batch_free (which
  * checks under the same lock) cannot free the batch under a waker. */
-static void batch_task_done(te_batch *b)
+/* `n` of the batch's tasks ended. */
+static void batch_tasks_done(te_batch *b, size_t n)
 {
 	size_t old = atomic_load_explicit(&b->inflight, memory_order_relaxed);
 
-	while (old > 1)
-		if (atomic_compare_exchange_weak_explicit(&b->inflight, &old, old - 1,
+	while (old > n)
+		if (atomic_compare_exchange_weak_explicit(&b->inflight, &old, old - n,
 							  memory_order_acq_rel, memory_order_relaxed))
 			return;
 	te_transport_inst *wake = NULL;
 	g_mutex_lock(&b->lock);
-	if (atomic_fetch_sub(&b->inflight, 1) == 1) {
+	if (atomic_fetch_sub(&b->inflight, n) == n) {
 		if (b->waiters > 0) /* a broadcast is a system call even with nobody to wake */
 			g_cond_broadcast(&b->cond);
 		/* Threads sleeping in a transport's progress() for this batch see
@@ -340,6 +341,11 @@ static void batch_task_done(te_batch *b)
 		wake->ops->wake(wake->ctx);
 		tp_unpin(wake);
 	}
+}
+
+static void batch_task_done(te_batch *b)
+{
+	batch_tasks_done(b, 1);
 }
 
 static int final_state(int error)
@@ -413,27 +419,62 @@ static void task_end_state(te_task *t, te_segver *sv, int state)
 		te_stream_task_done(sop);
 }
 
-static void task_finish(te_task *t, int state, bool from_completion)
+/* What ended tasks of one batch, peer version and transport hold in common,
+ * let go once for a run of them (te_task_complete_many()): a reference on
+ * the version and the in-flight counts of the transport, the batch and the
+ * engine. These lines are written by every thread that completes, so one
+ * atomic per run instead of per task saves a cache-line transfer each. */
+typedef struct task_group {
+	te_batch *b;
+	te_segver *sv;
+	te_transport_inst *tp;
+	size_t n;
+} task_group;
+
+static void group_flush(task_group *g, bool from_completion)
 {
-	te_batch *b = t->batch;
-	te_engine *e = b->engine;
+	if (g->n == 0)
+		return;
+	te_engine *e = g->b->engine;
+	size_t n = g->n;
+
+	g->n = 0;
+	te_segver_unref_n(g->sv, (int)n, from_completion);
+	if (g->tp != NULL)
+		atomic_fetch_sub_explicit(&g->tp->inflight, n, memory_order_release);
+	batch_tasks_done(g->b, n);
+	/* Last touch of anything shared: engine destroy waits for this count. */
+	atomic_fetch_sub_explicit(&e->inflight, n, memory_order_release);
+}
+
+/* Ends a task; what it shares is let go through `g` (NULL: at once). */
+static void task_finish(te_task *t, int state, bool from_completion, task_group *g)
+{
 	te_segver *sv = t->sv;
 	te_transport_inst *tp = t->tp;
+	task_group one = { 0 };
 
 	t->sv = NULL;
 	if (sv != NULL && state == TE_TASK_COMPLETED &&
 	    atomic_load_explicit(&sv->fo_until, memory_order_relaxed) != 0)
 		te_segver_recovered(sv);
 	task_end_state(t, sv, state);
-	te_segver_unref(sv, from_completion);
-	if (tp != NULL)
-		atomic_fetch_sub_explicit(&tp->inflight, 1, memory_order_release);
-	batch_task_done(b);
-	/* Last touch of anything shared: engine destroy waits for this count. */
-	atomic_fetch_sub_explicit(&e->inflight, 1, memory_order_release);
+	if (g == NULL)
+		g = &one;
+	if (g->n > 0 && (g->b != t->batch || g->sv != sv || g->tp != tp || g->n >= INT_MAX))
+		group_flush(g, from_completion);
+	if (g->n == 0)
+		*g = (task_group){ t->batch, sv, tp, 0 };
+	g->n++;
+	if (g == &one)
+		group_flush(g, from_completion);
 }
 
-void te_task_complete(te_task *t, uint64_t bytes, int error)
+
+static void task_last(te_task *t, int state, int error, bool from_completion, task_group *g);
+
+/* One slice of `t` done; ends the task when it was the last. */
+static void slice_done(te_task *t, uint64_t bytes, int error, task_group *g)
 {
 	if (t->stage != NULL) {
 		te_stage_slice_done(t, bytes, error);
@@ -456,13 +497,35 @@ void te_task_complete(te_task *t, uint64_t bytes, int error)
 		/* Its transport lost every path to the peer: another may have one. */
 		if (err != 0 && te_task_failover(t, err))
 			return;
-		te_task_last(t, final_state(err), error, true);
+		task_last(t, final_state(err), error, true, g);
 	}
 	else if (done > slices)
 		te_err("task completed %u times for %u slices: transport bug", done, slices);
 }
 
-void te_task_last(te_task *t, int state, int error, bool from_completion)
+void te_task_complete(te_task *t, uint64_t bytes, int error)
+{
+	slice_done(t, bytes, error, NULL);
+}
+
+void te_task_complete_many(te_transfer *const *ts, const uint64_t *bytes, const int *errors, size_t n)
+{
+	task_group g = { 0 };
+
+	for (size_t i = 0; i < n; i++) {
+		/* Each task's counters were last written by the thread that
+		 * submitted it: fetch the next one's while this one ends. */
+		if (i + 1 < n) {
+			const te_task *next = (const te_task *)(const void *)ts[i + 1];
+			__builtin_prefetch(&next->slices_done, 1);
+			__builtin_prefetch(&next->gate, 1);
+		}
+		slice_done((te_task *)(void *)ts[i], bytes[i], errors != NULL ? errors[i] : 0, &g);
+	}
+	group_flush(&g, true);
+}
+
+static void task_last(te_task *t, int state, int error, bool from_completion, task_group *g)
 {
 	unsigned mark = TE_GATE_FINAL | (error == -ETIMEDOUT ? TE_GATE_GAVEUP : 0);
 	unsigned prev = atomic_load(&t->gate), want;
@@ -472,10 +535,15 @@ void te_task_last(te_task *t, int state, int error, bool from_completion)
 	if ((prev & TE_GATE_ENDING) && !(prev & TE_GATE_ENDED))
 		return; /* the early end under way publishes, then lets go */
 	if (!(prev & TE_GATE_ENDED))
-		task_finish(t, state, from_completion);
+		task_finish(t, state, from_completion, g);
 	else if (prev & TE_GATE_PUBDONE)
 		te_task_release_early(t, from_completion);
 	/* else: ended early and still publishing; that side lets go */
+}
+
+void te_task_last(te_task *t, int state, int error, bool from_completion)
+{
+	task_last(t, state, error, from_completion, NULL);
 }
 
 void te_task_publish_early(te_task *t, int state)

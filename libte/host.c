@@ -44,6 +44,18 @@ static void host_complete(const te_host *h, te_transfer *t, uint64_t bytes, int 
 	te_task_complete((te_task *)t, bytes, error);
 }
 
+static void host_complete_many(const te_host *h, te_transfer *const *ts, const uint64_t *bytes, const int *errors,
+			       size_t n)
+{
+	(void)h;
+	if (n > 0 && (ts == NULL || bytes == NULL)) {
+		te_err("complete_many: %zu slices without their %s: transport bug", n,
+		       ts == NULL ? "transfers" : "byte counts");
+		return;
+	}
+	te_task_complete_many(ts, bytes, errors, n);
+}
+
 static int host_canceled(const te_host *h, const te_transfer *t)
 {
 	(void)h;
@@ -472,6 +484,7 @@ static const te_transfer_service transfer_service = {
 	.buffer_copy = host_buffer_copy,
 	.buffer_copy_batch = host_buffer_copy_batch,
 	.shared_memory = host_shared_memory,
+	.complete_many = host_complete_many,
 };
 
 static const te_control_service control_service = {

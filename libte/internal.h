@@ -391,6 +391,8 @@ typedef struct te_segment {
 } te_segment;
 
 void te_segver_unref(te_segver *sv, bool from_completion);
+/* Drops `n` references at once (tasks that ended together). */
+void te_segver_unref_n(te_segver *sv, int n, bool from_completion);
 /* failover.c: the version new tasks of a segment go to now: `sv`, or its
  * alternate while `sv`'s transport is failed over (data lock held). */
 te_segver *te_segver_route(te_segver *sv);
@@ -490,6 +492,9 @@ typedef struct te_batch {
 } te_batch;
 
 void te_task_complete(te_task *t, uint64_t bytes, int error);
+/* te_task_complete() for n slices (the host's complete_many): what their
+ * tasks share is let go once per run of one batch, version and transport. */
+void te_task_complete_many(te_transfer *const *ts, const uint64_t *bytes, const int *errors, size_t n);
 /* failover.c: moves a task whose last slice failed with `error` on its
  * transport to the alternate one; true when it did (the task goes on). */
 bool te_task_failover(te_task *t, int error);

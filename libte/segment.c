@@ -39,7 +39,12 @@ void te_segver_reap(gpointer data, gpointer user)
 
 void te_segver_unref(te_segver *sv, bool from_completion)
 {
-	if (sv == NULL || atomic_fetch_sub_explicit(&sv->refs, 1, memory_order_acq_rel) != 1)
+	te_segver_unref_n(sv, 1, from_completion);
+}
+
+void te_segver_unref_n(te_segver *sv, int n, bool from_completion)
+{
+	if (sv == NULL || n <= 0 || atomic_fetch_sub_explicit(&sv->refs, n, memory_order_acq_rel) != n)
 		return;
 	/* Completions run on transport threads: closing the transport's segment
 	 * context from there could re-enter it, so hand the release over. */

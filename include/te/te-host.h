@@ -163,7 +163,7 @@ typedef struct te_log_service {
 } te_log_service;
 
 #define TE_SERVICE_TRANSFER "transfer"
-#define TE_SERVICE_TRANSFER_VERSION 1
+#define TE_SERVICE_TRANSFER_VERSION 2 /* 2: complete_many */
 
 /* The data path of transports: completions, the gate of a transfer (deadlines,
  * cancels) and pins of registered buffers. The two gates, transfer_enter/
@@ -251,6 +251,18 @@ typedef struct te_transfer_service {
 	 * otherwise. */
 	int (*shared_memory)(const te_host *h, uint64_t addr, uint64_t len, int *fd, uint64_t *offset,
 			     uint64_t *size, uint64_t *base);
+
+	/* ---- version 2 (test with TE_HAS_OP) ---- */
+	/* complete() for `n` slices at once: ts[i] moved bytes[i] with
+	 * errors[i] (errors NULL: all 0), in this order. For a transport that
+	 * finishes many slices together (a run of copies, a scatter-gather
+	 * frame, a poll of a completion queue): what the tasks share (their
+	 * batch, their peer, the in-flight counts every completing thread
+	 * writes) is updated once per run instead of once per slice. A slice
+	 * held back to be reported so counts as in flight until then, and its
+	 * transfer_leave() comes before this call. Thread-safe, never blocks. */
+	void (*complete_many)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes,
+			      const int *errors, size_t n);
 } te_transfer_service;
 
 #define TE_SERVICE_CONTROL "control"

@@ -65,12 +65,15 @@ typedef struct held_pin {
 	uint64_t state, addr, length;
 } held_pin;
 
+static void stream_fence(void);
+
 static shm_slot *pin_held(shm_seg *s, held_pin *h, uint64_t addr, uint64_t len)
 {
 	if (h->slot != NULL) {
 		if (addr >= h->addr && addr - h->addr <= h->length && len <= h->length - (addr - h->addr) &&
 		    atomic_load_explicit(&h->slot->state, memory_order_acquire) == h->state)
 			return h->slot;
+		stream_fence(); /* the slot's streamed bytes land before it is let go */
 		unpin(h->slot);
 		h->slot = NULL;
 	}
@@ -144,8 +147,9 @@ bool shm_stream_supported(void)
 /* memcpy with non-temporal stores: the destination's lines go to memory
  * without being read into the cache first (half the memory traffic of a
  * cached store to memory not in the cache), for pieces whose destination
- * would leave the cache before anyone read it. Ordered before what follows
- * (the completion) by the fence. `next`: where the next piece's source
+ * would leave the cache before anyone read it. Not ordered with later
+ * stores: stream_fence() before the piece is let go (its gate left, its
+ * slot unpinned, its completion). `next`: where the next piece's source
  * starts (or 0), fetched line by line meanwhile: pieces a page or two apart
  * each start the hardware's prefetcher cold. A prefetch never faults. */
 static void copy_stream(char *dst, const char *src, size_t n, uintptr_t next)
@@ -177,6 +181,10 @@ static void copy_stream(char *dst, const char *src, size_t n, uintptr_t next)
 	for (; n >= 16; n -= 16, dst += 16, src += 16)
 		_mm_stream_si128((__m128i *)(void *)dst, _mm_loadu_si128((const __m128i *)(const void *)src));
 	memcpy(dst, src, n);
+}
+
+static void stream_fence(void)
+{
 	_mm_sfence();
 }
 #else
@@ -189,6 +197,10 @@ static void copy_stream(char *dst, const char *src, size_t n, uintptr_t next)
 {
 	(void)next;
 	memcpy(dst, src, n);
+}
+
+static void stream_fence(void)
+{
 }
 #endif
 
@@ -222,13 +234,8 @@ static uintptr_t next_source(const shm_piece *ps, unsigned i, unsigned n, uint32
 
 /* ---------------------------------------------------------- data path */
 
-static void done(shm_ctx *c, const shm_piece *p, int err)
-{
-	c->host->complete(c->host, p->t, err ? 0 : p->len, err);
-}
-
 /* Deadlines (ABI 1.11): a piece touches its transfer's memory only between
- * gate_in() and done_in(), so that the host may end the transfer early
+ * gate_in() and its report, so that the host may end the transfer early
  * (the caller owns the memory again from then on). Every copy here is a
  * memcpy, a device copy or one process_vm_* call: short, never waiting on
  * the target process. */
@@ -237,12 +244,64 @@ static bool gate_in(shm_ctx *c, te_transfer *t)
 	return !TE_HAS_OP(c->host, transfer_enter) || c->host->transfer_enter(c->host, t);
 }
 
-/* Leaves the gate, then completes (the host may drop the task after). */
-static void done_in(shm_ctx *c, const shm_piece *p, int err)
+/* Pieces of a run copied but not yet reported: reported together, at the
+ * latest every DONE_BYTES copied and at the run's end, after one fence for
+ * their streaming stores, their gates left, through one complete_many().
+ * A 4 KiB piece's own fence, gate and completion cost about as much as its
+ * copy; the bound keeps a gate held for tens of microseconds at most. */
+#define DONE_BYTES (256u << 10)
+typedef struct done_list {
+	unsigned n;
+	uint64_t bytes;
+	te_transfer *ts[SHM_CMA_IOV];
+	uint64_t len[SHM_CMA_IOV];
+	int err[SHM_CMA_IOV];
+	bool gated[SHM_CMA_IOV];
+} done_list;
+
+static void done_flush(shm_ctx *c, done_list *d)
 {
-	if (TE_HAS_OP(c->host, transfer_leave))
-		c->host->transfer_leave(c->host, p->t);
-	done(c, p, err);
+	const te_host *h = c->host;
+
+	if (d->n == 0)
+		return;
+	stream_fence();
+	if (TE_HAS_OP(h, transfer_leave))
+		for (unsigned k = 0; k < d->n; k++)
+			if (d->gated[k])
+				h->transfer_leave(h, d->ts[k]);
+	if (c->complete_many != NULL) {
+		c->complete_many(h, d->ts, d->len, d->err, d->n);
+	} else {
+		for (unsigned k = 0; k < d->n; k++)
+			h->complete(h, d->ts[k], d->len[k], d->err[k]);
+	}
+	d->n = 0;
+	d->bytes = 0;
+}
+
+/* Reports piece p (gated: inside its gate) with `err`. */
+static void done_add(shm_ctx *c, done_list *d, const shm_piece *p, int err, bool gated)
+{
+	if (d->n == SHM_CMA_IOV)
+		done_flush(c, d);
+	d->ts[d->n] = p->t;
+	d->len[d->n] = err ? 0 : p->len;
+	d->err[d->n] = err;
+	d->gated[d->n++] = gated;
+	d->bytes += p->len;
+	if (d->bytes >= DONE_BYTES)
+		done_flush(c, d);
+}
+
+static void done(shm_ctx *c, done_list *d, const shm_piece *p, int err)
+{
+	done_add(c, d, p, err, false);
+}
+
+static void done_in(shm_ctx *c, done_list *d, const shm_piece *p, int err)
+{
+	done_add(c, d, p, err, true);
 }
 
 /* Whether the local side of a transfer is device memory. The host hands
@@ -272,7 +331,7 @@ typedef struct dev_batch {
 	unsigned idx[SHM_CMA_IOV];
 } dev_batch;
 
-static void dev_flush(shm_ctx *c, shm_piece *ps, dev_batch *b)
+static void dev_flush(shm_ctx *c, done_list *d, shm_piece *ps, dev_batch *b)
 {
 	const te_host *h = c->host;
 	int rc = 0;
@@ -287,16 +346,16 @@ static void dev_flush(shm_ctx *c, shm_piece *ps, dev_batch *b)
 	}
 	for (unsigned k = 0; k < b->n; k++) {
 		unpin(b->slots[k]);
-		done_in(c, &ps[b->idx[k]], rc);
+		done_in(c, d, &ps[b->idx[k]], rc);
 	}
 	b->n = 0;
 }
 
-static void dev_add(shm_ctx *c, shm_piece *ps, dev_batch *b, const char *location, unsigned flags, void *dst,
+static void dev_add(shm_ctx *c, done_list *d, shm_piece *ps, dev_batch *b, const char *location, unsigned flags, void *dst,
 		    const void *src, uint64_t len, shm_slot *slot, unsigned i)
 {
 	if (b->n > 0 && (b->flags != flags || strcmp(b->location, location) != 0))
-		dev_flush(c, ps, b);
+		dev_flush(c, d, ps, b);
 	b->location = location;
 	b->flags = flags;
 	b->copies[b->n] = (te_copy){ dst, src, len };
@@ -362,12 +421,16 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 	shm_slot *slots[SHM_CMA_IOV];
 	unsigned idx[SHM_CMA_IOV], nv = 0;
 	dev_batch db;
+	done_list dl;
 	held_pin held = { 0 };
 
 	db.n = 0;
+	dl.n = 0;
+	dl.bytes = 0;
 	if (atomic_load_explicit(&s->dead, memory_order_relaxed)) {
 		for (unsigned i = 0; i < n; i++)
-			done(c, &ps[i], -ECONNRESET);
+			done(c, &dl, &ps[i], -ECONNRESET);
+		done_flush(c, &dl);
 		return;
 	}
 	for (unsigned i = 0; i < n; i++) {
@@ -376,18 +439,18 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 		char *local = (char *)p->t->local + p->off;
 		bool ldev = local_is_device(p->t);
 		if (c->host->canceled(c->host, p->t)) {
-			done(c, p, -ECANCELED);
+			done(c, &dl, p, -ECANCELED);
 			continue;
 		}
 		if (!gate_in(c, p->t)) { /* ended early: not ours to touch */
-			done(c, p, -ETIMEDOUT);
+			done(c, &dl, p, -ETIMEDOUT);
 			continue;
 		}
 		shm_slot *slot = pin_held(s, &held, remote, p->len);
 		if (slot == NULL) {
 			/* Not a live region of the target (unregistered since its
 			 * descriptor was read): refused, as any transport refuses. */
-			done_in(c, p, TE_ERR_REJECTED);
+			done_in(c, &dl, p, TE_ERR_REJECTED);
 			continue;
 		}
 		char *there = NULL;
@@ -400,7 +463,7 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 				copy(local, there, p->len, stream, next);
 			else
 				copy(there, local, p->len, stream, next);
-			done_in(c, p, 0);
+			done_in(c, &dl, p, 0);
 			continue;
 		}
 		pin_more(slot); /* what follows unpins it itself */
@@ -414,13 +477,13 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 					SLOG(c, TE_LOG_WARN, "shm: %s memory to %s memory: not one device plugin's",
 					     p->t->local_location, loc);
 				unpin(slot);
-				done_in(c, p, TE_ERR_REJECTED);
+				done_in(c, &dl, p, TE_ERR_REJECTED);
 				continue;
 			}
 			if (op == TE_OP_READ)
-				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, local, dev, p->len, slot, i);
+				dev_add(c, &dl, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, local, dev, p->len, slot, i);
 			else
-				dev_add(c, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, dev, local, p->len, slot, i);
+				dev_add(c, &dl, ps, &db, loc, ldev ? TE_COPY_DEVICE_ONLY : 0, dev, local, p->len, slot, i);
 			continue;
 		}
 		/* Host memory of the target: ours is device memory (through our
@@ -429,20 +492,20 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 		there = ldev ? (s->self ? (char *)(uintptr_t)remote : mapped(s, slot, remote, p->len)) : NULL;
 		if (there != NULL) {
 			if (op == TE_OP_READ)
-				dev_add(c, ps, &db, p->t->local_location, 0, local, there, p->len, slot, i);
+				dev_add(c, &dl, ps, &db, p->t->local_location, 0, local, there, p->len, slot, i);
 			else
-				dev_add(c, ps, &db, p->t->local_location, 0, there, local, p->len, slot, i);
+				dev_add(c, &dl, ps, &db, p->t->local_location, 0, there, local, p->len, slot, i);
 			continue;
 		}
 		if (!s->cma) {
 			unpin(slot);
-			done_in(c, p, TE_ERR_REJECTED);
+			done_in(c, &dl, p, TE_ERR_REJECTED);
 			continue;
 		}
 		if (ldev) {
 			int rc = bounce(c, s, op, local, p->t->local_location, remote, p->len);
 			unpin(slot);
-			done_in(c, p, rc);
+			done_in(c, &dl, p, rc);
 			continue;
 		}
 		lv[nv] = (struct iovec){ local, p->len };
@@ -450,11 +513,15 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 		slots[nv] = slot;
 		idx[nv++] = i;
 	}
-	if (held.slot != NULL)
+	if (held.slot != NULL) {
+		stream_fence();
 		unpin(held.slot);
-	dev_flush(c, ps, &db);
-	if (nv == 0)
+	}
+	dev_flush(c, &dl, ps, &db);
+	if (nv == 0) {
+		done_flush(c, &dl);
 		return;
+	}
 	ssize_t got = op == TE_OP_READ ? process_vm_readv(s->pid, lv, nv, rv, nv, 0)
 				       : process_vm_writev(s->pid, lv, nv, rv, nv, 0);
 	int err = got < 0 ? -errno : 0;
@@ -464,14 +531,15 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 		/* The kernel stops at the first page it cannot reach. */
 		if (left >= lv[k].iov_len) {
 			left -= lv[k].iov_len;
-			done_in(c, &ps[idx[k]], 0);
+			done_in(c, &dl, &ps[idx[k]], 0);
 		} else {
 			left = 0;
 			if (err == -ESRCH)
 				atomic_store(&s->dead, true);
-			done_in(c, &ps[idx[k]], err ? (err == -ESRCH ? -ECONNRESET : err) : -EFAULT);
+			done_in(c, &dl, &ps[idx[k]], err ? (err == -ESRCH ? -ECONNRESET : err) : -EFAULT);
 		}
 	}
+	done_flush(c, &dl);
 }
 
 /* Runs pieces grouped by (segment, opcode) in runs of up to SHM_CMA_IOV. */

@@ -167,6 +167,9 @@ typedef struct shm_seg {
 
 struct shm_ctx {
 	const te_host *host;
+	/* The host's complete_many() (transfer service 2), or NULL. */
+	void (*complete_many)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes, const int *errors,
+			      size_t n);
 	shm_config cfg;
 
 	/* target side */

@@ -273,12 +273,37 @@ int tcp_cconn_recv(tcp_cconn *cc, tcp_rx_result *res)
 	return 1;
 }
 
+/* Finished requests reported together: complete_many() lowers what their
+ * tasks share once per run (a scatter-gather frame answers many). */
+#define REAP_MAX 64
+typedef struct reaped {
+	size_t n;
+	te_transfer *ts[REAP_MAX];
+	uint64_t bytes[REAP_MAX];
+	int err[REAP_MAX];
+} reaped;
+
+static void reap_flush(tcp_cconn *cc, reaped *r)
+{
+	const te_host *h = host_of(cc);
+
+	if (cc->peer->ctx->complete_many != NULL && r->n > 1) {
+		cc->peer->ctx->complete_many(h, r->ts, r->bytes, r->err, r->n);
+	} else {
+		for (size_t k = 0; k < r->n; k++)
+			h->complete(h, r->ts[k], r->bytes[k], r->err[k]);
+	}
+	r->n = 0;
+}
+
 /* Completes finished requests, in order. */
 void tcp_cconn_reap(tcp_cconn *cc)
 {
 	const te_host *h = host_of(cc);
 	uint64_t moved = 0, first = cc->tail;
+	reaped r;
 
+	r.n = 0;
 	while (cc->tail < cc->head) {
 		tcp_slot *s = slot_at(cc, cc->tail);
 		if (s->sent != s->stot || s->rcvd != s->rtot)
@@ -293,6 +318,7 @@ void tcp_cconn_reap(tcp_cconn *cc)
 		if (s->fence != NULL) {
 			tcp_fence *f = s->fence;
 			s->fence = NULL;
+			reap_flush(cc, &r); /* what came before the fence is reported first */
 			tcp_fence_done(cc->peer, f);
 			continue;
 		}
@@ -300,8 +326,13 @@ void tcp_cconn_reap(tcp_cconn *cc)
 			TE_HOST_LOG_LIMITED(h, TE_LOG_WARN, "the peer %s rejected %s 0x%llx+%llu (not inside one of its "
 					    "remote-accessible buffers)", cc->peer->name, tcp_op_name(s->op),
 					    (unsigned long long)(s->t->remote + s->off), (unsigned long long)s->len);
-		h->complete(h, s->t, s->err ? 0 : s->len, s->err);
+		r.ts[r.n] = s->t;
+		r.bytes[r.n] = s->err ? 0 : s->len;
+		r.err[r.n++] = s->err;
+		if (r.n == REAP_MAX)
+			reap_flush(cc, &r);
 	}
+	reap_flush(cc, &r);
 	if (moved > 0 && cc->peer->nrails > 1)
 		atomic_fetch_add_explicit(&tcp_rail_of(cc)->bytes, moved, memory_order_relaxed);
 	if (moved > 0) {

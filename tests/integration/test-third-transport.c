@@ -6,7 +6,9 @@
  * place in te_transport_auto() by the rank it declares, and by its name's
  * old rank when built against the 1.11 header; file segments because it
  * says TE_TRANSPORT_FILES. Peers are engines of this process, or a fake
- * RPC port that hands out a descriptor written here. TE_PLUGINS leaves out
+ * RPC port that hands out a descriptor written here. One that reports a
+ * submit's transfers together (complete_many) ends each as complete() would.
+ * TE_PLUGINS leaves out
  * RDMA, whose probe depends on the machine.
  */
 #include <pthread.h>
@@ -161,6 +163,68 @@ static void test_own_fields(void)
 	te_engine_destroy(a);
 }
 
+/* ------------------------------------------------- complete_many */
+
+/* Tasks of two peers, interleaved in runs of 1 to 4 so that what they share
+ * changes within one report, one failing (ext fails 7 bytes with -EIO):
+ * each ends with its own state and bytes, the batch ends and frees, and
+ * the segments and engines close (their counts came back to zero). */
+static void test_complete_many(void)
+{
+	enum { N = 300, LEN = 16 };
+	te_engine *a = engine_with("ext", NULL, NULL), *c = engine_with("ext", NULL, NULL), *b = NULL;
+	te_option o[2] = { { "transports", "ext" }, { "TE_EXT_MANY", "1" } };
+	REQUIRE(a && c && te_engine_create("P2PHANDSHAKE", "127.0.0.1", o, 2, &b) == 0);
+	static unsigned char abuf[N * LEN], cbuf[N * LEN], bbuf[N * LEN];
+	REQUIRE(te_register_memory(a, abuf, sizeof abuf, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	REQUIRE(te_register_memory(c, cbuf, sizeof cbuf, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	REQUIRE(te_register_memory(b, bbuf, sizeof bbuf, "cpu:0", 0) == 0);
+	te_segment_id sa = te_segment_open(b, te_engine_name(a)), sc = te_segment_open(b, te_engine_name(c));
+	REQUIRE(sa > 0 && sc > 0);
+
+	for (int round = 0; round < 2; round++) {
+		uint32_t op = round == 0 ? TE_OP_WRITE : TE_OP_READ;
+		te_request r[N];
+		for (size_t i = 0; i < N; i++)
+			bbuf[i * LEN] = (unsigned char)(round == 0 ? i : 0);
+		memset(abuf, round == 0 ? 0 : 0xaa, sizeof abuf);
+		memset(cbuf, round == 0 ? 0 : 0xcc, sizeof cbuf);
+		for (size_t i = 0, run = 0; i < N; run++) {
+			te_segment_id s = run % 2 ? sc : sa;
+			unsigned char *mem = run % 2 ? cbuf : abuf;
+			for (size_t k = 0; k < 1 + run % 4 && i < N; k++, i++)
+				r[i] = (te_request){ op, s, bbuf + i * LEN, (uint64_t)(uintptr_t)(mem + i * LEN),
+						     i == 77 ? 7 : LEN };
+		}
+		te_batch_id id;
+		REQUIRE(te_batch_alloc(b, N, &id) == 0);
+		REQUIRE(te_submit(b, id, r, N) == 0);
+		CHECK_EQ(te_batch_wait(b, id, 5000), 0);
+		size_t good = 0;
+		for (size_t i = 0; i < N; i++) {
+			te_task_status st;
+			REQUIRE(te_get_status(b, id, i, &st) == 0);
+			if (i == 77) {
+				CHECK_EQ(st.state, TE_TASK_FAILED);
+				CHECK_EQ(st.error, -EIO);
+				CHECK_EQ(st.transferred, 0);
+				continue;
+			}
+			const unsigned char *there = (const unsigned char *)(uintptr_t)r[i].remote;
+			bool moved = round == 0 ? there[0] == (unsigned char)i
+						: bbuf[i * LEN] == (r[i].segment == sa ? 0xaa : 0xcc);
+			good += st.state == TE_TASK_COMPLETED && st.error == 0 && st.transferred == LEN && moved;
+		}
+		CHECK_EQ(good, N - 1);
+		CHECK_EQ(te_batch_free(b, id), 0);
+	}
+	CHECK_EQ(te_segment_close(b, sa), 0);
+	CHECK_EQ(te_segment_close(b, sc), 0);
+	te_engine_destroy(b);
+	te_engine_destroy(c);
+	te_engine_destroy(a);
+}
+
 /* ------------------------------------------------------------ files */
 
 static void test_files(void)
@@ -264,6 +328,7 @@ static void test_auto_rank(void)
 int main(void)
 {
 	TEST_RUN(test_own_fields);
+	TEST_RUN(test_complete_many);
 	TEST_RUN(test_files);
 	TEST_RUN(test_auto_rank);
 	return check_done();

@@ -15,6 +15,11 @@
  *            header: its ops table ends before default_fields and priority,
  *            so the host ranks it as it ranked such plugins by name.
  *
+ * With the option TE_EXT_MANY=1, ext reports each submit's transfers
+ * through one complete_many() (transfer service 2) instead of complete()
+ * each, and a transfer of 7 bytes fails with -EIO: what a transport that
+ * finishes many slices together hands the host.
+ *
  * Each checks its own field in segment_open: absent, it declines
  * (-ENOTSUP); present but not an integer in range, it refuses the segment
  * (-EINVAL) with a log line naming the field. Its probe passes only when
@@ -48,6 +53,8 @@
 
 typedef struct ext_ctx {
 	const te_host *host;
+	void (*complete_many)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes, const int *errors,
+			      size_t n);
 } ext_ctx;
 
 typedef struct ext_seg {
@@ -74,6 +81,16 @@ static int ext_create(const te_host *h, const char *args, void **ctx)
 	if (c == NULL)
 		return -ENOMEM;
 	c->host = h;
+	const char *many = h->config(h, "TE_EXT_MANY", NULL);
+	if (many != NULL && strcmp(many, "1") == 0) {
+		const te_transfer_service *ts = te_host_service(h, TE_SERVICE_TRANSFER, 2);
+		if (ts == NULL || !TE_HAS_OP(ts, complete_many)) {
+			h->log(h, TE_LOG_ERROR, EXT_NAME ": TE_EXT_MANY=1 but the host has no complete_many()");
+			free(c);
+			return -ENOTSUP;
+		}
+		c->complete_many = ts->complete_many;
+	}
 	*ctx = c;
 	return 0;
 }
@@ -146,29 +163,55 @@ static void ext_segment_close(void *ctx, void *seg_ctx)
 	free(seg_ctx);
 }
 
+/* Moves one transfer: 0 or a negative error. */
+static int ext_move(te_transfer *t)
+{
+#ifdef EXT_FILES
+	const ext_seg *s = t->seg_ctx;
+	if (t->opcode == TE_OP_READ)
+		for (uint64_t k = 0; k < t->length; k++)
+			((unsigned char *)t->local)[k] = (unsigned char)(s->seed + t->remote + k);
+#else
+	void *remote = (void *)(uintptr_t)t->remote;
+	if (t->opcode == TE_OP_READ)
+		memcpy(t->local, remote, t->length);
+	else
+		memcpy(remote, t->local, t->length);
+#endif
+	return 0;
+}
+
 static int ext_submit(void *ctx, te_transfer *const *ts, size_t n)
 {
 	ext_ctx *c = ctx;
 
+	if (c->complete_many != NULL) {
+		uint64_t *bytes = calloc(n ? n : 1, sizeof *bytes);
+		int *errs = calloc(n ? n : 1, sizeof *errs);
+		if (bytes == NULL || errs == NULL) {
+			free(bytes);
+			free(errs);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < n; i++) {
+			errs[i] = c->host->canceled(c->host, ts[i]) ? -ECANCELED
+				  : ts[i]->length == 7			? -EIO
+									: ext_move(ts[i]);
+			bytes[i] = errs[i] ? 0 : ts[i]->length;
+		}
+		c->complete_many(c->host, ts, bytes, errs, n);
+		free(bytes);
+		free(errs);
+		return 0;
+	}
 	for (size_t i = 0; i < n; i++) {
 		te_transfer *t = ts[i];
 		if (c->host->canceled(c->host, t)) {
 			c->host->complete(c->host, t, 0, -ECANCELED);
 			continue;
 		}
-#ifdef EXT_FILES
-		const ext_seg *s = t->seg_ctx;
-		if (t->opcode == TE_OP_READ)
-			for (uint64_t k = 0; k < t->length; k++)
-				((unsigned char *)t->local)[k] = (unsigned char)(s->seed + t->remote + k);
-#else
-		void *remote = (void *)(uintptr_t)t->remote;
-		if (t->opcode == TE_OP_READ)
-			memcpy(t->local, remote, t->length);
-		else
-			memcpy(remote, t->local, t->length);
-#endif
-		c->host->complete(c->host, t, t->length, 0);
+		int rc = ext_move(t);
+		c->host->complete(c->host, t, rc ? 0 : t->length, rc);
 	}
 	return 0;
 }

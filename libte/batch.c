@@ -1084,7 +1084,7 @@ static int wait_zero(te_batch *b, atomic_size_t *count, int timeout_ms, gint64 e
 atomic_int te_batch_spinners;
 
 /* This thread's look in te_batch_wait before it sleeps, learned. */
-static _Thread_local te_spin_state tls_wait_spin;
+static _Thread_local teu_spin_state tls_wait_spin;
 
 int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 {
@@ -1101,11 +1101,11 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 		return rc;
 	}
 	rc = 0;
-	/* TE_SPIN_US (learned when unset, common/te-spin.h): a completion
+	/* TE_SPIN_US (learned when unset, util/teu-spin.h): a completion
 	 * within that long is seen without the sleep and wake-up (tens of
 	 * microseconds on a VM). */
 	gint64 start = g_get_monotonic_time();
-	int64_t spin = te_spin_begin(&e->spin, &tls_wait_spin);
+	int64_t spin = teu_spin_begin(&e->spin, &tls_wait_spin);
 	bool hit = false;
 	if (spin > 0) {
 		gint64 until = start + spin / 1000;
@@ -1116,15 +1116,15 @@ int te_batch_wait(te_engine *e, te_batch_id id, int timeout_ms)
 				if (g_get_monotonic_time() >= until)
 					break;
 				/* the thread completing it may wait for this core */
-				te_spin_pause();
+				teu_spin_pause();
 			}
 			te_cpu_relax();
 		}
-		te_spin_end(&e->spin, spin);
+		teu_spin_end(&e->spin, spin);
 	}
 	rc = wait_zero(b, &b->inflight, timeout_ms, end);
 	if (rc == 0)
-		te_spin_learn(&e->spin, &tls_wait_spin, hit, (g_get_monotonic_time() - start) * 1000);
+		teu_spin_learn(&e->spin, &tls_wait_spin, hit, (g_get_monotonic_time() - start) * 1000);
 	box_unref(box);
 	return rc;
 }

@@ -605,14 +605,14 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	e->mem.unregister_ms = (int64_t)te_engine_option_u64(e, "TE_UNREGISTER_TIMEOUT_MS",
 							     TE_UNREGISTER_TIMEOUT_DEFAULT_MS, 0,
 							     TIMEOUT_MAX_MS);
-	/* Unset: a look learned from the waits (common/te-spin.h); set:
+	/* Unset: a look learned from the waits (util/teu-spin.h); set:
 	 * exactly that long, 0 never. */
 	const char *spin = te_engine_option(e, "TE_SPIN_US");
 	if (spin == NULL)
 		spin = te_env2("TE_SPIN_US", NULL);
-	te_spin_policy_init(&e->spin,
+	teu_spin_policy_init(&e->spin,
 			    spin != NULL && *spin != '\0'
-				    ? (int64_t)te_engine_option_u64(e, "TE_SPIN_US", 0, 0, TE_SPIN_MAX_US)
+				    ? (int64_t)te_engine_option_u64(e, "TE_SPIN_US", 0, 0, TEU_SPIN_MAX_US)
 				    : -1,
 			    &te_batch_spinners);
 	e->metrics = te_metrics_new(e);

@@ -12,7 +12,7 @@
 #include "te/te.h"
 #include "te/te-plugin.h"
 
-#include "../common/te-spin.h"
+#include "teu-spin.h"
 
 #define TE_DOMAIN "te"
 #define TE_RPC_DEFAULT_MAX_FRAME (1u << 20)
@@ -504,7 +504,7 @@ void te_segver_recovered(te_segver *sv);
  * gave; fetch the descriptor again (once per version). */
 void te_task_stale(te_task *t);
 void te_batches_init(struct te_engine *e);
-/* Threads of the process spinning in te_batch_wait (common/te-spin.h). */
+/* Threads of the process spinning in te_batch_wait (util/teu-spin.h). */
 extern atomic_int te_batch_spinners;
 void te_batches_clear(struct te_engine *e);
 void te_batches_cancel_all(struct te_engine *e);
@@ -690,7 +690,7 @@ struct te_engine {
 	bool published;
 	atomic_bool closing; /* read by completion and pool threads */
 	int64_t drain_ms;    /* how long destroy and uninstall wait for tasks (TE_DRAIN_TIMEOUT_MS) */
-	te_spin_policy spin; /* te_batch_wait looks this long before it sleeps (TE_SPIN_US) */
+	teu_spin_policy spin; /* te_batch_wait looks this long before it sleeps (TE_SPIN_US) */
 	te_metrics *metrics; /* NULL when counting is off (TE_METRICS=0) */
 	te_deadlines *deadlines; /* the deadline timer, NULL until a deadline is set */
 };

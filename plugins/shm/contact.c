@@ -43,7 +43,9 @@ static int parse_desc(shm_ctx *c, const te_segment_info *seg, peer_desc *pd)
 
 	if (seg->descriptor == NULL)
 		return rc;
-	root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why);
+	/* Only our member: the descriptor lists every buffer of the peer. */
+	static const char *const fields[] = { SHM_FIELD, NULL };
+	root = te_json_load_members(seg->descriptor, strlen(seg->descriptor), &lim, fields, why, sizeof why);
 	if (root == NULL) {
 		SLOG(c, TE_LOG_WARN, "shm: segment %s: descriptor refused: %s", seg->name, why);
 		return -EPROTO;

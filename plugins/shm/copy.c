@@ -251,6 +251,7 @@ static bool gate_in(shm_ctx *c, te_transfer *t)
  * copy; the bound keeps a gate held for tens of microseconds at most. */
 #define DONE_BYTES (256u << 10)
 typedef struct done_list {
+	held_pin *held; /* the run's pin: let go before any report */
 	unsigned n;
 	uint64_t bytes;
 	te_transfer *ts[SHM_CMA_IOV];
@@ -266,6 +267,13 @@ static void done_flush(shm_ctx *c, done_list *d)
 	if (d->n == 0)
 		return;
 	stream_fence();
+	/* A reported transfer may be the last one on this segment: its caller
+	 * may then close the segment and unmap the slots. The next piece pins
+	 * again. */
+	if (d->held != NULL && d->held->slot != NULL) {
+		unpin(d->held->slot);
+		d->held->slot = NULL;
+	}
 	if (TE_HAS_OP(h, transfer_leave))
 		for (unsigned k = 0; k < d->n; k++)
 			if (d->gated[k])
@@ -425,6 +433,7 @@ static void run(shm_ctx *c, shm_seg *s, uint32_t op, shm_piece *ps, unsigned n, 
 	held_pin held = { 0 };
 
 	db.n = 0;
+	dl.held = &held;
 	dl.n = 0;
 	dl.bytes = 0;
 	if (atomic_load_explicit(&s->dead, memory_order_relaxed)) {

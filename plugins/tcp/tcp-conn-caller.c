@@ -226,7 +226,7 @@ static void caller_sleep(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t 
 }
 
 /* This thread's look before it sleeps, learned from its waits. */
-static _Thread_local te_spin_state tls_spin;
+static _Thread_local teu_spin_state tls_spin;
 
 /* Drives the connection until done(arg), the time is up, or nothing of
  * ours can be on it any more (its ring is empty: -EAGAIN, the host waits
@@ -235,10 +235,10 @@ static _Thread_local te_spin_state tls_spin;
  * the look how long it should be. */
 static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t timeout_ns)
 {
-	const te_spin_policy *sp = &cc->peer->ctx->cfg.spin;
+	const teu_spin_policy *sp = &cc->peer->ctx->cfg.spin;
 	int64_t start = tcp_now_ns();
 	int64_t end = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
-	int64_t spin = te_spin_begin(sp, &tls_spin), spin_end = start + spin;
+	int64_t spin = teu_spin_begin(sp, &tls_spin), spin_end = start + spin;
 	bool slept = false;
 	int rc;
 
@@ -255,7 +255,7 @@ static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t ti
 		int moved = caller_turn(cc);
 		if (done == NULL || done(arg)) {
 			if (done != NULL)
-				te_spin_learn(sp, &tls_spin, !slept, tcp_now_ns() - start);
+				teu_spin_learn(sp, &tls_spin, !slept, tcp_now_ns() - start);
 			rc = 0;
 			break;
 		}
@@ -271,16 +271,16 @@ static int caller_wait(tcp_cconn *cc, int (*done)(void *), void *arg, int64_t ti
 			 * target's, on a machine with few cores) may be waiting for
 			 * this very core; a spinner that keeps it only adds its spin
 			 * to the round trip. */
-			te_spin_pause();
+			teu_spin_pause();
 			continue;
 		}
-		te_spin_end(sp, spin);
+		teu_spin_end(sp, spin);
 		spin = 0;
 		slept = true;
 		tcp_cconn_set_events(cc, true); /* (POLLOUT may be wanted now) */
 		caller_sleep(cc, done, arg, end - now);
 	}
-	te_spin_end(sp, spin);
+	teu_spin_end(sp, spin);
 	return rc;
 }
 

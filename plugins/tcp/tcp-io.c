@@ -284,8 +284,8 @@ static gpointer thread_main(gpointer data)
 	tcp_thread *t = data;
 	struct epoll_event ev[EVENTS];
 	GPtrArray *g = g_ptr_array_sized_new(64);
-	const te_spin_policy *sp = &t->ctx->cfg.spin;
-	te_spin_state learn = { 0 };
+	const teu_spin_policy *sp = &t->ctx->cfg.spin;
+	teu_spin_state learn = { 0 };
 	/* After serving a peer's request the thread looks for the next one for
 	 * a while (spin_ns, learned) before it sleeps: back-to-back requests
 	 * then find it awake. busy_at: when it last served one; idle: it has
@@ -324,7 +324,7 @@ static gpointer thread_main(gpointer data)
 		/* While it looks, kickers need not ring it. */
 		bool spin = spin_ns > 0 && tcp_now_ns() - busy_at < spin_ns;
 		if (!spin && spin_ns > 0) {
-			te_spin_end(sp, spin_ns);
+			teu_spin_end(sp, spin_ns);
 			spin_ns = 0;
 		}
 		if (!spin) {
@@ -345,7 +345,7 @@ static gpointer thread_main(gpointer data)
 		int n = epoll_wait(t->ep, ev, EVENTS, timeout);
 		atomic_store(&t->sleeping, 0);
 		if (spin && n == 0)
-			te_spin_pause(); /* the core may be the one a thread with work for us waits for */
+			teu_spin_pause(); /* the core may be the one a thread with work for us waits for */
 		if (timeout != 0)
 			slept = true;
 		int64_t woke = tcp_now_ns();
@@ -391,11 +391,11 @@ static gpointer thread_main(gpointer data)
 		 * teaches the look: caught while looking, or how long after. */
 		if (served) {
 			if (idle && for_request)
-				te_spin_learn(sp, &learn, !slept, woke - busy_at);
-			te_spin_end(sp, spin_ns);
+				teu_spin_learn(sp, &learn, !slept, woke - busy_at);
+			teu_spin_end(sp, spin_ns);
 			busy_at = tcp_now_ns();
 			for_request = !bulk;
-			spin_ns = for_request ? te_spin_begin(sp, &learn) : 0;
+			spin_ns = for_request ? teu_spin_begin(sp, &learn) : 0;
 			idle = slept = false;
 		} else {
 			idle = true;
@@ -407,7 +407,7 @@ static gpointer thread_main(gpointer data)
 			t->next_scan = scan(t, now);
 		finalize_all(g);
 	}
-	te_spin_end(sp, spin_ns);
+	teu_spin_end(sp, spin_ns);
 	shutdown_all(t);
 	finalize_all(g);
 	tls_grave = NULL;

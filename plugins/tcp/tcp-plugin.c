@@ -40,7 +40,7 @@ static void read_config(const te_host *h, tcp_config *cfg)
 {
 	/* The CPUs this process may run on (its affinity), not the machine's:
 	 * more I/O threads than that only take turns on the same cores. */
-	cfg->cpus = te_spin_usable_cpus();
+	cfg->cpus = teu_spin_usable_cpus();
 	cfg->threads = (unsigned)te_host_config_u64(h, "TE_TCP_THREADS", NULL, MIN(cfg->cpus, 64), 1, 64);
 	cfg->conns_per_peer = (unsigned)te_host_config_u64(h, "TE_TCP_CONNS_PER_PEER", "MC_TCP_LANES_PER_PEER",
 							   MIN(cfg->cpus, TCP_MAX_CONNS_PER_PEER), 1,
@@ -86,12 +86,12 @@ static void read_config(const te_host *h, tcp_config *cfg)
 	g_strlcpy(cfg->rails, r ? r : "", sizeof cfg->rails);
 	cfg->direct = te_host_config_u64(h, "TE_TCP_DIRECT", NULL, 1, 0, 1) != 0;
 	cfg->sg = te_host_config_u64(h, "TE_TCP_SG", NULL, 1, 0, 1) != 0;
-	/* Unset: adaptive (common/te-spin.h); set: exactly that, 0 never. */
+	/* Unset: adaptive (util/teu-spin.h); set: exactly that, 0 never. */
 	const char *sp = h->config(h, "TE_SPIN_US", NULL);
 	int64_t spin_us = -1;
 	if (sp != NULL && *sp != '\0')
-		spin_us = (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, TE_SPIN_MAX_US);
-	te_spin_policy_init(&cfg->spin, spin_us, &tcp_spinners);
+		spin_us = (int64_t)te_host_config_u64(h, "TE_SPIN_US", NULL, 0, 0, TEU_SPIN_MAX_US);
+	teu_spin_policy_init(&cfg->spin, spin_us, &tcp_spinners);
 }
 
 /* ------------------------------------------------------------------ rails */
@@ -599,6 +599,9 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 			    bool *sg, char rails[][64], unsigned *nrails)
 {
 	static const te_json_limits lim = TE_JSON_LIMITS_DEFAULT;
+	/* Only these: the descriptor lists every buffer of the peer. */
+	static const char *const fields[] = { "tcp_data_port", "tcp_proto_version", "tcp_fence", "tcp_sg",
+					      "tcp_data_addresses", NULL };
 	char why[160] = "no descriptor";
 	JsonNode *root = NULL;
 	uint64_t v = 0;
@@ -609,7 +612,8 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 	*fence = false;
 	*sg = false;
 	if (seg->descriptor == NULL ||
-	    (root = te_json_load(seg->descriptor, strlen(seg->descriptor), &lim, why, sizeof why)) == NULL ||
+	    (root = te_json_load_members(seg->descriptor, strlen(seg->descriptor), &lim, fields, why, sizeof why)) ==
+		    NULL ||
 	    !JSON_NODE_HOLDS_OBJECT(root)) {
 		TLOG(c, TE_LOG_WARN, "segment %s: descriptor is not a JSON object (%s)", seg->name,
 		     root ? "another JSON value" : why);

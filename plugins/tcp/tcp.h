@@ -30,7 +30,7 @@
 
 #include <te/te-plugin.h>
 
-#include "../../common/te-spin.h"
+#include "teu-spin.h"
 
 /* ------------------------------------------------------------------- wire */
 
@@ -60,7 +60,7 @@ typedef struct tcp_config {
 	char rails[256];         /* TE_TCP_RAILS as given; "": the engine's address only */
 	bool direct;             /* a submitting or waiting thread may drive an idle connection itself */
 	bool sg;                 /* TE_TCP_SG: take and send scatter-gather frames */
-	te_spin_policy spin;     /* waiters and I/O threads look this long before sleeping (TE_SPIN_US) */
+	teu_spin_policy spin;     /* waiters and I/O threads look this long before sleeping (TE_SPIN_US) */
 	unsigned cpus;           /* CPUs the process may run on (the threads' and connections' default) */
 } tcp_config;
 

@@ -7,7 +7,7 @@
  * while pays when the work comes within that while and costs a core when it
  * does not.
  *
- * Each waiting thread keeps a budget (te_spin_state) that it learns from
+ * Each waiting thread keeps a budget (teu_spin_state) that it learns from
  * its waits: it doubles when the work came while the thread looked, or
  * soon enough after it went to sleep that a longer look would have caught
  * it (twice the cap: the measured wait includes the thread's own wake-up);
@@ -19,15 +19,15 @@
  * A thread spins only while the process may run it beside the thread that
  * does the work: never with one usable CPU (sched_getaffinity), and never
  * when as many threads as there are usable CPUs spin already (a count per
- * user of this header, te_spin_policy.spinners). A spinning thread yields
- * the CPU at every look (te_spin_pause), so a thread with work for it that
+ * user of this header, teu_spin_policy.spinners). A spinning thread yields
+ * the CPU at every look (teu_spin_pause), so a thread with work for it that
  * waits for that very CPU runs first.
  *
  * TE_SPIN_US set fixes the look (0: never spin) and turns the learning and
  * the CPU checks off: the user asked for exactly that.
  */
-#ifndef TE_COMMON_SPIN_H
-#define TE_COMMON_SPIN_H
+#ifndef TEU_SPIN_H
+#define TEU_SPIN_H
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -35,24 +35,24 @@
 #include <stdint.h>
 
 /* The most an adaptive look lasts, and the most TE_SPIN_US may be. */
-#define TE_SPIN_AUTO_CAP_NS 50000
-#define TE_SPIN_MAX_US 1000
+#define TEU_SPIN_AUTO_CAP_NS 50000
+#define TEU_SPIN_MAX_US 1000
 
-typedef struct te_spin_policy {
+typedef struct teu_spin_policy {
 	int64_t cap_ns;       /* the longest look; 0: never spin */
 	bool adaptive;        /* learn the look; false: always cap_ns (TE_SPIN_US set) */
 	unsigned cpus;        /* CPUs this process may run on */
 	atomic_int *spinners; /* threads of this user looking right now */
-} te_spin_policy;
+} teu_spin_policy;
 
-typedef struct te_spin_state {
+typedef struct teu_spin_state {
 	int64_t budget_ns; /* the next look */
 	bool init;
-} te_spin_state;
+} teu_spin_state;
 
 /* CPUs the calling thread may run on (its affinity mask, not the machine's
  * count: a container or taskset gives fewer). */
-static inline unsigned te_spin_usable_cpus(void)
+static inline unsigned teu_spin_usable_cpus(void)
 {
 	cpu_set_t set;
 
@@ -64,18 +64,18 @@ static inline unsigned te_spin_usable_cpus(void)
 }
 
 /* us_set: TE_SPIN_US as given, or a negative number when it is not set. */
-static inline void te_spin_policy_init(te_spin_policy *p, int64_t us_set, atomic_int *spinners)
+static inline void teu_spin_policy_init(teu_spin_policy *p, int64_t us_set, atomic_int *spinners)
 {
 	p->adaptive = us_set < 0;
-	p->cap_ns = us_set < 0 ? TE_SPIN_AUTO_CAP_NS
-				: 1000 * (us_set > TE_SPIN_MAX_US ? TE_SPIN_MAX_US : us_set);
-	p->cpus = te_spin_usable_cpus();
+	p->cap_ns = us_set < 0 ? TEU_SPIN_AUTO_CAP_NS
+				: 1000 * (us_set > TEU_SPIN_MAX_US ? TEU_SPIN_MAX_US : us_set);
+	p->cpus = teu_spin_usable_cpus();
 	p->spinners = spinners;
 }
 
 /* The look to take now, in ns; when it is above 0 the caller counts as a
- * spinner and calls te_spin_end() once it stops looking. */
-static inline int64_t te_spin_begin(const te_spin_policy *p, te_spin_state *s)
+ * spinner and calls teu_spin_end() once it stops looking. */
+static inline int64_t teu_spin_begin(const teu_spin_policy *p, teu_spin_state *s)
 {
 	if (!s->init) {
 		s->budget_ns = p->cap_ns; /* start hopeful: the first requests are met */
@@ -95,7 +95,7 @@ static inline int64_t te_spin_begin(const te_spin_policy *p, te_spin_state *s)
 	return b;
 }
 
-static inline void te_spin_end(const te_spin_policy *p, int64_t begun)
+static inline void teu_spin_end(const teu_spin_policy *p, int64_t begun)
 {
 	if (begun > 0 && p->adaptive)
 		atomic_fetch_sub(p->spinners, 1);
@@ -103,7 +103,7 @@ static inline void te_spin_end(const te_spin_policy *p, int64_t begun)
 
 /* What a wait taught: `waited_ns` from its start until the work came, and
  * whether the thread was still looking then. */
-static inline void te_spin_learn(const te_spin_policy *p, te_spin_state *s, bool hit, int64_t waited_ns)
+static inline void teu_spin_learn(const teu_spin_policy *p, teu_spin_state *s, bool hit, int64_t waited_ns)
 {
 	if (!p->adaptive || !s->init)
 		return;
@@ -122,7 +122,7 @@ static inline void te_spin_learn(const te_spin_policy *p, te_spin_state *s, bool
 }
 
 /* One look's pause: the CPU goes to whoever else may run on it. */
-static inline void te_spin_pause(void)
+static inline void teu_spin_pause(void)
 {
 	sched_yield();
 }

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/bench-lib.sh
 bench_args bench-auth 9 3 "$@"
-export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp"
+export TE_PLUGIN_PATH="$PWD/$build/plugins/transport/tcp"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 head -c 32 /dev/urandom | base64 >"$tmp/key"

@@ -18,7 +18,7 @@ bench_args bench-bindings 5 5 "$@"
 cases=${CASES:-read:4096 write:4096 read:65536 write:65536}
 py=${PYTHON:-/usr/bin/python3}
 export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
-export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp"
+export TE_PLUGIN_PATH="$PWD/$build/plugins/transport/tcp"
 tebench=$bench
 "$py" -c 'import libte' || { echo "bench-bindings: the Python package is not built in $build" >&2; exit 1; }
 

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 bench_args bench-device-shm 5 3 "$@"
 cases=${CASES:-read:65536 write:65536 read:1048576 write:1048576}
 [ -e "$build/tests/device/libte-device-testdev.so" ] || { echo "bench-device-shm: the test device plugin is not built" >&2; exit 1; }
-export TE_PLUGIN_PATH="$PWD/$build/tests/device:$PWD/$build/plugins/tcp:$PWD/$build/plugins/shm"
+export TE_PLUGIN_PATH="$PWD/$build/tests/device:$PWD/$build/plugins/transport/tcp:$PWD/$build/plugins/transport/shm"
 tmp=$(mktemp -d)
 target=
 trap '[ -n "$target" ] && kill "$target" 2>/dev/null; rm -rf "$tmp"' EXIT

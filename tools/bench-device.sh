@@ -30,7 +30,7 @@ cases=${CASES:-read:65536 write:65536 read:1048576 write:1048576}
 read -r -a hostenv <<<"${BENCH_ENV:-}"
 read -r -a devenv <<<"${BENCH_ENV:-} ${DEVICE_ENV:-}"
 [ -e "$build/tests/device/libte-device-testdev.so" ] || { echo "bench-device: the test device plugin is not built" >&2; exit 1; }
-export TE_PLUGIN_PATH="$PWD/$build/tests/device:$PWD/$build/plugins/tcp"
+export TE_PLUGIN_PATH="$PWD/$build/tests/device:$PWD/$build/plugins/transport/tcp"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -41,7 +41,7 @@ builds=("$build")
 [ -n "$base" ] && builds+=("$(abs "$base")")
 for b in "${builds[@]}"; do
 	[ -x "$b/tools/te-bench/te-bench" ] || { echo "bench-gpu-model: $b/tools/te-bench/te-bench not built" >&2; exit 1; }
-	[ -e "$b/device-plugins/cuda/libte-device-cuda.so" ] || { echo "bench-gpu-model: $b has no CUDA plugin" >&2; exit 1; }
+	[ -e "$b/plugins/device/cuda/libte-device-cuda.so" ] || { echo "bench-gpu-model: $b has no CUDA plugin" >&2; exit 1; }
 done
 tmp=$(mktemp -d)
 target=
@@ -52,7 +52,7 @@ run() {
 	local bi=$1 mem=$2 proto=$3 op=$4 bs=$5 out=$6 b=${builds[$1]} name=
 	local bench=$b/tools/te-bench/te-bench
 	local -a env=(LD_LIBRARY_PATH="$fake" FAKE_CUDA_COSTS=h100
-		TE_PLUGIN_PATH="$b/plugins/tcp:$b/plugins/shm:$b/device-plugins/cuda" "${benchenv[@]}")
+		TE_PLUGIN_PATH="$b/plugins/transport/tcp:$b/plugins/transport/shm:$b/plugins/device/cuda" "${benchenv[@]}")
 	local -a flags=(--protocol="$proto" --buffer_size=256M)
 	if [ "$mem" = dev ]; then
 		env+=("${devenv[@]}")

@@ -5,7 +5,7 @@ against a running target (a te-bench --mode=target process), each call timed
 with time.perf_counter_ns; prints p50/p99/p99.9 as one JSON object, shaped like
 te-bench's --json latency_us.
 
-    PYTHONPATH=build/python TE_PLUGIN_PATH=build/plugins/tcp:build/plugins/shm \\
+    PYTHONPATH=build/python TE_PLUGIN_PATH=build/plugins/transport/tcp:build/plugins/transport/shm \\
       python3 tools/bench-latency-py.py --segment_id=127.0.0.1:16001 --protocol=tcp \\
       --operation=read --block_size=4096 --duration=3
 

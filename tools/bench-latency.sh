@@ -53,9 +53,9 @@ tebench=$build/tools/te-bench/te-bench
 pingpong=$build/tools/latency-pingpong/pingpong
 mcpy=$build/tests/shm/memcpy-bench
 [ -x "$tebench" ] || { echo "bench-latency: $tebench not built" >&2; exit 1; }
-[ -e "$build/plugins/tcp" ] && [ -e "$build/plugins/shm" ] ||
+[ -e "$build/plugins/transport/tcp" ] && [ -e "$build/plugins/transport/shm" ] ||
 	{ echo "bench-latency: no tcp or shm plugin in $build/plugins" >&2; exit 1; }
-export TE_PLUGIN_PATH="$build/plugins/tcp:$build/plugins/shm"
+export TE_PLUGIN_PATH="$build/plugins/transport/tcp:$build/plugins/transport/shm"
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 unset TE_SPIN_US # "as is" means libte's default
 

@@ -14,7 +14,7 @@ secs=${RUN_SECONDS:-5}
 bench=$build/tools/te-bench/te-bench
 [ -x "$bench" ] || { echo "no $bench: build first (meson setup $build && ninja -C $build)"; exit 2; }
 command -v curl >/dev/null || { echo "curl is needed"; exit 2; }
-export TE_PLUGIN_PATH=${TE_PLUGIN_PATH:-$build/plugins/tcp:$build/exporter-plugins/prometheus}
+export TE_PLUGIN_PATH=${TE_PLUGIN_PATH:-$build/plugins/transport/tcp:$build/plugins/exporter/prometheus}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -55,7 +55,7 @@ start_target() {
 	local b=$1 proto=$2
 	tproto=$proto
 	[ "$proto" = shm ] && tproto=auto
-	export TE_PLUGIN_PATH="$PWD/$b/plugins/tcp:$PWD/$b/plugins/shm"
+	export TE_PLUGIN_PATH="$PWD/$b/plugins/transport/tcp:$PWD/$b/plugins/transport/shm"
 	"$b/tools/te-bench/te-bench" --mode=target --local_server_name=127.0.0.1 --protocol="$tproto" \
 		--buffer_size=64M >"$tmp/target" 2>&1 &
 	target_pid=$!

@@ -16,7 +16,7 @@ bench_args bench-shm 5 5 "$@"
 cases=${CASES:-read:4096 write:4096 read:65536 write:65536 read:1048576 write:1048576}
 mcpy=$build/tests/shm/memcpy-bench
 [ -x "$mcpy" ] || { echo "bench-shm: $mcpy not built" >&2; exit 1; }
-export TE_PLUGIN_PATH="$PWD/$build/plugins/tcp:$PWD/$build/plugins/shm"
+export TE_PLUGIN_PATH="$PWD/$build/plugins/transport/tcp:$PWD/$build/plugins/transport/shm"
 tmp=$(mktemp -d)
 pids=()
 cleanup() {

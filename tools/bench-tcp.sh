@@ -42,7 +42,7 @@ latency=${LATENCY:-1}
 command -v iperf3 >/dev/null || { echo "bench-tcp: iperf3 is not installed" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "bench-tcp: python3 is not installed" >&2; exit 1; }
 [ -x "$pingpong" ] || { echo "bench-tcp: $pingpong not found; build first" >&2; exit 1; }
-[ -n "${TE_PLUGIN_PATH:-}" ] || export TE_PLUGIN_PATH="$build/plugins/tcp"
+[ -n "${TE_PLUGIN_PATH:-}" ] || export TE_PLUGIN_PATH="$build/plugins/transport/tcp"
 
 tmp=$(mktemp -d)
 pids=()

@@ -36,8 +36,8 @@ buildtype=$(meson introspect "$build" --buildoptions |
 
 bins=(tools/te-info/te-info tools/te-bench/te-bench tools/gpu-copy-bench/gpu-copy-bench
 	tests/device/test-stream-runtime)
-plugins=(plugins/tcp/libte-transport-tcp.so plugins/shm/libte-transport-shm.so
-	device-plugins/cuda/libte-device-cuda.so)
+plugins=(plugins/transport/tcp/libte-transport-tcp.so plugins/transport/shm/libte-transport-shm.so
+	plugins/device/cuda/libte-device-cuda.so)
 ninja -C "$build" "${bins[@]}" "${plugins[@]}" >/dev/null || die "ninja -C $build failed"
 for f in "${bins[@]}" "${plugins[@]}" libte/libte.so.1; do
 	[ -e "$build/$f" ] || die "$build/$f was not built (is its feature disabled?)"

@@ -15,11 +15,11 @@
 #include "fuzz-http.h"
 
 #if defined(FUZZ_STORE_ETCD)
-#include "../../metadata-plugins/etcd/etcd.c"
+#include "../../plugins/metadata/etcd/etcd.c"
 #define OPS etcd_ops
 #define GOOD_CONN "etcd://127.0.0.1:2379,[::1]:2380"
 #elif defined(FUZZ_STORE_HTTP)
-#include "../../metadata-plugins/http/http.c"
+#include "../../plugins/metadata/http/http.c"
 #define OPS http_ops
 #define GOOD_CONN "http://127.0.0.1:8080/metadata?cluster=a"
 #else

@@ -10,7 +10,7 @@
  * Accepted matrices must hold only indices of known devices, each once per
  * location, and read back the same after rd_matrix_to_json().
  */
-#include "../../plugins/rdma/transport.c"
+#include "../../plugins/transport/rdma/transport.c"
 
 #include "fuzz.h"
 

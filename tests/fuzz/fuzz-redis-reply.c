@@ -15,7 +15,7 @@
 
 #include "fuzz-host.h"
 
-#include "../../metadata-plugins/redis/redis.c"
+#include "../../plugins/metadata/redis/redis.c"
 
 static const uint8_t *script;
 static size_t script_len;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The TCP data protocol's frame codec alone (plugins/tcp/tcp-proto.c, the
+ * The TCP data protocol's frame codec alone (plugins/transport/tcp/tcp-proto.c, the
  * only source linked):
  *   <flags> <24-byte header> <status frame, 8 bytes> <table entries...>
  * Bit 0 of flags: the target takes scatter-gather frames. The header is
@@ -12,7 +12,7 @@
  * tcp_sg_table_check(). Every answer is compared with one computed here
  * from docs/wire.md with wider arithmetic.
  */
-#include "../../plugins/tcp/tcp-proto.h"
+#include "../../plugins/transport/tcp/tcp-proto.h"
 
 #include "fuzz.h"
 

@@ -14,8 +14,8 @@
  * bounded, answered piece by piece, a piece outside the region failing
  * alone.
  */
-#include "../../plugins/tcp/tcp-server.c"
-#include "../../plugins/tcp/tcp-io.c"
+#include "../../plugins/transport/tcp/tcp-server.c"
+#include "../../plugins/transport/tcp/tcp-io.c"
 
 #include <sys/ioctl.h>
 

@@ -9,7 +9,7 @@
  * host's interfaces). The descriptor goes to parse_descriptor(): the data
  * port, the protocol version and tcp_data_addresses, which a peer chooses.
  */
-#include "../../plugins/tcp/tcp-plugin.c"
+#include "../../plugins/transport/tcp/tcp-plugin.c"
 
 #include "fuzz-host.h"
 

@@ -59,7 +59,7 @@ if [ "$huge" = 1 ]; then
 	echo $((old_huge + qd / 2 + 8)) > /proc/sys/vm/nr_hugepages
 	fio_mem=--iomem=shmhuge
 fi
-export TE_PLUGIN_PATH="$build/tests/nvmeof:$build/plugins/nvmeof"
+export TE_PLUGIN_PATH="$build/tests/nvmeof:$build/plugins/transport/nvmeof"
 
 quiet_wait=${QUIET_WAIT:-60}
 use_perf=0

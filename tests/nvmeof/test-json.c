@@ -13,7 +13,7 @@
 #include <stdarg.h>
 
 #include "../common/hostile.h"
-#include "../../plugins/nvmeof/nvmeof.h"
+#include "../../plugins/transport/nvmeof/nvmeof.h"
 #include "nv-util.h"
 
 /* ------------------------------------------------------- stand-in host */

@@ -11,7 +11,7 @@
 #include <dlfcn.h>
 #include <sys/syscall.h>
 
-#include "../../plugins/nvmeof/nvmeof.h"
+#include "../../plugins/transport/nvmeof/nvmeof.h"
 #include "nv-util.h"
 
 static bool no_openat2;

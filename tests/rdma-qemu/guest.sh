@@ -22,7 +22,7 @@ here=$src/tests/rdma-qemu
 # own copy of it (same sources, with test statistics; on libibverbs here, as
 # TE_RDMA_SOFT is unset): the checks below run them under "env" with that
 # copy's folder first on TE_PLUGIN_PATH.
-export TE_PLUGIN_PATH="$build/plugins/rdma:$build/plugins/tcp:$build/plugins/shm"
+export TE_PLUGIN_PATH="$build/plugins/transport/rdma:$build/plugins/transport/tcp:$build/plugins/transport/shm"
 unset TE_RDMA_SOFT TE_RDMA_SYSFS_ROOT
 soft=$build/tests/rdma/soft-verbs
 soft_path=$soft:$TE_PLUGIN_PATH soft_plugin=$soft/libte-transport-rdma.so

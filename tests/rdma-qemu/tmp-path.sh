@@ -15,7 +15,7 @@ src=$(realpath "$2")
 t=$(mktemp -d /tmp/te-qemu-path-XXXXXX)
 trap 'rm -rf "$t"' EXIT INT TERM
 
-for d in libte plugins/rdma plugins/tcp plugins/shm tools/te-bench; do
+for d in libte plugins/transport/rdma plugins/transport/tcp plugins/transport/shm tools/te-bench; do
 	[ -d "$build/$d" ] || continue
 	mkdir -p "$t/build/$d"
 	cp -a "$build/$d/." "$t/build/$d/"

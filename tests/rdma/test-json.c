@@ -12,7 +12,7 @@
  * included), with a host of the test's own.
  */
 #include "../common/hostile.h"
-#include "../../plugins/rdma/transport.c"
+#include "../../plugins/transport/rdma/transport.c"
 
 #include <stdarg.h>
 

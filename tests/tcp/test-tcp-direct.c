@@ -2,7 +2,7 @@
 /*
  * One request at a time: a thread that submits a small request to an idle
  * connection sends it itself and, when it waits, receives the reply itself
- * (plugins/tcp/tcp-conn-caller.c). These tests mix that with what the
+ * (plugins/transport/tcp/tcp-conn-caller.c). These tests mix that with what the
  * I/O threads keep: deep batches, requests nobody waits for, a wait from
  * another thread, status polls, several callers on one connection, and the
  * spin option; every byte and every completion is checked.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The hooks of a test-only build of the TCP plugin (meson.build here:
- * plugins/tcp's sources built with TCP_TEST_HOOKS and this file; never
+ * plugins/transport/tcp's sources built with TCP_TEST_HOOKS and this file; never
  * installed). test-tcp-fence.c drives them through the te_test_fence_*
  * calls, which it finds with dlsym in the copy libte loaded:
  *

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Engine life cycle, transports, publishing. */
+/* Engine life cycle and transports. */
 #include <arpa/inet.h>
 #include <string.h>
 
@@ -9,43 +9,6 @@
 
 #define DRAIN_TIMEOUT_DEFAULT_MS 60000
 #define TIMEOUT_MAX_MS 3600000 /* an hour: any bound above it is a mistake */
-
-const char *te_engine_option(const te_engine *e, const char *key)
-{
-	return e && e->options ? g_hash_table_lookup(e->options, key) : NULL;
-}
-
-uint64_t te_engine_option_u64(const te_engine *e, const char *name, uint64_t def, uint64_t min,
-			      uint64_t max)
-{
-	const char *v = te_engine_option(e, name);
-	uint64_t n;
-
-	if (v == NULL)
-		v = te_env2(name, NULL);
-	if (v == NULL)
-		return def;
-	if (te_parse_u64(v, &n) && n >= min && n <= max)
-		return n;
-	te_warn("%s=%s is not a number from %llu to %llu; using %llu", name, v, (unsigned long long)min,
-		(unsigned long long)max, (unsigned long long)def);
-	return def;
-}
-
-const char *te_engine_name(const te_engine *e)
-{
-	return e ? e->name : NULL;
-}
-
-int te_engine_rpc_port(const te_engine *e)
-{
-	return e ? e->rpc_port : -EINVAL;
-}
-
-const char *te_engine_address(const te_engine *e)
-{
-	return e ? e->address : NULL;
-}
 
 /* Waits, bounded, until *counter is 0. Polls: the counter's last decrement is
  * the last thing a completing thread does with the engine (see batch.c). */
@@ -81,95 +44,6 @@ static bool drain_int(atomic_int *counter, const char *what, int64_t ms)
 		g_usleep(1000);
 	}
 	return true;
-}
-
-/* ------------------------------------------------------------ publishing */
-
-static int publish_rpc_meta(te_engine *e)
-{
-	char key[TE_MAX_NAME + 64];
-	int rc = te_metadata_rpc_key(e->name, key, sizeof key);
-
-	if (rc < 0 || (size_t)rc >= sizeof key)
-		return -ENAMETOOLONG;
-	/* {"ip_or_host_name": ..., "rpc_port": ...}, keys sorted */
-	char *esc = g_strescape(e->address, NULL);
-	char *val = g_strdup_printf("{\"ip_or_host_name\":\"%s\",\"rpc_port\":%d}", esc, e->rpc_port);
-	g_free(esc);
-	rc = te_metadata_put_flags(e->md, key, val, strlen(val), TE_META_OWNED);
-	g_free(val);
-	return rc;
-}
-
-/* The engine te_engine_create() is installing the transports of on this
- * thread: its descriptor goes to the store once, when they are all in, not
- * once per transport (one put per key for an engine's start). */
-static _Thread_local te_engine *creating;
-
-/* Called with ctl held. */
-int te_engine_publish(te_engine *e)
-{
-	char *desc = te_engine_encode_descriptor(e);
-	char key[TE_MAX_NAME + 64];
-	int rc = 0;
-
-	g_mutex_lock(&e->desc_lock);
-	g_free(e->desc_cache);
-	e->desc_cache = g_strdup(desc);
-	g_mutex_unlock(&e->desc_lock);
-	if (!e->md->p2p && creating != e) {
-		rc = te_metadata_segment_key(e->name, key, sizeof key);
-		if (rc >= 0 && (size_t)rc < sizeof key)
-			rc = te_metadata_put_flags(e->md, key, desc, strlen(desc), TE_META_OWNED);
-		else
-			rc = -ENAMETOOLONG;
-		if (rc == 0 && !e->published)
-			rc = publish_rpc_meta(e);
-		if (rc == 0)
-			e->published = true;
-	}
-	g_free(desc);
-	return rc < 0 ? rc : 0;
-}
-
-static void publish_job(gpointer data, gpointer user)
-{
-	te_engine *e = user;
-
-	(void)data;
-	/* Cleared first: an ask that comes while this one publishes gets a
-	 * publication of its own. */
-	atomic_store(&e->publish_queued, false);
-	g_rec_mutex_lock(&e->ctl);
-	if (!atomic_load(&e->closing)) {
-		int rc = te_engine_publish(e);
-		if (rc < 0)
-			te_warn("publishing the descriptor a transport changed failed: %s", te_strerror(rc));
-	}
-	g_rec_mutex_unlock(&e->ctl);
-}
-
-void te_engine_publish_later(te_engine *e)
-{
-	if (e->publish_pool == NULL || atomic_exchange(&e->publish_queued, true))
-		return;
-	g_thread_pool_push(e->publish_pool, GINT_TO_POINTER(1), NULL);
-}
-
-static void unpublish(te_engine *e)
-{
-	char key[TE_MAX_NAME + 64];
-	int rc;
-
-	if (e->md == NULL || e->md->p2p || !e->published)
-		return;
-	rc = te_metadata_segment_key(e->name, key, sizeof key);
-	if (rc > 0 && (size_t)rc < sizeof key)
-		te_metadata_remove(e->md, key);
-	rc = te_metadata_rpc_key(e->name, key, sizeof key);
-	if (rc > 0 && (size_t)rc < sizeof key)
-		te_metadata_remove(e->md, key);
-	e->published = false;
 }
 
 /* ------------------------------------------------------------ transports */
@@ -360,28 +234,6 @@ int te_transport_auto(te_engine *e, const char **installed)
 	if (rc == 0)
 		install_same_host(e);
 	return rc;
-}
-
-uint32_t te_transport_priority(const te_plugin *p)
-{
-	const te_transport_ops *o = p->desc->ops;
-
-	if (TE_OPS_COVERS(o, priority))
-		return o->priority;
-	/* Built before the plugins said it: the order hosts chose by name. */
-	if (strcmp(p->name, "rdma") == 0)
-		return TE_TRANSPORT_PRIORITY_RDMA;
-	if (strcmp(p->name, "tcp") == 0)
-		return TE_TRANSPORT_PRIORITY_TCP;
-	return TE_TRANSPORT_PRIORITY_OTHER;
-}
-
-bool te_transport_files_only(const char *protocol)
-{
-	const te_plugin *p = te_plugin_find(TE_KIND_TRANSPORT, protocol);
-	unsigned f = p != NULL ? ((const te_transport_ops *)p->desc->ops)->flags : 0;
-
-	return (f & TE_TRANSPORT_FILES) && !(f & TE_TRANSPORT_MEMORY);
 }
 
 /* Highest rank first; equal ranks by name, so the choice does not depend
@@ -592,6 +444,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	g_mutex_init(&e->notify_lock);
 	g_queue_init(&e->notifications);
 	te_memreg_init(&e->mem);
+	e->mem.publish = te_engine_publish_mem; /* registration publishes through it */
 	e->transports = g_ptr_array_new();
 	e->retired = g_ptr_array_new_with_free_func(g_free);
 	e->segments = g_hash_table_new(g_direct_hash, g_direct_equal);
@@ -620,7 +473,7 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	e->notify_pool = te_notify_pool_new();
 	e->stream_pool = te_stream_pool_new();
 	e->refresh_pool = g_thread_pool_new(te_segver_refresh_job, NULL, 1, FALSE, NULL);
-	e->publish_pool = g_thread_pool_new(publish_job, e, 1, FALSE, NULL);
+	e->publish_pool = te_publish_pool_new(e);
 	rc = te_local_init(e);
 	if (rc == 0)
 		rc = te_stage_init(e);
@@ -669,9 +522,9 @@ int te_engine_create(const char *metadata, const char *local_name, const te_opti
 	te_metrics_named(e->metrics, e->name);
 	e->handlers[TE_RPC_NOTIFY] = (te_rpc_handler_slot){ te_notify_rpc, e, e };
 
-	creating = e;
+	te_publish_defer(e);
 	rc = install_from_options(e);
-	creating = NULL;
+	te_publish_defer(NULL);
 	if (rc < 0)
 		goto fail;
 	g_rec_mutex_lock(&e->ctl);
@@ -707,7 +560,7 @@ static void abandon(te_engine *e, long inflight)
 	       e->name ? e->name : "?", inflight, (long long)e->drain_ms);
 	te_rpc_server_stop(e->rpc);
 	e->rpc = NULL;
-	unpublish(e);
+	te_engine_unpublish(e);
 	te_memreg_revoke_all(e);
 }
 
@@ -736,7 +589,7 @@ void te_engine_destroy(te_engine *e)
 	e->refresh_pool = NULL;
 	te_rpc_server_stop(e->rpc);
 	e->rpc = NULL;
-	unpublish(e);
+	te_engine_unpublish(e);
 	te_segments_clear(e);
 	g_thread_pool_free(e->reaper, FALSE, TRUE);
 	g_thread_pool_free(e->notify_pool, FALSE, TRUE);

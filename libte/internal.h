@@ -14,6 +14,9 @@
 
 #include "teu-spin.h"
 
+#include "options.h"
+#include "publish.h"
+
 #define TE_DOMAIN "te"
 #define TE_RPC_DEFAULT_MAX_FRAME (1u << 20)
 #define TE_RPC_HARD_MAX_FRAME (128u << 20)
@@ -229,6 +232,10 @@ typedef struct te_memreg {
 	/* Moves whenever `regions` changes (under the writer lock): prepared
 	 * lists resolved against another value resolve again. */
 	uint64_t epoch;
+	/* Publishes the descriptor after a change (later: soon, on the
+	 * engine's thread): the engine's, set when it is made, so that the
+	 * registry calls no layer above it by name. */
+	int (*publish)(struct te_engine *e, bool later);
 } te_memreg;
 
 void te_memreg_init(te_memreg *m);
@@ -256,9 +263,6 @@ void te_region_detach(struct te_engine *e, te_transport_inst *tp, te_region *r);
  * `addr` (-ENOENT: none) and has the descriptor published again soon. */
 int te_region_set_fields(struct te_engine *e, te_transport_inst *tp, const void *addr,
 			 const char *json_object);
-/* Publishes the descriptor again on the engine's own thread, soon (calls
- * that come before it ran share it). */
-void te_engine_publish_later(struct te_engine *e);
 int te_resolve_location(void *addr, size_t len, const char *loc, char **out);
 /* Registers libte's own local-only memory (staging buffers): every transport
  * sees it, the descriptor does not. */
@@ -695,11 +699,5 @@ struct te_engine {
 	te_deadlines *deadlines; /* the deadline timer, NULL until a deadline is set */
 };
 
-int te_engine_publish(struct te_engine *e);
-const char *te_engine_option(const struct te_engine *e, const char *key);
-/* A number option: the engine option `name`, else the environment variable;
- * `def` when unset, and with a warning when not a number in [min, max]. */
-uint64_t te_engine_option_u64(const struct te_engine *e, const char *name, uint64_t def, uint64_t min,
-			      uint64_t max);
 
 #endif

@@ -335,7 +335,7 @@ int te_region_set_fields(te_engine *e, te_transport_inst *tp, const void *addr,
 			tp->hc.plugin->name, addr);
 		return rc;
 	}
-	te_engine_publish_later(e);
+	e->mem.publish(e, true);
 	return 0;
 }
 
@@ -552,7 +552,7 @@ static int register_regions(te_engine *e, const te_memory_region *regs, size_t n
 			if (!r->hidden) /* libte's own staging is not the application's */
 				te_metric_count_memory(e, (int64_t)r->length, 1);
 		}
-		int prc = te_engine_publish(e);
+		int prc = e->mem.publish(e, false);
 		if (prc < 0)
 			te_warn("memory registered, but publishing the descriptor failed: %s",
 				te_strerror(prc));
@@ -601,7 +601,7 @@ int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
 		/* The descriptor without the regions goes out before they leave the
 		 * registry: a peer refused a range re-fetches the descriptor and
 		 * must find it gone (ctl keeps other registry changes out). */
-		int prc = te_engine_publish(e);
+		int prc = e->mem.publish(e, false);
 		if (prc < 0)
 			te_warn("memory unregistered, but publishing the descriptor failed: %s",
 				te_strerror(prc));

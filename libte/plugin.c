@@ -435,3 +435,27 @@ int te_plugin_report(const char *name, char **text)
 	*text = strdup("no report");
 	return *text ? 0 : -ENOMEM;
 }
+
+/* ------------------------------------------------- transport facts */
+
+uint32_t te_transport_priority(const te_plugin *p)
+{
+	const te_transport_ops *o = p->desc->ops;
+
+	if (TE_OPS_COVERS(o, priority))
+		return o->priority;
+	/* Built before the plugins said it: the order hosts chose by name. */
+	if (strcmp(p->name, "rdma") == 0)
+		return TE_TRANSPORT_PRIORITY_RDMA;
+	if (strcmp(p->name, "tcp") == 0)
+		return TE_TRANSPORT_PRIORITY_TCP;
+	return TE_TRANSPORT_PRIORITY_OTHER;
+}
+
+bool te_transport_files_only(const char *protocol)
+{
+	const te_plugin *p = te_plugin_find(TE_KIND_TRANSPORT, protocol);
+	unsigned f = p != NULL ? ((const te_transport_ops *)p->desc->ops)->flags : 0;
+
+	return (f & TE_TRANSPORT_FILES) && !(f & TE_TRANSPORT_MEMORY);
+}

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "teu-hostport.h"
 
 const char *te_secure_getenv(const char *name)
 {
@@ -46,45 +47,25 @@ bool te_parse_u64(const char *s, uint64_t *out)
 
 int te_split_host_port(const char *s, char **host, int *port)
 {
-	const char *colon;
-	uint64_t p;
+	char h[TEU_HOST_MAX];
 
 	*host = NULL;
 	*port = -1;
 	if (s == NULL || *s == '\0')
 		return -EINVAL;
-	if (s[0] == '[') {
-		const char *close = strchr(s, ']');
-		if (close == NULL || close == s + 1)
-			return -EINVAL;
-		*host = g_strndup(s + 1, (gsize)(close - s - 1));
-		if (close[1] == '\0')
-			return 0;
-		if (close[1] != ':')
-			goto bad;
-		colon = close + 1;
-	} else {
-		colon = strrchr(s, ':');
-		if (colon == NULL) {
-			*host = g_strdup(s);
-			return 0;
-		}
-		if (strchr(s, ':') != colon) { /* bare IPv6 without port */
-			*host = g_strdup(s);
-			return 0;
-		}
-		if (colon == s)
-			return -EINVAL;
-		*host = g_strndup(s, (gsize)(colon - s));
+	/* An engine's or segment's name may be a bare IPv6 address: a host,
+	 * no port (libteu's parser, for addresses to listen on, refuses it). */
+	if (s[0] != '[' && strchr(s, ':') != strrchr(s, ':')) {
+		*host = g_strdup(s);
+		return 0;
 	}
-	if (!te_parse_u64(colon + 1, &p) || p == 0 || p > 65535)
-		goto bad;
-	*port = (int)p;
+	/* libteu's parser, and libte's names' own rules: a host, a port > 0. */
+	if (teu_hostport_split(s, h, sizeof h, port) < 0 || h[0] == '\0' || *port == 0) {
+		*port = -1;
+		return -EINVAL;
+	}
+	*host = g_strdup(h);
 	return 0;
-bad:
-	g_free(*host);
-	*host = NULL;
-	return -EINVAL;
 }
 
 void te_timestamp(char *buf, size_t size)

@@ -165,7 +165,7 @@ static void test_split(void)
 	CHECK_EQ(te_split_host_port("fe80::1", &h, &p), 0);
 	CHECK(strcmp(h, "fe80::1") == 0 && p == -1);
 	g_free(h);
-	const char *bad[] = { "", ":80", "h:0", "h:65536", "h:-1", "h:8x", "h:", "[::1", "[]:1", "[::1]x" };
+	const char *bad[] = { "", ":80", "h:0", "h:65536", "h:-1", "h:8x", "h:", "[::1", "[]:1", "[::1]x", "h:0x50", "h:+80" };
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		CHECK_EQ(te_split_host_port(bad[i], &h, &p), -EINVAL);
 		CHECK(h == NULL);

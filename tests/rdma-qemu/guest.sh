@@ -201,7 +201,7 @@ plugin)
 	done
 	# Mooncake's getNicLoadStats() over two rxe NICs per engine.
 	wanted rdma-mooncake-nic-load && check rdma-mooncake-nic-load 120 env TE_PLUGIN_PATH="$soft_path" \
-		TE_RDMA_PLUGIN="$soft_plugin" "$build/compat/mooncake/test-mooncake-metrics" rdma
+		TE_RDMA_PLUGIN="$soft_plugin" "$build/tests/compat/test-mooncake-metrics" rdma
 	wanted te-info && check te-info 60 sh -c "TE_PLUGINS= '$build/tools/te-info/te-info' > '$scratch/te-info.out' 2>&1;
 		cat '$scratch/te-info.out'; grep -q '^    rxe0 ' '$scratch/te-info.out' &&
 		grep -q 'port 1 ACTIVE, Ethernet' '$scratch/te-info.out' &&

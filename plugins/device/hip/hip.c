@@ -9,6 +9,7 @@
  * devices; copy.c copies and share.c shares (hip-internal.h).
  */
 #include "hip-internal.h"
+#include "teu-devmem.h"
 #include "teu-pci.h"
 
 static const char *const LIBS[] = { "libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5" };
@@ -194,12 +195,8 @@ int hip_classify(void *ctx, const void *addr, size_t len, int *device)
 	if (c->rt.PointerGetAttribute(&ordinal, HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) != hipSuccess ||
 	    !range_of(c, p, &start, &size))
 		return -EIO;
-	if ((uintptr_t)addr < start || len > size || (uintptr_t)addr - start > size - len) {
-		c->host->log(c->host, TE_LOG_ERROR,
-			     "%p+%zu runs past its device allocation (%zu bytes at %#lx)", addr, len, size,
-			     (unsigned long)start);
+	if (teu_range_check(c->host, addr, len, start, size) < 0)
 		return -EINVAL;
-	}
 	*device = ordinal;
 	return 1;
 }
@@ -325,12 +322,7 @@ static int hip_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 		d->name[sizeof d->name - 1] = '\0';
 		if (c->rt.DeviceTotalMem(&mem, dev) == hipSuccess)
 			d->memory = mem;
-		if (c->rt.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, i) == hipSuccess) {
-			d->pci_bus_id[sizeof d->pci_bus_id - 1] = '\0';
-			d->numa_node = teu_pci_numa_node(d->pci_bus_id);
-		} else {
-			d->pci_bus_id[0] = '\0';
-		}
+		teu_pci_info(d, c->rt.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, i) == hipSuccess);
 	}
 	return 0;
 }

@@ -12,6 +12,17 @@ bool teu_range_in(uintptr_t addr, size_t len, uintptr_t start, size_t size, uint
 	return true;
 }
 
+int teu_range_check(const te_host *h, const void *addr, size_t len, uintptr_t start, size_t size)
+{
+	uint64_t off;
+
+	if (teu_range_in((uintptr_t)addr, len, start, size, &off))
+		return 0;
+	h->log(h, TE_LOG_ERROR, "%p+%zu runs past its device allocation (%zu bytes at %#lx)", addr, len, size,
+	       (unsigned long)start);
+	return -EINVAL;
+}
+
 void teu_ipc_fill(te_device_ipc *ipc, const void *handle, size_t len, int dev, int fd, uint64_t start,
 		  uint64_t size)
 {

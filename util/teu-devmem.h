@@ -19,6 +19,11 @@
  * then *offset is where it starts in it. Without overflow for any values. */
 bool teu_range_in(uintptr_t addr, size_t len, uintptr_t start, size_t size, uint64_t *offset);
 
+/* classify's check of a range of device memory against the allocation
+ * [start, start+size) the driver says holds `addr`: 0 when it lies within,
+ * else -EINVAL and an error logged through `h` (the range runs past it). */
+int teu_range_check(const te_host *h, const void *addr, size_t len, uintptr_t start, size_t size);
+
 /* Fills `ipc` with the export of the allocation [start, start+size) of
  * device `dev`: the `len` bytes of `handle` (at most sizeof ipc->handle) and
  * the descriptor `fd` that goes with it (-1 for none). */

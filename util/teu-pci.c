@@ -22,3 +22,13 @@ int teu_pci_numa_node(const char *bus_id)
 	}
 	return node;
 }
+
+void teu_pci_info(te_device_info *d, bool found)
+{
+	if (found) {
+		d->pci_bus_id[sizeof d->pci_bus_id - 1] = '\0';
+		d->numa_node = teu_pci_numa_node(d->pci_bus_id);
+	} else {
+		d->pci_bus_id[0] = '\0';
+	}
+}

@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libteu's host:port, redaction and device-export helpers
- * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h), which the
- * control plane, the TCP transport, the HTTP servers, the metadata plugins
- * and both device plugins take their parsing, names, logged URLs and range
- * checks from.
+ * libteu's host:port, redaction, device-export and PCI helpers
+ * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h,
+ * util/teu-pci.h), which the control plane, the TCP transport, the HTTP
+ * servers, the metadata plugins and both device plugins take their parsing,
+ * names, logged URLs, range checks and device entries from.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -17,6 +19,7 @@
 
 #include "teu-devmem.h"
 #include "teu-hostport.h"
+#include "teu-pci.h"
 #include "teu-redact.h"
 #include "../common/check.h"
 
@@ -147,6 +150,56 @@ static void test_range(void)
 	CHECK(off == 7); /* untouched when refused */
 }
 
+/* What the helpers logged through the host, the last line. */
+static char logged[256];
+static int logged_level = -1;
+
+static void host_log(const te_host *h, int level, const char *fmt, ...)
+{
+	va_list ap;
+	(void)h;
+	va_start(ap, fmt);
+	vsnprintf(logged, sizeof logged, fmt, ap);
+	va_end(ap);
+	logged_level = level;
+}
+
+static void test_range_check(void)
+{
+	te_host h = { .log = host_log };
+	void *p = (void *)(uintptr_t)0x10f0;
+
+	CHECK_EQ(teu_range_check(&h, p, 0x10, 0x1000, 0x100), 0);
+	CHECK_EQ(logged_level, -1); /* nothing said of a range that fits */
+	CHECK_EQ(teu_range_check(&h, p, 0x11, 0x1000, 0x100), -EINVAL);
+	CHECK_EQ(logged_level, TE_LOG_ERROR);
+	CHECK(strstr(logged, "+17 runs past its device allocation (256 bytes at 0x1000)") != NULL);
+	/* a length that wraps addr + len round to inside the allocation */
+	CHECK_EQ(teu_range_check(&h, p, SIZE_MAX - 0x8, 0x1000, 0x100), -EINVAL);
+	CHECK_EQ(teu_range_check(&h, (void *)(uintptr_t)0xfff, 0x10, 0x1000, 0x100), -EINVAL);
+}
+
+static void test_pci_info(void)
+{
+	te_device_info d;
+
+	/* A bus id the driver filled to the last byte is cut there; a bus id
+	 * sysfs does not know has no NUMA node. */
+	memset(&d, 0, sizeof d);
+	d.numa_node = 5;
+	memset(d.pci_bus_id, 'F', sizeof d.pci_bus_id);
+	teu_pci_info(&d, true);
+	CHECK_EQ(strlen(d.pci_bus_id), sizeof d.pci_bus_id - 1);
+	CHECK_EQ(d.numa_node, -1);
+
+	/* No bus id from the driver: none at all, whatever it left there. */
+	memset(d.pci_bus_id, 'F', sizeof d.pci_bus_id);
+	d.numa_node = 5;
+	teu_pci_info(&d, false);
+	CHECK_EQ(d.pci_bus_id[0], '\0');
+	CHECK_EQ(d.numa_node, 5);
+}
+
 static void test_ipc(void)
 {
 	te_device_ipc ipc;
@@ -178,6 +231,8 @@ int main(void)
 	TEST_RUN(test_names);
 	TEST_RUN(test_redact);
 	TEST_RUN(test_range);
+	TEST_RUN(test_range_check);
+	TEST_RUN(test_pci_info);
 	TEST_RUN(test_ipc);
 	return check_done();
 }

@@ -9,6 +9,7 @@
  * shares (cuda-internal.h).
  */
 #include "cuda-internal.h"
+#include "teu-devmem.h"
 #include "teu-pci.h"
 
 static int open_driver(teu_cu_driver *d, char *why, size_t why_len)
@@ -218,12 +219,8 @@ int cu_classify(void *ctx, const void *addr, size_t len, int *device)
 		    CUDA_SUCCESS ||
 	    c->drv.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
 		return -EIO;
-	if (p + len > start + size) {
-		c->host->log(c->host, TE_LOG_ERROR,
-			     "%p+%zu runs past its device allocation (%zu bytes at %#llx)", addr, len,
-			     size, start);
+	if (teu_range_check(c->host, addr, len, (uintptr_t)start, size) < 0)
 		return -EINVAL;
-	}
 	*device = ordinal;
 	return 1;
 }
@@ -366,11 +363,7 @@ static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 			snprintf(d->name, sizeof d->name, "?");
 		if (c->drv.DeviceTotalMem(&mem, dev) == CUDA_SUCCESS)
 			d->memory = mem;
-		if (c->drv.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, dev) ==
-		    CUDA_SUCCESS)
-			d->numa_node = teu_pci_numa_node(d->pci_bus_id);
-		else
-			d->pci_bus_id[0] = '\0';
+		teu_pci_info(d, c->drv.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, dev) == CUDA_SUCCESS);
 	}
 	return 0;
 }

@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The HIP device plugin's shared declarations: the few HIP types, constants
+ * and calls it uses (declared here, so that neither the plugin nor libte
+ * needs ROCm), the plugin's context and the functions its files share.
+ * hip.c opens the runtime and holds the ops table; copy.c the copies;
+ * share.c device memory for others (dma-bufs, other processes' memory).
+ */
+#ifndef TE_HIP_INTERNAL_H
+#define TE_HIP_INTERNAL_H
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <te/te-plugin.h>
+
+/* ------------------------------------------------------- HIP API subset */
+
+typedef int hipError_t; /* hipSuccess = 0 */
+typedef int hipDevice_t;
+typedef void *hipStream_t;
+typedef void *hipEvent_t;
+typedef struct hipIpcMemHandle {
+	char reserved[64]; /* HIP_IPC_HANDLE_SIZE */
+} hipIpcMemHandle_t;
+
+enum {
+	hipSuccess = 0,
+	HIP_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+	HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+	HIP_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+	HIP_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+	/* hipMemoryType's device value: the enum was renumbered in ROCm 6
+	 * (Unregistered 0, Host 1, Device 2, ...); ROCm 5 had Host 0, Device 1. */
+	HIP_MEMORY_TYPE_DEVICE_V5 = 1,
+	HIP_MEMORY_TYPE_DEVICE_V6 = 2,
+	hipMemcpyDefault = 4,
+	hipHostMallocPortable = 1,
+	hipStreamNonBlocking = 1,
+	hipEventDisableTiming = 2,
+	hipIpcMemLazyEnablePeerAccess = 1,
+	hipMemRangeHandleTypeDmaBufFd = 1,
+};
+
+/* hipRuntimeGetVersion: major * 10000000 + minor * 100000 + patch. */
+#define HIP_VERSION_MAJOR_OF(v) ((v) / 10000000)
+
+#define MAX_DEVICES 64
+
+typedef struct runtime {
+	void *lib;
+	const char *name; /* which of LIBS opened */
+	int major;        /* ROCm major version of the runtime */
+	hipError_t (*Init)(unsigned);
+	hipError_t (*RuntimeGetVersion)(int *);
+	hipError_t (*GetDeviceCount)(int *);
+	hipError_t (*GetDevice)(int *);
+	hipError_t (*SetDevice)(int);
+	hipError_t (*DeviceGet)(hipDevice_t *, int);
+	hipError_t (*DeviceGetName)(char *, int, hipDevice_t);
+	hipError_t (*DeviceTotalMem)(size_t *, hipDevice_t);
+	hipError_t (*DeviceGetPCIBusId)(char *, int, int);
+	hipError_t (*PointerGetAttribute)(void *, int, void *);
+	hipError_t (*Memcpy)(void *, const void *, size_t, int);
+	hipError_t (*HostMalloc)(void **, size_t, unsigned);
+	hipError_t (*HostFree)(void *);
+	hipError_t (*Malloc)(void **, size_t);
+	hipError_t (*Free)(void *);
+	const char *(*GetErrorString)(hipError_t);
+	hipError_t (*StreamSynchronize)(hipStream_t);
+	/* Optional: without them copies are synchronous only. */
+	hipError_t (*StreamCreateWithFlags)(hipStream_t *, unsigned);
+	hipError_t (*StreamDestroy)(hipStream_t);
+	hipError_t (*MemcpyAsync)(void *, const void *, size_t, int, hipStream_t);
+	hipError_t (*EventCreateWithFlags)(hipEvent_t *, unsigned);
+	hipError_t (*EventRecord)(hipEvent_t, hipStream_t);
+	hipError_t (*EventSynchronize)(hipEvent_t);
+	hipError_t (*EventDestroy)(hipEvent_t);
+	hipError_t (*EventQuery)(hipEvent_t); /* optional too: without it, no bursts */
+	/* Optional: dma-buf export (newer runtimes). */
+	hipError_t (*MemGetHandleForAddressRange)(void *, void *, size_t, int, unsigned long long);
+	/* Optional: sharing hipMalloc memory with other processes. */
+	hipError_t (*IpcGetMemHandle)(hipIpcMemHandle_t *, void *);
+	hipError_t (*IpcOpenMemHandle)(void **, hipIpcMemHandle_t, unsigned);
+	hipError_t (*IpcCloseMemHandle)(void *);
+	/* Optional: host work in a stream's order (te_submit_on_stream), on
+	 * the stream's own device (hipStreamGetDevice: ROCm 5.2 and later). */
+	hipError_t (*LaunchHostFunc)(hipStream_t, void (*)(void *), void *);
+	hipError_t (*StreamGetDevice)(hipStream_t, hipDevice_t *);
+} runtime;
+
+/* Asynchronous copies go round-robin to this many streams, so that copies
+ * into and out of the devices can use both copy engines at once. */
+#define STREAMS 2
+/* Streams for copy_batch, taken one per batch; a batch waits for a free one. */
+#define BATCH_STREAMS 4
+/* Events kept for reuse: creating one per copy costs a runtime call. */
+#define SPARE_EVENTS 256
+/* The most copies the completer reports in one burst (as a CUDA lane group). */
+#define BURST_MAX 64
+
+/* A queued copy whose event the completer waits for. */
+typedef struct hip_pending {
+	struct hip_pending *next;
+	hipEvent_t ev;
+	te_device_done_fn done;
+	void *arg;
+	size_t len;
+} hip_pending;
+
+typedef struct hip_ctx {
+	const te_host *host;
+	runtime rt;
+	int ndev;
+	unsigned device_type; /* hipMemoryType's "device" in this runtime */
+
+	/* Asynchronous copies (see hip_copy_async) */
+	bool async;
+	hipStream_t streams[STREAMS];
+	atomic_uint next_stream;
+	atomic_bool said_sync; /* the fall-back to waiting was logged */
+	pthread_t completer;
+	pthread_mutex_t lock; /* guards the pending list, the spare events and quit */
+	pthread_cond_t cond;
+	hip_pending *head, *tail;
+	hipEvent_t spare[SPARE_EVENTS];
+	unsigned nspare;
+	bool quit;
+
+	/* Batches (see hip_copy_batch) */
+	pthread_mutex_t batch_lock;
+	pthread_cond_t batch_cond;
+	hipStream_t batch_streams[BATCH_STREAMS]; /* every one made, for destroy */
+	hipStream_t batch_free[BATCH_STREAMS];    /* the idle ones */
+	unsigned batch_made, batch_idle;
+	atomic_bool said_no_stream_device; /* stream_device without hipStreamGetDevice */
+} hip_ctx;
+
+static inline const char *errstr(const runtime *r, hipError_t e)
+{
+	const char *s = r->GetErrorString != NULL ? r->GetErrorString(e) : NULL;
+	return s != NULL ? s : "unknown HIP error";
+}
+
+/* hip.c */
+int device_enter(hip_ctx *c, int dev);
+void device_leave(hip_ctx *c, int dev, int old);
+bool range_of(hip_ctx *c, void *p, uintptr_t *start, size_t *size);
+int hip_classify(void *ctx, const void *addr, size_t len, int *device);
+
+/* copy.c */
+bool async_start(hip_ctx *c);
+void async_stop(hip_ctx *c);
+int hip_copy(void *ctx, void *dst, const void *src, size_t len);
+int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done, void *arg);
+int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags);
+hipStream_t copy_stream_take(hip_ctx *c);
+void copy_stream_give(hip_ctx *c, hipStream_t s);
+int hip_host_alloc(void *ctx, size_t len, void **ptr);
+void hip_host_free(void *ctx, void *ptr);
+
+/* share.c */
+int hip_mem_alloc(void *ctx, int device, size_t len, void **ptr);
+void hip_mem_free(void *ctx, void *ptr);
+int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset);
+int hip_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc);
+int hip_ipc_open(void *ctx, const te_device_ipc *ipc, void **base);
+void hip_ipc_close(void *ctx, void *base);
+
+#endif

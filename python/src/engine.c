@@ -609,19 +609,15 @@ static PyObject *engine_notifications(PyteEngine *self, PyObject *unused)
 		return pyte_raise(rc, "notifications()");
 	PyObject *out = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; out != NULL && i < n; i++) {
-		PyObject *o = PyStructSequence_New(&PyteNotificationType);
-		PyObject *a = PyUnicode_DecodeUTF8(list[i].name, (Py_ssize_t)strlen(list[i].name), "replace");
-		PyObject *b = PyUnicode_DecodeUTF8(list[i].msg, (Py_ssize_t)strlen(list[i].msg), "replace");
-		if (o == NULL || a == NULL || b == NULL) {
-			Py_XDECREF(o);
-			Py_XDECREF(a);
-			Py_XDECREF(b);
+		PyObject *items[2] = {
+			PyUnicode_DecodeUTF8(list[i].name, (Py_ssize_t)strlen(list[i].name), "replace"),
+			PyUnicode_DecodeUTF8(list[i].msg, (Py_ssize_t)strlen(list[i].msg), "replace"),
+		};
+		PyObject *o = pyte_struct_seq(&PyteNotificationType, items, 2);
+		if (o == NULL)
 			Py_CLEAR(out);
-			break;
-		}
-		PyStructSequence_SET_ITEM(o, 0, a);
-		PyStructSequence_SET_ITEM(o, 1, b);
-		PyList_SET_ITEM(out, (Py_ssize_t)i, o);
+		else
+			PyList_SET_ITEM(out, (Py_ssize_t)i, o);
 	}
 	te_notifications_free(list, n);
 	return out;

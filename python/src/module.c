@@ -214,31 +214,34 @@ static PyStructSequence_Desc plugin_desc = { "libte.PluginInfo", "A plugin file 
 
 PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType, PytePluginInfoType, PyteTaskInfoType;
 
+PyObject *pyte_struct_seq(PyTypeObject *type, PyObject **items, int n)
+{
+	PyObject *o = PyStructSequence_New(type);
+	for (int i = 0; i < n; i++) {
+		if (items[i] == NULL)
+			Py_CLEAR(o);
+	}
+	for (int i = 0; i < n; i++) {
+		if (o != NULL)
+			PyStructSequence_SET_ITEM(o, i, items[i]);
+		else
+			Py_XDECREF(items[i]);
+	}
+	return o;
+}
+
 PyObject *pyte_task_status(const te_task_status *st)
 {
-	PyObject *o = PyStructSequence_New(&PyteTaskStatusType);
-	if (o == NULL)
-		return NULL;
-	PyObject *a = PyLong_FromLong(st->state), *b = PyLong_FromLong(st->error),
-		 *c = PyLong_FromUnsignedLongLong(st->transferred);
-	if (a == NULL || b == NULL || c == NULL) {
-		Py_XDECREF(a);
-		Py_XDECREF(b);
-		Py_XDECREF(c);
-		Py_DECREF(o);
-		return NULL;
-	}
-	PyStructSequence_SET_ITEM(o, 0, a);
-	PyStructSequence_SET_ITEM(o, 1, b);
-	PyStructSequence_SET_ITEM(o, 2, c);
-	return o;
+	PyObject *items[3] = {
+		PyLong_FromLong(st->state),
+		PyLong_FromLong(st->error),
+		PyLong_FromUnsignedLongLong(st->transferred),
+	};
+	return pyte_struct_seq(&PyteTaskStatusType, items, 3);
 }
 
 PyObject *pyte_task_info(const te_task_info *ti)
 {
-	PyObject *o = PyStructSequence_New(&PyteTaskInfoType);
-	if (o == NULL)
-		return NULL;
 	PyObject *items[7] = {
 		PyLong_FromLong(ti->state),
 		PyLong_FromLong(ti->error),
@@ -248,17 +251,7 @@ PyObject *pyte_task_info(const te_task_info *ti)
 		PyBool_FromLong((ti->flags & TE_TASK_UNSETTLED) != 0),
 		PyBool_FromLong((ti->flags & TE_TASK_ENDED_EARLY) != 0),
 	};
-	for (int i = 0; i < 7; i++) {
-		if (items[i] == NULL) {
-			for (int j = 0; j < 7; j++)
-				Py_XDECREF(items[j]);
-			Py_DECREF(o);
-			return NULL;
-		}
-	}
-	for (int i = 0; i < 7; i++)
-		PyStructSequence_SET_ITEM(o, i, items[i]);
-	return o;
+	return pyte_struct_seq(&PyteTaskInfoType, items, 7);
 }
 
 /* ------------------------------------------------------------ functions */
@@ -351,9 +344,6 @@ static void plugin_cb(const te_plugin_info *info, void *user)
 
 	if (PyErr_Occurred())
 		return;
-	o = PyStructSequence_New(&PytePluginInfoType);
-	if (o == NULL)
-		return;
 	const char *kind = info->kind == TE_KIND_TRANSPORT ? "transport" : info->kind == TE_KIND_METADATA ? "metadata" : NULL;
 	PyObject *items[8] = {
 		opt_str(info->path),
@@ -365,16 +355,9 @@ static void plugin_cb(const te_plugin_info *info, void *user)
 		PyBool_FromLong(info->loaded),
 		opt_str(info->loaded ? NULL : info->reason),
 	};
-	for (int i = 0; i < 8; i++) {
-		if (items[i] == NULL) {
-			for (int k = 0; k < 8; k++)
-				Py_XDECREF(items[k]);
-			Py_DECREF(o);
-			return;
-		}
-	}
-	for (int i = 0; i < 8; i++)
-		PyStructSequence_SET_ITEM(o, i, items[i]);
+	o = pyte_struct_seq(&PytePluginInfoType, items, 8);
+	if (o == NULL)
+		return;
 	PyList_Append(list, o);
 	Py_DECREF(o);
 }

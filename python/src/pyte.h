@@ -34,6 +34,10 @@ extern PyObject *PyteError, *PyteClosedError, *PyteTransferError;
 
 extern PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType,
 	PytePluginInfoType, PyteTaskInfoType;
+/* A new struct sequence of `type` holding items[0..n) (references it
+ * takes, also when it fails); NULL with an exception when an item is NULL
+ * (its exception set) or the sequence cannot be made. */
+PyObject *pyte_struct_seq(PyTypeObject *type, PyObject **items, int n);
 PyObject *pyte_task_status(const te_task_status *st);
 PyObject *pyte_task_info(const te_task_info *ti);
 

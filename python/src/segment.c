@@ -8,22 +8,16 @@ static PyObject *segment_buffer_list(te_segment_buffer *sb, int n)
 {
 	PyObject *list = PyList_New(n);
 	for (int i = 0; list != NULL && i < n; i++) {
-		PyObject *o = PyStructSequence_New(&PyteSegmentBufferType);
-		PyObject *a = PyLong_FromUnsignedLongLong(sb[i].addr), *l = PyLong_FromUnsignedLongLong(sb[i].length),
-			 *nm = PyUnicode_DecodeUTF8(sb[i].name, (Py_ssize_t)strnlen(sb[i].name, sizeof sb[i].name),
-						    "replace");
-		if (o == NULL || a == NULL || l == NULL || nm == NULL) {
-			Py_XDECREF(o);
-			Py_XDECREF(a);
-			Py_XDECREF(l);
-			Py_XDECREF(nm);
+		PyObject *items[3] = {
+			PyLong_FromUnsignedLongLong(sb[i].addr),
+			PyLong_FromUnsignedLongLong(sb[i].length),
+			PyUnicode_DecodeUTF8(sb[i].name, (Py_ssize_t)strnlen(sb[i].name, sizeof sb[i].name), "replace"),
+		};
+		PyObject *o = pyte_struct_seq(&PyteSegmentBufferType, items, 3);
+		if (o == NULL)
 			Py_CLEAR(list);
-			break;
-		}
-		PyStructSequence_SET_ITEM(o, 0, a);
-		PyStructSequence_SET_ITEM(o, 1, l);
-		PyStructSequence_SET_ITEM(o, 2, nm);
-		PyList_SET_ITEM(list, i, o);
+		else
+			PyList_SET_ITEM(list, i, o);
 	}
 	return list;
 }

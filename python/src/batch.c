@@ -981,12 +981,6 @@ static PyObject *batch_notify(PyteBatch *b, PyObject *args, PyObject *kw)
 	Py_RETURN_NONE;
 }
 
-static PyObject *batch_enter(PyObject *b, PyObject *unused)
-{
-	(void)unused;
-	return Py_NewRef(b);
-}
-
 static PyObject *batch_exit(PyteBatch *b, PyObject *args)
 {
 	PyObject *et = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
@@ -1046,7 +1040,7 @@ static PyMethodDef batch_methods[] = {
 	  "free()\n--\n\nFrees the batch; BusyError while tasks are in flight." },
 	{ "notify", (PyCFunction)(void (*)(void))batch_notify, METH_VARARGS | METH_KEYWORDS,
 	  "notify(segment, msg, *, sender=None)\n--\n\nSends `msg` to the segment's owner once the batch has drained." },
-	{ "__enter__", batch_enter, METH_NOARGS, NULL },
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)batch_exit, METH_VARARGS,
 	  "Leaving the block waits for the tasks (canceling them when an exception is on its way) and frees." },
 	{ NULL, NULL, 0, NULL },

@@ -112,6 +112,12 @@ PyObject *pyte_raise_msg(int code, const char *fmt, ...)
 	return raise_with(code, msg);
 }
 
+PyObject *pyte_return_self(PyObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(self);
+}
+
 int pyte_timeout(PyObject *o, double *out)
 {
 	if (o == NULL || o == Py_None) {
@@ -629,12 +635,6 @@ static PyObject *mem_close(PyteMemory *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static PyObject *mem_enter(PyObject *self, PyObject *unused)
-{
-	(void)unused;
-	return Py_NewRef(self);
-}
-
 static PyObject *mem_exit(PyteMemory *self, PyObject *args)
 {
 	(void)args;
@@ -677,7 +677,7 @@ static PySequenceMethods mem_as_seq = { .sq_length = (lenfunc)mem_len };
 static PyMethodDef mem_methods[] = {
 	{ "close", (PyCFunction)mem_close, METH_NOARGS,
 	  "Unmaps the memory. Raises BufferError while a memoryview or a registration uses it." },
-	{ "__enter__", mem_enter, METH_NOARGS, NULL },
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)mem_exit, METH_VARARGS, NULL },
 	{ NULL, NULL, 0, NULL },
 };

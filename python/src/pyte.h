@@ -137,6 +137,9 @@ PyObject *pyte_engine_prepare(PyteEngine *eo, PyObject *args, PyObject *kw);
  * caller), widening `use` by the local lists' span. */
 PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, PyObject *args, PyObject *kw);
 
+/* __enter__ of the context managers that need nothing on entry: self. */
+PyObject *pyte_return_self(PyObject *self, PyObject *unused);
+
 /* Seconds from a Python timeout argument: None → -1. -1 with an exception
  * when it is not a non-negative number. */
 int pyte_timeout(PyObject *o, double *out);

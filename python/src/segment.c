@@ -135,12 +135,6 @@ static PyObject *segment_close(PyteSegment *s, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static PyObject *segment_enter(PyObject *s, PyObject *unused)
-{
-	(void)unused;
-	return Py_NewRef(s);
-}
-
 static PyObject *segment_exit(PyteSegment *s, PyObject *args)
 {
 	(void)args;
@@ -252,7 +246,7 @@ static PyMethodDef segment_methods[] = {
 	  "buffers()\n--\n\nThe segment's buffers as its descriptor lists them (SegmentBuffer, by address)." },
 	{ "descriptor", (PyCFunction)segment_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThe segment's descriptor (JSON) as last fetched." },
-	{ "__enter__", segment_enter, METH_NOARGS, NULL },
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)segment_exit, METH_VARARGS, NULL },
 	{ NULL, NULL, 0, NULL },
 };

@@ -542,7 +542,7 @@ typedef struct {
 	PyteEngine *engine;
 	te_batch_id id;
 	size_t capacity;
-	int freed;
+	char freed; /* a char: T_BOOL reads one */
 	pyte_use use; /* linked into the engine's list until freed */
 } PyteBatch;
 
@@ -851,18 +851,6 @@ static PyObject *batch_get_id(PyteBatch *b, void *c)
 	return PyLong_FromUnsignedLongLong(b->id);
 }
 
-static PyObject *batch_get_capacity(PyteBatch *b, void *c)
-{
-	(void)c;
-	return PyLong_FromSize_t(b->capacity);
-}
-
-static PyObject *batch_get_freed(PyteBatch *b, void *c)
-{
-	(void)c;
-	return PyBool_FromLong(b->freed);
-}
-
 /* Batch.wait() and Batch.wait_settled(): True when done, False at the
  * timeout. */
 static PyObject *batch_wait_how(PyteBatch *b, PyObject *args, PyObject *kw, bool settled)
@@ -1048,13 +1036,17 @@ static PyMethodDef batch_methods[] = {
 
 static PyGetSetDef batch_getset[] = {
 	{ "id", (getter)batch_get_id, NULL, "libte's batch id.", NULL },
-	{ "capacity", (getter)batch_get_capacity, NULL, "Tasks it can hold over its life.", NULL },
 	{ "submitted", (getter)batch_get_submitted, NULL, "Tasks submitted so far.", NULL },
 	{ "in_flight", (getter)batch_get_in_flight, NULL, "Tasks still moving.", NULL },
 	{ "state", (getter)batch_get_state, NULL,
 	  "COMPLETED when every task completed, the worst end state once all ended, else WAITING.", NULL },
-	{ "freed", (getter)batch_get_freed, NULL, "True after free().", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
+};
+
+static PyMemberDef batch_members[] = {
+	{ "capacity", T_PYSSIZET, offsetof(PyteBatch, capacity), READONLY, "Tasks it can hold over its life." },
+	{ "freed", T_BOOL, offsetof(PyteBatch, freed), READONLY, "True after free()." },
+	{ NULL, 0, 0, 0, NULL },
 };
 
 PyTypeObject PyteBatchType = {
@@ -1068,5 +1060,6 @@ PyTypeObject PyteBatchType = {
 	.tp_doc = "A set of transfers with a status each (from Engine.batch). len() is the number submitted.\n"
 		  "A context manager: leaving the block waits and frees.",
 	.tp_methods = batch_methods,
+	.tp_members = batch_members,
 	.tp_getset = batch_getset,
 };

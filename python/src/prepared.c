@@ -314,12 +314,6 @@ static Py_ssize_t xl_len(PyteXferList *xl)
 	return (Py_ssize_t)xl->n;
 }
 
-static PyObject *xl_get_segment(PyteXferList *xl, void *c)
-{
-	(void)c;
-	return PyLong_FromLong(xl->segment);
-}
-
 static PyObject *xl_repr(PyteXferList *xl)
 {
 	return PyUnicode_FromFormat("<libte.XferList of %zu pieces of segment %d>", xl->n, (int)xl->segment);
@@ -329,9 +323,9 @@ static PySequenceMethods xl_as_seq = {
 	.sq_length = (lenfunc)xl_len,
 };
 
-static PyGetSetDef xl_getset[] = {
-	{ "segment", (getter)xl_get_segment, NULL, "The segment id its pieces lie in (0: local memory).", NULL },
-	{ NULL, NULL, NULL, NULL, NULL },
+static PyMemberDef xl_members[] = {
+	{ "segment", T_INT, offsetof(PyteXferList, segment), READONLY, "The segment id its pieces lie in (0: local memory)." },
+	{ NULL, 0, 0, 0, NULL },
 };
 
 PyTypeObject PyteXferListType = {
@@ -344,5 +338,5 @@ PyTypeObject PyteXferListType = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Pieces of one segment checked and resolved once (from Engine.prepare), posted many times\n"
 		  "with Batch.submit_prepared. len() is the number of pieces.",
-	.tp_getset = xl_getset,
+	.tp_members = xl_members,
 };

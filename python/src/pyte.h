@@ -11,6 +11,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* PyMemberDef: T_INT, T_BOOL, READONLY */
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -63,7 +63,7 @@ typedef struct {
 	PyteEngine *engine;
 	te_segment_id id;
 	PyObject *name;
-	int closed;
+	char closed; /* a char: T_BOOL reads one */
 } PyteSegment;
 
 PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name)
@@ -196,24 +196,6 @@ static PyObject *segment_repr(PyteSegment *s)
 	return PyUnicode_FromFormat("<libte.Segment %U id %d%s>", s->name, s->id, s->closed ? " closed" : "");
 }
 
-static PyObject *segment_get_id(PyteSegment *s, void *c)
-{
-	(void)c;
-	return PyLong_FromLong(s->id);
-}
-
-static PyObject *segment_get_name(PyteSegment *s, void *c)
-{
-	(void)c;
-	return Py_NewRef(s->name);
-}
-
-static PyObject *segment_get_closed(PyteSegment *s, void *c)
-{
-	(void)c;
-	return PyBool_FromLong(s->closed);
-}
-
 static PyObject *segment_get_transport(PyteSegment *s, void *c)
 {
 	(void)c;
@@ -251,10 +233,14 @@ static PyMethodDef segment_methods[] = {
 	{ NULL, NULL, 0, NULL },
 };
 
+static PyMemberDef segment_members[] = {
+	{ "id", T_INT, offsetof(PyteSegment, id), READONLY, "The segment id (what requests carry)." },
+	{ "name", T_OBJECT, offsetof(PyteSegment, name), READONLY, "The segment name." },
+	{ "closed", T_BOOL, offsetof(PyteSegment, closed), READONLY, "True after close()." },
+	{ NULL, 0, 0, 0, NULL },
+};
+
 static PyGetSetDef segment_getset[] = {
-	{ "id", (getter)segment_get_id, NULL, "The segment id (what requests carry).", NULL },
-	{ "name", (getter)segment_get_name, NULL, "The segment name.", NULL },
-	{ "closed", (getter)segment_get_closed, NULL, "True after close().", NULL },
 	{ "engine", (getter)segment_get_engine, NULL, "The engine that opened it.", NULL },
 	{ "transport", (getter)segment_get_transport, NULL,
 	  "The transport serving it (\"shm\" for an engine on this host, \"tcp\", ...).", NULL },
@@ -272,5 +258,6 @@ PyTypeObject PyteSegmentType = {
 	.tp_doc = "An open segment of another engine (from Engine.open_segment). Usable wherever a\n"
 		  "segment id is (int(segment) is the id). A context manager: leaving the block closes it.",
 	.tp_methods = segment_methods,
+	.tp_members = segment_members,
 	.tp_getset = segment_getset,
 };

@@ -302,21 +302,13 @@ PyObject *pyte_engine_unregister_many(PyteEngine *self, PyObject *seq)
 PyObject *pyte_engine_local_buffers(PyteEngine *self, PyObject *unused)
 {
 	(void)unused;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_buffers(self, TE_LOCAL_SEGMENT);
-	pyte_leave(self);
-	return r;
+	return pyte_segment_buffers(self, TE_LOCAL_SEGMENT);
 }
 
 PyObject *pyte_engine_descriptor(PyteEngine *self, PyObject *unused)
 {
 	(void)unused;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_descriptor(self, TE_LOCAL_SEGMENT);
-	pyte_leave(self);
-	return r;
+	return pyte_segment_descriptor(self, TE_LOCAL_SEGMENT);
 }
 
 /* ------------------------------------------------ local byte access */

@@ -102,7 +102,7 @@ PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
  * sender=None). -1 with an exception set. */
 int pyte_notify_args(PyObject *args, PyObject *kw, te_segment_id *seg, const char **msg, const char **sender);
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
- * Engine and Segment alike; the engine entered by the caller. */
+ * Engine and Segment alike; they enter the engine for the call. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id);
 

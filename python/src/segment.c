@@ -22,16 +22,20 @@ static PyObject *segment_buffer_list(te_segment_buffer *sb, int n)
 	return list;
 }
 
-/* te_segment_buffers into a list; engine entered by the caller. */
+/* te_segment_buffers into a list. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 {
 	te_segment_buffer stack[16], *sb = stack;
+	if (pyte_enter(eo) < 0)
+		return NULL;
 	int n = te_segment_buffers(eo->e, id, sb, 16);
 	while (n > 16 && sb == stack) { /* more than fit: ask again with room (it may grow meanwhile) */
 		int cap = n + 16;
 		sb = PyMem_Calloc((size_t)cap, sizeof *sb);
-		if (sb == NULL)
+		if (sb == NULL) {
+			pyte_leave(eo);
 			return PyErr_NoMemory();
+		}
 		n = te_segment_buffers(eo->e, id, sb, (size_t)cap);
 		if (n > cap) {
 			PyMem_Free(sb);
@@ -39,6 +43,7 @@ PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 			n = te_segment_buffers(eo->e, id, sb, 16);
 		}
 	}
+	pyte_leave(eo);
 	PyObject *r = n < 0 ? pyte_raise_msg(n, "buffers of segment %d: %s", id, te_strerror(n)) : segment_buffer_list(sb, n);
 	if (sb != stack)
 		PyMem_Free(sb);
@@ -48,7 +53,10 @@ PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id)
 {
 	char *json = NULL;
+	if (pyte_enter(eo) < 0)
+		return NULL;
 	int rc = te_segment_descriptor(eo->e, id, &json);
+	pyte_leave(eo);
 	if (rc < 0)
 		return pyte_raise_msg(rc, "descriptor of segment %d: %s", id, te_strerror(rc));
 	PyObject *r = PyUnicode_DecodeUTF8(json, (Py_ssize_t)strlen(json), "replace");
@@ -65,6 +73,16 @@ typedef struct {
 	PyObject *name;
 	char closed; /* a char: T_BOOL reads one */
 } PyteSegment;
+
+/* -1 with SegmentError when the segment was closed. */
+static int segment_check_open(PyteSegment *s)
+{
+	if (s->closed) {
+		pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
+		return -1;
+	}
+	return 0;
+}
 
 PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name)
 {
@@ -87,10 +105,8 @@ int pyte_segment_id(PyObject *o, te_segment_id *out)
 {
 	if (Py_IS_TYPE(o, &PyteSegmentType)) {
 		PyteSegment *s = (PyteSegment *)o;
-		if (s->closed) {
-			pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
+		if (segment_check_open(s) < 0)
 			return -1;
-		}
 		*out = s->id;
 		return 0;
 	}
@@ -144,11 +160,7 @@ static PyObject *segment_exit(PyteSegment *s, PyObject *args)
 
 static int segment_ready(PyteSegment *s)
 {
-	if (s->closed) {
-		pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
-		return -1;
-	}
-	return pyte_enter(s->engine);
+	return segment_check_open(s) < 0 ? -1 : pyte_enter(s->engine);
 }
 
 static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
@@ -169,21 +181,13 @@ static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
 static PyObject *segment_buffers(PyteSegment *s, PyObject *unused)
 {
 	(void)unused;
-	if (segment_ready(s) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_buffers(s->engine, s->id);
-	pyte_leave(s->engine);
-	return r;
+	return segment_check_open(s) < 0 ? NULL : pyte_segment_buffers(s->engine, s->id);
 }
 
 static PyObject *segment_descriptor(PyteSegment *s, PyObject *unused)
 {
 	(void)unused;
-	if (segment_ready(s) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_descriptor(s->engine, s->id);
-	pyte_leave(s->engine);
-	return r;
+	return segment_check_open(s) < 0 ? NULL : pyte_segment_descriptor(s->engine, s->id);
 }
 
 static PyObject *segment_index(PyteSegment *s)

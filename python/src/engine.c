@@ -334,49 +334,16 @@ static PyObject *engine_exit_ctx(PyteEngine *self, PyObject *args)
 
 /* ------------------------------------------------------------- getters */
 
-static PyObject *engine_get_name(PyteEngine *self, void *c)
-{
-	(void)c;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = PyUnicode_FromString(te_engine_name(self->e));
-	pyte_leave(self);
-	return r;
-}
-
-static PyObject *engine_get_address(PyteEngine *self, void *c)
-{
-	(void)c;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = PyUnicode_FromString(te_engine_address(self->e));
-	pyte_leave(self);
-	return r;
-}
-
-static PyObject *engine_get_rpc_port(PyteEngine *self, void *c)
-{
-	(void)c;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = PyLong_FromLong(te_engine_rpc_port(self->e));
-	pyte_leave(self);
-	return r;
-}
-
 static PyObject *engine_get_closed(PyteEngine *self, void *c)
 {
 	(void)c;
 	return PyBool_FromLong(self->e == NULL || atomic_load(&self->closing));
 }
 
-static PyObject *engine_get_transports(PyteEngine *self, void *c)
+static PyObject *transport_names(te_engine *e)
 {
-	(void)c;
 	const char *names[32];
-	if (pyte_enter(self) < 0)
-		return NULL;
-	int n = te_transport_list(self->e, names, 32);
+	int n = te_transport_list(e, names, 32);
 	PyObject *list = PyList_New(0);
 	for (int i = 0; list != NULL && i < n && i < 32; i++) {
 		PyObject *s = PyUnicode_FromString(names[i]);
@@ -384,8 +351,26 @@ static PyObject *engine_get_transports(PyteEngine *self, void *c)
 			Py_CLEAR(list);
 		Py_XDECREF(s);
 	}
-	pyte_leave(self);
 	return list;
+}
+
+/* The getters that read the live engine; the closure says which. */
+enum engine_attr { ATTR_NAME, ATTR_ADDRESS, ATTR_RPC_PORT, ATTR_TRANSPORTS };
+
+static PyObject *engine_get_attr(PyteEngine *self, void *which)
+{
+	PyObject *r;
+
+	if (pyte_enter(self) < 0)
+		return NULL;
+	switch ((enum engine_attr)(intptr_t)which) {
+	case ATTR_NAME: r = PyUnicode_FromString(te_engine_name(self->e)); break;
+	case ATTR_ADDRESS: r = PyUnicode_FromString(te_engine_address(self->e)); break;
+	case ATTR_RPC_PORT: r = PyLong_FromLong(te_engine_rpc_port(self->e)); break;
+	default: r = transport_names(self->e); break;
+	}
+	pyte_leave(self);
+	return r;
 }
 
 /* ---------------------------------------------------------- transports */
@@ -730,10 +715,13 @@ static PyMethodDef engine_methods[] = {
 };
 
 static PyGetSetDef engine_getset[] = {
-	{ "name", (getter)engine_get_name, NULL, "The engine's segment name (\"host:port\" with P2PHANDSHAKE).", NULL },
-	{ "address", (getter)engine_get_address, NULL, "The address peers reach this engine at.", NULL },
-	{ "rpc_port", (getter)engine_get_rpc_port, NULL, "The RPC/handshake port.", NULL },
-	{ "transports", (getter)engine_get_transports, NULL, "Names of the installed transports.", NULL },
+	{ "name", (getter)engine_get_attr, NULL, "The engine's segment name (\"host:port\" with P2PHANDSHAKE).",
+	  (void *)(intptr_t)ATTR_NAME },
+	{ "address", (getter)engine_get_attr, NULL, "The address peers reach this engine at.",
+	  (void *)(intptr_t)ATTR_ADDRESS },
+	{ "rpc_port", (getter)engine_get_attr, NULL, "The RPC/handshake port.", (void *)(intptr_t)ATTR_RPC_PORT },
+	{ "transports", (getter)engine_get_attr, NULL, "Names of the installed transports.",
+	  (void *)(intptr_t)ATTR_TRANSPORTS },
 	{ "closed", (getter)engine_get_closed, NULL, "True once close() began.", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
 };

@@ -93,8 +93,37 @@ static int parse_opcode(PyObject *o, uint32_t *op)
 	return 0;
 }
 
-/* One (opcode, segment, local, remote, length) item; length may be None when
- * local is a buffer object. */
+/* A request's segment, local memory and length (opcode and remote are the
+ * caller's); a length of None stands for a buffer object's whole length.
+ * `what` begins the messages. */
+static int fill_request(te_request *r, PyObject *seg_o, PyObject *local_o, PyObject *length_o, const char *what)
+{
+	uint64_t local;
+	int64_t blen;
+
+	if (pyte_segment_id(seg_o, &r->segment) < 0 || pyte_local_addr(local_o, &local, &blen) < 0)
+		return -1;
+	r->local = (void *)(uintptr_t)local;
+	if (length_o == Py_None) {
+		if (blen < 0) {
+			PyErr_Format(PyExc_TypeError, "%s: an int local address needs a length", what);
+			return -1;
+		}
+		r->length = (uint64_t)blen;
+		return 0;
+	}
+	r->length = PyLong_AsUnsignedLongLong(length_o);
+	if (PyErr_Occurred())
+		return -1;
+	if (blen >= 0 && r->length > (uint64_t)blen) {
+		PyErr_Format(PyExc_ValueError, "%s: length %llu exceeds the local buffer's %lld bytes", what,
+			     (unsigned long long)r->length, (long long)blen);
+		return -1;
+	}
+	return 0;
+}
+
+/* One (opcode, segment, local, remote, length) item. */
 static int parse_one(PyObject *item, te_request *r)
 {
 	PyObject *fast = PySequence_Fast(item, "a request is an (opcode, segment, local, remote, length) sequence");
@@ -107,31 +136,11 @@ static int parse_one(PyObject *item, te_request *r)
 		goto out;
 	}
 	PyObject **f = PySequence_Fast_ITEMS(fast);
-	uint64_t local;
-	int64_t blen;
-	if (parse_opcode(f[0], &r->opcode) < 0 || pyte_segment_id(f[1], &r->segment) < 0 ||
-	    pyte_local_addr(f[2], &local, &blen) < 0)
+	if (parse_opcode(f[0], &r->opcode) < 0 || fill_request(r, f[1], f[2], f[4], "request") < 0)
 		goto out;
-	r->local = (void *)(uintptr_t)local;
 	r->remote = PyLong_AsUnsignedLongLong(f[3]);
 	if (PyErr_Occurred())
 		goto out;
-	if (f[4] == Py_None) {
-		if (blen < 0) {
-			PyErr_SetString(PyExc_TypeError, "a request with an int local address needs a length");
-			goto out;
-		}
-		r->length = (uint64_t)blen;
-	} else {
-		r->length = PyLong_AsUnsignedLongLong(f[4]);
-		if (PyErr_Occurred())
-			goto out;
-		if (blen >= 0 && r->length > (uint64_t)blen) {
-			PyErr_Format(PyExc_ValueError, "length %llu exceeds the local buffer's %lld bytes",
-				     (unsigned long long)r->length, (long long)blen);
-			goto out;
-		}
-	}
 	rc = 0;
 out:
 	Py_DECREF(fast);
@@ -466,8 +475,6 @@ static PyObject *one(PyteEngine *eo, PyObject *args, PyObject *kw, uint32_t op, 
 	PyObject *seg_o, *local_o, *length_o = Py_None, *timeout_o = Py_None;
 	unsigned long long remote;
 	double timeout;
-	int64_t blen;
-	uint64_t local;
 	reqs q;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOK|O$O", kwlist, &seg_o, &local_o, &remote, &length_o,
@@ -476,26 +483,9 @@ static PyObject *one(PyteEngine *eo, PyObject *args, PyObject *kw, uint32_t op, 
 		return NULL;
 	te_request *r = &q.r[0];
 	r->opcode = op;
-	if (pyte_segment_id(seg_o, &r->segment) < 0 || pyte_local_addr(local_o, &local, &blen) < 0)
-		return NULL;
-	r->local = (void *)(uintptr_t)local;
 	r->remote = remote;
-	if (length_o == Py_None) {
-		if (blen < 0) {
-			PyErr_Format(PyExc_TypeError, "%s(): an int local address needs a length", what);
-			return NULL;
-		}
-		r->length = (uint64_t)blen;
-	} else {
-		r->length = PyLong_AsUnsignedLongLong(length_o);
-		if (PyErr_Occurred())
-			return NULL;
-		if (blen >= 0 && r->length > (uint64_t)blen) {
-			PyErr_Format(PyExc_ValueError, "%s(): length %llu exceeds the local buffer's %lld bytes", what,
-				     (unsigned long long)r->length, (long long)blen);
-			return NULL;
-		}
-	}
+	if (fill_request(r, seg_o, local_o, length_o, what) < 0)
+		return NULL;
 	reqs_span(&q, r);
 	return run_sync(eo, &q, timeout, what);
 }

@@ -345,8 +345,9 @@ static PyObject *all_statuses(PyteEngine *eo, te_batch_id id, size_t n)
 
 /* Raises for a batch whose tasks did not all complete: the class of the
  * task's error for a request refused at submit (INVALID), TimeoutError for
- * TIMEOUT, TransferError otherwise; with .task and .statuses. */
-static PyObject *raise_tasks(const outcome *oc, const char *what, size_t n, PyObject *statuses)
+ * TIMEOUT, TransferError otherwise; with .task and .statuses (GIL held,
+ * engine entered). */
+static PyObject *raise_tasks(PyteEngine *eo, te_batch_id id, const outcome *oc, const char *what, size_t n)
 {
 	int code = oc->st.error ? oc->st.error : -EIO;
 	PyObject *cls = oc->st.state == TE_TASK_INVALID	   ? pyte_error_class(code)
@@ -363,12 +364,14 @@ static PyObject *raise_tasks(const outcome *oc, const char *what, size_t n, PyOb
 	Py_DECREF(msg);
 	if (exc == NULL)
 		return NULL;
+	PyObject *statuses = all_statuses(eo, id, n);
 	PyObject *c = PyLong_FromLong(code), *t = PyLong_FromSize_t(oc->task),
 		 *d = PyUnicode_DecodeUTF8(oc->detail, (Py_ssize_t)strlen(oc->detail), "replace");
 	if (c && t && d && PyObject_SetAttrString(exc, "code", c) == 0 && PyObject_SetAttrString(exc, "task", t) == 0 &&
 	    PyObject_SetAttrString(exc, "detail", d) == 0 &&
 	    PyObject_SetAttrString(exc, "statuses", statuses ? statuses : Py_None) == 0)
 		PyErr_SetObject(cls, exc);
+	Py_XDECREF(statuses);
 	Py_XDECREF(c);
 	Py_XDECREF(t);
 	Py_XDECREF(d);
@@ -390,7 +393,7 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 	outcome oc = { 0 };
 	te_batch_id id = TE_INVALID_BATCH;
 	pyte_use use = { .lo = q->lo, .hi = q->hi };
-	PyObject *statuses = NULL, *ret = NULL;
+	PyObject *ret = NULL;
 	int wrc = 0;
 
 	if (q->n == 0)
@@ -442,9 +445,7 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 	} else if (wrc < 0) {
 		pyte_raise_msg(wrc, "%s: waiting failed: %s", what, te_strerror(wrc));
 	} else if (oc.state != TE_TASK_COMPLETED) {
-		statuses = all_statuses(eo, id, q->n);
-		raise_tasks(&oc, what, q->n, statuses);
-		Py_XDECREF(statuses);
+		raise_tasks(eo, id, &oc, what, q->n);
 	} else {
 		ret = Py_NewRef(Py_None);
 	}
@@ -894,14 +895,11 @@ static PyObject *batch_check(PyteBatch *b, PyObject *unused)
 				      submitted);
 	}
 	outcome_tasks(b->engine->e, b->id, submitted, &oc);
-	PyObject *ret = Py_None;
-	if (oc.state != TE_TASK_COMPLETED) {
-		PyObject *statuses = all_statuses(b->engine, b->id, submitted);
-		ret = raise_tasks(&oc, "Batch.check()", submitted, statuses);
-		Py_XDECREF(statuses);
-	}
+	int failed = oc.state != TE_TASK_COMPLETED;
+	if (failed)
+		raise_tasks(b->engine, b->id, &oc, "Batch.check()", submitted);
 	pyte_leave(b->engine);
-	return ret == NULL ? NULL : Py_NewRef(Py_None);
+	return failed ? NULL : Py_NewRef(Py_None);
 }
 
 static PyObject *batch_cancel(PyteBatch *b, PyObject *unused)

@@ -714,50 +714,41 @@ static PyObject *batch_submit_prepared(PyteBatch *b, PyObject *args, PyObject *k
 	return r;
 }
 
-/* A task id argument, the batch entered for the call (pyte_leave after);
- * -1 with an exception set. */
-static Py_ssize_t task_arg(PyteBatch *b, PyObject *arg)
+/* Batch.status(task) and Batch.info(task): one task's TaskStatus, or its
+ * TaskInfo when `info`. */
+static PyObject *batch_task(PyteBatch *b, PyObject *arg, bool info)
 {
+	te_task_info ti = { .size = sizeof ti };
+	te_task_status st;
 	Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
 	if (i == -1 && PyErr_Occurred())
-		return -1;
+		return NULL;
 	if (i < 0) {
 		PyErr_Format(PyExc_IndexError, "task %zd: task ids start at 0", i);
-		return -1;
+		return NULL;
 	}
-	return batch_ready(b) < 0 ? -1 : i;
-}
-
-/* The exception for a failed look at task `i`. */
-static PyObject *task_error(int rc, Py_ssize_t i, const char *what)
-{
+	if (batch_ready(b) < 0)
+		return NULL;
+	int rc = info ? te_get_task_info(b->engine->e, b->id, (size_t)i, &ti)
+		      : te_get_status(b->engine->e, b->id, (size_t)i, &st);
+	pyte_leave(b->engine);
 	if (rc == -ERANGE) {
 		PyErr_Format(PyExc_IndexError, "task %zd was not submitted to this batch", i);
 		return NULL;
 	}
-	return pyte_raise(rc, what);
+	if (rc < 0)
+		return pyte_raise(rc, info ? "Batch.info()" : "Batch.status()");
+	return info ? pyte_task_info(&ti) : pyte_task_status(&st);
 }
 
 static PyObject *batch_status(PyteBatch *b, PyObject *arg)
 {
-	te_task_status st;
-	Py_ssize_t i = task_arg(b, arg);
-	if (i < 0)
-		return NULL;
-	int rc = te_get_status(b->engine->e, b->id, (size_t)i, &st);
-	pyte_leave(b->engine);
-	return rc < 0 ? task_error(rc, i, "Batch.status()") : pyte_task_status(&st);
+	return batch_task(b, arg, false);
 }
 
 static PyObject *batch_info(PyteBatch *b, PyObject *arg)
 {
-	te_task_info ti = { .size = sizeof ti };
-	Py_ssize_t i = task_arg(b, arg);
-	if (i < 0)
-		return NULL;
-	int rc = te_get_task_info(b->engine->e, b->id, (size_t)i, &ti);
-	pyte_leave(b->engine);
-	return rc < 0 ? task_error(rc, i, "Batch.info()") : pyte_task_info(&ti);
+	return batch_task(b, arg, true);
 }
 
 static PyObject *batch_set_deadline(PyteBatch *b, PyObject *arg)

@@ -628,12 +628,7 @@ static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	pthread_rwlock_rdlock(&eo->sublock);
-	pthread_mutex_lock(&eo->mu); /* widen the range before the tasks exist */
-	if (q->lo < b->use.lo)
-		b->use.lo = q->lo;
-	if (q->hi > b->use.hi)
-		b->use.hi = q->hi;
-	pthread_mutex_unlock(&eo->mu);
+	pyte_use_widen(eo, &b->use, q->lo, q->hi);
 	rc = location != NULL ? te_submit_on_stream(eo->e, b->id, q->r, q->n, location, stream)
 			      : te_submit_by(eo->e, b->id, q->r, q->n, deadline);
 	pthread_rwlock_unlock(&eo->sublock);

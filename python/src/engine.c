@@ -74,6 +74,16 @@ void pyte_use_unlink(PyteEngine *eo, pyte_use *u)
 	pthread_mutex_unlock(&eo->mu);
 }
 
+void pyte_use_widen(PyteEngine *eo, pyte_use *u, uint64_t lo, uint64_t hi)
+{
+	pthread_mutex_lock(&eo->mu);
+	if (lo < u->lo)
+		u->lo = lo;
+	if (hi > u->hi)
+		u->hi = hi;
+	pthread_mutex_unlock(&eo->mu);
+}
+
 static int wait_slices(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save, int settled)
 {
 	/* Slices short enough that Ctrl-C and close() are noticed quickly; a

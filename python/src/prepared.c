@@ -276,16 +276,10 @@ PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, Py
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
 	pthread_rwlock_rdlock(&eo->sublock);
-	pthread_mutex_lock(&eo->mu); /* the local list's span: unregistering waits for the batch */
-	if (L->lo < use->lo)
-		use->lo = L->lo;
-	if (L->hi > use->hi)
-		use->hi = L->hi;
-	if (R->segment == TE_LOCAL_SEGMENT && R->lo < use->lo)
-		use->lo = R->lo;
-	if (R->segment == TE_LOCAL_SEGMENT && R->hi > use->hi)
-		use->hi = R->hi;
-	pthread_mutex_unlock(&eo->mu);
+	/* the local lists' span: unregistering waits for the batch */
+	pyte_use_widen(eo, use, L->lo, L->hi);
+	if (R->segment == TE_LOCAL_SEGMENT)
+		pyte_use_widen(eo, use, R->lo, R->hi);
 	rc = te_submit_prepared(eo->e, id, op, L->l, li.idx, R->l, ri.idx, (size_t)n, &first, &tasks);
 	pthread_rwlock_unlock(&eo->sublock);
 	Py_END_ALLOW_THREADS

@@ -86,6 +86,8 @@ void pyte_leave(PyteEngine *eo);
 int pyte_try_enter(PyteEngine *eo);
 void pyte_use_link(PyteEngine *eo, pyte_use *u);
 void pyte_use_unlink(PyteEngine *eo, pyte_use *u);
+/* Widens `u` to cover [lo, hi) too, before tasks that touch it exist. */
+void pyte_use_widen(PyteEngine *eo, pyte_use *u, uint64_t lo, uint64_t hi);
 /* Waits for a batch with the GIL released by the caller (`*save` its
  * thread state), in slices, so a closing engine or a signal ends the wait.
  * timeout_s < 0: no limit. 0, -ETIMEDOUT, PYTE_CLOSED, -EINTR (a Python

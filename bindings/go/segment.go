@@ -72,12 +72,7 @@ func (e *Engine) openSegment(op, name, transport string) (*Segment, error) {
 		}
 		defer C.free(unsafe.Pointer(ctr))
 	}
-	h, err := e.rlock(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.mu.RUnlock()
-	id, err := cint(op, func() C.int {
+	id, err := e.call(op, func(h *C.te_engine) C.int {
 		if ctr != nil {
 			return C.int(C.te_segment_open_with(h, cname, ctr))
 		}
@@ -130,13 +125,7 @@ func (e *Engine) Probe(name string, timeout time.Duration) error {
 // RefreshSegments fetches every open segment's descriptor again and returns
 // how many it refreshed, or the first error (the others are still tried).
 func (e *Engine) RefreshSegments() (int, error) {
-	const op = "RefreshSegments"
-	h, err := e.rlock(op)
-	if err != nil {
-		return 0, err
-	}
-	defer e.mu.RUnlock()
-	return cint(op, func() C.int { return C.te_segment_refresh_all(h) })
+	return e.call("RefreshSegments", func(h *C.te_engine) C.int { return C.te_segment_refresh_all(h) })
 }
 
 // ID is the segment's id, for Request.Segment and notifications.

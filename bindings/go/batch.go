@@ -178,6 +178,17 @@ func (b *Batch) use(op string) (*C.te_engine, func(), error) {
 	return h, func() { b.e.mu.RUnlock(); b.mu.RUnlock() }, nil
 }
 
+// call runs fn, one libte call, on the batch and its engine (both taken
+// for it, as use does) through cerr.
+func (b *Batch) call(op string, fn func(h *C.te_engine) C.int) error {
+	h, release, err := b.use(op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cerr(op, func() C.int { return fn(h) })
+}
+
 // Submit appends the requests as tasks and starts them. It returns how many
 // became INVALID tasks (a bad opcode, unregistered local memory, an unknown
 // segment, a range outside the segment: see Status for why); the others
@@ -261,13 +272,8 @@ func (b *Batch) Status(i int) (TaskStatus, error) {
 	if i < 0 {
 		return TaskStatus{}, newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
 	}
-	h, release, err := b.use(op)
-	if err != nil {
-		return TaskStatus{}, err
-	}
-	defer release()
 	var st C.te_task_status
-	if err := cerr(op, func() C.int { return C.te_get_status(h, b.id, C.size_t(i), &st) }); err != nil {
+	if err := b.call(op, func(h *C.te_engine) C.int { return C.te_get_status(h, b.id, C.size_t(i), &st) }); err != nil {
 		return TaskStatus{}, err
 	}
 	out := TaskStatus{State: TaskState(st.state), Transferred: uint64(st.transferred)}
@@ -284,14 +290,9 @@ func (b *Batch) TaskInfo(i int) (TaskInfo, error) {
 	if i < 0 {
 		return TaskInfo{}, newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
 	}
-	h, release, err := b.use(op)
-	if err != nil {
-		return TaskInfo{}, err
-	}
-	defer release()
 	var ti C.te_task_info
 	ti.size = C.uint32_t(C.sizeof_te_task_info)
-	if err := cerr(op, func() C.int { return C.te_get_task_info(h, b.id, C.size_t(i), &ti) }); err != nil {
+	if err := b.call(op, func(h *C.te_engine) C.int { return C.te_get_task_info(h, b.id, C.size_t(i), &ti) }); err != nil {
 		return TaskInfo{}, err
 	}
 	out := TaskInfo{State: TaskState(ti.state), Flags: TaskFlags(ti.flags), Transferred: uint64(ti.transferred),
@@ -306,27 +307,19 @@ func (b *Batch) TaskInfo(i int) (TaskInfo, error) {
 // the batch from now on whose submit gives none; 0 removes it. Tasks
 // already submitted keep theirs. A negative one is ErrInvalid.
 func (b *Batch) SetDeadline(deadlineNs int64) error {
-	const op = "SetDeadline"
-	h, release, err := b.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int { return C.te_batch_set_deadline(h, b.id, C.int64_t(deadlineNs)) })
+	return b.call("SetDeadline", func(h *C.te_engine) C.int {
+		return C.te_batch_set_deadline(h, b.id, C.int64_t(deadlineNs))
+	})
 }
 
 // Summary returns the number of tasks submitted, in flight, and the
 // batch's overall state.
 func (b *Batch) Summary() (BatchSummary, error) {
-	const op = "Summary"
-	h, release, err := b.use(op)
-	if err != nil {
-		return BatchSummary{}, err
-	}
-	defer release()
 	var sub, inflight C.size_t
 	var state C.int32_t
-	if err := cerr(op, func() C.int { return C.te_batch_status(h, b.id, &sub, &inflight, &state) }); err != nil {
+	if err := b.call("Summary", func(h *C.te_engine) C.int {
+		return C.te_batch_status(h, b.id, &sub, &inflight, &state)
+	}); err != nil {
 		return BatchSummary{}, err
 	}
 	return BatchSummary{Submitted: int(sub), InFlight: int(inflight), State: TaskState(state)}, nil
@@ -405,13 +398,7 @@ func (b *Batch) waitFor(ms int64, settled bool) (bool, error) {
 // milliseconds on a transport that honours deadlines (on another, running
 // ones stop at their next slice). It returns at once; Wait sees them end.
 func (b *Batch) Cancel() error {
-	const op = "Cancel"
-	h, release, err := b.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int { return C.te_batch_cancel(h, b.id) })
+	return b.call("Cancel", func(h *C.te_engine) C.int { return C.te_batch_cancel(h, b.id) })
 }
 
 // Free frees the batch. It refuses (ErrBusy) while a task has not ended; a
@@ -489,12 +476,7 @@ func (b *Batch) notify(op string, seg SegmentID, sender *string, msg string) err
 		return err
 	}
 	defer free()
-	h, release, err := b.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int {
+	return b.call(op, func(h *C.te_engine) C.int {
 		return C.te_batch_notify_as(h, b.id, C.te_segment_id(seg), csender, cmsg)
 	})
 }

@@ -125,22 +125,12 @@ func TestDeadlinePassed(t *testing.T) {
 // it; Cancel ends a task in flight at once.
 func TestDeadlineHeldPeer(t *testing.T) {
 	const size = 256 << 10
-	p := &pair{tbuf: mem(t, size), ibuf: mem(t, size)}
-	testenv.Fill(p.tbuf, 1)
-	p.target = engine(t, "P2PHANDSHAKE", "127.0.0.1", te.WithTransports("holddl"))
-	p.init = engine(t, "P2PHANDSHAKE", "127.0.0.1", te.WithTransports("holddl"))
-	hold := testenv.HoldDLPlugin(t)
-	t.Cleanup(func() { hold.Release(0) })
-	must(t, "RegisterMemory", p.target.RegisterMemory(p.tbuf, "cpu:0", te.RemoteAccess))
-	must(t, "RegisterMemory", p.init.RegisterMemory(p.ibuf, "cpu:0"))
-	seg, err := p.init.OpenSegmentWith(p.target.Name(), "holddl")
-	must(t, "OpenSegmentWith(holddl)", err)
-	p.seg, p.remote = seg, addr(p.tbuf)
+	p, hold := holdPairOn(t, "holddl")
 
 	testenv.Fill(p.ibuf, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	start := time.Now()
-	err = p.init.Read(ctx, p.ibuf, p.seg.ID(), p.remote)
+	err := p.init.Read(ctx, p.ibuf, p.seg.ID(), p.remote)
 	cancel()
 	if el := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || el < 190*time.Millisecond || el > 400*time.Millisecond {
 		t.Fatalf("Read with a 200 ms deadline: %v after %v", err, el)

@@ -181,6 +181,17 @@ func (e *Engine) rlock(op string) (*C.te_engine, error) {
 	return e.h, nil
 }
 
+// call runs fn, one libte call, on the engine (held for reading
+// meanwhile) through cint: its non-negative result or its error.
+func (e *Engine) call(op string, fn func(h *C.te_engine) C.int) (int, error) {
+	h, err := e.rlock(op)
+	if err != nil {
+		return 0, err
+	}
+	defer e.mu.RUnlock()
+	return cint(op, func() C.int { return fn(h) })
+}
+
 // rlockString is rlock for a call that passes s (a `what`, for the error)
 // as a C string: on success the caller runs the returned release, which
 // frees the string and unlocks.
@@ -226,12 +237,8 @@ func (e *Engine) InstallTransport(name, jsonArgs string) error {
 		}
 		defer C.free(unsafe.Pointer(cargs))
 	}
-	h, err := e.rlock(op)
-	if err != nil {
-		return err
-	}
-	defer e.mu.RUnlock()
-	return cerr(op, func() C.int { return C.te_transport_install(h, cname, cargs) })
+	_, err = e.call(op, func(h *C.te_engine) C.int { return C.te_transport_install(h, cname, cargs) })
+	return err
 }
 
 // UninstallTransport removes an installed transport.
@@ -248,20 +255,16 @@ func (e *Engine) UninstallTransport(name string) error {
 // AutoTransport installs the best transport available here (RDMA when it
 // finds devices, else TCP) and returns its name.
 func (e *Engine) AutoTransport() (string, error) {
-	const op = "AutoTransport"
-	h, err := e.rlock(op)
-	if err != nil {
-		return "", err
-	}
-	defer e.mu.RUnlock()
-	var name *C.char
-	if err := cerr(op, func() C.int { return C.te_transport_auto(h, &name) }); err != nil {
-		return "", err
-	}
-	if name == nil {
-		return "", nil
-	}
-	return C.GoString(name), nil
+	var name string
+	_, err := e.call("AutoTransport", func(h *C.te_engine) C.int {
+		var cname *C.char
+		rc := C.te_transport_auto(h, &cname)
+		if cname != nil {
+			name = C.GoString(cname)
+		}
+		return rc
+	})
+	return name, err
 }
 
 // Transports lists the installed transports.

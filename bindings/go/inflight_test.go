@@ -18,17 +18,28 @@ import (
 // every transfer in flight until the test releases it.
 func holdPair(t *testing.T) (*pair, testenv.Hold) {
 	t.Helper()
+	return holdPairOn(t, "hold")
+}
+
+// holdPairOn is holdPair on transport "hold" or "holddl" (the hold
+// transport that honours deadlines).
+func holdPairOn(t *testing.T, transport string) (*pair, testenv.Hold) {
+	t.Helper()
 	const size = 256 << 10
 	p := &pair{tbuf: mem(t, size), ibuf: mem(t, size)}
 	testenv.Fill(p.tbuf, 1)
-	p.target = engine(t, "P2PHANDSHAKE", "127.0.0.1", te.WithTransports("hold"))
-	p.init = engine(t, "P2PHANDSHAKE", "127.0.0.1", te.WithTransports("hold"))
-	hold := testenv.HoldPlugin(t)
+	p.target = engine(t, "P2PHANDSHAKE", "127.0.0.1", te.WithTransports(transport))
+	p.init = engine(t, "P2PHANDSHAKE", "127.0.0.1", te.WithTransports(transport))
+	plugin := testenv.HoldPlugin
+	if transport == "holddl" {
+		plugin = testenv.HoldDLPlugin
+	}
+	hold := plugin(t)
 	t.Cleanup(func() { hold.Release(-int(syscall.ECANCELED)) }) // never leave transfers held
 	must(t, "RegisterMemory", p.target.RegisterMemory(p.tbuf, "cpu:0", te.RemoteAccess))
 	must(t, "RegisterMemory", p.init.RegisterMemory(p.ibuf, "cpu:0"))
-	seg, err := p.init.OpenSegmentWith(p.target.Name(), "hold")
-	must(t, "OpenSegmentWith(hold)", err)
+	seg, err := p.init.OpenSegmentWith(p.target.Name(), transport)
+	must(t, "OpenSegmentWith("+transport+")", err)
 	p.seg, p.remote = seg, addr(p.tbuf)
 	return p, hold
 }

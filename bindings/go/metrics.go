@@ -132,13 +132,8 @@ func (s *Stats) Peer(peer, op string) *PeerStats {
 // Stats returns every counter of the engine.
 func (e *Engine) Stats() (*Stats, error) {
 	const op = "Stats"
-	h, err := e.rlock(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.mu.RUnlock()
 	var js *C.char
-	if err := cerr(op, func() C.int { return C.te_engine_stats_json(h, &js) }); err != nil {
+	if _, err := e.call(op, func(h *C.te_engine) C.int { return C.te_engine_stats_json(h, &js) }); err != nil {
 		return nil, err
 	}
 	defer C.te_free(unsafe.Pointer(js))
@@ -153,14 +148,9 @@ func (e *Engine) Stats() (*Stats, error) {
 // (version 0.0.4), ready to serve as a scrape answer.
 func (e *Engine) MetricsText() (string, error) {
 	const op = "MetricsText"
-	h, err := e.rlock(op)
-	if err != nil {
-		return "", err
-	}
-	defer e.mu.RUnlock()
 	var text *C.char
 	var n C.size_t
-	if err := cerr(op, func() C.int { return C.te_metrics_text(h, &text, &n) }); err != nil {
+	if _, err := e.call(op, func(h *C.te_engine) C.int { return C.te_metrics_text(h, &text, &n) }); err != nil {
 		return "", err
 	}
 	defer C.te_free(unsafe.Pointer(text))

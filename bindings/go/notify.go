@@ -38,12 +38,8 @@ func (e *Engine) notify(op string, seg SegmentID, sender *string, msg string) er
 		return err
 	}
 	defer free()
-	h, err := e.rlock(op)
-	if err != nil {
-		return err
-	}
-	defer e.mu.RUnlock()
-	return cerr(op, func() C.int { return C.te_notify_send_as(h, C.te_segment_id(seg), csender, cmsg) })
+	_, err = e.call(op, func(h *C.te_engine) C.int { return C.te_notify_send_as(h, C.te_segment_id(seg), csender, cmsg) })
+	return err
 }
 
 // notifyStrings checks and converts a notification's text and sender
@@ -72,15 +68,9 @@ func notifyStrings(op string, sender *string, msg string) (cmsg, csender *C.char
 
 // Notifications takes every notification received and not yet taken.
 func (e *Engine) Notifications() ([]Notification, error) {
-	const op = "Notifications"
-	h, err := e.rlock(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.mu.RUnlock()
 	var list *C.te_notification
 	var n C.size_t
-	if err := cerr(op, func() C.int { return C.te_notify_fetch(h, &list, &n) }); err != nil {
+	if _, err := e.call("Notifications", func(h *C.te_engine) C.int { return C.te_notify_fetch(h, &list, &n) }); err != nil {
 		return nil, err
 	}
 	if n == 0 || list == nil {

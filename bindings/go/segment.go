@@ -72,12 +72,7 @@ func (e *Engine) openSegment(op, name, transport string) (*Segment, error) {
 		}
 		defer C.free(unsafe.Pointer(ctr))
 	}
-	h, err := e.rlock(op)
-	if err != nil {
-		return nil, err
-	}
-	defer e.mu.RUnlock()
-	id, err := cint(op, func() C.int {
+	id, err := e.call(op, func(h *C.te_engine) C.int {
 		if ctr != nil {
 			return C.int(C.te_segment_open_with(h, cname, ctr))
 		}
@@ -130,13 +125,7 @@ func (e *Engine) Probe(name string, timeout time.Duration) error {
 // RefreshSegments fetches every open segment's descriptor again and returns
 // how many it refreshed, or the first error (the others are still tried).
 func (e *Engine) RefreshSegments() (int, error) {
-	const op = "RefreshSegments"
-	h, err := e.rlock(op)
-	if err != nil {
-		return 0, err
-	}
-	defer e.mu.RUnlock()
-	return cint(op, func() C.int { return C.te_segment_refresh_all(h) })
+	return e.call("RefreshSegments", func(h *C.te_engine) C.int { return C.te_segment_refresh_all(h) })
 }
 
 // ID is the segment's id, for Request.Segment and notifications.
@@ -162,6 +151,17 @@ func (s *Segment) use(op string) (*C.te_engine, func(), error) {
 		return nil, nil, err
 	}
 	return h, func() { s.e.mu.RUnlock(); s.mu.RUnlock() }, nil
+}
+
+// call runs fn, one libte call, on the segment and its engine (both taken
+// for it, as use does) through cerr.
+func (s *Segment) call(op string, fn func(h *C.te_engine) C.int) error {
+	h, release, err := s.use(op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cerr(op, func() C.int { return fn(h) })
 }
 
 // Buffers lists the segment's buffers, sorted by address (for the local
@@ -199,26 +199,16 @@ func (s *Segment) Buffers() ([]SegmentBuffer, error) {
 
 // Refresh fetches the segment's descriptor again.
 func (s *Segment) Refresh() error {
-	const op = "Refresh"
-	h, release, err := s.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int { return C.te_segment_refresh(h, C.te_segment_id(s.id)) })
+	return s.call("Refresh", func(h *C.te_engine) C.int { return C.te_segment_refresh(h, C.te_segment_id(s.id)) })
 }
 
 // Descriptor returns the segment's descriptor JSON as last fetched (for the
 // local segment: as last published).
 func (s *Segment) Descriptor() (string, error) {
-	const op = "Descriptor"
-	h, release, err := s.use(op)
-	if err != nil {
-		return "", err
-	}
-	defer release()
 	var js *C.char
-	if err := cerr(op, func() C.int { return C.te_segment_descriptor(h, C.te_segment_id(s.id), &js) }); err != nil {
+	if err := s.call("Descriptor", func(h *C.te_engine) C.int {
+		return C.te_segment_descriptor(h, C.te_segment_id(s.id), &js)
+	}); err != nil {
 		return "", err
 	}
 	defer C.te_free(unsafe.Pointer(js))
@@ -229,23 +219,16 @@ func (s *Segment) Descriptor() (string, error) {
 // engine on this host (when both have the same-host transport), "tcp",
 // "rdma", ...
 func (s *Segment) Transport() (string, error) {
-	const op = "Transport"
-	h, release, err := s.use(op)
-	if err != nil {
-		return "", err
-	}
-	defer release()
-	var name *C.char
-	if err := cerr(op, func() C.int {
-		name = C.te_segment_transport(h, C.te_segment_id(s.id))
-		if name == nil {
+	var name string
+	err := s.call("Transport", func(h *C.te_engine) C.int {
+		cname := C.te_segment_transport(h, C.te_segment_id(s.id))
+		if cname == nil {
 			return C.int(ErrSegment)
 		}
+		name = C.GoString(cname) // the engine's string: copied while it is held
 		return 0
-	}); err != nil {
-		return "", err
-	}
-	return C.GoString(name), nil
+	})
+	return name, err
 }
 
 // Close drops this reference to the segment. A second Close returns

@@ -93,8 +93,37 @@ static int parse_opcode(PyObject *o, uint32_t *op)
 	return 0;
 }
 
-/* One (opcode, segment, local, remote, length) item; length may be None when
- * local is a buffer object. */
+/* A request's segment, local memory and length (opcode and remote are the
+ * caller's); a length of None stands for a buffer object's whole length.
+ * `what` begins the messages. */
+static int fill_request(te_request *r, PyObject *seg_o, PyObject *local_o, PyObject *length_o, const char *what)
+{
+	uint64_t local;
+	int64_t blen;
+
+	if (pyte_segment_id(seg_o, &r->segment) < 0 || pyte_local_addr(local_o, &local, &blen) < 0)
+		return -1;
+	r->local = (void *)(uintptr_t)local;
+	if (length_o == Py_None) {
+		if (blen < 0) {
+			PyErr_Format(PyExc_TypeError, "%s: an int local address needs a length", what);
+			return -1;
+		}
+		r->length = (uint64_t)blen;
+		return 0;
+	}
+	r->length = PyLong_AsUnsignedLongLong(length_o);
+	if (PyErr_Occurred())
+		return -1;
+	if (blen >= 0 && r->length > (uint64_t)blen) {
+		PyErr_Format(PyExc_ValueError, "%s: length %llu exceeds the local buffer's %lld bytes", what,
+			     (unsigned long long)r->length, (long long)blen);
+		return -1;
+	}
+	return 0;
+}
+
+/* One (opcode, segment, local, remote, length) item. */
 static int parse_one(PyObject *item, te_request *r)
 {
 	PyObject *fast = PySequence_Fast(item, "a request is an (opcode, segment, local, remote, length) sequence");
@@ -107,31 +136,11 @@ static int parse_one(PyObject *item, te_request *r)
 		goto out;
 	}
 	PyObject **f = PySequence_Fast_ITEMS(fast);
-	uint64_t local;
-	int64_t blen;
-	if (parse_opcode(f[0], &r->opcode) < 0 || pyte_segment_id(f[1], &r->segment) < 0 ||
-	    pyte_local_addr(f[2], &local, &blen) < 0)
+	if (parse_opcode(f[0], &r->opcode) < 0 || fill_request(r, f[1], f[2], f[4], "request") < 0)
 		goto out;
-	r->local = (void *)(uintptr_t)local;
 	r->remote = PyLong_AsUnsignedLongLong(f[3]);
 	if (PyErr_Occurred())
 		goto out;
-	if (f[4] == Py_None) {
-		if (blen < 0) {
-			PyErr_SetString(PyExc_TypeError, "a request with an int local address needs a length");
-			goto out;
-		}
-		r->length = (uint64_t)blen;
-	} else {
-		r->length = PyLong_AsUnsignedLongLong(f[4]);
-		if (PyErr_Occurred())
-			goto out;
-		if (blen >= 0 && r->length > (uint64_t)blen) {
-			PyErr_Format(PyExc_ValueError, "length %llu exceeds the local buffer's %lld bytes",
-				     (unsigned long long)r->length, (long long)blen);
-			goto out;
-		}
-	}
 	rc = 0;
 out:
 	Py_DECREF(fast);
@@ -336,8 +345,9 @@ static PyObject *all_statuses(PyteEngine *eo, te_batch_id id, size_t n)
 
 /* Raises for a batch whose tasks did not all complete: the class of the
  * task's error for a request refused at submit (INVALID), TimeoutError for
- * TIMEOUT, TransferError otherwise; with .task and .statuses. */
-static PyObject *raise_tasks(const outcome *oc, const char *what, size_t n, PyObject *statuses)
+ * TIMEOUT, TransferError otherwise; with .task and .statuses (GIL held,
+ * engine entered). */
+static PyObject *raise_tasks(PyteEngine *eo, te_batch_id id, const outcome *oc, const char *what, size_t n)
 {
 	int code = oc->st.error ? oc->st.error : -EIO;
 	PyObject *cls = oc->st.state == TE_TASK_INVALID	   ? pyte_error_class(code)
@@ -354,12 +364,14 @@ static PyObject *raise_tasks(const outcome *oc, const char *what, size_t n, PyOb
 	Py_DECREF(msg);
 	if (exc == NULL)
 		return NULL;
+	PyObject *statuses = all_statuses(eo, id, n);
 	PyObject *c = PyLong_FromLong(code), *t = PyLong_FromSize_t(oc->task),
 		 *d = PyUnicode_DecodeUTF8(oc->detail, (Py_ssize_t)strlen(oc->detail), "replace");
 	if (c && t && d && PyObject_SetAttrString(exc, "code", c) == 0 && PyObject_SetAttrString(exc, "task", t) == 0 &&
 	    PyObject_SetAttrString(exc, "detail", d) == 0 &&
 	    PyObject_SetAttrString(exc, "statuses", statuses ? statuses : Py_None) == 0)
 		PyErr_SetObject(cls, exc);
+	Py_XDECREF(statuses);
 	Py_XDECREF(c);
 	Py_XDECREF(t);
 	Py_XDECREF(d);
@@ -381,7 +393,7 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 	outcome oc = { 0 };
 	te_batch_id id = TE_INVALID_BATCH;
 	pyte_use use = { .lo = q->lo, .hi = q->hi };
-	PyObject *statuses = NULL, *ret = NULL;
+	PyObject *ret = NULL;
 	int wrc = 0;
 
 	if (q->n == 0)
@@ -433,9 +445,7 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 	} else if (wrc < 0) {
 		pyte_raise_msg(wrc, "%s: waiting failed: %s", what, te_strerror(wrc));
 	} else if (oc.state != TE_TASK_COMPLETED) {
-		statuses = all_statuses(eo, id, q->n);
-		raise_tasks(&oc, what, q->n, statuses);
-		Py_XDECREF(statuses);
+		raise_tasks(eo, id, &oc, what, q->n);
 	} else {
 		ret = Py_NewRef(Py_None);
 	}
@@ -466,8 +476,6 @@ static PyObject *one(PyteEngine *eo, PyObject *args, PyObject *kw, uint32_t op, 
 	PyObject *seg_o, *local_o, *length_o = Py_None, *timeout_o = Py_None;
 	unsigned long long remote;
 	double timeout;
-	int64_t blen;
-	uint64_t local;
 	reqs q;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOK|O$O", kwlist, &seg_o, &local_o, &remote, &length_o,
@@ -476,26 +484,9 @@ static PyObject *one(PyteEngine *eo, PyObject *args, PyObject *kw, uint32_t op, 
 		return NULL;
 	te_request *r = &q.r[0];
 	r->opcode = op;
-	if (pyte_segment_id(seg_o, &r->segment) < 0 || pyte_local_addr(local_o, &local, &blen) < 0)
-		return NULL;
-	r->local = (void *)(uintptr_t)local;
 	r->remote = remote;
-	if (length_o == Py_None) {
-		if (blen < 0) {
-			PyErr_Format(PyExc_TypeError, "%s(): an int local address needs a length", what);
-			return NULL;
-		}
-		r->length = (uint64_t)blen;
-	} else {
-		r->length = PyLong_AsUnsignedLongLong(length_o);
-		if (PyErr_Occurred())
-			return NULL;
-		if (blen >= 0 && r->length > (uint64_t)blen) {
-			PyErr_Format(PyExc_ValueError, "%s(): length %llu exceeds the local buffer's %lld bytes", what,
-				     (unsigned long long)r->length, (long long)blen);
-			return NULL;
-		}
-	}
+	if (fill_request(r, seg_o, local_o, length_o, what) < 0)
+		return NULL;
 	reqs_span(&q, r);
 	return run_sync(eo, &q, timeout, what);
 }
@@ -542,7 +533,7 @@ typedef struct {
 	PyteEngine *engine;
 	te_batch_id id;
 	size_t capacity;
-	int freed;
+	char freed; /* a char: T_BOOL reads one */
 	pyte_use use; /* linked into the engine's list until freed */
 } PyteBatch;
 
@@ -637,12 +628,7 @@ static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	pthread_rwlock_rdlock(&eo->sublock);
-	pthread_mutex_lock(&eo->mu); /* widen the range before the tasks exist */
-	if (q->lo < b->use.lo)
-		b->use.lo = q->lo;
-	if (q->hi > b->use.hi)
-		b->use.hi = q->hi;
-	pthread_mutex_unlock(&eo->mu);
+	pyte_use_widen(eo, &b->use, q->lo, q->hi);
 	rc = location != NULL ? te_submit_on_stream(eo->e, b->id, q->r, q->n, location, stream)
 			      : te_submit_by(eo->e, b->id, q->r, q->n, deadline);
 	pthread_rwlock_unlock(&eo->sublock);
@@ -723,50 +709,41 @@ static PyObject *batch_submit_prepared(PyteBatch *b, PyObject *args, PyObject *k
 	return r;
 }
 
-/* A task id argument, the batch entered for the call (pyte_leave after);
- * -1 with an exception set. */
-static Py_ssize_t task_arg(PyteBatch *b, PyObject *arg)
+/* Batch.status(task) and Batch.info(task): one task's TaskStatus, or its
+ * TaskInfo when `info`. */
+static PyObject *batch_task(PyteBatch *b, PyObject *arg, bool info)
 {
+	te_task_info ti = { .size = sizeof ti };
+	te_task_status st;
 	Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
 	if (i == -1 && PyErr_Occurred())
-		return -1;
+		return NULL;
 	if (i < 0) {
 		PyErr_Format(PyExc_IndexError, "task %zd: task ids start at 0", i);
-		return -1;
+		return NULL;
 	}
-	return batch_ready(b) < 0 ? -1 : i;
-}
-
-/* The exception for a failed look at task `i`. */
-static PyObject *task_error(int rc, Py_ssize_t i, const char *what)
-{
+	if (batch_ready(b) < 0)
+		return NULL;
+	int rc = info ? te_get_task_info(b->engine->e, b->id, (size_t)i, &ti)
+		      : te_get_status(b->engine->e, b->id, (size_t)i, &st);
+	pyte_leave(b->engine);
 	if (rc == -ERANGE) {
 		PyErr_Format(PyExc_IndexError, "task %zd was not submitted to this batch", i);
 		return NULL;
 	}
-	return pyte_raise(rc, what);
+	if (rc < 0)
+		return pyte_raise(rc, info ? "Batch.info()" : "Batch.status()");
+	return info ? pyte_task_info(&ti) : pyte_task_status(&st);
 }
 
 static PyObject *batch_status(PyteBatch *b, PyObject *arg)
 {
-	te_task_status st;
-	Py_ssize_t i = task_arg(b, arg);
-	if (i < 0)
-		return NULL;
-	int rc = te_get_status(b->engine->e, b->id, (size_t)i, &st);
-	pyte_leave(b->engine);
-	return rc < 0 ? task_error(rc, i, "Batch.status()") : pyte_task_status(&st);
+	return batch_task(b, arg, false);
 }
 
 static PyObject *batch_info(PyteBatch *b, PyObject *arg)
 {
-	te_task_info ti = { .size = sizeof ti };
-	Py_ssize_t i = task_arg(b, arg);
-	if (i < 0)
-		return NULL;
-	int rc = te_get_task_info(b->engine->e, b->id, (size_t)i, &ti);
-	pyte_leave(b->engine);
-	return rc < 0 ? task_error(rc, i, "Batch.info()") : pyte_task_info(&ti);
+	return batch_task(b, arg, true);
 }
 
 static PyObject *batch_set_deadline(PyteBatch *b, PyObject *arg)
@@ -851,18 +828,6 @@ static PyObject *batch_get_id(PyteBatch *b, void *c)
 	return PyLong_FromUnsignedLongLong(b->id);
 }
 
-static PyObject *batch_get_capacity(PyteBatch *b, void *c)
-{
-	(void)c;
-	return PyLong_FromSize_t(b->capacity);
-}
-
-static PyObject *batch_get_freed(PyteBatch *b, void *c)
-{
-	(void)c;
-	return PyBool_FromLong(b->freed);
-}
-
 /* Batch.wait() and Batch.wait_settled(): True when done, False at the
  * timeout. */
 static PyObject *batch_wait_how(PyteBatch *b, PyObject *args, PyObject *kw, bool settled)
@@ -916,14 +881,11 @@ static PyObject *batch_check(PyteBatch *b, PyObject *unused)
 				      submitted);
 	}
 	outcome_tasks(b->engine->e, b->id, submitted, &oc);
-	PyObject *ret = Py_None;
-	if (oc.state != TE_TASK_COMPLETED) {
-		PyObject *statuses = all_statuses(b->engine, b->id, submitted);
-		ret = raise_tasks(&oc, "Batch.check()", submitted, statuses);
-		Py_XDECREF(statuses);
-	}
+	int failed = oc.state != TE_TASK_COMPLETED;
+	if (failed)
+		raise_tasks(b->engine, b->id, &oc, "Batch.check()", submitted);
 	pyte_leave(b->engine);
-	return ret == NULL ? NULL : Py_NewRef(Py_None);
+	return failed ? NULL : Py_NewRef(Py_None);
 }
 
 static PyObject *batch_cancel(PyteBatch *b, PyObject *unused)
@@ -979,12 +941,6 @@ static PyObject *batch_notify(PyteBatch *b, PyObject *args, PyObject *kw)
 	if (rc < 0)
 		return pyte_raise(rc, "Batch.notify()");
 	Py_RETURN_NONE;
-}
-
-static PyObject *batch_enter(PyObject *b, PyObject *unused)
-{
-	(void)unused;
-	return Py_NewRef(b);
 }
 
 static PyObject *batch_exit(PyteBatch *b, PyObject *args)
@@ -1046,7 +1002,7 @@ static PyMethodDef batch_methods[] = {
 	  "free()\n--\n\nFrees the batch; BusyError while tasks are in flight." },
 	{ "notify", (PyCFunction)(void (*)(void))batch_notify, METH_VARARGS | METH_KEYWORDS,
 	  "notify(segment, msg, *, sender=None)\n--\n\nSends `msg` to the segment's owner once the batch has drained." },
-	{ "__enter__", batch_enter, METH_NOARGS, NULL },
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)batch_exit, METH_VARARGS,
 	  "Leaving the block waits for the tasks (canceling them when an exception is on its way) and frees." },
 	{ NULL, NULL, 0, NULL },
@@ -1054,13 +1010,17 @@ static PyMethodDef batch_methods[] = {
 
 static PyGetSetDef batch_getset[] = {
 	{ "id", (getter)batch_get_id, NULL, "libte's batch id.", NULL },
-	{ "capacity", (getter)batch_get_capacity, NULL, "Tasks it can hold over its life.", NULL },
 	{ "submitted", (getter)batch_get_submitted, NULL, "Tasks submitted so far.", NULL },
 	{ "in_flight", (getter)batch_get_in_flight, NULL, "Tasks still moving.", NULL },
 	{ "state", (getter)batch_get_state, NULL,
 	  "COMPLETED when every task completed, the worst end state once all ended, else WAITING.", NULL },
-	{ "freed", (getter)batch_get_freed, NULL, "True after free().", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
+};
+
+static PyMemberDef batch_members[] = {
+	{ "capacity", T_PYSSIZET, offsetof(PyteBatch, capacity), READONLY, "Tasks it can hold over its life." },
+	{ "freed", T_BOOL, offsetof(PyteBatch, freed), READONLY, "True after free()." },
+	{ NULL, 0, 0, 0, NULL },
 };
 
 PyTypeObject PyteBatchType = {
@@ -1074,5 +1034,6 @@ PyTypeObject PyteBatchType = {
 	.tp_doc = "A set of transfers with a status each (from Engine.batch). len() is the number submitted.\n"
 		  "A context manager: leaving the block waits and frees.",
 	.tp_methods = batch_methods,
+	.tp_members = batch_members,
 	.tp_getset = batch_getset,
 };

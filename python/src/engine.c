@@ -74,6 +74,16 @@ void pyte_use_unlink(PyteEngine *eo, pyte_use *u)
 	pthread_mutex_unlock(&eo->mu);
 }
 
+void pyte_use_widen(PyteEngine *eo, pyte_use *u, uint64_t lo, uint64_t hi)
+{
+	pthread_mutex_lock(&eo->mu);
+	if (lo < u->lo)
+		u->lo = lo;
+	if (hi > u->hi)
+		u->hi = hi;
+	pthread_mutex_unlock(&eo->mu);
+}
+
 static int wait_slices(PyteEngine *eo, te_batch_id id, double timeout_s, PyThreadState **save, int settled)
 {
 	/* Slices short enough that Ctrl-C and close() are noticed quickly; a
@@ -334,49 +344,16 @@ static PyObject *engine_exit_ctx(PyteEngine *self, PyObject *args)
 
 /* ------------------------------------------------------------- getters */
 
-static PyObject *engine_get_name(PyteEngine *self, void *c)
-{
-	(void)c;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = PyUnicode_FromString(te_engine_name(self->e));
-	pyte_leave(self);
-	return r;
-}
-
-static PyObject *engine_get_address(PyteEngine *self, void *c)
-{
-	(void)c;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = PyUnicode_FromString(te_engine_address(self->e));
-	pyte_leave(self);
-	return r;
-}
-
-static PyObject *engine_get_rpc_port(PyteEngine *self, void *c)
-{
-	(void)c;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = PyLong_FromLong(te_engine_rpc_port(self->e));
-	pyte_leave(self);
-	return r;
-}
-
 static PyObject *engine_get_closed(PyteEngine *self, void *c)
 {
 	(void)c;
 	return PyBool_FromLong(self->e == NULL || atomic_load(&self->closing));
 }
 
-static PyObject *engine_get_transports(PyteEngine *self, void *c)
+static PyObject *transport_names(te_engine *e)
 {
-	(void)c;
 	const char *names[32];
-	if (pyte_enter(self) < 0)
-		return NULL;
-	int n = te_transport_list(self->e, names, 32);
+	int n = te_transport_list(e, names, 32);
 	PyObject *list = PyList_New(0);
 	for (int i = 0; list != NULL && i < n && i < 32; i++) {
 		PyObject *s = PyUnicode_FromString(names[i]);
@@ -384,8 +361,26 @@ static PyObject *engine_get_transports(PyteEngine *self, void *c)
 			Py_CLEAR(list);
 		Py_XDECREF(s);
 	}
-	pyte_leave(self);
 	return list;
+}
+
+/* The getters that read the live engine; the closure says which. */
+enum engine_attr { ATTR_NAME, ATTR_ADDRESS, ATTR_RPC_PORT, ATTR_TRANSPORTS };
+
+static PyObject *engine_get_attr(PyteEngine *self, void *which)
+{
+	PyObject *r;
+
+	if (pyte_enter(self) < 0)
+		return NULL;
+	switch ((enum engine_attr)(intptr_t)which) {
+	case ATTR_NAME: r = PyUnicode_FromString(te_engine_name(self->e)); break;
+	case ATTR_ADDRESS: r = PyUnicode_FromString(te_engine_address(self->e)); break;
+	case ATTR_RPC_PORT: r = PyLong_FromLong(te_engine_rpc_port(self->e)); break;
+	default: r = transport_names(self->e); break;
+	}
+	pyte_leave(self);
+	return r;
 }
 
 /* ---------------------------------------------------------- transports */
@@ -609,19 +604,15 @@ static PyObject *engine_notifications(PyteEngine *self, PyObject *unused)
 		return pyte_raise(rc, "notifications()");
 	PyObject *out = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; out != NULL && i < n; i++) {
-		PyObject *o = PyStructSequence_New(&PyteNotificationType);
-		PyObject *a = PyUnicode_DecodeUTF8(list[i].name, (Py_ssize_t)strlen(list[i].name), "replace");
-		PyObject *b = PyUnicode_DecodeUTF8(list[i].msg, (Py_ssize_t)strlen(list[i].msg), "replace");
-		if (o == NULL || a == NULL || b == NULL) {
-			Py_XDECREF(o);
-			Py_XDECREF(a);
-			Py_XDECREF(b);
+		PyObject *items[2] = {
+			PyUnicode_DecodeUTF8(list[i].name, (Py_ssize_t)strlen(list[i].name), "replace"),
+			PyUnicode_DecodeUTF8(list[i].msg, (Py_ssize_t)strlen(list[i].msg), "replace"),
+		};
+		PyObject *o = pyte_struct_seq(&PyteNotificationType, items, 2);
+		if (o == NULL)
 			Py_CLEAR(out);
-			break;
-		}
-		PyStructSequence_SET_ITEM(o, 0, a);
-		PyStructSequence_SET_ITEM(o, 1, b);
-		PyList_SET_ITEM(out, (Py_ssize_t)i, o);
+		else
+			PyList_SET_ITEM(out, (Py_ssize_t)i, o);
 	}
 	te_notifications_free(list, n);
 	return out;
@@ -734,10 +725,13 @@ static PyMethodDef engine_methods[] = {
 };
 
 static PyGetSetDef engine_getset[] = {
-	{ "name", (getter)engine_get_name, NULL, "The engine's segment name (\"host:port\" with P2PHANDSHAKE).", NULL },
-	{ "address", (getter)engine_get_address, NULL, "The address peers reach this engine at.", NULL },
-	{ "rpc_port", (getter)engine_get_rpc_port, NULL, "The RPC/handshake port.", NULL },
-	{ "transports", (getter)engine_get_transports, NULL, "Names of the installed transports.", NULL },
+	{ "name", (getter)engine_get_attr, NULL, "The engine's segment name (\"host:port\" with P2PHANDSHAKE).",
+	  (void *)(intptr_t)ATTR_NAME },
+	{ "address", (getter)engine_get_attr, NULL, "The address peers reach this engine at.",
+	  (void *)(intptr_t)ATTR_ADDRESS },
+	{ "rpc_port", (getter)engine_get_attr, NULL, "The RPC/handshake port.", (void *)(intptr_t)ATTR_RPC_PORT },
+	{ "transports", (getter)engine_get_attr, NULL, "Names of the installed transports.",
+	  (void *)(intptr_t)ATTR_TRANSPORTS },
 	{ "closed", (getter)engine_get_closed, NULL, "True once close() began.", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
 };

@@ -302,21 +302,13 @@ PyObject *pyte_engine_unregister_many(PyteEngine *self, PyObject *seq)
 PyObject *pyte_engine_local_buffers(PyteEngine *self, PyObject *unused)
 {
 	(void)unused;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_buffers(self, TE_LOCAL_SEGMENT);
-	pyte_leave(self);
-	return r;
+	return pyte_segment_buffers(self, TE_LOCAL_SEGMENT);
 }
 
 PyObject *pyte_engine_descriptor(PyteEngine *self, PyObject *unused)
 {
 	(void)unused;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_descriptor(self, TE_LOCAL_SEGMENT);
-	pyte_leave(self);
-	return r;
+	return pyte_segment_descriptor(self, TE_LOCAL_SEGMENT);
 }
 
 /* ------------------------------------------------ local byte access */
@@ -369,6 +361,26 @@ static int copy_registered(PyteEngine *eo, uint64_t addr, void *buf, size_t len,
 	return ok;
 }
 
+/* copy_registered() for a call `what`, the engine entered and the GIL
+ * released around it; -1 with AddressError when the range is refused. */
+static int copy_call(PyteEngine *eo, const char *what, uint64_t addr, void *buf, size_t len, int in)
+{
+	int ok;
+
+	if (pyte_enter(eo) < 0)
+		return -1;
+	Py_BEGIN_ALLOW_THREADS
+	ok = copy_registered(eo, addr, buf, len, in);
+	Py_END_ALLOW_THREADS
+	pyte_leave(eo);
+	if (!ok) {
+		pyte_raise_msg(TE_ERR_ADDRESS, "%s(%p, %zu bytes): not inside host memory registered with this engine",
+			       what, (void *)(uintptr_t)addr, len);
+		return -1;
+	}
+	return 0;
+}
+
 /* Copies between Python bytes and memory registered with this engine, the
  * range checked against the registrations first, so a wrong address is an
  * error and never a crash. Unregistering waits for a copy in progress. */
@@ -377,22 +389,13 @@ PyObject *pyte_engine_write_bytes(PyteEngine *self, PyObject *args, PyObject *kw
 	static char *kwlist[] = { "address", "data", NULL };
 	unsigned long long addr;
 	Py_buffer data;
-	int ok;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "Ky*:write_bytes", kwlist, &addr, &data))
 		return NULL;
-	if (pyte_enter(self) < 0) {
-		PyBuffer_Release(&data);
-		return NULL;
-	}
-	Py_BEGIN_ALLOW_THREADS
-	ok = copy_registered(self, addr, data.buf, (size_t)data.len, 1);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
+	int rc = copy_call(self, "write_bytes", addr, data.buf, (size_t)data.len, 1);
 	PyBuffer_Release(&data);
-	if (!ok)
-		return pyte_raise_msg(TE_ERR_ADDRESS, "write_bytes(%p, %zd bytes): not inside host memory registered with this engine",
-				      (void *)(uintptr_t)addr, data.len);
+	if (rc < 0)
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -401,7 +404,6 @@ PyObject *pyte_engine_read_bytes(PyteEngine *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "address", "length", NULL };
 	unsigned long long addr;
 	Py_ssize_t len;
-	int ok;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "Kn:read_bytes", kwlist, &addr, &len))
 		return NULL;
@@ -410,21 +412,7 @@ PyObject *pyte_engine_read_bytes(PyteEngine *self, PyObject *args, PyObject *kw)
 		return NULL;
 	}
 	PyObject *out = PyBytes_FromStringAndSize(NULL, len);
-	if (out == NULL)
-		return NULL;
-	char *dst = PyBytes_AS_STRING(out);
-	if (pyte_enter(self) < 0) {
-		Py_DECREF(out);
-		return NULL;
-	}
-	Py_BEGIN_ALLOW_THREADS
-	ok = copy_registered(self, addr, dst, (size_t)len, 0);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (!ok) {
-		Py_DECREF(out);
-		return pyte_raise_msg(TE_ERR_ADDRESS, "read_bytes(%p, %zd bytes): not inside host memory registered with this engine",
-				      (void *)(uintptr_t)addr, len);
-	}
+	if (out != NULL && copy_call(self, "read_bytes", addr, PyBytes_AS_STRING(out), (size_t)len, 0) < 0)
+		Py_CLEAR(out);
 	return out;
 }

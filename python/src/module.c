@@ -16,41 +16,52 @@ static PyObject *InvalidArgumentError, *TimeoutErr, *BusyError, *NotFoundError, 
 	*RejectedError, *BatchFullError, *AddressError, *OverlapError, *SegmentError, *BatchError,
 	*AuthError;
 
+/* The subclasses of libte.Error: each class's name, the builtin exception it
+ * also derives from (or none), its doc, and the codes raised as it (a code
+ * listed nowhere raises libte.Error itself). */
+static const struct pyte_exc {
+	const char *name;
+	PyObject **builtin;
+	const char *doc;
+	PyObject **cls;
+	int codes[8]; /* ends at the first 0 */
+} exc_table[] = {
+	{ "ClosedError", &PyExc_ValueError, "The engine was closed.", &PyteClosedError, { PYTE_CLOSED } },
+	{ "TransferError", NULL,
+	  "A transfer ended other than COMPLETED. `task` is the first such task's index,\n"
+	  "`statuses` every task's TaskStatus.",
+	  &PyteTransferError, { 0 } },
+	{ "InvalidArgumentError", &PyExc_ValueError, "A bad argument (-EINVAL and kin).", &InvalidArgumentError,
+	  { -EINVAL, -ERANGE, -EMSGSIZE, -ENAMETOOLONG, -EOVERFLOW } },
+	{ "TimeoutError", &PyExc_TimeoutError, "Timed out (-ETIMEDOUT).", &TimeoutErr, { -ETIMEDOUT } },
+	{ "BusyError", NULL, "Busy (-EBUSY): e.g. a batch with tasks in flight.", &BusyError, { -EBUSY } },
+	{ "NotFoundError", &PyExc_LookupError, "Not found (-ENOENT).", &NotFoundError, { -ENOENT } },
+	{ "ConnectionError", &PyExc_ConnectionError, "A peer could not be reached.", &ConnectionErr,
+	  { -ECONNREFUSED, -ECONNRESET, -ECONNABORTED, -EHOSTUNREACH, -EHOSTDOWN, -ENETUNREACH, -ENETDOWN, -EPIPE } },
+	{ "NotSupportedError", &PyExc_NotImplementedError, "Not supported here (-ENOTSUP).", &NotSupportedError,
+	  { -ENOTSUP, -ENOSYS } },
+	{ "PluginError", NULL, "A plugin could not be loaded or failed.", &PluginError, { TE_ERR_PLUGIN } },
+	{ "NoTransportError", NULL, "No installed transport reaches the segment.", &NoTransportError,
+	  { TE_ERR_NO_TRANSPORT } },
+	{ "MetadataError", NULL, "The metadata store failed or holds bad data.", &MetadataError, { TE_ERR_METADATA } },
+	{ "ProtocolError", NULL, "A peer broke the wire protocol.", &ProtocolError, { TE_ERR_PROTOCOL } },
+	{ "RejectedError", NULL, "A peer refused the request.", &RejectedError, { TE_ERR_REJECTED } },
+	{ "BatchFullError", NULL, "More requests than the batch's capacity.", &BatchFullError, { TE_ERR_BATCH_FULL } },
+	{ "AddressError", NULL, "Memory not registered, or a range outside a buffer.", &AddressError,
+	  { TE_ERR_ADDRESS } },
+	{ "OverlapError", NULL, "A registration overlaps an existing one.", &OverlapError, { TE_ERR_OVERLAP } },
+	{ "SegmentError", NULL, "Unknown or closed segment.", &SegmentError, { TE_ERR_SEGMENT } },
+	{ "BatchError", NULL, "Unknown or freed batch.", &BatchError, { TE_ERR_BATCH } },
+	{ "AuthError", NULL, "Peer authentication failed, or the cluster keys differ.", &AuthError, { TE_ERR_AUTH } },
+};
+
 PyObject *pyte_error_class(int code)
 {
-	switch (code) {
-	case TE_ERR_PLUGIN: return PluginError;
-	case TE_ERR_NO_TRANSPORT: return NoTransportError;
-	case TE_ERR_METADATA: return MetadataError;
-	case TE_ERR_PROTOCOL: return ProtocolError;
-	case TE_ERR_REJECTED: return RejectedError;
-	case TE_ERR_BATCH_FULL: return BatchFullError;
-	case TE_ERR_ADDRESS: return AddressError;
-	case TE_ERR_OVERLAP: return OverlapError;
-	case TE_ERR_SEGMENT: return SegmentError;
-	case TE_ERR_BATCH: return BatchError;
-	case TE_ERR_AUTH: return AuthError;
-	case PYTE_CLOSED: return PyteClosedError;
-	case -EINVAL:
-	case -ERANGE:
-	case -EMSGSIZE:
-	case -ENAMETOOLONG:
-	case -EOVERFLOW: return InvalidArgumentError;
-	case -ETIMEDOUT: return TimeoutErr;
-	case -EBUSY: return BusyError;
-	case -ENOENT: return NotFoundError;
-	case -ECONNREFUSED:
-	case -ECONNRESET:
-	case -ECONNABORTED:
-	case -EHOSTUNREACH:
-	case -EHOSTDOWN:
-	case -ENETUNREACH:
-	case -ENETDOWN:
-	case -EPIPE: return ConnectionErr;
-	case -ENOTSUP:
-	case -ENOSYS: return NotSupportedError;
-	default: return PyteError;
-	}
+	for (size_t i = 0; i < sizeof exc_table / sizeof *exc_table; i++)
+		for (int k = 0; k < 8 && exc_table[i].codes[k] != 0; k++)
+			if (exc_table[i].codes[k] == code)
+				return *exc_table[i].cls;
+	return PyteError;
 }
 
 /* An exception instance of `cls` with .code and .detail set. */
@@ -110,6 +121,12 @@ PyObject *pyte_raise_msg(int code, const char *fmt, ...)
 	PyObject *msg = PyUnicode_FromFormatV(fmt, ap);
 	va_end(ap);
 	return raise_with(code, msg);
+}
+
+PyObject *pyte_return_self(PyObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(self);
 }
 
 int pyte_timeout(PyObject *o, double *out)
@@ -214,31 +231,34 @@ static PyStructSequence_Desc plugin_desc = { "libte.PluginInfo", "A plugin file 
 
 PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType, PytePluginInfoType, PyteTaskInfoType;
 
+PyObject *pyte_struct_seq(PyTypeObject *type, PyObject **items, int n)
+{
+	PyObject *o = PyStructSequence_New(type);
+	for (int i = 0; i < n; i++) {
+		if (items[i] == NULL)
+			Py_CLEAR(o);
+	}
+	for (int i = 0; i < n; i++) {
+		if (o != NULL)
+			PyStructSequence_SET_ITEM(o, i, items[i]);
+		else
+			Py_XDECREF(items[i]);
+	}
+	return o;
+}
+
 PyObject *pyte_task_status(const te_task_status *st)
 {
-	PyObject *o = PyStructSequence_New(&PyteTaskStatusType);
-	if (o == NULL)
-		return NULL;
-	PyObject *a = PyLong_FromLong(st->state), *b = PyLong_FromLong(st->error),
-		 *c = PyLong_FromUnsignedLongLong(st->transferred);
-	if (a == NULL || b == NULL || c == NULL) {
-		Py_XDECREF(a);
-		Py_XDECREF(b);
-		Py_XDECREF(c);
-		Py_DECREF(o);
-		return NULL;
-	}
-	PyStructSequence_SET_ITEM(o, 0, a);
-	PyStructSequence_SET_ITEM(o, 1, b);
-	PyStructSequence_SET_ITEM(o, 2, c);
-	return o;
+	PyObject *items[3] = {
+		PyLong_FromLong(st->state),
+		PyLong_FromLong(st->error),
+		PyLong_FromUnsignedLongLong(st->transferred),
+	};
+	return pyte_struct_seq(&PyteTaskStatusType, items, 3);
 }
 
 PyObject *pyte_task_info(const te_task_info *ti)
 {
-	PyObject *o = PyStructSequence_New(&PyteTaskInfoType);
-	if (o == NULL)
-		return NULL;
 	PyObject *items[7] = {
 		PyLong_FromLong(ti->state),
 		PyLong_FromLong(ti->error),
@@ -248,17 +268,7 @@ PyObject *pyte_task_info(const te_task_info *ti)
 		PyBool_FromLong((ti->flags & TE_TASK_UNSETTLED) != 0),
 		PyBool_FromLong((ti->flags & TE_TASK_ENDED_EARLY) != 0),
 	};
-	for (int i = 0; i < 7; i++) {
-		if (items[i] == NULL) {
-			for (int j = 0; j < 7; j++)
-				Py_XDECREF(items[j]);
-			Py_DECREF(o);
-			return NULL;
-		}
-	}
-	for (int i = 0; i < 7; i++)
-		PyStructSequence_SET_ITEM(o, i, items[i]);
-	return o;
+	return pyte_struct_seq(&PyteTaskInfoType, items, 7);
 }
 
 /* ------------------------------------------------------------ functions */
@@ -351,9 +361,6 @@ static void plugin_cb(const te_plugin_info *info, void *user)
 
 	if (PyErr_Occurred())
 		return;
-	o = PyStructSequence_New(&PytePluginInfoType);
-	if (o == NULL)
-		return;
 	const char *kind = info->kind == TE_KIND_TRANSPORT ? "transport" : info->kind == TE_KIND_METADATA ? "metadata" : NULL;
 	PyObject *items[8] = {
 		opt_str(info->path),
@@ -365,16 +372,9 @@ static void plugin_cb(const te_plugin_info *info, void *user)
 		PyBool_FromLong(info->loaded),
 		opt_str(info->loaded ? NULL : info->reason),
 	};
-	for (int i = 0; i < 8; i++) {
-		if (items[i] == NULL) {
-			for (int k = 0; k < 8; k++)
-				Py_XDECREF(items[k]);
-			Py_DECREF(o);
-			return;
-		}
-	}
-	for (int i = 0; i < 8; i++)
-		PyStructSequence_SET_ITEM(o, i, items[i]);
+	o = pyte_struct_seq(&PytePluginInfoType, items, 8);
+	if (o == NULL)
+		return;
 	PyList_Append(list, o);
 	Py_DECREF(o);
 }
@@ -646,12 +646,6 @@ static PyObject *mem_close(PyteMemory *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static PyObject *mem_enter(PyObject *self, PyObject *unused)
-{
-	(void)unused;
-	return Py_NewRef(self);
-}
-
 static PyObject *mem_exit(PyteMemory *self, PyObject *args)
 {
 	(void)args;
@@ -694,7 +688,7 @@ static PySequenceMethods mem_as_seq = { .sq_length = (lenfunc)mem_len };
 static PyMethodDef mem_methods[] = {
 	{ "close", (PyCFunction)mem_close, METH_NOARGS,
 	  "Unmaps the memory. Raises BufferError while a memoryview or a registration uses it." },
-	{ "__enter__", mem_enter, METH_NOARGS, NULL },
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)mem_exit, METH_VARARGS, NULL },
 	{ NULL, NULL, 0, NULL },
 };
@@ -779,15 +773,25 @@ static int add_error(PyObject *m, const char *name, PyObject *bases, const char 
 	return PyModule_AddObjectRef(m, name, *out);
 }
 
-/* A subclass of Error, and of `builtin` too when given. */
-static int add_sub(PyObject *m, const char *name, PyObject *builtin, const char *doc, PyObject **out)
+/* libte.Error, then its subclasses from exc_table. */
+static int add_errors(PyObject *m)
 {
-	PyObject *bases = builtin ? PyTuple_Pack(2, PyteError, builtin) : PyTuple_Pack(1, PyteError);
-	if (bases == NULL)
+	if (add_error(m, "Error", PyExc_Exception,
+		      "A libte call failed. `code` is libte's (negative) error code, `detail` the\n"
+		      "line libte logged about it (may be empty).",
+		      &PyteError) < 0)
 		return -1;
-	int rc = add_error(m, name, bases, doc, out);
-	Py_DECREF(bases);
-	return rc;
+	for (size_t i = 0; i < sizeof exc_table / sizeof *exc_table; i++) {
+		const struct pyte_exc *x = &exc_table[i];
+		PyObject *bases = x->builtin ? PyTuple_Pack(2, PyteError, *x->builtin) : PyTuple_Pack(1, PyteError);
+		if (bases == NULL)
+			return -1;
+		int rc = add_error(m, x->name, bases, x->doc, x->cls);
+		Py_DECREF(bases);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
 }
 
 static int add_codes(PyObject *m)
@@ -843,37 +847,7 @@ PyMODINIT_FUNC PyInit__native(void)
 		if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
 			goto fail;
 
-	if (add_error(m, "Error", PyExc_Exception,
-		      "A libte call failed. `code` is libte's (negative) error code, `detail` the\n"
-		      "line libte logged about it (may be empty).",
-		      &PyteError) < 0 ||
-	    add_sub(m, "ClosedError", PyExc_ValueError, "The engine was closed.", &PyteClosedError) < 0 ||
-	    add_sub(m, "TransferError", NULL,
-		    "A transfer ended other than COMPLETED. `task` is the first such task's index,\n"
-		    "`statuses` every task's TaskStatus.",
-		    &PyteTransferError) < 0 ||
-	    add_sub(m, "InvalidArgumentError", PyExc_ValueError, "A bad argument (-EINVAL and kin).",
-		    &InvalidArgumentError) < 0 ||
-	    add_sub(m, "TimeoutError", PyExc_TimeoutError, "Timed out (-ETIMEDOUT).", &TimeoutErr) < 0 ||
-	    add_sub(m, "BusyError", NULL, "Busy (-EBUSY): e.g. a batch with tasks in flight.", &BusyError) < 0 ||
-	    add_sub(m, "NotFoundError", PyExc_LookupError, "Not found (-ENOENT).", &NotFoundError) < 0 ||
-	    add_sub(m, "ConnectionError", PyExc_ConnectionError, "A peer could not be reached.", &ConnectionErr) < 0 ||
-	    add_sub(m, "NotSupportedError", PyExc_NotImplementedError, "Not supported here (-ENOTSUP).",
-		    &NotSupportedError) < 0 ||
-	    add_sub(m, "PluginError", NULL, "A plugin could not be loaded or failed.", &PluginError) < 0 ||
-	    add_sub(m, "NoTransportError", NULL, "No installed transport reaches the segment.", &NoTransportError) < 0 ||
-	    add_sub(m, "MetadataError", NULL, "The metadata store failed or holds bad data.", &MetadataError) < 0 ||
-	    add_sub(m, "ProtocolError", NULL, "A peer broke the wire protocol.", &ProtocolError) < 0 ||
-	    add_sub(m, "RejectedError", NULL, "A peer refused the request.", &RejectedError) < 0 ||
-	    add_sub(m, "BatchFullError", NULL, "More requests than the batch's capacity.", &BatchFullError) < 0 ||
-	    add_sub(m, "AddressError", NULL, "Memory not registered, or a range outside a buffer.", &AddressError) < 0 ||
-	    add_sub(m, "OverlapError", NULL, "A registration overlaps an existing one.", &OverlapError) < 0 ||
-	    add_sub(m, "SegmentError", NULL, "Unknown or closed segment.", &SegmentError) < 0 ||
-	    add_sub(m, "BatchError", NULL, "Unknown or freed batch.", &BatchError) < 0 ||
-	    add_sub(m, "AuthError", NULL, "Peer authentication failed, or the cluster keys differ.",
-		    &AuthError) < 0)
-		goto fail;
-	if (add_codes(m) < 0)
+	if (add_errors(m) < 0 || add_codes(m) < 0)
 		goto fail;
 	return m;
 fail:

@@ -276,16 +276,10 @@ PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, Py
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
 	pthread_rwlock_rdlock(&eo->sublock);
-	pthread_mutex_lock(&eo->mu); /* the local list's span: unregistering waits for the batch */
-	if (L->lo < use->lo)
-		use->lo = L->lo;
-	if (L->hi > use->hi)
-		use->hi = L->hi;
-	if (R->segment == TE_LOCAL_SEGMENT && R->lo < use->lo)
-		use->lo = R->lo;
-	if (R->segment == TE_LOCAL_SEGMENT && R->hi > use->hi)
-		use->hi = R->hi;
-	pthread_mutex_unlock(&eo->mu);
+	/* the local lists' span: unregistering waits for the batch */
+	pyte_use_widen(eo, use, L->lo, L->hi);
+	if (R->segment == TE_LOCAL_SEGMENT)
+		pyte_use_widen(eo, use, R->lo, R->hi);
 	rc = te_submit_prepared(eo->e, id, op, L->l, li.idx, R->l, ri.idx, (size_t)n, &first, &tasks);
 	pthread_rwlock_unlock(&eo->sublock);
 	Py_END_ALLOW_THREADS
@@ -314,12 +308,6 @@ static Py_ssize_t xl_len(PyteXferList *xl)
 	return (Py_ssize_t)xl->n;
 }
 
-static PyObject *xl_get_segment(PyteXferList *xl, void *c)
-{
-	(void)c;
-	return PyLong_FromLong(xl->segment);
-}
-
 static PyObject *xl_repr(PyteXferList *xl)
 {
 	return PyUnicode_FromFormat("<libte.XferList of %zu pieces of segment %d>", xl->n, (int)xl->segment);
@@ -329,9 +317,9 @@ static PySequenceMethods xl_as_seq = {
 	.sq_length = (lenfunc)xl_len,
 };
 
-static PyGetSetDef xl_getset[] = {
-	{ "segment", (getter)xl_get_segment, NULL, "The segment id its pieces lie in (0: local memory).", NULL },
-	{ NULL, NULL, NULL, NULL, NULL },
+static PyMemberDef xl_members[] = {
+	{ "segment", T_INT, offsetof(PyteXferList, segment), READONLY, "The segment id its pieces lie in (0: local memory)." },
+	{ NULL, 0, 0, 0, NULL },
 };
 
 PyTypeObject PyteXferListType = {
@@ -344,5 +332,5 @@ PyTypeObject PyteXferListType = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Pieces of one segment checked and resolved once (from Engine.prepare), posted many times\n"
 		  "with Batch.submit_prepared. len() is the number of pieces.",
-	.tp_getset = xl_getset,
+	.tp_members = xl_members,
 };

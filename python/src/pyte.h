@@ -11,6 +11,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* PyMemberDef: T_INT, T_BOOL, READONLY */
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -34,6 +35,10 @@ extern PyObject *PyteError, *PyteClosedError, *PyteTransferError;
 
 extern PyTypeObject PyteTaskStatusType, PyteNotificationType, PyteSegmentBufferType,
 	PytePluginInfoType, PyteTaskInfoType;
+/* A new struct sequence of `type` holding items[0..n) (references it
+ * takes, also when it fails); NULL with an exception when an item is NULL
+ * (its exception set) or the sequence cannot be made. */
+PyObject *pyte_struct_seq(PyTypeObject *type, PyObject **items, int n);
 PyObject *pyte_task_status(const te_task_status *st);
 PyObject *pyte_task_info(const te_task_info *ti);
 
@@ -81,6 +86,8 @@ void pyte_leave(PyteEngine *eo);
 int pyte_try_enter(PyteEngine *eo);
 void pyte_use_link(PyteEngine *eo, pyte_use *u);
 void pyte_use_unlink(PyteEngine *eo, pyte_use *u);
+/* Widens `u` to cover [lo, hi) too, before tasks that touch it exist. */
+void pyte_use_widen(PyteEngine *eo, pyte_use *u, uint64_t lo, uint64_t hi);
 /* Waits for a batch with the GIL released by the caller (`*save` its
  * thread state), in slices, so a closing engine or a signal ends the wait.
  * timeout_s < 0: no limit. 0, -ETIMEDOUT, PYTE_CLOSED, -EINTR (a Python
@@ -97,7 +104,7 @@ PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
  * sender=None). -1 with an exception set. */
 int pyte_notify_args(PyObject *args, PyObject *kw, te_segment_id *seg, const char **msg, const char **sender);
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
- * Engine and Segment alike; the engine entered by the caller. */
+ * Engine and Segment alike; they enter the engine for the call. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id);
 
@@ -132,6 +139,9 @@ PyObject *pyte_engine_prepare(PyteEngine *eo, PyObject *args, PyObject *kw);
 /* The body of Batch.submit_prepared for batch `id` (entered by the
  * caller), widening `use` by the local lists' span. */
 PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, PyObject *args, PyObject *kw);
+
+/* __enter__ of the context managers that need nothing on entry: self. */
+PyObject *pyte_return_self(PyObject *self, PyObject *unused);
 
 /* Seconds from a Python timeout argument: None → -1. -1 with an exception
  * when it is not a non-negative number. */

@@ -8,36 +8,34 @@ static PyObject *segment_buffer_list(te_segment_buffer *sb, int n)
 {
 	PyObject *list = PyList_New(n);
 	for (int i = 0; list != NULL && i < n; i++) {
-		PyObject *o = PyStructSequence_New(&PyteSegmentBufferType);
-		PyObject *a = PyLong_FromUnsignedLongLong(sb[i].addr), *l = PyLong_FromUnsignedLongLong(sb[i].length),
-			 *nm = PyUnicode_DecodeUTF8(sb[i].name, (Py_ssize_t)strnlen(sb[i].name, sizeof sb[i].name),
-						    "replace");
-		if (o == NULL || a == NULL || l == NULL || nm == NULL) {
-			Py_XDECREF(o);
-			Py_XDECREF(a);
-			Py_XDECREF(l);
-			Py_XDECREF(nm);
+		PyObject *items[3] = {
+			PyLong_FromUnsignedLongLong(sb[i].addr),
+			PyLong_FromUnsignedLongLong(sb[i].length),
+			PyUnicode_DecodeUTF8(sb[i].name, (Py_ssize_t)strnlen(sb[i].name, sizeof sb[i].name), "replace"),
+		};
+		PyObject *o = pyte_struct_seq(&PyteSegmentBufferType, items, 3);
+		if (o == NULL)
 			Py_CLEAR(list);
-			break;
-		}
-		PyStructSequence_SET_ITEM(o, 0, a);
-		PyStructSequence_SET_ITEM(o, 1, l);
-		PyStructSequence_SET_ITEM(o, 2, nm);
-		PyList_SET_ITEM(list, i, o);
+		else
+			PyList_SET_ITEM(list, i, o);
 	}
 	return list;
 }
 
-/* te_segment_buffers into a list; engine entered by the caller. */
+/* te_segment_buffers into a list. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 {
 	te_segment_buffer stack[16], *sb = stack;
+	if (pyte_enter(eo) < 0)
+		return NULL;
 	int n = te_segment_buffers(eo->e, id, sb, 16);
 	while (n > 16 && sb == stack) { /* more than fit: ask again with room (it may grow meanwhile) */
 		int cap = n + 16;
 		sb = PyMem_Calloc((size_t)cap, sizeof *sb);
-		if (sb == NULL)
+		if (sb == NULL) {
+			pyte_leave(eo);
 			return PyErr_NoMemory();
+		}
 		n = te_segment_buffers(eo->e, id, sb, (size_t)cap);
 		if (n > cap) {
 			PyMem_Free(sb);
@@ -45,6 +43,7 @@ PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 			n = te_segment_buffers(eo->e, id, sb, 16);
 		}
 	}
+	pyte_leave(eo);
 	PyObject *r = n < 0 ? pyte_raise_msg(n, "buffers of segment %d: %s", id, te_strerror(n)) : segment_buffer_list(sb, n);
 	if (sb != stack)
 		PyMem_Free(sb);
@@ -54,7 +53,10 @@ PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id)
 {
 	char *json = NULL;
+	if (pyte_enter(eo) < 0)
+		return NULL;
 	int rc = te_segment_descriptor(eo->e, id, &json);
+	pyte_leave(eo);
 	if (rc < 0)
 		return pyte_raise_msg(rc, "descriptor of segment %d: %s", id, te_strerror(rc));
 	PyObject *r = PyUnicode_DecodeUTF8(json, (Py_ssize_t)strlen(json), "replace");
@@ -69,8 +71,18 @@ typedef struct {
 	PyteEngine *engine;
 	te_segment_id id;
 	PyObject *name;
-	int closed;
+	char closed; /* a char: T_BOOL reads one */
 } PyteSegment;
+
+/* -1 with SegmentError when the segment was closed. */
+static int segment_check_open(PyteSegment *s)
+{
+	if (s->closed) {
+		pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
+		return -1;
+	}
+	return 0;
+}
 
 PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name)
 {
@@ -93,10 +105,8 @@ int pyte_segment_id(PyObject *o, te_segment_id *out)
 {
 	if (Py_IS_TYPE(o, &PyteSegmentType)) {
 		PyteSegment *s = (PyteSegment *)o;
-		if (s->closed) {
-			pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
+		if (segment_check_open(s) < 0)
 			return -1;
-		}
 		*out = s->id;
 		return 0;
 	}
@@ -141,12 +151,6 @@ static PyObject *segment_close(PyteSegment *s, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static PyObject *segment_enter(PyObject *s, PyObject *unused)
-{
-	(void)unused;
-	return Py_NewRef(s);
-}
-
 static PyObject *segment_exit(PyteSegment *s, PyObject *args)
 {
 	(void)args;
@@ -156,11 +160,7 @@ static PyObject *segment_exit(PyteSegment *s, PyObject *args)
 
 static int segment_ready(PyteSegment *s)
 {
-	if (s->closed) {
-		pyte_raise_msg(TE_ERR_SEGMENT, "segment %U is closed", s->name);
-		return -1;
-	}
-	return pyte_enter(s->engine);
+	return segment_check_open(s) < 0 ? -1 : pyte_enter(s->engine);
 }
 
 static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
@@ -181,21 +181,13 @@ static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
 static PyObject *segment_buffers(PyteSegment *s, PyObject *unused)
 {
 	(void)unused;
-	if (segment_ready(s) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_buffers(s->engine, s->id);
-	pyte_leave(s->engine);
-	return r;
+	return segment_check_open(s) < 0 ? NULL : pyte_segment_buffers(s->engine, s->id);
 }
 
 static PyObject *segment_descriptor(PyteSegment *s, PyObject *unused)
 {
 	(void)unused;
-	if (segment_ready(s) < 0)
-		return NULL;
-	PyObject *r = pyte_segment_descriptor(s->engine, s->id);
-	pyte_leave(s->engine);
-	return r;
+	return segment_check_open(s) < 0 ? NULL : pyte_segment_descriptor(s->engine, s->id);
 }
 
 static PyObject *segment_index(PyteSegment *s)
@@ -206,24 +198,6 @@ static PyObject *segment_index(PyteSegment *s)
 static PyObject *segment_repr(PyteSegment *s)
 {
 	return PyUnicode_FromFormat("<libte.Segment %U id %d%s>", s->name, s->id, s->closed ? " closed" : "");
-}
-
-static PyObject *segment_get_id(PyteSegment *s, void *c)
-{
-	(void)c;
-	return PyLong_FromLong(s->id);
-}
-
-static PyObject *segment_get_name(PyteSegment *s, void *c)
-{
-	(void)c;
-	return Py_NewRef(s->name);
-}
-
-static PyObject *segment_get_closed(PyteSegment *s, void *c)
-{
-	(void)c;
-	return PyBool_FromLong(s->closed);
 }
 
 static PyObject *segment_get_transport(PyteSegment *s, void *c)
@@ -258,15 +232,19 @@ static PyMethodDef segment_methods[] = {
 	  "buffers()\n--\n\nThe segment's buffers as its descriptor lists them (SegmentBuffer, by address)." },
 	{ "descriptor", (PyCFunction)segment_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThe segment's descriptor (JSON) as last fetched." },
-	{ "__enter__", segment_enter, METH_NOARGS, NULL },
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)segment_exit, METH_VARARGS, NULL },
 	{ NULL, NULL, 0, NULL },
 };
 
+static PyMemberDef segment_members[] = {
+	{ "id", T_INT, offsetof(PyteSegment, id), READONLY, "The segment id (what requests carry)." },
+	{ "name", T_OBJECT, offsetof(PyteSegment, name), READONLY, "The segment name." },
+	{ "closed", T_BOOL, offsetof(PyteSegment, closed), READONLY, "True after close()." },
+	{ NULL, 0, 0, 0, NULL },
+};
+
 static PyGetSetDef segment_getset[] = {
-	{ "id", (getter)segment_get_id, NULL, "The segment id (what requests carry).", NULL },
-	{ "name", (getter)segment_get_name, NULL, "The segment name.", NULL },
-	{ "closed", (getter)segment_get_closed, NULL, "True after close().", NULL },
 	{ "engine", (getter)segment_get_engine, NULL, "The engine that opened it.", NULL },
 	{ "transport", (getter)segment_get_transport, NULL,
 	  "The transport serving it (\"shm\" for an engine on this host, \"tcp\", ...).", NULL },
@@ -284,5 +262,6 @@ PyTypeObject PyteSegmentType = {
 	.tp_doc = "An open segment of another engine (from Engine.open_segment). Usable wherever a\n"
 		  "segment id is (int(segment) is the id). A context manager: leaving the block closes it.",
 	.tp_methods = segment_methods,
+	.tp_members = segment_members,
 	.tp_getset = segment_getset,
 };

@@ -56,29 +56,40 @@ def pair():
     b.close()
 
 
-@pytest.fixture
-def hold():
-    """Engines over the test 'hold' transport, which keeps every transfer in
-    flight until release() is called (so tests can see tasks in flight)."""
+def _hold_pair(transport: str):
+    """Two engines over a hold transport (`transport` names it and its plugin
+    file), each with a 1 MiB buffer, `a` opening `b`; the plugin's controls
+    count(), release(err) and, for "holddl", expired(). Releases what is
+    still held and closes the engines at the end."""
     d = os.environ.get("TEST_PLUGIN_DIR")
     if not d:
         pytest.fail("TEST_PLUGIN_DIR is not set (run through meson test)")
     libte.plugins()  # makes libte load the plugin files
-    lib = ctypes.CDLL(os.path.join(d, "libte-transport-hold.so"), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    lib = ctypes.CDLL(os.path.join(d, f"libte-transport-{transport}.so"), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
     lib.te_test_hold_release.argtypes = [ctypes.c_int]
     lib.te_test_hold_release.restype = ctypes.c_size_t
     lib.te_test_hold_count.restype = ctypes.c_size_t
-    a = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="hold")
-    b = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="hold")
+    a = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports=transport)
+    b = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports=transport)
     abuf, bbuf = bytearray(MIB), bytearray(MIB)
     h = types.SimpleNamespace(a=a, b=b, abuf=abuf, bbuf=bbuf, aaddr=a.register(abuf),
                               baddr=b.register(bbuf), count=lib.te_test_hold_count,
                               release=lib.te_test_hold_release)
+    if transport == "holddl":
+        lib.te_test_hold_expired.restype = ctypes.c_size_t
+        h.expired = lib.te_test_hold_expired
     h.seg = a.open_segment(b.name)
     yield h
     h.release(0)
     a.close()
     b.close()
+
+
+@pytest.fixture
+def hold():
+    """Engines over the test 'hold' transport, which keeps every transfer in
+    flight until release() is called (so tests can see tasks in flight)."""
+    yield from _hold_pair("hold")
 
 
 @pytest.fixture
@@ -86,26 +97,7 @@ def holddl():
     """As `hold`, over the 'holddl' test transport, which honours deadlines:
     libte ends its held transfers at their deadline or a cancel, and their
     bytes never move afterwards (a peer that stopped answering)."""
-    d = os.environ.get("TEST_PLUGIN_DIR")
-    if not d:
-        pytest.fail("TEST_PLUGIN_DIR is not set (run through meson test)")
-    libte.plugins()
-    lib = ctypes.CDLL(os.path.join(d, "libte-transport-holddl.so"), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
-    lib.te_test_hold_release.argtypes = [ctypes.c_int]
-    lib.te_test_hold_release.restype = ctypes.c_size_t
-    lib.te_test_hold_count.restype = ctypes.c_size_t
-    lib.te_test_hold_expired.restype = ctypes.c_size_t
-    a = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="holddl")
-    b = libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="holddl")
-    abuf, bbuf = bytearray(MIB), bytearray(MIB)
-    h = types.SimpleNamespace(a=a, b=b, abuf=abuf, bbuf=bbuf, aaddr=a.register(abuf),
-                              baddr=b.register(bbuf), count=lib.te_test_hold_count,
-                              release=lib.te_test_hold_release, expired=lib.te_test_hold_expired)
-    h.seg = a.open_segment(b.name)
-    yield h
-    h.release(0)
-    a.close()
-    b.close()
+    yield from _hold_pair("holddl")
 
 
 @pytest.fixture(scope="session")

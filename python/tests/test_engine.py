@@ -36,6 +36,32 @@ def test_module_basics():
     assert libte.TaskState.COMPLETED == 4 and libte.Opcode.WRITE == libte.WRITE == 1
 
 
+
+def test_error_classes():
+    """Every subclass of libte.Error, with the builtin exception it also
+    derives from, and the class a code raises as."""
+    want = {
+        "ClosedError": ValueError, "TransferError": None, "InvalidArgumentError": ValueError,
+        "TimeoutError": TimeoutError, "BusyError": None, "NotFoundError": LookupError,
+        "ConnectionError": ConnectionError, "NotSupportedError": NotImplementedError,
+        "PluginError": None, "NoTransportError": None, "MetadataError": None, "ProtocolError": None,
+        "RejectedError": None, "BatchFullError": None, "AddressError": None, "OverlapError": None,
+        "SegmentError": None, "BatchError": None, "AuthError": None,
+    }
+    assert libte.Error.__bases__ == (Exception,)
+    for name, builtin in want.items():
+        cls = getattr(libte._native, name)
+        assert cls.__name__ == name and cls.__module__ == "libte" and cls.__doc__, name
+        assert cls.__bases__ == ((libte.Error, builtin) if builtin else (libte.Error,)), name
+    with pytest.raises(libte.InvalidArgumentError) as ei:
+        libte.segment_key("n" * 2000)  # -ENAMETOOLONG
+    assert ei.value.code == -36
+    with libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="tcp") as e:
+        with pytest.raises(libte.AddressError):
+            e.unregister(4096)
+        with pytest.raises(libte.NotFoundError):
+            e.uninstall("none")
+
 def test_engine_lifecycle():
     with libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports=["tcp"]) as e:
         assert e.name == f"127.0.0.1:{e.rpc_port}"

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -44,6 +45,7 @@
 
 #include "teu-bearer.h"
 #include "teu-hostport.h"
+#include "teu-json.h"
 #include "teu-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
@@ -100,8 +102,9 @@ static gboolean write_all(int fd, const char *p, size_t n)
 }
 
 /* The whole store as JSON: {"format":..., "entries":{key: value}, "binary":
- * {key: base64}} (values that are not UTF-8 text go to "binary"). */
-static char *serialize(server *s, gsize *len)
+ * {key: base64}} (values that are not UTF-8 text go to "binary"); NULL when
+ * out of memory. free() frees it. */
+static char *serialize(server *s, size_t *len)
 {
 	JsonBuilder *b = json_builder_new();
 	GHashTableIter it;
@@ -143,19 +146,12 @@ static char *serialize(server *s, gsize *len)
 		json_builder_end_object(b);
 	}
 	json_builder_end_object(b);
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	char *out = json_generator_to_data(g, len);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
-	return out;
+	return teu_json_finish(b, len);
 }
 
 static gboolean persist_now(server *s, char **why)
 {
-	gsize len;
+	size_t len;
 	char *data, *tmp;
 	int fd;
 	gboolean ok;
@@ -163,6 +159,10 @@ static gboolean persist_now(server *s, char **why)
 	if (s->persist == NULL)
 		return TRUE;
 	data = serialize(s, &len);
+	if (data == NULL) {
+		*why = g_strdup_printf("writing %s failed: %s", s->persist, g_strerror(ENOMEM));
+		return FALSE;
+	}
 	tmp = g_strdup_printf("%s.tmp", s->persist);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	ok = fd >= 0 && write_all(fd, data, len) && fsync(fd) == 0;
@@ -189,7 +189,7 @@ static gboolean persist_now(server *s, char **why)
 		unlink(tmp);
 	}
 	g_free(tmp);
-	g_free(data);
+	free(data);
 	return ok;
 }
 
@@ -447,16 +447,14 @@ static void list_keys(server *s, SoupServerMessage *msg, GHashTable *query)
 			json_builder_add_string_value(b, l->data);
 	json_builder_end_array(b);
 	g_list_free(keys);
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	gsize len;
-	char *out = json_generator_to_data(g, &len);
+	size_t len;
+	char *out = teu_json_finish(b, &len);
+	if (out == NULL) {
+		reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, "out of memory\n");
+		return;
+	}
 	reply(msg, SOUP_STATUS_OK, "application/json", out, len);
-	g_free(out);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
+	free(out);
 }
 
 static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,

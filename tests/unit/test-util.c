@@ -1,15 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libteu's host:port, redaction and device-export helpers
- * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h), which the
- * control plane, the TCP transport, the HTTP servers, the metadata plugins
- * and both device plugins take their parsing, names, logged URLs and range
- * checks from.
+ * libteu's host:port, redaction, device-export and JSON-text helpers
+ * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h,
+ * util/teu-json.h), which the control plane, the TCP transport, the HTTP
+ * servers, the metadata plugins and both device plugins take their parsing,
+ * names, logged URLs, range checks and descriptors' text from.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -17,6 +18,7 @@
 
 #include "teu-devmem.h"
 #include "teu-hostport.h"
+#include "teu-json.h"
 #include "teu-redact.h"
 #include "../common/check.h"
 
@@ -172,6 +174,40 @@ static void test_ipc(void)
 	CHECK_EQ(teu_ipc_device(&ipc, 4), 0);
 }
 
+static void test_json(void)
+{
+	JsonBuilder *b = json_builder_new();
+	size_t len = 0;
+
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "name");
+	json_builder_add_string_value(b, "a\"b");
+	json_builder_set_member_name(b, "n");
+	json_builder_begin_array(b);
+	json_builder_add_int_value(b, -3);
+	json_builder_add_boolean_value(b, TRUE);
+	json_builder_end_array(b);
+	json_builder_end_object(b);
+	char *t = teu_json_finish(b, &len); /* b is released: ASan sees a leak if not */
+	CHECK(t != NULL && strcmp(t, "{\"name\":\"a\\\"b\",\"n\":[-3,true]}") == 0);
+	CHECK_EQ(len, strlen(t));
+	free(t); /* malloc()'s memory: what a plugin's host frees */
+
+	JsonNode *n = json_node_new(JSON_NODE_ARRAY);
+	json_node_take_array(n, json_array_new());
+	t = teu_json_text(n, NULL);
+	CHECK(t != NULL && strcmp(t, "[]") == 0);
+	free(t);
+	CHECK_EQ(json_node_get_array(n) != NULL, 1); /* the node stays the caller's */
+	json_node_unref(n);
+
+	b = json_builder_new(); /* a document left open has no text */
+	json_builder_begin_object(b);
+	len = 99;
+	CHECK(teu_json_finish(b, &len) == NULL);
+	CHECK_EQ(len, 99);
+}
+
 int main(void)
 {
 	TEST_RUN(test_split);
@@ -179,5 +215,6 @@ int main(void)
 	TEST_RUN(test_redact);
 	TEST_RUN(test_range);
 	TEST_RUN(test_ipc);
+	TEST_RUN(test_json);
 	return check_done();
 }

@@ -337,11 +337,14 @@ static gboolean sweep_tick(gpointer data)
 	return G_SOURCE_CONTINUE;
 }
 
-/* Whether `key` has a TTL that ran out (a sweep is due before reading it). */
-static gboolean is_expired(server *s, const char *key)
+/* The value of `key`, NULL when there is none; a key whose TTL ran out has
+ * none (the sweep that this calls for runs first). */
+static GBytes *lookup(server *s, const char *key)
 {
 	key_ttl *t = g_hash_table_lookup(s->expiry, key);
-	return t != NULL && t->deadline <= g_get_monotonic_time();
+	if (t != NULL && t->deadline <= g_get_monotonic_time())
+		sweep(s);
+	return g_hash_table_lookup(s->kv, key);
 }
 
 /* ----------------------------------------------------------------- HTTP */
@@ -355,6 +358,18 @@ static void reply(SoupServerMessage *msg, guint status, const char *ctype, const
 static void reply_text(SoupServerMessage *msg, guint status, const char *text)
 {
 	reply(msg, status, "text/plain", text, strlen(text));
+}
+
+/* A PUT's success, with when the key expires when it has a TTL. */
+static void reply_updated(SoupServerMessage *msg, guint64 ttl)
+{
+	if (ttl == 0) {
+		reply_text(msg, SOUP_STATUS_OK, "metadata updated");
+		return;
+	}
+	char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again", (unsigned long long)ttl);
+	reply_text(msg, SOUP_STATUS_OK, t);
+	g_free(t);
 }
 
 /* Before the body is read (util/teu-refuse.h); the
@@ -498,9 +513,7 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		return;
 	}
 	if (strcmp(method, SOUP_METHOD_GET) == 0) {
-		if (is_expired(s, key))
-			sweep(s);
-		GBytes *v = g_hash_table_lookup(s->kv, key);
+		GBytes *v = lookup(s, key);
 		if (v == NULL) {
 			reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
 			return;
@@ -524,9 +537,7 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 			reply_text(msg, SOUP_STATUS_REQUEST_ENTITY_TOO_LARGE, "value too large");
 			return;
 		}
-		if (is_expired(s, key))
-			sweep(s); /* its time ran out: a PUT now makes a new key */
-		GBytes *old = g_hash_table_lookup(s->kv, key);
+		GBytes *old = lookup(s, key); /* one whose time ran out: a PUT now makes a new key */
 		if (old == NULL && g_hash_table_size(s->kv) >= s->max_keys) {
 			g_bytes_unref(b);
 			reply_text(msg, SOUP_STATUS_INSUFFICIENT_STORAGE, "too many keys");
@@ -539,10 +550,7 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 			 * stays as it is. */
 			cur->deadline = deadline;
 			g_bytes_unref(b);
-			char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again",
-						  (unsigned long long)ttl);
-			reply_text(msg, SOUP_STATUS_OK, t);
-			g_free(t);
+			reply_updated(msg, ttl);
 			return;
 		}
 		key_ttl was = cur ? *cur : (key_ttl){ 0, 0 };
@@ -574,20 +582,11 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		if (old)
 			g_bytes_unref(old);
 		vlog(s, "PUT %s (%zu bytes%s)", key, g_bytes_get_size(b), ttl ? ", with a TTL" : "");
-		if (ttl > 0) {
-			char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again",
-						  (unsigned long long)ttl);
-			reply_text(msg, SOUP_STATUS_OK, t);
-			g_free(t);
-		} else {
-			reply_text(msg, SOUP_STATUS_OK, "metadata updated");
-		}
+		reply_updated(msg, ttl);
 		return;
 	}
 	/* DELETE */
-	if (is_expired(s, key))
-		sweep(s);
-	GBytes *old = g_hash_table_lookup(s->kv, key);
+	GBytes *old = lookup(s, key);
 	if (old == NULL) {
 		reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
 		return;

@@ -40,11 +40,9 @@ static teu_cu_driver D;
 static void die(int code, const char *fmt, ...)
 {
 	va_list ap;
-	fprintf(stderr, PROG ": ");
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	teu_fmt_verror(PROG, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	exit(code);
 }
 

@@ -1,22 +1,27 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libteu's host:port, redaction, device-export and JSON-text helpers
- * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h,
- * util/teu-json.h), which the control plane, the TCP transport, the HTTP
- * servers, the metadata plugins and both device plugins take their parsing,
- * names, logged URLs, range checks and descriptors' text from.
+ * libteu's host:port, redaction, device-export, JSON-text and error-line
+ * helpers (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h,
+ * util/teu-json.h, util/teu-fmt.h), which the control plane, the TCP
+ * transport, the HTTP servers, the metadata plugins, both device plugins and
+ * the benchmarks take their parsing, names, logged URLs, range checks,
+ * descriptors' text and error lines from.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <glib.h>
 
 #include "teu-devmem.h"
+#include "teu-fmt.h"
 #include "teu-hostport.h"
 #include "teu-json.h"
 #include "teu-redact.h"
@@ -208,6 +213,38 @@ static void test_json(void)
 	CHECK_EQ(len, 99);
 }
 
+static void verror(const char *prog, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	teu_fmt_verror(prog, fmt, ap);
+	va_end(ap);
+}
+
+/* The benchmarks' error line, caught from stderr through a file. */
+static void test_verror(void)
+{
+	char line[64] = "";
+	FILE *f = tmpfile();
+	int saved = dup(STDERR_FILENO);
+
+	CHECK(f != NULL && saved >= 0);
+	if (f == NULL || saved < 0)
+		return;
+	fflush(stderr);
+	CHECK(dup2(fileno(f), STDERR_FILENO) >= 0);
+	verror("bench", "--size=%s: want %d", "x", 3);
+	fflush(stderr);
+	CHECK(dup2(saved, STDERR_FILENO) >= 0);
+	close(saved);
+	rewind(f);
+	size_t n = fread(line, 1, sizeof line - 1, f);
+	line[n] = '\0';
+	fclose(f);
+	CHECK(strcmp(line, "bench: --size=x: want 3\n") == 0);
+}
+
 int main(void)
 {
 	TEST_RUN(test_split);
@@ -216,5 +253,6 @@ int main(void)
 	TEST_RUN(test_range);
 	TEST_RUN(test_ipc);
 	TEST_RUN(test_json);
+	TEST_RUN(test_verror);
 	return check_done();
 }

@@ -46,18 +46,24 @@ tests_except() {
   done
 }
 
-run_build() { # dir, label, skip patterns, options...
-  local dir=$1 label=$2 skip=$3 names=(); shift 3
+# build_failed DIR LABEL: says so, and leaves a failed result for the summary.
+build_failed() {
+  echo "$2: build FAILED"
+  echo "{\"name\": \"build-$2\", \"result\": \"FAIL\"}" > "$1.buildfail.json"
+  return 1
+}
+
+run_build() { # dir, label, timeout multiplier, skip patterns, options...
+  local dir=$1 label=$2 mult=$3 skip=$4 names=(); shift 4
   echo "=== $label build ($dir) ==="
   if ! setup "$dir" "$@" || ! ninja -C "$dir"; then
-    echo "$label: build FAILED"
-    echo "{\"name\": \"build-$label\", \"result\": \"FAIL\"}" > "$dir.buildfail.json"
+    build_failed "$dir" "$label"
     return 1
   fi
   rm -f "$dir.buildfail.json"
   mapfile -t names < <(tests_except "$dir" "$skip")
   echo "=== $label tests (not run: ${skip:-none}) ==="
-  meson test -C "$dir" --num-processes "$jobs" --print-errorlogs "${names[@]}"
+  meson test -C "$dir" --num-processes "$jobs" --timeout-multiplier "$mult" --print-errorlogs "${names[@]}"
   return 0
 }
 
@@ -75,8 +81,7 @@ run_fuzz() {
     return 0
   fi
   if ! CC=clang setup "$dir" -Dfuzz=true -Dbuildtype=debugoptimized; then
-    echo "fuzz: build FAILED"
-    echo '{"name": "build-fuzz", "result": "FAIL"}' > "$dir.buildfail.json"
+    build_failed "$dir" fuzz
     return 1
   fi
   rm -f "$dir.buildfail.json"
@@ -84,30 +89,9 @@ run_fuzz() {
   echo "=== fuzz runs ($FUZZ_SECONDS s each) ==="
   meson test -C "$dir" --suite fuzz-run --num-processes "$jobs" --print-errorlogs
   if [ ! -f "$dir/meson-logs/testlog.json" ]; then
-    echo "fuzz: build FAILED"
-    echo '{"name": "build-fuzz", "result": "FAIL"}' > "$dir.buildfail.json"
+    build_failed "$dir" fuzz
     return 1
   fi
-  return 0
-}
-
-# ThreadSanitizer (docs/reliability.md): GLib's locks, conditions and thread
-# pools on pthreads (tests/tsan), any report fails its test. Optimised (-O2):
-# fewer memory accesses to watch, the same races found.
-run_tsan() {
-  local dir=build-tsan names=()
-  echo "=== tsan build ($dir) ==="
-  if ! setup "$dir" -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false -Dtsan_shim=true \
-      -Dpython=disabled || ! ninja -C "$dir"; then
-    echo "tsan: build FAILED"
-    echo '{"name": "build-tsan", "result": "FAIL"}' > "$dir.buildfail.json"
-    return 1
-  fi
-  rm -f "$dir.buildfail.json"
-  mapfile -t names < <(tests_except "$dir" "$SANITIZER_SKIP $TSAN_SKIP")
-  echo "=== tsan tests (not run: $SANITIZER_SKIP $TSAN_SKIP) ==="
-  # TSan runs programs 5 to 15 times slower: twice the time each test is given.
-  meson test -C "$dir" --num-processes "$jobs" --timeout-multiplier 2 --print-errorlogs "${names[@]}"
   return 0
 }
 
@@ -122,11 +106,16 @@ phase() {
 
 rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json
 rm -f build-tsan/meson-logs/testlog.json
-phase plain run_build build plain "" -Dbuildtype=debugoptimized || status=1
-phase asan run_build build-asan asan "$SANITIZER_SKIP" -Dbuildtype=debug -Db_sanitize=address,undefined \
+phase plain run_build build plain 1 "" -Dbuildtype=debugoptimized || status=1
+phase asan run_build build-asan asan 1 "$SANITIZER_SKIP" -Dbuildtype=debug -Db_sanitize=address,undefined \
   -Db_lundef=false || status=1
 phase fuzz run_fuzz || status=1
-phase tsan run_tsan || status=1
+# ThreadSanitizer (docs/reliability.md): GLib's locks, conditions and thread
+# pools on pthreads (tests/tsan), any report fails its test. Optimised (-O2):
+# fewer memory accesses to watch, the same races found. TSan runs programs 5
+# to 15 times slower: twice the time each test is given.
+phase tsan run_build build-tsan tsan 2 "$SANITIZER_SKIP $TSAN_SKIP" -Dbuildtype=debugoptimized \
+  -Db_sanitize=thread -Db_lundef=false -Dtsan_shim=true -Dpython=disabled || status=1
 echo "phases (wall time, build and tests): ${times[*]}; total $((SECONDS / 60)) min $((SECONDS % 60)) s"
 
 python3 - "$status" <<'PY'

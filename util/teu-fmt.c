@@ -15,3 +15,10 @@ void teu_fmt_bytes(char *buf, size_t n, uint64_t v)
 	else
 		snprintf(buf, n, "%" PRIu64 " B", v);
 }
+
+void teu_fmt_verror(const char *prog, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "%s: ", prog);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libteu's host:port, redaction, device-export and PCI helpers
- * (util/teu-hostport.h, util/teu-redact.h, util/teu-devmem.h,
- * util/teu-pci.h), which the control plane, the TCP transport, the HTTP
- * servers, the metadata plugins and both device plugins take their parsing,
- * names, logged URLs, range checks and device entries from.
+ * libteu's host:port, redaction, device-export, PCI, JSON-text and
+ * error-line helpers (util/teu-hostport.h, util/teu-redact.h,
+ * util/teu-devmem.h, util/teu-pci.h, util/teu-json.h, util/teu-fmt.h),
+ * which the control plane, the TCP transport, the HTTP servers, the
+ * metadata plugins, both device plugins and the benchmarks take their
+ * parsing, names, logged URLs, range checks, device entries, descriptors'
+ * text and error lines from.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,13 +14,17 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <glib.h>
 
 #include "teu-devmem.h"
+#include "teu-fmt.h"
 #include "teu-hostport.h"
+#include "teu-json.h"
 #include "teu-pci.h"
 #include "teu-redact.h"
 #include "../common/check.h"
@@ -225,6 +231,72 @@ static void test_ipc(void)
 	CHECK_EQ(teu_ipc_device(&ipc, 4), 0);
 }
 
+static void test_json(void)
+{
+	JsonBuilder *b = json_builder_new();
+	size_t len = 0;
+
+	json_builder_begin_object(b);
+	json_builder_set_member_name(b, "name");
+	json_builder_add_string_value(b, "a\"b");
+	json_builder_set_member_name(b, "n");
+	json_builder_begin_array(b);
+	json_builder_add_int_value(b, -3);
+	json_builder_add_boolean_value(b, TRUE);
+	json_builder_end_array(b);
+	json_builder_end_object(b);
+	char *t = teu_json_finish(b, &len); /* b is released: ASan sees a leak if not */
+	CHECK(t != NULL && strcmp(t, "{\"name\":\"a\\\"b\",\"n\":[-3,true]}") == 0);
+	CHECK_EQ(len, strlen(t));
+	free(t); /* malloc()'s memory: what a plugin's host frees */
+
+	JsonNode *n = json_node_new(JSON_NODE_ARRAY);
+	json_node_take_array(n, json_array_new());
+	t = teu_json_text(n, NULL);
+	CHECK(t != NULL && strcmp(t, "[]") == 0);
+	free(t);
+	CHECK_EQ(json_node_get_array(n) != NULL, 1); /* the node stays the caller's */
+	json_node_unref(n);
+
+	b = json_builder_new(); /* a document left open has no text */
+	json_builder_begin_object(b);
+	len = 99;
+	CHECK(teu_json_finish(b, &len) == NULL);
+	CHECK_EQ(len, 99);
+}
+
+static void verror(const char *prog, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	teu_fmt_verror(prog, fmt, ap);
+	va_end(ap);
+}
+
+/* The benchmarks' error line, caught from stderr through a file. */
+static void test_verror(void)
+{
+	char line[64] = "";
+	FILE *f = tmpfile();
+	int saved = dup(STDERR_FILENO);
+
+	CHECK(f != NULL && saved >= 0);
+	if (f == NULL || saved < 0)
+		return;
+	fflush(stderr);
+	CHECK(dup2(fileno(f), STDERR_FILENO) >= 0);
+	verror("bench", "--size=%s: want %d", "x", 3);
+	fflush(stderr);
+	CHECK(dup2(saved, STDERR_FILENO) >= 0);
+	close(saved);
+	rewind(f);
+	size_t n = fread(line, 1, sizeof line - 1, f);
+	line[n] = '\0';
+	fclose(f);
+	CHECK(strcmp(line, "bench: --size=x: want 3\n") == 0);
+}
+
 int main(void)
 {
 	TEST_RUN(test_split);
@@ -234,5 +306,7 @@ int main(void)
 	TEST_RUN(test_range_check);
 	TEST_RUN(test_pci_info);
 	TEST_RUN(test_ipc);
+	TEST_RUN(test_json);
+	TEST_RUN(test_verror);
 	return check_done();
 }

@@ -40,11 +40,9 @@ static teu_cu_driver D;
 static void die(int code, const char *fmt, ...)
 {
 	va_list ap;
-	fprintf(stderr, PROG ": ");
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	teu_fmt_verror(PROG, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	exit(code);
 }
 
@@ -109,6 +107,16 @@ static uint64_t parse_size(const char *flag, const char *s)
 	return v * mul;
 }
 
+/* A whole number from lo to hi; `want` says which in the error. */
+static long parse_long(const char *flag, const char *s, long lo, long hi, const char *want)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (*end != '\0' || end == s || v < lo || v > hi)
+		die(2, "%s=%s: want %s", flag, s, want);
+	return v;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -151,17 +159,9 @@ static void parse_args(int argc, char **argv)
 		} else if (IS("--small-chunk")) {
 			O.small_chunk = parse_size("--small-chunk", v);
 		} else if (IS("--repeats")) {
-			char *end;
-			long r = strtol(v, &end, 10);
-			if (*end != '\0' || end == v || r < 1 || r > 1000)
-				die(2, "--repeats=%s: want 1 to 1000", v);
-			O.repeats = (unsigned)r;
+			O.repeats = (unsigned)parse_long("--repeats", v, 1, 1000, "1 to 1000");
 		} else if (IS("--device")) {
-			char *end;
-			long d = strtol(v, &end, 10);
-			if (*end != '\0' || end == v || d < 0 || d > 1023)
-				die(2, "--device=%s: want a device index", v);
-			O.device = (int)d;
+			O.device = (int)parse_long("--device", v, 0, 1023, "a device index");
 		} else {
 			usage(stderr);
 			die(2, "%s: unknown flag", a);

@@ -162,6 +162,31 @@ static void setup_fd(int fd)
 	}
 }
 
+/* A socket listening on a free port of the loopback address, which it
+ * leaves in *a. */
+static int listen_loopback(struct sockaddr_in *a)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	socklen_t alen = sizeof *a;
+
+	*a = (struct sockaddr_in){ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	if (fd < 0 || bind(fd, (struct sockaddr *)a, sizeof *a) < 0 || listen(fd, 1) < 0 ||
+	    getsockname(fd, (struct sockaddr *)a, &alen) < 0)
+		die("listen");
+	return fd;
+}
+
+/* fork(), the child never outliving its parent. */
+static pid_t fork_child(void)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0)
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+	return pid;
+}
+
 static void server(int lfd, size_t resp_bytes)
 {
 	int fd = accept(lfd, NULL, NULL);
@@ -191,19 +216,11 @@ static int run_tcp(const char *mode, double secs, size_t resp_bytes)
 		fprintf(stderr, "pingpong: mode is sleep or busy\n");
 		return 2;
 	}
-	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t alen = sizeof a;
-	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 1) < 0 ||
-	    getsockname(lfd, (struct sockaddr *)&a, &alen) < 0)
-		die("listen");
-	pid_t pid = fork();
-	if (pid < 0)
-		die("fork");
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the client */
+	struct sockaddr_in a;
+	int lfd = listen_loopback(&a);
+	pid_t pid = fork_child();
+	if (pid == 0)
 		server(lfd, resp_bytes);
-	}
 	close(lfd);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
@@ -300,17 +317,10 @@ static char *touched(size_t n, int byte)
 static int run_stream(size_t span, double secs)
 {
 	const size_t blk = 1u << 20;
-	int l = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t al = sizeof a;
-	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 1) < 0 ||
-	    getsockname(l, (struct sockaddr *)&a, &al) < 0)
-		die("listen");
-	pid_t pid = fork();
-	if (pid < 0)
-		die("fork");
+	struct sockaddr_in a;
+	int l = listen_loopback(&a);
+	pid_t pid = fork_child();
 	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		int s = socket(AF_INET, SOCK_STREAM, 0);
 		if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0)
 			die("connect");

@@ -112,6 +112,29 @@ static void sweep(void)
 	(void)sum;
 }
 
+/* A batch for `n` requests, the caches swept after it is made. */
+static te_batch_id swept_batch(te_engine *e, size_t n)
+{
+	te_batch_id b;
+	int rc = te_batch_alloc(e, n, &b);
+	if (rc < 0)
+		die("te_batch_alloc", rc);
+	sweep();
+	return b;
+}
+
+/* Waits for the READs of batch `b`, frees it and checks that piece k of
+ * `abuf` now holds piece ri[k] of `bbuf`. */
+static void read_checked(te_engine *e, te_batch_id b, const unsigned char *abuf, const unsigned char *bbuf,
+			 const uint32_t *ri, size_t n, size_t size, const char *what)
+{
+	wait_ok(e, b);
+	te_batch_free(e, b);
+	for (size_t k = 0; k < n; k++)
+		if (memcmp(abuf + k * size, bbuf + ri[k] * size, size) != 0)
+			die(what, -EPROTO);
+}
+
 static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t nregs, int adjacent)
 {
 	te_engine *a = engine(strcmp(tp, "shm") == 0 ? "shm,tcp" : tp), *b = engine(strcmp(tp, "shm") == 0 ? "shm,tcp" : tp);
@@ -175,22 +198,15 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 	for (int r = 0; r < runs; r++) {
 		for (size_t k = 0; k < pool; k += 4096)
 			bbuf[k] = (unsigned char)(r + k / 4096);
-		te_batch_id bid;
 		size_t tasks = 0;
-		if ((rc = te_batch_alloc(a, n, &bid)) < 0)
-			die("te_batch_alloc", rc);
-		sweep();
+		te_batch_id bid = swept_batch(a, n);
 		double c0 = cpu_ns(), t0 = now_ns();
 		rc = te_submit_prepared(a, bid, TE_OP_READ, L, NULL, R, ri, n, NULL, &tasks);
 		tprep[r] = now_ns() - t0;
 		cprep[r] = cpu_ns() - c0;
 		if (rc != 0 || tasks != (adjacent ? nregs : n))
 			die("te_submit_prepared", rc < 0 ? rc : -EPROTO);
-		wait_ok(a, bid);
-		te_batch_free(a, bid);
-		for (size_t k = 0; k < n; k++)
-			if (memcmp(abuf + k * size, bbuf + ri[k] * size, size) != 0)
-				die("prepared READ moved the wrong bytes", -EPROTO);
+		read_checked(a, bid, abuf, bbuf, ri, n, size, "prepared READ moved the wrong bytes");
 
 		memset(abuf, 0, pool);
 		/* What a caller of te_submit() does every time: requests from the
@@ -199,9 +215,7 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 		for (size_t k = 0; k < n; k++)
 			reqs[k] = (te_request){ TE_OP_READ, seg, (void *)(uintptr_t)lp[k].addr, rp[ri[k]].addr, size };
 		cbuild[r] = cpu_ns() - c0;
-		if ((rc = te_batch_alloc(a, n, &bid)) < 0)
-			die("te_batch_alloc", rc);
-		sweep();
+		bid = swept_batch(a, n);
 		c0 = cpu_ns();
 		t0 = now_ns();
 		rc = te_submit(a, bid, reqs, n);
@@ -209,11 +223,7 @@ static int bench_submit(const char *tp, size_t n, size_t size, int runs, size_t 
 		creq[r] = cpu_ns() - c0;
 		if (rc != 0)
 			die("te_submit", rc < 0 ? rc : -EPROTO);
-		wait_ok(a, bid);
-		te_batch_free(a, bid);
-		for (size_t k = 0; k < n; k++)
-			if (memcmp(abuf + k * size, bbuf + ri[k] * size, size) != 0)
-				die("te_submit READ moved the wrong bytes", -EPROTO);
+		read_checked(a, bid, abuf, bbuf, ri, n, size, "te_submit READ moved the wrong bytes");
 	}
 	qsort(tprep, runs, sizeof *tprep, cmp_double);
 	qsort(treq, runs, sizeof *treq, cmp_double);

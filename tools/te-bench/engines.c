@@ -34,11 +34,9 @@ void die(int code, const char *fmt, ...)
 {
 	va_list ap;
 
-	fprintf(stderr, PROG ": ");
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	teu_fmt_verror(PROG, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	fflush(stdout);
 	drop_engines();
 	exit(code);

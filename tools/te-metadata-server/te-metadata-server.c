@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -44,6 +45,7 @@
 
 #include "teu-bearer.h"
 #include "teu-hostport.h"
+#include "teu-json.h"
 #include "teu-refuse.h"
 
 #define PERSIST_FORMAT "te-metadata-server/1"
@@ -100,8 +102,9 @@ static gboolean write_all(int fd, const char *p, size_t n)
 }
 
 /* The whole store as JSON: {"format":..., "entries":{key: value}, "binary":
- * {key: base64}} (values that are not UTF-8 text go to "binary"). */
-static char *serialize(server *s, gsize *len)
+ * {key: base64}} (values that are not UTF-8 text go to "binary"); NULL when
+ * out of memory. free() frees it. */
+static char *serialize(server *s, size_t *len)
 {
 	JsonBuilder *b = json_builder_new();
 	GHashTableIter it;
@@ -143,19 +146,12 @@ static char *serialize(server *s, gsize *len)
 		json_builder_end_object(b);
 	}
 	json_builder_end_object(b);
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	char *out = json_generator_to_data(g, len);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
-	return out;
+	return teu_json_finish(b, len);
 }
 
 static gboolean persist_now(server *s, char **why)
 {
-	gsize len;
+	size_t len;
 	char *data, *tmp;
 	int fd;
 	gboolean ok;
@@ -163,6 +159,10 @@ static gboolean persist_now(server *s, char **why)
 	if (s->persist == NULL)
 		return TRUE;
 	data = serialize(s, &len);
+	if (data == NULL) {
+		*why = g_strdup_printf("writing %s failed: %s", s->persist, g_strerror(ENOMEM));
+		return FALSE;
+	}
 	tmp = g_strdup_printf("%s.tmp", s->persist);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	ok = fd >= 0 && write_all(fd, data, len) && fsync(fd) == 0;
@@ -189,7 +189,7 @@ static gboolean persist_now(server *s, char **why)
 		unlink(tmp);
 	}
 	g_free(tmp);
-	g_free(data);
+	free(data);
 	return ok;
 }
 
@@ -337,11 +337,14 @@ static gboolean sweep_tick(gpointer data)
 	return G_SOURCE_CONTINUE;
 }
 
-/* Whether `key` has a TTL that ran out (a sweep is due before reading it). */
-static gboolean is_expired(server *s, const char *key)
+/* The value of `key`, NULL when there is none; a key whose TTL ran out has
+ * none (the sweep that this calls for runs first). */
+static GBytes *lookup(server *s, const char *key)
 {
 	key_ttl *t = g_hash_table_lookup(s->expiry, key);
-	return t != NULL && t->deadline <= g_get_monotonic_time();
+	if (t != NULL && t->deadline <= g_get_monotonic_time())
+		sweep(s);
+	return g_hash_table_lookup(s->kv, key);
 }
 
 /* ----------------------------------------------------------------- HTTP */
@@ -355,6 +358,18 @@ static void reply(SoupServerMessage *msg, guint status, const char *ctype, const
 static void reply_text(SoupServerMessage *msg, guint status, const char *text)
 {
 	reply(msg, status, "text/plain", text, strlen(text));
+}
+
+/* A PUT's success, with when the key expires when it has a TTL. */
+static void reply_updated(SoupServerMessage *msg, guint64 ttl)
+{
+	if (ttl == 0) {
+		reply_text(msg, SOUP_STATUS_OK, "metadata updated");
+		return;
+	}
+	char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again", (unsigned long long)ttl);
+	reply_text(msg, SOUP_STATUS_OK, t);
+	g_free(t);
 }
 
 /* Before the body is read (util/teu-refuse.h); the
@@ -447,16 +462,14 @@ static void list_keys(server *s, SoupServerMessage *msg, GHashTable *query)
 			json_builder_add_string_value(b, l->data);
 	json_builder_end_array(b);
 	g_list_free(keys);
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	gsize len;
-	char *out = json_generator_to_data(g, &len);
+	size_t len;
+	char *out = teu_json_finish(b, &len);
+	if (out == NULL) {
+		reply_text(msg, SOUP_STATUS_INTERNAL_SERVER_ERROR, "out of memory\n");
+		return;
+	}
 	reply(msg, SOUP_STATUS_OK, "application/json", out, len);
-	g_free(out);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
+	free(out);
 }
 
 static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *path, GHashTable *query,
@@ -500,9 +513,7 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		return;
 	}
 	if (strcmp(method, SOUP_METHOD_GET) == 0) {
-		if (is_expired(s, key))
-			sweep(s);
-		GBytes *v = g_hash_table_lookup(s->kv, key);
+		GBytes *v = lookup(s, key);
 		if (v == NULL) {
 			reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
 			return;
@@ -526,9 +537,7 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 			reply_text(msg, SOUP_STATUS_REQUEST_ENTITY_TOO_LARGE, "value too large");
 			return;
 		}
-		if (is_expired(s, key))
-			sweep(s); /* its time ran out: a PUT now makes a new key */
-		GBytes *old = g_hash_table_lookup(s->kv, key);
+		GBytes *old = lookup(s, key); /* one whose time ran out: a PUT now makes a new key */
 		if (old == NULL && g_hash_table_size(s->kv) >= s->max_keys) {
 			g_bytes_unref(b);
 			reply_text(msg, SOUP_STATUS_INSUFFICIENT_STORAGE, "too many keys");
@@ -541,10 +550,7 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 			 * stays as it is. */
 			cur->deadline = deadline;
 			g_bytes_unref(b);
-			char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again",
-						  (unsigned long long)ttl);
-			reply_text(msg, SOUP_STATUS_OK, t);
-			g_free(t);
+			reply_updated(msg, ttl);
 			return;
 		}
 		key_ttl was = cur ? *cur : (key_ttl){ 0, 0 };
@@ -576,20 +582,11 @@ static void store_handler(SoupServer *srv, SoupServerMessage *msg, const char *p
 		if (old)
 			g_bytes_unref(old);
 		vlog(s, "PUT %s (%zu bytes%s)", key, g_bytes_get_size(b), ttl ? ", with a TTL" : "");
-		if (ttl > 0) {
-			char *t = g_strdup_printf("metadata updated; expires in %llu s unless put again",
-						  (unsigned long long)ttl);
-			reply_text(msg, SOUP_STATUS_OK, t);
-			g_free(t);
-		} else {
-			reply_text(msg, SOUP_STATUS_OK, "metadata updated");
-		}
+		reply_updated(msg, ttl);
 		return;
 	}
 	/* DELETE */
-	if (is_expired(s, key))
-		sweep(s);
-	GBytes *old = g_hash_table_lookup(s->kv, key);
+	GBytes *old = lookup(s, key);
 	if (old == NULL) {
 		reply_text(msg, SOUP_STATUS_NOT_FOUND, "metadata not found");
 		return;

@@ -27,6 +27,8 @@
 #include <te/te-json.h> /* after json-glib: te_json_load() */
 #include <te/te.h>
 
+#include "teu-json.h"
+
 #define PREFIX "nvmeof/"
 
 static const char *usage_text =
@@ -243,13 +245,11 @@ static gboolean add_map_member(gpointer k, gpointer v, gpointer builder)
 	return FALSE;
 }
 
-/* Compact JSON with sorted keys, like every descriptor libte writes. */
+/* Compact JSON with sorted keys, like every descriptor libte writes; NULL
+ * when out of memory. free() frees it. */
 static char *desc_encode(const descriptor *d)
 {
 	JsonBuilder *b = json_builder_new();
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root;
-	char *text;
 
 	json_builder_begin_object(b);
 	json_builder_set_member_name(b, "buffers");
@@ -273,13 +273,7 @@ static char *desc_encode(const descriptor *d)
 	json_builder_set_member_name(b, "server_name");
 	json_builder_add_string_value(b, d->server_name);
 	json_builder_end_object(b);
-	root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	text = json_generator_to_data(g, NULL);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
-	return text;
+	return teu_json_finish(b, NULL);
 }
 
 /* ------------------------------------------------------------- store I/O */
@@ -352,13 +346,13 @@ static descriptor *load(ctx *c, int *rc)
 static int store(ctx *c, const descriptor *d)
 {
 	char *text = desc_encode(d);
-	int rc = te_metadata_put(c->md, c->key, text, strlen(text));
+	int rc = text != NULL ? te_metadata_put(c->md, c->key, text, strlen(text)) : -ENOMEM;
 
 	if (rc < 0)
 		fprintf(stderr, "error: writing %s failed: %s\n", c->key, te_strerror(rc));
 	else
 		printf("%s = %s\n", c->key, text);
-	g_free(text);
+	free(text);
 	return rc;
 }
 

@@ -143,6 +143,21 @@ static const te_json_limits hs_limits = {
 	.max_text = 16384,
 };
 
+/* Member `name` of a handshake, a NIC path (server@device, printable, shorter
+ * than `size`), copied to `dst`. */
+static bool nic_path(JsonObject *o, const char *name, char *dst, size_t size, GString *err)
+{
+	bool bad = false;
+	const char *s = rd_json_str(o, name, &bad);
+
+	if (s == NULL || strlen(s) >= size || strchr(s, '@') == NULL || !printable(s)) {
+		g_string_printf(err, "handshake: missing or bad \"%s\" (want server@device)", name);
+		return false;
+	}
+	g_strlcpy(dst, s, size);
+	return true;
+}
+
 int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 {
 	JsonNode *root = NULL;
@@ -166,20 +181,9 @@ int rd_hs_decode(const char *json, size_t len, rd_hs *hs, GString *err)
 	}
 	o = json_node_get_object(root);
 
-	s = rd_json_str(o, "local_nic_path", &bad);
-	if (s == NULL || strlen(s) >= sizeof hs->local_nic_path || strchr(s, '@') == NULL ||
-	    !printable(s)) {
-		g_string_assign(err, "handshake: missing or bad \"local_nic_path\" (want server@device)");
+	if (!nic_path(o, "local_nic_path", hs->local_nic_path, sizeof hs->local_nic_path, err) ||
+	    !nic_path(o, "peer_nic_path", hs->peer_nic_path, sizeof hs->peer_nic_path, err))
 		goto out;
-	}
-	g_strlcpy(hs->local_nic_path, s, sizeof hs->local_nic_path);
-	s = rd_json_str(o, "peer_nic_path", &bad);
-	if (s == NULL || strlen(s) >= sizeof hs->peer_nic_path || strchr(s, '@') == NULL ||
-	    !printable(s)) {
-		g_string_assign(err, "handshake: missing or bad \"peer_nic_path\" (want server@device)");
-		goto out;
-	}
-	g_strlcpy(hs->peer_nic_path, s, sizeof hs->peer_nic_path);
 
 	s = rd_json_str(o, "reply_msg", &bad);
 	if (bad || (s != NULL && !printable(s))) {

@@ -374,11 +374,16 @@ static bool location_ok(const char *s)
 	return n > 0 && n <= 64;
 }
 
-/* Checks one matrix value: [[names...], [names...]] (the second list may be
- * missing, as in the seed's "cuda:0": [["mlx1", "mlx0"]]). */
+/* Checks one matrix entry: its location name, and its value [[names...],
+ * [names...]] (the second list may be missing, as in the seed's "cuda:0":
+ * [["mlx1", "mlx0"]]). */
 static int matrix_lists(const char *key, JsonNode *v, JsonArray **lists, GString *err)
 {
 	lists[0] = lists[1] = NULL;
+	if (!location_ok(key)) {
+		g_string_printf(err, "priority matrix: bad location name \"%.80s\"", key);
+		return -EINVAL;
+	}
 	if (!JSON_NODE_HOLDS_ARRAY(v)) {
 		g_string_printf(err, "priority matrix: \"%s\" is not [[preferred NICs], [other NICs]]", key);
 		return -EINVAL;
@@ -442,10 +447,6 @@ int rd_matrix_parse(JsonObject *matrix, char (*devs)[RD_NAME_MAX], int ndev, rd_
 	json_object_iter_init(&it, matrix);
 	while (json_object_iter_next(&it, &key, &v)) {
 		JsonArray *lists[2];
-		if (!location_ok(key)) {
-			g_string_printf(err, "priority matrix: bad location name \"%.80s\"", key);
-			goto fail;
-		}
 		if (matrix_lists(key, v, lists, err) < 0)
 			goto fail;
 		rd_loc *l = locs_add(locs, key);
@@ -496,10 +497,6 @@ int rd_topo_from_matrix(const char *root, JsonObject *matrix, char *const *known
 	json_object_iter_init(&it, matrix);
 	while (json_object_iter_next(&it, &key, &v)) {
 		JsonArray *lists[2];
-		if (!location_ok(key)) {
-			g_string_printf(err, "priority matrix: bad location name \"%.80s\"", key);
-			goto out;
-		}
 		if (matrix_lists(key, v, lists, err) < 0)
 			goto out;
 		for (int li = 0; li < 2; li++) {

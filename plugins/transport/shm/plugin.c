@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "shm-internal.h"
+#include "teu-json.h"
 
 /* ----------------------------------------------------------- identity */
 
@@ -271,15 +272,7 @@ static int shm_describe(void *ctx, char **json)
 	json_builder_add_string_value(b, c->sock_path);
 	json_builder_end_object(b);
 	json_builder_end_object(b);
-	JsonGenerator *g = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	char *text = json_generator_to_data(g, NULL);
-	*json = text ? strdup(text) : NULL;
-	g_free(text);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
+	*json = teu_json_finish(b, NULL);
 	return *json ? 0 : -ENOMEM;
 }
 

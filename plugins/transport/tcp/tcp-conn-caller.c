@@ -292,12 +292,7 @@ int tcp_progress(void *ctx, int (*done)(void *arg), void *arg, int64_t timeout_n
 
 	if (tls_direct.c != c)
 		return -EAGAIN;
-	g_mutex_lock(&c->lock);
-	bool live = g_hash_table_contains(c->live_peers, p);
-	if (live)
-		atomic_fetch_add(&p->kicking, 1); /* p stays until this drops */
-	g_mutex_unlock(&c->lock);
-	if (!live) {
+	if (!tcp_peer_hold(c, p)) {
 		tls_direct.c = NULL;
 		return -EAGAIN;
 	}

@@ -330,6 +330,10 @@ static inline tcp_rail *tcp_rail_of(tcp_cconn *cc)
 bool tcp_rail_usable(tcp_cconn *cc);
 /* Kicks every connection of the peer from an I/O thread (not after its close). */
 void tcp_peer_kick_all(tcp_peer *p);
+/* Holds `p` (its `kicking` count) when it is still in live_peers, else false:
+ * a peer known only by a pointer may have been freed. p stays until the
+ * caller drops the count. */
+bool tcp_peer_hold(tcp_ctx *c, tcp_peer *p);
 /* The connection's rail is down (once); its work goes to the other rails. */
 void tcp_rail_down(tcp_cconn *cc, const char *why);
 /* A rail of `p` other than `r` that shows the peer alive, or NULL. */

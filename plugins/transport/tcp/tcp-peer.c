@@ -203,6 +203,16 @@ int64_t tcp_peer_waiting_deadline(tcp_peer *p)
 	return dl;
 }
 
+bool tcp_peer_hold(tcp_ctx *c, tcp_peer *p)
+{
+	g_mutex_lock(&c->lock);
+	bool live = g_hash_table_contains(c->live_peers, p);
+	if (live)
+		atomic_fetch_add(&p->kicking, 1);
+	g_mutex_unlock(&c->lock);
+	return live;
+}
+
 /* Called once per connection at the end of the loop iteration that retired
  * it; the last one frees the peer. */
 void tcp_peer_retire_conn(tcp_peer *p)
@@ -301,12 +311,7 @@ int tcp_expire(void *ctx, te_transfer *t)
 
 	atomic_fetch_add(&c->expiring, 1);
 	/* `t` may have completed meanwhile and its peer gone with it. */
-	g_mutex_lock(&c->lock);
-	bool live = g_hash_table_contains(c->live_peers, p);
-	if (live)
-		atomic_fetch_add(&p->kicking, 1); /* p stays until this drops */
-	g_mutex_unlock(&c->lock);
-	if (!live) {
+	if (!tcp_peer_hold(c, p)) {
 		atomic_fetch_sub(&c->expiring, 1);
 		return 0;
 	}

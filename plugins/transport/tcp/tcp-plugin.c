@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "tcp-internal.h"
+#include "teu-json.h"
 
 #define DEFAULT_SLICE (1u << 20)
 #define DEFAULT_DEPTH 256
@@ -537,16 +538,7 @@ static int tcp_describe(void *ctx, char **json)
 		json_builder_end_array(b);
 	}
 	json_builder_end_object(b);
-	JsonGenerator *gen = json_generator_new();
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(gen, root);
-	char *text = json_generator_to_data(gen, NULL);
-	json_node_unref(root);
-	g_object_unref(gen);
-	g_object_unref(b);
-	/* The host frees with free(). */
-	*json = text ? strdup(text) : NULL;
-	g_free(text);
+	*json = teu_json_finish(b, NULL);
 	return *json ? 0 : -ENOMEM;
 }
 

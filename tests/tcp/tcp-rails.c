@@ -308,21 +308,6 @@ static bool wait_oper_up(const char *d)
 	return false;
 }
 
-/* Whether process `pid` is stopped (its state in /proc is T). */
-static bool is_stopped(pid_t pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (f == NULL)
-		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	const char *p = strrchr(buf, ')');
-	return p != NULL && p[1] == ' ' && p[2] == 'T';
-}
-
 /* Runs fn(arg) in a child while this process, the engine's threads with it,
  * is stopped: whatever the kernel tells the engine meanwhile waits in its
  * sockets, unread. Returns fn's result (0..125), or -1. */
@@ -336,9 +321,9 @@ static int while_stopped(int (*fn)(void *), void *arg)
 	if (pid == 0) {
 		int rc = 126;
 		if (kill(parent, SIGSTOP) == 0) {
-			for (int i = 0; i < 500 && !is_stopped(parent); i++)
+			for (int i = 0; i < 500 && !proc_stopped(parent); i++)
 				usleep(2000);
-			rc = is_stopped(parent) ? fn(arg) : 126;
+			rc = proc_stopped(parent) ? fn(arg) : 126;
 		}
 		kill(parent, SIGCONT);
 		_exit(rc);
@@ -426,19 +411,28 @@ static bool log_within(const char *what)
 	return log_after(what, now_ms()) >= 0;
 }
 
-/* "lost": DEV2's return is never told to the engine; its probes find it. */
-static int lost_main(void)
+/* Takes DEV2 down and waits until the engine says so: its rtnetlink
+ * socket then, or -1 (said why). */
+static int second_down(void)
 {
 	int nl = engine_netlink_fd();
 	if (nl < 0) {
 		fprintf(stderr, "tcp-rails: the engine has no rtnetlink socket\n");
-		return 1;
+		return -1;
 	}
 	char line[128];
 	snprintf(line, sizeof line, "is down (local interface %s", dev[1]);
 	link_set(dev[1], "down");
-	if (!log_within(line))
+	return log_within(line) ? nl : -1;
+}
+
+/* "lost": DEV2's return is never told to the engine; its probes find it. */
+static int lost_main(void)
+{
+	int nl = second_down();
+	if (nl < 0)
 		return 1;
+	char line[128];
 	steal st = { nl, dev[1] };
 	int got = while_stopped(steal_up, &st);
 	long long t0 = now_ms();
@@ -465,16 +459,10 @@ static int lost_main(void)
 /* "enobufs": events lost in an overflow; the link state read again. */
 static int enobufs_main(const char *spare)
 {
-	int nl = engine_netlink_fd();
-	if (nl < 0) {
-		fprintf(stderr, "tcp-rails: the engine has no rtnetlink socket\n");
+	int nl = second_down();
+	if (nl < 0)
 		return 1;
-	}
 	char line[128];
-	snprintf(line, sizeof line, "is down (local interface %s", dev[1]);
-	link_set(dev[1], "down");
-	if (!log_within(line))
-		return 1;
 	/* A small buffer overflows after a few events (the kernel doubles
 	 * the value and keeps a minimum of its own). */
 	int rcvbuf = 0, small = 2048;
@@ -520,21 +508,6 @@ static int enobufs_main(const char *spare)
 }
 
 /* ------------------------------------------------------ loopback mode */
-
-/* Answers Metadata frames with a descriptor of our making. */
-typedef struct fake_rpc {
-	int lfd, port;
-	char desc[2048];
-	pthread_t th;
-	atomic_int stop;
-} fake_rpc;
-
-static void *fake_rpc_main(void *arg)
-{
-	fake_rpc *f = arg;
-	serve_descriptor(f->lfd, f->desc, &f->stop);
-	return NULL;
-}
 
 /* Listens on 127.0.0.2:port and relays each connection to 127.0.0.1:port,
  * counting the bytes; `drop` closes every relayed connection at once. */
@@ -757,18 +730,16 @@ static int loopback_main(void)
 
 	/* Its descriptor as a peer would publish it with two rails, plus
 	 * entries a careful reader skips. */
-	fake_rpc f;
-	memset(&f, 0, sizeof f);
-	f.lfd = listen_any(&f.port);
-	char name[64];
-	snprintf(name, sizeof name, "127.0.0.1:%d", f.port);
+	fake f;
+	fake_listen(&f, false);
+	const char *name = f.name;
 	snprintf(f.desc, sizeof f.desc,
 		 "{\"buffers\":[{\"addr\":%llu,\"length\":%u,\"name\":\"%s\"}],\"name\":\"%s\","
 		 "\"protocol\":\"tcp\",\"tcp_data_addresses\":[\"127.0.0.1\",7,\"not-an-address\",{},"
 		 "\"127.0.0.2\",\"127.0.0.1\"],\"tcp_data_port\":%d,\"tcp_proto_version\":2,"
 		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
 		 (unsigned long long)(uintptr_t)tbuf, 8u * MIB, name, name, dport);
-	REQUIRE(pthread_create(&f.th, NULL, fake_rpc_main, &f) == 0);
+	fake_serve(&f);
 
 	te_option iopt[3] = { { "TE_TCP_CONNS_PER_PEER", "2" }, { "TE_TCP_TIMEOUT_MS", "2000" },
 			      { "TE_TCP_CONNECT_TIMEOUT_MS", "1000" } };
@@ -870,9 +841,7 @@ out_relay:
 out:
 	te_segment_close(e, seg);
 	te_engine_destroy(e);
-	atomic_store(&f.stop, 1);
-	pthread_join(f.th, NULL);
-	close(f.lfd);
+	fake_stop(&f);
 	te_engine_destroy(t);
 	return rc;
 }

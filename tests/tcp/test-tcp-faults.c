@@ -320,25 +320,6 @@ static void test_killed_and_restarted(void)
 	free(want);
 }
 
-/* Until the kernel reports `pid` stopped (state T in /proc/PID/stat). */
-static void wait_stopped(pid_t pid)
-{
-	char path[64], buf[256];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	for (int i = 0; i < 1000; i++) {
-		FILE *f = fopen(path, "r");
-		size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-		if (f)
-			fclose(f);
-		buf[n] = '\0';
-		const char *rp = strrchr(buf, ')');
-		if (rp != NULL && rp[1] == ' ' && rp[2] == 'T')
-			return;
-		usleep(1000);
-	}
-	fprintf(stderr, "  pid %d not reported stopped\n", (int)pid);
-}
-
 static void test_stopped(void)
 {
 	child c;
@@ -374,8 +355,7 @@ static void test_stopped(void)
 	 * found all the same, within the stall timeout. */
 	for (int i = 0; i < 3; i++)
 		CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_COMPLETED);
-	kill(c.pid, SIGSTOP);
-	wait_stopped(c.pid); /* a request is answered in microseconds: not before the stop lands */
+	child_sigstop(c.pid);
 	long long t0 = now_ms();
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_FAILED);
 	dt = now_ms() - t0;

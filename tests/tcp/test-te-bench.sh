@@ -18,8 +18,9 @@ tmp=$(mktemp -d)
 failures=0
 pids=()
 
+. "$(dirname "$0")/../common/poll.sh" # free_port, bench_name, wait_port, stop_pids
 cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+	stop_pids "${pids[@]}"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -54,15 +55,6 @@ one_line_error() { # NAME PATTERN
 	ok "$1"
 }
 
-. "$(dirname "$0")/../common/poll.sh" # free_port, bench_name
-# wait_port PORT: until something accepts on 127.0.0.1:PORT (at most 10 s)
-wait_port() {
-	for _ in $(seq 50); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),1)" 2>/dev/null && return 0
-		sleep 0.2
-	done
-	return 1
-}
 
 plugin_there() { # KIND NAME
 	local IFS=:

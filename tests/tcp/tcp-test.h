@@ -90,6 +90,34 @@ static inline void pair_down(pair *p)
 	munmap(p->bbuf, p->blen);
 }
 
+/* One of a test's threads on one pair: its number, its rounds and a style
+ * of the test's own; what it counts: copies that came out wrong (bad) and
+ * batches that failed. */
+typedef struct pair_job {
+	pair *p;
+	unsigned id, rounds;
+	int style;
+	int bad, failed;
+} pair_job;
+
+/* Runs fn on a thread a job (16 at most) and checks, once all are done,
+ * that none counted a failure or a wrong copy. */
+static inline void pair_jobs_run(void *(*fn)(void *), pair_job *jobs, unsigned n)
+{
+	pthread_t th[16];
+	REQUIRE(n <= 16);
+	for (unsigned i = 0; i < n; i++)
+		REQUIRE(pthread_create(&th[i], NULL, fn, &jobs[i]) == 0);
+	int bad = 0, failed = 0;
+	for (unsigned i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		bad += jobs[i].bad;
+		failed += jobs[i].failed;
+	}
+	CHECK_EQ(failed, 0);
+	CHECK_EQ(bad, 0);
+}
+
 /* ------------------------------------------------------------ raw sockets */
 
 static inline int tcp_connect_port(int port)

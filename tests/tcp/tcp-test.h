@@ -403,8 +403,8 @@ static inline void fake_stop(fake *f)
 #define FAKE_BASE 0x10000000ull
 #define FAKE_LEN (64ull << 20)
 
-/* Writes f->desc: the target above, its data port `data_port`. */
-static inline void fake_tcp_desc(fake *f, int data_port, int version, const char *extra)
+/* Writes f->desc: the target above, at f->data_port. */
+static inline void fake_tcp_desc(fake *f, int version, const char *extra)
 {
 	char ver[200] = "";
 	if (version >= 2)
@@ -416,13 +416,13 @@ static inline void fake_tcp_desc(fake *f, int data_port, int version, const char
 	snprintf(f->desc, sizeof f->desc,
 		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
 		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d%s,\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
-		 FAKE_BASE, FAKE_LEN, f->name, f->name, data_port, ver);
+		 FAKE_BASE, FAKE_LEN, f->name, f->name, f->data_port, ver);
 }
 
 static inline void fake_tcp_start(fake *f, int version, const char *extra)
 {
 	fake_listen(f, true);
-	fake_tcp_desc(f, f->data_port, version, extra);
+	fake_tcp_desc(f, version, extra);
 	fake_serve(f);
 }
 

@@ -937,7 +937,7 @@ static void fence_failover_case(bool fence)
 	/* The descriptor names the data port the rails listen on. */
 	fake_listen(&f, false);
 	f.data_port = port;
-	fake_tcp_desc(&f, port, 2, extra);
+	fake_tcp_desc(&f, 2, extra);
 	fake_serve(&f);
 	te_option o[2] = { { "TE_TCP_DIRECT", "0" }, { "TE_TCP_SUSPECT_MS", "0" } };
 	init_up(&in, &f, IBUF, o, 2);

@@ -147,4 +147,29 @@ done:
 	return st;
 }
 
+/* Whether process `pid` is stopped (its state in /proc/PID/stat is T). */
+static inline bool proc_stopped(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	if (read_text(path, buf, sizeof buf) < 0)
+		return false;
+	const char *p = strrchr(buf, ')');
+	return p != NULL && p[1] == ' ' && p[2] == 'T';
+}
+
+/* Stops `pid` with SIGSTOP and returns once the kernel reports it stopped,
+ * 1 s at most: a peer answers in microseconds, so a test must not go on
+ * before the stop has landed. */
+static inline void child_sigstop(pid_t pid)
+{
+	REQUIRE(kill(pid, SIGSTOP) == 0);
+	for (int i = 0; i < 2000; i++) {
+		if (proc_stopped(pid))
+			return;
+		usleep(500);
+	}
+	fprintf(stderr, "  pid %d not reported stopped\n", (int)pid);
+}
+
 #endif

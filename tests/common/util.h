@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -60,6 +61,20 @@ static inline int cap_has_quiet(const char *needle)
 	int r = strstr(cap_buf, needle) != NULL;
 	pthread_mutex_unlock(&cap_lock);
 	return r;
+}
+
+/* The first size - 1 bytes of file `path` into buf, NUL-terminated (empty
+ * when it cannot be read); the bytes read, or -1 when it does not open. */
+static inline ssize_t read_text(const char *path, char *buf, size_t size)
+{
+	FILE *f = fopen(path, "r");
+	buf[0] = '\0';
+	if (f == NULL)
+		return -1;
+	size_t n = fread(buf, 1, size - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return (ssize_t)n;
 }
 
 static inline te_engine *p2p_engine(const char *transports)

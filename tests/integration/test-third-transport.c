@@ -20,36 +20,12 @@
 
 /* -------------------------------------------------------------- fakes */
 
-typedef struct fake {
-	int lfd, port;
-	char name[64];
-	char desc[2048];
-	atomic_int stop;
-	pthread_t th;
-} fake;
-
-static void *fake_rpc(void *arg)
-{
-	fake *f = arg;
-	serve_descriptor(f->lfd, f->desc, &f->stop);
-	return NULL;
-}
-
 /* A peer whose descriptor is `{"name": <its name>, <members>}`. */
 static void fake_start(fake *f, const char *members)
 {
-	memset(f, 0, sizeof *f);
-	f->lfd = listen_any(&f->port);
-	snprintf(f->name, sizeof f->name, "127.0.0.1:%d", f->port);
+	fake_listen(f, false);
 	snprintf(f->desc, sizeof f->desc, "{\"name\":\"%s\",%s}", f->name, members);
-	REQUIRE(pthread_create(&f->th, NULL, fake_rpc, f) == 0);
-}
-
-static void fake_stop(fake *f)
-{
-	atomic_store(&f->stop, 1);
-	pthread_join(f->th, NULL);
-	close(f->lfd);
+	fake_serve(f);
 }
 
 static te_engine *engine_with(const char *transports, const char *probe, const char *tcp_port)

@@ -388,6 +388,30 @@ static int run_cmd(char *const argv[], char *const env[], const char *log)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* In tmp_root: a CA (ca.pem), a server certificate for 127.0.0.1 (srv.pem,
+ * srv.key) and a client certificate (cli.pem, cli.key) signed by it; with
+ * `other_ca`, a second CA that signed nothing (other-ca.pem). */
+static void make_certs(bool other_ca)
+{
+	char script[4096];
+	snprintf(script, sizeof script,
+		 "set -e; cd %s; EC='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
+		 "openssl req -x509 $EC -keyout ca.key -out ca.pem -days 2 -subj /CN=te-test-ca;%s"
+		 "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > srv.ext;"
+		 "printf 'extendedKeyUsage=clientAuth\\n' > cli.ext;"
+		 "openssl req $EC -keyout srv.key -out srv.csr -subj /CN=127.0.0.1;"
+		 "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext "
+		 "-out srv.pem;"
+		 "openssl req $EC -keyout cli.key -out cli.csr -subj /CN=te-client;"
+		 "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile cli.ext "
+		 "-out cli.pem",
+		 tmp_root,
+		 other_ca ? "openssl req -x509 $EC -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca;"
+			  : "");
+	char *argv[] = { "sh", "-c", script, NULL };
+	REQUIRE(run_cmd(argv, NULL, tmp_path("openssl.log")) == 0);
+}
+
 /* Starts `n` etcd members forming one cluster (n = 1: a single server);
  * `extra` arguments go to each; with `tls_args` (the server's certificate
  * options) clients speak https. */

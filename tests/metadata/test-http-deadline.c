@@ -140,24 +140,6 @@ static teu_http *client(const char *ca, const char *cert, const char *key)
 
 /* ---------------------------------------------------------------- peers */
 
-/* A certificate for 127.0.0.1 signed by a CA, and one for a client. */
-static void make_certs(void)
-{
-	char script[2048];
-	snprintf(script, sizeof script,
-		 "set -e; cd %s; EC='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
-		 "openssl req -x509 $EC -keyout ca.key -out ca.pem -days 2 -subj /CN=te-test-ca;"
-		 "printf 'subjectAltName=IP:127.0.0.1\\n' > srv.ext;"
-		 "openssl req $EC -keyout srv.key -out srv.csr -subj /CN=127.0.0.1;"
-		 "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext "
-		 "-out srv.pem;"
-		 "openssl req $EC -keyout cli.key -out cli.csr -subj /CN=te-client;"
-		 "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out cli.pem",
-		 tmp_root);
-	char *argv[] = { "sh", "-c", script, NULL };
-	REQUIRE(run_cmd(argv, NULL, tmp_path("openssl.log")) == 0);
-}
-
 /* A relay to `upstream` that passes on everything the client sends but
  * only the first `pass` bytes of the answer; the rest is read and dropped,
  * so the server is never held up. One thread per client connection, each
@@ -379,7 +361,7 @@ int main(int argc, char **argv)
 	(void)argc;
 	(void)argv;
 	harness_init("http-deadline");
-	make_certs();
+	make_certs(false);
 	/* glib-networking builds each TLS connection's trust list from the
 	 * default database before libsoup gives it the session's CA file: the
 	 * system's CA list, parsed anew for every connection, CPU work that no

@@ -942,28 +942,6 @@ static void case_etcd_auth_failover(void)
 
 /* ------------------------------------------------------------ etcd TLS */
 
-/* A CA, a server certificate for 127.0.0.1 and a client certificate signed
- * by it, and a second CA that signed nothing here. */
-static void make_certs(void)
-{
-	char script[4096];
-	snprintf(script, sizeof script,
-		 "set -e; cd %s; EC='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
-		 "openssl req -x509 $EC -keyout ca.key -out ca.pem -days 2 -subj /CN=te-test-ca;"
-		 "openssl req -x509 $EC -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca;"
-		 "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > srv.ext;"
-		 "printf 'extendedKeyUsage=clientAuth\\n' > cli.ext;"
-		 "openssl req $EC -keyout srv.key -out srv.csr -subj /CN=127.0.0.1;"
-		 "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext "
-		 "-out srv.pem;"
-		 "openssl req $EC -keyout cli.key -out cli.csr -subj /CN=te-client;"
-		 "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile cli.ext "
-		 "-out cli.pem",
-		 tmp_root);
-	char *argv[] = { "sh", "-c", script, NULL };
-	REQUIRE(run_cmd(argv, NULL, tmp_path("openssl.log")) == 0);
-}
-
 static void case_etcd_tls(void)
 {
 	te_engine *e = NULL;
@@ -979,7 +957,7 @@ static void case_etcd_tls(void)
 	REQUIRE(pthread_create(&holder, NULL, md_hold_default_context, &held) == 0);
 	REQUIRE(WAIT_FOR(atomic_load(&held) == 1, 5000));
 
-	make_certs();
+	make_certs(true);
 	char cert[512], key[512], ca[512];
 	snprintf(cert, sizeof cert, "%s", tmp_path("srv.pem"));
 	snprintf(key, sizeof key, "%s", tmp_path("srv.key"));
@@ -1779,13 +1757,8 @@ static void case_http_hostile(void)
 		int st = 0;
 		REQUIRE(waitpid(pid, &st, 0) == pid);
 		CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0);
-		char buf[4096] = "";
-		f = fopen(log, "r");
-		if (f != NULL) {
-			size_t r = fread(buf, 1, sizeof buf - 1, f);
-			buf[r] = '\0';
-			fclose(f);
-		}
+		char buf[4096];
+		read_text(log, buf, sizeof buf);
 		if (strstr(buf, says[i]) == NULL)
 			fprintf(stderr, "  file %zu: the server said: %s\n", i, buf);
 		CHECK(strstr(buf, says[i]) != NULL);
@@ -1888,11 +1861,7 @@ static void case_http_token(void)
 
 	/* the server's log names the refused clients, never a token */
 	stop_child(srv, SIGTERM);
-	f = fopen(tmp_path("mds.log"), "r");
-	REQUIRE(f != NULL);
-	size_t n = fread(log, 1, sizeof log - 1, f);
-	log[n] = '\0';
-	fclose(f);
+	REQUIRE(read_text(tmp_path("mds.log"), log, sizeof log) >= 0);
 	CHECK(strstr(log, "401 to 127.0.0.1") != NULL);
 	CHECK(strstr(log, "no Authorization header") != NULL);
 	CHECK(strstr(log, "guess-0123456789abcdef") == NULL);

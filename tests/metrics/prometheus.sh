@@ -17,13 +17,9 @@ done
 
 dir=$(mktemp -d /tmp/te-prometheus.XXXXXX)
 pids=()
+. "$(dirname "$0")/../common/poll.sh" # free_port, stop_pids
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null
-    wait "$p" 2>/dev/null
-  done
+  stop_pids "${pids[@]}"
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -43,7 +39,6 @@ wait_for() {
   return 1
 }
 
-. "$(dirname "$0")/../common/poll.sh" # free_port
 
 "$bench" --mode=target --protocol=tcp --local_server_name=127.0.0.1 --buffer_size=16M \
   >"$dir/target.out" 2>"$dir/target.err" &

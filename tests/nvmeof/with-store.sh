@@ -11,12 +11,9 @@ kind=$1
 shift
 dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/te-nvmeof-store-XXXXXX")
 pid=
+. "$(dirname "$0")/../common/poll.sh" # stop_pids
 cleanup() {
-	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null
-		for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-		kill -9 "$pid" 2>/dev/null
-	fi
+	[ -n "$pid" ] && stop_pids "$pid"
 	rm -rf "$dir"
 }
 trap cleanup EXIT INT TERM

@@ -30,6 +30,8 @@
 
 #include <te/te-plugin.h>
 
+#include "pid-descriptor.h"
+
 #ifndef HOLD_DEADLINES
 #define HOLD_NAME "hold"
 #define HOLD_FLAGS TE_TRANSPORT_MEMORY
@@ -217,25 +219,7 @@ static int hold_mem_unregister(void *ctx, void *addr, size_t length)
 	return 0;
 }
 
-static int hold_describe(void *ctx, char **json)
-{
-	char buf[64];
-	(void)ctx;
-	snprintf(buf, sizeof buf, "{\"hold_pid\":%d}", (int)getpid());
-	*json = strdup(buf);
-	return *json ? 0 : -ENOMEM;
-}
-
-static int hold_segment_open(void *ctx, const te_segment_info *seg, void **seg_ctx)
-{
-	char want[64];
-	(void)ctx;
-	snprintf(want, sizeof want, "\"hold_pid\":%d", (int)getpid());
-	if (strstr(seg->descriptor, want) == NULL)
-		return -ENOTSUP;
-	*seg_ctx = NULL;
-	return 0;
-}
+PID_DESCRIPTOR_OPS(hold)
 
 static int hold_submit(void *ctx, te_transfer *const *ts, size_t n)
 {

@@ -237,32 +237,12 @@ static void test_unregister_under_stalled_read(void)
 
 /* ---------------------------------------------- destroy with tasks stuck */
 
-#define FAKE_BASE 0x10000000ull
-#define FAKE_LEN (16ull << 20)
-
-static void *fake_rpc(void *arg)
-{
-	void **a = arg;
-	serve_descriptor(*(int *)a[0], a[1], a[2]);
-	return NULL;
-}
-
 /* The child: tasks to a peer whose data port accepts (in the kernel's
  * backlog) and never answers. */
 static int destroy_child(void)
 {
-	int rpc_port, data_port;
-	int rpc_lfd = listen_any(&rpc_port), data_lfd = listen_any(&data_port);
-	char name[64], desc[512];
-	atomic_int stop = 0;
-	snprintf(name, sizeof name, "127.0.0.1:%d", rpc_port);
-	snprintf(desc, sizeof desc,
-		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
-		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d,\"tcp_proto_version\":2}",
-		 FAKE_BASE, FAKE_LEN, name, name, data_port);
-	void *args[3] = { &rpc_lfd, desc, &stop };
-	pthread_t th;
-	REQUIRE(pthread_create(&th, NULL, fake_rpc, args) == 0);
+	fake f;
+	fake_tcp_start(&f, 2, NULL);
 
 	te_set_log_handler(count_log, NULL);
 	te_option o[] = { { "TE_DRAIN_TIMEOUT_MS", "300" },
@@ -278,7 +258,7 @@ static int destroy_child(void)
 	REQUIRE(te_register_memory(e, shared, 4096, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
 	int my_data = data_port_of(e), my_rpc = te_engine_rpc_port(e);
 	REQUIRE(my_data > 0);
-	te_segment_id seg = te_segment_open(e, name);
+	te_segment_id seg = te_segment_open(e, f.name);
 	REQUIRE(seg > 0);
 	te_batch_id b;
 	REQUIRE(te_batch_alloc(e, 8, &b) == 0);
@@ -314,10 +294,7 @@ static int destroy_child(void)
 		CHECK(n <= 0 || get_le64(st) == W_STATUS_REJECTED);
 		close(fd);
 	}
-	atomic_store(&stop, 1);
-	pthread_join(th, NULL);
-	close(rpc_lfd);
-	close(data_lfd);
+	fake_stop(&f);
 	fflush(stderr);
 	_exit(check_done()); /* no leak report: the engine is left allocated on purpose */
 }

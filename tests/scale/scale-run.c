@@ -290,16 +290,12 @@ static void usage_of(pid_t pid, usage *u)
 	if (d != NULL)
 		closedir(d);
 	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (f != NULL) {
-		char buf[1024];
-		size_t n = fread(buf, 1, sizeof buf - 1, f);
-		buf[n] = '\0';
+	char buf[1024];
+	if (read_text(path, buf, sizeof buf) >= 0) {
 		char *p = strrchr(buf, ')');
 		unsigned long long ut = 0, st = 0;
 		if (p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2)
 			u->ticks = ut + st;
-		fclose(f);
 	}
 	teu_proc_fds(pid, &u->fds, &u->tcp);
 	u->rss_kb = teu_proc_rss_kb(pid);

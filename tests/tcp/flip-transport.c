@@ -12,6 +12,8 @@
 
 #include <te/te-plugin.h>
 
+#include "../plugins/pid-descriptor.h"
+
 static atomic_uint counter;
 
 static int flip_create(const te_host *h, const char *args, void **ctx)
@@ -26,25 +28,7 @@ static void flip_destroy(void *ctx)
 	(void)ctx;
 }
 
-static int flip_describe(void *ctx, char **json)
-{
-	char buf[64];
-	(void)ctx;
-	snprintf(buf, sizeof buf, "{\"flip_pid\":%d}", (int)getpid());
-	*json = strdup(buf);
-	return *json ? 0 : -ENOMEM;
-}
-
-static int flip_segment_open(void *ctx, const te_segment_info *seg, void **seg_ctx)
-{
-	char want[64];
-	(void)ctx;
-	snprintf(want, sizeof want, "\"flip_pid\":%d", (int)getpid());
-	if (seg->descriptor == NULL || strstr(seg->descriptor, want) == NULL)
-		return -ENOTSUP;
-	*seg_ctx = NULL;
-	return 0;
-}
+PID_DESCRIPTOR_OPS(flip)
 
 static void flip_segment_close(void *ctx, void *seg_ctx)
 {

@@ -53,12 +53,8 @@ static inline void peer_target_start(target *t, const char *peer_bin, char *cons
 static inline bool log_has(const char *path, const char *needle)
 {
 	static char buf[1 << 16];
-	FILE *f = fopen(path, "r");
-	if (f == NULL)
+	if (read_text(path, buf, sizeof buf) < 0)
 		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
 	bool r = strstr(buf, needle) != NULL;
 	if (!r)
 		fprintf(stderr, "  (%s lacks \"%s\"; it holds: %.600s)\n", path, needle, buf);

@@ -308,21 +308,6 @@ static bool wait_oper_up(const char *d)
 	return false;
 }
 
-/* Whether process `pid` is stopped (its state in /proc is T). */
-static bool is_stopped(pid_t pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (f == NULL)
-		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	const char *p = strrchr(buf, ')');
-	return p != NULL && p[1] == ' ' && p[2] == 'T';
-}
-
 /* Runs fn(arg) in a child while this process, the engine's threads with it,
  * is stopped: whatever the kernel tells the engine meanwhile waits in its
  * sockets, unread. Returns fn's result (0..125), or -1. */
@@ -336,9 +321,9 @@ static int while_stopped(int (*fn)(void *), void *arg)
 	if (pid == 0) {
 		int rc = 126;
 		if (kill(parent, SIGSTOP) == 0) {
-			for (int i = 0; i < 500 && !is_stopped(parent); i++)
+			for (int i = 0; i < 500 && !proc_stopped(parent); i++)
 				usleep(2000);
-			rc = is_stopped(parent) ? fn(arg) : 126;
+			rc = proc_stopped(parent) ? fn(arg) : 126;
 		}
 		kill(parent, SIGCONT);
 		_exit(rc);
@@ -426,19 +411,28 @@ static bool log_within(const char *what)
 	return log_after(what, now_ms()) >= 0;
 }
 
-/* "lost": DEV2's return is never told to the engine; its probes find it. */
-static int lost_main(void)
+/* Takes DEV2 down and waits until the engine says so: its rtnetlink
+ * socket then, or -1 (said why). */
+static int second_down(void)
 {
 	int nl = engine_netlink_fd();
 	if (nl < 0) {
 		fprintf(stderr, "tcp-rails: the engine has no rtnetlink socket\n");
-		return 1;
+		return -1;
 	}
 	char line[128];
 	snprintf(line, sizeof line, "is down (local interface %s", dev[1]);
 	link_set(dev[1], "down");
-	if (!log_within(line))
+	return log_within(line) ? nl : -1;
+}
+
+/* "lost": DEV2's return is never told to the engine; its probes find it. */
+static int lost_main(void)
+{
+	int nl = second_down();
+	if (nl < 0)
 		return 1;
+	char line[128];
 	steal st = { nl, dev[1] };
 	int got = while_stopped(steal_up, &st);
 	long long t0 = now_ms();
@@ -465,16 +459,10 @@ static int lost_main(void)
 /* "enobufs": events lost in an overflow; the link state read again. */
 static int enobufs_main(const char *spare)
 {
-	int nl = engine_netlink_fd();
-	if (nl < 0) {
-		fprintf(stderr, "tcp-rails: the engine has no rtnetlink socket\n");
+	int nl = second_down();
+	if (nl < 0)
 		return 1;
-	}
 	char line[128];
-	snprintf(line, sizeof line, "is down (local interface %s", dev[1]);
-	link_set(dev[1], "down");
-	if (!log_within(line))
-		return 1;
 	/* A small buffer overflows after a few events (the kernel doubles
 	 * the value and keeps a minimum of its own). */
 	int rcvbuf = 0, small = 2048;
@@ -520,21 +508,6 @@ static int enobufs_main(const char *spare)
 }
 
 /* ------------------------------------------------------ loopback mode */
-
-/* Answers Metadata frames with a descriptor of our making. */
-typedef struct fake_rpc {
-	int lfd, port;
-	char desc[2048];
-	pthread_t th;
-	atomic_int stop;
-} fake_rpc;
-
-static void *fake_rpc_main(void *arg)
-{
-	fake_rpc *f = arg;
-	serve_descriptor(f->lfd, f->desc, &f->stop);
-	return NULL;
-}
 
 /* Listens on 127.0.0.2:port and relays each connection to 127.0.0.1:port,
  * counting the bytes; `drop` closes every relayed connection at once. */
@@ -642,8 +615,10 @@ static void relay_stop(relay *r)
 	close(r->lfd);
 }
 
-/* 32 READs of 256 KiB of the target's pattern, checked: all completed? */
-static bool lo_round(void)
+/* 32 READs of 256 KiB of the target's pattern, checked: all completed with
+ * the right bytes? With `drop`, that relay resets its connections once the
+ * batch is submitted; `what` names the round in what is said. */
+static bool lo_round(relay *drop, const char *what)
 {
 	static te_request r[32];
 	te_batch_id b;
@@ -654,15 +629,17 @@ static bool lo_round(void)
 				     rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
 	REQUIRE(te_batch_alloc(e, 32, &b) == 0);
 	REQUIRE(te_submit(e, b, r, 32) == 0);
+	if (drop != NULL)
+		atomic_store(&drop->drop, 1);
 	settle(b, 32, 20000, &c, &f, &o);
 	te_batch_free(e, b);
 	if (c != 32) {
-		fprintf(stderr, "tcp-rails: loopback round: %d completed, %d failed, %d other\n", c, f, o);
+		fprintf(stderr, "tcp-rails: %s: %d completed, %d failed, %d other\n", what, c, f, o);
 		return false;
 	}
 	for (int i = 0; i < 32; i++)
 		if (memcmp(local + (size_t)i * 256 * 1024, ref + (size_t)((i * 5) % 32) * 256 * 1024, 256 * 1024) != 0) {
-			fprintf(stderr, "tcp-rails: loopback READ %d brought wrong bytes\n", i);
+			fprintf(stderr, "tcp-rails: %s: READ %d brought wrong bytes\n", what, i);
 			return false;
 		}
 	return true;
@@ -757,18 +734,16 @@ static int loopback_main(void)
 
 	/* Its descriptor as a peer would publish it with two rails, plus
 	 * entries a careful reader skips. */
-	fake_rpc f;
-	memset(&f, 0, sizeof f);
-	f.lfd = listen_any(&f.port);
-	char name[64];
-	snprintf(name, sizeof name, "127.0.0.1:%d", f.port);
+	fake f;
+	fake_listen(&f, false);
+	const char *name = f.name;
 	snprintf(f.desc, sizeof f.desc,
 		 "{\"buffers\":[{\"addr\":%llu,\"length\":%u,\"name\":\"%s\"}],\"name\":\"%s\","
 		 "\"protocol\":\"tcp\",\"tcp_data_addresses\":[\"127.0.0.1\",7,\"not-an-address\",{},"
 		 "\"127.0.0.2\",\"127.0.0.1\"],\"tcp_data_port\":%d,\"tcp_proto_version\":2,"
 		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
 		 (unsigned long long)(uintptr_t)tbuf, 8u * MIB, name, name, dport);
-	REQUIRE(pthread_create(&f.th, NULL, fake_rpc_main, &f) == 0);
+	fake_serve(&f);
 
 	te_option iopt[3] = { { "TE_TCP_CONNS_PER_PEER", "2" }, { "TE_TCP_TIMEOUT_MS", "2000" },
 			      { "TE_TCP_CONNECT_TIMEOUT_MS", "1000" } };
@@ -783,7 +758,7 @@ static int loopback_main(void)
 
 	/* Rail 127.0.0.2 refuses: it goes down, and no task fails for it. */
 	for (int i = 0; i < 3; i++)
-		if (!lo_round())
+		if (!lo_round(NULL, "loopback round"))
 			goto out;
 	if (!cap_has("tcp_data_addresses[1] is not a numeric address") ||
 	    !cap_has("tcp_data_addresses[2] is not a numeric address") ||
@@ -800,7 +775,7 @@ static int loopback_main(void)
 	relay_start(&r, dport);
 	long long t0 = now_ms();
 	while (atomic_load(&r.bytes) < 4u * MIB && now_ms() - t0 < 10000)
-		if (!lo_round())
+		if (!lo_round(NULL, "loopback round"))
 			goto out_relay;
 	if (atomic_load(&r.bytes) < 4u * MIB) {
 		fprintf(stderr, "tcp-rails: the returned rail carried %llu bytes in 10 s\n",
@@ -815,10 +790,6 @@ static int loopback_main(void)
 
 	/* Reset mid-batch on that rail: its requests go over the other. */
 	cap_start();
-	static te_request big[32];
-	for (int i = 0; i < 32; i++)
-		big[i] = (te_request){ TE_OP_READ, seg, local + (size_t)i * 256 * 1024,
-				       rbase + (uint64_t)((i * 5) % 32) * 256 * 1024, 256 * 1024 };
 	bool moved = false;
 	/* The requests moved are counted as fail-overs (docs/metrics.md), of
 	 * the rail's device and so of the transport. */
@@ -830,24 +801,8 @@ static int loopback_main(void)
 		goto out_relay;
 	}
 	for (int tries = 0; tries < 20 && !moved; tries++) {
-		te_batch_id b;
-		int c, fl, o;
-		memset(local, 0, 8u * MIB);
-		REQUIRE(te_batch_alloc(e, 32, &b) == 0);
-		REQUIRE(te_submit(e, b, big, 32) == 0);
-		atomic_store(&r.drop, 1);
-		settle(b, 32, 20000, &c, &fl, &o);
-		te_batch_free(e, b);
-		if (c != 32) {
-			fprintf(stderr, "tcp-rails: relay reset: %d completed, %d failed, %d other\n", c, fl, o);
+		if (!lo_round(&r, "relay reset"))
 			goto out_relay;
-		}
-		for (int i = 0; i < 32; i++)
-			if (memcmp(local + (size_t)i * 256 * 1024, ref + (size_t)((i * 5) % 32) * 256 * 1024,
-				   256 * 1024) != 0) {
-				fprintf(stderr, "tcp-rails: READ %d after a reset brought wrong bytes\n", i);
-				goto out_relay;
-			}
 		/* Only a reset that caught requests on the rail tests anything. */
 		moved = cap_has_quiet("requests go to the other rails") &&
 			(!counts || transport_metric(e, "te_transport_failovers_total", "tcp") > fo0);
@@ -870,9 +825,7 @@ out_relay:
 out:
 	te_segment_close(e, seg);
 	te_engine_destroy(e);
-	atomic_store(&f.stop, 1);
-	pthread_join(f.th, NULL);
-	close(f.lfd);
+	fake_stop(&f);
 	te_engine_destroy(t);
 	return rc;
 }

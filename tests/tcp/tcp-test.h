@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -87,6 +88,34 @@ static inline void pair_down(pair *p)
 	te_engine_destroy(p->b);
 	munmap(p->abuf, p->alen);
 	munmap(p->bbuf, p->blen);
+}
+
+/* One of a test's threads on one pair: its number, its rounds and a style
+ * of the test's own; what it counts: copies that came out wrong (bad) and
+ * batches that failed. */
+typedef struct pair_job {
+	pair *p;
+	unsigned id, rounds;
+	int style;
+	int bad, failed;
+} pair_job;
+
+/* Runs fn on a thread a job (16 at most) and checks, once all are done,
+ * that none counted a failure or a wrong copy. */
+static inline void pair_jobs_run(void *(*fn)(void *), pair_job *jobs, unsigned n)
+{
+	pthread_t th[16];
+	REQUIRE(n <= 16);
+	for (unsigned i = 0; i < n; i++)
+		REQUIRE(pthread_create(&th[i], NULL, fn, &jobs[i]) == 0);
+	int bad = 0, failed = 0;
+	for (unsigned i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		bad += jobs[i].bad;
+		failed += jobs[i].failed;
+	}
+	CHECK_EQ(failed, 0);
+	CHECK_EQ(bad, 0);
 }
 
 /* ------------------------------------------------------------ raw sockets */
@@ -169,6 +198,18 @@ static inline bool closed_quietly(int fd, int timeout_ms)
 	char c;
 	size_t got = 0;
 	return recv_exact(fd, &c, 1, timeout_ms, &got) == 0 && got == 0;
+}
+
+/* True when the peer ends the connection (a close, or a reset when our
+ * bytes were left unread) within `ms` without sending anything. */
+static inline bool ends_silently(int fd, int ms)
+{
+	unsigned char c;
+	struct pollfd pf = { .fd = fd, .events = POLLIN };
+	if (poll(&pf, 1, ms) <= 0)
+		return false;
+	ssize_t r = recv(fd, &c, 1, 0);
+	return r == 0 || (r < 0 && (errno == ECONNRESET || errno == EPIPE));
 }
 
 /* True when nothing arrives for ms (and the connection stays open). */
@@ -291,6 +332,158 @@ static inline void serve_descriptor(int lfd, const char *desc, atomic_int *stop)
 		}
 		close(fd);
 	}
+}
+
+/* ------------------------------------------------- libte as the target */
+
+/* An engine that frames made by hand are sent to (TE_TCP_TIMEOUT_MS
+ * `timeout_ms`): `rlen` bytes at *rbuf that peers may reach, 64 KiB at
+ * *lbuf registered for itself only. Its data port in *dport. */
+static inline te_engine *wire_target(const char *timeout_ms, unsigned char **rbuf, size_t rlen,
+				     unsigned char **lbuf, int *dport)
+{
+	te_option o = { "TE_TCP_TIMEOUT_MS", timeout_ms };
+	te_engine *e = tcp_engine(&o, 1);
+	REQUIRE(e != NULL);
+	*rbuf = map_buf(rlen);
+	*lbuf = map_buf(65536);
+	REQUIRE(te_register_memory(e, *rbuf, rlen, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
+	REQUIRE(te_register_memory(e, *lbuf, 65536, "cpu:0", 0) == 0);
+	*dport = data_port_of(e);
+	REQUIRE(*dport > 0);
+	return e;
+}
+
+/* ------------------------------------------------------------ fake peers */
+
+/* A peer that is not an engine: its RPC port answers every frame with
+ * `desc` (serve_descriptor) until fake_stop(); its data port, when one was
+ * asked for, listens for the test to accept. Named "127.0.0.1:<rpc_port>". */
+typedef struct fake {
+	int rpc_lfd, rpc_port, data_lfd, data_port;
+	char name[64];
+	char desc[2048];
+	pthread_t th;
+	atomic_int stop;
+} fake;
+
+static inline void *fake_rpc_main(void *arg)
+{
+	fake *f = arg;
+	serve_descriptor(f->rpc_lfd, f->desc, &f->stop);
+	return NULL;
+}
+
+/* Opens the ports; the caller writes f->desc, then calls fake_serve(). */
+static inline void fake_listen(fake *f, bool data)
+{
+	memset(f, 0, sizeof *f);
+	f->rpc_lfd = listen_any(&f->rpc_port);
+	f->data_lfd = data ? listen_any(&f->data_port) : -1;
+	snprintf(f->name, sizeof f->name, "127.0.0.1:%d", f->rpc_port);
+}
+
+static inline void fake_serve(fake *f)
+{
+	REQUIRE(pthread_create(&f->th, NULL, fake_rpc_main, f) == 0);
+}
+
+static inline void fake_stop(fake *f)
+{
+	atomic_store(&f->stop, 1);
+	pthread_join(f->th, NULL);
+	close(f->rpc_lfd);
+	if (f->data_lfd >= 0)
+		close(f->data_lfd);
+}
+
+/* A TCP target with one buffer of FAKE_LEN bytes at FAKE_BASE. `version`:
+ * its tcp_proto_version (1: the member left out, as version 1 peers do);
+ * `extra`: more descriptor members (",\"tcp_fence\":1"), or NULL. */
+#define FAKE_BASE 0x10000000ull
+#define FAKE_LEN (64ull << 20)
+
+/* Writes f->desc: the target above, at f->data_port. */
+static inline void fake_tcp_desc(fake *f, int version, const char *extra)
+{
+	char ver[200] = "";
+	if (version >= 2)
+		snprintf(ver, sizeof ver, ",\"tcp_proto_version\":%d", version);
+	if (extra != NULL) {
+		size_t l = strlen(ver);
+		snprintf(ver + l, sizeof ver - l, "%s", extra);
+	}
+	snprintf(f->desc, sizeof f->desc,
+		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
+		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d%s,\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
+		 FAKE_BASE, FAKE_LEN, f->name, f->name, f->data_port, ver);
+}
+
+static inline void fake_tcp_start(fake *f, int version, const char *extra)
+{
+	fake_listen(f, true);
+	fake_tcp_desc(f, version, extra);
+	fake_serve(f);
+}
+
+/* An engine initiating into a fake TCP target: one connection a peer (plus
+ * `extra`), `len` bytes of its own registered, the fake's segment open, and
+ * the batch the test works with. */
+typedef struct init {
+	te_engine *e;
+	unsigned char *buf;
+	size_t len;
+	te_segment_id seg;
+	te_batch_id b;
+} init;
+
+static inline void init_up(init *in, const fake *f, size_t len, const te_option *extra, size_t n)
+{
+	te_option o[6] = { { "TE_TCP_CONNS_PER_PEER", "1" } };
+	REQUIRE(n < 6);
+	for (size_t i = 0; i < n; i++)
+		o[1 + i] = extra[i];
+	in->e = tcp_engine(o, 1 + n);
+	REQUIRE(in->e != NULL);
+	in->len = len;
+	in->buf = map_buf(len);
+	REQUIRE(te_register_memory(in->e, in->buf, len, "cpu:0", 0) == 0);
+	in->seg = te_segment_open(in->e, f->name);
+	REQUIRE(in->seg > 0);
+}
+
+static inline void init_down(init *in)
+{
+	CHECK_EQ(te_segment_close(in->e, in->seg), 0);
+	te_engine_destroy(in->e);
+	munmap(in->buf, in->len);
+}
+
+static inline void init_submit(init *in, const te_request *r, size_t n)
+{
+	REQUIRE(te_batch_alloc(in->e, n, &in->b) == 0);
+	CHECK_EQ(te_submit(in->e, in->b, r, n), 0);
+}
+
+/* Task i's state, its error in *err when err is not NULL. */
+static inline int init_task_state(init *in, size_t i, int *err)
+{
+	te_task_status st = { 0 };
+	te_get_status(in->e, in->b, i, &st);
+	if (err)
+		*err = st.error;
+	return st.state;
+}
+
+/* A data frame's header as docs/wire.md has it: size, address, opcode, and
+ * seven zero bytes. */
+static inline void check_hdr(const unsigned char *h, uint64_t size, uint64_t addr, uint8_t op)
+{
+	static const unsigned char zero[7] = { 0 };
+	CHECK(get_le64(h) == size);
+	CHECK(get_le64(h + 8) == addr);
+	CHECK_EQ(h[16], op);
+	CHECK(memcmp(h + 17, zero, 7) == 0);
 }
 
 #endif

@@ -62,26 +62,6 @@ static void target_start(target *t)
 	target_start_key(t, NULL);
 }
 
-/* Until the kernel reports `pid` stopped (state T in /proc/PID/stat). */
-static void stop_target(pid_t pid)
-{
-	char path[64], buf[256];
-	REQUIRE(kill(pid, SIGSTOP) == 0);
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	for (int i = 0; i < 2000; i++) {
-		FILE *f = fopen(path, "r");
-		size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-		if (f)
-			fclose(f);
-		buf[n] = '\0';
-		const char *rp = strrchr(buf, ')');
-		if (rp != NULL && rp[1] == ' ' && rp[2] == 'T')
-			return;
-		usleep(500);
-	}
-	fprintf(stderr, "  pid %d not reported stopped\n", (int)pid);
-}
-
 /* Tasks of the batch that are TE_TASK_UNSETTLED now. */
 static size_t count_unsettled(te_engine *e, te_batch_id b, size_t n)
 {
@@ -185,7 +165,7 @@ static void test_stopped_target(void)
 	memset(r.buf + RDST, 0xA5, 2u << 20);
 	fill_pattern(r.buf + WSRC, 2u << 20, 3);
 
-	stop_target(r.t.c.pid);
+	child_sigstop(r.t.c.pid);
 	te_batch_id b;
 	REQUIRE(te_batch_alloc(r.e, n, &b) == 0);
 	int64_t dl = te_now_ns() + 200 * MS;
@@ -272,7 +252,7 @@ static void test_cancel(void)
 	size_t n = make_batch(&r, q);
 	memset(r.buf + RDST, 0xA5, 2u << 20);
 
-	stop_target(r.t.c.pid);
+	child_sigstop(r.t.c.pid);
 	te_batch_id b;
 	REQUIRE(te_batch_alloc(r.e, n, &b) == 0);
 	CHECK_EQ(te_submit(r.e, b, q, n), 0);
@@ -313,7 +293,7 @@ static void test_destroy_unsettled(void)
 	rig_up(&r, NULL, 0);
 	static te_request q[2 * NSMALL + 2];
 	size_t n = make_batch(&r, q);
-	stop_target(r.t.c.pid);
+	child_sigstop(r.t.c.pid);
 	te_batch_id b;
 	REQUIRE(te_batch_alloc(r.e, n, &b) == 0);
 	CHECK_EQ(te_submit_by(r.e, b, q, n, te_now_ns() + 100 * MS), 0);
@@ -425,7 +405,7 @@ static void test_auth_bounded(void)
 	CHECK_EQ(run_one(e, TE_OP_READ, sb, buf, tb.addr, SMALL, &st), TE_TASK_COMPLETED);
 	usleep(300000); /* both connections closed idle: the next transfers connect anew */
 
-	stop_target(ta.c.pid);
+	child_sigstop(ta.c.pid);
 	te_batch_id b;
 	REQUIRE(te_batch_alloc(e, 1, &b) == 0);
 	te_request q = { TE_OP_READ, sa, buf, ta.addr, SMALL };

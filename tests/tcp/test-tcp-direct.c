@@ -39,14 +39,6 @@ static size_t len_of(unsigned i, unsigned id)
 	}
 }
 
-typedef struct job {
-	pair *p;
-	unsigned id;
-	unsigned rounds;
-	int style; /* 0: wait, 1: poll te_batch_status, 2: deep batches, 3: another thread waits */
-	int bad, failed;
-} job;
-
 /* Waits for `b` from a thread of its own (style 3). */
 typedef struct waiter {
 	te_engine *e;
@@ -61,7 +53,7 @@ static void *wait_main(void *arg)
 	return NULL;
 }
 
-static bool finish(job *j, te_batch_id b, size_t n)
+static bool finish(pair_job *j, te_batch_id b, size_t n)
 {
 	pair *p = j->p;
 	if (j->style == 1) {
@@ -95,7 +87,7 @@ static bool finish(job *j, te_batch_id b, size_t n)
 
 static void *job_main(void *arg)
 {
-	job *j = arg;
+	pair_job *j = arg;
 	pair *p = j->p;
 	unsigned char *la = p->abuf + (size_t)j->id * AREA, *rb = p->bbuf + (size_t)j->id * AREA;
 	enum { DEEP = 32 };
@@ -133,27 +125,18 @@ static void *job_main(void *arg)
 	return NULL;
 }
 
-/* Callers in every style at once, against one peer. */
+/* Callers in every style at once, against one peer. A job's style: 0: wait,
+ * 1: poll te_batch_status, 2: deep batches, 3: another thread waits. */
 static void mixed(const te_option *o, size_t no, unsigned rounds)
 {
 	enum { T = 6 };
 	static const int styles[T] = { 0, 0, 0, 1, 2, 3 };
 	pair p;
 	pair_up(&p, o, no, T);
-	pthread_t th[T];
-	job jobs[T];
-	for (unsigned i = 0; i < T; i++) {
-		jobs[i] = (job){ &p, i, styles[i] == 2 ? rounds / 8 : rounds, styles[i], 0, 0 };
-		REQUIRE(pthread_create(&th[i], NULL, job_main, &jobs[i]) == 0);
-	}
-	int bad = 0, failed = 0;
-	for (unsigned i = 0; i < T; i++) {
-		pthread_join(th[i], NULL);
-		bad += jobs[i].bad;
-		failed += jobs[i].failed;
-	}
-	CHECK_EQ(failed, 0);
-	CHECK_EQ(bad, 0);
+	pair_job jobs[T];
+	for (unsigned i = 0; i < T; i++)
+		jobs[i] = (pair_job){ &p, i, styles[i] == 2 ? rounds / 8 : rounds, styles[i], 0, 0 };
+	pair_jobs_run(job_main, jobs, T);
 	pair_down(&p);
 }
 

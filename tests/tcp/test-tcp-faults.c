@@ -222,11 +222,13 @@ static bool start_target(child *c, const char *name, int data_port, unsigned see
 	return true;
 }
 
-/* A batch big enough to be moving when the target goes; returns how long it
- * took to end, and counts the outcomes. */
+/* A batch big enough to be moving when the target goes (`sig`, `what` it
+ * did then): every task ends, some fail (*errcode: how). Returns how long
+ * the batch took to end. */
 static long long doomed_batch(te_engine *a, te_segment_id seg, unsigned char *buf, uint64_t raddr, int sig,
-			      pid_t pid, int *completed, int *failed, int *errcode)
+			      const char *what, pid_t pid, int *errcode)
 {
+	int completed = 0, failed = 0;
 	enum { N = 512, SZ = 1u << 20 };
 	static te_request r[N];
 	te_batch_id b;
@@ -238,18 +240,21 @@ static long long doomed_batch(te_engine *a, te_segment_id seg, unsigned char *bu
 	long long t0 = now_ms();
 	CHECK_EQ(te_batch_wait(a, b, 15000), 0);
 	long long dt = now_ms() - t0;
-	*completed = *failed = 0;
 	for (int i = 0; i < N; i++) {
 		te_task_status st;
 		te_get_status(a, b, (size_t)i, &st);
 		if (st.state == TE_TASK_COMPLETED)
-			(*completed)++;
+			completed++;
 		if (st.state == TE_TASK_FAILED) {
-			(*failed)++;
+			failed++;
 			*errcode = st.error;
 		}
 	}
 	CHECK_EQ(te_batch_free(a, b), 0);
+	fprintf(stderr, "  %s mid-batch: %d completed, %d failed (%s) in %lld ms\n", what, completed, failed,
+		te_strerror(*errcode), dt);
+	CHECK_EQ(completed + failed, N);
+	CHECK(failed > 0);
 	return dt;
 }
 
@@ -277,12 +282,8 @@ static void test_killed_and_restarted(void)
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr + 77, 1u << 20, &st), TE_TASK_COMPLETED);
 	CHECK(memcmp(buf, want + 77, 1u << 20) == 0);
 
-	int completed, failed, err = 0;
-	long long dt = doomed_batch(a, seg, buf, raddr, SIGKILL, c.pid, &completed, &failed, &err);
-	fprintf(stderr, "  killed mid-batch: %d completed, %d failed (%s) in %lld ms\n", completed, failed,
-		te_strerror(err), dt);
-	CHECK_EQ(completed + failed, 512);
-	CHECK(failed > 0);
+	int err = 0;
+	long long dt = doomed_batch(a, seg, buf, raddr, SIGKILL, "killed", c.pid, &err);
 	CHECK(dt < 2000 + 3000); /* a reset is seen at once; the bound is the stall timeout */
 	child_stop(&c, 0);
 
@@ -320,25 +321,6 @@ static void test_killed_and_restarted(void)
 	free(want);
 }
 
-/* Until the kernel reports `pid` stopped (state T in /proc/PID/stat). */
-static void wait_stopped(pid_t pid)
-{
-	char path[64], buf[256];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	for (int i = 0; i < 1000; i++) {
-		FILE *f = fopen(path, "r");
-		size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-		if (f)
-			fclose(f);
-		buf[n] = '\0';
-		const char *rp = strrchr(buf, ')');
-		if (rp != NULL && rp[1] == ' ' && rp[2] == 'T')
-			return;
-		usleep(1000);
-	}
-	fprintf(stderr, "  pid %d not reported stopped\n", (int)pid);
-}
-
 static void test_stopped(void)
 {
 	child c;
@@ -355,12 +337,8 @@ static void test_stopped(void)
 	te_task_status st;
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 1u << 20, &st), TE_TASK_COMPLETED);
 
-	int completed, failed, err = 0;
-	long long dt = doomed_batch(a, seg, buf, raddr, SIGSTOP, c.pid, &completed, &failed, &err);
-	fprintf(stderr, "  stopped mid-batch: %d completed, %d failed (%s) in %lld ms\n", completed, failed,
-		te_strerror(err), dt);
-	CHECK_EQ(completed + failed, 512);
-	CHECK(failed > 0);
+	int err = 0;
+	long long dt = doomed_batch(a, seg, buf, raddr, SIGSTOP, "stopped", c.pid, &err);
 	CHECK_EQ(err, -ECONNABORTED);
 	/* the bound is TE_TCP_TIMEOUT_MS plus the 100 ms check period; the rest is
 	 * slack for a loaded machine */
@@ -374,8 +352,7 @@ static void test_stopped(void)
 	 * found all the same, within the stall timeout. */
 	for (int i = 0; i < 3; i++)
 		CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_COMPLETED);
-	kill(c.pid, SIGSTOP);
-	wait_stopped(c.pid); /* a request is answered in microseconds: not before the stop lands */
+	child_sigstop(c.pid);
 	long long t0 = now_ms();
 	CHECK_EQ(run_one(a, TE_OP_READ, seg, buf, raddr, 4096, &st), TE_TASK_FAILED);
 	dt = now_ms() - t0;

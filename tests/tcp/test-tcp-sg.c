@@ -195,18 +195,6 @@ static void test_piece_out_of_range(void)
 	te_set_log_handler(NULL, NULL);
 }
 
-/* True when the target ends the connection within `ms` without sending
- * anything more. */
-static bool ends_silently(int fd, int ms)
-{
-	unsigned char c;
-	struct pollfd pf = { .fd = fd, .events = POLLIN };
-	if (poll(&pf, 1, ms) <= 0)
-		return false;
-	ssize_t r = recv(fd, &c, 1, 0);
-	return r == 0 || (r < 0 && (errno == ECONNRESET || errno == EPIPE));
-}
-
 /* `frames` after a 4-byte READ: the READ is answered, then the connection
  * ends, with a line naming why (`line`; the lines are rate-limited, so only
  * the first cases look); nothing at rbuf + 0x8000 is written. */
@@ -300,15 +288,7 @@ static void test_target_without_sg(void)
 
 static void part_a(void)
 {
-	te_option o = { "TE_TCP_TIMEOUT_MS", "2000" };
-	tgt = tcp_engine(&o, 1);
-	REQUIRE(tgt != NULL);
-	rbuf = map_buf(RBUF);
-	lbuf = map_buf(65536);
-	REQUIRE(te_register_memory(tgt, rbuf, RBUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	REQUIRE(te_register_memory(tgt, lbuf, 65536, "cpu:0", 0) == 0);
-	dport = data_port_of(tgt);
-	REQUIRE(dport > 0);
+	tgt = wire_target("2000", &rbuf, RBUF, &lbuf, &dport);
 	TEST_RUN(test_advertised);
 	TEST_RUN(test_write_read_mixed);
 	TEST_RUN(test_large_frame_split);
@@ -320,96 +300,12 @@ static void part_a(void)
 
 /* ============================================ part B: libte as the initiator */
 
-#define FAKE_BASE 0x10000000ull
-#define FAKE_LEN (64ull << 20)
-
-typedef struct fake {
-	int rpc_lfd, rpc_port, data_lfd, data_port;
-	char desc[1024];
-	char name[64];
-	pthread_t th;
-	atomic_int stop;
-} fake;
-
-static void *fake_rpc(void *arg)
-{
-	fake *f = arg;
-	serve_descriptor(f->rpc_lfd, f->desc, &f->stop);
-	return NULL;
-}
-
-/* A v2 target at FAKE_BASE; `sg`: its descriptor says tcp_sg. */
-static void fake_start(fake *f, bool sg)
-{
-	memset(f, 0, sizeof *f);
-	f->rpc_lfd = listen_any(&f->rpc_port);
-	f->data_lfd = listen_any(&f->data_port);
-	snprintf(f->name, sizeof f->name, "127.0.0.1:%d", f->rpc_port);
-	snprintf(f->desc, sizeof f->desc,
-		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
-		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d,\"tcp_proto_version\":2%s,"
-		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
-		 FAKE_BASE, FAKE_LEN, f->name, f->name, f->data_port, sg ? ",\"tcp_sg\":1" : "");
-	REQUIRE(pthread_create(&f->th, NULL, fake_rpc, f) == 0);
-}
-
-static void fake_stop(fake *f)
-{
-	atomic_store(&f->stop, 1);
-	pthread_join(f->th, NULL);
-	close(f->rpc_lfd);
-	close(f->data_lfd);
-}
-
 #define IBUF (4u << 20)
 
-typedef struct init {
-	te_engine *e;
-	unsigned char *buf;
-	te_segment_id seg;
-	te_batch_id b;
-} init;
-
-static void init_up(init *in, fake *f)
+/* A v2 target; `sg`: its descriptor says tcp_sg. */
+static void fake_start(fake *f, bool sg)
 {
-	te_option o[1] = { { "TE_TCP_CONNS_PER_PEER", "1" } };
-	in->e = tcp_engine(o, 1);
-	REQUIRE(in->e != NULL);
-	in->buf = map_buf(IBUF);
-	REQUIRE(te_register_memory(in->e, in->buf, IBUF, "cpu:0", 0) == 0);
-	in->seg = te_segment_open(in->e, f->name);
-	REQUIRE(in->seg > 0);
-}
-
-static void init_down(init *in)
-{
-	CHECK_EQ(te_segment_close(in->e, in->seg), 0);
-	te_engine_destroy(in->e);
-	munmap(in->buf, IBUF);
-}
-
-static void submit(init *in, const te_request *r, size_t n)
-{
-	REQUIRE(te_batch_alloc(in->e, n, &in->b) == 0);
-	CHECK_EQ(te_submit(in->e, in->b, r, n), 0);
-}
-
-static int task_state(init *in, size_t i, int *err)
-{
-	te_task_status st = { 0 };
-	te_get_status(in->e, in->b, i, &st);
-	if (err)
-		*err = st.error;
-	return st.state;
-}
-
-static void check_hdr(const unsigned char *h, uint64_t size, uint64_t addr, uint8_t op)
-{
-	static const unsigned char zero[7] = { 0 };
-	CHECK(get_le64(h) == size);
-	CHECK(get_le64(h + 8) == addr);
-	CHECK_EQ(h[16], op);
-	CHECK(memcmp(h + 17, zero, 7) == 0);
+	fake_tcp_start(f, 2, sg ? ",\"tcp_sg\":1" : NULL);
 }
 
 static void check_table(const unsigned char *t, const te_request *r, unsigned n)
@@ -428,7 +324,7 @@ static void test_initiator_sg(void)
 	fake f;
 	init in;
 	fake_start(&f, true);
-	init_up(&in, &f);
+	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR + 3 * 16], body[200];
 	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
 
@@ -436,7 +332,7 @@ static void test_initiator_sg(void)
 	te_request w[3] = { { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE + 0x100, 16 },
 			    { TE_OP_WRITE, in.seg, in.buf + 1024, FAKE_BASE + 0x900, 7 },
 			    { TE_OP_WRITE, in.seg, in.buf + 2048, FAKE_BASE + 0x40, 100 } };
-	submit(&in, w, 3);
+	init_submit(&in, w, 3);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
@@ -449,10 +345,10 @@ static void test_initiator_sg(void)
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, &rej, 8) && send_all(fd, &ok, 8));
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
 	int err = 0;
-	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_COMPLETED);
-	CHECK_EQ(task_state(&in, 1, &err), TE_TASK_FAILED);
+	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 1, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_REJECTED);
-	CHECK_EQ(task_state(&in, 2, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 2, NULL), TE_TASK_COMPLETED);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 
 	/* READs on the same connection: status and bytes per piece, zeros for
@@ -461,7 +357,7 @@ static void test_initiator_sg(void)
 			    { TE_OP_READ, in.seg, in.buf + 9000, FAKE_BASE + 0x3000, 20 },
 			    { TE_OP_READ, in.seg, in.buf + 10000, FAKE_BASE + 0x4000, 30 } };
 	memset(in.buf + 8192, 0x77, 4096);
-	submit(&in, r, 3);
+	init_submit(&in, r, 3);
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
 	check_hdr(h, 60, 3, W_SG_READ);
 	check_table(h + W_HDR, r, 3);
@@ -472,10 +368,10 @@ static void test_initiator_sg(void)
 	CHECK(send_all(fd, &rej, 8) && send_all(fd, zero, 20));
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, body + 30, 30));
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
-	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_COMPLETED);
-	CHECK_EQ(task_state(&in, 1, &err), TE_TASK_FAILED);
+	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 1, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_REJECTED);
-	CHECK_EQ(task_state(&in, 2, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 2, NULL), TE_TASK_COMPLETED);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	CHECK(memcmp(in.buf + 8192, body, 10) == 0);
 	CHECK(memcmp(in.buf + 10000, body + 30, 30) == 0);
@@ -486,7 +382,7 @@ static void test_initiator_sg(void)
 			    { TE_OP_WRITE, in.seg, in.buf + 64, FAKE_BASE + 64, 8 },
 			    { TE_OP_WRITE, in.seg, in.buf + 65536, FAKE_BASE + 65536, 100 << 10 },
 			    { TE_OP_WRITE, in.seg, in.buf + 4096, FAKE_BASE + 4096, 12 } };
-	submit(&in, m, 4);
+	init_submit(&in, m, 4);
 	unsigned char h2[W_HDR + 2 * 16];
 	static unsigned char big[100 << 10];
 	CHECK_EQ(recv_exact(fd, h2, sizeof h2, 3000, NULL), (ssize_t)sizeof h2);
@@ -504,7 +400,7 @@ static void test_initiator_sg(void)
 		CHECK(send_all(fd, &ok, 8));
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
 	for (int i = 0; i < 4; i++)
-		CHECK_EQ(task_state(&in, (size_t)i, NULL), TE_TASK_COMPLETED);
+		CHECK_EQ(init_task_state(&in, (size_t)i, NULL), TE_TASK_COMPLETED);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	close(fd);
 	init_down(&in);
@@ -518,13 +414,13 @@ static void test_initiator_without_sg(void)
 	fake f;
 	init in;
 	fake_start(&f, false);
-	init_up(&in, &f);
+	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR], body[16];
 	uint64_t ok = htole64(W_STATUS_OK);
 	te_request w[3] = { { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE + 0x100, 16 },
 			    { TE_OP_WRITE, in.seg, in.buf + 1024, FAKE_BASE + 0x900, 7 },
 			    { TE_OP_WRITE, in.seg, in.buf + 2048, FAKE_BASE + 0x40, 10 } };
-	submit(&in, w, 3);
+	init_submit(&in, w, 3);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	for (int i = 0; i < 3; i++) {
@@ -541,6 +437,27 @@ static void test_initiator_without_sg(void)
 	fake_stop(&f);
 }
 
+/* Runs the n requests as one batch of p->a and checks that each completed
+ * with its two ends alike (the first piece that differs is named). */
+static void run_alike(pair *p, const te_request *r, int n, const char *what)
+{
+	te_batch_id b;
+	REQUIRE(te_batch_alloc(p->a, (size_t)n, &b) == 0);
+	CHECK_EQ(te_submit(p->a, b, r, (size_t)n), 0);
+	CHECK_EQ(te_batch_wait(p->a, b, 10000), 0);
+	for (int i = 0; i < n; i++) {
+		te_task_status st;
+		CHECK_EQ(te_get_status(p->a, b, (size_t)i, &st), 0);
+		CHECK_EQ(st.state, TE_TASK_COMPLETED);
+		if (memcmp(r[i].local, (const void *)(uintptr_t)r[i].remote, r[i].length) != 0) {
+			fprintf(stderr, "  %s piece %d differs\n", what, i);
+			CHECK(false);
+			break;
+		}
+	}
+	te_batch_free(p->a, b);
+}
+
 /* Both sides libte: scattered small pieces, WRITE then READ. */
 static void test_libte_both_sides(void)
 {
@@ -553,40 +470,13 @@ static void test_libte_both_sides(void)
 	for (int i = 0; i < N; i++)
 		r[i] = (te_request){ TE_OP_WRITE, p.seg, p.abuf + i * 1024, (uintptr_t)(p.bbuf + i * 1024 + 8),
 				     500 + i % 7 };
-	te_batch_id b;
-	REQUIRE(te_batch_alloc(p.a, N, &b) == 0);
-	CHECK_EQ(te_submit(p.a, b, r, N), 0);
-	CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
-	for (int i = 0; i < N; i++) {
-		te_task_status st;
-		CHECK_EQ(te_get_status(p.a, b, (size_t)i, &st), 0);
-		CHECK_EQ(st.state, TE_TASK_COMPLETED);
-		if (memcmp(p.bbuf + i * 1024 + 8, p.abuf + i * 1024, r[i].length) != 0) {
-			fprintf(stderr, "  piece %d differs\n", i);
-			CHECK(false);
-			break;
-		}
-	}
-	te_batch_free(p.a, b);
+	run_alike(&p, r, N, "WRITE");
 	for (int i = 0; i < N; i++) {
 		r[i].opcode = TE_OP_READ;
 		r[i].local = p.abuf + (512u << 10) + i * 512;
 		r[i].length = 300 + i % 5;
 	}
-	REQUIRE(te_batch_alloc(p.a, N, &b) == 0);
-	CHECK_EQ(te_submit(p.a, b, r, N), 0);
-	CHECK_EQ(te_batch_wait(p.a, b, 10000), 0);
-	for (int i = 0; i < N; i++) {
-		te_task_status st;
-		CHECK_EQ(te_get_status(p.a, b, (size_t)i, &st), 0);
-		CHECK_EQ(st.state, TE_TASK_COMPLETED);
-		if (memcmp(p.abuf + (512u << 10) + i * 512, p.bbuf + i * 1024 + 8, r[i].length) != 0) {
-			fprintf(stderr, "  READ piece %d differs\n", i);
-			CHECK(false);
-			break;
-		}
-	}
-	te_batch_free(p.a, b);
+	run_alike(&p, r, N, "READ");
 	pair_down(&p);
 }
 

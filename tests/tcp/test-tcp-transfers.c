@@ -112,16 +112,9 @@ static void test_mixed_batch(void)
 
 /* ----------------------------------------------------------- threads */
 
-typedef struct tjob {
-	pair *p;
-	int id;
-	int bad;
-	int failed;
-} tjob;
-
 static void *submitter(void *arg)
 {
-	tjob *j = arg;
+	pair_job *j = arg;
 	pair *p = j->p;
 	/* Each thread owns 8 MiB on both sides. */
 	unsigned char *la = p->abuf + (size_t)j->id * (8u << 20), *rb = p->bbuf + (size_t)j->id * (8u << 20);
@@ -161,20 +154,10 @@ static void test_many_threads(void)
 	pair p;
 	pair_up(&p, NULL, 0, NULL, 0);
 	enum { T = 8 };
-	pthread_t th[T];
-	tjob jobs[T];
-	for (int i = 0; i < T; i++) {
-		jobs[i] = (tjob){ &p, i, 0, 0 };
-		REQUIRE(pthread_create(&th[i], NULL, submitter, &jobs[i]) == 0);
-	}
-	int bad = 0, failed = 0;
-	for (int i = 0; i < T; i++) {
-		pthread_join(th[i], NULL);
-		bad += jobs[i].bad;
-		failed += jobs[i].failed;
-	}
-	CHECK_EQ(failed, 0);
-	CHECK_EQ(bad, 0);
+	pair_job jobs[T];
+	for (unsigned i = 0; i < T; i++)
+		jobs[i] = (pair_job){ .p = &p, .id = i };
+	pair_jobs_run(submitter, jobs, T);
 	pair_down(&p);
 }
 

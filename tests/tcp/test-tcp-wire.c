@@ -238,18 +238,6 @@ static int hello_connect(uint64_t lane, uint64_t gen)
 	return fd;
 }
 
-/* True when the target ends the connection (a close, or a reset when our
- * bytes were left unread) within `ms` without sending anything. */
-static bool ends_silently(int fd, int ms)
-{
-	unsigned char c;
-	struct pollfd pf = { .fd = fd, .events = POLLIN };
-	if (poll(&pf, 1, ms) <= 0)
-		return false;
-	ssize_t r = recv(fd, &c, 1, 0);
-	return r == 0 || (r < 0 && (errno == ECONNRESET || errno == EPIPE));
-}
-
 /* A WRITE of `n` bytes of pattern `seed` at `at` on `fd`: true when it was
  * acknowledged and the bytes are there. */
 static bool write_ok(int fd, unsigned char *at, size_t n, unsigned seed)
@@ -461,15 +449,7 @@ static void test_stalls(void)
 
 static void part_a(void)
 {
-	te_option o = { "TE_TCP_TIMEOUT_MS", "600" };
-	tgt = tcp_engine(&o, 1);
-	REQUIRE(tgt != NULL);
-	rbuf = map_buf(RBUF);
-	lbuf = map_buf(65536);
-	REQUIRE(te_register_memory(tgt, rbuf, RBUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	REQUIRE(te_register_memory(tgt, lbuf, 65536, "cpu:0", 0) == 0);
-	dport = data_port_of(tgt);
-	REQUIRE(dport > 0);
+	tgt = wire_target("600", &rbuf, RBUF, &lbuf, &dport);
 	TEST_RUN(test_status_bytes);
 	TEST_RUN(test_write_acked_after_body);
 	TEST_RUN(test_pipelined_in_order);
@@ -485,102 +465,12 @@ static void part_a(void)
 
 /* ============================================ part B: libte as the initiator */
 
-#define FAKE_BASE 0x10000000ull
-#define FAKE_LEN (64ull << 20)
-
-typedef struct fake {
-	int rpc_lfd, rpc_port, data_lfd, data_port;
-	char desc[1024];
-	char name[64];
-	pthread_t th;
-	atomic_int stop;
-} fake;
-
-/* Answers Metadata frames with the fake descriptor. */
-static void *fake_rpc(void *arg)
-{
-	fake *f = arg;
-	serve_descriptor(f->rpc_lfd, f->desc, &f->stop);
-	return NULL;
-}
-
-/* `extra`: more descriptor members (",\"tcp_fence\":1"), or NULL. */
-static void fake_start_with(fake *f, int version, const char *extra)
-{
-	memset(f, 0, sizeof *f);
-	f->rpc_lfd = listen_any(&f->rpc_port);
-	f->data_lfd = listen_any(&f->data_port);
-	snprintf(f->name, sizeof f->name, "127.0.0.1:%d", f->rpc_port);
-	char ver[200] = "";
-	if (version >= 2)
-		snprintf(ver, sizeof ver, ",\"tcp_proto_version\":%d", version);
-	if (extra != NULL) {
-		size_t l = strlen(ver);
-		snprintf(ver + l, sizeof ver - l, "%s", extra);
-	}
-	snprintf(f->desc, sizeof f->desc,
-		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
-		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d%s,\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
-		 FAKE_BASE, FAKE_LEN, f->name, f->name, f->data_port, ver);
-	REQUIRE(pthread_create(&f->th, NULL, fake_rpc, f) == 0);
-}
-
 static void fake_start(fake *f, int version)
 {
-	fake_start_with(f, version, NULL);
+	fake_tcp_start(f, version, NULL);
 }
-
-static void fake_stop(fake *f)
-{
-	atomic_store(&f->stop, 1);
-	pthread_join(f->th, NULL);
-	close(f->rpc_lfd);
-	close(f->data_lfd);
-}
-
-typedef struct init {
-	te_engine *e;
-	unsigned char *buf;
-	te_segment_id seg;
-	te_batch_id b;
-} init;
 
 #define IBUF (64u << 20)
-
-static void init_up(init *in, fake *f, const te_option *extra, size_t n)
-{
-	te_option o[6] = { { "TE_TCP_CONNS_PER_PEER", "1" } };
-	for (size_t i = 0; i < n; i++)
-		o[1 + i] = extra[i];
-	in->e = tcp_engine(o, 1 + n);
-	REQUIRE(in->e != NULL);
-	in->buf = map_buf(IBUF);
-	REQUIRE(te_register_memory(in->e, in->buf, IBUF, "cpu:0", 0) == 0);
-	in->seg = te_segment_open(in->e, f->name);
-	REQUIRE(in->seg > 0);
-}
-
-static void init_down(init *in)
-{
-	CHECK_EQ(te_segment_close(in->e, in->seg), 0);
-	te_engine_destroy(in->e);
-	munmap(in->buf, IBUF);
-}
-
-static void submit(init *in, const te_request *r, size_t n)
-{
-	REQUIRE(te_batch_alloc(in->e, n, &in->b) == 0);
-	CHECK_EQ(te_submit(in->e, in->b, r, n), 0);
-}
-
-static int task_state(init *in, size_t i, int *err)
-{
-	te_task_status st = { 0 };
-	te_get_status(in->e, in->b, i, &st);
-	if (err)
-		*err = st.error;
-	return st.state;
-}
 
 static void finish(init *in)
 {
@@ -588,26 +478,17 @@ static void finish(init *in)
 	CHECK_EQ(te_batch_free(in->e, in->b), 0);
 }
 
-static void check_hdr(const unsigned char *h, uint64_t size, uint64_t addr, uint8_t op)
-{
-	static const unsigned char zero[7] = { 0 };
-	CHECK(get_le64(h) == size);
-	CHECK(get_le64(h + 8) == addr);
-	CHECK_EQ(h[16], op);
-	CHECK(memcmp(h + 17, zero, 7) == 0);
-}
-
 static void test_initiator_v2(void)
 {
 	fake f;
 	init in;
 	fake_start(&f, 2);
-	init_up(&in, &f, NULL, 0);
+	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR], data[100];
 
 	/* READ: header checked byte by byte, status then data back */
 	te_request r = { TE_OP_READ, in.seg, in.buf + 1, FAKE_BASE + 0x10, 100 };
-	submit(&in, &r, 1);
+	init_submit(&in, &r, 1);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
@@ -621,13 +502,13 @@ static void test_initiator_v2(void)
 	/* WRITE: header and body arrive; COMPLETED only after our status */
 	fill_pattern(in.buf + 200, 64, 12);
 	te_request w = { TE_OP_WRITE, in.seg, in.buf + 200, FAKE_BASE + 0x100, 64 };
-	submit(&in, &w, 1);
+	init_submit(&in, &w, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR); /* same, persistent connection */
 	check_hdr(h, 64, FAKE_BASE + 0x100, 0x81);
 	CHECK_EQ(recv_exact(fd, data, 64, 3000, NULL), 64);
 	CHECK(memcmp(data, in.buf + 200, 64) == 0);
 	usleep(200000);
-	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_WAITING);
+	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_WAITING);
 	CHECK(send_all(fd, &ok, 8));
 	finish(&in);
 
@@ -636,7 +517,7 @@ static void test_initiator_v2(void)
 	CHECK(send_all(fd, "xyz", 3));
 	CHECK(closed_quietly(fd, 3000));
 	close(fd);
-	submit(&in, &r, 1);
+	init_submit(&in, &r, 1);
 	fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
@@ -654,10 +535,10 @@ static void test_initiator_pipelined_slices(void)
 	init in;
 	fake_start(&f, 2);
 	te_option o = { "TE_TCP_SLICE_SIZE", "65536" };
-	init_up(&in, &f, &o, 1);
+	init_up(&in, &f, IBUF, &o, 1);
 	te_request r[2] = { { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 3 * 65536 },
 			    { TE_OP_READ, in.seg, in.buf + (1u << 20), FAKE_BASE + (4u << 20), 10 } };
-	submit(&in, r, 2);
+	init_submit(&in, r, 2);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	unsigned char h[4 * W_HDR];
@@ -702,9 +583,9 @@ static void window_case(fake *f, const char *window, unsigned seed)
 	unsigned char h[W_HDR];
 	te_option o[2] = { { "TE_TCP_SLICE_SIZE", "65536" }, { "TE_TCP_WINDOW", window } };
 
-	init_up(&in, f, o, 2);
+	init_up(&in, f, IBUF, o, 2);
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 6 * 65536 };
-	submit(&in, &r, 1);
+	init_submit(&in, &r, 1);
 	int fd = accept_timeout(f->data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	for (int i = 0; i < 2; i++) {
@@ -747,10 +628,10 @@ static void test_initiator_v1(void)
 	fake f;
 	init in;
 	fake_start(&f, 1); /* no tcp_proto_version in the descriptor */
-	init_up(&in, &f, NULL, 0);
+	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR], data[100];
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 8, 100 };
-	submit(&in, &r, 1);
+	init_submit(&in, &r, 1);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
@@ -762,10 +643,10 @@ static void test_initiator_v1(void)
 
 	fill_pattern(in.buf + 512, 64, 15);
 	te_request w = { TE_OP_WRITE, in.seg, in.buf + 512, FAKE_BASE + 1024, 64 };
-	submit(&in, &w, 1);
+	init_submit(&in, &w, 1);
 	/* v1 WRITE: complete once sent; the fake answers nothing */
 	CHECK_EQ(te_batch_wait(in.e, in.b, 3000), 0);
-	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_COMPLETED);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 64, FAKE_BASE + 1024, 0x01);
@@ -781,7 +662,7 @@ static int fake_answer(init *in, fake *f, const void *reply, size_t len, int *er
 {
 	te_request r = { TE_OP_READ, in->seg, in->buf, FAKE_BASE, 100 };
 	unsigned char h[W_HDR];
-	submit(in, &r, 1);
+	init_submit(in, &r, 1);
 	int fd = accept_timeout(f->data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
@@ -790,7 +671,7 @@ static int fake_answer(init *in, fake *f, const void *reply, size_t len, int *er
 	if (reply != NULL)
 		close(fd);
 	CHECK_EQ(te_batch_wait(in->e, in->b, 10000), 0);
-	int st = task_state(in, 0, err);
+	int st = init_task_state(in, 0, err);
 	CHECK_EQ(te_batch_free(in->e, in->b), 0);
 	if (reply == NULL)
 		close(fd);
@@ -805,7 +686,7 @@ static void test_initiator_errors(void)
 	fake_start(&f, 2);
 	/* one slice for the 48 MiB WRITE below */
 	te_option o[2] = { { "TE_TCP_TIMEOUT_MS", "500" }, { "TE_TCP_SLICE_SIZE", "67108864" } };
-	init_up(&in, &f, o, 2);
+	init_up(&in, &f, IBUF, o, 2);
 	cap_start();
 
 	uint64_t bad = htole64(0x1234567800000000ull);
@@ -836,13 +717,13 @@ static void test_initiator_errors(void)
 	enum { BIG = 48u << 20 };
 	te_request w = { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE, BIG };
 	unsigned char h[W_HDR];
-	submit(&in, &w, 1);
+	init_submit(&in, &w, 1);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	CHECK(send_all(fd, &ok, 8)); /* without reading 48 MiB: cannot all be sent */
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
-	CHECK_EQ(task_state(&in, 0, &err), TE_TASK_FAILED);
+	CHECK_EQ(init_task_state(&in, 0, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_PROTOCOL);
 	CHECK(cap_has("before its last byte"));
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
@@ -860,11 +741,11 @@ static void test_initiator_reject_midway(void)
 	init in;
 	int err = 0;
 	fake_start(&f, 2);
-	init_up(&in, &f, NULL, 0);
+	init_up(&in, &f, IBUF, NULL, 0);
 	te_request r[3];
 	for (int i = 0; i < 3; i++)
 		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	submit(&in, r, 3);
+	init_submit(&in, r, 3);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	unsigned char h[3 * W_HDR], ten[10];
@@ -880,10 +761,10 @@ static void test_initiator_reject_midway(void)
 	memset(ten, 9, sizeof ten);
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
-	CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_COMPLETED);
-	CHECK_EQ(task_state(&in, 1, &err), TE_TASK_FAILED);
+	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 1, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_REJECTED);
-	CHECK_EQ(task_state(&in, 2, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 2, NULL), TE_TASK_COMPLETED);
 	CHECK(in.buf[0] == 7 && in.buf[200] == 9);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	close(fd);
@@ -902,11 +783,11 @@ static void test_initiator_reject_then_queued(void)
 	int err = 0;
 	te_option o[1] = { { "TE_TCP_QUEUE_DEPTH", "1" } };
 	fake_start(&f, 2);
-	init_up(&in, &f, o, 1);
+	init_up(&in, &f, IBUF, o, 1);
 	te_request r[2];
 	for (int i = 0; i < 2; i++)
 		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	submit(&in, r, 2);
+	init_submit(&in, r, 2);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	unsigned char h[W_HDR], ten[10];
@@ -923,9 +804,9 @@ static void test_initiator_reject_then_queued(void)
 	memset(ten, 9, sizeof ten);
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
-	CHECK_EQ(task_state(&in, 0, &err), TE_TASK_FAILED);
+	CHECK_EQ(init_task_state(&in, 0, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_REJECTED);
-	CHECK_EQ(task_state(&in, 1, NULL), TE_TASK_COMPLETED);
+	CHECK_EQ(init_task_state(&in, 1, NULL), TE_TASK_COMPLETED);
 	CHECK(in.buf[100] == 9);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	close(fd);
@@ -940,14 +821,14 @@ static void test_initiator_hello(void)
 {
 	fake f;
 	init in;
-	fake_start_with(&f, 2, ",\"tcp_fence\":1");
-	init_up(&in, &f, NULL, 0);
+	fake_tcp_start(&f, 2, ",\"tcp_fence\":1");
+	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[2 * W_HDR], data[100];
 	uint64_t ok = htole64(W_STATUS_OK), lane = 0;
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 0x20, 100 };
 	fill_pattern(data, sizeof data, 16);
 	for (uint64_t gen = 1; gen <= 2; gen++) {
-		submit(&in, &r, 1);
+		init_submit(&in, &r, 1);
 		int fd = accept_timeout(f.data_lfd, 3000);
 		REQUIRE(fd >= 0);
 		CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
@@ -967,9 +848,9 @@ static void test_initiator_hello(void)
 	fake_stop(&f);
 
 	/* v1 has no status frames to answer a FENCE: no HELLO either. */
-	fake_start_with(&f, 1, ",\"tcp_fence\":1");
-	init_up(&in, &f, NULL, 0);
-	submit(&in, &r, 1);
+	fake_tcp_start(&f, 1, ",\"tcp_fence\":1");
+	init_up(&in, &f, IBUF, NULL, 0);
+	init_submit(&in, &r, 1);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
@@ -1053,22 +934,17 @@ static void fence_failover_case(bool fence)
 		 fence ? ",\"tcp_fence\":1" : "");
 	fake f;
 	init in;
-	fake_start_with(&f, 2, extra);
-	close(f.data_lfd);
-	f.data_lfd = -1;
+	/* The descriptor names the data port the rails listen on. */
+	fake_listen(&f, false);
 	f.data_port = port;
-	/* The descriptor names the data port: written again with the rails'. */
-	snprintf(f.desc, sizeof f.desc,
-		 "{\"buffers\":[{\"addr\":%llu,\"length\":%llu,\"name\":\"%s\"}],\"name\":\"%s\","
-		 "\"protocol\":\"tcp\",\"tcp_data_port\":%d,\"tcp_proto_version\":2%s,"
-		 "\"timestamp\":\"2026-01-01 00:00:00.000000\"}",
-		 FAKE_BASE, FAKE_LEN, f.name, f.name, port, extra);
+	fake_tcp_desc(&f, 2, extra);
+	fake_serve(&f);
 	te_option o[2] = { { "TE_TCP_DIRECT", "0" }, { "TE_TCP_SUSPECT_MS", "0" } };
-	init_up(&in, &f, o, 2);
+	init_up(&in, &f, IBUF, o, 2);
 	cap_start();
 	fill_pattern(in.buf, 64, 17);
 	te_request w = { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE + 0x40, 64 };
-	submit(&in, &w, 1);
+	init_submit(&in, &w, 1);
 	size_t pre = fence ? W_HDR : 0;
 	int a = first_with(lfd, fds, &nfds, pre + W_HDR + 64, 5000);
 	REQUIRE(a >= 0);
@@ -1088,7 +964,7 @@ static void fence_failover_case(bool fence)
 	if (!fence) {
 		int err = 0;
 		CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
-		CHECK_EQ(task_state(&in, 0, &err), TE_TASK_FAILED);
+		CHECK_EQ(init_task_state(&in, 0, &err), TE_TASK_FAILED);
 		CHECK_EQ(err, -ECONNRESET);
 		CHECK_EQ(te_batch_free(in.e, in.b), 0);
 		CHECK(cap_has("the peer cannot fence"));
@@ -1104,7 +980,7 @@ static void fence_failover_case(bool fence)
 		CHECK(get_le64(h) != get_le64(hello));
 		check_hdr(h + W_HDR, get_le64(hello), get_le64(hello + 8), 0x83);
 		CHECK(silent_for(fds[b], 200)); /* the WRITE waits for the answer */
-		CHECK_EQ(task_state(&in, 0, NULL), TE_TASK_WAITING);
+		CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_WAITING);
 		CHECK(send_all(fds[b], &ok, 8));
 		CHECK_EQ(recv_exact(fds[b], h, W_HDR, 3000, NULL), W_HDR);
 		check_hdr(h, 64, FAKE_BASE + 0x40, 0x81);

@@ -18,8 +18,9 @@ tmp=$(mktemp -d)
 failures=0
 pids=()
 
+. "$(dirname "$0")/../common/poll.sh" # free_port, bench_name, wait_port, stop_pids
 cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+	stop_pids "${pids[@]}"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -54,15 +55,6 @@ one_line_error() { # NAME PATTERN
 	ok "$1"
 }
 
-. "$(dirname "$0")/../common/poll.sh" # free_port, bench_name
-# wait_port PORT: until something accepts on 127.0.0.1:PORT (at most 10 s)
-wait_port() {
-	for _ in $(seq 50); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),1)" 2>/dev/null && return 0
-		sleep 0.2
-	done
-	return 1
-}
 
 plugin_there() { # KIND NAME
 	local IFS=:
@@ -233,28 +225,31 @@ two_processes() {
 	wait "$tpid" || bad "$label: target exit status"
 }
 
+# through NAME URL PORT PID: the metadata server PID, started in the
+# background, at URL: once it listens on PORT, a loopback run and two
+# processes through it.
+through() {
+	pids+=("$4")
+	wait_port "$3"
+	run "$1" 0 --metadata_server="$2" --duration=1 --check --quiet &&
+		ok "loopback through $1://"
+	two_processes "$1" "$2"
+}
+
 if command -v etcd >/dev/null && plugin_there metadata etcd; then
 	cp=$(free_port); pp=$(free_port)
 	etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
 		--advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
 		--initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "default=http://127.0.0.1:$pp" \
 		--log-level error >"$tmp/etcd.log" 2>&1 &
-	pids+=($!)
-	wait_port "$cp"
-	run etcd 0 --metadata_server="etcd://127.0.0.1:$cp" --duration=1 --check --quiet &&
-		ok "loopback through etcd://"
-	two_processes etcd "etcd://127.0.0.1:$cp"
+	through etcd "etcd://127.0.0.1:$cp" "$cp" $!
 else
 	echo "note: no etcd server or etcd plugin here; etcd:// not exercised"
 fi
 if command -v redis-server >/dev/null && plugin_there metadata redis; then
 	rp=$(free_port)
 	redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
-	pids+=($!)
-	wait_port "$rp"
-	run redis 0 --metadata_server="redis://127.0.0.1:$rp" --duration=1 --check --quiet &&
-		ok "loopback through redis://"
-	two_processes redis "redis://127.0.0.1:$rp"
+	through redis "redis://127.0.0.1:$rp" "$rp" $!
 	# An NVMe-oF file segment: remote offsets start at 0 (from te_segment_buffers).
 	if [ -x "$register" ] && plugin_there transport nvmeof; then
 		truncate -s 64M "$tmp/disk0.img"
@@ -279,11 +274,7 @@ fi
 if [ -x "$mds" ] && plugin_there metadata http; then
 	hp=$(free_port)
 	"$mds" --listen "127.0.0.1:$hp" >"$tmp/mds.log" 2>&1 &
-	pids+=($!)
-	wait_port "$hp"
-	run http 0 --metadata_server="http://127.0.0.1:$hp/metadata" --duration=1 --check --quiet &&
-		ok "loopback through http://"
-	two_processes http "http://127.0.0.1:$hp/metadata"
+	through http "http://127.0.0.1:$hp/metadata" "$hp" $!
 else
 	echo "note: no te-metadata-server or http plugin here; http:// not exercised"
 fi

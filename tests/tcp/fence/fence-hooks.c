@@ -112,6 +112,18 @@ bool tcp_hook_suspect(tcp_cconn *cc)
 	return atomic_load(&force) == cc && atomic_compare_exchange_strong(&force, &want, NULL);
 }
 
+/* 0 once *flag (under mu) is set, within `ms`; else -1. */
+static int wait_for(const bool *flag, int ms)
+{
+	gint64 end = g_get_monotonic_time() + (gint64)ms * 1000;
+	g_mutex_lock(&mu);
+	while (!*flag && g_cond_wait_until(&cond, &mu, end))
+		;
+	int rc = *flag ? 0 : -1;
+	g_mutex_unlock(&mu);
+	return rc;
+}
+
 EXPORT void te_test_fence_arm(uint64_t addr, int how)
 {
 	g_mutex_lock(&mu);
@@ -126,13 +138,7 @@ EXPORT void te_test_fence_arm(uint64_t addr, int how)
 /* 0 once a server thread is held (within `ms`), else -1. */
 EXPORT int te_test_fence_wait_held(int ms)
 {
-	gint64 end = g_get_monotonic_time() + (gint64)ms * 1000;
-	g_mutex_lock(&mu);
-	while (!holding && g_cond_wait_until(&cond, &mu, end))
-		;
-	int rc = holding ? 0 : -1;
-	g_mutex_unlock(&mu);
-	return rc;
+	return wait_for(&holding, ms);
 }
 
 /* Fails the carrying connection over (its I/O thread does it at once). */
@@ -160,13 +166,7 @@ EXPORT void te_test_fence_release(void)
 /* 0 once the held connection applied its body or closed (within `ms`). */
 EXPORT int te_test_fence_wait_settled(int ms)
 {
-	gint64 end = g_get_monotonic_time() + (gint64)ms * 1000;
-	g_mutex_lock(&mu);
-	while (!settled && g_cond_wait_until(&cond, &mu, end))
-		;
-	int rc = settled ? 0 : -1;
-	g_mutex_unlock(&mu);
-	return rc;
+	return wait_for(&settled, ms);
 }
 
 /* How many server connections that said HELLO are open; `threads`: a bit

@@ -36,6 +36,9 @@ def test_every_byte_and_merging(pair):
     with a.batch(N) as b:
         assert b.submit_prepared(libte.WRITE, loc, rem, array.array("Q", range(10, 20)), list(range(30, 40))) == \
             (0, 1, 0)
+        # the next one writes the same remote blocks: tasks of a batch run at
+        # once (over several connections), so it waits for this one
+        b.wait(10)
         assert b.submit_prepared(libte.WRITE, loc, rem, count=N) == (1, 1, 0)
         b.wait(10)
         b.check()

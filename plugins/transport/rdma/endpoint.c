@@ -610,7 +610,7 @@ static void fill_local(const rd_ep *ep, rd_hs *hs, const char *peer_path)
 
 /* ------------------------------------------------------------- initiator */
 
-int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev)
+int rd_ep_connect(rd_ep *ep, const char *seg_name)
 {
 	rd_ctx *c = ep->ctx;
 	rd_transport *tr = c->tr;
@@ -623,17 +623,17 @@ int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev)
 	rc = create_qps(ep, why);
 	if (rc < 0)
 		goto fail;
-	fill_local(ep, &hs, seg->devs[rdev].nic_path);
+	fill_local(ep, &hs, ep->peer_nic_path);
 	req = rd_hs_encode(&hs, &req_len);
 	if (req == NULL) {
 		rc = -ENOMEM;
 		g_string_assign(why, "out of memory");
 		goto fail;
 	}
-	rc = tr->host->rpc_call(tr->host, seg->name, TE_RPC_CONNECTION, req, req_len, &reply,
+	rc = tr->host->rpc_call(tr->host, seg_name, TE_RPC_CONNECTION, req, req_len, &reply,
 				&reply_len, (int)tr->cfg.handshake_timeout_ms);
 	if (rc < 0) {
-		g_string_printf(why, "handshake with %s failed: %s", seg->name, rd_strerror(rc));
+		g_string_printf(why, "handshake with %s failed: %s", seg_name, rd_strerror(rc));
 		goto fail;
 	}
 	rc = rd_hs_decode(reply, reply_len, &peer, why);
@@ -644,7 +644,7 @@ int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev)
 	}
 	if (peer.reply_msg[0] != '\0') {
 		atomic_fetch_add(&tr->stats.rejected, 1);
-		g_string_printf(why, "%s rejected the handshake: %s", seg->name, peer.reply_msg);
+		g_string_printf(why, "%s rejected the handshake: %s", seg_name, peer.reply_msg);
 		rc = TE_ERR_REJECTED;
 		goto fail;
 	}
@@ -672,10 +672,10 @@ int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev)
 	reply = NULL;
 	hs.ready_ack = true;
 	req = rd_hs_encode(&hs, &req_len);
-	if (req != NULL && tr->host->rpc_call(tr->host, seg->name, TE_RPC_CONNECTION, req, req_len,
+	if (req != NULL && tr->host->rpc_call(tr->host, seg_name, TE_RPC_CONNECTION, req, req_len,
 					      &reply, &reply_len,
 					      (int)tr->cfg.handshake_timeout_ms) < 0)
-		RD_LOG(tr, TE_LOG_DEBUG, "ready_ack to %s was not answered", seg->name);
+		RD_LOG(tr, TE_LOG_DEBUG, "ready_ack to %s was not answered", seg_name);
 	RD_LOG(tr, TE_LOG_DEBUG, "endpoint %s -> %s connected (%d QPs)", c->nic_path, ep->peer_nic_path,
 	       ep->nqp);
 	free(req);
@@ -832,8 +832,8 @@ int rd_ep_handle(void *user, const char *peer, const char *body, size_t len, cha
 
 /* ------------------------------------------------------------ resolving */
 
-int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect,
-		  rd_seg **connect_seg, int *connect_rdev, int *nconnect)
+int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect, char **connect_name,
+		  int *nconnect)
 {
 	GPtrArray *gone = g_ptr_array_new();
 	int nready = 0;
@@ -851,9 +851,11 @@ int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **con
 			ep = ep_new(c, path, false);
 			pool_insert(c, ep, gone);
 			atomic_fetch_add(&ep->refs, 1);
+			/* The segment's name, copied while the slice is ours: once
+			 * parked, expire() may end it, and the segment may close
+			 * during the handshake. */
 			connect[*nconnect] = ep;
-			connect_seg[*nconnect] = s->seg;
-			connect_rdev[(*nconnect)++] = s->rdev;
+			connect_name[(*nconnect)++] = g_strdup(s->seg->name);
 		} else if (!s->parked) {
 			/* A parked slice coming back is the same access. */
 			atomic_store(&ep->visited, 1);

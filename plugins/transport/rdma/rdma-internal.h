@@ -461,12 +461,15 @@ void rd_ep_fail(rd_ep *ep, int error, const char *why);
 /* Resolves the endpoint of each slice (all on this context). Slices whose
  * endpoint is ready go to `ready` with a reference in s->ep; the others are
  * parked on their endpoint. Endpoints created here are returned in `connect`
- * (referenced, with the peer and its device that the slice asking for them
- * named: the slice itself may be gone by then) for the caller to connect
- * outside any lock. Returns how many are ready. */
-int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect,
-		  rd_seg **connect_seg, int *connect_rdev, int *nconnect);
-int rd_ep_connect(rd_ep *ep, const rd_seg *seg, int rdev);
+ * (referenced, with a copy of the name of the segment the slice asking for
+ * them was of, which the caller frees: the slice, and its segment, may be
+ * gone by then) for the caller to connect outside any lock. Returns how many
+ * are ready. */
+int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **connect, char **connect_name,
+		  int *nconnect);
+/* The handshake of a new endpoint with segment `seg_name`'s peer, on the
+ * device its peer_nic_path names. */
+int rd_ep_connect(rd_ep *ep, const char *seg_name);
 int rd_ep_handle(void *user, const char *peer, const char *body, size_t len, char **reply,
 		 size_t *reply_len);
 void rd_ep_pool_clear(rd_ctx *c);

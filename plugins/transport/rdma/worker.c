@@ -243,8 +243,7 @@ static int post_work(rd_worker *w, bool *blocked)
 	rd_transport *tr = c->tr;
 	rd_slice *in[RD_POST_BATCH], *ready[RD_POST_BATCH], *back[RD_POST_BATCH];
 	rd_ep *connect[RD_POST_BATCH];
-	rd_seg *connect_seg[RD_POST_BATCH];
-	int connect_rdev[RD_POST_BATCH];
+	char *connect_name[RD_POST_BATCH];
 	int n = 0, nready, nconnect = 0, nback = 0;
 
 	g_mutex_lock(&c->qlock);
@@ -272,7 +271,7 @@ static int post_work(rd_worker *w, bool *blocked)
 		else
 			in[keep++] = in[i];
 	}
-	nready = rd_ep_resolve(c, in, keep, ready, connect, connect_seg, connect_rdev, &nconnect);
+	nready = rd_ep_resolve(c, in, keep, ready, connect, connect_name, &nconnect);
 	for (int i = 0; i < nready;) {
 		int j = i + 1;
 		while (j < nready && ready[j]->ep == ready[i]->ep)
@@ -292,7 +291,8 @@ static int post_work(rd_worker *w, bool *blocked)
 		rd_ctx_enqueue(c, back[0], back[nback - 1], true);
 	}
 	for (int i = 0; i < nconnect; i++) {
-		rd_ep_connect(connect[i], connect_seg[i], connect_rdev[i]);
+		rd_ep_connect(connect[i], connect_name[i]);
+		g_free(connect_name[i]);
 		rd_ep_unref(connect[i]);
 	}
 	return n;

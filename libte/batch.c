@@ -298,9 +298,9 @@ typedef struct notify_job {
 	char *msg;
 } notify_job;
 
-/* The last decrement happens under the batch lock, so te_batch_free (which
- * checks under the same lock) cannot free the batch under a waker. */
-/* `n` of the batch's tasks ended. */
+/* `n` of the batch's tasks ended. The last decrement happens under the batch
+ * lock, so te_batch_free (which checks under the same lock) cannot free the
+ * batch under a waker. */
 static void batch_tasks_done(te_batch *b, size_t n)
 {
 	size_t old = atomic_load_explicit(&b->inflight, memory_order_relaxed);
@@ -469,7 +469,6 @@ static void task_finish(te_task *t, int state, bool from_completion, task_group 
 	if (g == &one)
 		group_flush(g, from_completion);
 }
-
 
 static void task_last(te_task *t, int state, int error, bool from_completion, task_group *g);
 

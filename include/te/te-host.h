@@ -429,6 +429,30 @@ static inline const void *te_host_service(const te_host *h, const char *topic, u
 	return TE_HAS_OP(h, service) ? h->service(h, topic, min_version) : NULL;
 }
 
+/* The host's complete_many() (transfer service 2), NULL from an older host:
+ * looked up once, at create. */
+typedef void (*te_complete_many_fn)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes,
+				    const int *errors, size_t n);
+
+static inline te_complete_many_fn te_host_complete_many_fn(const te_host *h)
+{
+	const te_transfer_service *ts = (const te_transfer_service *)te_host_service(h, TE_SERVICE_TRANSFER, 2);
+	return ts != NULL && TE_HAS_OP(ts, complete_many) ? ts->complete_many : NULL;
+}
+
+/* Reports n slices finished together: through `many` (te_host_complete_many_fn())
+ * when the host has it, else complete() for each, in order. */
+static inline void te_host_complete_slices(const te_host *h, te_complete_many_fn many, te_transfer *const *ts,
+					   const uint64_t *bytes, const int *errors, size_t n)
+{
+	if (many != NULL && n > 1) {
+		many(h, ts, bytes, errors, n);
+		return;
+	}
+	for (size_t k = 0; k < n; k++)
+		h->complete(h, ts[k], bytes[k], errors != NULL ? errors[k] : 0);
+}
+
 #ifndef __cplusplus
 /* --------------------------------------------------- rate-limited lines */
 

@@ -53,8 +53,7 @@
 
 typedef struct ext_ctx {
 	const te_host *host;
-	void (*complete_many)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes, const int *errors,
-			      size_t n);
+	te_complete_many_fn complete_many;
 } ext_ctx;
 
 typedef struct ext_seg {
@@ -83,13 +82,12 @@ static int ext_create(const te_host *h, const char *args, void **ctx)
 	c->host = h;
 	const char *many = h->config(h, "TE_EXT_MANY", NULL);
 	if (many != NULL && strcmp(many, "1") == 0) {
-		const te_transfer_service *ts = te_host_service(h, TE_SERVICE_TRANSFER, 2);
-		if (ts == NULL || !TE_HAS_OP(ts, complete_many)) {
+		c->complete_many = te_host_complete_many_fn(h);
+		if (c->complete_many == NULL) {
 			h->log(h, TE_LOG_ERROR, EXT_NAME ": TE_EXT_MANY=1 but the host has no complete_many()");
 			free(c);
 			return -ENOTSUP;
 		}
-		c->complete_many = ts->complete_many;
 	}
 	*ctx = c;
 	return 0;

@@ -278,12 +278,7 @@ static void done_flush(shm_ctx *c, done_list *d)
 		for (unsigned k = 0; k < d->n; k++)
 			if (d->gated[k])
 				h->transfer_leave(h, d->ts[k]);
-	if (c->complete_many != NULL) {
-		c->complete_many(h, d->ts, d->len, d->err, d->n);
-	} else {
-		for (unsigned k = 0; k < d->n; k++)
-			h->complete(h, d->ts[k], d->len[k], d->err[k]);
-	}
+	te_host_complete_slices(h, c->complete_many, d->ts, d->len, d->err, d->n);
 	d->n = 0;
 	d->bytes = 0;
 }

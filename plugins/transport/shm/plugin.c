@@ -179,9 +179,7 @@ static int shm_create(const te_host *h, const char *json_args, void **out)
 	if (c == NULL)
 		return -ENOMEM;
 	c->host = h;
-	const te_transfer_service *ts = te_host_service(h, TE_SERVICE_TRANSFER, 2);
-	if (ts != NULL && TE_HAS_OP(ts, complete_many))
-		c->complete_many = ts->complete_many;
+	c->complete_many = te_host_complete_many_fn(h);
 	c->ctl_fd = c->listen_fd = c->ep = c->wake_fd = c->kick_fd = -1;
 	read_config(h, &c->cfg);
 	pthread_mutex_init(&c->reg_lock, NULL);

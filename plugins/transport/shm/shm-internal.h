@@ -167,9 +167,7 @@ typedef struct shm_seg {
 
 struct shm_ctx {
 	const te_host *host;
-	/* The host's complete_many() (transfer service 2), or NULL. */
-	void (*complete_many)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes, const int *errors,
-			      size_t n);
+	te_complete_many_fn complete_many; /* the host's, or NULL */
 	shm_config cfg;
 
 	/* target side */

@@ -285,14 +285,7 @@ typedef struct reaped {
 
 static void reap_flush(tcp_cconn *cc, reaped *r)
 {
-	const te_host *h = host_of(cc);
-
-	if (cc->peer->ctx->complete_many != NULL && r->n > 1) {
-		cc->peer->ctx->complete_many(h, r->ts, r->bytes, r->err, r->n);
-	} else {
-		for (size_t k = 0; k < r->n; k++)
-			h->complete(h, r->ts[k], r->bytes[k], r->err[k]);
-	}
+	te_host_complete_slices(host_of(cc), cc->peer->ctx->complete_many, r->ts, r->bytes, r->err, r->n);
 	r->n = 0;
 }
 

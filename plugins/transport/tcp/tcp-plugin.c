@@ -438,9 +438,7 @@ static int tcp_create(const te_host *h, const char *args, void **out)
 	int rc;
 
 	c->host = h;
-	const te_transfer_service *tsvc = te_host_service(h, TE_SERVICE_TRANSFER, 2);
-	if (tsvc != NULL && TE_HAS_OP(tsvc, complete_many))
-		c->complete_many = tsvc->complete_many;
+	c->complete_many = te_host_complete_many_fn(h);
 	c->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
 	c->deadlines = TE_HAS_OP(h, transfer_enter) && TE_HAS_OP(h, transfer_leave) && TE_HAS_OP(h, transfer_deadline);
 	c->listen_fd = -1;

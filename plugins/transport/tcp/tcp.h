@@ -261,9 +261,7 @@ struct tcp_dead {
 
 struct tcp_ctx {
 	const te_host *host;
-	/* The host's complete_many() (transfer service 2), or NULL. */
-	void (*complete_many)(const te_host *h, te_transfer *const *ts, const uint64_t *bytes, const int *errors,
-			      size_t n);
+	te_complete_many_fn complete_many; /* the host's, or NULL */
 	tcp_config cfg;
 	int listen_fd;
 	int port;

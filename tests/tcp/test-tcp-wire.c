@@ -850,6 +850,8 @@ static void test_initiator_hello(void)
 	/* v1 has no status frames to answer a FENCE: no HELLO either. */
 	fake_tcp_start(&f, 1, ",\"tcp_fence\":1");
 	init_up(&in, &f, IBUF, NULL, 0);
+	r.segment = in.seg; /* a new engine and buffer: where they are now */
+	r.local = in.buf;
 	init_submit(&in, &r, 1);
 	int fd = accept_timeout(f.data_lfd, 3000);
 	REQUIRE(fd >= 0);

@@ -597,21 +597,27 @@ typedef struct dispatch {
 	te_msubmit ms; /* what the call counts as handed over */
 } dispatch;
 
-static void flush(dispatch *d)
+/* Hands n transfers to their transport; a refusal ends each of them with
+ * its code (shared by te_submit and te_submit_prepared). */
+void te_transport_hand_over(te_transport_inst *tp, te_transfer **pend, size_t n)
 {
-	if (d->n == 0)
+	if (n == 0)
 		return;
-	int rc = d->tp->ops->submit(d->tp->ctx, d->pend, d->n);
+	int rc = tp->ops->submit(tp->ctx, pend, n);
 	if (rc < 0) {
-		te_err("transport %s refused %zu transfers: %s", d->tp->hc.plugin->name, d->n,
-		       te_strerror(rc));
-		for (size_t i = 0; i < d->n; i++) {
-			te_task *t = (te_task *)d->pend[i];
+		te_err("transport %s refused %zu transfers: %s", tp->hc.plugin->name, n, te_strerror(rc));
+		for (size_t i = 0; i < n; i++) {
+			te_task *t = (te_task *)pend[i];
 			t->xfer.nr_slices = 1;
 			atomic_store(&t->slices_done, 0);
 			te_task_complete(t, 0, rc);
 		}
 	}
+}
+
+static void flush(dispatch *d)
+{
+	te_transport_hand_over(d->tp, d->pend, d->n);
 	d->n = 0;
 }
 

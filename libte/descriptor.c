@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "teu-search.h"
 
 void te_desc_free(te_desc *d)
 {
@@ -145,25 +146,23 @@ fail:
 	return TE_ERR_METADATA;
 }
 
+static uint64_t buffer_start(const void *arr, size_t i)
+{
+	return ((const te_desc_buffer *)arr)[i].addr;
+}
+
 size_t te_desc_slot(const te_desc *d, uint64_t addr, uint64_t len)
 {
 	if (addr + len < addr)
 		return 0;
 	if (d->file_segment) /* files laid end to end: one space */
 		return addr <= d->file_size && len <= d->file_size - addr ? 1 : 0;
-	/* binary search for the last buffer starting at or below addr */
-	size_t lo = 0, hi = d->n_buffers;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (d->buffers[mid].addr <= addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo == 0)
+	/* the last buffer starting at or below addr */
+	size_t n = teu_count_at_or_below(d->buffers, d->n_buffers, buffer_start, addr);
+	if (n == 0)
 		return 0;
-	const te_desc_buffer *b = &d->buffers[lo - 1];
-	return addr - b->addr <= b->length && len <= b->length - (addr - b->addr) ? lo : 0;
+	const te_desc_buffer *b = &d->buffers[n - 1];
+	return teu_span_within(addr, len, b->addr, b->length) ? n : 0;
 }
 
 bool te_desc_contains(const te_desc *d, uint64_t addr, uint64_t len)

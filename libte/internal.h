@@ -596,6 +596,10 @@ static inline void te_task_handed(te_task *t)
 	atomic_store_explicit(&t->gate, TE_GATE_HANDED, memory_order_release);
 }
 
+/* Hands n transfers to their transport; if it refuses them, each ends with
+ * the transport's code. */
+void te_transport_hand_over(te_transport_inst *tp, te_transfer **pend, size_t n);
+
 /* Records the transport of the batch's first remote task (waiting). */
 void te_batch_note_transport(struct te_batch *b, te_transport_inst *tp);
 

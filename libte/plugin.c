@@ -42,15 +42,6 @@ static bool valid_name(const char *n)
 	return len > 0;
 }
 
-static const char *kind_name(int kind)
-{
-	return kind == TE_KIND_TRANSPORT  ? "transport"
-	       : kind == TE_KIND_METADATA ? "metadata"
-	       : kind == TE_KIND_DEVICE   ? "device"
-	       : kind == TE_KIND_EXPORTER ? "exporter"
-					  : "unknown";
-}
-
 /* TE_PLUGINS: "tcp,rdma" allows only those, "^nvmeof" denies one. */
 static bool allowed(const char *name)
 {
@@ -210,7 +201,7 @@ static void load_file(const char *path)
 	}
 	p->desc = d;
 	p->loaded = true;
-	te_dbg("loaded %s plugin %s %s from %s", kind_name(p->kind), p->name,
+	te_dbg("loaded %s plugin %s %s from %s", te_plugin_kind_name(p->kind), p->name,
 	       d->version ? d->version : "?", path);
 	return;
 fail:

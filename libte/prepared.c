@@ -207,18 +207,7 @@ typedef struct pdispatch {
  * transport's submit may look up buffers). */
 static void pflush(pdispatch *d)
 {
-	if (d->n == 0)
-		return;
-	int rc = d->tp->ops->submit(d->tp->ctx, d->pend, d->n);
-	if (rc < 0) {
-		te_err("transport %s refused %zu transfers: %s", d->tp->hc.plugin->name, d->n, te_strerror(rc));
-		for (size_t i = 0; i < d->n; i++) {
-			te_task *t = (te_task *)d->pend[i];
-			t->xfer.nr_slices = 1;
-			atomic_store(&t->slices_done, 0);
-			te_task_complete(t, 0, rc);
-		}
-	}
+	te_transport_hand_over(d->tp, d->pend, d->n);
 	d->n = 0;
 }
 

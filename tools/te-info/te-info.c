@@ -18,21 +18,12 @@ static void print_dir(const char *dir, int exists, void *user)
 	printf("  %s%s\n", dir, exists ? "" : "  (missing)");
 }
 
-static const char *kind_name(int k)
-{
-	return k == TE_KIND_TRANSPORT  ? "transport"
-	       : k == TE_KIND_METADATA ? "metadata"
-	       : k == TE_KIND_DEVICE   ? "device"
-	       : k == TE_KIND_EXPORTER ? "exporter"
-				       : "?";
-}
-
 static void print_plugin(const te_plugin_info *p, void *user)
 {
 	int *transports = user;
 
 	if (p->loaded) {
-		printf("  %-10s %-9s %-8s plugin ABI %u.%u  %s\n", p->name, kind_name(p->kind),
+		printf("  %-10s %-9s %-8s plugin ABI %u.%u  %s\n", p->name, te_plugin_kind_name(p->kind),
 		       p->version ? p->version : "?", p->abi_major, p->abi_minor, p->path);
 		if (p->description)
 			printf("             %s\n", p->description);

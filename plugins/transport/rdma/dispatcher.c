@@ -4,28 +4,24 @@
 #include <string.h>
 
 #include "rdma-internal.h"
+#include "teu-search.h"
 
 /* ------------------------------------------------------------- dispatcher */
+
+static uint64_t mr_start(const void *arr, size_t i)
+{
+	return (uintptr_t)((rd_mr *const *)arr)[i]->addr;
+}
 
 static rd_mr *mr_find(rd_transport *tr, uint64_t addr, uint64_t len)
 {
 	rd_mr *found = NULL;
-	guint lo = 0, hi;
 
 	g_rw_lock_reader_lock(&tr->mr_lock);
-	hi = tr->mrs->len;
-	while (lo < hi) {
-		guint mid = lo + (hi - lo) / 2;
-		rd_mr *m = g_ptr_array_index(tr->mrs, mid);
-		if ((uintptr_t)m->addr <= addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo > 0) {
-		rd_mr *m = g_ptr_array_index(tr->mrs, lo - 1);
-		uint64_t start = (uintptr_t)m->addr;
-		if (addr + len >= addr && addr - start <= m->length && len <= m->length - (addr - start)) {
+	size_t n = teu_count_at_or_below(tr->mrs->pdata, tr->mrs->len, mr_start, addr);
+	if (n > 0) {
+		rd_mr *m = g_ptr_array_index(tr->mrs, n - 1);
+		if (teu_span_within(addr, len, (uintptr_t)m->addr, m->length)) {
 			found = m;
 			atomic_fetch_add(&m->refs, 1);
 		}
@@ -34,23 +30,19 @@ static rd_mr *mr_find(rd_transport *tr, uint64_t addr, uint64_t len)
 	return found;
 }
 
+static uint64_t rbuf_start(const void *arr, size_t i)
+{
+	return ((const rd_rbuf *)arr)[i].addr;
+}
+
 static const rd_rbuf *rbuf_find(const rd_seg *seg, uint64_t addr, uint64_t len)
 {
-	size_t lo = 0, hi = seg->nbuf;
+	size_t n = teu_count_at_or_below(seg->bufs, seg->nbuf, rbuf_start, addr);
 
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (seg->bufs[mid].addr <= addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo == 0 || addr + len < addr)
+	if (n == 0)
 		return NULL;
-	const rd_rbuf *b = &seg->bufs[lo - 1];
-	if (addr - b->addr > b->length || len > b->length - (addr - b->addr))
-		return NULL;
-	return b;
+	const rd_rbuf *b = &seg->bufs[n - 1];
+	return teu_span_within(addr, len, b->addr, b->length) ? b : NULL;
 }
 
 /* Completes `n` slices of a transfer that cannot be cut. */

@@ -35,13 +35,19 @@
 		}                                        \
 	} while (0)
 
-/* A consumer thread's next node: waits on `cond` (with `lock`, held) while
- * the queue is empty and `quit` false, then TEU_FIFO_TAKE. `node` is NULL
- * only when asked to quit with nothing left queued. */
-#define TEU_FIFO_WAIT_TAKE(head, tail, node, cond, lock, quit)  \
+/* A consumer thread's wait: on `cond` (with `lock`, held) while the queue
+ * is empty and `quit` false. */
+#define TEU_FIFO_WAIT(head, cond, lock, quit)                   \
 	do {                                                    \
 		while ((head) == NULL && !(quit))               \
 			pthread_cond_wait((cond), (lock));      \
+	} while (0)
+
+/* A consumer thread's next node: TEU_FIFO_WAIT, then TEU_FIFO_TAKE. `node`
+ * is NULL only when asked to quit with nothing left queued. */
+#define TEU_FIFO_WAIT_TAKE(head, tail, node, cond, lock, quit)  \
+	do {                                                    \
+		TEU_FIFO_WAIT(head, cond, lock, quit);          \
 		TEU_FIFO_TAKE(head, tail, node);                \
 	} while (0)
 

@@ -266,9 +266,8 @@ static void *submit_main(void *arg)
 	cu_make_current(c, 0);
 	pthread_mutex_lock(&c->sub_lock);
 	for (;;) {
-		while (c->sub_head == NULL && !c->sub_quit)
-			pthread_cond_wait(&c->sub_cond, &c->sub_lock);
-		cu_job *jobs = c->sub_head;
+		TEU_FIFO_WAIT(c->sub_head, &c->sub_cond, &c->sub_lock, c->sub_quit);
+		cu_job *jobs = c->sub_head; /* all of them */
 		if (jobs == NULL)
 			break; /* quit, and every job queued */
 		c->sub_head = c->sub_tail = NULL;

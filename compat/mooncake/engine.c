@@ -368,6 +368,18 @@ static void put_text(char *buf, size_t size, size_t *pos, const char *s)
 #undef PUT
 }
 
+/* One field of showLinks' report: in JSON `key` then `value` as a string
+ * literal, in text `label` then `value` as it is. */
+static void put_field(char *buf, size_t size, size_t *pos, int json, const char *key, const char *label,
+		      const char *value)
+{
+	put_text(buf, size, pos, json ? key : label);
+	if (json)
+		put_json_string(buf, size, pos, value);
+	else
+		put_text(buf, size, pos, value);
+}
+
 MC_API int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json)
 {
 	static const char fn[] = "showLinks";
@@ -386,39 +398,24 @@ MC_API int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, in
 	n = te_transport_list(e->te, names, sizeof names / sizeof names[0]);
 	if (n > (int)(sizeof names / sizeof names[0]))
 		n = (int)(sizeof names / sizeof names[0]);
-	if (json) {
-		put_text(buf_out, buf_len, &pos, "{\"segment\":");
-		put_json_string(buf_out, buf_len, &pos, te_engine_name(e->te));
-		put_text(buf_out, buf_len, &pos, ",\"address\":");
-		put_json_string(buf_out, buf_len, &pos, te_engine_address(e->te));
+	put_field(buf_out, buf_len, &pos, json, "{\"segment\":", "segment ", te_engine_name(e->te));
+	put_field(buf_out, buf_len, &pos, json, ",\"address\":", ", address ", te_engine_address(e->te));
+	if (json)
 		snprintf(line, sizeof line, ",\"rpc_port\":%d,\"transports\":[", te_engine_rpc_port(e->te));
-		put_text(buf_out, buf_len, &pos, line);
-	} else {
-		put_text(buf_out, buf_len, &pos, "segment ");
-		put_text(buf_out, buf_len, &pos, te_engine_name(e->te));
-		put_text(buf_out, buf_len, &pos, ", address ");
-		put_text(buf_out, buf_len, &pos, te_engine_address(e->te));
+	else
 		snprintf(line, sizeof line, ", rpc port %d\n", te_engine_rpc_port(e->te));
-		put_text(buf_out, buf_len, &pos, line);
-	}
+	put_text(buf_out, buf_len, &pos, line);
 	for (int i = 0; i < n; i++) {
 		char *report = NULL;
 		int rc = te_plugin_report(names[i], &report);
 		const char *r = rc == 0 && report != NULL ? report : te_strerror(rc);
-		if (json) {
-			put_text(buf_out, buf_len, &pos, i > 0 ? ",{\"name\":" : "{\"name\":");
-			put_json_string(buf_out, buf_len, &pos, names[i]);
-			put_text(buf_out, buf_len, &pos, ",\"report\":");
-			put_json_string(buf_out, buf_len, &pos, r);
+		put_field(buf_out, buf_len, &pos, json, i > 0 ? ",{\"name\":" : "{\"name\":", "transport ",
+			  names[i]);
+		put_field(buf_out, buf_len, &pos, json, ",\"report\":", ":\n", r);
+		if (json)
 			put_text(buf_out, buf_len, &pos, "}");
-		} else {
-			put_text(buf_out, buf_len, &pos, "transport ");
-			put_text(buf_out, buf_len, &pos, names[i]);
-			put_text(buf_out, buf_len, &pos, ":\n");
-			put_text(buf_out, buf_len, &pos, r);
-			if (*r != '\0' && r[strlen(r) - 1] != '\n')
-				put_text(buf_out, buf_len, &pos, "\n");
-		}
+		else if (*r != '\0' && r[strlen(r) - 1] != '\n')
+			put_text(buf_out, buf_len, &pos, "\n");
 		te_free(report);
 	}
 	if (json)

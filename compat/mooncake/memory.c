@@ -53,22 +53,35 @@ MC_API int unregisterLocalMemory(transfer_engine_t engine, void *addr)
 	return unregister_err(fn, rc);
 }
 
+/* The engine of a batch call, in *e, and its list of `len` entries: 1 to
+ * go on, 0 when the list is empty (nothing to do), ERR_INVALID_ARGUMENT
+ * (logged) for a refused engine or entries promised with no list. */
+static int engine_and_list(const char *fn, transfer_engine_t engine, const void *list, size_t len,
+			   const char *what, struct mc_engine **e)
+{
+	*e = engine_of(fn, engine);
+	if (*e == NULL)
+		return ERR_INVALID_ARGUMENT;
+	if (len == 0)
+		return 0;
+	if (list == NULL) {
+		mc_err("%s: NULL %s list of %zu entries", fn, what, len);
+		return ERR_INVALID_ARGUMENT;
+	}
+	return 1;
+}
+
 MC_API int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *buffer_list,
 				    size_t buffer_len, const char *location)
 {
 	static const char fn[] = "registerLocalMemoryBatch";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e;
 	te_memory_region *regs;
 	int rc;
 
-	if (e == NULL)
-		return ERR_INVALID_ARGUMENT;
-	if (buffer_len == 0)
-		return 0;
-	if (buffer_list == NULL) {
-		mc_err("%s: NULL buffer list of %zu entries", fn, buffer_len);
-		return ERR_INVALID_ARGUMENT;
-	}
+	rc = engine_and_list(fn, engine, buffer_list, buffer_len, "buffer", &e);
+	if (rc <= 0)
+		return rc;
 	if (buffer_len > SIZE_MAX / sizeof *regs) {
 		mc_err("%s: %zu entries is too many", fn, buffer_len);
 		return ERR_INVALID_ARGUMENT;
@@ -99,17 +112,12 @@ MC_API int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *bu
 MC_API int unregisterLocalMemoryBatch(transfer_engine_t engine, void **addr_list, size_t addr_len)
 {
 	static const char fn[] = "unregisterLocalMemoryBatch";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e;
 	int rc;
 
-	if (e == NULL)
-		return ERR_INVALID_ARGUMENT;
-	if (addr_len == 0)
-		return 0;
-	if (addr_list == NULL) {
-		mc_err("%s: NULL address list of %zu entries", fn, addr_len);
-		return ERR_INVALID_ARGUMENT;
-	}
+	rc = engine_and_list(fn, engine, addr_list, addr_len, "address", &e);
+	if (rc <= 0)
+		return rc;
 	rc = te_unregister_memory_batch(e->te, (void *const *)addr_list, addr_len);
 	if (rc < 0)
 		mc_err("%s: %zu entries: %s", fn, addr_len, te_strerror(rc));

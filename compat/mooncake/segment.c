@@ -22,18 +22,28 @@ static const char *trim_name(const char *fn, const char *name)
 	return name;
 }
 
+/* The engine of a call on a segment and, in *name, the segment's name
+ * trimmed; NULL (logged) when either is refused. */
+static struct mc_engine *engine_and_name(const char *fn, transfer_engine_t engine,
+					 const char *segment_name, const char **name)
+{
+	struct mc_engine *e = engine_of(fn, engine);
+
+	if (e == NULL)
+		return NULL;
+	*name = trim_name(fn, segment_name);
+	return *name != NULL ? e : NULL;
+}
+
 static segment_id_t open_segment(const char *fn, transfer_engine_t engine,
 				 const char *segment_name, int refresh)
 {
-	struct mc_engine *e = engine_of(fn, engine);
 	const char *name;
+	struct mc_engine *e = engine_and_name(fn, engine, segment_name, &name);
 	te_segment_id id;
 	int rc;
 
 	if (e == NULL)
-		return ERR_INVALID_ARGUMENT;
-	name = trim_name(fn, segment_name);
-	if (name == NULL)
 		return ERR_INVALID_ARGUMENT;
 	/* An open name keeps its id and takes no further reference: Mooncake
 	 * programs open a name again and again and never close it. */
@@ -81,14 +91,11 @@ MC_API int closeSegment(transfer_engine_t engine, segment_id_t segment_id)
 MC_API int removeLocalSegment(transfer_engine_t engine, const char *segment_name)
 {
 	static const char fn[] = "removeLocalSegment";
-	struct mc_engine *e = engine_of(fn, engine);
 	const char *name;
+	struct mc_engine *e = engine_and_name(fn, engine, segment_name, &name);
 	te_segment_id id;
 
 	if (e == NULL)
-		return ERR_INVALID_ARGUMENT;
-	name = trim_name(fn, segment_name);
-	if (name == NULL)
 		return ERR_INVALID_ARGUMENT;
 	/* Close until libte forgets the name: each open of it (including a
 	 * racing openSegment on another thread) holds one reference. Bounded so

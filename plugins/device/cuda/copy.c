@@ -6,6 +6,8 @@
  * memory they run at full speed from.
  */
 #include "cuda-internal.h"
+#include "teu-fifo.h"
+#include "teu-stats.h"
 
 /* TE_CUDA_STATS=1: copy timings, printed when the plugin is unloaded (a
  * diagnostic for tuning on a GPU machine). */
@@ -14,25 +16,15 @@ static struct {
 	atomic_ullong batch_n, batch_pieces, batch_bytes, batch_ns, batch_wait_ns, batch_nostream;
 	atomic_ullong launches, launch_pieces;
 } cst;
-/* Read once at load: when off, counting is a branch not taken. */
 static bool cst_on;
 __attribute__((constructor)) static void cst_init(void)
 {
-	const char *v = getenv("TE_CUDA_STATS");
-	cst_on = v != NULL && v[0] == '1';
+	cst_on = teu_stats_wanted("TE_CUDA_STATS");
 }
-#define CST_ADD(field, v)                                          \
-	do {                                                      \
-		if (cst_on)                                        \
-			atomic_fetch_add(&cst.field, (v));         \
-	} while (0)
+#define CST_ADD(field, v) TEU_STATS_ADD(cst_on, cst.field, v)
 static inline uint64_t cst_now(void)
 {
-	if (!cst_on)
-		return 0;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return teu_stats_now(cst_on);
 }
 __attribute__((destructor)) static void cst_print(void)
 {
@@ -182,14 +174,10 @@ static void *lane_main(void *arg)
 	cu_make_current(c, 0);
 	pthread_mutex_lock(&l->lock);
 	for (;;) {
-		while (l->head == NULL && !l->quit)
-			pthread_cond_wait(&l->cond, &l->lock);
-		cu_group *g = l->head;
+		cu_group *g;
+		TEU_FIFO_WAIT_TAKE(l->head, l->tail, g, &l->cond, &l->lock, l->quit);
 		if (g == NULL)
 			break; /* quit, and every queued group reported */
-		l->head = g->next;
-		if (l->head == NULL)
-			l->tail = NULL;
 		pthread_mutex_unlock(&l->lock);
 		uint64_t ts = cst_now();
 		CUresult r = g->ev != NULL ? event_sync(c, g->ev) : c->drv.StreamSynchronize(l->stream);
@@ -265,11 +253,7 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 		g->ev = NULL;
 	}
 	pthread_mutex_lock(&l->lock);
-	if (l->tail)
-		l->tail->next = g;
-	else
-		l->head = g;
-	l->tail = g;
+	TEU_FIFO_PUSH(l->head, l->tail, g);
 	pthread_cond_signal(&l->cond);
 	pthread_mutex_unlock(&l->lock);
 }
@@ -282,9 +266,8 @@ static void *submit_main(void *arg)
 	cu_make_current(c, 0);
 	pthread_mutex_lock(&c->sub_lock);
 	for (;;) {
-		while (c->sub_head == NULL && !c->sub_quit)
-			pthread_cond_wait(&c->sub_cond, &c->sub_lock);
-		cu_job *jobs = c->sub_head;
+		TEU_FIFO_WAIT(c->sub_head, &c->sub_cond, &c->sub_lock, c->sub_quit);
+		cu_job *jobs = c->sub_head; /* all of them */
 		if (jobs == NULL)
 			break; /* quit, and every job queued */
 		c->sub_head = c->sub_tail = NULL;
@@ -310,27 +293,17 @@ static void *submit_main(void *arg)
 
 static void job_queue(cuda_ctx *c, cu_job *j)
 {
-	j->next = NULL;
 	pthread_mutex_lock(&c->sub_lock);
-	if (c->sub_tail != NULL) {
-		c->sub_tail->next = j;
-	} else {
-		c->sub_head = j;
+	TEU_FIFO_PUSH(c->sub_head, c->sub_tail, j);
+	if (c->sub_head == j)
 		pthread_cond_signal(&c->sub_cond); /* it sleeps only on an empty queue */
-	}
-	c->sub_tail = j;
 	pthread_mutex_unlock(&c->sub_lock);
 }
 
 static void lane_stop(cuda_ctx *c, lane *l)
 {
-	if (l->started) {
-		pthread_mutex_lock(&l->lock);
-		l->quit = true;
-		pthread_cond_signal(&l->cond);
-		pthread_mutex_unlock(&l->lock);
-		pthread_join(l->thread, NULL);
-	}
+	if (l->started)
+		teu_fifo_stop(&l->lock, &l->cond, &l->quit, l->thread);
 	if (l->stream != NULL) {
 		c->drv.StreamSynchronize(l->stream);
 		c->drv.StreamDestroy(l->stream);
@@ -343,11 +316,7 @@ static void lane_stop(cuda_ctx *c, lane *l)
 static void submitter_stop(cuda_ctx *c)
 {
 	if (c->sub_started) {
-		pthread_mutex_lock(&c->sub_lock);
-		c->sub_quit = true;
-		pthread_cond_signal(&c->sub_cond);
-		pthread_mutex_unlock(&c->sub_lock);
-		pthread_join(c->sub_thread, NULL);
+		teu_fifo_stop(&c->sub_lock, &c->sub_cond, &c->sub_quit, c->sub_thread);
 		c->sub_started = false;
 	}
 	pthread_mutex_destroy(&c->sub_lock);

@@ -5,6 +5,7 @@
  * streams, and the page-locked host memory they run at full speed from.
  */
 #include "hip-internal.h"
+#include "teu-fifo.h"
 
 /* On a non-blocking stream of the plugin's, never hipMemcpy: that runs on
  * the null stream, after its work and that of every blocking stream, which
@@ -64,9 +65,7 @@ static hip_pending *take_ended(hip_ctx *c)
 	if (d == NULL || c->rt.EventQuery(d->ev) != hipSuccess)
 		return NULL;
 	pthread_mutex_lock(&c->lock);
-	c->head = d->next;
-	if (c->head == NULL)
-		c->tail = NULL;
+	TEU_FIFO_TAKE(c->head, c->tail, d);
 	pthread_mutex_unlock(&c->lock);
 	return d;
 }
@@ -94,14 +93,10 @@ static void *completer(void *arg)
 
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
-		while (c->head == NULL && !c->quit)
-			pthread_cond_wait(&c->cond, &c->lock);
-		hip_pending *d = c->head;
+		hip_pending *d;
+		TEU_FIFO_WAIT_TAKE(c->head, c->tail, d, &c->cond, &c->lock, c->quit);
 		if (d == NULL)
 			break; /* quit, and every queued copy reported */
-		c->head = d->next;
-		if (c->head == NULL)
-			c->tail = NULL;
 		pthread_mutex_unlock(&c->lock);
 		hipError_t e = c->rt.EventSynchronize(d->ev);
 		hip_pending *more = take_ended(c);
@@ -163,11 +158,7 @@ void async_stop(hip_ctx *c)
 		return;
 	for (int i = 0; i < STREAMS; i++)
 		c->rt.StreamSynchronize(c->streams[i]);
-	pthread_mutex_lock(&c->lock);
-	c->quit = true;
-	pthread_cond_signal(&c->cond);
-	pthread_mutex_unlock(&c->lock);
-	pthread_join(c->completer, NULL);
+	teu_fifo_stop(&c->lock, &c->cond, &c->quit, c->completer);
 	for (int i = 0; i < STREAMS; i++)
 		c->rt.StreamDestroy(c->streams[i]);
 	while (c->nspare > 0)
@@ -238,11 +229,7 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 		return 0;
 	}
 	pthread_mutex_lock(&c->lock);
-	if (c->tail)
-		c->tail->next = d;
-	else
-		c->head = d;
-	c->tail = d;
+	TEU_FIFO_PUSH(c->head, c->tail, d);
 	pthread_cond_signal(&c->cond);
 	pthread_mutex_unlock(&c->lock);
 	return 0;

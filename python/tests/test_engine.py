@@ -354,7 +354,7 @@ def test_notifications(pair):
     with pytest.raises(TypeError):
         bt.notify(seg, "x", "positional sender")
     bt.free()
-    with pytest.raises(libte.BatchError):
+    with pytest.raises(libte.BatchError, match="was freed"):
         bt.notify(seg, "freed")
     assert b.notifications() == []
 

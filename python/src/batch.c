@@ -563,13 +563,19 @@ PyObject *pyte_batch_new(PyteEngine *eo, size_t capacity)
 	return (PyObject *)b;
 }
 
-static int batch_ready(PyteBatch *b)
+/* -1 with BatchError when the batch was freed. */
+static int batch_live(PyteBatch *b)
 {
 	if (b->freed) {
 		pyte_raise_msg(TE_ERR_BATCH, "batch %llu was freed", (unsigned long long)b->id);
 		return -1;
 	}
-	return pyte_enter(b->engine);
+	return 0;
+}
+
+static int batch_ready(PyteBatch *b)
+{
+	return batch_live(b) < 0 ? -1 : pyte_enter(b->engine);
 }
 
 /* Waits for the batch's tasks and frees it. GIL held. Returns 0, or -1 with
@@ -926,21 +932,7 @@ static PyObject *batch_free(PyteBatch *b, PyObject *unused)
 
 static PyObject *batch_notify(PyteBatch *b, PyObject *args, PyObject *kw)
 {
-	const char *msg, *sender;
-	te_segment_id seg;
-	int rc;
-
-	if (pyte_notify_args(args, kw, &seg, &msg, &sender) < 0)
-		return NULL;
-	if (batch_ready(b) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_batch_notify_as(b->engine->e, b->id, seg, sender, msg);
-	Py_END_ALLOW_THREADS
-	pyte_leave(b->engine);
-	if (rc < 0)
-		return pyte_raise(rc, "Batch.notify()");
-	Py_RETURN_NONE;
+	return batch_live(b) < 0 ? NULL : pyte_notify(b->engine, b->id, args, kw);
 }
 
 static PyObject *batch_exit(PyteBatch *b, PyObject *args)

@@ -335,13 +335,6 @@ static PyObject *engine_enter_ctx(PyteEngine *self, PyObject *unused)
 	return Py_NewRef((PyObject *)self);
 }
 
-static PyObject *engine_exit_ctx(PyteEngine *self, PyObject *args)
-{
-	(void)args;
-	engine_shutdown(self);
-	Py_RETURN_FALSE;
-}
-
 /* ------------------------------------------------------------- getters */
 
 static PyObject *engine_get_closed(PyteEngine *self, void *c)
@@ -560,34 +553,32 @@ static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)
 
 /* ------------------------------------------------------- notifications */
 
-int pyte_notify_args(PyObject *args, PyObject *kw, te_segment_id *seg, const char **msg, const char **sender)
+PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "segment", "msg", "sender", NULL };
 	PyObject *seg_o;
+	const char *msg, *sender = NULL;
+	te_segment_id seg;
+	int rc;
 
-	*sender = NULL;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, msg, sender))
-		return -1;
-	return pyte_segment_id(seg_o, seg);
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, &msg, &sender) ||
+	    pyte_segment_id(seg_o, &seg) < 0)
+		return NULL;
+	if (pyte_enter(eo) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = batch == TE_INVALID_BATCH ? te_notify_send_as(eo->e, seg, sender, msg)
+				       : te_batch_notify_as(eo->e, batch, seg, sender, msg);
+	Py_END_ALLOW_THREADS
+	pyte_leave(eo);
+	if (rc < 0)
+		return pyte_raise(rc, batch == TE_INVALID_BATCH ? "notify()" : "Batch.notify()");
+	Py_RETURN_NONE;
 }
 
 static PyObject *engine_notify(PyteEngine *self, PyObject *args, PyObject *kw)
 {
-	const char *msg, *sender;
-	te_segment_id seg;
-	int rc;
-
-	if (pyte_notify_args(args, kw, &seg, &msg, &sender) < 0)
-		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_notify_send_as(self->e, seg, sender, msg);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise(rc, "notify()");
-	Py_RETURN_NONE;
+	return pyte_notify(self, TE_INVALID_BATCH, args, kw);
 }
 
 static PyObject *engine_notifications(PyteEngine *self, PyObject *unused)
@@ -646,7 +637,7 @@ static PyMethodDef engine_methods[] = {
 	  "removes what the engine published and releases the buffers it held registered.\n"
 	  "Idempotent; also done when the engine is collected or leaves a `with` block." },
 	{ "__enter__", (PyCFunction)engine_enter_ctx, METH_NOARGS, NULL },
-	{ "__exit__", (PyCFunction)engine_exit_ctx, METH_VARARGS, NULL },
+	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
 	{ "install", (PyCFunction)(void (*)(void))engine_install, METH_VARARGS | METH_KEYWORDS,
 	  "install(name, args=None)\n--\n\nInstalls transport `name` (\"tcp\", \"rdma\", \"nvmeof\", ...) with optional\n"
 	  "JSON arguments (RDMA: a NIC priority matrix or {\"devices\": [...]})." },

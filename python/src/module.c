@@ -129,6 +129,16 @@ PyObject *pyte_return_self(PyObject *self, PyObject *unused)
 	return Py_NewRef(self);
 }
 
+PyObject *pyte_exit_close(PyObject *self, PyObject *args)
+{
+	(void)args;
+	PyObject *r = PyObject_CallMethod(self, "close", NULL);
+	if (r == NULL)
+		return NULL;
+	Py_DECREF(r);
+	Py_RETURN_FALSE;
+}
+
 int pyte_timeout(PyObject *o, double *out)
 {
 	if (o == NULL || o == Py_None) {
@@ -646,12 +656,6 @@ static PyObject *mem_close(PyteMemory *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static PyObject *mem_exit(PyteMemory *self, PyObject *args)
-{
-	(void)args;
-	return mem_close(self, NULL);
-}
-
 static PyObject *mem_get_address(PyteMemory *self, void *c)
 {
 	(void)c;
@@ -689,7 +693,7 @@ static PyMethodDef mem_methods[] = {
 	{ "close", (PyCFunction)mem_close, METH_NOARGS,
 	  "Unmaps the memory. Raises BufferError while a memoryview or a registration uses it." },
 	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
-	{ "__exit__", (PyCFunction)mem_exit, METH_VARARGS, NULL },
+	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
 	{ NULL, NULL, 0, NULL },
 };
 static PyGetSetDef mem_getset[] = {

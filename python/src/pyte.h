@@ -100,9 +100,9 @@ int pyte_wait_settled(PyteEngine *eo, te_batch_id id, double timeout_s, PyThread
 /* Segment id from a Segment object or an int. -1 with an exception set. */
 int pyte_segment_id(PyObject *o, te_segment_id *out);
 PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
-/* The arguments of Engine.notify and Batch.notify: (segment, msg, *,
- * sender=None). -1 with an exception set. */
-int pyte_notify_args(PyObject *args, PyObject *kw, te_segment_id *seg, const char **msg, const char **sender);
+/* Engine.notify (batch TE_INVALID_BATCH: te_notify_send_as) and
+ * Batch.notify (te_batch_notify_as): (segment, msg, *, sender=None). */
+PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObject *kw);
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
  * Engine and Segment alike; they enter the engine for the call. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
@@ -142,6 +142,9 @@ PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, Py
 
 /* __enter__ of the context managers that need nothing on entry: self. */
 PyObject *pyte_return_self(PyObject *self, PyObject *unused);
+/* __exit__ of the context managers that close on leaving: self.close(),
+ * then False (an exception in the block goes on). */
+PyObject *pyte_exit_close(PyObject *self, PyObject *args);
 
 /* Seconds from a Python timeout argument: None → -1. -1 with an exception
  * when it is not a non-negative number. */

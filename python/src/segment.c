@@ -151,13 +151,6 @@ static PyObject *segment_close(PyteSegment *s, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static PyObject *segment_exit(PyteSegment *s, PyObject *args)
-{
-	(void)args;
-	segment_close_quiet(s);
-	Py_RETURN_FALSE;
-}
-
 static int segment_ready(PyteSegment *s)
 {
 	return segment_check_open(s) < 0 ? -1 : pyte_enter(s->engine);
@@ -233,7 +226,7 @@ static PyMethodDef segment_methods[] = {
 	{ "descriptor", (PyCFunction)segment_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThe segment's descriptor (JSON) as last fetched." },
 	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
-	{ "__exit__", (PyCFunction)segment_exit, METH_VARARGS, NULL },
+	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
 	{ NULL, NULL, 0, NULL },
 };
 

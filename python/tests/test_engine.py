@@ -344,8 +344,44 @@ def test_notifications(pair):
     assert got == [("agent-2", "batch done")]
     with pytest.raises(libte.InvalidArgumentError):
         a.notify(seg, "x" * (libte.NOTIFY_MAX + 1))
-    with pytest.raises(libte.SegmentError):
+    with pytest.raises(libte.SegmentError) as ei:
         a.notify(12345, "nobody")
+    assert str(ei.value).startswith("notify(): ")
+    bt = a.batch(1)
+    with pytest.raises(libte.SegmentError) as ei:
+        bt.notify(12345, "nobody")
+    assert str(ei.value).startswith("Batch.notify(): ")
+    with pytest.raises(TypeError):
+        bt.notify(seg, "x", "positional sender")
+    bt.free()
+    with pytest.raises(libte.BatchError, match="was freed"):
+        bt.notify(seg, "freed")
+    assert b.notifications() == []
+
+
+def test_context_managers(pair):
+    # leaving a block closes the object and lets the block's exception through
+    with pytest.raises(KeyError):
+        with libte.Memory(4096) as m:
+            raise KeyError("in the block")
+    assert m.closed
+    with pytest.raises(KeyError):
+        with pair.a.open_segment(pair.b.name) as s:
+            raise KeyError("in the block")
+    assert s.closed
+    with pytest.raises(KeyError):
+        with libte.Engine("P2PHANDSHAKE", "127.0.0.1", transports="tcp") as e:
+            raise KeyError("in the block")
+    assert e.closed
+    # a close() that fails fails the block's end
+    m = libte.Memory(4096)
+    with pytest.raises(BufferError):
+        with m:
+            view = memoryview(m)
+    assert not m.closed
+    view.release()
+    assert m.__exit__(None, None, None) is False
+    assert m.closed
 
 
 def test_segments_and_probe(pair):

@@ -165,28 +165,18 @@ func (b *Batch) use(op string) (*C.te_engine, func(), error) {
 	if b == nil {
 		return nil, nil, newError(op, ErrInvalid, "nil batch")
 	}
-	b.mu.RLock()
-	if b.freed {
-		b.mu.RUnlock()
-		return nil, nil, newError(op, ErrBatch, "batch was freed")
-	}
-	h, err := b.e.rlock(op)
-	if err != nil {
-		b.mu.RUnlock()
-		return nil, nil, err
-	}
-	return h, func() { b.e.mu.RUnlock(); b.mu.RUnlock() }, nil
+	return b.e.rlockUnder(op, &b.mu, func() error {
+		if b.freed {
+			return newError(op, ErrBatch, "batch was freed")
+		}
+		return nil
+	})
 }
 
 // call runs fn, one libte call, on the batch and its engine (both taken
 // for it, as use does) through cerr.
 func (b *Batch) call(op string, fn func(h *C.te_engine) C.int) error {
-	h, release, err := b.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int { return fn(h) })
+	return callUnder(op, b.use, fn)
 }
 
 // Submit appends the requests as tasks and starts them. It returns how many

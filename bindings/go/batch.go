@@ -467,13 +467,10 @@ func (b *Batch) NotifyAs(seg SegmentID, sender, msg string) error {
 }
 
 func (b *Batch) notify(op string, seg SegmentID, sender *string, msg string) error {
-	cmsg, csender, free, err := notifyStrings(op, sender, msg)
-	if err != nil {
-		return err
-	}
-	defer free()
-	return b.call(op, func(h *C.te_engine) C.int {
-		return C.te_batch_notify_as(h, b.id, C.te_segment_id(seg), csender, cmsg)
+	return sendNotify(op, sender, msg, func(csender, cmsg *C.char) error {
+		return b.call(op, func(h *C.te_engine) C.int {
+			return C.te_batch_notify_as(h, b.id, C.te_segment_id(seg), csender, cmsg)
+		})
 	})
 }
 

@@ -165,28 +165,18 @@ func (b *Batch) use(op string) (*C.te_engine, func(), error) {
 	if b == nil {
 		return nil, nil, newError(op, ErrInvalid, "nil batch")
 	}
-	b.mu.RLock()
-	if b.freed {
-		b.mu.RUnlock()
-		return nil, nil, newError(op, ErrBatch, "batch was freed")
-	}
-	h, err := b.e.rlock(op)
-	if err != nil {
-		b.mu.RUnlock()
-		return nil, nil, err
-	}
-	return h, func() { b.e.mu.RUnlock(); b.mu.RUnlock() }, nil
+	return b.e.rlockUnder(op, &b.mu, func() error {
+		if b.freed {
+			return newError(op, ErrBatch, "batch was freed")
+		}
+		return nil
+	})
 }
 
 // call runs fn, one libte call, on the batch and its engine (both taken
 // for it, as use does) through cerr.
 func (b *Batch) call(op string, fn func(h *C.te_engine) C.int) error {
-	h, release, err := b.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int { return fn(h) })
+	return callUnder(op, b.use, fn)
 }
 
 // Submit appends the requests as tasks and starts them. It returns how many
@@ -266,41 +256,47 @@ func (b *Batch) submit(op string, deadlineNs int64, reqs []Request) (invalid int
 	return n, nil
 }
 
+// task runs get, one libte call about task i, on the batch (as call does);
+// a negative i is ErrInvalid.
+func (b *Batch) task(op string, i int, get func(h *C.te_engine, task C.size_t) C.int) error {
+	if i < 0 {
+		return newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
+	}
+	return b.call(op, func(h *C.te_engine) C.int { return get(h, C.size_t(i)) })
+}
+
+// taskErr is a task's error code as TaskStatus.Err and TaskInfo.Err: nil
+// for 0, so that Err == nil tells a task that did not fail.
+func taskErr(code C.int32_t) error {
+	if code == 0 {
+		return nil
+	}
+	return Code(code)
+}
+
 // Status returns the status of task i (0 is the first task submitted).
 func (b *Batch) Status(i int) (TaskStatus, error) {
-	const op = "Status"
-	if i < 0 {
-		return TaskStatus{}, newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
-	}
 	var st C.te_task_status
-	if err := b.call(op, func(h *C.te_engine) C.int { return C.te_get_status(h, b.id, C.size_t(i), &st) }); err != nil {
+	if err := b.task("Status", i, func(h *C.te_engine, t C.size_t) C.int {
+		return C.te_get_status(h, b.id, t, &st)
+	}); err != nil {
 		return TaskStatus{}, err
 	}
-	out := TaskStatus{State: TaskState(st.state), Transferred: uint64(st.transferred)}
-	if st.error != 0 {
-		out.Err = Code(st.error)
-	}
-	return out, nil
+	return TaskStatus{State: TaskState(st.state), Err: taskErr(st.error), Transferred: uint64(st.transferred)}, nil
 }
 
 // TaskInfo returns task i's status with its flags and deadline
 // (te_get_task_info).
 func (b *Batch) TaskInfo(i int) (TaskInfo, error) {
-	const op = "TaskInfo"
-	if i < 0 {
-		return TaskInfo{}, newError(op, ErrInvalid, fmt.Sprintf("task %d", i))
-	}
 	var ti C.te_task_info
 	ti.size = C.uint32_t(C.sizeof_te_task_info)
-	if err := b.call(op, func(h *C.te_engine) C.int { return C.te_get_task_info(h, b.id, C.size_t(i), &ti) }); err != nil {
+	if err := b.task("TaskInfo", i, func(h *C.te_engine, t C.size_t) C.int {
+		return C.te_get_task_info(h, b.id, t, &ti)
+	}); err != nil {
 		return TaskInfo{}, err
 	}
-	out := TaskInfo{State: TaskState(ti.state), Flags: TaskFlags(ti.flags), Transferred: uint64(ti.transferred),
-		DeadlineNs: int64(ti.deadline_ns)}
-	if ti.error != 0 {
-		out.Err = Code(ti.error)
-	}
-	return out, nil
+	return TaskInfo{State: TaskState(ti.state), Err: taskErr(ti.error), Flags: TaskFlags(ti.flags),
+		Transferred: uint64(ti.transferred), DeadlineNs: int64(ti.deadline_ns)}, nil
 }
 
 // SetDeadline sets the deadline (NowNs's clock) of the tasks submitted to
@@ -471,13 +467,10 @@ func (b *Batch) NotifyAs(seg SegmentID, sender, msg string) error {
 }
 
 func (b *Batch) notify(op string, seg SegmentID, sender *string, msg string) error {
-	cmsg, csender, free, err := notifyStrings(op, sender, msg)
-	if err != nil {
-		return err
-	}
-	defer free()
-	return b.call(op, func(h *C.te_engine) C.int {
-		return C.te_batch_notify_as(h, b.id, C.te_segment_id(seg), csender, cmsg)
+	return sendNotify(op, sender, msg, func(csender, cmsg *C.char) error {
+		return b.call(op, func(h *C.te_engine) C.int {
+			return C.te_batch_notify_as(h, b.id, C.te_segment_id(seg), csender, cmsg)
+		})
 	})
 }
 

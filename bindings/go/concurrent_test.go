@@ -166,9 +166,7 @@ func TestConcurrentBatch(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	must(t, "Wait", b.Wait(ctx))
+	waitWithin(t, "Wait", 60*time.Second, b.Wait)
 	sum, err := b.Summary()
 	if err != nil || sum != (te.BatchSummary{Submitted: n, State: te.TaskCompleted}) {
 		t.Fatalf("summary %+v %v", sum, err)

@@ -63,9 +63,7 @@ func TestDeadlineCalls(t *testing.T) {
 	if n := hold.Release(0); n != 3 {
 		t.Fatalf("released %d, want 3", n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	must(t, "WaitSettled", b.WaitSettled(ctx))
+	waitWithin(t, "WaitSettled", 5*time.Second, b.WaitSettled)
 	for i := 0; i < 3; i++ {
 		ti, err := b.TaskInfo(i)
 		if err != nil || ti.State != te.TaskCompleted || ti.Err != nil || ti.Flags != 0 || ti.Transferred != 64 {
@@ -91,9 +89,7 @@ func TestDeadlinePassed(t *testing.T) {
 	if inv, err := b.SubmitBy(1, reqs...); err != nil || inv != 0 {
 		t.Fatalf("SubmitBy: %d invalid, %v", inv, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	must(t, "Wait", b.Wait(ctx))
+	waitWithin(t, "Wait", 5*time.Second, b.Wait)
 	want := testenv.Pattern(4*mib, 1)
 	for i := 0; i < 64; i++ {
 		ti, err := b.TaskInfo(i)

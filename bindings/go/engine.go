@@ -181,6 +181,35 @@ func (e *Engine) rlock(op string) (*C.te_engine, error) {
 	return e.h, nil
 }
 
+// rlockUnder takes mu, the lock of an object that lives in the engine (a
+// batch, a segment), for reading, then the engine, for one call on the
+// object: gone (run under mu) returns the error of an object already ended.
+// On success the caller runs the returned release.
+func (e *Engine) rlockUnder(op string, mu *sync.RWMutex, gone func() error) (*C.te_engine, func(), error) {
+	mu.RLock()
+	if err := gone(); err != nil {
+		mu.RUnlock()
+		return nil, nil, err
+	}
+	h, err := e.rlock(op)
+	if err != nil {
+		mu.RUnlock()
+		return nil, nil, err
+	}
+	return h, func() { e.mu.RUnlock(); mu.RUnlock() }, nil
+}
+
+// callUnder runs fn, one libte call, through cerr with the handle use
+// (a Batch's or a Segment's) gives, released after it.
+func callUnder(op string, use func(string) (*C.te_engine, func(), error), fn func(h *C.te_engine) C.int) error {
+	h, release, err := use(op)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cerr(op, func() C.int { return fn(h) })
+}
+
 // call runs fn, one libte call, on the engine (held for reading
 // meanwhile) through cint: its non-negative result or its error.
 func (e *Engine) call(op string, fn func(h *C.te_engine) C.int) (int, error) {

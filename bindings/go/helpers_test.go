@@ -3,11 +3,13 @@
 package te_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"libte.org/te"
@@ -99,6 +101,15 @@ func wantCode(t *testing.T, what string, err error, c te.Code) {
 	if !errors.Is(err, c) || te_.Code != c {
 		t.Fatalf("%s: %v (code %d), want code %d (%v)", what, err, int(te_.Code), int(c), c)
 	}
+}
+
+// waitWithin runs wait (a Batch's Wait or WaitSettled) with a context that
+// times out after d, and fails the test, naming what, on its error.
+func waitWithin(t *testing.T, what string, d time.Duration, wait func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	must(t, what, wait(ctx))
 }
 
 func must(t *testing.T, what string, err error) {

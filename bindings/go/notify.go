@@ -33,37 +33,35 @@ func (e *Engine) NotifyAs(seg SegmentID, sender, msg string) error {
 }
 
 func (e *Engine) notify(op string, seg SegmentID, sender *string, msg string) error {
-	cmsg, csender, free, err := notifyStrings(op, sender, msg)
+	return sendNotify(op, sender, msg, func(csender, cmsg *C.char) error {
+		_, err := e.call(op, func(h *C.te_engine) C.int { return C.te_notify_send_as(h, C.te_segment_id(seg), csender, cmsg) })
+		return err
+	})
+}
+
+// sendNotify checks and converts a notification's text and sender (nil:
+// the engine's name) and runs send with them; the C strings live until it
+// returns.
+func sendNotify(op string, sender *string, msg string, send func(csender, cmsg *C.char) error) error {
+	if len(msg) > NotifyMax {
+		return newError(op, ErrInvalid, fmt.Sprintf("message of %d bytes, at most %d", len(msg), NotifyMax))
+	}
+	if sender != nil && len(*sender) > NotifyMax {
+		return newError(op, ErrInvalid, fmt.Sprintf("sender name of %d bytes, at most %d", len(*sender), NotifyMax))
+	}
+	cmsg, err := cstring(op, "message", msg)
 	if err != nil {
 		return err
 	}
-	defer free()
-	_, err = e.call(op, func(h *C.te_engine) C.int { return C.te_notify_send_as(h, C.te_segment_id(seg), csender, cmsg) })
-	return err
-}
-
-// notifyStrings checks and converts a notification's text and sender
-// (nil: the engine's name).
-func notifyStrings(op string, sender *string, msg string) (cmsg, csender *C.char, free func(), err error) {
-	if len(msg) > NotifyMax {
-		return nil, nil, nil, newError(op, ErrInvalid, fmt.Sprintf("message of %d bytes, at most %d", len(msg), NotifyMax))
-	}
-	if sender != nil && len(*sender) > NotifyMax {
-		return nil, nil, nil, newError(op, ErrInvalid, fmt.Sprintf("sender name of %d bytes, at most %d", len(*sender), NotifyMax))
-	}
-	if cmsg, err = cstring(op, "message", msg); err != nil {
-		return nil, nil, nil, err
-	}
+	defer C.free(unsafe.Pointer(cmsg))
+	var csender *C.char
 	if sender != nil {
 		if csender, err = cstring(op, "sender", *sender); err != nil {
-			C.free(unsafe.Pointer(cmsg))
-			return nil, nil, nil, err
+			return err
 		}
+		defer C.free(unsafe.Pointer(csender))
 	}
-	return cmsg, csender, func() {
-		C.free(unsafe.Pointer(cmsg))
-		C.free(unsafe.Pointer(csender))
-	}, nil
+	return send(csender, cmsg)
 }
 
 // Notifications takes every notification received and not yet taken.

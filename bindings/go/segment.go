@@ -140,28 +140,18 @@ func (s *Segment) use(op string) (*C.te_engine, func(), error) {
 	if s == nil {
 		return nil, nil, newError(op, ErrInvalid, "nil segment")
 	}
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
-		return nil, nil, newError(op, ErrSegment, fmt.Sprintf("segment %q (id %d) was closed", s.name, s.id))
-	}
-	h, err := s.e.rlock(op)
-	if err != nil {
-		s.mu.RUnlock()
-		return nil, nil, err
-	}
-	return h, func() { s.e.mu.RUnlock(); s.mu.RUnlock() }, nil
+	return s.e.rlockUnder(op, &s.mu, func() error {
+		if s.closed {
+			return newError(op, ErrSegment, fmt.Sprintf("segment %q (id %d) was closed", s.name, s.id))
+		}
+		return nil
+	})
 }
 
 // call runs fn, one libte call, on the segment and its engine (both taken
 // for it, as use does) through cerr.
 func (s *Segment) call(op string, fn func(h *C.te_engine) C.int) error {
-	h, release, err := s.use(op)
-	if err != nil {
-		return err
-	}
-	defer release()
-	return cerr(op, func() C.int { return fn(h) })
+	return callUnder(op, s.use, fn)
 }
 
 // Buffers lists the segment's buffers, sorted by address (for the local

@@ -169,9 +169,7 @@ func TestBatch(t *testing.T) {
 	if inv != 0 {
 		t.Fatalf("refused Submit reports %d invalid", inv)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	must(t, "Wait", b.Wait(ctx))
+	waitWithin(t, "Wait", 30*time.Second, b.Wait)
 	for i := 0; i < 4; i++ {
 		st, err := b.Status(i)
 		must(t, "Status", err)

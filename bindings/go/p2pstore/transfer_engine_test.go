@@ -51,6 +51,15 @@ func registerChunks(e *TransferEngine, addr uintptr, length, chunk uint64, locat
 	return first
 }
 
+// mustRegisterChunks is registerChunks on cpu:0, failing the test (naming
+// what) when it fails.
+func mustRegisterChunks(t *testing.T, what string, e *TransferEngine, addr uintptr, length, chunk uint64) {
+	t.Helper()
+	if err := registerChunks(e, addr, length, chunk, "cpu:0"); err != nil {
+		t.Fatalf("registering %s: %v", what, err)
+	}
+}
+
 // The P2P store's way of fetching one shard: a batch of one, the segment
 // opened (bypassing the cache on retries), status polled until the task
 // ends, the batch freed.
@@ -139,12 +148,8 @@ func storeFlow(t *testing.T, metadata string) {
 	testenv.Fill(gold, 42)
 	trainer, trainerName := newEngine(t, metadata)
 	inferencer, _ := newEngine(t, metadata)
-	if err := registerChunks(trainer, goldAddr, size, chunk, "cpu:0"); err != nil {
-		t.Fatalf("registering the gold copy: %v", err)
-	}
-	if err := registerChunks(inferencer, replicaAddr, size, size, "cpu:0"); err != nil {
-		t.Fatalf("registering the replica: %v", err)
-	}
+	mustRegisterChunks(t, "the gold copy", trainer, goldAddr, size, chunk)
+	mustRegisterChunks(t, "the replica", inferencer, replicaAddr, size, size)
 
 	// Every shard fetched by its own goroutine, twice: through the segment
 	// cache, then bypassing it as the store does on a retry.
@@ -232,12 +237,8 @@ func TestTCPBindAddress(t *testing.T) {
 	}
 	os.Unsetenv("MC_TCP_BIND_ADDRESS")
 	peer, _ := newEngine(t, redis)
-	if err := registerChunks(e, goldAddr, size, size, "cpu:0"); err != nil {
-		t.Fatalf("register: %v", err)
-	}
-	if err := registerChunks(peer, copyAddr, size, size, "cpu:0"); err != nil {
-		t.Fatalf("register: %v", err)
-	}
+	mustRegisterChunks(t, "the gold copy", e, goldAddr, size, size)
+	mustRegisterChunks(t, "the copy", peer, copyAddr, size, size)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := fetchShard(ctx, peer, copyAddr, name, uint64(goldAddr), size, 0); err != nil {

@@ -56,47 +56,26 @@ mod sealed {
     impl Sealed for &mut crate::Registration<'_, '_> {}
 }
 
-impl<'q> ReadTarget<'q> for Local<'q> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
+/// `raw_range` for each type that qualifies as `$target`: the address and
+/// length of the registered range it borrows.
+macro_rules! raw_range_for {
+    ($target:ident: $($t:ty),+) => {
+        $(impl<'q> $target<'q> for $t {
+            fn raw_range(self) -> (*mut u8, usize) {
+                (self.as_ptr(), self.len())
+            }
+        })+
+    };
 }
-impl<'q> ReadTarget<'q> for &'q mut Local<'_> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
-}
-impl<'q> ReadTarget<'q> for &'q mut Registration<'_, '_> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        let l = self.local();
-        (l.as_ptr(), l.len())
-    }
-}
-impl<'q> WriteSource<'q> for Local<'q> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
-}
-impl<'q> WriteSource<'q> for &'q Local<'_> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
-}
-impl<'q> WriteSource<'q> for &'q mut Local<'_> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
-}
-impl<'q> WriteSource<'q> for &'q Registration<'_, '_> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
-}
-impl<'q> WriteSource<'q> for &'q mut Registration<'_, '_> {
-    fn raw_range(self) -> (*mut u8, usize) {
-        (self.as_ptr(), self.len())
-    }
-}
+
+raw_range_for!(ReadTarget: Local<'q>, &'q mut Local<'_>, &'q mut Registration<'_, '_>);
+raw_range_for!(
+    WriteSource: Local<'q>,
+    &'q Local<'_>,
+    &'q mut Local<'_>,
+    &'q Registration<'_, '_>,
+    &'q mut Registration<'_, '_>
+);
 
 impl<'q> Request<'q> {
     /// Reads `local`'s length in bytes at `remote` of `segment` into it.

@@ -8,6 +8,29 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
+/// The accessors of a registered range (`ptr`, `len`) that a
+/// [`Registration`] and a [`Local`] both have.
+macro_rules! range_accessors {
+    () => {
+        /// The range's address, as libte sees it (a request's local address).
+        pub fn addr(&self) -> u64 {
+            self.ptr.as_ptr() as u64
+        }
+
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        pub(crate) fn as_ptr(&self) -> *mut u8 {
+            self.ptr.as_ptr()
+        }
+    };
+}
+
 /// A buffer registered with an engine, lent to the closure of
 /// `Engine::register` (`'b` is the buffer's borrow).
 ///
@@ -50,26 +73,11 @@ impl<'e, 'b> Registration<'e, 'b> {
         self.engine
     }
 
-    /// The buffer's address, as libte sees it.
-    pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
+    range_accessors!();
 
     /// Whether peers may read and write it.
     pub fn remote_access(&self) -> bool {
         self.remote
-    }
-
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -135,21 +143,7 @@ unsafe impl Send for Local<'_> {}
 unsafe impl Sync for Local<'_> {}
 
 impl<'r> Local<'r> {
-    pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
+    range_accessors!();
 
     /// A shorter borrow of the same range.
     pub fn reborrow(&mut self) -> Local<'_> {

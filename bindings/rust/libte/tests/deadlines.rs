@@ -7,7 +7,7 @@
 //! until it is let go, and no byte moves afterwards.
 mod common;
 
-use common::{assert_same, hold_plugin, pattern, tcp_engine};
+use common::{assert_same, hold_plugin, pattern, tcp_pair};
 use libte::{code, Engine, Error, Request, TaskState};
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,7 @@ fn clock() {
 
 #[test]
 fn deadlines_over_tcp() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     let src = pattern(N * CHUNK, 7);
     let mut remote = src.clone();
     let mut local = vec![0u8; N * CHUNK];

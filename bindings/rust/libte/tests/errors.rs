@@ -4,7 +4,7 @@
 //! compile_fail doc-tests.)
 mod common;
 
-use common::{pattern, tcp_engine};
+use common::{pattern, tcp_engine, tcp_pair, with_buffers};
 use libte::{code, Engine, Error, Request, SegmentId, TaskState};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -48,58 +48,55 @@ fn unknown_segment() {
 #[test]
 fn ranges_that_do_not_fit() {
     capture_log();
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     let mut remote = pattern(4096, 1);
     let mut local = vec![0u8; 8192];
-    b.register(&mut remote, "cpu:0", true, |r| {
+    with_buffers(&b, &mut remote, &a, &mut local, |r, l| {
         let seg = a.open_segment(b.name())?;
-        a.register(&mut local, "cpu:0", false, |l| {
-            // Local ranges past the registration are refused before libte.
-            assert_eq!(l.range(8000, 193).unwrap_err().code(), code::EINVAL);
-            assert_eq!(l.range(usize::MAX, 2).unwrap_err().code(), code::EINVAL);
-            assert!(l.range(8000, 192).is_ok());
-            let whole = l.local();
-            assert_eq!(whole.split_at(8193).unwrap_err().code(), code::EINVAL);
-            assert_eq!(l.local().chunks(0).unwrap_err().code(), code::EINVAL);
-            assert_eq!(l.local().chunks(3000)?.iter().map(|c| c.len()).collect::<Vec<_>>(), vec![3000, 3000, 2192]);
+        // Local ranges past the registration are refused before libte.
+        assert_eq!(l.range(8000, 193).unwrap_err().code(), code::EINVAL);
+        assert_eq!(l.range(usize::MAX, 2).unwrap_err().code(), code::EINVAL);
+        assert!(l.range(8000, 192).is_ok());
+        let whole = l.local();
+        assert_eq!(whole.split_at(8193).unwrap_err().code(), code::EINVAL);
+        assert_eq!(l.local().chunks(0).unwrap_err().code(), code::EINVAL);
+        assert_eq!(l.local().chunks(3000)?.iter().map(|c| c.len()).collect::<Vec<_>>(), vec![3000, 3000, 2192]);
 
-            // A remote range longer than the peer's buffer (8 KiB into 4 KiB).
-            let e = a.read(&seg, r.addr(), l.local()).unwrap_err();
-            assert_eq!(e.code(), code::ADDRESS, "{}", e);
-            // Starting inside, ending outside.
-            let e = a.write(&seg, r.addr() + 4000, l.range(0, 97)?).unwrap_err();
-            assert_eq!(e.code(), code::ADDRESS, "{}", e);
-            // Entirely elsewhere.
-            let e = a.read(&seg, 4096, l.range(0, 16)?).unwrap_err();
-            assert_eq!(e.code(), code::ADDRESS, "{}", e);
-            // The last byte exactly fits.
-            a.read(&seg, r.addr() + 4095, l.range(0, 1)?)?;
-            assert_eq!(l[0], pattern(4096, 1)[4095]);
+        // A remote range longer than the peer's buffer (8 KiB into 4 KiB).
+        let e = a.read(&seg, r.addr(), l.local()).unwrap_err();
+        assert_eq!(e.code(), code::ADDRESS, "{}", e);
+        // Starting inside, ending outside.
+        let e = a.write(&seg, r.addr() + 4000, l.range(0, 97)?).unwrap_err();
+        assert_eq!(e.code(), code::ADDRESS, "{}", e);
+        // Entirely elsewhere.
+        let e = a.read(&seg, 4096, l.range(0, 16)?).unwrap_err();
+        assert_eq!(e.code(), code::ADDRESS, "{}", e);
+        // The last byte exactly fits.
+        a.read(&seg, r.addr() + 4095, l.range(0, 1)?)?;
+        assert_eq!(l[0], pattern(4096, 1)[4095]);
 
-            // In one batch: the bad request becomes INVALID, the rest run.
-            let (mut x, mut y) = l.local().split_at(4096)?;
-            let (mut y1, mut y2) = y.reborrow().split_at(2048)?;
-            a.batch(3, |batch| {
-                let invalid = batch.submit([
-                    Request::read(&seg, r.addr(), &mut x),
-                    Request::read(&seg, r.addr() + 4000, &mut y1),
-                    Request::read(&seg, r.addr() + 2048, &mut y2),
-                ])?;
-                assert_eq!(invalid, 1);
-                batch.wait(Some(Duration::from_secs(30)))?;
-                let st = batch.statuses()?;
-                assert_eq!(st[0].state, TaskState::Completed);
-                assert_eq!((st[1].state, st[1].error), (TaskState::Invalid, code::ADDRESS));
-                assert_eq!(st[1].result().unwrap_err().code(), code::ADDRESS);
-                assert_eq!(st[2].state, TaskState::Completed);
-                assert_eq!(batch.summary()?.state, TaskState::Invalid);
-                Ok::<_, Error>(())
-            })?;
-            assert_eq!(&x[..], &pattern(4096, 1)[..]);
-            assert_eq!(&y2[..], &pattern(4096, 1)[2048..]);
+        // In one batch: the bad request becomes INVALID, the rest run.
+        let (mut x, mut y) = l.local().split_at(4096)?;
+        let (mut y1, mut y2) = y.reborrow().split_at(2048)?;
+        a.batch(3, |batch| {
+            let invalid = batch.submit([
+                Request::read(&seg, r.addr(), &mut x),
+                Request::read(&seg, r.addr() + 4000, &mut y1),
+                Request::read(&seg, r.addr() + 2048, &mut y2),
+            ])?;
+            assert_eq!(invalid, 1);
+            batch.wait(Some(Duration::from_secs(30)))?;
+            let st = batch.statuses()?;
+            assert_eq!(st[0].state, TaskState::Completed);
+            assert_eq!((st[1].state, st[1].error), (TaskState::Invalid, code::ADDRESS));
+            assert_eq!(st[1].result().unwrap_err().code(), code::ADDRESS);
+            assert_eq!(st[2].state, TaskState::Completed);
+            assert_eq!(batch.summary()?.state, TaskState::Invalid);
             Ok::<_, Error>(())
-        })
+        })?;
+        assert_eq!(&x[..], &pattern(4096, 1)[..]);
+        assert_eq!(&y2[..], &pattern(4096, 1)[2048..]);
+        Ok(())
     })
     .unwrap();
 }
@@ -107,29 +104,26 @@ fn ranges_that_do_not_fit() {
 #[test]
 fn closed_segment() {
     capture_log();
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     let mut remote = vec![7u8; 4096];
     let mut local = vec![0u8; 4096];
-    b.register(&mut remote, "cpu:0", true, |r| {
-        a.register(&mut local, "cpu:0", false, |l| {
-            let seg = a.open_segment(b.name())?;
-            let id = seg.id();
-            a.read(id, r.addr(), l.local())?;
-            assert_eq!(l[100], 7);
-            seg.close()?;
-            let e = a.read(id, r.addr(), l.local()).unwrap_err();
-            assert_eq!(e.code(), code::SEGMENT, "{}", e);
-            assert_eq!(a.segment_buffers(id).unwrap_err().code(), code::SEGMENT);
-            assert_eq!(a.notify(id, "x").unwrap_err().code(), code::SEGMENT);
-            assert_eq!(a.find_segment(b.name()).unwrap_err().code(), code::ENOENT);
-            // Opening again gives a new id; the old one stays dead.
-            let again = a.open_segment(b.name())?;
-            assert_ne!(again.id(), id);
-            assert_eq!(a.read(id, r.addr(), l.local()).unwrap_err().code(), code::SEGMENT);
-            a.read(&again, r.addr(), l.local())?;
-            Ok::<_, Error>(())
-        })
+    with_buffers(&b, &mut remote, &a, &mut local, |r, l| {
+        let seg = a.open_segment(b.name())?;
+        let id = seg.id();
+        a.read(id, r.addr(), l.local())?;
+        assert_eq!(l[100], 7);
+        seg.close()?;
+        let e = a.read(id, r.addr(), l.local()).unwrap_err();
+        assert_eq!(e.code(), code::SEGMENT, "{}", e);
+        assert_eq!(a.segment_buffers(id).unwrap_err().code(), code::SEGMENT);
+        assert_eq!(a.notify(id, "x").unwrap_err().code(), code::SEGMENT);
+        assert_eq!(a.find_segment(b.name()).unwrap_err().code(), code::ENOENT);
+        // Opening again gives a new id; the old one stays dead.
+        let again = a.open_segment(b.name())?;
+        assert_ne!(again.id(), id);
+        assert_eq!(a.read(id, r.addr(), l.local()).unwrap_err().code(), code::SEGMENT);
+        a.read(&again, r.addr(), l.local())?;
+        Ok(())
     })
     .unwrap();
 }

@@ -2,15 +2,14 @@
 //! TCP: the totals per operation, the JSON document and the Prometheus text.
 mod common;
 
-use common::{pattern, tcp_engine};
+use common::{pattern, tcp_pair};
 use libte::{code, Engine, Error, OpTotals};
 
 const CHUNK: usize = 64 << 10;
 
 #[test]
 fn counts_transfers_per_operation() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     let mut shared = pattern(4 * CHUNK, 1);
     let mut local = vec![0u8; 4 * CHUNK];
     b.register(&mut shared, "cpu:0", true, |b_reg| {

@@ -3,7 +3,7 @@
 //! segments and notifications.
 mod common;
 
-use common::{assert_same, pattern, tcp_engine};
+use common::{assert_same, pattern, tcp_engine, tcp_pair, with_buffers};
 use libte::{Engine, Error, Request, SegmentId, SharedMemory, TaskState};
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,7 @@ fn pieces() -> Vec<(usize, usize)> {
 
 #[test]
 fn both_ways_every_byte() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     assert_ne!(a.name(), b.name());
     let a_orig = pattern(N, 1);
     let b_orig = pattern(N, 2);
@@ -80,147 +79,140 @@ fn both_ways_every_byte() {
 
 #[test]
 fn one_batch_many_requests_with_statuses() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     const BLOCK: usize = 8192;
     const BLOCKS: usize = 64;
     let remote_orig = pattern(BLOCK * BLOCKS, 11);
     let mut remote = remote_orig.clone();
     let mut local = pattern(BLOCK * BLOCKS, 12);
     let local_orig = local.clone();
-    b.register(&mut remote, "cpu:0", true, |rreg| {
+    with_buffers(&b, &mut remote, &a, &mut local, |rreg, lreg| {
         let raddr = rreg.addr();
         let seg = a.open_segment(b.name())?;
-        a.register(&mut local, "cpu:0", false, |lreg| {
-            // Even blocks are read from b, odd blocks written to b, in one batch.
-            let mut blocks = lreg.local().chunks(BLOCK)?;
-            a.batch(BLOCKS, |batch| {
-                let reqs: Vec<Request<'_>> = blocks
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, l)| {
-                        let at = raddr + (i * BLOCK) as u64;
-                        if i % 2 == 0 {
-                            Request::read(&seg, at, l)
-                        } else {
-                            Request::write(&seg, at, &*l)
-                        }
-                    })
-                    .collect();
-                assert_eq!(reqs.len(), BLOCKS);
-                assert_eq!(batch.submit(reqs)?, 0);
-                batch.wait(Some(Duration::from_secs(60)))?;
-                let sum = batch.summary()?;
-                assert_eq!((sum.submitted, sum.in_flight, sum.state), (BLOCKS, 0, TaskState::Completed));
-                for (i, st) in batch.statuses()?.iter().enumerate() {
-                    assert_eq!(st.state, TaskState::Completed, "task {}", i);
-                    assert_eq!((st.error, st.transferred), (0, BLOCK as u64), "task {}", i);
-                    assert_eq!(st.result()?, BLOCK as u64);
-                }
-                Ok::<_, Error>(())
-            })?;
-            for (i, l) in blocks.iter().enumerate() {
-                let r = i * BLOCK..(i + 1) * BLOCK;
-                if i % 2 == 0 {
-                    assert_same(l, &remote_orig[r], &format!("block {} read", i));
-                } else {
-                    assert_same(l, &local_orig[r], &format!("block {} kept", i));
-                }
+        // Even blocks are read from b, odd blocks written to b, in one batch.
+        let mut blocks = lreg.local().chunks(BLOCK)?;
+        a.batch(BLOCKS, |batch| {
+            let reqs: Vec<Request<'_>> = blocks
+                .iter_mut()
+                .enumerate()
+                .map(|(i, l)| {
+                    let at = raddr + (i * BLOCK) as u64;
+                    if i % 2 == 0 {
+                        Request::read(&seg, at, l)
+                    } else {
+                        Request::write(&seg, at, &*l)
+                    }
+                })
+                .collect();
+            assert_eq!(reqs.len(), BLOCKS);
+            assert_eq!(batch.submit(reqs)?, 0);
+            batch.wait(Some(Duration::from_secs(60)))?;
+            let sum = batch.summary()?;
+            assert_eq!((sum.submitted, sum.in_flight, sum.state), (BLOCKS, 0, TaskState::Completed));
+            for (i, st) in batch.statuses()?.iter().enumerate() {
+                assert_eq!(st.state, TaskState::Completed, "task {}", i);
+                assert_eq!((st.error, st.transferred), (0, BLOCK as u64), "task {}", i);
+                assert_eq!(st.result()?, BLOCK as u64);
             }
             Ok::<_, Error>(())
         })?;
+        for (i, l) in blocks.iter().enumerate() {
+            let r = i * BLOCK..(i + 1) * BLOCK;
+            if i % 2 == 0 {
+                assert_same(l, &remote_orig[r], &format!("block {} read", i));
+            } else {
+                assert_same(l, &local_orig[r], &format!("block {} kept", i));
+            }
+        }
         for i in 0..BLOCKS {
             let r = i * BLOCK..(i + 1) * BLOCK;
             let want = if i % 2 == 0 { &remote_orig[r.clone()] } else { &local_orig[r.clone()] };
             assert_same(&rreg[r], want, &format!("remote block {}", i));
         }
-        Ok::<_, Error>(())
+        Ok(())
     })
     .unwrap();
 }
 
 #[test]
 fn threads_share_an_engine_and_a_batch() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     const THREADS: usize = 4;
     const PER: usize = 8; // blocks per thread
     const BLOCK: usize = 16384;
     const ROUNDS: u64 = 10;
     let mut remote = vec![0u8; THREADS * PER * BLOCK];
     let mut local = vec![0u8; THREADS * PER * BLOCK];
-    b.register(&mut remote, "cpu:0", true, |rreg| {
+    with_buffers(&b, &mut remote, &a, &mut local, |rreg, lreg| {
         let raddr = rreg.addr();
         let seg = a.open_segment(b.name())?;
         let seg_id = seg.id();
-        a.register(&mut local, "cpu:0", false, |lreg| {
-            let mut blocks = lreg.local().chunks(BLOCK)?;
+        let mut blocks = lreg.local().chunks(BLOCK)?;
 
-            // Each thread its own blocks and batches: write a pattern, read it
-            // back over zeros, compare; rounds with fresh patterns.
-            std::thread::scope(|s| {
-                let mut joins = Vec::new();
-                for (t, mine) in blocks.chunks_mut(PER).enumerate() {
-                    let a = &a;
-                    joins.push(s.spawn(move || -> Result<(), Error> {
-                        for round in 0..ROUNDS {
-                            let seed = (t as u64) << 32 | round;
-                            for (k, l) in mine.iter_mut().enumerate() {
-                                l.copy_from_slice(&pattern(BLOCK, seed + k as u64 * 1000));
-                            }
-                            let at = |k: usize| raddr + ((t * PER + k) * BLOCK) as u64;
-                            a.transfer(mine.iter().enumerate().map(|(k, l)| Request::write(seg_id, at(k), l)))?;
-                            for l in mine.iter_mut() {
-                                l.fill(0);
-                            }
-                            a.transfer(mine.iter_mut().enumerate().map(|(k, l)| Request::read(seg_id, at(k), l)))?;
-                            for (k, l) in mine.iter().enumerate() {
-                                assert_same(l, &pattern(BLOCK, seed + k as u64 * 1000), "thread round trip");
-                            }
+        // Each thread its own blocks and batches: write a pattern, read it
+        // back over zeros, compare; rounds with fresh patterns.
+        std::thread::scope(|s| {
+            let mut joins = Vec::new();
+            for (t, mine) in blocks.chunks_mut(PER).enumerate() {
+                let a = &a;
+                joins.push(s.spawn(move || -> Result<(), Error> {
+                    for round in 0..ROUNDS {
+                        let seed = (t as u64) << 32 | round;
+                        for (k, l) in mine.iter_mut().enumerate() {
+                            l.copy_from_slice(&pattern(BLOCK, seed + k as u64 * 1000));
                         }
-                        Ok(())
-                    }));
-                }
-                for j in joins {
-                    j.join().expect("worker panicked")?;
-                }
-                Ok::<_, Error>(())
-            })?;
-
-            // One batch, submitted to from every thread at once, waited on by
-            // two of them.
-            for (i, l) in blocks.iter_mut().enumerate() {
-                l.fill(0xee ^ i as u8);
+                        let at = |k: usize| raddr + ((t * PER + k) * BLOCK) as u64;
+                        a.transfer(mine.iter().enumerate().map(|(k, l)| Request::write(seg_id, at(k), l)))?;
+                        for l in mine.iter_mut() {
+                            l.fill(0);
+                        }
+                        a.transfer(mine.iter_mut().enumerate().map(|(k, l)| Request::read(seg_id, at(k), l)))?;
+                        for (k, l) in mine.iter().enumerate() {
+                            assert_same(l, &pattern(BLOCK, seed + k as u64 * 1000), "thread round trip");
+                        }
+                    }
+                    Ok(())
+                }));
             }
-            let before = Instant::now();
-            a.batch(THREADS * PER, |batch| {
-                std::thread::scope(|s| {
-                    for (t, mine) in blocks.chunks_mut(PER).enumerate() {
-                        s.spawn(move || {
-                            let reqs = mine
-                                .iter_mut()
-                                .enumerate()
-                                .map(|(k, l)| Request::read(seg_id, raddr + ((t * PER + k) * BLOCK) as u64, l));
-                            assert_eq!(batch.submit(reqs).expect("submit from a thread"), 0);
-                        });
-                    }
-                });
-                std::thread::scope(|s| {
-                    for _ in 0..2 {
-                        s.spawn(|| batch.wait(Some(Duration::from_secs(60))).expect("wait from a thread"));
-                    }
-                });
-                let sum = batch.summary()?;
-                assert_eq!((sum.submitted, sum.in_flight, sum.state), (THREADS * PER, 0, TaskState::Completed));
-                Ok::<_, Error>(())
-            })?;
-            assert!(before.elapsed() < Duration::from_secs(60));
-            let r = rreg.as_slice();
-            for (i, l) in blocks.iter().enumerate() {
-                assert_same(l, &r[i * BLOCK..(i + 1) * BLOCK], &format!("shared batch block {}", i));
+            for j in joins {
+                j.join().expect("worker panicked")?;
             }
             Ok::<_, Error>(())
-        })
+        })?;
+
+        // One batch, submitted to from every thread at once, waited on by
+        // two of them.
+        for (i, l) in blocks.iter_mut().enumerate() {
+            l.fill(0xee ^ i as u8);
+        }
+        let before = Instant::now();
+        a.batch(THREADS * PER, |batch| {
+            std::thread::scope(|s| {
+                for (t, mine) in blocks.chunks_mut(PER).enumerate() {
+                    s.spawn(move || {
+                        let reqs = mine
+                            .iter_mut()
+                            .enumerate()
+                            .map(|(k, l)| Request::read(seg_id, raddr + ((t * PER + k) * BLOCK) as u64, l));
+                        assert_eq!(batch.submit(reqs).expect("submit from a thread"), 0);
+                    });
+                }
+            });
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| batch.wait(Some(Duration::from_secs(60))).expect("wait from a thread"));
+                }
+            });
+            let sum = batch.summary()?;
+            assert_eq!((sum.submitted, sum.in_flight, sum.state), (THREADS * PER, 0, TaskState::Completed));
+            Ok::<_, Error>(())
+        })?;
+        assert!(before.elapsed() < Duration::from_secs(60));
+        let r = rreg.as_slice();
+        for (i, l) in blocks.iter().enumerate() {
+            assert_same(l, &r[i * BLOCK..(i + 1) * BLOCK], &format!("shared batch block {}", i));
+        }
+        Ok(())
     })
     .unwrap();
 }
@@ -251,8 +243,7 @@ fn local_segment_moves_within_the_engine() {
 
 #[test]
 fn segments_by_name() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     let port = b.rpc_port();
     assert!(port > 0);
     assert!(b.name().ends_with(&format!(":{}", port)), "name {} port {}", b.name(), port);
@@ -282,8 +273,7 @@ fn segments_by_name() {
 
 #[test]
 fn notifications_both_ways() {
-    let a = tcp_engine();
-    let b = tcp_engine();
+    let (a, b) = tcp_pair();
     let seg_b = a.open_segment(b.name()).unwrap();
     let seg_a = b.open_segment(a.name()).unwrap();
     assert!(b.notifications().unwrap().is_empty());
@@ -299,22 +289,20 @@ fn notifications_both_ways() {
     let mut remote = pattern(65536, 5);
     let want = remote.clone();
     let mut local = vec![0u8; 65536];
-    a.register(&mut remote, "cpu:0", true, |r| {
-        b.register(&mut local, "cpu:0", false, |l| {
-            let mut whole = l.local();
-            b.batch(1, |batch| {
-                batch.submit([Request::read(&seg_a, r.addr(), &mut whole)])?;
-                batch.notify(&seg_a, "done")?;
-                batch.wait(Some(Duration::from_secs(30)))
-            })?;
-            b.batch(1, |batch| {
-                batch.submit([Request::read(&seg_a, r.addr(), &mut whole)])?;
-                batch.notify_as(&seg_a, "bee", "done too")?;
-                batch.wait(Some(Duration::from_secs(30)))
-            })?;
-            assert_same(&whole, &want, "read before notifying");
-            Ok::<_, Error>(())
-        })
+    with_buffers(&a, &mut remote, &b, &mut local, |r, l| {
+        let mut whole = l.local();
+        b.batch(1, |batch| {
+            batch.submit([Request::read(&seg_a, r.addr(), &mut whole)])?;
+            batch.notify(&seg_a, "done")?;
+            batch.wait(Some(Duration::from_secs(30)))
+        })?;
+        b.batch(1, |batch| {
+            batch.submit([Request::read(&seg_a, r.addr(), &mut whole)])?;
+            batch.notify_as(&seg_a, "bee", "done too")?;
+            batch.wait(Some(Duration::from_secs(30)))
+        })?;
+        assert_same(&whole, &want, "read before notifying");
+        Ok(())
     })
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -353,24 +341,22 @@ fn shared_memory_with_the_best_transports() {
     let orig = pattern(300_001, 31);
     theirs.copy_from_slice(&orig);
     let fresh = pattern(300_001, 32);
-    b.register(&mut theirs, "cpu:0", true, |t| {
-        a.register(&mut mine, "cpu:0", false, |m| {
-            let seg = a.open_segment(b.name())?;
-            let served_by = seg.transport().expect("an open segment has a transport");
-            assert_eq!(served_by, if shm_loaded { "shm" } else { "tcp" });
-            assert_eq!(a.local_segment().transport().as_deref(), Some("local"));
-            a.read(&seg, t.addr(), m.local())?;
-            assert_same(m, &orig, "read over the best transport");
-            m.copy_from_slice(&fresh);
-            a.write(&seg, t.addr() + 1, m.range(1, 300_000)?)?;
-            assert_same(&t[1..], &fresh[1..], "write over the best transport");
-            assert_eq!(t[0], orig[0]);
-            let id = seg.id();
-            seg.close()?;
-            assert_eq!(a.find_segment(b.name()).unwrap_err().code(), libte::code::ENOENT);
-            assert_eq!(a.read(id, t.addr(), m.local()).unwrap_err().code(), libte::code::SEGMENT);
-            Ok::<_, Error>(())
-        })
+    with_buffers(&b, &mut theirs, &a, &mut mine, |t, m| {
+        let seg = a.open_segment(b.name())?;
+        let served_by = seg.transport().expect("an open segment has a transport");
+        assert_eq!(served_by, if shm_loaded { "shm" } else { "tcp" });
+        assert_eq!(a.local_segment().transport().as_deref(), Some("local"));
+        a.read(&seg, t.addr(), m.local())?;
+        assert_same(m, &orig, "read over the best transport");
+        m.copy_from_slice(&fresh);
+        a.write(&seg, t.addr() + 1, m.range(1, 300_000)?)?;
+        assert_same(&t[1..], &fresh[1..], "write over the best transport");
+        assert_eq!(t[0], orig[0]);
+        let id = seg.id();
+        seg.close()?;
+        assert_eq!(a.find_segment(b.name()).unwrap_err().code(), libte::code::ENOENT);
+        assert_eq!(a.read(id, t.addr(), m.local()).unwrap_err().code(), libte::code::SEGMENT);
+        Ok(())
     })
     .unwrap();
     assert_same(&theirs[1..], &fresh[1..], "after unregistering");

@@ -58,52 +58,56 @@ impl Default for Flags {
     }
 }
 
+/// A flag's kind, with the field of [`Flags`] it sets.
 pub(crate) enum Kind {
-    Str,
-    Num(u64, u64),
-    Bool,
+    Str(fn(&mut Flags) -> &mut String),
+    /// A string that has no default.
+    OptStr(fn(&mut Flags) -> &mut Option<String>),
+    /// A size or count in [min, max].
+    Num(u64, u64, fn(&mut Flags) -> &mut u64),
+    Bool(fn(&mut Flags) -> &mut bool),
 }
 
 pub(crate) const DEFS: &[(&str, Kind, &str)] = &[
-    ("mode", Kind::Str, "loopback | target | initiator (default: loopback; initiator when --segment_id is set)"),
+    ("mode", Kind::OptStr(|f| &mut f.mode), "loopback | target | initiator (default: loopback; initiator when --segment_id is set)"),
     (
         "metadata_server",
-        Kind::Str,
+        Kind::Str(|f| &mut f.metadata_server),
         "P2PHANDSHAKE, etcd://h:p[,h:p], h:p (etcd), redis://h:p or http://h:p/path (default P2PHANDSHAKE)",
     ),
-    ("local_server_name", Kind::Str, "this engine's segment name (default: 127.0.0.1 in loopback mode, else the host name)"),
-    ("segment_id", Kind::Str, "the target's segment name, e.g. 10.0.0.1:15123 or nvmeof/disk0 (initiator mode)"),
+    ("local_server_name", Kind::OptStr(|f| &mut f.local_server_name), "this engine's segment name (default: 127.0.0.1 in loopback mode, else the host name)"),
+    ("segment_id", Kind::OptStr(|f| &mut f.segment_id), "the target's segment name, e.g. 10.0.0.1:15123 or nvmeof/disk0 (initiator mode)"),
     (
         "protocol",
-        Kind::Str,
+        Kind::Str(|f| &mut f.protocol),
         "transport to install: auto (the best network transport, and shm for engines on this host), \
          tcp, shm, rdma, nvmeof, ... (default auto)",
     ),
     (
         "memory",
-        Kind::Str,
+        Kind::Str(|f| &mut f.memory),
         "libte (te_mem_alloc: shared memory a same-host peer maps) or anonymous (mmap) (default libte)",
     ),
-    ("device_name", Kind::Str, "RDMA devices, comma-separated (protocol rdma)"),
-    ("nic_priority_matrix", Kind::Str, "file with an RDMA NIC priority matrix (JSON); overrides --device_name"),
-    ("auto_discovery", Kind::Bool, "the same as --protocol=auto"),
-    ("operation", Kind::Str, "read | write (default read)"),
-    ("batch_size", Kind::Num(1, 1 << 20), "requests per batch (default 128)"),
-    ("block_size", Kind::Num(1, 1 << 36), "bytes per request (default 65536)"),
+    ("device_name", Kind::Str(|f| &mut f.device_name), "RDMA devices, comma-separated (protocol rdma)"),
+    ("nic_priority_matrix", Kind::Str(|f| &mut f.nic_priority_matrix), "file with an RDMA NIC priority matrix (JSON); overrides --device_name"),
+    ("auto_discovery", Kind::Bool(|f| &mut f.auto_discovery), "the same as --protocol=auto"),
+    ("operation", Kind::Str(|f| &mut f.operation), "read | write (default read)"),
+    ("batch_size", Kind::Num(1, 1 << 20, |f| &mut f.batch_size), "requests per batch (default 128)"),
+    ("block_size", Kind::Num(1, 1 << 36, |f| &mut f.block_size), "bytes per request (default 65536)"),
     (
         "buffer_size",
-        Kind::Num(1, 1 << 40),
+        Kind::Num(1, 1 << 40, |f| &mut f.buffer_size),
         "bytes registered on each side (default 1 GiB, raised to block_size*batch_size*threads)",
     ),
-    ("duration", Kind::Num(1, 86400), "seconds to run (default 10)"),
-    ("threads", Kind::Num(1, 1024), "submitting threads (default 1)"),
-    ("report_unit", Kind::Str, "GB | GiB | Gb | MB | MiB | Mb | KB | KiB | Kb (default GB)"),
-    ("report_precision", Kind::Num(0, 9), "digits after the point (default 2)"),
-    ("check", Kind::Bool, "write a pattern, read it back and compare every byte; fail loudly on a mismatch"),
-    ("json", Kind::Bool, "print the result as one JSON object on stdout"),
-    ("quiet", Kind::Bool, "no progress line on stderr every second"),
-    ("verbose", Kind::Bool, "show libte's log (level info) on stderr"),
-    ("help", Kind::Bool, "this text"),
+    ("duration", Kind::Num(1, 86400, |f| &mut f.duration), "seconds to run (default 10)"),
+    ("threads", Kind::Num(1, 1024, |f| &mut f.threads), "submitting threads (default 1)"),
+    ("report_unit", Kind::Str(|f| &mut f.report_unit), "GB | GiB | Gb | MB | MiB | Mb | KB | KiB | Kb (default GB)"),
+    ("report_precision", Kind::Num(0, 9, |f| &mut f.report_precision), "digits after the point (default 2)"),
+    ("check", Kind::Bool(|f| &mut f.check), "write a pattern, read it back and compare every byte; fail loudly on a mismatch"),
+    ("json", Kind::Bool(|f| &mut f.json), "print the result as one JSON object on stdout"),
+    ("quiet", Kind::Bool(|f| &mut f.quiet), "no progress line on stderr every second"),
+    ("verbose", Kind::Bool(|f| &mut f.verbose), "show libte's log (level info) on stderr"),
+    ("help", Kind::Bool(|f| &mut f.help), "this text"),
 ];
 
 pub(crate) fn usage() {
@@ -191,7 +195,7 @@ pub(crate) fn parse_flags(args: &[String]) -> Result<Flags, Fail> {
         let def = DEFS.iter().find(|d| d.0 == name).or_else(|| {
             if value.is_none() {
                 let base = name.strip_prefix("no")?;
-                let d = DEFS.iter().find(|d| d.0 == base && matches!(d.1, Kind::Bool))?;
+                let d = DEFS.iter().find(|d| d.0 == base && matches!(d.1, Kind::Bool(_)))?;
                 negated = true;
                 Some(d)
             } else {
@@ -204,22 +208,14 @@ pub(crate) fn parse_flags(args: &[String]) -> Result<Flags, Fail> {
             (None, _) => return fail(format!("unknown flag '{}' (see --help)", arg)),
         };
         let key = def.0;
-        if let Kind::Bool = def.1 {
-            let b = match value {
+        if let Kind::Bool(field) = def.1 {
+            *field(&mut f) = match value {
                 None => !negated,
                 Some(v) => match parse_bool(v) {
                     Some(b) => b,
                     None => return fail(format!("--{} wants true or false, not '{}'", key, v)),
                 },
             };
-            match key {
-                "auto_discovery" => f.auto_discovery = b,
-                "check" => f.check = b,
-                "json" => f.json = b,
-                "quiet" => f.quiet = b,
-                "verbose" => f.verbose = b,
-                _ => f.help = b,
-            }
             i += 1;
             continue;
         }
@@ -234,32 +230,15 @@ pub(crate) fn parse_flags(args: &[String]) -> Result<Flags, Fail> {
             }
         };
         match def.1 {
-            Kind::Num(min, max) => {
-                let n = match parse_size(&v) {
+            Kind::Num(min, max, field) => {
+                *field(&mut f) = match parse_size(&v) {
                     Some(n) if n >= min && n <= max => n,
                     _ => return fail(format!("--{}={} is not a number in [{}, {}]", key, v, min, max)),
-                };
-                match key {
-                    "batch_size" => f.batch_size = n,
-                    "block_size" => f.block_size = n,
-                    "buffer_size" => f.buffer_size = n,
-                    "duration" => f.duration = n,
-                    "threads" => f.threads = n,
-                    _ => f.report_precision = n,
                 }
             }
-            _ => match key {
-                "mode" => f.mode = Some(v),
-                "metadata_server" => f.metadata_server = v,
-                "local_server_name" => f.local_server_name = Some(v),
-                "segment_id" => f.segment_id = Some(v),
-                "protocol" => f.protocol = v,
-                "memory" => f.memory = v,
-                "device_name" => f.device_name = v,
-                "nic_priority_matrix" => f.nic_priority_matrix = v,
-                "operation" => f.operation = v,
-                _ => f.report_unit = v,
-            },
+            Kind::Str(field) => *field(&mut f) = v,
+            Kind::OptStr(field) => *field(&mut f) = Some(v),
+            Kind::Bool(_) => unreachable!("booleans take no separate value"),
         }
         i += 1;
     }

@@ -1,8 +1,9 @@
 //! Shared by the integration tests: engines over TCP on 127.0.0.1 with
-//! P2PHANDSHAKE, byte patterns to check transfers with, and the controls of
-//! the hold test transports.
+//! P2PHANDSHAKE, a peer's buffer and a local one registered together, byte
+//! patterns to check transfers with, and the controls of the hold test
+//! transports.
 #![allow(dead_code)]
-use libte::Engine;
+use libte::{Engine, Error, Registration};
 use std::ffi::CString;
 use std::os::raw::{c_char, c_int, c_void};
 
@@ -10,6 +11,23 @@ use std::os::raw::{c_char, c_int, c_void};
 pub fn tcp_engine() -> Engine {
     Engine::new("P2PHANDSHAKE", Some("127.0.0.1"), &[("transports", "tcp")])
         .unwrap_or_else(|e| panic!("cannot start an engine with the TCP transport: {}", e))
+}
+
+/// Two such engines: an initiator and its peer.
+pub fn tcp_pair() -> (Engine, Engine) {
+    (tcp_engine(), tcp_engine())
+}
+
+/// `remote` registered on `target` for peers and `local` on `initiator`
+/// (both on cpu:0) while `f` runs with the two registrations, in that order.
+pub fn with_buffers<T>(
+    target: &Engine,
+    remote: &mut [u8],
+    initiator: &Engine,
+    local: &mut [u8],
+    f: impl FnOnce(&mut Registration<'_, '_>, &mut Registration<'_, '_>) -> Result<T, Error>,
+) -> Result<T, Error> {
+    target.register(remote, "cpu:0", true, |r| initiator.register(local, "cpu:0", false, |l| f(r, l)))
 }
 
 /// Bytes that differ from position to position and from seed to seed, so

@@ -163,6 +163,17 @@ typedef struct te_plugin_desc {
 
 typedef const te_plugin_desc *(*te_plugin_entry_fn)(void);
 
+/* A plugin kind's name (te_plugin_desc.kind, te_plugin_info.kind):
+ * "transport", "metadata", "device", "exporter", or "unknown". */
+static inline const char *te_plugin_kind_name(int kind)
+{
+	return kind == TE_KIND_TRANSPORT  ? "transport"
+	       : kind == TE_KIND_METADATA ? "metadata"
+	       : kind == TE_KIND_DEVICE   ? "device"
+	       : kind == TE_KIND_EXPORTER ? "exporter"
+					  : "unknown";
+}
+
 #define TE_PLUGIN_DEFINE(kind_, name_, version_, description_, license_, ops_)   \
 	__attribute__((visibility("default"))) const te_plugin_desc *te_plugin_entry(void); \
 	const te_plugin_desc *te_plugin_entry(void)                                 \

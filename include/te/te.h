@@ -591,17 +591,6 @@ enum te_plugin_kind_id {
 	TE_KIND_EXPORTER = 4, /* since API 1.3, plugin ABI 1.6: serves the metrics (TE_METRICS_ADDR) */
 };
 
-/* A plugin kind's name: "transport", "metadata", "device", "exporter", or
- * "unknown" for another value. */
-static inline const char *te_plugin_kind_name(int kind)
-{
-	return kind == TE_KIND_TRANSPORT  ? "transport"
-	       : kind == TE_KIND_METADATA ? "metadata"
-	       : kind == TE_KIND_DEVICE   ? "device"
-	       : kind == TE_KIND_EXPORTER ? "exporter"
-					  : "unknown";
-}
-
 /* What the loader found. Versioned by `size`: read fields only when
  * `size > offsetof(te_plugin_info, field)`. */
 typedef struct te_plugin_info {

@@ -181,14 +181,16 @@ transport_failover() {
 	secs=$(grep -c '^\[ *[0-9]* s\]' "$scratch/failover.log")
 	echo "te-bench exit $rc; $secs seconds reported, without a request: $1 before the move to TCP, $2 over TCP, $3 after; $((d2 - d1)) RDMA packets after the links came back"
 	grep 'its tasks go over tcp' "$scratch/failover.log" | head -n 2
-	# While TCP carries the tasks every second has requests. Before the move,
-	# the initiator learns that the links are gone only when its queue pairs
-	# give up on their retransmissions, which took up to 2.5 s once in a guest
-	# sharing its host (two seconds without requests; under 1 s on a quiet
-	# one). After RDMA takes the tasks back, Soft-RoCE's first requests on a
-	# rebuilt path may wait for a retransmission (a p99 of ~1 s once, the
-	# second right after "back on transport rdma"): one second is let pass.
-	[ $rc = 0 ] && [ "$1" -le 2 ] && [ "$2" = 0 ] && [ "$3" -le 1 ] && [ "$secs" -ge 8 ] &&
+	# While TCP carries the tasks, at most one second passes without requests:
+	# a task that probes RDMA again holds its batch until the path fails
+	# again (1-2 s under TCG). Before the move, the initiator learns that the
+	# links are gone only when its queue pairs give up on their
+	# retransmissions (up to 2.5 s once with the guest on a loaded host).
+	# After RDMA takes the tasks back, Soft-RoCE's first requests on a rebuilt
+	# path may wait for a retransmission (a p99 of ~1 s once). At most four
+	# such seconds in all (of 16; a guest on a loaded host also stalls now and
+	# then): a run in which TCP did not carry the tasks has many more.
+	[ $rc = 0 ] && [ "$2" -le 1 ] && [ $(($1 + $2 + $3)) -le 4 ] && [ "$secs" -ge 8 ] &&
 		[ $((d2 - d1)) -gt 1000 ] &&
 		grep -q 'its tasks go over tcp' "$scratch/failover.log"
 }

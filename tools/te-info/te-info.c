@@ -10,7 +10,7 @@
 #include <dirent.h>
 
 #include <te/te.h>
-#include <te/te-plugin.h> /* TE_PLUGIN_ABI_*: the plugin ABI this libte hosts */
+#include <te/te-plugin.h> /* TE_PLUGIN_ABI_*: the plugin ABI this libte hosts; te_plugin_kind_name() */
 
 static void print_dir(const char *dir, int exists, void *user)
 {

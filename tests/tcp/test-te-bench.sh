@@ -139,6 +139,11 @@ fi
 
 # --- --check catches a transport that corrupts data --------------------------------
 run flip 2 --protocol=flip --check --duration=2 --quiet && one_line_error "--check fails loudly" "DATA MISMATCH"
+# A WRITE's mismatch is read once more: the flipped bit stays at the target, or
+# the read-back was the one flipped; either way the line says which.
+run flip-write 2 --protocol=flip --operation=write --check --duration=2 --quiet &&
+	one_line_error "--check reads a mismatched block again" \
+		"DATA MISMATCH after WRITE: .*; read again: \(as expected (the first read missed the bytes)\|still different (the target holds other bytes)\)$"
 run flip-unchecked 0 --protocol=flip --duration=1 --quiet && ok "without --check the corruption goes unseen"
 
 # --- --pattern=kv: a request's scattered KV-cache blocks, one batch per request ------

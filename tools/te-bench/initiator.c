@@ -166,6 +166,33 @@ static bool one_batch(worker *w, te_request *reqs, uint32_t op, unsigned char *l
 	return true;
 }
 
+/* After a mismatch: the block read once more, into a buffer filled with
+ * another byte. Tells a read-back that missed the bytes from a target that
+ * holds others (they did not land, or older ones landed over them). */
+static const char *read_again(worker *w, const te_request *req, uint64_t off)
+{
+	te_request r = *req;
+	te_task_status st = { 0 };
+	te_batch_id b;
+
+	r.opcode = TE_OP_READ;
+	r.local = R.local + off;
+	local_set(w, R.local + off, 0x5a, F.block_size);
+	if (te_batch_alloc(R.e, 1, &b) < 0)
+		return "";
+	int rc = te_submit(R.e, b, &r, 1);
+	if (rc == 0 && te_batch_wait(R.e, b, WAIT_MS) < 0)
+		return "; read again: no answer"; /* the batch stays: its task runs */
+	if (rc == 0)
+		rc = te_get_status(R.e, b, 0, &st);
+	te_batch_free(R.e, b);
+	if (rc < 0 || st.state != TE_TASK_COMPLETED)
+		return "; read again: the read failed";
+	return memcmp(local_get(w, R.local + off, F.block_size), R.verify + off, F.block_size) == 0
+		       ? "; read again: as expected (the first read missed the bytes)"
+		       : "; read again: still different (the target holds other bytes)";
+}
+
 static bool compare(worker *w, uint64_t iter, const te_request *reqs, uint32_t op)
 {
 	for (uint64_t i = 0; i < F.batch_size; i++) {
@@ -176,10 +203,11 @@ static bool compare(worker *w, uint64_t iter, const te_request *reqs, uint32_t o
 		uint64_t k = 0;
 		while (got[k] == want[k])
 			k++;
+		unsigned g = got[k], x = want[k];
 		fail_run(2, "DATA MISMATCH after %s: thread %u, batch %" PRIu64 ", block %" PRIu64
-			 " (remote 0x%" PRIx64 "), byte %" PRIu64 ": got 0x%02x, want 0x%02x",
-			 op == TE_OP_READ ? "READ" : "WRITE", w->id, iter, i, reqs[i].remote, k, got[k],
-			 want[k]);
+			 " (remote 0x%" PRIx64 "), byte %" PRIu64 ": got 0x%02x, want 0x%02x%s",
+			 op == TE_OP_READ ? "READ" : "WRITE", w->id, iter, i, reqs[i].remote, k, g, x,
+			 read_again(w, &reqs[i], off));
 		return false;
 	}
 	return true;

@@ -270,6 +270,24 @@ static int jint(jcur *c, uint64_t *v)
 	return neg && x != 0 ? -1 : 1;
 }
 
+/* Past an element of an array or a member of an object: its comma, if any,
+ * and the blanks around it. The text passed the check: no other byte can
+ * stand there. */
+static void jnext(jcur *c)
+{
+	jws(c);
+	if (jch(c) == ',')
+		c->p++;
+	jws(c);
+}
+
+/* Past the bracket that closes an array or an object. */
+static void jclose(jcur *c)
+{
+	if (c->p < c->end)
+		c->p++;
+}
+
 /* The number of elements of an array value, or -1 (skipped) for another. */
 static gssize jarray_len(jcur *c)
 {
@@ -284,13 +302,9 @@ static gssize jarray_len(jcur *c)
 	while (c->p < c->end && *c->p != ']') {
 		jskip(c);
 		n++;
-		jws(c);
-		if (jch(c) == ',')
-			c->p++;
-		jws(c);
+		jnext(c);
 	}
-	if (c->p < c->end)
-		c->p++;
+	jclose(c);
 	return n;
 }
 
@@ -318,13 +332,9 @@ static bool jobject(jcur *c, jmember_fn fn, void *user)
 		jws(c);
 		if (!fn(c, k, kn, user))
 			return false;
-		jws(c);
-		if (jch(c) == ',')
-			c->p++;
-		jws(c);
+		jnext(c);
 	}
-	if (c->p < c->end)
-		c->p++;
+	jclose(c);
 	return true;
 }
 

@@ -77,30 +77,24 @@ static uint64_t at(const void *base, size_t off)
 }
 
 /* One family per table row; `off` is the row's field in its snapshot
- * structure. */
-static void text_op(GString *s, const snap *sns, size_t n, const fam *f, size_t off)
+ * structure: a sample per transport and operation, or per transport with
+ * both operations summed (`summed`). */
+static void text_op(GString *s, const snap *sns, size_t n, const fam *f, size_t off, bool summed)
 {
 	family(s, f);
 	for (size_t i = 0; i < n; i++)
 		for (guint j = 0; j < sns[i].tps->len; j++) {
 			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
+			if (summed) {
+				sample(s, f->name, &sns[i]);
+				label(s, "transport", t->transport);
+				value_u64(s, at(&t->op[0], off) + at(&t->op[1], off));
+				continue;
+			}
 			for (unsigned op = 0; op < 2; op++) {
 				tp_sample(s, f->name, &sns[i], t, op);
 				value_u64(s, at(&t->op[op], off));
 			}
-		}
-}
-
-/* Both operations together. */
-static void text_opg(GString *s, const snap *sns, size_t n, const fam *f, size_t off)
-{
-	family(s, f);
-	for (size_t i = 0; i < n; i++)
-		for (guint j = 0; j < sns[i].tps->len; j++) {
-			const tp_snap *t = &g_array_index(sns[i].tps, tp_snap, j);
-			sample(s, f->name, &sns[i]);
-			label(s, "transport", t->transport);
-			value_u64(s, at(&t->op[0], off) + at(&t->op[1], off));
 		}
 }
 
@@ -224,8 +218,8 @@ static void text_rpc(GString *s, const snap *sns, size_t n, const fam *f)
 		static const fam f_ = { prom, TE_MTYPE_##kind, help };                                      \
 		T_##scope(id, &f_)                                                                          \
 	}
-#define T_OP(id, f) text_op(s, sns, n, f, offsetof(op_snap, id));
-#define T_OPG(id, f) text_opg(s, sns, n, f, offsetof(op_snap, id));
+#define T_OP(id, f) text_op(s, sns, n, f, offsetof(op_snap, id), false);
+#define T_OPG(id, f) text_op(s, sns, n, f, offsetof(op_snap, id), true);
 #define T_LAT(id, f) text_lat(s, sns, n, f);
 #define T_PEER(id, f) text_peer(s, sns, n, f, offsetof(peer_snap, id));
 #define T_DEV(id, f) text_dev(s, sns, n, f, offsetof(dev_snap, id), false);

@@ -28,13 +28,7 @@ static void setup(void)
 {
 	P.a = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}");
 	P.b = soft_engine("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}");
-	REQUIRE(P.a && P.b);
-	P.abuf = buf_new(BUF);
-	P.bbuf = buf_new(BUF);
-	REQUIRE(te_register_memory(P.a, P.abuf, BUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	REQUIRE(te_register_memory(P.b, P.bbuf, BUF, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	P.seg = te_segment_open(P.a, te_engine_name(P.b));
-	REQUIRE(P.seg > 0);
+	P.seg = pair_buffers(P.a, P.b, BUF, TE_MEM_REMOTE_ACCESS, &P.abuf, &P.bbuf);
 }
 
 static void teardown(void)
@@ -319,12 +313,8 @@ static void test_rebuilt_both_sides(void)
 	SOFT_ONLY("injected work request errors");
 	te_engine *a = soft_engine("two-socket", "{\"devices\": [\"mlx5_1\"]}");
 	te_engine *b = soft_engine("two-socket", "{\"devices\": [\"mlx5_3\"]}");
-	REQUIRE(a && b);
-	unsigned char *la = buf_new(1 << 20), *lb = buf_new(1 << 20);
-	REQUIRE(te_register_memory(a, la, 1 << 20, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(b, lb, 1 << 20, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	te_segment_id seg = te_segment_open(a, te_engine_name(b));
-	REQUIRE(seg > 0);
+	unsigned char *la, *lb;
+	te_segment_id seg = pair_buffers(a, b, 1 << 20, 0, &la, &lb);
 	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, la, (uintptr_t)lb, 4096, &st), TE_TASK_COMPLETED);
 	REQUIRE(stats_of(a, &a0) == 0 && stats_of(b, &b0) == 0);
 	CHECK_EQ(a0.endpoints[0], 1);
@@ -356,12 +346,8 @@ static void test_cancel(void)
 	const char *shallow[] = { "TE_RDMA_MAX_WR", "2", "TE_RDMA_NUM_QP_PER_EP", "1", NULL };
 	te_engine *a = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", shallow);
 	te_engine *bb = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}", shallow);
-	REQUIRE(a && bb);
-	unsigned char *la = buf_new(N * 262144), *lb = buf_new(N * 262144);
-	REQUIRE(te_register_memory(a, la, N * 262144, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(bb, lb, N * 262144, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	te_segment_id seg = te_segment_open(a, te_engine_name(bb));
-	REQUIRE(seg > 0);
+	unsigned char *la, *lb;
+	te_segment_id seg = pair_buffers(a, bb, N * 262144, 0, &la, &lb);
 	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, la, (uintptr_t)lb, 4096, &st), TE_TASK_COMPLETED);
 
 	CHECK_EQ(soft_set_latency(NULL, 2000), 0);

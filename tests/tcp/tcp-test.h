@@ -75,10 +75,7 @@ static inline void pair_open(pair *p, size_t alen, const te_option *aopt, size_t
 	p->blen = blen;
 	p->abuf = map_buf(alen);
 	p->bbuf = map_buf(blen);
-	REQUIRE(te_register_memory(p->a, p->abuf, alen, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, blen, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
+	p->seg = pair_segment(p->a, p->abuf, alen, 0, p->b, p->bbuf, blen, "cpu:0");
 }
 
 static inline void pair_down(pair *p)

@@ -270,6 +270,24 @@ static void write_refused(int fd, unsigned char *at, size_t n)
 		}
 }
 
+/* Lane `lane` fenced up to generation `gen`: a connection of that generation
+ * is refused at its HELLO (its WRITE at `refused_at` never applied), one of
+ * the next is served (a WRITE at `ok_at`, pattern `seed`); returns that one. */
+static int fenced_up_to(uint64_t lane, uint64_t gen, unsigned char *refused_at, unsigned char *ok_at,
+			unsigned seed)
+{
+	int fd = hello_connect(lane, gen);
+	write_refused(fd, refused_at, 16);
+	close(fd);
+	fd = hello_connect(lane, gen + 1);
+	bool ok = write_ok(fd, ok_at, 16, seed);
+	if (!ok)
+		fprintf(stderr, "  lane %#llx generation %llu not served\n", (unsigned long long)lane,
+			(unsigned long long)gen + 1);
+	CHECK(ok);
+	return fd;
+}
+
 /* The frames byte by byte: HELLO unanswered, FENCE answered with status OK
  * once the connections it names can write nothing more; a connection of a
  * fenced lane and generation is refused at its HELLO, a later generation is
@@ -297,20 +315,12 @@ static void test_fence_frames(void)
 
 	/* The same lane and generation again (a connection that was still in
 	 * the accept queue): refused at its HELLO; a later generation is not. */
-	a = hello_connect(la, 5);
-	write_refused(a, rbuf + 0x4000, 16);
-	close(a);
-	a = hello_connect(la, 6);
-	CHECK(write_ok(a, rbuf + 0x5000, 16, 62));
+	a = fenced_up_to(la, 5, rbuf + 0x4000, rbuf + 0x5000, 62);
 
 	/* A FENCE of a lane never seen: remembered for its connections to come. */
 	send_frame(b, lc, 9, W_FENCE);
 	CHECK_EQ(recv_status(b), W_STATUS_OK);
-	int c = hello_connect(lc, 9);
-	write_refused(c, rbuf + 0x6000, 16);
-	close(c);
-	c = hello_connect(lc, 10);
-	CHECK(write_ok(c, rbuf + 0x6000, 16, 63));
+	int c = fenced_up_to(lc, 9, rbuf + 0x6000, rbuf + 0x6000, 63);
 	/* A FENCE of an earlier generation of its own lane leaves it alone. */
 	send_frame(a, la, 5, W_FENCE);
 	CHECK_EQ(recv_status(a), W_STATUS_OK);
@@ -733,6 +743,18 @@ static void test_initiator_errors(void)
 	fake_stop(&f);
 }
 
+/* Submits n READs of 10 bytes, 100 apart on both sides, from the fake
+ * target, put in r; returns the data connection they come on. */
+static int reads_of_ten(init *in, fake *f, te_request *r, int n)
+{
+	for (int i = 0; i < n; i++)
+		r[i] = (te_request){ TE_OP_READ, in->seg, in->buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
+	init_submit(in, r, (size_t)n);
+	int fd = accept_timeout(f->data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	return fd;
+}
+
 /* A rejection in the middle of a pipeline: the request behind it was never
  * run by the peer and goes again on a new connection. */
 static void test_initiator_reject_midway(void)
@@ -743,11 +765,7 @@ static void test_initiator_reject_midway(void)
 	fake_start(&f, 2);
 	init_up(&in, &f, IBUF, NULL, 0);
 	te_request r[3];
-	for (int i = 0; i < 3; i++)
-		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	init_submit(&in, r, 3);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = reads_of_ten(&in, &f, r, 3);
 	unsigned char h[3 * W_HDR], ten[10];
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
 	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
@@ -785,11 +803,7 @@ static void test_initiator_reject_then_queued(void)
 	fake_start(&f, 2);
 	init_up(&in, &f, IBUF, o, 1);
 	te_request r[2];
-	for (int i = 0; i < 2; i++)
-		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	init_submit(&in, r, 2);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = reads_of_ten(&in, &f, r, 2);
 	unsigned char h[W_HDR], ten[10];
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 10, FAKE_BASE, 0x80);

@@ -462,6 +462,15 @@ static inline void init_submit(init *in, const te_request *r, size_t n)
 	CHECK_EQ(te_submit(in->e, in->b, r, n), 0);
 }
 
+/* init_submit(), then the data connection the requests come on to f. */
+static inline int init_submit_accept(init *in, const fake *f, const te_request *r, size_t n)
+{
+	init_submit(in, r, n);
+	int fd = accept_timeout(f->data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	return fd;
+}
+
 /* Task i's state, its error in *err when err is not NULL. */
 static inline int init_task_state(init *in, size_t i, int *err)
 {

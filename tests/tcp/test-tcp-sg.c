@@ -319,15 +319,12 @@ static void check_table(const unsigned char *t, const te_request *r, unsigned n)
 /* Submits three WRITEs of 16, 7 and `last` bytes from in's buffer (its
  * pieces apart) to spread-out places of the fake target, put in w; returns
  * the data connection they come on. */
-static int three_writes(init *in, fake *f, te_request w[3], uint64_t last)
+static int three_writes(init *in, const fake *f, te_request w[3], uint64_t last)
 {
 	w[0] = (te_request){ TE_OP_WRITE, in->seg, in->buf, FAKE_BASE + 0x100, 16 };
 	w[1] = (te_request){ TE_OP_WRITE, in->seg, in->buf + 1024, FAKE_BASE + 0x900, 7 };
 	w[2] = (te_request){ TE_OP_WRITE, in->seg, in->buf + 2048, FAKE_BASE + 0x40, last };
-	init_submit(in, w, 3);
-	int fd = accept_timeout(f->data_lfd, 3000);
-	REQUIRE(fd >= 0);
-	return fd;
+	return init_submit_accept(in, f, w, 3);
 }
 
 /* Three small WRITEs and three small READs to a target that takes

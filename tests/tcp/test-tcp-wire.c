@@ -498,9 +498,7 @@ static void test_initiator_v2(void)
 
 	/* READ: header checked byte by byte, status then data back */
 	te_request r = { TE_OP_READ, in.seg, in.buf + 1, FAKE_BASE + 0x10, 100 };
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 100, FAKE_BASE + 0x10, 0x80);
 	uint64_t ok = htole64(W_STATUS_OK);
@@ -527,9 +525,7 @@ static void test_initiator_v2(void)
 	CHECK(send_all(fd, "xyz", 3));
 	CHECK(closed_quietly(fd, 3000));
 	close(fd);
-	init_submit(&in, &r, 1);
-	fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, data, 100));
 	finish(&in);
@@ -548,9 +544,7 @@ static void test_initiator_pipelined_slices(void)
 	init_up(&in, &f, IBUF, &o, 1);
 	te_request r[2] = { { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 3 * 65536 },
 			    { TE_OP_READ, in.seg, in.buf + (1u << 20), FAKE_BASE + (4u << 20), 10 } };
-	init_submit(&in, r, 2);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, r, 2);
 	unsigned char h[4 * W_HDR];
 	/* all four headers arrive before we answer anything */
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
@@ -595,9 +589,7 @@ static void window_case(fake *f, const char *window, unsigned seed)
 
 	init_up(&in, f, IBUF, o, 2);
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 6 * 65536 };
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f->data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, f, &r, 1);
 	for (int i = 0; i < 2; i++) {
 		CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 		check_hdr(h, 65536, FAKE_BASE + (uint64_t)i * 65536, 0x80);
@@ -641,9 +633,7 @@ static void test_initiator_v1(void)
 	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR], data[100];
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 8, 100 };
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 100, FAKE_BASE + 8, 0x00);
 	fill_pattern(data, 100, 14);
@@ -672,9 +662,7 @@ static int fake_answer(init *in, fake *f, const void *reply, size_t len, int *er
 {
 	te_request r = { TE_OP_READ, in->seg, in->buf, FAKE_BASE, 100 };
 	unsigned char h[W_HDR];
-	init_submit(in, &r, 1);
-	int fd = accept_timeout(f->data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(in, f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	if (len)
 		CHECK(send_all(fd, reply, len));
@@ -727,9 +715,7 @@ static void test_initiator_errors(void)
 	enum { BIG = 48u << 20 };
 	te_request w = { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE, BIG };
 	unsigned char h[W_HDR];
-	init_submit(&in, &w, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &w, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	CHECK(send_all(fd, &ok, 8)); /* without reading 48 MiB: cannot all be sent */
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
@@ -745,14 +731,11 @@ static void test_initiator_errors(void)
 
 /* Submits n READs of 10 bytes, 100 apart on both sides, from the fake
  * target, put in r; returns the data connection they come on. */
-static int reads_of_ten(init *in, fake *f, te_request *r, int n)
+static int reads_of_ten(init *in, const fake *f, te_request *r, int n)
 {
 	for (int i = 0; i < n; i++)
 		r[i] = (te_request){ TE_OP_READ, in->seg, in->buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	init_submit(in, r, (size_t)n);
-	int fd = accept_timeout(f->data_lfd, 3000);
-	REQUIRE(fd >= 0);
-	return fd;
+	return init_submit_accept(in, f, r, (size_t)n);
 }
 
 /* A rejection in the middle of a pipeline: the request behind it was never
@@ -842,9 +825,7 @@ static void test_initiator_hello(void)
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 0x20, 100 };
 	fill_pattern(data, sizeof data, 16);
 	for (uint64_t gen = 1; gen <= 2; gen++) {
-		init_submit(&in, &r, 1);
-		int fd = accept_timeout(f.data_lfd, 3000);
-		REQUIRE(fd >= 0);
+		int fd = init_submit_accept(&in, &f, &r, 1);
 		CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
 		if (gen == 1)
 			lane = get_le64(h);
@@ -866,9 +847,7 @@ static void test_initiator_hello(void)
 	init_up(&in, &f, IBUF, NULL, 0);
 	r.segment = in.seg; /* a new engine and buffer: where they are now */
 	r.local = in.buf;
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 100, FAKE_BASE + 0x20, 0x00);
 	CHECK(send_all(fd, data, 100));

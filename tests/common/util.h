@@ -105,6 +105,20 @@ static inline int run_one(te_engine *e, uint32_t op, te_segment_id seg, void *lo
 	return s.state;
 }
 
+/* Registers `abuf` on initiator a ("cpu:0", with `aflags`) and `bbuf` on
+ * target b (at `bloc`, open to its peers); returns b's segment opened on a.
+ * The pair fixtures of every suite end here. */
+static inline te_segment_id pair_segment(te_engine *a, void *abuf, size_t alen, uint32_t aflags, te_engine *b,
+					 void *bbuf, size_t blen, const char *bloc)
+{
+	REQUIRE(a && b);
+	REQUIRE(te_register_memory(a, abuf, alen, "cpu:0", aflags) == 0);
+	REQUIRE(te_register_memory(b, bbuf, blen, bloc, TE_MEM_REMOTE_ACCESS) == 0);
+	te_segment_id seg = te_segment_open(a, te_engine_name(b));
+	REQUIRE(seg > 0);
+	return seg;
+}
+
 /* Two engines of this process over `transports`: a with len bytes at abuf
  * (registered as "cpu:0", local only), b with len bytes at bbuf that peers
  * may reach, open on a as seg. */
@@ -124,10 +138,16 @@ static inline void engine_pair_up(engine_pair *p, const char *transports, size_t
 	REQUIRE(p->abuf && p->bbuf);
 	memset(p->abuf, 1, len); /* different bytes on each side: a copy shows */
 	memset(p->bbuf, 2, len);
-	REQUIRE(te_register_memory(p->a, p->abuf, len, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, len, "*", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
+	p->seg = pair_segment(p->a, p->abuf, len, 0, p->b, p->bbuf, len, "*");
+}
+
+/* engine_pair_up(), and a batch of `n` tasks on a (freed by the test). */
+static inline te_batch_id engine_pair_batch(engine_pair *p, const char *transports, size_t len, size_t n)
+{
+	te_batch_id b;
+	engine_pair_up(p, transports, len);
+	REQUIRE(te_batch_alloc(p->a, n, &b) == 0);
+	return b;
 }
 
 static inline void engine_pair_down(engine_pair *p)

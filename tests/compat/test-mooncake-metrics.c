@@ -554,25 +554,23 @@ int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "hold";
 
-	te_set_log_handler(on_log, NULL);
-	if (strcmp(mode, "hold") == 0)
-		mode_hold();
-	else if (strcmp(mode, "log") == 0)
-		mode_log();
-	else if (strcmp(mode, "off") == 0)
-		mode_off();
-	else if (strcmp(mode, "tcp") == 0)
-		mode_tcp();
-	else if (strcmp(mode, "rdma") == 0)
-		mode_rdma();
-	else if (strcmp(mode, "slice-timeout") == 0)
-		mode_slice_timeout();
-	else if (strcmp(mode, "slice-deadline") == 0)
-		mode_slice_deadline();
-	else {
+	static const struct {
+		const char *name;
+		void (*run)(void);
+	} modes[] = {
+		{ "hold", mode_hold }, { "log", mode_log }, { "off", mode_off }, { "tcp", mode_tcp },
+		{ "rdma", mode_rdma }, { "slice-timeout", mode_slice_timeout },
+		{ "slice-deadline", mode_slice_deadline },
+	};
+	size_t m = 0;
+	while (m < sizeof modes / sizeof modes[0] && strcmp(mode, modes[m].name) != 0)
+		m++;
+	if (m == sizeof modes / sizeof modes[0]) {
 		fprintf(stderr, "usage: %s hold|log|off|tcp|rdma|slice-timeout|slice-deadline\n", argv[0]);
 		return 2;
 	}
+	te_set_log_handler(on_log, NULL);
+	modes[m].run();
 	te_set_log_handler(NULL, NULL);
 	for (size_t i = 0; i < n_lines; i++)
 		free(lines[i]);

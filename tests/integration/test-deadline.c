@@ -92,10 +92,8 @@ static void test_deadline_ends_tasks(void)
 static void test_free_and_give_up(void)
 {
 	engine_pair p;
-	te_batch_id b, b2;
-	engine_pair_up(&p, "holddl", BUF);
+	te_batch_id b = engine_pair_batch(&p, "holddl", BUF, 4), b2;
 	te_request w = { TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
-	REQUIRE(te_batch_alloc(p.a, 4, &b) == 0);
 	REQUIRE(te_batch_alloc(p.a, 4, &b2) == 0);
 	CHECK_EQ(te_batch_set_deadline(p.a, b, te_now_ns() + 30 * 1000000LL), 0);
 	CHECK_EQ(te_submit(p.a, b, &w, 1), 0);
@@ -118,10 +116,8 @@ static void test_free_and_give_up(void)
 static void test_cancel_and_past(void)
 {
 	engine_pair p;
-	te_batch_id b;
-	engine_pair_up(&p, "holddl", BUF);
+	te_batch_id b = engine_pair_batch(&p, "holddl", BUF, 8);
 	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
-	REQUIRE(te_batch_alloc(p.a, 8, &b) == 0);
 	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
 	CHECK_EQ(hold_release(0), 1); /* task 0 completes */
 	CHECK_EQ(te_submit(p.a, b, &r, 1), 0);
@@ -155,10 +151,8 @@ static void test_cancel_and_past(void)
 static void test_no_deadlines_and_args(void)
 {
 	engine_pair p;
-	te_batch_id b;
-	engine_pair_up(&p, "hold", BUF);
+	te_batch_id b = engine_pair_batch(&p, "hold", BUF, 8);
 	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
-	REQUIRE(te_batch_alloc(p.a, 8, &b) == 0);
 	cap_start();
 	CHECK_EQ(te_submit_by(p.a, b, &r, 1, te_now_ns() + 20 * 1000000LL), 0);
 	CHECK_EQ(te_batch_wait(p.a, b, 150), -ETIMEDOUT);

@@ -28,6 +28,18 @@ static void fake_start(fake *f, const char *members)
 	fake_serve(f);
 }
 
+/* A peer publishing `members` is refused by e with -EINVAL, the log naming
+ * the field as `says`. */
+static void refused_field(te_engine *e, const char *members, const char *says)
+{
+	fake f;
+	fake_start(&f, members);
+	cap_start();
+	CHECK_EQ(te_segment_open(e, f.name), -EINVAL);
+	CHECK(cap_has(says));
+	fake_stop(&f);
+}
+
 static te_engine *engine_with(const char *transports, const char *probe, const char *tcp_port)
 {
 	te_option o[3];
@@ -123,16 +135,10 @@ static void test_own_fields(void)
 	fake_stop(&f);
 
 	/* ... and ext alone refuses a bad field of its own, naming it. */
-	fake_start(&f, "\"protocol\":\"ext\",\"ext_pid\":\"1\",\"tcp_data_port\":0,\"buffers\":[]");
-	cap_start();
-	CHECK_EQ(te_segment_open(b, f.name), -EINVAL);
-	CHECK(cap_has("descriptor rejected: \"ext_pid\" is not an integer from 0 to 2147483647"));
-	fake_stop(&f);
-	fake_start(&f, "\"protocol\":\"tcp\",\"tcp_proto_version\":256,\"tcp_data_port\":1,\"buffers\":[]");
-	cap_start();
-	CHECK_EQ(te_segment_open(t, f.name), -EINVAL);
-	CHECK(cap_has("descriptor rejected: \"tcp_proto_version\" is not an integer from 0 to 255"));
-	fake_stop(&f);
+	refused_field(b, "\"protocol\":\"ext\",\"ext_pid\":\"1\",\"tcp_data_port\":0,\"buffers\":[]",
+		      "descriptor rejected: \"ext_pid\" is not an integer from 0 to 2147483647");
+	refused_field(t, "\"protocol\":\"tcp\",\"tcp_proto_version\":256,\"tcp_data_port\":1,\"buffers\":[]",
+		      "descriptor rejected: \"tcp_proto_version\" is not an integer from 0 to 255");
 
 	te_engine_destroy(t);
 	te_engine_destroy(b);
@@ -234,11 +240,8 @@ static void test_files(void)
 	}
 	fake_stop(&f);
 
-	fake_start(&f, "\"protocol\":\"extfile\",\"extfile_seed\":256,\"buffers\":[{\"length\":4096}]");
-	cap_start();
-	CHECK_EQ(te_segment_open(e, f.name), -EINVAL);
-	CHECK(cap_has("descriptor rejected: \"extfile_seed\" is not an integer from 0 to 255"));
-	fake_stop(&f);
+	refused_field(e, "\"protocol\":\"extfile\",\"extfile_seed\":256,\"buffers\":[{\"length\":4096}]",
+		      "descriptor rejected: \"extfile_seed\" is not an integer from 0 to 255");
 	te_engine_destroy(e);
 }
 

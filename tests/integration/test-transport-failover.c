@@ -48,9 +48,7 @@ static int has_metric(te_engine *e, const char *needle)
 static void test_moves_and_comes_back(void)
 {
 	engine_pair p;
-	te_batch_id b;
-	engine_pair_up(&p, "holddl,memcpy", BUF);
-	REQUIRE(te_batch_alloc(p.a, 16, &b) == 0);
+	te_batch_id b = engine_pair_batch(&p, "holddl,memcpy", BUF, 16);
 	fill_pattern(p.abuf, BUF, 7);
 	memset(p.bbuf, 0, BUF);
 	te_request w = { TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
@@ -98,10 +96,8 @@ static void test_moves_and_comes_back(void)
 static void test_what_does_not_move(void)
 {
 	engine_pair p;
-	te_batch_id b;
 	int err = 0;
-	engine_pair_up(&p, "holddl,memcpy", BUF);
-	REQUIRE(te_batch_alloc(p.a, 16, &b) == 0);
+	te_batch_id b = engine_pair_batch(&p, "holddl,memcpy", BUF, 16);
 	te_request r = { TE_OP_READ, p.seg, p.abuf, (uintptr_t)p.bbuf, 4096 };
 
 	CHECK_EQ(submit_one(p.a, b, &r), 0);

@@ -337,8 +337,7 @@ static void test_in_flight(void)
 {
 	engine_pair p;
 	te_task_status st;
-	te_batch_id b;
-	engine_pair_up(&p, "hold", BUF);
+	te_batch_id b = engine_pair_batch(&p, "hold", BUF, 8);
 
 	te_request r[3] = {
 		{ TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 100 },
@@ -347,7 +346,6 @@ static void test_in_flight(void)
 	};
 	memset(p.abuf, 1, 100);
 	memset(p.bbuf + 200, 2, 100);
-	REQUIRE(te_batch_alloc(p.a, 8, &b) == 0);
 	CHECK_EQ(te_submit(p.a, b, r, 3), 0);
 	CHECK_EQ(hold_count(), 2);
 	CHECK_EQ(te_get_status(p.a, b, 0, &st), 0);

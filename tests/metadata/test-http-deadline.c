@@ -239,17 +239,25 @@ static void relay_stop(relay *r)
 
 /* ---------------------------------------------------------------- cases */
 
-static void silent_handshake(void)
+/* A listener that takes connections and says nothing, called by a client
+ * without CA or credentials at `start`127.0.0.1:port`path`: check_deadline()
+ * for `phase`, the errors showing the URL begun with `shown_start`. */
+static void silent_peer(const char *start, const char *shown_start, const char *path, const char *phase)
 {
 	int port, hole = blackhole_listen(&port);
 	char url[128], shown[128];
-	/* a password in the URL: the error texts hide it */
-	snprintf(url, sizeof url, "https://te:pw-9Zq@127.0.0.1:%d/metadata", port);
-	snprintf(shown, sizeof shown, "https://te:***@127.0.0.1:%d/metadata", port);
+	snprintf(url, sizeof url, "%s127.0.0.1:%d%s", start, port, path);
+	snprintf(shown, sizeof shown, "%s127.0.0.1:%d%s", shown_start, port, path);
 	teu_http *c = client(NULL, NULL, NULL);
-	check_deadline(c, url, shown, "during the TLS handshake");
+	check_deadline(c, url, shown, phase);
 	teu_http_free(c);
 	close(hole);
+}
+
+static void silent_handshake(void)
+{
+	/* a password in the URL: the error texts hide it */
+	silent_peer("https://te:pw-9Zq@", "https://te:***@", "/metadata", "during the TLS handshake");
 }
 
 static void stalled_handshake(void)
@@ -277,13 +285,7 @@ static void stalled_handshake(void)
 
 static void silent_reply(void)
 {
-	int port, hole = blackhole_listen(&port);
-	char url[128];
-	snprintf(url, sizeof url, "http://127.0.0.1:%d/metadata?key=x", port);
-	teu_http *c = client(NULL, NULL, NULL);
-	check_deadline(c, url, url, "waiting for the reply");
-	teu_http_free(c);
-	close(hole);
+	silent_peer("http://", "http://", "/metadata?key=x", "waiting for the reply");
 }
 
 /* Connections the kernel completed fill the accept queue of a listener

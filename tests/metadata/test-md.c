@@ -433,6 +433,31 @@ static void transfer_round(te_engine *e, te_segment_id seg, peer *p, unsigned se
 	free(want);
 }
 
+/* Opens p's segment on e afresh, runs transfer_round() over it and closes
+ * it: whether it opened. */
+static bool open_round(te_engine *e, peer *p, unsigned seed, unsigned seed2)
+{
+	te_segment_id seg = te_segment_open(e, p->name);
+	CHECK(seg > 0);
+	if (seg <= 0) {
+		fprintf(stderr, "  segment %s did not open for round %u\n", p->name, seed);
+		return false;
+	}
+	transfer_round(e, seg, p, seed, seed2);
+	CHECK_EQ(te_segment_close(e, seg), 0);
+	return true;
+}
+
+/* A handle on the store at `conn`, and target `p` started through it with
+ * its memory filled from `seed`. */
+static te_metadata *store_and_target(const char *conn, peer *p, unsigned seed, char *const env[])
+{
+	te_metadata *md = NULL;
+	REQUIRE(te_metadata_open(conn, &md) == 0);
+	REQUIRE(peer_start(p, conn, "target", seed, env));
+	return md;
+}
+
 /* Whether `name`'s rpc_meta and descriptor keys exist. 2 both, 0 none. */
 static int keys_of(te_metadata *md, const char *name)
 {
@@ -468,20 +493,13 @@ static bool have_tcp(void)
 static void two_engines(const char *conn, char *const peer_env[], char *const init_env[])
 {
 	peer p;
-	te_metadata *md = NULL;
 
 	REQUIRE(have_tcp());
-	REQUIRE(te_metadata_open(conn, &md) == 0);
-	REQUIRE(peer_start(&p, conn, "target", 7, peer_env));
+	te_metadata *md = store_and_target(conn, &p, 7, peer_env);
 	CHECK_EQ(keys_of(md, p.name), 2);
 	te_engine *e = initiator(conn, init_env);
 	REQUIRE(e != NULL);
-	te_segment_id seg = te_segment_open(e, p.name);
-	CHECK(seg > 0);
-	if (seg > 0) {
-		transfer_round(e, seg, &p, 7, 8);
-		CHECK_EQ(te_segment_close(e, seg), 0);
-	}
+	open_round(e, &p, 7, 8);
 	char me[64];
 	snprintf(me, sizeof me, "%s", te_engine_name(e));
 	CHECK_EQ(keys_of(md, me), 2);
@@ -604,10 +622,7 @@ static void case_etcd_cluster(void)
 	REQUIRE(peer_start(&p, conn, "target", 11, NULL));
 	te_engine *e = initiator(conn, NULL);
 	REQUIRE(e != NULL);
-	te_segment_id seg = te_segment_open(e, p.name);
-	REQUIRE(seg > 0);
-	transfer_round(e, seg, &p, 11, 12);
-	CHECK_EQ(te_segment_close(e, seg), 0);
+	REQUIRE(open_round(e, &p, 11, 12));
 
 	stop_child(m[0].pid, SIGKILL);
 	fprintf(stderr, "  member 0 (port %d) killed\n", m[0].client_port);
@@ -615,7 +630,7 @@ static void case_etcd_cluster(void)
 	/* The target registers more memory: its descriptor is published again
 	 * through the surviving members. */
 	CHECK(peer_cmd(&p, "register 65536 99", line, sizeof line) && strcmp(line, "REG") == 0);
-	seg = te_segment_open(e, p.name); /* fetched through the survivors */
+	te_segment_id seg = te_segment_open(e, p.name); /* fetched through the survivors */
 	CHECK(seg > 0);
 	if (seg > 0) {
 		te_segment_buffer sb[4];
@@ -1205,21 +1220,16 @@ static void case_redis_engines(void)
 static void case_redis_restart(void)
 {
 	static const char *extra[] = { "--appendonly", "yes", "--appendfsync", "always", NULL };
-	te_metadata *md = NULL;
 	peer p;
 	char *v = NULL;
 	size_t len;
 
 	REQUIRE(have_tcp());
 	pid_t rp = redis_single(extra);
-	REQUIRE(te_metadata_open(redis_conn, &md) == 0);
-	REQUIRE(peer_start(&p, redis_conn, "target", 21, NULL));
+	te_metadata *md = store_and_target(redis_conn, &p, 21, NULL);
 	te_engine *e = initiator(redis_conn, NULL);
 	REQUIRE(e != NULL);
-	te_segment_id seg = te_segment_open(e, p.name);
-	REQUIRE(seg > 0);
-	transfer_round(e, seg, &p, 21, 22);
-	CHECK_EQ(te_segment_close(e, seg), 0);
+	REQUIRE(open_round(e, &p, 21, 22));
 
 	stop_child(rp, SIGTERM);
 	/* down: errors, quickly, not "not found" */
@@ -1235,12 +1245,7 @@ static void case_redis_restart(void)
 	CHECK_EQ(te_metadata_get(md, "mooncake/after-restart", &v, &len), 0);
 	te_free(v);
 	CHECK_EQ(te_metadata_remove(md, "mooncake/after-restart"), 0);
-	seg = te_segment_open(e, p.name);
-	CHECK(seg > 0);
-	if (seg > 0) {
-		transfer_round(e, seg, &p, 22, 23);
-		CHECK_EQ(te_segment_close(e, seg), 0);
-	}
+	open_round(e, &p, 22, 23);
 	/* the target's connection was broken too: its removal must go through */
 	CHECK_EQ(peer_quit(&p), 0);
 	CHECK_EQ(keys_of(md, p.name), 0);
@@ -1342,15 +1347,13 @@ static void case_http_persist(void)
 {
 	const char *file = tmp_path("store.json");
 	const char *extra[] = { "--persist", file, NULL };
-	te_metadata *md = NULL;
 	peer p;
 	char *v = NULL;
 	size_t len;
 
 	REQUIRE(have_tcp());
 	pid_t srv = http_single(extra);
-	REQUIRE(te_metadata_open(http_conn, &md) == 0);
-	REQUIRE(peer_start(&p, http_conn, "target", 31, NULL));
+	te_metadata *md = store_and_target(http_conn, &p, 31, NULL);
 	const char *bin = "{\"b\":\"\xff\xfe not UTF-8\"}";
 	CHECK_EQ(te_metadata_put(md, "mooncake/binary", bin, strlen(bin)), 0);
 	CHECK_EQ(te_metadata_put(md, "mooncake/gone", "{}", 2), 0);
@@ -1369,12 +1372,7 @@ static void case_http_persist(void)
 	}
 	te_engine *e = initiator(http_conn, NULL);
 	REQUIRE(e != NULL);
-	te_segment_id seg = te_segment_open(e, p.name);
-	CHECK(seg > 0);
-	if (seg > 0) {
-		transfer_round(e, seg, &p, 31, 32);
-		te_segment_close(e, seg);
-	}
+	open_round(e, &p, 31, 32);
 	CHECK_EQ(peer_quit(&p), 0);
 	CHECK_EQ(keys_of(md, p.name), 0);
 	te_engine_destroy(e);

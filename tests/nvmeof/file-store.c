@@ -110,6 +110,22 @@ static void fs_close(void *ctx)
 	free(c);
 }
 
+/* All `len` bytes read from fd into `in`, or written to it from `out` (the
+ * other NULL), again after EINTR: 0, or a negative errno (-EIO when the file
+ * ends first). */
+static int io_all(int fd, char *in, const char *out, size_t len)
+{
+	for (size_t done = 0; done < len;) {
+		ssize_t n = in != NULL ? read(fd, in + done, len - done) : write(fd, out + done, len - done);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		done += (size_t)n;
+	}
+	return 0;
+}
+
 static int fs_get(void *ctx, const char *key, char **value, size_t *len)
 {
 	fs_ctx *c = ctx;
@@ -127,22 +143,13 @@ static int fs_get(void *ctx, const char *key, char **value, size_t *len)
 		close(fd);
 		return -EFBIG;
 	}
-	char *buf = malloc((size_t)st.st_size + 1);
-	size_t got = 0;
+	size_t got = (size_t)st.st_size;
+	char *buf = malloc(got + 1);
 	if (buf == NULL) {
 		close(fd);
 		return -ENOMEM;
 	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			rc = r < 0 ? -errno : -EIO;
-			break;
-		}
-		got += (size_t)r;
-	}
+	rc = io_all(fd, buf, NULL, got);
 	close(fd);
 	if (rc < 0) {
 		free(buf);
@@ -172,16 +179,7 @@ static int fs_put(void *ctx, const char *key, const char *value, size_t len, uns
 		free(path);
 		return rc;
 	}
-	for (size_t done = 0; done < len;) {
-		ssize_t w = write(fd, value + done, len - done);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			rc = w < 0 ? -errno : -EIO;
-			break;
-		}
-		done += (size_t)w;
-	}
+	rc = io_all(fd, NULL, value, len);
 	if (close(fd) != 0 && rc == 0)
 		rc = -errno;
 	if (rc == 0 && rename(tmp, path) != 0)

@@ -146,6 +146,15 @@ static inline te_engine *nv_engine(const char *name, ...)
 	return e;
 }
 
+/* `len` bytes of page-aligned memory registered on engine e as "cpu:0". */
+static inline unsigned char *nv_memory(te_engine *e, size_t len)
+{
+	unsigned char *m = aligned_alloc(4096, len);
+	REQUIRE(e != NULL && m != NULL);
+	REQUIRE(te_register_memory(e, m, len, "cpu:0", 0) == 0);
+	return m;
+}
+
 /* Runs requests as one batch; returns how many did not complete. */
 static inline int nv_run(te_engine *e, const te_request *reqs, size_t n, int32_t *states)
 {

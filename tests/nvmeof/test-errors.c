@@ -126,13 +126,20 @@ static void test_missing_file(void)
 	CHECK_EQ(te_segment_close(eng, seg), 0);
 }
 
+/* Segment `name` of one file, `path`, declared `len` bytes long, put in the
+ * store and opened here: its id; the log is captured from before the open. */
+static te_segment_id one_file(const char *name, const char *path, uint64_t len)
+{
+	const char *paths[] = { path };
+	const uint64_t lens[] = { len };
+	nv_put_files(name, paths, lens, 1);
+	cap_start();
+	return te_segment_open(eng, name);
+}
+
 static void test_directory(void)
 {
-	const char *paths[] = { nv_dir };
-	const uint64_t lens[] = { 4096 };
-	nv_put_files("nvmeof/dir", paths, lens, 1);
-	cap_start();
-	te_segment_id seg = te_segment_open(eng, "nvmeof/dir");
+	te_segment_id seg = one_file("nvmeof/dir", nv_dir, 4096);
 	REQUIRE(seg > 0);
 	te_task_status ts;
 	CHECK_EQ(run_one(eng, TE_OP_READ, seg, mem, 0, 4096, &ts), TE_TASK_FAILED);
@@ -146,12 +153,7 @@ static void test_short_file(void)
 	unsigned char data[4096 + 10];
 	fill_pattern(data, sizeof data, 9);
 	nv_write_file(nv_path("short"), data, sizeof data);
-	const char *paths[] = { nv_path("short") };
-	const uint64_t lens[] = { 1u << 20 };
-	nv_put_files("nvmeof/short", paths, lens, 1);
-
-	cap_start();
-	te_segment_id seg = te_segment_open(eng, "nvmeof/short");
+	te_segment_id seg = one_file("nvmeof/short", nv_path("short"), 1u << 20);
 	REQUIRE(seg > 0);
 	CHECK(cap_has("holds 4106 bytes but its descriptor declares 1048576"));
 	te_task_status ts;
@@ -183,10 +185,7 @@ static void test_outside_segment(void)
 	unsigned char data[4096];
 	fill_pattern(data, sizeof data, 1);
 	nv_write_file(nv_path("small"), data, sizeof data);
-	const char *paths[] = { nv_path("small") };
-	const uint64_t lens[] = { 4096 };
-	nv_put_files("nvmeof/small", paths, lens, 1);
-	te_segment_id seg = te_segment_open(eng, "nvmeof/small");
+	te_segment_id seg = one_file("nvmeof/small", nv_path("small"), 4096);
 	REQUIRE(seg > 0);
 	te_task_status ts;
 	cap_start();
@@ -227,11 +226,7 @@ static void test_read_only_file(void)
 		close(fd);
 		return;
 	}
-	const char *paths[] = { path };
-	const uint64_t lens[] = { 4096 };
-	nv_put_files("nvmeof/ro", paths, lens, 1);
-	cap_start();
-	te_segment_id seg = te_segment_open(eng, "nvmeof/ro");
+	te_segment_id seg = one_file("nvmeof/ro", path, 4096);
 	CHECK(seg > 0);
 	CHECK(cap_has("is read-only here; writes to it will fail"));
 	te_task_status ts;
@@ -287,11 +282,8 @@ static void test_bad_config(void)
 int main(void)
 {
 	nv_setup();
-	mem = aligned_alloc(4096, MEM);
-	REQUIRE(mem != NULL);
 	eng = nv_engine("nodeA", NULL);
-	REQUIRE(eng != NULL);
-	REQUIRE(te_register_memory(eng, mem, MEM, "cpu:0", 0) == 0);
+	mem = nv_memory(eng, MEM);
 
 	TEST_RUN(test_store_without_key);
 	TEST_RUN(test_malformed_descriptors);

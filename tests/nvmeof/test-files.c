@@ -374,14 +374,11 @@ int main(void)
 {
 	nv_setup();
 	make_files();
-	mem = aligned_alloc(4096, MEM);
-	REQUIRE(mem != NULL);
 	/* small slices, a shallow queue and two workers: slicing, queueing and
 	 * hand-over all get exercised by the requests below */
 	eng = nv_engine("nodeA", "TE_NVMEOF_SLICE_SIZE", "65536", "TE_NVMEOF_QUEUE_DEPTH", "8",
 			"TE_NVMEOF_WORKERS", "2", NULL);
-	REQUIRE(eng != NULL);
-	REQUIRE(te_register_memory(eng, mem, MEM, "cpu:0", 0) == 0);
+	mem = nv_memory(eng, MEM);
 
 	TEST_RUN(test_one_file);
 	TEST_RUN(test_three_files);

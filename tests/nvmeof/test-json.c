@@ -14,6 +14,7 @@
 
 #include "../common/hostile.h"
 #include "../../plugins/transport/nvmeof/nvmeof.h"
+#include "nv-hostile.h"
 #include "nv-util.h"
 
 /* ------------------------------------------------------- stand-in host */
@@ -98,86 +99,45 @@ static void refused(const char *what, const char *text, int want_rc, const char 
 	g_free(ok);
 }
 
-/* A valid descriptor whose buffer object carries `field` ("name":value) in
- * place of its own member of that name. */
-static char *with_buffer_field(const char *field)
-{
-	const char *path = strstr(field, "\"file_path\"") == field ? NULL : "\"file_path\":\"/f\",";
-	const char *len = strstr(field, "\"length\"") == field ? NULL : "\"length\":4096,";
-	return g_strdup_printf("{\"buffers\":[{%s%s%s}],\"protocol\":\"nvmeof\",\"server_name\":\"s\"}",
-			       path ? path : "", len ? len : "", field);
-}
-
-#define DEEP 100000
-
+/* nv-hostile.h's descriptors, too deep or too large; and a shallow wrong
+ * type where the path belongs. */
 static void test_nesting(void)
 {
+	const char *what, *why;
 	char *t;
-	t = hostile_nest("{\"buffers\":", "[", DEEP, "", "]", ",\"protocol\":\"nvmeof\"}");
-	refused("deep arrays", t, TE_ERR_METADATA, "descriptor refused: nested deeper than 8 levels");
-	g_free(t);
-	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", DEEP, "1", "}", "}");
-	refused("deep objects", t, TE_ERR_METADATA, "nested deeper than 8 levels");
-	g_free(t);
-	/* where a string belongs: the path, a map entry */
-	t = hostile_nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", DEEP, "\"/f\"", "]",
-		 "}],\"protocol\":\"nvmeof\"}");
-	refused("deep path", t, TE_ERR_METADATA, "nested deeper than 8 levels");
-	g_free(t);
-	t = hostile_nest("{\"buffers\":[{\"length\":4096,\"file_path\":\"/f\",\"local_path_map\":{\"nodeA\":", "{\"a\":",
-		 DEEP, "\"/f\"", "}", "}}],\"protocol\":\"nvmeof\"}");
-	refused("deep map entry", t, TE_ERR_METADATA, "nested deeper than 8 levels");
-	g_free(t);
-	/* just past the limit: 9 levels */
-	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
-	refused("nine levels", t, TE_ERR_METADATA, "nested deeper than 8 levels");
-	g_free(t);
-	/* a shallow wrong type where the path belongs */
-	t = with_buffer_field("\"file_path\":[\"/f\"]");
+	for (size_t i = 0; (t = nv_hostile(i, &what, &why)) != NULL; i++) {
+		char *line = g_strdup_printf("descriptor refused: %s", why);
+		refused(what, t, TE_ERR_METADATA, line);
+		g_free(line);
+		free(t);
+	}
+	t = nv_buffer_with("\"file_path\":[\"/f\"]");
 	refused("array path", t, TE_ERR_METADATA, "buffer 0: missing or bad \"file_path\"");
 	g_free(t);
 }
 
 static void test_sizes(void)
 {
-	GString *s = g_string_new("{\"protocol\":\"nvmeof\",\"buffers\":[");
-	for (size_t i = 0; i < 1000000; i++)
-		g_string_append(s, i ? ",0" : "0");
-	g_string_append(s, "]}");
-	refused("million elements", s->str, TE_ERR_METADATA, "array with more than 16384 elements");
-	g_string_free(s, TRUE);
-
-	s = g_string_new("{\"protocol\":\"nvmeof\",\"x\":{");
+	GString *s = g_string_new("{\"protocol\":\"nvmeof\",\"x\":{");
 	for (size_t i = 0; i < 20000; i++)
 		g_string_append_printf(s, "%s\"k%zu\":0", i ? "," : "", i);
 	g_string_append(s, "}}");
 	refused("many members", s->str, TE_ERR_METADATA, "object with more than 16384 members");
 	g_string_free(s, TRUE);
-
-	/* a path of 1 MiB less one byte; 9 MiB of blanks inside the object */
-	char *field = hostile_nest("\"file_path\":\"/", "a", (1u << 20) - 1, "", "", "\"");
-	char *t = with_buffer_field(field);
-	refused("huge path", t, TE_ERR_METADATA, "longer than 16384 bytes");
-	g_free(t);
-	free(field);
-
-	t = hostile_nest("{\"protocol\":\"nvmeof\"", " ", (9u << 20) - 1, "", "", "}");
-	refused("huge text", t, TE_ERR_METADATA, "over the limit of 8388608");
-	free(t);
 }
 
 static void test_duplicates(void)
 {
 	refused("protocol twice", "{\"protocol\":\"nvmeof\",\"buffers\":[],\"protocol\":\"tcp\"}",
 		TE_ERR_METADATA, "descriptor refused: key repeated");
-	char *t = with_buffer_field("\"length\":4096,\"length\":8192");
+	char *t = nv_buffer_with("\"length\":4096,\"length\":8192");
 	refused("length twice", t, TE_ERR_METADATA, "key repeated");
 	g_free(t);
 	/* the same key spelled with an escape */
-	t = with_buffer_field("\"\\u0066ile_path\":\"/etc/shadow\"");
+	t = nv_buffer_with("\"\\u0066ile_path\":\"/etc/shadow\"");
 	refused("escaped twin", t, TE_ERR_METADATA, "key repeated");
 	g_free(t);
-	t = with_buffer_field("\"local_path_map\":{\"nodeA\":\"/a\",\"nodeA\":\"/etc/shadow\"}");
+	t = nv_buffer_with("\"local_path_map\":{\"nodeA\":\"/a\",\"nodeA\":\"/etc/shadow\"}");
 	refused("map entry twice", t, TE_ERR_METADATA, "key repeated");
 	g_free(t);
 }
@@ -207,14 +167,14 @@ static void test_types(void)
 		{ "\"local_path_map\":{\"nodeA\":{}}", "local_path_map entry for nodeA is not a path" },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		char *t = with_buffer_field(cases[i].field);
+		char *t = nv_buffer_with(cases[i].field);
 		refused(cases[i].field, t, TE_ERR_METADATA, cases[i].why);
 		g_free(t);
 	}
 	refused("no length", "{\"buffers\":[{\"file_path\":\"/f\"}],\"protocol\":\"nvmeof\"}",
 		TE_ERR_METADATA, "missing or bad \"length\" (missing)");
 	/* another host's entry is not ours to read: anything goes there */
-	char *t = with_buffer_field("\"local_path_map\":{\"nodeZ\":[1,{}]}");
+	char *t = nv_buffer_with("\"local_path_map\":{\"nodeZ\":[1,{}]}");
 	CHECK_EQ(open_text(t), 0);
 	g_free(t);
 }
@@ -242,7 +202,7 @@ static void test_numbers(void)
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		char *field = g_strdup_printf("\"length\":%s", cases[i].len);
-		char *t = with_buffer_field(field);
+		char *t = nv_buffer_with(field);
 		refused(field, t, TE_ERR_METADATA, cases[i].why);
 		g_free(t);
 		g_free(field);
@@ -266,15 +226,12 @@ static void test_engine(void)
 	char pad[20001];
 	memset(pad, 'p', sizeof pad - 1);
 	pad[sizeof pad - 1] = '\0';
-	GString *many = g_string_new("[");
-	for (int i = 0; i < 20000; i++)
-		g_string_append(many, i ? ",0" : "0");
-	g_string_append(many, "]");
+	char *many = hostile_array("", 20000, "0", "");
 	char *deep = hostile_nest("", "[", 8, "1", "]", "");
 	char big[20100];
 	snprintf(big, sizeof big, "\"%s\"", pad);
 	/* each in a member nobody reads, under the host's own limits */
-	const char *extra[] = { deep, big, many->str };
+	const char *extra[] = { deep, big, many };
 	const char *why[] = { "nested deeper than 8 levels", "longer than 16384 bytes",
 			      "array with more than 16384 elements" };
 	for (size_t i = 0; i < 3; i++) {
@@ -303,7 +260,7 @@ static void test_engine(void)
 			CHECK_EQ(te_segment_close(e, id), 0);
 	}
 	g_free(deep);
-	g_string_free(many, TRUE);
+	free(many);
 	CHECK_EQ(te_unregister_memory(e, mem), 0);
 	te_engine_destroy(e);
 	free(mem);

@@ -13,6 +13,7 @@
 #include <json-glib/json-glib.h>
 
 #include "../common/hostile.h"
+#include "nv-hostile.h"
 #include "nv-util.h"
 
 static const char *tool;
@@ -247,50 +248,14 @@ static void tool_refuses(const char *what, const char *text, const char *why)
 	CHECK(out_has("\"local_path_map\":{\"h1\":\"/mnt/f\"}"));
 }
 
-/* The valid descriptor with `field` in its buffer instead of the member of
- * that name. */
-static char *buffer_with(const char *field)
-{
-	bool path = strncmp(field, "\"file_path\"", 11) == 0, len = strncmp(field, "\"length\"", 8) == 0;
-	return g_strdup_printf("{\"buffers\":[{%s%s%s}],\"protocol\":\"nvmeof\",\"server_name\":\"s\"}",
-			       path ? "" : "\"file_path\":\"/f\",", len ? "" : "\"length\":4096,", field);
-}
-
 static void test_hostile_descriptors(void)
 {
+	const char *what, *why;
 	char *t;
-	t = hostile_nest("{\"buffers\":", "[", 100000, "", "]", ",\"protocol\":\"nvmeof\"}");
-	tool_refuses("deep arrays", t, "nested deeper than 8 levels");
-	g_free(t);
-	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "{\"a\":", 100000, "1", "}", "}");
-	tool_refuses("deep objects", t, "nested deeper than 8 levels");
-	g_free(t);
-	t = hostile_nest("{\"buffers\":[{\"length\":4096,\"file_path\":", "[", 100000, "\"/f\"", "]",
-		 "}],\"protocol\":\"nvmeof\"}");
-	tool_refuses("deep path", t, "nested deeper than 8 levels");
-	g_free(t);
-	t = hostile_nest("{\"protocol\":\"nvmeof\",\"server_name\":", "{\"a\":", 100000, "\"s\"", "}", "}");
-	tool_refuses("deep server name", t, "nested deeper than 8 levels");
-	g_free(t);
-	t = hostile_nest("{\"protocol\":\"nvmeof\",\"x\":", "[", 8, "1", "]", "}");
-	tool_refuses("nine levels", t, "nested deeper than 8 levels");
-	g_free(t);
-
-	GString *g = g_string_new("{\"protocol\":\"nvmeof\",\"buffers\":[");
-	for (size_t i = 0; i < 1000000; i++)
-		g_string_append(g, i ? ",0" : "0");
-	g_string_append(g, "]}");
-	tool_refuses("million elements", g->str, "array with more than 16384 elements");
-	g_string_free(g, TRUE);
-	/* a path of 1 MiB less one byte; 9 MiB of blanks inside the object */
-	char *field = hostile_nest("\"file_path\":\"/", "a", (1u << 20) - 1, "", "", "\"");
-	t = buffer_with(field);
-	tool_refuses("huge path", t, "longer than 16384 bytes");
-	g_free(t);
-	free(field);
-	t = hostile_nest("{\"protocol\":\"nvmeof\"", " ", (9u << 20) - 1, "", "", "}");
-	tool_refuses("huge text", t, "over the limit of 8388608");
-	free(t);
+	for (size_t i = 0; (t = nv_hostile(i, &what, &why)) != NULL; i++) {
+		tool_refuses(what, t, why);
+		free(t);
+	}
 
 	tool_refuses("protocol twice", "{\"protocol\":\"nvmeof\",\"buffers\":[],\"protocol\":\"nvmeof\"}",
 		     "key repeated");
@@ -318,7 +283,7 @@ static void test_hostile_descriptors(void)
 		{ "\"length\":1e400", "out of range" },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		t = buffer_with(cases[i].field);
+		t = nv_buffer_with(cases[i].field);
 		tool_refuses(cases[i].field, t, cases[i].why);
 		g_free(t);
 	}
@@ -334,7 +299,7 @@ static void test_hostile_descriptors(void)
 	tool_refuses("trailing bytes", "{\"protocol\":\"nvmeof\",\"buffers\":[]} x", "bytes after the value");
 	/* register keeps the mount paths of the stored descriptor, so it reads
 	 * it first, and refuses it the same way */
-	t = buffer_with("\"length\":-1");
+	t = nv_buffer_with("\"length\":-1");
 	REQUIRE(put_raw(t));
 	CHECK_EQ(run_tool("-m %s register hostile %s", nv_conn, nv_path("disk-a")), 1);
 	CHECK(out_has("2^63"));

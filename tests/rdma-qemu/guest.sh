@@ -97,16 +97,22 @@ bench=$build/tools/te-bench/te-bench
 # pkts DEV sent|rcvd: the device's packet counter.
 pkts() { cat "/sys/class/infiniband/$1/ports/1/hw_counters/$2_pkts"; }
 
+# wait_log FILE PATTERN TRIES: until a line of FILE matches PATTERN (grep),
+# looking every 0.2 s, TRIES times at the most.
+wait_log() {
+	n=0
+	until grep -q "$2" "$1" || [ $n -ge "$3" ]; do
+		sleep 0.2
+		n=$((n + 1))
+	done
+}
+
 # Starts a te-bench target on rxe2+rxe3 at 127.0.0.1:PORT; sets $tpid.
 start_target() { # port, extra flag; $proto: the transports (rdma)
 	"$bench" --mode=target --protocol="${proto:-rdma}" --device_name=rxe2,rxe3 \
 		--local_server_name=127.0.0.1:$1 --buffer_size=16777216 $2 > "$scratch/target-$1.log" 2>&1 &
 	tpid=$!
-	n=0
-	until grep -q 'target ready' "$scratch/target-$1.log" || [ $n -ge 150 ]; do
-		sleep 0.2
-		n=$((n + 1))
-	done
+	wait_log "$scratch/target-$1.log" 'target ready' 150
 }
 
 # The target's NIC rxe2 changes address (10.9.0.3 -> 10.9.0.7) while an
@@ -147,11 +153,7 @@ transport_failover() {
 	bpid=$!
 	# Under TCG the first requests take a few seconds (handshakes, memory
 	# registration): the links go down 2 s after the first second reported.
-	n=0
-	until grep -q '^\[ *[0-9]* s\]' "$scratch/failover.log" || [ $n -ge 100 ]; do
-		sleep 0.2
-		n=$((n + 1))
-	done
+	wait_log "$scratch/failover.log" '^\[ *[0-9]* s\]' 100
 	sleep 2
 	ip link set sw2 down && ip link set sw3 down || return 1
 	d0=$(($(pkts rxe0 sent) + $(pkts rxe1 sent)))

@@ -80,6 +80,34 @@ static bool start_target(child *c, int port)
 	return r != NULL;
 }
 
+/* A target started on `port`, and the initiator here: an engine on
+ * mlx5_0+mlx5_1 with a buffer for write_and_check() registered, the
+ * target's segment open, the target's buffer in *sb. */
+static te_engine *initiator_up(child *t, int port, unsigned char **abuf, te_segment_id *seg,
+			       te_segment_buffer *sb)
+{
+	char name[64];
+
+	REQUIRE(start_target(t, port));
+	snprintf(name, sizeof name, "127.0.0.1:%d", port);
+	te_engine *a = soft_engine_v(NULL, "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", NULL);
+	REQUIRE(a != NULL);
+	*abuf = buf_new(2u * NTASK * TLEN);
+	REQUIRE(te_register_memory(a, *abuf, 2u * NTASK * TLEN, "cpu:0", 0) == 0);
+	*seg = te_segment_open(a, name);
+	REQUIRE(*seg > 0);
+	REQUIRE(te_segment_buffers(a, *seg, sb, 1) == 1);
+	return a;
+}
+
+static void initiator_down(child *t, te_engine *a, te_segment_id seg, unsigned char *abuf)
+{
+	child_stop(t, 0);
+	te_segment_close(a, seg);
+	te_engine_destroy(a);
+	free(abuf);
+}
+
 static uint64_t total_slices(te_engine *e)
 {
 	return slices_on(e, "mlx5_0") + slices_on(e, "mlx5_1");
@@ -120,17 +148,10 @@ static void test_peer_killed(void)
 	te_rdma_stats s0, s1, s2;
 	te_segment_buffer sb;
 	int port = 17300 + (int)(getpid() % 500);
-	char name[64];
+	unsigned char *abuf;
+	te_segment_id seg;
 
-	REQUIRE(start_target(&t, port));
-	snprintf(name, sizeof name, "127.0.0.1:%d", port);
-	te_engine *a = soft_engine_v(NULL, "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", NULL);
-	REQUIRE(a != NULL);
-	unsigned char *abuf = buf_new(2u * NTASK * TLEN);
-	REQUIRE(te_register_memory(a, abuf, 2u * NTASK * TLEN, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(a, name);
-	REQUIRE(seg > 0);
-	REQUIRE(te_segment_buffers(a, seg, &sb, 1) == 1);
+	te_engine *a = initiator_up(&t, port, &abuf, &seg, &sb);
 	CHECK(write_and_check(a, seg, abuf, sb.addr, 8, 256 << 10, 1));
 	REQUIRE(stats_of(a, &s0) == 0);
 	CHECK(s0.endpoints_created >= 1);
@@ -195,11 +216,7 @@ static void test_peer_killed(void)
 	REQUIRE(stats_of(a, &s2) == 0);
 	CHECK(s2.endpoints_created > s1.endpoints_created); /* rebuilt */
 	CHECK(total_slices(a) > before);
-	child_stop(&t, 0);
-
-	te_segment_close(a, seg);
-	te_engine_destroy(a);
-	free(abuf);
+	initiator_down(&t, a, seg, abuf);
 }
 
 /* Submits READs of the first NSTOP pieces of the target's range into rd
@@ -249,18 +266,11 @@ static void test_peer_stopped(void)
 	child t;
 	te_segment_buffer sb;
 	int port = 17900 + (int)(getpid() % 500);
-	char name[64];
 	const size_t half = (size_t)NSTOP * STOP_LEN;
+	unsigned char *abuf;
+	te_segment_id seg;
 
-	REQUIRE(start_target(&t, port));
-	snprintf(name, sizeof name, "127.0.0.1:%d", port);
-	te_engine *a = soft_engine_v(NULL, "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", NULL);
-	REQUIRE(a != NULL);
-	unsigned char *abuf = buf_new(2u * NTASK * TLEN);
-	REQUIRE(te_register_memory(a, abuf, 2u * NTASK * TLEN, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(a, name);
-	REQUIRE(seg > 0);
-	REQUIRE(te_segment_buffers(a, seg, &sb, 1) == 1);
+	te_engine *a = initiator_up(&t, port, &abuf, &seg, &sb);
 	CHECK(write_and_check(a, seg, abuf, sb.addr, NSTOP, STOP_LEN, 5));
 	unsigned char *rd = abuf, *wr = abuf + half, *snap = malloc(half);
 	REQUIRE(snap != NULL);
@@ -303,10 +313,7 @@ static void test_peer_stopped(void)
 	CHECK(unchanged_after(rd, snap, half));
 	CHECK(WAIT_FOR(write_and_check(a, seg, abuf, sb.addr, NSTOP, STOP_LEN, 7), 30000));
 	free(snap);
-	child_stop(&t, 0);
-	te_segment_close(a, seg);
-	te_engine_destroy(a);
-	free(abuf);
+	initiator_down(&t, a, seg, abuf);
 }
 
 int main(int argc, char **argv)

@@ -332,4 +332,16 @@ static inline unsigned char *buf_new(size_t n)
 	return p;
 }
 
+/* New buffers of `len` bytes registered on initiator `a` (cpu:0, with
+ * `aflags`) and target `b` (cpu:1, open to its peers); returns a's segment
+ * of b. */
+static inline te_segment_id pair_buffers(te_engine *a, te_engine *b, size_t len, uint32_t aflags,
+					 unsigned char **abuf, unsigned char **bbuf)
+{
+	REQUIRE(a && b);
+	*abuf = buf_new(len);
+	*bbuf = buf_new(len);
+	return pair_segment(a, *abuf, len, aflags, b, *bbuf, len, "cpu:1");
+}
+
 #endif

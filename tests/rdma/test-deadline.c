@@ -37,13 +37,7 @@ static void setup(void)
 {
 	A = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\"]}");
 	B = soft_engine("two-socket", "{\"devices\": [\"mlx5_2\"]}");
-	REQUIRE(A && B);
-	abuf = buf_new(BUF);
-	bbuf = buf_new(BUF);
-	REQUIRE(te_register_memory(A, abuf, BUF, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(B, bbuf, BUF, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	SEG = te_segment_open(A, te_engine_name(B));
-	REQUIRE(SEG > 0);
+	SEG = pair_buffers(A, B, BUF, 0, &abuf, &bbuf);
 	void *h = dlopen(getenv("TE_RDMA_PLUGIN"), RTLD_NOW | RTLD_NOLOAD);
 	REQUIRE(h != NULL);
 	*(void **)&soft_flush_delay = dlsym(h, "te_rdma_soft_set_flush_delay");
@@ -135,6 +129,16 @@ static void works_again(void)
 	CHECK_EQ(te_batch_free(A, b), 0);
 }
 
+/* The peer answers again: nothing of batch b (ended) landed; b is freed and
+ * transfers work again. */
+static void peer_back(te_batch_id b)
+{
+	CHECK_EQ(soft_set_latency("mlx5_0", 0), 0);
+	nothing_landed();
+	CHECK_EQ(te_batch_free(A, b), 0);
+	works_again();
+}
+
 static void test_deadline(void)
 {
 	te_request r[2];
@@ -163,10 +167,7 @@ static void test_deadline(void)
 	CHECK(flushed_on("mlx5_0") >= f0 + 2);
 	CHECK_EQ(te_batch_wait_settled(A, b, 1000), 0);
 	CHECK(!(info_of(b, 1).flags & TE_TASK_UNSETTLED));
-	CHECK_EQ(soft_set_latency("mlx5_0", 0), 0);
-	nothing_landed();
-	CHECK_EQ(te_batch_free(A, b), 0);
-	works_again();
+	peer_back(b);
 }
 
 static void test_unsettled_write(void)
@@ -197,10 +198,7 @@ static void test_unsettled_write(void)
 	CHECK(settled >= 150);
 	CHECK(!(info_of(b, 0).flags & TE_TASK_UNSETTLED));
 	CHECK_EQ(soft_flush_delay("mlx5_0", 0), 0);
-	CHECK_EQ(soft_set_latency("mlx5_0", 0), 0);
-	nothing_landed();
-	CHECK_EQ(te_batch_free(A, b), 0);
-	works_again();
+	peer_back(b);
 }
 
 static void test_cancel(void)
@@ -228,10 +226,7 @@ static void test_cancel(void)
 	}
 	CHECK(flushed_on("mlx5_0") >= f0 + 2);
 	CHECK_EQ(te_batch_wait_settled(A, b, 1000), 0);
-	CHECK_EQ(soft_set_latency("mlx5_0", 0), 0);
-	nothing_landed();
-	CHECK_EQ(te_batch_free(A, b), 0);
-	works_again();
+	peer_back(b);
 }
 
 /* A READ without deadline shares the endpoint with a WRITE that ends at its

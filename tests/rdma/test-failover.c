@@ -36,13 +36,7 @@ static void setup(void)
 	const char *opts[] = { "TE_RDMA_PATH_PAUSE_MS", "300", NULL };
 	A = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", opts);
 	B = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}", opts);
-	REQUIRE(A && B);
-	abuf = buf_new(BUF);
-	bbuf = buf_new(BUF);
-	REQUIRE(te_register_memory(A, abuf, BUF, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(B, bbuf, BUF, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	SEG = te_segment_open(A, te_engine_name(B));
-	REQUIRE(SEG > 0);
+	SEG = pair_buffers(A, B, BUF, 0, &abuf, &bbuf);
 }
 
 /* Submits `n` WRITEs of `len` bytes; returns the batch. */

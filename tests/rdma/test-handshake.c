@@ -390,12 +390,8 @@ static void test_qp_mismatch(void)
 	const char *three[] = { "TE_RDMA_NUM_QP_PER_EP", "3", NULL };
 	te_engine *a = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", three);
 	te_task_status st;
-	REQUIRE(a != NULL);
-	unsigned char *buf = buf_new(1 << 20), *bb = buf_new(1 << 20);
-	REQUIRE(te_register_memory(a, buf, 1 << 20, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(B, bb, 1 << 20, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	te_segment_id seg = te_segment_open(a, te_engine_name(B));
-	REQUIRE(seg > 0);
+	unsigned char *buf, *bb;
+	te_segment_id seg = pair_buffers(a, B, 1 << 20, 0, &buf, &bb);
 	cap_start();
 	long long t0 = now_ms();
 	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, buf, (uintptr_t)bb, 1 << 20, &st), TE_TASK_FAILED);

@@ -28,13 +28,7 @@ static void setup(void)
 {
 	P.a = soft_engine("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}");
 	P.b = soft_engine("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}");
-	REQUIRE(P.a && P.b);
-	P.abuf = buf_new(BUF);
-	P.bbuf = buf_new(BUF);
-	REQUIRE(te_register_memory(P.a, P.abuf, BUF, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	REQUIRE(te_register_memory(P.b, P.bbuf, BUF, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	P.seg = te_segment_open(P.a, te_engine_name(P.b));
-	REQUIRE(P.seg > 0);
+	P.seg = pair_buffers(P.a, P.b, BUF, TE_MEM_REMOTE_ACCESS, &P.abuf, &P.bbuf);
 }
 
 static void teardown(void)
@@ -46,6 +40,28 @@ static void teardown(void)
 	free(P.bbuf);
 }
 
+/* `n` bytes of pattern `seed` moved by `op` between P.abuf + aoff and
+ * P.bbuf + boff: all of them arrive, and nothing around them in the
+ * destination (zeroed before) changes. */
+static void one_way(uint32_t op, size_t aoff, size_t boff, size_t n, unsigned seed)
+{
+	te_task_status st = { 0 };
+	int before = check_failures;
+	bool w = op == TE_OP_WRITE;
+	unsigned char *from = w ? P.abuf : P.bbuf, *to = w ? P.bbuf : P.abuf;
+	size_t foff = w ? aoff : boff, toff = w ? boff : aoff;
+
+	fill_pattern(from, BUF, seed);
+	memset(to, 0, BUF);
+	CHECK_EQ(run_one(P.a, op, P.seg, P.abuf + aoff, (uintptr_t)(P.bbuf + boff), n, &st), TE_TASK_COMPLETED);
+	CHECK_EQ(st.transferred, n);
+	CHECK(memcmp(from + foff, to + toff, n) == 0);
+	CHECK(to[toff + n] == 0 && (toff == 0 || to[toff - 1] == 0)); /* nothing spilled */
+	if (check_failures != before)
+		fprintf(stderr, "  (the %s of %zu bytes, local +%zu, remote +%zu)\n", w ? "WRITE" : "READ", n, aoff,
+			boff);
+}
+
 static void test_sizes_and_offsets(void)
 {
 	te_task_status st;
@@ -54,20 +70,8 @@ static void test_sizes_and_offsets(void)
 			   (3u << 20) + 123 };
 	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
 		size_t n = sizes[i], loff = (i * 13) % 4096, roff = (i * 29) % 4096;
-		fill_pattern(P.abuf, BUF, (unsigned)i + 1);
-		memset(P.bbuf, 0, BUF);
-		CHECK_EQ(run_one(P.a, TE_OP_WRITE, P.seg, P.abuf + loff, (uintptr_t)(P.bbuf + roff), n, &st),
-			 TE_TASK_COMPLETED);
-		CHECK_EQ(st.transferred, n);
-		CHECK(memcmp(P.abuf + loff, P.bbuf + roff, n) == 0);
-		CHECK(P.bbuf[roff + n] == 0 && (roff == 0 || P.bbuf[roff - 1] == 0)); /* nothing spilled */
-		fill_pattern(P.bbuf, BUF, (unsigned)i + 100);
-		memset(P.abuf, 0, BUF);
-		CHECK_EQ(run_one(P.a, TE_OP_READ, P.seg, P.abuf + roff, (uintptr_t)(P.bbuf + loff), n, &st),
-			 TE_TASK_COMPLETED);
-		CHECK_EQ(st.transferred, n);
-		CHECK(memcmp(P.abuf + roff, P.bbuf + loff, n) == 0);
-		CHECK(P.abuf[roff + n] == 0);
+		one_way(TE_OP_WRITE, loff, roff, n, (unsigned)i + 1);
+		one_way(TE_OP_READ, roff, loff, n, (unsigned)i + 100);
 	}
 	/* The last byte of the peer's buffer, and the whole of it. */
 	fill_pattern(P.abuf, BUF, 7);
@@ -319,12 +323,8 @@ static void test_rebuilt_both_sides(void)
 	SOFT_ONLY("injected work request errors");
 	te_engine *a = soft_engine("two-socket", "{\"devices\": [\"mlx5_1\"]}");
 	te_engine *b = soft_engine("two-socket", "{\"devices\": [\"mlx5_3\"]}");
-	REQUIRE(a && b);
-	unsigned char *la = buf_new(1 << 20), *lb = buf_new(1 << 20);
-	REQUIRE(te_register_memory(a, la, 1 << 20, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(b, lb, 1 << 20, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	te_segment_id seg = te_segment_open(a, te_engine_name(b));
-	REQUIRE(seg > 0);
+	unsigned char *la, *lb;
+	te_segment_id seg = pair_buffers(a, b, 1 << 20, 0, &la, &lb);
 	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, la, (uintptr_t)lb, 4096, &st), TE_TASK_COMPLETED);
 	REQUIRE(stats_of(a, &a0) == 0 && stats_of(b, &b0) == 0);
 	CHECK_EQ(a0.endpoints[0], 1);
@@ -356,12 +356,8 @@ static void test_cancel(void)
 	const char *shallow[] = { "TE_RDMA_MAX_WR", "2", "TE_RDMA_NUM_QP_PER_EP", "1", NULL };
 	te_engine *a = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_0\", \"mlx5_1\"]}", shallow);
 	te_engine *bb = soft_engine_v("two-socket", "{\"devices\": [\"mlx5_2\", \"mlx5_3\"]}", shallow);
-	REQUIRE(a && bb);
-	unsigned char *la = buf_new(N * 262144), *lb = buf_new(N * 262144);
-	REQUIRE(te_register_memory(a, la, N * 262144, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(bb, lb, N * 262144, "cpu:1", TE_MEM_REMOTE_ACCESS) == 0);
-	te_segment_id seg = te_segment_open(a, te_engine_name(bb));
-	REQUIRE(seg > 0);
+	unsigned char *la, *lb;
+	te_segment_id seg = pair_buffers(a, bb, N * 262144, 0, &la, &lb);
 	CHECK_EQ(run_one(a, TE_OP_WRITE, seg, la, (uintptr_t)lb, 4096, &st), TE_TASK_COMPLETED);
 
 	CHECK_EQ(soft_set_latency(NULL, 2000), 0);

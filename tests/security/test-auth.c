@@ -127,6 +127,15 @@ static void files_seen(void)
 	usleep(1100 * 1000); /* the files are looked at once a second at most */
 }
 
+/* Once the engines looked at their files: a probe from `from` to `to` ends
+ * `want`, the log holding `says`. */
+static void probe_says(te_engine *from, te_engine *to, int want, const char *says)
+{
+	files_seen();
+	CHECK_EQ(probe(from, to), want);
+	CHECK(cap_has(says));
+}
+
 /* Once the engines looked at their files: each reaches the other. */
 static bool connected(te_engine *a, te_engine *b)
 {
@@ -234,9 +243,7 @@ static void test_rotation(void)
 
 	/* A file that is no key (cut short) leaves the one the engine had. */
 	put_key(kb, "short\n");
-	files_seen();
-	CHECK_EQ(probe(a, b), 0);
-	CHECK(cap_has("holds no usable key: the key read before stays"));
+	probe_says(a, b, 0, "holds no usable key: the key read before stays");
 	CHECK(!cap_has_quiet("rotate-new")); /* never the secret */
 	te_set_log_level(TE_LOG_WARN);
 	te_set_log_handler(NULL, NULL);
@@ -357,9 +364,7 @@ static void test_key_file_planted(void)
 	snprintf(wn, sizeof wn, "%s.next", wk);
 	write_file(wn, K_EVIL, 0600);
 	cap_start();
-	files_seen();
-	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
-	CHECK(cap_has("refused the key file"));
+	probe_says(a, evil, TE_ERR_AUTH, "refused the key file");
 	CHECK(cap_has("later-open/k.key.next"));
 	CHECK(cap_has("(uid 0, mode 0777) can be written by others and is not sticky") ||
 	      geteuid() != 0);
@@ -384,9 +389,8 @@ static void test_key_file_planted(void)
 	write_file(sn, K_EVIL, 0600);
 	REQUIRE(chown(sn, NOBODY, NOBODY) == 0);
 	cap_start();
-	files_seen();
-	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
-	CHECK(cap_has("planted-sticky/k.key.next is owned by uid 65534 (mode 0600), not by this process's uid 0 or root"));
+	probe_says(a, evil, TE_ERR_AUTH,
+		   "planted-sticky/k.key.next is owned by uid 65534 (mode 0600), not by this process's uid 0 or root");
 
 	/* Another user's symlink there, to a file of root's they can read
 	 * (0644), so they know the key it holds. */
@@ -396,9 +400,7 @@ static void test_key_file_planted(void)
 	REQUIRE(unlink(sn) == 0);
 	REQUIRE(symlink(pub, sn) == 0);
 	REQUIRE(lchown(sn, NOBODY, NOBODY) == 0);
-	files_seen();
-	CHECK_EQ(probe(a, evil), TE_ERR_AUTH);
-	CHECK(cap_has("planted-sticky/k.key.next is a symlink owned by uid 65534 in"));
+	probe_says(a, evil, TE_ERR_AUTH, "planted-sticky/k.key.next is a symlink owned by uid 65534 in");
 	/* Another user's file at the start fails it. */
 	char nk[160];
 	snprintf(nk, sizeof nk, "%s/nobody.key", dir);
@@ -425,9 +427,7 @@ static void test_key_file_planted(void)
 	REQUIRE(lchown(sn, 0, 0) == 0);
 	cap_start();
 	te_set_log_level(TE_LOG_INFO);
-	files_seen();
-	CHECK_EQ(probe(a, evil), 0);
-	CHECK(cap_has("k.key.next: its key is accepted too from now on"));
+	probe_says(a, evil, 0, "k.key.next: its key is accepted too from now on");
 	te_set_log_level(TE_LOG_WARN);
 	te_set_log_handler(NULL, NULL);
 	te_engine_destroy(a);

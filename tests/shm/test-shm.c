@@ -128,6 +128,20 @@ static unsigned char *local_buffer(te_engine *e)
 	return l;
 }
 
+/* Starts peer `p` (serving both kinds of memory) and an engine here with
+ * `transports` and its local buffer; returns the peer's segment, which the
+ * same-host transport serves. */
+static te_segment_id shm_peer(peer *p, const char *transports, te_engine **e, unsigned char **local)
+{
+	REQUIRE(peer_start(p, "both", NULL));
+	*e = engine(transports);
+	REQUIRE(*e != NULL);
+	*local = local_buffer(*e);
+	te_segment_id seg = te_segment_open(*e, p->name);
+	REQUIRE(seg > 0 && strcmp(te_segment_transport(*e, seg), "shm") == 0);
+	return seg;
+}
+
 static void test_two_processes(void)
 {
 	peer p;
@@ -185,11 +199,9 @@ static void test_ranges(void)
 {
 	peer p;
 	te_task_status st;
-	REQUIRE(peer_start(&p, "both", NULL));
-	te_engine *e = engine("tcp,shm");
-	unsigned char *local = local_buffer(e);
-	te_segment_id seg = te_segment_open(e, p.name);
-	REQUIRE(seg > 0 && strcmp(te_segment_transport(e, seg), "shm") == 0);
+	te_engine *e;
+	unsigned char *local;
+	te_segment_id seg = shm_peer(&p, "tcp,shm", &e, &local);
 	/* C is registered but not remote-accessible: refused, not read */
 	memset(local, 0, 4096);
 	CHECK_EQ(one(e, TE_OP_READ, seg, local, p.r[2], 4096, &st), TE_TASK_FAILED);
@@ -249,11 +261,9 @@ static void test_target_dies(void)
 {
 	for (int kind = 0; kind < 2; kind++) { /* 0: attach (A), 1: shared mapping (B) */
 		peer p;
-		REQUIRE(peer_start(&p, "both", NULL));
-		te_engine *e = engine("shm");
-		unsigned char *local = local_buffer(e);
-		te_segment_id seg = te_segment_open(e, p.name);
-		REQUIRE(seg > 0);
+		te_engine *e;
+		unsigned char *local;
+		te_segment_id seg = shm_peer(&p, "shm", &e, &local);
 		long long killed = 0, failed_at = 0;
 		int batches = 0;
 		for (long long end = now_ms() + 10000; now_ms() < end && !failed_at; batches++) {
@@ -476,11 +486,9 @@ static void test_copy_runs(void)
 	peer p;
 	te_batch_id b;
 	te_task_status st;
-	REQUIRE(peer_start(&p, "both", NULL));
-	te_engine *e = engine("tcp,shm");
-	unsigned char *local = local_buffer(e);
-	te_segment_id seg = te_segment_open(e, p.name);
-	REQUIRE(seg > 0 && strcmp(te_segment_transport(e, seg), "shm") == 0);
+	te_engine *e;
+	unsigned char *local;
+	te_segment_id seg = shm_peer(&p, "tcp,shm", &e, &local);
 	unsigned char *back = local + LOCAL_SIZE / 2, *want = malloc(LOCAL_SIZE / 2);
 	REQUIRE(want != NULL);
 
@@ -625,12 +633,9 @@ static void test_streaming_stores(void)
 static void test_stopped_target(void)
 {
 	peer p;
-	REQUIRE(peer_start(&p, "both", NULL));
-	te_engine *e = engine("shm");
-	REQUIRE(e != NULL);
-	unsigned char *local = local_buffer(e);
-	te_segment_id seg = te_segment_open(e, p.name);
-	REQUIRE(seg > 0);
+	te_engine *e;
+	unsigned char *local;
+	te_segment_id seg = shm_peer(&p, "shm", &e, &local);
 	REQUIRE(kill(p.c.pid, SIGSTOP) == 0);
 	enum { N = 64, LEN = 64 << 10 };
 	te_request reqs[N];

@@ -75,10 +75,7 @@ static inline void pair_open(pair *p, size_t alen, const te_option *aopt, size_t
 	p->blen = blen;
 	p->abuf = map_buf(alen);
 	p->bbuf = map_buf(blen);
-	REQUIRE(te_register_memory(p->a, p->abuf, alen, "cpu:0", 0) == 0);
-	REQUIRE(te_register_memory(p->b, p->bbuf, blen, "cpu:0", TE_MEM_REMOTE_ACCESS) == 0);
-	p->seg = te_segment_open(p->a, te_engine_name(p->b));
-	REQUIRE(p->seg > 0);
+	p->seg = pair_segment(p->a, p->abuf, alen, 0, p->b, p->bbuf, blen, "cpu:0");
 }
 
 static inline void pair_down(pair *p)
@@ -463,6 +460,15 @@ static inline void init_submit(init *in, const te_request *r, size_t n)
 {
 	REQUIRE(te_batch_alloc(in->e, n, &in->b) == 0);
 	CHECK_EQ(te_submit(in->e, in->b, r, n), 0);
+}
+
+/* init_submit(), then the data connection the requests come on to f. */
+static inline int init_submit_accept(init *in, const fake *f, const te_request *r, size_t n)
+{
+	init_submit(in, r, n);
+	int fd = accept_timeout(f->data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	return fd;
 }
 
 /* Task i's state, its error in *err when err is not NULL. */

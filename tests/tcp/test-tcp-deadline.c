@@ -155,19 +155,28 @@ static size_t make_batch(rig *r, te_request *q)
 	return n;
 }
 
+/* rig_up() with the default options, make_batch()'s requests in q (their
+ * count in *n) and a batch for them; the target is stopped (SIGSTOP). */
+static te_batch_id stopped_rig(rig *r, te_request *q, size_t *n)
+{
+	te_batch_id b;
+
+	rig_up(r, NULL, 0);
+	*n = make_batch(r, q);
+	child_sigstop(r->t.c.pid);
+	REQUIRE(te_batch_alloc(r->e, *n, &b) == 0);
+	return b;
+}
+
 /* (a) (b) (d): a stopped target. */
 static void test_stopped_target(void)
 {
 	rig r;
-	rig_up(&r, NULL, 0);
 	static te_request q[2 * NSMALL + 2];
-	size_t n = make_batch(&r, q);
+	size_t n;
+	te_batch_id b = stopped_rig(&r, q, &n);
 	memset(r.buf + RDST, 0xA5, 2u << 20);
 	fill_pattern(r.buf + WSRC, 2u << 20, 3);
-
-	child_sigstop(r.t.c.pid);
-	te_batch_id b;
-	REQUIRE(te_batch_alloc(r.e, n, &b) == 0);
 	int64_t dl = te_now_ns() + 200 * MS;
 	CHECK_EQ(te_submit_by(r.e, b, q, n, dl), 0);
 	CHECK_EQ(te_batch_wait(r.e, b, 3000), 0);
@@ -247,14 +256,10 @@ static void test_stopped_target(void)
 static void test_cancel(void)
 {
 	rig r;
-	rig_up(&r, NULL, 0);
 	static te_request q[2 * NSMALL + 2];
-	size_t n = make_batch(&r, q);
+	size_t n;
+	te_batch_id b = stopped_rig(&r, q, &n);
 	memset(r.buf + RDST, 0xA5, 2u << 20);
-
-	child_sigstop(r.t.c.pid);
-	te_batch_id b;
-	REQUIRE(te_batch_alloc(r.e, n, &b) == 0);
 	CHECK_EQ(te_submit(r.e, b, q, n), 0);
 	usleep(50000); /* on the wire, or waiting in the socket buffers */
 	int64_t t0 = te_now_ns();
@@ -290,12 +295,9 @@ static void test_cancel(void)
 static void test_destroy_unsettled(void)
 {
 	rig r;
-	rig_up(&r, NULL, 0);
 	static te_request q[2 * NSMALL + 2];
-	size_t n = make_batch(&r, q);
-	child_sigstop(r.t.c.pid);
-	te_batch_id b;
-	REQUIRE(te_batch_alloc(r.e, n, &b) == 0);
+	size_t n;
+	te_batch_id b = stopped_rig(&r, q, &n);
 	CHECK_EQ(te_submit_by(r.e, b, q, n, te_now_ns() + 100 * MS), 0);
 	CHECK_EQ(te_batch_wait(r.e, b, 3000), 0);
 	CHECK(count_unsettled(r.e, b, n) > 0);

@@ -316,6 +316,17 @@ static void check_table(const unsigned char *t, const te_request *r, unsigned n)
 	}
 }
 
+/* Submits three WRITEs of 16, 7 and `last` bytes from in's buffer (its
+ * pieces apart) to spread-out places of the fake target, put in w; returns
+ * the data connection they come on. */
+static int three_writes(init *in, const fake *f, te_request w[3], uint64_t last)
+{
+	w[0] = (te_request){ TE_OP_WRITE, in->seg, in->buf, FAKE_BASE + 0x100, 16 };
+	w[1] = (te_request){ TE_OP_WRITE, in->seg, in->buf + 1024, FAKE_BASE + 0x900, 7 };
+	w[2] = (te_request){ TE_OP_WRITE, in->seg, in->buf + 2048, FAKE_BASE + 0x40, last };
+	return init_submit_accept(in, f, w, 3);
+}
+
 /* Three small WRITEs and three small READs to a target that takes
  * scatter-gather frames: one frame each, answered piece by piece; the
  * middle piece rejected fails alone. */
@@ -329,12 +340,8 @@ static void test_initiator_sg(void)
 	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
 
 	fill_pattern(in.buf, 4096, 20);
-	te_request w[3] = { { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE + 0x100, 16 },
-			    { TE_OP_WRITE, in.seg, in.buf + 1024, FAKE_BASE + 0x900, 7 },
-			    { TE_OP_WRITE, in.seg, in.buf + 2048, FAKE_BASE + 0x40, 100 } };
-	init_submit(&in, w, 3);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	te_request w[3];
+	int fd = three_writes(&in, &f, w, 100);
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
 	check_hdr(h, 123, 3, W_SG_WRITE);
 	check_table(h + W_HDR, w, 3);
@@ -417,12 +424,8 @@ static void test_initiator_without_sg(void)
 	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR], body[16];
 	uint64_t ok = htole64(W_STATUS_OK);
-	te_request w[3] = { { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE + 0x100, 16 },
-			    { TE_OP_WRITE, in.seg, in.buf + 1024, FAKE_BASE + 0x900, 7 },
-			    { TE_OP_WRITE, in.seg, in.buf + 2048, FAKE_BASE + 0x40, 10 } };
-	init_submit(&in, w, 3);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	te_request w[3];
+	int fd = three_writes(&in, &f, w, 10);
 	for (int i = 0; i < 3; i++) {
 		CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 		check_hdr(h, w[i].length, w[i].remote, 0x81);

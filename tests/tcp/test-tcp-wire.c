@@ -270,6 +270,24 @@ static void write_refused(int fd, unsigned char *at, size_t n)
 		}
 }
 
+/* Lane `lane` fenced up to generation `gen`: a connection of that generation
+ * is refused at its HELLO (its WRITE at `refused_at` never applied), one of
+ * the next is served (a WRITE at `ok_at`, pattern `seed`); returns that one. */
+static int fenced_up_to(uint64_t lane, uint64_t gen, unsigned char *refused_at, unsigned char *ok_at,
+			unsigned seed)
+{
+	int fd = hello_connect(lane, gen);
+	write_refused(fd, refused_at, 16);
+	close(fd);
+	fd = hello_connect(lane, gen + 1);
+	bool ok = write_ok(fd, ok_at, 16, seed);
+	if (!ok)
+		fprintf(stderr, "  lane %#llx generation %llu not served\n", (unsigned long long)lane,
+			(unsigned long long)gen + 1);
+	CHECK(ok);
+	return fd;
+}
+
 /* The frames byte by byte: HELLO unanswered, FENCE answered with status OK
  * once the connections it names can write nothing more; a connection of a
  * fenced lane and generation is refused at its HELLO, a later generation is
@@ -297,20 +315,12 @@ static void test_fence_frames(void)
 
 	/* The same lane and generation again (a connection that was still in
 	 * the accept queue): refused at its HELLO; a later generation is not. */
-	a = hello_connect(la, 5);
-	write_refused(a, rbuf + 0x4000, 16);
-	close(a);
-	a = hello_connect(la, 6);
-	CHECK(write_ok(a, rbuf + 0x5000, 16, 62));
+	a = fenced_up_to(la, 5, rbuf + 0x4000, rbuf + 0x5000, 62);
 
 	/* A FENCE of a lane never seen: remembered for its connections to come. */
 	send_frame(b, lc, 9, W_FENCE);
 	CHECK_EQ(recv_status(b), W_STATUS_OK);
-	int c = hello_connect(lc, 9);
-	write_refused(c, rbuf + 0x6000, 16);
-	close(c);
-	c = hello_connect(lc, 10);
-	CHECK(write_ok(c, rbuf + 0x6000, 16, 63));
+	int c = fenced_up_to(lc, 9, rbuf + 0x6000, rbuf + 0x6000, 63);
 	/* A FENCE of an earlier generation of its own lane leaves it alone. */
 	send_frame(a, la, 5, W_FENCE);
 	CHECK_EQ(recv_status(a), W_STATUS_OK);
@@ -488,9 +498,7 @@ static void test_initiator_v2(void)
 
 	/* READ: header checked byte by byte, status then data back */
 	te_request r = { TE_OP_READ, in.seg, in.buf + 1, FAKE_BASE + 0x10, 100 };
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 100, FAKE_BASE + 0x10, 0x80);
 	uint64_t ok = htole64(W_STATUS_OK);
@@ -517,9 +525,7 @@ static void test_initiator_v2(void)
 	CHECK(send_all(fd, "xyz", 3));
 	CHECK(closed_quietly(fd, 3000));
 	close(fd);
-	init_submit(&in, &r, 1);
-	fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, data, 100));
 	finish(&in);
@@ -538,9 +544,7 @@ static void test_initiator_pipelined_slices(void)
 	init_up(&in, &f, IBUF, &o, 1);
 	te_request r[2] = { { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 3 * 65536 },
 			    { TE_OP_READ, in.seg, in.buf + (1u << 20), FAKE_BASE + (4u << 20), 10 } };
-	init_submit(&in, r, 2);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, r, 2);
 	unsigned char h[4 * W_HDR];
 	/* all four headers arrive before we answer anything */
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
@@ -585,9 +589,7 @@ static void window_case(fake *f, const char *window, unsigned seed)
 
 	init_up(&in, f, IBUF, o, 2);
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 6 * 65536 };
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f->data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, f, &r, 1);
 	for (int i = 0; i < 2; i++) {
 		CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 		check_hdr(h, 65536, FAKE_BASE + (uint64_t)i * 65536, 0x80);
@@ -631,9 +633,7 @@ static void test_initiator_v1(void)
 	init_up(&in, &f, IBUF, NULL, 0);
 	unsigned char h[W_HDR], data[100];
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 8, 100 };
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 100, FAKE_BASE + 8, 0x00);
 	fill_pattern(data, 100, 14);
@@ -662,9 +662,7 @@ static int fake_answer(init *in, fake *f, const void *reply, size_t len, int *er
 {
 	te_request r = { TE_OP_READ, in->seg, in->buf, FAKE_BASE, 100 };
 	unsigned char h[W_HDR];
-	init_submit(in, &r, 1);
-	int fd = accept_timeout(f->data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(in, f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	if (len)
 		CHECK(send_all(fd, reply, len));
@@ -717,9 +715,7 @@ static void test_initiator_errors(void)
 	enum { BIG = 48u << 20 };
 	te_request w = { TE_OP_WRITE, in.seg, in.buf, FAKE_BASE, BIG };
 	unsigned char h[W_HDR];
-	init_submit(&in, &w, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &w, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	CHECK(send_all(fd, &ok, 8)); /* without reading 48 MiB: cannot all be sent */
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
@@ -733,6 +729,15 @@ static void test_initiator_errors(void)
 	fake_stop(&f);
 }
 
+/* Submits n READs of 10 bytes, 100 apart on both sides, from the fake
+ * target, put in r; returns the data connection they come on. */
+static int reads_of_ten(init *in, const fake *f, te_request *r, int n)
+{
+	for (int i = 0; i < n; i++)
+		r[i] = (te_request){ TE_OP_READ, in->seg, in->buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
+	return init_submit_accept(in, f, r, (size_t)n);
+}
+
 /* A rejection in the middle of a pipeline: the request behind it was never
  * run by the peer and goes again on a new connection. */
 static void test_initiator_reject_midway(void)
@@ -743,11 +748,7 @@ static void test_initiator_reject_midway(void)
 	fake_start(&f, 2);
 	init_up(&in, &f, IBUF, NULL, 0);
 	te_request r[3];
-	for (int i = 0; i < 3; i++)
-		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	init_submit(&in, r, 3);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = reads_of_ten(&in, &f, r, 3);
 	unsigned char h[3 * W_HDR], ten[10];
 	CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
 	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
@@ -785,11 +786,7 @@ static void test_initiator_reject_then_queued(void)
 	fake_start(&f, 2);
 	init_up(&in, &f, IBUF, o, 1);
 	te_request r[2];
-	for (int i = 0; i < 2; i++)
-		r[i] = (te_request){ TE_OP_READ, in.seg, in.buf + i * 100, FAKE_BASE + (uint64_t)i * 100, 10 };
-	init_submit(&in, r, 2);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = reads_of_ten(&in, &f, r, 2);
 	unsigned char h[W_HDR], ten[10];
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 10, FAKE_BASE, 0x80);
@@ -828,9 +825,7 @@ static void test_initiator_hello(void)
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 0x20, 100 };
 	fill_pattern(data, sizeof data, 16);
 	for (uint64_t gen = 1; gen <= 2; gen++) {
-		init_submit(&in, &r, 1);
-		int fd = accept_timeout(f.data_lfd, 3000);
-		REQUIRE(fd >= 0);
+		int fd = init_submit_accept(&in, &f, &r, 1);
 		CHECK_EQ(recv_exact(fd, h, sizeof h, 3000, NULL), (ssize_t)sizeof h);
 		if (gen == 1)
 			lane = get_le64(h);
@@ -852,9 +847,7 @@ static void test_initiator_hello(void)
 	init_up(&in, &f, IBUF, NULL, 0);
 	r.segment = in.seg; /* a new engine and buffer: where they are now */
 	r.local = in.buf;
-	init_submit(&in, &r, 1);
-	int fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
+	int fd = init_submit_accept(&in, &f, &r, 1);
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 100, FAKE_BASE + 0x20, 0x00);
 	CHECK(send_all(fd, data, 100));

@@ -66,6 +66,25 @@ static void dir_cb(const char *dir, int exists, void *user)
 	(void)exists;
 }
 
+/* A transport the loader skipped cannot be installed. */
+static void not_installable(const char *name)
+{
+	te_engine *e = p2p_engine(NULL);
+	REQUIRE(e != NULL);
+	CHECK_EQ(te_transport_install(e, name, NULL), -ENOENT);
+	te_engine_destroy(e);
+}
+
+/* TE_PLUGINS (set by meson.build for this run) let `on` load and disabled
+ * `off`. */
+static void only_listed(const char *off, const char *on)
+{
+	te_plugin_foreach(collect, NULL);
+	expect_skipped(off, "disabled by TE_PLUGINS");
+	seen *s = by_file(on);
+	CHECK(s && s->loaded);
+}
+
 static void test_scan(void)
 {
 	cap_start();
@@ -107,28 +126,18 @@ static void test_scan(void)
 	CHECK(e != NULL);
 	te_engine_destroy(e);
 	/* skipped plugins cannot be installed */
-	e = p2p_engine(NULL);
-	CHECK_EQ(te_transport_install(e, "badmajor", NULL), -ENOENT);
-	te_engine_destroy(e);
+	not_installable("badmajor");
 }
 
 static void test_deny(void)
 {
-	te_plugin_foreach(collect, NULL);
-	expect_skipped("libte-transport-memcpy.so", "disabled by TE_PLUGINS");
-	seen *hold = by_file("libte-transport-hold.so");
-	CHECK(hold && hold->loaded);
-	te_engine *e = p2p_engine(NULL);
-	CHECK_EQ(te_transport_install(e, "memcpy", NULL), -ENOENT);
-	te_engine_destroy(e);
+	only_listed("libte-transport-memcpy.so", "libte-transport-hold.so");
+	not_installable("memcpy");
 }
 
 static void test_allow(void)
 {
-	te_plugin_foreach(collect, NULL);
-	expect_skipped("libte-transport-hold.so", "disabled by TE_PLUGINS");
-	seen *mc = by_file("libte-transport-memcpy.so");
-	CHECK(mc && mc->loaded);
+	only_listed("libte-transport-hold.so", "libte-transport-memcpy.so");
 }
 
 int main(int argc, char **argv)

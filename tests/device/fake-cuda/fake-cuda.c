@@ -1022,30 +1022,33 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstrea
 	return r;
 }
 
-API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, unsigned flags)
+/* Queues a call of `cb` (cuStreamAddCallback()'s form) or of `fn`
+ * (cuLaunchHostFunc()'s) on s. */
+static CUresult push_callback(CUstream s, CUstreamCallback cb, void (*fn)(void *), void *user)
 {
-	if (cb == NULL || flags != 0 || getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
+	if (getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
 		return ERR_INVALID_VALUE;
 	CUresult r = in_current(s);
 	if (r != OK)
 		return r;
 	op *o = calloc(1, sizeof *o);
 	if (o != NULL)
-		*o = (op){ .kind = OP_CALLBACK, .cb = cb, .user = user };
+		*o = (op){ .kind = OP_CALLBACK, .cb = cb, .hostfn = fn, .user = user };
 	return push(s, o, NULL);
+}
+
+API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, unsigned flags)
+{
+	if (cb == NULL || flags != 0)
+		return ERR_INVALID_VALUE;
+	return push_callback(s, cb, NULL, user);
 }
 
 API CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *user)
 {
-	if (fn == NULL || getenv("FAKE_CUDA_NO_CALLBACK") != NULL)
+	if (fn == NULL)
 		return ERR_INVALID_VALUE;
-	CUresult r = in_current(s);
-	if (r != OK)
-		return r;
-	op *o = calloc(1, sizeof *o);
-	if (o != NULL)
-		*o = (op){ .kind = OP_CALLBACK, .hostfn = fn, .user = user };
-	return push(s, o, NULL);
+	return push_callback(s, NULL, fn, user);
 }
 
 API CUresult cuStreamSynchronize(CUstream s)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "teu-search.h"
 #include "metrics.h"
 
 static void region_free(te_region *r)
@@ -55,37 +56,25 @@ void te_memreg_clear(te_memreg *m)
 	g_cond_clear(&m->pin_cond);
 }
 
+static uint64_t region_start(const void *arr, size_t i)
+{
+	return (uint64_t)(uintptr_t)((te_region *const *)arr)[i]->addr;
+}
+
 /* Index of the last region starting at or below addr, or -1. */
 static gssize floor_index(te_memreg *m, uint64_t addr)
 {
-	gssize lo = 0, hi = (gssize)m->regions->len - 1, best = -1;
-
-	while (lo <= hi) {
-		gssize mid = lo + (hi - lo) / 2;
-		te_region *r = g_ptr_array_index(m->regions, mid);
-		if ((uint64_t)(uintptr_t)r->addr <= addr) {
-			best = mid;
-			lo = mid + 1;
-		} else {
-			hi = mid - 1;
-		}
-	}
-	return best;
+	return (gssize)teu_count_at_or_below(m->regions->pdata, m->regions->len, region_start, addr) - 1;
 }
 
 te_region *te_memreg_find_locked(te_memreg *m, uint64_t addr, uint64_t len)
 {
 	gssize i = floor_index(m, addr);
-	te_region *r;
-	uint64_t start;
 
-	if (i < 0 || addr + len < addr)
+	if (i < 0)
 		return NULL;
-	r = g_ptr_array_index(m->regions, i);
-	start = (uint64_t)(uintptr_t)r->addr;
-	if (addr - start > r->length || len > r->length - (addr - start))
-		return NULL;
-	return r;
+	te_region *r = g_ptr_array_index(m->regions, i);
+	return teu_span_within(addr, len, (uint64_t)(uintptr_t)r->addr, r->length) ? r : NULL;
 }
 
 /* Pins of buffer_acquire carry this bit in their priv. */

@@ -3,10 +3,11 @@
 #include <string.h>
 
 #include "teu-devmem.h"
+#include "teu-search.h"
 
 bool teu_range_in(uintptr_t addr, size_t len, uintptr_t start, size_t size, uint64_t *offset)
 {
-	if (addr < start || len > size || addr - start > size - len)
+	if (!teu_span_within(addr, len, start, size))
 		return false;
 	*offset = (uint64_t)(addr - start);
 	return true;

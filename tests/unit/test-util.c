@@ -22,6 +22,7 @@
 #include <glib.h>
 
 #include "teu-devmem.h"
+#include "teu-search.h"
 #include "teu-fmt.h"
 #include "teu-hostport.h"
 #include "teu-json.h"
@@ -154,6 +155,32 @@ static void test_range(void)
 	CHECK(!teu_range_in(0x1010, SIZE_MAX - 0x8, 0x1000, 0x100, &off));
 	CHECK(!teu_range_in(UINTPTR_MAX - 0xf, 0x20, UINTPTR_MAX - 0xff, 0x100, &off));
 	CHECK(off == 7); /* untouched when refused */
+}
+
+static uint64_t start_of(const void *arr, size_t i)
+{
+	return ((const uint64_t *)arr)[i];
+}
+
+/* teu_count_at_or_below(): the count of sorted starts at or below a key,
+ * at each edge; the last of those is the range that may hold the key. */
+static void test_search(void)
+{
+	static const uint64_t starts[] = { 0x1000, 0x2000, 0x2000, 0x8000 };
+	const size_t n = sizeof starts / sizeof starts[0];
+
+	CHECK_EQ(teu_count_at_or_below(starts, 0, start_of, 0x5000), 0);
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, 0), 0);
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, 0xfff), 0);
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, 0x1000), 1);
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, 0x1fff), 1);
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, 0x2000), 3); /* both equal starts */
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, 0x7fff), 3);
+	CHECK_EQ(teu_count_at_or_below(starts, n, start_of, UINT64_MAX), 4);
+	CHECK(teu_span_within(0x2000, 0x100, 0x2000, 0x100));
+	CHECK(!teu_span_within(0x2001, 0x100, 0x2000, 0x100));
+	CHECK(!teu_span_within(0x1fff, 0x1, 0x2000, 0x100));
+	CHECK(!teu_span_within(0x2010, UINT64_MAX - 0x8, 0x2000, 0x100)); /* a length that wraps */
 }
 
 /* What the helpers logged through the host, the last line. */
@@ -303,6 +330,7 @@ int main(void)
 	TEST_RUN(test_names);
 	TEST_RUN(test_redact);
 	TEST_RUN(test_range);
+	TEST_RUN(test_search);
 	TEST_RUN(test_range_check);
 	TEST_RUN(test_pci_info);
 	TEST_RUN(test_ipc);

@@ -22,6 +22,7 @@
 #include <te/te-json.h> /* after json-glib: te_json_load() */
 
 #include "nvmeof.h"
+#include "teu-search.h"
 
 void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...)
 {
@@ -371,19 +372,16 @@ int nv_segment_open(nv_ctx *c, const te_segment_info *seg, nv_segment **out)
 	return 0;
 }
 
+static uint64_t file_start(const void *arr, size_t i)
+{
+	return ((const nv_file *)arr)[i].start;
+}
+
 size_t nv_segment_find(const nv_segment *s, uint64_t pos)
 {
-	size_t lo = 0, hi = s->n_files;
-
-	/* last file starting at or below pos */
-	while (hi - lo > 1) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (s->files[mid].start <= pos)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	return lo;
+	/* the last file starting at or below pos (the first starts at 0) */
+	size_t n = teu_count_at_or_below(s->files, s->n_files, file_start, pos);
+	return n > 0 ? n - 1 : 0;
 }
 
 uint32_t nv_count_slices(const nv_segment *s, size_t fi, uint64_t pos, uint64_t len, uint64_t slice)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A plugin's diagnostic counters, switched on by an environment variable
- * (TE_CUDA_STATS=1) read once when the plugin is loaded: when off, counting
+ * (TE_CUDA_STATS=1, TE_TCP_STATS=1) read once when the plugin is loaded: when off, counting
  * is a branch not taken and no clock is read. Header-only.
  */
 #ifndef TEU_STATS_H

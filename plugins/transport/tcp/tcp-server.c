@@ -31,33 +31,22 @@
 
 #include "tcp.h"
 
-#include <stdatomic.h>
-#include <time.h>
+#include "teu-stats.h"
 
 /* TE_TCP_STATS=1: the device stage's copies, printed when the plugin is
  * unloaded (a diagnostic for tuning on a GPU machine). */
 static struct {
 	atomic_ullong fills, fill_pieces, fill_bytes, fill_ns, flushes, flush_pieces, flush_bytes, flush_ns;
 } tst;
-/* Read once at load: when off, counting is a branch not taken. */
 static bool tst_on;
 __attribute__((constructor)) static void tst_init(void)
 {
-	const char *v = getenv("TE_TCP_STATS");
-	tst_on = v != NULL && v[0] == '1';
+	tst_on = teu_stats_wanted("TE_TCP_STATS");
 }
-#define TST_ADD(field, v)                                          \
-	do {                                                      \
-		if (tst_on)                                        \
-			atomic_fetch_add(&tst.field, (v));         \
-	} while (0)
+#define TST_ADD(field, v) TEU_STATS_ADD(tst_on, tst.field, v)
 static inline uint64_t tst_now(void)
 {
-	if (!tst_on)
-		return 0;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return teu_stats_now(tst_on);
 }
 __attribute__((destructor)) static void tst_print(void)
 {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "exporter.h"
+#include "teu-json.h"
 
 #define ADDR_MAX 300
 
@@ -86,13 +87,11 @@ static int start(te_engine *e, const char *addr)
 			json_builder_add_string_value(b, values[i]);
 		}
 		json_builder_end_object(b);
-		JsonNode *root = json_builder_get_root(b);
-		JsonGenerator *g = json_generator_new();
-		json_generator_set_root(g, root);
-		args = json_generator_to_data(g, NULL);
-		g_object_unref(g);
-		json_node_unref(root);
-		g_object_unref(b);
+		args = teu_json_finish(b, NULL);
+		if (args == NULL) {
+			plugin = NULL;
+			return -ENOMEM;
+		}
 	}
 	/* The exporter serves every engine of the process and outlives the
 	 * one that started it: its host has no engine, and its metrics_text()
@@ -100,7 +99,7 @@ static int start(te_engine *e, const char *addr)
 	te_host_init(&hctx, NULL, plugin);
 	ops = plugin->desc->ops;
 	rc = ops->create(&hctx.host, addr, args, &instance);
-	g_free(args);
+	free(args);
 	if (rc < 0) {
 		te_err("metrics endpoint: exporter %s could not serve at %s: %s", name, addr, te_strerror(rc));
 		instance = NULL;

@@ -130,8 +130,6 @@ void te_msnap_clear(snap *sn);
 
 extern const char *const te_mop_names[2];
 extern const char *const te_mrpc_names[TE_MRPC_KINDS];
-/* GLib allocates with malloc(): what it returns te_free() can release. */
-char *te_mas_malloced(char *g, size_t len);
 
 #endif /* TE_METRICS_BUILD */
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "metrics-internal.h"
+#include "teu-json.h"
 
 #if TE_METRICS_BUILD
 
@@ -172,15 +173,7 @@ int te_engine_stats_json(te_engine *e, char **json)
 	te_msnap_clear(&sn);
 	g_mutex_unlock(&m->lock);
 
-	JsonNode *root = json_builder_get_root(b);
-	JsonGenerator *g = json_generator_new();
-	json_generator_set_root(g, root);
-	gsize len = 0;
-	char *text = json_generator_to_data(g, &len);
-	g_object_unref(g);
-	json_node_unref(root);
-	g_object_unref(b);
-	*json = te_mas_malloced(text, len);
+	*json = teu_json_finish(b, NULL); /* malloc()ed: te_free() releases it */
 	return *json != NULL ? 0 : -ENOMEM;
 }
 

@@ -305,19 +305,6 @@ int te_engine_stats(te_engine *e, te_stats *out)
 	return 0;
 }
 
-/* ---------------------------------- shared by the JSON and text forms */
-
-/* GLib allocates with malloc(): what it returns te_free() can release. */
-char *te_mas_malloced(char *g, size_t len)
-{
-	char *p = malloc(len + 1);
-
-	if (p != NULL)
-		memcpy(p, g, len + 1);
-	g_free(g);
-	return p;
-}
-
 #else /* counting compiled out */
 
 int te_engine_stats(te_engine *e, te_stats *out)

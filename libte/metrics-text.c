@@ -2,6 +2,7 @@
 /* te_metrics_text(): the Prometheus text exposition of one engine's
  * snapshot or every counting engine's (docs/metrics.md). */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "metrics-internal.h"
@@ -278,8 +279,13 @@ int te_metrics_text(te_engine *e, char **text, size_t *len)
 	g_ptr_array_unref(held);
 	g_array_unref(sns);
 
+	/* GLib's memory is not promised to be malloc()'s: te_free() must
+	 * release what is returned. */
 	size_t n = s->len;
-	*text = te_mas_malloced(g_string_free(s, FALSE), n);
+	*text = malloc(n + 1);
+	if (*text != NULL)
+		memcpy(*text, s->str, n + 1);
+	g_string_free(s, TRUE);
 	if (*text == NULL)
 		return -ENOMEM;
 	if (len != NULL)

@@ -3,9 +3,11 @@
  * (Notify frame) and queued on arrival until the application fetches them. */
 #include <json-glib/json-glib.h>
 #include <string.h>
+#include <stdlib.h>
 
 #include "internal.h"
 #include "metrics.h"
+#include "teu-json.h"
 
 #define QUEUE_MAX 65536
 
@@ -44,8 +46,6 @@ void te_notify_clear(te_engine *e)
 static char *notify_json(const char *name, const char *msg)
 {
 	JsonBuilder *b = json_builder_new();
-	JsonGenerator *g = json_generator_new();
-	char *out;
 
 	json_builder_begin_object(b);
 	json_builder_set_member_name(b, "name");
@@ -53,13 +53,7 @@ static char *notify_json(const char *name, const char *msg)
 	json_builder_set_member_name(b, "notify_msg");
 	json_builder_add_string_value(b, msg);
 	json_builder_end_object(b);
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	out = json_generator_to_data(g, NULL);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
-	return out;
+	return teu_json_finish(b, NULL); /* malloc()ed: the RPC reply is freed with free() */
 }
 
 int te_notify_rpc(void *user, const char *peer, const char *body, size_t len, char **reply,
@@ -90,9 +84,7 @@ int te_notify_rpc(void *user, const char *peer, const char *body, size_t len, ch
 		goto out;
 	}
 	te_notify_enqueue(e, name, msg);
-	char *r = notify_json("", "success");
-	*reply = strdup(r);
-	g_free(r);
+	*reply = notify_json("", "success");
 	*reply_len = *reply ? strlen(*reply) : 0;
 	rc = *reply ? 0 : -ENOMEM;
 out:
@@ -111,8 +103,12 @@ int te_notify_send_name(te_engine *e, const char *segment_name, const char *send
 	if (rc < 0)
 		return rc;
 	body = notify_json(sender ? sender : e->name, msg);
+	if (body == NULL) {
+		g_free(host);
+		return -ENOMEM;
+	}
 	rc = te_rpc_call_addr(e->auth, host, port, TE_RPC_NOTIFY, body, strlen(body), &reply, &reply_len, 0);
-	g_free(body);
+	free(body);
 	if (rc == 0 && (reply == NULL || strstr(reply, "\"success\"") == NULL)) {
 		te_warn("notify to %s: peer answered %.200s", segment_name, reply ? reply : "nothing");
 		rc = TE_ERR_REJECTED;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "rdma-internal.h"
+#include "teu-dlist.h"
 
 #define MAX_HOP_LIMIT 16
 #define QP_TIMEOUT 14   /* 4.096 us << 14: 67 ms before a request is resent */
@@ -54,12 +55,7 @@ static void ep_destroy(rd_ep *ep)
 	const rv_verbs *v = c->tr->verbs;
 
 	g_mutex_lock(&c->live_lock);
-	if (ep->lprev != NULL)
-		ep->lprev->lnext = ep->lnext;
-	else
-		c->live = ep->lnext;
-	if (ep->lnext != NULL)
-		ep->lnext->lprev = ep->lprev;
+	TEU_DLIST_REMOVE(c->live, ep, lprev, lnext);
 	g_mutex_unlock(&c->live_lock);
 	g_rw_lock_reader_lock(&c->verbs_lock);
 	for (int i = 0; i < ep->nqp; i++)
@@ -86,15 +82,7 @@ static void list_unlink(rd_ctx *c, rd_ep *ep)
 {
 	if (c->hand == ep)
 		c->hand = ep->prev;
-	if (ep->prev)
-		ep->prev->next = ep->next;
-	else
-		c->head = ep->next;
-	if (ep->next)
-		ep->next->prev = ep->prev;
-	else
-		c->tail = ep->prev;
-	ep->prev = ep->next = NULL;
+	TEU_DLIST_REMOVE_TAIL(c->head, c->tail, ep, prev, next);
 }
 
 /* Takes an endpoint out of the pool (ep_lock held); the caller drops the

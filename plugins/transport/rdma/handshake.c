@@ -62,9 +62,7 @@ bool rd_nic_path_split(const char *path, char *server, size_t ssize, char *dev, 
 char *rd_hs_encode(const rd_hs *hs, size_t *len)
 {
 	JsonBuilder *b = json_builder_new();
-	JsonGenerator *g = json_generator_new();
 	char gid[48];
-	char *text;
 
 	rd_gid_format(hs->local_gid, gid);
 	json_builder_begin_object(b);
@@ -88,21 +86,8 @@ char *rd_hs_encode(const rd_hs *hs, size_t *len)
 	json_builder_set_member_name(b, "reply_msg");
 	json_builder_add_string_value(b, hs->reply_msg);
 	json_builder_end_object(b);
-	JsonNode *root = json_builder_get_root(b);
-	json_generator_set_root(g, root);
-	gsize n = 0;
-	char *gtext = json_generator_to_data(g, &n);
-	json_node_unref(root);
-	g_object_unref(g);
-	g_object_unref(b);
-	/* The host frees replies with free(): hand back malloc()ed memory. */
-	text = malloc(n + 1);
-	if (text != NULL) {
-		memcpy(text, gtext, n + 1);
-		*len = n;
-	}
-	g_free(gtext);
-	return text;
+	/* The host frees replies with free(): malloc()ed memory. */
+	return teu_json_finish(b, len);
 }
 
 JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, const char *what,

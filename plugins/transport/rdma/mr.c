@@ -178,23 +178,9 @@ char *rd_mr_json(rd_transport *tr, rd_mr *m)
 	json_object_set_array_member(o, "rkey", rk);
 	JsonNode *root = json_node_new(JSON_NODE_OBJECT);
 	json_node_take_object(root, o);
-	char *text = rd_json_text(root);
+	char *text = teu_json_text(root, NULL);
 	json_node_unref(root);
 	return text;
-}
-
-char *rd_json_text(JsonNode *root)
-{
-	JsonGenerator *g = json_generator_new();
-	gsize n = 0;
-	json_generator_set_root(g, root);
-	char *gt = json_generator_to_data(g, &n);
-	g_object_unref(g);
-	char *out = malloc(n + 1);
-	if (out != NULL)
-		memcpy(out, gt, n + 1);
-	g_free(gt);
-	return out;
 }
 
 int rd_mem_register(void *ctx, const te_mem_info *mem, char **json)

@@ -13,6 +13,7 @@
 #include <te/te-plugin.h>
 
 #include "rdma-verbs.h"
+#include "teu-json.h"
 
 #define RD_MAX_DEV 32        /* devices per engine, local or remote */
 #define RD_NAME_MAX 64       /* device names (IBV_SYSFS_NAME_MAX) */
@@ -567,7 +568,6 @@ int rd_mr_reg_locked(rd_transport *tr, rd_mr *m, int dev);
 void rd_mr_dereg_locked(rd_transport *tr, rd_mr *m, int dev);
 /* The buffer's fields for the descriptor: {"lkey": [...], "name", "rkey": [...]}. */
 char *rd_mr_json(rd_transport *tr, rd_mr *m);
-char *rd_json_text(JsonNode *root);
 int rd_mem_register(void *ctx, const te_mem_info *mem, char **json);
 int rd_mem_unregister(void *ctx, void *addr, size_t length);
 

@@ -63,7 +63,7 @@ static int rd_describe(void *ctx, char **json)
 	g_free(names);
 	JsonNode *root = json_node_new(JSON_NODE_OBJECT);
 	json_node_take_object(root, o);
-	*json = rd_json_text(root);
+	*json = teu_json_text(root, NULL);
 	json_node_unref(root);
 	return *json ? 0 : -ENOMEM;
 }
@@ -401,7 +401,7 @@ static int rd_report(const te_host *h, char **text)
 	for (int i = 0; i < topo.nhca; i++)
 		g_strlcpy(devs[i], topo.hcas[i].name, RD_NAME_MAX);
 	JsonNode *m = rd_matrix_to_json(topo.locs, topo.nloc, devs);
-	char *mt = rd_json_text(m);
+	char *mt = teu_json_text(m, NULL);
 	json_node_unref(m);
 	g_free(devs);
 	g_string_append_printf(out, "  priority matrix: %s\n", mt ? mt : "?");

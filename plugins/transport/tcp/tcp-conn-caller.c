@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "tcp-conn.h"
+#include "teu-dlist.h"
 
 /* -------------------------------------------------------------- callers */
 
@@ -163,13 +164,7 @@ static tcp_sleeper *sleeper_get(tcp_ctx *c)
 static void sleeper_put(tcp_ctx *c, tcp_sleeper *s)
 {
 	g_mutex_lock(&c->sleep_lock);
-	if (s->prev != NULL)
-		s->prev->next = s->next;
-	else
-		c->sleepers = s->next;
-	if (s->next != NULL)
-		s->next->prev = s->prev;
-	s->prev = NULL;
+	TEU_DLIST_REMOVE(c->sleepers, s, prev, next);
 	s->next = c->idle_sleepers;
 	c->idle_sleepers = s;
 	g_mutex_unlock(&c->sleep_lock);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 
 #include "tcp.h"
+#include "teu-dlist.h"
 
 void tcp_lanes_init(tcp_ctx *c)
 {
@@ -49,15 +50,7 @@ void tcp_lanes_free(tcp_ctx *c)
 
 static void lru_unlink(tcp_ctx *c, tcp_lane *l)
 {
-	if (l->lru_prev)
-		l->lru_prev->lru_next = l->lru_next;
-	else
-		c->lru_head = l->lru_next;
-	if (l->lru_next)
-		l->lru_next->lru_prev = l->lru_prev;
-	else
-		c->lru_tail = l->lru_prev;
-	l->lru_prev = l->lru_next = NULL;
+	TEU_DLIST_REMOVE_TAIL(c->lru_head, c->lru_tail, l, lru_prev, lru_next);
 }
 
 static void lru_front(tcp_ctx *c, tcp_lane *l)
@@ -109,15 +102,9 @@ void tcp_sconn_unlane(tcp_sconn *sc)
 	if (l == NULL)
 		return;
 	g_mutex_lock(&c->lanes_lock);
-	if (sc->lane_prev)
-		sc->lane_prev->lane_next = sc->lane_next;
-	else
-		l->conns = sc->lane_next;
-	if (sc->lane_next)
-		sc->lane_next->lane_prev = sc->lane_prev;
+	TEU_DLIST_REMOVE(l->conns, sc, lane_prev, lane_next);
 	g_mutex_unlock(&c->lanes_lock);
 	sc->lane_rec = NULL;
-	sc->lane_prev = sc->lane_next = NULL;
 }
 
 /* Waits until connection `x`, fenced, is out of the write into a

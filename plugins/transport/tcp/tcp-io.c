@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "tcp-conn.h"
+#include "teu-dlist.h"
 #include "teu-hostport.h"
 
 #define SCAN_MS 100
@@ -120,13 +121,7 @@ void tcp_io_unlist(tcp_io *io)
 
 	if (!io->in_list)
 		return;
-	if (io->prev)
-		io->prev->next = io->next;
-	else
-		t->conns = io->next;
-	if (io->next)
-		io->next->prev = io->prev;
-	io->prev = io->next = NULL;
+	TEU_DLIST_REMOVE(t->conns, io, prev, next);
 	io->in_list = false;
 	t->n_conns--;
 	/* Drop it from the ready list too. */

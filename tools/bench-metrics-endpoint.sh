@@ -18,17 +18,8 @@ export TE_PLUGIN_PATH=${TE_PLUGIN_PATH:-$build/plugins/transport/tcp:$build/plug
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-free_port() {
-  python3 -c '
-import random, socket
-for _ in range(500):
-    p = random.randint(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p)); print(p); break
-    except OSError: pass
-    finally: s.close()'
-}
+# free_port: the tests' own (a port below the kernel's ephemeral range).
+. "$(dirname "$0")/../tests/common/poll.sh"
 
 # cpu_ns PID: "EXPORTER_NS ALL_NS", the nanoseconds on a CPU of the process's
 # exporter thread and of all its threads alive now.

@@ -133,17 +133,13 @@ static void batch_unlink(struct mc_engine *e, struct mc_batch *b)
 MC_API batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 {
 	static const char fn[] = "allocateBatchID";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, batch_size == 0, "zero batch size");
 	struct mc_batch *b;
 	te_batch_id id;
 	int rc;
 
 	if (e == NULL)
 		return INVALID_BATCH;
-	if (batch_size == 0) {
-		mc_err("%s: zero batch size", fn);
-		return INVALID_BATCH;
-	}
 	b = calloc(1, sizeof *b);
 	if (b == NULL) {
 		mc_err("%s: out of memory", fn);
@@ -321,15 +317,11 @@ MC_API int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size
 			     struct transfer_status *status)
 {
 	static const char fn[] = "getTransferStatus";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, status == NULL, "NULL status pointer");
 	int rc;
 
 	if (e == NULL)
 		return MC_STATUS_CODE_INVALID_ARGUMENT;
-	if (status == NULL) {
-		mc_err("%s: NULL status pointer", fn);
-		return MC_STATUS_CODE_INVALID_ARGUMENT;
-	}
 	te_task_info ti = { .size = sizeof ti };
 	rc = te_get_task_info(e->te, batch_id, task_id, &ti);
 	if (rc < 0) {

@@ -37,6 +37,20 @@ struct mc_engine *engine_of(const char *fn, transfer_engine_t h)
 	return e;
 }
 
+/* engine_of(), then the call's own check of its arguments. */
+struct mc_engine *engine_checked(const char *fn, transfer_engine_t h, int refused, const char *why)
+{
+	struct mc_engine *e = engine_of(fn, h);
+
+	if (e == NULL)
+		return NULL;
+	if (refused) {
+		mc_err("%s: %s", fn, why);
+		return NULL;
+	}
+	return e;
+}
+
 /* "h", "h:p", "[v6]", "[v6]:p" or a bare IPv6 address -> host only (brackets
  * kept for IPv6, which libte accepts). Writes "" when it does not fit. */
 static void host_part(const char *name, char *out, size_t size)
@@ -248,7 +262,8 @@ MC_API int warmupEfaSegment(transfer_engine_t engine, const char *segment_name)
 MC_API transport_t installTransport(transfer_engine_t engine, const char *proto, void **args)
 {
 	static const char fn[] = "installTransport";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, proto == NULL || *proto == '\0',
+					     "empty transport name");
 	const char *json = NULL;
 	struct mc_transport *t;
 	size_t len;
@@ -256,10 +271,6 @@ MC_API transport_t installTransport(transfer_engine_t engine, const char *proto,
 
 	if (e == NULL)
 		return NULL;
-	if (proto == NULL || *proto == '\0') {
-		mc_err("%s: empty transport name", fn);
-		return NULL;
-	}
 	if (args != NULL && args[0] != NULL) {
 		if (strcmp(proto, "rdma") == 0)
 			json = args[0]; /* the NIC priority matrix */
@@ -304,16 +315,13 @@ MC_API transport_t installTransport(transfer_engine_t engine, const char *proto,
 MC_API int uninstallTransport(transfer_engine_t engine, const char *proto)
 {
 	static const char fn[] = "uninstallTransport";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, proto == NULL || *proto == '\0',
+					     "empty transport name");
 	const char *names[32];
 	int n, rc;
 
 	if (e == NULL)
 		return ERR_INVALID_ARGUMENT;
-	if (proto == NULL || *proto == '\0') {
-		mc_err("%s: empty transport name", fn);
-		return ERR_INVALID_ARGUMENT;
-	}
 	/* Not installed: nothing to do, and Mooncake answers 0 here. */
 	n = te_transport_list(e->te, names, sizeof names / sizeof names[0]);
 	for (int i = 0; i < n && i < (int)(sizeof names / sizeof names[0]); i++)
@@ -383,7 +391,8 @@ static void put_field(char *buf, size_t size, size_t *pos, int json, const char 
 MC_API int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json)
 {
 	static const char fn[] = "showLinks";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, buf_out == NULL || buf_len == 0,
+					     "NULL or empty output buffer");
 	const char *names[32];
 	size_t pos = 0;
 	char line[64];
@@ -391,10 +400,6 @@ MC_API int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, in
 
 	if (e == NULL)
 		return ERR_INVALID_ARGUMENT;
-	if (buf_out == NULL || buf_len == 0) {
-		mc_err("%s: NULL or empty output buffer", fn);
-		return ERR_INVALID_ARGUMENT;
-	}
 	n = te_transport_list(e->te, names, sizeof names / sizeof names[0]);
 	if (n > (int)(sizeof names / sizeof names[0]))
 		n = (int)(sizeof names / sizeof names[0]);

@@ -28,66 +28,51 @@ void mc_log(int level, const char *fmt, ...)
 /* ------------------------------------------------------------ error codes */
 
 /*
- * libte's code -> Mooncake's negative error.h code and positive Status code.
- * Codes not listed map to invalid argument (and the caller logs libte's
- * name for them).
+ * libte's codes by what they are in Mooncake: a class's negative error.h
+ * code and positive Status code, then the libte codes that map to it (the
+ * list ends at the first 0, which is no error). Codes not listed map to
+ * invalid argument (and the caller logs libte's name for them).
  */
-static const struct mc_code_map {
-	int te;
+static const struct mc_code_class {
 	int err;
 	int status;
-} code_map[] = {
-	{ -EINVAL, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ TE_ERR_SEGMENT, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ TE_ERR_BATCH, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ -ENOENT, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ -EEXIST, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ -ENAMETOOLONG, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ -EMSGSIZE, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ -ERANGE, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ -EPROTONOSUPPORT, ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT },
-	{ TE_ERR_BATCH_FULL, ERR_TOO_MANY_REQUESTS, MC_STATUS_CODE_TOO_MANY_REQUESTS },
-	{ -ENOSPC, ERR_TOO_MANY_REQUESTS, MC_STATUS_CODE_TOO_MANY_REQUESTS },
-	{ TE_ERR_ADDRESS, ERR_ADDRESS_NOT_REGISTERED, MC_STATUS_CODE_ADDRESS_NOT_REGISTERED },
-	{ -EBUSY, ERR_BATCH_BUSY, MC_STATUS_CODE_BATCH_BUSY },
+	int te[14];
+} code_classes[] = {
+	{ ERR_INVALID_ARGUMENT, MC_STATUS_CODE_INVALID_ARGUMENT,
+	  { -EINVAL, TE_ERR_SEGMENT, TE_ERR_BATCH, -ENOENT, -EEXIST, -ENAMETOOLONG, -EMSGSIZE, -ERANGE,
+	    -EPROTONOSUPPORT } },
+	{ ERR_TOO_MANY_REQUESTS, MC_STATUS_CODE_TOO_MANY_REQUESTS, { TE_ERR_BATCH_FULL, -ENOSPC } },
+	{ ERR_ADDRESS_NOT_REGISTERED, MC_STATUS_CODE_ADDRESS_NOT_REGISTERED, { TE_ERR_ADDRESS } },
+	{ ERR_BATCH_BUSY, MC_STATUS_CODE_BATCH_BUSY, { -EBUSY } },
 	/* error.h has no "not supported transport": a missing transport is a
 	 * device not found there, as Mooncake's RDMA paths report it. */
-	{ TE_ERR_NO_TRANSPORT, ERR_DEVICE_NOT_FOUND, MC_STATUS_CODE_NOT_SUPPORTED_TRANSPORT },
-	{ TE_ERR_PLUGIN, ERR_DEVICE_NOT_FOUND, MC_STATUS_CODE_DEVICE_NOT_FOUND },
-	{ TE_ERR_OVERLAP, ERR_ADDRESS_OVERLAPPED, MC_STATUS_CODE_ADDRESS_OVERLAPPED },
-	{ -ECONNREFUSED, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -ECONNRESET, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -ECONNABORTED, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -EHOSTUNREACH, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -EHOSTDOWN, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -ENETUNREACH, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -ENETDOWN, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -ENOTCONN, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -EPIPE, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -ETIMEDOUT, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -EADDRINUSE, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -EADDRNOTAVAIL, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ -EIO, ERR_SOCKET, MC_STATUS_CODE_SOCKET },
-	{ TE_ERR_PROTOCOL, ERR_MALFORMED_JSON, MC_STATUS_CODE_MALFORMED_JSON },
-	{ TE_ERR_REJECTED, ERR_REJECT_HANDSHAKE, MC_STATUS_CODE_REJECT_HANDSHAKE },
-	{ TE_ERR_METADATA, ERR_METADATA, MC_STATUS_CODE_METADATA },
+	{ ERR_DEVICE_NOT_FOUND, MC_STATUS_CODE_NOT_SUPPORTED_TRANSPORT, { TE_ERR_NO_TRANSPORT } },
+	{ ERR_DEVICE_NOT_FOUND, MC_STATUS_CODE_DEVICE_NOT_FOUND, { TE_ERR_PLUGIN } },
+	{ ERR_ADDRESS_OVERLAPPED, MC_STATUS_CODE_ADDRESS_OVERLAPPED, { TE_ERR_OVERLAP } },
+	{ ERR_SOCKET, MC_STATUS_CODE_SOCKET,
+	  { -ECONNREFUSED, -ECONNRESET, -ECONNABORTED, -EHOSTUNREACH, -EHOSTDOWN, -ENETUNREACH, -ENETDOWN,
+	    -ENOTCONN, -EPIPE, -ETIMEDOUT, -EADDRINUSE, -EADDRNOTAVAIL, -EIO } },
+	{ ERR_MALFORMED_JSON, MC_STATUS_CODE_MALFORMED_JSON, { TE_ERR_PROTOCOL } },
+	{ ERR_REJECT_HANDSHAKE, MC_STATUS_CODE_REJECT_HANDSHAKE, { TE_ERR_REJECTED } },
+	{ ERR_METADATA, MC_STATUS_CODE_METADATA, { TE_ERR_METADATA } },
 	/* the engine is going away or the work was called off */
-	{ -ESHUTDOWN, ERR_CONTEXT, MC_STATUS_CODE_CONTEXT },
-	{ -ECANCELED, ERR_CONTEXT, MC_STATUS_CODE_CONTEXT },
-	{ -ENOMEM, ERR_MEMORY, MC_STATUS_CODE_MEMORY },
-	{ -ENOTSUP, ERR_NOT_IMPLEMENTED, MC_STATUS_CODE_NOT_IMPLEMENTED },
+	{ ERR_CONTEXT, MC_STATUS_CODE_CONTEXT, { -ESHUTDOWN, -ECANCELED } },
+	{ ERR_MEMORY, MC_STATUS_CODE_MEMORY, { -ENOMEM } },
+	{ ERR_NOT_IMPLEMENTED, MC_STATUS_CODE_NOT_IMPLEMENTED, { -ENOTSUP } },
 };
 
-/* The table's entry for a libte error (< 0); a code it does not list is
- * logged with libte's name for it and reads as invalid argument. */
-static const struct mc_code_map *code_find(const char *fn, int te_rc)
+/* The class of a libte error (< 0); a code no class lists is logged with
+ * libte's name for it and reads as invalid argument. */
+static const struct mc_code_class *code_find(const char *fn, int te_rc)
 {
-	static const struct mc_code_map unknown = { 0, ERR_INVALID_ARGUMENT,
-						     MC_STATUS_CODE_INVALID_ARGUMENT };
+	static const struct mc_code_class unknown = { ERR_INVALID_ARGUMENT,
+						      MC_STATUS_CODE_INVALID_ARGUMENT, { 0 } };
+	const size_t per_class = sizeof code_classes[0].te / sizeof code_classes[0].te[0];
 
-	for (size_t i = 0; i < sizeof code_map / sizeof code_map[0]; i++)
-		if (code_map[i].te == te_rc)
-			return &code_map[i];
+	for (size_t i = 0; i < sizeof code_classes / sizeof code_classes[0]; i++)
+		for (size_t k = 0; k < per_class && code_classes[i].te[k] != 0; k++)
+			if (code_classes[i].te[k] == te_rc)
+				return &code_classes[i];
 	mc_err("%s: %s (libte error %d, reported as invalid argument)", fn, te_strerror(te_rc),
 	       te_rc);
 	return &unknown;

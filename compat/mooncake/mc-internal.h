@@ -94,6 +94,9 @@ struct mc_engine {
 /* A handle from the caller, checked: NULL, and a transport handle passed by
  * mistake (both are void * in Mooncake's API), are refused. */
 struct mc_engine *engine_of(const char *fn, transfer_engine_t h);
+/* engine_of() for a call whose own argument check is `refused` (non-zero:
+ * refused, logged as `fn: why`): NULL when either is refused. */
+struct mc_engine *engine_checked(const char *fn, transfer_engine_t h, int refused, const char *why);
 
 /* Sends a batch's pending notifications when no task of it is in flight
  * (`force`: without asking libte, the caller knows), under its submit_lock. */

@@ -12,15 +12,12 @@ MC_API int registerLocalMemory(transfer_engine_t engine, void *addr, size_t leng
 			       const char *location, int remote_accessible)
 {
 	static const char fn[] = "registerLocalMemory";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, addr == NULL || length == 0,
+					     addr == NULL ? "NULL address" : "zero length");
 	int rc;
 
 	if (e == NULL)
 		return ERR_INVALID_ARGUMENT;
-	if (addr == NULL || length == 0) {
-		mc_err("%s: %s", fn, addr == NULL ? "NULL address" : "zero length");
-		return ERR_INVALID_ARGUMENT;
-	}
 	rc = te_register_memory(e->te, addr, length, location != NULL ? location : "*",
 				remote_accessible ? TE_MEM_REMOTE_ACCESS : 0);
 	if (rc < 0)
@@ -38,15 +35,11 @@ static int unregister_err(const char *fn, int rc)
 MC_API int unregisterLocalMemory(transfer_engine_t engine, void *addr)
 {
 	static const char fn[] = "unregisterLocalMemory";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, addr == NULL, "NULL address");
 	int rc;
 
 	if (e == NULL)
 		return ERR_INVALID_ARGUMENT;
-	if (addr == NULL) {
-		mc_err("%s: NULL address", fn);
-		return ERR_INVALID_ARGUMENT;
-	}
 	rc = te_unregister_memory(e->te, addr);
 	if (rc < 0)
 		mc_err("%s: %p: %s", fn, addr, te_strerror(rc));

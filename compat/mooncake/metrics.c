@@ -344,7 +344,8 @@ static size_t devices_from_json(const char *json, nic_load_stat_t *stats, size_t
 MC_API int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, size_t *count)
 {
 	static const char fn[] = "getNicLoadStats";
-	struct mc_engine *e = engine_of(fn, engine);
+	struct mc_engine *e = engine_checked(fn, engine, stats == NULL || count == NULL,
+					     stats == NULL ? "NULL stats array" : "NULL count");
 	te_json_limits lim = TE_JSON_LIMITS_DEFAULT;
 	char *json = NULL;
 	char why[160];
@@ -352,10 +353,6 @@ MC_API int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, siz
 
 	if (e == NULL)
 		return -1;
-	if (stats == NULL || count == NULL) {
-		mc_err("%s: NULL %s", fn, stats == NULL ? "stats array" : "count");
-		return -1;
-	}
 	rc = te_engine_stats_json(e->te, &json);
 	if (rc < 0) {
 		mc_err("%s: %s", fn, te_strerror(rc));

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Bounded waits, free ports and a bounded stop of processes for the shell
-# tests (POSIX sh), sourced by them; netns.sh sources it too. Every wait
-# ends after 10 s at the most.
+# tests (POSIX sh), sourced by them; netns.sh and
+# tools/bench-metrics-endpoint.sh source it too. Every wait ends after 10 s
+# at the most.
 
 # poll CMD [ARG...]: runs CMD every 0.1 s, at most 100 times, until it prints
 # something; prints that and returns 0, or returns 1 when it never did.

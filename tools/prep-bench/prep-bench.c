@@ -21,6 +21,7 @@
  *   prep-bench target N   (the target of `first`; started by it)
  */
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdint.h>
@@ -369,12 +370,33 @@ static void usage(void)
 	exit(2);
 }
 
+/* An option's value: a whole number and nothing else, or usage(). */
+static size_t number(const char *v)
+{
+	char *end = NULL;
+	unsigned long long n;
+
+	errno = 0;
+	n = strtoull(v, &end, 10);
+	if (errno != 0 || end == v || *end != '\0' || *v == '-' || n > SIZE_MAX)
+		usage();
+	return (size_t)n;
+}
+
 int main(int argc, char **argv)
 {
 	const char *tp = "tcp";
 	size_t count = 32768, size = 1024, regs = 10000, nregs = 1;
-	int adjacent = 0;
-	int runs = 7, peers = 25;
+	size_t adjacent = 0, runs = 7, peers = 25;
+	/* The options taking a whole number, and where each goes. */
+	const struct {
+		const char *name;
+		size_t *value;
+	} numbers[] = {
+		{ "--count", &count }, { "--size", &size }, { "--runs", &runs }, { "--adjacent", &adjacent },
+		{ "--regions", &nregs }, { "--regs", &regs }, { "--peers", &peers },
+	};
+	const size_t nnumbers = sizeof numbers / sizeof numbers[0];
 
 	signal(SIGPIPE, SIG_IGN);
 	/* A batch of 32,768 tasks is 7 MiB: kept on the heap once freed, so
@@ -390,32 +412,25 @@ int main(int argc, char **argv)
 		if (i + 1 >= argc)
 			usage();
 		const char *k = argv[i], *v = argv[++i];
-		if (strcmp(k, "--transport") == 0)
+		size_t o = 0;
+
+		if (strcmp(k, "--transport") == 0) {
 			tp = v;
-		else if (strcmp(k, "--count") == 0)
-			count = strtoull(v, NULL, 10);
-		else if (strcmp(k, "--size") == 0)
-			size = strtoull(v, NULL, 10);
-		else if (strcmp(k, "--runs") == 0)
-			runs = atoi(v);
-		else if (strcmp(k, "--adjacent") == 0)
-			adjacent = atoi(v) != 0;
-		else if (strcmp(k, "--regions") == 0)
-			nregs = strtoull(v, NULL, 10);
-		else if (strcmp(k, "--regs") == 0)
-			regs = strtoull(v, NULL, 10);
-		else if (strcmp(k, "--peers") == 0)
-			peers = atoi(v);
-		else
+			continue;
+		}
+		while (o < nnumbers && strcmp(k, numbers[o].name) != 0)
+			o++;
+		if (o == nnumbers)
 			usage();
+		*numbers[o].value = number(v);
 	}
-	if (count == 0 || count > (1u << 20) || size == 0 || runs < 1 || regs == 0 || peers < 1 || nregs == 0 ||
-	    count % nregs != 0)
+	if (count == 0 || count > (1u << 20) || size == 0 || runs < 1 || runs > INT_MAX || regs == 0 || peers < 1 ||
+	    peers > INT_MAX || nregs == 0 || count % nregs != 0)
 		usage();
 	if (strcmp(argv[1], "submit") == 0)
-		return bench_submit(tp, count, size, runs, nregs, adjacent);
+		return bench_submit(tp, count, size, (int)runs, nregs, adjacent != 0);
 	if (strcmp(argv[1], "first") == 0)
-		return bench_first(argv[0], regs, peers);
+		return bench_first(argv[0], regs, (int)peers);
 	usage();
 	return 2;
 }

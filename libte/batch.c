@@ -481,25 +481,15 @@ static void slice_done(te_task *t, uint64_t bytes, int error, task_group *g)
 	}
 	/* Once ended early, what its transport still reports is not the
 	 * task's: the caller saw it end. */
-	if (bytes && !(atomic_load_explicit(&t->gate, memory_order_relaxed) & TE_GATE_EARLY))
-		atomic_fetch_add_explicit(&t->transferred, bytes, memory_order_relaxed);
-	if (error) {
-		int expect = 0;
-		atomic_compare_exchange_strong(&t->error, &expect, error);
-	}
-	/* Read before counting: once another slice makes the count complete, the
-	 * batch (and this task) may be freed under us. */
-	unsigned slices = t->xfer.nr_slices;
-	unsigned done = atomic_fetch_add_explicit(&t->slices_done, 1, memory_order_acq_rel) + 1;
-	if (done == slices) {
+	if (bytes && (atomic_load_explicit(&t->gate, memory_order_relaxed) & TE_GATE_EARLY))
+		bytes = 0;
+	if (te_task_count_slice(t, bytes, error)) {
 		int err = atomic_load(&t->error);
 		/* Its transport lost every path to the peer: another may have one. */
 		if (err != 0 && te_task_failover(t, err))
 			return;
 		task_last(t, final_state(err), error, true, g);
 	}
-	else if (done > slices)
-		te_err("task completed %u times for %u slices: transport bug", done, slices);
 }
 
 void te_task_complete(te_task *t, uint64_t bytes, int error)

@@ -588,6 +588,25 @@ static inline void te_task_init(te_task *t, te_batch *b, uint32_t opcode, void *
 	atomic_store_explicit(&t->gate, 0, memory_order_relaxed);
 }
 
+/* Counts one slice of `t` as ended (a task's or a staging chunk's): adds
+ * `bytes`, keeps the first error. True when it was the last slice. The
+ * slice count is read before counting: once another slice makes the count
+ * complete, the task may be freed or its slot given to the next chunk. */
+static inline bool te_task_count_slice(te_task *t, uint64_t bytes, int error)
+{
+	if (bytes)
+		atomic_fetch_add_explicit(&t->transferred, bytes, memory_order_relaxed);
+	if (error) {
+		int expect = 0;
+		atomic_compare_exchange_strong(&t->error, &expect, error);
+	}
+	unsigned slices = t->xfer.nr_slices;
+	unsigned done = atomic_fetch_add_explicit(&t->slices_done, 1, memory_order_acq_rel) + 1;
+	if (done > slices)
+		te_err("task completed %u times for %u slices: transport bug", done, slices);
+	return done == slices;
+}
+
 /* The task goes to its transport or the local copier now: from here on a
  * deadline or a cancel may end it early (a plain store: nothing else
  * writes the gate before, and a cancel that raced ahead saw no HANDED). */

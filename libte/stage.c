@@ -568,17 +568,7 @@ void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)
 	stage_slot *sl = (stage_slot *)sub; /* sub is the slot's first member */
 	guint slot = (guint)(sl - s->slots);
 
-	if (bytes)
-		atomic_fetch_add_explicit(&sub->transferred, bytes, memory_order_relaxed);
-	if (error) {
-		int expect = 0;
-		atomic_compare_exchange_strong(&sub->error, &expect, error);
-	}
-	/* Read before counting: once another slice completes the chunk, its slot
-	 * may be handed to the next chunk and `sub` rewritten. */
-	unsigned slices = sub->xfer.nr_slices;
-	unsigned done = atomic_fetch_add_explicit(&sub->slices_done, 1, memory_order_acq_rel) + 1;
-	if (done != slices)
+	if (!te_task_count_slice(sub, bytes, error))
 		return;
 	if (stats_on)
 		sl->t_xdone = st_now();

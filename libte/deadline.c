@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "teu-keeper.h"
 
 _Thread_local int64_t te_call_deadline;
 
@@ -29,11 +30,8 @@ typedef struct dl_entry {
 } dl_entry;
 
 struct te_deadlines {
-	GMutex lock;
-	GCond cond;
-	GArray *heap; /* dl_entry, a binary min-heap on `when` */
-	GThread *thread;
-	bool stop;
+	teu_keeper timer; /* the timer thread; its lock guards `heap` */
+	GArray *heap;     /* dl_entry, a binary min-heap on `when` */
 	te_engine *e;
 };
 
@@ -87,10 +85,10 @@ static gpointer timer_main(gpointer data)
 {
 	te_deadlines *d = data;
 
-	g_mutex_lock(&d->lock);
-	while (!d->stop) {
+	g_mutex_lock(&d->timer.lock);
+	while (!d->timer.stopping) {
 		if (d->heap->len == 0) {
-			g_cond_wait(&d->cond, &d->lock);
+			g_cond_wait(&d->timer.cond, &d->timer.lock);
 			continue;
 		}
 		int64_t when = ((dl_entry *)(void *)d->heap->data)[0].when;
@@ -98,15 +96,15 @@ static gpointer timer_main(gpointer data)
 		if (when > now) {
 			/* GLib's monotonic clock is CLOCK_MONOTONIC in microseconds;
 			 * rounded up so the wake-up is never early. */
-			g_cond_wait_until(&d->cond, &d->lock, g_get_monotonic_time() + (when - now + 999) / 1000);
+			g_cond_wait_until(&d->timer.cond, &d->timer.lock, g_get_monotonic_time() + (when - now + 999) / 1000);
 			continue;
 		}
 		dl_entry x = heap_pop(d->heap);
-		g_mutex_unlock(&d->lock);
+		g_mutex_unlock(&d->timer.lock);
 		te_batch_expire_range(d->e, x.batch, x.base, x.n);
-		g_mutex_lock(&d->lock);
+		g_mutex_lock(&d->timer.lock);
 	}
-	g_mutex_unlock(&d->lock);
+	g_mutex_unlock(&d->timer.lock);
 	return NULL;
 }
 
@@ -123,21 +121,22 @@ void te_deadline_arm(te_engine *e, te_batch_id id, size_t base, size_t n, int64_
 		d = e->deadlines;
 		if (d == NULL) {
 			d = g_new0(te_deadlines, 1);
-			g_mutex_init(&d->lock);
-			g_cond_init(&d->cond);
+			teu_keeper_init(&d->timer);
 			d->heap = g_array_new(FALSE, FALSE, sizeof(dl_entry));
 			d->e = e;
-			d->thread = g_thread_new("te-deadline", timer_main, d);
+			/* As g_thread_new(): without its timer no deadline is kept. */
+			if (!teu_keeper_start(&d->timer, "te-deadline", timer_main, d))
+				g_error("cannot start the deadline timer thread");
 			atomic_store_explicit((te_deadlines *_Atomic *)&e->deadlines, d, memory_order_release);
 		}
 		g_mutex_unlock(&make_lock);
 	}
-	g_mutex_lock(&d->lock);
+	g_mutex_lock(&d->timer.lock);
 	bool first = d->heap->len == 0 || when < ((dl_entry *)(void *)d->heap->data)[0].when;
 	heap_push(d->heap, (dl_entry){ when, id, base, n });
 	if (first)
-		g_cond_signal(&d->cond);
-	g_mutex_unlock(&d->lock);
+		g_cond_signal(&d->timer.cond);
+	g_mutex_unlock(&d->timer.lock);
 }
 
 void te_deadlines_stop(te_engine *e)
@@ -146,14 +145,8 @@ void te_deadlines_stop(te_engine *e)
 
 	if (d == NULL)
 		return;
-	g_mutex_lock(&d->lock);
-	d->stop = true;
-	g_cond_signal(&d->cond);
-	g_mutex_unlock(&d->lock);
-	g_thread_join(d->thread);
+	teu_keeper_clear(&d->timer);
 	g_array_unref(d->heap);
-	g_mutex_clear(&d->lock);
-	g_cond_clear(&d->cond);
 	g_free(d);
 	e->deadlines = NULL;
 }

@@ -27,6 +27,7 @@
 
 #include "teu-secret-file.h"
 #include "teu-http.h"
+#include "teu-keeper.h"
 #include "teu-redact.h"
 
 #define READ_CHUNK 65536
@@ -38,12 +39,10 @@ struct teu_http {
 	char *cert_file, *key_file;
 	GTlsCertificate *cert; /* client certificate, or NULL */
 
-	/* The watchdog: guarded by lock */
-	GMutex lock;
-	GCond cond;
-	GThread *watchdog;
+	/* The watchdog thread; its lock guards `active` and the requests' fields
+	 * that say so. */
+	teu_keeper watchdog;
 	GQueue active; /* requests in progress, each with its deadline */
-	gboolean quit;
 };
 
 /* Where a request stands, for the error text of one that timed out. */
@@ -56,8 +55,8 @@ typedef struct req {
 	teu_http *c;
 	gint64 deadline;     /* monotonic, microseconds */
 	GCancellable *cancel;
-	gboolean timed_out;  /* set by the watchdog, under teu_http.lock */
-	int fd;              /* under teu_http.lock: our duplicate of the connection's socket, or -1 */
+	gboolean timed_out;  /* set by the watchdog, under the watchdog's lock */
+	int fd;              /* under the watchdog's lock: our duplicate of the connection's socket, or -1 */
 	gint phase;          /* atomic: PHASE_* */
 	/* The caller's thread only: the TLS connection being set up, watched
 	 * for the server asking for a client certificate we lack. */
@@ -107,8 +106,8 @@ static gpointer watchdog_thread(gpointer data)
 {
 	teu_http *c = data;
 
-	g_mutex_lock(&c->lock);
-	while (!c->quit) {
+	g_mutex_lock(&c->watchdog.lock);
+	while (!c->watchdog.stopping) {
 		gint64 now = g_get_monotonic_time(), next = G_MAXINT64;
 		for (GList *l = c->active.head; l != NULL; l = l->next) {
 			req *r = l->data;
@@ -124,31 +123,31 @@ static gpointer watchdog_thread(gpointer data)
 			}
 		}
 		if (next == G_MAXINT64)
-			g_cond_wait(&c->cond, &c->lock);
+			g_cond_wait(&c->watchdog.cond, &c->watchdog.lock);
 		else
-			g_cond_wait_until(&c->cond, &c->lock, next);
+			g_cond_wait_until(&c->watchdog.cond, &c->watchdog.lock, next);
 	}
-	g_mutex_unlock(&c->lock);
+	g_mutex_unlock(&c->watchdog.lock);
 	return NULL;
 }
 
 static void watch(teu_http *c, req *r, int timeout_ms)
 {
 	r->link.data = r;
-	g_mutex_lock(&c->lock);
+	g_mutex_lock(&c->watchdog.lock);
 	r->deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
 	g_queue_push_tail_link(&c->active, &r->link);
-	g_cond_signal(&c->cond);
-	g_mutex_unlock(&c->lock);
+	g_cond_signal(&c->watchdog.cond);
+	g_mutex_unlock(&c->watchdog.lock);
 }
 
 /* Closes the socket's duplicate: the watchdog no longer shuts it down. */
 static void let_go_socket(teu_http *c, req *r)
 {
-	g_mutex_lock(&c->lock);
+	g_mutex_lock(&c->watchdog.lock);
 	int fd = r->fd;
 	r->fd = -1;
-	g_mutex_unlock(&c->lock);
+	g_mutex_unlock(&c->watchdog.lock);
 	if (fd >= 0)
 		close(fd);
 }
@@ -157,10 +156,10 @@ static void let_go_socket(teu_http *c, req *r)
 static gboolean unwatch(teu_http *c, req *r)
 {
 	let_go_socket(c, r);
-	g_mutex_lock(&c->lock);
+	g_mutex_lock(&c->watchdog.lock);
 	g_queue_unlink(&c->active, &r->link);
 	gboolean timed_out = r->timed_out;
-	g_mutex_unlock(&c->lock);
+	g_mutex_unlock(&c->watchdog.lock);
 	return timed_out;
 }
 
@@ -175,12 +174,12 @@ static void hold_socket(req *r, GSocket *sock)
 	teu_http *c = r->c;
 	int fd = fcntl(g_socket_get_fd(sock), F_DUPFD_CLOEXEC, 0);
 
-	g_mutex_lock(&c->lock);
+	g_mutex_lock(&c->watchdog.lock);
 	int old = r->fd;
 	r->fd = fd;
 	if (r->timed_out && fd >= 0) /* the deadline passed while it connected */
 		shutdown(fd, SHUT_RDWR);
-	g_mutex_unlock(&c->lock);
+	g_mutex_unlock(&c->watchdog.lock);
 	if (old >= 0)
 		close(old);
 }
@@ -424,8 +423,7 @@ teu_http *teu_http_new(const teu_http_opts *opts, char **err)
 	c->key_file = g_strdup(opts->key_file);
 	c->opts.cert_file = c->cert_file;
 	c->opts.key_file = c->key_file;
-	g_mutex_init(&c->lock);
-	g_cond_init(&c->cond);
+	teu_keeper_init(&c->watchdog);
 
 	/* No proxy: stores live on the cluster network, and a stray http_proxy
 	 * in the environment would route metadata through it. No idle timeout:
@@ -466,8 +464,7 @@ teu_http *teu_http_new(const teu_http_opts *opts, char **err)
 		}
 	}
 	if (*err == NULL) {
-		c->watchdog = g_thread_try_new("te-http", watchdog_thread, c, NULL);
-		if (c->watchdog == NULL)
+		if (!teu_keeper_start(&c->watchdog, "te-http", watchdog_thread, c))
 			*err = g_strdup("cannot start the HTTP client's timer thread");
 	}
 	if (*err != NULL) {
@@ -481,17 +478,9 @@ void teu_http_free(teu_http *c)
 {
 	if (c == NULL)
 		return;
-	if (c->watchdog != NULL) {
-		g_mutex_lock(&c->lock);
-		c->quit = TRUE;
-		g_cond_signal(&c->cond);
-		g_mutex_unlock(&c->lock);
-		g_thread_join(c->watchdog);
-	}
+	teu_keeper_clear(&c->watchdog);
 	g_clear_object(&c->session);
 	g_clear_object(&c->cert);
-	g_mutex_clear(&c->lock);
-	g_cond_clear(&c->cond);
 	g_free(c->ca_file);
 	g_free(c->cert_file);
 	g_free(c->key_file);

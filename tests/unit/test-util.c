@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * libteu's host:port, redaction, device-export, PCI, JSON-text and
+ * libteu's host:port, redaction, device-export, PCI, JSON-text, list and
  * error-line helpers (util/teu-hostport.h, util/teu-redact.h,
- * util/teu-devmem.h, util/teu-pci.h, util/teu-json.h, util/teu-fmt.h),
+ * util/teu-devmem.h, util/teu-pci.h, util/teu-json.h, util/teu-dlist.h,
+ * util/teu-fmt.h),
  * which the control plane, the TCP transport, the HTTP servers, the
  * metadata plugins, both device plugins and the benchmarks take their
  * parsing, names, logged URLs, range checks, device entries, descriptors'
@@ -22,6 +23,7 @@
 #include <glib.h>
 
 #include "teu-devmem.h"
+#include "teu-dlist.h"
 #include "teu-search.h"
 #include "teu-fmt.h"
 #include "teu-hostport.h"
@@ -183,6 +185,67 @@ static void test_search(void)
 	CHECK(!teu_span_within(0x2010, UINT64_MAX - 0x8, 0x2000, 0x100)); /* a length that wraps */
 }
 
+/* A node on two lists at once, as the transports' nodes are. */
+typedef struct dnode {
+	int id;
+	struct dnode *prev, *next;   /* on a list with a tail */
+	struct dnode *aprev, *anext; /* on a list without */
+} dnode;
+
+/* The ids from head to tail, checking each back link on the way. */
+static void dlist_ids(const dnode *head, char *out)
+{
+	const dnode *back = NULL;
+	for (const dnode *n = head; n != NULL; back = n, n = n->next) {
+		CHECK(n->prev == back);
+		*out++ = (char)('0' + n->id);
+	}
+	*out = '\0';
+}
+
+/* teu-dlist.h: pushes and unlinks at the head, the middle and the tail
+ * keep both ends and every link in step. */
+static void test_dlist(void)
+{
+	dnode n[4] = { { .id = 0 }, { .id = 1 }, { .id = 2 }, { .id = 3 } };
+	dnode *head = NULL, *tail = NULL, *ahead = NULL;
+	char ids[8];
+
+	for (int i = 0; i < 4; i++) {
+		TEU_DLIST_PUSH_TAIL(head, tail, &n[i], prev, next);
+		TEU_DLIST_PUSH(ahead, &n[i], aprev, anext);
+	}
+	dlist_ids(head, ids);
+	CHECK(strcmp(ids, "3210") == 0);
+	CHECK(tail == &n[0]);
+	CHECK(ahead == &n[3] && n[3].anext == &n[2] && n[2].aprev == &n[3]);
+
+	dnode *x = &n[2]; /* the middle */
+	TEU_DLIST_REMOVE_TAIL(head, tail, x, prev, next);
+	dlist_ids(head, ids);
+	CHECK(strcmp(ids, "310") == 0);
+	CHECK(n[2].prev == NULL && n[2].next == NULL);
+	x = &n[0]; /* the tail */
+	TEU_DLIST_REMOVE_TAIL(head, tail, x, prev, next);
+	CHECK(tail == &n[1]);
+	x = &n[3]; /* the head */
+	TEU_DLIST_REMOVE_TAIL(head, tail, x, prev, next);
+	dlist_ids(head, ids);
+	CHECK(strcmp(ids, "1") == 0);
+	CHECK(head == &n[1] && tail == &n[1]);
+	x = &n[1]; /* the last one */
+	TEU_DLIST_REMOVE_TAIL(head, tail, x, prev, next);
+	CHECK(head == NULL && tail == NULL);
+
+	/* The other list was not touched; without a tail, from its head. */
+	x = &n[3];
+	TEU_DLIST_REMOVE(ahead, x, aprev, anext);
+	CHECK(ahead == &n[2] && n[2].aprev == NULL);
+	x = &n[1];
+	TEU_DLIST_REMOVE(ahead, x, aprev, anext);
+	CHECK(n[2].anext == &n[0] && n[0].aprev == &n[2]);
+}
+
 /* What the helpers logged through the host, the last line. */
 static char logged[256];
 static int logged_level = -1;
@@ -331,6 +394,7 @@ int main(void)
 	TEST_RUN(test_redact);
 	TEST_RUN(test_range);
 	TEST_RUN(test_search);
+	TEST_RUN(test_dlist);
 	TEST_RUN(test_range_check);
 	TEST_RUN(test_pci_info);
 	TEST_RUN(test_ipc);

@@ -41,10 +41,7 @@ static rd_ep *ep_new(rd_ctx *c, const char *peer_nic_path, bool passive)
 	atomic_store(&ep->last_used, rd_now_ms());
 	atomic_fetch_add(&c->nep_live, 1);
 	g_mutex_lock(&c->live_lock);
-	ep->lnext = c->live;
-	if (c->live != NULL)
-		c->live->lprev = ep;
-	c->live = ep;
+	TEU_DLIST_PUSH(c->live, ep, lprev, lnext);
 	g_mutex_unlock(&c->live_lock);
 	return ep;
 }
@@ -168,17 +165,11 @@ static void pool_insert(rd_ctx *c, rd_ep *ep, GPtrArray *gone)
 {
 	unsigned cap = c->tr->cfg.max_ep_per_ctx;
 	pool_trim(c, cap > 0 ? cap - 1 : 0, NULL, false, gone);
-	ep->next = c->head;
-	ep->prev = NULL;
-	if (c->head)
-		c->head->prev = ep;
-	c->head = ep;
-	if (c->tail == NULL)
-		c->tail = ep;
+	TEU_DLIST_PUSH_TAIL(c->head, c->tail, ep, prev, next);
 	ep->in_pool = true;
 	c->nep++;
 	g_hash_table_insert(c->eps, ep->peer_nic_path, ep);
-	rd_reclaimer_kick(c->tr); /* (lock order: ep_lock, then reclaim_lock) */
+	rd_reclaimer_kick(c->tr); /* (lock order: ep_lock, then reclaim.lock) */
 }
 
 /* Slices parked on an endpoint leave with it: they are routed again. */

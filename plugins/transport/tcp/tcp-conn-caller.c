@@ -149,11 +149,7 @@ static tcp_sleeper *sleeper_get(tcp_ctx *c)
 		s = g_new0(tcp_sleeper, 1);
 		s->efd = fd;
 	}
-	s->prev = NULL;
-	s->next = c->sleepers;
-	if (c->sleepers != NULL)
-		c->sleepers->prev = s;
-	c->sleepers = s;
+	TEU_DLIST_PUSH(c->sleepers, s, prev, next);
 	g_mutex_unlock(&c->sleep_lock);
 	uint64_t v;
 	while (read(s->efd, &v, sizeof v) > 0) /* rung for an earlier sleep */

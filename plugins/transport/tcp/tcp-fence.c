@@ -55,13 +55,7 @@ static void lru_unlink(tcp_ctx *c, tcp_lane *l)
 
 static void lru_front(tcp_ctx *c, tcp_lane *l)
 {
-	l->lru_prev = NULL;
-	l->lru_next = c->lru_head;
-	if (c->lru_head)
-		c->lru_head->lru_prev = l;
-	c->lru_head = l;
-	if (c->lru_tail == NULL)
-		c->lru_tail = l;
+	TEU_DLIST_PUSH_TAIL(c->lru_head, c->lru_tail, l, lru_prev, lru_next);
 }
 
 /* Lane `id`, made if need be (lanes_lock held). NULL when the table is full
@@ -164,11 +158,7 @@ int tcp_sconn_frame(tcp_sconn *sc, const tcp_hdr *f, bool first)
 		sc->lane = lane;
 		sc->gen = gen;
 		sc->lane_rec = l;
-		sc->lane_prev = NULL;
-		sc->lane_next = l->conns;
-		if (l->conns)
-			l->conns->lane_prev = sc;
-		l->conns = sc;
+		TEU_DLIST_PUSH(l->conns, sc, lane_prev, lane_next);
 		g_mutex_unlock(&c->lanes_lock);
 		TCP_HOOK(tcp_hook_hello(sc));
 		return 0;

@@ -107,11 +107,7 @@ void tcp_io_list(tcp_thread *t, tcp_io *io)
 	if (io->in_list)
 		return;
 	io->in_list = true;
-	io->prev = NULL;
-	io->next = t->conns;
-	if (t->conns)
-		t->conns->prev = io;
-	t->conns = io;
+	TEU_DLIST_PUSH(t->conns, io, prev, next);
 	t->n_conns++;
 }
 

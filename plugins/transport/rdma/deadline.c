@@ -33,9 +33,7 @@
 
 void rd_expire_wake(rd_transport *tr)
 {
-	g_mutex_lock(&tr->expire_lock);
-	g_cond_broadcast(&tr->expire_cond);
-	g_mutex_unlock(&tr->expire_lock);
+	teu_mon_broadcast(&tr->expire);
 }
 
 /* Slices of `t` on a send queue now. */
@@ -105,17 +103,17 @@ int rd_expire(void *ctx, te_transfer *t)
 	if (posted == 0)
 		return 0; /* none posted: none of its bytes can still land */
 
-	/* A completion clears its slot, then wakes this under expire_lock:
+	/* A completion clears its slot, then wakes this under expire.lock:
 	 * looked at under the lock, no wake-up is missed. */
 	gint64 until = g_get_monotonic_time() + RD_EXPIRE_WAIT_MS * 1000;
 	unsigned left;
-	g_mutex_lock(&tr->expire_lock);
+	g_mutex_lock(&tr->expire.lock);
 	while ((left = posted_of(tr, t)) > 0)
-		if (!g_cond_wait_until(&tr->expire_cond, &tr->expire_lock, until)) {
+		if (!g_cond_wait_until(&tr->expire.cond, &tr->expire.lock, until)) {
 			left = posted_of(tr, t);
 			break;
 		}
-	g_mutex_unlock(&tr->expire_lock);
+	g_mutex_unlock(&tr->expire.lock);
 	if (left > 0)
 		RD_LOG(tr, TE_LOG_WARN,
 		       "a %s ended early still has %u request%s posted after %d ms: the NIC has not "

@@ -79,12 +79,12 @@ static rd_slice *pool_get(rd_transport *tr, staged *st)
 	if (s != NULL)
 		return s;
 	stage_flush(tr, st);
-	g_mutex_lock(&tr->pool_lock);
+	g_mutex_lock(&tr->pool.lock);
 	atomic_fetch_add(&tr->pool_waiters, 1);
 	while ((s = rd_pool_try_get(tr)) == NULL && !atomic_load(&tr->stopping))
-		g_cond_wait_until(&tr->pool_cond, &tr->pool_lock, g_get_monotonic_time() + 100000);
+		g_cond_wait_until(&tr->pool.cond, &tr->pool.lock, g_get_monotonic_time() + 100000);
 	atomic_fetch_sub(&tr->pool_waiters, 1);
-	g_mutex_unlock(&tr->pool_lock);
+	g_mutex_unlock(&tr->pool.lock);
 	return s;
 }
 
@@ -169,12 +169,12 @@ gpointer rd_dispatcher_thread(gpointer data)
 	staged st = { 0 };
 
 	for (;;) {
-		g_mutex_lock(&tr->pend_lock);
+		g_mutex_lock(&tr->pend.lock);
 		while (tr->pend_head == NULL && !atomic_load(&tr->stopping))
-			g_cond_wait(&tr->pend_cond, &tr->pend_lock);
+			g_cond_wait(&tr->pend.cond, &tr->pend.lock);
 		te_transfer *t = tr->pend_head;
 		tr->pend_head = tr->pend_tail = NULL;
-		g_mutex_unlock(&tr->pend_lock);
+		g_mutex_unlock(&tr->pend.lock);
 		if (t == NULL)
 			break; /* stopping and nothing left */
 		unsigned since_flush = 0;
@@ -195,10 +195,10 @@ gpointer rd_dispatcher_thread(gpointer data)
 
 void rd_reclaimer_kick(rd_transport *tr)
 {
-	g_mutex_lock(&tr->reclaim_lock);
+	g_mutex_lock(&tr->reclaim.lock);
 	tr->reclaim_kick = true;
-	g_cond_signal(&tr->reclaim_cond);
-	g_mutex_unlock(&tr->reclaim_lock);
+	g_cond_signal(&tr->reclaim.cond);
+	g_mutex_unlock(&tr->reclaim.lock);
 }
 
 /* Closes idle endpoints and watches devices that are out of service. It
@@ -214,22 +214,22 @@ gpointer rd_reclaimer_thread(gpointer data)
 	if (tr->cfg.ready_grace_ms > 0 && (int64_t)tr->cfg.ready_grace_ms < interval)
 		interval = tr->cfg.ready_grace_ms;
 	int64_t next = rd_now_ms() + interval;
-	g_mutex_lock(&tr->reclaim_lock);
+	g_mutex_lock(&tr->reclaim.lock);
 	while (!atomic_load(&tr->stopping)) {
 		while (!tr->reclaim_kick && !atomic_load(&tr->stopping)) {
 			int64_t left = next == INT64_MAX ? -1 : next - rd_now_ms();
 			if (left < 0 && next != INT64_MAX)
 				break;
 			if (left < 0)
-				g_cond_wait(&tr->reclaim_cond, &tr->reclaim_lock);
-			else if (!g_cond_wait_until(&tr->reclaim_cond, &tr->reclaim_lock,
+				g_cond_wait(&tr->reclaim.cond, &tr->reclaim.lock);
+			else if (!g_cond_wait_until(&tr->reclaim.cond, &tr->reclaim.lock,
 						    g_get_monotonic_time() + left * 1000))
 				break;
 		}
 		tr->reclaim_kick = false;
 		if (atomic_load(&tr->stopping))
 			break;
-		g_mutex_unlock(&tr->reclaim_lock);
+		g_mutex_unlock(&tr->reclaim.lock);
 		int64_t now = rd_now_ms();
 		next = INT64_MAX;
 		for (int i = 0; i < tr->nctx; i++) {
@@ -241,9 +241,9 @@ gpointer rd_reclaimer_thread(gpointer data)
 		/* Not sooner than a tenth of the interval: coalesced. */
 		if (next != INT64_MAX)
 			next = MAX(next, now + interval / 10);
-		g_mutex_lock(&tr->reclaim_lock);
+		g_mutex_lock(&tr->reclaim.lock);
 	}
-	g_mutex_unlock(&tr->reclaim_lock);
+	g_mutex_unlock(&tr->reclaim.lock);
 	return NULL;
 }
 
@@ -281,13 +281,13 @@ int rd_submit(void *ctx, te_transfer *const *ts, size_t n)
 	}
 	if (head == NULL)
 		return 0;
-	g_mutex_lock(&tr->pend_lock);
+	g_mutex_lock(&tr->pend.lock);
 	if (tr->pend_tail)
 		tr->pend_tail->plugin_data[0] = (uintptr_t)head;
 	else
 		tr->pend_head = head;
 	tr->pend_tail = tail;
-	g_cond_signal(&tr->pend_cond);
-	g_mutex_unlock(&tr->pend_lock);
+	g_cond_signal(&tr->pend.cond);
+	g_mutex_unlock(&tr->pend.lock);
 	return 0;
 }

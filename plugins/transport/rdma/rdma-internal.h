@@ -14,6 +14,7 @@
 
 #include "rdma-verbs.h"
 #include "teu-json.h"
+#include "teu-mon.h"
 
 #define RD_MAX_DEV 32        /* devices per engine, local or remote */
 #define RD_NAME_MAX 64       /* device names (IBV_SYSFS_NAME_MAX) */
@@ -352,8 +353,7 @@ struct rd_transport {
 	GHashTable *live;
 
 	/* Transfers submitted and not yet cut into slices. */
-	GMutex pend_lock;
-	GCond pend_cond;
+	teu_mon pend;
 	te_transfer *pend_head, *pend_tail;
 	GThread *dispatcher;
 	atomic_bool stopping;
@@ -371,21 +371,18 @@ struct rd_transport {
 	_Atomic uintptr_t *posted_t, *posted_ep;
 	unsigned nslices;
 	_Atomic uint64_t free_top;
-	GMutex pool_lock;
-	GCond pool_cond;
+	teu_mon pool;
 	atomic_int pool_waiters;
 	atomic_uint route_seq;
 
 	GThread *reclaimer;
-	GMutex reclaim_lock;
-	GCond reclaim_cond;
-	bool reclaim_kick; /* (reclaim_lock) an endpoint came: the reclaimer plans again */
+	teu_mon reclaim;
+	bool reclaim_kick; /* (reclaim.lock) an endpoint came: the reclaimer plans again */
 
 	/* Deadlines (ABI 1.11): the host brackets posts with transfer_enter/
-	 * leave; expire() waits on expire_cond for a transfer's posted slices. */
+	 * leave; expire() waits on `expire` for a transfer's posted slices. */
 	bool deadlines;
-	GMutex expire_lock;
-	GCond expire_cond;
+	teu_mon expire;
 
 	rd_counters stats;
 	int64_t fail_log_sec; /* under stats.lock */

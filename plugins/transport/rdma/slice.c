@@ -22,9 +22,9 @@ void rd_pool_put(rd_transport *tr, rd_slice *s)
 	} while (!atomic_compare_exchange_weak_explicit(&tr->free_top, &top, nt, memory_order_release,
 							memory_order_relaxed));
 	if (atomic_load(&tr->pool_waiters) > 0) {
-		g_mutex_lock(&tr->pool_lock);
-		g_cond_signal(&tr->pool_cond);
-		g_mutex_unlock(&tr->pool_lock);
+		g_mutex_lock(&tr->pool.lock);
+		g_cond_signal(&tr->pool.cond);
+		g_mutex_unlock(&tr->pool.lock);
 	}
 }
 

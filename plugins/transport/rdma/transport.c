@@ -82,16 +82,12 @@ static void tr_free(rd_transport *tr)
 	g_free((void *)tr->posted_on);
 	g_free((void *)tr->posted_t);
 	g_free((void *)tr->posted_ep);
-	g_mutex_clear(&tr->expire_lock);
-	g_cond_clear(&tr->expire_cond);
 	g_free(tr->sysfs_root);
 	g_free(tr->local_name);
-	g_mutex_clear(&tr->pend_lock);
-	g_cond_clear(&tr->pend_cond);
-	g_mutex_clear(&tr->pool_lock);
-	g_cond_clear(&tr->pool_cond);
-	g_mutex_clear(&tr->reclaim_lock);
-	g_cond_clear(&tr->reclaim_cond);
+	teu_mon_clear(&tr->expire);
+	teu_mon_clear(&tr->pend);
+	teu_mon_clear(&tr->pool);
+	teu_mon_clear(&tr->reclaim);
 	g_rw_lock_clear(&tr->mr_lock);
 	g_hash_table_unref(tr->live);
 	g_mutex_clear(&tr->live_lock);
@@ -138,14 +134,10 @@ static int rd_create(const te_host *h, const char *json_args, void **out)
 	tr->host = h;
 	tr->metrics = TE_HAS_OP(h, metric_device) && TE_HAS_OP(h, metric_add);
 	tr->deadlines = TE_HAS_OP(h, transfer_enter) && TE_HAS_OP(h, transfer_leave);
-	g_mutex_init(&tr->expire_lock);
-	g_cond_init(&tr->expire_cond);
-	g_mutex_init(&tr->pend_lock);
-	g_cond_init(&tr->pend_cond);
-	g_mutex_init(&tr->pool_lock);
-	g_cond_init(&tr->pool_cond);
-	g_mutex_init(&tr->reclaim_lock);
-	g_cond_init(&tr->reclaim_cond);
+	teu_mon_init(&tr->expire);
+	teu_mon_init(&tr->pend);
+	teu_mon_init(&tr->pool);
+	teu_mon_init(&tr->reclaim);
 	g_rw_lock_init(&tr->mr_lock);
 	g_mutex_init(&tr->live_lock);
 	tr->live = g_hash_table_new(g_direct_hash, g_direct_equal);
@@ -259,15 +251,9 @@ static void rd_destroy(void *ctx)
 	/* Waits for a handshake being served, and refuses new ones. */
 	tr->host->rpc_handle(tr->host, TE_RPC_CONNECTION, NULL, NULL);
 	atomic_store(&tr->stopping, true);
-	g_mutex_lock(&tr->pend_lock);
-	g_cond_broadcast(&tr->pend_cond);
-	g_mutex_unlock(&tr->pend_lock);
-	g_mutex_lock(&tr->pool_lock);
-	g_cond_broadcast(&tr->pool_cond);
-	g_mutex_unlock(&tr->pool_lock);
-	g_mutex_lock(&tr->reclaim_lock);
-	g_cond_broadcast(&tr->reclaim_cond);
-	g_mutex_unlock(&tr->reclaim_lock);
+	teu_mon_broadcast(&tr->pend);
+	teu_mon_broadcast(&tr->pool);
+	teu_mon_broadcast(&tr->reclaim);
 	g_thread_join(tr->dispatcher);
 	g_thread_join(tr->reclaimer);
 	/* Flush whatever is posted so the workers see it come back. */

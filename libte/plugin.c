@@ -70,55 +70,68 @@ static bool allowed(const char *name)
 	return !any_allow || listed;
 }
 
+/* Each kind's smallest ops table (up to its last required member) and the
+ * ABI minor the kind came with. Every ops table starts with its size. */
+#define OPS_END(type, member) (offsetof(type, member) + sizeof(((type *)0)->member))
+static const struct {
+	uint32_t kind;
+	size_t min_size;
+	unsigned min_minor;
+} ops_floor[] = {
+	{ TE_KIND_TRANSPORT, offsetof(te_transport_ops, report), 0 },
+	{ TE_KIND_METADATA, offsetof(te_metadata_ops, list), 0 },
+	{ TE_KIND_DEVICE, OPS_END(te_device_ops, devices), 2 },
+	{ TE_KIND_EXPORTER, OPS_END(te_exporter_ops, destroy), 6 },
+};
+
+/* The required members `d`'s ops lack, as a phrase; NULL when none. */
+static const char *ops_lack(const te_plugin_desc *d)
+{
+	switch (d->kind) {
+	case TE_KIND_TRANSPORT: {
+		const te_transport_ops *o = d->ops;
+		return o->create && o->destroy && o->segment_open && o->submit
+			       ? NULL
+			       : "create, destroy, segment_open or submit";
+	}
+	case TE_KIND_DEVICE: {
+		const te_device_ops *o = d->ops;
+		return o->prefix && valid_name(o->prefix) && o->probe && o->create && o->destroy &&
+				       o->classify && o->copy && o->devices
+			       ? NULL
+			       : "prefix, probe, create, destroy, classify, copy or devices";
+	}
+	case TE_KIND_EXPORTER: {
+		const te_exporter_ops *o = d->ops;
+		return o->create && o->destroy ? NULL : "create or destroy";
+	}
+	default: {
+		const te_metadata_ops *o = d->ops;
+		return o->schemes && o->schemes[0] && o->open && o->close && o->get && o->put && o->remove
+			       ? NULL
+			       : "schemes, open, close, get, put or remove";
+	}
+	}
+}
+
 static bool check_ops(const te_plugin_desc *d, char **why)
 {
-	if (d->kind == TE_KIND_TRANSPORT) {
-		const te_transport_ops *o = d->ops;
-		if (o->size < offsetof(te_transport_ops, report)) {
-			*why = g_strdup_printf("transport ops table too small (%u bytes)", o->size);
-			return false;
-		}
-		if (o->create == NULL || o->destroy == NULL || o->segment_open == NULL ||
-		    o->submit == NULL) {
-			*why = g_strdup("transport ops lack create, destroy, segment_open or submit");
-			return false;
-		}
-	} else if (d->kind == TE_KIND_DEVICE) {
-		const te_device_ops *o = d->ops;
-		if (d->abi_minor < 2 || o->size < offsetof(te_device_ops, devices) + sizeof o->devices) {
-			*why = g_strdup_printf("device ops table too small (%u bytes, ABI minor %u)", o->size,
+	uint32_t size;
+	const char *kind = te_plugin_kind_name((int)d->kind);
+
+	memcpy(&size, d->ops, sizeof size); /* the first member of every kind's table */
+	for (size_t i = 0; i < G_N_ELEMENTS(ops_floor); i++) {
+		if (ops_floor[i].kind == d->kind &&
+		    (size < ops_floor[i].min_size || d->abi_minor < ops_floor[i].min_minor)) {
+			*why = g_strdup_printf("%s ops table too small (%u bytes, ABI minor %u)", kind, size,
 					       d->abi_minor);
 			return false;
 		}
-		if (o->prefix == NULL || !valid_name(o->prefix) || o->probe == NULL ||
-		    o->create == NULL || o->destroy == NULL || o->classify == NULL ||
-		    o->copy == NULL || o->devices == NULL) {
-			*why = g_strdup("device ops lack prefix, probe, create, destroy, classify, copy "
-					"or devices");
-			return false;
-		}
-	} else if (d->kind == TE_KIND_EXPORTER) {
-		const te_exporter_ops *o = d->ops;
-		if (d->abi_minor < 6 || o->size < offsetof(te_exporter_ops, destroy) + sizeof o->destroy) {
-			*why = g_strdup_printf("exporter ops table too small (%u bytes, ABI minor %u)", o->size,
-					       d->abi_minor);
-			return false;
-		}
-		if (o->create == NULL || o->destroy == NULL) {
-			*why = g_strdup("exporter ops lack create or destroy");
-			return false;
-		}
-	} else {
-		const te_metadata_ops *o = d->ops;
-		if (o->size < offsetof(te_metadata_ops, list)) {
-			*why = g_strdup_printf("metadata ops table too small (%u bytes)", o->size);
-			return false;
-		}
-		if (o->schemes == NULL || o->schemes[0] == NULL || o->open == NULL || o->close == NULL ||
-		    o->get == NULL || o->put == NULL || o->remove == NULL) {
-			*why = g_strdup("metadata ops lack schemes, open, close, get, put or remove");
-			return false;
-		}
+	}
+	const char *lack = ops_lack(d);
+	if (lack != NULL) {
+		*why = g_strdup_printf("%s ops lack %s", kind, lack);
+		return false;
 	}
 	return true;
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The queues between the device plugins' threads (CUDA, HIP): a singly
- * linked list kept as a head and a tail pointer, of nodes of any type with
- * a `next` member, guarded by a lock the caller holds. Macros, as each
+ * The queues between threads (the CUDA and HIP plugins', the RDMA
+ * transport's slices): a singly linked list kept as a head and a tail
+ * pointer, of nodes of any type with a `next` member, guarded by a lock the
+ * caller holds. Macros, as each
  * queue has its own node type; their arguments are plain lvalues, each
  * evaluated more than once.
  */
@@ -13,16 +14,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Appends `node` at the tail. */
-#define TEU_FIFO_PUSH(head, tail, node)          \
-	do {                                     \
-		(node)->next = NULL;             \
-		if ((tail) != NULL)              \
-			(tail)->next = (node);   \
-		else                             \
-			(head) = (node);         \
-		(tail) = (node);                 \
+/* Appends the chain `first`..`last` (linked through `next`) at the tail. */
+#define TEU_FIFO_APPEND(head, tail, first, last)  \
+	do {                                      \
+		(last)->next = NULL;              \
+		if ((tail) != NULL)               \
+			(tail)->next = (first);   \
+		else                              \
+			(head) = (first);         \
+		(tail) = (last);                  \
 	} while (0)
+
+/* Appends `node` at the tail. */
+#define TEU_FIFO_PUSH(head, tail, node) TEU_FIFO_APPEND(head, tail, node, node)
 
 /* Unlinks the node at the head into `node`: NULL when the queue is empty. */
 #define TEU_FIFO_TAKE(head, tail, node)                  \

@@ -826,12 +826,7 @@ void rd_ctx_enqueue(rd_ctx *c, rd_slice *head, rd_slice *tail, bool front)
 		if (c->qtail == NULL)
 			c->qtail = tail;
 	} else {
-		tail->next = NULL;
-		if (c->qtail != NULL)
-			c->qtail->next = head;
-		else
-			c->qhead = head;
-		c->qtail = tail;
+		TEU_FIFO_APPEND(c->qhead, c->qtail, head, tail);
 	}
 	g_mutex_unlock(&c->qlock);
 	rd_ctx_kick(c);

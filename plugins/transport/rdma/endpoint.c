@@ -849,13 +849,8 @@ int rd_ep_resolve(rd_ctx *c, rd_slice **in, int n, rd_slice **ready, rd_ep **con
 			s->ep = ep;
 			ready[nready++] = s;
 		} else {
-			s->next = NULL;
 			s->parked = true;
-			if (ep->pending_tail)
-				ep->pending_tail->next = s;
-			else
-				ep->pending = s;
-			ep->pending_tail = s;
+			TEU_FIFO_PUSH(ep->pending, ep->pending_tail, s);
 		}
 	}
 	g_mutex_unlock(&c->ep_lock);

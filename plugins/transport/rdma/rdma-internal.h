@@ -13,6 +13,7 @@
 #include <te/te-plugin.h>
 
 #include "rdma-verbs.h"
+#include "teu-fifo.h"
 #include "teu-json.h"
 #include "teu-mon.h"
 

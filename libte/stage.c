@@ -232,6 +232,18 @@ static bool may_submit_here(const te_task *t)
 
 /* ------------------------------------------------------------------ work */
 
+/* Slot `slot`'s staging buffer. */
+static char *slot_area(const te_stager *s, guint slot)
+{
+	return s->area + (size_t)slot * s->chunk;
+}
+
+/* Where the chunk in `sl` lies in its task's device memory. */
+static char *chunk_local(const stage_slot *sl)
+{
+	return (char *)sl->parent->xfer.local + sl->off;
+}
+
 /* The chunk's transfer, as the transport is handed it. */
 static te_transfer *sub_transfer(te_stager *s, guint slot)
 {
@@ -244,7 +256,7 @@ static te_transfer *sub_transfer(te_stager *s, guint slot)
 	sub->xfer = (te_transfer){
 		.opcode = t->xfer.opcode,
 		.nr_slices = 1,
-		.local = s->area + (size_t)slot * s->chunk,
+		.local = slot_area(s, slot),
 		.remote = t->xfer.remote + sl->off,
 		.length = sl->len,
 		.seg_ctx = t->xfer.seg_ctx,
@@ -426,8 +438,8 @@ static void start_write(te_stager *s, guint slot)
 {
 	stage_slot *sl = &s->slots[slot];
 	te_task *t = sl->parent;
-	int rc = t->dev->ops->copy_async(t->dev->ctx, s->area + (size_t)slot * s->chunk,
-					 (const char *)t->xfer.local + sl->off, sl->len, write_copied, sl);
+	int rc = t->dev->ops->copy_async(t->dev->ctx, slot_area(s, slot), chunk_local(sl), sl->len,
+					 write_copied, sl);
 
 	if (rc == -ENOTSUP) {
 		g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
@@ -492,8 +504,7 @@ static void start(te_stager *s, guint slot)
 		return;
 	}
 	if (t->xfer.opcode == TE_OP_WRITE) {
-		int rc = te_device_copy_with(t->dev, s->area + (size_t)slot * s->chunk,
-					     (const char *)t->xfer.local + sl->off, sl->len);
+		int rc = te_device_copy_with(t->dev, slot_area(s, slot), chunk_local(sl), sl->len);
 		if (rc < 0) {
 			chunk_done(s, slot, 0, rc, true);
 			return;
@@ -506,8 +517,7 @@ static void finish(te_stager *s, guint slot)
 {
 	stage_slot *sl = &s->slots[slot];
 	te_task *t = sl->parent;
-	int rc = te_device_copy_with(t->dev, (char *)t->xfer.local + sl->off,
-				     s->area + (size_t)slot * s->chunk, sl->len);
+	int rc = te_device_copy_with(t->dev, chunk_local(sl), slot_area(s, slot), sl->len);
 
 	chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, true);
 }
@@ -550,8 +560,8 @@ static void finish_read(te_stager *s, guint slot)
 	}
 	bool outer = in_complete;
 	in_complete = true;
-	int rc = dev->ops->copy_async(dev->ctx, (char *)sl->parent->xfer.local + sl->off,
-				      s->area + (size_t)slot * s->chunk, sl->len, finish_done, sl);
+	int rc = dev->ops->copy_async(dev->ctx, chunk_local(sl), slot_area(s, slot), sl->len, finish_done,
+				      sl);
 	in_complete = outer;
 	if (rc == -ENOTSUP) {
 		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);

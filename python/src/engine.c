@@ -495,34 +495,20 @@ static PyObject *engine_open_segment(PyteEngine *self, PyObject *args, PyObject 
 	static char *kwlist[] = { "name", "transport", NULL };
 	PyObject *name_o;
 	const char *transport = NULL;
-	te_segment_id id;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "U|z:open_segment", kwlist, &name_o, &transport))
 		return NULL;
-	const char *name = PyUnicode_AsUTF8(name_o);
-	if (name == NULL)
-		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	id = transport ? te_segment_open_with(self->e, name, transport) : te_segment_open(self->e, name);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (id < 0)
-		return pyte_raise_msg(id, "open_segment('%s'): %s", name, te_strerror(id));
-	return pyte_segment_new(self, id, name_o);
+	return pyte_segment_open(self, name_o, transport);
 }
 
 static PyObject *engine_probe(PyteEngine *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "name", "timeout", NULL };
 	const char *name;
-	PyObject *timeout_o = Py_None;
-	double t;
+	double t = -1;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:probe", kwlist, &name, &timeout_o) ||
-	    pyte_timeout(timeout_o, &t) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O&:probe", kwlist, &name, pyte_timeout_arg, &t))
 		return NULL;
 	if (pyte_enter(self) < 0)
 		return NULL;
@@ -556,13 +542,11 @@ static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)
 PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "segment", "msg", "sender", NULL };
-	PyObject *seg_o;
 	const char *msg, *sender = NULL;
 	te_segment_id seg;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, &msg, &sender) ||
-	    pyte_segment_id(seg_o, &seg) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&s|$z:notify", kwlist, pyte_segment_arg, &seg, &msg, &sender))
 		return NULL;
 	if (pyte_enter(eo) < 0)
 		return NULL;
@@ -728,12 +712,7 @@ static PyGetSetDef engine_getset[] = {
 };
 
 PyTypeObject PyteEngineType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "libte.Engine",
-	.tp_basicsize = sizeof(PyteEngine),
-	.tp_dealloc = (destructor)engine_dealloc,
-	.tp_repr = (reprfunc)engine_repr,
-	.tp_flags = Py_TPFLAGS_DEFAULT,
+	PYTE_TYPE_HEAD("libte.Engine", PyteEngine, engine_dealloc, engine_repr),
 	.tp_doc = "Engine(metadata='P2PHANDSHAKE', name=None, *, transports=None, auto_discovery=False,\n"
 		  "       rpc_port=None, address=None, options=None)\n--\n\n"
 		  "A libte engine: joins a cluster through `metadata` (\"P2PHANDSHAKE\", \"etcd://h:p\",\n"

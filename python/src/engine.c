@@ -525,16 +525,7 @@ static PyObject *engine_probe(PyteEngine *self, PyObject *args, PyObject *kw)
 static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)
 {
 	(void)unused;
-	int rc;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_segment_refresh_all(self->e);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise(rc, "refresh_segments()");
-	return PyLong_FromLong(rc);
+	return pyte_segment_refresh(self, -1, NULL);
 }
 
 /* ------------------------------------------------------- notifications */
@@ -599,12 +590,9 @@ static PyObject *engine_batch(PyteEngine *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "capacity", NULL };
 	Py_ssize_t cap;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:batch", kwlist, &cap))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:batch", kwlist, &cap) ||
+	    pyte_positive_arg("batch", "capacity", cap) < 0)
 		return NULL;
-	if (cap <= 0) {
-		PyErr_Format(PyExc_ValueError, "batch(capacity=%zd): capacity must be positive", cap);
-		return NULL;
-	}
 	return pyte_batch_new(self, (size_t)cap);
 }
 

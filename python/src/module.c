@@ -181,6 +181,14 @@ int pyte_deadline_arg(PyObject *o, void *deadline)
 	return 1;
 }
 
+int pyte_positive_arg(const char *call, const char *arg, Py_ssize_t v)
+{
+	if (v > 0)
+		return 0;
+	PyErr_Format(PyExc_ValueError, "%s(%s=%zd): %s must be positive", call, arg, v, arg);
+	return -1;
+}
+
 int64_t pyte_deadline_after(double timeout_s)
 {
 	int64_t now = te_now_ns();
@@ -589,12 +597,9 @@ static PyObject *mem_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	PyteMemory *self;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Memory", kwlist, &size))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Memory", kwlist, &size) ||
+	    pyte_positive_arg("Memory", "size", size) < 0)
 		return NULL;
-	if (size <= 0) {
-		PyErr_Format(PyExc_ValueError, "Memory(size=%zd): size must be positive", size);
-		return NULL;
-	}
 	self = (PyteMemory *)type->tp_alloc(type, 0);
 	if (self == NULL)
 		return NULL;

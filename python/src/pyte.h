@@ -113,6 +113,9 @@ PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObjec
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
  * Engine and Segment alike; they enter the engine for the call. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
+/* Engine.refresh_segments() (name NULL: every open segment, `id` unused; returns how
+ * many) and Segment.refresh() (segment `id` named `name`, returns None). */
+PyObject *pyte_segment_refresh(PyteEngine *eo, te_segment_id id, PyObject *name);
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id);
 
 /* Engine methods that live in memory.c. */
@@ -168,6 +171,9 @@ int pyte_timeout_arg(PyObject *o, void *seconds);
 int pyte_deadline_arg(PyObject *o, void *deadline);
 /* A te_segment_id from a Segment or an int id (pyte_segment_id). */
 int pyte_segment_arg(PyObject *o, void *id);
+/* 0 when `v`, the argument `arg` of `call`, is positive; -1 with
+ * ValueError "<call>(<arg>=<v>): <arg> must be positive" otherwise. */
+int pyte_positive_arg(const char *call, const char *arg, Py_ssize_t v);
 /* The deadline `timeout_s` (>= 0) seconds from now. */
 int64_t pyte_deadline_after(double timeout_s);
 

@@ -50,6 +50,22 @@ PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 	return r;
 }
 
+PyObject *pyte_segment_refresh(PyteEngine *eo, te_segment_id id, PyObject *name)
+{
+	int rc;
+	if (pyte_enter(eo) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = name == NULL ? te_segment_refresh_all(eo->e) : te_segment_refresh(eo->e, id);
+	Py_END_ALLOW_THREADS
+	pyte_leave(eo);
+	if (rc < 0 && name == NULL)
+		return pyte_raise(rc, "refresh_segments()");
+	if (rc < 0)
+		return pyte_raise_msg(rc, "Segment(%U).refresh(): %s", name, te_strerror(rc));
+	return name == NULL ? PyLong_FromLong(rc) : Py_NewRef(Py_None);
+}
+
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id)
 {
 	char *json = NULL;
@@ -181,16 +197,7 @@ static int segment_ready(PyteSegment *s)
 static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
 {
 	(void)unused;
-	int rc;
-	if (segment_ready(s) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_segment_refresh(s->engine->e, s->id);
-	Py_END_ALLOW_THREADS
-	pyte_leave(s->engine);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "Segment(%U).refresh(): %s", s->name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return segment_check_open(s) < 0 ? NULL : pyte_segment_refresh(s->engine, s->id, s->name);
 }
 
 static PyObject *segment_buffers(PyteSegment *s, PyObject *unused)

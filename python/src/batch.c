@@ -953,25 +953,25 @@ static PyObject *batch_repr(PyteBatch *b)
 static PySequenceMethods batch_as_seq = { .sq_length = (lenfunc)batch_len };
 
 static PyMethodDef batch_methods[] = {
-	{ "submit", (PyCFunction)(void (*)(void))batch_submit, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("submit", batch_submit,
 	  "submit(requests, *, deadline=None)\n--\n\nAppends requests ((opcode, segment, local, remote, length) tuples or\n"
 	  "Request) as tasks and starts them; returns how many were refused (INVALID: see status()).\n"
 	  "`deadline` (libte.now_ns() nanoseconds; None: the batch's, see set_deadline) ends those still\n"
-	  "in flight then, FAILED with -ETIMEDOUT (te_submit_by)." },
-	{ "submit_on_stream", (PyCFunction)(void (*)(void))batch_submit_on_stream, METH_VARARGS | METH_KEYWORDS,
+	  "in flight then, FAILED with -ETIMEDOUT (te_submit_by)."),
+	PYTE_KW_METHOD("submit_on_stream", batch_submit_on_stream,
 	  "submit_on_stream(requests, location, stream)\n--\n\nAppends requests as tasks that start once the work queued on\n"
 	  "`stream` (an int: a CUstream of device `location`, \"cuda\") has finished; the stream's later work waits\n"
-	  "for them. Returns at once (te_submit_on_stream)." },
-	{ "submit_read", (PyCFunction)(void (*)(void))batch_submit_read, METH_VARARGS | METH_KEYWORDS,
+	  "for them. Returns at once (te_submit_on_stream)."),
+	PYTE_KW_METHOD("submit_read", batch_submit_read,
 	  "submit_read(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends reads given as columns (see\n"
-	  "Engine.read_many); `deadline` as for submit()." },
-	{ "submit_write", (PyCFunction)(void (*)(void))batch_submit_write, METH_VARARGS | METH_KEYWORDS,
-	  "submit_write(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends writes given as columns." },
-	{ "submit_prepared", (PyCFunction)(void (*)(void))batch_submit_prepared, METH_VARARGS | METH_KEYWORDS,
+	  "Engine.read_many); `deadline` as for submit()."),
+	PYTE_KW_METHOD("submit_write", batch_submit_write,
+	  "submit_write(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends writes given as columns."),
+	PYTE_KW_METHOD("submit_prepared", batch_submit_prepared,
 	  "submit_prepared(op, local, remote, local_idx=None, remote_idx=None, count=None)\n--\n\n"
 	  "Posts pairs (piece local_idx[k] of XferList `local`, piece remote_idx[k] of `remote`) as "
 	  "te_submit_prepared() does: indices are arrays of 4- or 8-byte integers or sequences; None means "
-	  "0..count-1. Adjacent pairs merge into one task. Returns (first_task, tasks, invalid)." },
+	  "0..count-1. Adjacent pairs merge into one task. Returns (first_task, tasks, invalid)."),
 	{ "status", (PyCFunction)batch_status, METH_O, "status(task)\n--\n\nThe TaskStatus of task `task` (0-based)." },
 	{ "statuses", (PyCFunction)batch_statuses, METH_NOARGS, "statuses()\n--\n\nEvery task's TaskStatus." },
 	{ "info", (PyCFunction)batch_info, METH_O,
@@ -980,12 +980,12 @@ static PyMethodDef batch_methods[] = {
 	  "set_deadline(deadline_ns)\n--\n\nTasks submitted from now on (submit_prepared and submit_on_stream too) end\n"
 	  "by `deadline_ns` (libte.now_ns() nanoseconds) unless their submit gives one; 0 removes it.\n"
 	  "InvalidArgumentError for a negative one." },
-	{ "wait_settled", (PyCFunction)(void (*)(void))batch_wait_settled, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("wait_settled", batch_wait_settled,
 	  "wait_settled(timeout=None)\n--\n\nAs wait(), then also until no task is unsettled (a WRITE ended early\n"
-	  "whose bytes the peer may still apply); False when `timeout` seconds passed first." },
-	{ "wait", (PyCFunction)(void (*)(void))batch_wait, METH_VARARGS | METH_KEYWORDS,
+	  "whose bytes the peer may still apply); False when `timeout` seconds passed first."),
+	PYTE_KW_METHOD("wait", batch_wait,
 	  "wait(timeout=None)\n--\n\nBlocks (GIL released) until no task is in flight; False when `timeout`\n"
-	  "seconds passed first (the tasks go on: a deadline ends them)." },
+	  "seconds passed first (the tasks go on: a deadline ends them)."),
 	{ "check", (PyCFunction)batch_check, METH_NOARGS,
 	  "check()\n--\n\nAfter wait(): raises (TransferError, AddressError, ...) when a task did not complete." },
 	{ "cancel", (PyCFunction)batch_cancel, METH_NOARGS,
@@ -993,8 +993,8 @@ static PyMethodDef batch_methods[] = {
 	  "deadlines (on another, running ones stop at their next slice). Returns at once; wait() to see them end." },
 	{ "free", (PyCFunction)batch_free, METH_NOARGS,
 	  "free()\n--\n\nFrees the batch; BusyError while tasks are in flight." },
-	{ "notify", (PyCFunction)(void (*)(void))batch_notify, METH_VARARGS | METH_KEYWORDS,
-	  "notify(segment, msg, *, sender=None)\n--\n\nSends `msg` to the segment's owner once the batch has drained." },
+	PYTE_KW_METHOD("notify", batch_notify,
+	  "notify(segment, msg, *, sender=None)\n--\n\nSends `msg` to the segment's owner once the batch has drained."),
 	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)batch_exit, METH_VARARGS,
 	  "Leaving the block waits for the tasks (canceling them when an exception is on its way) and frees." },

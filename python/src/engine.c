@@ -610,23 +610,23 @@ static PyMethodDef engine_methods[] = {
 	  "Idempotent; also done when the engine is collected or leaves a `with` block." },
 	{ "__enter__", (PyCFunction)engine_enter_ctx, METH_NOARGS, NULL },
 	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
-	{ "install", (PyCFunction)(void (*)(void))engine_install, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("install", engine_install,
 	  "install(name, args=None)\n--\n\nInstalls transport `name` (\"tcp\", \"rdma\", \"nvmeof\", ...) with optional\n"
-	  "JSON arguments (RDMA: a NIC priority matrix or {\"devices\": [...]})." },
+	  "JSON arguments (RDMA: a NIC priority matrix or {\"devices\": [...]})."),
 	{ "uninstall", (PyCFunction)engine_uninstall, METH_O, "uninstall(name)\n--\n\nUninstalls a transport." },
 	{ "install_auto", (PyCFunction)engine_install_auto, METH_NOARGS,
 	  "install_auto()\n--\n\nInstalls the best transport found here (RDMA with devices, else TCP); returns its name." },
-	{ "register", (PyCFunction)(void (*)(void))pyte_engine_register, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("register", pyte_engine_register,
 	  "register(buffer, length=None, *, location='*', remote=True)\n--\n\n"
 	  "Registers memory and returns its address. `buffer` is a writable object with the\n"
 	  "buffer protocol (bytearray, memoryview, mmap, numpy array, libte.Memory), held\n"
 	  "until unregistered so it cannot be freed or resized meanwhile; or an int address\n"
 	  "with `length` (a tensor's data_ptr(): keeping that memory alive is then yours).\n"
-	  "`remote`: peers may read and write it. `location`: \"cpu:N\", \"cuda:N\" or \"*\"." },
-	{ "register_many", (PyCFunction)(void (*)(void))pyte_engine_register_many, METH_VARARGS | METH_KEYWORDS,
+	  "`remote`: peers may read and write it. `location`: \"cpu:N\", \"cuda:N\" or \"*\"."),
+	PYTE_KW_METHOD("register_many", pyte_engine_register_many,
 	  "register_many(buffers, *, location='*', remote=True)\n--\n\n"
 	  "Registers several buffers (objects, or (address, length) pairs) at once, all or\n"
-	  "nothing, publishing once. Returns their addresses." },
+	  "nothing, publishing once. Returns their addresses."),
 	{ "unregister", (PyCFunction)pyte_engine_unregister, METH_O,
 	  "unregister(buffer)\n--\n\nUnregisters the memory registered at `buffer` (the object or its address).\n"
 	  "Waits for this engine's batches that read or write it, and for peers' requests on it." },
@@ -634,11 +634,11 @@ static PyMethodDef engine_methods[] = {
 	  "unregister_many(buffers)\n--\n\nunregister() for each." },
 	{ "local_buffers", (PyCFunction)pyte_engine_local_buffers, METH_NOARGS,
 	  "local_buffers()\n--\n\nThe registered regions, as SegmentBuffer, sorted by address." },
-	{ "write_bytes", (PyCFunction)(void (*)(void))pyte_engine_write_bytes, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("write_bytes", pyte_engine_write_bytes,
 	  "write_bytes(address, data)\n--\n\nCopies `data` into memory registered with this engine at `address`\n"
-	  "(an AddressError, never a crash, when the range is not inside one registration)." },
-	{ "read_bytes", (PyCFunction)(void (*)(void))pyte_engine_read_bytes, METH_VARARGS | METH_KEYWORDS,
-	  "read_bytes(address, length)\n--\n\nA bytes copy of registered memory at `address`." },
+	  "(an AddressError, never a crash, when the range is not inside one registration)."),
+	PYTE_KW_METHOD("read_bytes", pyte_engine_read_bytes,
+	  "read_bytes(address, length)\n--\n\nA bytes copy of registered memory at `address`."),
 	{ "descriptor", (PyCFunction)pyte_engine_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThis engine's segment descriptor (JSON) as last published." },
 	{ "stats", (PyCFunction)engine_stats, METH_NOARGS,
@@ -648,42 +648,42 @@ static PyMethodDef engine_methods[] = {
 	  "when counting is off (TE_METRICS=0)." },
 	{ "metrics_text", (PyCFunction)engine_metrics_text, METH_NOARGS,
 	  "metrics_text()\n--\n\nThe same counters in the Prometheus text format (a str)." },
-	{ "open_segment", (PyCFunction)(void (*)(void))engine_open_segment, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("open_segment", engine_open_segment,
 	  "open_segment(name, transport=None)\n--\n\nOpens another engine's segment (\"host:port\" with P2PHANDSHAKE, or\n"
-	  "its name in the store). `transport` forces one. Returns a Segment." },
-	{ "probe", (PyCFunction)(void (*)(void))engine_probe, METH_VARARGS | METH_KEYWORDS,
-	  "probe(name, timeout=None)\n--\n\nAsks the engine `name` whether it is there; raises when it does not answer." },
+	  "its name in the store). `transport` forces one. Returns a Segment."),
+	PYTE_KW_METHOD("probe", engine_probe,
+	  "probe(name, timeout=None)\n--\n\nAsks the engine `name` whether it is there; raises when it does not answer."),
 	{ "refresh_segments", (PyCFunction)engine_refresh_segments, METH_NOARGS,
 	  "refresh_segments()\n--\n\nFetches every open segment's descriptor again; returns how many." },
-	{ "notify", (PyCFunction)(void (*)(void))engine_notify, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("notify", engine_notify,
 	  "notify(segment, msg, *, sender=None)\n--\n\nSends a short text to the segment's owner and waits for its\n"
-	  "acknowledgement. `sender` replaces this engine's name as the sender's." },
+	  "acknowledgement. `sender` replaces this engine's name as the sender's."),
 	{ "notifications", (PyCFunction)engine_notifications, METH_NOARGS,
 	  "notifications()\n--\n\nTakes the notifications received so far (a list of Notification)." },
-	{ "prepare", (PyCFunction)(void (*)(void))pyte_engine_prepare, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("prepare", pyte_engine_prepare,
 	  "prepare(segment, addrs, lengths)\n--\n\nAn XferList: pieces of `segment` (LOCAL_SEGMENT: registered memory) "
 	  "at `addrs` of `lengths` (an int: all alike), checked and resolved once (te_xfer_list_prepare). "
-	  "addrs and lengths: arrays of 8-byte integers or sequences of ints." },
-	{ "batch", (PyCFunction)(void (*)(void))engine_batch, METH_VARARGS | METH_KEYWORDS,
-	  "batch(capacity)\n--\n\nA new Batch that holds up to `capacity` tasks over its life." },
-	{ "transfer", (PyCFunction)(void (*)(void))pyte_engine_transfer, METH_VARARGS | METH_KEYWORDS,
+	  "addrs and lengths: arrays of 8-byte integers or sequences of ints."),
+	PYTE_KW_METHOD("batch", engine_batch,
+	  "batch(capacity)\n--\n\nA new Batch that holds up to `capacity` tasks over its life."),
+	PYTE_KW_METHOD("transfer", pyte_engine_transfer,
 	  "transfer(requests, *, timeout=None)\n--\n\nRuns requests ((opcode, segment, local, remote, length) tuples or\n"
 	  "Request) as one batch and waits; raises TransferError if any did not complete.\n"
 	  "`timeout` (seconds) is the tasks' deadline: past it they end and TimeoutError is raised\n"
-	  "within milliseconds, once nothing touches the local buffers any more." },
-	{ "read", (PyCFunction)(void (*)(void))pyte_engine_read, METH_VARARGS | METH_KEYWORDS,
+	  "within milliseconds, once nothing touches the local buffers any more."),
+	PYTE_KW_METHOD("read", pyte_engine_read,
 	  "read(segment, local, remote, length=None, *, timeout=None)\n--\n\n"
 	  "Reads `length` bytes at `remote` in the segment into `local` (a registered buffer\n"
 	  "or an address inside one) and waits. `length` defaults to the buffer's length.\n"
-	  "`timeout` as for transfer()." },
-	{ "write", (PyCFunction)(void (*)(void))pyte_engine_write, METH_VARARGS | METH_KEYWORDS,
-	  "write(segment, local, remote, length=None, *, timeout=None)\n--\n\nThe other direction of read()." },
-	{ "read_many", (PyCFunction)(void (*)(void))pyte_engine_read_many, METH_VARARGS | METH_KEYWORDS,
+	  "`timeout` as for transfer()."),
+	PYTE_KW_METHOD("write", pyte_engine_write,
+	  "write(segment, local, remote, length=None, *, timeout=None)\n--\n\nThe other direction of read()."),
+	PYTE_KW_METHOD("read_many", pyte_engine_read_many,
 	  "read_many(segment, locals, remotes, lengths, *, timeout=None)\n--\n\n"
 	  "Many reads as one batch: sequences of local addresses (or buffers), remote addresses\n"
-	  "and lengths (or one length for all); arrays of uint64 work too. Waits." },
-	{ "write_many", (PyCFunction)(void (*)(void))pyte_engine_write_many, METH_VARARGS | METH_KEYWORDS,
-	  "write_many(segment, locals, remotes, lengths, *, timeout=None)\n--\n\nThe other direction of read_many()." },
+	  "and lengths (or one length for all); arrays of uint64 work too. Waits."),
+	PYTE_KW_METHOD("write_many", pyte_engine_write_many,
+	  "write_many(segment, locals, remotes, lengths, *, timeout=None)\n--\n\nThe other direction of read_many()."),
 	{ NULL, NULL, 0, NULL },
 };
 

@@ -150,6 +150,11 @@ PyObject *pyte_engine_prepare(PyteEngine *eo, PyObject *args, PyObject *kw);
  * caller), widening `use` by the local lists' span. */
 PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, PyObject *args, PyObject *kw);
 
+/* A method-table entry of a function taking (self, args, kwargs): such a
+ * function reaches the table's PyCFunction through void (*)(void), the cast
+ * that -Wcast-function-type lets pass. */
+#define PYTE_KW_METHOD(name, fn, doc) { (name), (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS, (doc) }
+
 /* __enter__ of the context managers that need nothing on entry: self. */
 PyObject *pyte_return_self(PyObject *self, PyObject *unused);
 /* __exit__ of the context managers that close on leaving: self.close(),

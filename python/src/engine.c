@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* -------------------------------------------------------- active calls */
@@ -378,41 +379,45 @@ static PyObject *engine_get_attr(PyteEngine *self, void *which)
 
 /* ---------------------------------------------------------- transports */
 
+/* The methods that make one libte call on a name: install(name, args=None),
+ * uninstall(name) and probe(name, timeout=None) (`json` and `ms` are the
+ * arguments of the first and the last). */
+enum name_call { CALL_INSTALL, CALL_UNINSTALL, CALL_PROBE };
+
+static PyObject *name_call(PyteEngine *self, enum name_call call, const char *name, const char *json, int ms)
+{
+	static const char *const what[] = { "install", "uninstall", "probe" };
+	int rc;
+
+	if (pyte_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	switch (call) {
+	case CALL_INSTALL: rc = te_transport_install(self->e, name, json); break;
+	case CALL_UNINSTALL: rc = te_transport_uninstall(self->e, name); break;
+	default: rc = te_segment_probe(self->e, name, ms); break;
+	}
+	Py_END_ALLOW_THREADS
+	pyte_leave(self);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "%s('%s'): %s", what[call], name, te_strerror(rc));
+	Py_RETURN_NONE;
+}
+
 static PyObject *engine_install(PyteEngine *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "name", "args", NULL };
 	const char *name, *json = NULL;
-	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|z:install", kwlist, &name, &json))
 		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_transport_install(self->e, name, json);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "install('%s'): %s", name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return name_call(self, CALL_INSTALL, name, json, 0);
 }
 
 static PyObject *engine_uninstall(PyteEngine *self, PyObject *arg)
 {
 	const char *name = PyUnicode_AsUTF8(arg);
-	int rc;
-
-	if (name == NULL)
-		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_transport_uninstall(self->e, name);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "uninstall('%s'): %s", name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return name == NULL ? NULL : name_call(self, CALL_UNINSTALL, name, NULL, 0);
 }
 
 static PyObject *engine_install_auto(PyteEngine *self, PyObject *unused)
@@ -436,56 +441,52 @@ static PyObject *engine_install_auto(PyteEngine *self, PyObject *unused)
 
 /* ------------------------------------------------------------ metrics */
 
-/* te_engine_stats_json() as a dict. The text is libte's own rendering of
- * its counters, not a peer's, so it goes to json.loads() as it is. */
-static PyObject *engine_stats(PyteEngine *self, PyObject *unused)
+/* The engine's counters as libte renders them: stats() takes
+ * te_engine_stats_json() to a dict, metrics_text() returns te_metrics_text()
+ * as a str. The JSON is libte's own, not a peer's, so it goes to
+ * json.loads() as it is. */
+static PyObject *engine_counters(PyteEngine *self, bool json)
 {
-	char *json = NULL;
-	int rc;
-
-	(void)unused;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_engine_stats_json(self->e, &json);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "stats(): %s", te_strerror(rc));
-	PyObject *text = PyUnicode_DecodeUTF8(json, (Py_ssize_t)strlen(json), "replace");
-	te_free(json);
-	if (text == NULL)
-		return NULL;
-	PyObject *mod = PyImport_ImportModule("json");
-	PyObject *r = mod != NULL ? PyObject_CallMethod(mod, "loads", "O", text) : NULL;
-	Py_XDECREF(mod);
-	Py_DECREF(text);
-	return r;
-}
-
-static PyObject *engine_metrics_text(PyteEngine *self, PyObject *unused)
-{
+	const char *what = json ? "stats()" : "metrics_text()";
 	char *text = NULL;
 	size_t len = 0;
 	int rc;
 
-	(void)unused;
 	if (pyte_enter(self) < 0)
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
-	rc = te_metrics_text(self->e, &text, &len);
+	rc = json ? te_engine_stats_json(self->e, &text) : te_metrics_text(self->e, &text, &len);
 	Py_END_ALLOW_THREADS
 	pyte_leave(self);
 	if (rc < 0)
-		return pyte_raise_msg(rc, "metrics_text(): %s", te_strerror(rc));
+		return pyte_raise(rc, what);
+	if (json && text != NULL)
+		len = strlen(text);
 	if (len > (size_t)PY_SSIZE_T_MAX) {
 		te_free(text);
-		return pyte_raise_msg(-EOVERFLOW, "metrics_text(): %zu bytes", len);
+		return pyte_raise_msg(-EOVERFLOW, "%s: %zu bytes", what, len);
 	}
-	PyObject *r = PyUnicode_DecodeUTF8(text != NULL ? text : "", text != NULL ? (Py_ssize_t)len : 0,
-					   "replace");
+	PyObject *r = PyUnicode_DecodeUTF8(text != NULL ? text : "", text != NULL ? (Py_ssize_t)len : 0, "replace");
 	te_free(text);
-	return r;
+	if (r == NULL || !json)
+		return r;
+	PyObject *mod = PyImport_ImportModule("json");
+	PyObject *d = mod != NULL ? PyObject_CallMethod(mod, "loads", "O", r) : NULL;
+	Py_XDECREF(mod);
+	Py_DECREF(r);
+	return d;
+}
+
+static PyObject *engine_stats(PyteEngine *self, PyObject *unused)
+{
+	(void)unused;
+	return engine_counters(self, true);
+}
+
+static PyObject *engine_metrics_text(PyteEngine *self, PyObject *unused)
+{
+	(void)unused;
+	return engine_counters(self, false);
 }
 
 /* ------------------------------------------------------------ segments */
@@ -506,20 +507,10 @@ static PyObject *engine_probe(PyteEngine *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "name", "timeout", NULL };
 	const char *name;
 	double t = -1;
-	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O&:probe", kwlist, &name, pyte_timeout_arg, &t))
 		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	int ms = t < 0 ? 0 : t * 1000 < 1 ? 1 : (int)(t * 1000);
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_segment_probe(self->e, name, ms);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "probe('%s'): %s", name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return name_call(self, CALL_PROBE, name, NULL, t < 0 ? 0 : t * 1000 < 1 ? 1 : (int)(t * 1000));
 }
 
 static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)

@@ -4,7 +4,7 @@
  * te.h only. Shared between its files: module.c (errors, module functions,
  * libte.Memory), engine.c (Engine), memory.c (the Engine's registered
  * memory), segment.c (Segment), batch.c (Batch, request parsing, the
- * synchronous helpers).
+ * synchronous helpers), prepared.c (XferList, Batch.submit_prepared).
  */
 #ifndef PYTE_H
 #define PYTE_H
@@ -80,9 +80,10 @@ extern PyTypeObject PyteEngineType, PyteSegmentType, PyteBatchType, PyteMemoryTy
 
 /* What every type of the extension sets alike: a final (not subclassable),
  * uncollected object of C struct `type` with its own deallocator and repr. */
-#define PYTE_TYPE_HEAD(name, type, dealloc, repr)                                                     \
-	PyVarObject_HEAD_INIT(NULL, 0).tp_name = (name), .tp_basicsize = sizeof(type),                \
-	.tp_dealloc = (destructor)(dealloc), .tp_repr = (reprfunc)(repr), .tp_flags = Py_TPFLAGS_DEFAULT
+#define PYTE_TYPE_HEAD(name, type, dealloc, repr)                                      \
+	PyVarObject_HEAD_INIT(NULL, 0)                                                 \
+	.tp_name = (name), .tp_basicsize = sizeof(type), .tp_dealloc = (destructor)(dealloc), \
+	.tp_repr = (reprfunc)(repr), .tp_flags = Py_TPFLAGS_DEFAULT
 
 /* Marks a call in progress; raises ClosedError (and returns -1) when the
  * engine is closed or closing. GIL held. */
@@ -113,8 +114,9 @@ PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObjec
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
  * Engine and Segment alike; they enter the engine for the call. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
-/* Engine.refresh_segments() (name NULL: every open segment, `id` unused; returns how
- * many) and Segment.refresh() (segment `id` named `name`, returns None). */
+/* Engine.refresh_segments() (name NULL: every open segment, `id` unused;
+ * returns how many) and Segment.refresh() (segment `id` named `name`;
+ * returns None). */
 PyObject *pyte_segment_refresh(PyteEngine *eo, te_segment_id id, PyObject *name);
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id);
 

@@ -458,12 +458,12 @@ static PyObject *run_sync(PyteEngine *eo, reqs *q, double timeout, const char *w
 PyObject *pyte_engine_transfer(PyteEngine *eo, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "requests", "timeout", NULL };
-	PyObject *seq, *timeout_o = Py_None;
-	double timeout;
+	PyObject *seq;
+	double timeout = -1;
 	reqs q;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O:transfer", kwlist, &seq, &timeout_o) ||
-	    pyte_timeout(timeout_o, &timeout) < 0 || parse_requests(seq, &q) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O&:transfer", kwlist, &seq, pyte_timeout_arg, &timeout) ||
+	    parse_requests(seq, &q) < 0)
 		return NULL;
 	PyObject *r = run_sync(eo, &q, timeout, "transfer");
 	reqs_free(&q);
@@ -473,14 +473,14 @@ PyObject *pyte_engine_transfer(PyteEngine *eo, PyObject *args, PyObject *kw)
 static PyObject *one(PyteEngine *eo, PyObject *args, PyObject *kw, uint32_t op, const char *what)
 {
 	static char *kwlist[] = { "segment", "local", "remote", "length", "timeout", NULL };
-	PyObject *seg_o, *local_o, *length_o = Py_None, *timeout_o = Py_None;
+	PyObject *seg_o, *local_o, *length_o = Py_None;
 	unsigned long long remote;
-	double timeout;
+	double timeout = -1;
 	reqs q;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOK|O$O", kwlist, &seg_o, &local_o, &remote, &length_o,
-					 &timeout_o) ||
-	    pyte_timeout(timeout_o, &timeout) < 0 || reqs_init(&q, 1) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOK|O$O&", kwlist, &seg_o, &local_o, &remote, &length_o,
+					 pyte_timeout_arg, &timeout) ||
+	    reqs_init(&q, 1) < 0)
 		return NULL;
 	te_request *r = &q.r[0];
 	r->opcode = op;
@@ -504,12 +504,13 @@ PyObject *pyte_engine_write(PyteEngine *eo, PyObject *args, PyObject *kw)
 static PyObject *many(PyteEngine *eo, PyObject *args, PyObject *kw, uint32_t op, const char *what)
 {
 	static char *kwlist[] = { "segment", "locals", "remotes", "lengths", "timeout", NULL };
-	PyObject *seg_o, *locals, *remotes, *lengths, *timeout_o = Py_None;
-	double timeout;
+	PyObject *seg_o, *locals, *remotes, *lengths;
+	double timeout = -1;
 	reqs q;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|$O", kwlist, &seg_o, &locals, &remotes, &lengths, &timeout_o) ||
-	    pyte_timeout(timeout_o, &timeout) < 0 || parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|$O&", kwlist, &seg_o, &locals, &remotes, &lengths,
+					 pyte_timeout_arg, &timeout) ||
+	    parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
 		return NULL;
 	PyObject *r = run_sync(eo, &q, timeout, what);
 	reqs_free(&q);
@@ -539,26 +540,28 @@ typedef struct {
 
 PyObject *pyte_batch_new(PyteEngine *eo, size_t capacity)
 {
-	te_batch_id id;
-	if (pyte_enter(eo) < 0)
-		return NULL;
-	int rc = te_batch_alloc(eo->e, capacity, &id);
-	pyte_leave(eo);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "batch(%zu): %s", capacity, te_strerror(rc));
+	/* The object first, freed: when it cannot be made, there is no batch to
+	 * undo, and when the allocation fails, its dealloc leaves libte alone. */
 	PyteBatch *b = PyObject_New(PyteBatch, &PyteBatchType);
-	if (b == NULL) {
-		if (pyte_enter(eo) == 0) {
-			te_batch_free(eo->e, id);
-			pyte_leave(eo);
-		}
+	if (b == NULL)
+		return NULL;
+	b->engine = (PyteEngine *)Py_NewRef((PyObject *)eo);
+	b->id = TE_INVALID_BATCH;
+	b->capacity = capacity;
+	b->freed = 1;
+	if (pyte_enter(eo) < 0) {
+		Py_DECREF(b);
 		return NULL;
 	}
-	b->engine = (PyteEngine *)Py_NewRef((PyObject *)eo);
-	b->id = id;
-	b->capacity = capacity;
+	int rc = te_batch_alloc(eo->e, capacity, &b->id);
+	pyte_leave(eo);
+	if (rc < 0) {
+		pyte_raise_msg(rc, "batch(%zu): %s", capacity, te_strerror(rc));
+		Py_DECREF(b);
+		return NULL;
+	}
 	b->freed = 0;
-	b->use = (pyte_use){ .batch = id, .lo = UINT64_MAX, .hi = 0 };
+	b->use = (pyte_use){ .batch = b->id, .lo = UINT64_MAX, .hi = 0 };
 	pyte_use_link(eo, &b->use);
 	return (PyObject *)b;
 }
@@ -649,12 +652,12 @@ static PyObject *submit_reqs(PyteBatch *b, reqs *q, const char *location, void *
 static PyObject *batch_submit(PyteBatch *b, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "requests", "deadline", NULL };
-	PyObject *seq, *deadline_o = Py_None;
-	int64_t deadline;
+	PyObject *seq;
+	int64_t deadline = 0;
 	reqs q;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O:submit", kwlist, &seq, &deadline_o) ||
-	    pyte_deadline_arg(deadline_o, &deadline) < 0 || parse_requests(seq, &q) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O&:submit", kwlist, &seq, pyte_deadline_arg, &deadline) ||
+	    parse_requests(seq, &q) < 0)
 		return NULL;
 	PyObject *r = submit_reqs(b, &q, NULL, NULL, deadline);
 	reqs_free(&q);
@@ -683,13 +686,13 @@ static PyObject *batch_submit_on_stream(PyteBatch *b, PyObject *args, PyObject *
 static PyObject *submit_cols(PyteBatch *b, PyObject *args, PyObject *kw, uint32_t op)
 {
 	static char *kwlist[] = { "segment", "locals", "remotes", "lengths", "deadline", NULL };
-	PyObject *seg_o, *locals, *remotes, *lengths, *deadline_o = Py_None;
-	int64_t deadline;
+	PyObject *seg_o, *locals, *remotes, *lengths;
+	int64_t deadline = 0;
 	reqs q;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|$O", kwlist, &seg_o, &locals, &remotes, &lengths,
-					 &deadline_o) ||
-	    pyte_deadline_arg(deadline_o, &deadline) < 0 || parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|$O&", kwlist, &seg_o, &locals, &remotes, &lengths,
+					 pyte_deadline_arg, &deadline) ||
+	    parse_columns(op, seg_o, locals, remotes, lengths, &q) < 0)
 		return NULL;
 	PyObject *r = submit_reqs(b, &q, NULL, NULL, deadline);
 	reqs_free(&q);
@@ -839,14 +842,12 @@ static PyObject *batch_get_id(PyteBatch *b, void *c)
 static PyObject *batch_wait_how(PyteBatch *b, PyObject *args, PyObject *kw, bool settled)
 {
 	static char *kwlist[] = { "timeout", NULL };
-	PyObject *timeout_o = Py_None;
-	double timeout;
+	double timeout = -1;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, settled ? "|O:wait_settled" : "|O:wait", kwlist, &timeout_o) ||
-	    pyte_timeout(timeout_o, &timeout) < 0)
-		return NULL;
-	if (batch_ready(b) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, settled ? "|O&:wait_settled" : "|O&:wait", kwlist, pyte_timeout_arg,
+					 &timeout) ||
+	    batch_ready(b) < 0)
 		return NULL;
 	PyThreadState *save = PyEval_SaveThread();
 	rc = settled ? pyte_wait_settled(b->engine, b->id, timeout, &save)
@@ -952,25 +953,25 @@ static PyObject *batch_repr(PyteBatch *b)
 static PySequenceMethods batch_as_seq = { .sq_length = (lenfunc)batch_len };
 
 static PyMethodDef batch_methods[] = {
-	{ "submit", (PyCFunction)(void (*)(void))batch_submit, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("submit", batch_submit,
 	  "submit(requests, *, deadline=None)\n--\n\nAppends requests ((opcode, segment, local, remote, length) tuples or\n"
 	  "Request) as tasks and starts them; returns how many were refused (INVALID: see status()).\n"
 	  "`deadline` (libte.now_ns() nanoseconds; None: the batch's, see set_deadline) ends those still\n"
-	  "in flight then, FAILED with -ETIMEDOUT (te_submit_by)." },
-	{ "submit_on_stream", (PyCFunction)(void (*)(void))batch_submit_on_stream, METH_VARARGS | METH_KEYWORDS,
+	  "in flight then, FAILED with -ETIMEDOUT (te_submit_by)."),
+	PYTE_KW_METHOD("submit_on_stream", batch_submit_on_stream,
 	  "submit_on_stream(requests, location, stream)\n--\n\nAppends requests as tasks that start once the work queued on\n"
 	  "`stream` (an int: a CUstream of device `location`, \"cuda\") has finished; the stream's later work waits\n"
-	  "for them. Returns at once (te_submit_on_stream)." },
-	{ "submit_read", (PyCFunction)(void (*)(void))batch_submit_read, METH_VARARGS | METH_KEYWORDS,
+	  "for them. Returns at once (te_submit_on_stream)."),
+	PYTE_KW_METHOD("submit_read", batch_submit_read,
 	  "submit_read(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends reads given as columns (see\n"
-	  "Engine.read_many); `deadline` as for submit()." },
-	{ "submit_write", (PyCFunction)(void (*)(void))batch_submit_write, METH_VARARGS | METH_KEYWORDS,
-	  "submit_write(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends writes given as columns." },
-	{ "submit_prepared", (PyCFunction)(void (*)(void))batch_submit_prepared, METH_VARARGS | METH_KEYWORDS,
+	  "Engine.read_many); `deadline` as for submit()."),
+	PYTE_KW_METHOD("submit_write", batch_submit_write,
+	  "submit_write(segment, locals, remotes, lengths, *, deadline=None)\n--\n\nAppends writes given as columns."),
+	PYTE_KW_METHOD("submit_prepared", batch_submit_prepared,
 	  "submit_prepared(op, local, remote, local_idx=None, remote_idx=None, count=None)\n--\n\n"
 	  "Posts pairs (piece local_idx[k] of XferList `local`, piece remote_idx[k] of `remote`) as "
 	  "te_submit_prepared() does: indices are arrays of 4- or 8-byte integers or sequences; None means "
-	  "0..count-1. Adjacent pairs merge into one task. Returns (first_task, tasks, invalid)." },
+	  "0..count-1. Adjacent pairs merge into one task. Returns (first_task, tasks, invalid)."),
 	{ "status", (PyCFunction)batch_status, METH_O, "status(task)\n--\n\nThe TaskStatus of task `task` (0-based)." },
 	{ "statuses", (PyCFunction)batch_statuses, METH_NOARGS, "statuses()\n--\n\nEvery task's TaskStatus." },
 	{ "info", (PyCFunction)batch_info, METH_O,
@@ -979,12 +980,12 @@ static PyMethodDef batch_methods[] = {
 	  "set_deadline(deadline_ns)\n--\n\nTasks submitted from now on (submit_prepared and submit_on_stream too) end\n"
 	  "by `deadline_ns` (libte.now_ns() nanoseconds) unless their submit gives one; 0 removes it.\n"
 	  "InvalidArgumentError for a negative one." },
-	{ "wait_settled", (PyCFunction)(void (*)(void))batch_wait_settled, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("wait_settled", batch_wait_settled,
 	  "wait_settled(timeout=None)\n--\n\nAs wait(), then also until no task is unsettled (a WRITE ended early\n"
-	  "whose bytes the peer may still apply); False when `timeout` seconds passed first." },
-	{ "wait", (PyCFunction)(void (*)(void))batch_wait, METH_VARARGS | METH_KEYWORDS,
+	  "whose bytes the peer may still apply); False when `timeout` seconds passed first."),
+	PYTE_KW_METHOD("wait", batch_wait,
 	  "wait(timeout=None)\n--\n\nBlocks (GIL released) until no task is in flight; False when `timeout`\n"
-	  "seconds passed first (the tasks go on: a deadline ends them)." },
+	  "seconds passed first (the tasks go on: a deadline ends them)."),
 	{ "check", (PyCFunction)batch_check, METH_NOARGS,
 	  "check()\n--\n\nAfter wait(): raises (TransferError, AddressError, ...) when a task did not complete." },
 	{ "cancel", (PyCFunction)batch_cancel, METH_NOARGS,
@@ -992,8 +993,8 @@ static PyMethodDef batch_methods[] = {
 	  "deadlines (on another, running ones stop at their next slice). Returns at once; wait() to see them end." },
 	{ "free", (PyCFunction)batch_free, METH_NOARGS,
 	  "free()\n--\n\nFrees the batch; BusyError while tasks are in flight." },
-	{ "notify", (PyCFunction)(void (*)(void))batch_notify, METH_VARARGS | METH_KEYWORDS,
-	  "notify(segment, msg, *, sender=None)\n--\n\nSends `msg` to the segment's owner once the batch has drained." },
+	PYTE_KW_METHOD("notify", batch_notify,
+	  "notify(segment, msg, *, sender=None)\n--\n\nSends `msg` to the segment's owner once the batch has drained."),
 	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)batch_exit, METH_VARARGS,
 	  "Leaving the block waits for the tasks (canceling them when an exception is on its way) and frees." },
@@ -1016,13 +1017,8 @@ static PyMemberDef batch_members[] = {
 };
 
 PyTypeObject PyteBatchType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "libte.Batch",
-	.tp_basicsize = sizeof(PyteBatch),
-	.tp_dealloc = (destructor)batch_dealloc,
-	.tp_repr = (reprfunc)batch_repr,
+	PYTE_TYPE_HEAD("libte.Batch", PyteBatch, batch_dealloc, batch_repr),
 	.tp_as_sequence = &batch_as_seq,
-	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "A set of transfers with a status each (from Engine.batch). len() is the number submitted.\n"
 		  "A context manager: leaving the block waits and frees.",
 	.tp_methods = batch_methods,

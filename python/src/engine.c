@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* -------------------------------------------------------- active calls */
@@ -378,41 +379,45 @@ static PyObject *engine_get_attr(PyteEngine *self, void *which)
 
 /* ---------------------------------------------------------- transports */
 
+/* The methods that make one libte call on a name: install(name, args=None),
+ * uninstall(name) and probe(name, timeout=None) (`json` and `ms` are the
+ * arguments of the first and the last). */
+enum name_call { CALL_INSTALL, CALL_UNINSTALL, CALL_PROBE };
+
+static PyObject *name_call(PyteEngine *self, enum name_call call, const char *name, const char *json, int ms)
+{
+	static const char *const what[] = { "install", "uninstall", "probe" };
+	int rc;
+
+	if (pyte_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	switch (call) {
+	case CALL_INSTALL: rc = te_transport_install(self->e, name, json); break;
+	case CALL_UNINSTALL: rc = te_transport_uninstall(self->e, name); break;
+	default: rc = te_segment_probe(self->e, name, ms); break;
+	}
+	Py_END_ALLOW_THREADS
+	pyte_leave(self);
+	if (rc < 0)
+		return pyte_raise_msg(rc, "%s('%s'): %s", what[call], name, te_strerror(rc));
+	Py_RETURN_NONE;
+}
+
 static PyObject *engine_install(PyteEngine *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "name", "args", NULL };
 	const char *name, *json = NULL;
-	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|z:install", kwlist, &name, &json))
 		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_transport_install(self->e, name, json);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "install('%s'): %s", name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return name_call(self, CALL_INSTALL, name, json, 0);
 }
 
 static PyObject *engine_uninstall(PyteEngine *self, PyObject *arg)
 {
 	const char *name = PyUnicode_AsUTF8(arg);
-	int rc;
-
-	if (name == NULL)
-		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_transport_uninstall(self->e, name);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "uninstall('%s'): %s", name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return name == NULL ? NULL : name_call(self, CALL_UNINSTALL, name, NULL, 0);
 }
 
 static PyObject *engine_install_auto(PyteEngine *self, PyObject *unused)
@@ -436,56 +441,52 @@ static PyObject *engine_install_auto(PyteEngine *self, PyObject *unused)
 
 /* ------------------------------------------------------------ metrics */
 
-/* te_engine_stats_json() as a dict. The text is libte's own rendering of
- * its counters, not a peer's, so it goes to json.loads() as it is. */
-static PyObject *engine_stats(PyteEngine *self, PyObject *unused)
+/* The engine's counters as libte renders them: stats() takes
+ * te_engine_stats_json() to a dict, metrics_text() returns te_metrics_text()
+ * as a str. The JSON is libte's own, not a peer's, so it goes to
+ * json.loads() as it is. */
+static PyObject *engine_counters(PyteEngine *self, bool json)
 {
-	char *json = NULL;
-	int rc;
-
-	(void)unused;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_engine_stats_json(self->e, &json);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "stats(): %s", te_strerror(rc));
-	PyObject *text = PyUnicode_DecodeUTF8(json, (Py_ssize_t)strlen(json), "replace");
-	te_free(json);
-	if (text == NULL)
-		return NULL;
-	PyObject *mod = PyImport_ImportModule("json");
-	PyObject *r = mod != NULL ? PyObject_CallMethod(mod, "loads", "O", text) : NULL;
-	Py_XDECREF(mod);
-	Py_DECREF(text);
-	return r;
-}
-
-static PyObject *engine_metrics_text(PyteEngine *self, PyObject *unused)
-{
+	const char *what = json ? "stats()" : "metrics_text()";
 	char *text = NULL;
 	size_t len = 0;
 	int rc;
 
-	(void)unused;
 	if (pyte_enter(self) < 0)
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
-	rc = te_metrics_text(self->e, &text, &len);
+	rc = json ? te_engine_stats_json(self->e, &text) : te_metrics_text(self->e, &text, &len);
 	Py_END_ALLOW_THREADS
 	pyte_leave(self);
 	if (rc < 0)
-		return pyte_raise_msg(rc, "metrics_text(): %s", te_strerror(rc));
+		return pyte_raise(rc, what);
+	if (json && text != NULL)
+		len = strlen(text);
 	if (len > (size_t)PY_SSIZE_T_MAX) {
 		te_free(text);
-		return pyte_raise_msg(-EOVERFLOW, "metrics_text(): %zu bytes", len);
+		return pyte_raise_msg(-EOVERFLOW, "%s: %zu bytes", what, len);
 	}
-	PyObject *r = PyUnicode_DecodeUTF8(text != NULL ? text : "", text != NULL ? (Py_ssize_t)len : 0,
-					   "replace");
+	PyObject *r = PyUnicode_DecodeUTF8(text != NULL ? text : "", text != NULL ? (Py_ssize_t)len : 0, "replace");
 	te_free(text);
-	return r;
+	if (r == NULL || !json)
+		return r;
+	PyObject *mod = PyImport_ImportModule("json");
+	PyObject *d = mod != NULL ? PyObject_CallMethod(mod, "loads", "O", r) : NULL;
+	Py_XDECREF(mod);
+	Py_DECREF(r);
+	return d;
+}
+
+static PyObject *engine_stats(PyteEngine *self, PyObject *unused)
+{
+	(void)unused;
+	return engine_counters(self, true);
+}
+
+static PyObject *engine_metrics_text(PyteEngine *self, PyObject *unused)
+{
+	(void)unused;
+	return engine_counters(self, false);
 }
 
 /* ------------------------------------------------------------ segments */
@@ -495,60 +496,27 @@ static PyObject *engine_open_segment(PyteEngine *self, PyObject *args, PyObject 
 	static char *kwlist[] = { "name", "transport", NULL };
 	PyObject *name_o;
 	const char *transport = NULL;
-	te_segment_id id;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "U|z:open_segment", kwlist, &name_o, &transport))
 		return NULL;
-	const char *name = PyUnicode_AsUTF8(name_o);
-	if (name == NULL)
-		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	id = transport ? te_segment_open_with(self->e, name, transport) : te_segment_open(self->e, name);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (id < 0)
-		return pyte_raise_msg(id, "open_segment('%s'): %s", name, te_strerror(id));
-	return pyte_segment_new(self, id, name_o);
+	return pyte_segment_open(self, name_o, transport);
 }
 
 static PyObject *engine_probe(PyteEngine *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "name", "timeout", NULL };
 	const char *name;
-	PyObject *timeout_o = Py_None;
-	double t;
-	int rc;
+	double t = -1;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:probe", kwlist, &name, &timeout_o) ||
-	    pyte_timeout(timeout_o, &t) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O&:probe", kwlist, &name, pyte_timeout_arg, &t))
 		return NULL;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	int ms = t < 0 ? 0 : t * 1000 < 1 ? 1 : (int)(t * 1000);
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_segment_probe(self->e, name, ms);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "probe('%s'): %s", name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return name_call(self, CALL_PROBE, name, NULL, t < 0 ? 0 : t * 1000 < 1 ? 1 : (int)(t * 1000));
 }
 
 static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)
 {
 	(void)unused;
-	int rc;
-	if (pyte_enter(self) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_segment_refresh_all(self->e);
-	Py_END_ALLOW_THREADS
-	pyte_leave(self);
-	if (rc < 0)
-		return pyte_raise(rc, "refresh_segments()");
-	return PyLong_FromLong(rc);
+	return pyte_segment_refresh(self, -1, NULL);
 }
 
 /* ------------------------------------------------------- notifications */
@@ -556,13 +524,11 @@ static PyObject *engine_refresh_segments(PyteEngine *self, PyObject *unused)
 PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "segment", "msg", "sender", NULL };
-	PyObject *seg_o;
 	const char *msg, *sender = NULL;
 	te_segment_id seg;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$z:notify", kwlist, &seg_o, &msg, &sender) ||
-	    pyte_segment_id(seg_o, &seg) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&s|$z:notify", kwlist, pyte_segment_arg, &seg, &msg, &sender))
 		return NULL;
 	if (pyte_enter(eo) < 0)
 		return NULL;
@@ -615,12 +581,9 @@ static PyObject *engine_batch(PyteEngine *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "capacity", NULL };
 	Py_ssize_t cap;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:batch", kwlist, &cap))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:batch", kwlist, &cap) ||
+	    pyte_positive_arg("batch", "capacity", cap) < 0)
 		return NULL;
-	if (cap <= 0) {
-		PyErr_Format(PyExc_ValueError, "batch(capacity=%zd): capacity must be positive", cap);
-		return NULL;
-	}
 	return pyte_batch_new(self, (size_t)cap);
 }
 
@@ -638,23 +601,23 @@ static PyMethodDef engine_methods[] = {
 	  "Idempotent; also done when the engine is collected or leaves a `with` block." },
 	{ "__enter__", (PyCFunction)engine_enter_ctx, METH_NOARGS, NULL },
 	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
-	{ "install", (PyCFunction)(void (*)(void))engine_install, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("install", engine_install,
 	  "install(name, args=None)\n--\n\nInstalls transport `name` (\"tcp\", \"rdma\", \"nvmeof\", ...) with optional\n"
-	  "JSON arguments (RDMA: a NIC priority matrix or {\"devices\": [...]})." },
+	  "JSON arguments (RDMA: a NIC priority matrix or {\"devices\": [...]})."),
 	{ "uninstall", (PyCFunction)engine_uninstall, METH_O, "uninstall(name)\n--\n\nUninstalls a transport." },
 	{ "install_auto", (PyCFunction)engine_install_auto, METH_NOARGS,
 	  "install_auto()\n--\n\nInstalls the best transport found here (RDMA with devices, else TCP); returns its name." },
-	{ "register", (PyCFunction)(void (*)(void))pyte_engine_register, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("register", pyte_engine_register,
 	  "register(buffer, length=None, *, location='*', remote=True)\n--\n\n"
 	  "Registers memory and returns its address. `buffer` is a writable object with the\n"
 	  "buffer protocol (bytearray, memoryview, mmap, numpy array, libte.Memory), held\n"
 	  "until unregistered so it cannot be freed or resized meanwhile; or an int address\n"
 	  "with `length` (a tensor's data_ptr(): keeping that memory alive is then yours).\n"
-	  "`remote`: peers may read and write it. `location`: \"cpu:N\", \"cuda:N\" or \"*\"." },
-	{ "register_many", (PyCFunction)(void (*)(void))pyte_engine_register_many, METH_VARARGS | METH_KEYWORDS,
+	  "`remote`: peers may read and write it. `location`: \"cpu:N\", \"cuda:N\" or \"*\"."),
+	PYTE_KW_METHOD("register_many", pyte_engine_register_many,
 	  "register_many(buffers, *, location='*', remote=True)\n--\n\n"
 	  "Registers several buffers (objects, or (address, length) pairs) at once, all or\n"
-	  "nothing, publishing once. Returns their addresses." },
+	  "nothing, publishing once. Returns their addresses."),
 	{ "unregister", (PyCFunction)pyte_engine_unregister, METH_O,
 	  "unregister(buffer)\n--\n\nUnregisters the memory registered at `buffer` (the object or its address).\n"
 	  "Waits for this engine's batches that read or write it, and for peers' requests on it." },
@@ -662,11 +625,11 @@ static PyMethodDef engine_methods[] = {
 	  "unregister_many(buffers)\n--\n\nunregister() for each." },
 	{ "local_buffers", (PyCFunction)pyte_engine_local_buffers, METH_NOARGS,
 	  "local_buffers()\n--\n\nThe registered regions, as SegmentBuffer, sorted by address." },
-	{ "write_bytes", (PyCFunction)(void (*)(void))pyte_engine_write_bytes, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("write_bytes", pyte_engine_write_bytes,
 	  "write_bytes(address, data)\n--\n\nCopies `data` into memory registered with this engine at `address`\n"
-	  "(an AddressError, never a crash, when the range is not inside one registration)." },
-	{ "read_bytes", (PyCFunction)(void (*)(void))pyte_engine_read_bytes, METH_VARARGS | METH_KEYWORDS,
-	  "read_bytes(address, length)\n--\n\nA bytes copy of registered memory at `address`." },
+	  "(an AddressError, never a crash, when the range is not inside one registration)."),
+	PYTE_KW_METHOD("read_bytes", pyte_engine_read_bytes,
+	  "read_bytes(address, length)\n--\n\nA bytes copy of registered memory at `address`."),
 	{ "descriptor", (PyCFunction)pyte_engine_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThis engine's segment descriptor (JSON) as last published." },
 	{ "stats", (PyCFunction)engine_stats, METH_NOARGS,
@@ -676,42 +639,42 @@ static PyMethodDef engine_methods[] = {
 	  "when counting is off (TE_METRICS=0)." },
 	{ "metrics_text", (PyCFunction)engine_metrics_text, METH_NOARGS,
 	  "metrics_text()\n--\n\nThe same counters in the Prometheus text format (a str)." },
-	{ "open_segment", (PyCFunction)(void (*)(void))engine_open_segment, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("open_segment", engine_open_segment,
 	  "open_segment(name, transport=None)\n--\n\nOpens another engine's segment (\"host:port\" with P2PHANDSHAKE, or\n"
-	  "its name in the store). `transport` forces one. Returns a Segment." },
-	{ "probe", (PyCFunction)(void (*)(void))engine_probe, METH_VARARGS | METH_KEYWORDS,
-	  "probe(name, timeout=None)\n--\n\nAsks the engine `name` whether it is there; raises when it does not answer." },
+	  "its name in the store). `transport` forces one. Returns a Segment."),
+	PYTE_KW_METHOD("probe", engine_probe,
+	  "probe(name, timeout=None)\n--\n\nAsks the engine `name` whether it is there; raises when it does not answer."),
 	{ "refresh_segments", (PyCFunction)engine_refresh_segments, METH_NOARGS,
 	  "refresh_segments()\n--\n\nFetches every open segment's descriptor again; returns how many." },
-	{ "notify", (PyCFunction)(void (*)(void))engine_notify, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("notify", engine_notify,
 	  "notify(segment, msg, *, sender=None)\n--\n\nSends a short text to the segment's owner and waits for its\n"
-	  "acknowledgement. `sender` replaces this engine's name as the sender's." },
+	  "acknowledgement. `sender` replaces this engine's name as the sender's."),
 	{ "notifications", (PyCFunction)engine_notifications, METH_NOARGS,
 	  "notifications()\n--\n\nTakes the notifications received so far (a list of Notification)." },
-	{ "prepare", (PyCFunction)(void (*)(void))pyte_engine_prepare, METH_VARARGS | METH_KEYWORDS,
+	PYTE_KW_METHOD("prepare", pyte_engine_prepare,
 	  "prepare(segment, addrs, lengths)\n--\n\nAn XferList: pieces of `segment` (LOCAL_SEGMENT: registered memory) "
 	  "at `addrs` of `lengths` (an int: all alike), checked and resolved once (te_xfer_list_prepare). "
-	  "addrs and lengths: arrays of 8-byte integers or sequences of ints." },
-	{ "batch", (PyCFunction)(void (*)(void))engine_batch, METH_VARARGS | METH_KEYWORDS,
-	  "batch(capacity)\n--\n\nA new Batch that holds up to `capacity` tasks over its life." },
-	{ "transfer", (PyCFunction)(void (*)(void))pyte_engine_transfer, METH_VARARGS | METH_KEYWORDS,
+	  "addrs and lengths: arrays of 8-byte integers or sequences of ints."),
+	PYTE_KW_METHOD("batch", engine_batch,
+	  "batch(capacity)\n--\n\nA new Batch that holds up to `capacity` tasks over its life."),
+	PYTE_KW_METHOD("transfer", pyte_engine_transfer,
 	  "transfer(requests, *, timeout=None)\n--\n\nRuns requests ((opcode, segment, local, remote, length) tuples or\n"
 	  "Request) as one batch and waits; raises TransferError if any did not complete.\n"
 	  "`timeout` (seconds) is the tasks' deadline: past it they end and TimeoutError is raised\n"
-	  "within milliseconds, once nothing touches the local buffers any more." },
-	{ "read", (PyCFunction)(void (*)(void))pyte_engine_read, METH_VARARGS | METH_KEYWORDS,
+	  "within milliseconds, once nothing touches the local buffers any more."),
+	PYTE_KW_METHOD("read", pyte_engine_read,
 	  "read(segment, local, remote, length=None, *, timeout=None)\n--\n\n"
 	  "Reads `length` bytes at `remote` in the segment into `local` (a registered buffer\n"
 	  "or an address inside one) and waits. `length` defaults to the buffer's length.\n"
-	  "`timeout` as for transfer()." },
-	{ "write", (PyCFunction)(void (*)(void))pyte_engine_write, METH_VARARGS | METH_KEYWORDS,
-	  "write(segment, local, remote, length=None, *, timeout=None)\n--\n\nThe other direction of read()." },
-	{ "read_many", (PyCFunction)(void (*)(void))pyte_engine_read_many, METH_VARARGS | METH_KEYWORDS,
+	  "`timeout` as for transfer()."),
+	PYTE_KW_METHOD("write", pyte_engine_write,
+	  "write(segment, local, remote, length=None, *, timeout=None)\n--\n\nThe other direction of read()."),
+	PYTE_KW_METHOD("read_many", pyte_engine_read_many,
 	  "read_many(segment, locals, remotes, lengths, *, timeout=None)\n--\n\n"
 	  "Many reads as one batch: sequences of local addresses (or buffers), remote addresses\n"
-	  "and lengths (or one length for all); arrays of uint64 work too. Waits." },
-	{ "write_many", (PyCFunction)(void (*)(void))pyte_engine_write_many, METH_VARARGS | METH_KEYWORDS,
-	  "write_many(segment, locals, remotes, lengths, *, timeout=None)\n--\n\nThe other direction of read_many()." },
+	  "and lengths (or one length for all); arrays of uint64 work too. Waits."),
+	PYTE_KW_METHOD("write_many", pyte_engine_write_many,
+	  "write_many(segment, locals, remotes, lengths, *, timeout=None)\n--\n\nThe other direction of read_many()."),
 	{ NULL, NULL, 0, NULL },
 };
 
@@ -728,12 +691,7 @@ static PyGetSetDef engine_getset[] = {
 };
 
 PyTypeObject PyteEngineType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "libte.Engine",
-	.tp_basicsize = sizeof(PyteEngine),
-	.tp_dealloc = (destructor)engine_dealloc,
-	.tp_repr = (reprfunc)engine_repr,
-	.tp_flags = Py_TPFLAGS_DEFAULT,
+	PYTE_TYPE_HEAD("libte.Engine", PyteEngine, engine_dealloc, engine_repr),
 	.tp_doc = "Engine(metadata='P2PHANDSHAKE', name=None, *, transports=None, auto_discovery=False,\n"
 		  "       rpc_port=None, address=None, options=None)\n--\n\n"
 		  "A libte engine: joins a cluster through `metadata` (\"P2PHANDSHAKE\", \"etcd://h:p\",\n"

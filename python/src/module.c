@@ -139,50 +139,60 @@ PyObject *pyte_exit_close(PyObject *self, PyObject *args)
 	Py_RETURN_FALSE;
 }
 
-int pyte_timeout(PyObject *o, double *out)
+int pyte_timeout_arg(PyObject *o, void *seconds)
 {
-	if (o == NULL || o == Py_None) {
+	double *out = seconds;
+	if (o == Py_None) {
 		*out = -1;
-		return 0;
+		return 1;
 	}
 	double t = PyFloat_AsDouble(o);
 	if (t == -1.0 && PyErr_Occurred())
-		return -1;
+		return 0;
 	if (!(t >= 0) || t > 1e9) {
 		PyErr_SetString(PyExc_ValueError, "timeout must be None or a number of seconds >= 0");
-		return -1;
+		return 0;
 	}
 	*out = t;
-	return 0;
+	return 1;
 }
 
-int pyte_deadline_arg(PyObject *o, int64_t *out)
+int pyte_deadline_arg(PyObject *o, void *deadline)
 {
-	if (o == NULL || o == Py_None) {
+	int64_t *out = deadline;
+	if (o == Py_None) {
 		*out = 0;
-		return 0;
+		return 1;
 	}
 	if (!PyLong_Check(o)) {
 		PyErr_Format(PyExc_TypeError, "deadline must be None or an int (libte.now_ns() nanoseconds), not %.100s",
 			     Py_TYPE(o)->tp_name);
-		return -1;
+		return 0;
 	}
 	int overflow = 0;
 	long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
 	if (v == -1 && PyErr_Occurred())
-		return -1;
+		return 0;
 	if (overflow != 0 || v < 0) {
 		pyte_raise_msg(-EINVAL, "deadline %S: want libte.now_ns() nanoseconds, 0 or more and below 2**63", o);
-		return -1;
+		return 0;
 	}
 	*out = (int64_t)v;
-	return 0;
+	return 1;
+}
+
+int pyte_positive_arg(const char *call, const char *arg, Py_ssize_t v)
+{
+	if (v > 0)
+		return 0;
+	PyErr_Format(PyExc_ValueError, "%s(%s=%zd): %s must be positive", call, arg, v, arg);
+	return -1;
 }
 
 int64_t pyte_deadline_after(double timeout_s)
 {
 	int64_t now = te_now_ns();
-	double ns = timeout_s * 1e9; /* pyte_timeout() bounds it to 1e18 */
+	double ns = timeout_s * 1e9; /* pyte_timeout_arg() bounds it to 1e18 */
 	if (ns >= (double)(INT64_MAX - now))
 		return INT64_MAX;
 	return now + (int64_t)ns;
@@ -587,12 +597,9 @@ static PyObject *mem_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	PyteMemory *self;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Memory", kwlist, &size))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "n:Memory", kwlist, &size) ||
+	    pyte_positive_arg("Memory", "size", size) < 0)
 		return NULL;
-	if (size <= 0) {
-		PyErr_Format(PyExc_ValueError, "Memory(size=%zd): size must be positive", size);
-		return NULL;
-	}
 	self = (PyteMemory *)type->tp_alloc(type, 0);
 	if (self == NULL)
 		return NULL;
@@ -692,8 +699,7 @@ static PySequenceMethods mem_as_seq = { .sq_length = (lenfunc)mem_len };
 static PyMethodDef mem_methods[] = {
 	{ "close", (PyCFunction)mem_close, METH_NOARGS,
 	  "Unmaps the memory. Raises BufferError while a memoryview or a registration uses it." },
-	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
-	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
+	PYTE_CLOSING_CTX_METHODS,
 	{ NULL, NULL, 0, NULL },
 };
 static PyGetSetDef mem_getset[] = {
@@ -703,14 +709,9 @@ static PyGetSetDef mem_getset[] = {
 };
 
 PyTypeObject PyteMemoryType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "libte.Memory",
-	.tp_basicsize = sizeof(PyteMemory),
-	.tp_dealloc = (destructor)mem_dealloc,
-	.tp_repr = (reprfunc)mem_repr,
+	PYTE_TYPE_HEAD("libte.Memory", PyteMemory, mem_dealloc, mem_repr),
 	.tp_as_sequence = &mem_as_seq,
 	.tp_as_buffer = &mem_as_buffer,
-	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Memory(size)\n--\n\n"
 		  "Page-aligned, zeroed memory outside Python's heap (te_mem_alloc: shared memory that\n"
 		  "an engine on this host maps, so the same-host transport serves it with one copy),\n"

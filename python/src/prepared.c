@@ -107,13 +107,13 @@ static int u64_column(PyObject *o, const char *what, Py_ssize_t fill, uint64_t *
 PyObject *pyte_engine_prepare(PyteEngine *eo, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "segment", "addrs", "lengths", NULL };
-	PyObject *seg_o, *addrs_o, *lens_o;
+	PyObject *addrs_o, *lens_o;
 	te_segment_id seg;
 	uint64_t *addrs = NULL, *lens = NULL;
 	Py_ssize_t n = 0, nl = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:prepare", kwlist, &seg_o, &addrs_o, &lens_o) ||
-	    pyte_segment_id(seg_o, &seg) < 0 || u64_column(addrs_o, "addrs", 0, &addrs, &n) < 0)
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&OO:prepare", kwlist, pyte_segment_arg, &seg, &addrs_o, &lens_o) ||
+	    u64_column(addrs_o, "addrs", 0, &addrs, &n) < 0)
 		return NULL;
 	if (u64_column(lens_o, "lengths", n, &lens, &nl) < 0) {
 		PyMem_Free(addrs);
@@ -323,13 +323,8 @@ static PyMemberDef xl_members[] = {
 };
 
 PyTypeObject PyteXferListType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "libte.XferList",
-	.tp_basicsize = sizeof(PyteXferList),
-	.tp_dealloc = (destructor)xl_dealloc,
-	.tp_repr = (reprfunc)xl_repr,
+	PYTE_TYPE_HEAD("libte.XferList", PyteXferList, xl_dealloc, xl_repr),
 	.tp_as_sequence = &xl_as_seq,
-	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "Pieces of one segment checked and resolved once (from Engine.prepare), posted many times\n"
 		  "with Batch.submit_prepared. len() is the number of pieces.",
 	.tp_members = xl_members,

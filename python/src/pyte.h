@@ -4,7 +4,7 @@
  * te.h only. Shared between its files: module.c (errors, module functions,
  * libte.Memory), engine.c (Engine), memory.c (the Engine's registered
  * memory), segment.c (Segment), batch.c (Batch, request parsing, the
- * synchronous helpers).
+ * synchronous helpers), prepared.c (XferList, Batch.submit_prepared).
  */
 #ifndef PYTE_H
 #define PYTE_H
@@ -78,6 +78,13 @@ typedef struct {
 
 extern PyTypeObject PyteEngineType, PyteSegmentType, PyteBatchType, PyteMemoryType, PyteXferListType;
 
+/* What every type of the extension sets alike: a final (not subclassable),
+ * uncollected object of C struct `type` with its own deallocator and repr. */
+#define PYTE_TYPE_HEAD(name, type, dealloc, repr)                                      \
+	PyVarObject_HEAD_INIT(NULL, 0)                                                 \
+	.tp_name = (name), .tp_basicsize = sizeof(type), .tp_dealloc = (destructor)(dealloc), \
+	.tp_repr = (reprfunc)(repr), .tp_flags = Py_TPFLAGS_DEFAULT
+
 /* Marks a call in progress; raises ClosedError (and returns -1) when the
  * engine is closed or closing. GIL held. */
 int pyte_enter(PyteEngine *eo);
@@ -99,13 +106,18 @@ int pyte_wait_settled(PyteEngine *eo, te_batch_id id, double timeout_s, PyThread
 
 /* Segment id from a Segment object or an int. -1 with an exception set. */
 int pyte_segment_id(PyObject *o, te_segment_id *out);
-PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name);
+/* Engine.open_segment(name, transport): a new Segment. */
+PyObject *pyte_segment_open(PyteEngine *eo, PyObject *name, const char *transport);
 /* Engine.notify (batch TE_INVALID_BATCH: te_notify_send_as) and
  * Batch.notify (te_batch_notify_as): (segment, msg, *, sender=None). */
 PyObject *pyte_notify(PyteEngine *eo, te_batch_id batch, PyObject *args, PyObject *kw);
 /* A segment's buffers (a list of SegmentBuffer) and descriptor (a str), for
  * Engine and Segment alike; they enter the engine for the call. */
 PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id);
+/* Engine.refresh_segments() (name NULL: every open segment, `id` unused;
+ * returns how many) and Segment.refresh() (segment `id` named `name`;
+ * returns None). */
+PyObject *pyte_segment_refresh(PyteEngine *eo, te_segment_id id, PyObject *name);
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id);
 
 /* Engine methods that live in memory.c. */
@@ -140,18 +152,35 @@ PyObject *pyte_engine_prepare(PyteEngine *eo, PyObject *args, PyObject *kw);
  * caller), widening `use` by the local lists' span. */
 PyObject *pyte_submit_prepared(PyteEngine *eo, te_batch_id id, pyte_use *use, PyObject *args, PyObject *kw);
 
+/* A method-table entry of a function taking (self, args, kwargs): such a
+ * function reaches the table's PyCFunction through void (*)(void), the cast
+ * that -Wcast-function-type lets pass. */
+#define PYTE_KW_METHOD(name, fn, doc) { (name), (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS, (doc) }
+
 /* __enter__ of the context managers that need nothing on entry: self. */
 PyObject *pyte_return_self(PyObject *self, PyObject *unused);
 /* __exit__ of the context managers that close on leaving: self.close(),
  * then False (an exception in the block goes on). */
 PyObject *pyte_exit_close(PyObject *self, PyObject *args);
+/* The two method-table entries of such a context manager. */
+#define PYTE_CLOSING_CTX_METHODS                              \
+	{ "__enter__", pyte_return_self, METH_NOARGS, NULL }, \
+	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL }
 
-/* Seconds from a Python timeout argument: None → -1. -1 with an exception
- * when it is not a non-negative number. */
-int pyte_timeout(PyObject *o, double *out);
-/* A deadline argument (te_now_ns() nanoseconds, an int >= 0): None → 0
- * (none, or the batch's). -1 with an exception otherwise. */
-int pyte_deadline_arg(PyObject *o, int64_t *out);
+/* Converters of arguments for PyArg_Parse's "O&": 1 when converted, 0 with
+ * an exception. An optional argument's variable holds its default, as a
+ * converter is not called for an argument not given. */
+/* Seconds (a double) from a timeout argument: None → -1 (no limit); a
+ * non-negative number. */
+int pyte_timeout_arg(PyObject *o, void *seconds);
+/* A deadline (an int64_t) from a te_now_ns() time, an int >= 0: None → 0
+ * (none, or the batch's). */
+int pyte_deadline_arg(PyObject *o, void *deadline);
+/* A te_segment_id from a Segment or an int id (pyte_segment_id). */
+int pyte_segment_arg(PyObject *o, void *id);
+/* 0 when `v`, the argument `arg` of `call`, is positive; -1 with
+ * ValueError "<call>(<arg>=<v>): <arg> must be positive" otherwise. */
+int pyte_positive_arg(const char *call, const char *arg, Py_ssize_t v);
 /* The deadline `timeout_s` (>= 0) seconds from now. */
 int64_t pyte_deadline_after(double timeout_s);
 

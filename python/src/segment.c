@@ -50,6 +50,22 @@ PyObject *pyte_segment_buffers(PyteEngine *eo, te_segment_id id)
 	return r;
 }
 
+PyObject *pyte_segment_refresh(PyteEngine *eo, te_segment_id id, PyObject *name)
+{
+	int rc;
+	if (pyte_enter(eo) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = name == NULL ? te_segment_refresh_all(eo->e) : te_segment_refresh(eo->e, id);
+	Py_END_ALLOW_THREADS
+	pyte_leave(eo);
+	if (rc < 0 && name == NULL)
+		return pyte_raise(rc, "refresh_segments()");
+	if (rc < 0)
+		return pyte_raise_msg(rc, "Segment(%U).refresh(): %s", name, te_strerror(rc));
+	return name == NULL ? PyLong_FromLong(rc) : Py_NewRef(Py_None);
+}
+
 PyObject *pyte_segment_descriptor(PyteEngine *eo, te_segment_id id)
 {
 	char *json = NULL;
@@ -84,19 +100,36 @@ static int segment_check_open(PyteSegment *s)
 	return 0;
 }
 
-PyObject *pyte_segment_new(PyteEngine *eo, te_segment_id id, PyObject *name)
+PyObject *pyte_segment_open(PyteEngine *eo, PyObject *name_o, const char *transport)
 {
+	const char *name = PyUnicode_AsUTF8(name_o);
+	if (name == NULL)
+		return NULL;
+	/* The object first, closed: when it cannot be made, there is no open
+	 * segment to undo, and when the open fails, its dealloc has nothing to
+	 * close. */
 	PyteSegment *s = PyObject_New(PyteSegment, &PyteSegmentType);
-	if (s == NULL) {
-		if (pyte_enter(eo) == 0) {
-			te_segment_close(eo->e, id);
-			pyte_leave(eo);
-		}
+	if (s == NULL)
+		return NULL;
+	s->engine = (PyteEngine *)Py_NewRef((PyObject *)eo);
+	s->id = -1;
+	s->name = Py_NewRef(name_o);
+	s->closed = 1;
+	if (pyte_enter(eo) < 0) {
+		Py_DECREF(s);
 		return NULL;
 	}
-	s->engine = (PyteEngine *)Py_NewRef((PyObject *)eo);
+	te_segment_id id;
+	Py_BEGIN_ALLOW_THREADS
+	id = transport ? te_segment_open_with(eo->e, name, transport) : te_segment_open(eo->e, name);
+	Py_END_ALLOW_THREADS
+	pyte_leave(eo);
+	if (id < 0) {
+		pyte_raise_msg(id, "open_segment('%s'): %s", name, te_strerror(id));
+		Py_DECREF(s);
+		return NULL;
+	}
 	s->id = id;
-	s->name = Py_NewRef(name);
 	s->closed = 0;
 	return (PyObject *)s;
 }
@@ -123,6 +156,11 @@ int pyte_segment_id(PyObject *o, te_segment_id *out)
 	}
 	*out = (te_segment_id)v;
 	return 0;
+}
+
+int pyte_segment_arg(PyObject *o, void *id)
+{
+	return pyte_segment_id(o, id) == 0;
 }
 
 static void segment_close_quiet(PyteSegment *s)
@@ -159,16 +197,7 @@ static int segment_ready(PyteSegment *s)
 static PyObject *segment_refresh(PyteSegment *s, PyObject *unused)
 {
 	(void)unused;
-	int rc;
-	if (segment_ready(s) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = te_segment_refresh(s->engine->e, s->id);
-	Py_END_ALLOW_THREADS
-	pyte_leave(s->engine);
-	if (rc < 0)
-		return pyte_raise_msg(rc, "Segment(%U).refresh(): %s", s->name, te_strerror(rc));
-	Py_RETURN_NONE;
+	return segment_check_open(s) < 0 ? NULL : pyte_segment_refresh(s->engine, s->id, s->name);
 }
 
 static PyObject *segment_buffers(PyteSegment *s, PyObject *unused)
@@ -225,8 +254,7 @@ static PyMethodDef segment_methods[] = {
 	  "buffers()\n--\n\nThe segment's buffers as its descriptor lists them (SegmentBuffer, by address)." },
 	{ "descriptor", (PyCFunction)segment_descriptor, METH_NOARGS,
 	  "descriptor()\n--\n\nThe segment's descriptor (JSON) as last fetched." },
-	{ "__enter__", pyte_return_self, METH_NOARGS, NULL },
-	{ "__exit__", pyte_exit_close, METH_VARARGS, NULL },
+	PYTE_CLOSING_CTX_METHODS,
 	{ NULL, NULL, 0, NULL },
 };
 
@@ -245,13 +273,8 @@ static PyGetSetDef segment_getset[] = {
 };
 
 PyTypeObject PyteSegmentType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "libte.Segment",
-	.tp_basicsize = sizeof(PyteSegment),
-	.tp_dealloc = (destructor)segment_dealloc,
-	.tp_repr = (reprfunc)segment_repr,
+	PYTE_TYPE_HEAD("libte.Segment", PyteSegment, segment_dealloc, segment_repr),
 	.tp_as_number = &segment_as_number,
-	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "An open segment of another engine (from Engine.open_segment). Usable wherever a\n"
 		  "segment id is (int(segment) is the id). A context manager: leaving the block closes it.",
 	.tp_methods = segment_methods,

@@ -278,6 +278,11 @@ def test_batches(pair):
     assert b2.freed
     with pytest.raises(ValueError):
         a.batch(0)
+    # libte refuses the capacity: the Batch made for it goes without a batch to free
+    with pytest.raises(libte.InvalidArgumentError, match=r"^batch\(1099511627776\): "):
+        a.batch(1 << 40)
+    with a.batch(1) as b3:
+        assert len(b3) == 0 and not b3.freed
 
 
 def test_in_flight_free_cancel_timeout(hold):

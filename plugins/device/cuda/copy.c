@@ -71,21 +71,12 @@ int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 	CUstream s = pool_get(c);
 	if (s == NULL) { /* a driver without the stream calls: nothing else */
 		r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
-		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len, teu_cu_errstr(&c->drv, r));
-			return -EIO;
-		}
-		return 0;
+		return teu_gpu_copied(&c->g, len, "cuMemcpy", r, CUDA_SUCCESS);
 	}
 	r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
 	CUresult w = r == CUDA_SUCCESS ? stream_wait(c, s) : CUDA_SUCCESS;
 	pool_put(c, s);
-	if (r != CUDA_SUCCESS || w != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", r != CUDA_SUCCESS ? "cuMemcpyAsync" : "copy",
-			     len, teu_cu_errstr(&c->drv, r != CUDA_SUCCESS ? r : w));
-		return -EIO;
-	}
-	return 0;
+	return teu_gpu_copied(&c->g, len, "cuMemcpyAsync", r, w);
 }
 
 /* ------------------------------------------------------ asynchronous copies */
@@ -183,16 +174,16 @@ static void *lane_main(void *arg)
 		CUresult r = g->ev != NULL ? event_sync(c, g->ev) : c->drv.StreamSynchronize(l->stream);
 		uint64_t te = cst_now();
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
 				     teu_cu_errstr(&c->drv, r));
 		if (g->ev != NULL)
 			event_put(c, g->ev);
 		CST_ADD(async_sync_ns, te - ts);
 		/* A group's reports are one burst for the host: what they start
 		 * (staged chunks for a transport) it hands over together. */
-		bool burst = g->jobs != NULL && g->jobs->next != NULL && TE_HAS_OP(c->host, device_done_burst);
+		bool burst = g->jobs != NULL && g->jobs->next != NULL && TE_HAS_OP(c->g.host, device_done_burst);
 		if (burst)
-			c->host->device_done_burst(c->host, 1);
+			c->g.host->device_done_burst(c->g.host, 1);
 		for (cu_job *j = g->jobs, *next; j != NULL; j = next) {
 			next = j->next;
 			CST_ADD(async_n, 1);
@@ -201,7 +192,7 @@ static void *lane_main(void *arg)
 			job_end(j, j->rc < 0 ? j->rc : r == CUDA_SUCCESS ? 0 : -EIO);
 		}
 		if (burst)
-			c->host->device_done_burst(c->host, 0);
+			c->g.host->device_done_burst(c->g.host, 0);
 		free(g);
 		pthread_mutex_lock(&l->lock);
 	}
@@ -242,7 +233,7 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 	}
 	CUresult lr = gp != NULL ? launch(c, gp, l->stream) : CUDA_SUCCESS;
 	if (lr != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", teu_cu_errstr(&c->drv, lr));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", teu_cu_errstr(&c->drv, lr));
 		for (cu_job *k = jobs; k != NULL; k = k->next)
 			if (k->rc == 0)
 				k->rc = -EIO;
@@ -344,7 +335,7 @@ bool cu_async_start(cuda_ctx *c)
 		pthread_cond_init(&l->cond, NULL);
 		CUresult r = d->StreamCreate(&l->stream, CU_STREAM_NON_BLOCKING);
 		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", teu_cu_errstr(d, r));
+			c->g.host->log(c->g.host, TE_LOG_INFO, "no stream for asynchronous copies: %s", teu_cu_errstr(d, r));
 			l->stream = NULL;
 			made++;
 			break;
@@ -427,7 +418,7 @@ static CUstream pool_get(cuda_ctx *c)
 			}
 			s = NULL;
 			if (!atomic_exchange(&c->said_no_pool, true))
-				c->host->log(c->host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
+				c->g.host->log(c->g.host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
 					     teu_cu_errstr(&c->drv, r),
 					     c->pool_made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
 		}
@@ -456,8 +447,9 @@ static void pool_put(cuda_ctx *c, CUstream s)
 	pthread_mutex_unlock(&c->pool_lock);
 }
 
-bool cu_own_stream(cuda_ctx *c)
+bool cuda_own_stream(void *ctx)
 {
+	cuda_ctx *c = ctx;
 	CUstream s = pool_get(c);
 	if (s != NULL)
 		pool_put(c, s);
@@ -477,7 +469,7 @@ static bool gather_ready(cuda_ctx *c)
 		state = -1;
 		if (c->gather_mode == GATHER_OFF || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
 		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
-			c->host->log(c->host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
+			c->g.host->log(c->g.host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
 				     c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
 		} else {
 			cu_make_current(c, 0);
@@ -490,7 +482,7 @@ static bool gather_ready(cuda_ctx *c)
 			if (r == CUDA_SUCCESS)
 				state = 1;
 			else
-				c->host->log(c->host, TE_LOG_INFO,
+				c->g.host->log(c->g.host, TE_LOG_INFO,
 					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
 					     teu_cu_errstr(&c->drv, r));
 		}
@@ -574,7 +566,7 @@ static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_
 			if (teu_gather_add(g, dst, src, v[i].len)) {
 				r = launch(c, g, s);
 				if (r != CUDA_SUCCESS)
-					c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
+					c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
 						     TEU_GATHER_MAX, teu_cu_errstr(&c->drv, r));
 			}
 			continue;
@@ -582,7 +574,7 @@ static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_
 		r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)v[i].dst, (CUdeviceptr)(uintptr_t)v[i].src, v[i].len,
 				       s);
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
 				     teu_cu_errstr(&c->drv, r));
 	}
 	return r;
@@ -622,12 +614,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 
 	if (s == NULL) { /* no stream calls in the driver: one copy after the other */
 		CST_ADD(batch_nostream, 1);
-		for (size_t i = 0; i < n; i++) {
-			int rc = cu_copy(c, v[i].dst, v[i].src, v[i].len);
-			if (rc < 0)
-				return rc;
-		}
-		return 0;
+		return teu_gpu_copy_each(cu_copy, c, v, n);
 	}
 	cu_make_current(c, 0);
 	teu_gather g = { .n = 0 };
@@ -635,7 +622,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	if (r == CUDA_SUCCESS) {
 		r = launch(c, &g, s);
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
 				     teu_cu_errstr(&c->drv, r));
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
@@ -645,7 +632,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	CST_ADD(batch_wait_ns, cst_now() - tw);
 	CST_ADD(batch_ns, cst_now() - t0);
 	if (w != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, teu_cu_errstr(&c->drv, w));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "batch of %zu copies: %s", n, teu_cu_errstr(&c->drv, w));
 	pool_put(c, s);
 	return r == CUDA_SUCCESS && w == CUDA_SUCCESS ? 0 : -EIO;
 }

@@ -100,7 +100,7 @@ static int vmm_alloc(cuda_ctx *c, int device, size_t len, void **ptr)
 		c->drv.MemRelease(ah);
 	}
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
 			     device, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -ENOMEM;
@@ -115,14 +115,14 @@ int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	cuda_ctx *c = ctx;
 	CUdeviceptr p = 0;
 
-	if (device < 0 || device >= c->ndev || c->ctx[device] == NULL)
+	if (device < 0 || device >= c->g.ndev || c->ctx[device] == NULL)
 		return -ENODEV;
 	cu_make_current(c, device);
 	if (c->alloc_vmm && has_vmm(&c->drv))
 		return vmm_alloc(c, device, len, ptr);
 	CUresult r = c->drv.MemAlloc(&p, len);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
 			     device, teu_cu_errstr(&c->drv, r));
 		return -ENOMEM;
 	}
@@ -164,7 +164,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 	CUresult r = c->drv.MemGetHandleForAddressRange(&h, start, size,
 							CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, teu_cu_errstr(&c->drv, r));
 		return -ENOTSUP;
 	}
 	*fd = h;
@@ -201,7 +201,7 @@ static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t s
 	r = c->drv.MemExportToShareableHandle(&fd, ah, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	c->drv.MemRelease(ah);
 	if (r != CUDA_SUCCESS || fd < 0) {
-		c->host->log(c->host, TE_LOG_INFO,
+		c->g.host->log(c->g.host, TE_LOG_INFO,
 			     "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
 			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
 		return -EIO;
@@ -214,7 +214,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 {
 	CUmemGenericAllocationHandle ah;
 	CUdeviceptr p = 0;
-	int dev = teu_ipc_device(ipc, c->ndev);
+	int dev = teu_ipc_device(ipc, c->g.ndev);
 	vmm_map *m;
 
 	if (!has_vmm(&c->drv) || ipc->fd < 0 || ipc->alloc_size == 0 || ipc->alloc_size > SIZE_MAX)
@@ -230,7 +230,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 		c->drv.MemRelease(ah);
 	}
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
+		c->g.host->log(c->g.host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
 			     ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -EIO;
@@ -265,7 +265,7 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 		int vr = vmm_export(c, addr, start, size, dev, ipc);
 		if (vr == 0)
 			return 0;
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, teu_cu_errstr(&c->drv, r),
+		c->g.host->log(c->g.host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, teu_cu_errstr(&c->drv, r),
 			     vr == -ENOTSUP ? "" : "; nor a file descriptor of its cuMemCreate allocation");
 		return -ENOTSUP;
 	}
@@ -288,10 +288,10 @@ int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 		return -EINVAL;
 	/* Opened in the context of the device of the same index here, or of
 	 * device 0; lazy peer access lets a copy reach it from any device. */
-	cu_make_current(c, teu_ipc_device(ipc, c->ndev));
+	cu_make_current(c, teu_ipc_device(ipc, c->g.ndev));
 	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",
+		c->g.host->log(c->g.host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",
 			     ipc->device, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
@@ -308,5 +308,5 @@ void cu_ipc_close(void *ctx, void *base)
 	cu_make_current(c, 0);
 	CUresult r = c->drv.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
 	if (r != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, teu_cu_errstr(&c->drv, r));
 }

@@ -20,21 +20,12 @@ int hip_copy(void *ctx, void *dst, const void *src, size_t len)
 	if (s == NULL) {
 		/* Unified addressing: hipMemcpyDefault finds every direction. */
 		e = c->rt.Memcpy(dst, src, len, hipMemcpyDefault);
-		if (e != hipSuccess) {
-			c->host->log(c->host, TE_LOG_ERROR, "hipMemcpy of %zu bytes: %s", len, errstr(&c->rt, e));
-			return -EIO;
-		}
-		return 0;
+		return teu_gpu_copied(&c->g, len, "hipMemcpy", e, hipSuccess);
 	}
 	e = c->rt.MemcpyAsync(dst, src, len, hipMemcpyDefault, s);
 	hipError_t w = e == hipSuccess ? c->rt.StreamSynchronize(s) : hipSuccess;
 	copy_stream_give(c, s);
-	if (e != hipSuccess || w != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", e != hipSuccess ? "hipMemcpyAsync" : "copy",
-			     len, errstr(&c->rt, e != hipSuccess ? e : w));
-		return -EIO;
-	}
-	return 0;
+	return teu_gpu_copied(&c->g, len, "hipMemcpyAsync", e, w);
 }
 
 /* ------------------------------------------------------ asynchronous copies */
@@ -74,7 +65,7 @@ static hip_pending *take_ended(hip_ctx *c)
 static void report(hip_ctx *c, hip_pending *d, hipError_t e)
 {
 	if (e != hipSuccess)
-		c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
 			     errstr(&c->rt, e));
 	pthread_mutex_lock(&c->lock);
 	/* An event that reported an error is not trusted again. */
@@ -100,9 +91,9 @@ static void *completer(void *arg)
 		pthread_mutex_unlock(&c->lock);
 		hipError_t e = c->rt.EventSynchronize(d->ev);
 		hip_pending *more = take_ended(c);
-		bool burst = more != NULL && TE_HAS_OP(c->host, device_done_burst);
+		bool burst = more != NULL && TE_HAS_OP(c->g.host, device_done_burst);
 		if (burst)
-			c->host->device_done_burst(c->host, 1);
+			c->g.host->device_done_burst(c->g.host, 1);
 		report(c, d, e);
 		for (int n = 1; more != NULL;) {
 			d = more;
@@ -110,7 +101,7 @@ static void *completer(void *arg)
 			report(c, d, hipSuccess);
 		}
 		if (burst)
-			c->host->device_done_burst(c->host, 0);
+			c->g.host->device_done_burst(c->g.host, 0);
 		pthread_mutex_lock(&c->lock);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -133,7 +124,7 @@ bool async_start(hip_ctx *c)
 	for (; made < STREAMS; made++) {
 		hipError_t e = r->StreamCreateWithFlags(&c->streams[made], hipStreamNonBlocking);
 		if (e != hipSuccess) {
-			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", errstr(r, e));
+			c->g.host->log(c->g.host, TE_LOG_INFO, "no stream for asynchronous copies: %s", errstr(r, e));
 			break;
 		}
 	}
@@ -199,7 +190,7 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 	hipError_t e = take_event(c, &ev);
 	if (e != hipSuccess) {
 		/* Nothing queued yet: let the host copy this one synchronously. */
-		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "hipEventCreateWithFlags: %s", errstr(&c->rt, e));
+		TE_HOST_LOG_LIMITED(c->g.host, TE_LOG_WARN, "hipEventCreateWithFlags: %s", errstr(&c->rt, e));
 		free(d);
 		return -ENOTSUP;
 	}
@@ -207,7 +198,7 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 	hipStream_t s = c->streams[atomic_fetch_add_explicit(&c->next_stream, 1, memory_order_relaxed) % STREAMS];
 	e = c->rt.MemcpyAsync(dst, src, len, hipMemcpyDefault, s);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "hipMemcpyAsync of %zu bytes: %s", len, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMemcpyAsync of %zu bytes: %s", len, errstr(&c->rt, e));
 		c->rt.EventDestroy(ev);
 		free(d);
 		return -EIO;
@@ -217,14 +208,14 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 		/* The copy is queued and nothing would report its end: wait for
 		 * it here (done runs before copy_async returns). */
 		if (!atomic_exchange(&c->said_sync, true))
-			c->host->log(c->host, TE_LOG_WARN,
+			c->g.host->log(c->g.host, TE_LOG_WARN,
 				     "hipEventRecord: %s; waiting for copies instead (said once)",
 				     errstr(&c->rt, e));
 		c->rt.EventDestroy(ev);
 		free(d);
 		e = c->rt.StreamSynchronize(s);
 		if (e != hipSuccess)
-			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->rt, e));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->rt, e));
 		done(arg, e == hipSuccess ? 0 : -EIO);
 		return 0;
 	}
@@ -256,7 +247,7 @@ static hipStream_t batch_stream_take(hip_ctx *c)
 				c->batch_streams[c->batch_made++] = s;
 				break;
 			}
-			TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "no stream for a batch: %s",
+			TE_HOST_LOG_LIMITED(c->g.host, TE_LOG_WARN, "no stream for a batch: %s",
 					    errstr(&c->rt, e));
 			s = NULL;
 			if (c->batch_made == 0)
@@ -307,19 +298,13 @@ int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	if (n == 0)
 		return 0;
 	s = copy_stream_take(c);
-	if (s == NULL) { /* no stream calls in the runtime */
-		for (size_t i = 0; i < n; i++) {
-			int rc = hip_copy(c, v[i].dst, v[i].src, v[i].len);
-			if (rc < 0)
-				return rc;
-		}
-		return 0;
-	}
+	if (s == NULL) /* no stream calls in the runtime */
+		return teu_gpu_copy_each(hip_copy, c, v, n);
 	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		hipError_t e = c->rt.MemcpyAsync(v[i].dst, v[i].src, v[i].len, hipMemcpyDefault, s);
 		if (e != hipSuccess) {
-			c->host->log(c->host, TE_LOG_ERROR, "hipMemcpyAsync of piece %zu of %zu (%zu bytes): %s",
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMemcpyAsync of piece %zu of %zu (%zu bytes): %s",
 				     i, n, v[i].len, errstr(&c->rt, e));
 			rc = -EIO;
 			break; /* what was queued is still waited for */
@@ -327,7 +312,7 @@ int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	}
 	hipError_t e = c->rt.StreamSynchronize(s);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->rt, e));
 		rc = -EIO;
 	}
 	copy_stream_give(c, s);

@@ -12,13 +12,13 @@ int hip_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	hip_ctx *c = ctx;
 	void *p = NULL;
 
-	if (device < 0 || device >= c->ndev)
+	if (device < 0 || device >= c->g.ndev)
 		return -ENODEV;
 	int old = device_enter(c, device);
 	hipError_t e = c->rt.Malloc(&p, len);
 	device_leave(c, device, old);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "hipMalloc of %zu bytes on device %d: %s", len, device,
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMalloc of %zu bytes on device %d: %s", len, device,
 			     errstr(&c->rt, e));
 		return -ENOMEM;
 	}
@@ -37,7 +37,7 @@ void hip_mem_free(void *ctx, void *ptr)
 	hipError_t e = c->rt.Free(ptr);
 	device_leave(c, dev, old);
 	if (e != hipSuccess)
-		c->host->log(c->host, TE_LOG_WARN, "hipFree(%p): %s", ptr, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "hipFree(%p): %s", ptr, errstr(&c->rt, e));
 }
 
 int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset)
@@ -57,7 +57,7 @@ int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t
 	hipError_t e = c->rt.MemGetHandleForAddressRange(&h, (void *)start, size,
 							 hipMemRangeHandleTypeDmaBufFd, 0);
 	if (e != hipSuccess || h < 0) {
-		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, errstr(&c->rt, e));
 		return -ENOTSUP;
 	}
 	*fd = h;
@@ -91,7 +91,7 @@ int hip_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 	hipError_t e = c->rt.IpcGetMemHandle(&h, (void *)start);
 	device_leave(c, dev, old);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s", addr, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_INFO, "no IPC handle for %p: %s", addr, errstr(&c->rt, e));
 		return -ENOTSUP;
 	}
 	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
@@ -111,12 +111,12 @@ int hip_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 		return -EINVAL;
 	/* Opened on the device of the same index here, or on device 0; lazy
 	 * peer access lets a copy reach it from any device. */
-	int dev = teu_ipc_device(ipc, c->ndev);
+	int dev = teu_ipc_device(ipc, c->g.ndev);
 	int old = device_enter(c, dev);
 	hipError_t e = c->rt.IpcOpenMemHandle(&p, h, hipIpcMemLazyEnablePeerAccess);
 	device_leave(c, dev, old);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_WARN, "hipIpcOpenMemHandle of another process's hip:%d memory: %s",
+		c->g.host->log(c->g.host, TE_LOG_WARN, "hipIpcOpenMemHandle of another process's hip:%d memory: %s",
 			     ipc->device, errstr(&c->rt, e));
 		return -EIO;
 	}
@@ -130,5 +130,5 @@ void hip_ipc_close(void *ctx, void *base)
 
 	hipError_t e = c->rt.IpcCloseMemHandle(base);
 	if (e != hipSuccess)
-		c->host->log(c->host, TE_LOG_WARN, "hipIpcCloseMemHandle(%p): %s", base, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "hipIpcCloseMemHandle(%p): %s", base, errstr(&c->rt, e));
 }

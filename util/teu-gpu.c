@@ -110,6 +110,60 @@ int teu_gpu_copy_each(int (*copy)(void *ctx, void *dst, const void *src, size_t 
 	return 0;
 }
 
+void teu_gpu_pool_init(teu_gpu_pool *p, unsigned max)
+{
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	p->max = max < TEU_GPU_POOL_MAX ? max : TEU_GPU_POOL_MAX;
+	p->free = p->made = 0;
+}
+
+void teu_gpu_pool_fini(teu_gpu_pool *p)
+{
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
+}
+
+void *teu_gpu_pool_take(teu_gpu_pool *p, int (*make)(void *ctx, void **s), void *ctx)
+{
+	void *s = NULL;
+
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		if (p->free > 0) {
+			s = p->s[--p->free];
+			break;
+		}
+		if (p->made < p->max) {
+			if (make(ctx, &s) == 0) {
+				/* Made streams sit at [free, made) while in use. */
+				p->s[p->made++] = s;
+				break;
+			}
+			s = NULL;
+		}
+		if (p->made == 0)
+			break; /* none will come back */
+		pthread_cond_wait(&p->cond, &p->lock);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return s;
+}
+
+void teu_gpu_pool_give(teu_gpu_pool *p, void *s)
+{
+	pthread_mutex_lock(&p->lock);
+	/* Every made stream stays in s[0, made): s swapped to s[free]. */
+	for (unsigned i = p->free; i < p->made; i++)
+		if (p->s[i] == s) {
+			p->s[i] = p->s[p->free];
+			p->s[p->free++] = s;
+			pthread_cond_signal(&p->cond);
+			break;
+		}
+	pthread_mutex_unlock(&p->lock);
+}
+
 int teu_gpu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
 {
 	teu_gpu *g = ctx;

@@ -20,6 +20,7 @@
 #ifndef TEU_GPU_H
 #define TEU_GPU_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -112,6 +113,29 @@ int teu_gpu_copied(teu_gpu *g, size_t len, const char *call, int err, int wait);
  * synchronous copy), stopping at the first failure. */
 int teu_gpu_copy_each(int (*copy)(void *ctx, void *dst, const void *src, size_t len), void *ctx,
 		      const te_copy *v, size_t n);
+
+/* Streams for synchronous copies and batches, one per copy or batch in
+ * flight: made when first needed (up to `max`), then taken and given back.
+ * Never the default stream, which host work queued on it (stream_launch)
+ * may hold while it waits for this very copy. */
+#define TEU_GPU_POOL_MAX 32
+typedef struct teu_gpu_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t cond; /* a stream came back */
+	void *s[TEU_GPU_POOL_MAX]; /* every one made, the free ones first */
+	unsigned max, free, made;
+} teu_gpu_pool;
+
+void teu_gpu_pool_init(teu_gpu_pool *p, unsigned max);
+/* The streams are the plugin's to destroy first (s[0, made)). */
+void teu_gpu_pool_fini(teu_gpu_pool *p);
+/* A free stream; else a new one from make(ctx, &s) (0, or the vendor's
+ * error, logged by make) while fewer than max exist; else the next to come
+ * back. NULL only when none could be made and none exists. */
+void *teu_gpu_pool_take(teu_gpu_pool *p, int (*make)(void *ctx, void **s), void *ctx);
+/* Gives back a stream of the pool's (another, such as a stream the pool
+ * stood in for, is left alone). */
+void teu_gpu_pool_give(teu_gpu_pool *p, void *s);
 
 /* The ops these steps serve whole. */
 int teu_gpu_devices(void *ctx, te_device_info *out, size_t max, size_t *n);

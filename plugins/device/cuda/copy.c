@@ -163,13 +163,11 @@ static void *lane_main(void *arg)
 	cuda_ctx *c = l->owner;
 
 	cu_make_current(c, 0);
-	pthread_mutex_lock(&l->lock);
 	for (;;) {
 		cu_group *g;
-		TEU_FIFO_WAIT_TAKE(l->head, l->tail, g, &l->cond, &l->lock, l->quit);
+		TEU_FIFO_NEXT(l->head, l->tail, g, &l->cond, &l->lock, l->quit);
 		if (g == NULL)
 			break; /* quit, and every queued group reported */
-		pthread_mutex_unlock(&l->lock);
 		uint64_t ts = cst_now();
 		CUresult r = g->ev != NULL ? event_sync(c, g->ev) : c->drv.StreamSynchronize(l->stream);
 		uint64_t te = cst_now();
@@ -194,9 +192,7 @@ static void *lane_main(void *arg)
 		if (burst)
 			c->g.host->device_done_burst(c->g.host, 0);
 		free(g);
-		pthread_mutex_lock(&l->lock);
 	}
-	pthread_mutex_unlock(&l->lock);
 	return NULL;
 }
 
@@ -391,60 +387,38 @@ int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_d
 
 /* ----------------------------------------------------------------- batches */
 
-/* A stream for a synchronous copy or a batch: a free one of the pool, a
- * new one while fewer than POOL_MAX exist, else the next to come back;
- * where the driver makes none, a lane's stream, shared. Never the legacy
- * stream (cuMemcpy), which a te_submit_on_stream() host function may hold.
- * NULL only when the driver has no stream calls. */
+/* A new stream of the pool (teu_gpu_pool_take, which holds its lock). */
+static int pool_make(void *ctx, void **s)
+{
+	cuda_ctx *c = ctx;
+
+	cu_make_current(c, 0);
+	CUresult r = c->drv.StreamCreate((CUstream *)s, CU_STREAM_NON_BLOCKING);
+	if (r != CUDA_SUCCESS && !atomic_exchange(&c->said_no_pool, true))
+		c->g.host->log(c->g.host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
+			       teu_cu_errstr(&c->drv, r),
+			       c->pool.made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
+	return r;
+}
+
+/* A stream for a synchronous copy or a batch: one of the pool (up to
+ * POOL_MAX); where the driver makes none, a lane's stream, shared. Never the
+ * legacy stream (cuMemcpy), which a te_submit_on_stream() host function may
+ * hold. NULL only when the driver has no stream calls. */
 static CUstream pool_get(cuda_ctx *c)
 {
-	CUstream s = NULL;
-
 	if (!c->streams)
 		return NULL;
-	pthread_mutex_lock(&c->pool_lock);
-	for (;;) {
-		if (c->pool_free > 0) {
-			s = c->pool[--c->pool_free];
-			break;
-		}
-		if (c->pool_made < POOL_MAX) {
-			cu_make_current(c, 0);
-			CUresult r = c->drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
-			if (r == CUDA_SUCCESS) {
-				/* Made streams sit at [pool_free, pool_made) while in use. */
-				c->pool[c->pool_made++] = s;
-				break;
-			}
-			s = NULL;
-			if (!atomic_exchange(&c->said_no_pool, true))
-				c->g.host->log(c->g.host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
-					     teu_cu_errstr(&c->drv, r),
-					     c->pool_made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
-		}
-		if (c->pool_made == 0)
-			break;
-		pthread_cond_wait(&c->pool_cond, &c->pool_lock);
-	}
-	pthread_mutex_unlock(&c->pool_lock);
+	CUstream s = teu_gpu_pool_take(&c->pool, pool_make, c);
 	if (s == NULL && c->async)
 		s = c->lanes[0].stream;
 	return s;
 }
 
+/* A lane's stream is not the pool's: left alone. */
 static void pool_put(cuda_ctx *c, CUstream s)
 {
-	pthread_mutex_lock(&c->pool_lock);
-	/* Keep every made stream in pool[0, pool_made): swap s to pool_free. A
-	 * lane's stream is not found there. */
-	for (unsigned i = c->pool_free; i < c->pool_made; i++)
-		if (c->pool[i] == s) {
-			c->pool[i] = c->pool[c->pool_free];
-			c->pool[c->pool_free++] = s;
-			pthread_cond_signal(&c->pool_cond);
-			break;
-		}
-	pthread_mutex_unlock(&c->pool_lock);
+	teu_gpu_pool_give(&c->pool, s);
 }
 
 bool cuda_own_stream(void *ctx)

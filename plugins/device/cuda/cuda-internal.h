@@ -33,7 +33,7 @@
  * devices use both copy engines at once. */
 #define LANES 4
 /* Streams for batches (copy_batch): one per batch in flight. */
-#define POOL_MAX 32
+#define POOL_MAX TEU_GPU_POOL_MAX
 /* Events kept for reuse. */
 #define EVENTS_KEPT 256
 
@@ -114,10 +114,7 @@ struct cuda_ctx {
 
 	/* Batches and synchronous copies (see pool_get) */
 	bool streams; /* the driver has the calls they need */
-	pthread_mutex_t pool_lock;
-	pthread_cond_t pool_cond; /* a stream came back */
-	CUstream pool[POOL_MAX]; /* free ones first */
-	unsigned pool_free, pool_made;
+	teu_gpu_pool pool;
 	atomic_bool said_no_pool;
 	pthread_mutex_t gather_lock;
 	atomic_int gather_state; /* 0 not tried, 1 loaded, -1 unusable */

@@ -127,8 +127,7 @@ static void cuda_start(void *ctx)
 	}
 	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
 		h->log(h, TE_LOG_WARN, "TE_CUDA_ALLOC=%s: not 'legacy' or 'vmm'; cuMemAlloc it is", alloc);
-	pthread_mutex_init(&c->pool_lock, NULL);
-	pthread_cond_init(&c->pool_cond, NULL);
+	teu_gpu_pool_init(&c->pool, POOL_MAX);
 	c->streams = c->drv.StreamCreate != NULL && c->drv.StreamDestroy != NULL && c->drv.MemcpyAsync != NULL &&
 		     c->ctx[0] != NULL;
 	pthread_mutex_init(&c->gather_lock, NULL);
@@ -147,9 +146,9 @@ static void cuda_destroy(void *ctx)
 
 	cu_async_stop(c);
 	cu_make_current(c, 0);
-	for (unsigned i = 0; i < c->pool_made; i++) {
-		c->drv.StreamSynchronize(c->pool[i]);
-		c->drv.StreamDestroy(c->pool[i]);
+	for (unsigned i = 0; i < c->pool.made; i++) {
+		c->drv.StreamSynchronize(c->pool.s[i]);
+		c->drv.StreamDestroy(c->pool.s[i]);
 	}
 	if (atomic_load(&c->gather_state) == 1)
 		c->drv.ModuleUnload(c->gather_mod);
@@ -162,8 +161,7 @@ static void cuda_destroy(void *ctx)
 		c->drv.MemAddressFree(m->base, m->size);
 		free(m);
 	}
-	pthread_mutex_destroy(&c->pool_lock);
-	pthread_cond_destroy(&c->pool_cond);
+	teu_gpu_pool_fini(&c->pool);
 	pthread_mutex_destroy(&c->gather_lock);
 	while (c->hosts != NULL) { /* page-locked memory its users did not free */
 		host_map *m = c->hosts;

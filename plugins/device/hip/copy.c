@@ -82,13 +82,11 @@ static void *completer(void *arg)
 {
 	hip_ctx *c = arg;
 
-	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		hip_pending *d;
-		TEU_FIFO_WAIT_TAKE(c->head, c->tail, d, &c->cond, &c->lock, c->quit);
+		TEU_FIFO_NEXT(c->head, c->tail, d, &c->cond, &c->lock, c->quit);
 		if (d == NULL)
 			break; /* quit, and every queued copy reported */
-		pthread_mutex_unlock(&c->lock);
 		hipError_t e = c->rt.EventSynchronize(d->ev);
 		hip_pending *more = take_ended(c);
 		bool burst = more != NULL && TE_HAS_OP(c->g.host, device_done_burst);
@@ -102,9 +100,7 @@ static void *completer(void *arg)
 		}
 		if (burst)
 			c->g.host->device_done_burst(c->g.host, 0);
-		pthread_mutex_lock(&c->lock);
 	}
-	pthread_mutex_unlock(&c->lock);
 	return NULL;
 }
 
@@ -228,43 +224,17 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 
 /* ------------------------------------------------------------------ batches */
 
-/* A stream of the batch pool, made on first need; NULL when none can be made. */
-static hipStream_t batch_stream_take(hip_ctx *c)
+/* A new stream of the batch pool (teu_gpu_pool_take, which holds its lock). */
+static int batch_stream_make(void *ctx, void **s)
 {
-	hipStream_t s = NULL;
+	hip_ctx *c = ctx;
+	int old = device_enter(c, 0);
+	hipError_t e = c->rt.StreamCreateWithFlags((hipStream_t *)s, hipStreamNonBlocking);
 
-	pthread_mutex_lock(&c->batch_lock);
-	for (;;) {
-		if (c->batch_idle > 0) {
-			s = c->batch_free[--c->batch_idle];
-			break;
-		}
-		if (c->batch_made < BATCH_STREAMS) {
-			int old = device_enter(c, 0);
-			hipError_t e = c->rt.StreamCreateWithFlags(&s, hipStreamNonBlocking);
-			device_leave(c, 0, old);
-			if (e == hipSuccess) {
-				c->batch_streams[c->batch_made++] = s;
-				break;
-			}
-			TE_HOST_LOG_LIMITED(c->g.host, TE_LOG_WARN, "no stream for a batch: %s",
-					    errstr(&c->rt, e));
-			s = NULL;
-			if (c->batch_made == 0)
-				break; /* none will come back: copy synchronously */
-		}
-		pthread_cond_wait(&c->batch_cond, &c->batch_lock);
-	}
-	pthread_mutex_unlock(&c->batch_lock);
-	return s;
-}
-
-static void batch_stream_give(hip_ctx *c, hipStream_t s)
-{
-	pthread_mutex_lock(&c->batch_lock);
-	c->batch_free[c->batch_idle++] = s;
-	pthread_cond_signal(&c->batch_cond);
-	pthread_mutex_unlock(&c->batch_lock);
+	device_leave(c, 0, old);
+	if (e != hipSuccess)
+		TE_HOST_LOG_LIMITED(c->g.host, TE_LOG_WARN, "no stream for a batch: %s", errstr(&c->rt, e));
+	return e;
 }
 
 /* A stream for a synchronous copy or a batch: one of the batch pool, or
@@ -275,7 +245,7 @@ hipStream_t copy_stream_take(hip_ctx *c)
 	hipStream_t s = NULL;
 
 	if (c->rt.MemcpyAsync != NULL && c->rt.StreamCreateWithFlags != NULL && c->rt.StreamDestroy != NULL)
-		s = batch_stream_take(c);
+		s = teu_gpu_pool_take(&c->batch, batch_stream_make, c);
 	if (s == NULL && c->async)
 		s = c->streams[0];
 	return s;
@@ -283,8 +253,7 @@ hipStream_t copy_stream_take(hip_ctx *c)
 
 void copy_stream_give(hip_ctx *c, hipStream_t s)
 {
-	if (!c->async || s != c->streams[0])
-		batch_stream_give(c, s);
+	teu_gpu_pool_give(&c->batch, s); /* an asynchronous copies' stream is not the pool's */
 }
 
 /* The pieces queued together on one stream and waited for once: one copy

@@ -130,11 +130,7 @@ typedef struct hip_ctx {
 	bool quit;
 
 	/* Batches (see hip_copy_batch) */
-	pthread_mutex_t batch_lock;
-	pthread_cond_t batch_cond;
-	hipStream_t batch_streams[BATCH_STREAMS]; /* every one made, for destroy */
-	hipStream_t batch_free[BATCH_STREAMS];    /* the idle ones */
-	unsigned batch_made, batch_idle;
+	teu_gpu_pool batch;
 	atomic_bool said_no_stream_device; /* stream_device without hipStreamGetDevice */
 } hip_ctx;
 

@@ -130,8 +130,7 @@ static void hip_start(void *ctx)
 	hip_ctx *c = ctx;
 
 	c->device_type = c->rt.major >= 6 ? HIP_MEMORY_TYPE_DEVICE_V6 : HIP_MEMORY_TYPE_DEVICE_V5;
-	pthread_mutex_init(&c->batch_lock, NULL);
-	pthread_cond_init(&c->batch_cond, NULL);
+	teu_gpu_pool_init(&c->batch, BATCH_STREAMS);
 	c->async = async_start(c);
 }
 
@@ -140,10 +139,9 @@ static void hip_destroy(void *ctx)
 	hip_ctx *c = ctx;
 
 	async_stop(c);
-	for (unsigned i = 0; i < c->batch_made; i++)
-		c->rt.StreamDestroy(c->batch_streams[i]);
-	pthread_mutex_destroy(&c->batch_lock);
-	pthread_cond_destroy(&c->batch_cond);
+	for (unsigned i = 0; i < c->batch.made; i++)
+		c->rt.StreamDestroy(c->batch.s[i]);
+	teu_gpu_pool_fini(&c->batch);
 	teu_gpu_free(&c->g);
 }
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "teu-devmem.h"
 #include "teu-gpu.h"
 #include "teu-pci.h"
 
@@ -97,6 +98,54 @@ int teu_gpu_copied(teu_gpu *g, size_t len, const char *call, int err, int wait)
 	g->host->log(g->host, TE_LOG_ERROR, "%s of %zu bytes: %s", err != 0 ? call : "copy", len,
 		     g->vendor->errstr(g, err != 0 ? err : wait));
 	return -EIO;
+}
+
+int teu_gpu_refused(teu_gpu *g, const char *what, const void *addr, int err, const char *more)
+{
+	g->host->log(g->host, TE_LOG_INFO, "no %s for %p: %s%s", what, addr, g->vendor->errstr(g, err), more);
+	return -ENOTSUP;
+}
+
+int teu_gpu_dmabuf(teu_gpu *g, const void *addr, int err, int h, uint64_t off, int *fd, uint64_t *offset)
+{
+	if (err != 0 || h < 0)
+		return teu_gpu_refused(g, "dma-buf", addr, err, "");
+	*fd = h;
+	*offset = off;
+	return 0;
+}
+
+int teu_gpu_ipc_get(teu_gpu *g, te_device_ipc *ipc, size_t len,
+		    int (*get)(void *ctx, int dev, uint64_t start, void *handle), int dev, uint64_t start,
+		    uint64_t size)
+{
+	unsigned char h[sizeof ipc->handle];
+
+	if (len > sizeof h)
+		return -EINVAL; /* the plugins check their handle's size when built */
+	int err = get(g, dev, start, h);
+	if (err == 0)
+		teu_ipc_fill(ipc, h, len, dev, -1, start, size);
+	return err;
+}
+
+int teu_gpu_ipc_open(teu_gpu *g, const te_device_ipc *ipc, size_t len,
+		     int (*open)(void *ctx, int dev, const void *handle, void **p), void **base)
+{
+	const teu_gpu_vendor *v = g->vendor;
+	unsigned char h[sizeof ipc->handle];
+	void *p = NULL;
+
+	if (len > sizeof h || teu_ipc_handle(ipc, h, len) < 0)
+		return -EINVAL;
+	int err = open(g, teu_ipc_device(ipc, g->ndev), h, &p);
+	if (err != 0) {
+		g->host->log(g->host, TE_LOG_WARN, "%sIpcOpenMemHandle of another process's %s:%d memory: %s", v->api,
+			     v->prefix, ipc->device, v->errstr(g, err));
+		return -EIO;
+	}
+	*base = p;
+	return 0;
 }
 
 int teu_gpu_copy_each(int (*copy)(void *ctx, void *dst, const void *src, size_t len), void *ctx,

@@ -109,6 +109,32 @@ int teu_gpu_check(teu_gpu *g, int err, const char *what);
  * for it): 0, or -EIO and "<call or copy> of N bytes: <text>" logged. */
 int teu_gpu_copied(teu_gpu *g, size_t len, const char *call, int err, int wait);
 
+/* An export of device memory refused (`what`: "dma-buf", "IPC handle"):
+ * -ENOTSUP, and "no <what> for <addr>: <the vendor's text for err><more>"
+ * logged (the peer then takes another way to the memory). */
+int teu_gpu_refused(teu_gpu *g, const char *what, const void *addr, int err, const char *more);
+
+/* export_dmabuf's end, once the vendor's call for the allocation that holds
+ * `addr` returned `err` and the descriptor `h`: 0 with *fd = h and *offset =
+ * off (where the range starts in the allocation), else teu_gpu_refused. */
+int teu_gpu_dmabuf(teu_gpu *g, const void *addr, int err, int h, uint64_t off, int *fd, uint64_t *offset);
+
+/* ipc_export's handle of the allocation [start, start+size) of device
+ * `dev`: get(ctx, dev, start, handle) (0 or the vendor's error) writes the
+ * vendor's handle (`len` bytes, at most sizeof ipc->handle), which goes to
+ * *ipc. 0, or the vendor's error (*ipc left as it was). */
+int teu_gpu_ipc_get(teu_gpu *g, te_device_ipc *ipc, size_t len,
+		    int (*get)(void *ctx, int dev, uint64_t start, void *handle), int dev, uint64_t start,
+		    uint64_t size);
+
+/* ipc_open of another process's export `ipc` whose handle is `len` bytes
+ * (the vendor's handle type): on the device of the same index here, or on
+ * device 0, through open(ctx, dev, handle, &p) (0 or the vendor's error).
+ * 0 with *base = p; -EINVAL for a handle of another length; else -EIO and
+ * the vendor's text logged. */
+int teu_gpu_ipc_open(teu_gpu *g, const te_device_ipc *ipc, size_t len,
+		     int (*open)(void *ctx, int dev, const void *handle, void **p), void **base);
+
 /* copy_batch without a stream: each piece through `copy` (the plugin's
  * synchronous copy), stopping at the first failure. */
 int teu_gpu_copy_each(int (*copy)(void *ctx, void *dst, const void *src, size_t len), void *ctx,

@@ -173,7 +173,7 @@ static void *lane_main(void *arg)
 		uint64_t te = cst_now();
 		if (r != CUDA_SUCCESS)
 			c->g.host->log(c->g.host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
-				     teu_cu_errstr(&c->drv, r));
+				       teu_cu_errstr(&c->drv, r));
 		if (g->ev != NULL)
 			event_put(c, g->ev);
 		CST_ADD(async_sync_ns, te - ts);
@@ -444,7 +444,7 @@ static bool gather_ready(cuda_ctx *c)
 		if (c->gather_mode == GATHER_OFF || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
 		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
 			c->g.host->log(c->g.host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
-				     c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
+				       c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
 		} else {
 			cu_make_current(c, 0);
 			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, teu_gather_ptx);
@@ -457,8 +457,8 @@ static bool gather_ready(cuda_ctx *c)
 				state = 1;
 			else
 				c->g.host->log(c->g.host, TE_LOG_INFO,
-					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
-					     teu_cu_errstr(&c->drv, r));
+					       "no gather kernel (%s): device-to-device batches take a copy call per piece",
+					       teu_cu_errstr(&c->drv, r));
 		}
 		/* Published after the module and function it covers. */
 		atomic_store_explicit(&c->gather_state, state, memory_order_release);
@@ -541,7 +541,7 @@ static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_
 				r = launch(c, g, s);
 				if (r != CUDA_SUCCESS)
 					c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
-						     TEU_GATHER_MAX, teu_cu_errstr(&c->drv, r));
+						       TEU_GATHER_MAX, teu_cu_errstr(&c->drv, r));
 			}
 			continue;
 		}
@@ -549,7 +549,7 @@ static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_
 				       s);
 		if (r != CUDA_SUCCESS)
 			c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
-				     teu_cu_errstr(&c->drv, r));
+				       teu_cu_errstr(&c->drv, r));
 	}
 	return r;
 }
@@ -597,7 +597,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 		r = launch(c, &g, s);
 		if (r != CUDA_SUCCESS)
 			c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
-				     teu_cu_errstr(&c->drv, r));
+				       teu_cu_errstr(&c->drv, r));
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
 	 * the caller reuses its buffers. */

@@ -144,9 +144,9 @@ struct cuda_ctx {
 };
 
 
-/* The ops, as cuda.c hands them to the host (cuda_classify, ...): each
- * puts the caller's current context back after the cu_ function of the same
- * name. */
+/* The ops' work (cu_classify, ...; copy.c and share.c). cuda.c hands them
+ * to the host as cuda_classify, ..., which put the caller's current context
+ * back after them. */
 TEU_GPU_DECLARE_OPS(cu);
 
 /* cuda.c */

@@ -240,7 +240,7 @@ static int cuda_stream_enter(void *ctx, int device, void *stream, const char *wh
 		r = d->StreamGetCtx(stream, &want);
 		if (r != CUDA_SUCCESS) {
 			c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: cuStreamGetCtx of stream %p: %s", what, stream,
-				     teu_cu_errstr(d, r));
+				       teu_cu_errstr(d, r));
 			return -EINVAL;
 		}
 	} else if (device >= 0) {
@@ -250,8 +250,8 @@ static int cuda_stream_enter(void *ctx, int device, void *stream, const char *wh
 	}
 	if (!default_stream(stream) && d->StreamGetCtx == NULL && !atomic_exchange(&c->said_no_stream_ctx, true))
 		c->g.host->log(c->g.host, TE_LOG_WARN,
-			     "this CUDA driver has no cuStreamGetCtx: a stream is taken for the device of its "
-			     "location, or else the calling thread's current one (said once)");
+			       "this CUDA driver has no cuStreamGetCtx: a stream is taken for the device of its "
+			       "location, or else the calling thread's current one (said once)");
 	r = d->CtxPushCurrent(want);
 	if (r != CUDA_SUCCESS) {
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: cuCtxPushCurrent: %s", what, teu_cu_errstr(d, r));
@@ -263,7 +263,7 @@ static int cuda_stream_enter(void *ctx, int device, void *stream, const char *wh
 	    dev != named) {
 		d->CtxPopCurrent(&want);
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: stream %p belongs to another device than cuda:%d", what,
-			     stream, device);
+			       stream, device);
 		return -EINVAL;
 	}
 	return 0;

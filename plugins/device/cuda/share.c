@@ -101,7 +101,7 @@ static int vmm_alloc(cuda_ctx *c, int device, size_t len, void **ptr)
 	}
 	if (r != CUDA_SUCCESS) {
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
-			     device, teu_cu_errstr(&c->drv, r));
+			       device, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -ENOMEM;
 	}
@@ -123,7 +123,7 @@ int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	CUresult r = c->drv.MemAlloc(&p, len);
 	if (r != CUDA_SUCCESS) {
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
-			     device, teu_cu_errstr(&c->drv, r));
+			       device, teu_cu_errstr(&c->drv, r));
 		return -ENOMEM;
 	}
 	*ptr = (void *)(uintptr_t)p;
@@ -196,8 +196,8 @@ static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t s
 	c->drv.MemRelease(ah);
 	if (r != CUDA_SUCCESS || fd < 0) {
 		c->g.host->log(c->g.host, TE_LOG_INFO,
-			     "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
-			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
+			       "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
+			       "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	teu_ipc_fill(ipc, vmm_tag, sizeof vmm_tag, dev, fd, start, size);
@@ -225,7 +225,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 	}
 	if (r != CUDA_SUCCESS) {
 		c->g.host->log(c->g.host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
-			     ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
+			       ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -EIO;
 	}

@@ -66,7 +66,7 @@ static void report(hip_ctx *c, hip_pending *d, hipError_t e)
 {
 	if (e != hipSuccess)
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
-			     errstr(&c->rt, e));
+			       errstr(&c->rt, e));
 	pthread_mutex_lock(&c->lock);
 	/* An event that reported an error is not trusted again. */
 	if (e == hipSuccess && c->nspare < SPARE_EVENTS)
@@ -205,8 +205,8 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 		 * it here (done runs before copy_async returns). */
 		if (!atomic_exchange(&c->said_sync, true))
 			c->g.host->log(c->g.host, TE_LOG_WARN,
-				     "hipEventRecord: %s; waiting for copies instead (said once)",
-				     errstr(&c->rt, e));
+				       "hipEventRecord: %s; waiting for copies instead (said once)",
+				       errstr(&c->rt, e));
 		c->rt.EventDestroy(ev);
 		free(d);
 		e = c->rt.StreamSynchronize(s);
@@ -274,7 +274,7 @@ int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 		hipError_t e = c->rt.MemcpyAsync(v[i].dst, v[i].src, v[i].len, hipMemcpyDefault, s);
 		if (e != hipSuccess) {
 			c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMemcpyAsync of piece %zu of %zu (%zu bytes): %s",
-				     i, n, v[i].len, errstr(&c->rt, e));
+				       i, n, v[i].len, errstr(&c->rt, e));
 			rc = -EIO;
 			break; /* what was queued is still waited for */
 		}

@@ -197,20 +197,20 @@ static int stream_device(hip_ctx *c, int device, hipStream_t stream, const char 
 	if (c->rt.StreamGetDevice == NULL) {
 		if (!atomic_exchange(&c->said_no_stream_device, true))
 			c->g.host->log(c->g.host, TE_LOG_WARN,
-				     "this HIP runtime has no hipStreamGetDevice: a stream is taken for the device of "
-				     "its location, or else the calling thread's current one (said once)");
+				       "this HIP runtime has no hipStreamGetDevice: a stream is taken for the device of "
+				       "its location, or else the calling thread's current one (said once)");
 		return 0;
 	}
 	hipDevice_t sd = -1;
 	hipError_t e = c->rt.StreamGetDevice(stream, &sd);
 	if (e != hipSuccess) {
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: hipStreamGetDevice of stream %p: %s", what, stream,
-			     errstr(&c->rt, e));
+			       errstr(&c->rt, e));
 		return -EINVAL;
 	}
 	if (device >= 0 && sd != device) {
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: stream %p is hip:%d's, not hip:%d's", what, stream, sd,
-			     device);
+			       device);
 		return -EINVAL;
 	}
 	*dev = sd;

@@ -19,7 +19,7 @@ int hip_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	device_leave(c, device, old);
 	if (e != hipSuccess) {
 		c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMalloc of %zu bytes on device %d: %s", len, device,
-			     errstr(&c->rt, e));
+			       errstr(&c->rt, e));
 		return -ENOMEM;
 	}
 	*ptr = p;

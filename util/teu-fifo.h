@@ -47,12 +47,15 @@
 			pthread_cond_wait((cond), (lock));      \
 	} while (0)
 
-/* A consumer thread's next node: TEU_FIFO_WAIT, then TEU_FIFO_TAKE. `node`
- * is NULL only when asked to quit with nothing left queued. */
-#define TEU_FIFO_WAIT_TAKE(head, tail, node, cond, lock, quit)  \
+/* A consumer thread's next node, taken with `lock` (not held before or
+ * after): TEU_FIFO_WAIT, then TEU_FIFO_TAKE. `node` is NULL only when asked
+ * to quit with nothing left queued. */
+#define TEU_FIFO_NEXT(head, tail, node, cond, lock, quit)       \
 	do {                                                    \
+		pthread_mutex_lock(lock);                       \
 		TEU_FIFO_WAIT(head, cond, lock, quit);          \
 		TEU_FIFO_TAKE(head, tail, node);                \
+		pthread_mutex_unlock(lock);                     \
 	} while (0)
 
 /* Tells the consumer `thread` to quit (*quit set under `lock`, `cond`

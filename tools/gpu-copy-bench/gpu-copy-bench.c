@@ -286,17 +286,12 @@ static void measure(const char *name, const char *dir, const char *memory, mode 
 	if (med <= 0 || secs[0] <= 0)
 		die(1, "%s: the clock did not advance", name);
 	result *r = &results[nresults++];
+	*r = (result){ .dir = dir, .memory = memory, .m = m, .chunk = chunk, .bytes = moved, .calls = calls,
+		       .gbs = (double)moved / med / 1e9,
+		       .gbs_min = (double)moved / secs[O.repeats - 1] / 1e9,
+		       .gbs_max = (double)moved / secs[0] / 1e9,
+		       .us_per_call = med * 1e6 / (double)calls };
 	snprintf(r->name, sizeof r->name, "%s", name);
-	r->dir = dir;
-	r->memory = memory;
-	r->m = m;
-	r->chunk = chunk;
-	r->bytes = moved;
-	r->calls = calls;
-	r->gbs = (double)moved / med / 1e9;
-	r->gbs_min = (double)moved / secs[O.repeats - 1] / 1e9;
-	r->gbs_max = (double)moved / secs[0] / 1e9;
-	r->us_per_call = med * 1e6 / (double)calls;
 	free(secs);
 	if (!O.json) {
 		fprintf(stderr, "  %-26s %9.2f GB/s\n", name, r->gbs);

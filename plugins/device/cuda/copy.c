@@ -71,21 +71,12 @@ int cu_copy(void *ctx, void *dst, const void *src, size_t len)
 	CUstream s = pool_get(c);
 	if (s == NULL) { /* a driver without the stream calls: nothing else */
 		r = c->drv.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len);
-		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpy of %zu bytes: %s", len, teu_cu_errstr(&c->drv, r));
-			return -EIO;
-		}
-		return 0;
+		return teu_gpu_copied(&c->g, len, "cuMemcpy", r, CUDA_SUCCESS);
 	}
 	r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, len, s);
 	CUresult w = r == CUDA_SUCCESS ? stream_wait(c, s) : CUDA_SUCCESS;
 	pool_put(c, s);
-	if (r != CUDA_SUCCESS || w != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", r != CUDA_SUCCESS ? "cuMemcpyAsync" : "copy",
-			     len, teu_cu_errstr(&c->drv, r != CUDA_SUCCESS ? r : w));
-		return -EIO;
-	}
-	return 0;
+	return teu_gpu_copied(&c->g, len, "cuMemcpyAsync", r, w);
 }
 
 /* ------------------------------------------------------ asynchronous copies */
@@ -172,27 +163,25 @@ static void *lane_main(void *arg)
 	cuda_ctx *c = l->owner;
 
 	cu_make_current(c, 0);
-	pthread_mutex_lock(&l->lock);
 	for (;;) {
 		cu_group *g;
-		TEU_FIFO_WAIT_TAKE(l->head, l->tail, g, &l->cond, &l->lock, l->quit);
+		TEU_FIFO_NEXT(l->head, l->tail, g, &l->cond, &l->lock, l->quit);
 		if (g == NULL)
 			break; /* quit, and every queued group reported */
-		pthread_mutex_unlock(&l->lock);
 		uint64_t ts = cst_now();
 		CUresult r = g->ev != NULL ? event_sync(c, g->ev) : c->drv.StreamSynchronize(l->stream);
 		uint64_t te = cst_now();
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
-				     teu_cu_errstr(&c->drv, r));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "asynchronous copies of %zu bytes: %s", g->len,
+				       teu_cu_errstr(&c->drv, r));
 		if (g->ev != NULL)
 			event_put(c, g->ev);
 		CST_ADD(async_sync_ns, te - ts);
 		/* A group's reports are one burst for the host: what they start
 		 * (staged chunks for a transport) it hands over together. */
-		bool burst = g->jobs != NULL && g->jobs->next != NULL && TE_HAS_OP(c->host, device_done_burst);
+		bool burst = g->jobs != NULL && g->jobs->next != NULL && TE_HAS_OP(c->g.host, device_done_burst);
 		if (burst)
-			c->host->device_done_burst(c->host, 1);
+			c->g.host->device_done_burst(c->g.host, 1);
 		for (cu_job *j = g->jobs, *next; j != NULL; j = next) {
 			next = j->next;
 			CST_ADD(async_n, 1);
@@ -201,11 +190,9 @@ static void *lane_main(void *arg)
 			job_end(j, j->rc < 0 ? j->rc : r == CUDA_SUCCESS ? 0 : -EIO);
 		}
 		if (burst)
-			c->host->device_done_burst(c->host, 0);
+			c->g.host->device_done_burst(c->g.host, 0);
 		free(g);
-		pthread_mutex_lock(&l->lock);
 	}
-	pthread_mutex_unlock(&l->lock);
 	return NULL;
 }
 
@@ -242,7 +229,7 @@ static void group_issue(cuda_ctx *c, cu_job *jobs)
 	}
 	CUresult lr = gp != NULL ? launch(c, gp, l->stream) : CUDA_SUCCESS;
 	if (lr != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", teu_cu_errstr(&c->drv, lr));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over a group of copies: %s", teu_cu_errstr(&c->drv, lr));
 		for (cu_job *k = jobs; k != NULL; k = k->next)
 			if (k->rc == 0)
 				k->rc = -EIO;
@@ -344,7 +331,7 @@ bool cu_async_start(cuda_ctx *c)
 		pthread_cond_init(&l->cond, NULL);
 		CUresult r = d->StreamCreate(&l->stream, CU_STREAM_NON_BLOCKING);
 		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", teu_cu_errstr(d, r));
+			c->g.host->log(c->g.host, TE_LOG_INFO, "no stream for asynchronous copies: %s", teu_cu_errstr(d, r));
 			l->stream = NULL;
 			made++;
 			break;
@@ -400,64 +387,43 @@ int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_d
 
 /* ----------------------------------------------------------------- batches */
 
-/* A stream for a synchronous copy or a batch: a free one of the pool, a
- * new one while fewer than POOL_MAX exist, else the next to come back;
- * where the driver makes none, a lane's stream, shared. Never the legacy
- * stream (cuMemcpy), which a te_submit_on_stream() host function may hold.
- * NULL only when the driver has no stream calls. */
+/* A new stream of the pool (teu_gpu_pool_take, which holds its lock). */
+static int pool_make(void *ctx, void **s)
+{
+	cuda_ctx *c = ctx;
+
+	cu_make_current(c, 0);
+	CUresult r = c->drv.StreamCreate((CUstream *)s, CU_STREAM_NON_BLOCKING);
+	if (r != CUDA_SUCCESS && !atomic_exchange(&c->said_no_pool, true))
+		c->g.host->log(c->g.host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
+			       teu_cu_errstr(&c->drv, r),
+			       c->pool.made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
+	return r;
+}
+
+/* A stream for a synchronous copy or a batch: one of the pool (up to
+ * POOL_MAX); where the driver makes none, a lane's stream, shared. Never the
+ * legacy stream (cuMemcpy), which a te_submit_on_stream() host function may
+ * hold. NULL only when the driver has no stream calls. */
 static CUstream pool_get(cuda_ctx *c)
 {
-	CUstream s = NULL;
-
 	if (!c->streams)
 		return NULL;
-	pthread_mutex_lock(&c->pool_lock);
-	for (;;) {
-		if (c->pool_free > 0) {
-			s = c->pool[--c->pool_free];
-			break;
-		}
-		if (c->pool_made < POOL_MAX) {
-			cu_make_current(c, 0);
-			CUresult r = c->drv.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
-			if (r == CUDA_SUCCESS) {
-				/* Made streams sit at [pool_free, pool_made) while in use. */
-				c->pool[c->pool_made++] = s;
-				break;
-			}
-			s = NULL;
-			if (!atomic_exchange(&c->said_no_pool, true))
-				c->host->log(c->host, TE_LOG_WARN, "no stream for copies (%s): %s (said once)",
-					     teu_cu_errstr(&c->drv, r),
-					     c->pool_made > 0 ? "waiting for one in use" : "sharing the copy lanes'");
-		}
-		if (c->pool_made == 0)
-			break;
-		pthread_cond_wait(&c->pool_cond, &c->pool_lock);
-	}
-	pthread_mutex_unlock(&c->pool_lock);
+	CUstream s = teu_gpu_pool_take(&c->pool, pool_make, c);
 	if (s == NULL && c->async)
 		s = c->lanes[0].stream;
 	return s;
 }
 
+/* A lane's stream is not the pool's: left alone. */
 static void pool_put(cuda_ctx *c, CUstream s)
 {
-	pthread_mutex_lock(&c->pool_lock);
-	/* Keep every made stream in pool[0, pool_made): swap s to pool_free. A
-	 * lane's stream is not found there. */
-	for (unsigned i = c->pool_free; i < c->pool_made; i++)
-		if (c->pool[i] == s) {
-			c->pool[i] = c->pool[c->pool_free];
-			c->pool[c->pool_free++] = s;
-			pthread_cond_signal(&c->pool_cond);
-			break;
-		}
-	pthread_mutex_unlock(&c->pool_lock);
+	teu_gpu_pool_give(&c->pool, s);
 }
 
-bool cu_own_stream(cuda_ctx *c)
+bool cuda_own_stream(void *ctx)
 {
+	cuda_ctx *c = ctx;
 	CUstream s = pool_get(c);
 	if (s != NULL)
 		pool_put(c, s);
@@ -477,8 +443,8 @@ static bool gather_ready(cuda_ctx *c)
 		state = -1;
 		if (c->gather_mode == GATHER_OFF || c->drv.ModuleLoadData == NULL || c->drv.ModuleGetFunction == NULL ||
 		    c->drv.ModuleUnload == NULL || c->drv.LaunchKernel == NULL) {
-			c->host->log(c->host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
-				     c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
+			c->g.host->log(c->g.host, TE_LOG_INFO, "device-to-device batches: a copy call per piece (%s)",
+				       c->gather_mode == GATHER_OFF ? "TE_CUDA_GATHER=0" : "the driver has no kernel launches");
 		} else {
 			cu_make_current(c, 0);
 			CUresult r = c->drv.ModuleLoadData(&c->gather_mod, teu_gather_ptx);
@@ -490,9 +456,9 @@ static bool gather_ready(cuda_ctx *c)
 			if (r == CUDA_SUCCESS)
 				state = 1;
 			else
-				c->host->log(c->host, TE_LOG_INFO,
-					     "no gather kernel (%s): device-to-device batches take a copy call per piece",
-					     teu_cu_errstr(&c->drv, r));
+				c->g.host->log(c->g.host, TE_LOG_INFO,
+					       "no gather kernel (%s): device-to-device batches take a copy call per piece",
+					       teu_cu_errstr(&c->drv, r));
 		}
 		/* Published after the module and function it covers. */
 		atomic_store_explicit(&c->gather_state, state, memory_order_release);
@@ -574,16 +540,16 @@ static CUresult pieces_queue(cuda_ctx *c, teu_gather *g, const te_copy *v, size_
 			if (teu_gather_add(g, dst, src, v[i].len)) {
 				r = launch(c, g, s);
 				if (r != CUDA_SUCCESS)
-					c->host->log(c->host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
-						     TEU_GATHER_MAX, teu_cu_errstr(&c->drv, r));
+					c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over %d pieces: %s",
+						       TEU_GATHER_MAX, teu_cu_errstr(&c->drv, r));
 			}
 			continue;
 		}
 		r = c->drv.MemcpyAsync((CUdeviceptr)(uintptr_t)v[i].dst, (CUdeviceptr)(uintptr_t)v[i].src, v[i].len,
 				       s);
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
-				     teu_cu_errstr(&c->drv, r));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemcpyAsync of %zu bytes: %s", v[i].len,
+				       teu_cu_errstr(&c->drv, r));
 	}
 	return r;
 }
@@ -622,12 +588,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 
 	if (s == NULL) { /* no stream calls in the driver: one copy after the other */
 		CST_ADD(batch_nostream, 1);
-		for (size_t i = 0; i < n; i++) {
-			int rc = cu_copy(c, v[i].dst, v[i].src, v[i].len);
-			if (rc < 0)
-				return rc;
-		}
-		return 0;
+		return teu_gpu_copy_each(cu_copy, c, v, n);
 	}
 	cu_make_current(c, 0);
 	teu_gather g = { .n = 0 };
@@ -635,8 +596,8 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	if (r == CUDA_SUCCESS) {
 		r = launch(c, &g, s);
 		if (r != CUDA_SUCCESS)
-			c->host->log(c->host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
-				     teu_cu_errstr(&c->drv, r));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "gather kernel over a batch's pieces: %s",
+				       teu_cu_errstr(&c->drv, r));
 	}
 	/* Wait even after a failure: nothing of this batch may still run when
 	 * the caller reuses its buffers. */
@@ -645,7 +606,7 @@ int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	CST_ADD(batch_wait_ns, cst_now() - tw);
 	CST_ADD(batch_ns, cst_now() - t0);
 	if (w != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, teu_cu_errstr(&c->drv, w));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "batch of %zu copies: %s", n, teu_cu_errstr(&c->drv, w));
 	pool_put(c, s);
 	return r == CUDA_SUCCESS && w == CUDA_SUCCESS ? 0 : -EIO;
 }

@@ -26,15 +26,14 @@
 
 #include "teu-cuda.h"
 #include "teu-gather.h"
-
-#define MAX_DEVICES 64
+#include "teu-gpu.h"
 
 /* Asynchronous copies go round-robin to this many lanes (a stream and a
  * thread that reports its copies' ends), so that copies into and out of the
  * devices use both copy engines at once. */
 #define LANES 4
 /* Streams for batches (copy_batch): one per batch in flight. */
-#define POOL_MAX 32
+#define POOL_MAX TEU_GPU_POOL_MAX
 /* Events kept for reuse. */
 #define EVENTS_KEPT 256
 
@@ -95,10 +94,9 @@ typedef struct vmm_map {
 } vmm_map;
 
 struct cuda_ctx {
-	const te_host *host;
+	teu_gpu g; /* first: the shared steps' (the host, the devices) */
 	teu_cu_driver drv;
-	int ndev;
-	CUcontext ctx[MAX_DEVICES]; /* primary contexts */
+	CUcontext ctx[TEU_GPU_MAX_DEVICES]; /* primary contexts */
 
 	/* Asynchronous copies (see cu_copy_async) */
 	bool async;
@@ -116,10 +114,7 @@ struct cuda_ctx {
 
 	/* Batches and synchronous copies (see pool_get) */
 	bool streams; /* the driver has the calls they need */
-	pthread_mutex_t pool_lock;
-	pthread_cond_t pool_cond; /* a stream came back */
-	CUstream pool[POOL_MAX]; /* free ones first */
-	unsigned pool_free, pool_made;
+	teu_gpu_pool pool;
 	atomic_bool said_no_pool;
 	pthread_mutex_t gather_lock;
 	atomic_int gather_state; /* 0 not tried, 1 loaded, -1 unusable */
@@ -149,29 +144,20 @@ struct cuda_ctx {
 };
 
 
+/* The ops' work (cu_classify, ...; copy.c and share.c). cuda.c hands them
+ * to the host as cuda_classify, ..., which put the caller's current context
+ * back after them. */
+TEU_GPU_DECLARE_OPS(cu);
+
 /* cuda.c */
 /* Driver calls need a current context in the calling thread. */
 void cu_make_current(cuda_ctx *c, int dev);
-int cu_classify(void *ctx, const void *addr, size_t len, int *device);
 
 /* copy.c */
 bool cu_async_start(cuda_ctx *c);
 void cu_async_stop(cuda_ctx *c);
-int cu_copy(void *ctx, void *dst, const void *src, size_t len);
-int cu_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done, void *arg);
-int cu_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags);
 /* Whether the plugin has a stream of its own to copy on (none: its copies
  * are cuMemcpy, which waits for the legacy stream). */
-bool cu_own_stream(cuda_ctx *c);
-int cu_host_alloc(void *ctx, size_t len, void **ptr);
-void cu_host_free(void *ctx, void *ptr);
-
-/* share.c */
-int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr);
-void cu_mem_free(void *ctx, void *ptr);
-int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset);
-int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc);
-int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base);
-void cu_ipc_close(void *ctx, void *base);
+bool cuda_own_stream(void *ctx);
 
 #endif

@@ -5,41 +5,36 @@
  * the plugin nor libte needs the CUDA toolkit to build or a GPU to run:
  * without the library or a device the plugin stays idle and says why.
  * This file opens the driver, makes and ends the plugin's context, tells
- * device memory apart and lists the devices; copy.c copies and share.c
- * shares (cuda-internal.h).
+ * device memory apart and finds a stream's context; copy.c copies and
+ * share.c shares (cuda-internal.h). The steps it takes as the HIP plugin
+ * does (probe, create, the device table, the stream ops, the ops table) are
+ * util/teu-gpu.h's.
  */
 #include "cuda-internal.h"
 #include "teu-devmem.h"
-#include "teu-pci.h"
 
-static int open_driver(teu_cu_driver *d, char *why, size_t why_len)
+/* The calls the shared steps make (teu_gpu_calls), by their names here. */
+static const char *const CU_CALLS[TEU_GPU_NCALLS] = { "cuDeviceGet", "cuDeviceGetName", "cuDeviceTotalMem_v2",
+						      "cuDeviceGetPCIBusId", "cuStreamSynchronize",
+						      "cuLaunchHostFunc" };
+
+static int cuda_open(void *ctx, char *why, size_t why_len)
 {
-	int rc = teu_cu_open(d, why, why_len);
+	cuda_ctx *c = ctx;
+	int rc = teu_cu_open(&c->drv, why, why_len);
 	if (rc != 0)
 		return rc;
-	CUresult r = d->Init(0);
+	CUresult r = c->drv.Init(0);
 	int n = 0;
 	if (r == CUDA_SUCCESS)
-		r = d->DeviceGetCount(&n);
-	if (r != CUDA_SUCCESS || n <= 0) {
-		snprintf(why, why_len, "no CUDA device (%s)",
-			 r != CUDA_SUCCESS ? teu_cu_errstr(d, r) : "the driver counts none");
-		dlclose(d->lib);
-		d->lib = NULL;
-		return -ENODEV;
-	}
-	return n > MAX_DEVICES ? MAX_DEVICES : n;
+		r = c->drv.DeviceGetCount(&n);
+	return teu_gpu_found(&c->g, c->drv.lib, r, n, CU_CALLS, why, why_len);
 }
 
-static int cu_probe(const te_host *h, char *why, size_t why_len)
+static const char *cuda_errstr(void *ctx, int err)
 {
-	teu_cu_driver d;
-	(void)h;
-	int n = open_driver(&d, why, why_len);
-	if (n < 0)
-		return n;
-	dlclose(d.lib);
-	return 0;
+	cuda_ctx *c = ctx;
+	return teu_cu_errstr(&c->drv, err);
 }
 
 /* The application's threads call the plugin too (registering memory,
@@ -61,7 +56,7 @@ static void restore(cuda_ctx *c, CUcontext cur)
 }
 
 #define KEEP_CALLERS(name, params, args)       \
-	static int keep_##name params          \
+	static int cuda_##name params          \
 	{                                      \
 		cuda_ctx *c = ctx;             \
 		CUcontext cur = callers(c);    \
@@ -70,7 +65,7 @@ static void restore(cuda_ctx *c, CUcontext cur)
 		return rc;                     \
 	}
 #define KEEP_CALLERS_VOID(name, params, args)  \
-	static void keep_##name params         \
+	static void cuda_##name params         \
 	{                                      \
 		cuda_ctx *c = ctx;             \
 		CUcontext cur = callers(c);    \
@@ -90,26 +85,20 @@ KEEP_CALLERS(ipc_export, (void *ctx, const void *addr, size_t len, te_device_ipc
 KEEP_CALLERS(ipc_open, (void *ctx, const te_device_ipc *ipc, void **base), (ctx, ipc, base))
 KEEP_CALLERS_VOID(ipc_close, (void *ctx, void *base), (ctx, base))
 
-void cu_make_current(cuda_ctx *c, int dev);
-bool cu_async_start(cuda_ctx *c);
-void cu_async_stop(cuda_ctx *c);
-
-static int cu_create(const te_host *h, void **out)
+/* copy_async makes no driver call on the caller's thread (the submitting
+ * thread does): nothing to keep. */
+static int cuda_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done, void *arg)
 {
-	cuda_ctx *c = calloc(1, sizeof *c);
-	char why[256] = "";
+	return cu_copy_async(ctx, dst, src, len, done, arg);
+}
 
-	if (c == NULL)
-		return -ENOMEM;
-	c->host = h;
-	c->ndev = open_driver(&c->drv, why, sizeof why);
-	if (c->ndev < 0) {
-		int rc = c->ndev;
-		h->log(h, TE_LOG_INFO, "idle: %s", why);
-		free(c);
-		return rc;
-	}
-	for (int i = 0; i < c->ndev; i++) {
+/* The rest of create, once the driver counted the devices. */
+static void cuda_start(void *ctx)
+{
+	cuda_ctx *c = ctx;
+	const te_host *h = c->g.host;
+
+	for (int i = 0; i < c->g.ndev; i++) {
 		CUdevice dev;
 		CUresult r = c->drv.DeviceGet(&dev, i);
 		if (r == CUDA_SUCCESS)
@@ -138,8 +127,7 @@ static int cu_create(const te_host *h, void **out)
 	}
 	if (alloc != NULL && !c->alloc_vmm && strcmp(alloc, "legacy") != 0)
 		h->log(h, TE_LOG_WARN, "TE_CUDA_ALLOC=%s: not 'legacy' or 'vmm'; cuMemAlloc it is", alloc);
-	pthread_mutex_init(&c->pool_lock, NULL);
-	pthread_cond_init(&c->pool_cond, NULL);
+	teu_gpu_pool_init(&c->pool, POOL_MAX);
 	c->streams = c->drv.StreamCreate != NULL && c->drv.StreamDestroy != NULL && c->drv.MemcpyAsync != NULL &&
 		     c->ctx[0] != NULL;
 	pthread_mutex_init(&c->gather_lock, NULL);
@@ -149,20 +137,18 @@ static int cu_create(const te_host *h, void **out)
 	CUcontext caller = callers(c);
 	c->async = cu_async_start(c);
 	restore(c, caller);
-	*out = c;
-	return 0;
 }
 
-static void cu_destroy(void *ctx)
+static void cuda_destroy(void *ctx)
 {
 	cuda_ctx *c = ctx;
 	CUcontext caller = callers(c);
 
 	cu_async_stop(c);
 	cu_make_current(c, 0);
-	for (unsigned i = 0; i < c->pool_made; i++) {
-		c->drv.StreamSynchronize(c->pool[i]);
-		c->drv.StreamDestroy(c->pool[i]);
+	for (unsigned i = 0; i < c->pool.made; i++) {
+		c->drv.StreamSynchronize(c->pool.s[i]);
+		c->drv.StreamDestroy(c->pool.s[i]);
 	}
 	if (atomic_load(&c->gather_state) == 1)
 		c->drv.ModuleUnload(c->gather_mod);
@@ -175,8 +161,7 @@ static void cu_destroy(void *ctx)
 		c->drv.MemAddressFree(m->base, m->size);
 		free(m);
 	}
-	pthread_mutex_destroy(&c->pool_lock);
-	pthread_cond_destroy(&c->pool_cond);
+	teu_gpu_pool_fini(&c->pool);
 	pthread_mutex_destroy(&c->gather_lock);
 	while (c->hosts != NULL) { /* page-locked memory its users did not free */
 		host_map *m = c->hosts;
@@ -187,16 +172,15 @@ static void cu_destroy(void *ctx)
 	pthread_mutex_destroy(&c->vmm_lock);
 	pthread_mutex_destroy(&c->ev_lock);
 	restore(c, caller);
-	for (int i = 0; i < c->ndev; i++)
+	for (int i = 0; i < c->g.ndev; i++)
 		if (c->ctx[i] != NULL)
 			c->drv.DevicePrimaryCtxRelease(i);
-	dlclose(c->drv.lib);
-	free(c);
+	teu_gpu_free(&c->g);
 }
 
 void cu_make_current(cuda_ctx *c, int dev)
 {
-	if (dev >= 0 && dev < c->ndev && c->ctx[dev] != NULL)
+	if (dev >= 0 && dev < c->g.ndev && c->ctx[dev] != NULL)
 		c->drv.CtxSetCurrent(c->ctx[dev]);
 }
 
@@ -219,7 +203,7 @@ int cu_classify(void *ctx, const void *addr, size_t len, int *device)
 		    CUDA_SUCCESS ||
 	    c->drv.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
 		return -EIO;
-	if (teu_range_check(c->host, addr, len, (uintptr_t)start, size) < 0)
+	if (teu_range_check(c->g.host, addr, len, (uintptr_t)start, size) < 0)
 		return -EINVAL;
 	*device = ordinal;
 	return 1;
@@ -239,22 +223,24 @@ static bool default_stream(CUstream s)
  * is current; for a default stream device `device`'s primary context, or
  * with -1 the caller's current one. The application's thread may have any
  * device current (cudaSetDevice), and the call must leave it so. 0, or
- * negative (logged). */
-static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *what)
+ * negative (logged). Nothing to save: the push keeps the caller's. */
+static int cuda_stream_enter(void *ctx, int device, void *stream, const char *what, int *saved)
 {
+	cuda_ctx *c = ctx;
 	teu_cu_driver *d = &c->drv;
 	CUcontext want = NULL;
 	CUresult r;
 
-	if (device >= c->ndev || (device >= 0 && c->ctx[device] == NULL)) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s: no device cuda:%d here", what, device);
+	*saved = 0;
+	if (device >= c->g.ndev || (device >= 0 && c->ctx[device] == NULL)) {
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: no device cuda:%d here", what, device);
 		return -ENODEV;
 	}
 	if (!default_stream(stream) && d->StreamGetCtx != NULL) {
 		r = d->StreamGetCtx(stream, &want);
 		if (r != CUDA_SUCCESS) {
-			c->host->log(c->host, TE_LOG_ERROR, "%s: cuStreamGetCtx of stream %p: %s", what, stream,
-				     teu_cu_errstr(d, r));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: cuStreamGetCtx of stream %p: %s", what, stream,
+				       teu_cu_errstr(d, r));
 			return -EINVAL;
 		}
 	} else if (device >= 0) {
@@ -263,12 +249,12 @@ static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *wh
 		want = c->ctx[0]; /* nothing current: the runtime's default device */
 	}
 	if (!default_stream(stream) && d->StreamGetCtx == NULL && !atomic_exchange(&c->said_no_stream_ctx, true))
-		c->host->log(c->host, TE_LOG_WARN,
-			     "this CUDA driver has no cuStreamGetCtx: a stream is taken for the device of its "
-			     "location, or else the calling thread's current one (said once)");
+		c->g.host->log(c->g.host, TE_LOG_WARN,
+			       "this CUDA driver has no cuStreamGetCtx: a stream is taken for the device of its "
+			       "location, or else the calling thread's current one (said once)");
 	r = d->CtxPushCurrent(want);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s: cuCtxPushCurrent: %s", what, teu_cu_errstr(d, r));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: cuCtxPushCurrent: %s", what, teu_cu_errstr(d, r));
 		return -EIO;
 	}
 	CUdevice dev, named;
@@ -276,122 +262,20 @@ static int stream_enter(cuda_ctx *c, int device, CUstream stream, const char *wh
 	    d->CtxGetDevice(&dev) == CUDA_SUCCESS && d->DeviceGet(&named, device) == CUDA_SUCCESS &&
 	    dev != named) {
 		d->CtxPopCurrent(&want);
-		c->host->log(c->host, TE_LOG_ERROR, "%s: stream %p belongs to another device than cuda:%d", what,
-			     stream, device);
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "%s: stream %p belongs to another device than cuda:%d", what,
+			       stream, device);
 		return -EINVAL;
 	}
 	return 0;
 }
 
-static void stream_leave(cuda_ctx *c)
+static void cuda_stream_leave(void *ctx, int saved)
 {
+	cuda_ctx *c = ctx;
 	CUcontext popped;
+
+	(void)saved;
 	c->drv.CtxPopCurrent(&popped);
 }
 
-static int cu_stream_wait_on(void *ctx, int device, void *stream)
-{
-	cuda_ctx *c = ctx;
-	int rc = stream_enter(c, device, stream, "stream wait");
-
-	if (rc < 0)
-		return rc;
-	CUresult r = c->drv.StreamSynchronize(stream);
-	stream_leave(c);
-	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuStreamSynchronize: %s", teu_cu_errstr(&c->drv, r));
-		return -EIO;
-	}
-	return 0;
-}
-
-static int cu_stream_wait(void *ctx, void *stream)
-{
-	return cu_stream_wait_on(ctx, -1, stream);
-}
-
-/* The function runs on the driver's thread for host functions, which must
- * not call the driver; libte's (stream.c) only hands work over and waits.
- * The plugin's copies never wait for the legacy stream (copy.c), so that a
- * blocking stream, or the legacy stream itself, held by the function does
- * not hold the transfer it waits for; a driver that leaves the plugin no
- * stream of its own is refused. */
-static int cu_stream_launch_on(void *ctx, int device, void *stream, void (*fn)(void *), void *arg)
-{
-	cuda_ctx *c = ctx;
-
-	if (c->drv.LaunchHostFunc == NULL) {
-		c->host->log(c->host, TE_LOG_ERROR, "this CUDA driver has no cuLaunchHostFunc (CUDA 10 and later)");
-		return -ENOTSUP;
-	}
-	if (!cu_own_stream(c)) {
-		c->host->log(c->host, TE_LOG_ERROR,
-			     "no stream of the plugin's own: its copies would wait for the stream's host function");
-		return -ENOTSUP;
-	}
-	int rc = stream_enter(c, device, stream, "cuLaunchHostFunc");
-	if (rc < 0)
-		return rc;
-	CUresult r = c->drv.LaunchHostFunc(stream, fn, arg);
-	stream_leave(c);
-	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuLaunchHostFunc: %s", teu_cu_errstr(&c->drv, r));
-		return -EIO;
-	}
-	return 0;
-}
-
-static int cu_stream_launch(void *ctx, void *stream, void (*fn)(void *), void *arg)
-{
-	return cu_stream_launch_on(ctx, -1, stream, fn, arg);
-}
-
-static int cu_devices(void *ctx, te_device_info *out, size_t max, size_t *n)
-{
-	cuda_ctx *c = ctx;
-
-	*n = (size_t)c->ndev;
-	for (int i = 0; i < c->ndev && (size_t)i < max; i++) {
-		te_device_info *d = &out[i];
-		CUdevice dev;
-		size_t mem = 0;
-
-		snprintf(d->location, sizeof d->location, "cuda:%d", i);
-		if (c->drv.DeviceGet(&dev, i) != CUDA_SUCCESS)
-			continue;
-		if (c->drv.DeviceGetName(d->name, (int)sizeof d->name, dev) != CUDA_SUCCESS)
-			snprintf(d->name, sizeof d->name, "?");
-		if (c->drv.DeviceTotalMem(&mem, dev) == CUDA_SUCCESS)
-			d->memory = mem;
-		teu_pci_info(d, c->drv.DeviceGetPCIBusId(d->pci_bus_id, (int)sizeof d->pci_bus_id, dev) == CUDA_SUCCESS);
-	}
-	return 0;
-}
-
-static const te_device_ops ops = {
-	.size = sizeof(te_device_ops),
-	.prefix = "cuda",
-	.probe = cu_probe,
-	.create = cu_create,
-	.destroy = cu_destroy,
-	.classify = keep_classify,
-	.copy = keep_copy,
-	.copy_async = cu_copy_async,
-	.host_alloc = keep_host_alloc,
-	.host_free = keep_host_free,
-	.mem_alloc = keep_mem_alloc,
-	.mem_free = keep_mem_free,
-	.export_dmabuf = keep_export_dmabuf,
-	.devices = cu_devices,
-	.stream_wait = cu_stream_wait,
-	.stream_launch = cu_stream_launch,
-	.stream_launch_on = cu_stream_launch_on,
-	.stream_wait_on = cu_stream_wait_on,
-	.ipc_export = keep_ipc_export,
-	.ipc_open = keep_ipc_open,
-	.ipc_close = keep_ipc_close,
-	.copy_batch = keep_copy_batch,
-};
-
-TE_PLUGIN_DEFINE(TE_KIND_DEVICE, "cuda", "1.0", "NVIDIA GPU memory through the CUDA driver API",
-		 "Apache-2.0", &ops)
+TEU_GPU_PLUGIN(cuda, cuda_ctx, "CUDA", "cu", "driver", "NVIDIA GPU memory through the CUDA driver API")

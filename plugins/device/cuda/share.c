@@ -100,8 +100,8 @@ static int vmm_alloc(cuda_ctx *c, int device, size_t len, void **ptr)
 		c->drv.MemRelease(ah);
 	}
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
-			     device, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemCreate memory of %zu bytes on device %d: %s", len,
+			       device, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -ENOMEM;
 	}
@@ -115,15 +115,15 @@ int cu_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	cuda_ctx *c = ctx;
 	CUdeviceptr p = 0;
 
-	if (device < 0 || device >= c->ndev || c->ctx[device] == NULL)
+	if (device < 0 || device >= c->g.ndev || c->ctx[device] == NULL)
 		return -ENODEV;
 	cu_make_current(c, device);
 	if (c->alloc_vmm && has_vmm(&c->drv))
 		return vmm_alloc(c, device, len, ptr);
 	CUresult r = c->drv.MemAlloc(&p, len);
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
-			     device, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "cuMemAlloc of %zu bytes on device %d: %s", len,
+			       device, teu_cu_errstr(&c->drv, r));
 		return -ENOMEM;
 	}
 	*ptr = (void *)(uintptr_t)p;
@@ -163,13 +163,7 @@ int cu_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t 
 		return -EINVAL;
 	CUresult r = c->drv.MemGetHandleForAddressRange(&h, start, size,
 							CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, teu_cu_errstr(&c->drv, r));
-		return -ENOTSUP;
-	}
-	*fd = h;
-	*offset = off;
-	return 0;
+	return teu_gpu_dmabuf(&c->g, addr, r, h, off, fd, offset);
 }
 
 /* ------------------------------------------------- other processes (IPC) */
@@ -201,9 +195,9 @@ static int vmm_export(cuda_ctx *c, const void *addr, CUdeviceptr start, size_t s
 	r = c->drv.MemExportToShareableHandle(&fd, ah, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	c->drv.MemRelease(ah);
 	if (r != CUDA_SUCCESS || fd < 0) {
-		c->host->log(c->host, TE_LOG_INFO,
-			     "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
-			     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_INFO,
+			       "cuMemCreate memory at %#llx without a file descriptor (%s): made without "
+			       "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR?", start, teu_cu_errstr(&c->drv, r));
 		return -EIO;
 	}
 	teu_ipc_fill(ipc, vmm_tag, sizeof vmm_tag, dev, fd, start, size);
@@ -214,7 +208,7 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 {
 	CUmemGenericAllocationHandle ah;
 	CUdeviceptr p = 0;
-	int dev = teu_ipc_device(ipc, c->ndev);
+	int dev = teu_ipc_device(ipc, c->g.ndev);
 	vmm_map *m;
 
 	if (!has_vmm(&c->drv) || ipc->fd < 0 || ipc->alloc_size == 0 || ipc->alloc_size > SIZE_MAX)
@@ -230,14 +224,23 @@ static int vmm_open(cuda_ctx *c, const te_device_ipc *ipc, void **base)
 		c->drv.MemRelease(ah);
 	}
 	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
-			     ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "opening another process's cuMemCreate memory (cuda:%d, %llu bytes): %s",
+			       ipc->device, (unsigned long long)ipc->alloc_size, teu_cu_errstr(&c->drv, r));
 		free(m);
 		return -EIO;
 	}
 	vmm_add(c, p, (size_t)ipc->alloc_size, m);
 	*base = (void *)(uintptr_t)p;
 	return 0;
+}
+
+/* The handle of the allocation at `start`, asked in device `dev`'s context. */
+static int ipc_get_on(void *ctx, int dev, uint64_t start, void *handle)
+{
+	cuda_ctx *c = ctx;
+
+	cu_make_current(c, dev);
+	return c->drv.IpcGetMemHandle(handle, start);
 }
 
 /* CUDA IPC handles name whole cuMemAlloc allocations: export the
@@ -248,7 +251,6 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 	CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr, start = 0;
 	size_t size = 0;
 	int dev = -1;
-	CUipcMemHandle h;
 
 	if (!has_ipc(c))
 		return -ENOTSUP;
@@ -256,8 +258,8 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 	    c->drv.PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
 	    c->drv.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
 		return -EINVAL;
-	cu_make_current(c, dev);
-	CUresult r = c->drv.IpcGetMemHandle(&h, start);
+	_Static_assert(sizeof(CUipcMemHandle) <= sizeof ipc->handle, "IPC handle size");
+	int r = teu_gpu_ipc_get(&c->g, ipc, sizeof(CUipcMemHandle), ipc_get_on, dev, start, size);
 	if (r != CUDA_SUCCESS) {
 		/* Memory from cuMemCreate, which IPC handles do not cover: its
 		 * physical allocation as a file descriptor, when it was made
@@ -265,38 +267,36 @@ int cu_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 		int vr = vmm_export(c, addr, start, size, dev, ipc);
 		if (vr == 0)
 			return 0;
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s%s", addr, teu_cu_errstr(&c->drv, r),
-			     vr == -ENOTSUP ? "" : "; nor a file descriptor of its cuMemCreate allocation");
-		return -ENOTSUP;
+		return teu_gpu_refused(&c->g, "IPC handle", addr, r,
+				       vr == -ENOTSUP ? "" : "; nor a file descriptor of its cuMemCreate allocation");
 	}
-	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
-	teu_ipc_fill(ipc, &h, sizeof h, dev, -1, start, size);
 	return 0;
 }
 
-int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
+/* Another process's handle opened in the context of device `dev` (lazy
+ * peer access lets a copy reach it from any device). */
+static int ipc_open_on(void *ctx, int dev, const void *handle, void **base)
 {
 	cuda_ctx *c = ctx;
 	CUipcMemHandle h;
 	CUdeviceptr p = 0;
 
+	memcpy(&h, handle, sizeof h);
+	cu_make_current(c, dev);
+	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	*base = (void *)(uintptr_t)p;
+	return r;
+}
+
+int cu_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
+{
+	cuda_ctx *c = ctx;
+
 	if (ipc->handle_len == sizeof vmm_tag && memcmp(ipc->handle, vmm_tag, sizeof vmm_tag) == 0)
 		return vmm_open(c, ipc, base);
 	if (!has_ipc(c))
 		return -ENOTSUP;
-	if (teu_ipc_handle(ipc, &h, sizeof h) < 0)
-		return -EINVAL;
-	/* Opened in the context of the device of the same index here, or of
-	 * device 0; lazy peer access lets a copy reach it from any device. */
-	cu_make_current(c, teu_ipc_device(ipc, c->ndev));
-	CUresult r = c->drv.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-	if (r != CUDA_SUCCESS) {
-		c->host->log(c->host, TE_LOG_WARN, "cuIpcOpenMemHandle of another process's cuda:%d memory: %s",
-			     ipc->device, teu_cu_errstr(&c->drv, r));
-		return -EIO;
-	}
-	*base = (void *)(uintptr_t)p;
-	return 0;
+	return teu_gpu_ipc_open(&c->g, ipc, sizeof(CUipcMemHandle), ipc_open_on, base);
 }
 
 void cu_ipc_close(void *ctx, void *base)
@@ -308,5 +308,5 @@ void cu_ipc_close(void *ctx, void *base)
 	cu_make_current(c, 0);
 	CUresult r = c->drv.IpcCloseMemHandle((CUdeviceptr)(uintptr_t)base);
 	if (r != CUDA_SUCCESS)
-		c->host->log(c->host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, teu_cu_errstr(&c->drv, r));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "cuIpcCloseMemHandle(%p): %s", base, teu_cu_errstr(&c->drv, r));
 }

@@ -20,21 +20,12 @@ int hip_copy(void *ctx, void *dst, const void *src, size_t len)
 	if (s == NULL) {
 		/* Unified addressing: hipMemcpyDefault finds every direction. */
 		e = c->rt.Memcpy(dst, src, len, hipMemcpyDefault);
-		if (e != hipSuccess) {
-			c->host->log(c->host, TE_LOG_ERROR, "hipMemcpy of %zu bytes: %s", len, errstr(&c->rt, e));
-			return -EIO;
-		}
-		return 0;
+		return teu_gpu_copied(&c->g, len, "hipMemcpy", e, hipSuccess);
 	}
 	e = c->rt.MemcpyAsync(dst, src, len, hipMemcpyDefault, s);
 	hipError_t w = e == hipSuccess ? c->rt.StreamSynchronize(s) : hipSuccess;
 	copy_stream_give(c, s);
-	if (e != hipSuccess || w != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "%s of %zu bytes: %s", e != hipSuccess ? "hipMemcpyAsync" : "copy",
-			     len, errstr(&c->rt, e != hipSuccess ? e : w));
-		return -EIO;
-	}
-	return 0;
+	return teu_gpu_copied(&c->g, len, "hipMemcpyAsync", e, w);
 }
 
 /* ------------------------------------------------------ asynchronous copies */
@@ -74,8 +65,8 @@ static hip_pending *take_ended(hip_ctx *c)
 static void report(hip_ctx *c, hip_pending *d, hipError_t e)
 {
 	if (e != hipSuccess)
-		c->host->log(c->host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
-			     errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "asynchronous copy of %zu bytes: %s", d->len,
+			       errstr(&c->rt, e));
 	pthread_mutex_lock(&c->lock);
 	/* An event that reported an error is not trusted again. */
 	if (e == hipSuccess && c->nspare < SPARE_EVENTS)
@@ -91,18 +82,16 @@ static void *completer(void *arg)
 {
 	hip_ctx *c = arg;
 
-	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		hip_pending *d;
-		TEU_FIFO_WAIT_TAKE(c->head, c->tail, d, &c->cond, &c->lock, c->quit);
+		TEU_FIFO_NEXT(c->head, c->tail, d, &c->cond, &c->lock, c->quit);
 		if (d == NULL)
 			break; /* quit, and every queued copy reported */
-		pthread_mutex_unlock(&c->lock);
 		hipError_t e = c->rt.EventSynchronize(d->ev);
 		hip_pending *more = take_ended(c);
-		bool burst = more != NULL && TE_HAS_OP(c->host, device_done_burst);
+		bool burst = more != NULL && TE_HAS_OP(c->g.host, device_done_burst);
 		if (burst)
-			c->host->device_done_burst(c->host, 1);
+			c->g.host->device_done_burst(c->g.host, 1);
 		report(c, d, e);
 		for (int n = 1; more != NULL;) {
 			d = more;
@@ -110,10 +99,8 @@ static void *completer(void *arg)
 			report(c, d, hipSuccess);
 		}
 		if (burst)
-			c->host->device_done_burst(c->host, 0);
-		pthread_mutex_lock(&c->lock);
+			c->g.host->device_done_burst(c->g.host, 0);
 	}
-	pthread_mutex_unlock(&c->lock);
 	return NULL;
 }
 
@@ -133,7 +120,7 @@ bool async_start(hip_ctx *c)
 	for (; made < STREAMS; made++) {
 		hipError_t e = r->StreamCreateWithFlags(&c->streams[made], hipStreamNonBlocking);
 		if (e != hipSuccess) {
-			c->host->log(c->host, TE_LOG_INFO, "no stream for asynchronous copies: %s", errstr(r, e));
+			c->g.host->log(c->g.host, TE_LOG_INFO, "no stream for asynchronous copies: %s", errstr(r, e));
 			break;
 		}
 	}
@@ -199,7 +186,7 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 	hipError_t e = take_event(c, &ev);
 	if (e != hipSuccess) {
 		/* Nothing queued yet: let the host copy this one synchronously. */
-		TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "hipEventCreateWithFlags: %s", errstr(&c->rt, e));
+		TE_HOST_LOG_LIMITED(c->g.host, TE_LOG_WARN, "hipEventCreateWithFlags: %s", errstr(&c->rt, e));
 		free(d);
 		return -ENOTSUP;
 	}
@@ -207,7 +194,7 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 	hipStream_t s = c->streams[atomic_fetch_add_explicit(&c->next_stream, 1, memory_order_relaxed) % STREAMS];
 	e = c->rt.MemcpyAsync(dst, src, len, hipMemcpyDefault, s);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "hipMemcpyAsync of %zu bytes: %s", len, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMemcpyAsync of %zu bytes: %s", len, errstr(&c->rt, e));
 		c->rt.EventDestroy(ev);
 		free(d);
 		return -EIO;
@@ -217,14 +204,14 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 		/* The copy is queued and nothing would report its end: wait for
 		 * it here (done runs before copy_async returns). */
 		if (!atomic_exchange(&c->said_sync, true))
-			c->host->log(c->host, TE_LOG_WARN,
-				     "hipEventRecord: %s; waiting for copies instead (said once)",
-				     errstr(&c->rt, e));
+			c->g.host->log(c->g.host, TE_LOG_WARN,
+				       "hipEventRecord: %s; waiting for copies instead (said once)",
+				       errstr(&c->rt, e));
 		c->rt.EventDestroy(ev);
 		free(d);
 		e = c->rt.StreamSynchronize(s);
 		if (e != hipSuccess)
-			c->host->log(c->host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->rt, e));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "copy of %zu bytes: %s", len, errstr(&c->rt, e));
 		done(arg, e == hipSuccess ? 0 : -EIO);
 		return 0;
 	}
@@ -237,43 +224,17 @@ int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_
 
 /* ------------------------------------------------------------------ batches */
 
-/* A stream of the batch pool, made on first need; NULL when none can be made. */
-static hipStream_t batch_stream_take(hip_ctx *c)
+/* A new stream of the batch pool (teu_gpu_pool_take, which holds its lock). */
+static int batch_stream_make(void *ctx, void **s)
 {
-	hipStream_t s = NULL;
+	hip_ctx *c = ctx;
+	int old = device_enter(c, 0);
+	hipError_t e = c->rt.StreamCreateWithFlags((hipStream_t *)s, hipStreamNonBlocking);
 
-	pthread_mutex_lock(&c->batch_lock);
-	for (;;) {
-		if (c->batch_idle > 0) {
-			s = c->batch_free[--c->batch_idle];
-			break;
-		}
-		if (c->batch_made < BATCH_STREAMS) {
-			int old = device_enter(c, 0);
-			hipError_t e = c->rt.StreamCreateWithFlags(&s, hipStreamNonBlocking);
-			device_leave(c, 0, old);
-			if (e == hipSuccess) {
-				c->batch_streams[c->batch_made++] = s;
-				break;
-			}
-			TE_HOST_LOG_LIMITED(c->host, TE_LOG_WARN, "no stream for a batch: %s",
-					    errstr(&c->rt, e));
-			s = NULL;
-			if (c->batch_made == 0)
-				break; /* none will come back: copy synchronously */
-		}
-		pthread_cond_wait(&c->batch_cond, &c->batch_lock);
-	}
-	pthread_mutex_unlock(&c->batch_lock);
-	return s;
-}
-
-static void batch_stream_give(hip_ctx *c, hipStream_t s)
-{
-	pthread_mutex_lock(&c->batch_lock);
-	c->batch_free[c->batch_idle++] = s;
-	pthread_cond_signal(&c->batch_cond);
-	pthread_mutex_unlock(&c->batch_lock);
+	device_leave(c, 0, old);
+	if (e != hipSuccess)
+		TE_HOST_LOG_LIMITED(c->g.host, TE_LOG_WARN, "no stream for a batch: %s", errstr(&c->rt, e));
+	return e;
 }
 
 /* A stream for a synchronous copy or a batch: one of the batch pool, or
@@ -284,7 +245,7 @@ hipStream_t copy_stream_take(hip_ctx *c)
 	hipStream_t s = NULL;
 
 	if (c->rt.MemcpyAsync != NULL && c->rt.StreamCreateWithFlags != NULL && c->rt.StreamDestroy != NULL)
-		s = batch_stream_take(c);
+		s = teu_gpu_pool_take(&c->batch, batch_stream_make, c);
 	if (s == NULL && c->async)
 		s = c->streams[0];
 	return s;
@@ -292,8 +253,7 @@ hipStream_t copy_stream_take(hip_ctx *c)
 
 void copy_stream_give(hip_ctx *c, hipStream_t s)
 {
-	if (!c->async || s != c->streams[0])
-		batch_stream_give(c, s);
+	teu_gpu_pool_give(&c->batch, s); /* an asynchronous copies' stream is not the pool's */
 }
 
 /* The pieces queued together on one stream and waited for once: one copy
@@ -307,27 +267,21 @@ int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags)
 	if (n == 0)
 		return 0;
 	s = copy_stream_take(c);
-	if (s == NULL) { /* no stream calls in the runtime */
-		for (size_t i = 0; i < n; i++) {
-			int rc = hip_copy(c, v[i].dst, v[i].src, v[i].len);
-			if (rc < 0)
-				return rc;
-		}
-		return 0;
-	}
+	if (s == NULL) /* no stream calls in the runtime */
+		return teu_gpu_copy_each(hip_copy, c, v, n);
 	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		hipError_t e = c->rt.MemcpyAsync(v[i].dst, v[i].src, v[i].len, hipMemcpyDefault, s);
 		if (e != hipSuccess) {
-			c->host->log(c->host, TE_LOG_ERROR, "hipMemcpyAsync of piece %zu of %zu (%zu bytes): %s",
-				     i, n, v[i].len, errstr(&c->rt, e));
+			c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMemcpyAsync of piece %zu of %zu (%zu bytes): %s",
+				       i, n, v[i].len, errstr(&c->rt, e));
 			rc = -EIO;
 			break; /* what was queued is still waited for */
 		}
 	}
 	hipError_t e = c->rt.StreamSynchronize(s);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "batch of %zu copies: %s", n, errstr(&c->rt, e));
 		rc = -EIO;
 	}
 	copy_stream_give(c, s);

@@ -20,6 +20,8 @@
 
 #include <te/te-plugin.h>
 
+#include "teu-gpu.h"
+
 /* ------------------------------------------------------- HIP API subset */
 
 typedef int hipError_t; /* hipSuccess = 0 */
@@ -51,8 +53,8 @@ enum {
 /* hipRuntimeGetVersion: major * 10000000 + minor * 100000 + patch. */
 #define HIP_VERSION_MAJOR_OF(v) ((v) / 10000000)
 
-#define MAX_DEVICES 64
-
+/* The runtime's calls but those the shared steps make (teu_gpu_calls:
+ * the device table, hipStreamSynchronize, hipLaunchHostFunc). */
 typedef struct runtime {
 	void *lib;
 	const char *name; /* which of LIBS opened */
@@ -62,10 +64,6 @@ typedef struct runtime {
 	hipError_t (*GetDeviceCount)(int *);
 	hipError_t (*GetDevice)(int *);
 	hipError_t (*SetDevice)(int);
-	hipError_t (*DeviceGet)(hipDevice_t *, int);
-	hipError_t (*DeviceGetName)(char *, int, hipDevice_t);
-	hipError_t (*DeviceTotalMem)(size_t *, hipDevice_t);
-	hipError_t (*DeviceGetPCIBusId)(char *, int, int);
 	hipError_t (*PointerGetAttribute)(void *, int, void *);
 	hipError_t (*Memcpy)(void *, const void *, size_t, int);
 	hipError_t (*HostMalloc)(void **, size_t, unsigned);
@@ -89,9 +87,8 @@ typedef struct runtime {
 	hipError_t (*IpcGetMemHandle)(hipIpcMemHandle_t *, void *);
 	hipError_t (*IpcOpenMemHandle)(void **, hipIpcMemHandle_t, unsigned);
 	hipError_t (*IpcCloseMemHandle)(void *);
-	/* Optional: host work in a stream's order (te_submit_on_stream), on
-	 * the stream's own device (hipStreamGetDevice: ROCm 5.2 and later). */
-	hipError_t (*LaunchHostFunc)(hipStream_t, void (*)(void *), void *);
+	/* Optional: the device of a stream for host work in its order
+	 * (te_submit_on_stream; hipStreamGetDevice: ROCm 5.2 and later). */
 	hipError_t (*StreamGetDevice)(hipStream_t, hipDevice_t *);
 } runtime;
 
@@ -115,9 +112,8 @@ typedef struct hip_pending {
 } hip_pending;
 
 typedef struct hip_ctx {
-	const te_host *host;
+	teu_gpu g; /* first: the shared steps' (the host, the devices) */
 	runtime rt;
-	int ndev;
 	unsigned device_type; /* hipMemoryType's "device" in this runtime */
 
 	/* Asynchronous copies (see hip_copy_async) */
@@ -134,11 +130,7 @@ typedef struct hip_ctx {
 	bool quit;
 
 	/* Batches (see hip_copy_batch) */
-	pthread_mutex_t batch_lock;
-	pthread_cond_t batch_cond;
-	hipStream_t batch_streams[BATCH_STREAMS]; /* every one made, for destroy */
-	hipStream_t batch_free[BATCH_STREAMS];    /* the idle ones */
-	unsigned batch_made, batch_idle;
+	teu_gpu_pool batch;
 	atomic_bool said_no_stream_device; /* stream_device without hipStreamGetDevice */
 } hip_ctx;
 
@@ -148,29 +140,17 @@ static inline const char *errstr(const runtime *r, hipError_t e)
 	return s != NULL ? s : "unknown HIP error";
 }
 
+TEU_GPU_DECLARE_OPS(hip);
+
 /* hip.c */
 int device_enter(hip_ctx *c, int dev);
 void device_leave(hip_ctx *c, int dev, int old);
 bool range_of(hip_ctx *c, void *p, uintptr_t *start, size_t *size);
-int hip_classify(void *ctx, const void *addr, size_t len, int *device);
 
 /* copy.c */
 bool async_start(hip_ctx *c);
 void async_stop(hip_ctx *c);
-int hip_copy(void *ctx, void *dst, const void *src, size_t len);
-int hip_copy_async(void *ctx, void *dst, const void *src, size_t len, te_device_done_fn done, void *arg);
-int hip_copy_batch(void *ctx, const te_copy *v, size_t n, unsigned flags);
 hipStream_t copy_stream_take(hip_ctx *c);
 void copy_stream_give(hip_ctx *c, hipStream_t s);
-int hip_host_alloc(void *ctx, size_t len, void **ptr);
-void hip_host_free(void *ctx, void *ptr);
-
-/* share.c */
-int hip_mem_alloc(void *ctx, int device, size_t len, void **ptr);
-void hip_mem_free(void *ctx, void *ptr);
-int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset);
-int hip_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc);
-int hip_ipc_open(void *ctx, const te_device_ipc *ipc, void **base);
-void hip_ipc_close(void *ctx, void *base);
 
 #endif

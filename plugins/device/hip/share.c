@@ -12,14 +12,14 @@ int hip_mem_alloc(void *ctx, int device, size_t len, void **ptr)
 	hip_ctx *c = ctx;
 	void *p = NULL;
 
-	if (device < 0 || device >= c->ndev)
+	if (device < 0 || device >= c->g.ndev)
 		return -ENODEV;
 	int old = device_enter(c, device);
 	hipError_t e = c->rt.Malloc(&p, len);
 	device_leave(c, device, old);
 	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_ERROR, "hipMalloc of %zu bytes on device %d: %s", len, device,
-			     errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_ERROR, "hipMalloc of %zu bytes on device %d: %s", len, device,
+			       errstr(&c->rt, e));
 		return -ENOMEM;
 	}
 	*ptr = p;
@@ -37,7 +37,7 @@ void hip_mem_free(void *ctx, void *ptr)
 	hipError_t e = c->rt.Free(ptr);
 	device_leave(c, dev, old);
 	if (e != hipSuccess)
-		c->host->log(c->host, TE_LOG_WARN, "hipFree(%p): %s", ptr, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "hipFree(%p): %s", ptr, errstr(&c->rt, e));
 }
 
 int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t *offset)
@@ -56,13 +56,7 @@ int hip_export_dmabuf(void *ctx, const void *addr, size_t len, int *fd, uint64_t
 		return -EINVAL;
 	hipError_t e = c->rt.MemGetHandleForAddressRange(&h, (void *)start, size,
 							 hipMemRangeHandleTypeDmaBufFd, 0);
-	if (e != hipSuccess || h < 0) {
-		c->host->log(c->host, TE_LOG_INFO, "no dma-buf for %p: %s", addr, errstr(&c->rt, e));
-		return -ENOTSUP;
-	}
-	*fd = h;
-	*offset = off;
-	return 0;
+	return teu_gpu_dmabuf(&c->g, addr, e, h, off, fd, offset);
 }
 
 /* ------------------------------------------------- other processes (IPC) */
@@ -73,6 +67,17 @@ static bool has_ipc(const hip_ctx *c)
 	       c->rt.IpcCloseMemHandle != NULL;
 }
 
+/* The handle of the allocation at `start`, asked on device `dev`. */
+static int ipc_get_on(void *ctx, int dev, uint64_t start, void *handle)
+{
+	hip_ctx *c = ctx;
+	int old = device_enter(c, dev);
+	hipError_t e = c->rt.IpcGetMemHandle(handle, (void *)(uintptr_t)start);
+
+	device_leave(c, dev, old);
+	return e;
+}
+
 /* HIP IPC handles name whole hipMalloc allocations: export the allocation
  * holding the range. */
 int hip_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
@@ -81,47 +86,37 @@ int hip_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc *ipc)
 	uintptr_t start = 0;
 	size_t size = 0;
 	int dev = -1;
-	hipIpcMemHandle_t h;
 
 	if (!has_ipc(c))
 		return -ENOTSUP;
 	if (hip_classify(c, addr, len, &dev) != 1 || !range_of(c, (void *)(uintptr_t)addr, &start, &size))
 		return -EINVAL;
+	_Static_assert(sizeof(hipIpcMemHandle_t) <= sizeof ipc->handle, "IPC handle size");
+	int e = teu_gpu_ipc_get(&c->g, ipc, sizeof(hipIpcMemHandle_t), ipc_get_on, dev, start, size);
+	return e != hipSuccess ? teu_gpu_refused(&c->g, "IPC handle", addr, e, "") : 0;
+}
+
+/* Another process's handle opened on device `dev` (lazy peer access lets
+ * a copy reach it from any device). */
+static int ipc_open_on(void *ctx, int dev, const void *handle, void **base)
+{
+	hip_ctx *c = ctx;
+	hipIpcMemHandle_t h;
 	int old = device_enter(c, dev);
-	hipError_t e = c->rt.IpcGetMemHandle(&h, (void *)start);
+
+	memcpy(&h, handle, sizeof h);
+	hipError_t e = c->rt.IpcOpenMemHandle(base, h, hipIpcMemLazyEnablePeerAccess);
 	device_leave(c, dev, old);
-	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_INFO, "no IPC handle for %p: %s", addr, errstr(&c->rt, e));
-		return -ENOTSUP;
-	}
-	_Static_assert(sizeof h <= sizeof ipc->handle, "IPC handle size");
-	teu_ipc_fill(ipc, &h, sizeof h, dev, -1, start, size);
-	return 0;
+	return e;
 }
 
 int hip_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 {
 	hip_ctx *c = ctx;
-	hipIpcMemHandle_t h;
-	void *p = NULL;
 
 	if (!has_ipc(c))
 		return -ENOTSUP;
-	if (teu_ipc_handle(ipc, &h, sizeof h) < 0)
-		return -EINVAL;
-	/* Opened on the device of the same index here, or on device 0; lazy
-	 * peer access lets a copy reach it from any device. */
-	int dev = teu_ipc_device(ipc, c->ndev);
-	int old = device_enter(c, dev);
-	hipError_t e = c->rt.IpcOpenMemHandle(&p, h, hipIpcMemLazyEnablePeerAccess);
-	device_leave(c, dev, old);
-	if (e != hipSuccess) {
-		c->host->log(c->host, TE_LOG_WARN, "hipIpcOpenMemHandle of another process's hip:%d memory: %s",
-			     ipc->device, errstr(&c->rt, e));
-		return -EIO;
-	}
-	*base = p;
-	return 0;
+	return teu_gpu_ipc_open(&c->g, ipc, sizeof(hipIpcMemHandle_t), ipc_open_on, base);
 }
 
 void hip_ipc_close(void *ctx, void *base)
@@ -130,5 +125,5 @@ void hip_ipc_close(void *ctx, void *base)
 
 	hipError_t e = c->rt.IpcCloseMemHandle(base);
 	if (e != hipSuccess)
-		c->host->log(c->host, TE_LOG_WARN, "hipIpcCloseMemHandle(%p): %s", base, errstr(&c->rt, e));
+		c->g.host->log(c->g.host, TE_LOG_WARN, "hipIpcCloseMemHandle(%p): %s", base, errstr(&c->rt, e));
 }

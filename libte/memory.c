@@ -440,17 +440,24 @@ int te_register_hidden(te_engine *e, void *addr, size_t len)
 	return register_regions(e, &r, 1, true);
 }
 
+/* The check the calls on a list of n regions start with: -EINVAL (logged)
+ * for a NULL engine or a NULL list of some, else 0. */
+static int list_args(const te_engine *e, const void *list, size_t n, const char *call, const char *what)
+{
+	if (e == NULL || (list == NULL && n > 0)) {
+		te_err("%s: NULL %s", call, e == NULL ? "engine" : what);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int register_regions(te_engine *e, const te_memory_region *regs, size_t n, bool hidden)
 {
 	GPtrArray *added;
-	int rc = 0;
+	int rc = list_args(e, regs, n, "te_register_memory", "regions");
 
-	if (e == NULL || (regs == NULL && n > 0)) {
-		te_err("te_register_memory: NULL %s", e == NULL ? "engine" : "regions");
-		return -EINVAL;
-	}
-	if (n == 0)
-		return 0;
+	if (rc < 0 || n == 0)
+		return rc;
 	for (size_t i = 0; i < n; i++) {
 		if ((rc = check_region(&regs[i], i)) < 0)
 			return rc;
@@ -562,14 +569,10 @@ int te_register_memory(te_engine *e, void *addr, size_t length, const char *loca
 int te_unregister_memory_batch(te_engine *e, void *const *addrs, size_t n)
 {
 	GPtrArray *gone;
-	int rc = 0;
+	int rc = list_args(e, addrs, n, "te_unregister_memory", "address list");
 
-	if (e == NULL || (addrs == NULL && n > 0)) {
-		te_err("te_unregister_memory: NULL %s", e == NULL ? "engine" : "address list");
-		return -EINVAL;
-	}
-	if (n == 0)
-		return 0;
+	if (rc < 0 || n == 0)
+		return rc;
 	g_rec_mutex_lock(&e->ctl);
 	gone = g_ptr_array_new();
 	g_rw_lock_writer_lock(&e->mem.lock);

@@ -502,17 +502,25 @@ static void segment_free(te_segment *s)
 	g_free(s);
 }
 
+/* How a call on segment `id` starts: -EINVAL (logged) for a NULL engine, 0
+ * for the local segment (nothing to do), 1 to go on. */
+static int segment_call(const te_engine *e, te_segment_id id, const char *call)
+{
+	if (e == NULL) {
+		te_err("%s: NULL engine", call);
+		return -EINVAL;
+	}
+	return id != TE_LOCAL_SEGMENT;
+}
+
 int te_segment_close(te_engine *e, te_segment_id id)
 {
 	te_segment *s;
 	te_segver *old = NULL;
+	int go = segment_call(e, id, "te_segment_close");
 
-	if (e == NULL) {
-		te_err("te_segment_close: NULL engine");
-		return -EINVAL;
-	}
-	if (id == TE_LOCAL_SEGMENT)
-		return 0;
+	if (go <= 0)
+		return go;
 	g_rec_mutex_lock(&e->ctl);
 	s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
 	if (s == NULL) {
@@ -541,14 +549,10 @@ int te_segment_refresh(te_engine *e, te_segment_id id)
 	te_desc *desc = NULL;
 	te_segver *sv = NULL, *old;
 	char *name, *host = NULL;
-	int port = 0, rc;
+	int port = 0, rc = segment_call(e, id, "te_segment_refresh");
 
-	if (e == NULL) {
-		te_err("te_segment_refresh: NULL engine");
-		return -EINVAL;
-	}
-	if (id == TE_LOCAL_SEGMENT)
-		return 0;
+	if (rc <= 0)
+		return rc;
 	g_rec_mutex_lock(&e->ctl);
 	s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
 	name = s ? g_strdup(s->name) : NULL;

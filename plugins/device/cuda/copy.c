@@ -16,16 +16,8 @@ static struct {
 	atomic_ullong batch_n, batch_pieces, batch_bytes, batch_ns, batch_wait_ns, batch_nostream;
 	atomic_ullong launches, launch_pieces;
 } cst;
-static bool cst_on;
-__attribute__((constructor)) static void cst_init(void)
-{
-	cst_on = teu_stats_wanted("TE_CUDA_STATS");
-}
+TEU_STATS_SWITCH(cst, "TE_CUDA_STATS")
 #define CST_ADD(field, v) TEU_STATS_ADD(cst_on, cst.field, v)
-static inline uint64_t cst_now(void)
-{
-	return teu_stats_now(cst_on);
-}
 __attribute__((destructor)) static void cst_print(void)
 {
 	if (!cst_on)

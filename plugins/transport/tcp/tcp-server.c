@@ -38,16 +38,8 @@
 static struct {
 	atomic_ullong fills, fill_pieces, fill_bytes, fill_ns, flushes, flush_pieces, flush_bytes, flush_ns;
 } tst;
-static bool tst_on;
-__attribute__((constructor)) static void tst_init(void)
-{
-	tst_on = teu_stats_wanted("TE_TCP_STATS");
-}
+TEU_STATS_SWITCH(tst, "TE_TCP_STATS")
 #define TST_ADD(field, v) TEU_STATS_ADD(tst_on, tst.field, v)
-static inline uint64_t tst_now(void)
-{
-	return teu_stats_now(tst_on);
-}
 __attribute__((destructor)) static void tst_print(void)
 {
 	if (!tst_on)

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What the metadata plugins' ops share: the checks of their arguments and
- * the key list that list() hands back (an array of NUL-terminated copies,
- * array and keys freed by the caller with free()).
+ * What the metadata plugins' ops share: the checks of their arguments, the
+ * key list that list() hands back (an array of NUL-terminated copies, array
+ * and keys freed by the caller with free()), and their ops table and entry.
  */
 #ifndef TEU_STORE_H
 #define TEU_STORE_H
@@ -29,5 +29,17 @@ int teu_store_key_add(char **out, size_t *got, const void *k, size_t n);
 /* Ends a list(): with rc 0 hands the `got` keys of `out` to the caller,
  * otherwise frees them. Returns rc. */
 int teu_store_keys_done(char **out, size_t got, int rc, char ***keys, size_t *n);
+
+/* A store's ops table and plugin entry. Every store here fills each op,
+ * named by one rule: store `p` serves the URL schemes of p_schemes through
+ * p_open, p_close, p_get, p_put, p_remove and p_list. */
+#define TEU_STORE_PLUGIN(p, description)                                                    \
+	static const te_metadata_ops p##_ops = {                                            \
+		.size = sizeof(te_metadata_ops),                                            \
+		.schemes = p##_schemes,                                                     \
+		.open = p##_open, .close = p##_close,                                       \
+		.get = p##_get, .put = p##_put, .remove = p##_remove, .list = p##_list,     \
+	};                                                                                  \
+	TE_PLUGIN_DEFINE(TE_KIND_METADATA, #p, "1.0.0", description, "Apache-2.0", &p##_ops)
 
 #endif

@@ -33,6 +33,7 @@
 #include "etcd.h"
 #include "teu-hostport.h"
 #include "teu-redact.h"
+#include "teu-store.h"
 
 #define DEFAULT_PORT 2379
 #define MAX_ENDPOINTS 64
@@ -302,17 +303,4 @@ static int etcd_open(const te_host *h, const char *conn, void **ctx)
 
 static const char *const etcd_schemes[] = { "etcd", "etcds", NULL };
 
-static const te_metadata_ops etcd_ops = {
-	.size = sizeof(te_metadata_ops),
-	.schemes = etcd_schemes,
-	.open = etcd_open,
-	.close = etcd_close,
-	.get = etcd_get,
-	.put = etcd_put,
-	.remove = etcd_remove,
-	.list = etcd_list,
-};
-
-TE_PLUGIN_DEFINE(TE_KIND_METADATA, "etcd", "1.0.0",
-		 "etcd metadata store (v3 JSON gateway, leases tie keys to engine liveness)",
-		 "Apache-2.0", &etcd_ops)
+TEU_STORE_PLUGIN(etcd, "etcd metadata store (v3 JSON gateway, leases tie keys to engine liveness)")

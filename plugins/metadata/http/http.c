@@ -379,17 +379,4 @@ static int http_open(const te_host *h, const char *conn, void **ctx)
 
 static const char *const http_schemes[] = { "http", "https", NULL };
 
-static const te_metadata_ops http_ops = {
-	.size = sizeof(te_metadata_ops),
-	.schemes = http_schemes,
-	.open = http_open,
-	.close = http_close,
-	.get = http_get,
-	.put = http_put,
-	.remove = http_remove,
-	.list = http_list,
-};
-
-TE_PLUGIN_DEFINE(TE_KIND_METADATA, "http", "1.0.0",
-		 "HTTP metadata store (GET/PUT/DELETE <url>?key=..., te-metadata-server or compatible)",
-		 "Apache-2.0", &http_ops)
+TEU_STORE_PLUGIN(http, "HTTP metadata store (GET/PUT/DELETE <url>?key=..., te-metadata-server or compatible)")

@@ -38,6 +38,7 @@
 
 #include "redis.h"
 #include "teu-hostport.h"
+#include "teu-store.h"
 
 #define DEFAULT_PORT 6379
 #define DEFAULT_SENTINEL_PORT 26379
@@ -310,17 +311,4 @@ static int redis_open(const te_host *h, const char *conn, void **ctx)
 
 static const char *const redis_schemes[] = { "redis", "redis-sentinel", NULL };
 
-static const te_metadata_ops redis_ops = {
-	.size = sizeof(te_metadata_ops),
-	.schemes = redis_schemes,
-	.open = redis_open,
-	.close = redis_close,
-	.get = redis_get,
-	.put = redis_put,
-	.remove = redis_remove,
-	.list = redis_list,
-};
-
-TE_PLUGIN_DEFINE(TE_KIND_METADATA, "redis", "1.0.0",
-		 "redis metadata store (hiredis; an engine's keys expire unless it renews them)", "Apache-2.0",
-		 &redis_ops)
+TEU_STORE_PLUGIN(redis, "redis metadata store (hiredis; an engine's keys expire unless it renews them)")

@@ -74,9 +74,7 @@ static bool role_try(nv_worker *w, int who)
 
 static void wake_secondaries(nv_worker *w)
 {
-	g_mutex_lock(&w->cv_lock);
-	g_cond_broadcast(&w->cv);
-	g_mutex_unlock(&w->cv_lock);
+	teu_mon_broadcast(&w->cv);
 }
 
 /* Gives the role up; threads that waited because it was taken look again.
@@ -211,7 +209,7 @@ static int wait_aside(nv_worker *w, int (*done)(void *), void *arg, int64_t end)
 {
 	int rc;
 
-	g_mutex_lock(&w->cv_lock);
+	g_mutex_lock(&w->cv.lock);
 	atomic_fetch_add(&w->secondaries, 1);
 	for (;;) {
 		if (done == NULL || done(arg)) {
@@ -223,7 +221,7 @@ static int wait_aside(nv_worker *w, int (*done)(void *), void *arg, int64_t end)
 			break;
 		}
 		if (end == INT64_MAX) {
-			g_cond_wait(&w->cv, &w->cv_lock);
+			g_cond_wait(&w->cv.cond, &w->cv.lock);
 			continue;
 		}
 		int64_t left = end - now_ns();
@@ -231,10 +229,10 @@ static int wait_aside(nv_worker *w, int (*done)(void *), void *arg, int64_t end)
 			rc = -ETIMEDOUT;
 			break;
 		}
-		g_cond_wait_until(&w->cv, &w->cv_lock, g_get_monotonic_time() + left / 1000 + 1);
+		g_cond_wait_until(&w->cv.cond, &w->cv.lock, g_get_monotonic_time() + left / 1000 + 1);
 	}
 	atomic_fetch_sub(&w->secondaries, 1);
-	g_mutex_unlock(&w->cv_lock);
+	g_mutex_unlock(&w->cv.lock);
 	return rc;
 }
 
@@ -298,20 +296,20 @@ void nv_wake(nv_ctx *c)
  * poll) or between its looks at the application threads. */
 void nv_kick_worker(nv_worker *w)
 {
-	g_mutex_lock(&w->lazy_lock);
+	g_mutex_lock(&w->lazy.lock);
 	w->lazy_kick = true;
-	g_cond_signal(&w->lazy_cond);
-	g_mutex_unlock(&w->lazy_lock);
+	g_cond_signal(&w->lazy.cond);
+	g_mutex_unlock(&w->lazy.lock);
 	nv_efd_wake(w);
 }
 
 static void lazy_sleep(nv_worker *w, int64_t ns)
 {
-	g_mutex_lock(&w->lazy_lock);
+	g_mutex_lock(&w->lazy.lock);
 	if (!w->lazy_kick)
-		g_cond_wait_until(&w->lazy_cond, &w->lazy_lock, g_get_monotonic_time() + ns / 1000);
+		g_cond_wait_until(&w->lazy.cond, &w->lazy.lock, g_get_monotonic_time() + ns / 1000);
 	w->lazy_kick = false;
-	g_mutex_unlock(&w->lazy_lock);
+	g_mutex_unlock(&w->lazy.lock);
 }
 
 /* Caller submission, the worker: collects only while no application thread

@@ -13,6 +13,8 @@
 
 #include <te/te-plugin.h>
 
+#include "teu-mon.h"
+
 #define NV_DEFAULT_DEPTH 128u
 #define NV_MAX_DEPTH 4096u
 #define NV_DEFAULT_SLICE (1u << 20)
@@ -133,10 +135,8 @@ typedef struct nv_worker {
 	atomic_int app_called;       /* progress() was called since the worker's last look */
 	atomic_uint app_waiters;     /* threads inside a blocking progress() */
 	atomic_uint secondaries;     /* threads waiting on cv */
-	GMutex cv_lock;
-	GCond cv;
-	GMutex lazy_lock;            /* the worker's sleep while applications collect */
-	GCond lazy_cond;
+	teu_mon cv;
+	teu_mon lazy;                /* the worker's sleep while applications collect */
 	bool lazy_kick;
 	bool ext_arg;                /* the kernel takes a timeout with GETEVENTS */
 	bool fixed_failed;           /* no registered file table for this ring */
@@ -147,8 +147,7 @@ typedef struct nv_worker {
 	uint32_t depth;
 	te_transfer *head, *tail; /* transfers with slices not yet issued */
 	/* start-up handshake with create() */
-	GMutex start_lock;
-	GCond start_cond;
+	teu_mon start;
 	int start_rc;
 	bool started;
 } nv_worker;

@@ -128,11 +128,11 @@ static gpointer worker_main(gpointer data)
 	nv_worker *w = data;
 	int rc = ring_setup(w);
 
-	g_mutex_lock(&w->start_lock);
+	g_mutex_lock(&w->start.lock);
 	w->start_rc = rc;
 	w->started = true;
-	g_cond_signal(&w->start_cond);
-	g_mutex_unlock(&w->start_lock);
+	g_cond_signal(&w->start.cond);
+	g_mutex_unlock(&w->start.lock);
 	if (rc < 0)
 		return NULL;
 	if (w->ctx->caller_submit)
@@ -153,12 +153,9 @@ static void worker_free(nv_worker *w)
 	w->slots = NULL;
 	w->free_slots = NULL;
 	g_mutex_clear(&w->lock);
-	g_mutex_clear(&w->cv_lock);
-	g_cond_clear(&w->cv);
-	g_mutex_clear(&w->lazy_lock);
-	g_cond_clear(&w->lazy_cond);
-	g_mutex_clear(&w->start_lock);
-	g_cond_clear(&w->start_cond);
+	teu_mon_clear(&w->cv);
+	teu_mon_clear(&w->lazy);
+	teu_mon_clear(&w->start);
 }
 
 static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
@@ -171,12 +168,9 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 	w->depth = c->depth;
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	g_mutex_init(&w->lock);
-	g_mutex_init(&w->cv_lock);
-	g_cond_init(&w->cv);
-	g_mutex_init(&w->lazy_lock);
-	g_cond_init(&w->lazy_cond);
-	g_mutex_init(&w->start_lock);
-	g_cond_init(&w->start_cond);
+	teu_mon_init(&w->cv);
+	teu_mon_init(&w->lazy);
+	teu_mon_init(&w->start);
 	if (w->efd < 0) {
 		int e = errno;
 		c->host->log(c->host, TE_LOG_ERROR, "eventfd: %s", g_strerror(e));
@@ -197,11 +191,11 @@ static int worker_start(nv_ctx *c, nv_worker *w, unsigned index)
 		worker_free(w);
 		return -EAGAIN;
 	}
-	g_mutex_lock(&w->start_lock);
+	g_mutex_lock(&w->start.lock);
 	while (!w->started)
-		g_cond_wait(&w->start_cond, &w->start_lock);
+		g_cond_wait(&w->start.cond, &w->start.lock);
 	int rc = w->start_rc;
-	g_mutex_unlock(&w->start_lock);
+	g_mutex_unlock(&w->start.lock);
 	if (rc < 0) {
 		g_thread_join(w->thread);
 		w->thread = NULL;

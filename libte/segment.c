@@ -368,13 +368,22 @@ static bool check_name(const char *name, const char *what)
 }
 
 /* An engine and a segment name fit to look up, else a log line naming fn. */
-static bool usable(te_engine *e, const char *name, const char *fn)
+/* How a call on the segment named `name` starts: true when it ends there,
+ * with *id -EINVAL (a NULL engine or a bad name, logged) or
+ * TE_LOCAL_SEGMENT (the engine's own name). */
+static bool decided_by_name(te_engine *e, const char *name, const char *fn, te_segment_id *id)
 {
 	if (e == NULL) {
 		te_err("%s: NULL engine", fn);
+		*id = -EINVAL;
+	} else if (!check_name(name, fn)) {
+		*id = -EINVAL;
+	} else if (strcmp(name, e->name) == 0) {
+		*id = TE_LOCAL_SEGMENT;
+	} else {
 		return false;
 	}
-	return check_name(name, fn);
+	return true;
 }
 
 /* One more open of the open segment idp; the caller holds the control lock. */
@@ -391,12 +400,10 @@ te_segment_id te_segment_open_with(te_engine *e, const char *name, const char *t
 	char *host = NULL;
 	int port = 0, rc;
 	te_segver *sv = NULL;
+	te_segment_id early;
 
-	if (!usable(e, name, "te_segment_open"))
-		return -EINVAL;
-	if (strcmp(name, e->name) == 0)
-		return TE_LOCAL_SEGMENT;
-
+	if (decided_by_name(e, name, "te_segment_open", &early))
+		return early;
 	g_rec_mutex_lock(&e->ctl);
 	gpointer idp = g_hash_table_lookup(e->seg_by_name, name);
 	if (idp != NULL) {
@@ -457,10 +464,10 @@ te_segment_id te_segment_open(te_engine *e, const char *name)
 
 te_segment_id te_segment_find(te_engine *e, const char *name)
 {
-	if (!usable(e, name, "te_segment_find"))
-		return -EINVAL;
-	if (strcmp(name, e->name) == 0)
-		return TE_LOCAL_SEGMENT;
+	te_segment_id id;
+
+	if (decided_by_name(e, name, "te_segment_find", &id))
+		return id;
 	g_rec_mutex_lock(&e->ctl);
 	gpointer idp = g_hash_table_lookup(e->seg_by_name, name);
 	g_rec_mutex_unlock(&e->ctl);

@@ -32,13 +32,20 @@ static inline uint64_t teu_stats_now(bool on)
 }
 
 /* A file's switch of counters `name`: `name_on`, set from the variable
- * `var` when the plugin is loaded, and `name_now()`, the clock read that
- * costs a branch when off. */
+ * `var` when the plugin is loaded; `name_now()`, the clock read that costs
+ * a branch when off; and the call of the file's `name_print()` when the
+ * plugin is unloaded with the counters on. */
 #define TEU_STATS_SWITCH(name, var)                                \
 	static bool name##_on;                                     \
+	static void name##_print(void);                            \
 	__attribute__((constructor)) static void name##_init(void) \
 	{                                                          \
 		name##_on = teu_stats_wanted(var);                 \
+	}                                                          \
+	__attribute__((destructor)) static void name##_fini(void)  \
+	{                                                          \
+		if (name##_on)                                     \
+			name##_print();                            \
 	}                                                          \
 	static inline uint64_t name##_now(void)                    \
 	{                                                          \

@@ -18,10 +18,8 @@ static struct {
 } cst;
 TEU_STATS_SWITCH(cst, "TE_CUDA_STATS")
 #define CST_ADD(field, v) TEU_STATS_ADD(cst_on, cst.field, v)
-__attribute__((destructor)) static void cst_print(void)
+static void cst_print(void)
 {
-	if (!cst_on)
-		return;
 	unsigned long long a = atomic_load(&cst.async_n), b = atomic_load(&cst.batch_n);
 	fprintf(stderr, "cuda-stats[%d]: async %llu, %.0f bytes, us avg: latency %.1f, in sync %.1f; "
 		"batch %llu, %.1f pieces %.0f bytes, us avg: %.1f, wait %.1f; no stream %llu; "

@@ -40,10 +40,8 @@ static struct {
 } tst;
 TEU_STATS_SWITCH(tst, "TE_TCP_STATS")
 #define TST_ADD(field, v) TEU_STATS_ADD(tst_on, tst.field, v)
-__attribute__((destructor)) static void tst_print(void)
+static void tst_print(void)
 {
-	if (!tst_on)
-		return;
 	unsigned long long f = atomic_load(&tst.fills), b = atomic_load(&tst.flushes);
 	fprintf(stderr, "tcp-stats: read fills %llu, %.1f pieces %.0f bytes %.1f us avg; write flushes %llu, %.1f pieces %.0f bytes %.1f us avg\n",
 		f, f ? (double)atomic_load(&tst.fill_pieces) / f : 0, f ? (double)atomic_load(&tst.fill_bytes) / f : 0,

@@ -139,6 +139,16 @@ def _split_host_port(name: str):
     return name, None
 
 
+def _with_opcode(method: str, opcode: TransferOpcode):
+    """Mooncake's _write and _read forms of a batch call: `method` of the
+    engine with its opcode given."""
+    def call(self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
+             lengths: Sequence[int], transport_hint: str = "") -> int:
+        return getattr(self, method)(target_hostname, buffers, peer_buffer_addresses, lengths, opcode)
+    call.__name__ = call.__qualname__ = f"{method}_{opcode.name.lower()}"
+    return call
+
+
 class TransferEngine:
     """Mooncake's ``TransferEngine`` Python class, backed by a libte Engine."""
 
@@ -590,15 +600,8 @@ class TransferEngine:
             self._forget(target_hostname, err)
             return -1
 
-    def batch_transfer_sync_write(self, target_hostname: str, buffers: Sequence[int],
-                                  peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                                  transport_hint: str = "") -> int:
-        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths, Write)
-
-    def batch_transfer_sync_read(self, target_hostname: str, buffers: Sequence[int],
-                                 peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                                 transport_hint: str = "") -> int:
-        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths, Read)
+    batch_transfer_sync_write = _with_opcode("batch_transfer_sync", Write)
+    batch_transfer_sync_read = _with_opcode("batch_transfer_sync", Read)
 
     def batch_transfer_async(self, target_hostname: str, buffers: Sequence[int],
                              peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
@@ -642,15 +645,8 @@ class TransferEngine:
             self._batches[b.id] = (b, time.monotonic() + self._deadline(sum(lengths)))
         return b.id
 
-    def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
-                                   peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                                   transport_hint: str = "") -> int:
-        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths, Write)
-
-    def batch_transfer_async_read(self, target_hostname: str, buffers: Sequence[int],
-                                  peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                                  transport_hint: str = "") -> int:
-        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths, Read)
+    batch_transfer_async_write = _with_opcode("batch_transfer_async", Write)
+    batch_transfer_async_read = _with_opcode("batch_transfer_async", Read)
 
     def _take(self, batch_id: int):
         with self._lock:

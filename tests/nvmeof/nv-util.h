@@ -209,4 +209,38 @@ static inline int nv_reads_differ(const te_request *r, int n, const unsigned cha
 	return bad;
 }
 
+/* One of the threads of nv_threads_run(): the engine, the segment it
+ * reads, its index (for a part of memory and a seed of its own), whether it
+ * polls for its batches rather than waits; it counts its faults in `bad`. */
+typedef struct nv_thread {
+	te_engine *e;
+	te_segment_id seg;
+	int index;
+	bool poll;
+	int bad;
+} nv_thread;
+
+#define NV_THREADS_MAX 8
+
+/* Runs `fn` on `n` threads at once, one nv_thread each, the last `npoll` of
+ * them polling; joins them all, then checks that none counted a fault. */
+static inline void nv_threads_run(te_engine *e, te_segment_id seg, int n, int npoll, void *(*fn)(void *))
+{
+	pthread_t th[NV_THREADS_MAX];
+	nv_thread w[NV_THREADS_MAX];
+
+	REQUIRE(n <= NV_THREADS_MAX);
+	for (int i = 0; i < n; i++) {
+		w[i] = (nv_thread){ e, seg, i, i >= n - npoll, 0 };
+		REQUIRE(pthread_create(&th[i], NULL, fn, &w[i]) == 0);
+	}
+	for (int i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < n; i++) {
+		if (w[i].bad != 0)
+			fprintf(stderr, "  worker %d of %d counted %d faults\n", i, n, w[i].bad);
+		CHECK_EQ(w[i].bad, 0);
+	}
+}
+
 #endif

@@ -55,16 +55,9 @@ static void test_depth_one(void)
 	te_engine_destroy(e);
 }
 
-typedef struct submitter {
-	te_engine *e;
-	te_segment_id seg;
-	int index;
-	int bad;
-} submitter;
-
 static void *submit_thread(void *arg)
 {
-	submitter *s = arg;
+	nv_thread *s = arg;
 	uint64_t rnd = 1234567 + (uint64_t)s->index;
 	/* each thread reads into its own quarter of memory */
 	unsigned char *base = mem + (size_t)s->index * (MEM / 4);
@@ -82,16 +75,7 @@ static void test_threads_and_workers(void)
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_WORKERS", "3", "TE_NVMEOF_QUEUE_DEPTH", "16",
 				 "TE_NVMEOF_SLICE_SIZE", "16384", NULL);
 	te_segment_id seg = open_two(e);
-	pthread_t th[4];
-	submitter s[4];
-	for (int i = 0; i < 4; i++) {
-		s[i] = (submitter){ e, seg, i, 0 };
-		REQUIRE(pthread_create(&th[i], NULL, submit_thread, &s[i]) == 0);
-	}
-	for (int i = 0; i < 4; i++) {
-		pthread_join(th[i], NULL);
-		CHECK_EQ(s[i].bad, 0);
-	}
+	nv_threads_run(e, seg, 4, 0, submit_thread);
 	CHECK_EQ(te_segment_close(e, seg), 0);
 	te_engine_destroy(e);
 }

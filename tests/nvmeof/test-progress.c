@@ -175,17 +175,9 @@ static void test_polling_collects(void)
 	close_disk(e, seg);
 }
 
-typedef struct runner {
-	te_engine *e;
-	te_segment_id seg;
-	int index;
-	bool poll;
-	int bad;
-} runner;
-
 static void *run_thread(void *arg)
 {
-	runner *r = arg;
+	nv_thread *r = arg;
 	uint64_t rnd = 99 + (uint64_t)r->index;
 	unsigned char *base = mem + (size_t)r->index * (MEM / 8);
 	for (int round = 0; round < 40; round++) {
@@ -218,17 +210,8 @@ static void test_threads_together(void)
 {
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "16", "TE_NVMEOF_SLICE_SIZE", "8192", NULL);
 	te_segment_id seg = open_disk(e);
-	pthread_t th[6];
-	runner r[6];
 	long long t0 = now_ms();
-	for (int i = 0; i < 6; i++) {
-		r[i] = (runner){ e, seg, i, i >= 4, 0 };
-		REQUIRE(pthread_create(&th[i], NULL, run_thread, &r[i]) == 0);
-	}
-	for (int i = 0; i < 6; i++) {
-		pthread_join(th[i], NULL);
-		CHECK_EQ(r[i].bad, 0);
-	}
+	nv_threads_run(e, seg, 6, 2, run_thread);
 	CHECK(now_ms() - t0 < 120000);
 	close_disk(e, seg);
 }

@@ -136,9 +136,7 @@ static void test_restart_same_host(void)
 
 int main(int argc, char **argv)
 {
-	REQUIRE(argc == 2);
-	peer_prog = argv[1];
-	signal(SIGPIPE, SIG_IGN);
+	peer_prog = child_peer_arg(argc, argv);
 	TEST_RUN(test_restart_tcp);
 	TEST_RUN(test_restart_same_host);
 	return check_done();

@@ -671,9 +671,7 @@ static void test_stopped_target(void)
 
 int main(int argc, char **argv)
 {
-	REQUIRE(argc == 2);
-	peer_prog = argv[1];
-	signal(SIGPIPE, SIG_IGN);
+	peer_prog = child_peer_arg(argc, argv);
 	TEST_RUN(test_two_processes);
 	TEST_RUN(test_ranges);
 	TEST_RUN(test_copy_runs);

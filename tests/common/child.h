@@ -172,14 +172,4 @@ static inline void child_sigstop(pid_t pid)
 	fprintf(stderr, "  pid %d not reported stopped\n", (int)pid);
 }
 
-/* The peer program of a test that takes one as its only argument (from its
- * meson.build), with SIGPIPE ignored: a peer that dies while the test
- * writes to it fails a check instead of ending the test. */
-static inline const char *child_peer_arg(int argc, char **argv)
-{
-	REQUIRE(argc == 2);
-	signal(SIGPIPE, SIG_IGN);
-	return argv[1];
-}
-
 #endif

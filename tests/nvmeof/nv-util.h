@@ -209,6 +209,17 @@ static inline int nv_reads_differ(const te_request *r, int n, const unsigned cha
 	return bad;
 }
 
+/* Registers `len` bytes at `mem` with `e` (an engine that must have
+ * started) and opens the segment `name`. */
+static inline te_segment_id nv_register_open(te_engine *e, void *mem, size_t len, const char *name)
+{
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, len, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, name);
+	REQUIRE(seg > 0);
+	return seg;
+}
+
 /* One of the threads of nv_threads_run(): the engine, the segment it
  * reads, its index (for a part of memory and a seed of its own), whether it
  * polls for its batches rather than waits; it counts its faults in `bad`. */

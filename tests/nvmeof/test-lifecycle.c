@@ -30,11 +30,7 @@ static void make_segment(void)
 /* Registers `mem` with engine `e` and opens the two-file segment. */
 static te_segment_id open_two(te_engine *e)
 {
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/two");
-	REQUIRE(seg > 0);
-	return seg;
+	return nv_register_open(e, mem, MEM, "nvmeof/two");
 }
 
 static void test_depth_one(void)

@@ -40,11 +40,7 @@ static void make_segment(void)
 
 static te_segment_id open_disk(te_engine *e)
 {
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/disk");
-	REQUIRE(seg > 0);
-	return seg;
+	return nv_register_open(e, mem, MEM, "nvmeof/disk");
 }
 
 static void close_disk(te_engine *e, te_segment_id seg)

@@ -54,12 +54,9 @@ static void test_depth_one(void)
 static void *submit_thread(void *arg)
 {
 	nv_thread *s = arg;
-	uint64_t rnd = 1234567 + (uint64_t)s->index;
-	/* each thread reads into its own quarter of memory */
-	unsigned char *base = mem + (size_t)s->index * (MEM / 4);
 	for (int round = 0; round < 20; round++) {
 		te_request r[32];
-		nv_random_reads(r, 32, s->seg, base, &rnd, 65536, 2 * FILE_LEN);
+		nv_random_reads(r, 32, s->seg, s->base, &s->rnd, 65536, 2 * FILE_LEN);
 		s->bad += nv_run(s->e, r, 32, NULL);
 		s->bad += nv_reads_differ(r, 32, model);
 	}
@@ -71,7 +68,8 @@ static void test_threads_and_workers(void)
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_WORKERS", "3", "TE_NVMEOF_QUEUE_DEPTH", "16",
 				 "TE_NVMEOF_SLICE_SIZE", "16384", NULL);
 	te_segment_id seg = open_two(e);
-	nv_threads_run(e, seg, 4, 0, submit_thread);
+	/* each thread reads into its own quarter of memory */
+	nv_threads_run(submit_thread, 4, 0, &(nv_thread){ .e = e, .seg = seg, .base = mem, .rnd = 1234567 }, MEM / 4);
 	CHECK_EQ(te_segment_close(e, seg), 0);
 	te_engine_destroy(e);
 }

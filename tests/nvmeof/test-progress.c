@@ -174,11 +174,9 @@ static void test_polling_collects(void)
 static void *run_thread(void *arg)
 {
 	nv_thread *r = arg;
-	uint64_t rnd = 99 + (uint64_t)r->index;
-	unsigned char *base = mem + (size_t)r->index * (MEM / 8);
 	for (int round = 0; round < 40; round++) {
 		te_request q[8];
-		nv_random_reads(q, 8, r->seg, base, &rnd, 40000, FILE_LEN);
+		nv_random_reads(q, 8, r->seg, r->base, &r->rnd, 40000, FILE_LEN);
 		te_batch_id b;
 		REQUIRE(te_batch_alloc(r->e, 8, &b) == 0);
 		CHECK_EQ(te_submit(r->e, b, q, 8), 0);
@@ -207,7 +205,7 @@ static void test_threads_together(void)
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "16", "TE_NVMEOF_SLICE_SIZE", "8192", NULL);
 	te_segment_id seg = open_disk(e);
 	long long t0 = now_ms();
-	nv_threads_run(e, seg, 6, 2, run_thread);
+	nv_threads_run(run_thread, 6, 2, &(nv_thread){ .e = e, .seg = seg, .base = mem, .rnd = 99 }, MEM / 8);
 	CHECK(now_ms() - t0 < 120000);
 	close_disk(e, seg);
 }

@@ -738,6 +738,22 @@ static int reads_of_ten(init *in, const fake *f, te_request *r, int n)
 	return init_submit_accept(in, f, r, (size_t)n);
 }
 
+/* The initiator's next data connection, after the peer closed the last
+ * one: accepted, with one READ of ten bytes at `addr` on it, answered with
+ * ten bytes of `v`. Returns the connection. */
+static int reconnect_read_of_ten(const fake *f, uint64_t addr, unsigned char v)
+{
+	unsigned char h[W_HDR], ten[10];
+	uint64_t ok = htole64(W_STATUS_OK);
+	int fd = accept_timeout(f->data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 10, addr, 0x80);
+	memset(ten, v, sizeof ten);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	return fd;
+}
+
 /* A rejection in the middle of a pipeline: the request behind it was never
  * run by the peer and goes again on a new connection. */
 static void test_initiator_reject_midway(void)
@@ -755,12 +771,7 @@ static void test_initiator_reject_midway(void)
 	memset(ten, 7, sizeof ten);
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10) && send_all(fd, &rej, 8));
 	close(fd);
-	fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
-	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
-	check_hdr(h, 10, FAKE_BASE + 200, 0x80);
-	memset(ten, 9, sizeof ten);
-	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	fd = reconnect_read_of_ten(&f, FAKE_BASE + 200, 9);
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
 	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_COMPLETED);
 	CHECK_EQ(init_task_state(&in, 1, &err), TE_TASK_FAILED);
@@ -787,19 +798,14 @@ static void test_initiator_reject_then_queued(void)
 	init_up(&in, &f, IBUF, o, 1);
 	te_request r[2];
 	int fd = reads_of_ten(&in, &f, r, 2);
-	unsigned char h[W_HDR], ten[10];
+	unsigned char h[W_HDR];
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 10, FAKE_BASE, 0x80);
 	CHECK(silent_for(fd, 200)); /* the second waits in the queue */
-	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
+	uint64_t rej = htole64(W_STATUS_REJECTED);
 	CHECK(send_all(fd, &rej, 8));
 	close(fd);
-	fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
-	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
-	check_hdr(h, 10, FAKE_BASE + 100, 0x80);
-	memset(ten, 9, sizeof ten);
-	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	fd = reconnect_read_of_ten(&f, FAKE_BASE + 100, 9);
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
 	CHECK_EQ(init_task_state(&in, 0, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_REJECTED);

@@ -117,7 +117,7 @@ typedef struct soft_ctx {
 	soft_dev *dev;
 	GMutex lock;
 	GQueue events; /* struct ibv_async_event* */
-	int npd;
+	atomic_int npd; /* read by close_device() without the lock, as nqp is */
 	/* Opened before the device's last fatal error: like hardware's, it
 	 * stays dead after the device is reset (only tearing down works), and
 	 * the device serves only contexts opened anew. */
@@ -158,7 +158,7 @@ typedef struct soft_channel {
 	struct ibv_comp_channel ch;
 	GMutex lock;
 	GQueue cqs; /* soft_cq* with an event pending */
-	int ncq;
+	atomic_int ncq; /* read by destroy_comp_channel() without the lock */
 } soft_channel;
 
 typedef struct soft_cq {
@@ -478,7 +478,7 @@ static int sv_close_device(struct ibv_context *ctx)
 	soft_dev *d = c->dev;
 	GThread *join = NULL;
 
-	if (c->npd > 0)
+	if (atomic_load(&c->npd) > 0)
 		return EBUSY;
 	g_mutex_lock(&d->lock);
 	d->contexts = g_list_remove(d->contexts, c);
@@ -588,9 +588,7 @@ static struct ibv_pd *sv_alloc_pd(struct ibv_context *ctx)
 	}
 	pd = g_new0(soft_pd, 1);
 	pd->pd.context = ctx;
-	g_mutex_lock(&c->lock);
-	c->npd++;
-	g_mutex_unlock(&c->lock);
+	atomic_fetch_add(&c->npd, 1);
 	return &pd->pd;
 }
 
@@ -601,9 +599,7 @@ static int sv_dealloc_pd(struct ibv_pd *ibpd)
 
 	if (atomic_load(&pd->users) > 0)
 		return EBUSY;
-	g_mutex_lock(&c->lock);
-	c->npd--;
-	g_mutex_unlock(&c->lock);
+	atomic_fetch_sub(&c->npd, 1);
 	g_free(pd);
 	return 0;
 }
@@ -734,7 +730,7 @@ static int sv_destroy_comp_channel(struct ibv_comp_channel *ibch)
 {
 	soft_channel *ch = (soft_channel *)ibch;
 
-	if (ch->ncq > 0)
+	if (atomic_load(&ch->ncq) > 0)
 		return EBUSY;
 	close(ch->ch.fd);
 	g_queue_clear(&ch->cqs);
@@ -764,12 +760,8 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
 	cq->cap = cqe;
 	cq->ring = g_new0(struct ibv_wc, cqe);
 	g_mutex_init(&cq->lock);
-	if (ibch != NULL) {
-		soft_channel *ch = (soft_channel *)ibch;
-		g_mutex_lock(&ch->lock);
-		ch->ncq++;
-		g_mutex_unlock(&ch->lock);
-	}
+	if (ibch != NULL)
+		atomic_fetch_add(&((soft_channel *)ibch)->ncq, 1);
 	return &cq->cq;
 }
 
@@ -784,7 +776,7 @@ static int sv_destroy_cq(struct ibv_cq *ibcq)
 	if (ibcq->channel != NULL) {
 		soft_channel *ch = (soft_channel *)ibcq->channel;
 		g_mutex_lock(&ch->lock);
-		ch->ncq--;
+		atomic_fetch_sub(&ch->ncq, 1);
 		g_queue_remove_all(&ch->cqs, cq);
 		g_mutex_unlock(&ch->lock);
 	}

@@ -130,6 +130,16 @@ static bool ctx_dead(struct ibv_context *ctx)
 	return atomic_load(&((soft_ctx *)ctx)->dead);
 }
 
+/* For a call that makes an object on ctx: whether ctx is dead, with errno
+ * set to EIO then (what such a call returns on a dead device). */
+static bool ctx_refuses(struct ibv_context *ctx)
+{
+	if (!ctx_dead(ctx))
+		return false;
+	errno = EIO;
+	return true;
+}
+
 typedef struct soft_pd {
 	struct ibv_pd pd;
 	atomic_int users; /* MRs and QPs */
@@ -582,10 +592,8 @@ static struct ibv_pd *sv_alloc_pd(struct ibv_context *ctx)
 	soft_ctx *c = (soft_ctx *)ctx;
 	soft_pd *pd;
 
-	if (ctx_dead(ctx)) {
-		errno = EIO;
+	if (ctx_refuses(ctx))
 		return NULL;
-	}
 	pd = g_new0(soft_pd, 1);
 	pd->pd.context = ctx;
 	atomic_fetch_add(&c->npd, 1);
@@ -622,10 +630,8 @@ static struct ibv_mr *mr_new(struct ibv_pd *ibpd, void *addr, size_t length, int
 {
 	soft_mr *mr;
 
-	if (ctx_dead(ibpd->context)) {
-		errno = EIO;
+	if (ctx_refuses(ibpd->context))
 		return NULL;
-	}
 	if (addr == NULL || length == 0 ||
 	    ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 	     !(access & IBV_ACCESS_LOCAL_WRITE))) {
@@ -710,10 +716,8 @@ static struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *ctx)
 {
 	soft_channel *ch;
 
-	if (ctx_dead(ctx)) {
-		errno = EIO;
+	if (ctx_refuses(ctx))
 		return NULL;
-	}
 	ch = g_new0(soft_channel, 1);
 	ch->ch.context = ctx;
 	ch->ch.fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
@@ -744,10 +748,8 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
 {
 	soft_cq *cq;
 
-	if (ctx_dead(ctx)) {
-		errno = EIO;
+	if (ctx_refuses(ctx))
 		return NULL;
-	}
 	if (cqe < 1 || cqe > SOFT_MAX_CQE || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
 		errno = EINVAL;
 		return NULL;
@@ -914,10 +916,8 @@ static struct ibv_qp *sv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_attr 
 {
 	soft_qp *qp;
 
-	if (ctx_dead(ibpd->context)) {
-		errno = EIO;
+	if (ctx_refuses(ibpd->context))
 		return NULL;
-	}
 	if (attr == NULL || attr->qp_type != IBV_QPT_RC || attr->send_cq == NULL ||
 	    attr->recv_cq == NULL || attr->send_cq->context != ibpd->context ||
 	    attr->recv_cq->context != ibpd->context || attr->srq != NULL ||

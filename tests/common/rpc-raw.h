@@ -9,6 +9,7 @@
 #include <endian.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,11 +43,13 @@ static inline int connect_port(int port)
 	return fd;
 }
 
-/* Sends raw bytes, shuts the sending side, and returns everything that came
- * back until the server closed (NUL-terminated in `in`), or -1. */
-static inline ssize_t exchange_raw(int port, const void *out, size_t n, char *in, size_t cap)
+/* Sends raw bytes on the connection `fd` (and shuts its sending side, with
+ * `shut`), then reads what comes back until the server closes, `stop` (not
+ * NULL) appears or `in` is full; NUL-terminated in `in`. Closes fd. Returns
+ * the bytes read, or -1 (also for an fd < 0: a failed connect). */
+static inline ssize_t exchange_fd(int fd, const void *out, size_t n, bool shut, char *in, size_t cap,
+				  const char *stop)
 {
-	int fd = connect_port(port);
 	size_t got = 0;
 
 	if (fd < 0)
@@ -55,18 +58,27 @@ static inline ssize_t exchange_raw(int port, const void *out, size_t n, char *in
 		close(fd);
 		return -1;
 	}
-	shutdown(fd, SHUT_WR);
-	for (;;) {
+	if (shut)
+		shutdown(fd, SHUT_WR);
+	while (got + 1 < cap) {
 		ssize_t r = recv(fd, in + got, cap - got - 1, 0);
 		if (r <= 0)
 			break;
 		got += (size_t)r;
-		if (got + 1 >= cap)
+		in[got] = '\0';
+		if (stop != NULL && strstr(in, stop) != NULL)
 			break;
 	}
 	close(fd);
 	in[got] = '\0';
 	return (ssize_t)got;
+}
+
+/* Sends raw bytes, shuts the sending side, and returns everything that came
+ * back until the server closed (NUL-terminated in `in`), or -1. */
+static inline ssize_t exchange_raw(int port, const void *out, size_t n, char *in, size_t cap)
+{
+	return exchange_fd(connect_port(port), out, n, true, in, cap, NULL);
 }
 
 /* Sends one frame (type < 0: old style, without a type byte) and returns the

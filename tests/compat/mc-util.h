@@ -7,6 +7,7 @@
 
 #include <transfer_engine_c.h>
 
+#include "../common/check.h"
 #include "../common/clock.h"
 
 /* Polls the batch's first n tasks until none is WAITING or PENDING (Mooncake
@@ -32,6 +33,14 @@ static inline int wait_tasks(transfer_engine_t e, batch_id_t b, size_t n)
 			result = st.status;
 	}
 	return result;
+}
+
+/* The end of an engine of a test: the buffer it registered unregistered
+ * (checked), then the engine destroyed. */
+static inline void mc_engine_down(transfer_engine_t e, void *buf)
+{
+	CHECK_EQ(unregisterLocalMemory(e, buf), 0);
+	destroyTransferEngine(e);
 }
 
 #endif

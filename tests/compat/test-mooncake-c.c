@@ -799,10 +799,8 @@ static void test_nixl_calls(void)
 	expect_notify(n1, "Agent1", "local");
 	CHECK_EQ(freeBatchID(n1, b), 0);
 
-	CHECK_EQ(unregisterLocalMemory(n1, b1), 0);
-	CHECK_EQ(unregisterLocalMemory(n2, b2), 0);
-	destroyTransferEngine(n1);
-	destroyTransferEngine(n2);
+	mc_engine_down(n1, b1);
+	mc_engine_down(n2, b2);
 	free(b1);
 	free(b2);
 }

@@ -54,10 +54,8 @@ static void test_device_to_device(void)
 	CHECK_EQ(run(a, OPCODE_READ, src, seg, (uintptr_t)dst), STATUS_COMPLETED);
 	CHECK(dev_equals(src, N, 22));
 
-	CHECK_EQ(unregisterLocalMemory(a, src), 0);
-	CHECK_EQ(unregisterLocalMemory(b, dst), 0);
-	destroyTransferEngine(a);
-	destroyTransferEngine(b);
+	mc_engine_down(a, src);
+	mc_engine_down(b, dst);
 	te_device_free(src);
 	te_device_free(dst);
 	free(host);

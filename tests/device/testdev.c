@@ -48,6 +48,15 @@
 #include <emmintrin.h>
 #endif
 
+/* The exported reader `fn` of the counter `var`, for the tests that load
+ * this plugin and look it up (dlsym). */
+#define TD_COUNTER(fn, var)                                            \
+	__attribute__((visibility("default"))) unsigned long fn(void); \
+	unsigned long fn(void)                                         \
+	{                                                              \
+		return atomic_load(&var);                              \
+	}
+
 #define SIZE (4ull << 30) /* virtual: the memfd's pages exist once written */
 #define ALIGN 4096u
 #define HUGE (2u << 20)
@@ -235,11 +244,7 @@ static void *view(tdev *t, const void *p)
 
 static atomic_ulong copies;
 
-__attribute__((visibility("default"))) unsigned long te_testdev_copies(void);
-unsigned long te_testdev_copies(void)
-{
-	return atomic_load(&copies);
-}
+TD_COUNTER(te_testdev_copies, copies)
 
 /* The device's "copy engine". Not memmove: for the sizes staging copies
  * (64 KiB and up) glibc picks `rep movsb`, which on the AMD EPYC machines
@@ -303,11 +308,7 @@ static int td_copy(void *ctx, void *dst, const void *src, size_t len)
  * fall back to copy(). */
 static atomic_ulong async_copies;
 
-__attribute__((visibility("default"))) unsigned long te_testdev_async_copies(void);
-unsigned long te_testdev_async_copies(void)
-{
-	return atomic_load(&async_copies);
-}
+TD_COUNTER(te_testdev_async_copies, async_copies)
 
 /* TE_TESTDEV_BURST=N (read at each call): copy_async queues the copy for
  * a thread of the plugin's, which makes up to N queued copies at a time
@@ -317,17 +318,9 @@ unsigned long te_testdev_async_copies(void)
  * te_testdev_burst_max() gives the largest. */
 static atomic_ulong bursts, burst_max;
 
-__attribute__((visibility("default"))) unsigned long te_testdev_bursts(void);
-unsigned long te_testdev_bursts(void)
-{
-	return atomic_load(&bursts);
-}
+TD_COUNTER(te_testdev_bursts, bursts)
 
-__attribute__((visibility("default"))) unsigned long te_testdev_burst_max(void);
-unsigned long te_testdev_burst_max(void)
-{
-	return atomic_load(&burst_max);
-}
+TD_COUNTER(te_testdev_burst_max, burst_max)
 
 static void *burst_main(void *arg)
 {
@@ -452,11 +445,7 @@ static int td_ipc_export(void *ctx, const void *addr, size_t len, te_device_ipc 
 
 static atomic_ulong ipc_opens;
 
-__attribute__((visibility("default"))) unsigned long te_testdev_ipc_opens(void);
-unsigned long te_testdev_ipc_opens(void)
-{
-	return atomic_load(&ipc_opens);
-}
+TD_COUNTER(te_testdev_ipc_opens, ipc_opens)
 
 static int td_ipc_open(void *ctx, const te_device_ipc *ipc, void **base)
 {
@@ -537,17 +526,9 @@ static pthread_mutex_t st_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t st_cond = PTHREAD_COND_INITIALIZER; /* work queued, or a job done */
 static atomic_ulong waits, launches;
 
-__attribute__((visibility("default"))) unsigned long te_testdev_waits(void);
-unsigned long te_testdev_waits(void)
-{
-	return atomic_load(&waits);
-}
+TD_COUNTER(te_testdev_waits, waits)
 
-__attribute__((visibility("default"))) unsigned long te_testdev_launches(void);
-unsigned long te_testdev_launches(void)
-{
-	return atomic_load(&launches);
-}
+TD_COUNTER(te_testdev_launches, launches)
 
 static void *stream_run(void *arg)
 {

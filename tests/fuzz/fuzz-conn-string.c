@@ -15,14 +15,6 @@
 
 #include "fuzz.h"
 
-static void quiet(int level, const char *domain, const char *msg, void *user)
-{
-	(void)level;
-	(void)domain;
-	(void)msg;
-	(void)user;
-}
-
 static void host_port(const char *s)
 {
 	char *host = (char *)1;
@@ -85,7 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		 * network (redis connects at once). An allow-list naming none
 		 * keeps them all out. */
 		setenv("TE_PLUGINS", "none", 1);
-		te_set_log_handler(quiet, NULL);
+		te_set_log_handler(fuzz_quiet, NULL);
 		te_set_log_level(TE_LOG_TRACE);
 		once = true;
 	}

@@ -12,14 +12,6 @@
 
 #include "fuzz.h"
 
-static void quiet(int level, const char *domain, const char *msg, void *user)
-{
-	(void)level;
-	(void)domain;
-	(void)msg;
-	(void)user;
-}
-
 /* Which descriptors list files: by name here, so that the fuzzer loads no
  * plugin (the host asks the transports' flags). */
 static bool files_by_name(const char *protocol)
@@ -114,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static bool once;
 	if (!once) {
-		te_set_log_handler(quiet, NULL);
+		te_set_log_handler(fuzz_quiet, NULL);
 		te_set_log_level(TE_LOG_TRACE);
 		once = true;
 	}

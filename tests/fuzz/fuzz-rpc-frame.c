@@ -21,14 +21,6 @@ static te_engine *engine;
 static te_rpc_server server;
 static te_auth *key;
 
-static void quiet(int level, const char *domain, const char *msg, void *user)
-{
-	(void)level;
-	(void)domain;
-	(void)msg;
-	(void)user;
-}
-
 /* Stands in for a transport's Connection handler: refuses a body starting
  * with '!', echoes the rest. */
 static int connection_handler(void *user, const char *peer, const char *body, size_t len,
@@ -49,7 +41,7 @@ static void setup(void)
 {
 	if (engine != NULL)
 		return;
-	te_set_log_handler(quiet, NULL);
+	te_set_log_handler(fuzz_quiet, NULL);
 	te_set_log_level(TE_LOG_TRACE); /* every log line is formatted */
 	engine = g_new0(te_engine, 1);
 	engine->name = g_strdup("127.0.0.1:15000");

@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../common/rpc-raw.h"
 #include "../common/util.h"
 
 /* ------------------------------------------------------------ processes */
@@ -256,27 +257,7 @@ static int connect_loopback(int port, int timeout_ms)
  * timeout). Returns bytes read or -1. */
 static ssize_t exchange(int port, const void *req, size_t len, char *resp, size_t cap, const char *stop)
 {
-	int fd = connect_loopback(port, 5000);
-	size_t got = 0;
-
-	if (fd < 0)
-		return -1;
-	if (len && send(fd, req, len, MSG_NOSIGNAL) != (ssize_t)len) {
-		close(fd);
-		return -1;
-	}
-	while (got + 1 < cap) {
-		ssize_t r = recv(fd, resp + got, cap - got - 1, 0);
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-		resp[got] = '\0';
-		if (stop && strstr(resp, stop))
-			break;
-	}
-	resp[got] = '\0';
-	close(fd);
-	return (ssize_t)got;
+	return exchange_fd(connect_loopback(port, 5000), req, len, false, resp, cap, stop);
 }
 
 /* One HTTP/1.1 request with Connection: close. Returns the status (0 when

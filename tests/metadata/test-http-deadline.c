@@ -25,6 +25,8 @@
 #include <stdatomic.h>
 
 #include "teu-http.h"
+
+#include "../common/acceptor.h"
 /* The harness serves the store tests too: not all of it is used here. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -143,15 +145,14 @@ static teu_http *client(const char *ca, const char *cert, const char *key)
 /* A relay to `upstream` that passes on everything the client sends but
  * only the first `pass` bytes of the answer; the rest is read and dropped,
  * so the server is never held up. One thread per client connection, each
- * ending within 100 ms of `stop`. */
+ * ending within 100 ms of the acceptor's stop. */
 #define RELAY_CONNS 16
 
 typedef struct relay {
+	acceptor acc;
 	int lfd, port, upstream;
 	size_t pass;
-	atomic_bool stop;
-	pthread_t thread;
-	pthread_t conns[RELAY_CONNS]; /* the relay thread's, joined after it */
+	pthread_t conns[RELAY_CONNS]; /* the acceptor's, joined after it */
 	int nconns;
 } relay;
 
@@ -169,7 +170,7 @@ static void *relay_conn_thread(void *arg)
 	char buf[4096];
 
 	free(rc);
-	while (ufd >= 0 && !atomic_load(&r->stop)) {
+	while (ufd >= 0 && !atomic_load(&r->acc.stop)) {
 		struct pollfd p[2] = { { cfd, POLLIN, 0 }, { ufd, POLLIN, 0 } };
 		if (poll(p, 2, 100) < 0 && errno != EINTR)
 			break;
@@ -196,26 +197,17 @@ static void *relay_conn_thread(void *arg)
 	return NULL;
 }
 
-static void *relay_thread(void *arg)
+static void relay_serve(acceptor *a, int cfd)
 {
-	relay *r = arg;
-	while (!atomic_load(&r->stop)) {
-		struct pollfd p = { r->lfd, POLLIN, 0 };
-		if (poll(&p, 1, 100) <= 0)
-			continue;
-		int cfd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
-		if (cfd < 0)
-			continue;
-		if (r->nconns == RELAY_CONNS) { /* more than the test makes */
-			close(cfd);
-			continue;
-		}
-		relay_conn *rc = malloc(sizeof *rc);
-		REQUIRE(rc != NULL);
-		*rc = (relay_conn){ r, cfd };
-		REQUIRE(pthread_create(&r->conns[r->nconns++], NULL, relay_conn_thread, rc) == 0);
+	relay *r = a->arg;
+	if (r->nconns == RELAY_CONNS) { /* more than the test makes */
+		close(cfd);
+		return;
 	}
-	return NULL;
+	relay_conn *rc = malloc(sizeof *rc);
+	REQUIRE(rc != NULL);
+	*rc = (relay_conn){ r, cfd };
+	REQUIRE(pthread_create(&r->conns[r->nconns++], NULL, relay_conn_thread, rc) == 0);
 }
 
 static void relay_start(relay *r, int upstream, size_t pass)
@@ -223,15 +215,13 @@ static void relay_start(relay *r, int upstream, size_t pass)
 	r->upstream = upstream;
 	r->pass = pass;
 	r->nconns = 0;
-	atomic_store(&r->stop, false);
 	r->lfd = blackhole_listen(&r->port);
-	REQUIRE(pthread_create(&r->thread, NULL, relay_thread, r) == 0);
+	acceptor_start(&r->acc, r->lfd, relay_serve, r);
 }
 
 static void relay_stop(relay *r)
 {
-	atomic_store(&r->stop, true);
-	pthread_join(r->thread, NULL);
+	acceptor_stop(&r->acc);
 	for (int i = 0; i < r->nconns; i++)
 		pthread_join(r->conns[i], NULL);
 	close(r->lfd);

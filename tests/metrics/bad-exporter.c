@@ -7,6 +7,8 @@
 
 #include <te/te-plugin.h>
 
+#include "../plugins/test-plugin.h"
+
 #if !defined(BAD_NOCREATE)
 static int x_create(const te_host *h, const char *addr, const char *json_args, void **ctx)
 {
@@ -35,24 +37,8 @@ static const te_exporter_ops ops = {
 	.destroy = x_destroy,
 };
 
-__attribute__((visibility("default"))) const te_plugin_desc *te_plugin_entry(void);
-const te_plugin_desc *te_plugin_entry(void)
-{
-	static const te_plugin_desc desc = {
-		.magic = TE_PLUGIN_MAGIC,
-		.abi_major = TE_PLUGIN_ABI_MAJOR,
 #if defined(BAD_MINOR)
-		.abi_minor = 5,
+TEST_PLUGIN_DEFINE_MINOR(5, TE_KIND_EXPORTER, PLUGIN_NAME, "0", "an exporter the loader refuses", &ops)
 #else
-		.abi_minor = TE_PLUGIN_ABI_MINOR,
+TE_PLUGIN_DEFINE(TE_KIND_EXPORTER, PLUGIN_NAME, "0", "an exporter the loader refuses", "Apache-2.0", &ops)
 #endif
-		.size = sizeof(te_plugin_desc),
-		.kind = TE_KIND_EXPORTER,
-		.name = PLUGIN_NAME,
-		.version = "0",
-		.description = "an exporter the loader refuses",
-		.license = "Apache-2.0",
-		.ops = &ops,
-	};
-	return &desc;
-}

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * One sample of an engine's Prometheus exposition, for the transport tests
- * that check device counters after known transfers (docs/metrics.md).
+ * that check device counters after known transfers (docs/metrics.md); the
+ * te_stats counts of one direction, for the metrics tests.
  */
 #ifndef TE_TEST_METRIC_UTIL_H
 #define TE_TEST_METRIC_UTIL_H
@@ -11,6 +12,8 @@
 #include <string.h>
 
 #include <te/te.h>
+
+#include "../common/check.h"
 
 /* Whether e counts (not built with -Dmetrics=false, not TE_METRICS=0):
  * the transport tests check their device counters only then. */
@@ -87,6 +90,24 @@ static inline long long transport_sum(te_engine *e, const char *family, const ch
 	}
 	te_free(t);
 	return sum;
+}
+
+/* The counts of `op` (TE_OP_READ or TE_OP_WRITE) in `s`: requests,
+ * completed, failed, bytes; `what` names `s` in the line of a mismatch. */
+static inline void check_op_counts(const char *what, const te_stats *s, int op, uint64_t requests,
+				   uint64_t completed, uint64_t failed, uint64_t bytes)
+{
+	static const char *const names[4] = { "requests", "completed", "failed", "bytes" };
+	const uint64_t got[4] = { s->requests[op], s->completed[op], s->failed[op], s->bytes[op] };
+	const uint64_t want[4] = { requests, completed, failed, bytes };
+
+	for (int i = 0; i < 4; i++) {
+		if (got[i] != want[i])
+			fprintf(stderr, "  %s: %s[%s] is %llu, not %llu\n", what, names[i],
+				op == TE_OP_READ ? "READ" : "WRITE", (unsigned long long)got[i],
+				(unsigned long long)want[i]);
+		CHECK_EQ(got[i], want[i]);
+	}
 }
 
 #endif

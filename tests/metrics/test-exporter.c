@@ -32,24 +32,31 @@ static bool port_bindable(int port)
 
 /* ------------------------------------------------------------------ tests */
 
-/* An engine serving its metrics on a free loopback port (in *port), with
- * the variable `name` set to `value` while it starts (NULL: none); the log
- * captured from its start. */
-static te_engine *endpoint_up(const char *name, const char *value, int *port)
+/* An engine with the options `o` (metrics_addr among them) serving its
+ * metrics on the port it logs (in *port), with the variable `name` set to
+ * `value` while it starts (NULL: none); the log captured from its start. */
+static te_engine *endpoint_with(const te_option *o, size_t n, const char *name, const char *value, int *port)
 {
-	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
 	int rc;
 
 	if (name != NULL)
 		setenv(name, value, 1);
 	cap_start();
-	te_engine *e = engine_with(o, 1, &rc);
+	te_engine *e = engine_with(o, n, &rc);
 	if (name != NULL)
 		unsetenv(name);
 	REQUIRE(rc == 0 && e != NULL);
 	*port = logged_port();
 	REQUIRE(*port > 0);
 	return e;
+}
+
+/* The same on a free loopback port, with no other option. */
+static te_engine *endpoint_up(const char *name, const char *value, int *port)
+{
+	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
+
+	return endpoint_with(o, 1, name, value, port);
 }
 
 /* GET /metrics serves te_metrics_text(NULL), as it is, with the format's
@@ -102,13 +109,9 @@ static void test_serves_text(void)
 static void test_shared(void)
 {
 	te_option o[] = { { "metrics_addr", "127.0.0.1:0" } };
-	int rc;
+	int rc, port;
 
-	cap_start();
-	te_engine *a = engine_with(o, 1, &rc);
-	REQUIRE(rc == 0);
-	int port = logged_port();
-	REQUIRE(port > 0);
+	te_engine *a = endpoint_with(o, 1, NULL, NULL, &port);
 	cap_start();
 	te_engine *b = engine_with(o, 1, &rc);
 	REQUIRE(rc == 0);
@@ -242,13 +245,8 @@ static void test_token(void)
 	REQUIRE(write(fd, tok, strlen(tok)) == (ssize_t)strlen(tok));
 	close(fd);
 	te_option o[] = { { "metrics_addr", "127.0.0.1:0" }, { "metrics_token_file", path } };
-	int rc;
-
-	cap_start();
-	te_engine *e = engine_with(o, 2, &rc);
-	REQUIRE(rc == 0);
-	int port = logged_port();
-	REQUIRE(port > 0);
+	int port;
+	te_engine *e = endpoint_with(o, 2, NULL, NULL, &port);
 	reply r;
 	REQUIRE(http(port, "GET", "/metrics", NULL, &r) == 0);
 	CHECK_EQ(r.status, 401);

@@ -15,6 +15,7 @@
 
 #include "../../libte/metrics-table.h"
 #include "../common/util.h"
+#include "metric-util.h"
 #include "../plugins/hold.h"
 
 #define BUF (1u << 16)
@@ -403,10 +404,7 @@ static void test_json(void)
 	for (size_t j = 0; j < N_RESULTS; j++)
 		check_between(&results[j], 0, sum_of(rpcs, results[j].json, -1), &s0, &s1);
 	/* Not all zero: the sums compare counts that happened. */
-	CHECK_EQ(s1.requests[TE_OP_WRITE], 3);
-	CHECK_EQ(s1.completed[TE_OP_WRITE], 2);
-	CHECK_EQ(s1.failed[TE_OP_WRITE], 1);
-	CHECK_EQ(s1.bytes[TE_OP_WRITE], 1500);
+	check_op_counts("the sums", &s1, TE_OP_WRITE, 3, 2, 1, 1500);
 	CHECK_EQ(s1.bytes[TE_OP_READ], 300);
 	CHECK_EQ(s1.failovers, 1);
 	CHECK_EQ(s1.retries, 1);

@@ -18,6 +18,7 @@
 
 #include "../common/rpc-raw.h"
 #include "../common/util.h"
+#include "metric-util.h"
 #include "../plugins/hold.h"
 
 #define BUF (1u << 20)
@@ -93,14 +94,8 @@ static void known_transfers(const char *transport)
 	CHECK_EQ(run_one(p.a, TE_OP_WRITE, p.seg, p.abuf, (uintptr_t)p.bbuf, 0, NULL), TE_TASK_COMPLETED);
 
 	te_stats s = stats_of(p.a);
-	CHECK_EQ(s.requests[TE_OP_READ], 3);
-	CHECK_EQ(s.requests[TE_OP_WRITE], 5);
-	CHECK_EQ(s.bytes[TE_OP_READ], 2 * 8192 + 1000);
-	CHECK_EQ(s.bytes[TE_OP_WRITE], 3 * 4096);
-	CHECK_EQ(s.completed[TE_OP_READ], 3);
-	CHECK_EQ(s.completed[TE_OP_WRITE], 4);
-	CHECK_EQ(s.failed[TE_OP_READ], 0);
-	CHECK_EQ(s.failed[TE_OP_WRITE], 1);
+	check_op_counts("a", &s, TE_OP_READ, 3, 3, 0, 2 * 8192 + 1000);
+	check_op_counts("a", &s, TE_OP_WRITE, 5, 4, 1, 3 * 4096);
 	CHECK_EQ(s.canceled[TE_OP_WRITE], 0);
 	CHECK_EQ(s.in_flight, 0);
 	CHECK_EQ(s.in_flight_bytes, 0);

@@ -209,4 +209,59 @@ static inline int nv_reads_differ(const te_request *r, int n, const unsigned cha
 	return bad;
 }
 
+/* Registers `len` bytes at `mem` with `e` (an engine that must have
+ * started) and opens the segment `name`. */
+static inline te_segment_id nv_register_open(te_engine *e, void *mem, size_t len, const char *name)
+{
+	REQUIRE(e != NULL);
+	REQUIRE(te_register_memory(e, mem, len, "cpu:0", 0) == 0);
+	te_segment_id seg = te_segment_open(e, name);
+	REQUIRE(seg > 0);
+	return seg;
+}
+
+/* One of the threads of nv_threads_run(): the engine, the segment it
+ * reads, its index, its part of memory (base), its random state (rnd, for
+ * nv_random_reads()), whether it polls for its batches rather than waits;
+ * it counts its faults in `bad`. */
+typedef struct nv_thread {
+	te_engine *e;
+	te_segment_id seg;
+	unsigned char *base;
+	uint64_t rnd;
+	int index;
+	bool poll;
+	int bad;
+} nv_thread;
+
+#define NV_THREADS_MAX 8
+
+/* Runs `fn` on `n` threads at once, each on a copy of `proto` of its own:
+ * thread i has index i, base proto->base + i * part, rnd proto->rnd + i,
+ * and polls when it is among the last `npoll`. Joins them all, then checks
+ * that none counted a fault. */
+static inline void nv_threads_run(void *(*fn)(void *), int n, int npoll, const nv_thread *proto, size_t part)
+{
+	pthread_t th[NV_THREADS_MAX];
+	nv_thread w[NV_THREADS_MAX];
+
+	REQUIRE(n <= NV_THREADS_MAX);
+	for (int i = 0; i < n; i++) {
+		w[i] = *proto;
+		w[i].index = i;
+		w[i].base = proto->base + (size_t)i * part;
+		w[i].rnd = proto->rnd + (uint64_t)i;
+		w[i].poll = i >= n - npoll;
+		w[i].bad = 0;
+		REQUIRE(pthread_create(&th[i], NULL, fn, &w[i]) == 0);
+	}
+	for (int i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < n; i++) {
+		if (w[i].bad != 0)
+			fprintf(stderr, "  thread %d of %d counted %d faults\n", i, n, w[i].bad);
+		CHECK_EQ(w[i].bad, 0);
+	}
+}
+
 #endif

@@ -211,23 +211,24 @@ int main(int argc, char **argv)
 	te_metadata *md = NULL;
 	int rc;
 
+	/* the options whose value is kept as text */
+	const struct {
+		const char *flag, **value;
+	} texts[] = {
+		{ "-m", &conn },     { "--metadata", &conn }, { "--segment", &segname }, { "--file", &file },
+		{ "--name", &name }, { "--op", &op },         { "--pattern", &pattern },
+	};
+
 	/* every option takes a value: --name value */
 	for (int i = 1; i < argc; i += 2) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		size_t t = 0;
 		if (v == NULL)
 			return usage();
-		if (!strcmp(a, "-m") || !strcmp(a, "--metadata"))
-			conn = v;
-		else if (!strcmp(a, "--segment"))
-			segname = v;
-		else if (!strcmp(a, "--file"))
-			file = v;
-		else if (!strcmp(a, "--name"))
-			name = v;
-		else if (!strcmp(a, "--op"))
-			op = v;
-		else if (!strcmp(a, "--pattern"))
-			pattern = v;
+		while (t < sizeof texts / sizeof *texts && strcmp(a, texts[t].flag) != 0)
+			t++;
+		if (t < sizeof texts / sizeof *texts)
+			*texts[t].value = v;
 		else if (!strcmp(a, "--bs"))
 			bs = strtoull(v, NULL, 0);
 		else if (!strcmp(a, "--qd"))

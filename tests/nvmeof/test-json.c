@@ -12,36 +12,13 @@
  */
 #include <stdarg.h>
 
+#include "../common/host-log.h"
 #include "../common/hostile.h"
 #include "../../plugins/transport/nvmeof/nvmeof.h"
 #include "nv-hostile.h"
 #include "nv-util.h"
 
 /* ------------------------------------------------------- stand-in host */
-
-static char logbuf[65536];
-
-static void fake_log(const te_host *h, int level, const char *fmt, ...)
-{
-	size_t n = strlen(logbuf);
-	va_list ap;
-	(void)h;
-	(void)level;
-	if (n > sizeof logbuf - 1024)
-		n = 0; /* only the latest lines matter */
-	va_start(ap, fmt);
-	vsnprintf(logbuf + n, sizeof logbuf - n - 1, fmt, ap);
-	va_end(ap);
-	strcat(logbuf, "\n");
-}
-
-static const char *fake_config(const te_host *h, const char *te_name, const char *mc_name)
-{
-	(void)h;
-	(void)te_name;
-	(void)mc_name;
-	return NULL;
-}
 
 static const char *fake_name(const te_host *h)
 {
@@ -53,14 +30,6 @@ static te_host host;
 static nv_ctx ctx;
 static char good_file[4200];
 
-static int logged(const char *s)
-{
-	int r = strstr(logbuf, s) != NULL;
-	if (!r)
-		fprintf(stderr, "  (log lacks \"%s\"; it holds: %.600s)\n", s, logbuf);
-	return r;
-}
-
 /* Opens a segment of one file of 4096 bytes (as the host decoded it) from
  * `text`; the plugin's result. */
 static int open_text(const char *text)
@@ -69,7 +38,7 @@ static int open_text(const char *text)
 	te_segment_info seg = { .size = sizeof seg, .name = "nvmeof/j", .protocol = "nvmeof",
 				.descriptor = text, .buffers = &b, .n_buffers = 1 };
 	nv_segment *s = NULL;
-	logbuf[0] = '\0';
+	host_log_clear();
 	int rc = nv_segment_open(&ctx, &seg, &s);
 	if (rc == 0)
 		nv_segment_close(&ctx, s);
@@ -92,10 +61,10 @@ static void refused(const char *what, const char *text, int want_rc, const char 
 	if (rc != want_rc)
 		fprintf(stderr, "  %s: rc %d, wanted %d\n", what, rc, want_rc);
 	CHECK_EQ(rc, want_rc);
-	CHECK(logged(why));
+	CHECK(host_logged(why));
 	char *ok = valid();
 	CHECK_EQ(open_text(ok), 0);
-	CHECK(logged("1 of 1 files open"));
+	CHECK(host_logged("1 of 1 files open"));
 	g_free(ok);
 }
 
@@ -274,8 +243,8 @@ int main(void)
 	nv_write_file(good_file, zero, sizeof zero);
 
 	host.size = sizeof host;
-	host.log = fake_log;
-	host.config = fake_config;
+	host.log = host_log;
+	host.config = host_config_none;
 	host.local_name = fake_name;
 	ctx.host = &host;
 	ctx.allow_text = g_strdup(nv_dir);

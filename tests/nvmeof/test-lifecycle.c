@@ -30,11 +30,7 @@ static void make_segment(void)
 /* Registers `mem` with engine `e` and opens the two-file segment. */
 static te_segment_id open_two(te_engine *e)
 {
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/two");
-	REQUIRE(seg > 0);
-	return seg;
+	return nv_register_open(e, mem, MEM, "nvmeof/two");
 }
 
 static void test_depth_one(void)
@@ -55,22 +51,12 @@ static void test_depth_one(void)
 	te_engine_destroy(e);
 }
 
-typedef struct submitter {
-	te_engine *e;
-	te_segment_id seg;
-	int index;
-	int bad;
-} submitter;
-
 static void *submit_thread(void *arg)
 {
-	submitter *s = arg;
-	uint64_t rnd = 1234567 + (uint64_t)s->index;
-	/* each thread reads into its own quarter of memory */
-	unsigned char *base = mem + (size_t)s->index * (MEM / 4);
+	nv_thread *s = arg;
 	for (int round = 0; round < 20; round++) {
 		te_request r[32];
-		nv_random_reads(r, 32, s->seg, base, &rnd, 65536, 2 * FILE_LEN);
+		nv_random_reads(r, 32, s->seg, s->base, &s->rnd, 65536, 2 * FILE_LEN);
 		s->bad += nv_run(s->e, r, 32, NULL);
 		s->bad += nv_reads_differ(r, 32, model);
 	}
@@ -82,16 +68,8 @@ static void test_threads_and_workers(void)
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_WORKERS", "3", "TE_NVMEOF_QUEUE_DEPTH", "16",
 				 "TE_NVMEOF_SLICE_SIZE", "16384", NULL);
 	te_segment_id seg = open_two(e);
-	pthread_t th[4];
-	submitter s[4];
-	for (int i = 0; i < 4; i++) {
-		s[i] = (submitter){ e, seg, i, 0 };
-		REQUIRE(pthread_create(&th[i], NULL, submit_thread, &s[i]) == 0);
-	}
-	for (int i = 0; i < 4; i++) {
-		pthread_join(th[i], NULL);
-		CHECK_EQ(s[i].bad, 0);
-	}
+	/* each thread reads into its own quarter of memory */
+	nv_threads_run(submit_thread, 4, 0, &(nv_thread){ .e = e, .seg = seg, .base = mem, .rnd = 1234567 }, MEM / 4);
 	CHECK_EQ(te_segment_close(e, seg), 0);
 	te_engine_destroy(e);
 }

@@ -40,11 +40,7 @@ static void make_segment(void)
 
 static te_segment_id open_disk(te_engine *e)
 {
-	REQUIRE(e != NULL);
-	REQUIRE(te_register_memory(e, mem, MEM, "cpu:0", 0) == 0);
-	te_segment_id seg = te_segment_open(e, "nvmeof/disk");
-	REQUIRE(seg > 0);
-	return seg;
+	return nv_register_open(e, mem, MEM, "nvmeof/disk");
 }
 
 static void close_disk(te_engine *e, te_segment_id seg)
@@ -175,22 +171,12 @@ static void test_polling_collects(void)
 	close_disk(e, seg);
 }
 
-typedef struct runner {
-	te_engine *e;
-	te_segment_id seg;
-	int index;
-	bool poll;
-	int bad;
-} runner;
-
 static void *run_thread(void *arg)
 {
-	runner *r = arg;
-	uint64_t rnd = 99 + (uint64_t)r->index;
-	unsigned char *base = mem + (size_t)r->index * (MEM / 8);
+	nv_thread *r = arg;
 	for (int round = 0; round < 40; round++) {
 		te_request q[8];
-		nv_random_reads(q, 8, r->seg, base, &rnd, 40000, FILE_LEN);
+		nv_random_reads(q, 8, r->seg, r->base, &r->rnd, 40000, FILE_LEN);
 		te_batch_id b;
 		REQUIRE(te_batch_alloc(r->e, 8, &b) == 0);
 		CHECK_EQ(te_submit(r->e, b, q, 8), 0);
@@ -218,17 +204,8 @@ static void test_threads_together(void)
 {
 	te_engine *e = nv_engine("nodeA", "TE_NVMEOF_QUEUE_DEPTH", "16", "TE_NVMEOF_SLICE_SIZE", "8192", NULL);
 	te_segment_id seg = open_disk(e);
-	pthread_t th[6];
-	runner r[6];
 	long long t0 = now_ms();
-	for (int i = 0; i < 6; i++) {
-		r[i] = (runner){ e, seg, i, i >= 4, 0 };
-		REQUIRE(pthread_create(&th[i], NULL, run_thread, &r[i]) == 0);
-	}
-	for (int i = 0; i < 6; i++) {
-		pthread_join(th[i], NULL);
-		CHECK_EQ(r[i].bad, 0);
-	}
+	nv_threads_run(run_thread, 6, 2, &(nv_thread){ .e = e, .seg = seg, .base = mem, .rnd = 99 }, MEM / 8);
 	CHECK(now_ms() - t0 < 120000);
 	close_disk(e, seg);
 }

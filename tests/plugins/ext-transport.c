@@ -37,6 +37,8 @@
 #include <te/te-json.h>
 #include <te/te-plugin.h>
 
+#include "test-plugin.h"
+
 #if defined(EXT_FILES)
 #define EXT_NAME "extfile"
 #define EXT_FIELD "extfile_seed"
@@ -240,23 +242,7 @@ static const te_transport_ops ext_ops = {
 };
 
 #ifdef EXT_OLD
-__attribute__((visibility("default"))) const te_plugin_desc *te_plugin_entry(void);
-const te_plugin_desc *te_plugin_entry(void)
-{
-	static const te_plugin_desc desc = {
-		.magic = TE_PLUGIN_MAGIC,
-		.abi_major = TE_PLUGIN_ABI_MAJOR,
-		.abi_minor = 11,
-		.size = sizeof(te_plugin_desc),
-		.kind = TE_KIND_TRANSPORT,
-		.name = EXT_NAME,
-		.version = "1.0.0",
-		.description = "test: a transport of plugin ABI 1.11",
-		.license = "Apache-2.0",
-		.ops = &ext_ops,
-	};
-	return &desc;
-}
+TEST_PLUGIN_DEFINE_MINOR(11, TE_KIND_TRANSPORT, EXT_NAME, "1.0.0", "test: a transport of plugin ABI 1.11", &ext_ops)
 #else
 TE_PLUGIN_DEFINE(TE_KIND_TRANSPORT, EXT_NAME, "1.0.0", "test: a transport the host does not know", "Apache-2.0",
 		 &ext_ops)

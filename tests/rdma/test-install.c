@@ -145,6 +145,18 @@ static void test_descriptor(void)
 	free(early);
 }
 
+/* Installs the transport on `e` (which must have started) with the log at
+ * INFO: it must install, and say `why` of the GID it chose. */
+static void install_says(te_engine *e, const char *why)
+{
+	REQUIRE(e != NULL);
+	te_set_log_level(TE_LOG_INFO);
+	cap_start();
+	CHECK_EQ(te_transport_install(e, "rdma", NULL), 0);
+	CHECK(cap_has(why));
+	te_set_log_level(TE_LOG_WARN);
+}
+
 static void test_matrix_and_devices(void)
 {
 	desc d;
@@ -197,12 +209,7 @@ static void test_matrix_and_devices(void)
 
 	/* InfiniBand: the LID is published, the first IB GID chosen. */
 	e = soft_engine("infiniband", NULL);
-	REQUIRE(e != NULL);
-	te_set_log_level(TE_LOG_INFO);
-	cap_start();
-	CHECK_EQ(te_transport_install(e, "rdma", NULL), 0);
-	CHECK(cap_has("GID index 0 chosen automatically (IB"));
-	te_set_log_level(TE_LOG_WARN);
+	install_says(e, "GID index 0 chosen automatically (IB");
 	REQUIRE(desc_get(e, &d));
 	JsonObject *dev0 = json_array_get_object_element(json_object_get_array_member(d.o, "devices"), 0);
 	CHECK_EQ(json_object_get_int_member(dev0, "lid"), 17);
@@ -259,22 +266,12 @@ static void test_refusals(void)
 	/* The GID index can be forced; the log says so. */
 	const char *gid3[] = { "TE_RDMA_GID_INDEX", "3", NULL };
 	e = soft_engine_v("no-netdev", NULL, gid3);
-	REQUIRE(e != NULL);
-	te_set_log_level(TE_LOG_INFO);
-	cap_start();
-	CHECK_EQ(te_transport_install(e, "rdma", NULL), 0);
-	CHECK(cap_has("GID index 3 as configured (RoCE v2)"));
-	te_set_log_level(TE_LOG_WARN);
+	install_says(e, "GID index 3 as configured (RoCE v2)");
 	te_engine_destroy(e);
 	/* ... and through the Mooncake name, from the environment. */
 	setenv("MC_GID_INDEX", "1", 1);
 	e = soft_engine("no-netdev", NULL);
-	REQUIRE(e != NULL);
-	te_set_log_level(TE_LOG_INFO);
-	cap_start();
-	CHECK_EQ(te_transport_install(e, "rdma", NULL), 0);
-	CHECK(cap_has("GID index 1 as configured (RoCE v2)"));
-	te_set_log_level(TE_LOG_WARN);
+	install_says(e, "GID index 1 as configured (RoCE v2)");
 	te_engine_destroy(e);
 	unsetenv("MC_GID_INDEX");
 	rmdir(empty);

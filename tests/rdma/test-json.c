@@ -11,6 +11,7 @@
  * functions; the rest is the shipped plugin's sources (its provider
  * included), with a host of the test's own.
  */
+#include "../common/host-log.h"
 #include "../common/hostile.h"
 #include "../../plugins/transport/rdma/transport.c"
 
@@ -20,29 +21,6 @@
 
 /* ------------------------------------------------------------- the host */
 
-static GString *log_text; /* every line, one per line */
-static unsigned log_lines;
-
-static void host_log(const te_host *h, int level, const char *fmt, ...)
-{
-	va_list ap;
-	(void)h;
-	(void)level;
-	va_start(ap, fmt);
-	g_string_append_vprintf(log_text, fmt, ap);
-	va_end(ap);
-	g_string_append_c(log_text, '\n');
-	log_lines++;
-}
-
-static const char *host_config(const te_host *h, const char *te, const char *mc)
-{
-	(void)h;
-	(void)te;
-	(void)mc;
-	return NULL;
-}
-
 static const char *host_name(const te_host *h)
 {
 	(void)h;
@@ -51,7 +29,7 @@ static const char *host_name(const te_host *h)
 
 /* Enough of a host for what runs before a refusal (an accepted argument
  * would get as far as looking for devices, and fail there). */
-static te_host host = { .size = sizeof(te_host), .log = host_log, .config = host_config,
+static te_host host = { .size = sizeof(te_host), .log = host_log, .config = host_config_none,
 			.local_name = host_name };
 
 /* The refusal lines of a peer's input are rate-limited per call site (five a
@@ -98,7 +76,7 @@ static void report(const hostile *c, bool ok)
 {
 	if (!ok)
 		fprintf(stderr, "  %s: refused wrongly or not at all; log:\n%s\n", c->what,
-			log_text->len > 600 ? log_text->str + log_text->len - 600 : log_text->str);
+			host_log_len > 600 ? host_log_text + host_log_len - 600 : host_log_text);
 }
 
 /* ----------------------------------------------------------- handshake */
@@ -173,15 +151,15 @@ static void test_handshake(void)
 		bool ok = says(err->str, c->why);
 		/* ... and the frame handler's: the connection closed, a line logged. */
 		pace(&calls);
-		unsigned before = log_lines;
-		g_string_truncate(log_text, 0);
+		unsigned before = host_log_lines;
+		host_log_clear();
 		CHECK_EQ(rd_ep_handle(&tr, "10.0.0.9:5000", c->text, strlen(c->text), &reply_text,
 				      &reply_len),
 			 TE_ERR_PROTOCOL);
 		CHECK(reply_text == NULL);
 		free(reply_text);
-		ok = ok && log_lines == before + 1 && strstr(log_text->str, "Connection frame from 10.0.0.9:5000") &&
-		     says(log_text->str, c->why);
+		ok = ok && host_log_lines == before + 1 && strstr(host_log_text, "Connection frame from 10.0.0.9:5000") &&
+		     says(host_log_text, c->why);
 		CHECK(ok);
 		report(c, ok);
 		g_string_free(err, TRUE);
@@ -287,12 +265,12 @@ static void test_descriptor(void)
 		hostile *c = &cases[i];
 		rd_seg *seg = (rd_seg *)1;
 		pace(&calls);
-		unsigned before = log_lines;
-		g_string_truncate(log_text, 0);
+		unsigned before = host_log_lines;
+		host_log_clear();
 		CHECK_EQ(open_desc(&tr, c->text, &seg), TE_ERR_METADATA);
 		CHECK(seg == NULL);
-		bool ok = log_lines == before + 1 && strstr(log_text->str, "segment peer: descriptor rejected") &&
-			  says(log_text->str, c->why);
+		bool ok = host_log_lines == before + 1 && strstr(host_log_text, "segment peer: descriptor rejected") &&
+			  says(host_log_text, c->why);
 		CHECK(ok);
 		report(c, ok);
 		g_free(c->text);
@@ -351,12 +329,12 @@ static void test_arguments(void)
 	for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
 		hostile *c = &cases[i];
 		void *ctx = (void *)1;
-		unsigned before = log_lines;
-		g_string_truncate(log_text, 0);
+		unsigned before = host_log_lines;
+		host_log_clear();
 		CHECK_EQ(rd_create(&host, c->text, &ctx), -EINVAL);
 		CHECK(ctx == NULL);
-		bool ok = log_lines == before + 1 && strstr(log_text->str, "invalid arguments") &&
-			  says(log_text->str, c->why) && log_text->len < 1024;
+		bool ok = host_log_lines == before + 1 && strstr(host_log_text, "invalid arguments") &&
+			  says(host_log_text, c->why) && host_log_bytes < 1024;
 		CHECK(ok);
 		report(c, ok);
 		g_free(c->text);
@@ -386,10 +364,8 @@ static void test_arguments(void)
 
 int main(void)
 {
-	log_text = g_string_new(NULL);
 	TEST_RUN(test_handshake);
 	TEST_RUN(test_descriptor);
 	TEST_RUN(test_arguments);
-	g_string_free(log_text, TRUE);
 	return check_done();
 }

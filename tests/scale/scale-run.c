@@ -70,14 +70,26 @@ static long long us_now(void)
 	return ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
 }
 
-static void say(int fd, const char *fmt, ...)
+/* fmt's text, cut to 511 bytes, written to fd: its length uncut, or -1 when
+ * the write failed or fell short. */
+static int vwrite_text(int fd, const char *fmt, va_list ap)
 {
 	char b[512];
+	int n = vsnprintf(b, sizeof b, fmt, ap);
+	size_t len = n > 0 ? (size_t)MIN(n, (int)sizeof b - 1) : 0;
+	if (len > 0 && write(fd, b, len) != (ssize_t)len)
+		return -1;
+	return n;
+}
+
+/* An engine's line to the runner (a line that does not go ends the engine). */
+static void say(int fd, const char *fmt, ...)
+{
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(b, sizeof b, fmt, ap);
+	int n = vwrite_text(fd, fmt, ap);
 	va_end(ap);
-	if (n > 0 && write(fd, b, (size_t)MIN(n, (int)sizeof b - 1)) < 0)
+	if (n < 0)
 		_exit(3);
 }
 
@@ -221,14 +233,14 @@ static bool get_line(int i, char *buf, size_t cap, int timeout_ms)
 	return harness_read_line(engs[i].out, buf, cap, timeout_ms);
 }
 
+/* A command to engine i, whole. */
 static void cmd(int i, const char *fmt, ...)
 {
-	char b[512];
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(b, sizeof b, fmt, ap);
+	int n = vwrite_text(engs[i].in, fmt, ap);
 	va_end(ap);
-	REQUIRE(n > 0 && write(engs[i].in, b, (size_t)n) == n);
+	REQUIRE(n > 0 && n < 512);
 }
 
 static int cmp_ll(const void *a, const void *b)

@@ -6,6 +6,8 @@
  */
 #include <te/te-plugin.h>
 
+#include "../plugins/test-plugin.h"
+
 static int oa_create(const te_host *h, const char *args, void **ctx)
 {
 	(void)h;
@@ -44,20 +46,5 @@ static const te_transport_ops ops = {
 	.submit = oa_submit,
 };
 
-__attribute__((visibility("default"))) const te_plugin_desc *te_plugin_entry(void);
-const te_plugin_desc *te_plugin_entry(void)
-{
-	static const te_plugin_desc desc = {
-		.magic = TE_PLUGIN_MAGIC,
-		.abi_major = TE_PLUGIN_ABI_MAJOR,
-		.abi_minor = 1,
-		.size = sizeof(te_plugin_desc),
-		.kind = TE_KIND_TRANSPORT,
-		.name = "oldabi",
-		.version = "1.0",
-		.description = "test: a transport from before peer authentication",
-		.license = "Apache-2.0",
-		.ops = &ops,
-	};
-	return &desc;
-}
+TEST_PLUGIN_DEFINE_MINOR(1, TE_KIND_TRANSPORT, "oldabi", "1.0", "test: a transport from before peer authentication",
+			 &ops)

@@ -22,6 +22,7 @@
 
 #include <te/te-plugin.h> /* TE_RATELIMIT_BURST */
 
+#include "../common/acceptor.h"
 #include "../common/hostile.h"
 #include "../tcp/peer-target.h"
 
@@ -144,49 +145,40 @@ static void test_frames_refused(void)
 /* ------------------------------------- 2: a peer with a hostile descriptor */
 
 typedef struct evil_peer {
+	acceptor acc;
 	int lfd, port;
 	const char *reply; /* the Metadata reply's body */
-	atomic_bool stop;
 	atomic_int served;
-	pthread_t th;
 } evil_peer;
 
-static void *evil_loop(void *arg)
+static void evil_serve(acceptor *a, int fd)
 {
-	evil_peer *ev = arg;
-	while (!atomic_load(&ev->stop)) {
-		struct pollfd pfd = { ev->lfd, POLLIN, 0 };
-		if (poll(&pfd, 1, 100) <= 0)
-			continue;
-		int fd = accept(ev->lfd, NULL, NULL);
-		if (fd < 0)
-			continue;
-		unsigned char hdr[9];
-		size_t got = 0;
-		uint64_t n;
-		if (recv_exact(fd, hdr, 9, 5000, &got) == 9) {
-			memcpy(&n, hdr, 8);
-			n = le64toh(n);
-			/* Drain the request body, then answer with our own frame. */
-			char *sink = malloc(n);
-			if (sink != NULL && n > 1 && recv_exact(fd, sink, n - 1, 5000, &got) < 0)
-				n = 0;
-			free(sink);
-			size_t bl = strlen(ev->reply);
-			unsigned char *out = malloc(9 + bl);
-			uint64_t len = htole64(bl + 1);
-			memcpy(out, &len, 8);
-			out[8] = hdr[8];
-			memcpy(out + 9, ev->reply, bl);
-			atomic_fetch_add(&ev->served, 1); /* before the client can return */
-			send_all(fd, out, 9 + bl);
-			free(out);
-		}
-		shutdown(fd, SHUT_WR);
-		closed_quietly(fd, 2000);
-		close(fd);
+	evil_peer *ev = a->arg;
+	unsigned char hdr[9];
+	size_t got = 0;
+	uint64_t n;
+
+	if (recv_exact(fd, hdr, 9, 5000, &got) == 9) {
+		memcpy(&n, hdr, 8);
+		n = le64toh(n);
+		/* Drain the request body, then answer with our own frame. */
+		char *sink = malloc(n);
+		if (sink != NULL && n > 1 && recv_exact(fd, sink, n - 1, 5000, &got) < 0)
+			n = 0;
+		free(sink);
+		size_t bl = strlen(ev->reply);
+		unsigned char *out = malloc(9 + bl);
+		uint64_t len = htole64(bl + 1);
+		memcpy(out, &len, 8);
+		out[8] = hdr[8];
+		memcpy(out + 9, ev->reply, bl);
+		atomic_fetch_add(&ev->served, 1); /* before the client can return */
+		send_all(fd, out, 9 + bl);
+		free(out);
 	}
-	return NULL;
+	shutdown(fd, SHUT_WR);
+	closed_quietly(fd, 2000);
+	close(fd);
 }
 
 static void evil_start(evil_peer *ev, const char *reply)
@@ -194,14 +186,12 @@ static void evil_start(evil_peer *ev, const char *reply)
 	memset(ev, 0, sizeof *ev);
 	ev->reply = reply;
 	ev->lfd = listen_any(&ev->port);
-	REQUIRE(ev->lfd >= 0);
-	REQUIRE(pthread_create(&ev->th, NULL, evil_loop, ev) == 0);
+	acceptor_start(&ev->acc, ev->lfd, evil_serve, ev);
 }
 
 static void evil_stop(evil_peer *ev)
 {
-	atomic_store(&ev->stop, true);
-	pthread_join(ev->th, NULL);
+	acceptor_stop(&ev->acc);
 	close(ev->lfd);
 }
 

@@ -83,11 +83,25 @@ static size_t changed(const unsigned char *p, size_t n, unsigned char v)
 	return k;
 }
 
+/*
+ * Local layout: [0, 2 MiB) READ destinations (filled with 0xA5 first),
+ * [4 MiB, 6 MiB) WRITE sources. Remote: READs from the start of the
+ * target's memory, WRITEs into its second half (its pattern stays in the
+ * first, for read_back_ok).
+ */
+enum { NSMALL = 48, SMALL = 4096, BIG = 1u << 20 };
+#define RDST 0u
+#define WSRC (4u << 20)
+
 typedef struct rig {
 	target t;
 	te_engine *e;
 	unsigned char *buf;
 	te_segment_id seg;
+	/* stopped_rig()'s: make_batch()'s requests, their count, their batch */
+	te_request q[2 * NSMALL + 2];
+	size_t n;
+	te_batch_id b;
 } rig;
 
 static void rig_up(rig *r, const te_option *o, size_t no)
@@ -129,16 +143,6 @@ static bool read_back_ok(rig *r, uint64_t off, size_t n)
 	return ok;
 }
 
-/*
- * Local layout: [0, 2 MiB) READ destinations (filled with 0xA5 first),
- * [4 MiB, 6 MiB) WRITE sources. Remote: READs from the start of the
- * target's memory, WRITEs into its second half (its pattern stays in the
- * first, for read_back_ok).
- */
-enum { NSMALL = 48, SMALL = 4096, BIG = 1u << 20 };
-#define RDST 0u
-#define WSRC (4u << 20)
-
 static size_t make_batch(rig *r, te_request *q)
 {
 	size_t n = 0;
@@ -155,48 +159,44 @@ static size_t make_batch(rig *r, te_request *q)
 	return n;
 }
 
-/* rig_up() with the default options, make_batch()'s requests in q (their
- * count in *n) and a batch for them; the target is stopped (SIGSTOP). */
-static te_batch_id stopped_rig(rig *r, te_request *q, size_t *n)
+/* rig_up() with the default options, make_batch()'s requests in r->q
+ * (their count in r->n) and a batch for them (r->b); the target is stopped
+ * (SIGSTOP). */
+static void stopped_rig(rig *r)
 {
-	te_batch_id b;
-
 	rig_up(r, NULL, 0);
-	*n = make_batch(r, q);
+	r->n = make_batch(r, r->q);
 	child_sigstop(r->t.c.pid);
-	REQUIRE(te_batch_alloc(r->e, *n, &b) == 0);
-	return b;
+	REQUIRE(te_batch_alloc(r->e, r->n, &r->b) == 0);
 }
 
 /* (a) (b) (d): a stopped target. */
 static void test_stopped_target(void)
 {
-	rig r;
-	static te_request q[2 * NSMALL + 2];
-	size_t n;
-	te_batch_id b = stopped_rig(&r, q, &n);
+	static rig r;
+	stopped_rig(&r);
 	memset(r.buf + RDST, 0xA5, 2u << 20);
 	fill_pattern(r.buf + WSRC, 2u << 20, 3);
 	int64_t dl = te_now_ns() + 200 * MS;
-	CHECK_EQ(te_submit_by(r.e, b, q, n, dl), 0);
-	CHECK_EQ(te_batch_wait(r.e, b, 3000), 0);
+	CHECK_EQ(te_submit_by(r.e, r.b, r.q, r.n, dl), 0);
+	CHECK_EQ(te_batch_wait(r.e, r.b, 3000), 0);
 	int64_t late = te_now_ns() - dl;
-	fprintf(stderr, "  %zu tasks ended %.1f ms after their deadline\n", n, (double)late / MS);
+	fprintf(stderr, "  %zu tasks ended %.1f ms after their deadline\n", r.n, (double)late / MS);
 	CHECK(late >= 0);
 	CHECK(late <= LATE_MS * MS);
 	size_t unsettled = 0, bad = 0;
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < r.n; i++) {
 		te_task_info ti = { .size = sizeof ti };
-		CHECK_EQ(te_get_task_info(r.e, b, i, &ti), 0);
+		CHECK_EQ(te_get_task_info(r.e, r.b, i, &ti), 0);
 		if (ti.state != TE_TASK_FAILED || ti.error != -ETIMEDOUT) {
 			if (bad++ == 0)
 				fprintf(stderr, "  task %zu (%s %llu bytes) ended %d, %s\n", i,
-					q[i].opcode == TE_OP_WRITE ? "WRITE" : "READ", (unsigned long long)q[i].length,
+					r.q[i].opcode == TE_OP_WRITE ? "WRITE" : "READ", (unsigned long long)r.q[i].length,
 					ti.state, te_strerror(ti.error));
 		}
 		if (ti.flags & TE_TASK_UNSETTLED) {
 			unsettled++;
-			CHECK_EQ(q[i].opcode, TE_OP_WRITE); /* a READ is settled when it ends */
+			CHECK_EQ(r.q[i].opcode, TE_OP_WRITE); /* a READ is settled when it ends */
 		}
 	}
 	CHECK_EQ(bad, 0);
@@ -204,11 +204,11 @@ static void test_stopped_target(void)
 	 * stopped target's kernel still fills): unsettled, until their FENCE
 	 * is answered, which the stopped target cannot. */
 	te_task_info t0 = { .size = sizeof t0 };
-	CHECK_EQ(te_get_task_info(r.e, b, 0, &t0), 0);
+	CHECK_EQ(te_get_task_info(r.e, r.b, 0, &t0), 0);
 	CHECK(t0.flags & TE_TASK_UNSETTLED);
 	fprintf(stderr, "  %zu WRITEs unsettled\n", unsettled);
-	CHECK_EQ(te_batch_wait_settled(r.e, b, 150), -ETIMEDOUT);
-	CHECK_EQ(count_unsettled(r.e, b, n), unsettled); /* none settles while the target is stopped */
+	CHECK_EQ(te_batch_wait_settled(r.e, r.b, 150), -ETIMEDOUT);
+	CHECK_EQ(count_unsettled(r.e, r.b, r.n), unsettled); /* none settles while the target is stopped */
 
 	/* (d) More transfers to the still stopped target end by their
 	 * deadline too, not after the stall or connect timeouts. */
@@ -233,16 +233,16 @@ static void test_stopped_target(void)
 	CHECK_EQ(changed(r.buf + RDST, 2u << 20, 0xA5), 0);
 	kill(r.t.c.pid, SIGCONT);
 	int64_t t1 = te_now_ns();
-	CHECK_EQ(te_batch_wait_settled(r.e, b, 2000), 0);
+	CHECK_EQ(te_batch_wait_settled(r.e, r.b, 2000), 0);
 	fprintf(stderr, "  settled %.1f ms after the target resumed\n", (double)(te_now_ns() - t1) / MS);
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < r.n; i++) {
 		te_task_info ti = { .size = sizeof ti };
-		CHECK_EQ(te_get_task_info(r.e, b, i, &ti), 0);
+		CHECK_EQ(te_get_task_info(r.e, r.b, i, &ti), 0);
 		CHECK_EQ(ti.flags & TE_TASK_UNSETTLED, 0);
 	}
 	usleep(300000);
 	CHECK_EQ(changed(r.buf + RDST, 2u << 20, 0xA5), 0);
-	CHECK_EQ(te_batch_free(r.e, b), 0);
+	CHECK_EQ(te_batch_free(r.e, r.b), 0);
 	/* and the target serves us again */
 	CHECK(read_back_ok(&r, 4096, BIG));
 	te_task_status st;
@@ -255,36 +255,34 @@ static void test_stopped_target(void)
 /* (c) A cancel ends a batch in flight to a stopped target at once. */
 static void test_cancel(void)
 {
-	rig r;
-	static te_request q[2 * NSMALL + 2];
-	size_t n;
-	te_batch_id b = stopped_rig(&r, q, &n);
+	static rig r;
+	stopped_rig(&r);
 	memset(r.buf + RDST, 0xA5, 2u << 20);
-	CHECK_EQ(te_submit(r.e, b, q, n), 0);
+	CHECK_EQ(te_submit(r.e, r.b, r.q, r.n), 0);
 	usleep(50000); /* on the wire, or waiting in the socket buffers */
 	int64_t t0 = te_now_ns();
-	CHECK_EQ(te_batch_cancel(r.e, b), 0);
-	CHECK_EQ(te_batch_wait(r.e, b, 3000), 0);
+	CHECK_EQ(te_batch_cancel(r.e, r.b), 0);
+	CHECK_EQ(te_batch_wait(r.e, r.b, 3000), 0);
 	int64_t took = te_now_ns() - t0;
 	fprintf(stderr, "  canceled in %.1f ms\n", (double)took / MS);
 	CHECK(took <= LATE_MS * MS);
 	size_t bad = 0;
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < r.n; i++) {
 		te_task_status st = { 0 };
-		CHECK_EQ(te_get_status(r.e, b, i, &st), 0);
+		CHECK_EQ(te_get_status(r.e, r.b, i, &st), 0);
 		bad += st.state != TE_TASK_CANCELED;
 	}
 	CHECK_EQ(bad, 0);
 	/* the WRITEs whose bytes left stay unsettled while the target is stopped */
-	size_t unsettled = count_unsettled(r.e, b, n);
+	size_t unsettled = count_unsettled(r.e, r.b, r.n);
 	CHECK(unsettled > 0);
-	CHECK_EQ(te_batch_wait_settled(r.e, b, 100), -ETIMEDOUT);
-	CHECK_EQ(count_unsettled(r.e, b, n), unsettled);
+	CHECK_EQ(te_batch_wait_settled(r.e, r.b, 100), -ETIMEDOUT);
+	CHECK_EQ(count_unsettled(r.e, r.b, r.n), unsettled);
 	kill(r.t.c.pid, SIGCONT);
-	CHECK_EQ(te_batch_wait_settled(r.e, b, 2000), 0);
+	CHECK_EQ(te_batch_wait_settled(r.e, r.b, 2000), 0);
 	usleep(100000);
 	CHECK_EQ(changed(r.buf + RDST, 2u << 20, 0xA5), 0);
-	CHECK_EQ(te_batch_free(r.e, b), 0);
+	CHECK_EQ(te_batch_free(r.e, r.b), 0);
 	CHECK(read_back_ok(&r, 0, BIG));
 	rig_down(&r);
 }
@@ -294,14 +292,12 @@ static void test_cancel(void)
  * its 60 s drain bound); nothing is freed under the transport (ASan). */
 static void test_destroy_unsettled(void)
 {
-	rig r;
-	static te_request q[2 * NSMALL + 2];
-	size_t n;
-	te_batch_id b = stopped_rig(&r, q, &n);
-	CHECK_EQ(te_submit_by(r.e, b, q, n, te_now_ns() + 100 * MS), 0);
-	CHECK_EQ(te_batch_wait(r.e, b, 3000), 0);
-	CHECK(count_unsettled(r.e, b, n) > 0);
-	CHECK_EQ(te_batch_free(r.e, b), 0); /* the tasks' storage is kept for the transport */
+	static rig r;
+	stopped_rig(&r);
+	CHECK_EQ(te_submit_by(r.e, r.b, r.q, r.n, te_now_ns() + 100 * MS), 0);
+	CHECK_EQ(te_batch_wait(r.e, r.b, 3000), 0);
+	CHECK(count_unsettled(r.e, r.b, r.n) > 0);
+	CHECK_EQ(te_batch_free(r.e, r.b), 0); /* the tasks' storage is kept for the transport */
 	CHECK_EQ(te_segment_close(r.e, r.seg), 0);
 	int64_t t0 = te_now_ns();
 	te_engine_destroy(r.e);

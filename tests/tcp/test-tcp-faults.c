@@ -45,15 +45,11 @@ static void *good_traffic(void *arg)
 			fill_pattern(p->abuf, N * SZ, round);
 		else
 			fill_pattern(p->bbuf, N * SZ, round);
-		te_batch_id b;
-		if (te_batch_alloc(p->a, N, &b) != 0 || te_submit(p->a, b, r, N) != 0 ||
-		    te_batch_wait(p->a, b, 20000) != 0) {
+		int state = batch_state(p->a, r, N, 20000);
+		if (state < 0) {
 			t->failed++;
 			return NULL;
 		}
-		int32_t state;
-		te_batch_status(p->a, b, NULL, NULL, &state);
-		te_batch_free(p->a, b);
 		if (state != TE_TASK_COMPLETED)
 			t->failed++;
 		else if (memcmp(p->abuf, p->bbuf, N * SZ) != 0)

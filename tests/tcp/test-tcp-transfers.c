@@ -133,16 +133,12 @@ static void *submitter(void *arg)
 			fill_pattern(la, off, (unsigned)(round * 100 + j->id));
 		else
 			fill_pattern(rb, off, (unsigned)(round * 100 + j->id + 50));
-		te_batch_id b;
-		if (te_batch_alloc(p->a, N, &b) != 0 || te_submit(p->a, b, r, N) != 0 ||
-		    te_batch_wait(p->a, b, 30000) != 0) {
+		int state = batch_state(p->a, r, N, 30000);
+		if (state < 0) {
 			j->failed++;
 			return NULL;
 		}
-		int32_t state;
-		te_batch_status(p->a, b, NULL, NULL, &state);
 		j->failed += state != TE_TASK_COMPLETED;
-		te_batch_free(p->a, b);
 		for (int i = 0; i < N; i++)
 			j->bad += memcmp(r[i].local, (void *)(uintptr_t)r[i].remote, r[i].length) != 0;
 	}

@@ -488,12 +488,25 @@ static void finish(init *in)
 	CHECK_EQ(te_batch_free(in->e, in->b), 0);
 }
 
+/* A fake target speaking protocol version `version` (1: none in its
+ * descriptor) and an initiator with the options `o` against it. */
+static void wire_up(fake *f, init *in, int version, const te_option *o, size_t n)
+{
+	fake_start(f, version);
+	init_up(in, f, IBUF, o, n);
+}
+
+static void wire_down(fake *f, init *in)
+{
+	init_down(in);
+	fake_stop(f);
+}
+
 static void test_initiator_v2(void)
 {
 	fake f;
 	init in;
-	fake_start(&f, 2);
-	init_up(&in, &f, IBUF, NULL, 0);
+	wire_up(&f, &in, 2, NULL, 0);
 	unsigned char h[W_HDR], data[100];
 
 	/* READ: header checked byte by byte, status then data back */
@@ -530,8 +543,7 @@ static void test_initiator_v2(void)
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, data, 100));
 	finish(&in);
 	close(fd);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* Requests are pipelined and large ones split into slices. */
@@ -539,9 +551,8 @@ static void test_initiator_pipelined_slices(void)
 {
 	fake f;
 	init in;
-	fake_start(&f, 2);
 	te_option o = { "TE_TCP_SLICE_SIZE", "65536" };
-	init_up(&in, &f, IBUF, &o, 1);
+	wire_up(&f, &in, 2, &o, 1);
 	te_request r[2] = { { TE_OP_READ, in.seg, in.buf, FAKE_BASE, 3 * 65536 },
 			    { TE_OP_READ, in.seg, in.buf + (1u << 20), FAKE_BASE + (4u << 20), 10 } };
 	int fd = init_submit_accept(&in, &f, r, 2);
@@ -563,8 +574,7 @@ static void test_initiator_pipelined_slices(void)
 	CHECK(memcmp(in.buf + (1u << 20), data + 3 * 65536, 10) == 0);
 	free(data);
 	close(fd);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* Answers the oldest READ asked for: its status, then `len` bytes of
@@ -629,8 +639,7 @@ static void test_initiator_v1(void)
 {
 	fake f;
 	init in;
-	fake_start(&f, 1); /* no tcp_proto_version in the descriptor */
-	init_up(&in, &f, IBUF, NULL, 0);
+	wire_up(&f, &in, 1, NULL, 0); /* no tcp_proto_version in the descriptor */
 	unsigned char h[W_HDR], data[100];
 	te_request r = { TE_OP_READ, in.seg, in.buf, FAKE_BASE + 8, 100 };
 	int fd = init_submit_accept(&in, &f, &r, 1);
@@ -653,8 +662,7 @@ static void test_initiator_v1(void)
 	CHECK_EQ(recv_exact(fd, data, 64, 3000, NULL), 64);
 	CHECK(memcmp(data, in.buf + 512, 64) == 0);
 	close(fd);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* One READ the fake answers with `reply` (len bytes) and then closes. */
@@ -681,10 +689,9 @@ static void test_initiator_errors(void)
 	fake f;
 	init in;
 	int err = 0;
-	fake_start(&f, 2);
 	/* one slice for the 48 MiB WRITE below */
 	te_option o[2] = { { "TE_TCP_TIMEOUT_MS", "500" }, { "TE_TCP_SLICE_SIZE", "67108864" } };
-	init_up(&in, &f, IBUF, o, 2);
+	wire_up(&f, &in, 2, o, 2);
 	cap_start();
 
 	uint64_t bad = htole64(0x1234567800000000ull);
@@ -725,8 +732,7 @@ static void test_initiator_errors(void)
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	close(fd);
 	te_set_log_handler(NULL, NULL);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* Submits n READs of 10 bytes, 100 apart on both sides, from the fake
@@ -738,6 +744,22 @@ static int reads_of_ten(init *in, const fake *f, te_request *r, int n)
 	return init_submit_accept(in, f, r, (size_t)n);
 }
 
+/* The initiator's next data connection, after the peer closed the last
+ * one: accepted, with one READ of ten bytes at `addr` on it, answered with
+ * ten bytes of `v`. Returns the connection. */
+static int reconnect_read_of_ten(const fake *f, uint64_t addr, unsigned char v)
+{
+	unsigned char h[W_HDR], ten[10];
+	uint64_t ok = htole64(W_STATUS_OK);
+	int fd = accept_timeout(f->data_lfd, 3000);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
+	check_hdr(h, 10, addr, 0x80);
+	memset(ten, v, sizeof ten);
+	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	return fd;
+}
+
 /* A rejection in the middle of a pipeline: the request behind it was never
  * run by the peer and goes again on a new connection. */
 static void test_initiator_reject_midway(void)
@@ -745,8 +767,7 @@ static void test_initiator_reject_midway(void)
 	fake f;
 	init in;
 	int err = 0;
-	fake_start(&f, 2);
-	init_up(&in, &f, IBUF, NULL, 0);
+	wire_up(&f, &in, 2, NULL, 0);
 	te_request r[3];
 	int fd = reads_of_ten(&in, &f, r, 3);
 	unsigned char h[3 * W_HDR], ten[10];
@@ -755,12 +776,7 @@ static void test_initiator_reject_midway(void)
 	memset(ten, 7, sizeof ten);
 	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10) && send_all(fd, &rej, 8));
 	close(fd);
-	fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
-	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
-	check_hdr(h, 10, FAKE_BASE + 200, 0x80);
-	memset(ten, 9, sizeof ten);
-	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	fd = reconnect_read_of_ten(&f, FAKE_BASE + 200, 9);
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
 	CHECK_EQ(init_task_state(&in, 0, NULL), TE_TASK_COMPLETED);
 	CHECK_EQ(init_task_state(&in, 1, &err), TE_TASK_FAILED);
@@ -769,8 +785,7 @@ static void test_initiator_reject_midway(void)
 	CHECK(in.buf[0] == 7 && in.buf[200] == 9);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	close(fd);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* A rejection that closes the connection with nothing behind the rejected
@@ -783,23 +798,17 @@ static void test_initiator_reject_then_queued(void)
 	init in;
 	int err = 0;
 	te_option o[1] = { { "TE_TCP_QUEUE_DEPTH", "1" } };
-	fake_start(&f, 2);
-	init_up(&in, &f, IBUF, o, 1);
+	wire_up(&f, &in, 2, o, 1);
 	te_request r[2];
 	int fd = reads_of_ten(&in, &f, r, 2);
-	unsigned char h[W_HDR], ten[10];
+	unsigned char h[W_HDR];
 	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
 	check_hdr(h, 10, FAKE_BASE, 0x80);
 	CHECK(silent_for(fd, 200)); /* the second waits in the queue */
-	uint64_t ok = htole64(W_STATUS_OK), rej = htole64(W_STATUS_REJECTED);
+	uint64_t rej = htole64(W_STATUS_REJECTED);
 	CHECK(send_all(fd, &rej, 8));
 	close(fd);
-	fd = accept_timeout(f.data_lfd, 3000);
-	REQUIRE(fd >= 0);
-	CHECK_EQ(recv_exact(fd, h, W_HDR, 3000, NULL), W_HDR);
-	check_hdr(h, 10, FAKE_BASE + 100, 0x80);
-	memset(ten, 9, sizeof ten);
-	CHECK(send_all(fd, &ok, 8) && send_all(fd, ten, 10));
+	fd = reconnect_read_of_ten(&f, FAKE_BASE + 100, 9);
 	CHECK_EQ(te_batch_wait(in.e, in.b, 10000), 0);
 	CHECK_EQ(init_task_state(&in, 0, &err), TE_TASK_FAILED);
 	CHECK_EQ(err, TE_ERR_REJECTED);
@@ -807,8 +816,7 @@ static void test_initiator_reject_then_queued(void)
 	CHECK(in.buf[100] == 9);
 	CHECK_EQ(te_batch_free(in.e, in.b), 0);
 	close(fd);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* To a peer that says tcp_fence, every connection starts with a HELLO: a
@@ -839,8 +847,7 @@ static void test_initiator_hello(void)
 		close(fd);
 		usleep(100000);
 	}
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 
 	/* v1 has no status frames to answer a FENCE: no HELLO either. */
 	fake_tcp_start(&f, 1, ",\"tcp_fence\":1");
@@ -853,8 +860,7 @@ static void test_initiator_hello(void)
 	CHECK(send_all(fd, data, 100));
 	finish(&in);
 	close(fd);
-	init_down(&in);
-	fake_stop(&f);
+	wire_down(&f, &in);
 }
 
 /* A listener on `addr`:`port`, or -1 when that port is taken there. */

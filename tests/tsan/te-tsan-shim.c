@@ -155,32 +155,6 @@ static void rwlock_free(void *p)
 	free(p);
 }
 
-static void mutex_free_any(void *p) { mutex_free(p); }
-
-static pthread_mutex_t *mutex_impl(GMutex *m)
-{
-	pthread_mutex_t *p = load_slot(&m->p);
-	return p ? p : publish(&m->p, mutex_new(PTHREAD_MUTEX_NORMAL), mutex_free_any);
-}
-
-static pthread_mutex_t *rec_mutex_impl(GRecMutex *m)
-{
-	pthread_mutex_t *p = load_slot(&m->p);
-	return p ? p : publish(&m->p, mutex_new(PTHREAD_MUTEX_RECURSIVE), mutex_free_any);
-}
-
-static pthread_rwlock_t *rwlock_impl(GRWLock *l)
-{
-	pthread_rwlock_t *p = load_slot(&l->p);
-	return p ? p : publish(&l->p, rwlock_new(), rwlock_free);
-}
-
-static pthread_cond_t *cond_impl(GCond *c)
-{
-	pthread_cond_t *p = load_slot(&c->p);
-	return p ? p : publish(&c->p, cond_new(), cond_free);
-}
-
 /* Clearing: the object may have been made by another thread. */
 static void *take_slot(gpointer *slot)
 {
@@ -189,37 +163,61 @@ static void *take_slot(gpointer *slot)
 	return p;
 }
 
+/*
+ * A GLib type whose member `p` holds a pthread object of type `ptype`, made
+ * by `new_` and dropped by `free_`: prefix_impl() finds the object, making
+ * it at first use (GLib lets statics go without init), and g_prefix_init()
+ * and g_prefix_clear(). GMutex, GRecMutex, GRWLock and GCond differ in
+ * nothing else here.
+ */
+#define SHIM_OBJECT(prefix, gtype, ptype, new_, free_)                    \
+	static ptype *prefix##_impl(gtype *o)                              \
+	{                                                                  \
+		ptype *p = load_slot(&o->p);                               \
+		return p ? p : publish(&o->p, new_, free_);                \
+	}                                                                  \
+	SHIM void g_##prefix##_init(gtype *o)                              \
+	{                                                                  \
+		o->p = new_;                                               \
+		hb_release(&o->p);                                         \
+	}                                                                  \
+	SHIM void g_##prefix##_clear(gtype *o)                             \
+	{                                                                  \
+		void *p = take_slot(&o->p);                                \
+		if (p)                                                     \
+			free_(p);                                          \
+	}
+
+/* Lock, trylock and unlock of a GLib type through `ptype`'s calls `lock_`,
+ * `trylock_` and `unlock_`, on prefix_impl()'s object; a lock that fails
+ * aborts, as GLib's do. */
+#define SHIM_LOCK(name, gtype, impl, lock_, trylock_, unlock_)            \
+	SHIM void name##_lock(gtype *o)                                    \
+	{                                                                  \
+		if (lock_(impl(o)) != 0)                                   \
+			abort();                                           \
+	}                                                                  \
+	SHIM gboolean name##_trylock(gtype *o)                             \
+	{                                                                  \
+		return trylock_(impl(o)) == 0;                             \
+	}                                                                  \
+	SHIM void name##_unlock(gtype *o)                                  \
+	{                                                                  \
+		unlock_(impl(o));                                          \
+	}
+
+/* GMutex's unlock aborts on an error, as GLib's does. */
+static int mutex_unlock_checked(pthread_mutex_t *m)
+{
+	if (pthread_mutex_unlock(m) != 0)
+		abort();
+	return 0;
+}
+
 /* ---- GMutex ------------------------------------------------------------- */
 
-SHIM void g_mutex_init(GMutex *m)
-{
-	m->p = mutex_new(PTHREAD_MUTEX_NORMAL);
-	hb_release(&m->p);
-}
-
-SHIM void g_mutex_clear(GMutex *m)
-{
-	void *p = take_slot(&m->p);
-	if (p)
-		mutex_free(p);
-}
-
-SHIM void g_mutex_lock(GMutex *m)
-{
-	if (pthread_mutex_lock(mutex_impl(m)) != 0)
-		abort();
-}
-
-SHIM gboolean g_mutex_trylock(GMutex *m)
-{
-	return pthread_mutex_trylock(mutex_impl(m)) == 0;
-}
-
-SHIM void g_mutex_unlock(GMutex *m)
-{
-	if (pthread_mutex_unlock(mutex_impl(m)) != 0)
-		abort();
-}
+SHIM_OBJECT(mutex, GMutex, pthread_mutex_t, mutex_new(PTHREAD_MUTEX_NORMAL), mutex_free)
+SHIM_LOCK(g_mutex, GMutex, mutex_impl, pthread_mutex_lock, pthread_mutex_trylock, mutex_unlock_checked)
 
 SHIM GMutex *g_mutex_new(void)
 {
@@ -238,97 +236,20 @@ SHIM void g_mutex_free(GMutex *m)
 
 /* ---- GRecMutex ---------------------------------------------------------- */
 
-SHIM void g_rec_mutex_init(GRecMutex *m)
-{
-	m->p = mutex_new(PTHREAD_MUTEX_RECURSIVE);
-	hb_release(&m->p);
-}
-
-SHIM void g_rec_mutex_clear(GRecMutex *m)
-{
-	void *p = take_slot(&m->p);
-	if (p)
-		mutex_free(p);
-}
-
-SHIM void g_rec_mutex_lock(GRecMutex *m)
-{
-	if (pthread_mutex_lock(rec_mutex_impl(m)) != 0)
-		abort();
-}
-
-SHIM gboolean g_rec_mutex_trylock(GRecMutex *m)
-{
-	return pthread_mutex_trylock(rec_mutex_impl(m)) == 0;
-}
-
-SHIM void g_rec_mutex_unlock(GRecMutex *m)
-{
-	if (pthread_mutex_unlock(rec_mutex_impl(m)) != 0)
-		abort();
-}
+SHIM_OBJECT(rec_mutex, GRecMutex, pthread_mutex_t, mutex_new(PTHREAD_MUTEX_RECURSIVE), mutex_free)
+SHIM_LOCK(g_rec_mutex, GRecMutex, rec_mutex_impl, pthread_mutex_lock, pthread_mutex_trylock, mutex_unlock_checked)
 
 /* ---- GRWLock ------------------------------------------------------------ */
 
-SHIM void g_rw_lock_init(GRWLock *l)
-{
-	l->p = rwlock_new();
-	hb_release(&l->p);
-}
-
-SHIM void g_rw_lock_clear(GRWLock *l)
-{
-	void *p = take_slot(&l->p);
-	if (p)
-		rwlock_free(p);
-}
-
-SHIM void g_rw_lock_writer_lock(GRWLock *l)
-{
-	if (pthread_rwlock_wrlock(rwlock_impl(l)) != 0)
-		abort();
-}
-
-SHIM gboolean g_rw_lock_writer_trylock(GRWLock *l)
-{
-	return pthread_rwlock_trywrlock(rwlock_impl(l)) == 0;
-}
-
-SHIM void g_rw_lock_writer_unlock(GRWLock *l)
-{
-	pthread_rwlock_unlock(rwlock_impl(l));
-}
-
-SHIM void g_rw_lock_reader_lock(GRWLock *l)
-{
-	if (pthread_rwlock_rdlock(rwlock_impl(l)) != 0)
-		abort();
-}
-
-SHIM gboolean g_rw_lock_reader_trylock(GRWLock *l)
-{
-	return pthread_rwlock_tryrdlock(rwlock_impl(l)) == 0;
-}
-
-SHIM void g_rw_lock_reader_unlock(GRWLock *l)
-{
-	pthread_rwlock_unlock(rwlock_impl(l));
-}
+SHIM_OBJECT(rw_lock, GRWLock, pthread_rwlock_t, rwlock_new(), rwlock_free)
+SHIM_LOCK(g_rw_lock_writer, GRWLock, rw_lock_impl, pthread_rwlock_wrlock, pthread_rwlock_trywrlock,
+	  pthread_rwlock_unlock)
+SHIM_LOCK(g_rw_lock_reader, GRWLock, rw_lock_impl, pthread_rwlock_rdlock, pthread_rwlock_tryrdlock,
+	  pthread_rwlock_unlock)
 
 /* ---- GCond -------------------------------------------------------------- */
 
-SHIM void g_cond_init(GCond *c)
-{
-	c->p = cond_new();
-	hb_release(&c->p);
-}
-
-SHIM void g_cond_clear(GCond *c)
-{
-	void *p = take_slot(&c->p);
-	if (p)
-		cond_free(p);
-}
+SHIM_OBJECT(cond, GCond, pthread_cond_t, cond_new(), cond_free)
 
 SHIM void g_cond_wait(GCond *c, GMutex *m)
 {

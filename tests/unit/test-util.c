@@ -31,6 +31,7 @@
 #include "teu-pci.h"
 #include "teu-redact.h"
 #include "../common/check.h"
+#include "../common/host-log.h"
 
 /* split() of `s`: its return, and the host and port when it took it. */
 static int split(const char *s, const char *host, int port)
@@ -246,30 +247,16 @@ static void test_dlist(void)
 	CHECK(n[2].anext == &n[0] && n[0].aprev == &n[2]);
 }
 
-/* What the helpers logged through the host, the last line. */
-static char logged[256];
-static int logged_level = -1;
-
-static void host_log(const te_host *h, int level, const char *fmt, ...)
-{
-	va_list ap;
-	(void)h;
-	va_start(ap, fmt);
-	vsnprintf(logged, sizeof logged, fmt, ap);
-	va_end(ap);
-	logged_level = level;
-}
-
 static void test_range_check(void)
 {
 	te_host h = { .log = host_log };
 	void *p = (void *)(uintptr_t)0x10f0;
 
 	CHECK_EQ(teu_range_check(&h, p, 0x10, 0x1000, 0x100), 0);
-	CHECK_EQ(logged_level, -1); /* nothing said of a range that fits */
+	CHECK_EQ(host_log_level, -1); /* nothing said of a range that fits */
 	CHECK_EQ(teu_range_check(&h, p, 0x11, 0x1000, 0x100), -EINVAL);
-	CHECK_EQ(logged_level, TE_LOG_ERROR);
-	CHECK(strstr(logged, "+17 runs past its device allocation (256 bytes at 0x1000)") != NULL);
+	CHECK_EQ(host_log_level, TE_LOG_ERROR);
+	CHECK(strstr(host_log_last, "+17 runs past its device allocation (256 bytes at 0x1000)") != NULL);
 	/* a length that wraps addr + len round to inside the allocation */
 	CHECK_EQ(teu_range_check(&h, p, SIZE_MAX - 0x8, 0x1000, 0x100), -EINVAL);
 	CHECK_EQ(teu_range_check(&h, (void *)(uintptr_t)0xfff, 0x10, 0x1000, 0x100), -EINVAL);

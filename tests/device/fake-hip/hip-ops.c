@@ -20,8 +20,9 @@
 
 #include <te/te-plugin.h>
 
+#include "../../common/host-log.h"
+
 static int failed;
-static char last_log[512];
 
 static void check(int ok, const char *fmt, ...)
 {
@@ -33,22 +34,6 @@ static void check(int ok, const char *fmt, ...)
 	va_end(ap);
 	if (!ok)
 		failed = 1;
-}
-
-static void host_log(const te_host *h, int level, const char *fmt, ...)
-{
-	va_list ap;
-	(void)h;
-	va_start(ap, fmt);
-	vsnprintf(last_log, sizeof last_log, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "[hip %d] %s\n", level, last_log);
-}
-
-static const char *host_config(const te_host *h, const char *te_name, const char *mc_name)
-{
-	(void)h, (void)mc_name;
-	return getenv(te_name);
 }
 
 #define ASYNC 1000
@@ -70,6 +55,7 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
 
 int main(int argc, char **argv)
 {
+	host_log_echo = "hip";
 	if (argc != 2) {
 		fprintf(stderr, "usage: hip-ops PLUGIN.so\n");
 		return 2;
@@ -81,7 +67,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	const te_device_ops *ops = entry()->ops;
-	te_host host = { .size = sizeof host, .abi_minor = TE_PLUGIN_ABI_MINOR, .log = host_log, .config = host_config };
+	te_host host = { .size = sizeof host, .abi_minor = TE_PLUGIN_ABI_MINOR, .log = host_log, .config = host_config_env };
 	char why[256] = "";
 	int rc = ops->probe(&host, why, sizeof why);
 	check(rc == 0, "probe: %d %s", rc, why);
@@ -155,7 +141,7 @@ int main(int argc, char **argv)
 	check(rc == 0 && ipc.device == 1 && ipc.alloc_base == (uintptr_t)d1 && ipc.alloc_size == len &&
 		      ipc.handle_len == 64,
 	      "ipc_export of hip:1 memory names the allocation (%d)", rc);
-	check(ops->ipc_open(ctx, &ipc, &base) == -EIO && strstr(last_log, "hipIpcOpenMemHandle") != NULL,
+	check(ops->ipc_open(ctx, &ipc, &base) == -EIO && strstr(host_log_last, "hipIpcOpenMemHandle") != NULL,
 	      "ipc_open in the exporting process fails, logged");
 	check(ops->stream_wait(ctx, NULL) == 0, "stream_wait on the null stream");
 

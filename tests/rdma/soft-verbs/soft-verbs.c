@@ -117,7 +117,7 @@ typedef struct soft_ctx {
 	soft_dev *dev;
 	GMutex lock;
 	GQueue events; /* struct ibv_async_event* */
-	int npd;
+	atomic_int npd; /* read by close_device() without the lock, as nqp is */
 	/* Opened before the device's last fatal error: like hardware's, it
 	 * stays dead after the device is reset (only tearing down works), and
 	 * the device serves only contexts opened anew. */
@@ -128,6 +128,16 @@ typedef struct soft_ctx {
 static bool ctx_dead(struct ibv_context *ctx)
 {
 	return atomic_load(&((soft_ctx *)ctx)->dead);
+}
+
+/* For a call that makes an object on ctx: whether ctx is dead, with errno
+ * set to EIO then (what such a call returns on a dead device). */
+static bool ctx_refuses(struct ibv_context *ctx)
+{
+	if (!ctx_dead(ctx))
+		return false;
+	errno = EIO;
+	return true;
 }
 
 typedef struct soft_pd {
@@ -158,7 +168,7 @@ typedef struct soft_channel {
 	struct ibv_comp_channel ch;
 	GMutex lock;
 	GQueue cqs; /* soft_cq* with an event pending */
-	int ncq;
+	atomic_int ncq; /* read by destroy_comp_channel() without the lock */
 } soft_channel;
 
 typedef struct soft_cq {
@@ -478,7 +488,7 @@ static int sv_close_device(struct ibv_context *ctx)
 	soft_dev *d = c->dev;
 	GThread *join = NULL;
 
-	if (c->npd > 0)
+	if (atomic_load(&c->npd) > 0)
 		return EBUSY;
 	g_mutex_lock(&d->lock);
 	d->contexts = g_list_remove(d->contexts, c);
@@ -582,15 +592,11 @@ static struct ibv_pd *sv_alloc_pd(struct ibv_context *ctx)
 	soft_ctx *c = (soft_ctx *)ctx;
 	soft_pd *pd;
 
-	if (ctx_dead(ctx)) {
-		errno = EIO;
+	if (ctx_refuses(ctx))
 		return NULL;
-	}
 	pd = g_new0(soft_pd, 1);
 	pd->pd.context = ctx;
-	g_mutex_lock(&c->lock);
-	c->npd++;
-	g_mutex_unlock(&c->lock);
+	atomic_fetch_add(&c->npd, 1);
 	return &pd->pd;
 }
 
@@ -601,9 +607,7 @@ static int sv_dealloc_pd(struct ibv_pd *ibpd)
 
 	if (atomic_load(&pd->users) > 0)
 		return EBUSY;
-	g_mutex_lock(&c->lock);
-	c->npd--;
-	g_mutex_unlock(&c->lock);
+	atomic_fetch_sub(&c->npd, 1);
 	g_free(pd);
 	return 0;
 }
@@ -626,10 +630,8 @@ static struct ibv_mr *mr_new(struct ibv_pd *ibpd, void *addr, size_t length, int
 {
 	soft_mr *mr;
 
-	if (ctx_dead(ibpd->context)) {
-		errno = EIO;
+	if (ctx_refuses(ibpd->context))
 		return NULL;
-	}
 	if (addr == NULL || length == 0 ||
 	    ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 	     !(access & IBV_ACCESS_LOCAL_WRITE))) {
@@ -714,10 +716,8 @@ static struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *ctx)
 {
 	soft_channel *ch;
 
-	if (ctx_dead(ctx)) {
-		errno = EIO;
+	if (ctx_refuses(ctx))
 		return NULL;
-	}
 	ch = g_new0(soft_channel, 1);
 	ch->ch.context = ctx;
 	ch->ch.fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
@@ -734,7 +734,7 @@ static int sv_destroy_comp_channel(struct ibv_comp_channel *ibch)
 {
 	soft_channel *ch = (soft_channel *)ibch;
 
-	if (ch->ncq > 0)
+	if (atomic_load(&ch->ncq) > 0)
 		return EBUSY;
 	close(ch->ch.fd);
 	g_queue_clear(&ch->cqs);
@@ -748,10 +748,8 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
 {
 	soft_cq *cq;
 
-	if (ctx_dead(ctx)) {
-		errno = EIO;
+	if (ctx_refuses(ctx))
 		return NULL;
-	}
 	if (cqe < 1 || cqe > SOFT_MAX_CQE || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
 		errno = EINVAL;
 		return NULL;
@@ -764,12 +762,8 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
 	cq->cap = cqe;
 	cq->ring = g_new0(struct ibv_wc, cqe);
 	g_mutex_init(&cq->lock);
-	if (ibch != NULL) {
-		soft_channel *ch = (soft_channel *)ibch;
-		g_mutex_lock(&ch->lock);
-		ch->ncq++;
-		g_mutex_unlock(&ch->lock);
-	}
+	if (ibch != NULL)
+		atomic_fetch_add(&((soft_channel *)ibch)->ncq, 1);
 	return &cq->cq;
 }
 
@@ -784,7 +778,7 @@ static int sv_destroy_cq(struct ibv_cq *ibcq)
 	if (ibcq->channel != NULL) {
 		soft_channel *ch = (soft_channel *)ibcq->channel;
 		g_mutex_lock(&ch->lock);
-		ch->ncq--;
+		atomic_fetch_sub(&ch->ncq, 1);
 		g_queue_remove_all(&ch->cqs, cq);
 		g_mutex_unlock(&ch->lock);
 	}
@@ -922,10 +916,8 @@ static struct ibv_qp *sv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_attr 
 {
 	soft_qp *qp;
 
-	if (ctx_dead(ibpd->context)) {
-		errno = EIO;
+	if (ctx_refuses(ibpd->context))
 		return NULL;
-	}
 	if (attr == NULL || attr->qp_type != IBV_QPT_RC || attr->send_cq == NULL ||
 	    attr->recv_cq == NULL || attr->send_cq->context != ibpd->context ||
 	    attr->recv_cq->context != ibpd->context || attr->srq != NULL ||

@@ -35,6 +35,13 @@ static void jobject(JsonBuilder *b, const char *k)
 	json_builder_begin_object(b);
 }
 
+/* An array's row, opened: an object whose first member `k` names it. */
+static void jrow(JsonBuilder *b, const char *k, const char *v)
+{
+	json_builder_begin_object(b);
+	jstr(b, k, v);
+}
+
 /* A member at `path`, "group.key" or "key": a group opens an object that
  * stays open while the following members name it too; *open is the one
  * open (NULL: none), closed by a member outside it or by path NULL. */
@@ -85,8 +92,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
 		for (unsigned op = 0; op < 2; op++) {
 			const op_snap *o = &t->op[op];
-			json_builder_begin_object(b);
-			jstr(b, "transport", t->transport);
+			jrow(b, "transport", t->transport);
 			jstr(b, "op", te_mop_names[op]);
 			TE_MTABLE_OP(J)
 			TE_MTABLE_OPG(J)
@@ -112,8 +118,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 	jarray(b, "transport_events");
 	for (guint i = 0; i < sn->tps->len; i++) {
 		const tp_snap *t = &g_array_index(sn->tps, tp_snap, i);
-		json_builder_begin_object(b);
-		jstr(b, "transport", t->transport);
+		jrow(b, "transport", t->transport);
 		TE_MTABLE_TP(J)
 		json_builder_end_object(b);
 	}
@@ -122,8 +127,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 	for (guint i = 0; i < sn->peers->len; i++) {
 		const peer_snap *p = &g_array_index(sn->peers, peer_snap, i);
 		for (unsigned op = 0; op < 2; op++) {
-			json_builder_begin_object(b);
-			jstr(b, "peer", p->name ? p->name : "other");
+			jrow(b, "peer", p->name ? p->name : "other");
 			json_builder_set_member_name(b, "other");
 			json_builder_add_boolean_value(b, p->name == NULL);
 			jstr(b, "op", te_mop_names[op]);
@@ -135,8 +139,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 	jarray(b, "devices");
 	for (guint i = 0; i < sn->devs->len; i++) {
 		const dev_snap *d = &g_array_index(sn->devs, dev_snap, i);
-		json_builder_begin_object(b);
-		jstr(b, "transport", d->transport);
+		jrow(b, "transport", d->transport);
 		jstr(b, "device", d->name);
 		TE_MTABLE_DEV(J)
 		json_builder_end_object(b);
@@ -146,8 +149,7 @@ static void json_of(const snap *sn, JsonBuilder *b)
 	jpath(b, &open, &open_len, NULL, 0);
 	jarray(b, TE_MTABLE_RPC(J_NAME));
 	for (unsigned k = 0; k < TE_MRPC_KINDS; k++) {
-		json_builder_begin_object(b);
-		jstr(b, "kind", te_mrpc_names[k]);
+		jrow(b, "kind", te_mrpc_names[k]);
 		TE_MTABLE_RPC_RESULTS(J_RPC)
 		json_builder_end_object(b);
 	}

@@ -663,10 +663,28 @@ int te_segment_refresh_all(te_engine *e)
  * a 100 ms bound; a dead peer costs a refused connect per period. */
 #define LOST_REFRESH_MS 50
 
+/* Whether a refresh last made at *last (0: never) is due `every` ms on,
+ * stamping `now` when it is. Under the control lock. */
+static bool refresh_due(int64_t *last, int64_t now, int64_t every)
+{
+	if (*last != 0 && now - *last < every)
+		return false;
+	*last = now;
+	return true;
+}
+
+/* Refreshes segment `id` (no lock held), its outcome logged at `level`. */
+static void refresh_logged(te_engine *e, te_segment_id id, int level, const char *why)
+{
+	int rc = te_segment_refresh(e, id);
+
+	te_log(level, TE_DOMAIN, "segment %d: %s: %s", id, why, te_strerror(rc));
+}
+
 bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 {
 	int64_t now = te_now_ms();
-	bool go = false;
+	bool go;
 
 	g_rec_mutex_lock(&e->ctl);
 	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
@@ -676,37 +694,27 @@ bool te_segment_refresh_stale(te_engine *e, te_segment_id id)
 	int64_t every = s != NULL && s->last_lost_refresh != 0 && now - s->last_lost_refresh < STALE_REFRESH_MS
 				? LOST_REFRESH_MS
 				: STALE_REFRESH_MS;
-	if (s != NULL && (s->last_auto_refresh == 0 || now - s->last_auto_refresh >= every)) {
-		s->last_auto_refresh = now;
-		go = true;
-	}
+	go = s != NULL && refresh_due(&s->last_auto_refresh, now, every);
 	g_rec_mutex_unlock(&e->ctl);
-	if (go) {
-		int rc = te_segment_refresh(e, id);
-		te_dbg("segment %d: refreshed as it looked stale: %s", id, te_strerror(rc));
-	}
+	if (go)
+		refresh_logged(e, id, TE_LOG_DEBUG, "refreshed as it looked stale");
 	return go;
 }
 
 void te_segment_refresh_lost(te_engine *e, te_segment_id id)
 {
 	int64_t now = te_now_ms();
-	bool go = false;
+	bool go;
 
 	g_rec_mutex_lock(&e->ctl);
 	te_segment *s = g_hash_table_lookup(e->segments, GINT_TO_POINTER(id));
 	/* A task moved to the alternate transport marks that version. */
-	if (s != NULL && s->cur != NULL &&
-	    (atomic_load(&s->cur->peer_lost) || (s->cur->alt != NULL && atomic_load(&s->cur->alt->peer_lost))) &&
-	    (s->last_lost_refresh == 0 || now - s->last_lost_refresh >= LOST_REFRESH_MS)) {
-		s->last_lost_refresh = now;
-		go = true;
-	}
+	go = s != NULL && s->cur != NULL &&
+	     (atomic_load(&s->cur->peer_lost) || (s->cur->alt != NULL && atomic_load(&s->cur->alt->peer_lost))) &&
+	     refresh_due(&s->last_lost_refresh, now, LOST_REFRESH_MS);
 	g_rec_mutex_unlock(&e->ctl);
-	if (go) {
-		int rc = te_segment_refresh(e, id);
-		te_info("segment %d: fetched again after its peer went away: %s", id, te_strerror(rc));
-	}
+	if (go)
+		refresh_logged(e, id, TE_LOG_INFO, "fetched again after its peer went away");
 }
 
 void te_segver_refresh_job(gpointer data, gpointer user)

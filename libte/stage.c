@@ -432,22 +432,34 @@ static void write_copied(void *arg, int error)
 	submit_one(s, slot);
 }
 
+/* What the start of the asynchronous copy of slot `slot`'s chunk gave, `dir`
+ * ("out of", "into") its device memory: 0 when it started, or when the
+ * plugin cannot and the staging threads take the copy over (`work`); another
+ * error, logged, is the chunk's to end with. */
+static int copy_started(te_stager *s, guint slot, int rc, unsigned work, const char *dir)
+{
+	const stage_slot *sl = &s->slots[slot];
+
+	if (rc == -ENOTSUP) {
+		g_thread_pool_push(s->pool, WORK(slot, work), NULL);
+		return 0;
+	}
+	if (rc < 0)
+		te_log(TE_LOG_ERROR, sl->parent->dev->hc.plugin->name, "cannot start a copy of %llu bytes %s device memory: %s",
+		       (unsigned long long)sl->len, dir, te_strerror(rc));
+	return rc;
+}
+
 /* Starts the copy out of the device of a WRITE chunk that has its buffer;
  * the staging threads do it when the plugin cannot copy asynchronously. */
 static void start_write(te_stager *s, guint slot)
 {
 	stage_slot *sl = &s->slots[slot];
-	te_task *t = sl->parent;
-	int rc = t->dev->ops->copy_async(t->dev->ctx, slot_area(s, slot), chunk_local(sl), sl->len,
-					 write_copied, sl);
+	te_device *dev = sl->parent->dev;
+	int rc = dev->ops->copy_async(dev->ctx, slot_area(s, slot), chunk_local(sl), sl->len, write_copied, sl);
 
-	if (rc == -ENOTSUP) {
-		g_thread_pool_push(s->pool, WORK(slot, WORK_START), NULL);
-	} else if (rc < 0) {
-		te_log(TE_LOG_ERROR, t->dev->hc.plugin->name, "cannot start a copy of %llu bytes out of device memory: %s",
-		       (unsigned long long)sl->len, te_strerror(rc));
+	if (copy_started(s, slot, rc, WORK_START, "out of") < 0)
 		release(s, slot, 0, rc, NULL);
-	}
 }
 
 /* Starts ready chunks: READs go to their transports, those of one transport
@@ -516,8 +528,7 @@ static void start(te_stager *s, guint slot)
 static void finish(te_stager *s, guint slot)
 {
 	stage_slot *sl = &s->slots[slot];
-	te_task *t = sl->parent;
-	int rc = te_device_copy_with(t->dev, chunk_local(sl), slot_area(s, slot), sl->len);
+	int rc = te_device_copy_with(sl->parent->dev, chunk_local(sl), slot_area(s, slot), sl->len);
 
 	chunk_done(s, slot, rc < 0 ? 0 : sl->len, rc, true);
 }
@@ -563,13 +574,8 @@ static void finish_read(te_stager *s, guint slot)
 	int rc = dev->ops->copy_async(dev->ctx, chunk_local(sl), slot_area(s, slot), sl->len, finish_done,
 				      sl);
 	in_complete = outer;
-	if (rc == -ENOTSUP) {
-		g_thread_pool_push(s->pool, WORK(slot, WORK_FINISH), NULL);
-	} else if (rc < 0) {
-		te_log(TE_LOG_ERROR, dev->hc.plugin->name, "cannot start a copy of %llu bytes into device memory: %s",
-		       (unsigned long long)sl->len, te_strerror(rc));
+	if (copy_started(s, slot, rc, WORK_FINISH, "into") < 0)
 		chunk_done(s, slot, 0, rc, false);
-	}
 }
 
 void te_stage_slice_done(te_task *sub, uint64_t bytes, int error)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The gather kernel's parameter block (teu-gather.cu's te_gather) and how a
- * launch is shaped, shared by the CUDA plugin (copy.c) and
+ * launch is shaped, shared by the CUDA plugin (cuda-copy.c) and
  * tools/gpu-copy-bench, so that the benchmark measures the launches the
  * plugin makes.
  */

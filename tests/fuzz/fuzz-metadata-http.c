@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The etcd and HTTP metadata plugins (etcd.c or http.c compiled in, chosen
+ * The etcd and HTTP metadata plugins (etcd-plugin.c or http-plugin.c compiled in, chosen
  * by FUZZ_STORE_ETCD / FUZZ_STORE_HTTP), fed from one input:
  *   <connection string> '\n' <op byte> <canned replies (fuzz-http.h)>
  * The connection string goes to the plugin's open() (its URL and endpoint
@@ -15,11 +15,11 @@
 #include "fuzz-http.h"
 
 #if defined(FUZZ_STORE_ETCD)
-#include "../../plugins/metadata/etcd/etcd.c"
+#include "../../plugins/metadata/etcd/etcd-plugin.c"
 #define OPS etcd_ops
 #define GOOD_CONN "etcd://127.0.0.1:2379,[::1]:2380"
 #elif defined(FUZZ_STORE_HTTP)
-#include "../../plugins/metadata/http/http.c"
+#include "../../plugins/metadata/http/http-plugin.c"
 #define OPS http_ops
 #define GOOD_CONN "http://127.0.0.1:8080/metadata?cluster=a"
 #else

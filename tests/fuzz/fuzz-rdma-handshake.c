@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 #include "fuzz.h"
 

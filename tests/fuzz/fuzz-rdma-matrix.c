@@ -2,7 +2,7 @@
 /*
  * The RDMA priority matrix, from the two places it comes from:
  *  - the transport's install arguments (rd_parse_args() of config.c, with
- *    transport.c compiled in: a matrix object, a list of devices, or an object of
+ *    rdma-plugin.c compiled in: a matrix object, a list of devices, or an object of
  *    options with the matrix inside, possibly as a JSON string), then
  *    rd_topo_from_matrix() against the two-socket sysfs fixture;
  *  - a peer's descriptor ("priority_matrix" against its "devices"):
@@ -10,7 +10,7 @@
  * Accepted matrices must hold only indices of known devices, each once per
  * location, and read back the same after rd_matrix_to_json().
  */
-#include "../../plugins/transport/rdma/transport.c"
+#include "../../plugins/transport/rdma/rdma-plugin.c"
 
 #include "fuzz.h"
 

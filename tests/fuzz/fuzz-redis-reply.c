@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The redis metadata plugin (redis.c compiled in) against a scripted server:
+ * The redis metadata plugin (redis-plugin.c compiled in) against a scripted server:
  *   <connection string> '\n' <op byte> <RESP reply stream>
  * The connection string goes to redis_open() (its URL parsing; a refused one
  * is replaced by a known-good one with a user, a password and a database, so
@@ -15,7 +15,7 @@
 
 #include "fuzz-host.h"
 
-#include "../../plugins/metadata/redis/redis.c"
+#include "../../plugins/metadata/redis/redis-plugin.c"
 
 static const uint8_t *script;
 static size_t script_len;

@@ -7,13 +7,13 @@
  * belongs), huge arrays and strings, repeated keys, wrong types and numbers
  * out of range: each is refused with a log line that names the fault, and
  * each case checks that reason, so it fails if the bounded check (or the
- * field's check) is taken away. transport.c is compiled in for its static
+ * field's check) is taken away. rdma-plugin.c is compiled in for its static
  * functions; the rest is the shipped plugin's sources (its provider
  * included), with a host of the test's own.
  */
 #include "../common/host-log.h"
 #include "../common/hostile.h"
-#include "../../plugins/transport/rdma/transport.c"
+#include "../../plugins/transport/rdma/rdma-plugin.c"
 
 #include <stdarg.h>
 

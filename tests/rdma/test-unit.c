@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 #include "../common/check.h"
 #include "../common/mutate.h"

@@ -3,8 +3,8 @@
  * The CUDA device plugin's shared declarations: the plugin's context and
  * the functions its files share (the driver's types, calls and table are in
  * util/teu-cuda.h, so that neither the plugin nor libte needs the CUDA
- * toolkit). cuda.c opens the driver and holds the
- * ops table; copy.c the copies; share.c the virtual memory API, dma-bufs and
+ * toolkit). cuda-plugin.c opens the driver and holds the
+ * ops table; cuda-copy.c the copies; cuda-share.c the virtual memory API, dma-bufs and
  * other processes' memory.
  */
 #ifndef TE_CUDA_INTERNAL_H
@@ -144,16 +144,16 @@ struct cuda_ctx {
 };
 
 
-/* The ops' work (cu_classify, ...; copy.c and share.c). cuda.c hands them
+/* The ops' work (cu_classify, ...; cuda-copy.c and cuda-share.c). cuda-plugin.c hands them
  * to the host as cuda_classify, ..., which put the caller's current context
  * back after them. */
 TEU_GPU_DECLARE_OPS(cu);
 
-/* cuda.c */
+/* cuda-plugin.c */
 /* Driver calls need a current context in the calling thread. */
 void cu_make_current(cuda_ctx *c, int dev);
 
-/* copy.c */
+/* cuda-copy.c */
 bool cu_async_start(cuda_ctx *c);
 void cu_async_stop(cuda_ctx *c);
 /* Whether the plugin has a stream of its own to copy on (none: its copies

@@ -3,8 +3,8 @@
  * The HIP device plugin's shared declarations: the few HIP types, constants
  * and calls it uses (declared here, so that neither the plugin nor libte
  * needs ROCm), the plugin's context and the functions its files share.
- * hip.c opens the runtime and holds the ops table; copy.c the copies;
- * share.c device memory for others (dma-bufs, other processes' memory).
+ * hip-plugin.c opens the runtime and holds the ops table; hip-copy.c the copies;
+ * hip-share.c device memory for others (dma-bufs, other processes' memory).
  */
 #ifndef TE_HIP_INTERNAL_H
 #define TE_HIP_INTERNAL_H
@@ -142,12 +142,12 @@ static inline const char *errstr(const runtime *r, hipError_t e)
 
 TEU_GPU_DECLARE_OPS(hip);
 
-/* hip.c */
+/* hip-plugin.c */
 int device_enter(hip_ctx *c, int dev);
 void device_leave(hip_ctx *c, int dev, int old);
 bool range_of(hip_ctx *c, void *p, uintptr_t *start, size_t *size);
 
-/* copy.c */
+/* hip-copy.c */
 bool async_start(hip_ctx *c);
 void async_stop(hip_ctx *c);
 hipStream_t copy_stream_take(hip_ctx *c);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Private to the etcd metadata plugin: the store handle and what its files
- * (etcd.c, etcd-client.c, etcd-lease.c, etcd-kv.c) call of each other. */
+ * (etcd-plugin.c, etcd-client.c, etcd-lease.c, etcd-kv.c) call of each other. */
 #ifndef TE_ETCD_H
 #define TE_ETCD_H
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Private to the redis metadata plugin: the store handle and what its files
- * (redis.c, redis-conn.c, redis-sentinel.c, redis-kv.c) call of each other. */
+ * (redis-plugin.c, redis-conn.c, redis-sentinel.c, redis-kv.c) call of each other. */
 #ifndef TE_REDIS_H
 #define TE_REDIS_H
 

@@ -186,7 +186,7 @@ enum {
 	NV_PD_ERROR = 3,  /* negative error to end the unissued slices with */
 };
 
-/* segment.c */
+/* nvmeof-segment.c */
 int nv_segment_open(nv_ctx *c, const te_segment_info *seg, nv_segment **out);
 void nv_segment_close(nv_ctx *c, nv_segment *s);
 /* Index of the file holding segment byte `pos` (pos < s->total). */
@@ -196,7 +196,7 @@ uint32_t nv_count_slices(const nv_segment *s, size_t fi, uint64_t pos, uint64_t 
 /* Logs an error about a file, rate limited per file. */
 void nv_file_log(nv_ctx *c, nv_file *f, int level, const char *fmt, ...) TE_PRINTF(4, 5);
 
-/* allow.c */
+/* nvmeof-allow.c */
 /* The entries of a TE_NVMEOF_ALLOW value (NULL: none), NULL-terminated;
  * relative ones are dropped with a warning. g_strfreev() frees them. */
 char **nv_allow_parse(const te_host *h, const char *text);
@@ -212,15 +212,15 @@ int nv_open_resolved(const char *rp, int flags, const struct stat *want);
 /* Text for a file's open error (g_strerror(), and the plugin's own). */
 const char *nv_strerror(int err);
 
-/* worker.c */
+/* nvmeof-worker.c */
 int nv_workers_start(nv_ctx *c);
 void nv_workers_stop(nv_ctx *c);
-/* io.c */
+/* nvmeof-io.c */
 /* Queues a chain of transfers (linked newest first through NV_PD_NEXT,
  * `oldest` last) holding `slices` slices on a worker, and wakes it if it
  * sleeps and waits for no more. */
 void nv_worker_push(nv_worker *w, te_transfer *newest, te_transfer *oldest, uint32_t slices);
-/* caller.c */
+/* nvmeof-caller.c */
 /* The same with caller submission: queues the chain (may be empty) and
  * submits what fits into free slots from the calling thread; transfers of
  * `failed` (linked the same way, error in NV_PD_ERROR) end through the ring. */
@@ -228,7 +228,7 @@ void nv_worker_submit(nv_worker *w, te_transfer *newest, te_transfer *oldest, te
 /* The transport's progress and wake ops (see te-plugin.h). */
 int nv_progress(nv_ctx *c, int (*done)(void *arg), void *arg, int64_t timeout_ns);
 void nv_wake(nv_ctx *c);
-/* worker.c */
+/* nvmeof-worker.c */
 /* Registers `fd` in every ring's file table; its index, or -1 (the table
  * is full or absent: requests then name the descriptor itself). */
 int nv_fixed_add(nv_ctx *c, int fd);
@@ -236,8 +236,8 @@ void nv_fixed_remove(nv_ctx *c, int idx);
 /* Whether an io_uring can be created here; fills `why` when not. */
 int nv_uring_probe(char *why, size_t why_len);
 
-/* The rings' internals, shared by io.c (slices and their completions),
- * worker.c (the threads, worker submission) and caller.c (caller
+/* The rings' internals, shared by nvmeof-io.c (slices and their completions),
+ * nvmeof-worker.c (the threads, worker submission) and nvmeof-caller.c (caller
  * submission). */
 #define NV_WAKE_TAG (UINT64_MAX - 2) /* a no-op posted to wake the collector */
 #define NV_PASS_CQES 32u /* completions taken from the ring per lock hold */
@@ -248,7 +248,7 @@ static inline te_transfer *pd_next(const te_transfer *t)
 	return (te_transfer *)t->plugin_data[NV_PD_NEXT];
 }
 
-/* io.c */
+/* nvmeof-io.c */
 /* Writes the worker's eventfd, which wakes it where it waits for one. */
 void nv_efd_wake(nv_worker *w);
 /* Moves everything pushed so far to the end of the worker's FIFO, oldest first. */
@@ -266,7 +266,7 @@ void nv_issue(nv_worker *w, nv_pass *p);
 /* Handles up to `max` completions from the ring; returns how many. */
 unsigned nv_reap(nv_worker *w, nv_pass *p, unsigned max);
 
-/* caller.c */
+/* nvmeof-caller.c */
 /* Wakes the worker wherever it sleeps (the ring, or between its looks). */
 void nv_kick_worker(nv_worker *w);
 /* The worker's loop under caller submission. */

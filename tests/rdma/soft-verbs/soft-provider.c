@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The provider of the tests' copy of the RDMA plugin, in place of the
- * shipped plugin's provider.c: the software verbs layer over a sysfs fixture
+ * shipped plugin's rdma-provider.c: the software verbs layer over a sysfs fixture
  * tree when TE_RDMA_SOFT is set (engine option or environment), libibverbs
  * otherwise (the tests on real devices, tests/rdma-qemu). It also keeps the
  * instances by engine name for te_rdma_get_stats(). This file and
@@ -9,7 +9,7 @@
  */
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 #include "rdma-test.h"
 #include "soft-verbs.h"
 

@@ -54,7 +54,7 @@
 
 #include <glib.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 #include "rdma-test.h"
 #include "soft-verbs.h"
 

@@ -2,9 +2,9 @@
 /*
  * The shipped plugin's provider: libibverbs over the kernel's own sysfs,
  * always. No variable, option or argument selects anything else here; the
- * tests' copy of the plugin replaces this file (rdma-internal.h).
+ * tests' copy of the plugin replaces this file (rdma.h).
  */
-#include "rdma-internal.h"
+#include "rdma.h"
 
 void rd_provider_get(const te_host *h, rd_provider *out)
 {

@@ -27,7 +27,7 @@
  * allocated per request.
  *
  * This file: the hand-over, the slots, slices becoming SQEs and their
- * completions. worker.c runs the threads and worker submission, caller.c
+ * completions. nvmeof-worker.c runs the threads and worker submission, nvmeof-caller.c
  * caller submission and the collector role.
  */
 #include <errno.h>

@@ -15,7 +15,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 static const char *gid_type_name(uint32_t t)
 {

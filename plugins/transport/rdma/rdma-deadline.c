@@ -8,7 +8,7 @@
  *    dispatcher, the NICs' queues and the retry path end its slices on
  *    sight; those parked on an endpoint being connected are taken here. No
  *    slice of it is posted any more: a post passes the host's gate first
- *    (worker.c), and the gate is closed before this runs.
+ *    (rdma-worker.c), and the gate is closed before this runs.
  *  - Each endpoint that holds a posted slice of it is fenced: out of the
  *    pool, its QPs moved to ERR. The NIC flushes what they hold
  *    (IBV_WC_WR_FLUSH_ERR) and starts nothing more of it; the workers reap
@@ -27,7 +27,7 @@
  * other failed completion) is reaped: after that the NIC can emit nothing
  * more for it, and with the last of them the host clears the flag.
  */
-#include "rdma-internal.h"
+#include "rdma.h"
 
 #define RD_EXPIRE_WAIT_MS 50
 
@@ -78,7 +78,7 @@ int rd_expire(void *ctx, te_transfer *t)
 	bool write = t->opcode == TE_OP_WRITE;
 
 	/* From here on its slices end wherever they are met. Sequentially
-	 * consistent with the completions' clearing of posted_t (worker.c). */
+	 * consistent with the completions' clearing of posted_t (rdma-worker.c). */
 	__atomic_fetch_or(&t->plugin_data[2], (uintptr_t)RD_T_EXPIRED, __ATOMIC_SEQ_CST);
 
 	for (int i = 0; i < tr->nctx; i++) {

@@ -6,7 +6,7 @@
  * allocations (memfds, device exports) and mapping or opening them, and
  * deciding whether this transport can reach the whole segment (cross-memory
  * attach, or shared allocations only). shm_seg is what it leaves behind;
- * copy.c moves the data through it.
+ * shm-copy.c moves the data through it.
  */
 #include <errno.h>
 #include <json-glib/json-glib.h>
@@ -22,7 +22,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "shm-internal.h"
+#include "shm.h"
 
 #define CONNECT_TIMEOUT_MS 2000
 

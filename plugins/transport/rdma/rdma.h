@@ -433,7 +433,7 @@ static inline void rd_posted_clear(rd_transport *tr, const rd_slice *s)
 int64_t rd_now_ms(void);
 #define RD_LOG(tr, lvl, ...) ((tr)->host->log((tr)->host, (lvl), __VA_ARGS__))
 
-/* context.c */
+/* rdma-context.c */
 int rd_ctx_open(rd_transport *tr, int index, struct ibv_device *dev, rd_ctx **out, GString *err);
 void rd_ctx_close(rd_ctx *c);
 int rd_ctx_start(rd_ctx *c);
@@ -454,7 +454,7 @@ void rd_ctx_enqueue(rd_ctx *c, rd_slice *head, rd_slice *tail, bool front);
 int rd_pick_gid(const rv_verbs *v, struct ibv_context *vctx, uint8_t port, int want, int *index,
 		uint8_t gid[16], GString *why);
 
-/* endpoint.c */
+/* rdma-endpoint.c */
 void rd_ep_unref(rd_ep *ep);
 void rd_ep_fail(rd_ep *ep, int error, const char *why);
 /* Resolves the endpoint of each slice (all on this context). Slices whose
@@ -495,7 +495,7 @@ unsigned rd_ep_count(rd_ctx *c);
 /*
  * Where an instance's verbs and sysfs come from: the one seam between the
  * shipped plugin and the tests' copy of it. The shipped plugin links
- * provider.c (libibverbs and the kernel's /sys, whatever the environment
+ * rdma-provider.c (libibverbs and the kernel's /sys, whatever the environment
  * says). The tests build a second, uninstalled copy from the same sources
  * with tests/rdma/soft-verbs/soft-provider.c in its place.
  */
@@ -508,7 +508,7 @@ void rd_provider_get(const te_host *h, rd_provider *out);
 /* An instance is up (true) or about to be destroyed (false). */
 void rd_provider_track(rd_transport *tr, bool up);
 
-/* handshake.c: JSON from outside, through te_json_load() with `lim`; NULL
+/* rdma-handshake.c: JSON from outside, through te_json_load() with `lim`; NULL
  * and a line naming `what` and the fault in `err` when refused. */
 JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, const char *what,
 		       GString *err);
@@ -516,7 +516,7 @@ JsonNode *rd_json_load(const char *text, size_t len, const te_json_limits *lim, 
  * when it is there but not a string. */
 const char *rd_json_str(JsonObject *o, const char *name, bool *bad);
 
-/* config.c */
+/* rdma-config.c */
 /* The install arguments (json_args), parsed. */
 typedef struct rd_args {
 	GPtrArray *devices;   /* allow-list, or NULL */
@@ -531,7 +531,7 @@ int rd_select_devices(const rv_verbs *v, const char *root, GPtrArray *allow,
 		      struct ibv_device ***list_out, int *num_out, GPtrArray *names, GString *err);
 GPtrArray *rd_env_devices(const te_host *h);
 
-/* slice.c */
+/* rdma-slice.c */
 void rd_pool_put(rd_transport *tr, rd_slice *s);
 rd_slice *rd_pool_try_get(rd_transport *tr);
 bool rd_failure_log_allowed(rd_transport *tr, te_transfer *t, unsigned *suppressed);
@@ -545,20 +545,20 @@ void rd_slice_retry(rd_transport *tr, rd_slice *s, int error, const char *why);
  * transfer: not the path's failure, so no attempt is counted. */
 void rd_slice_resend(rd_transport *tr, rd_slice *s, const char *why);
 
-/* deadline.c */
+/* rdma-deadline.c */
 int rd_expire(void *ctx, te_transfer *t);
 /* A posted slice of an ended transfer came back: expire() looks again. */
 void rd_expire_wake(rd_transport *tr);
 
-/* worker.c */
+/* rdma-worker.c */
 gpointer rd_worker_thread(gpointer data);
 
-/* dispatcher.c */
+/* rdma-dispatcher.c */
 gpointer rd_dispatcher_thread(gpointer data);
 gpointer rd_reclaimer_thread(gpointer data);
 int rd_submit(void *ctx, te_transfer *const *ts, size_t n);
 
-/* mr.c */
+/* rdma-mr.c */
 void rd_mr_unref(rd_mr *m);
 /* Registers `m` with device `dev` where it is not; its verbs_lock held. */
 int rd_mr_reg_locked(rd_transport *tr, rd_mr *m, int dev);
@@ -569,7 +569,7 @@ char *rd_mr_json(rd_transport *tr, rd_mr *m);
 int rd_mem_register(void *ctx, const te_mem_info *mem, char **json);
 int rd_mem_unregister(void *ctx, void *addr, size_t length);
 
-/* segment.c */
+/* rdma-segment.c */
 int rd_segment_open(void *ctx, const te_segment_info *info, void **seg_ctx);
 void rd_segment_close(void *ctx, void *seg_ctx);
 

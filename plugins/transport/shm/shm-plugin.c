@@ -2,9 +2,9 @@
 /*
  * libte's same-host transport: the plugin's entry points, its configuration,
  * the host identity it publishes, and the control thread that answers first
- * contacts and notices targets going away. target.c serves; on the
- * initiator's side contact.c opens a target's segment, copy.c moves the
- * data and queue.c decides which thread copies it.
+ * contacts and notices targets going away. shm-target.c serves; on the
+ * initiator's side shm-contact.c opens a target's segment, shm-copy.c moves the
+ * data and shm-queue.c decides which thread copies it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shm-internal.h"
+#include "shm.h"
 #include "teu-json.h"
 
 /* ----------------------------------------------------------- identity */

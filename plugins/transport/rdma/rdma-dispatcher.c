@@ -3,7 +3,7 @@
  * slices and routes them; the reclaimer thread for idle endpoints. */
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 #include "teu-search.h"
 
 /* ------------------------------------------------------------- dispatcher */

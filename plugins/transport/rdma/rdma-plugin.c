@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The RDMA transport plugin: create/destroy, the descriptor's device part,
- * probe/report and the ops table; config.c, slice.c, worker.c, dispatcher.c,
- * mr.c and segment.c hold the rest, one object each.
+ * probe/report and the ops table; rdma-config.c, rdma-slice.c, rdma-worker.c, rdma-dispatcher.c,
+ * rdma-mr.c and rdma-segment.c hold the rest, one object each.
  *
  * Data path. submit() only computes each transfer's slice count and queues
  * it (no allocation, one lock per call). A dispatcher thread cuts transfers
@@ -20,7 +20,7 @@
  * path is left.
  *
  * Deadlines. The host may end a transfer early (its deadline, a cancel);
- * deadline.c's expire() then drops its slices not yet posted and fences the
+ * rdma-deadline.c's expire() then drops its slices not yet posted and fences the
  * endpoints holding its posted ones (docs/rdma.md, "Deadlines").
  */
 #include <limits.h>
@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 int64_t rd_now_ms(void)
 {

@@ -4,7 +4,7 @@
  * routing: the (local NIC, peer NIC) path a slice takes, again after a
  * failure, with failing paths paused.
  */
-#include "rdma-internal.h"
+#include "rdma.h"
 
 /* ------------------------------------------------------------ slice pool */
 

@@ -7,7 +7,7 @@
  * (process_vm_readv/writev, up to SHM_CMA_IOV requests per call); the
  * target's device memory through the device plugin, at the address its
  * allocation was opened at here. Each copy runs inside a pinned slot of the
- * target's control block. Who calls it, and in which thread: queue.c.
+ * target's control block. Who calls it, and in which thread: shm-queue.c.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "shm-internal.h"
+#include "shm.h"
 
 /* ---------------------------------------------------------------- pins */
 

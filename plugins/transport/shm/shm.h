@@ -224,10 +224,10 @@ struct shm_ctx {
  * data; the rest is a file descriptor). */
 enum { W_WAKE, W_LISTEN, W_CLIENT, W_SEG };
 
-/* plugin.c */
+/* shm-plugin.c */
 int shm_watch(shm_ctx *c, int fd, int kind);
 
-/* target.c */
+/* shm-target.c */
 int shm_target_start(shm_ctx *c);
 void shm_target_stop(shm_ctx *c);
 int shm_target_register(shm_ctx *c, const te_mem_info *mem);
@@ -240,11 +240,11 @@ void shm_target_client(shm_ctx *c, int fd);
 int shm_target_sweep(shm_ctx *c);
 void shm_target_drop_clients(shm_ctx *c);
 
-/* contact.c */
+/* shm-contact.c */
 int shm_segment_open(shm_ctx *c, const te_segment_info *seg, shm_seg **out);
 void shm_segment_close(shm_ctx *c, shm_seg *s);
 
-/* copy.c: one piece of a transfer, [off, off+len) of it; shm_run_all()
+/* shm-copy.c: one piece of a transfer, [off, off+len) of it; shm_run_all()
  * copies pieces and completes them, grouped by (segment, opcode) in runs
  * of up to SHM_CMA_IOV. */
 typedef struct shm_piece {
@@ -254,7 +254,7 @@ typedef struct shm_piece {
 void shm_run_all(shm_ctx *c, shm_piece *ps, unsigned n);
 bool shm_stream_supported(void);
 
-/* queue.c */
+/* shm-queue.c */
 int shm_submit(shm_ctx *c, te_transfer *const *t, size_t n);
 int shm_progress(shm_ctx *c, int (*done)(void *), void *arg, int64_t timeout_ns);
 void shm_wake(shm_ctx *c);

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shm-internal.h"
+#include "shm.h"
 
 
 #define HELLO_TIMEOUT_MS 2000

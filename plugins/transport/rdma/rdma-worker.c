@@ -5,7 +5,7 @@
 #include <poll.h>
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 #define STOP_DRAIN_MS 10000
 #define RD_SPIN_BUSY 64 /* idle polls before sleeping while requests are in flight */

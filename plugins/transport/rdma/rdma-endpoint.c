@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 #include "teu-dlist.h"
 
 #define MAX_HOP_LIMIT 16

@@ -4,7 +4,7 @@
  * submitting thread; larger ones are split into slices in a queue that the
  * copy workers and the callers waiting in progress() both draw from (see
  * "the queue"), with the kick timer for work left to a caller that did not
- * come. The copies themselves: copy.c.
+ * come. The copies themselves: shm-copy.c.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -14,7 +14,7 @@
 #include <sys/timerfd.h>
 #include <time.h>
 
-#include "shm-internal.h"
+#include "shm.h"
 
 /* te_transfer.plugin_data while queued for the workers */
 #define Q_NEXT 0  /* next transfer in the queue */

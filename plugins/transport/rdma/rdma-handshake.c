@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 void rd_gid_format(const uint8_t gid[16], char out[48])
 {

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 /* --------------------------------------------------------------- options */
 

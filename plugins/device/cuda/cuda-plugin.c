@@ -5,8 +5,8 @@
  * the plugin nor libte needs the CUDA toolkit to build or a GPU to run:
  * without the library or a device the plugin stays idle and says why.
  * This file opens the driver, makes and ends the plugin's context, tells
- * device memory apart and finds a stream's context; copy.c copies and
- * share.c shares (cuda-internal.h). The steps it takes as the HIP plugin
+ * device memory apart and finds a stream's context; cuda-copy.c copies and
+ * cuda-share.c shares (cuda-internal.h). The steps it takes as the HIP plugin
  * does (probe, create, the device table, the stream ops, the ops table) are
  * util/teu-gpu.h's.
  */

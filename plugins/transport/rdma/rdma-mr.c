@@ -3,7 +3,7 @@
  * large ones) and the JSON it contributes to the segment descriptor. */
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 /* ---------------------------------------------------------------- memory */
 

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdma-internal.h"
+#include "rdma.h"
 
 void rd_locs_free(rd_loc *locs, int n)
 {

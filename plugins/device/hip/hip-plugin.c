@@ -5,8 +5,8 @@
  * neither the plugin nor libte needs ROCm to build or a GPU to run: without
  * the library or a device the plugin stays idle and says why.
  * This file opens the runtime, makes and ends the plugin's context, tells
- * device memory apart and finds a stream's device; copy.c copies and
- * share.c shares (hip-internal.h). The steps it takes as the CUDA plugin
+ * device memory apart and finds a stream's device; hip-copy.c copies and
+ * hip-share.c shares (hip-internal.h). The steps it takes as the CUDA plugin
  * does (probe, create, the device table, the stream ops, the ops table) are
  * util/teu-gpu.h's.
  */

@@ -627,6 +627,7 @@ static int parse_descriptor(tcp_ctx *c, const te_segment_info *seg, int *port, i
 				    seg->name, prc < 0 && prc != -ENOENT ? "tcp_data_port" : "tcp_proto_version",
 				    prc < 0 && prc != -ENOENT ? 65535 : 255);
 		json_node_unref(root);
+		*port = 0; /* a refused descriptor names no port, even a valid one */
 		return -EINVAL;
 	}
 	if (te_json_get_u64(o, "tcp_fence", 255, &v) == 0 && v >= TCP_FENCE_VERSION)
